@@ -1,0 +1,527 @@
+"""The verifier: names, time indices and shapes. Runs before any analysis; raises located errors.
+
+Shapes are two-dimensional: a scalar is (1, 1), a vector x[K] is the column (K, 1), x^T the row
+(1, K), a matrix H[V, K] is (V, K). `I` has the shape its context needs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import difflib
+import keyword
+from dataclasses import dataclass
+
+from .errors import SpecAnalysisError, SpecNameError, SpecShapeError, SpecSyntaxError
+from .ir import (
+    FUNCTIONS,
+    Binary,
+    Call,
+    Expr,
+    Identity,
+    LetFn,
+    Mixer,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+    walk,
+)
+
+Shape = tuple[str, str]
+SCALAR: Shape = ("1", "1")
+IDENTITY: Shape = ("I", "I")  # square, size from context
+
+#: Names the generated code defines or imports, and words of the spec language itself.
+#: A spec may not use them, so no spec can shadow or inject into generated code.
+GENERATED_NAMES = frozenset(
+    {
+        "torch", "F", "math", "chunk", "recurrent", "parallel", "step", "initial_state",
+        "output_final_state", "chunk_size", "state", "cu_seqlens", "SPEC", "SPEC_HASH",
+        "MIXC_VERSION", "INPUTS", "PARAMS", "STATES", "OUTPUT", "mixer", "param", "let", "in",
+        "t", "h", "I", "self", "cls",
+    }
+)
+RESERVED = (
+    frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins))
+    | GENERATED_NAMES | frozenset(FUNCTIONS)
+)
+
+
+def show(shape: Shape) -> str:
+    """A shape as a person writes it: scalar, [K], [K]^T, [V, K]."""
+    if shape == SCALAR:
+        return "scalar"
+    if shape == IDENTITY:
+        return "I"
+    if shape[1] == "1":
+        return f"[{shape[0]}]"
+    if shape[0] == "1":
+        return f"[{shape[1]}]^T"
+    return f"[{shape[0]}, {shape[1]}]"
+
+
+def declared(dims: tuple[str, ...]) -> Shape:
+    if len(dims) == 0:
+        return SCALAR
+    if len(dims) == 1:
+        return (dims[0], "1")
+    return (dims[0], dims[1])
+
+
+@dataclass(frozen=True)
+class Symbol:
+    kind: str  # "input" | "param" | "state" | "value" | "arg" | "let"
+    shape: Shape
+
+
+class Typer:
+    """Shapes of expressions in one mixer. `shape_of` raises located errors on mismatches."""
+
+    def __init__(self, mixer: Mixer, symbols: dict[str, Symbol]) -> None:
+        self.mixer = mixer
+        self.symbols = symbols
+        self.lets = {fn.name: fn for fn in mixer.lets}
+
+    def shape_of(self, e: Expr, env: dict[str, Shape] | None = None) -> Shape:
+        env = env or {}
+        if isinstance(e, Number):
+            return SCALAR
+        if isinstance(e, Identity):
+            return IDENTITY
+        if isinstance(e, Name):
+            if e.name in env:
+                return env[e.name]
+            if e.name == "h":
+                return SCALAR
+            return self.symbols[e.name].shape
+        if isinstance(e, Timed):
+            return self.symbols[e.name].shape
+        if isinstance(e, Neg):
+            return self.shape_of(e.operand, env)
+        if isinstance(e, Transpose):
+            a = self.shape_of(e.operand, env)
+            return (a[1], a[0])
+        if isinstance(e, Call):
+            return self._call(e, env)
+        assert isinstance(e, Binary)
+        a, b = self.shape_of(e.left, env), self.shape_of(e.right, env)
+        return _BINARY_RULES[e.op](e, a, b)
+
+    def _call(self, e: Call, env) -> Shape:
+        args = [self.shape_of(a, env) for a in e.args]
+        if e.func in self.lets:
+            fn = self.lets[e.func]
+            if len(args) != len(fn.args):
+                raise SpecShapeError(
+                    f"{fn.name} takes {len(fn.args)} argument(s), got {len(args)}", e.span,
+                    expected=f"{fn.name}({', '.join(fn.args)})",
+                )
+            return self.shape_of(fn.body, dict(zip(fn.args, args, strict=True)))
+        arity = FUNCTIONS[e.func]
+        if len(args) != arity:
+            raise SpecShapeError(
+                f"{e.func} takes {arity} argument, got {len(args)}", e.span,
+                expected=f"{e.func}(x)",
+            )
+        (a,) = args
+        if e.func == "diag":
+            if "1" not in a or a in (SCALAR, IDENTITY):
+                raise SpecShapeError(
+                    f"diag needs a vector, got {show(a)}", e.span, expected="diag(g_t) with g[K]"
+                )
+            n = a[0] if a[1] == "1" else a[1]
+            return (n, n)
+        if e.func == "l2norm" and ("1" not in a or a == SCALAR):
+            raise SpecShapeError(f"l2norm needs a vector, got {show(a)}", e.span)
+        if a == IDENTITY:
+            raise SpecShapeError(f"{e.func}(I) is not defined", e.span, hint="write I on its own")
+        return a
+
+
+def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:
+    if a == IDENTITY and b == IDENTITY:
+        return IDENTITY
+    if a == IDENTITY or b == IDENTITY:
+        other = b if a == IDENTITY else a
+        if other[0] == other[1] and other != SCALAR:
+            return other
+        raise SpecShapeError(
+            f"I {what} {show(other)}: I is square, so its size cannot match {show(other)}",
+            e.span,
+        )
+    if a == b or b == SCALAR:
+        return a
+    if a == SCALAR:
+        return b
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x != y and "1" not in (x, y):
+            raise SpecShapeError(
+                f"cannot {what} {show(a)} and {show(b)}", e.span,
+                expected=f"operands of the same shape, or a scalar, for {what}",
+                hint=_hint_for(e, a, b),
+            )
+        out.append(y if x == "1" else x)
+    return (out[0], out[1])
+
+
+def _hint_for(e: Binary, a: Shape, b: Shape) -> str | None:
+    if a == (b[1], b[0]):
+        return f"one side is the transpose of the other: {e.left} is {show(a)}, {e.right} is {show(b)}"
+    if a[1] == "1" and b[1] == "1" and a != SCALAR and b != SCALAR:
+        return f"{e.left} {e.right} is {show(a)} times {show(b)}; did you mean {e.left} {e.right}^T?"
+    return None
+
+
+def _add(e, a, b):
+    return _same_or_broadcast(e, a, b, "add" if e.op == "+" else "subtract")
+
+
+def _hadamard(e, a, b):
+    return _same_or_broadcast(e, a, b, "multiply elementwise")
+
+
+def _div(e, a, b):
+    if b == IDENTITY:
+        raise SpecShapeError("cannot divide by I", e.span)
+    return _same_or_broadcast(e, a, b, "divide")
+
+
+def _pow(e, a, b):
+    if b != SCALAR:
+        raise SpecShapeError(f"the exponent must be a scalar, got {show(b)}", e.right.span)
+    return a
+
+
+def _matmul(e, a, b):
+    if a == SCALAR:
+        return b
+    if b == SCALAR:
+        return a
+    if a == IDENTITY:
+        return b if b == IDENTITY else (b[0], b[1])
+    if b == IDENTITY:
+        return a
+    if a[1] != b[0]:
+        hint = _hint_for(e, a, b)
+        if hint is None and a[0] == "1" and b[0] == "1":
+            hint = f"did you mean {e.left}^T {e.right}? or use . for a dot product"
+        raise SpecShapeError(
+            f"cannot multiply {e.left} {show(a)} by {e.right} {show(b)}",
+            e.span,
+            expected=f"a matrix product whose inner sizes agree ({a[1]} vs {b[0]})",
+            hint=hint,
+        )
+    out = (a[0], b[1])
+    return out
+
+
+def _dot(e, a, b):
+    def vec(s):
+        return s != SCALAR and s != IDENTITY and "1" in s
+
+    if not (vec(a) and vec(b)):
+        raise SpecShapeError(
+            f"a dot product needs two vectors, got {show(a)} . {show(b)}", e.span,
+            hint="use juxtaposition for a matrix product: H_t q_t",
+        )
+    n, m = (a[0] if a[1] == "1" else a[1]), (b[0] if b[1] == "1" else b[1])
+    if n != m:
+        raise SpecShapeError(f"dot product of vectors of sizes {n} and {m}", e.span)
+    return SCALAR
+
+
+_BINARY_RULES = {"+": _add, "-": _add, "*": _hadamard, "/": _div, "@": _matmul, ".": _dot, "^": _pow}
+
+
+def symbols_of(mixer: Mixer) -> dict[str, Symbol]:
+    """Declared names (inputs, params, states, lets) and equation targets, with their kinds."""
+    symbols: dict[str, Symbol] = {}
+    for kind, decls in (("input", mixer.inputs), ("param", mixer.params), ("state", mixer.states)):
+        for d in decls:
+            symbols[d.name] = Symbol(kind, declared(d.shape))
+    for fn in mixer.lets:
+        symbols[fn.name] = Symbol("let", SCALAR)
+    return symbols
+
+
+def verify(mixer: Mixer) -> dict[str, Shape]:
+    """Check names, time indices and shapes. Returns the shape of every equation's target."""
+    _check_declarations(mixer)
+    symbols = symbols_of(mixer)
+    states = {s.name for s in mixer.states}
+    values = {e.target for e in mixer.equations if e.target not in states}
+    for target in values:
+        symbols[target] = Symbol("value", SCALAR)  # refined below, in dependency order
+    for fn in mixer.lets:
+        _check_names(mixer, fn.body, symbols, allowed_args=set(fn.args), where=f"let {fn.name}")
+    for p in mixer.params:
+        if p.default is not None:
+            _check_names(mixer, p.default, symbols, allowed_args={"h"}, where=f"param {p.name}")
+    for eq in mixer.equations:
+        _check_names(mixer, eq.value, symbols, allowed_args=set(), where=eq.target)
+        _check_times(mixer, eq, states)
+    _check_updates(mixer, states)
+
+    typer = Typer(mixer, symbols)
+    for p in mixer.params:
+        if p.default is not None:
+            got = typer.shape_of(p.default)
+            if got != declared(p.shape) and got != SCALAR:
+                raise SpecShapeError(
+                    f"default of {p.name} is {show(got)} but {p.name} is declared "
+                    f"{show(declared(p.shape))}", p.default.span,
+                )
+    shapes: dict[str, Shape] = {}
+    for eq in _dependency_order(mixer, values):
+        got = typer.shape_of(eq.value)
+        if got == IDENTITY:
+            raise SpecShapeError(f"{eq.target}_t = I: the size of I is unknown here", eq.value.span)
+        if eq.target in states:
+            want = declared(mixer.state(eq.target).shape)
+            if got != want and got != SCALAR:
+                raise SpecShapeError(
+                    f"the update of {eq.target} is {show(got)} but {eq.target} is declared "
+                    f"{show(want)}",
+                    eq.value.span,
+                    hint=_update_hint(got, want, eq.target),
+                )
+            got = want
+        else:
+            symbols[eq.target] = Symbol("value", got)
+        shapes[eq.target] = got
+    for fn in mixer.lets:  # a let that nobody calls is still type-checked, with scalar args
+        if not any(isinstance(n, Call) and n.func == fn.name for e in mixer.equations for n in walk(e.value)):
+            typer.shape_of(fn.body, {a: SCALAR for a in fn.args})
+    return shapes
+
+
+def _update_hint(got: Shape, want: Shape, name: str) -> str | None:
+    if got == (want[1], want[0]):
+        return f"the update is transposed; {name}'s write is usually v_t k_t^T for {name}{show(want)}"
+    return None
+
+
+def _check_declarations(mixer: Mixer) -> None:
+    seen: dict[str, str] = {}
+
+    def claim(name: str, what: str, span) -> None:
+        if name in RESERVED:
+            why = (
+                "a Python keyword" if keyword.iskeyword(name) or keyword.issoftkeyword(name)
+                else "a built-in function of the language" if name in FUNCTIONS
+                else "a name the generated code uses" if name in GENERATED_NAMES
+                else "a Python built-in"
+            )
+            raise SpecNameError(
+                f"{name!r} is reserved ({why})", span,
+                hint=f"rename it, e.g. {name}_ or {name}1" if name not in ("I", "h", "t") else None,
+            )
+        if name in seen:
+            raise SpecNameError(f"{name} is already declared as {seen[name]}", span)
+        seen[name] = what
+
+    if mixer.name in RESERVED:
+        raise SpecNameError(f"mixer name {mixer.name!r} is reserved", mixer.span)
+    for kind, decls in (("an input", mixer.inputs), ("a parameter", mixer.params), ("a state", mixer.states)):
+        for d in decls:
+            claim(d.name, kind, d.span)
+            for size in d.shape:
+                if size.isdigit() and int(size) < 1:
+                    raise SpecShapeError(f"size {size} of {d.name} must be at least 1", d.span)
+            if len(d.shape) > 2:
+                raise SpecShapeError(
+                    f"{d.name} has {len(d.shape)} dimensions; mixc handles scalars, vectors and "
+                    "matrices", d.span,
+                )
+    for fn in mixer.lets:
+        claim(fn.name, "a let function", fn.span)
+        for a in fn.args:
+            if a in RESERVED:
+                raise SpecNameError(f"argument name {a!r} of {fn.name} is reserved", fn.span)
+        if len(set(fn.args)) != len(fn.args):
+            raise SpecNameError(f"{fn.name} has two arguments with the same name", fn.span)
+    states = {s.name for s in mixer.states}
+    targets: dict[str, object] = {}
+    for eq in mixer.equations:
+        if eq.target in targets:
+            what = "update" if eq.target in states else "definition"
+            raise SpecNameError(
+                f"second {what} of {eq.target}", eq.span,
+                hint=f"{eq.target} is defined once, at line {targets[eq.target].line}",
+            )
+        targets[eq.target] = eq.span
+        if eq.target in seen and eq.target not in states:
+            raise SpecNameError(
+                f"cannot assign to {eq.target}: it is {seen[eq.target]}", eq.span,
+                hint="only states are updated; other equations define new per-token values",
+            )
+        if eq.target not in states:
+            claim(eq.target, "a per-token value", eq.span)
+    if not mixer.equations:
+        raise SpecAnalysisError(
+            f"mixer {mixer.name} has no equations", mixer.span,
+            expected="state updates like H_t = ... and an output like y_t = H_t q_t",
+        )
+
+
+def _check_names(mixer, expr: Expr, symbols, allowed_args: set[str], where: str) -> None:
+    lets = {fn.name for fn in mixer.lets}
+    for node in walk(expr):
+        if isinstance(node, Call):
+            if node.func not in FUNCTIONS and node.func not in lets:
+                close = difflib.get_close_matches(node.func, list(FUNCTIONS) + sorted(lets), n=1)
+                raise SpecNameError(
+                    f"unknown function {node.func}", node.span,
+                    expected="a built-in (" + ", ".join(FUNCTIONS) + ") or a let function",
+                    hint=f"did you mean {close[0]}?" if close else None,
+                )
+        elif isinstance(node, Name):
+            _check_untimed(node, symbols, allowed_args, where)
+        elif isinstance(node, Timed):
+            _check_timed(node, symbols, allowed_args)
+        elif isinstance(node, Identity) and where.startswith("param"):
+            raise SpecShapeError("I cannot appear in a parameter default", node.span)
+
+
+def _check_untimed(node: Name, symbols, allowed_args: set[str], where: str) -> None:
+    if node.name in allowed_args:
+        return
+    if node.name == "h":
+        raise SpecNameError(
+            "h (the head index) can only be used in a parameter default", node.span,
+            hint="declare a parameter: param gamma = ... h ...",
+        )
+    sym = symbols.get(node.name)
+    if sym is None:
+        close = difflib.get_close_matches(node.name, [n for n, s in symbols.items() if s.kind != "let"], n=1)
+        raise SpecNameError(
+            f"undefined name {node.name}", node.span,
+            expected="a declared input, parameter or state, or a let argument",
+            hint=f"did you mean {close[0]}?" if close else f"declare it: `param {node.name}`",
+        )
+    if sym.kind in ("input", "value"):
+        raise SpecNameError(
+            f"{node.name} is per token and needs a time index", node.span,
+            hint=f"did you mean {node.name}_t?",
+        )
+    if sym.kind == "state":
+        suggestion = f"{node.name}_{{t-1}}" if where == node.name else f"{node.name}_t"
+        raise SpecNameError(
+            f"state {node.name} needs a time index", node.span, hint=f"did you mean {suggestion}?"
+        )
+    if sym.kind == "let":
+        raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
+    if sym.kind == "param" and where.startswith("param"):
+        raise SpecNameError(
+            f"a parameter default cannot use another parameter ({node.name})", node.span,
+            hint="defaults may use numbers and the head index h",
+        )
+
+
+def _check_timed(node: Timed, symbols, allowed_args: set[str]) -> None:
+    sym = symbols.get(node.name)
+    if sym is None:
+        close = difflib.get_close_matches(node.name, list(symbols), n=1)
+        raise SpecNameError(
+            f"undefined name {node.name}", node.span,
+            expected="a declared input or state, or a per-token value defined by an equation",
+            hint=f"did you mean {close[0]}_t?" if close else f"declare it: `in {node.name}`",
+        )
+    if sym.kind in ("param", "arg", "let") or node.name in allowed_args:
+        raise SpecNameError(
+            f"{node.name} is a per-head parameter and has no time index", node.span,
+            hint=f"write {node.name}",
+        )
+    if node.offset > 0:
+        raise SpecAnalysisError(
+            f"{node.name}_{{t+{node.offset}}} refers to a later token: the mixer would not be causal",
+            node.span,
+            hint="a mixer may read tokens up to t only",
+        )
+    if sym.kind in ("input", "value") and node.offset != 0:
+        raise SpecSyntaxError(
+            f"NYI: {node.name} at t{node.offset:+d}: per-token inputs are read at t only",
+            node.span,
+            hint="to use an earlier token (token shift), keep it in a state",
+        )
+    if sym.kind == "state" and node.offset < -1:
+        raise SpecSyntaxError(
+            f"NYI: {node.name} at t{node.offset:+d}: a state is read at t or t-1",
+            node.span,
+        )
+
+
+def _check_times(mixer: Mixer, eq, states: set[str]) -> None:
+    for node in walk(eq.value):
+        if not isinstance(node, Timed) or node.name not in states:
+            continue
+        if node.offset == -1 and node.name != eq.target:
+            raise SpecNameError(
+                f"{node.name}_{{t-1}} can only appear in its own update ({node.name}_t = ...)",
+                node.span,
+                hint=f"did you mean {node.name}_t?",
+            )
+        if node.offset == 0 and node.name == eq.target:
+            raise SpecAnalysisError(
+                f"{node.name}_t on the right-hand side of its own update", node.span,
+                hint=f"did you mean {node.name}_{{t-1}}?",
+            )
+
+
+def _check_updates(mixer: Mixer, states: set[str]) -> None:
+    updated = {e.target for e in mixer.equations}
+    for s in mixer.states:
+        if s.name not in updated:
+            raise SpecNameError(
+                f"state {s.name} has no update", s.span,
+                expected=f"an equation {s.name}_t = ... {s.name}_{{t-1}} ...",
+            )
+    if not [e for e in mixer.equations if e.target not in states]:
+        raise SpecAnalysisError(
+            f"mixer {mixer.name} has no output", mixer.span,
+            expected="an output equation such as y_t = H_t q_t",
+        )
+
+
+def _dependency_order(mixer: Mixer, values: set[str]) -> list:
+    """Equations ordered so per-token values come before their readers (lag-0 edges)."""
+    by_target = {e.target: e for e in mixer.equations}
+    order, state_of = [], {}
+    for start in by_target:
+        stack = [(start, iter(_lag0_reads(by_target[start], by_target)))]
+        if state_of.get(start) == "done":
+            continue
+        state_of[start] = "active"
+        while stack:
+            name, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                state_of[name] = "done"
+                order.append(by_target[name])
+                continue
+            dep, span = nxt
+            if state_of.get(dep) == "active":
+                raise SpecAnalysisError(
+                    f"{dep}_t depends on itself at the same time step (through "
+                    f"{' -> '.join(n for n, _ in stack)})",
+                    span,
+                    hint="a value at time t may depend on earlier times only through a state at t-1",
+                )
+            if state_of.get(dep) is None:
+                state_of[dep] = "active"
+                stack.append((dep, iter(_lag0_reads(by_target[dep], by_target))))
+    return order
+
+
+def _lag0_reads(eq, by_target):
+    return [
+        (n.name, n.span)
+        for n in walk(eq.value)
+        if isinstance(n, Timed) and n.offset == 0 and n.name in by_target and n.name != eq.target
+    ]
+
+
+__all__ = ["verify", "Typer", "Shape", "SCALAR", "IDENTITY", "show", "RESERVED", "LetFn"]

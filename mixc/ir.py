@@ -1,0 +1,225 @@
+"""The mixc IR: small immutable values, one per grammar rule.
+
+Every node is a frozen dataclass with slots. Its `span` (where it came from in the spec) does not
+take part in equality, so the same math written twice compares equal. `str(node)` prints valid
+spec text, and `parse(str(mixer)) == mixer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import Span
+
+__all__ = [
+    "Expr",
+    "Number",
+    "Name",
+    "Timed",
+    "Identity",
+    "Neg",
+    "Binary",
+    "Transpose",
+    "Call",
+    "Decl",
+    "Param",
+    "LetFn",
+    "Equation",
+    "Mixer",
+    "BINARY_OPS",
+    "FUNCTIONS",
+    "walk",
+]
+
+#: Binary operators, by their canonical ASCII spelling.
+#: "*" is the elementwise product (also written ⊙), "@" the matrix product (also juxtaposition),
+#: "." the dot product (also written ·).
+BINARY_OPS = ("+", "-", "*", "/", "@", ".", "^")
+
+#: Built-in functions: name -> number of arguments. All act elementwise except l2norm (a vector
+#: divided by its Euclidean norm) and diag (a vector to a diagonal matrix).
+FUNCTIONS = {
+    "exp": 1,
+    "log": 1,
+    "sigmoid": 1,
+    "logsigmoid": 1,
+    "softplus": 1,
+    "silu": 1,
+    "elu": 1,
+    "relu": 1,
+    "tanh": 1,
+    "sqrt": 1,
+    "l2norm": 1,
+    "diag": 1,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    span: Span | None = field(default=None, compare=False, repr=False, kw_only=True)
+
+
+class Expr(Node):
+    """Base of expression nodes."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from ._printer import format_expr
+
+        return format_expr(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Number(Expr):
+    """A numeric literal, kept as canonical text (`1`, `0.5`, `1e-06`) so printing is exact."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Name(Expr):
+    """A name without a time index: a parameter, a let argument, or the head index `h`."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Timed(Expr):
+    """A per-token quantity at a time offset: `q_t` is offset 0, `H_{t-1}` offset -1."""
+
+    name: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Identity(Expr):
+    """`I`, the identity matrix; its size comes from context."""
+
+
+@dataclass(frozen=True, slots=True)
+class Neg(Expr):
+    """`-x`."""
+
+    operand: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Binary(Expr):
+    """`left op right` for op in BINARY_OPS."""
+
+    op: str
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Transpose(Expr):
+    """`x^T` (also written xᵀ)."""
+
+    operand: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Expr):
+    """`f(x, ...)`: a built-in function or a `let` function."""
+
+    func: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Decl(Node):
+    """`q[K]` in an `in` or `state` line: a name and its symbolic shape (empty for a scalar)."""
+
+    name: str
+    shape: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.name + (f"[{', '.join(self.shape)}]" if self.shape else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Param(Node):
+    """`gamma = 1 - 2^(-5 - h)` in a `param` line: per-head, with an optional default."""
+
+    name: str
+    shape: tuple[str, ...] = ()
+    default: Expr | None = None
+
+    def __str__(self) -> str:
+        text = self.name + (f"[{', '.join(self.shape)}]" if self.shape else "")
+        return text if self.default is None else f"{text} = {self.default}"
+
+
+@dataclass(frozen=True, slots=True)
+class LetFn(Node):
+    """`let phi(x) = elu(x) + 1`: a helper function, inlined where it is called."""
+
+    name: str
+    args: tuple[str, ...]
+    body: Expr
+
+    def __str__(self) -> str:
+        return f"let {self.name}({', '.join(self.args)}) = {self.body}"
+
+
+@dataclass(frozen=True, slots=True)
+class Equation(Node):
+    """`H_t = ...` (a state update) or `y_t = ...` (an output or a derived per-token value)."""
+
+    target: str
+    value: Expr
+
+    def __str__(self) -> str:
+        return f"{self.target}_t = {self.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class Mixer(Node):
+    """A whole spec."""
+
+    name: str
+    description: str | None = None
+    inputs: tuple[Decl, ...] = ()
+    params: tuple[Param, ...] = ()
+    states: tuple[Decl, ...] = ()
+    lets: tuple[LetFn, ...] = ()
+    equations: tuple[Equation, ...] = ()
+
+    def __str__(self) -> str:
+        from ._printer import format_mixer
+
+        return format_mixer(self)
+
+    def state(self, name: str) -> Decl | None:
+        return next((s for s in self.states if s.name == name), None)
+
+    def update(self, name: str) -> Equation | None:
+        return next((e for e in self.equations if e.target == name), None)
+
+    @property
+    def outputs(self) -> tuple[Equation, ...]:
+        """Equations of non-state values that no other equation reads."""
+        states = {s.name for s in self.states}
+        read = {n.name for e in self.equations for n in walk(e.value) if isinstance(n, Timed)}
+        return tuple(e for e in self.equations if e.target not in states and e.target not in read)
+
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    if isinstance(expr, Neg | Transpose):
+        return (expr.operand,)
+    if isinstance(expr, Binary):
+        return (expr.left, expr.right)
+    if isinstance(expr, Call):
+        return expr.args
+    return ()
+
+
+def walk(expr: Expr):
+    """Every node of `expr`, parents before children (iterative: safe on deep trees)."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
