@@ -246,6 +246,14 @@ def symbols_of(mixer: Mixer) -> dict[str, Symbol]:
     return symbols
 
 
+def typer_for(mixer: Mixer, shapes: dict[str, Shape]) -> Typer:
+    """A Typer that knows every declared name and every equation's target (after `verify`)."""
+    symbols = symbols_of(mixer)
+    for target, shape in shapes.items():
+        symbols.setdefault(target, Symbol("value", shape))
+    return Typer(mixer, symbols)
+
+
 def verify(mixer: Mixer) -> dict[str, Shape]:
     """Check names, time indices and shapes. Returns the shape of every equation's target."""
     _check_declarations(mixer)
@@ -524,4 +532,4 @@ def _lag0_reads(eq, by_target):
     ]
 
 
-__all__ = ["verify", "Typer", "Shape", "SCALAR", "IDENTITY", "show", "RESERVED", "LetFn"]
+__all__ = ["verify", "typer_for", "Typer", "Shape", "SCALAR", "IDENTITY", "show", "RESERVED", "LetFn"]
