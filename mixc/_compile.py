@@ -1,0 +1,63 @@
+"""Compile a spec to source, write it atomically, or load it in-process."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import tempfile
+import types
+from pathlib import Path
+
+from . import backends
+from ._frontend import Source, load_spec, read_source
+from .analysis import analyze
+from .errors import MixcError, SpecError
+
+_CACHE: dict[tuple[str, str, str], types.ModuleType] = {}
+
+
+def compile_source(spec, backend: str = "pytorch") -> str:
+    """Spec (path, text, or Source) -> generated module source."""
+    loaded = load_spec(spec)
+    facts = analyze(loaded)
+    try:
+        return backends.get(backend).emit(facts)
+    except SpecError as exc:
+        raise exc.located(loaded.source) from None
+
+
+def write_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` via a temporary file and a rename: never a partial file."""
+    path = Path(path)
+    if path.is_dir():
+        raise MixcError(f"{path}: is a directory; give a file name such as {path / 'mixer.py'}")
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise MixcError(f"{path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(spec, backend: str = "pytorch") -> types.ModuleType:
+    """Compile in-process and return the module (chunk, recurrent, step, and parallel where the
+    class has one). Cached by spec text and backend; the source is registered with linecache so
+    tracebacks show the generated lines."""
+    source = spec if isinstance(spec, Source) else read_source(spec)
+    key = (source.text, source.filename, backend)
+    if key in _CACHE:
+        return _CACHE[key]
+    text = compile_source(source, backend)
+    name = load_spec(source).mixer.name
+    filename = f"<mixc:{name}:{abs(hash(text)) & 0xFFFFFFFF:08x}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    module = types.ModuleType(f"mixc_compiled_{name}")
+    module.__file__ = filename
+    exec(compile(text, filename, "exec"), module.__dict__)  # noqa: S102 - our own generated code
+    _CACHE[key] = module
+    return module

@@ -1,0 +1,20 @@
+"""Backends: a name, `supports(facts) -> reason | None` and `emit(facts) -> source`.
+
+Backends are imported lazily, so one that needs an optional package costs nothing until used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ..errors import MixcError
+
+#: Backend name -> module path. Each module defines NAME, supports(facts) and emit(facts).
+REGISTRY = {"pytorch": "mixc.backends.pytorch"}
+
+
+def get(name: str) -> ModuleType:
+    if name not in REGISTRY:
+        raise MixcError(f"unknown backend {name!r}; available: {', '.join(sorted(REGISTRY))}")
+    return importlib.import_module(REGISTRY[name])

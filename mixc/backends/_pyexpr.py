@@ -1,0 +1,206 @@
+"""IR expressions -> Python source over tensors laid out as [..., rows, cols].
+
+Vectors are columns [.., d, 1], scalars [.., 1, 1], matrices [.., m, n], so one emitter serves
+every form: whole sequences ([B, T, NH, .., ..]), single steps ([B, NH, .., ..]) and per-head
+parameters ([NH, .., ..]) broadcast against each other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from .._algebra import Term
+from .._verify import IDENTITY, SCALAR, Shape, Typer
+from ..ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+
+_TORCH_CALLS = {
+    "exp": "torch.exp",
+    "log": "torch.log",
+    "sigmoid": "torch.sigmoid",
+    "logsigmoid": "F.logsigmoid",
+    "softplus": "F.softplus",
+    "silu": "F.silu",
+    "elu": "F.elu",
+    "relu": "torch.relu",
+    "tanh": "torch.tanh",
+    "sqrt": "torch.sqrt",
+    "l2norm": "_l2norm",
+}
+
+_CONST_CALLS: dict[str, Callable[[float], float]] = {
+    "exp": math.exp,
+    "log": math.log,
+    "sigmoid": lambda x: 1 / (1 + math.exp(-x)),
+    "logsigmoid": lambda x: -math.log1p(math.exp(-x)),
+    "softplus": lambda x: math.log1p(math.exp(x)),
+    "silu": lambda x: x / (1 + math.exp(-x)),
+    "elu": lambda x: x if x > 0 else math.expm1(x),
+    "relu": lambda x: max(x, 0.0),
+    "tanh": math.tanh,
+    "sqrt": math.sqrt,
+}
+
+# Python operator precedence, for minimal parentheses
+_ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
+
+
+def constant(e: Expr) -> float | None:
+    """The value of an expression made of numbers only, or None."""
+    if not all(isinstance(n, Number | Neg | Binary | Call) for n in walk(e)):
+        return None
+    try:
+        return _fold(e)
+    except (ArithmeticError, ValueError, KeyError):
+        return None
+
+
+def _fold(e: Expr) -> float:
+    if isinstance(e, Number):
+        return float(e.text)
+    if isinstance(e, Neg):
+        return -_fold(e.operand)
+    if isinstance(e, Call):
+        return _CONST_CALLS[e.func](_fold(e.args[0]))
+    assert isinstance(e, Binary)
+    a, b = _fold(e.left), _fold(e.right)
+    ops = {"+": a + b, "-": a - b, "*": a * b, "@": a * b, ".": a * b}
+    if e.op in ops:
+        return ops[e.op]
+    if e.op == "/":
+        return a / b
+    return a**b
+
+
+def literal(value: float) -> str:
+    if value == int(value) and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
+
+
+class PyExpr:
+    """Emits expressions. `names` maps a spec reference to a Python variable: Timed refs by
+    (name, offset), plain names by name."""
+
+    def __init__(self, typer: Typer, names: Callable[[Expr], str]) -> None:
+        self.typer = typer
+        self.names = names
+
+    def shape(self, e: Expr) -> Shape:
+        return self.typer.shape_of(e)
+
+    def __call__(self, e: Expr) -> str:
+        return self._emit(e)[0]
+
+    def _emit(self, e: Expr) -> tuple[str, int]:
+        value = constant(e)
+        if value is not None:
+            text = literal(value)
+            return text, (_UNARY if text.startswith("-") else _ATOM)
+        if isinstance(e, Timed | Name):
+            return self.names(e), _ATOM
+        if isinstance(e, Identity):
+            raise ValueError("I is emitted by its parent")
+        if isinstance(e, Neg):
+            return "-" + self._wrap(e.operand, _UNARY), _UNARY
+        if isinstance(e, Transpose):
+            if self.shape(e.operand) == SCALAR:
+                return self._emit(e.operand)
+            return self._wrap(e.operand, _ATOM) + ".mT", _ATOM
+        if isinstance(e, Call):
+            return self._call(e), _ATOM
+        assert isinstance(e, Binary)
+        return self._binary(e)
+
+    def _wrap(self, e: Expr, level: int) -> str:
+        text, own = self._emit(e)
+        return f"({text})" if own < level else text
+
+    def _call(self, e: Call) -> str:
+        (arg,) = e.args
+        if e.func == "diag":
+            inner = "[..., 0]" if self.shape(arg)[1] == "1" else "[..., 0, :]"
+            return f"torch.diag_embed({self._wrap(arg, _ATOM)}{inner})"
+        return f"{_TORCH_CALLS[e.func]}({self(arg)})"
+
+    def eye(self, shape: Shape) -> str:
+        n = shape[0]
+        size = n if n.isdigit() else f'_sizes["{n}"]'
+        return f"torch.eye({size}, dtype=_dtype, device=_device)"
+
+    def _binary(self, e: Binary) -> tuple[str, int]:
+        a, b = self.shape(e.left), self.shape(e.right)
+        op = e.op
+        if IDENTITY in (a, b) and op in ("@",):
+            return self._emit(e.right if a == IDENTITY else e.left)
+        if op in "+-*/" and IDENTITY in (a, b):
+            shape = self.shape(e)
+            left = self.eye(shape) if a == IDENTITY else self._wrap(e.left, _ADD if op in "+-" else _MUL)
+            right = self.eye(shape) if b == IDENTITY else self._wrap(e.right, (_ADD if op in "+-" else _MUL) + 1)
+            return f"{left} {op} {right}", (_ADD if op in "+-" else _MUL)
+        if op == "^":
+            return f"{self._wrap(e.left, _POW + 1)} ** {self._wrap(e.right, _UNARY)}", _POW
+        if op == ".":
+            left, right = self._wrap(e.left, _ATOM), self._wrap(e.right, _MUL + 1)
+            lrow, rrow = a[0] == "1" and a != SCALAR, b[0] == "1" and b != SCALAR
+            left = left if lrow else f"{left}.mT"
+            right = f"{right}.mT" if rrow else right
+            return f"{left} @ {right}", _MUL
+        if op == "@" and SCALAR not in (a, b):
+            return f"{self._wrap(e.left, _MUL)} @ {self._wrap(e.right, _MUL + 1)}", _MUL
+        py = {"+": "+", "-": "-", "*": "*", "/": "/", "@": "*"}[op]
+        level = _ADD if py in "+-" else _MUL
+        return f"{self._wrap(e.left, level)} {py} {self._wrap(e.right, level + 1)}", level
+
+    # -- sums of terms (affine updates), with products associated cheaply -------------------
+
+    def terms(self, terms: list[Term]) -> str:
+        out = ""
+        for t in terms:
+            text = self.term(t, abs_coeff=True)
+            if not out:
+                out = f"-{text}" if t.coeff < 0 else text
+            else:
+                out += f" - {text}" if t.coeff < 0 else f" + {text}"
+        return out or "0"
+
+    def term(self, t: Term, abs_coeff: bool = False) -> str:
+        coeff = abs(t.coeff) if abs_coeff else t.coeff
+        factors = []
+        if coeff != 1:
+            factors.append(literal(float(coeff)))
+        factors += [self._wrap(s, _MUL + 1) for s in t.scalars]
+        if t.chain:
+            factors.append(self._chain(list(t.chain)))
+        factors += [self._wrap(g, _MUL + 1) for g in t.gates]
+        return " * ".join(factors) if factors else "1"
+
+    def _chain(self, chain: list[Expr]) -> str:
+        """A matrix product, parenthesised in the cheapest order (sizes other than 1 count 64)."""
+        if len(chain) == 1:
+            return self._wrap(chain[0], _MUL + 1)
+        dims = [self.shape(chain[0])[0]] + [self.shape(a)[1] for a in chain]
+        cost = [[0] * len(chain) for _ in chain]
+        split = [[0] * len(chain) for _ in chain]
+
+        def n(d: str) -> int:
+            return 1 if d == "1" else 64
+
+        for length in range(2, len(chain) + 1):
+            for i in range(len(chain) - length + 1):
+                j = i + length - 1
+                cost[i][j] = math.inf
+                for s in range(i, j):
+                    c = cost[i][s] + cost[s + 1][j] + n(dims[i]) * n(dims[s + 1]) * n(dims[j + 1])
+                    if c < cost[i][j]:
+                        cost[i][j], split[i][j] = c, s
+
+        def build(i: int, j: int, top: bool) -> str:
+            if i == j:
+                return self._wrap(chain[i], _MUL + 1)
+            s = split[i][j]
+            left = build(i, s, True)
+            text = f"{left} @ {build(s + 1, j, False)}"
+            return text if top else f"({text})"
+
+        return f"({build(0, len(chain) - 1, True)})"

@@ -1,0 +1,138 @@
+"""Helpers every compiled module carries (copied verbatim by the PyTorch backend).
+
+They check arguments against the module's layout, broadcast shared heads, pick the compute
+dtype, and move tensors between the spec layout and the kernels' layout. Only torch is used.
+"""
+
+import torch
+
+
+def _fail(message):
+    raise MixcError(message)  # noqa: F821 - defined by the compiled module
+
+
+def _compute_dtype(tensors):
+    """fp64 if any input is fp64, else fp32: low-precision inputs accumulate in fp32."""
+    if any(t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def _check_tensor(name, x, device):
+    if not isinstance(x, torch.Tensor):
+        _fail(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        _fail(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    if device is not None and x.device != device:
+        _fail(f"{name}: expected a tensor on {device} (like the first input), got one on {x.device}")
+
+
+def _bind_size(sizes, symbol, got, name, shape_text):
+    if symbol.isdigit():
+        if got != int(symbol):
+            _fail(f"{name}: expected size {symbol} in {shape_text}, got {got}")
+        return
+    want = sizes.setdefault(symbol, got)
+    if want != got:
+        _fail(f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}")
+
+
+def _prepare_inputs(layout, values, sequence):
+    """Check per-token inputs and return them as [B, T, NH, rows, cols] in the compute dtype.
+
+    `layout` is ((name, (size, ...)), ...); a vector becomes a column, a scalar 1 x 1.
+    `sequence` is False for `step`, whose inputs have no T axis. An input may have NH heads,
+    one head, or NH / g heads shared by groups of g consecutive heads.
+    """
+    device = values[0].device if isinstance(values[0], torch.Tensor) else None
+    for (name, _), x in zip(layout, values):
+        _check_tensor(name, x, device)
+    dtype = _compute_dtype(values)
+    lead = ("B", "T", "NH") if sequence else ("B", "NH")
+    sizes, heads, out = {}, [], []
+    for (name, dims), x in zip(layout, values):
+        shape_text = "[" + ", ".join(lead + tuple(dims)) + "]"
+        if x.dim() != len(lead) + len(dims):
+            _fail(f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}")
+        for symbol, got in zip(lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead):]):
+            _bind_size(sizes, symbol, got, name, shape_text)
+        heads.append(x.shape[len(lead) - 1])
+    n_heads = max(heads)
+    for (name, dims), x, h in zip(layout, values, heads):
+        if n_heads % h:
+            _fail(f"{name}: {h} heads do not divide the {n_heads} heads of the other inputs")
+        if h != n_heads:
+            x = x.repeat_interleave(n_heads // h, dim=len(lead) - 1)
+        x = x.to(dtype)
+        if not sequence:
+            x = x.unsqueeze(1)
+        out.append(x[..., :, None] if len(dims) == 1 else x[..., None, None] if not dims else x)
+    sizes["NH"] = n_heads
+    if not sequence:
+        sizes["T"] = 1
+    return out, sizes, dtype
+
+
+def _prepare_param(name, x, dims, sizes, dtype, device):
+    """A per-head parameter [NH] or [NH, d] (or a Python number) as [NH, rows, cols]."""
+    n_heads = sizes["NH"]
+    if not isinstance(x, torch.Tensor):
+        if not isinstance(x, (int, float)) or dims:
+            _fail(f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}")
+        x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
+    _check_tensor(name, x, device)
+    shape_text = "[" + ", ".join(("NH",) + tuple(dims)) + "]"
+    if x.dim() == 0 and not dims:
+        x = x.expand(n_heads)
+    if x.dim() != 1 + len(dims) or x.shape[0] not in (1, n_heads):
+        _fail(f"{name}: expected shape {shape_text} with NH = {n_heads}, got {list(x.shape)}")
+    for symbol, got in zip(dims, x.shape[1:]):
+        _bind_size(sizes, symbol, got, name, shape_text)
+    x = x.to(dtype).expand(n_heads, *x.shape[1:])
+    return x[:, :, None] if len(dims) == 1 else x[:, None, None] if not dims else x
+
+
+def _prepare_states(layout, given, sizes, dtype, device, batch):
+    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or zeros."""
+    n_heads = sizes["NH"]
+    if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
+        given = (given,)
+    if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
+        names = ", ".join(name for name, _ in layout)
+        _fail(f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}")
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out = []
+    for i, (name, dims) in enumerate(layout):
+        full = tuple(sizes[d] if not d.isdigit() else int(d) for d in dims)
+        if given is None:
+            x = torch.zeros(batch, n_heads, *full, dtype=state_dtype, device=device)
+        else:
+            x = given[i]
+            _check_tensor(f"initial_state {name}", x, device)
+            if tuple(x.shape) != (batch, n_heads) + full:
+                shape_text = "[" + ", ".join(("B", "NH") + tuple(dims)) + "]"
+                _fail(f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}")
+            x = x.to(state_dtype)
+        out.append(x[..., None] if len(dims) == 1 else x)
+    return out
+
+
+def _seq_vector(x, sizes):
+    """[.., d, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T, d]."""
+    x = x[..., 0]
+    return x.expand(sizes["B"], sizes["T"], sizes["NH"], x.shape[-1]).transpose(1, 2)
+
+
+def _seq_scalar(x, sizes):
+    """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T]."""
+    return x[..., 0, 0].expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
+
+
+def _from_seq(o):
+    """The kernels' [B, NH, T, d] -> [B, T, NH, d, 1]."""
+    return o.transpose(1, 2)[..., None]
+
+
+def _l2norm(x):
+    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries."""
+    return x * torch.rsqrt((x * x).sum((-2, -1), keepdim=True) + 1e-6)

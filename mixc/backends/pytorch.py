@@ -1,0 +1,472 @@
+"""The PyTorch backend: facts -> a standalone module with chunk, recurrent, parallel and step.
+
+The chunked form comes from one lowering per transition class (`LOWERINGS`): each maps a group
+of states to a kernel call with its query, key, value and log-gates, written as spec
+expressions. Kernels and runtime helpers are copied verbatim from `_torch_kernels.py` and
+`_torch_runtime.py`, so the generated file imports only torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import __version__
+from .._algebra import Expander, NotAffine, inline
+from .._verify import SCALAR, Symbol, typer_for
+from ..analysis import Facts, StateFacts
+from ..errors import NotYetImplemented
+from ..ir import Binary, Call, Expr, Name, Number, Timed
+from . import _torch_kernels, _torch_runtime
+from ._pyexpr import PyExpr
+
+NAME = "pytorch"
+
+# ----------------------------------------------------------------------------- lowerings
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """How one group of states runs chunked: a kernel and its per-token arguments."""
+
+    kernel: str
+    args: tuple[tuple[str, Expr | None, str], ...]  # (kernel argument, spec expression, "vector" | "scalar")
+    parallel: str | None = None  # the quadratic form's kernel, when the class has one
+
+
+def _sum(a: Expr | None, b: Expr | None) -> Expr | None:
+    if a is None:
+        return b
+    return a if b is None else Binary("+", a, b)
+
+
+def _lower_scalar(s: StateFacts) -> KernelCall:
+    return KernelCall(
+        "chunk_scalar_decay", (("g", s.transition.log("scalar"), "scalar"),), "parallel_scalar_decay"
+    )
+
+
+def _lower_diagonal(s: StateFacts) -> KernelCall:
+    tr = s.transition
+    scalar, key, value = tr.log("scalar"), tr.log("key"), tr.log("value")
+    if key is not None or value is None:
+        key = _sum(key, scalar)
+    else:
+        value = _sum(value, scalar)
+    return KernelCall("chunk_diagonal", (("gk", key, "vector"), ("gv", value, "vector")))
+
+
+def _lower_delta(s: StateFacts) -> KernelCall:
+    tr = s.transition
+    if str(tr.key) != str(s.writes[0].key):
+        raise NotYetImplemented(
+            f"the delta rule of {s.name} erases along {tr.key} but writes along {s.writes[0].key}; "
+            "the chunked form needs the same key in both",
+            tr.span,
+        )
+    return KernelCall(
+        "chunk_delta", (("beta", tr.beta, "scalar"), ("g", tr.log("scalar"), "scalar"))
+    )
+
+
+#: One lowering per transition class with a chunked form.
+LOWERINGS: dict[str, Callable[[StateFacts], KernelCall]] = {
+    "identity": _lower_scalar,
+    "scalar constant": _lower_scalar,
+    "scalar data-dependent": _lower_scalar,
+    "diagonal key-side": _lower_diagonal,
+    "diagonal value-side": _lower_diagonal,
+    "elementwise gate": _lower_diagonal,
+    "identity minus rank-1": _lower_delta,
+    "scalar decay times identity minus rank-1": _lower_delta,
+}
+
+
+def supports(facts: Facts) -> str | None:
+    """None if this backend compiles `facts`; otherwise the reason."""
+    if len(facts.mixer.outputs) != 1:
+        names = ", ".join(e.target for e in facts.mixer.outputs)
+        return f"NYI: a compiled module returns one output; this spec has {len(facts.mixer.outputs)} ({names})"
+    return None
+
+
+# ----------------------------------------------------------------------------- emission
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, text: str = "", indent: int = 1) -> None:
+        self.lines.append(("    " * indent + text) if text else "")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _source_of(module, names) -> str:
+    return "\n\n".join(inspect.getsource(getattr(module, n)).rstrip() for n in names)
+
+
+def emit(facts: Facts) -> str:
+    """The generated module's source text (deterministic: same spec, same bytes)."""
+    reason = supports(facts)
+    if reason:
+        raise NotYetImplemented(reason, facts.mixer.outputs[-1].span if facts.mixer.outputs else None)
+    return _Module(facts).source()
+
+
+class _Module:
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        self.mixer = facts.mixer
+        self.spec = facts.spec
+        typer = typer_for(self.mixer, self.spec.shapes)
+        for o in facts.outputs:
+            for r in o.readouts:
+                shape = typer.symbols[r.state].shape
+                typer.symbols[f"_r{r.index}"] = Symbol("param", SCALAR if shape[1] == "1" else (shape[0], "1"))
+        self.typer = typer
+        self.expander = Expander(self.mixer, typer, {s.name for s in self.mixer.states})
+        self.inputs = [d.name for d in self.mixer.inputs]
+        self.required = [p.name for p in self.mixer.params if p.default is None]
+        self.defaulted = [p.name for p in self.mixer.params if p.default is not None]
+        self.states = [s.name for s in self.mixer.states]
+        self.output = self.mixer.outputs[0]
+        self.calls = {}
+        if facts.chunkable:
+            for group in facts.groups:
+                self.calls[group] = LOWERINGS[facts.state(group[0]).transition.cls](facts.state(group[0]))
+        self.has_parallel = facts.chunkable and all(c.parallel for c in self.calls.values())
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    def seq_expr(self) -> PyExpr:
+        """Expressions over whole sequences: spec names are the prepared tensors."""
+
+        def names(e: Expr) -> str:
+            return e.name
+
+        return PyExpr(self.typer, names)
+
+    def step_expr(self) -> PyExpr:
+        """Expressions inside the recurrence: q_t is a slice, H the previous state, H_t the new."""
+
+        def names(e: Expr) -> str:
+            if isinstance(e, Timed):
+                return e.name if e.offset == -1 else f"{e.name}_t"
+            return e.name
+
+        return PyExpr(self.typer, names)
+
+    def signature(self, *extra: str) -> str:
+        args = self.inputs + self.required
+        kw = [f"{p}=None" for p in self.defaulted] + list(extra)
+        return ", ".join(args + (["*", *kw] if kw else []))
+
+    def args(self) -> str:
+        return ", ".join(self.inputs + self.required + self.defaulted)
+
+    def layout(self, decls) -> str:
+        items = [f'("{d.name}", ({"".join(f"{s!r}, " for s in d.shape)}))' for d in decls]
+        return "(" + "".join(f"{i}, " for i in items) + ")" if items else "()"
+
+    def kernel_names(self) -> list[str]:
+        names = sorted({c.kernel for c in self.calls.values()} | ({c.parallel for c in self.calls.values()} if self.has_parallel else set()))
+        deps = sorted({d for n in names for d in _torch_kernels.DEPENDS[n]})
+        return deps + names
+
+    # -- the module --------------------------------------------------------------------------
+
+    def source(self) -> str:
+        text = self.spec.source.text
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        out = _Lines()
+        header = f"# Generated by mixc {__version__} from {self.spec.source.filename}: edit the spec, not this file."
+        out(header, 0)
+        out(f"# spec sha256: {digest}", 0)
+        out("#", 0)
+        for line in text.rstrip("\n").splitlines():
+            out(f"#   {line}".rstrip(), 0)
+        title = self.mixer.description or self.mixer.name
+        out(f'"""{_doc(title)} (compiled by mixc).', 0)
+        out("", 0)
+        out("Forms, all computing the same function:", 0)
+        if self.facts.chunkable:
+            out("  chunk      chunked parallel form, for training and prefill", 0)
+        if self.has_parallel:
+            out("  parallel   quadratic masked form (attention-like), for short sequences", 0)
+        out("  recurrent  token by token", 0)
+        out("  step       one token, for decoding", 0)
+        for s in self.facts.states:
+            out(f"State {s.name}: {s.transition.cls} ({s.transition.rule.split(':')[0]}).", 0)
+        if not self.facts.chunkable:
+            out(f"No chunked form: {_doc(self.facts.reason)}", 0)
+        out('"""', 0)
+        out("", 0)
+        out("import math  # noqa: F401", 0)
+        out("", 0)
+        out("import torch", 0)
+        out("import torch.nn.functional as F  # noqa: F401", 0)
+        out("", 0)
+        out("try:", 0)
+        out("from mixc.errors import InputError as MixcError")
+        out("except ImportError:  # the module runs without mixc installed", 0)
+        out("class MixcError(ValueError):")
+        out('"""A compiled mixer was called with a wrong argument."""', 2)
+        out("", 0)
+        out("", 0)
+        out(f"SPEC = {text!r}", 0)
+        out(f'SPEC_HASH = "sha256:{digest}"', 0)
+        out(f'MIXC_VERSION = "{__version__}"', 0)
+        out(f'NAME = "{self.mixer.name}"', 0)
+        out(f"INPUTS = {self.layout(self.mixer.inputs)}", 0)
+        out(f"PARAMS = {self.layout([p for p in self.mixer.params if p.default is None])}", 0)
+        out(f"PARAM_DEFAULTS = {self.layout([p for p in self.mixer.params if p.default is not None])}", 0)
+        out(f"STATES = {self.layout(self.mixer.states)}", 0)
+        out(f'OUTPUT = "{self.output.target}"', 0)
+        classes = ", ".join(f'"{s.name}": "{s.transition.cls}"' for s in self.facts.states)
+        out(f"CLASSES = {{{classes}}}", 0)
+        out("", 0)
+        out("", 0)
+        runtime = [n for n, _ in inspect.getmembers(_torch_runtime, inspect.isfunction) if n.startswith("_")]
+        runtime.sort(key=lambda n: inspect.getsourcelines(getattr(_torch_runtime, n))[1])
+        out("# ---- runtime helpers (the same in every mixc module) " + "-" * 38, 0)
+        out("", 0)
+        out("", 0)
+        out(_source_of(_torch_runtime, runtime), 0)
+        if self.calls:
+            out("", 0)
+            out("", 0)
+            out("# ---- kernels, one per transition class (ALGORITHMS.md) " + "-" * 35, 0)
+            out("", 0)
+            out("", 0)
+            out(_source_of(_torch_kernels, self.kernel_names()), 0)
+        out("", 0)
+        out("", 0)
+        out("# ---- this mixer " + "-" * 74, 0)
+        out("", 0)
+        out("", 0)
+        self.emit_prepare(out)
+        if self.facts.chunkable:
+            self.emit_chunk(out)
+        if self.has_parallel:
+            self.emit_parallel(out)
+        self.emit_recurrence(out)
+        self.emit_recurrent(out)
+        self.emit_step(out)
+        return out.text().rstrip("\n") + "\n"
+
+    def emit_prepare(self, out: _Lines) -> None:
+        out(f"def _prepare({self.signature('sequence')}):", 0)
+        out('"""Check and lay out every argument; fill parameter defaults (h = head index)."""')
+        inputs = ", ".join(self.inputs)
+        unpack = f"({inputs},)" if len(self.inputs) == 1 else f"({inputs})"
+        out(f"{unpack}, _sizes, _dtype = _prepare_inputs(INPUTS, [{inputs}], sequence)")
+        out(f"_device = {self.inputs[0]}.device")
+        if self.defaulted:
+            out('_h = torch.arange(_sizes["NH"], dtype=_dtype, device=_device)')
+        defaults = {p.name: p.default for p in self.mixer.params}
+
+        def default_names(e: Expr) -> str:
+            return "_h" if isinstance(e, Name) and e.name == "h" else e.name
+
+        scalar_typer = PyExpr(self.typer, default_names)
+        for p in self.mixer.params:
+            if p.default is not None:
+                out(f"if {p.name} is None:")
+                out(f"{p.name} = {scalar_typer(defaults[p.name])}  # {p.default}", 2)
+            dims = "".join(f"{d!r}, " for d in p.shape)
+            out(f'{p.name} = _prepare_param("{p.name}", {p.name}, ({dims}), _sizes, _dtype, _device)')
+        out(f"return {self.args()}, _sizes, _dtype")
+        out("", 0)
+        out("", 0)
+
+    def prologue(self, out: _Lines, sequence: bool, states_from: str | None) -> None:
+        call = ", ".join(self.inputs + self.required + [f"{p}={p}" for p in self.defaulted])
+        out(f"{self.args()}, _sizes, _dtype = _prepare({call}, sequence={sequence})")
+        out(f"_device = {self.inputs[0]}.device")
+        if states_from is not None:
+            states = ", ".join(self.states)
+            out(f'({states},) = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, _sizes["B"])')
+
+    def finish(self, out: _Lines, y: str, final: str) -> None:
+        shape = self.spec.shapes[self.output.target]
+        index = "[..., 0, 0]" if shape == SCALAR else "[..., 0]" if shape[1] == "1" else ""
+        out(f"{self.output.target} = {y}{index}.to(_out_dtype)")
+        out(f"return {self.output.target}, {final}")
+
+    def final_states(self) -> str:
+        parts = [f"{s}[..., 0]" if self.typer.symbols[s].shape[1] == "1" else s for s in self.states]
+        return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
+
+    def emit_chunk(self, out: _Lines) -> None:
+        out(f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64')}):", 0)
+        out('"""Chunked parallel form. Returns (output, final state or None)."""')
+        out("if chunk_size < 1 or chunk_size & (chunk_size - 1):")
+        out('_fail(f"chunk_size: expected a power of two, got {chunk_size}")', 2)
+        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        self.prologue(out, True, "initial_state")
+        readout_vars = self.emit_groups(out, parallel=False)
+        self.emit_output(out, readout_vars)
+        self.finish(out, f"{self.output.target}", f"{self.final_states()} if output_final_state else None")
+        out("", 0)
+        out("", 0)
+
+    def emit_parallel(self, out: _Lines) -> None:
+        out(f"def parallel({self.signature()}):", 0)
+        out('"""Quadratic masked form, from a zero state. Returns (output, None)."""')
+        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        self.prologue(out, True, None)
+        readout_vars = self.emit_groups(out, parallel=True)
+        self.emit_output(out, readout_vars)
+        self.finish(out, f"{self.output.target}", "None")
+        out("", 0)
+        out("", 0)
+
+    def emit_groups(self, out: _Lines, parallel: bool) -> dict[int, str]:
+        """One kernel call per (group, query); returns readout index -> variable."""
+        e = self.seq_expr()
+        readout_vars = {}
+        readouts = [r for o in self.facts.outputs for r in o.readouts]
+        for group, call in self.calls.items():
+            facts = [self.facts.state(s) for s in group]
+            lead = facts[0]
+            name = group[0]
+            out(f"# {' and '.join(group)}: {lead.transition.cls} -> {call.parallel if parallel else call.kernel}")
+            key = lead.writes[0].key
+            out(f"_k_{name} = _seq_vector({e(key)}, _sizes)")
+            values = []
+            for s in facts:
+                w = s.writes[0]
+                if w.value is None:
+                    value = 'torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)'
+                    if w.scale is not None:
+                        value = f"{e(w.scale)} * {value}"
+                else:
+                    value_expr = w.value if w.scale is None else Binary("@", w.scale, w.value)
+                    value = e(value_expr)
+                values.append(value)
+            if len(values) == 1:
+                out(f"_v_{name} = _seq_vector({values[0]}, _sizes)")
+            else:
+                out(f"_v_{name} = _seq_vector(torch.cat([{', '.join(values)}], -2), _sizes)")
+            kernel_args = []
+            for arg, expr, kind in call.args:
+                if expr is None:
+                    kernel_args.append("None")
+                    continue
+                out(f"_{arg}_{name} = _seq_{kind}({e(expr)}, _sizes)  # {expr}")
+                kernel_args.append(f"_{arg}_{name}")
+            if not parallel:
+                s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
+                s0_text = s0[0] if len(s0) == 1 else f"torch.cat([{', '.join(s0)}], -1)"
+                out(f"_S0_{name} = {s0_text}")
+            queries = [r for r in readouts if r.state in group]
+            distinct: list[Expr] = []
+            for r in queries:
+                if str(r.query) not in map(str, distinct):
+                    distinct.append(r.query)
+            if not distinct and not parallel:
+                distinct = [None]
+            widths = [("1" if s.vector else _size(s.shape[0])) for s in facts]
+            for i, query in enumerate(distinct):
+                q_text = f"_seq_vector({e(query)}, _sizes)" if query is not None else f"torch.zeros_like(_k_{name})"
+                out(f"_q = {q_text}")
+                args = ", ".join(["_q", f"_k_{name}", f"_v_{name}", *kernel_args])
+                if parallel:
+                    out(f"_o = {call.parallel}({args})")
+                else:
+                    out(f"_o, _S = {call.kernel}({args}, _S0_{name}, chunk_size)")
+                if len(group) == 1:
+                    parts = ["_o"]
+                else:
+                    parts = [f"_o_{s}" for s in group]
+                    out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
+                for r in queries:
+                    if str(r.query) == str(query):
+                        out(f"_r{r.index} = _from_seq({parts[group.index(r.state)]})  # {r.state}_t {r.query}")
+                        readout_vars[r.index] = f"_r{r.index}"
+                if i == 0 and not parallel:
+                    if len(group) == 1:
+                        out(f"{name} = _S{'' if facts[0].vector else '.mT'}")
+                    else:
+                        out(f"{', '.join(group)} = _S.split([{', '.join(widths)}], -1)")
+                        for s in facts:
+                            if not s.vector:
+                                out(f"{s.name} = {s.name}.mT")
+        return readout_vars
+
+    def emit_output(self, out: _Lines, readout_vars) -> None:
+        o = self.facts.outputs[0]
+        out(f"{o.name} = {self.seq_expr()(o.expr)}  # {self.output.value}")
+
+    # -- the recurrence ----------------------------------------------------------------------
+
+    def emit_recurrence(self, out: _Lines) -> None:
+        states = ", ".join(self.states)
+        out(f"def _recurrence({self.args()}, {states}, _sizes, _dtype, _device):", 0)
+        out('"""Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""')
+        out("_ys = []")
+        out('for _t in range(_sizes["T"]):')
+        used = {n.name for eq in self.mixer.equations for n in _walk_inlined(self.mixer, eq.value) if isinstance(n, Timed)}
+        sliced = [i for i in self.inputs if i in used]
+        if sliced:
+            out(f"{', '.join(f'{i}_t' for i in sliced)} = {', '.join(f'{i}[:, _t]' for i in sliced)}", 2)
+        e = self.step_expr()
+        for name in self.facts.order:
+            if name not in self.states:
+                continue
+            eq = self.mixer.update(name)
+            body = inline(self.mixer, eq.value)
+            try:
+                text = e.terms(self.expander.expand(body))
+            except NotAffine:
+                text = e(body)
+            out(f"{name}_t = {text}  # {eq.value}", 2)
+        y = inline(self.mixer, self.output.value)
+        out(f"_ys.append({e(y)})  # {self.output.target}_t = {self.output.value}", 2)
+        if self.states:
+            out(f"{states} = {', '.join(f'{s}_t' for s in self.states)}", 2)
+        out(f"return torch.stack(_ys, 1), ({states},)")
+        out("", 0)
+        out("", 0)
+
+    def emit_recurrent(self, out: _Lines) -> None:
+        out(f"def recurrent({self.signature('initial_state=None', 'output_final_state=False')}):", 0)
+        out('"""Token-by-token form. Returns (output, final state or None)."""')
+        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        self.prologue(out, True, "initial_state")
+        states = ", ".join(self.states)
+        out(f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)")
+        self.finish(out, self.output.target, f"{self.final_states()} if output_final_state else None")
+        out("", 0)
+        out("", 0)
+
+    def emit_step(self, out: _Lines) -> None:
+        out(f"def step({self.signature('state=None')}):", 0)
+        out('"""One token: inputs [B, NH, ..] without T. Returns (output, new state)."""')
+        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        self.prologue(out, False, "state")
+        states = ", ".join(self.states)
+        out(f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)")
+        self.finish(out, f"{self.output.target}[:, 0]", self.final_states())
+
+
+def _size(symbol: str) -> str:
+    return symbol if symbol.isdigit() else f'_sizes["{symbol}"]'
+
+
+def _doc(text: str | None) -> str:
+    return (text or "").replace("\\", "\\\\").replace('"""', "'''")
+
+
+def _walk_inlined(mixer, e: Expr):
+    from ..ir import walk
+
+    return walk(inline(mixer, e))
+
+
+_unused = (Call, Number)
