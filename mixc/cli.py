@@ -36,6 +36,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return status
 
 
+@command
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile a spec to a standalone PyTorch module."""
+    from ._compile import compile_source, write_atomically
+
+    text = compile_source(args.spec, backend=args.backend)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        write_atomically(args.output, text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mixc",
@@ -47,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="parse and verify specs, print them in normal form")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (*.mix)")
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+
+    p = sub.add_parser("compile", help="compile a spec to a standalone PyTorch module")
+    p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically); default: stdout")
+    p.add_argument("--backend", default="pytorch", help="code generator (default: pytorch)")
     return parser
 
 
