@@ -1,0 +1,391 @@
+"""The reference interpreter: a verified spec run token by token in float64.
+
+This is the oracle every compiled form is tested against, so it favours being obviously right
+over being fast: it walks the IR of each equation at every time step, with no analysis, no
+rewriting and nothing shared with the code generators. It is differentiable (autograd flows
+through it), so it is the reference for gradients too.
+
+Values are float64 tensors with leading dims [B, NH] and two trailing matrix dims, as in the
+verifier: a scalar is [B, NH, 1, 1], a vector x[K] the column [B, NH, K, 1], a matrix [B, NH, m, n].
+Per-head parameters are [1, NH, r, c] and broadcast. `I` has no size of its own, so an
+identity-shaped subexpression is kept as a recipe (`_Sized`) until it meets a tensor that fixes n.
+
+Layout (the compiled-module contract):
+
+- per-token inputs: scalar [B, T, NH], vector [B, T, NH, d], matrix [B, T, NH, m, n]; an input
+  with 1 head or NH/g heads is shared by groups of g consecutive heads (repeat_interleave).
+- params: [NH, *shape]; one with a default may be omitted (its default is evaluated with h the
+  head index 0..NH-1).
+- states: [B, NH, *shape], zeros when not given.
+- outputs: [B, T, NH, *shape] for every equation whose target is not a state; a row vector is
+  returned as a vector [B, T, NH, d].
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._frontend import Spec, load_spec
+from ._verify import declared
+from .errors import InputError, MixcError
+from .ir import Binary, Call, Expr, Identity, Mixer, Name, Neg, Number, Timed, Transpose, walk
+
+__all__ = ["interpret"]
+
+DTYPE = torch.float64
+L2NORM_EPS = 1e-6
+
+
+def _softplus(x: Tensor) -> Tensor:
+    # log(1 + exp(x)) without overflow, and without torch's linear cut-off above x = 20.
+    return torch.clamp(x, min=0) + torch.log1p(torch.exp(-x.abs()))
+
+
+#: The built-in functions. All act elementwise except l2norm and diag.
+FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "exp": torch.exp,
+    "log": torch.log,
+    "sigmoid": torch.sigmoid,
+    "logsigmoid": torch.nn.functional.logsigmoid,
+    "softplus": _softplus,
+    "silu": lambda x: x * torch.sigmoid(x),
+    "elu": lambda x: torch.where(x > 0, x, torch.expm1(x)),
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "sqrt": torch.sqrt,
+    "l2norm": lambda x: x / torch.sqrt((x * x).sum(dim=(-2, -1), keepdim=True) + L2NORM_EPS),
+    "diag": lambda x: torch.diag_embed(x.flatten(-2)),
+}
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """An identity-shaped value (I, 2 I, I - I, ...) whose size comes from context: `at(n)`."""
+
+    at: Callable[[int], Tensor]
+
+
+Value = Tensor | _Sized
+
+
+def _is_scalar(x: Tensor) -> bool:
+    return x.shape[-2:] == (1, 1)
+
+
+def _apply(op: str, a: Tensor, b: Tensor) -> Tensor:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a / b
+    if op == "^":
+        return torch.pow(a, b)
+    if op == "@":  # a scalar times anything scales it
+        return a * b if _is_scalar(a) or _is_scalar(b) else a @ b
+    if op == ".":
+        return (a.flatten(-2) * b.flatten(-2)).sum(-1)[..., None, None]
+    raise MixcError(f"unknown operator {op!r}")
+
+
+def _binary(op: str, a: Value, b: Value) -> Value:
+    """`a op b`, fixing the size of an identity-shaped side from the other side."""
+    if isinstance(a, _Sized) and isinstance(b, _Sized):
+        return _Sized(lambda n: _apply(op, a.at(n), b.at(n)))
+    if isinstance(a, _Sized):
+        if _is_scalar(b):
+            return _Sized(lambda n: _apply(op, a.at(n), b))
+        return _apply(op, a.at(b.shape[-2]), b)
+    if isinstance(b, _Sized):
+        if _is_scalar(a):
+            return _Sized(lambda n: _apply(op, a, b.at(n)))
+        return _apply(op, a, b.at(a.shape[-1]))
+    return _apply(op, a, b)
+
+
+class _Evaluator:
+    """Evaluates expressions of one mixer. `now` holds values at t, `prev` states at t-1."""
+
+    def __init__(self, mixer: Mixer, params: dict[str, Tensor], device: torch.device) -> None:
+        self.lets = {fn.name: fn for fn in mixer.lets}
+        self.params = params
+        self.device = device
+        self.now: dict[str, Tensor] = {}
+        self.prev: dict[str, Tensor] = {}
+
+    def eval(self, e: Expr, args: dict[str, Value]) -> Value:
+        if isinstance(e, Number):
+            return torch.tensor(float(e.text), dtype=DTYPE, device=self.device).reshape(1, 1, 1, 1)
+        if isinstance(e, Identity):
+            return _Sized(lambda n: torch.eye(n, dtype=DTYPE, device=self.device))
+        if isinstance(e, Name):
+            if e.name in args:
+                return args[e.name]
+            if e.name in self.params:
+                return self.params[e.name]
+            raise MixcError(f"no value for {e.name}")
+        if isinstance(e, Timed):
+            table = self.now if e.offset == 0 else self.prev if e.offset == -1 else {}
+            if e.name not in table:
+                raise MixcError(f"{e.name} at t{e.offset:+d} is not available here")
+            return table[e.name]
+        if isinstance(e, Neg):
+            x = self.eval(e.operand, args)
+            return _Sized(lambda n: -x.at(n)) if isinstance(x, _Sized) else -x
+        if isinstance(e, Transpose):
+            x = self.eval(e.operand, args)
+            return _Sized(lambda n: x.at(n).mT) if isinstance(x, _Sized) else x.mT
+        if isinstance(e, Binary):
+            return _binary(e.op, self.eval(e.left, args), self.eval(e.right, args))
+        if isinstance(e, Call):
+            values = [self.eval(a, args) for a in e.args]
+            if e.func in self.lets:
+                fn = self.lets[e.func]
+                return self.eval(fn.body, dict(zip(fn.args, values, strict=True)))
+            if any(isinstance(v, _Sized) for v in values):
+                raise MixcError(f"{e.func}(I): the size of I is unknown here")
+            return FUNCTIONS[e.func](*values)
+        raise MixcError(f"cannot evaluate {type(e).__name__} nodes")
+
+
+def _lag0_reads(mixer: Mixer, e: Expr) -> set[str]:
+    """Names read at time t by `e`, looking inside the let functions it calls."""
+    lets = {fn.name: fn for fn in mixer.lets}
+    reads: set[str] = set()
+    todo, seen = [e], set()
+    while todo:
+        for node in walk(todo.pop()):
+            if isinstance(node, Timed) and node.offset == 0:
+                reads.add(node.name)
+            elif isinstance(node, Call) and node.func in lets and node.func not in seen:
+                seen.add(node.func)
+                todo.append(lets[node.func].body)
+    return reads
+
+
+def _step_order(mixer: Mixer) -> list:
+    """Equations in an order where each reads only what is already computed at t (fixed point)."""
+    targets = {eq.target for eq in mixer.equations}
+    needs = {eq.target: _lag0_reads(mixer, eq.value) & targets for eq in mixer.equations}
+    order, ready, pending = [], set(), list(mixer.equations)
+    while pending:
+        now = [eq for eq in pending if needs[eq.target] <= ready]
+        if not now:
+            stuck = ", ".join(f"{eq.target}_t" for eq in pending)
+            raise MixcError(f"{stuck} depend on each other at the same time step")
+        order += now
+        ready |= {eq.target for eq in now}
+        pending = [eq for eq in pending if eq not in now]
+    return order
+
+
+class _Sizes:
+    """Binds symbolic sizes (K, V, ...) to the sizes of the tensors passed in."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.source: dict[str, str] = {}
+
+    def bind(self, dims: tuple[str, ...], got: tuple[int, ...], what: str) -> None:
+        for dim, n in zip(dims, got, strict=True):
+            if dim.isdigit():
+                if int(dim) != n:
+                    raise InputError(f"{what}: size {n} where the spec says {dim}")
+            elif dim in self.sizes and self.sizes[dim] != n:
+                raise InputError(
+                    f"size {dim} is {self.sizes[dim]} from {self.source[dim]} but {n} from {what}"
+                )
+            else:
+                self.sizes.setdefault(dim, n)
+                self.source.setdefault(dim, what)
+
+    def matrix(self, dims: tuple[str, ...], what: str) -> tuple[int, int]:
+        """The concrete (rows, cols) of a declared shape: a vector is a column."""
+        out = []
+        for dim in declared(dims):
+            if dim.isdigit():
+                out.append(int(dim))
+            elif dim in self.sizes:
+                out.append(self.sizes[dim])
+            else:
+                raise InputError(f"size {dim} of {what} is unknown: no input or state fixes it")
+        return out[0], out[1]
+
+
+def _layout(dims: tuple[str, ...], lead: str) -> str:
+    return "[" + ", ".join([lead, *dims]) + "]"
+
+
+def interpret(
+    spec: Spec | str | os.PathLike,
+    inputs: dict[str, Tensor],
+    params: dict[str, Tensor] | None = None,
+    initial_state: dict[str, Tensor] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Run a spec step by step in float64.
+
+    Returns (outputs by the target name of every non-state equation, final states by name).
+    """
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    mixer = spec.mixer
+    params = dict(params or {})
+    initial_state = dict(initial_state or {})
+
+    for kind, given, decls in (
+        ("input", inputs, mixer.inputs),
+        ("param", params, mixer.params),
+        ("state", initial_state, mixer.states),
+    ):
+        unknown = sorted(set(given) - {d.name for d in decls})
+        if unknown:
+            known = ", ".join(d.name for d in decls) or "none"
+            raise InputError(
+                f"unknown {kind}(s) {', '.join(unknown)} for {mixer.name}; {kind}s: {known}"
+            )
+    missing = [f"input {d.name}" for d in mixer.inputs if d.name not in inputs]
+    missing += [
+        f"param {p.name}" for p in mixer.params if p.default is None and p.name not in params
+    ]
+    if missing:
+        raise InputError(f"{mixer.name} is missing {', '.join(missing)} (no default)")
+    if not mixer.inputs:
+        raise InputError(f"{mixer.name} has no per-token inputs, so the sequence length is unknown")
+
+    first = inputs[mixer.inputs[0].name]
+    device = first.device if isinstance(first, Tensor) else torch.device("cpu")
+
+    def tensor(x, what: str) -> Tensor:
+        if not isinstance(x, Tensor):
+            raise InputError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+        if x.is_complex():
+            raise InputError(f"{what} is complex; mixc works on real numbers")
+        return x.to(dtype=DTYPE, device=device)
+
+    sizes = _Sizes()
+
+    # Per-token inputs: [B, T, nh, *shape], nh dividing NH.
+    raw: dict[str, Tensor] = {}
+    for d in mixer.inputs:
+        x = tensor(inputs[d.name], f"input {d.name}")
+        if x.dim() != 3 + len(d.shape):
+            raise InputError(
+                f"input {d.name} should be {_layout(d.shape, 'B, T, NH')}, got shape {tuple(x.shape)}"
+            )
+        if x.shape[:2] != first.shape[:2]:
+            raise InputError(
+                f"input {d.name} has [B, T] = {list(x.shape[:2])} but "
+                f"{mixer.inputs[0].name} has {list(first.shape[:2])}"
+            )
+        sizes.bind(d.shape, tuple(x.shape[3:]), f"input {d.name}")
+        raw[d.name] = x
+    B, T = first.shape[:2]
+    for d in mixer.params:
+        if d.name in params:
+            x = tensor(params[d.name], f"param {d.name}")
+            if x.dim() != 1 + len(d.shape):
+                raise InputError(
+                    f"param {d.name} should be {_layout(d.shape, 'NH')}, got shape {tuple(x.shape)}"
+                )
+            sizes.bind(d.shape, tuple(x.shape[1:]), f"param {d.name}")
+            params[d.name] = x
+    for d in mixer.states:
+        if d.name in initial_state:
+            x = tensor(initial_state[d.name], f"initial state {d.name}")
+            if x.dim() != 2 + len(d.shape) or x.shape[0] != B:
+                raise InputError(
+                    f"initial state {d.name} should be {_layout(d.shape, f'B={B}, NH')}, "
+                    f"got shape {tuple(x.shape)}"
+                )
+            sizes.bind(d.shape, tuple(x.shape[2:]), f"initial state {d.name}")
+            initial_state[d.name] = x
+
+    heads = [x.shape[2] for x in raw.values()]
+    heads += [params[p.name].shape[0] for p in mixer.params if p.name in params]
+    heads += [initial_state[s.name].shape[1] for s in mixer.states if s.name in initial_state]
+    NH = max(heads)
+    if NH < 1:
+        raise InputError("the number of heads is 0")
+
+    xs: dict[str, Tensor] = {}
+    for d in mixer.inputs:
+        x, nh = raw[d.name], raw[d.name].shape[2]
+        if nh < 1 or NH % nh:
+            raise InputError(
+                f"input {d.name} has {nh} heads, which does not divide the {NH} heads of the call"
+            )
+        r, c = sizes.matrix(d.shape, f"input {d.name}")
+        xs[d.name] = x.reshape(B, T, nh, r, c).repeat_interleave(NH // nh, dim=2)
+
+    evaluator = _Evaluator(mixer, {}, device)
+    h = torch.arange(NH, dtype=DTYPE, device=device).reshape(1, NH, 1, 1)
+    for p in mixer.params:
+        r, c = sizes.matrix(p.shape, f"param {p.name}")
+        if p.name in params:
+            x = params[p.name]
+            if x.shape[0] != NH:
+                raise InputError(f"param {p.name} has {x.shape[0]} heads, the call has {NH}")
+            evaluator.params[p.name] = x.reshape(1, NH, r, c)
+        else:
+            value = evaluator.eval(p.default, {"h": h})
+            evaluator.params[p.name] = value.expand(1, NH, r, c)
+
+    state_shape = {}
+    for s in mixer.states:
+        r, c = sizes.matrix(s.shape, f"state {s.name}")
+        state_shape[s.name] = (r, c)
+        if s.name in initial_state:
+            x = initial_state[s.name]
+            if x.shape[1] != NH:
+                raise InputError(
+                    f"initial state {s.name} has {x.shape[1]} heads, the call has {NH}"
+                )
+            evaluator.prev[s.name] = x.reshape(B, NH, r, c)
+        else:
+            evaluator.prev[s.name] = torch.zeros(B, NH, r, c, dtype=DTYPE, device=device)
+
+    outputs: dict[str, Tensor] = {}
+    out_shape: dict[str, tuple[int, int]] = dict(state_shape)
+    for eq in mixer.equations:
+        if eq.target not in state_shape:
+            r, c = sizes.matrix(spec.shapes[eq.target], f"{eq.target}_t")
+            out_shape[eq.target] = (r, c)
+            outputs[eq.target] = torch.empty(B, T, NH, r, c, dtype=DTYPE, device=device)
+
+    order = _step_order(mixer)
+    for t in range(T):
+        evaluator.now = {name: x[:, t] for name, x in xs.items()}
+        for eq in order:
+            r, c = out_shape[eq.target]
+            value = evaluator.eval(eq.value, {})
+            if isinstance(value, _Sized):
+                value = value.at(r)
+            if value.shape[-2:] not in ((r, c), (1, 1)):
+                raise MixcError(
+                    f"{eq.target}_t came out {tuple(value.shape[-2:])}, expected {(r, c)}"
+                )
+            evaluator.now[eq.target] = value.expand(B, NH, r, c)
+        for eq in order:
+            if eq.target in state_shape:
+                evaluator.prev[eq.target] = evaluator.now[eq.target]
+            else:
+                outputs[eq.target][:, t] = evaluator.now[eq.target]
+
+    def unpack(x: Tensor, lead: int, ndim: int) -> Tensor:
+        """[..., r, c] -> [..., *shape]: a scalar loses both matrix dims, a vector one."""
+        if ndim == 0:
+            return x.reshape(x.shape[:lead])
+        return x.flatten(lead) if ndim == 1 else x
+
+    def rank(shape: tuple[str, str]) -> int:  # of a verifier shape: (1, 1), (n, 1), (1, n), (m, n)
+        return 2 - shape.count("1")
+
+    finals = {s.name: unpack(evaluator.prev[s.name], 2, len(s.shape)) for s in mixer.states}
+    results = {name: unpack(x, 3, rank(spec.shapes[name])) for name, x in outputs.items()}
+    return results, finals

@@ -1,0 +1,545 @@
+"""The reference interpreter against float64 loops of each mixer's math, written out by hand.
+
+Each reference below runs one (batch, head) sequence with plain 1-D/2-D tensors, in the form the
+papers write the recurrence, and shares nothing with mixc but the input layout.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 (the usual spelling)
+
+from mixc import MixcError, load_spec
+from mixc._interpret import FUNCTIONS, interpret
+from mixc.ir import FUNCTIONS as IR_FUNCTIONS
+
+SPECS = sorted((Path(__file__).parent.parent / "specs").glob("*.mix"))
+BATCH, STEPS, HEADS, DK, DV = 2, 9, 3, 4, 5
+TOL = {"rtol": 1e-12, "atol": 1e-12}
+f64 = torch.float64
+
+
+# --- hand-written references: one sequence, x[name] is [T, ...], p[name] a per-head value ---
+
+
+def outer(a, b):
+    return a[:, None] * b[None, :]
+
+
+def ref_linear_attention(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = H + outer(x["v"][t], x["k"][t])
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_linear_attention_normalized(x, p, s):
+    def phi(u):  # elu(u) + 1
+        return torch.where(u > 0, u + 1, torch.exp(u))
+
+    H, z, ys = s["H"], s["z"], []
+    for t in range(len(x["q"])):
+        H = H + outer(x["v"][t], phi(x["k"][t]))
+        z = z + phi(x["k"][t])
+        ys.append((H @ phi(x["q"][t])) / torch.dot(z, phi(x["q"][t])))
+    return {"y": ys}, {"H": H, "z": z}
+
+
+def ref_retnet(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = p["gamma"] * H + outer(x["v"][t], x["k"][t])
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gated_retention(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        decay = 1 / (1 + math.exp(-float(x["a"][t])))
+        H = decay * H + outer(x["v"][t], x["k"][t])
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gla(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = H * torch.exp(x["g"][t])[None, :] + outer(x["v"][t], x["k"][t])  # column j * alpha_j
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gated_general(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = x["G"][t] * H + outer(x["v"][t], x["k"][t])
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_deltanet(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        k, v, beta = x["k"][t], x["v"][t], x["beta"][t]
+        H = H - beta * outer(H @ k, k) + beta * outer(v, k)
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gated_deltanet(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        k, v, beta = x["k"][t], x["v"][t], x["beta"][t]
+        H = math.exp(float(x["g"][t])) * (H - beta * outer(H @ k, k)) + beta * outer(v, k)
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_mamba2(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["x"])):
+        dt = x["dt"][t]
+        H = torch.exp(dt * p["A"]) * H + outer(dt * x["x"][t], x["B"][t])
+        ys.append(H @ x["C"][t] + p["D"] * x["x"][t])
+    return {"y": ys}, {"H": H}
+
+
+# --- inputs: names, shapes and ranges that keep each recurrence stable ---
+
+
+def randn(g, *shape):
+    return torch.randn(*shape, generator=g, dtype=f64)
+
+
+def rand(g, *shape):
+    return torch.rand(*shape, generator=g, dtype=f64)
+
+
+def qkv(g):
+    lead = (BATCH, STEPS, HEADS)
+    return {"q": randn(g, *lead, DK), "k": randn(g, *lead, DK), "v": randn(g, *lead, DV)}
+
+
+def unit_keys(ins):
+    ins["k"] = ins["k"] / ins["k"].norm(dim=-1, keepdim=True)
+    return ins
+
+
+LEAD = (BATCH, STEPS, HEADS)
+CASES = {
+    "linear_attention": (ref_linear_attention, lambda g: (qkv(g), {})),
+    "linear_attention_normalized": (ref_linear_attention_normalized, lambda g: (qkv(g), {})),
+    "retnet": (
+        ref_retnet,
+        lambda g: (qkv(g), {"gamma": 0.5 + 0.5 * rand(g, HEADS)}),
+    ),
+    "gated_retention": (
+        ref_gated_retention,
+        lambda g: ({**qkv(g), "a": 2 * randn(g, *LEAD)}, {}),
+    ),
+    "gla": (
+        ref_gla,
+        lambda g: ({**qkv(g), "g": F.logsigmoid(randn(g, *LEAD, DK))}, {}),
+    ),
+    "gated_general": (
+        ref_gated_general,
+        lambda g: ({**qkv(g), "G": rand(g, *LEAD, DV, DK)}, {}),
+    ),
+    "deltanet": (
+        ref_deltanet,
+        lambda g: (unit_keys({**qkv(g), "beta": rand(g, *LEAD)}), {}),
+    ),
+    "gated_deltanet": (
+        ref_gated_deltanet,
+        lambda g: (
+            unit_keys({**qkv(g), "beta": rand(g, *LEAD), "g": F.logsigmoid(randn(g, *LEAD))}),
+            {},
+        ),
+    ),
+    "mamba2": (
+        ref_mamba2,
+        lambda g: (
+            {
+                "x": randn(g, *LEAD, DV),
+                "dt": F.softplus(randn(g, *LEAD)),
+                "B": randn(g, *LEAD, DK),
+                "C": randn(g, *LEAD, DK),
+            },
+            {"A": -0.2 - rand(g, HEADS), "D": randn(g, HEADS)},
+        ),
+    ),
+}
+SIZES = {"K": DK, "V": DV, "P": DV, "N": DK}
+
+
+def initial_states(spec, g):
+    """Random states; vectors (normalisers) positive so a ratio's denominator stays away from 0."""
+    out = {}
+    for s in spec.mixer.states:
+        shape = [SIZES[d] for d in s.shape]
+        out[s.name] = (
+            randn(g, BATCH, HEADS, *shape)
+            if len(shape) != 1
+            else 0.5 + rand(g, BATCH, HEADS, *shape)
+        )
+    return out
+
+
+def run_reference(ref, inputs, params, state0, spec):
+    """Run `ref` on every (batch, head) and stack back to the interpreter's layout."""
+    batch, _, heads = next(iter(inputs.values())).shape[:3]
+    outs, finals = {}, {}
+    for b in range(batch):
+        for h in range(heads):
+            x = {n: v[b, :, h] for n, v in inputs.items()}
+            p = {n: v[h] for n, v in params.items()}
+            s = {}
+            for d in spec.mixer.states:
+                shape = [SIZES[n] for n in d.shape]
+                s[d.name] = (
+                    state0[d.name][b, h] if d.name in state0 else torch.zeros(shape, dtype=f64)
+                )
+            o, f = ref(x, p, s)
+            for n, ys in o.items():
+                outs.setdefault(n, {})[b, h] = torch.stack(ys)
+            for n, v in f.items():
+                finals.setdefault(n, {})[b, h] = v
+
+    def gather(table, time_axis):
+        rows = [
+            torch.stack([table[b, h] for h in range(heads)], dim=time_axis) for b in range(batch)
+        ]
+        return torch.stack(rows)
+
+    return (
+        {n: gather(t, 1) for n, t in outs.items()},
+        {n: gather(t, 0) for n, t in finals.items()},
+    )
+
+
+def assert_same(got: dict, want: dict):
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].dtype == f64, name
+        torch.testing.assert_close(got[name], want[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# --- every shipped spec against its reference ---
+
+
+def test_every_shipped_spec_has_a_reference():
+    assert {p.stem for p in SPECS} == set(CASES)
+    assert {load_spec(p).mixer.name for p in SPECS} == set(CASES)
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_spec_matches_reference(path, with_state):
+    spec = load_spec(path)
+    ref, make = CASES[spec.mixer.name]
+    g = torch.Generator().manual_seed(sum(map(ord, spec.mixer.name)))
+    inputs, params = make(g)
+    state0 = initial_states(spec, g) if with_state else {}
+    got_out, got_state = interpret(spec, inputs, params, state0 or None)
+    want_out, want_state = run_reference(ref, inputs, params, state0, spec)
+    assert_same(got_out, want_out)
+    assert_same(got_state, want_state)
+    assert got_out["y"].shape[:3] == (BATCH, STEPS, HEADS)
+    assert all(v.shape[:2] == (BATCH, HEADS) for v in got_state.values())
+
+
+def test_inputs_are_converted_to_float64():
+    spec = load_spec(SPECS[0])
+    inputs, params = CASES[spec.mixer.name][1](torch.Generator().manual_seed(0))
+    low = {n: v.float() for n, v in inputs.items()}
+    out, _ = interpret(spec, low, {n: v.float() for n, v in params.items()})
+    want, _ = interpret(spec, {n: v.double() for n, v in low.items()}, params)
+    assert out["y"].dtype == f64
+    torch.testing.assert_close(out["y"], want["y"], rtol=0, atol=0)
+
+
+def test_empty_sequence_returns_the_initial_state():
+    spec = load_spec("specs/linear_attention.mix")
+    g = torch.Generator().manual_seed(1)
+    ins = {n: v[:, :0] for n, v in qkv(g).items()}
+    H0 = randn(g, BATCH, HEADS, DV, DK)
+    out, st = interpret(spec, ins, initial_state={"H": H0})
+    assert out["y"].shape == (BATCH, 0, HEADS, DV)
+    torch.testing.assert_close(st["H"], H0, rtol=0, atol=0)
+
+
+# --- heads: broadcast and grouped sharing ---
+
+
+def test_one_head_input_broadcasts_across_heads():
+    spec = load_spec("specs/deltanet.mix")
+    inputs, _ = CASES["deltanet"][1](torch.Generator().manual_seed(2))
+    shared = {**inputs, "k": inputs["k"][:, :, :1], "beta": inputs["beta"][:, :, :1]}
+    repeated = {
+        **inputs,
+        "k": shared["k"].expand(-1, -1, HEADS, -1),
+        "beta": shared["beta"].expand(-1, -1, HEADS),
+    }
+    got, got_s = interpret(spec, shared)
+    want, want_s = interpret(spec, repeated)
+    assert_same(got, want)
+    assert_same(got_s, want_s)
+    ref_out, _ = run_reference(ref_deltanet, repeated, {}, {}, spec)
+    assert_same(got, ref_out)
+
+
+def test_grouped_heads_are_shared_by_consecutive_heads():
+    spec = load_spec("specs/linear_attention.mix")
+    g = torch.Generator().manual_seed(3)
+    heads = 6
+    q = randn(g, BATCH, STEPS, heads, DK)
+    k = randn(g, BATCH, STEPS, 2, DK)  # groups of 3
+    v = randn(g, BATCH, STEPS, 3, DV)  # groups of 2
+    got, _ = interpret(spec, {"q": q, "k": k, "v": v})
+    full = {"q": q, "k": k[:, :, [0, 0, 0, 1, 1, 1]], "v": v[:, :, [0, 0, 1, 1, 2, 2]]}
+    want, _ = interpret(spec, full)
+    assert_same(got, want)
+    ref_out, _ = run_reference(ref_linear_attention, full, {}, {}, spec)
+    assert_same(got, ref_out)
+
+
+def test_head_count_must_divide():
+    spec = load_spec("specs/linear_attention.mix")
+    ins = qkv(torch.Generator().manual_seed(4))
+    ins["q"] = torch.zeros(BATCH, STEPS, 2, DK, dtype=f64)  # 2 does not divide 3
+    with pytest.raises(MixcError, match="does not divide"):
+        interpret(spec, ins)
+
+
+# --- parameters ---
+
+
+def test_retnet_default_gamma_is_per_head():
+    spec = load_spec("specs/retnet.mix")
+    ins = qkv(torch.Generator().manual_seed(5))
+    gamma = torch.tensor([1 - 2 ** (-5 - h) for h in range(HEADS)], dtype=f64)
+    assert gamma.tolist() == [1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128]
+    got, got_s = interpret(spec, ins)  # gamma omitted: its default
+    explicit, _ = interpret(spec, ins, {"gamma": gamma})
+    want, want_s = run_reference(ref_retnet, ins, {"gamma": gamma}, {}, spec)
+    assert_same(got, explicit)
+    assert_same(got, want)
+    assert_same(got_s, want_s)
+
+
+def test_mamba2_matches_the_ssd_quadratic_form():
+    """y = (C B^T ⊙ L)(dt x) + D x, L_ij = exp(sum_{j<r<=i} dt_r A): Mamba-2's dual form."""
+    spec = load_spec("specs/mamba2.mix")
+    ins, params = CASES["mamba2"][1](torch.Generator().manual_seed(6))
+    assert (params["A"] < 0).all() and (params["D"] != 0).all()
+    got, _ = interpret(spec, ins, params)
+    for b in range(BATCH):
+        for h in range(HEADS):
+            dt, x = ins["dt"][b, :, h], ins["x"][b, :, h]
+            Bm, Cm = ins["B"][b, :, h], ins["C"][b, :, h]
+            cum = torch.cumsum(dt * params["A"][h], 0)
+            L = torch.tril(torch.exp(cum[:, None] - cum[None, :]))
+            y = ((Cm @ Bm.T) * L) @ (dt[:, None] * x) + params["D"][h] * x
+            torch.testing.assert_close(got["y"][b, :, h], y, **TOL)
+
+
+def test_mamba2_needs_its_params():
+    spec = load_spec("specs/mamba2.mix")
+    ins, params = CASES["mamba2"][1](torch.Generator().manual_seed(7))
+    with pytest.raises(MixcError, match="param A"):
+        interpret(spec, ins, {"D": params["D"]})
+    with pytest.raises(MixcError, match="param D should be"):
+        interpret(spec, ins, {"A": params["A"], "D": params["D"][:, None]})
+    with pytest.raises(MixcError, match="heads"):
+        interpret(spec, ins, {"A": params["A"][:2], "D": params["D"][:2]})
+
+
+# --- normalised linear attention is a ratio of attention sums ---
+
+
+def test_normalized_linear_attention_is_a_ratio():
+    """y_t = sum_s w_ts v_s / sum_s w_ts with w_ts = phi(q_t) . phi(k_s), s <= t."""
+    spec = load_spec("specs/linear_attention_normalized.mix")
+    ins = qkv(torch.Generator().manual_seed(8))
+    got, _ = interpret(spec, ins)
+    phi_q, phi_k = F.elu(ins["q"]) + 1, F.elu(ins["k"]) + 1
+    w = torch.einsum("bthd,bshd->bhts", phi_q, phi_k).tril()
+    y = torch.einsum("bhts,bshv->bthv", w, ins["v"]) / w.sum(-1).transpose(1, 2)[..., None]
+    torch.testing.assert_close(got["y"], y, **TOL)
+
+
+# --- the language: built-ins, I from context, ordering of values within a step ---
+
+FUNCTIONS_SPEC = """mixer fns
+in    x[K], p, M[K, K]
+param w[K] = 0.5, c = 2^h
+state S[K, K], n
+S_t = (2 I - I) S_{t-1} + M_t - I * M_t
+n_t = n_{t-1} + p_t
+yexp_t = exp(x_t)
+ylog_t = log(p_t)
+ysig_t = sigmoid(x_t)
+ylsig_t = logsigmoid(x_t)
+ysp_t = softplus(x_t)
+ysilu_t = silu(x_t)
+yelu_t = elu(x_t)
+yrelu_t = relu(x_t)
+ytanh_t = tanh(x_t)
+ysqrt_t = sqrt(p_t)
+ynorm_t = l2norm(x_t)
+ydiag_t = diag(x_t)
+yrow_t = x_t^T M_t
+ydot_t = x_t . w
+ypow_t = p_t^c
+ydiv_t = -x_t / p_t
+yid_t = (I - x_t x_t^T) x_t
+"""
+
+
+def test_builtins_and_identity():
+    assert set(FUNCTIONS) == set(IR_FUNCTIONS)
+    spec = load_spec(FUNCTIONS_SPEC)
+    g = torch.Generator().manual_seed(9)
+    x = 3 * randn(g, *LEAD, DK)
+    p = 0.1 + rand(g, *LEAD)
+    M = randn(g, *LEAD, DK, DK)
+    out, st = interpret(spec, {"x": x, "p": p, "M": M})
+    c = torch.tensor([2.0**h for h in range(HEADS)], dtype=f64)
+    want = {
+        "yexp": torch.exp(x),
+        "ylog": torch.log(p),
+        "ysig": torch.sigmoid(x),
+        "ylsig": torch.log(torch.sigmoid(x)),
+        "ysp": torch.log1p(torch.exp(x)),
+        "ysilu": F.silu(x),
+        "yelu": F.elu(x),
+        "yrelu": F.relu(x),
+        "ytanh": torch.tanh(x),
+        "ysqrt": torch.sqrt(p),
+        "ynorm": x / torch.sqrt((x**2).sum(-1, keepdim=True) + 1e-6),
+        "ydiag": torch.diag_embed(x),
+        "yrow": torch.einsum("bthi,bthij->bthj", x, M),
+        "ydot": 0.5 * x.sum(-1),
+        "ypow": p ** c[None, None, :],
+        "ydiv": -x / p[..., None],
+        "yid": x - x * (x**2).sum(-1, keepdim=True),
+    }
+    assert_same(out, want)
+    S = M.sum(1) - torch.diagonal(M, dim1=-2, dim2=-1).sum(1).diag_embed()
+    assert_same(st, {"S": S, "n": p.sum(1)})
+
+
+def test_l2norm_of_zero_is_zero():
+    spec = load_spec("mixer z\nin x[K]\nstate s\ns_t = s_{t-1}\ny_t = l2norm(x_t)\n")
+    out, _ = interpret(spec, {"x": torch.zeros(1, 2, 1, 3)})
+    assert torch.equal(out["y"], torch.zeros(1, 2, 1, 3, dtype=f64))
+
+
+ORDER_SPEC = """mixer order
+in    q[K], k[K], v[V]
+state H[V, K], n
+y_t = H_t u_t + n_t w_t
+w_t = v_t * sigmoid(n_t)
+H_t = H_{t-1} + n_t v_t k_t^T
+n_t = n_{t-1} + k_t . u_t
+u_t = l2norm(q_t)
+"""
+
+
+def test_values_and_states_are_evaluated_in_dependency_order():
+    spec = load_spec(ORDER_SPEC)
+    ins = qkv(torch.Generator().manual_seed(10))
+
+    def ref(x, p, s):
+        H, n, ys, ws, us = s["H"], s["n"], [], [], []
+        for t in range(STEPS):
+            q, k, v = x["q"][t], x["k"][t], x["v"][t]
+            u = q / torch.sqrt(q @ q + 1e-6)
+            n = n + k @ u
+            H = H + n * outer(v, k)
+            w = v * torch.sigmoid(n)
+            ys.append(H @ u + n * w)
+            ws.append(w)
+            us.append(u)
+        return {"y": ys, "w": ws, "u": us}, {"H": H, "n": n}
+
+    got, got_s = interpret(spec, ins)
+    want, want_s = run_reference(ref, ins, {}, {}, spec)
+    assert_same(got, want)
+    assert_same(got_s, want_s)
+
+
+def test_let_functions_are_inlined_with_their_arguments():
+    spec = load_spec(
+        "mixer lets\nin x[K], y[K]\nstate s\nlet f(a, b) = a . b + 2 b . b\n"
+        "s_t = s_{t-1} + f(y_t, x_t)\no_t = f(x_t, y_t) s_t\n"
+    )
+    g = torch.Generator().manual_seed(11)
+    x, y = randn(g, *LEAD, DK), randn(g, *LEAD, DK)
+    out, st = interpret(spec, {"x": x, "y": y})
+    dot = (x * y).sum(-1)
+    s = torch.cumsum(dot + 2 * (x * x).sum(-1), 1)
+    torch.testing.assert_close(out["o"], (dot + 2 * (y * y).sum(-1)) * s, **TOL)
+    torch.testing.assert_close(st["s"], s[:, -1], **TOL)
+
+
+def test_deeply_nested_expression():
+    body = "(I - " * 190 + "I" + ")" * 190  # f(0) = I, f(n) = I - f(n-1): I for even n
+    spec = load_spec(f"mixer deep\nin x[K]\nstate s\ns_t = s_{{t-1}}\ny_t = {body} x_t\n")
+    x = randn(torch.Generator().manual_seed(12), 1, 3, 2, DK)
+    out, _ = interpret(spec, {"x": x})
+    torch.testing.assert_close(out["y"], x.double(), **TOL)
+
+
+# --- errors ---
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda i, s: i.pop("q"), "missing input q"),
+        (lambda i, s: i.update(q=i["q"][..., 0]), r"input q should be \[B, T, NH, K\]"),
+        (lambda i, s: i.update(k=i["k"][..., :3]), "size K is 4 from input q but 3 from input k"),
+        (lambda i, s: i.update(v=i["v"][:, :4]), r"\[B, T\]"),
+        (lambda i, s: i.update(r=i["q"]), "unknown input"),
+        (lambda i, s: i.update(q=i["q"].tolist()), "must be a torch.Tensor"),
+        (lambda i, s: s.update(H=torch.zeros(BATCH, HEADS, DV)), "initial state H should be"),
+        (lambda i, s: s.update(H=torch.zeros(BATCH, HEADS, DV, DK + 1)), "size K"),
+        (lambda i, s: s.update(Z=torch.zeros(1)), "unknown state"),
+    ],
+)
+def test_bad_arguments_raise_mixc_errors(change, message):
+    spec = load_spec("specs/deltanet.mix")
+    ins, _ = CASES["deltanet"][1](torch.Generator().manual_seed(13))
+    state = {}
+    change(ins, state)
+    with pytest.raises(MixcError, match=message):
+        interpret(spec, ins, initial_state=state)
+
+
+def test_accepts_a_path_and_a_long_sequence():
+    g = torch.Generator().manual_seed(14)
+    lead = (1, 256, 2)
+    ins = {"q": randn(g, *lead, DK), "k": randn(g, *lead, DK), "v": randn(g, *lead, DV)}
+    out, _ = interpret(str(SPECS[0].parent / "retnet.mix"), ins)
+    assert out["y"].shape == (1, 256, 2, DV)
+
+
+def test_is_differentiable():
+    """Gradients flow through the oracle, so backward passes can be checked against it too."""
+    spec = load_spec("specs/gated_deltanet.mix")
+    ins, _ = CASES["gated_deltanet"][1](torch.Generator().manual_seed(15))
+    names = list(ins)
+    small = tuple(ins[n][:1, :4, :2, ...].clone().requires_grad_() for n in names)
+
+    def run(*xs):
+        out, state = interpret(spec, dict(zip(names, xs, strict=True)))
+        return out["y"], state["H"]
+
+    assert torch.autograd.gradcheck(run, small)
