@@ -4,12 +4,14 @@
     >>> spec = mixc.load_spec("specs/deltanet.mix")
 """
 
+__version__ = "0.1.0"
+
+from ._compile import compile_source, load
 from ._frontend import Spec, load_spec
 from ._parser import parse
 from ._verify import verify
+from .analysis import analyze
 from .errors import MixcError, NotYetImplemented, SpecError
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MixcError",
@@ -17,6 +19,9 @@ __all__ = [
     "Spec",
     "SpecError",
     "__version__",
+    "analyze",
+    "compile_source",
+    "load",
     "load_spec",
     "parse",
     "verify",

@@ -1,0 +1,127 @@
+"""Shared test helpers: random inputs for any spec, relative errors, and the variant specs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mixc import load_spec
+
+SIZES = {"K": 8, "V": 6, "P": 6, "N": 8}
+
+# Variant specs written only for the tests: one per class the shipped specs leave out, and new
+# spellings. Inputs are plain randn; each spec keeps itself stable (sigmoid, l2norm, -softplus).
+VARIANTS = {
+    "value_gate": """
+mixer value_gate
+in    q[K], k[K], v[V], a[V]
+state H[V, K]
+H_t = diag(sigmoid(a_t)) H_{t-1} + v_t k_t^T
+y_t = H_t q_t
+""",
+    "outer_gate": """
+mixer outer_gate
+in    q[K], k[K], v[V], a[V], b[K]
+state H[V, K]
+H_t = (sigmoid(a_t) sigmoid(b_t)^T) ⊙ H_{t-1} + v_t k_t^T
+y_t = H_t q_t
+""",
+    "normalized_gated_retention": """
+mixer normalized_gated_retention
+in    q[K], k[K], v[V], a
+state H[V, K], z[K]
+let phi(x) = elu(x) + 1
+H_t = sigmoid(a_t) H_{t-1} + v_t phi(k_t)^T
+z_t = sigmoid(a_t) z_{t-1} + phi(k_t)
+y_t = H_t phi(q_t) / (z_t . phi(q_t))
+""",
+    "delta_spelled_out": """
+mixer delta_spelled_out
+in    q[K], k[K], v[V], b
+state H[V, K]
+let beta(x) = sigmoid(x)
+H_t = H_{t-1} - beta(b_t) H_{t-1} l2norm(k_t) l2norm(k_t)^T + beta(b_t) v_t l2norm(k_t)^T
+y_t = H_t q_t
+""",
+    "gated_delta_const": """
+mixer gated_delta_const
+in    q[K], k[K], v[V], b
+param gamma = 1 - 2^(-3 - h)
+state H[V, K]
+H_t = H_{t-1} gamma (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T) + sigmoid(b_t) v_t l2norm(k_t)^T
+y_t = H_t q_t
+""",
+    "gla_gate_skip": """
+mixer gla_gate_skip
+in    q[K], k[K], v[V], g[K]
+param D
+state H[V, K]
+H_t = exp(-softplus(g_t))^T ⊙ H_{t-1} + 0.5 v_t k_t^T
+y_t = H_t q_t + D v_t
+""",
+    "mamba_like_value_scale": """
+mixer mamba_like_value_scale
+in    x[P], dt, B[N], C[N]
+param A_log
+state H[P, N]
+decay_t = exp(-softplus(dt_t) exp(A_log))
+H_t = H_{t-1} decay_t + softplus(dt_t) x_t B_t^T
+y_t = H_t C_t
+""",
+}
+
+
+def spec_inputs(spec, B=2, T=7, NH=3, dtype=torch.float64, heads=None, generator=None):
+    """Random inputs and parameters for `spec`, in the compiled-module layout, kept in the
+    ranges the shipped specs assume (keys unit-norm and beta in (0, 1) for the delta rule,
+    log-decays <= 0, dt > 0, A < 0)."""
+    heads = heads or {}
+    mixer = spec.mixer
+    inputs, params = {}, {}
+    delta = any("beta" == d.name for d in mixer.inputs)
+    for d in mixer.inputs:
+        shape = [B, T, heads.get(d.name, NH)] + [SIZES[s] for s in d.shape]
+        x = torch.randn(*shape, dtype=torch.float64, generator=generator)
+        if d.name == "k" and delta:
+            x = F.normalize(x, dim=-1)
+        elif d.name == "beta":
+            x = torch.sigmoid(x)
+        elif d.name == "g":
+            x = -F.softplus(x) if d.shape else -F.softplus(x) * 0.5
+        elif d.name == "dt":
+            x = F.softplus(x)
+        elif d.name == "G":
+            x = torch.sigmoid(x)
+        inputs[d.name] = x.to(dtype)
+    for p in mixer.params:
+        if p.default is None:
+            x = torch.rand(NH, dtype=torch.float64, generator=generator)
+            x = -(x + 0.1) if p.name == "A" else x
+            params[p.name] = x.to(dtype)
+    return inputs, params
+
+
+def positional(spec, inputs, params):
+    names = [d.name for d in spec.mixer.inputs] + [p.name for p in spec.mixer.params if p.default is None]
+    return [inputs.get(n, params.get(n)) for n in names]
+
+
+def random_states(spec, B=2, NH=3, dtype=torch.float64, generator=None):
+    out = {}
+    for s in spec.mixer.states:
+        shape = [B, NH] + [SIZES[d] for d in s.shape]
+        out[s.name] = (0.5 * torch.randn(*shape, dtype=torch.float64, generator=generator)).to(dtype)
+    return out
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMS error ||a - ref|| / ||ref||. A reference whose RMS is below 1e-3 counts as
+    near zero (e.g. a gradient that vanishes analytically): its error is measured against an
+    RMS of 1e-3 instead, the absolute floor."""
+    a, ref = a.double(), ref.double()
+    floor = 1e-3 * max(ref.numel(), 1) ** 0.5
+    return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
+
+
+def load_variant(name):
+    return load_spec(VARIANTS[name])
