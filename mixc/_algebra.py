@@ -113,13 +113,14 @@ class Expander:
         self.mixer = mixer
         self.typer = typer
         self.states = states
-        self._shape_cache: dict[int, Shape] = {}
+        # keyed by id, holding the node itself so that its id is never reused for another node
+        self._shape_cache: dict[int, tuple[Expr, Shape]] = {}
 
     def shape(self, e: Expr) -> Shape:
         got = self._shape_cache.get(id(e))
-        if got is None:
-            got = self._shape_cache[id(e)] = self.typer.shape_of(e)
-        return got
+        if got is None or got[0] is not e:
+            got = self._shape_cache[id(e)] = (e, self.typer.shape_of(e))
+        return got[1]
 
     def has_state(self, e: Expr) -> bool:
         return any(isinstance(n, Timed) and n.name in self.states for n in walk(e))

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._parser import decode, parse
+from ._parser import MAX_SPEC_BYTES, decode, parse
 from ._verify import Shape, verify
 from .errors import MixcError, Source, SpecError
 from .ir import Mixer
@@ -22,18 +22,22 @@ class Spec:
 
 
 def read_source(spec: str | os.PathLike) -> Source:
-    """A path to a spec file, or spec text itself (anything containing a newline or 'mixer ')."""
-    if isinstance(spec, str) and ("\n" in spec or spec.lstrip().startswith("mixer ")):
+    """A path to a spec file, or spec text itself (anything containing a newline or 'mixer ',
+    or nothing but blanks)."""
+    if isinstance(spec, str) and ("\n" in spec or spec.lstrip().startswith("mixer ") or not spec.strip()):
         return Source(spec, "<string>")
     path = Path(spec)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)  # enough to refuse a huge file without reading it all
     except FileNotFoundError:
         raise MixcError(f"{path}: no such spec file") from None
     except IsADirectoryError:
         raise MixcError(f"{path}: is a directory, not a spec file") from None
     except OSError as exc:
         raise MixcError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValueError:  # a NUL in the path
+        raise MixcError(f"{str(spec)!r}: not a spec file name, and not spec text") from None
     return decode(data, str(spec))
 
 

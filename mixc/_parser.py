@@ -30,7 +30,7 @@ from .ir import (
     children,
 )
 
-MAX_SPEC_BYTES = 1_000_000
+MAX_SPEC_BYTES = 64_000  # a spec is a few lines; this bounds the parse to well under a second
 MAX_DEPTH = 200
 
 _GRAMMAR_PLACES = (
@@ -93,8 +93,8 @@ def _time_offset(tok: lark.Token) -> int:
 
 def _number_text(tok: lark.Token) -> str:
     text = str(tok)
-    if re.fullmatch(r"[0-9]+", text):
-        return str(int(text))
+    if text.isdigit():
+        return text.lstrip("0") or "0"  # as str(int(text)), without Python's limit on digits
     value = float(text)
     if value == float("inf"):
         raise SpecSyntaxError(f"number {text} is too large", _token_span(tok))
@@ -132,7 +132,7 @@ class _ToIR:
             raise SpecSyntaxError(
                 f"expression nested too deeply (more than {MAX_DEPTH} levels)",
                 node.span,
-                hint="split it with a `let` function or a derived value `a_t = ...`",
+                hint="split it into steps with derived values: a_t = ..., then y_t = ... a_t ...",
             )
         self.depth[id(node)] = depth
         return node
@@ -202,7 +202,7 @@ class _ToIR:
         if _time_offset(time) != 0:
             raise SpecSyntaxError(
                 f"the left-hand side must be at time t, not {target}{time}",
-                _token_span(time),
+                Span(target.line, target.column, time.end_line, time.end_column - 1),
                 expected=f"{target}_t = ...",
                 hint="an update defines the new value from the old: H_t = ... H_{t-1} ...",
             )
@@ -223,7 +223,7 @@ def decode(data: bytes, filename: str = "<string>") -> Source:
     """Bytes of a spec file -> Source, refusing what is not UTF-8 text."""
     if len(data) > MAX_SPEC_BYTES:
         raise SpecSyntaxError(
-            f"spec is {len(data):,} bytes; the limit is {MAX_SPEC_BYTES:,}",
+            f"spec is longer than {MAX_SPEC_BYTES:,} bytes",
             source=Source("", filename),
             hint="is this the right file? a spec is a few lines of text",
         )
@@ -262,7 +262,7 @@ def _parse(source: Source) -> Mixer:
             expected="a header line: mixer NAME",
             hint='a spec starts with `mixer my_mixer "what it is"`',
         )
-    bad = re.search(r"[\x00-\x08\x0b\x0e-\x1f\x7f]", text)
+    bad = re.search(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]", text)
     if bad:
         raise SpecSyntaxError(
             f"control character U+{ord(bad.group()):04X} in the spec",
@@ -302,6 +302,10 @@ def _unexpected_character(exc, text: str) -> SpecSyntaxError:
         hint = "names start with a letter; a time index is written x_t or x_{t-1}"
     elif ch == "{":
         hint = "time indices are written _{t-1}, right after a name"
+    elif ch == '"':
+        hint = 'a description is one line in double quotes: mixer NAME "description"'
+    elif ch == "\r":
+        hint = "lines end with \\n or \\r\\n; convert the file's line endings"
     return SpecSyntaxError(
         f"unexpected character {ch!r}", span, expected=_expected_words(exc.allowed), hint=hint
     )
@@ -318,15 +322,24 @@ def _unexpected_token(exc, text: str) -> SpecSyntaxError:
     what = "end of line" if tok.type == "_NL" else repr(str(tok))
     span = _token_span(tok) if tok.type != "_NL" else Span.point(tok.line, tok.column)
     expected = _expected_words(exc.expected)
+    before = text[: tok.start_pos].rstrip(" \t")[-1:]
     hint = None
-    if tok.type == "_NL" and "NAME" in exc.expected:
-        hint = "an expression cannot end with an operator; a line break ends a statement"
+    if tok.type == "_NL" and before and before in "+-−*⊙/@.·^=(,":
+        hint = "a line break ends a statement; to go on, end the line with \\"
     elif tok.type == "EQUAL":
         hint = "equations are written NAME_t = expression, one per line"
-    elif tok.type in ("NAME", "CALLEE") and str(tok) in ("in", "param", "state", "let", "mixer"):
+    elif "MIXER" in exc.expected:
+        hint = 'a spec starts with its header line: mixer NAME "description"'
+    elif tok.type == "MIXER":
+        hint = "a spec has one `mixer` line, at the top"
+    elif str(tok) in ("in", "param", "state", "let"):
         hint = f"`{tok}` starts a new line"
-    elif tok.type == "TIME" and _time_offset(tok) != 0:
-        hint = "only per-token inputs and states take a time index"
+    elif set(exc.expected) == {"CALLEE"}:
+        hint = "a let defines a function: let phi(x) = elu(x) + 1"
+    elif tok.type == "STAR" and before == "*":
+        hint = "a power is written x^2"
+    elif tok.type == "TIME":
+        hint = "a time index follows a per-token name directly (q_t); declarations have none"
     return SpecSyntaxError(f"unexpected {what}", span, expected=expected, hint=hint)
 
 

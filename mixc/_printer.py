@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .ir import Binary, Call, Expr, Identity, Mixer, Name, Neg, Number, Timed, Transpose
 
 # Binding strength, as in grammar/mixer.lark: sum < product < unary < juxtaposition < power < postfix.
@@ -57,7 +59,9 @@ def format_expr(e: Expr) -> str:
 def _exponent(e: Expr) -> str:
     if isinstance(e, Neg):
         return "-" + _exponent(e.operand)
-    return _wrap(e, _POWER)
+    text = _wrap(e, _POWER)
+    # a^T would read as a transpose: an exponent starting with the name T needs parentheses
+    return f"({text})" if re.match(r"T(?![A-Za-z0-9_])", text) else text
 
 
 def format_mixer(m: Mixer) -> str:

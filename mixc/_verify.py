@@ -11,7 +11,15 @@ import difflib
 import keyword
 from dataclasses import dataclass
 
-from .errors import SpecAnalysisError, SpecNameError, SpecShapeError, SpecSyntaxError
+from ._parser import MAX_DEPTH
+from .errors import (
+    NotYetImplemented,
+    Span,
+    SpecAnalysisError,
+    SpecNameError,
+    SpecShapeError,
+    SpecSyntaxError,
+)
 from .ir import (
     FUNCTIONS,
     Binary,
@@ -25,6 +33,7 @@ from .ir import (
     Number,
     Timed,
     Transpose,
+    children,
     walk,
 )
 
@@ -114,7 +123,7 @@ class Typer:
             fn = self.lets[e.func]
             if len(args) != len(fn.args):
                 raise SpecShapeError(
-                    f"{fn.name} takes {len(fn.args)} argument(s), got {len(args)}", e.span,
+                    f"{fn.name} takes {_count(len(fn.args), 'argument')}, got {len(args)}", e.span,
                     expected=f"{fn.name}({', '.join(fn.args)})",
                 )
             return self.shape_of(fn.body, dict(zip(fn.args, args, strict=True)))
@@ -147,7 +156,7 @@ def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:
         if other[0] == other[1] and other != SCALAR:
             return other
         raise SpecShapeError(
-            f"I {what} {show(other)}: I is square, so its size cannot match {show(other)}",
+            f"cannot {what} I and {show(other)}: I is square, so its size cannot match",
             e.span,
         )
     if a == b or b == SCALAR:
@@ -158,20 +167,23 @@ def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:
     for x, y in zip(a, b, strict=True):
         if x != y and "1" not in (x, y):
             raise SpecShapeError(
-                f"cannot {what} {show(a)} and {show(b)}", e.span,
-                expected=f"operands of the same shape, or a scalar, for {what}",
-                hint=_hint_for(e, a, b),
+                f"cannot {what} {e.left} {show(a)} and {e.right} {show(b)}", e.span,
+                expected="operands of the same shape, or one that broadcasts (a scalar, row or column)",
+                hint=_transpose_hint(e, a, b),
             )
         out.append(y if x == "1" else x)
     return (out[0], out[1])
 
 
-def _hint_for(e: Binary, a: Shape, b: Shape) -> str | None:
+def _transpose_hint(e: Binary, a: Shape, b: Shape) -> str | None:
     if a == (b[1], b[0]):
-        return f"one side is the transpose of the other: {e.left} is {show(a)}, {e.right} is {show(b)}"
-    if a[1] == "1" and b[1] == "1" and a != SCALAR and b != SCALAR:
-        return f"{e.left} {e.right} is {show(a)} times {show(b)}; did you mean {e.left} {e.right}^T?"
+        fixed = Binary(e.op, e.left, Transpose(e.right))
+        return f"{e.right} is {show(b)}, the transpose of {show(a)}; did you mean {fixed}?"
     return None
+
+
+def _count(n: int | str, word: str) -> str:
+    return f"{n} {word}" + ("" if str(n) == "1" else "s")
 
 
 def _add(e, a, b):
@@ -204,13 +216,18 @@ def _matmul(e, a, b):
     if b == IDENTITY:
         return a
     if a[1] != b[0]:
-        hint = _hint_for(e, a, b)
-        if hint is None and a[0] == "1" and b[0] == "1":
-            hint = f"did you mean {e.left}^T {e.right}? or use . for a dot product"
+        hint = _transpose_hint(e, a, b)
+        if a[1] == "1" and b[1] == "1":
+            fixed = Binary("@", e.left, Transpose(e.right))
+            hint = f"{e.left} and {e.right} are both vectors; did you mean {fixed}?"
+        elif a[0] == "1" and b[0] == "1":
+            fixed = Binary("@", Transpose(e.left), e.right)
+            hint = f"did you mean {fixed}? or use . for a dot product"
         raise SpecShapeError(
             f"cannot multiply {e.left} {show(a)} by {e.right} {show(b)}",
             e.span,
-            expected=f"a matrix product whose inner sizes agree ({a[1]} vs {b[0]})",
+            expected=f"a matrix product whose inner sizes agree ({e.left} has "
+            f"{_count(a[1], 'column')}, {e.right} has {_count(b[0], 'row')})",
             hint=hint,
         )
     out = (a[0], b[1])
@@ -224,7 +241,7 @@ def _dot(e, a, b):
     if not (vec(a) and vec(b)):
         raise SpecShapeError(
             f"a dot product needs two vectors, got {show(a)} . {show(b)}", e.span,
-            hint="use juxtaposition for a matrix product: H_t q_t",
+            hint=f"for a matrix product, write them side by side: {Binary('@', e.left, e.right)}",
         )
     n, m = (a[0] if a[1] == "1" else a[1]), (b[0] if b[1] == "1" else b[1])
     if n != m:
@@ -262,14 +279,17 @@ def verify(mixer: Mixer) -> dict[str, Shape]:
     values = {e.target for e in mixer.equations if e.target not in states}
     for target in values:
         symbols[target] = Symbol("value", SCALAR)  # refined below, in dependency order
+    let_depth = _check_lets(mixer)
     for fn in mixer.lets:
-        _check_names(mixer, fn.body, symbols, allowed_args=set(fn.args), where=f"let {fn.name}")
+        _check_names(mixer, fn.body, symbols, set(fn.args), "let", fn.name)
     for p in mixer.params:
         if p.default is not None:
-            _check_names(mixer, p.default, symbols, allowed_args={"h"}, where=f"param {p.name}")
+            _check_names(mixer, p.default, symbols, {"h"}, "param", p.name)
+            _check_depth(p.default, let_depth)
     for eq in mixer.equations:
-        _check_names(mixer, eq.value, symbols, allowed_args=set(), where=eq.target)
+        _check_names(mixer, eq.value, symbols, set(), "equation", eq.target)
         _check_times(mixer, eq, states)
+        _check_depth(eq.value, let_depth)
     _check_updates(mixer, states)
 
     typer = Typer(mixer, symbols)
@@ -313,6 +333,7 @@ def _update_hint(got: Shape, want: Shape, name: str) -> str | None:
 
 def _check_declarations(mixer: Mixer) -> None:
     seen: dict[str, str] = {}
+    lines: dict[str, int] = {}
 
     def claim(name: str, what: str, span) -> None:
         if name in RESERVED:
@@ -327,17 +348,28 @@ def _check_declarations(mixer: Mixer) -> None:
                 hint=f"rename it, e.g. {name}_ or {name}1" if name not in ("I", "h", "t") else None,
             )
         if name in seen:
-            raise SpecNameError(f"{name} is already declared as {seen[name]}", span)
-        seen[name] = what
+            raise SpecNameError(
+                f"{name} is already declared as {seen[name]}", span,
+                hint=f"the first is at line {lines[name]}; rename one of them" if lines[name] else None,
+            )
+        seen[name], lines[name] = what, span.line if span else 0
 
     if mixer.name in RESERVED:
-        raise SpecNameError(f"mixer name {mixer.name!r} is reserved", mixer.span)
+        raise SpecNameError(
+            f"mixer name {mixer.name!r} is reserved", mixer.span,
+            hint=f"rename it, e.g. {mixer.name}_ or my_{mixer.name}",
+        )
     for kind, decls in (("an input", mixer.inputs), ("a parameter", mixer.params), ("a state", mixer.states)):
         for d in decls:
             claim(d.name, kind, d.span)
             for size in d.shape:
                 if size.isdigit() and int(size) < 1:
                     raise SpecShapeError(f"size {size} of {d.name} must be at least 1", d.span)
+                if size == "I":
+                    raise SpecNameError(
+                        f"size I of {d.name}: I is the identity matrix", d.span,
+                        hint="name the size something else, e.g. D",
+                    )
             if len(d.shape) > 2:
                 raise SpecShapeError(
                     f"{d.name} has {len(d.shape)} dimensions; mixc handles scalars, vectors and "
@@ -357,7 +389,7 @@ def _check_declarations(mixer: Mixer) -> None:
             what = "update" if eq.target in states else "definition"
             raise SpecNameError(
                 f"second {what} of {eq.target}", eq.span,
-                hint=f"{eq.target} is defined once, at line {targets[eq.target].line}",
+                hint=f"the first is at line {targets[eq.target].line}; combine them into one equation",
             )
         targets[eq.target] = eq.span
         if eq.target in seen and eq.target not in states:
@@ -374,27 +406,77 @@ def _check_declarations(mixer: Mixer) -> None:
         )
 
 
-def _check_names(mixer, expr: Expr, symbols, allowed_args: set[str], where: str) -> None:
+def _check_lets(mixer: Mixer) -> dict[str, int]:
+    """Lets call only lets defined above them (so there is no recursion); returns how deep each
+    one is once inlined."""
+    depth: dict[str, int] = {}
+    lets = {fn.name for fn in mixer.lets}
+    for fn in mixer.lets:
+        for node in walk(fn.body):
+            if isinstance(node, Call) and node.func in lets and node.func not in depth:
+                if node.func == fn.name:
+                    raise SpecNameError(
+                        f"{fn.name} calls itself; let functions cannot be recursive",
+                        _callee_span(node),
+                    )
+                raise SpecNameError(
+                    f"{fn.name} calls {node.func}, which is defined below it",
+                    _callee_span(node),
+                    hint=f"move `let {node.func}(...)` above `let {fn.name}(...)`",
+                )
+        depth[fn.name] = _check_depth(fn.body, depth)
+    return depth
+
+
+def _check_depth(expr: Expr, let_depth: dict[str, int]) -> int:
+    """How deeply `expr` nests with its let calls inlined; refuses more than MAX_DEPTH levels."""
+    deepest, stack = 0, [(expr, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, Call):
+            d += let_depth.get(node.func, 0)
+        if d > MAX_DEPTH:
+            raise SpecSyntaxError(
+                f"expression nested too deeply (more than {MAX_DEPTH} levels, with lets inlined)",
+                node.span,
+                hint="split it into steps with derived values: a_t = ..., then y_t = ... a_t ...",
+            )
+        deepest = max(deepest, d)
+        stack.extend((c, d + 1) for c in children(node))
+    return deepest
+
+
+def _callee_span(call: Call) -> Span | None:
+    """The span of a call's function name, where an error about the function belongs."""
+    if call.span is None:
+        return None
+    return Span(call.span.line, call.span.column, call.span.line, call.span.column + len(call.func) - 1)
+
+
+def _check_names(
+    mixer: Mixer, expr: Expr, symbols, args: set[str], where: str, owner: str
+) -> None:
+    """`where` is "let", "param" or "equation"; `owner` names the let, parameter or target."""
     lets = {fn.name for fn in mixer.lets}
     for node in walk(expr):
         if isinstance(node, Call):
             if node.func not in FUNCTIONS and node.func not in lets:
                 close = difflib.get_close_matches(node.func, list(FUNCTIONS) + sorted(lets), n=1)
                 raise SpecNameError(
-                    f"unknown function {node.func}", node.span,
+                    f"unknown function {node.func}", _callee_span(node),
                     expected="a built-in (" + ", ".join(FUNCTIONS) + ") or a let function",
                     hint=f"did you mean {close[0]}?" if close else None,
                 )
         elif isinstance(node, Name):
-            _check_untimed(node, symbols, allowed_args, where)
+            _check_untimed(node, symbols, args, where, owner)
         elif isinstance(node, Timed):
-            _check_timed(node, symbols, allowed_args)
-        elif isinstance(node, Identity) and where.startswith("param"):
+            _check_timed(node, symbols, args, where, owner)
+        elif isinstance(node, Identity) and where == "param":
             raise SpecShapeError("I cannot appear in a parameter default", node.span)
 
 
-def _check_untimed(node: Name, symbols, allowed_args: set[str], where: str) -> None:
-    if node.name in allowed_args:
+def _check_untimed(node: Name, symbols, args: set[str], where: str, owner: str) -> None:
+    if node.name in args:
         return
     if node.name == "h":
         raise SpecNameError(
@@ -407,28 +489,47 @@ def _check_untimed(node: Name, symbols, allowed_args: set[str], where: str) -> N
         raise SpecNameError(
             f"undefined name {node.name}", node.span,
             expected="a declared input, parameter or state, or a let argument",
-            hint=f"did you mean {close[0]}?" if close else f"declare it: `param {node.name}`",
+            hint=f"did you mean {close[0]}?" if close
+            else f"`{node.name}` is a keyword that starts a line"
+            if node.name in ("mixer", "in", "param", "state", "let")
+            else f"{node.name} is reserved; declare a parameter with another name"
+            if node.name in RESERVED
+            else f"declare it: `param {node.name}`",
         )
+    if sym.kind == "let":
+        raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
+    if where == "param":
+        if sym.kind == "param":
+            raise SpecNameError(
+                f"a parameter default cannot use another parameter ({node.name})", node.span,
+                hint="defaults may use numbers and the head index h",
+            )
+        _per_token_in_param(node)
     if sym.kind in ("input", "value"):
         raise SpecNameError(
             f"{node.name} is per token and needs a time index", node.span,
             hint=f"did you mean {node.name}_t?",
         )
     if sym.kind == "state":
-        suggestion = f"{node.name}_{{t-1}}" if where == node.name else f"{node.name}_t"
+        suggestion = f"{node.name}_{{t-1}}" if owner == node.name else f"{node.name}_t"
         raise SpecNameError(
             f"state {node.name} needs a time index", node.span, hint=f"did you mean {suggestion}?"
         )
-    if sym.kind == "let":
-        raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
-    if sym.kind == "param" and where.startswith("param"):
+
+
+def _per_token_in_param(node: Name | Timed) -> None:
+    raise SpecNameError(
+        f"a parameter default cannot use the per-token {node.name}", node.span,
+        hint="defaults may use numbers and the head index h; per-token values go in `in`",
+    )
+
+
+def _check_timed(node: Timed, symbols, args: set[str], where: str, owner: str) -> None:
+    if node.name in args:
         raise SpecNameError(
-            f"a parameter default cannot use another parameter ({node.name})", node.span,
-            hint="defaults may use numbers and the head index h",
+            f"{node.name} is an argument of {owner} and has no time index", node.span,
+            hint=f"write {node.name}",
         )
-
-
-def _check_timed(node: Timed, symbols, allowed_args: set[str]) -> None:
     sym = symbols.get(node.name)
     if sym is None:
         close = difflib.get_close_matches(node.name, list(symbols), n=1)
@@ -437,35 +538,44 @@ def _check_timed(node: Timed, symbols, allowed_args: set[str]) -> None:
             expected="a declared input or state, or a per-token value defined by an equation",
             hint=f"did you mean {close[0]}_t?" if close else f"declare it: `in {node.name}`",
         )
-    if sym.kind in ("param", "arg", "let") or node.name in allowed_args:
+    if sym.kind == "param":
         raise SpecNameError(
             f"{node.name} is a per-head parameter and has no time index", node.span,
             hint=f"write {node.name}",
         )
+    if sym.kind == "let":
+        raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
+    if where == "param":
+        _per_token_in_param(node)
+    if where == "let":
+        raise SpecNameError(
+            f"let {owner} cannot read {node}: a let sees only its arguments and parameters",
+            node.span,
+            hint=f"pass {node} to {owner} as an argument",
+        )
     if node.offset > 0:
         raise SpecAnalysisError(
-            f"{node.name}_{{t+{node.offset}}} refers to a later token: the mixer would not be causal",
+            f"{node} refers to a later token: the mixer would not be causal",
             node.span,
             hint="a mixer may read tokens up to t only",
         )
     if sym.kind in ("input", "value") and node.offset != 0:
-        raise SpecSyntaxError(
-            f"NYI: {node.name} at t{node.offset:+d}: per-token inputs are read at t only",
+        raise NotYetImplemented(
+            f"{node.name} at t{node.offset:+d}: per-token {sym.kind}s are read at t only",
             node.span,
             hint="to use an earlier token (token shift), keep it in a state",
         )
     if sym.kind == "state" and node.offset < -1:
-        raise SpecSyntaxError(
-            f"NYI: {node.name} at t{node.offset:+d}: a state is read at t or t-1",
-            node.span,
+        raise NotYetImplemented(
+            f"{node.name} at t{node.offset:+d}: a state is read at t or t-1", node.span
         )
 
 
 def _check_times(mixer: Mixer, eq, states: set[str]) -> None:
     for node in walk(eq.value):
-        if not isinstance(node, Timed) or node.name not in states:
+        if not isinstance(node, Timed):
             continue
-        if node.offset == -1 and node.name != eq.target:
+        if node.name in states and node.offset == -1 and node.name != eq.target:
             raise SpecNameError(
                 f"{node.name}_{{t-1}} can only appear in its own update ({node.name}_t = ...)",
                 node.span,
@@ -473,8 +583,11 @@ def _check_times(mixer: Mixer, eq, states: set[str]) -> None:
             )
         if node.offset == 0 and node.name == eq.target:
             raise SpecAnalysisError(
-                f"{node.name}_t on the right-hand side of its own update", node.span,
-                hint=f"did you mean {node.name}_{{t-1}}?",
+                f"{node.name}_t on the right-hand side of its own "
+                + ("update" if node.name in states else "definition"),
+                node.span,
+                hint=f"did you mean {node.name}_{{t-1}}?" if node.name in states
+                else "a per-token value cannot depend on itself; carry it in a state",
             )
 
 

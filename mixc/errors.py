@@ -49,8 +49,9 @@ class Source:
     filename: str = "<string>"
 
     def line(self, number: int) -> str:
-        lines = self.text.splitlines()
-        return lines[number - 1] if 0 < number <= len(lines) else ""
+        """Line `number` (1-based) without its ending. Lines end at '\n' only, as in the lexer."""
+        lines = self.text.split("\n")
+        return lines[number - 1].removesuffix("\r") if 0 < number <= len(lines) else ""
 
 
 class MixcError(Exception):
@@ -89,13 +90,13 @@ class SpecError(MixcError):
         span = self.span
         filename = self.source.filename if self.source else "<spec>"
         out = [f"{filename}:{span.line}:{span.column}: {self.kind}: {self.message}"]
-        if self.source is not None:
-            text = _printable(self.source.line(span.line))
-            gutter = " " * len(str(span.line))
+        if self.source is not None and self.source.text:
+            text, column = _window(_printable(self.source.line(span.line)), span.column)
             width = (span.end_column - span.column + 1) if span.end_line == span.line else 1
-            width = max(1, min(width, len(text) - span.column + 1 if len(text) >= span.column else 1))
+            width = max(1, min(width, len(text) - column + 1))
+            pad = "".join("\t" if ch == "\t" else " " for ch in text[: column - 1])
             out.append(f"  {span.line} | {text}")
-            out.append(f"  {gutter} | {' ' * (span.column - 1)}{'^' * width}")
+            out.append(f"  {' ' * len(str(span.line))} | {pad.ljust(column - 1)}{'^' * width}")
         if self.expected:
             out.append(f"  expected: {self.expected}")
         if self.hint:
@@ -105,9 +106,17 @@ class SpecError(MixcError):
 
 def _printable(line: str) -> str:
     """A spec line safe to echo on a terminal: control characters shown as '?'."""
-    if len(line) > 200:
-        line = line[:200] + "..."
     return "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in line)
+
+
+def _window(line: str, column: int, width: int = 100) -> tuple[str, int]:
+    """At most `width` characters of a long line around `column`, and the column within them."""
+    if len(line) <= width:
+        return line, column
+    start = max(0, min(column - 1 - width // 2, len(line) - width))
+    text = ("..." if start else "") + line[start : start + width]
+    text += "..." if start + width < len(line) else ""
+    return text, column - start + (3 if start else 0)
 
 
 class SpecSyntaxError(SpecError):

@@ -1,7 +1,7 @@
 """Pure-PyTorch chunked kernels for linear-attention-style mixers.
 
 The code generator copies the source text of these functions verbatim into
-standalone modules, so this file imports only ``math``, ``torch`` and
+standalone modules, so this file imports only ``torch`` and
 ``torch.nn.functional``; every kernel is a top-level function and ``DEPENDS``
 names the helpers each public kernel needs.
 
@@ -48,24 +48,27 @@ def _split_chunks(x, chunk_size):
     return x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
 
 
-def _segsum(x):
-    """Segment sums over the last axis: out[..., i, j] = x_{j+1} + ... + x_i.
+def _segsum(x, dim=-1):
+    """Segment sums along axis dim: out[..., i, j, ...] = x_{j+1} + ... + x_i.
 
-    Returns [..., L, L] with -inf above the diagonal (0 on it), so exp(out) is
-    Gamma_ij = exp(b_i - b_j) masked to i >= j. Each entry is summed directly
-    (no difference of two cumulative sums), so it stays accurate when the
-    cumulative sums are large.
+    A new axis j is inserted right after dim (so [..., L] -> [..., L, L] and
+    [..., L, d] -> [..., L, L, d] for dim=-2), with -inf where j > i (0 on the
+    diagonal): exp(out) is Gamma_ij = exp(b_i - b_j) masked to i >= j. Each entry
+    is a direct sum of same-sign gates (never a difference of two cumulative
+    sums), so it stays accurate when the cumulative sums are large.
     """
-    length = x.shape[-1]
+    dim = dim % x.dim()
+    length = x.shape[dim]
+    mask_shape = (length, length) + (1,) * (x.dim() - dim - 1)
     ones = torch.ones(length, length, dtype=torch.bool, device=x.device)
-    strictly_lower = torch.tril(ones, diagonal=-1)
-    causal = torch.tril(ones)
-    # rows[..., l, j] = x_l, kept only where l > j
-    rows = x.unsqueeze(-1).expand(*x.shape, length)
-    rows = rows.masked_fill(~strictly_lower, 0.0)
-    # seg[..., i, j] = sum_{j < l <= i} x_l
-    seg = torch.cumsum(rows, dim=-2)
-    return seg.masked_fill(~causal, float("-inf"))
+    strictly_lower = torch.tril(ones, diagonal=-1).reshape(mask_shape)
+    causal = torch.tril(ones).reshape(mask_shape)
+    # rows[..., l, j, ...] = x_l where l > j, else 0 (torch.where = out-of-place masked_fill)
+    rows = torch.where(strictly_lower, x.unsqueeze(dim + 1), 0.0)
+    # seg[..., i, j, ...] = sum_{j < l <= i} x_l
+    seg = torch.cumsum(rows, dim=dim)
+    # mask to -inf above the diagonal *before* any exp
+    return torch.where(causal, seg, float("-inf"))
 
 
 def _suffix_sum(x, dim):
@@ -74,6 +77,29 @@ def _suffix_sum(x, dim):
     length = x.shape[dim]
     shifted = torch.cat([x.narrow(dim, 1, length - 1), torch.zeros_like(x.narrow(dim, 0, 1))], dim=dim)
     return torch.flip(torch.cumsum(torch.flip(shifted, [dim]), dim=dim), [dim])
+
+
+def _boundary_log_decay(g_sub):
+    """Log-decay from each key token to each sub-chunk boundary, for Class 2 off-diagonal blocks.
+
+    g_sub: [..., n, c, d] log-gates of one chunk split into n sub-chunks of c tokens.
+    Returns [..., n, n * c, d] whose entry (I, j) is b_r - b_j = g_{j+1} + ... + g_r with
+    r = start(I) - 1 the last token before sub-chunk I, and -inf where j > r.
+    It is summed as (gates after j inside j's sub-chunk) + (whole sub-chunks between),
+    never as a difference of two cumulative sums, so it stays accurate when the
+    chunk's cumulative log-gate is large.
+    """
+    n_sub, sub, dim = g_sub.shape[-3], g_sub.shape[-2], g_sub.shape[-1]
+    # gates after j up to the end of j's own sub-chunk: [..., n(J), c, d]
+    to_sub_end = _suffix_sum(g_sub, dim=-2)
+    # between[I, J] = sum of whole sub-chunks J+1 .. I-1, -inf unless J < I: [..., n(I), n(J), d]
+    totals = g_sub.sum(dim=-2).transpose(-1, -2)  # [..., d, n]
+    seg = _segsum(totals)  # seg[a, J] = totals_{J+1} + ... + totals_a, -inf for J > a
+    no_boundary = torch.full_like(seg[..., :1, :], float("-inf"))  # sub-chunk 0 sees no earlier token
+    between = torch.cat([no_boundary, seg[..., :-1, :]], dim=-2)  # row I holds seg[I - 1]
+    between = between.movedim(-3, -1)  # [..., n(I), n(J), d]
+    log_decay = between.unsqueeze(-2) + to_sub_end.unsqueeze(-4)  # [..., n(I), n(J), c, d]
+    return log_decay.reshape(*log_decay.shape[:-3], n_sub * sub, dim)
 
 
 def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
@@ -197,32 +223,22 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
     v_s = v_c.reshape(*lead, d_v)
     gk_s = gk_c.reshape(*lead, d_k)
 
-    # masks for the off-diagonal blocks: column j of the chunk is visible from
-    # sub-chunk I only if j <= r(I) = start(I) - 1
-    columns = torch.arange(chunk_size, device=q.device)
-    starts = torch.arange(n_sub, device=q.device) * sub
-    hidden = (columns[None, :] >= starts[:, None]).unsqueeze(-1)  # [n, C, 1]
-
     # --- key side -----------------------------------------------------------
     bk = torch.cumsum(gk_c, dim=-2)  # chunk-level b_i per channel [B, NH, N, C, K]
     bk_local = torch.cumsum(gk_s, dim=-2)  # b_i - b_r(I), summed inside the sub-chunk
-    bk_end = bk.reshape(*lead, d_k)[..., -1, :]  # b at each sub-chunk's last token
-    bk_boundary = torch.cat([torch.zeros_like(bk_end[:, :, :, :1]), bk_end[:, :, :, :-1]], dim=3)  # b_r(I)
 
     # Class 2 off-diagonal blocks, measured from the boundary r:
     # q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j) (j <= r), both exponents <= 0
     q_off = q_s * torch.exp(bk_local)  # [B, NH, N, n, c, K]
-    log_k_off = bk_boundary.unsqueeze(-2) - bk.unsqueeze(3)  # b_r(I) - b_j  [B, NH, N, n, C, K]
-    log_k_off = log_k_off.masked_fill(hidden, float("-inf"))
+    log_k_off = _boundary_log_decay(gk_s)  # b_r(I) - b_j, -inf for j > r  [B, NH, N, n, C, K]
     k_off = k_c.unsqueeze(3) * torch.exp(log_k_off)  # [B, NH, N, n, C, K]
     scores_off = torch.matmul(q_off, k_off.transpose(-1, -2))  # [B, NH, N, n, c, C]
 
     # Class 2 diagonal blocks, elementwise in log space:
     # A_ij = sum_k q_ik k_jk exp(b_ik - b_jk), j <= i inside one sub-chunk
-    log_gamma_k = _segsum(gk_s.transpose(-1, -2))  # [B, NH, N, n, K, c, c]
-    q_t = q_s.transpose(-1, -2).unsqueeze(-1)  # [B, NH, N, n, K, c, 1]
-    k_t = k_s.transpose(-1, -2).unsqueeze(-2)  # [B, NH, N, n, K, 1, c]
-    scores_diag = (q_t * k_t * torch.exp(log_gamma_k)).sum(dim=-3)  # [B, NH, N, n, c, c]
+    log_gamma_k = _segsum(gk_s, dim=-2)  # [B, NH, N, n, c, c, K]
+    qk = q_s.unsqueeze(-2) * k_s.unsqueeze(-3)  # q_ik k_jk  [B, NH, N, n, c, c, K]
+    scores_diag = (qk * torch.exp(log_gamma_k)).sum(dim=-1)  # [B, NH, N, n, c, c]
 
     # --- value side ---------------------------------------------------------
     if has_gv:
@@ -230,20 +246,16 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
         gv_s = gv_c.reshape(*lead, d_v)
         bv = torch.cumsum(gv_c, dim=-2)
         bv_local = torch.cumsum(gv_s, dim=-2)  # bv_i - bv_r(I)
-        bv_end = bv.reshape(*lead, d_v)[..., -1, :]
-        bv_boundary = torch.cat([torch.zeros_like(bv_end[:, :, :, :1]), bv_end[:, :, :, :-1]], dim=3)
 
         # off-diagonal: output channel of row i gets exp(bv_i - bv_r), v_j gets exp(bv_r - bv_j)
-        log_v_off = bv_boundary.unsqueeze(-2) - bv.unsqueeze(3)  # [B, NH, N, n, C, V]
-        log_v_off = log_v_off.masked_fill(hidden, float("-inf"))
+        log_v_off = _boundary_log_decay(gv_s)  # bv_r(I) - bv_j, -inf for j > r  [B, NH, N, n, C, V]
         v_off = v_c.unsqueeze(3) * torch.exp(log_v_off)
         o_off = torch.matmul(scores_off, v_off) * torch.exp(bv_local)  # [B, NH, N, n, c, V]
 
         # diagonal: o_iv = sum_j A_ij v_jv exp(bv_iv - bv_jv)
-        log_gamma_v = _segsum(gv_s.transpose(-1, -2))  # [B, NH, N, n, V, c, c]
-        v_t = v_s.transpose(-1, -2).unsqueeze(-2)  # [B, NH, N, n, V, 1, c]
-        weighted = scores_diag.unsqueeze(-3) * torch.exp(log_gamma_v) * v_t
-        o_diag = weighted.sum(dim=-1).transpose(-1, -2)  # [B, NH, N, n, c, V]
+        log_gamma_v = _segsum(gv_s, dim=-2)  # [B, NH, N, n, c, c, V]
+        weighted_v = v_s.unsqueeze(-3) * torch.exp(log_gamma_v)  # v_jv exp(bv_iv - bv_jv)
+        o_diag = (scores_diag.unsqueeze(-1) * weighted_v).sum(dim=-2)  # [B, NH, N, n, c, V]
     else:
         o_off = torch.matmul(scores_off, v_c.unsqueeze(3))  # [B, NH, N, n, c, V]
         o_diag = torch.matmul(scores_diag, v_s)
@@ -358,6 +370,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_split_chunks",
         "_segsum",
         "_suffix_sum",
+        "_boundary_log_decay",
         "_scan_states",
     ),
     "chunk_delta": (
