@@ -107,7 +107,7 @@ class _Lines:
 
 
 def _source_of(module, names) -> str:
-    return "\n\n".join(inspect.getsource(getattr(module, n)).rstrip() for n in names)
+    return "\n\n\n".join(inspect.getsource(getattr(module, n)).rstrip() for n in names)
 
 
 def emit(facts: Facts) -> str:
@@ -252,6 +252,8 @@ class _Module:
         self.emit_prepare(out)
         if self.facts.chunkable:
             self.emit_chunk(out)
+        else:
+            self.emit_no_chunk(out)
         if self.has_parallel:
             self.emit_parallel(out)
         self.emit_recurrence(out)
@@ -296,7 +298,7 @@ class _Module:
         shape = self.spec.shapes[self.output.target]
         index = "[..., 0, 0]" if shape == SCALAR else "[..., 0]" if shape[1] == "1" else ""
         out(f"{self.output.target} = {y}{index}.to(_out_dtype)")
-        out(f"return {self.output.target}, {final}")
+        out(f"return {self.output.target}, {final if ' if ' not in final else f'({final})'}")
 
     def final_states(self) -> str:
         parts = [f"{s}[..., 0]" if self.typer.symbols[s].shape[1] == "1" else s for s in self.states]
@@ -312,6 +314,14 @@ class _Module:
         readout_vars = self.emit_groups(out, parallel=False)
         self.emit_output(out, readout_vars)
         self.finish(out, f"{self.output.target}", f"{self.final_states()} if output_final_state else None")
+        out("", 0)
+        out("", 0)
+
+    def emit_no_chunk(self, out: _Lines) -> None:
+        out(f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64')}):", 0)
+        out('"""No chunked form exists for this spec: use recurrent or step."""')
+        reason = self.facts.reason.replace("NYI: ", "")
+        out(f"_fail({('NYI: no chunked form (' + reason + '). Use recurrent() or step().')!r})")
         out("", 0)
         out("", 0)
 
