@@ -117,20 +117,60 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
     return out
 
 
-def _seq_vector(x, sizes):
-    """[.., d, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T, d]."""
+def _seq_vector(x, sizes, cu_seqlens=None):
+    """[.., d, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T, d] (or, for packed
+    sequences, [N, NH, longest, d] with zeros after each sequence's end)."""
     x = x[..., 0]
-    return x.expand(sizes["B"], sizes["T"], sizes["NH"], x.shape[-1]).transpose(1, 2)
+    x = x.expand(sizes["B"], sizes["T"], sizes["NH"], x.shape[-1]).transpose(1, 2)
+    return x if cu_seqlens is None else _unpack(x, cu_seqlens)
 
 
-def _seq_scalar(x, sizes):
-    """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T]."""
-    return x[..., 0, 0].expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
+def _seq_scalar(x, sizes, cu_seqlens=None):
+    """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T] (or [N, NH, longest])."""
+    x = x[..., 0, 0].expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
+    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens)[..., 0]
 
 
-def _from_seq(o):
-    """The kernels' [B, NH, T, d] -> [B, T, NH, d, 1]."""
+def _from_seq(o, cu_seqlens=None):
+    """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
+    if cu_seqlens is not None:
+        o = _pack(o, cu_seqlens)
     return o.transpose(1, 2)[..., None]
+
+
+def _check_cu_seqlens(cu_seqlens, sizes):
+    """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+        _fail("cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]")
+    if sizes["B"] != 1:
+        _fail(f"cu_seqlens: packed sequences need B = 1, got B = {sizes['B']}")
+    if cu_seqlens.numel() < 2:
+        _fail("cu_seqlens: expected at least two entries [0, T]")
+    if torch.compiler.is_compiling():
+        return cu_seqlens.numel() - 1
+    ends = cu_seqlens.tolist()
+    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):
+        _fail(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {sizes['T']}, got {ends}")
+    return len(ends) - 1
+
+
+def _unpack(x, cu_seqlens):
+    """[1, NH, T, d] packed -> [N, NH, longest, d], zero-padded after each sequence."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    longest = max(int(lengths.max()), 1)
+    offsets = torch.arange(longest, device=x.device)
+    valid = offsets[None, :] < lengths[:, None]  # [N, longest]
+    index = (cu_seqlens[:-1, None] + offsets[None, :]).clamp(max=max(x.shape[2] - 1, 0))
+    out = x[0][:, index]  # [NH, N, longest, d]
+    out = torch.where(valid[None, :, :, None], out, torch.zeros((), dtype=x.dtype, device=x.device))
+    return out.transpose(0, 1)
+
+
+def _pack(o, cu_seqlens):
+    """[N, NH, longest, d] -> [1, NH, T, d], keeping each sequence's tokens in order."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    valid = torch.arange(o.shape[2], device=o.device)[None, :] < lengths[:, None]
+    return o.transpose(0, 1)[:, valid][None]
 
 
 def _l2norm(x):

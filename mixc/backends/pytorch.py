@@ -286,13 +286,17 @@ class _Module:
         out("", 0)
         out("", 0)
 
-    def prologue(self, out: _Lines, sequence: bool, states_from: str | None) -> None:
+    def prologue(self, out: _Lines, sequence: bool, states_from: str | None, packed: bool = False) -> None:
         call = ", ".join(self.inputs + self.required + [f"{p}={p}" for p in self.defaulted])
         out(f"{self.args()}, _sizes, _dtype = _prepare({call}, sequence={sequence})")
         out(f"_device = {self.inputs[0]}.device")
+        batch = '_sizes["B"]'
+        if packed:
+            out('_batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)')
+            batch = "_batch"
         if states_from is not None:
             states = ", ".join(self.states)
-            out(f'({states},) = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, _sizes["B"])')
+            out(f"({states},) = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, {batch})")
 
     def finish(self, out: _Lines, y: str, final: str) -> None:
         shape = self.spec.shapes[self.output.target]
@@ -305,12 +309,16 @@ class _Module:
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
     def emit_chunk(self, out: _Lines) -> None:
-        out(f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64')}):", 0)
-        out('"""Chunked parallel form. Returns (output, final state or None)."""')
+        out(f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64', 'cu_seqlens=None')}):", 0)
+        out('"""Chunked parallel form. Returns (output, final state or None).')
+        out("")
+        out("With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own")
+        out("initial state (one per sequence) and returns one final state per sequence.")
+        out('"""')
         out("if chunk_size < 1 or chunk_size & (chunk_size - 1):")
         out('_fail(f"chunk_size: expected a power of two, got {chunk_size}")', 2)
         out(f"_out_dtype = {self.inputs[0]}.dtype")
-        self.prologue(out, True, "initial_state")
+        self.prologue(out, True, "initial_state", packed=True)
         readout_vars = self.emit_groups(out, parallel=False)
         self.emit_output(out, readout_vars)
         self.finish(out, f"{self.output.target}", f"{self.final_states()} if output_final_state else None")
@@ -347,7 +355,8 @@ class _Module:
             name = group[0]
             out(f"# {' and '.join(group)}: {lead.transition.cls} -> {call.parallel if parallel else call.kernel}")
             key = lead.writes[0].key
-            out(f"_k_{name} = _seq_vector({e(key)}, _sizes)")
+            packed = "" if parallel else ", cu_seqlens"
+            out(f"_k_{name} = _seq_vector({e(key)}, _sizes{packed})")
             values = []
             for s in facts:
                 w = s.writes[0]
@@ -360,15 +369,15 @@ class _Module:
                     value = e(value_expr)
                 values.append(value)
             if len(values) == 1:
-                out(f"_v_{name} = _seq_vector({values[0]}, _sizes)")
+                out(f"_v_{name} = _seq_vector({values[0]}, _sizes{packed})")
             else:
-                out(f"_v_{name} = _seq_vector(torch.cat([{', '.join(values)}], -2), _sizes)")
+                out(f"_v_{name} = _seq_vector(torch.cat([{', '.join(values)}], -2), _sizes{packed})")
             kernel_args = []
             for arg, expr, kind in call.args:
                 if expr is None:
                     kernel_args.append("None")
                     continue
-                out(f"_{arg}_{name} = _seq_{kind}({e(expr)}, _sizes)  # {expr}")
+                out(f"_{arg}_{name} = _seq_{kind}({e(expr)}, _sizes{packed})  # {expr}")
                 kernel_args.append(f"_{arg}_{name}")
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
@@ -383,7 +392,7 @@ class _Module:
                 distinct = [None]
             widths = [("1" if s.vector else _size(s.shape[0])) for s in facts]
             for i, query in enumerate(distinct):
-                q_text = f"_seq_vector({e(query)}, _sizes)" if query is not None else f"torch.zeros_like(_k_{name})"
+                q_text = f"_seq_vector({e(query)}, _sizes{packed})" if query is not None else f"torch.zeros_like(_k_{name})"
                 out(f"_q = {q_text}")
                 args = ", ".join(["_q", f"_k_{name}", f"_v_{name}", *kernel_args])
                 if parallel:
@@ -397,7 +406,7 @@ class _Module:
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
                 for r in queries:
                     if str(r.query) == str(query):
-                        out(f"_r{r.index} = _from_seq({parts[group.index(r.state)]})  # {r.state}_t {r.query}")
+                        out(f"_r{r.index} = _from_seq({parts[group.index(r.state)]}{packed})  # {r.state}_t {r.query}")
                         readout_vars[r.index] = f"_r{r.index}"
                 if i == 0 and not parallel:
                     if len(group) == 1:
@@ -445,12 +454,31 @@ class _Module:
         out("", 0)
 
     def emit_recurrent(self, out: _Lines) -> None:
-        out(f"def recurrent({self.signature('initial_state=None', 'output_final_state=False')}):", 0)
-        out('"""Token-by-token form. Returns (output, final state or None)."""')
+        out(f"def recurrent({self.signature('initial_state=None', 'output_final_state=False', 'cu_seqlens=None')}):", 0)
+        out('"""Token-by-token form. Returns (output, final state or None).')
+        out("")
+        out("With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own")
+        out("initial state (one per sequence); one final state per sequence is returned.")
+        out('"""')
         out(f"_out_dtype = {self.inputs[0]}.dtype")
-        self.prologue(out, True, "initial_state")
+        self.prologue(out, True, "initial_state", packed=True)
         states = ", ".join(self.states)
-        out(f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)")
+        out("if cu_seqlens is None:")
+        out(f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)", 2)
+        out("else:")
+        out("_outputs, _finals = [], []", 2)
+        out("for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):", 2)
+        per_token = self.inputs
+        sliced = ", ".join(f"{a}[:, _start:_end]" if a in per_token else a for a in self.inputs + self.required + self.defaulted)
+        out("if _end == _start:  # an empty sequence keeps its initial state", 3)
+        out(f"_finals.append(({', '.join(f'{s}[_n : _n + 1]' for s in self.states)},))", 4)
+        out("continue", 4)
+        out("_piece = dict(_sizes, T=_end - _start)", 3)
+        out(f"_y, _s = _recurrence({sliced}, {', '.join(f'{s}[_n : _n + 1]' for s in self.states)}, _piece, _dtype, _device)", 3)
+        out("_outputs.append(_y)", 3)
+        out("_finals.append(_s)", 3)
+        out(f"{self.output.target} = torch.cat(_outputs, 1)", 2)
+        out(f"{states}, = (torch.cat(_parts, 0) for _parts in zip(*_finals))" if len(self.states) == 1 else f"{states} = (torch.cat(_parts, 0) for _parts in zip(*_finals))", 2)
         self.finish(out, self.output.target, f"{self.final_states()} if output_final_state else None")
         out("", 0)
         out("", 0)
