@@ -1,8 +1,7 @@
 """Pure-PyTorch chunked kernels for linear-attention-style mixers.
 
 The code generator copies the source text of these functions verbatim into
-standalone modules, so this file imports only ``torch`` and
-``torch.nn.functional``; every kernel is a top-level function and ``DEPENDS``
+standalone modules, so this file imports only ``torch``; every kernel is a top-level function and ``DEPENDS``
 names the helpers each public kernel needs.
 
 Layout (the caller transposes into it):
@@ -21,8 +20,6 @@ exponent that reaches exp is <= 0 (so nothing overflows, forward or backward).
 """
 
 import torch
-import torch.nn.functional as F
-
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -37,9 +34,9 @@ def _check_chunk_size(chunk_size):
 
 def _pad_time(x, n_pad):
     """Zero-pad the token axis (dim 2) of x at the end by n_pad steps."""
-    # F.pad lists (left, right) pairs starting from the last dim.
+    # pad lists (left, right) pairs starting from the last dim
     pad = [0, 0] * (x.dim() - 3) + [0, n_pad]
-    return F.pad(x, pad)
+    return torch.nn.functional.pad(x, pad)
 
 
 def _split_chunks(x, chunk_size):
@@ -75,7 +72,9 @@ def _suffix_sum(x, dim):
     """Exclusive reverse cumulative sum: out_j = x_{j+1} + ... + x_last (= b_C - b_j)."""
     # shift left by one along dim, filling the last slot with 0, then reverse-cumsum
     length = x.shape[dim]
-    shifted = torch.cat([x.narrow(dim, 1, length - 1), torch.zeros_like(x.narrow(dim, 0, 1))], dim=dim)
+    shifted = torch.cat(
+        [x.narrow(dim, 1, length - 1), torch.zeros_like(x.narrow(dim, 0, 1))], dim=dim
+    )
     return torch.flip(torch.cumsum(torch.flip(shifted, [dim]), dim=dim), [dim])
 
 
@@ -95,7 +94,8 @@ def _boundary_log_decay(g_sub):
     # between[I, J] = sum of whole sub-chunks J+1 .. I-1, -inf unless J < I: [..., n(I), n(J), d]
     totals = g_sub.sum(dim=-2).transpose(-1, -2)  # [..., d, n]
     seg = _segsum(totals)  # seg[a, J] = totals_{J+1} + ... + totals_a, -inf for J > a
-    no_boundary = torch.full_like(seg[..., :1, :], float("-inf"))  # sub-chunk 0 sees no earlier token
+    # sub-chunk 0 has no earlier token: its row is all -inf
+    no_boundary = torch.full_like(seg[..., :1, :], float("-inf"))
     between = torch.cat([no_boundary, seg[..., :-1, :]], dim=-2)  # row I holds seg[I - 1]
     between = between.movedim(-3, -1)  # [..., n(I), n(J), d]
     log_decay = between.unsqueeze(-2) + to_sub_end.unsqueeze(-4)  # [..., n(I), n(J), c, d]
@@ -326,7 +326,8 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     unit_lower = (eye + a_strict).to(solve_dtype)
     k_scaled = k_c * (beta_c * torch.exp(b)).unsqueeze(-1)
     rhs = torch.cat([k_scaled, v_c], dim=-1).to(solve_dtype)
-    solved = torch.linalg.solve_triangular(unit_lower, rhs, upper=False, unitriangular=True).to(q.dtype)
+    solved = torch.linalg.solve_triangular(unit_lower, rhs, upper=False, unitriangular=True)
+    solved = solved.to(q.dtype)
     w = solved[..., :d_k]  # [B, NH, N, C, K]
     u = solved[..., d_k:]  # [B, NH, N, C, V]
 

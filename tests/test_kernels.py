@@ -1,0 +1,438 @@
+"""Tests for mixc/backends/_torch_kernels.py.
+
+Every chunked kernel is compared, in fp32, with a float64 step-by-step
+recurrence written here from the math in ALGORITHMS.md (the oracle): outputs,
+final states and the gradients of every input (via a random cotangent).
+Closeness is relative RMS error ||a - ref|| / ||ref|| <= 1e-5, with a tiny
+absolute floor (1e-10 RMS) for references that are exactly zero (e.g. the
+gradient of the first gate when there is no initial state).
+"""
+
+import ast
+import importlib.util
+import inspect
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+KERNEL_PATH = Path(__file__).resolve().parents[1] / "mixc" / "backends" / "_torch_kernels.py"
+
+
+def _load_kernels():
+    spec = importlib.util.spec_from_file_location("mixc_torch_kernels_under_test", KERNEL_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+kern = _load_kernels()
+
+B, NH, DK, DV = 2, 3, 8, 6
+TOL = 1e-5
+ABS_FLOOR = 1e-10
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+
+
+# ---------------------------------------------------------------------------
+# float64 oracles: S_t = G_t(S_{t-1}) + k_t v_t^T, o_t = q_t S_t
+# ---------------------------------------------------------------------------
+
+
+def oracle_scalar(q, k, v, g, s0):
+    b, h, t_len, dk = q.shape
+    state = s0 if s0 is not None else q.new_zeros(b, h, dk, v.shape[-1])
+    outs = []
+    for t in range(t_len):
+        decay = 1.0 if g is None else torch.exp(g[:, :, t])[..., None, None]
+        state = decay * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outs, dim=2), state
+
+
+def oracle_diagonal(q, k, v, gk, gv, s0):
+    b, h, t_len, dk = q.shape
+    state = s0 if s0 is not None else q.new_zeros(b, h, dk, v.shape[-1])
+    outs = []
+    for t in range(t_len):
+        if gk is not None:
+            state = torch.exp(gk[:, :, t])[..., :, None] * state
+        if gv is not None:
+            state = state * torch.exp(gv[:, :, t])[..., None, :]
+        state = state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outs, dim=2), state
+
+
+def oracle_delta(q, k, v, beta, g, s0):
+    """S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + k_t v_t^T (v already scaled)."""
+    b, h, t_len, dk = q.shape
+    state = s0 if s0 is not None else q.new_zeros(b, h, dk, v.shape[-1])
+    outs = []
+    for t in range(t_len):
+        k_t = k[:, :, t]
+        k_dot_s = torch.einsum("bhk,bhkv->bhv", k_t, state)
+        state = state - beta[:, :, t, None, None] * k_t[..., :, None] * k_dot_s[..., None, :]
+        if g is not None:
+            state = torch.exp(g[:, :, t])[..., None, None] * state
+        state = state + k_t[..., :, None] * v[:, :, t, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outs, dim=2), state
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+def make_inputs(t_len, *, gate="g", init=True, delta=False, seed=0, b=B, nh=NH, dk=DK, dv=DV):
+    """float64 inputs; gate in {None, 'g', 'gk', 'gv', 'gkgv'}."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    inputs = {
+        "q": randn(b, nh, t_len, dk) / math.sqrt(dk),
+        "k": randn(b, nh, t_len, dk),
+        "v": randn(b, nh, t_len, dv),
+    }
+    if delta:
+        inputs["k"] = torch.nn.functional.normalize(inputs["k"], dim=-1)
+        inputs["beta"] = torch.sigmoid(randn(b, nh, t_len))
+    if gate == "g":
+        inputs["g"] = torch.nn.functional.logsigmoid(randn(b, nh, t_len) + 2.0)
+    if gate in ("gk", "gkgv"):
+        inputs["gk"] = torch.nn.functional.logsigmoid(randn(b, nh, t_len, dk) + 2.0)
+    if gate in ("gv", "gkgv"):
+        inputs["gv"] = torch.nn.functional.logsigmoid(randn(b, nh, t_len, dv) + 2.0)
+    if init:
+        inputs["initial_state"] = randn(b, nh, dk, dv)
+    return inputs
+
+
+def forward_and_grads(fn, inputs, dtype, cotangents, **kwargs):
+    """Run fn on leaf copies of inputs in dtype; return (outputs, grads by name)."""
+    leaves = {name: x.detach().to(dtype).requires_grad_(True) for name, x in inputs.items()}
+    outputs = fn(**leaves, **kwargs)
+    if not isinstance(outputs, tuple):
+        outputs = (outputs,)
+    loss = sum((out * cot.to(dtype)).sum() for out, cot in zip(outputs, cotangents, strict=True))
+    names = list(leaves)
+    grads = torch.autograd.grad(loss, [leaves[n] for n in names])
+    return [o.detach() for o in outputs], dict(zip(names, grads, strict=True))
+
+
+def rel_err(a, ref):
+    a = a.to(torch.float64)
+    diff = torch.linalg.vector_norm(a - ref).item()
+    floor = ABS_FLOOR * math.sqrt(ref.numel())
+    return diff / max(torch.linalg.vector_norm(ref).item(), floor)
+
+
+def check_against_oracle(kernel, oracle, inputs, tol=TOL, **kwargs):
+    """fp32 kernel vs float64 oracle: outputs, final state and every input gradient."""
+    gen = torch.Generator().manual_seed(123)
+    # random cotangents shaped like the oracle outputs
+    with torch.no_grad():
+        ref_values = oracle(**inputs)
+    ref_values = ref_values if isinstance(ref_values, tuple) else (ref_values,)
+    cotangents = [torch.randn(r.shape, generator=gen, dtype=torch.float64) for r in ref_values]
+    ref_out, ref_grads = forward_and_grads(oracle, inputs, torch.float64, cotangents)
+    out, grads = forward_and_grads(kernel, inputs, torch.float32, cotangents, **kwargs)
+    assert all(o.dtype == torch.float32 for o in out)
+    errors = {}
+    for i, (o, r) in enumerate(zip(out, ref_out, strict=True)):
+        assert o.shape == r.shape
+        errors[("o", "state")[i]] = rel_err(o, r)
+    for name in ref_grads:
+        errors["d" + name] = rel_err(grads[name], ref_grads[name])
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    assert not bad, f"errors above {tol}: {bad} (all: {errors})"
+    return errors
+
+
+T_VALUES = [1, 7, 64, 100]
+CHUNKS = [4, 16, 64]
+
+
+# ---------------------------------------------------------------------------
+# accuracy vs oracle
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gate", ["g", None])
+@pytest.mark.parametrize("init", [True, False])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("t_len", T_VALUES)
+def test_chunk_scalar_decay(t_len, chunk, init, gate):
+    inputs = make_inputs(t_len, gate=gate, init=init)
+
+    def oracle(q, k, v, g=None, initial_state=None):
+        return oracle_scalar(q, k, v, g, initial_state)
+
+    check_against_oracle(kern.chunk_scalar_decay, oracle, inputs, chunk_size=chunk)
+
+
+@pytest.mark.parametrize("gate", ["g", None])
+@pytest.mark.parametrize("t_len", T_VALUES)
+def test_parallel_scalar_decay(t_len, gate):
+    inputs = make_inputs(t_len, gate=gate, init=False)
+
+    def oracle(q, k, v, g=None):
+        return oracle_scalar(q, k, v, g, None)[0]
+
+    check_against_oracle(kern.parallel_scalar_decay, oracle, inputs)
+
+
+@pytest.mark.parametrize("gate", ["gk", "gv", "gkgv"])
+@pytest.mark.parametrize("init", [True, False])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("t_len", T_VALUES)
+def test_chunk_diagonal(t_len, chunk, init, gate):
+    inputs = make_inputs(t_len, gate=gate, init=init)
+
+    def oracle(q, k, v, gk=None, gv=None, initial_state=None):
+        return oracle_diagonal(q, k, v, gk, gv, initial_state)
+
+    check_against_oracle(kern.chunk_diagonal, oracle, inputs, chunk_size=chunk)
+
+
+@pytest.mark.parametrize("gate", ["g", None])
+@pytest.mark.parametrize("init", [True, False])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("t_len", T_VALUES)
+def test_chunk_delta(t_len, chunk, init, gate):
+    inputs = make_inputs(t_len, gate=gate, init=init, delta=True)
+
+    def oracle(q, k, v, beta, g=None, initial_state=None):
+        return oracle_delta(q, k, v, beta, g, initial_state)
+
+    check_against_oracle(kern.chunk_delta, oracle, inputs, chunk_size=chunk)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 32, 128])
+def test_other_chunk_sizes(chunk):
+    """Chunk sizes outside the main grid (several sub-chunks at 32/128, trivial chunks at 1/2)."""
+    t_len = 45
+    inputs = make_inputs(t_len, gate="g", seed=1)
+    check_against_oracle(
+        kern.chunk_scalar_decay,
+        lambda q, k, v, g, initial_state: oracle_scalar(q, k, v, g, initial_state),
+        inputs,
+        chunk_size=chunk,
+    )
+    inputs = make_inputs(t_len, gate="gkgv", seed=2)
+    check_against_oracle(
+        kern.chunk_diagonal,
+        lambda q, k, v, gk, gv, initial_state: oracle_diagonal(q, k, v, gk, gv, initial_state),
+        inputs,
+        chunk_size=chunk,
+    )
+    inputs = make_inputs(t_len, gate="g", delta=True, seed=3)
+    check_against_oracle(
+        kern.chunk_delta,
+        lambda q, k, v, beta, g, initial_state: oracle_delta(q, k, v, beta, g, initial_state),
+        inputs,
+        chunk_size=chunk,
+    )
+
+
+def test_k_equals_v_dims_and_single_head():
+    inputs = make_inputs(33, gate="gkgv", b=1, nh=1, dk=5, dv=5, seed=4)
+    check_against_oracle(
+        kern.chunk_diagonal,
+        lambda q, k, v, gk, gv, initial_state: oracle_diagonal(q, k, v, gk, gv, initial_state),
+        inputs,
+        chunk_size=16,
+    )
+
+
+def _strong_mixed_gate(shape, gen):
+    """Log-gates mixing strong (-20 .. -1e3) and ordinary decays."""
+    strong = -torch.exp(
+        torch.empty(shape, dtype=torch.float64).uniform_(math.log(20), math.log(1e3), generator=gen)
+    )
+    mild = torch.nn.functional.logsigmoid(
+        torch.randn(shape, generator=gen, dtype=torch.float64) + 2.0
+    )
+    pick = torch.rand(shape, generator=gen, dtype=torch.float64) < 0.3
+    return torch.where(pick, strong, mild)
+
+
+def test_strong_mixed_decay_accuracy():
+    """Accuracy (not only finiteness) when some gates nearly zero the state."""
+    gen = torch.Generator().manual_seed(5)
+    t_len = 200
+    inputs = make_inputs(t_len, gate=None, b=1, nh=2, seed=5)
+    inputs["g"] = _strong_mixed_gate((1, 2, t_len), gen)
+    check_against_oracle(
+        kern.chunk_scalar_decay,
+        lambda q, k, v, initial_state, g: oracle_scalar(q, k, v, g, initial_state),
+        inputs,
+        chunk_size=64,
+    )
+    inputs = make_inputs(t_len, gate=None, b=1, nh=2, seed=6)
+    inputs["gk"] = _strong_mixed_gate((1, 2, t_len, DK), gen)
+    inputs["gv"] = _strong_mixed_gate((1, 2, t_len, DV), gen)
+    check_against_oracle(
+        kern.chunk_diagonal,
+        lambda q, k, v, initial_state, gk, gv: oracle_diagonal(q, k, v, gk, gv, initial_state),
+        inputs,
+        chunk_size=64,
+    )
+    inputs = make_inputs(t_len, gate=None, b=1, nh=2, delta=True, seed=7)
+    inputs["g"] = _strong_mixed_gate((1, 2, t_len), gen)
+    check_against_oracle(
+        kern.chunk_delta,
+        lambda q, k, v, beta, initial_state, g: oracle_delta(q, k, v, beta, g, initial_state),
+        inputs,
+        chunk_size=64,
+    )
+
+
+# ---------------------------------------------------------------------------
+# extreme decays at long T: finite outputs and gradients
+# ---------------------------------------------------------------------------
+
+
+def _assert_finite_everything(fn, inputs, **kwargs):
+    gen = torch.Generator().manual_seed(9)
+    leaves = {n: x.detach().float().requires_grad_(True) for n, x in inputs.items()}
+    outputs = fn(**leaves, **kwargs)
+    if not isinstance(outputs, tuple):
+        outputs = (outputs,)
+    loss = sum((o * torch.randn(o.shape, generator=gen)).sum() for o in outputs)
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    for o in outputs:
+        assert torch.isfinite(o).all()
+    for name, gr in zip(leaves, grads, strict=True):
+        assert torch.isfinite(gr).all(), f"non-finite gradient of {name}"
+
+
+@pytest.mark.parametrize("log_gate", [-20.0, -30.0, -1e3, -1e4, -1e-6])
+def test_extreme_decay_long_sequence_is_finite(log_gate):
+    t_len = 4096
+    base = make_inputs(t_len, gate=None, b=1, nh=2, seed=8)
+    g = torch.full((1, 2, t_len), log_gate, dtype=torch.float64)
+
+    _assert_finite_everything(kern.chunk_scalar_decay, dict(base, g=g), chunk_size=64)
+    gk = torch.full((1, 2, t_len, DK), log_gate, dtype=torch.float64)
+    gv = torch.full((1, 2, t_len, DV), log_gate, dtype=torch.float64)
+    _assert_finite_everything(kern.chunk_diagonal, dict(base, gk=gk, gv=gv), chunk_size=64)
+    _assert_finite_everything(kern.chunk_diagonal, dict(base, gk=gk), chunk_size=64)
+    delta_inputs = make_inputs(t_len, gate=None, b=1, nh=2, delta=True, seed=8)
+    _assert_finite_everything(kern.chunk_delta, dict(delta_inputs, g=g), chunk_size=64)
+    short = {n: x[:, :, :512] for n, x in base.items() if n != "initial_state"}
+    _assert_finite_everything(kern.parallel_scalar_decay, dict(short, g=g[:, :, :512]))
+
+
+def test_delta_long_sequence_matches_oracle():
+    """DeltaNet (no decay) over a long sequence stays accurate (errors do not compound)."""
+    inputs = make_inputs(2048, gate=None, b=1, nh=1, delta=True, seed=10)
+    check_against_oracle(
+        kern.chunk_delta,
+        lambda q, k, v, beta, initial_state: oracle_delta(q, k, v, beta, None, initial_state),
+        inputs,
+        chunk_size=64,
+    )
+
+
+# ---------------------------------------------------------------------------
+# structure required by the code generator
+# ---------------------------------------------------------------------------
+
+PUBLIC = ["chunk_scalar_decay", "parallel_scalar_decay", "chunk_diagonal", "chunk_delta"]
+
+
+def _called_helpers(func_name, tree_funcs):
+    found, stack = set(), [func_name]
+    while stack:
+        node = tree_funcs[stack.pop()]
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id in tree_funcs and sub.id.startswith("_"):
+                if sub.id not in found:
+                    found.add(sub.id)
+                    stack.append(sub.id)
+    return found
+
+
+def test_module_structure_and_depends():
+    source = KERNEL_PATH.read_text()
+    tree = ast.parse(source)
+    imports = set()
+    funcs = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            imports.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            raise AssertionError("from-imports are not allowed")
+        elif isinstance(node, ast.FunctionDef):
+            assert ast.get_docstring(node), f"{node.name} lacks a docstring"
+            funcs[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            raise AssertionError("no classes allowed")
+    assert imports <= {"math", "torch", "torch.nn.functional"}, imports
+    assert ".item()" not in source
+    public = {n for n in funcs if not n.startswith("_")}
+    assert public == set(PUBLIC)
+    assert set(kern.DEPENDS) == public
+    for name in PUBLIC:
+        assert set(kern.DEPENDS[name]) == _called_helpers(name, funcs), name
+
+
+def test_copied_source_runs_standalone():
+    """Mimic the generator: copy a kernel plus its DEPENDS into a fresh namespace."""
+    header = "import math\nimport torch\nimport torch.nn.functional as F\n\n"
+    inputs = make_inputs(20, gate="g", delta=True, seed=11)
+    fp32 = {n: x.float() for n, x in inputs.items()}
+    for name in ["chunk_scalar_decay", "chunk_delta"]:
+        parts = [inspect.getsource(getattr(kern, h)) for h in kern.DEPENDS[name]]
+        parts.append(inspect.getsource(getattr(kern, name)))
+        namespace = {}
+        exec(compile(header + "\n\n".join(parts), f"<generated {name}>", "exec"), namespace)
+        args = dict(fp32)
+        if name == "chunk_scalar_decay":
+            args.pop("beta")
+        got = namespace[name](**args, chunk_size=8)
+        want = getattr(kern, name)(**args, chunk_size=8)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "name", ["chunk_scalar_decay", "chunk_diagonal", "chunk_delta", "parallel_scalar_decay"]
+)
+def test_torch_compile_fullgraph(name):
+    """The kernels trace as one graph (forward and backward) under torch.compile."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    inputs = make_inputs(40, gate=None, delta=(name == "chunk_delta"), seed=12)
+    inputs = {n: x.float() for n, x in inputs.items()}
+    kwargs = {}
+    if name == "chunk_diagonal":
+        inputs["gk"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40, DK))
+        inputs["gv"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40, DV))
+    else:
+        inputs["g"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40))
+    if name == "parallel_scalar_decay":
+        inputs.pop("initial_state")
+    else:
+        kwargs["chunk_size"] = 16
+    fn = getattr(kern, name)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    leaves = {n: x.clone().requires_grad_(True) for n, x in inputs.items()}
+    out = compiled(**leaves, **kwargs)
+    out = out if isinstance(out, tuple) else (out,)
+    grads = torch.autograd.grad(sum(o.sum() for o in out), list(leaves.values()))
+    ref = fn(**inputs, **kwargs)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for a, b in zip(out, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert all(torch.isfinite(gr).all() for gr in grads)
