@@ -227,6 +227,8 @@ class _Module:
         out(f"PARAM_DEFAULTS = {self.layout([p for p in self.mixer.params if p.default is not None])}", 0)
         out(f"STATES = {self.layout(self.mixer.states)}", 0)
         out(f'OUTPUT = "{self.output.target}"', 0)
+        forms = (["chunk"] if self.facts.chunkable else []) + (["parallel"] if self.has_parallel else []) + ["recurrent", "step"]
+        out(f"FORMS = ({', '.join(repr(f) for f in forms)},)  # the forms that compute (chunk raises NYI otherwise)", 0)
         classes = ", ".join(f'"{s.name}": "{s.transition.cls}"' for s in self.facts.states)
         out(f"CLASSES = {{{classes}}}", 0)
         out("", 0)
