@@ -170,8 +170,10 @@ class _Module:
         return ", ".join(self.inputs + self.required + self.defaulted)
 
     def layout(self, decls) -> str:
-        items = [f'("{d.name}", ({"".join(f"{s!r}, " for s in d.shape)}))' for d in decls]
-        return "(" + "".join(f"{i}, " for i in items) + ")" if items else "()"
+        def tup(items: list[str]) -> str:
+            return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+        return tup([f'("{d.name}", {tup([repr(s).replace(chr(39), chr(34)) for s in d.shape])})' for d in decls])
 
     def kernel_names(self) -> list[str]:
         names = sorted({c.kernel for c in self.calls.values()} | ({c.parallel for c in self.calls.values()} if self.has_parallel else set()))
@@ -218,7 +220,11 @@ class _Module:
         out('"""A compiled mixer was called with a wrong argument."""', 2)
         out("", 0)
         out("", 0)
-        out(f"SPEC = {text!r}", 0)
+        plain = all(c.isprintable() or c == "\n" for c in text) and not text.endswith('"')
+        if '"""' in text or "\\" in text or not plain:
+            out(f"SPEC = {text!r}", 0)
+        else:
+            out(f'SPEC = """\\\n{text}"""', 0)
         out(f'SPEC_HASH = "sha256:{digest}"', 0)
         out(f'MIXC_VERSION = "{__version__}"', 0)
         out(f'NAME = "{self.mixer.name}"', 0)
@@ -282,7 +288,7 @@ class _Module:
             if p.default is not None:
                 out(f"if {p.name} is None:")
                 out(f"{p.name} = {scalar_typer(defaults[p.name])}  # {p.default}", 2)
-            dims = "".join(f"{d!r}, " for d in p.shape)
+            dims = "".join(f'"{d}", ' for d in p.shape).rstrip(" ")
             out(f'{p.name} = _prepare_param("{p.name}", {p.name}, ({dims}), _sizes, _dtype, _device)')
         out(f"return {self.args()}, _sizes, _dtype")
         out("", 0)
