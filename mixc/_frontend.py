@@ -24,7 +24,9 @@ class Spec:
 def read_source(spec: str | os.PathLike) -> Source:
     """A path to a spec file, or spec text itself (anything containing a newline or 'mixer ',
     or nothing but blanks)."""
-    if isinstance(spec, str) and ("\n" in spec or spec.lstrip().startswith("mixer ") or not spec.strip()):
+    if isinstance(spec, str) and (
+        "\n" in spec or spec.lstrip().startswith("mixer ") or not spec.strip()
+    ):
         return Source(spec, "<string>")
     path = Path(spec)
     try:

@@ -1,5 +1,5 @@
-"""Spec text -> IR. Lark (LALR) parses with an inline transformer, so trees are built bottom-up
-without recursion; every lark error becomes a located `SpecSyntaxError`."""
+"""Spec text -> IR. Lark (LALR, no recursion) parses to a tree, which `_ToIR` turns into IR
+bottom-up with an explicit stack; every lark error becomes a located `SpecSyntaxError`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from .ir import (
     Call,
     Decl,
     Equation,
-    Expr,
     Identity,
     LetFn,
     Mixer,
@@ -39,6 +38,7 @@ _GRAMMAR_PLACES = (
 )
 
 # Characters that look like ASCII ones; an error about them says which ASCII to type instead.
+# fmt: off
 _CONFUSABLES = {
     "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "х": "x", "у": "y", "і": "i", "ј": "j",
     "ο": "o", "ν": "v", "α": "alpha", "β": "beta", "γ": "gamma", "φ": "phi", "σ": "sigmoid",
@@ -46,6 +46,7 @@ _CONFUSABLES = {
     "（": "(", "）": ")", "，": ",", "’": "'", "“": '"', "”": '"', "\u00a0": "a space",
     "\u200b": "nothing (zero-width space)", "∘": "*", "⋅": ".", "•": ".", "⊤": "^T", "ᵗ": "^T",
 }
+# fmt: on
 
 _TOKEN_WORDS = {
     "NAME": "a name",
@@ -88,7 +89,14 @@ def _time_offset(tok: lark.Token) -> int:
         return 0
     m = re.fullmatch(r"_\{t([+-][0-9]+)?\}", text)
     assert m, text
-    return int(m.group(1) or 0)
+    offset = m.group(1) or "0"
+    if len(offset) > 7:
+        raise SpecSyntaxError(
+            "time offset too large",
+            _token_span(tok),
+            hint="a mixer reads tokens at t, states at t-1",
+        )
+    return int(offset)
 
 
 def _number_text(tok: lark.Token) -> str:
@@ -307,7 +315,7 @@ def _unexpected_character(exc, text: str) -> SpecSyntaxError:
     elif ch == "\r":
         hint = "lines end with \\n or \\r\\n; convert the file's line endings"
     return SpecSyntaxError(
-        f"unexpected character {ch!r}", span, expected=_expected_words(exc.allowed), hint=hint
+        f"unexpected character {ch!r}", span, expected=_expected_words(_acceptable(exc)), hint=hint
     )
 
 
@@ -317,30 +325,41 @@ def _unexpected_token(exc, text: str) -> SpecSyntaxError:
         return SpecSyntaxError(
             "unexpected end of file",
             _offset_span(text, len(text.rstrip())),
-            expected=_expected_words(exc.expected),
+            expected=_expected_words(_acceptable(exc)),
         )
     what = "end of line" if tok.type == "_NL" else repr(str(tok))
     span = _token_span(tok) if tok.type != "_NL" else Span.point(tok.line, tok.column)
-    expected = _expected_words(exc.expected)
+    acceptable = _acceptable(exc)
+    expected = _expected_words(acceptable)
     before = text[: tok.start_pos].rstrip(" \t")[-1:]
     hint = None
     if tok.type == "_NL" and before and before in "+-−*⊙/@.·^=(,":
         hint = "a line break ends a statement; to go on, end the line with \\"
     elif tok.type == "EQUAL":
         hint = "equations are written NAME_t = expression, one per line"
-    elif "MIXER" in exc.expected:
+    elif "MIXER" in acceptable:
         hint = 'a spec starts with its header line: mixer NAME "description"'
     elif tok.type == "MIXER":
         hint = "a spec has one `mixer` line, at the top"
     elif str(tok) in ("in", "param", "state", "let"):
         hint = f"`{tok}` starts a new line"
-    elif set(exc.expected) == {"CALLEE"}:
+    elif acceptable == {"CALLEE"}:
         hint = "a let defines a function: let phi(x) = elu(x) + 1"
     elif tok.type == "STAR" and before == "*":
         hint = "a power is written x^2"
     elif tok.type == "TIME":
         hint = "a time index follows a per-token name directly (q_t); declarations have none"
     return SpecSyntaxError(f"unexpected {what}", span, expected=expected, hint=hint)
+
+
+def _acceptable(exc: lark.exceptions.UnexpectedInput) -> set[str]:
+    """The terminals the parser takes at the error. Lark's own `expected` lists come from LALR
+    states shared by several contexts, so they may name tokens (a ')' outside parentheses) that
+    cannot come next; asking the parser state is exact."""
+    parser = getattr(exc, "interactive_parser", None)
+    if parser is not None:
+        return set(parser.accepts())
+    return set(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
 
 
 def _expected_words(names) -> str:
@@ -360,8 +379,8 @@ def _expected_words(names) -> str:
                 words.add(repr(pattern.value))
         else:
             words.add(name.lower())
-    return "one of " + ", ".join(sorted(words)) if len(words) > 1 else "".join(words) or "something else"
-
-
-def expr_children(expr: Expr):
-    return children(expr)
+    return (
+        "one of " + ", ".join(sorted(words))
+        if len(words) > 1
+        else "".join(words) or "something else"
+    )

@@ -8,7 +8,15 @@ from .ir import Binary, Call, Expr, Identity, Mixer, Name, Neg, Number, Timed, T
 
 # Binding strength, as in grammar/mixer.lark: sum < product < unary < juxtaposition < power < postfix.
 _SUM, _PRODUCT, _UNARY, _JUXT, _POWER, _POSTFIX, _ATOM = range(1, 8)
-_LEVEL = {"+": _SUM, "-": _SUM, "*": _PRODUCT, "/": _PRODUCT, ".": _PRODUCT, "@": _JUXT, "^": _POWER}
+_LEVEL = {
+    "+": _SUM,
+    "-": _SUM,
+    "*": _PRODUCT,
+    "/": _PRODUCT,
+    ".": _PRODUCT,
+    "@": _JUXT,
+    "^": _POWER,
+}
 
 
 def _level(e: Expr) -> int:

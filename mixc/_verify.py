@@ -43,6 +43,7 @@ IDENTITY: Shape = ("I", "I")  # square, size from context
 
 #: Names the generated code defines or imports, and words of the spec language itself.
 #: A spec may not use them, so no spec can shadow or inject into generated code.
+# fmt: off
 GENERATED_NAMES = frozenset(
     {
         "torch", "F", "math", "chunk", "recurrent", "parallel", "step", "initial_state",
@@ -51,9 +52,13 @@ GENERATED_NAMES = frozenset(
         "t", "h", "I", "self", "cls",
     }
 )
+# fmt: on
 RESERVED = (
-    frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins))
-    | GENERATED_NAMES | frozenset(FUNCTIONS)
+    frozenset(keyword.kwlist)
+    | frozenset(keyword.softkwlist)
+    | frozenset(dir(builtins))
+    | GENERATED_NAMES
+    | frozenset(FUNCTIONS)
 )
 
 
@@ -123,14 +128,16 @@ class Typer:
             fn = self.lets[e.func]
             if len(args) != len(fn.args):
                 raise SpecShapeError(
-                    f"{fn.name} takes {_count(len(fn.args), 'argument')}, got {len(args)}", e.span,
+                    f"{fn.name} takes {_count(len(fn.args), 'argument')}, got {len(args)}",
+                    e.span,
                     expected=f"{fn.name}({', '.join(fn.args)})",
                 )
             return self.shape_of(fn.body, dict(zip(fn.args, args, strict=True)))
         arity = FUNCTIONS[e.func]
         if len(args) != arity:
             raise SpecShapeError(
-                f"{e.func} takes {arity} argument, got {len(args)}", e.span,
+                f"{e.func} takes {arity} argument, got {len(args)}",
+                e.span,
                 expected=f"{e.func}(x)",
             )
         (a,) = args
@@ -167,7 +174,8 @@ def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:
     for x, y in zip(a, b, strict=True):
         if x != y and "1" not in (x, y):
             raise SpecShapeError(
-                f"cannot {what} {e.left} {show(a)} and {e.right} {show(b)}", e.span,
+                f"cannot {what} {e.left} {show(a)} and {e.right} {show(b)}",
+                e.span,
                 expected="operands of the same shape, or one that broadcasts (a scalar, row or column)",
                 hint=_transpose_hint(e, a, b),
             )
@@ -240,7 +248,8 @@ def _dot(e, a, b):
 
     if not (vec(a) and vec(b)):
         raise SpecShapeError(
-            f"a dot product needs two vectors, got {show(a)} . {show(b)}", e.span,
+            f"a dot product needs two vectors, got {show(a)} . {show(b)}",
+            e.span,
             hint=f"for a matrix product, write them side by side: {Binary('@', e.left, e.right)}",
         )
     n, m = (a[0] if a[1] == "1" else a[1]), (b[0] if b[1] == "1" else b[1])
@@ -249,7 +258,15 @@ def _dot(e, a, b):
     return SCALAR
 
 
-_BINARY_RULES = {"+": _add, "-": _add, "*": _hadamard, "/": _div, "@": _matmul, ".": _dot, "^": _pow}
+_BINARY_RULES = {
+    "+": _add,
+    "-": _add,
+    "*": _hadamard,
+    "/": _div,
+    "@": _matmul,
+    ".": _dot,
+    "^": _pow,
+}
 
 
 def symbols_of(mixer: Mixer) -> dict[str, Symbol]:
@@ -299,7 +316,8 @@ def verify(mixer: Mixer) -> dict[str, Shape]:
             if got != declared(p.shape) and got != SCALAR:
                 raise SpecShapeError(
                     f"default of {p.name} is {show(got)} but {p.name} is declared "
-                    f"{show(declared(p.shape))}", p.default.span,
+                    f"{show(declared(p.shape))}",
+                    p.default.span,
                 )
     shapes: dict[str, Shape] = {}
     for eq in _dependency_order(mixer, values):
@@ -320,14 +338,20 @@ def verify(mixer: Mixer) -> dict[str, Shape]:
             symbols[eq.target] = Symbol("value", got)
         shapes[eq.target] = got
     for fn in mixer.lets:  # a let that nobody calls is still type-checked, with scalar args
-        if not any(isinstance(n, Call) and n.func == fn.name for e in mixer.equations for n in walk(e.value)):
+        if not any(
+            isinstance(n, Call) and n.func == fn.name
+            for e in mixer.equations
+            for n in walk(e.value)
+        ):
             typer.shape_of(fn.body, {a: SCALAR for a in fn.args})
     return shapes
 
 
 def _update_hint(got: Shape, want: Shape, name: str) -> str | None:
     if got == (want[1], want[0]):
-        return f"the update is transposed; {name}'s write is usually v_t k_t^T for {name}{show(want)}"
+        return (
+            f"the update is transposed; {name}'s write is usually v_t k_t^T for {name}{show(want)}"
+        )
     return None
 
 
@@ -338,42 +362,62 @@ def _check_declarations(mixer: Mixer) -> None:
     def claim(name: str, what: str, span) -> None:
         if name in RESERVED:
             why = (
-                "a Python keyword" if keyword.iskeyword(name) or keyword.issoftkeyword(name)
-                else "a built-in function of the language" if name in FUNCTIONS
-                else "a name the generated code uses" if name in GENERATED_NAMES
+                "a Python keyword"
+                if keyword.iskeyword(name) or keyword.issoftkeyword(name)
+                else "a built-in function of the language"
+                if name in FUNCTIONS
+                else "a name the generated code uses"
+                if name in GENERATED_NAMES
                 else "a Python built-in"
             )
             raise SpecNameError(
-                f"{name!r} is reserved ({why})", span,
+                f"{name!r} is reserved ({why})",
+                span,
                 hint=f"rename it, e.g. {name}_ or {name}1" if name not in ("I", "h", "t") else None,
             )
         if name in seen:
             raise SpecNameError(
-                f"{name} is already declared as {seen[name]}", span,
-                hint=f"the first is at line {lines[name]}; rename one of them" if lines[name] else None,
+                f"{name} is already declared as {seen[name]}",
+                span,
+                hint=f"the first is at line {lines[name]}; rename one of them"
+                if lines[name]
+                else None,
             )
         seen[name], lines[name] = what, span.line if span else 0
 
     if mixer.name in RESERVED:
         raise SpecNameError(
-            f"mixer name {mixer.name!r} is reserved", mixer.span,
+            f"mixer name {mixer.name!r} is reserved",
+            mixer.span,
             hint=f"rename it, e.g. {mixer.name}_ or my_{mixer.name}",
         )
-    for kind, decls in (("an input", mixer.inputs), ("a parameter", mixer.params), ("a state", mixer.states)):
+    for kind, decls in (
+        ("an input", mixer.inputs),
+        ("a parameter", mixer.params),
+        ("a state", mixer.states),
+    ):
         for d in decls:
             claim(d.name, kind, d.span)
             for size in d.shape:
-                if size.isdigit() and int(size) < 1:
+                if not (size.isdigit() or size[:1].isalpha()):
+                    raise SpecShapeError(
+                        f"size {size} of {d.name} is not a whole number",
+                        d.span,
+                        hint="a size is a name, like K, or a whole number, like 64",
+                    )
+                if size.isdigit() and not size.strip("0"):
                     raise SpecShapeError(f"size {size} of {d.name} must be at least 1", d.span)
                 if size == "I":
                     raise SpecNameError(
-                        f"size I of {d.name}: I is the identity matrix", d.span,
+                        f"size I of {d.name}: I is the identity matrix",
+                        d.span,
                         hint="name the size something else, e.g. D",
                     )
             if len(d.shape) > 2:
                 raise SpecShapeError(
                     f"{d.name} has {len(d.shape)} dimensions; mixc handles scalars, vectors and "
-                    "matrices", d.span,
+                    "matrices",
+                    d.span,
                 )
     for fn in mixer.lets:
         claim(fn.name, "a let function", fn.span)
@@ -387,21 +431,27 @@ def _check_declarations(mixer: Mixer) -> None:
     for eq in mixer.equations:
         if eq.target in targets:
             what = "update" if eq.target in states else "definition"
+            first = targets[eq.target]
             raise SpecNameError(
-                f"second {what} of {eq.target}", eq.span,
-                hint=f"the first is at line {targets[eq.target].line}; combine them into one equation",
+                f"second {what} of {eq.target}",
+                eq.span,
+                hint=f"the first is at line {first.line}; combine them into one equation"
+                if first
+                else None,
             )
         targets[eq.target] = eq.span
         if eq.target in seen and eq.target not in states:
             raise SpecNameError(
-                f"cannot assign to {eq.target}: it is {seen[eq.target]}", eq.span,
+                f"cannot assign to {eq.target}: it is {seen[eq.target]}",
+                eq.span,
                 hint="only states are updated; other equations define new per-token values",
             )
         if eq.target not in states:
             claim(eq.target, "a per-token value", eq.span)
     if not mixer.equations:
         raise SpecAnalysisError(
-            f"mixer {mixer.name} has no equations", mixer.span,
+            f"mixer {mixer.name} has no equations",
+            mixer.span,
             expected="state updates like H_t = ... and an output like y_t = H_t q_t",
         )
 
@@ -450,12 +500,12 @@ def _callee_span(call: Call) -> Span | None:
     """The span of a call's function name, where an error about the function belongs."""
     if call.span is None:
         return None
-    return Span(call.span.line, call.span.column, call.span.line, call.span.column + len(call.func) - 1)
+    return Span(
+        call.span.line, call.span.column, call.span.line, call.span.column + len(call.func) - 1
+    )
 
 
-def _check_names(
-    mixer: Mixer, expr: Expr, symbols, args: set[str], where: str, owner: str
-) -> None:
+def _check_names(mixer: Mixer, expr: Expr, symbols, args: set[str], where: str, owner: str) -> None:
     """`where` is "let", "param" or "equation"; `owner` names the let, parameter or target."""
     lets = {fn.name for fn in mixer.lets}
     for node in walk(expr):
@@ -463,7 +513,8 @@ def _check_names(
             if node.func not in FUNCTIONS and node.func not in lets:
                 close = difflib.get_close_matches(node.func, list(FUNCTIONS) + sorted(lets), n=1)
                 raise SpecNameError(
-                    f"unknown function {node.func}", _callee_span(node),
+                    f"unknown function {node.func}",
+                    _callee_span(node),
                     expected="a built-in (" + ", ".join(FUNCTIONS) + ") or a let function",
                     hint=f"did you mean {close[0]}?" if close else None,
                 )
@@ -480,34 +531,35 @@ def _check_untimed(node: Name, symbols, args: set[str], where: str, owner: str) 
         return
     if node.name == "h":
         raise SpecNameError(
-            "h (the head index) can only be used in a parameter default", node.span,
+            "h (the head index) can only be used in a parameter default",
+            node.span,
             hint="declare a parameter: param gamma = ... h ...",
         )
     sym = symbols.get(node.name)
     if sym is None:
-        close = difflib.get_close_matches(node.name, [n for n, s in symbols.items() if s.kind != "let"], n=1)
+        close = difflib.get_close_matches(
+            node.name, [n for n, s in symbols.items() if s.kind != "let"], n=1
+        )
         raise SpecNameError(
-            f"undefined name {node.name}", node.span,
+            f"undefined name {node.name}",
+            node.span,
             expected="a declared input, parameter or state, or a let argument",
-            hint=f"did you mean {close[0]}?" if close
-            else f"`{node.name}` is a keyword that starts a line"
-            if node.name in ("mixer", "in", "param", "state", "let")
-            else f"{node.name} is reserved; declare a parameter with another name"
-            if node.name in RESERVED
-            else f"declare it: `param {node.name}`",
+            hint=_undefined_hint(node.name, close),
         )
     if sym.kind == "let":
         raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
     if where == "param":
         if sym.kind == "param":
             raise SpecNameError(
-                f"a parameter default cannot use another parameter ({node.name})", node.span,
+                f"a parameter default cannot use another parameter ({node.name})",
+                node.span,
                 hint="defaults may use numbers and the head index h",
             )
         _per_token_in_param(node)
     if sym.kind in ("input", "value"):
         raise SpecNameError(
-            f"{node.name} is per token and needs a time index", node.span,
+            f"{node.name} is per token and needs a time index",
+            node.span,
             hint=f"did you mean {node.name}_t?",
         )
     if sym.kind == "state":
@@ -517,9 +569,20 @@ def _check_untimed(node: Name, symbols, args: set[str], where: str, owner: str) 
         )
 
 
+def _undefined_hint(name: str, close: list[str]) -> str:
+    if close:
+        return f"did you mean {close[0]}?"
+    if name in ("mixer", "in", "param", "state", "let"):
+        return f"`{name}` is a keyword that starts a line"
+    if name in RESERVED:
+        return f"{name} is reserved; declare a parameter with another name"
+    return f"declare it: `param {name}`"
+
+
 def _per_token_in_param(node: Name | Timed) -> None:
     raise SpecNameError(
-        f"a parameter default cannot use the per-token {node.name}", node.span,
+        f"a parameter default cannot use the per-token {node.name}",
+        node.span,
         hint="defaults may use numbers and the head index h; per-token values go in `in`",
     )
 
@@ -527,20 +590,23 @@ def _per_token_in_param(node: Name | Timed) -> None:
 def _check_timed(node: Timed, symbols, args: set[str], where: str, owner: str) -> None:
     if node.name in args:
         raise SpecNameError(
-            f"{node.name} is an argument of {owner} and has no time index", node.span,
+            f"{node.name} is an argument of {owner} and has no time index",
+            node.span,
             hint=f"write {node.name}",
         )
     sym = symbols.get(node.name)
     if sym is None:
         close = difflib.get_close_matches(node.name, list(symbols), n=1)
         raise SpecNameError(
-            f"undefined name {node.name}", node.span,
+            f"undefined name {node.name}",
+            node.span,
             expected="a declared input or state, or a per-token value defined by an equation",
             hint=f"did you mean {close[0]}_t?" if close else f"declare it: `in {node.name}`",
         )
     if sym.kind == "param":
         raise SpecNameError(
-            f"{node.name} is a per-head parameter and has no time index", node.span,
+            f"{node.name} is a per-head parameter and has no time index",
+            node.span,
             hint=f"write {node.name}",
         )
     if sym.kind == "let":
@@ -586,7 +652,8 @@ def _check_times(mixer: Mixer, eq, states: set[str]) -> None:
                 f"{node.name}_t on the right-hand side of its own "
                 + ("update" if node.name in states else "definition"),
                 node.span,
-                hint=f"did you mean {node.name}_{{t-1}}?" if node.name in states
+                hint=f"did you mean {node.name}_{{t-1}}?"
+                if node.name in states
                 else "a per-token value cannot depend on itself; carry it in a state",
             )
 
@@ -596,12 +663,14 @@ def _check_updates(mixer: Mixer, states: set[str]) -> None:
     for s in mixer.states:
         if s.name not in updated:
             raise SpecNameError(
-                f"state {s.name} has no update", s.span,
+                f"state {s.name} has no update",
+                s.span,
                 expected=f"an equation {s.name}_t = ... {s.name}_{{t-1}} ...",
             )
     if not [e for e in mixer.equations if e.target not in states]:
         raise SpecAnalysisError(
-            f"mixer {mixer.name} has no output", mixer.span,
+            f"mixer {mixer.name} has no output",
+            mixer.span,
             expected="an output equation such as y_t = H_t q_t",
         )
 
@@ -645,4 +714,14 @@ def _lag0_reads(eq, by_target):
     ]
 
 
-__all__ = ["verify", "typer_for", "Typer", "Shape", "SCALAR", "IDENTITY", "show", "RESERVED", "LetFn"]
+__all__ = [
+    "IDENTITY",
+    "RESERVED",
+    "SCALAR",
+    "LetFn",
+    "Shape",
+    "Typer",
+    "show",
+    "typer_for",
+    "verify",
+]

@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "MixcError",
-    "SpecError",
-    "SpecSyntaxError",
-    "SpecNameError",
-    "SpecShapeError",
-    "SpecAnalysisError",
-    "NotYetImplemented",
     "InputError",
+    "MixcError",
+    "NotYetImplemented",
     "Source",
     "Span",
+    "SpecAnalysisError",
+    "SpecError",
+    "SpecNameError",
+    "SpecShapeError",
+    "SpecSyntaxError",
 ]
 
 
@@ -135,11 +135,13 @@ class SpecAnalysisError(SpecError):
     """The spec is well-formed but its recurrence is not: non-causal, unread state, ..."""
 
 
-class NotYetImplemented(SpecError):
+class NotYetImplemented(SpecError):  # noqa: N818 (a public name)
     """Valid, but mixc cannot do this yet. Messages start with 'NYI:' and say what to do instead."""
 
     def __init__(self, message: str, *args, **kwargs) -> None:
-        super().__init__(message if message.startswith("NYI:") else f"NYI: {message}", *args, **kwargs)
+        super().__init__(
+            message if message.startswith("NYI:") else f"NYI: {message}", *args, **kwargs
+        )
 
 
 class InputError(MixcError, ValueError):

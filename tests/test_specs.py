@@ -1,0 +1,129 @@
+"""The shipped specs are the test matrix: each parses, verifies, prints and parses back, and
+`mixc check` accepts them. Also: the CLI's exit codes, and Unicode spellings."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mixc
+from mixc import load_spec, parse
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = sorted((ROOT / "specs").glob("*.mix"))
+
+
+def test_specs_are_shipped() -> None:
+    assert len(SPECS) >= 9
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_spec_parses_and_verifies(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.mixer.name == path.stem
+    assert spec.mixer.equations
+    assert set(spec.shapes) == {eq.target for eq in spec.mixer.equations}
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_spec_round_trips(path: Path) -> None:
+    mixer = load_spec(path).mixer
+    text = str(mixer)
+    assert parse(text) == mixer
+    assert str(parse(text)) == text
+    assert load_spec(text).mixer == mixer  # the printed form verifies too
+
+
+def _mixc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `python -m mixc` from `cwd`, importing this checkout's mixc."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "mixc", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_accepts_every_spec() -> None:
+    result = _mixc("check", *(str(p.relative_to(ROOT)) for p in SPECS))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    for path in SPECS:
+        assert f"# {path.relative_to(ROOT)}: ok" in result.stdout
+
+
+def test_check_prints_the_normal_form() -> None:
+    result = _mixc("check", "specs/deltanet.mix")
+    assert result.returncode == 0
+    normal = result.stdout.split("\n", 1)[1]
+    assert normal == str(load_spec(ROOT / "specs" / "deltanet.mix").mixer)
+
+
+def test_check_reports_a_bad_spec_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.mix"
+    bad.write_text("mixer bad\nin q[K]\ny_t = q_t +\n", encoding="utf-8")
+    result = _mixc("check", "bad.mix", str(ROOT / "specs" / "gla.mix"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("bad.mix:3:12: error: unexpected end of line\n")
+    assert "  3 | y_t = q_t +\n" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "gla.mix: ok" in result.stdout  # the good spec after it is still checked
+
+
+def test_check_reports_a_missing_file() -> None:
+    result = _mixc("check", "-q", "no/such/spec.mix")
+    assert result.returncode == 1
+    assert result.stderr == "no/such/spec.mix: no such spec file\n"
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["check"], ["frobnicate", "x.mix"], ["check", "--bogus", "x"]]
+)
+def test_usage_error_exits_2(args: list[str]) -> None:
+    result = _mixc(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: mixc")
+    assert "Traceback" not in result.stderr
+
+
+UNICODE_PAIRS = [
+    # ⊙ is *, · is ., ᵀ is ^T, − is -, and a @ b is the juxtaposition a b
+    ("H_t = G_t ⊙ H_{t-1} + v_t k_tᵀ", "H_t = G_t * H_{t-1} + v_t k_t^T"),
+    ("H_t = H_{t−1} + v_t k_t^T", "H_t = H_{t-1} + v_t k_t^T"),
+    ("H_t = H_{t-1} − v_t k_t^T", "H_t = H_{t-1} - v_t k_t^T"),
+    ("H_t = −H_{t-1} + v_t k_t^T", "H_t = -H_{t-1} + v_t k_t^T"),
+    ("H_t = H_{t-1} + (v_t · q_t) v_t k_t^T", "H_t = H_{t-1} + (v_t . q_t) v_t k_t^T"),
+    ("H_t = H_{t-1} + v_t @ k_t^T", "H_t = H_{t-1} + v_t k_t^T"),
+    ("H_t = H_{t-1} @ (I - v_t @ k_t^T)", "H_t = H_{t-1} (I - v_t k_t^T)"),
+    ("H_t = 2^(−1) H_{t-1} + v_t k_t^T", "H_t = 2^(-1) H_{t-1} + v_t k_t^T"),
+]
+
+
+@pytest.mark.parametrize(("fancy", "plain"), UNICODE_PAIRS)
+def test_unicode_and_ascii_spellings_agree(fancy: str, plain: str) -> None:
+    head = "mixer m\nin q[K], k[K], v[K], G[K, K]\nstate H[K, K]\n"
+    tail = "\ny_t = H_t q_t\n"
+    assert parse(head + fancy + tail) == parse(head + plain + tail)
+    assert load_spec(head + fancy + tail).mixer == load_spec(head + plain + tail).mixer
+
+
+def test_shipped_unicode_spec_matches_its_ascii_spelling() -> None:
+    path = ROOT / "specs" / "gated_general.mix"
+    text = path.read_text(encoding="utf-8")
+    assert "⊙" in text
+    assert load_spec(text.replace("⊙", "*")).mixer == load_spec(path).mixer
+
+
+def test_version() -> None:
+    result = _mixc("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"mixc {mixc.__version__}"
