@@ -264,6 +264,7 @@ class _Module:
             self.emit_no_chunk(out)
         if self.has_parallel:
             self.emit_parallel(out)
+        self.emit_summary(out)
         self.emit_recurrence(out)
         self.emit_recurrent(out)
         self.emit_step(out)
@@ -352,41 +353,47 @@ class _Module:
         out("", 0)
         out("", 0)
 
+    def emit_kernel_args(self, out: _Lines, group, call: KernelCall, packed: str) -> list[str]:
+        """Key, value (the group's values side by side) and the class's arguments of one group."""
+        e = self.seq_expr()
+        facts = [self.facts.state(s) for s in group]
+        name = group[0]
+        out(f"_k_{name} = _seq_vector({e(facts[0].writes[0].key)}, _sizes{packed})")
+        values = []
+        for s in facts:
+            w = s.writes[0]
+            if w.value is None:
+                value = 'torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)'
+                if w.scale is not None:
+                    value = f"{e(w.scale)} * {value}"
+            else:
+                value = e(w.value if w.scale is None else Binary("@", w.scale, w.value))
+            values.append(value)
+        value = values[0] if len(values) == 1 else f"torch.cat([{', '.join(values)}], -2)"
+        out(f"_v_{name} = _seq_vector({value}, _sizes{packed})")
+        kernel_args = []
+        for arg, expr, kind in call.args:
+            if expr is None:
+                kernel_args.append("None")
+                continue
+            out(f"_{arg}_{name} = _seq_{kind}({e(expr)}, _sizes{packed})  # {expr}")
+            kernel_args.append(f"_{arg}_{name}")
+        return kernel_args
+
+    def widths(self, group) -> list[str]:
+        return [("1" if self.facts.state(s).vector else _size(self.facts.state(s).shape[0])) for s in group]
+
     def emit_groups(self, out: _Lines, parallel: bool) -> dict[int, str]:
         """One kernel call per (group, query); returns readout index -> variable."""
         e = self.seq_expr()
         readout_vars = {}
         readouts = [r for o in self.facts.outputs for r in o.readouts]
+        packed = "" if parallel else ", cu_seqlens"
         for group, call in self.calls.items():
             facts = [self.facts.state(s) for s in group]
-            lead = facts[0]
             name = group[0]
-            out(f"# {' and '.join(group)}: {lead.transition.cls} -> {call.parallel if parallel else call.kernel}")
-            key = lead.writes[0].key
-            packed = "" if parallel else ", cu_seqlens"
-            out(f"_k_{name} = _seq_vector({e(key)}, _sizes{packed})")
-            values = []
-            for s in facts:
-                w = s.writes[0]
-                if w.value is None:
-                    value = 'torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)'
-                    if w.scale is not None:
-                        value = f"{e(w.scale)} * {value}"
-                else:
-                    value_expr = w.value if w.scale is None else Binary("@", w.scale, w.value)
-                    value = e(value_expr)
-                values.append(value)
-            if len(values) == 1:
-                out(f"_v_{name} = _seq_vector({values[0]}, _sizes{packed})")
-            else:
-                out(f"_v_{name} = _seq_vector(torch.cat([{', '.join(values)}], -2), _sizes{packed})")
-            kernel_args = []
-            for arg, expr, kind in call.args:
-                if expr is None:
-                    kernel_args.append("None")
-                    continue
-                out(f"_{arg}_{name} = _seq_{kind}({e(expr)}, _sizes{packed})  # {expr}")
-                kernel_args.append(f"_{arg}_{name}")
+            out(f"# {' and '.join(group)}: {facts[0].transition.cls} -> {call.parallel if parallel else call.kernel}")
+            kernel_args = self.emit_kernel_args(out, group, call, packed)
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
                 s0_text = s0[0] if len(s0) == 1 else f"torch.cat([{', '.join(s0)}], -1)"
@@ -398,7 +405,7 @@ class _Module:
                     distinct.append(r.query)
             if not distinct and not parallel:
                 distinct = [None]
-            widths = [("1" if s.vector else _size(s.shape[0])) for s in facts]
+            widths = self.widths(group)
             for i, query in enumerate(distinct):
                 q_text = f"_seq_vector({e(query)}, _sizes{packed})" if query is not None else f"torch.zeros_like(_k_{name})"
                 out(f"_q = {q_text}")
@@ -417,14 +424,69 @@ class _Module:
                         out(f"_r{r.index} = _from_seq({parts[group.index(r.state)]}{packed})  # {r.state}_t {r.query}")
                         readout_vars[r.index] = f"_r{r.index}"
                 if i == 0 and not parallel:
-                    if len(group) == 1:
-                        out(f"{name} = _S{'' if facts[0].vector else '.mT'}")
-                    else:
-                        out(f"{', '.join(group)} = _S.split([{', '.join(widths)}], -1)")
-                        for s in facts:
-                            if not s.vector:
-                                out(f"{s.name} = {s.name}.mT")
+                    self.emit_split_states(out, group, "_S")
         return readout_vars
+
+    def emit_split_states(self, out: _Lines, group, source: str) -> None:
+        """Kernel-layout [B, NH, K, width] -> each state of the group in its own layout."""
+        facts = [self.facts.state(s) for s in group]
+        if len(group) == 1:
+            out(f"{group[0]} = {source}{'' if facts[0].vector else '.mT'}")
+            return
+        out(f"{', '.join(group)} = {source}.split([{', '.join(self.widths(group))}], -1)")
+        for s in facts:
+            if not s.vector:
+                out(f"{s.name} = {s.name}.mT")
+
+    def summary_reason(self) -> str | None:
+        if not self.facts.chunkable:
+            return self.facts.reason.replace("NYI: ", "")
+        for group in self.calls:
+            tr = self.facts.state(group[0]).transition
+            if tr.log("value") is not None:
+                return f"{group[0]} has a value-side gate; the summary covers transitions on the key side"
+        return None
+
+    def emit_summary(self, out: _Lines) -> None:
+        out(f"def summary({self.signature('chunk_size=64')}):", 0)
+        out('"""The action of the sequence on the state, for context parallelism: returns (P, F), one of')
+        out("each per state, such that the final state is `initial @ P + F` for every initial state")
+        out("(P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose")
+        out("associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).")
+        out('"""')
+        reason = self.summary_reason()
+        if reason is not None:
+            out(f"_fail({('NYI: no transition summary (' + reason + ')')!r})")
+            out("", 0)
+            out("", 0)
+            return
+        self.prologue(out, True, None)
+        out("cu_seqlens = None")
+        transitions, finals = {}, {}
+        for group, call in self.calls.items():
+            name = group[0]
+            out(f"# {' and '.join(group)}: {call.kernel} on probes: zero writes from an identity state")
+            kernel_args = self.emit_kernel_args(out, group, call, "")
+            out(f"_K = _k_{name}.shape[-1]")
+            out(f"_width = _v_{name}.shape[-1]")
+            out(f"_v = torch.cat([_v_{name}, _v_{name}.new_zeros(*_v_{name}.shape[:-1], _K)], -1)")
+            out("_S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)")
+            out(f"_S0 = _S0.expand(*_k_{name}.shape[:2], _K, _width + _K)")
+            args = ", ".join([f"torch.zeros_like(_k_{name})", f"_k_{name}", "_v", *kernel_args])
+            out(f"_o, _S = {call.kernel}({args}, _S0, chunk_size)")
+            out("_F, _P = _S.split([_width, _K], -1)")
+            self.emit_split_states(out, group, "_F")
+            for s in group:
+                transitions[s] = "_P.mT"
+                finals[s] = s if not self.facts.state(s).vector else f"{s}[..., 0]"
+        pieces = [transitions[s] for s in self.states]
+        final_pieces = [finals[s] for s in self.states]
+        if len(self.states) == 1:
+            out(f"return {pieces[0]}, {final_pieces[0]}")
+        else:
+            out(f"return ({', '.join(pieces)}), ({', '.join(final_pieces)})")
+        out("", 0)
+        out("", 0)
 
     def emit_output(self, out: _Lines, readout_vars) -> None:
         o = self.facts.outputs[0]

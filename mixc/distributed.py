@@ -1,0 +1,113 @@
+"""Context parallelism: one long sequence split along T across the ranks of a process group.
+
+Every supported update is affine in the state, so a slice of the sequence acts on the state as
+`final = initial @ P + F` (the compiled module's `summary`). Each rank computes the summary of
+its own slice from a zero state, all ranks exchange summaries (one all-gather), each composes
+the summaries of the ranks before it into its incoming state, and runs its slice with
+`chunk(..., initial_state=incoming)`. No rank waits for another's tokens, and the backward
+pass flows through the exchange.
+
+Communication per rank: one all-gather of its summary, for each state
+`B * NH * (K * K + rows * K)` numbers (P and F; rows = V for a matrix state [V, K], 1 for a
+vector state), i.e. `B * NH * K * (K + V)` for a single [V, K] state, independent of T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import MixcError
+
+__all__ = ["context_parallel"]
+
+
+class _AllGather(torch.autograd.Function):
+    """All-gather whose backward sums every rank's gradient for this rank's piece (all-reduce),
+    which every backend supports (gloo has no reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        pieces = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, x.contiguous(), group=group)
+        return torch.stack(pieces)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad[dist.get_rank(ctx.group)], None
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def context_parallel(mixer, group=None) -> Callable:
+    """Wrap a compiled mixer (from `mixc.load` or a compiled file) for context parallelism.
+
+    The returned function takes this rank's slice of the per-token inputs ([B, T_rank, NH, ..],
+    ranks in order along T), the full per-head parameters, and an optional initial state for
+    the whole sequence (the same on every rank). It returns this rank's outputs and, if asked,
+    the final state of the whole sequence (the same on every rank: put it in a loss on one rank
+    only; its gradient reaches every rank). Gradients of parameters and of the initial state are
+    per rank: sum them over ranks (as DDP does for parameters). As with DDP, every rank must
+    run the backward pass.
+    """
+    if "chunk" not in getattr(mixer, "FORMS", ()):
+        raise MixcError(
+            f"context parallelism needs a chunked form; {getattr(mixer, 'NAME', 'this mixer')} "
+            "runs step by step only (its update is not in a class with an associative summary)"
+        )
+
+    def run(*args, initial_state=None, output_final_state=False, chunk_size=64, **params):
+        if not dist.is_initialized():
+            raise MixcError("context_parallel: torch.distributed is not initialised (call init_process_group)")
+        P, F = mixer.summary(*args, chunk_size=chunk_size, **params)
+        pieces = _as_tuple(P) + _as_tuple(F)
+        # one collective per call, so every rank's backward runs the same sequence of them
+        flat = torch.cat([x.reshape(-1) for x in pieces])
+        gathered = _AllGather.apply(flat, group)  # [ranks, numel]
+        rank, world = dist.get_rank(group), gathered.shape[0]
+        summaries = [_unflatten(gathered[r], pieces) for r in range(world)]
+        n = len(pieces) // 2
+        states = _initial(mixer, initial_state, pieces[n:])
+        incoming = states
+        for r in range(world):
+            if r == rank:
+                incoming = states
+            states = tuple(_apply(s, p, f) for s, p, f in zip(states, summaries[r][:n], summaries[r][n:], strict=True))
+        # every rank's graph reaches the exchange (rank 0's outputs do not depend on it), so
+        # every rank joins the backward collective
+        incoming = tuple(s + 0 * gathered.sum() for s in incoming)
+        init = incoming[0] if len(incoming) == 1 else incoming
+        y, _ = mixer.chunk(*args, initial_state=init, chunk_size=chunk_size, **params)
+        if not output_final_state:
+            return y, None
+        return y, (states[0] if len(states) == 1 else states)
+
+    return run
+
+
+def _unflatten(flat, like):
+    out, start = [], 0
+    for x in like:
+        out.append(flat[start : start + x.numel()].view_as(x))
+        start += x.numel()
+    return tuple(out)
+
+
+def _initial(mixer, initial_state, finals):
+    if initial_state is None:
+        return tuple(torch.zeros_like(f) for f in finals)
+    return tuple(s.to(f.dtype) for s, f in zip(_as_tuple(initial_state), finals, strict=True))
+
+
+def _apply(state, P, F):
+    """state @ P + F, for a matrix state [B, NH, V, K] or a vector state [B, NH, K]."""
+    if state.dim() == F.dim() and state.dim() == 3:
+        return (state[..., None, :] @ P)[..., 0, :] + F
+    return state @ P + F

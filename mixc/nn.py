@@ -1,0 +1,236 @@
+"""`MixerLayer`: a compiled mixer as a drop-in torch.nn.Module.
+
+    layer = MixerLayer("specs/gated_deltanet.mix", hidden_size=256, num_heads=4)
+    y, cache = layer(x, use_cache=True)           # x: [B, T, hidden]
+    y_next, cache = layer(x_next, state=cache, use_cache=True)
+
+Each spec input gets a projection from the hidden state (vectors `Linear(hidden, NH * d)`,
+per-token scalars `Linear(hidden, NH)`), then a chain of transforms (`TRANSFORMS`), optionally a
+short causal depthwise convolution first. Per-head parameters without a default are learnable
+(`PARAM_INITS`). The mixer's output per head goes through an optional RMSNorm and an optional
+output gate, then an output projection. Nothing here depends on which mixer the spec is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._compile import load
+from ._frontend import load_spec
+from .analysis import analyze
+from .errors import MixcError
+
+__all__ = ["PARAM_INITS", "TRANSFORMS", "MixerCache", "MixerLayer", "default_transforms"]
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+#: Transforms applied to a projected input, by name (applied in order).
+TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": lambda x: x,
+    "silu": F.silu,
+    "relu": F.relu,
+    "sigmoid": torch.sigmoid,
+    "softplus": F.softplus,
+    "logsigmoid": F.logsigmoid,  # a log-decay in (-inf, 0)
+    "l2norm": _l2norm,  # over the vector's entries
+    "elu_plus_one": lambda x: F.elu(x) + 1,
+}
+
+
+def default_transforms(spec) -> dict[str, list[str]]:
+    """Sensible transforms per input, from the analysis of the spec:
+    - keys and queries of a delta rule: silu then l2norm (the recurrence needs |k| <= 1);
+    - beta of a delta rule: sigmoid (in (0, 1));
+    - an input used as a log-decay (`exp(g_t)` as a decay): logsigmoid (so g <= 0);
+    - dt (Mamba-2's step): softplus, after a learnable per-head bias;
+    - other vectors: silu on q and k; v and the rest unchanged.
+    """
+    facts = analyze(spec)
+    out: dict[str, list[str]] = {}
+    names = {d.name for d in spec.mixer.inputs}
+    for s in facts.states:
+        tr = s.transition
+        for g in tr.gates:
+            if _is_plain_input(g.log, names):
+                out[str(g.log).removesuffix("_t")] = ["logsigmoid"]
+        if tr.key is not None and _is_plain_input(tr.key, names):
+            key = str(tr.key).removesuffix("_t")
+            out[key] = ["silu", "l2norm"]
+            for o in facts.outputs:
+                for r in o.readouts:
+                    if _is_plain_input(r.query, names):
+                        out[str(r.query).removesuffix("_t")] = ["silu", "l2norm"]
+        if tr.beta is not None and _is_plain_input(tr.beta, names):
+            out[str(tr.beta).removesuffix("_t")] = ["sigmoid"]
+    for d in spec.mixer.inputs:
+        if d.name in out:
+            continue
+        if d.name == "dt":
+            out[d.name] = ["softplus"]
+        elif d.name in ("q", "k") and d.shape:
+            out[d.name] = ["silu"]
+        else:
+            out[d.name] = ["identity"]
+    return out
+
+
+def _is_plain_input(expr, names) -> bool:
+    from .ir import Timed
+
+    return isinstance(expr, Timed) and expr.name in names
+
+
+def _a_log_init(n: int) -> torch.Tensor:
+    return torch.log(torch.empty(n).uniform_(1, 16))
+
+
+#: Initialisation of learnable per-head parameters, by name: (stored name, init, to value).
+#: A is stored as A_log with A = -exp(A_log) (Mamba-2), so it stays negative.
+PARAM_INITS: dict[str, tuple[str, Callable[[int], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "A": ("A_log", _a_log_init, lambda p: -torch.exp(p)),
+    "D": ("D", torch.ones, lambda p: p),
+}
+
+
+@dataclass
+class MixerCache:
+    """What decoding needs to continue exactly: the mixer's states and each convolution's last
+    inputs (`conv_size - 1` tokens per convolved input)."""
+
+    states: object
+    conv: dict[str, torch.Tensor]
+
+
+class MixerLayer(nn.Module):
+    """A token mixer from a spec: projections in, the compiled recurrence, projection out.
+
+    Args:
+        spec: a spec path, spec text, or a loaded Spec.
+        hidden_size, num_heads: model width and number of heads.
+        sizes: the spec's size symbols per head, e.g. {"K": 64, "V": 64}; default
+            hidden_size // num_heads for every symbol.
+        transforms: input name -> list of TRANSFORMS names, overriding `default_transforms`.
+        conv_size: kernel size of a short causal depthwise convolution on `conv_inputs`
+            (0 turns it off); default 4.
+        conv_inputs: which vector inputs are convolved; default all vector inputs.
+        output_gate: multiply by silu(Linear(x)) before the output projection.
+        norm: RMSNorm over each head's output.
+        chunk_size: chunk size of the chunked form.
+    """
+
+    def __init__(
+        self,
+        spec,
+        hidden_size: int,
+        num_heads: int,
+        *,
+        sizes: dict[str, int] | None = None,
+        transforms: dict[str, Sequence[str]] | None = None,
+        conv_size: int = 4,
+        conv_inputs: Sequence[str] | None = None,
+        output_gate: bool = True,
+        norm: bool = True,
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__()
+        self.spec = spec if hasattr(spec, "mixer") else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
+        self.mixer = load(self.spec.source)
+        mixer = self.spec.mixer
+        self.hidden_size, self.num_heads, self.chunk_size = hidden_size, num_heads, chunk_size
+        head = hidden_size // num_heads
+        symbols = {s for d in (*mixer.inputs, *mixer.states, *mixer.params) for s in d.shape if not s.isdigit()}
+        self.sizes = {s: (sizes or {}).get(s, head) for s in sorted(symbols)}
+        unknown = set(sizes or {}) - symbols
+        if unknown:
+            raise MixcError(f"sizes: {', '.join(sorted(unknown))} not in the spec (it has {', '.join(sorted(symbols))})")
+
+        self.transforms = default_transforms(self.spec)
+        for name, chain in (transforms or {}).items():
+            if name not in self.transforms:
+                raise MixcError(f"transforms: {name} is not an input of {mixer.name}")
+            bad = [t for t in chain if t not in TRANSFORMS]
+            if bad:
+                raise MixcError(f"transforms: unknown {bad[0]!r}; choose from {', '.join(TRANSFORMS)}")
+            self.transforms[name] = list(chain)
+
+        self.dims = {d.name: [self._size(s) for s in d.shape] for d in mixer.inputs}
+        self.proj = nn.ModuleDict(
+            {name: nn.Linear(hidden_size, num_heads * math.prod(dims), bias=False) for name, dims in self.dims.items()}
+        )
+        vectors = [d.name for d in mixer.inputs if len(d.shape) == 1]
+        self.conv_inputs = list(vectors if conv_inputs is None else conv_inputs) if conv_size > 1 else []
+        self.conv_size = conv_size
+        self.conv = nn.ModuleDict(
+            {
+                name: nn.Conv1d(num_heads * self.dims[name][0], num_heads * self.dims[name][0], conv_size, groups=num_heads * self.dims[name][0], padding=0, bias=False)
+                for name in self.conv_inputs
+            }
+        )
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads)) if "dt" in self.dims and not self.dims["dt"] else None
+
+        self.learned = [p.name for p in mixer.params if p.default is None]
+        for name in self.learned:
+            stored, init, _ = PARAM_INITS.get(name, (name, torch.zeros, lambda p: p))
+            shape_tail = [self._size(s) for s in next(p for p in mixer.params if p.name == name).shape]
+            value = init(num_heads) if not shape_tail else torch.zeros(num_heads, *shape_tail)
+            self.register_parameter(stored, nn.Parameter(value))
+
+        out_shape = self.spec.shapes[mixer.outputs[0].target]
+        self.head_out = 1 if out_shape == ("1", "1") else self._size(out_shape[0])
+        width = num_heads * self.head_out
+        self.norm = nn.RMSNorm(self.head_out, eps=1e-6) if norm else None
+        self.gate = nn.Linear(hidden_size, width, bias=False) if output_gate else None
+        self.out_proj = nn.Linear(width, hidden_size, bias=False)
+
+    def _size(self, symbol: str) -> int:
+        return int(symbol) if symbol.isdigit() else self.sizes[symbol]
+
+    def _params(self) -> list[torch.Tensor]:
+        values = []
+        for name in self.learned:
+            stored, _, to_value = PARAM_INITS.get(name, (name, None, lambda p: p))
+            values.append(to_value(getattr(self, stored)))
+        return values
+
+    def forward(self, x: torch.Tensor, state: MixerCache | None = None, use_cache: bool = False):
+        """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
+        call continues that sequence exactly (prefill, then decode token by token)."""
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise MixcError(f"x: expected [B, T, {self.hidden_size}], got {list(x.shape)}")
+        B, T, _ = x.shape
+        inputs, tails = [], {}
+        for name, dims in self.dims.items():
+            h = self.proj[name](x)
+            if name in self.conv:
+                past = state.conv[name] if state is not None else h.new_zeros(B, self.conv_size - 1, h.shape[-1])
+                h_full = torch.cat([past.to(h.dtype), h], 1)
+                tails[name] = h_full[:, -(self.conv_size - 1):]
+                h = F.silu(self.conv[name](h_full.transpose(1, 2)).transpose(1, 2))
+            h = h.view(B, T, self.num_heads, *dims)
+            if name == "dt" and self.dt_bias is not None:
+                h = h + self.dt_bias
+            for t in self.transforms[name]:
+                h = TRANSFORMS[t](h)
+            inputs.append(h)
+        states = state.states if state is not None else None
+        form = self.mixer.chunk if "chunk" in self.mixer.FORMS else self.mixer.recurrent
+        kw = {"chunk_size": self.chunk_size} if "chunk" in self.mixer.FORMS else {}
+        y, new_states = form(*inputs, *self._params(), initial_state=states, output_final_state=use_cache, **kw)
+        y = y.reshape(B, T, self.num_heads, self.head_out)
+        if self.norm is not None:
+            y = self.norm(y)
+        y = y.reshape(B, T, -1)
+        if self.gate is not None:
+            y = y * F.silu(self.gate(x))
+        y = self.out_proj(y)
+        return y, (MixerCache(new_states, tails) if use_cache else None)

@@ -1,0 +1,122 @@
+"""Context parallelism on torch.distributed (gloo, CPU): 2 and 4 processes each hold a slice of
+one sequence; outputs, the final state and gradients equal one process over the whole sequence,
+for a scalar decay, a diagonal gate, the delta rule with a decay, and a normaliser."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).parent.parent
+CASES = ["gated_retention", "gla", "gated_deltanet", "linear_attention_normalized", "mamba2"]
+T = 45
+
+
+def _worker(rank, world, init_file, results):
+    sys.path.insert(0, str(ROOT))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    import mixc
+    from mixc.distributed import context_parallel
+    from tests.mixers import positional, random_states, spec_inputs
+
+    out = {}
+    for name in CASES:
+        spec = mixc.load_spec(ROOT / f"specs/{name}.mix")
+        module = mixc.load(ROOT / f"specs/{name}.mix")
+        inputs, params = spec_inputs(spec, B=2, T=T, NH=2, generator=torch.Generator().manual_seed(7))
+        states = random_states(spec, B=2, NH=2, generator=torch.Generator().manual_seed(8))
+        init = tuple(states[s.name] for s in spec.mixer.states)
+        bounds = [round(T * r / world) for r in range(world + 1)]
+        lo, hi = bounds[rank], bounds[rank + 1]
+        n = len(spec.mixer.inputs)
+        full = positional(spec, inputs, params)
+        local = [
+            (a[:, lo:hi] if i < n else a).clone().requires_grad_(True) for i, a in enumerate(full)
+        ]
+        init_leaf = [s.clone().requires_grad_(True) for s in init]
+        cp = context_parallel(module)
+        y, final = cp(*local, initial_state=tuple(init_leaf) if len(init) > 1 else init_leaf[0], output_final_state=True, chunk_size=8)
+        final = final if isinstance(final, tuple) else (final,)
+        cot = torch.randn(y.shape[0], T, *y.shape[2:], dtype=y.dtype, generator=torch.Generator().manual_seed(9))[:, lo:hi]
+        loss = (y * cot).sum()
+        if rank == world - 1:  # the final state is replicated: put it in the loss on one rank
+            loss = loss + sum((f * (i + 1)).sum() for i, f in enumerate(final))
+        loss.backward()
+        out[name] = {
+            "y": y.detach(),
+            "final": [f.detach() for f in final],
+            "grads": [x.grad for x in local],
+            "init_grads": [s.grad for s in init_leaf],
+            "range": (lo, hi),
+        }
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def _reference(name):
+    import mixc
+    from tests.mixers import positional, random_states, spec_inputs
+
+    spec = mixc.load_spec(ROOT / f"specs/{name}.mix")
+    module = mixc.load(ROOT / f"specs/{name}.mix")
+    inputs, params = spec_inputs(spec, B=2, T=T, NH=2, generator=torch.Generator().manual_seed(7))
+    states = random_states(spec, B=2, NH=2, generator=torch.Generator().manual_seed(8))
+    init = [states[s.name].clone().requires_grad_(True) for s in spec.mixer.states]
+    full = [a.clone().requires_grad_(True) for a in positional(spec, inputs, params)]
+    y, final = module.recurrent(*full, initial_state=tuple(init) if len(init) > 1 else init[0], output_final_state=True)
+    final = final if isinstance(final, tuple) else (final,)
+    cot = torch.randn(*y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(9))
+    ((y * cot).sum() + sum((f * (i + 1)).sum() for i, f in enumerate(final))).backward()
+    return y.detach(), [f.detach() for f in final], [x.grad for x in full], [s.grad for s in init], len(spec.mixer.inputs)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_matches_one_process(world):
+    from tests.mixers import rel
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp, ctx.Manager() as manager:
+        results = manager.dict()
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [ctx.Process(target=_worker, args=(r, world, init_file, results)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        for p in procs:
+            if p.is_alive():  # a hung collective must fail the test, not hang the run
+                p.terminate()
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        results = dict(results)
+    for name in CASES:
+        y_ref, final_ref, grads_ref, init_grads_ref, n = _reference(name)
+        y = torch.cat([results[r][name]["y"] for r in range(world)], 1)
+        assert rel(y, y_ref) <= 1e-12, name
+        for r in range(world):
+            for got, want in zip(results[r][name]["final"], final_ref):
+                assert rel(got, want) <= 1e-12, (name, r)
+        for i in range(n):
+            g = torch.cat([results[r][name]["grads"][i] for r in range(world)], 1)
+            assert rel(g, grads_ref[i]) <= 1e-10, (name, i)
+        for i in range(n, len(grads_ref)):  # parameters: each rank holds part of the gradient
+            g = sum(results[r][name]["grads"][i] for r in range(world))
+            assert rel(g, grads_ref[i]) <= 1e-10, (name, "param", i)
+        for j, want in enumerate(init_grads_ref):
+            g = sum(results[r][name]["init_grads"][j] for r in range(world))
+            assert rel(g, want) <= 1e-10, (name, "initial state")
+
+
+def test_sequential_only_spec_is_refused():
+    import mixc
+    from mixc.distributed import context_parallel
+
+    with pytest.raises(mixc.MixcError, match="context parallelism needs a chunked form"):
+        context_parallel(mixc.load(ROOT / "specs/gated_general.mix"))
