@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import linecache
 import os
+import sys
 import tempfile
 import types
 from pathlib import Path
@@ -54,10 +56,12 @@ def load(spec, backend: str = "pytorch") -> types.ModuleType:
         return _CACHE[key]
     text = compile_source(source, backend)
     name = load_spec(source).mixer.name
-    filename = f"<mixc:{name}:{abs(hash(text)) & 0xFFFFFFFF:08x}>"
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    filename = f"<mixc:{name}:{digest}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-    module = types.ModuleType(f"mixc_compiled_{name}")
+    module = types.ModuleType(f"mixc_compiled_{name}_{digest}")
     module.__file__ = filename
     exec(compile(text, filename, "exec"), module.__dict__)  # noqa: S102 - our own generated code
+    sys.modules[module.__name__] = module  # torch.compile looks modules up by name
     _CACHE[key] = module
     return module
