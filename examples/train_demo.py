@@ -1,6 +1,6 @@
 """Train a 2-layer model built from a shipped spec on a copy task, then generate with the cache.
 
-    python examples/train_demo.py --spec specs/gated_deltanet.mix --steps 300
+    python examples/train_demo.py --spec specs/gated_deltanet.mix --steps 500
 
 Each sequence is 16 random tokens, a separator, then the same 16 tokens again; the loss is on
 the repeated half, which a mixer can only predict by recalling what it stored. Runs on CPU in
@@ -59,7 +59,7 @@ def batch(n: int, generator: torch.Generator) -> torch.Tensor:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", default="specs/gated_deltanet.mix")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

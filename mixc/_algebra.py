@@ -17,10 +17,21 @@ from ._verify import IDENTITY, SCALAR, Shape, Typer
 from .errors import SpecAnalysisError
 from .ir import Binary, Call, Expr, Identity, Mixer, Name, Neg, Number, Timed, Transpose, walk
 
-ELEMENTWISE = ("exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh", "sqrt")
+ELEMENTWISE = (
+    "exp",
+    "log",
+    "sigmoid",
+    "logsigmoid",
+    "softplus",
+    "silu",
+    "elu",
+    "relu",
+    "tanh",
+    "sqrt",
+)
 
 
-class NotAffine(Exception):
+class NotAffine(Exception):  # noqa: N818 - a signal inside the analysis, never shown
     """The expression is not affine in a state; `node` is the offending sub-expression."""
 
     def __init__(self, node: Expr, why: str) -> None:
@@ -37,10 +48,16 @@ class Term:
     gates: tuple[Expr, ...] = ()  # elementwise factors on the whole chain, sorted by text
 
     def key(self) -> tuple:
-        return (tuple(map(str, self.scalars)), tuple(map(str, self.chain)), tuple(map(str, self.gates)))
+        return (
+            tuple(map(str, self.scalars)),
+            tuple(map(str, self.chain)),
+            tuple(map(str, self.gates)),
+        )
 
     def scale(self, coeff, scalars=()) -> Term:
-        return replace(self, coeff=self.coeff * coeff, scalars=_sorted(self.scalars + tuple(scalars)))
+        return replace(
+            self, coeff=self.coeff * coeff, scalars=_sorted(self.scalars + tuple(scalars))
+        )
 
 
 def _sorted(exprs) -> tuple[Expr, ...]:
@@ -151,7 +168,10 @@ class Expander:
             if self.has_state(e):
                 raise NotAffine(e, f"{e.func}(...) of a state is not linear in it")
             if e.func in ELEMENTWISE and tr and self.shape(e) != SCALAR:
-                return self._atom(Call(e.func, (transpose_atom(e.args[0], self.shape(e.args[0])),), span=e.span), False)
+                return self._atom(
+                    Call(e.func, (transpose_atom(e.args[0], self.shape(e.args[0])),), span=e.span),
+                    False,
+                )
             return self._atom(e, tr)
         assert isinstance(e, Binary)
         return _BINARY[e.op](self, e, tr)
@@ -173,10 +193,16 @@ class Expander:
     def _hadamard(self, e: Binary, tr: bool) -> list[Term]:
         a, b = self.shape(e.left), self.shape(e.right)
         if SCALAR in (a, b):
-            return [multiply(x, y, e) for x in self._expand(e.left, tr) for y in self._expand(e.right, tr)]
+            return [
+                multiply(x, y, e)
+                for x in self._expand(e.left, tr)
+                for y in self._expand(e.right, tr)
+            ]
         sl, sr = self.has_state(e.left), self.has_state(e.right)
         if sl and sr:
-            raise NotAffine(e, "an elementwise product of two state terms is quadratic in the state")
+            raise NotAffine(
+                e, "an elementwise product of two state terms is quadratic in the state"
+            )
         if not (sl or sr):
             return self._atom(e, tr)
         gate_side, state_side = (e.right, e.left) if sl else (e.left, e.right)
@@ -184,7 +210,7 @@ class Expander:
         if tr:
             gate = transpose_atom(gate, self.shape(gate))
         terms = self._expand(state_side, tr)
-        return [replace(t, gates=_sorted(t.gates + (gate,))) for t in terms]
+        return [replace(t, gates=_sorted((*t.gates, gate))) for t in terms]
 
     def _div(self, e: Binary, tr: bool) -> list[Term]:
         if self.has_state(e.right):
@@ -205,7 +231,9 @@ class Expander:
         a, b = self.shape(e.left), self.shape(e.right)
         row = e.left if a[0] == "1" else Transpose(e.left, span=e.left.span)
         col = e.right if b[1] == "1" else Transpose(e.right, span=e.right.span)
-        terms = [multiply(x, y, e) for x in self._expand(row, False) for y in self._expand(col, False)]
+        terms = [
+            multiply(x, y, e) for x in self._expand(row, False) for y in self._expand(col, False)
+        ]
         # a scalar equals its transpose: put the state first so readouts read `S x`
         return [flip_scalar_chain(t, self) for t in terms]
 
@@ -229,7 +257,7 @@ def multiply(x: Term, y: Term, where: Expr) -> Term:
 
 
 def flip_scalar_chain(t: Term, ex: Expander) -> Term:
-    if not t.chain or isinstance(t.chain[0], Transpose) and isinstance(t.chain[0].operand, Timed):
+    if not t.chain or (isinstance(t.chain[0], Transpose) and isinstance(t.chain[0].operand, Timed)):
         return t
     if not any(isinstance(a, Timed) and a.name in ex.states for a in t.chain):
         return t
@@ -290,6 +318,7 @@ def inline(mixer: Mixer, e: Expr) -> Expr:
 
 def located_not_affine(exc: NotAffine, state: str) -> SpecAnalysisError:
     return SpecAnalysisError(
-        f"the update of {state} is not affine in {state}_{{t-1}}: {exc.why}", exc.node.span,
+        f"the update of {state} is not affine in {state}_{{t-1}}: {exc.why}",
+        exc.node.span,
         hint="such a mixer runs step by step only (recurrent, step); no chunked form exists",
     )

@@ -4,6 +4,8 @@ usage errors exit 2."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -50,6 +52,152 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sizes(text: str) -> dict[str, int]:
+    """--sizes K=64,V=64,T=4096,C=64 -> {"K": 64, ...}; argparse turns errors into exit 2."""
+    sizes: dict[str, int] = {}
+    for item in text.split(","):
+        name, eq, value = item.strip().partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not name.isidentifier():
+            raise argparse.ArgumentTypeError(
+                f"{item.strip()!r} is not NAME=NUMBER (expected e.g. K=64,V=64,T=4096,C=64)"
+            )
+        if not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(
+                f"size {name} must be a positive integer, got {value!r}"
+            )
+        if name in sizes:
+            raise argparse.ArgumentTypeError(f"size {name} is given twice")
+        sizes[name] = int(value)
+    return sizes
+
+
+def _picture(text: str) -> str:
+    from ._graph import FORMATS
+
+    suffix = os.path.splitext(text)[1].lower()
+    if suffix not in FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"{text}: unknown picture format {suffix or '(no suffix)'}; use .png or .svg"
+        )
+    return text
+
+
+@command
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Report what the analysis found: classes, rules, gates, forms, algorithm, costs."""
+    from ._explain import Explanation, explain, render
+    from .analysis import analyze, costs
+
+    if args.json_schema:
+        print(json.dumps(Explanation.model_json_schema(), indent=2))
+        return 0
+    if args.spec is None:
+        print("mixc explain: error: the following arguments are required: SPEC", file=sys.stderr)
+        return 2
+    spec = load_spec(args.spec)
+    facts = analyze(spec)
+    sizes = args.sizes or {}
+    known = set(costs(facts).symbols)
+    unknown = sorted(set(sizes) - known)
+    if unknown:
+        print(
+            f"mixc explain: error: --sizes: unknown size {', '.join(unknown)} "
+            f"(sizes of {spec.mixer.name}: {', '.join(sorted(known)) or 'none'})",
+            file=sys.stderr,
+        )
+        return 2
+    report = explain(spec, sizes, facts)
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        render(report)
+    return 0
+
+
+@command
+def cmd_graph(args: argparse.Namespace) -> int:
+    """Draw the dependency graph of a spec."""
+    from ._graph import write_graph
+    from .analysis import analyze
+
+    facts = analyze(load_spec(args.spec))
+    write_graph(facts, args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+@command
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """Fuzz every form of a module against the spec's float64 oracle (exit 1 on a disagreement)."""
+    from .fuzz import run_command
+
+    return run_command(
+        args.spec, args.module, examples=args.examples, seed=args.seed, dtype=args.dtype, device=args.device
+    )
+
+
+@command
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Time the compiled forms over a sweep of T: table, and optionally JSON and a plot."""
+    from . import bench
+
+    if args.plot:
+        bench._pyplot()  # fail before the sweep, not after, when matplotlib is missing
+    result = bench.run(
+        args.spec,
+        sizes=args.sizes,
+        T=args.T,
+        chunk_size=args.chunk_size,
+        forms=args.forms,
+        backward=args.backward,
+        repeats=args.repeats,
+        threads=args.threads,
+        device=args.device,
+        recurrent_max_T=args.recurrent_max_T,
+        parallel_max_T=args.parallel_max_T,
+        memory=not args.no_memory,
+        progress=sys.stderr.isatty(),
+    )
+    bench.render(result)
+    if args.json:
+        bench.write_json(result, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        bench.plot([result], args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    from .bench import parse_ints
+
+    try:
+        return parse_ints(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (expected e.g. 512,1024,2048)") from None
+
+
+def _forms(text: str) -> list[str]:
+    forms = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in forms if f not in ("chunk", "recurrent", "parallel")]
+    if unknown or not forms:
+        raise argparse.ArgumentTypeError(
+            f"unknown form {', '.join(unknown) or '(none)'}; choose from chunk, recurrent, parallel"
+        )
+    return forms
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mixc",
@@ -66,6 +214,116 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically); default: stdout")
     p.add_argument("--backend", default="pytorch", help="code generator (default: pytorch)")
+
+    p = sub.add_parser(
+        "explain",
+        help="report each state's class and rule, gates, forms, algorithm and costs",
+        description="Report what mixc derived from a spec: each state's transition class and the "
+        "rule that fired, write and readout forms, log-gates, the algorithm and why, the parallel "
+        "form as math, warnings, and per-token costs.",
+    )
+    p.add_argument("spec", nargs="?", metavar="SPEC", help="spec file (*.mix)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--json-schema", action="store_true", help="print the JSON schema of --json and exit"
+    )
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        metavar="K=64,V=64,T=4096,C=64",
+        help="sizes that fill the cost formulas (C: chunk size, T: sequence length)",
+    )
+
+    p = sub.add_parser("graph", help="draw the dependency graph of a spec (.png or .svg)")
+    p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=_picture,
+        metavar="FILE",
+        help="picture to write (atomically); the suffix (.png or .svg) chooses the format",
+    )
+
+    p = sub.add_parser(
+        "fuzz",
+        help="check chunk, parallel, step and recurrent against the spec's float64 oracle",
+        description="Draw random examples (hypothesis) and compare every form of the compiled module "
+        "(or of --module FILE) with a float64 step-by-step interpreter of the spec: outputs, final "
+        "states and gradients. Exit 0 with a summary, or 1 with the shrunk failing example and a "
+        "reproducer. A progress bar goes to stderr when it is a terminal.",
+    )
+    p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
+    p.add_argument("--module", metavar="FILE", help="fuzz this module file (same contract as a compiled one)")
+    p.add_argument("--examples", type=_positive, default=25, metavar="N", help="examples to draw (default: 25)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: 0)")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32", help="precision under test")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the module runs")
+
+    p = sub.add_parser(
+        "bench",
+        help="time chunk, recurrent and parallel over a sweep of T (table, --json, --plot)",
+        description="Time the compiled forms of a spec over a sweep of sequence lengths: median "
+        "and spread over repeats after warm-up, peak tensor memory per call, achieved GFLOP/s "
+        "(from the analysis' cost model) next to this machine's fp32 matmul throughput at the "
+        "shapes the chunked form multiplies. The recurrent and parallel forms stop at "
+        "--recurrent-max-T and --parallel-max-T.",
+    )
+    p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        metavar="B=1,NH=4,K=64,V=64",
+        help="batch, heads and the spec's sizes (default: B=1, NH=4, every size 64)",
+    )
+    p.add_argument(
+        "--T",
+        type=_int_list,
+        default=[512, 1024, 2048, 4096, 8192, 16384],
+        metavar="512,1024,...",
+        help="sequence lengths (default: 512 to 16384, doubling)",
+    )
+    p.add_argument(
+        "--chunk-size", type=_positive, default=64, metavar="C", help="chunk size (default: 64)"
+    )
+    p.add_argument(
+        "--forms",
+        type=_forms,
+        default=["chunk", "recurrent", "parallel"],
+        metavar="chunk,recurrent,parallel",
+        help="forms to time (default: all the module has)",
+    )
+    p.add_argument("--backward", action="store_true", help="also time forward + backward")
+    p.add_argument(
+        "--repeats",
+        type=_positive,
+        default=5,
+        metavar="N",
+        help="timed calls per point (default: 5)",
+    )
+    p.add_argument(
+        "--threads", type=_positive, default=2, metavar="N", help="torch CPU threads (default: 2)"
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument(
+        "--recurrent-max-T",
+        type=_positive,
+        default=4096,
+        metavar="T",
+        help="longest T for the recurrent form (default: 4096; it runs one Python step per token)",
+    )
+    p.add_argument(
+        "--parallel-max-T",
+        type=_positive,
+        default=4096,
+        metavar="T",
+        help="longest T for the parallel form (default: 4096; it holds T x T matrices)",
+    )
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument(
+        "--plot", metavar="FILE", help="write time and memory versus T (needs matplotlib)"
+    )
     return parser
 
 
