@@ -1,7 +1,7 @@
 """Run a module written by `mixc compile`: chunked, recurrent and step forms agree.
 
-    mixc compile specs/deltanet.mix -o deltanet.py
-    python examples/quickstart.py deltanet.py
+mixc compile specs/deltanet.mix -o deltanet.py
+python examples/quickstart.py deltanet.py
 """
 
 import importlib.util
@@ -33,7 +33,9 @@ def main(path: str) -> None:
     args += [-torch.rand(NH) for _ in m.PARAMS]  # per-head parameters [NH]
 
     y, state = m.recurrent(*args, output_final_state=True)
-    print(f"{m.NAME}: output {tuple(y.shape)}, state {tuple(state.shape) if torch.is_tensor(state) else [tuple(s.shape) for s in state]}")
+    print(
+        f"{m.NAME}: output {tuple(y.shape)}, state {tuple(state.shape) if torch.is_tensor(state) else [tuple(s.shape) for s in state]}"
+    )
     if hasattr(m, "chunk"):
         y_chunk, _ = m.chunk(*args, output_final_state=True, chunk_size=64)
         err = (y_chunk - y).norm() / y.norm()
@@ -45,7 +47,9 @@ def main(path: str) -> None:
     _, state = prefill(*head, output_final_state=True)
     ys = []
     for t in range(split, T):
-        y_t, state = m.step(*[a[:, t] if i < len(m.INPUTS) else a for i, a in enumerate(args)], state=state)
+        y_t, state = m.step(
+            *[a[:, t] if i < len(m.INPUTS) else a for i, a in enumerate(args)], state=state
+        )
         ys.append(y_t)
     err = (torch.stack(ys, 1) - y[:, split:]).norm() / y[:, split:].norm()
     print(f"prefill {split} + step {T - split} vs recurrent: relative error {err:.1e}")

@@ -25,7 +25,9 @@ class Block(nn.Module):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
         self.mixer = MixerLayer(spec, hidden, heads, chunk_size=16)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden)
+        )
 
     def forward(self, x, cache=None):
         y, cache = self.mixer(self.norm1(x), state=cache, use_cache=True)
@@ -72,7 +74,9 @@ def main(argv=None) -> dict:
         tokens = batch(args.batch, gen)
         logits, _ = model(tokens[:, :-1])
         target = tokens[:, 1:]
-        loss = nn.functional.cross_entropy(logits[:, SPAN:].reshape(-1, VOCAB + 1), target[:, SPAN:].reshape(-1))
+        loss = nn.functional.cross_entropy(
+            logits[:, SPAN:].reshape(-1, VOCAB + 1), target[:, SPAN:].reshape(-1)
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -93,10 +97,17 @@ def main(argv=None) -> dict:
         accuracy = (generated == tokens[:, SPAN + 1 :]).float().mean().item()
         full, _ = model(torch.cat([prompt, generated[:, :-1]], 1))  # no cache: one pass
         cached_vs_full = (full[:, SPAN:].argmax(-1) == generated).float().mean().item()
-    print(f"copy accuracy of generation: {accuracy:.0%}   cached decode agrees with a full pass: {cached_vs_full:.0%}")
+    print(
+        f"copy accuracy of generation: {accuracy:.0%}   cached decode agrees with a full pass: {cached_vs_full:.0%}"
+    )
     print(f"prompt   {prompt[0, :SPAN].tolist()}")
     print(f"output   {generated[0].tolist()}")
-    return {"first_loss": first_loss, "last_loss": loss.item(), "accuracy": accuracy, "cache_agreement": cached_vs_full}
+    return {
+        "first_loss": first_loss,
+        "last_loss": loss.item(),
+        "accuracy": accuracy,
+        "cache_agreement": cached_vs_full,
+    }
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ def context_parallel(mixer, group=None) -> Callable:
 
     def run(*args, initial_state=None, output_final_state=False, chunk_size=64, **params):
         if not dist.is_initialized():
-            raise MixcError("context_parallel: torch.distributed is not initialised (call init_process_group)")
+            raise MixcError(
+                "context_parallel: torch.distributed is not initialised (call init_process_group)"
+            )
         P, F = mixer.summary(*args, chunk_size=chunk_size, **params)
         pieces = _as_tuple(P) + _as_tuple(F)
         # one collective per call, so every rank's backward runs the same sequence of them
@@ -79,7 +81,10 @@ def context_parallel(mixer, group=None) -> Callable:
         for r in range(world):
             if r == rank:
                 incoming = states
-            states = tuple(_apply(s, p, f) for s, p, f in zip(states, summaries[r][:n], summaries[r][n:], strict=True))
+            states = tuple(
+                _apply(s, p, f)
+                for s, p, f in zip(states, summaries[r][:n], summaries[r][n:], strict=True)
+            )
         # every rank's graph reaches the exchange (rank 0's outputs do not depend on it), so
         # every rank joins the backward collective
         incoming = tuple(s + 0 * gathered.sum() for s in incoming)

@@ -96,7 +96,9 @@ def _a_log_init(n: int) -> torch.Tensor:
 
 #: Initialisation of learnable per-head parameters, by name: (stored name, init, to value).
 #: A is stored as A_log with A = -exp(A_log) (Mamba-2), so it stays negative.
-PARAM_INITS: dict[str, tuple[str, Callable[[int], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {
+PARAM_INITS: dict[
+    str, tuple[str, Callable[[int], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+] = {
     "A": ("A_log", _a_log_init, lambda p: -torch.exp(p)),
     "D": ("D", torch.ones, lambda p: p),
 }
@@ -143,16 +145,27 @@ class MixerLayer(nn.Module):
         chunk_size: int = 64,
     ) -> None:
         super().__init__()
-        self.spec = spec if hasattr(spec, "mixer") else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
+        self.spec = (
+            spec
+            if hasattr(spec, "mixer")
+            else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
+        )
         self.mixer = load(self.spec.source)
         mixer = self.spec.mixer
         self.hidden_size, self.num_heads, self.chunk_size = hidden_size, num_heads, chunk_size
         head = hidden_size // num_heads
-        symbols = {s for d in (*mixer.inputs, *mixer.states, *mixer.params) for s in d.shape if not s.isdigit()}
+        symbols = {
+            s
+            for d in (*mixer.inputs, *mixer.states, *mixer.params)
+            for s in d.shape
+            if not s.isdigit()
+        }
         self.sizes = {s: (sizes or {}).get(s, head) for s in sorted(symbols)}
         unknown = set(sizes or {}) - symbols
         if unknown:
-            raise MixcError(f"sizes: {', '.join(sorted(unknown))} not in the spec (it has {', '.join(sorted(symbols))})")
+            raise MixcError(
+                f"sizes: {', '.join(sorted(unknown))} not in the spec (it has {', '.join(sorted(symbols))})"
+            )
 
         self.transforms = default_transforms(self.spec)
         for name, chain in (transforms or {}).items():
@@ -160,28 +173,48 @@ class MixerLayer(nn.Module):
                 raise MixcError(f"transforms: {name} is not an input of {mixer.name}")
             bad = [t for t in chain if t not in TRANSFORMS]
             if bad:
-                raise MixcError(f"transforms: unknown {bad[0]!r}; choose from {', '.join(TRANSFORMS)}")
+                raise MixcError(
+                    f"transforms: unknown {bad[0]!r}; choose from {', '.join(TRANSFORMS)}"
+                )
             self.transforms[name] = list(chain)
 
         self.dims = {d.name: [self._size(s) for s in d.shape] for d in mixer.inputs}
         self.proj = nn.ModuleDict(
-            {name: nn.Linear(hidden_size, num_heads * math.prod(dims), bias=False) for name, dims in self.dims.items()}
+            {
+                name: nn.Linear(hidden_size, num_heads * math.prod(dims), bias=False)
+                for name, dims in self.dims.items()
+            }
         )
         vectors = [d.name for d in mixer.inputs if len(d.shape) == 1]
-        self.conv_inputs = list(vectors if conv_inputs is None else conv_inputs) if conv_size > 1 else []
+        self.conv_inputs = (
+            list(vectors if conv_inputs is None else conv_inputs) if conv_size > 1 else []
+        )
         self.conv_size = conv_size
         self.conv = nn.ModuleDict(
             {
-                name: nn.Conv1d(num_heads * self.dims[name][0], num_heads * self.dims[name][0], conv_size, groups=num_heads * self.dims[name][0], padding=0, bias=False)
+                name: nn.Conv1d(
+                    num_heads * self.dims[name][0],
+                    num_heads * self.dims[name][0],
+                    conv_size,
+                    groups=num_heads * self.dims[name][0],
+                    padding=0,
+                    bias=False,
+                )
                 for name in self.conv_inputs
             }
         )
-        self.dt_bias = nn.Parameter(torch.zeros(num_heads)) if "dt" in self.dims and not self.dims["dt"] else None
+        self.dt_bias = (
+            nn.Parameter(torch.zeros(num_heads))
+            if "dt" in self.dims and not self.dims["dt"]
+            else None
+        )
 
         self.learned = [p.name for p in mixer.params if p.default is None]
         for name in self.learned:
             stored, init, _ = PARAM_INITS.get(name, (name, torch.zeros, lambda p: p))
-            shape_tail = [self._size(s) for s in next(p for p in mixer.params if p.name == name).shape]
+            shape_tail = [
+                self._size(s) for s in next(p for p in mixer.params if p.name == name).shape
+            ]
             value = init(num_heads) if not shape_tail else torch.zeros(num_heads, *shape_tail)
             self.register_parameter(stored, nn.Parameter(value))
 
@@ -212,9 +245,13 @@ class MixerLayer(nn.Module):
         for name, dims in self.dims.items():
             h = self.proj[name](x)
             if name in self.conv:
-                past = state.conv[name] if state is not None else h.new_zeros(B, self.conv_size - 1, h.shape[-1])
+                past = (
+                    state.conv[name]
+                    if state is not None
+                    else h.new_zeros(B, self.conv_size - 1, h.shape[-1])
+                )
                 h_full = torch.cat([past.to(h.dtype), h], 1)
-                tails[name] = h_full[:, -(self.conv_size - 1):]
+                tails[name] = h_full[:, -(self.conv_size - 1) :]
                 h = F.silu(self.conv[name](h_full.transpose(1, 2)).transpose(1, 2))
             h = h.view(B, T, self.num_heads, *dims)
             if name == "dt" and self.dt_bias is not None:
@@ -225,7 +262,9 @@ class MixerLayer(nn.Module):
         states = state.states if state is not None else None
         form = self.mixer.chunk if "chunk" in self.mixer.FORMS else self.mixer.recurrent
         kw = {"chunk_size": self.chunk_size} if "chunk" in self.mixer.FORMS else {}
-        y, new_states = form(*inputs, *self._params(), initial_state=states, output_final_state=use_cache, **kw)
+        y, new_states = form(
+            *inputs, *self._params(), initial_state=states, output_final_state=use_cache, **kw
+        )
         y = y.reshape(B, T, self.num_heads, self.head_out)
         if self.norm is not None:
             y = self.norm(y)

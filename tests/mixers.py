@@ -102,7 +102,9 @@ def spec_inputs(spec, B=2, T=7, NH=3, dtype=torch.float64, heads=None, generator
 
 
 def positional(spec, inputs, params):
-    names = [d.name for d in spec.mixer.inputs] + [p.name for p in spec.mixer.params if p.default is None]
+    names = [d.name for d in spec.mixer.inputs] + [
+        p.name for p in spec.mixer.params if p.default is None
+    ]
     return [inputs.get(n, params.get(n)) for n in names]
 
 
@@ -110,7 +112,9 @@ def random_states(spec, B=2, NH=3, dtype=torch.float64, generator=None):
     out = {}
     for s in spec.mixer.states:
         shape = [B, NH] + [SIZES[d] for d in s.shape]
-        out[s.name] = (0.5 * torch.randn(*shape, dtype=torch.float64, generator=generator)).to(dtype)
+        out[s.name] = (0.5 * torch.randn(*shape, dtype=torch.float64, generator=generator)).to(
+            dtype
+        )
     return out
 
 

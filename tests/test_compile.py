@@ -40,7 +40,10 @@ def _oracle(spec, inputs, params, states, cot_y, cot_s):
 
 
 def _run(form, spec, inputs, params, states, cot_y, cot_s, dtype, **kw):
-    leaves = {n: x.detach().to(dtype).requires_grad_(True) for n, x in {**inputs, **params, **states}.items()}
+    leaves = {
+        n: x.detach().to(dtype).requires_grad_(True)
+        for n, x in {**inputs, **params, **states}.items()
+    }
     args = positional(spec, {n: leaves[n] for n in inputs}, {n: leaves[n] for n in params})
     init = tuple(leaves[s.name] for s in spec.mixer.states) if states else None
     if len(spec.mixer.states) == 1 and init is not None:
@@ -55,7 +58,9 @@ def _run(form, spec, inputs, params, states, cot_y, cot_s, dtype, **kw):
 
 def _chunk(module, chunk_size):
     def form(args, init):
-        return module.chunk(*args, initial_state=init, output_final_state=True, chunk_size=chunk_size)
+        return module.chunk(
+            *args, initial_state=init, output_final_state=True, chunk_size=chunk_size
+        )
 
     return form
 
@@ -87,7 +92,9 @@ def _assert_close(got, ref, what, tol):
     assert y.shape == ry.shape, f"{what}: output shape {tuple(y.shape)} vs {tuple(ry.shape)}"
     assert rel(y, ry) <= tol, f"{what}: output rel err {rel(y, ry):.2e}"
     for n in rfinals:
-        assert rel(finals[n], rfinals[n]) <= tol, f"{what}: final {n} rel err {rel(finals[n], rfinals[n]):.2e}"
+        assert rel(finals[n], rfinals[n]) <= tol, (
+            f"{what}: final {n} rel err {rel(finals[n], rfinals[n]):.2e}"
+        )
     for n, rg in rgrads.items():
         g = grads[n]
         if rg is None:
@@ -109,7 +116,10 @@ def test_forms_match_oracle(spec_src, T, with_state):
     states = random_states(spec, generator=gen) if with_state else {}
     y_ref = interpret(spec, inputs, params)[0][spec.mixer.outputs[0].target]
     cot_y = torch.randn(*y_ref.shape, dtype=torch.float64, generator=gen)
-    cot_s = {s: torch.randn(*x.shape, dtype=torch.float64, generator=gen) for s, x in interpret(spec, inputs, params)[1].items()}
+    cot_s = {
+        s: torch.randn(*x.shape, dtype=torch.float64, generator=gen)
+        for s, x in interpret(spec, inputs, params)[1].items()
+    }
     ref = _oracle(spec, inputs, params, states, cot_y, cot_s)
 
     forms = {"recurrent": _recurrent(module), "step": _step_loop(module)}
@@ -122,5 +132,7 @@ def test_forms_match_oracle(spec_src, T, with_state):
     if hasattr(module, "parallel") and not with_state:
         no_cot = {n: torch.zeros_like(c) for n, c in cot_s.items()}
         ref = _oracle(spec, inputs, params, {}, cot_y, no_cot)
-        got = _run(lambda a, i: module.parallel(*a), spec, inputs, params, {}, cot_y, {}, torch.float32)
+        got = _run(
+            lambda a, i: module.parallel(*a), spec, inputs, params, {}, cot_y, {}, torch.float32
+        )
         _assert_close(got, (ref[0], {}, ref[2]), "parallel", FP32)

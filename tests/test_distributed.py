@@ -31,7 +31,9 @@ def _worker(rank, world, init_file, results):
     for name in CASES:
         spec = mixc.load_spec(ROOT / f"specs/{name}.mix")
         module = mixc.load(ROOT / f"specs/{name}.mix")
-        inputs, params = spec_inputs(spec, B=2, T=T, NH=2, generator=torch.Generator().manual_seed(7))
+        inputs, params = spec_inputs(
+            spec, B=2, T=T, NH=2, generator=torch.Generator().manual_seed(7)
+        )
         states = random_states(spec, B=2, NH=2, generator=torch.Generator().manual_seed(8))
         init = tuple(states[s.name] for s in spec.mixer.states)
         bounds = [round(T * r / world) for r in range(world + 1)]
@@ -43,9 +45,16 @@ def _worker(rank, world, init_file, results):
         ]
         init_leaf = [s.clone().requires_grad_(True) for s in init]
         cp = context_parallel(module)
-        y, final = cp(*local, initial_state=tuple(init_leaf) if len(init) > 1 else init_leaf[0], output_final_state=True, chunk_size=8)
+        y, final = cp(
+            *local,
+            initial_state=tuple(init_leaf) if len(init) > 1 else init_leaf[0],
+            output_final_state=True,
+            chunk_size=8,
+        )
         final = final if isinstance(final, tuple) else (final,)
-        cot = torch.randn(y.shape[0], T, *y.shape[2:], dtype=y.dtype, generator=torch.Generator().manual_seed(9))[:, lo:hi]
+        cot = torch.randn(
+            y.shape[0], T, *y.shape[2:], dtype=y.dtype, generator=torch.Generator().manual_seed(9)
+        )[:, lo:hi]
         loss = (y * cot).sum()
         if rank == world - 1:  # the final state is replicated: put it in the loss on one rank
             loss = loss + sum((f * (i + 1)).sum() for i, f in enumerate(final))
@@ -71,11 +80,19 @@ def _reference(name):
     states = random_states(spec, B=2, NH=2, generator=torch.Generator().manual_seed(8))
     init = [states[s.name].clone().requires_grad_(True) for s in spec.mixer.states]
     full = [a.clone().requires_grad_(True) for a in positional(spec, inputs, params)]
-    y, final = module.recurrent(*full, initial_state=tuple(init) if len(init) > 1 else init[0], output_final_state=True)
+    y, final = module.recurrent(
+        *full, initial_state=tuple(init) if len(init) > 1 else init[0], output_final_state=True
+    )
     final = final if isinstance(final, tuple) else (final,)
     cot = torch.randn(*y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(9))
     ((y * cot).sum() + sum((f * (i + 1)).sum() for i, f in enumerate(final))).backward()
-    return y.detach(), [f.detach() for f in final], [x.grad for x in full], [s.grad for s in init], len(spec.mixer.inputs)
+    return (
+        y.detach(),
+        [f.detach() for f in final],
+        [x.grad for x in full],
+        [s.grad for s in init],
+        len(spec.mixer.inputs),
+    )
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -86,7 +103,9 @@ def test_context_parallel_matches_one_process(world):
     with tempfile.TemporaryDirectory() as tmp, ctx.Manager() as manager:
         results = manager.dict()
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_worker, args=(r, world, init_file, results)) for r in range(world)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, world, init_file, results)) for r in range(world)
+        ]
         for p in procs:
             p.start()
         for p in procs:

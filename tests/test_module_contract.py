@@ -34,7 +34,9 @@ def test_bf16_inputs_accumulate_in_fp32(path):
     spec, module = mixc.load_spec(path), mixc.load(path)
     inputs, params = spec_inputs(spec, T=100, generator=torch.Generator().manual_seed(1))
     rounded = {n: x.to(torch.bfloat16) for n, x in inputs.items()}
-    y_ref = interpret(spec, {n: x.double() for n, x in rounded.items()}, params)[0][spec.mixer.outputs[0].target]
+    y_ref = interpret(spec, {n: x.double() for n, x in rounded.items()}, params)[0][
+        spec.mixer.outputs[0].target
+    ]
     bound = min(5e-3, 3 * max(_bf16_bound(spec, inputs, params, {}, y_ref), 1e-3))
     args = positional(spec, rounded, params)
     forms = {"recurrent": module.recurrent}
@@ -66,7 +68,11 @@ def test_extreme_decays_long_sequences_stay_finite(path, strength):
     for name in ("g", "a"):
         if name in inputs:
             base = -torch.rand_like(inputs[name]) - 0.5
-            inputs[name] = base * scale if name == "g" else (torch.logit(torch.exp(base * scale)).clamp(-60, 60))
+            inputs[name] = (
+                base * scale
+                if name == "g"
+                else (torch.logit(torch.exp(base * scale)).clamp(-60, 60))
+            )
     if "dt" in inputs:
         inputs["dt"] = torch.full_like(inputs["dt"], 50.0 if strength == "near-zero" else 1e-6)
     leaves = [x.clone().requires_grad_(True) for x in positional(spec, inputs, params)]
@@ -109,10 +115,14 @@ def test_prefill_with_chunk_then_step_continues_exactly(path):
     y_all, _ = module.recurrent(*args)
     prefill = module.chunk if path in CHUNKED else module.recurrent
     kw = {"chunk_size": 16} if path in CHUNKED else {}
-    _, state = prefill(*[a[:, :29] if i < n else a for i, a in enumerate(args)], output_final_state=True, **kw)
+    _, state = prefill(
+        *[a[:, :29] if i < n else a for i, a in enumerate(args)], output_final_state=True, **kw
+    )
     ys = []
     for t in range(29, 40):
-        y_t, state = module.step(*[a[:, t] if i < n else a for i, a in enumerate(args)], state=state)
+        y_t, state = module.step(
+            *[a[:, t] if i < n else a for i, a in enumerate(args)], state=state
+        )
         ys.append(y_t)
     assert rel(torch.stack(ys, 1), y_all[:, 29:]) <= 1e-5
 
@@ -123,9 +133,15 @@ def test_initial_state_tuple_for_several_states():
     inputs, params = spec_inputs(spec, T=5)
     states = random_states(spec)
     states["z"] = states["z"].abs() + 1
-    y, (H, z) = module.chunk(*positional(spec, inputs, params), initial_state=(states["H"], states["z"]), output_final_state=True)
+    y, (H, z) = module.chunk(
+        *positional(spec, inputs, params),
+        initial_state=(states["H"], states["z"]),
+        output_final_state=True,
+    )
     ref_y, ref_s = interpret(spec, inputs, params, states)
-    assert rel(y, ref_y["y"]) <= 1e-12 and rel(H, ref_s["H"]) <= 1e-12 and rel(z, ref_s["z"]) <= 1e-12
+    assert (
+        rel(y, ref_y["y"]) <= 1e-12 and rel(H, ref_s["H"]) <= 1e-12 and rel(z, ref_s["z"]) <= 1e-12
+    )
     assert H.shape == (2, 3, 6, 8) and z.shape == (2, 3, 8)
 
 
@@ -142,13 +158,19 @@ def test_parameter_defaults_are_keyword_overrides():
 
 
 BAD_ARGS = [
-    (lambda a: [a[0][..., :5]] + a[1:], "k: expected K = 5 (as in an earlier argument) in [B, T, NH, K], got 8"),
-    (lambda a: [a[0][0]] + a[1:], "q: expected 4 dimensions [B, T, NH, K], got shape [7, 3, 8]"),
-    (lambda a: [a[0].long()] + a[1:], "q: expected a floating-point tensor, got torch.int64"),
-    (lambda a: [a[0][:, :5]] + a[1:], "k: expected T = 5 (as in an earlier argument)"),
-    (lambda a: [a[0], a[1][:, :, :2]] + a[2:], "k: 2 heads do not divide the 3 heads"),
-    (lambda a: [a[0], a[1].numpy()] + a[2:], "k: expected a torch.Tensor, got ndarray"),
-    (lambda a: [a[0].to("meta")] + a[1:], "k: expected a tensor on meta (like the first input), got one on cpu"),
+    (
+        lambda a: [a[0][..., :5], *a[1:]],
+        "k: expected K = 5 (as in an earlier argument) in [B, T, NH, K], got 8",
+    ),
+    (lambda a: [a[0][0], *a[1:]], "q: expected 4 dimensions [B, T, NH, K], got shape [7, 3, 8]"),
+    (lambda a: [a[0].long(), *a[1:]], "q: expected a floating-point tensor, got torch.int64"),
+    (lambda a: [a[0][:, :5], *a[1:]], "k: expected T = 5 (as in an earlier argument)"),
+    (lambda a: [a[0], a[1][:, :, :2], *a[2:]], "k: 2 heads do not divide the 3 heads"),
+    (lambda a: [a[0], a[1].numpy(), *a[2:]], "k: expected a torch.Tensor, got ndarray"),
+    (
+        lambda a: [a[0].to("meta"), *a[1:]],
+        "k: expected a tensor on meta (like the first input), got one on cpu",
+    ),
 ]
 
 
@@ -167,7 +189,10 @@ def test_wrong_initial_state_and_chunk_size():
     spec = mixc.load_spec(ROOT / "specs/gla.mix")
     module = mixc.load(ROOT / "specs/gla.mix")
     args = positional(spec, *spec_inputs(spec, T=7))
-    with pytest.raises(mixc.MixcError, match=r"initial_state H: expected shape \[B, NH, V, K\] = \[2, 3, 6, 8\], got \[2, 3, 8, 6\]"):
+    with pytest.raises(
+        mixc.MixcError,
+        match=r"initial_state H: expected shape \[B, NH, V, K\] = \[2, 3, 6, 8\], got \[2, 3, 8, 6\]",
+    ):
         module.chunk(*args, initial_state=torch.zeros(2, 3, 8, 6, dtype=torch.float64))
     with pytest.raises(mixc.MixcError, match="chunk_size: expected a power of two, got 12"):
         module.chunk(*args, chunk_size=12)
@@ -175,21 +200,46 @@ def test_wrong_initial_state_and_chunk_size():
 
 def test_sequential_only_spec_chunk_raises_nyi_with_reason():
     module = mixc.load(ROOT / "specs/gated_general.mix")
-    with pytest.raises(mixc.MixcError, match=r"NYI: no chunked form \(H: the full elementwise gate G_t"):
-        module.chunk(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3, 4))
+    with pytest.raises(
+        mixc.MixcError, match=r"NYI: no chunked form \(H: the full elementwise gate G_t"
+    ):
+        module.chunk(
+            torch.zeros(1, 2, 1, 4),
+            torch.zeros(1, 2, 1, 4),
+            torch.zeros(1, 2, 1, 3),
+            torch.zeros(1, 2, 1, 3, 4),
+        )
     nonaffine = "mixer squash\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = tanh(H_{t-1}) + v_t k_t^T\ny_t = H_t q_t\n"
     module = mixc.load(nonaffine)
     q = torch.randn(1, 5, 2, 4)
     y, _ = module.recurrent(q, q, torch.randn(1, 5, 2, 3))
     assert y.shape == (1, 5, 2, 3)
-    with pytest.raises(mixc.MixcError, match=r"NYI: no chunked form \(H: not affine: tanh\(...\) of a state"):
+    with pytest.raises(
+        mixc.MixcError, match=r"NYI: no chunked form \(H: not affine: tanh\(...\) of a state"
+    ):
         module.chunk(q, q, torch.randn(1, 5, 2, 3))
 
 
 def test_generated_source_is_deterministic_across_processes(tmp_path):
     code = "import mixc, sys; sys.stdout.write(mixc.compile_source('specs/mamba2.mix'))"
-    runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)]
-    assert runs[0] == runs[1] == mixc.compile_source(ROOT / "specs/mamba2.mix").replace(str(ROOT / "specs/mamba2.mix"), "specs/mamba2.mix")
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(seed), "PATH": ""},
+        ).stdout
+        for seed in (1, 2)
+    ]
+    assert (
+        runs[0]
+        == runs[1]
+        == mixc.compile_source(ROOT / "specs/mamba2.mix").replace(
+            str(ROOT / "specs/mamba2.mix"), "specs/mamba2.mix"
+        )
+    )
 
 
 def test_compile_writes_atomically_and_never_clobbers(tmp_path):
@@ -197,20 +247,34 @@ def test_compile_writes_atomically_and_never_clobbers(tmp_path):
     out.write_text("precious\n")
     bad = tmp_path / "bad.mix"
     bad.write_text("mixer bad\nin q[K]\nstate H[K]\nH_t = H_{t-1} + q_t q_t\ny_t = H_t\n")
-    run = subprocess.run([sys.executable, "-m", "mixc", "compile", str(bad), "-o", str(out)], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "mixc", "compile", str(bad), "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 1 and "Traceback" not in run.stderr and "bad.mix:4:" in run.stderr
     assert out.read_text() == "precious\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.mix", "mixer.py"]
-    run = subprocess.run([sys.executable, "-m", "mixc", "compile", str(ROOT / "specs/gla.mix"), "-o", str(out)], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "mixc", "compile", str(ROOT / "specs/gla.mix"), "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert out.read_text().startswith("# Generated by mixc")
 
 
 def test_generated_file_imports_only_torch_and_runs_standalone(tmp_path):
     out = tmp_path / "gla_compiled.py"
-    subprocess.run([sys.executable, "-m", "mixc", "compile", str(ROOT / "specs/gla.mix"), "-o", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "mixc", "compile", str(ROOT / "specs/gla.mix"), "-o", str(out)],
+        check=True,
+        capture_output=True,
+    )
     text = out.read_text()
-    imports = sorted({line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))})
+    imports = sorted(
+        {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
+    )
     assert imports == ["math", "torch", "torch.nn.functional"]
     code = (
         "import sys, builtins\n"
@@ -231,7 +295,12 @@ def test_generated_file_imports_only_torch_and_runs_standalone(tmp_path):
 def test_load_registers_source_for_tracebacks():
     module = mixc.load(ROOT / "specs/deltanet.mix")
     try:
-        module.recurrent(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 3), "not a tensor")
+        module.recurrent(
+            torch.zeros(1, 2, 1, 4),
+            torch.zeros(1, 2, 1, 4),
+            torch.zeros(1, 2, 1, 3),
+            "not a tensor",
+        )
     except mixc.MixcError as exc:
         frames = traceback.format_exception(exc)
     text = "".join(frames)

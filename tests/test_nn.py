@@ -52,8 +52,22 @@ def test_state_dict_round_trip_and_dtype_moves():
 
 
 def test_overrides_and_errors():
-    layer = MixerLayer(ROOT / "specs/deltanet.mix", 32, 2, sizes={"K": 8, "V": 24}, transforms={"v": ["silu"]}, conv_size=0, output_gate=False, norm=False)
-    assert layer.transforms == {"k": ["silu", "l2norm"], "q": ["silu", "l2norm"], "beta": ["sigmoid"], "v": ["silu"]}
+    layer = MixerLayer(
+        ROOT / "specs/deltanet.mix",
+        32,
+        2,
+        sizes={"K": 8, "V": 24},
+        transforms={"v": ["silu"]},
+        conv_size=0,
+        output_gate=False,
+        norm=False,
+    )
+    assert layer.transforms == {
+        "k": ["silu", "l2norm"],
+        "q": ["silu", "l2norm"],
+        "beta": ["sigmoid"],
+        "v": ["silu"],
+    }
     assert layer.proj["k"].out_features == 16 and layer.proj["v"].out_features == 48
     with pytest.raises(mixc.MixcError, match="sizes: P not in the spec"):
         MixerLayer(ROOT / "specs/deltanet.mix", 32, 2, sizes={"P": 4})

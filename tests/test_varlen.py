@@ -32,7 +32,9 @@ def test_packed_sequences_equal_each_sequence_alone(path, form):
     init = tuple(states[s.name] for s in spec.mixer.states)
     init = init[0] if len(init) == 1 else init
     kw = {"chunk_size": 8} if form == "chunk" else {}
-    y, finals = getattr(module, form)(*args, initial_state=init, output_final_state=True, cu_seqlens=cu, **kw)
+    y, finals = getattr(module, form)(
+        *args, initial_state=init, output_final_state=True, cu_seqlens=cu, **kw
+    )
     finals = finals if isinstance(finals, tuple) else (finals,)
     n = len(spec.mixer.inputs)
     for i in range(len(cu) - 1):
@@ -40,7 +42,9 @@ def test_packed_sequences_equal_each_sequence_alone(path, form):
         own = tuple(states[s.name][i : i + 1] for s in spec.mixer.states)
         if end == start:
             for got, want in zip(finals, own):
-                assert torch.equal(got[i : i + 1], want.to(got.dtype) if want.dim() == got.dim() else want)
+                assert torch.equal(
+                    got[i : i + 1], want.to(got.dtype) if want.dim() == got.dim() else want
+                )
             continue
         y_i, s_i = _alone(module, args, n, start, end, own[0] if len(own) == 1 else own)
         s_i = s_i if isinstance(s_i, tuple) else (s_i,)
@@ -53,14 +57,26 @@ def test_bad_cu_seqlens_are_refused():
     path = ROOT / "specs/gla.mix"
     spec, module = mixc.load_spec(path), mixc.load(path)
     args = positional(spec, *spec_inputs(spec, B=1, T=10, NH=2))
-    with pytest.raises(mixc.MixcError, match=r"cu_seqlens: expected non-decreasing offsets from 0 to T = 10, got \[0, 6, 4, 10\]"):
+    with pytest.raises(
+        mixc.MixcError,
+        match=r"cu_seqlens: expected non-decreasing offsets from 0 to T = 10, got \[0, 6, 4, 10\]",
+    ):
         module.chunk(*args, cu_seqlens=torch.tensor([0, 6, 4, 10]))
-    with pytest.raises(mixc.MixcError, match=r"cu_seqlens: expected non-decreasing offsets from 0 to T = 10, got \[0, 9\]"):
+    with pytest.raises(
+        mixc.MixcError,
+        match=r"cu_seqlens: expected non-decreasing offsets from 0 to T = 10, got \[0, 9\]",
+    ):
         module.recurrent(*args, cu_seqlens=torch.tensor([0, 9]))
     with pytest.raises(mixc.MixcError, match="cu_seqlens: expected a 1-D integer tensor"):
         module.chunk(*args, cu_seqlens=torch.tensor([0.0, 10.0]))
     args2 = positional(spec, *spec_inputs(spec, B=2, T=10, NH=2))
     with pytest.raises(mixc.MixcError, match="cu_seqlens: packed sequences need B = 1, got B = 2"):
         module.chunk(*args2, cu_seqlens=torch.tensor([0, 10]))
-    with pytest.raises(mixc.MixcError, match=r"initial_state H: expected shape \[B, NH, V, K\] = \[3, 2, 6, 8\]"):
-        module.chunk(*args, cu_seqlens=torch.tensor([0, 2, 5, 10]), initial_state=torch.zeros(1, 2, 6, 8, dtype=torch.float64))
+    with pytest.raises(
+        mixc.MixcError, match=r"initial_state H: expected shape \[B, NH, V, K\] = \[3, 2, 6, 8\]"
+    ):
+        module.chunk(
+            *args,
+            cu_seqlens=torch.tensor([0, 2, 5, 10]),
+            initial_state=torch.zeros(1, 2, 6, 8, dtype=torch.float64),
+        )

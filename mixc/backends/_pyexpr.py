@@ -135,8 +135,16 @@ class PyExpr:
             return self._emit(e.right if a == IDENTITY else e.left)
         if op in "+-*/" and IDENTITY in (a, b):
             shape = self.shape(e)
-            left = self.eye(shape) if a == IDENTITY else self._wrap(e.left, _ADD if op in "+-" else _MUL)
-            right = self.eye(shape) if b == IDENTITY else self._wrap(e.right, (_ADD if op in "+-" else _MUL) + 1)
+            left = (
+                self.eye(shape)
+                if a == IDENTITY
+                else self._wrap(e.left, _ADD if op in "+-" else _MUL)
+            )
+            right = (
+                self.eye(shape)
+                if b == IDENTITY
+                else self._wrap(e.right, (_ADD if op in "+-" else _MUL) + 1)
+            )
             return f"{left} {op} {right}", (_ADD if op in "+-" else _MUL)
         if op == "^":
             return f"{self._wrap(e.left, _POW + 1)} ** {self._wrap(e.right, _UNARY)}", _POW

@@ -18,7 +18,7 @@ from .._algebra import Expander, NotAffine, inline
 from .._verify import SCALAR, Symbol, typer_for
 from ..analysis import Facts, StateFacts
 from ..errors import NotYetImplemented
-from ..ir import Binary, Call, Expr, Name, Number, Timed
+from ..ir import Binary, Expr, Name, Timed, walk
 from . import _torch_kernels, _torch_runtime
 from ._pyexpr import PyExpr
 
@@ -32,7 +32,9 @@ class KernelCall:
     """How one group of states runs chunked: a kernel and its per-token arguments."""
 
     kernel: str
-    args: tuple[tuple[str, Expr | None, str], ...]  # (kernel argument, spec expression, "vector" | "scalar")
+    args: tuple[
+        tuple[str, Expr | None, str], ...
+    ]  # (kernel argument, spec expression, "vector" | "scalar")
     parallel: str | None = None  # the quadratic form's kernel, when the class has one
 
 
@@ -44,7 +46,9 @@ def _sum(a: Expr | None, b: Expr | None) -> Expr | None:
 
 def _lower_scalar(s: StateFacts) -> KernelCall:
     return KernelCall(
-        "chunk_scalar_decay", (("g", s.transition.log("scalar"), "scalar"),), "parallel_scalar_decay"
+        "chunk_scalar_decay",
+        (("g", s.transition.log("scalar"), "scalar"),),
+        "parallel_scalar_decay",
     )
 
 
@@ -114,7 +118,9 @@ def emit(facts: Facts) -> str:
     """The generated module's source text (deterministic: same spec, same bytes)."""
     reason = supports(facts)
     if reason:
-        raise NotYetImplemented(reason, facts.mixer.outputs[-1].span if facts.mixer.outputs else None)
+        raise NotYetImplemented(
+            reason, facts.mixer.outputs[-1].span if facts.mixer.outputs else None
+        )
     return _Module(facts).source()
 
 
@@ -127,7 +133,9 @@ class _Module:
         for o in facts.outputs:
             for r in o.readouts:
                 shape = typer.symbols[r.state].shape
-                typer.symbols[f"_r{r.index}"] = Symbol("param", SCALAR if shape[1] == "1" else (shape[0], "1"))
+                typer.symbols[f"_r{r.index}"] = Symbol(
+                    "param", SCALAR if shape[1] == "1" else (shape[0], "1")
+                )
         self.typer = typer
         self.expander = Expander(self.mixer, typer, {s.name for s in self.mixer.states})
         self.inputs = [d.name for d in self.mixer.inputs]
@@ -138,7 +146,9 @@ class _Module:
         self.calls = {}
         if facts.chunkable:
             for group in facts.groups:
-                self.calls[group] = LOWERINGS[facts.state(group[0]).transition.cls](facts.state(group[0]))
+                self.calls[group] = LOWERINGS[facts.state(group[0]).transition.cls](
+                    facts.state(group[0])
+                )
         self.has_parallel = facts.chunkable and all(c.parallel for c in self.calls.values())
 
     # -- pieces ------------------------------------------------------------------------------
@@ -173,10 +183,18 @@ class _Module:
         def tup(items: list[str]) -> str:
             return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
-        return tup([f'("{d.name}", {tup([repr(s).replace(chr(39), chr(34)) for s in d.shape])})' for d in decls])
+        return tup(
+            [
+                f'("{d.name}", {tup([repr(s).replace(chr(39), chr(34)) for s in d.shape])})'
+                for d in decls
+            ]
+        )
 
     def kernel_names(self) -> list[str]:
-        names = sorted({c.kernel for c in self.calls.values()} | ({c.parallel for c in self.calls.values()} if self.has_parallel else set()))
+        names = sorted(
+            {c.kernel for c in self.calls.values()}
+            | ({c.parallel for c in self.calls.values()} if self.has_parallel else set())
+        )
         deps = sorted({d for n in names for d in _torch_kernels.DEPENDS[n]})
         return deps + names
 
@@ -230,16 +248,30 @@ class _Module:
         out(f'NAME = "{self.mixer.name}"', 0)
         out(f"INPUTS = {self.layout(self.mixer.inputs)}", 0)
         out(f"PARAMS = {self.layout([p for p in self.mixer.params if p.default is None])}", 0)
-        out(f"PARAM_DEFAULTS = {self.layout([p for p in self.mixer.params if p.default is not None])}", 0)
+        out(
+            f"PARAM_DEFAULTS = {self.layout([p for p in self.mixer.params if p.default is not None])}",
+            0,
+        )
         out(f"STATES = {self.layout(self.mixer.states)}", 0)
         out(f'OUTPUT = "{self.output.target}"', 0)
-        forms = (["chunk"] if self.facts.chunkable else []) + (["parallel"] if self.has_parallel else []) + ["recurrent", "step"]
-        out(f"FORMS = ({', '.join(repr(f) for f in forms)},)  # the forms that compute (chunk raises NYI otherwise)", 0)
+        forms = (
+            (["chunk"] if self.facts.chunkable else [])
+            + (["parallel"] if self.has_parallel else [])
+            + ["recurrent", "step"]
+        )
+        out(
+            f"FORMS = ({', '.join(repr(f) for f in forms)},)  # the forms that compute (chunk raises NYI otherwise)",
+            0,
+        )
         classes = ", ".join(f'"{s.name}": "{s.transition.cls}"' for s in self.facts.states)
         out(f"CLASSES = {{{classes}}}", 0)
         out("", 0)
         out("", 0)
-        runtime = [n for n, _ in inspect.getmembers(_torch_runtime, inspect.isfunction) if n.startswith("_")]
+        runtime = [
+            n
+            for n, _ in inspect.getmembers(_torch_runtime, inspect.isfunction)
+            if n.startswith("_")
+        ]
         runtime.sort(key=lambda n: inspect.getsourcelines(getattr(_torch_runtime, n))[1])
         out("# ---- runtime helpers (the same in every mixc module) " + "-" * 38, 0)
         out("", 0)
@@ -290,22 +322,30 @@ class _Module:
                 out(f"if {p.name} is None:")
                 out(f"{p.name} = {scalar_typer(defaults[p.name])}  # {p.default}", 2)
             dims = "".join(f'"{d}", ' for d in p.shape).rstrip(" ")
-            out(f'{p.name} = _prepare_param("{p.name}", {p.name}, ({dims}), _sizes, _dtype, _device)')
+            out(
+                f'{p.name} = _prepare_param("{p.name}", {p.name}, ({dims}), _sizes, _dtype, _device)'
+            )
         out(f"return {self.args()}, _sizes, _dtype")
         out("", 0)
         out("", 0)
 
-    def prologue(self, out: _Lines, sequence: bool, states_from: str | None, packed: bool = False) -> None:
+    def prologue(
+        self, out: _Lines, sequence: bool, states_from: str | None, packed: bool = False
+    ) -> None:
         call = ", ".join(self.inputs + self.required + [f"{p}={p}" for p in self.defaulted])
         out(f"{self.args()}, _sizes, _dtype = _prepare({call}, sequence={sequence})")
         out(f"_device = {self.inputs[0]}.device")
         batch = '_sizes["B"]'
         if packed:
-            out('_batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)')
+            out(
+                '_batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)'
+            )
             batch = "_batch"
         if states_from is not None:
             states = ", ".join(self.states)
-            out(f"({states},) = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, {batch})")
+            out(
+                f"({states},) = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, {batch})"
+            )
 
     def finish(self, out: _Lines, y: str, final: str) -> None:
         shape = self.spec.shapes[self.output.target]
@@ -314,11 +354,16 @@ class _Module:
         out(f"return {self.output.target}, {final if ' if ' not in final else f'({final})'}")
 
     def final_states(self) -> str:
-        parts = [f"{s}[..., 0]" if self.typer.symbols[s].shape[1] == "1" else s for s in self.states]
+        parts = [
+            f"{s}[..., 0]" if self.typer.symbols[s].shape[1] == "1" else s for s in self.states
+        ]
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
     def emit_chunk(self, out: _Lines) -> None:
-        out(f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64', 'cu_seqlens=None')}):", 0)
+        out(
+            f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64', 'cu_seqlens=None')}):",
+            0,
+        )
         out('"""Chunked parallel form. Returns (output, final state or None).')
         out("")
         out("With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own")
@@ -330,12 +375,17 @@ class _Module:
         self.prologue(out, True, "initial_state", packed=True)
         readout_vars = self.emit_groups(out, parallel=False)
         self.emit_output(out, readout_vars)
-        self.finish(out, f"{self.output.target}", f"{self.final_states()} if output_final_state else None")
+        self.finish(
+            out, f"{self.output.target}", f"{self.final_states()} if output_final_state else None"
+        )
         out("", 0)
         out("", 0)
 
     def emit_no_chunk(self, out: _Lines) -> None:
-        out(f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64')}):", 0)
+        out(
+            f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64')}):",
+            0,
+        )
         out('"""No chunked form exists for this spec: use recurrent or step."""')
         reason = self.facts.reason.replace("NYI: ", "")
         out(f"_fail({('NYI: no chunked form (' + reason + '). Use recurrent() or step().')!r})")
@@ -381,7 +431,10 @@ class _Module:
         return kernel_args
 
     def widths(self, group) -> list[str]:
-        return [("1" if self.facts.state(s).vector else _size(self.facts.state(s).shape[0])) for s in group]
+        return [
+            ("1" if self.facts.state(s).vector else _size(self.facts.state(s).shape[0]))
+            for s in group
+        ]
 
     def emit_groups(self, out: _Lines, parallel: bool) -> dict[int, str]:
         """One kernel call per (group, query); returns readout index -> variable."""
@@ -392,7 +445,9 @@ class _Module:
         for group, call in self.calls.items():
             facts = [self.facts.state(s) for s in group]
             name = group[0]
-            out(f"# {' and '.join(group)}: {facts[0].transition.cls} -> {call.parallel if parallel else call.kernel}")
+            out(
+                f"# {' and '.join(group)}: {facts[0].transition.cls} -> {call.parallel if parallel else call.kernel}"
+            )
             kernel_args = self.emit_kernel_args(out, group, call, packed)
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
@@ -407,7 +462,11 @@ class _Module:
                 distinct = [None]
             widths = self.widths(group)
             for i, query in enumerate(distinct):
-                q_text = f"_seq_vector({e(query)}, _sizes{packed})" if query is not None else f"torch.zeros_like(_k_{name})"
+                q_text = (
+                    f"_seq_vector({e(query)}, _sizes{packed})"
+                    if query is not None
+                    else f"torch.zeros_like(_k_{name})"
+                )
                 out(f"_q = {q_text}")
                 args = ", ".join(["_q", f"_k_{name}", f"_v_{name}", *kernel_args])
                 if parallel:
@@ -421,7 +480,9 @@ class _Module:
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
                 for r in queries:
                     if str(r.query) == str(query):
-                        out(f"_r{r.index} = _from_seq({parts[group.index(r.state)]}{packed})  # {r.state}_t {r.query}")
+                        out(
+                            f"_r{r.index} = _from_seq({parts[group.index(r.state)]}{packed})  # {r.state}_t {r.query}"
+                        )
                         readout_vars[r.index] = f"_r{r.index}"
                 if i == 0 and not parallel:
                     self.emit_split_states(out, group, "_S")
@@ -449,8 +510,12 @@ class _Module:
 
     def emit_summary(self, out: _Lines) -> None:
         out(f"def summary({self.signature('chunk_size=64')}):", 0)
-        out('"""The action of the sequence on the state, for context parallelism: returns (P, F), one of')
-        out("each per state, such that the final state is `initial @ P + F` for every initial state")
+        out(
+            '"""The action of the sequence on the state, for context parallelism: returns (P, F), one of'
+        )
+        out(
+            "each per state, such that the final state is `initial @ P + F` for every initial state"
+        )
         out("(P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose")
         out("associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).")
         out('"""')
@@ -465,12 +530,16 @@ class _Module:
         transitions, finals = {}, {}
         for group, call in self.calls.items():
             name = group[0]
-            out(f"# {' and '.join(group)}: {call.kernel} on probes: zero writes from an identity state")
+            out(
+                f"# {' and '.join(group)}: {call.kernel} on probes: zero writes from an identity state"
+            )
             kernel_args = self.emit_kernel_args(out, group, call, "")
             out(f"_K = _k_{name}.shape[-1]")
             out(f"_width = _v_{name}.shape[-1]")
             out(f"_v = torch.cat([_v_{name}, _v_{name}.new_zeros(*_v_{name}.shape[:-1], _K)], -1)")
-            out("_S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)")
+            out(
+                "_S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)"
+            )
             out(f"_S0 = _S0.expand(*_k_{name}.shape[:2], _K, _width + _K)")
             args = ", ".join([f"torch.zeros_like(_k_{name})", f"_k_{name}", "_v", *kernel_args])
             out(f"_o, _S = {call.kernel}({args}, _S0, chunk_size)")
@@ -500,10 +569,18 @@ class _Module:
         out('"""Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""')
         out("_ys = []")
         out('for _t in range(_sizes["T"]):')
-        used = {n.name for eq in self.mixer.equations for n in _walk_inlined(self.mixer, eq.value) if isinstance(n, Timed)}
+        used = {
+            n.name
+            for eq in self.mixer.equations
+            for n in _walk_inlined(self.mixer, eq.value)
+            if isinstance(n, Timed)
+        }
         sliced = [i for i in self.inputs if i in used]
         if sliced:
-            out(f"{', '.join(f'{i}_t' for i in sliced)} = {', '.join(f'{i}[:, _t]' for i in sliced)}", 2)
+            out(
+                f"{', '.join(f'{i}_t' for i in sliced)} = {', '.join(f'{i}[:, _t]' for i in sliced)}",
+                2,
+            )
         e = self.step_expr()
         for name in self.facts.order:
             if name not in self.states:
@@ -524,32 +601,56 @@ class _Module:
         out("", 0)
 
     def emit_recurrent(self, out: _Lines) -> None:
-        out(f"def recurrent({self.signature('initial_state=None', 'output_final_state=False', 'cu_seqlens=None')}):", 0)
+        out(
+            f"def recurrent({self.signature('initial_state=None', 'output_final_state=False', 'cu_seqlens=None')}):",
+            0,
+        )
         out('"""Token-by-token form. Returns (output, final state or None).')
         out("")
-        out("With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own")
+        out(
+            "With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own"
+        )
         out("initial state (one per sequence); one final state per sequence is returned.")
         out('"""')
         out(f"_out_dtype = {self.inputs[0]}.dtype")
         self.prologue(out, True, "initial_state", packed=True)
         states = ", ".join(self.states)
         out("if cu_seqlens is None:")
-        out(f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)", 2)
+        out(
+            f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)",
+            2,
+        )
         out("else:")
         out("_outputs, _finals = [], []", 2)
-        out("for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):", 2)
+        out(
+            "for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):",
+            2,
+        )
         per_token = self.inputs
-        sliced = ", ".join(f"{a}[:, _start:_end]" if a in per_token else a for a in self.inputs + self.required + self.defaulted)
+        sliced = ", ".join(
+            f"{a}[:, _start:_end]" if a in per_token else a
+            for a in self.inputs + self.required + self.defaulted
+        )
         out("if _end == _start:  # an empty sequence keeps its initial state", 3)
         out(f"_finals.append(({', '.join(f'{s}[_n : _n + 1]' for s in self.states)},))", 4)
         out("continue", 4)
         out("_piece = dict(_sizes, T=_end - _start)", 3)
-        out(f"_y, _s = _recurrence({sliced}, {', '.join(f'{s}[_n : _n + 1]' for s in self.states)}, _piece, _dtype, _device)", 3)
+        out(
+            f"_y, _s = _recurrence({sliced}, {', '.join(f'{s}[_n : _n + 1]' for s in self.states)}, _piece, _dtype, _device)",
+            3,
+        )
         out("_outputs.append(_y)", 3)
         out("_finals.append(_s)", 3)
         out(f"{self.output.target} = torch.cat(_outputs, 1)", 2)
-        out(f"{states}, = (torch.cat(_parts, 0) for _parts in zip(*_finals))" if len(self.states) == 1 else f"{states} = (torch.cat(_parts, 0) for _parts in zip(*_finals))", 2)
-        self.finish(out, self.output.target, f"{self.final_states()} if output_final_state else None")
+        out(
+            f"{states}, = (torch.cat(_parts, 0) for _parts in zip(*_finals))"
+            if len(self.states) == 1
+            else f"{states} = (torch.cat(_parts, 0) for _parts in zip(*_finals))",
+            2,
+        )
+        self.finish(
+            out, self.output.target, f"{self.final_states()} if output_final_state else None"
+        )
         out("", 0)
         out("", 0)
 
@@ -559,7 +660,9 @@ class _Module:
         out(f"_out_dtype = {self.inputs[0]}.dtype")
         self.prologue(out, False, "state")
         states = ", ".join(self.states)
-        out(f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)")
+        out(
+            f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)"
+        )
         self.finish(out, f"{self.output.target}[:, 0]", self.final_states())
 
 
@@ -572,9 +675,4 @@ def _doc(text: str | None) -> str:
 
 
 def _walk_inlined(mixer, e: Expr):
-    from ..ir import walk
-
     return walk(inline(mixer, e))
-
-
-_unused = (Call, Number)

@@ -73,7 +73,9 @@ def _check_tensor(name, x, device):
     if not x.is_floating_point():
         _fail(f"{name}: expected a floating-point tensor, got {x.dtype}")
     if device is not None and x.device != device:
-        _fail(f"{name}: expected a tensor on {device} (like the first input), got one on {x.device}")
+        _fail(
+            f"{name}: expected a tensor on {device} (like the first input), got one on {x.device}"
+        )
 
 
 def _bind_size(sizes, symbol, got, name, shape_text):
@@ -83,7 +85,9 @@ def _bind_size(sizes, symbol, got, name, shape_text):
         return
     want = sizes.setdefault(symbol, got)
     if want != got:
-        _fail(f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}")
+        _fail(
+            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}"
+        )
 
 
 def _prepare_inputs(layout, values, sequence):
@@ -102,8 +106,12 @@ def _prepare_inputs(layout, values, sequence):
     for (name, dims), x in zip(layout, values):
         shape_text = "[" + ", ".join(lead + tuple(dims)) + "]"
         if x.dim() != len(lead) + len(dims):
-            _fail(f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}")
-        for symbol, got in zip(lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead):]):
+            _fail(
+                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}"
+            )
+        for symbol, got in zip(
+            lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead) :]
+        ):
             _bind_size(sizes, symbol, got, name, shape_text)
         heads.append(x.shape[len(lead) - 1])
     n_heads = max(heads)
@@ -127,10 +135,12 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     n_heads = sizes["NH"]
     if not isinstance(x, torch.Tensor):
         if not isinstance(x, (int, float)) or dims:
-            _fail(f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}")
+            _fail(
+                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}"
+            )
         x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
     _check_tensor(name, x, device)
-    shape_text = "[" + ", ".join(("NH",) + tuple(dims)) + "]"
+    shape_text = "[" + ", ".join(("NH", *tuple(dims))) + "]"
     if x.dim() == 0 and not dims:
         x = x.expand(n_heads)
     if x.dim() != 1 + len(dims) or x.shape[0] not in (1, n_heads):
@@ -148,7 +158,9 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
-        _fail(f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}")
+        _fail(
+            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}"
+        )
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = []
     for i, (name, dims) in enumerate(layout):
@@ -158,9 +170,11 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
         else:
             x = given[i]
             _check_tensor(f"initial_state {name}", x, device)
-            if tuple(x.shape) != (batch, n_heads) + full:
-                shape_text = "[" + ", ".join(("B", "NH") + tuple(dims)) + "]"
-                _fail(f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}")
+            if tuple(x.shape) != (batch, n_heads, *full):
+                shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
+                _fail(
+                    f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}"
+                )
             x = x.to(state_dtype)
         out.append(x[..., None] if len(dims) == 1 else x)
     return out
@@ -189,7 +203,11 @@ def _from_seq(o, cu_seqlens=None):
 
 def _check_cu_seqlens(cu_seqlens, sizes):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing."""
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+    if (
+        not isinstance(cu_seqlens, torch.Tensor)
+        or cu_seqlens.dim() != 1
+        or cu_seqlens.is_floating_point()
+    ):
         _fail("cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]")
     if sizes["B"] != 1:
         _fail(f"cu_seqlens: packed sequences need B = 1, got B = {sizes['B']}")
@@ -198,7 +216,7 @@ def _check_cu_seqlens(cu_seqlens, sizes):
     if torch.compiler.is_compiling():
         return cu_seqlens.numel() - 1
     ends = cu_seqlens.tolist()
-    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):
+    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):  # noqa: RUF007 (generated code imports only torch)
         _fail(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {sizes['T']}, got {ends}")
     return len(ends) - 1
 
@@ -415,6 +433,30 @@ def parallel(x, dt, B, C, A, D):
     y = _r0 + D * x  # H_t C_t + D x_t
     y = y[..., 0].to(_out_dtype)
     return y, None
+
+
+def summary(x, dt, B, C, A, D, *, chunk_size=64):
+    """The action of the sequence on the state, for context parallelism: returns (P, F), one of
+    each per state, such that the final state is `initial @ P + F` for every initial state
+    (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
+    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
+    """
+    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, sequence=True)
+    _device = x.device
+    cu_seqlens = None
+    # H: chunk_scalar_decay on probes: zero writes from an identity state
+    _k_H = _seq_vector(B, _sizes)
+    _v_H = _seq_vector(dt * x, _sizes)
+    _g_H = _seq_scalar(dt * A, _sizes)  # dt_t A
+    _K = _k_H.shape[-1]
+    _width = _v_H.shape[-1]
+    _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
+    _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
+    _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
+    _o, _S = chunk_scalar_decay(torch.zeros_like(_k_H), _k_H, _v, _g_H, _S0, chunk_size)
+    _F, _P = _S.split([_width, _K], -1)
+    H = _F.mT
+    return _P.mT, H
 
 
 def _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device):
