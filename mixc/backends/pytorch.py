@@ -171,6 +171,10 @@ class _Module:
 
         return PyExpr(self.typer, names)
 
+    def state_tuple(self) -> str:
+        """`(H,)` or `(H, z)`: the states as a tuple expression or unpacking target."""
+        return f"({self.states[0]},)" if len(self.states) == 1 else f"({', '.join(self.states)})"
+
     def signature(self, *extra: str) -> str:
         args = self.inputs + self.required
         kw = [f"{p}=None" for p in self.defaulted] + list(extra)
@@ -344,7 +348,7 @@ class _Module:
         if states_from is not None:
             states = ", ".join(self.states)
             out(
-                f"({states},) = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, {batch})"
+                f"{self.state_tuple()} = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, {batch})"
             )
 
     def finish(self, out: _Lines, y: str, final: str) -> None:
@@ -481,7 +485,7 @@ class _Module:
                 for r in queries:
                     if str(r.query) == str(query):
                         out(
-                            f"_r{r.index} = _from_seq({parts[group.index(r.state)]}{packed})  # {r.state}_t {r.query}"
+                            f"_r{r.index} = _from_seq({parts[group.index(r.state)]}{packed})  # {Binary('.' if self.facts.state(r.state).vector else '@', Timed(r.state, 0), r.query)}"
                         )
                         readout_vars[r.index] = f"_r{r.index}"
                 if i == 0 and not parallel:
@@ -526,7 +530,6 @@ class _Module:
             out("", 0)
             return
         self.prologue(out, True, None)
-        out("cu_seqlens = None")
         transitions, finals = {}, {}
         for group, call in self.calls.items():
             name = group[0]
@@ -596,7 +599,7 @@ class _Module:
         out(f"_ys.append({e(y)})  # {self.output.target}_t = {self.output.value}", 2)
         if self.states:
             out(f"{states} = {', '.join(f'{s}_t' for s in self.states)}", 2)
-        out(f"return torch.stack(_ys, 1), ({states},)")
+        out(f"return torch.stack(_ys, 1), {self.state_tuple()}")
         out("", 0)
         out("", 0)
 
@@ -617,7 +620,7 @@ class _Module:
         states = ", ".join(self.states)
         out("if cu_seqlens is None:")
         out(
-            f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)",
+            f"{self.output.target}, {self.state_tuple()} = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)",
             2,
         )
         out("else:")
@@ -632,7 +635,11 @@ class _Module:
             for a in self.inputs + self.required + self.defaulted
         )
         out("if _end == _start:  # an empty sequence keeps its initial state", 3)
-        out(f"_finals.append(({', '.join(f'{s}[_n : _n + 1]' for s in self.states)},))", 4)
+        own = [f"{s}[_n : _n + 1]" for s in self.states]
+        out(
+            f"_finals.append({f'({own[0]},)' if len(own) == 1 else f'({chr(44).join(own)})'.replace(',', ', ')})",
+            4,
+        )
         out("continue", 4)
         out("_piece = dict(_sizes, T=_end - _start)", 3)
         out(
@@ -661,7 +668,7 @@ class _Module:
         self.prologue(out, False, "state")
         states = ", ".join(self.states)
         out(
-            f"{self.output.target}, ({states},) = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)"
+            f"{self.output.target}, {self.state_tuple()} = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)"
         )
         self.finish(out, f"{self.output.target}[:, 0]", self.final_states())
 

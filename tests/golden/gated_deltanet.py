@@ -410,7 +410,6 @@ def summary(q, k, v, g, beta, *, chunk_size=64):
     """
     q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, sequence=True)
     _device = q.device
-    cu_seqlens = None
     # H: chunk_delta on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(beta * v, _sizes)

@@ -439,7 +439,6 @@ def summary(q, k, v, a, *, chunk_size=64):
     """
     q, k, v, a, _sizes, _dtype = _prepare(q, k, v, a, sequence=True)
     _device = q.device
-    cu_seqlens = None
     # H: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)

@@ -477,7 +477,6 @@ def summary(q, k, v, g, *, chunk_size=64):
     """
     q, k, v, g, _sizes, _dtype = _prepare(q, k, v, g, sequence=True)
     _device = q.device
-    cu_seqlens = None
     # H: chunk_diagonal on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)

@@ -404,7 +404,7 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
     q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H, z,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H, z) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
     # H and z: identity -> chunk_scalar_decay
     _k_H = _seq_vector(F.elu(k) + 1, _sizes, cu_seqlens)
     _v_H = _seq_vector(torch.cat([v, torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)], -2), _sizes, cu_seqlens)
@@ -412,8 +412,8 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
     _q = _seq_vector(F.elu(q) + 1, _sizes, cu_seqlens)
     _o, _S = chunk_scalar_decay(_q, _k_H, _v_H, None, _S0_H, chunk_size)
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
-    _r0 = _from_seq(_o_H, cu_seqlens)  # H_t elu(q_t) + 1
-    _r1 = _from_seq(_o_z, cu_seqlens)  # z_t elu(q_t) + 1
+    _r0 = _from_seq(_o_H, cu_seqlens)  # H_t (elu(q_t) + 1)
+    _r1 = _from_seq(_o_z, cu_seqlens)  # z_t . (elu(q_t) + 1)
     H, z = _S.split([_sizes["V"], 1], -1)
     H = H.mT
     y = _r0 / _r1  # H_t phi(q_t) / (z_t . phi(q_t))
@@ -432,8 +432,8 @@ def parallel(q, k, v):
     _q = _seq_vector(F.elu(q) + 1, _sizes)
     _o = parallel_scalar_decay(_q, _k_H, _v_H, None)
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
-    _r0 = _from_seq(_o_H)  # H_t elu(q_t) + 1
-    _r1 = _from_seq(_o_z)  # z_t elu(q_t) + 1
+    _r0 = _from_seq(_o_H)  # H_t (elu(q_t) + 1)
+    _r1 = _from_seq(_o_z)  # z_t . (elu(q_t) + 1)
     y = _r0 / _r1  # H_t phi(q_t) / (z_t . phi(q_t))
     y = y[..., 0].to(_out_dtype)
     return y, None
@@ -447,7 +447,6 @@ def summary(q, k, v, *, chunk_size=64):
     """
     q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
     _device = q.device
-    cu_seqlens = None
     # H and z: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(F.elu(k) + 1, _sizes)
     _v_H = _seq_vector(torch.cat([v, torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)], -2), _sizes)
@@ -472,7 +471,7 @@ def _recurrence(q, k, v, H, z, _sizes, _dtype, _device):
         z_t = z + (F.elu(k_t) + 1)  # z_{t-1} + phi(k_t)
         _ys.append(H_t @ (F.elu(q_t) + 1) / (z_t.mT @ (F.elu(q_t) + 1)))  # y_t = H_t phi(q_t) / (z_t . phi(q_t))
         H, z = H_t, z_t
-    return torch.stack(_ys, 1), (H, z,)
+    return torch.stack(_ys, 1), (H, z)
 
 
 def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -485,14 +484,14 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
     q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H, z,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H, z) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
     if cu_seqlens is None:
-        y, (H, z,) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
+        y, (H, z) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
     else:
         _outputs, _finals = [], []
         for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
             if _end == _start:  # an empty sequence keeps its initial state
-                _finals.append((H[_n : _n + 1], z[_n : _n + 1],))
+                _finals.append((H[_n : _n + 1], z[_n : _n + 1]))
                 continue
             _piece = dict(_sizes, T=_end - _start)
             _y, _s = _recurrence(q[:, _start:_end], k[:, _start:_end], v[:, _start:_end], H[_n : _n + 1], z[_n : _n + 1], _piece, _dtype, _device)
@@ -509,7 +508,7 @@ def step(q, k, v, *, state=None):
     _out_dtype = q.dtype
     q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=False)
     _device = q.device
-    (H, z,) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
-    y, (H, z,) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
+    (H, z) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    y, (H, z) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
     y = y[:, 0][..., 0].to(_out_dtype)
     return y, (H, z[..., 0])

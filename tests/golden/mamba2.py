@@ -443,7 +443,6 @@ def summary(x, dt, B, C, A, D, *, chunk_size=64):
     """
     x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, sequence=True)
     _device = x.device
-    cu_seqlens = None
     # H: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(B, _sizes)
     _v_H = _seq_vector(dt * x, _sizes)

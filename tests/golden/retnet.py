@@ -445,7 +445,6 @@ def summary(q, k, v, *, gamma=None, chunk_size=64):
     """
     q, k, v, gamma, _sizes, _dtype = _prepare(q, k, v, gamma=gamma, sequence=True)
     _device = q.device
-    cu_seqlens = None
     # H: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)
