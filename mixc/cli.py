@@ -133,7 +133,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from .fuzz import run_command
 
     return run_command(
-        args.spec, args.module, examples=args.examples, seed=args.seed, dtype=args.dtype, device=args.device
+        args.spec,
+        args.module,
+        examples=args.examples,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
     )
 
 
@@ -254,10 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
         "reproducer. A progress bar goes to stderr when it is a terminal.",
     )
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
-    p.add_argument("--module", metavar="FILE", help="fuzz this module file (same contract as a compiled one)")
-    p.add_argument("--examples", type=_positive, default=25, metavar="N", help="examples to draw (default: 25)")
+    p.add_argument(
+        "--module", metavar="FILE", help="fuzz this module file (same contract as a compiled one)"
+    )
+    p.add_argument(
+        "--examples", type=_positive, default=25, metavar="N", help="examples to draw (default: 25)"
+    )
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: 0)")
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32", help="precision under test")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float64", "bfloat16"),
+        default="float32",
+        help="precision under test",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the module runs")
 
     p = sub.add_parser(

@@ -1,0 +1,237 @@
+"""`mixc graph`: a picture of a spec's dependency graph (PNG or SVG, chosen by the file suffix).
+
+Columns from left to right: inputs and parameters, derived values, states, outputs. Each kind has
+its own shape and colour; a read of the previous token (a lag-1 edge, always a state reading its
+own previous value) is a dashed loop labelled "t-1". Needs matplotlib (`pip install mixc[plot]`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import networkx as nx
+
+from ._compile import write_atomically
+from .analysis import Facts
+from .errors import MixcError
+
+__all__ = ["FORMATS", "draw", "write_graph"]
+
+#: File suffixes mixc graph writes.
+FORMATS = (".png", ".svg")
+
+#: kind -> (column, marker, face colour, legend label)
+STYLES = {
+    "input": (0, "s", "#cfe2ff", "input (per token)"),
+    "param": (0, "D", "#e2e3e5", "parameter (per head)"),
+    "value": (1, "o", "#ffffff", "derived value"),
+    "state": (2, "h", "#ffd8a8", "state"),
+    "output": (3, "o", "#c3e6cb", "output"),
+}
+
+
+#: Vertical distance between nodes of one column (room for a t-1 loop and a shape label).
+SPACING = 1.5
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MixcError(
+            "mixc graph needs matplotlib, which is not installed: pip install mixc[plot]"
+        ) from None
+    return matplotlib, Figure
+
+
+def _positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
+    columns: dict[int, list[str]] = {}
+    for node, data in g.nodes(data=True):
+        columns.setdefault(STYLES[data["kind"]][0], []).append(node)
+    used = sorted(columns)
+    pos = {}
+    for x, col in enumerate(used):
+        nodes = columns[col]
+        for i, node in enumerate(nodes):
+            pos[node] = (float(x), SPACING * ((len(nodes) - 1) / 2 - i))
+    return pos
+
+
+def draw(facts: Facts, fmt: str) -> bytes:
+    """The dependency graph of `facts` as PNG or SVG bytes (deterministic for SVG)."""
+    matplotlib, Figure = _matplotlib()
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import FancyArrowPatch
+
+    g = facts.graph
+    pos = _positions(g)
+    height = max(
+        3.0,
+        1.2
+        * SPACING
+        * max(sum(1 for p in pos.values() if p[0] == x) for x in {p[0] for p in pos.values()}),
+    )
+    width = max(5.0, 2.6 * (1 + max(p[0] for p in pos.values())))
+    with matplotlib.rc_context({"svg.hashsalt": "mixc", "svg.fonttype": "none"}):
+        fig = Figure(figsize=(width, height + 1.2))
+        ax = fig.add_subplot()
+        ax.set_axis_off()
+        radius = 0.16
+        for a, b, data in g.edges(data=True):
+            (x0, y0), (x1, y1) = pos[a], pos[b]
+            if a == b or data["lag"] == 1:
+                # the previous token: a dashed loop over the node (or a dashed arc), labelled t-1
+                if a == b:
+                    arrow = FancyArrowPatch(
+                        (x0 - 0.08, y0 + radius * 0.9),
+                        (x0 + 0.08, y0 + radius * 0.9),
+                        connectionstyle="arc3,rad=-2.2",
+                        arrowstyle="-|>",
+                        mutation_scale=12,
+                        linestyle="--",
+                        color="#b35900",
+                        linewidth=1.4,
+                    )
+                    ax.text(
+                        x0, y0 + 0.5, "t-1", ha="center", va="bottom", fontsize=9, color="#b35900"
+                    )
+                else:
+                    arrow = FancyArrowPatch(
+                        (x0, y0),
+                        (x1, y1),
+                        connectionstyle="arc3,rad=0.3",
+                        arrowstyle="-|>",
+                        mutation_scale=12,
+                        linestyle="--",
+                        color="#b35900",
+                        shrinkA=18,
+                        shrinkB=18,
+                    )
+                    ax.text(
+                        (x0 + x1) / 2,
+                        (y0 + y1) / 2 + 0.15,
+                        "t-1",
+                        ha="center",
+                        fontsize=9,
+                        color="#b35900",
+                    )
+            else:
+                arrow = FancyArrowPatch(
+                    (x0, y0),
+                    (x1, y1),
+                    connectionstyle=f"arc3,rad={0.08 if abs(x1 - x0) <= 1 else 0.3}",
+                    arrowstyle="-|>",
+                    mutation_scale=12,
+                    color="#555555",
+                    shrinkA=18,
+                    shrinkB=18,
+                    linewidth=1.0,
+                )
+            ax.add_patch(arrow)
+        for kind, (_, marker, face, _label) in STYLES.items():
+            nodes = [n for n, d in g.nodes(data=True) if d["kind"] == kind]
+            if not nodes:
+                continue
+            ax.scatter(
+                [pos[n][0] for n in nodes],
+                [pos[n][1] for n in nodes],
+                s=1500 if kind == "state" else 1100,
+                marker=marker,
+                c=face,
+                edgecolors="#333333",
+                linewidths=2.0 if kind == "state" else 1.0,
+                zorder=3,
+            )
+            for n in nodes:
+                ax.text(pos[n][0], pos[n][1], n, ha="center", va="center", fontsize=10, zorder=4)
+                shape = _shape_text(facts, n)
+                if shape:
+                    ax.text(
+                        pos[n][0],
+                        pos[n][1] - 0.3,
+                        shape,
+                        ha="center",
+                        va="top",
+                        fontsize=8,
+                        color="#444444",
+                        zorder=4,
+                    )
+        handles = [
+            Line2D(
+                [],
+                [],
+                marker=m,
+                linestyle="",
+                markerfacecolor=f,
+                markeredgecolor="#333333",
+                markersize=10,
+                label=lab,
+            )
+            for kind, (_, m, f, lab) in STYLES.items()
+            if any(d["kind"] == kind for _, d in g.nodes(data=True))
+        ]
+        handles.append(Line2D([], [], color="#555555", label="same token (t)"))
+        handles.append(
+            Line2D([], [], color="#b35900", linestyle="--", label="previous token (t-1)")
+        )
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.02),
+            ncol=4,
+            fontsize=8,
+            frameon=False,
+        )
+        xs = [p[0] for p in pos.values()]
+        ys = [p[1] for p in pos.values()]
+        ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
+        ax.set_ylim(min(ys) - 0.8, max(ys) + 1.0)
+        title = facts.mixer.name + (
+            f": {facts.mixer.description}" if facts.mixer.description else ""
+        )
+        ax.set_title(title, fontsize=11)
+        buf = io.BytesIO()
+        meta = {"Date": None} if fmt == "svg" else {}
+        fig.savefig(buf, format=fmt, bbox_inches="tight", metadata=meta or None, dpi=120)
+    return buf.getvalue()
+
+
+def _shape_text(facts: Facts, name: str) -> str:
+    m = facts.mixer
+    for decl in (*m.inputs, *m.params, *m.states):
+        if decl.name == name:
+            return "[" + ", ".join(decl.shape) + "]" if decl.shape else ""
+    shape = facts.spec.shapes.get(name)
+    if shape is None or shape == ("1", "1"):
+        return ""
+    return "[" + ", ".join(d for d in shape if d != "1") + "]"
+
+
+def write_graph(facts: Facts, path: str | os.PathLike) -> None:
+    """Draw the graph into `path` (.png or .svg), atomically: never a partial file."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise MixcError(f"{path}: unknown picture format {suffix or '(none)'}; use .png or .svg")
+    data = draw(facts, suffix[1:])
+    if suffix == ".svg":
+        write_atomically(path, data.decode("utf-8"))
+        return
+    # write_atomically writes text; a PNG is bytes: check the path the same way, then write the
+    # bytes through a temporary file and a rename
+    if path.is_dir() or not (path.parent if str(path.parent) else Path(".")).is_dir():
+        write_atomically(path, "")  # raises its own located MixcError
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else "."
+    )
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

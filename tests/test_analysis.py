@@ -1,0 +1,1092 @@
+"""The analysis: transition classes, rules, writes, readouts, log-gates and plans.
+
+- A table: every shipped spec and variants written here (other spellings of the same mixers,
+  each class, sequential-only, non-causal), each row with what the analysis must find.
+- Random algebraic rewrites of the shipped specs' updates, built on the IR, leave the facts alone.
+- Errors and warnings only the analysis can see, with a caret.
+- The cost model, against counts worked out by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from mixc import load_spec
+from mixc._frontend import Spec
+from mixc._verify import IDENTITY, SCALAR, typer_for, verify
+from mixc.analysis import CLASSES, RULES, Facts, Formula, analyze, costs
+from mixc.errors import Source, SpecAnalysisError, SpecError
+from mixc.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
+
+SPECS = Path(__file__).parent.parent / "specs"
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class S:
+    """What one state must get: class, rule name, write, log-gates and (delta rule) erase."""
+
+    cls: str
+    rule: str
+    write: str
+    gates: tuple[str, ...] = ()
+    erase: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    spec: str  # a file in specs/ (name.mix) or spec text
+    states: dict[str, S]
+    output: str  # "form: expr"
+    algorithm: str  # a piece of Facts.algorithm ("recurrent only" when not chunkable)
+    chunkable: bool = True
+    groups: tuple[tuple[str, ...], ...] | None = None
+    warnings: tuple[str, ...] = ()  # a piece of each warning's message, in order
+    reason: str | None = None  # a piece of Facts.reason
+
+
+def text(
+    body: str, inputs: str = "q[K], k[K], v[V]", extra: str = "", out: str = "y_t = H_t q_t"
+) -> str:
+    return f"mixer variant\nin {inputs}\n{extra}state H[V, K]\n{body}\n{out}\n"
+
+
+SCALAR_DECAY = "chunked scalar decay"
+DIAGONAL = "chunked diagonal gate"
+DELTA = "chunked delta rule"
+SEQUENTIAL = "recurrent only"
+
+ROWS: dict[str, Row] = {
+    # ---- the shipped specs
+    "deltanet": Row(
+        "deltanet.mix",
+        {"H": S("identity minus rank-1", "delta", "beta_t v_t k_t^T", erase="beta_t, k_t")},
+        "linear: _r0",
+        DELTA,
+    ),
+    "gated_deltanet": Row(
+        "gated_deltanet.mix",
+        {
+            "H": S(
+                "scalar decay times identity minus rank-1",
+                "gated_delta",
+                "beta_t v_t k_t^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+                erase="beta_t, k_t",
+            )
+        },
+        "linear: _r0",
+        DELTA,
+        warnings=("cannot prove the decay exp(g_t) of H",),
+    ),
+    "gated_general": Row(
+        "gated_general.mix",
+        {"H": S("elementwise gate", "full_elementwise_gate", "v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="full elementwise gate G_t",
+    ),
+    "gated_retention": Row(
+        "gated_retention.mix",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "gla": Row(
+        "gla.mix",
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T",
+                ("key: diag(exp(g_t)) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(exp(g_t))",),
+    ),
+    "linear_attention": Row(
+        "linear_attention.mix",
+        {"H": S("identity", "identity", "v_t k_t^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "linear_attention_normalized": Row(
+        "linear_attention_normalized.mix",
+        {
+            "H": S("identity", "identity", "v_t (elu(k_t) + 1)^T"),
+            "z": S("identity", "identity", "elu(k_t) + 1"),
+        },
+        "ratio: _r0 / _r1",
+        SCALAR_DECAY,
+        groups=(("H", "z"),),
+    ),
+    "mamba2": Row(
+        "mamba2.mix",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t x_t B_t^T",
+                ("scalar: exp(dt_t A) -> dt_t A unproven",),
+            )
+        },
+        "linear + skip: _r0 + D x_t",
+        SCALAR_DECAY,
+        warnings=("cannot prove the decay exp(dt_t A)",),
+    ),
+    "retnet": Row(
+        "retnet.mix",
+        {
+            "H": S(
+                "scalar constant",
+                "scalar_constant",
+                "v_t k_t^T",
+                ("scalar: gamma -> log(gamma) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    # ---- the same mixers, spelled differently
+    "retnet_scalar_on_the_right": Row(
+        text("H_t = H_{t-1} gamma + v_t k_t^T", extra="param gamma = 1 - 2^(-5 - h)\n"),
+        {
+            "H": S(
+                "scalar constant",
+                "scalar_constant",
+                "v_t k_t^T",
+                ("scalar: gamma -> log(gamma) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "retnet_hadamard": Row(
+        text("H_t = gamma ⊙ H_{t-1} + v_t k_t^T", extra="param gamma = 1 - 2^(-5 - h)\n"),
+        {
+            "H": S(
+                "scalar constant",
+                "scalar_constant",
+                "v_t k_t^T",
+                ("scalar: gamma -> log(gamma) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "retnet_literal_decay": Row(
+        text("H_t = 0.9 H_{t-1} + v_t k_t^T"),
+        {
+            "H": S(
+                "scalar constant",
+                "scalar_constant",
+                "v_t k_t^T",
+                ("scalar: 0.9 -> log(0.9) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "deltanet_expanded": Row(
+        text(
+            "H_t = H_{t-1} - beta_t H_{t-1} k_t k_t^T + beta_t v_t k_t^T", "q[K], k[K], v[V], beta"
+        ),
+        {"H": S("identity minus rank-1", "delta", "beta_t v_t k_t^T", erase="beta_t, k_t")},
+        "linear: _r0",
+        DELTA,
+    ),
+    "deltanet_error_correction": Row(
+        text("H_t = H_{t-1} + beta_t (v_t - H_{t-1} k_t) k_t^T", "q[K], k[K], v[V], beta"),
+        {"H": S("identity minus rank-1", "delta", "beta_t v_t k_t^T", erase="beta_t, k_t")},
+        "linear: _r0",
+        DELTA,
+    ),
+    "deltanet_l2norm_keys": Row(
+        text(
+            "H_t = H_{t-1} (I - beta_t l2norm(k_t) l2norm(k_t)^T) + beta_t v_t l2norm(k_t)^T",
+            "q[K], k[K], v[V], beta",
+            out="y_t = H_t l2norm(q_t)",
+        ),
+        {
+            "H": S(
+                "identity minus rank-1",
+                "delta",
+                "beta_t v_t l2norm(k_t)^T",
+                erase="beta_t, l2norm(k_t)",
+            )
+        },
+        "linear: _r0",
+        DELTA,
+    ),
+    "deltanet_derived_key_and_beta": Row(
+        text(
+            "kn_t = l2norm(k_t)\nbeta_t = sigmoid(b_t)\nH_t = H_{t-1} (I - beta_t kn_t kn_t^T) + beta_t v_t kn_t^T",
+            "q[K], k[K], v[V], b",
+        ),
+        {
+            "H": S(
+                "identity minus rank-1",
+                "delta",
+                "sigmoid(b_t) v_t l2norm(k_t)^T",
+                erase="sigmoid(b_t), l2norm(k_t)",
+            )
+        },
+        "linear: _r0",
+        DELTA,
+    ),
+    "gated_retention_hadamard": Row(
+        text("H_t = sigmoid(a_t) ⊙ H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], a"),
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "exp_decay_juxtaposed": Row(
+        text("H_t = exp(g_t) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], g"),
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+        warnings=("cannot prove the decay exp(g_t) of H",),
+    ),
+    "exp_decay_hadamard": Row(
+        text("H_t = exp(g_t) ⊙ H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], g"),
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+        warnings=("cannot prove the decay exp(g_t) of H",),
+    ),
+    "one_minus_sigmoid": Row(
+        text("H_t = (1 - sigmoid(a_t)) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], a"),
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: 1 - sigmoid(a_t) -> logsigmoid(-a_t) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "let_defined_decay": Row(
+        text(
+            "H_t = decay(a_t) H_{t-1} + v_t k_t^T",
+            "q[K], k[K], v[V], a",
+            extra="let decay(x) = sigmoid(x)\n",
+        ),
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "derived_per_token_decay": Row(
+        text("a_t = sigmoid(x_t)\nH_t = a_t H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], x"),
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: sigmoid(x_t) -> logsigmoid(x_t) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "write_scaled_by_a_param": Row(
+        text("H_t = H_{t-1} + s v_t k_t^T", extra="param s\n"),
+        {"H": S("identity", "identity", "s v_t k_t^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "mamba2_commuted": Row(
+        """mixer m
+in x[P], dt, B[N], C[N]
+param A, D
+state H[P, N]
+H_t = H_{t-1} exp(A dt_t) + (dt_t x_t) B_t^T
+y_t = D x_t + H_t C_t
+""",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t x_t B_t^T",
+                ("scalar: exp(A dt_t) -> dt_t A unproven",),
+            )
+        },
+        "linear + skip: _r0 + D x_t",
+        SCALAR_DECAY,
+        warnings=("cannot prove the decay exp(A dt_t)",),
+    ),
+    "mamba2_a_log": Row(
+        """mixer m
+in x[P], dtr, B[N], C[N]
+param A_log, D
+state H[P, N]
+dt_t = softplus(dtr_t)
+H_t = exp(-dt_t exp(A_log)) H_{t-1} + dt_t x_t B_t^T
+y_t = H_t C_t + D x_t
+""",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "softplus(dtr_t) x_t B_t^T",
+                ("scalar: exp(-softplus(dtr_t) exp(A_log)) -> -softplus(dtr_t) exp(A_log) proven",),
+            )
+        },
+        "linear + skip: _r0 + D x_t",
+        SCALAR_DECAY,
+    ),
+    "gated_deltanet_distributed": Row(
+        text(
+            "H_t = exp(g_t) H_{t-1} - exp(g_t) beta_t H_{t-1} k_t k_t^T + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], g, beta",
+        ),
+        {
+            "H": S(
+                "scalar decay times identity minus rank-1",
+                "gated_delta",
+                "beta_t v_t k_t^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+                erase="beta_t, k_t",
+            )
+        },
+        "linear: _r0",
+        DELTA,
+        warnings=("cannot prove the decay exp(g_t)",),
+    ),
+    "gated_deltanet_decay_on_the_right": Row(
+        text(
+            "H_t = H_{t-1} (I - beta_t k_t k_t^T) sigmoid(a_t) + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], a, beta",
+        ),
+        {
+            "H": S(
+                "scalar decay times identity minus rank-1",
+                "gated_delta",
+                "beta_t v_t k_t^T",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+                erase="beta_t, k_t",
+            )
+        },
+        "linear: _r0",
+        DELTA,
+    ),
+    # ---- diagonal and outer-product gates
+    "key_gate_as_a_row": Row(
+        text("H_t = exp(g_t)^T ⊙ H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], g[K]"),
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T",
+                ("key: exp(g_t)^T -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay exp(g_t)^T",),
+    ),
+    "key_gate_as_a_row_on_the_right": Row(
+        text("H_t = H_{t-1} ⊙ exp(-softplus(g_t))^T + v_t k_t^T", "q[K], k[K], v[V], g[K]"),
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T",
+                ("key: exp(-softplus(g_t))^T -> -softplus(g_t) proven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+    ),
+    "value_side_diag": Row(
+        text("H_t = diag(sigmoid(a_t)) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], a[V]"),
+        {
+            "H": S(
+                "diagonal value-side",
+                "diagonal_value",
+                "v_t k_t^T",
+                ("value: diag(sigmoid(a_t)) -> logsigmoid(a_t) proven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+    ),
+    "value_side_column": Row(
+        text("H_t = sigmoid(a_t) ⊙ H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], a[V]"),
+        {
+            "H": S(
+                "diagonal value-side",
+                "diagonal_value",
+                "v_t k_t^T",
+                ("value: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+    ),
+    "outer_product_gate": Row(
+        text("H_t = (exp(a_t) exp(b_t)^T) ⊙ H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], a[V], b[K]"),
+        {
+            "H": S(
+                "elementwise gate",
+                "outer_product_gate",
+                "v_t k_t^T",
+                ("value: exp(a_t) -> a_t unproven", "key: exp(b_t^T) -> b_t unproven"),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("decay exp(a_t)", "decay exp(b_t^T)"),
+    ),
+    "diag_on_both_sides": Row(
+        text(
+            "H_t = diag(sigmoid(a_t)) H_{t-1} diag(sigmoid(b_t)) + v_t k_t^T",
+            "q[K], k[K], v[V], a[V], b[K]",
+        ),
+        {
+            "H": S(
+                "elementwise gate",
+                "outer_product_gate",
+                "v_t k_t^T",
+                (
+                    "value: diag(sigmoid(a_t)) -> logsigmoid(a_t) proven",
+                    "key: diag(sigmoid(b_t)) -> logsigmoid(b_t) proven",
+                ),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+    ),
+    # ---- normalisers, skips, vector states, readout scales
+    "normalised_gated_retention": Row(
+        """mixer m
+in q[K], k[K], v[V], a
+state H[V, K], z[K]
+H_t = sigmoid(a_t) H_{t-1} + v_t k_t^T
+z_t = sigmoid(a_t) z_{t-1} + k_t
+y_t = H_t q_t / (z_t . q_t + 1e-6)
+""",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            ),
+            "z": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "k_t",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            ),
+        },
+        "ratio: _r0 / (_r1 + 1e-06)",
+        SCALAR_DECAY,
+        groups=(("H", "z"),),
+    ),
+    "vector_state": Row(
+        "mixer m\nin q[K], k[K], a\nstate z[K]\nz_t = sigmoid(a_t) z_{t-1} + k_t\ny_t = z_t . q_t\n",
+        {
+            "z": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "k_t",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "per_channel_skip": Row(
+        text("H_t = H_{t-1} + v_t k_t^T", extra="param D[V]\n", out="y_t = H_t q_t + D ⊙ v_t"),
+        {"H": S("identity", "identity", "v_t k_t^T")},
+        "linear + skip: _r0 + v_t * D",
+        SCALAR_DECAY,
+    ),
+    "scaled_readout": Row(
+        text("H_t = H_{t-1} + v_t k_t^T", out="y_t = 0.5 H_t q_t"),
+        {"H": S("identity", "identity", "v_t k_t^T")},
+        "linear: 0.5 * _r0",
+        SCALAR_DECAY,
+    ),
+    # ---- no chunked form
+    "sequential_tanh": Row(
+        text("H_t = tanh(H_{t-1}) + v_t k_t^T"),
+        {"H": S("not affine", "not_affine", "")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="tanh(...) of a state is not linear in it (tanh(H_{t-1}) at line 4, column 7)",
+    ),
+    "sequential_square": Row(
+        text("H_t = H_{t-1} ⊙ H_{t-1} + v_t k_t^T"),
+        {"H": S("not affine", "not_affine", "")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="quadratic in the state (H_{t-1} * H_{t-1} at line 4, column 7)",
+    ),
+    "general_dense": Row(
+        text("H_t = M_t H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], M[V, V]"),
+        {"H": S("general dense", "general_dense", "v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="in no class with a chunked form",
+    ),
+    "coupled_states": Row(
+        """mixer m
+in q[K], k[K], v[V]
+state H[V, K], G[V, K]
+H_t = H_{t-1} + v_t k_t^T
+G_t = G_{t-1} + H_t
+y_t = G_t q_t
+""",
+        {
+            "H": S("identity", "identity", "v_t k_t^T"),
+            "G": S("general dense", "coupled_states", ""),
+        },
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="reads another state (H_t at line 5, column 17)",
+    ),
+    "no_recurrence": Row(
+        text("H_t = v_t k_t^T"),
+        {"H": S("general dense", "no_recurrence", "v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="does not depend on H_{t-1}",
+    ),
+    "rank_2_write": Row(
+        text("H_t = H_{t-1} + v_t k_t^T + u_t w_t^T", "q[K], k[K], v[V], u[V], w[K]"),
+        {"H": S("identity", "identity", "v_t k_t^T + u_t w_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="has rank 2",
+    ),
+    "full_matrix_write": Row(
+        text("H_t = H_{t-1} + M_t", "q[K], M[V, K]"),
+        {"H": S("identity", "identity", "")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="not an outer product",
+    ),
+    "negative_decay": Row(
+        text("H_t = -0.5 H_{t-1} + v_t k_t^T"),
+        {
+            "H": S(
+                "scalar constant",
+                "scalar_constant",
+                "v_t k_t^T",
+                ("scalar: -0.5 -> log(-0.5) unproven",),
+            )
+        },
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="is not positive",
+        warnings=("the constant -0.5 is not in (0, 1]",),
+    ),
+    # ---- analysis-only warnings
+    "decay_can_exceed_one": Row(
+        text("H_t = exp(x_t) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], x"),
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: exp(x_t) -> x_t unproven",),
+            )
+        },
+        "linear: _r0",
+        SCALAR_DECAY,
+        warnings=("cannot prove the decay exp(x_t) of H is in (0, 1]",),
+    ),
+    "state_never_read": Row(
+        """mixer m
+in q[K], k[K], v[V]
+state H[V, K], U[V, K]
+H_t = H_{t-1} + v_t k_t^T
+U_t = U_{t-1} + v_t k_t^T
+y_t = H_t q_t
+""",
+        {"H": S("identity", "identity", "v_t k_t^T"), "U": S("identity", "identity", "v_t k_t^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+        warnings=("state U is never read by an output",),
+    ),
+}
+
+SHIPPED = sorted(p.name for p in SPECS.glob("*.mix"))
+VARIANT_ROWS = [k for k, r in ROWS.items() if not r.spec.endswith(".mix")]
+
+
+def load(spec: str) -> Spec:
+    return load_spec(SPECS / spec if spec.endswith(".mix") else spec)
+
+
+def write_text(s) -> str:
+    parts = []
+    for w in s.writes:
+        key = str(w.key)
+        body = key if w.value is None else f"{w.value} {f'({key})' if ' ' in key else key}^T"
+        parts.append(f"{w.scale} {body}" if w.scale is not None else body)
+    return " + ".join(parts)
+
+
+def gate_text(g) -> str:
+    return f"{g.side}: {g.decay} -> {g.log} {'proven' if g.proven else 'unproven'}"
+
+
+def test_table_covers_every_shipped_spec_and_enough_variants():
+    assert sorted(r.spec for r in ROWS.values() if r.spec.endswith(".mix")) == SHIPPED
+    assert len(VARIANT_ROWS) >= 24
+    # every transition class and every rule of the table shows up in some row
+    seen_classes = {st.cls for r in ROWS.values() for st in r.states.values()}
+    assert seen_classes == set(CLASSES)
+    seen_rules = {st.rule for r in ROWS.values() for st in r.states.values()}
+    assert {name for name, _ in RULES} - {"scalar", "diagonal"} <= seen_rules
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_row(name):
+    row = ROWS[name]
+    facts = analyze(load(row.spec))
+    got = {
+        s.name: S(
+            s.transition.cls,
+            s.transition.rule_name,
+            write_text(s),
+            tuple(gate_text(g) for g in s.transition.gates),
+            None if s.transition.beta is None else f"{s.transition.beta}, {s.transition.key}",
+        )
+        for s in facts.states
+    }
+    assert got == row.states
+    (out,) = facts.outputs
+    assert f"{out.form}: {out.expr}" == row.output
+    assert facts.chunkable is row.chunkable
+    assert row.algorithm in facts.algorithm
+    if row.groups is not None:
+        assert facts.groups == row.groups
+    if row.reason is not None:
+        assert row.reason in facts.reason
+    else:
+        assert facts.reason is None
+    assert len(facts.warnings) == len(row.warnings), [w.message for w in facts.warnings]
+    for w, piece in zip(facts.warnings, row.warnings, strict=True):
+        assert piece in w.message
+        assert "^" in str(w)  # located, with a caret under the problem
+
+
+def test_transition_and_write_pieces_the_backend_reads():
+    facts = analyze(load("mamba2.mix"))
+    h = facts.state("H")
+    assert str(h.transition.log("scalar")) == "dt_t A"
+    assert h.transition.log("key") is None
+    assert (h.vector, h.shape, h.rank) == (False, ("P", "N"), 1)
+    assert [str(r.query) for r in facts.outputs[0].readouts] == ["C_t"]
+    assert str(facts.outputs[0].skip) == "D x_t"
+    gdn = analyze(load("gated_deltanet.mix")).state("H")
+    assert (str(gdn.transition.beta), str(gdn.transition.key)) == ("beta_t", "k_t")
+    assert "stable only if" in gdn.stability
+    safe = analyze(load(ROWS["deltanet_derived_key_and_beta"].spec)).state("H")
+    assert safe.stability.startswith("stable:")
+
+
+def test_dependency_graph_labels_lags_and_kinds():
+    facts = analyze(load("linear_attention_normalized.mix"))
+    g = facts.graph
+    assert g.nodes["q"]["kind"] == "input" and g.nodes["H"]["kind"] == "state"
+    assert g.nodes["y"]["kind"] == "output"
+    assert g.edges["H", "H"]["lag"] == 1 and g.edges["H", "y"]["lag"] == 0
+    assert facts.order.index("H") < facts.order.index("y")
+    derived = analyze(load(ROWS["derived_per_token_decay"].spec))
+    assert derived.graph.nodes["a"]["kind"] == "value"
+    assert derived.order.index("a") < derived.order.index("H")
+
+
+# ----------------------------------------------------------------------------- errors only analysis sees
+
+NON_CAUSAL = {
+    "cycle_through_values": (
+        text("a_t = b_t + 1\nb_t = a_t\nH_t = H_{t-1} + v_t k_t^T", out="y_t = H_t q_t + a_t"),
+        "depends on itself at the same time step",
+    ),
+    "cycle_through_a_state": (
+        text("a_t = H_t q_t . q_t\nH_t = sigmoid(a_t) H_{t-1} + v_t k_t^T"),
+        "depends on itself at the same time step",
+    ),
+    "a_later_token": (text("H_t = H_{t-1} + v_t k_{t+1}^T"), "refers to a later token"),
+}
+
+
+@pytest.mark.parametrize("name", list(NON_CAUSAL))
+def test_non_causal_specs_get_a_located_error(name):
+    spec, message = NON_CAUSAL[name]
+    with pytest.raises(SpecAnalysisError) as info:
+        analyze(load_spec(spec))
+    text_ = str(info.value)
+    assert message in text_
+    assert re.search(r"<string>:\d+:\d+: error:", text_)
+    assert re.search(r"\n +\| +\^+", text_)  # a caret line under the spec line
+
+
+def test_analysis_order_rejects_a_cycle_the_verifier_did_not_see():
+    # analysis does not trust the verifier: a lag-0 cycle handed to it directly is refused
+    spec = load_spec(
+        text("a_t = x_t\nH_t = sigmoid(a_t) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], x")
+    )
+    eqs = list(spec.mixer.equations)
+    eqs[0] = replace(eqs[0], value=Timed("H", 0, span=eqs[0].value.span))
+    shapes = dict(spec.shapes, a=SCALAR)
+    broken = Spec(replace(spec.mixer, equations=tuple(eqs)), spec.source, shapes)
+    with pytest.raises(SpecAnalysisError, match="not causal"):
+        analyze(broken)
+
+
+# ----------------------------------------------------------------------------- rewrites keep facts
+
+
+def facts_summary(facts: Facts) -> tuple:
+    states = tuple(
+        (
+            s.name,
+            s.transition.cls,
+            s.transition.rule_name,
+            tuple((g.side, str(g.log), g.proven) for g in s.transition.gates),
+            str(s.transition.beta),
+            str(s.transition.key),
+            write_text(s),
+            s.transition.chunkable,
+        )
+        for s in facts.states
+    )
+    outputs = tuple(
+        (o.name, o.form, str(o.expr), tuple((r.state, str(r.query)) for r in o.readouts))
+        for o in facts.outputs
+    )
+    return states, outputs, facts.groups, facts.algorithm
+
+
+class Rewriter:
+    """Algebraic identities applied to one node of an expression; each returns an equal node."""
+
+    def __init__(self, spec: Spec, states: set[str]) -> None:
+        self.typer = typer_for(spec.mixer, spec.shapes)
+        self.states = states
+
+    def shape(self, e: Expr):
+        return self.typer.shape_of(e)
+
+    def stateful(self, e: Expr) -> bool:
+        return any(isinstance(n, Timed) and n.name in self.states for n in walk(e))
+
+    def scalar(self, e: Expr) -> bool:
+        return self.shape(e) == SCALAR
+
+    def options(self, e: Expr, linear: bool, pool: list[Expr]) -> list[tuple[str, Expr]]:
+        out: list[tuple[str, Expr]] = []
+        if (
+            isinstance(e, Binary)
+            and e.op in ("@", "*")
+            and (self.scalar(e.left) or self.scalar(e.right))
+        ):
+            out.append(("commute a scalar", Binary(e.op, e.right, e.left)))
+            out.append(
+                ("⊙ <-> juxtaposition", Binary("*" if e.op == "@" else "@", e.left, e.right))
+            )
+        if (
+            isinstance(e, Binary)
+            and e.op == "@"
+            and isinstance(e.left, Binary)
+            and e.left.op == "@"
+        ):
+            out.append(
+                ("reassociate", Binary("@", e.left.left, Binary("@", e.left.right, e.right)))
+            )
+        if (
+            isinstance(e, Binary)
+            and e.op == "@"
+            and isinstance(e.right, Binary)
+            and e.right.op == "@"
+        ):
+            out.append(
+                ("reassociate", Binary("@", Binary("@", e.left, e.right.left), e.right.right))
+            )
+        if isinstance(e, Binary) and e.op in ("@", "*"):
+            for side in ("left", "right"):
+                s = getattr(e, side)
+                other = e.right if side == "left" else e.left
+                if isinstance(s, Binary) and s.op in ("+", "-") and self.same_size(s.left, s.right):
+                    if e.op == "*" and not self.same_size(s.left, other) and not self.scalar(other):
+                        continue
+                    a, b = (
+                        (Binary(e.op, s.left, other), Binary(e.op, s.right, other))
+                        if side == "left"
+                        else (Binary(e.op, other, s.left), Binary(e.op, other, s.right))
+                    )
+                    out.append(("distribute", Binary(s.op, a, b)))
+        if isinstance(e, Binary) and e.op in ("+", "-"):
+            a, b = e.left, e.right
+            if isinstance(a, Binary) and isinstance(b, Binary) and a.op == b.op == "@":
+                if a.left == b.left and self.same_size(a.right, b.right):
+                    out.append(
+                        ("factor on the left", Binary("@", a.left, Binary(e.op, a.right, b.right)))
+                    )
+                if a.right == b.right and self.same_size(a.left, b.left):
+                    out.append(
+                        ("factor on the right", Binary("@", Binary(e.op, a.left, b.left), a.right))
+                    )
+        shape = self.shape(e)
+        for t in pool:
+            if self.shape(t) == shape and (linear or not self.stateful(t)):
+                out.append(("add and subtract", Binary("-", Binary("+", e, t), t)))
+        return out
+
+    def same_size(self, a: Expr, b: Expr) -> bool:
+        sa, sb = self.shape(a), self.shape(b)
+        return sa == sb or (IDENTITY in (sa, sb) and (sa if sb == IDENTITY else sb)[0] != "1")
+
+    def sites(self, e: Expr, linear: bool = True, path: tuple = ()) -> list[tuple[tuple, bool]]:
+        """Every node's path, and whether it sits where a state term may be added (a linear
+        position: only sums, negations, transposes and products with state-free factors above it)."""
+        out = [(path, linear)]
+        if isinstance(e, Binary):
+            keep = e.op in ("+", "-")
+            for side, child, sibling in (("left", e.left, e.right), ("right", e.right, e.left)):
+                child_linear = linear and (
+                    keep or (e.op in ("@", "*") and not self.stateful(sibling))
+                )
+                out += self.sites(child, child_linear, (*path, side))
+        elif isinstance(e, Neg | Transpose):
+            out += self.sites(e.operand, linear, (*path, "operand"))
+        elif isinstance(e, Call):
+            for i, a in enumerate(e.args):
+                out += self.sites(a, False, (*path, i))
+        return out
+
+
+def get(e: Expr, path: tuple) -> Expr:
+    for p in path:
+        e = e.args[p] if isinstance(p, int) else getattr(e, p)
+    return e
+
+
+def put(e: Expr, path: tuple, new: Expr) -> Expr:
+    if not path:
+        return new
+    p, rest = path[0], path[1:]
+    if isinstance(p, int):
+        args = list(e.args)
+        args[p] = put(args[p], rest, new)
+        return replace(e, args=tuple(args))
+    return replace(e, **{p: put(getattr(e, p), rest, new)})
+
+
+def rewrite(data, spec: Spec) -> tuple[Spec, list[str]]:
+    mixer = spec.mixer
+    states = {s.name for s in mixer.states}
+    rw = Rewriter(spec, states)
+    equations = list(mixer.equations)
+    targets = [i for i, eq in enumerate(equations) if eq.target in states]
+    log = []
+    for _ in range(data.draw(st.integers(1, 5), label="steps")):
+        i = data.draw(st.sampled_from(targets), label="equation")
+        value = equations[i].value
+        pool = [get(value, p) for p, _ in rw.sites(value)]
+        choices = [
+            (p, name, new)
+            for p, linear in rw.sites(value)
+            for name, new in rw.options(get(value, p), linear, pool)
+        ]
+        if not choices:
+            continue
+        path, name, new = data.draw(st.sampled_from(choices), label="rewrite")
+        log.append(f"{name} at {path}")
+        equations[i] = replace(equations[i], value=put(value, path, new))
+    new_mixer = replace(mixer, equations=tuple(equations))
+    shapes = verify(new_mixer)  # every rewrite keeps the spec well-typed
+    return Spec(new_mixer, Source(str(new_mixer)), shapes), log
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_rewrites_of_updates_keep_the_facts(name, data):
+    spec = load(name)
+    want = facts_summary(analyze(spec))
+    new, log = rewrite(data, spec)
+    note(str(new.mixer))
+    note("; ".join(log))
+    assert facts_summary(analyze(new)) == want
+
+
+def test_rewriter_reaches_each_kind_of_rewrite():
+    # the strategy is not vacuous: on the shipped specs every identity has somewhere to apply
+    seen = set()
+    for name in SHIPPED:
+        spec = load(name)
+        rw = Rewriter(spec, {s.name for s in spec.mixer.states})
+        for eq in spec.mixer.equations:
+            if eq.target not in rw.states:
+                continue
+            sites = rw.sites(eq.value)
+            pool = [get(eq.value, p) for p, _ in sites]
+            for p, linear in sites:
+                seen |= {n for n, _ in rw.options(get(eq.value, p), linear, pool)}
+    assert seen >= {
+        "commute a scalar",
+        "⊙ <-> juxtaposition",
+        "reassociate",
+        "distribute",
+        "add and subtract",
+    }
+    # factoring appears once something was distributed
+    spec = load("deltanet.mix")
+    rw = Rewriter(spec, {"H"})
+    value = spec.mixer.update("H").value
+    path = next(
+        p
+        for p, lin in rw.sites(value)
+        for n, _ in rw.options(get(value, p), lin, [])
+        if n == "distribute"
+    )
+    new = next(x for n, x in rw.options(get(value, path), True, []) if n == "distribute")
+    assert any(n.startswith("factor") for n, _ in rw.options(new, True, []))
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (
+            "H_t = exp(dt_t A) H_{t-1} + dt_t x_t B_t^T",
+            "H_t = H_{t-1} exp(A dt_t) + x_t (dt_t B_t)^T",
+        ),
+        (
+            "H_t = exp(dt_t A) H_{t-1} + dt_t x_t B_t^T",
+            "H_t = exp(dt_t A + x_t . x_t - x_t . x_t) ⊙ H_{t-1} + dt_t ⊙ (x_t B_t^T)",
+        ),
+        (
+            "H_t = exp(dt_t A) H_{t-1} + dt_t x_t B_t^T",
+            "H_t = exp(dt_t A) H_{t-1} + exp(A dt_t) H_{t-1} - exp(dt_t A) H_{t-1} + dt_t x_t B_t^T",
+        ),
+    ],
+)
+def test_equal_atoms_spelled_differently_are_one_term(a, b):
+    base = "mixer m\nin x[P], dt, B[N], C[N]\nparam A\nstate H[P, N]\n{}\ny_t = H_t C_t\n"
+    assert facts_summary(analyze(load_spec(base.format(a)))) == facts_summary(
+        analyze(load_spec(base.format(b)))
+    )
+
+
+# ----------------------------------------------------------------------------- cost model
+
+
+def test_formula_arithmetic_and_printing():
+    K, V, C = Formula.size("K"), Formula.size("V"), Formula.size("C")
+    f = 2 * C * K + 8 * K * V / C + C * C / 3
+    assert str(f) == "C^2/3 + 2*C*K + 8*K*V/C"
+    assert f.value({"K": 64, "V": 32, "C": 16}) == pytest.approx(
+        16**2 / 3 + 2 * 16 * 64 + 8 * 64 * 32 / 16
+    )
+    assert f.value({"K": 64}) is None
+    assert str(Formula.size("64") * K) == "64*K"
+    assert str(f.substitute("C", Formula.size("T"))) == "2*K*T + T^2/3 + 8*K*V/T"
+    assert str(K + (-1) * K) == "0"
+
+
+def test_costs_of_linear_attention_by_hand():
+    c = costs(analyze(load("linear_attention.mix")))
+    (g,) = c.groups
+    # S += v k^T (2KV) and y = S q (2KV); the state read and written in fp32 every token
+    assert str(g.recurrent.flops) == "4*K*V"
+    assert str(g.recurrent.bytes) == "8*K*V"
+    # Q K^T (2CK), mask (C), P V (2CV), Q S_0 (2KV), K^T V (2KV)
+    assert str(g.chunked.flops) == "2*C*K + 2*C*V + 4*K*V + C"
+    assert str(g.quadratic.flops) == "2*K*T + 2*T*V + T"
+    # q, k, v in and y out, 2 bytes each
+    assert str(c.io) == "4*K + 4*V"
+    sizes = {"K": 64, "V": 64, "C": 64, "T": 4096}
+    assert c.chunked.flops.value(sizes) == 2 * 64 * 64 * 2 + 4 * 64 * 64 + 64
+    assert c.symbols == ("C", "K", "T", "V")
+
+
+def test_costs_of_the_delta_rule_include_the_solve_and_kkt():
+    c = costs(analyze(load("deltanet.mix")))
+    text_ = str(c.groups[0].chunked.flops)
+    assert "C^2/3" in text_  # the unit-triangular solve, C^3/3 per chunk
+    assert "6*C*K" in text_  # K K^T, W = T K and Q K^T
+    assert "6*K*V" in text_  # W S_0, K^T V_new, Q S_0
+    assert "T^2/3" in str(c.groups[0].quadratic.flops)
+
+
+def test_costs_of_sequential_specs_have_no_chunked_form():
+    c = costs(analyze(load(ROWS["sequential_tanh"].spec)))
+    assert c.chunked is None and c.quadratic is None
+    assert "lower bound" in c.groups[0].note
+
+
+def test_cost_symbols_avoid_the_specs_own_sizes():
+    spec = load_spec(
+        "mixer m\nin q[C], k[C], v[T]\nstate H[T, C]\nH_t = H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
+    )
+    c = costs(analyze(spec))
+    assert (c.chunk, c.seq) == ("C_chunk", "T_seq")
+    assert "C_chunk" in c.chunked.flops.symbols
+
+
+def test_every_spec_error_is_a_mixc_error():
+    with pytest.raises(SpecError):
+        analyze(load_spec(NON_CAUSAL["a_later_token"][0]))
