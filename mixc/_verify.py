@@ -40,6 +40,8 @@ from .ir import (
 Shape = tuple[str, str]
 SCALAR: Shape = ("1", "1")
 IDENTITY: Shape = ("I", "I")  # square, size from context
+#: Sizes the compiled modules' layout uses for batch, tokens and heads: a spec cannot reuse them.
+LAYOUT_SIZES = frozenset({"B", "T", "NH"})
 
 #: Names the generated code defines or imports, and words of the spec language itself.
 #: A spec may not use them, so no spec can shadow or inject into generated code.
@@ -410,6 +412,13 @@ def _check_declarations(mixer: Mixer) -> None:
                 if size == "I":
                     raise SpecNameError(
                         f"size I of {d.name}: I is the identity matrix",
+                        d.span,
+                        hint="name the size something else, e.g. D",
+                    )
+                if size in LAYOUT_SIZES:
+                    raise SpecNameError(
+                        f"size {size} of {d.name}: {size} is a dimension of the compiled layout "
+                        "[B, T, NH, ...] (batch, tokens, heads)",
                         d.span,
                         hint="name the size something else, e.g. D",
                     )

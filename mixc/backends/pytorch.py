@@ -20,7 +20,7 @@ from ..analysis import Facts, StateFacts
 from ..errors import NotYetImplemented
 from ..ir import Binary, Expr, Name, Timed, walk
 from . import _torch_kernels, _torch_runtime
-from ._pyexpr import PyExpr
+from ._pyexpr import PyExpr, constant
 
 NAME = "pytorch"
 
@@ -430,7 +430,10 @@ class _Module:
             if expr is None:
                 kernel_args.append("None")
                 continue
-            out(f"_{arg}_{name} = _seq_{kind}({e(expr)}, _sizes{packed})  # {expr}")
+            value = e(expr)
+            if constant(expr) is not None:  # a constant gate, e.g. log(0.9): make it a tensor
+                value = f"torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
+            out(f"_{arg}_{name} = _seq_{kind}({value}, _sizes{packed})  # {expr}")
             kernel_args.append(f"_{arg}_{name}")
         return kernel_args
 

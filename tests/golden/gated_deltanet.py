@@ -115,9 +115,9 @@ def _prepare_inputs(layout, values, sequence):
     for (name, dims), x, h in zip(layout, values, heads):
         if n_heads % h:
             _fail(f"{name}: {h} heads do not divide the {n_heads} heads of the other inputs")
+        x = x.to(dtype)  # before sharing heads: the gradient sums over heads in fp32
         if h != n_heads:
             x = x.repeat_interleave(n_heads // h, dim=len(lead) - 1)
-        x = x.to(dtype)
         if not sequence:
             x = x.unsqueeze(1)
         out.append(x[..., :, None] if len(dims) == 1 else x[..., None, None] if not dims else x)
