@@ -1,7 +1,7 @@
 """mixc: a compiler for sequence mixers with a matrix state.
 
-    >>> import mixc
-    >>> spec = mixc.load_spec("specs/deltanet.mix")
+>>> import mixc
+>>> spec = mixc.load_spec("specs/deltanet.mix")
 """
 
 __version__ = "0.1.0"

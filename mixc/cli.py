@@ -217,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile a spec to a standalone PyTorch module")
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically); default: stdout")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="write here (atomically); default: stdout"
+    )
     p.add_argument("--backend", default="pytorch", help="code generator (default: pytorch)")
 
     p = sub.add_parser(

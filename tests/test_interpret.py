@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F  # noqa: N812 (the usual spelling)
+import torch.nn.functional as F
 
 from mixc import MixcError, load_spec
 from mixc._interpret import FUNCTIONS, interpret

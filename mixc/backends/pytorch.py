@@ -346,7 +346,6 @@ class _Module:
             )
             batch = "_batch"
         if states_from is not None:
-            states = ", ".join(self.states)
             out(
                 f"{self.state_tuple()} = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, {batch})"
             )
