@@ -343,6 +343,37 @@ def test_delta_long_sequence_matches_oracle():
     )
 
 
+@pytest.mark.parametrize("gate", ["g", "gkgv", "delta"])
+def test_several_spans(gate):
+    """Wide heads and a long sequence run in several spans on CPU: the state passes between
+    spans, the last span is padded, and the gradients flow back through every span."""
+    delta = gate == "delta"
+    inputs = make_inputs(
+        120, gate="g" if delta else gate, b=4, nh=8, dk=64, dv=64, delta=delta, seed=13
+    )
+    if delta:
+        kernel = kern.chunk_delta
+        width = 64 + 64 + 16
+
+        def oracle(q, k, v, beta, g, initial_state):
+            return oracle_delta(q, k, v, beta, g, initial_state)
+
+    elif gate == "g":
+        kernel, width = kern.chunk_scalar_decay, 64 + 64 + 16
+
+        def oracle(q, k, v, g, initial_state):
+            return oracle_scalar(q, k, v, g, initial_state)
+
+    else:
+        kernel, width = kern.chunk_diagonal, 2 * 64 + 2 * 64 + 16
+
+        def oracle(q, k, v, gk, gv, initial_state):
+            return oracle_diagonal(q, k, v, gk, gv, initial_state)
+
+    assert kern._span_tokens(inputs["q"].float(), width, 16) < 120  # really several spans
+    check_against_oracle(kernel, oracle, inputs, chunk_size=16)
+
+
 # ---------------------------------------------------------------------------
 # structure required by the code generator
 # ---------------------------------------------------------------------------

@@ -9,14 +9,23 @@ Layout (the caller transposes into it):
     g, beta: [B, NH, T]      gk: [B, NH, T, K]      gv: [B, NH, T, V]
     state S: [B, NH, K, V] with S_t = G_t(S_{t-1}) + k_t v_t^T and o_t = q_t S_t.
 All gates are log-gates (g = log a <= 0). Kernels compute in the dtype of their
-inputs (the caller upcasts bf16/fp16 to fp32); the triangular solve of
+inputs (the caller upcasts bf16/fp16 to fp32); the triangular inverse of
 ``chunk_delta`` runs in at least fp32. Formula references ("Class 1", ...)
 point at ALGORITHMS.md.
+
+Every kernel runs its chunks in spans (consecutive whole chunks) and passes the
+state from span to span. Inside a span all chunks are batched: the intra-chunk
+matmuls of every chunk are one batched matmul, and only the state passing is
+sequential (one step per chunk). On CPU a span holds about 2 MiB per input, so
+its temporaries stay in cache and are recycled by the C allocator instead of
+being mapped fresh from the OS on every call; on other devices one span holds
+the whole sequence.
 
 Inside a chunk, b_r = g_1 + ... + g_r and Gamma_ij = exp(b_i - b_j) for i >= j.
 Numerical rules followed throughout: exponents are masked with -inf *before*
 exp, exp(b_i - b_j) is never split into exp(b_i) * exp(-b_j), and every
-exponent that reaches exp is <= 0 (so nothing overflows, forward or backward).
+exponent that reaches exp is <= 0 (so nothing overflows, forward or backward);
+where a decay is built as a product (Class 2), every factor is <= 1.
 """
 
 import torch
@@ -33,16 +42,45 @@ def _check_chunk_size(chunk_size):
 
 
 def _pad_time(x, n_pad):
-    """Zero-pad the token axis (dim 2) of x at the end by n_pad steps."""
+    """Zero-pad the token axis (dim 2) of x at the end by n_pad steps (x itself if n_pad = 0)."""
+    if n_pad == 0:
+        return x
     # pad lists (left, right) pairs starting from the last dim
     pad = [0, 0] * (x.dim() - 3) + [0, n_pad]
     return torch.nn.functional.pad(x, pad)
 
 
 def _split_chunks(x, chunk_size):
-    """Reshape [B, NH, T, ...] into [B, NH, T // chunk_size, chunk_size, ...]."""
+    """Reshape [B, NH, T, ...] into contiguous [B, NH, T // chunk_size, chunk_size, ...]."""
     n_chunks = x.shape[2] // chunk_size
-    return x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
+    chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
+    # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
+    return chunks.contiguous()
+
+
+def _span_tokens(x, width, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
+    CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
+    if x.device.type != "cpu":
+        return max(x.shape[2], 1)
+    per_chunk = x.shape[0] * x.shape[1] * width * chunk_size
+    return max(1, (1 << 19) // per_chunk) * chunk_size
+
+
+def _over_spans(span_fn, seqs, state, chunk_size, width):
+    """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
+    token axis (dim 2) of every tensor in seqs (None stays None); concatenate the outputs."""
+    span = _span_tokens(seqs[0], width, chunk_size)
+    # torch.split, not slicing: its backward is one concatenation, not a zero-filled
+    # full-length gradient per span
+    n_spans = -(-seqs[0].shape[2] // span)
+    pieces = [[None] * n_spans if x is None else x.split(span, dim=2) for x in seqs]
+    outputs = []
+    for piece in zip(*pieces):
+        o, state = span_fn(*piece, state, chunk_size)
+        outputs.append(o)
+    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return o, state
 
 
 def _segsum(x, dim=-1):
@@ -68,38 +106,28 @@ def _segsum(x, dim=-1):
     return torch.where(causal, seg, float("-inf"))
 
 
-def _suffix_sum(x, dim):
-    """Exclusive reverse cumulative sum: out_j = x_{j+1} + ... + x_last (= b_C - b_j)."""
-    # shift left by one along dim, filling the last slot with 0, then reverse-cumsum
-    length = x.shape[dim]
-    shifted = torch.cat(
-        [x.narrow(dim, 1, length - 1), torch.zeros_like(x.narrow(dim, 0, 1))], dim=dim
-    )
-    return torch.flip(torch.cumsum(torch.flip(shifted, [dim]), dim=dim), [dim])
+def _decay_mask(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
 
-
-def _boundary_log_decay(g_sub):
-    """Log-decay from each key token to each sub-chunk boundary, for Class 2 off-diagonal blocks.
-
-    g_sub: [..., n, c, d] log-gates of one chunk split into n sub-chunks of c tokens.
-    Returns [..., n, n * c, d] whose entry (I, j) is b_r - b_j = g_{j+1} + ... + g_r with
-    r = start(I) - 1 the last token before sub-chunk I, and -inf where j > r.
-    It is summed as (gates after j inside j's sub-chunk) + (whole sub-chunks between),
-    never as a difference of two cumulative sums, so it stays accurate when the
-    chunk's cumulative log-gate is large.
+    The exponent is a direct sum of same-sign gates (as in _segsum); the mask and the exp
+    are applied in place on the fresh cumulative sum (no further L x L temporaries).
     """
-    n_sub, sub, dim = g_sub.shape[-3], g_sub.shape[-2], g_sub.shape[-1]
-    # gates after j up to the end of j's own sub-chunk: [..., n(J), c, d]
-    to_sub_end = _suffix_sum(g_sub, dim=-2)
-    # between[I, J] = sum of whole sub-chunks J+1 .. I-1, -inf unless J < I: [..., n(I), n(J), d]
-    totals = g_sub.sum(dim=-2).transpose(-1, -2)  # [..., d, n]
-    seg = _segsum(totals)  # seg[a, J] = totals_{J+1} + ... + totals_a, -inf for J > a
-    # sub-chunk 0 has no earlier token: its row is all -inf
-    no_boundary = torch.full_like(seg[..., :1, :], float("-inf"))
-    between = torch.cat([no_boundary, seg[..., :-1, :]], dim=-2)  # row I holds seg[I - 1]
-    between = between.movedim(-3, -1)  # [..., n(I), n(J), d]
-    log_decay = between.unsqueeze(-2) + to_sub_end.unsqueeze(-4)  # [..., n(I), n(J), c, d]
-    return log_decay.reshape(*log_decay.shape[:-3], n_sub * sub, dim)
+    length = g.shape[-1]
+    ones = torch.ones(length, length, dtype=torch.bool, device=g.device)
+    # rows[..., l, j] = g_l where l > j, else 0; seg[..., i, j] = sum_{j < l <= i} g_l
+    rows = torch.where(torch.tril(ones, diagonal=-1), g.unsqueeze(-1), 0.0)
+    seg = torch.cumsum(rows, dim=-2)
+    # mask to -inf above the diagonal *before* the exp
+    return seg.masked_fill_(~torch.tril(ones), float("-inf")).exp_()
+
+
+def _chunk_decays(gamma, g):
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+
+    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
+    same direct sums, no further cumulative sums (a product of factors <= 1).
+    """
+    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
 
 
 def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
@@ -109,21 +137,111 @@ def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
     chunk_kv: [B, NH, N, K, V]. Returns (states entering each chunk
     [B, NH, N, K, V], final state [B, NH, K, V]).
     """
+    n_chunks = chunk_kv.shape[2]
+    decay_k = [None] * n_chunks if chunk_decay_k is None else chunk_decay_k.unsqueeze(-1).unbind(2)
+    decay_v = [None] * n_chunks if chunk_decay_v is None else chunk_decay_v.unsqueeze(-2).unbind(2)
     state = initial_state
     entering = []
-    for n in range(chunk_kv.shape[2]):
+    for kv, dk, dv in zip(chunk_kv.unbind(2), decay_k, decay_v):
         entering.append(state)
-        if chunk_decay_k is not None:
-            state = chunk_decay_k[:, :, n, :, None] * state
-        if chunk_decay_v is not None:
-            state = state * chunk_decay_v[:, :, n, None, :]
-        state = state + chunk_kv[:, :, n]
+        if dv is not None:
+            state = state * dv
+        state = state + kv if dk is None else torch.addcmul(kv, dk, state)
     return torch.stack(entering, dim=2), state
+
+
+def _scan_scalar(initial_state, chunk_decay, chunk_kv):
+    """Sequential state passing S_n = d_n S_{n-1} + KV_n with a scalar d_n per chunk and head.
+
+    chunk_decay: [B, NH, N], chunk_kv: [B, NH, N, K, V]. One fused op per chunk; returns
+    (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
+    """
+    state = initial_state
+    entering = []
+    for decay, kv in zip(chunk_decay[..., None, None].unbind(2), chunk_kv.unbind(2)):
+        entering.append(state)
+        state = torch.addcmul(kv, decay, state)
+    return torch.stack(entering, dim=2), state
+
+
+def _scan_sum(initial_state, chunk_kv):
+    """State passing without decay: S_n = S_{n-1} + KV_n, one add per chunk.
+
+    (torch.cumsum over the chunk axis is much slower on CPU: it walks a strided axis.)
+    Returns (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
+    """
+    state = initial_state
+    entering = []
+    for kv in chunk_kv.unbind(2):
+        entering.append(state)
+        state = state + kv
+    return torch.stack(entering, dim=2), state
+
+
+def _bmm(a, b):
+    """a @ b for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm on 3-D views.
+
+    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
+    to the BLAS as transposed, not copied first.
+    """
+    out = torch.bmm(
+        a.reshape(-1, a.shape[-2], a.shape[-1]), b.reshape(-1, b.shape[-2], b.shape[-1])
+    )
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+def _two_matmuls(a, b, c, d):
+    """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
+    a second one accumulating in place into its fresh result (no separate add)."""
+
+    def flat(x):
+        return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+    out = torch.bmm(flat(a), flat(b))
+    out.baddbmm_(flat(c), flat(d))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
 # ---------------------------------------------------------------------------
 # Class 1: identity / scalar decay
 # ---------------------------------------------------------------------------
+
+
+def _scalar_decay_span(q, k, v, g, state, chunk_size):
+    """Class 1 on one span of tokens: (o [B, NH, L, V], state after the span)."""
+    batch, heads, length = q.shape[:3]
+    d_v = v.shape[-1]
+
+    # pad with zero tokens (k = v = q = 0, g = 0 leave the state unchanged); one contiguous
+    # copy per input, laid out so every chunk is one matrix of a batched matmul
+    n_pad = (-length) % chunk_size
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+
+    # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [B, NH, N, C, C]
+    if g is None:
+        # identity: Gamma is the causal mask and the state a running sum of K^T V
+        scores = scores.tril_()
+        chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        states_in, state = _scan_sum(state, chunk_kv)
+        q_from_start = q_c
+    else:
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+        from_start, to_end = _chunk_decays(gamma, g_c)
+        scores = scores * gamma
+        # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
+        k_to_end = k_c * to_end.unsqueeze(-1)
+        chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        states_in, state = _scan_scalar(state, from_start[..., -1], chunk_kv)
+        q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
+
+    # intra part, then the inter part accumulated into it by the same matmul call
+    o = _two_matmuls(scores, v_c, q_from_start, states_in)
+    o = o.reshape(batch, heads, -1, d_v)
+    return (o[:, :, :length] if n_pad else o), state
 
 
 def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
@@ -132,41 +250,12 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _check_chunk_size(chunk_size)
-    batch, heads, seq_len, d_k = q.shape
+    batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
-    if g is None:
-        g = q.new_zeros(batch, heads, seq_len)  # log-gate 0 = identity transition
     if initial_state is None:
         initial_state = q.new_zeros(batch, heads, d_k, d_v)
-
-    # pad with zero tokens (k = v = q = 0, g = 0 leave the state unchanged)
-    n_pad = (-seq_len) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
-    g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
-
-    b = torch.cumsum(g_c, dim=-1)  # b_i (<= 0)
-    b_last = b[..., -1]  # b_C
-    b_to_end = _suffix_sum(g_c, dim=-1)  # b_C - b_j (<= 0)
-    gamma = torch.exp(_segsum(g_c))  # Gamma_ij = exp(b_i - b_j), 0 for i < j
-
-    # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0 -- intra part for all chunks at once
-    scores = torch.matmul(q_c, k_c.transpose(-1, -2)) * gamma  # [B, NH, N, C, C]
-    o_intra = torch.matmul(scores, v_c)
-
-    # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
-    k_to_end = k_c * torch.exp(b_to_end).unsqueeze(-1)
-    chunk_kv = torch.matmul(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
-    chunk_decay = torch.exp(b_last).unsqueeze(-1).expand(batch, heads, b_last.shape[2], d_k)
-    states_in, final_state = _scan_states(initial_state, chunk_decay, None, chunk_kv)
-
-    # inter part: diag(exp(b)) Q S_0
-    q_from_start = q_c * torch.exp(b).unsqueeze(-1)
-    o_inter = torch.matmul(q_from_start, states_in)
-
-    o = (o_intra + o_inter).reshape(batch, heads, -1, d_v)[:, :, :seq_len]
-    return o, final_state
+    width = d_k + d_v + chunk_size
+    return _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size, width)
 
 
 def parallel_scalar_decay(q, k, v, g=None):
@@ -191,6 +280,121 @@ def parallel_scalar_decay(q, k, v, g=None):
 # ---------------------------------------------------------------------------
 
 
+def _halves(x, block):
+    """[B, NH, N, C, d] -> (left, right) halves of every block of 2 * block tokens, each
+    [B, NH, N, C / (2 * block), block, d] (views)."""
+    n_blocks = x.shape[3] // (2 * block)
+    return x.reshape(*x.shape[:3], n_blocks, 2, block, x.shape[-1]).unbind(-3)
+
+
+def _join(left, right, shape):
+    """Inverse of _halves: interleave the halves back into shape [B, NH, N, C, d]."""
+    return torch.stack([left, right], dim=-3).reshape(shape)
+
+
+def _double_decays(prefix, suffix, block):
+    """Segment decays for blocks of 2 * block tokens from those for blocks of `block`.
+
+    prefix[i] = exp(g_s + ... + g_i) and suffix[j] = exp(g_{j+1} + ... + g_e) inside the
+    aligned block [s, e] holding the token (suffix None: all ones). A block's right half
+    continues the left half's prefix, and the left half's suffix runs on through the right
+    half: products of factors <= 1, so nothing overflows.
+    """
+    pre_left, pre_right = _halves(prefix, block)
+    left_total = pre_left[..., -1:, :]  # exp(sum of the left half's gates)
+    right_total = pre_right[..., -1:, :]
+    if suffix is None:
+        suf_left, suf_right = right_total.expand(pre_left.shape), torch.ones_like(pre_right)
+    else:
+        suf_left, suf_right = _halves(suffix, block)
+        suf_left = suf_left * right_total
+    return (
+        _join(pre_left, left_total * pre_right, prefix.shape),
+        _join(suf_left, suf_right, prefix.shape),
+    )
+
+
+def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
+    """Class 2 on one span of tokens: (o [B, NH, L, V], state after the span).
+
+    Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
+    each pair belongs to exactly one block in which j is in the left half and i in the right
+    half. For that block the decay exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) is measured
+    from the boundary r (the last token of the left half): q_i ⊙ exp(b_i - b_r) and
+    k_j ⊙ exp(b_r - b_j), both factors <= 1, built as products of per-token decays inside
+    the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul. The
+    pairs i = j need no decay. The same factors at the chunk level carry the state.
+    """
+    batch, heads, length = q.shape[:3]
+    d_v = v.shape[-1]
+    n_pad = (-length) % chunk_size
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+    # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
+    pre_k = None if gk is None else torch.exp(_split_chunks(_pad_time(gk, n_pad), chunk_size))
+    pre_v = None if gv is None else torch.exp(_split_chunks(_pad_time(gv, n_pad), chunk_size))
+    suf_k = suf_v = None
+
+    # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
+    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [B, NH, N, C]
+    if pre_v is None:
+        # one score matrix per chunk, assembled block by block: A [B, NH, N, C, C]
+        scores = diag.unsqueeze(-1).unsqueeze(-1)  # diagonal 1 x 1 blocks [B, NH, N, C, 1, 1]
+    else:
+        out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
+    block = 1
+    while block < chunk_size:
+        q_right = _halves(q_c, block)[1]
+        k_left = _halves(k_c, block)[0]
+        if pre_k is not None:
+            q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)
+            if suf_k is not None:
+                k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
+        corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [B, NH, N, n, b, b]
+        if pre_v is None:
+            pairs = scores.reshape(*scores.shape[:3], -1, 2, block, block)
+            upper, lower = pairs[..., 0, :, :], pairs[..., 1, :, :]
+            top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)
+            scores = torch.cat([top, torch.cat([corner, lower], dim=-1)], dim=-2)
+        else:
+            # value-side gates differ per output channel: apply the block's contribution now
+            v_left = _halves(v_c, block)[0]
+            if suf_v is not None:
+                v_left = v_left * _halves(suf_v, block)[0]
+            update = torch.matmul(corner, v_left) * _halves(pre_v, block)[1]
+            out_left, out_right = _halves(out, block)
+            out = _join(out_left, out_right + update, out.shape)
+            pre_v, suf_v = _double_decays(pre_v, suf_v, block)
+        if pre_k is not None:
+            pre_k, suf_k = _double_decays(pre_k, suf_k, block)
+        block *= 2
+    if pre_v is None:
+        out = _bmm(scores.reshape(*scores.shape[:3], chunk_size, chunk_size), v_c)
+
+    # --- inter-chunk: the chunk-level factors are the last level's ---------------------
+    # Class 2: S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
+    # and y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
+    k_to_end, v_to_end, q_from_start = k_c, v_c, q_c
+    chunk_decay_k = chunk_decay_v = None
+    if pre_k is not None:
+        q_from_start = q_c * pre_k  # exp(bk_i)
+        if suf_k is not None:
+            k_to_end = k_c * suf_k  # exp(bk_C - bk_j)
+        chunk_decay_k = pre_k[..., -1, :]  # exp(bk_C) [B, NH, N, K]
+    if pre_v is not None:
+        if suf_v is not None:
+            v_to_end = v_c * suf_v
+        chunk_decay_v = pre_v[..., -1, :]
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [B, NH, N, K, V]
+    states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    o_inter = _bmm(q_from_start, states_in)
+    if pre_v is not None:
+        o_inter = o_inter * pre_v
+    o = (out + o_inter).reshape(batch, heads, -1, d_v)
+    return (o[:, :, :length] if n_pad else o), state
+
+
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
     """Chunked S_t = diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)) + k_t v_t^T, o_t = q_t S_t.
 
@@ -198,94 +402,120 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
     either may be None (no decay on that side). Returns (o, final state).
     """
     _check_chunk_size(chunk_size)
-    batch, heads, seq_len, d_k = q.shape
+    batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
-    if gk is None:
-        gk = q.new_zeros(q.shape)  # log-gate 0 = no key-side decay
     if initial_state is None:
         initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    has_gv = gv is not None
-
-    # pad with zero tokens (q = k = v = 0, gates 0 leave the state unchanged)
-    n_pad = (-seq_len) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
-    gk_c = _split_chunks(_pad_time(gk, n_pad), chunk_size)  # [B, NH, N, C, K]
-    n_chunks = q_c.shape[2]
-
-    # sub-chunks of size c: [B, NH, N, n, c, d]
-    sub = min(16, chunk_size)
-    n_sub = chunk_size // sub
-    lead = (batch, heads, n_chunks, n_sub, sub)
-    q_s = q_c.reshape(*lead, d_k)
-    k_s = k_c.reshape(*lead, d_k)
-    v_s = v_c.reshape(*lead, d_v)
-    gk_s = gk_c.reshape(*lead, d_k)
-
-    # --- key side -----------------------------------------------------------
-    bk = torch.cumsum(gk_c, dim=-2)  # chunk-level b_i per channel [B, NH, N, C, K]
-    bk_local = torch.cumsum(gk_s, dim=-2)  # b_i - b_r(I), summed inside the sub-chunk
-
-    # Class 2 off-diagonal blocks, measured from the boundary r:
-    # q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j) (j <= r), both exponents <= 0
-    q_off = q_s * torch.exp(bk_local)  # [B, NH, N, n, c, K]
-    log_k_off = _boundary_log_decay(gk_s)  # b_r(I) - b_j, -inf for j > r  [B, NH, N, n, C, K]
-    k_off = k_c.unsqueeze(3) * torch.exp(log_k_off)  # [B, NH, N, n, C, K]
-    scores_off = torch.matmul(q_off, k_off.transpose(-1, -2))  # [B, NH, N, n, c, C]
-
-    # Class 2 diagonal blocks, elementwise in log space:
-    # A_ij = sum_k q_ik k_jk exp(b_ik - b_jk), j <= i inside one sub-chunk
-    log_gamma_k = _segsum(gk_s, dim=-2)  # [B, NH, N, n, c, c, K]
-    qk = q_s.unsqueeze(-2) * k_s.unsqueeze(-3)  # q_ik k_jk  [B, NH, N, n, c, c, K]
-    scores_diag = (qk * torch.exp(log_gamma_k)).sum(dim=-1)  # [B, NH, N, n, c, c]
-
-    # --- value side ---------------------------------------------------------
-    if has_gv:
-        gv_c = _split_chunks(_pad_time(gv, n_pad), chunk_size)  # [B, NH, N, C, V]
-        gv_s = gv_c.reshape(*lead, d_v)
-        bv = torch.cumsum(gv_c, dim=-2)
-        bv_local = torch.cumsum(gv_s, dim=-2)  # bv_i - bv_r(I)
-
-        # off-diagonal: output channel of row i gets exp(bv_i - bv_r), v_j gets exp(bv_r - bv_j)
-        log_v_off = _boundary_log_decay(gv_s)  # bv_r(I) - bv_j, -inf for j > r  [B, NH, N, n, C, V]
-        v_off = v_c.unsqueeze(3) * torch.exp(log_v_off)
-        o_off = torch.matmul(scores_off, v_off) * torch.exp(bv_local)  # [B, NH, N, n, c, V]
-
-        # diagonal: o_iv = sum_j A_ij v_jv exp(bv_iv - bv_jv)
-        log_gamma_v = _segsum(gv_s, dim=-2)  # [B, NH, N, n, c, c, V]
-        weighted_v = v_s.unsqueeze(-3) * torch.exp(log_gamma_v)  # v_jv exp(bv_iv - bv_jv)
-        o_diag = (scores_diag.unsqueeze(-1) * weighted_v).sum(dim=-2)  # [B, NH, N, n, c, V]
-    else:
-        o_off = torch.matmul(scores_off, v_c.unsqueeze(3))  # [B, NH, N, n, c, V]
-        o_diag = torch.matmul(scores_diag, v_s)
-    o_intra = (o_off + o_diag).reshape(batch, heads, n_chunks, chunk_size, d_v)
-
-    # --- inter-chunk --------------------------------------------------------
-    # Class 2: S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
-    k_to_end = k_c * torch.exp(_suffix_sum(gk_c, dim=-2))
-    chunk_decay_k = torch.exp(bk[..., -1, :])  # [B, NH, N, K]
-    if has_gv:
-        v_to_end = v_c * torch.exp(_suffix_sum(gv_c, dim=-2))
-        chunk_decay_v = torch.exp(bv[..., -1, :])  # [B, NH, N, V]
-    else:
-        v_to_end = v_c
-        chunk_decay_v = None
-    chunk_kv = torch.matmul(k_to_end.transpose(-1, -2), v_to_end)  # [B, NH, N, K, V]
-    states_in, final_state = _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
-
-    # y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
-    o_inter = torch.matmul(q_c * torch.exp(bk), states_in)
-    if has_gv:
-        o_inter = o_inter * torch.exp(bv)
-
-    o = (o_intra + o_inter).reshape(batch, heads, -1, d_v)[:, :, :seq_len]
-    return o, final_state
+    width = 2 * d_k + 2 * d_v + chunk_size
+    return _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size, width)
 
 
 # ---------------------------------------------------------------------------
 # Class 3: DeltaNet / Gated DeltaNet
 # ---------------------------------------------------------------------------
+
+
+def _pair_blocks(x, block):
+    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
+    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
+    lead, size = x.shape[:-2], x.shape[-1]
+    n_pairs = size // (2 * block)
+    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
+    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def _unit_lower_inverse(a):
+    """(I + a)^{-1} for strictly lower-triangular a [..., C, C] (C a power of two), no autograd.
+
+    Block recursion on the diagonal: the inverse of [[L11, 0], [L21, L22]] is
+    [[X11, 0], [-X22 L21 X11, X22]], with X11, X22 the inverses of the halves. log2(C)
+    levels of batched matmuls over every block at once (no per-matrix LAPACK calls), each
+    writing its corner blocks in place into the result.
+    """
+    size = a.shape[-1]
+    inverse = torch.eye(size, dtype=a.dtype, device=a.device).expand(a.shape).clone()
+    minus_a = -a
+    block = 1
+    while block < size:
+        blocks = _pair_blocks(inverse, block)
+        upper, lower = blocks[..., :block, :block], blocks[..., block:, block:]  # X11, X22
+        minus_lower_left = _pair_blocks(minus_a, block)[..., block:, :block]  # -L21
+        blocks[..., block:, :block] = torch.matmul(torch.matmul(lower, minus_lower_left), upper)
+        block *= 2
+    return inverse
+
+
+def _delta_span(q, k, v, beta, g, state, chunk_size):
+    """Class 3 on one span of tokens: (o [B, NH, L, V], state after the span)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+
+    # pad with zero tokens (k = v = 0, beta = 0, g = 0: identity transition)
+    n_pad = (-length) % chunk_size
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [B, NH, N, C]
+    n_chunks = q_c.shape[2]
+
+    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [B, NH, N, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
+    k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
+    if g is None:
+        scores = scores.tril_()  # M
+        k_to_end = k_c
+        chunk_decay = None
+        q_from_start = q_c
+    else:
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        gamma = _decay_mask(g_c)  # Gamma_ij, 0 for i < j
+        from_start, to_end = _chunk_decays(gamma, g_c)
+        kk = kk * gamma
+        scores = scores * gamma
+        k_scaled = k_scaled * from_start.unsqueeze(-1)  # diag(beta exp(b)) K
+        k_to_end = k_c * to_end.unsqueeze(-1)  # diag(exp(b_C - b)) K
+        chunk_decay = from_start[..., -1]  # exp(b_C) [B, NH, N]
+        q_from_start = q_c * from_start.unsqueeze(-1)
+
+    # Class 3: A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} in >= fp32;
+    # W = T diag(beta exp(b)) K, U = T V (v pre-scaled by beta)
+    solve_dtype = torch.promote_types(q.dtype, torch.float32)
+    a_strict = (beta_c.unsqueeze(-1) * kk).tril_(-1).to(solve_dtype)
+    t_inv = _unit_lower_inverse(a_strict.detach())
+    if a_strict.requires_grad:
+        # d(I + A)^{-1} = -T dA T: attach that gradient (the value is unchanged, the added
+        # term is exactly zero) instead of differentiating through the recursion
+        t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
+    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, K]
+    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, V]
+
+    # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
+    flat = batch * heads
+    w_n = w.reshape(flat, n_chunks, chunk_size, d_k).unbind(1)
+    u_n = u.reshape(flat, n_chunks, chunk_size, d_v).unbind(1)
+    k_end_n = k_to_end.reshape(flat, n_chunks, chunk_size, d_k).transpose(-1, -2).unbind(1)
+    if chunk_decay is None:
+        decay_n = [None] * n_chunks
+    else:
+        decay_n = chunk_decay.reshape(flat, n_chunks, 1, 1).unbind(1)
+    state = state.reshape(flat, d_k, d_v)
+    states_in = []
+    v_new_all = []
+    for n in range(n_chunks):
+        states_in.append(state)
+        v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0)
+        v_new_all.append(v_new)
+        if decay_n[n] is not None:
+            state = decay_n[n] * state
+        state = torch.baddbmm(state, k_end_n[n], v_new)
+    states_in = torch.stack(states_in, dim=1).reshape(batch, heads, n_chunks, d_k, d_v)
+    v_new = torch.stack(v_new_all, dim=1).reshape(batch, heads, n_chunks, chunk_size, d_v)
+
+    # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
+    o = _two_matmuls(scores, v_new, q_from_start, states_in)
+    o = o.reshape(batch, heads, -1, d_v)
+    return (o[:, :, :length] if n_pad else o), state.reshape(batch, heads, d_k, d_v)
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
@@ -295,90 +525,55 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
     _check_chunk_size(chunk_size)
-    batch, heads, seq_len, d_k = q.shape
+    batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
-    if g is None:
-        g = q.new_zeros(batch, heads, seq_len)  # log-gate 0 = no decay
     if initial_state is None:
         initial_state = q.new_zeros(batch, heads, d_k, d_v)
-
-    # pad with zero tokens (k = v = 0, beta = 0, g = 0: identity transition)
-    n_pad = (-seq_len) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
-    g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
-    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [B, NH, N, C]
-
-    b = torch.cumsum(g_c, dim=-1)  # b_i (<= 0)
-    b_last = b[..., -1]  # b_C
-    b_to_end = _suffix_sum(g_c, dim=-1)  # b_C - b_j (<= 0)
-    gamma = torch.exp(_segsum(g_c))  # Gamma_ij, 0 for i < j
-
-    # Class 3 (gated): A = tril(diag(beta) (K K^T ⊙ Gamma), -1)
-    kk = torch.matmul(k_c, k_c.transpose(-1, -2)) * gamma  # [B, NH, N, C, C]
-    a_strict = torch.tril(beta_c.unsqueeze(-1) * kk, diagonal=-1)
-
-    # T = (I + A)^{-1}; W = T diag(beta) diag(exp(b)) K, U = T V (v pre-scaled by beta)
-    # solved together as (I + A) [W | U] = [diag(beta exp(b)) K | V], unit lower-triangular, >= fp32
-    solve_dtype = torch.promote_types(q.dtype, torch.float32)
-    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
-    unit_lower = (eye + a_strict).to(solve_dtype)
-    k_scaled = k_c * (beta_c * torch.exp(b)).unsqueeze(-1)
-    rhs = torch.cat([k_scaled, v_c], dim=-1).to(solve_dtype)
-    solved = torch.linalg.solve_triangular(unit_lower, rhs, upper=False, unitriangular=True)
-    solved = solved.to(q.dtype)
-    w = solved[..., :d_k]  # [B, NH, N, C, K]
-    u = solved[..., d_k:]  # [B, NH, N, C, V]
-
-    # sequential part: V_new = U - W S_0;  S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
-    k_to_end = k_c * torch.exp(b_to_end).unsqueeze(-1)
-    chunk_decay = torch.exp(b_last)  # [B, NH, N]
-    state = initial_state
-    states_in = []
-    v_new_all = []
-    for n in range(q_c.shape[2]):
-        states_in.append(state)
-        v_new = u[:, :, n] - torch.matmul(w[:, :, n], state)
-        v_new_all.append(v_new)
-        state_decayed = chunk_decay[:, :, n, None, None] * state
-        state = state_decayed + torch.matmul(k_to_end[:, :, n].transpose(-1, -2), v_new)
-    states_in = torch.stack(states_in, dim=2)  # [B, NH, N, K, V]
-    v_new = torch.stack(v_new_all, dim=2)  # [B, NH, N, C, V]
-
-    # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
-    o_inter = torch.matmul(q_c * torch.exp(b).unsqueeze(-1), states_in)
-    scores = torch.matmul(q_c, k_c.transpose(-1, -2)) * gamma
-    o_intra = torch.matmul(scores, v_new)
-
-    o = (o_intra + o_inter).reshape(batch, heads, -1, d_v)[:, :, :seq_len]
-    return o, state
+    width = d_k + d_v + chunk_size
+    return _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size, width)
 
 
 DEPENDS: dict[str, tuple[str, ...]] = {
     "chunk_scalar_decay": (
         "_check_chunk_size",
+        "_span_tokens",
+        "_over_spans",
         "_pad_time",
         "_split_chunks",
-        "_segsum",
-        "_suffix_sum",
-        "_scan_states",
+        "_decay_mask",
+        "_chunk_decays",
+        "_bmm",
+        "_two_matmuls",
+        "_scan_scalar",
+        "_scan_sum",
+        "_scalar_decay_span",
     ),
     "parallel_scalar_decay": ("_segsum",),
     "chunk_diagonal": (
         "_check_chunk_size",
+        "_span_tokens",
+        "_over_spans",
         "_pad_time",
         "_split_chunks",
-        "_segsum",
-        "_suffix_sum",
-        "_boundary_log_decay",
+        "_bmm",
+        "_halves",
+        "_join",
+        "_double_decays",
         "_scan_states",
+        "_diagonal_span",
     ),
     "chunk_delta": (
         "_check_chunk_size",
+        "_span_tokens",
+        "_over_spans",
         "_pad_time",
         "_split_chunks",
-        "_segsum",
-        "_suffix_sum",
+        "_decay_mask",
+        "_chunk_decays",
+        "_bmm",
+        "_two_matmuls",
+        "_pair_blocks",
+        "_unit_lower_inverse",
+        "_delta_span",
     ),
 }

@@ -245,56 +245,203 @@ def _l2norm(x):
 # ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
 
 
+def _bmm(a, b):
+    """a @ b for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm on 3-D views.
+
+    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
+    to the BLAS as transposed, not copied first.
+    """
+    out = torch.bmm(
+        a.reshape(-1, a.shape[-2], a.shape[-1]), b.reshape(-1, b.shape[-2], b.shape[-1])
+    )
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
 def _check_chunk_size(chunk_size):
     """Reject chunk sizes that are not positive powers of two."""
     if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
 
 
+def _chunk_decays(gamma, g):
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+
+    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
+    same direct sums, no further cumulative sums (a product of factors <= 1).
+    """
+    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
+
+
+def _decay_mask(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
+
+    The exponent is a direct sum of same-sign gates (as in _segsum); the mask and the exp
+    are applied in place on the fresh cumulative sum (no further L x L temporaries).
+    """
+    length = g.shape[-1]
+    ones = torch.ones(length, length, dtype=torch.bool, device=g.device)
+    # rows[..., l, j] = g_l where l > j, else 0; seg[..., i, j] = sum_{j < l <= i} g_l
+    rows = torch.where(torch.tril(ones, diagonal=-1), g.unsqueeze(-1), 0.0)
+    seg = torch.cumsum(rows, dim=-2)
+    # mask to -inf above the diagonal *before* the exp
+    return seg.masked_fill_(~torch.tril(ones), float("-inf")).exp_()
+
+
+def _delta_span(q, k, v, beta, g, state, chunk_size):
+    """Class 3 on one span of tokens: (o [B, NH, L, V], state after the span)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+
+    # pad with zero tokens (k = v = 0, beta = 0, g = 0: identity transition)
+    n_pad = (-length) % chunk_size
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [B, NH, N, C]
+    n_chunks = q_c.shape[2]
+
+    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [B, NH, N, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
+    k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
+    if g is None:
+        scores = scores.tril_()  # M
+        k_to_end = k_c
+        chunk_decay = None
+        q_from_start = q_c
+    else:
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        gamma = _decay_mask(g_c)  # Gamma_ij, 0 for i < j
+        from_start, to_end = _chunk_decays(gamma, g_c)
+        kk = kk * gamma
+        scores = scores * gamma
+        k_scaled = k_scaled * from_start.unsqueeze(-1)  # diag(beta exp(b)) K
+        k_to_end = k_c * to_end.unsqueeze(-1)  # diag(exp(b_C - b)) K
+        chunk_decay = from_start[..., -1]  # exp(b_C) [B, NH, N]
+        q_from_start = q_c * from_start.unsqueeze(-1)
+
+    # Class 3: A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} in >= fp32;
+    # W = T diag(beta exp(b)) K, U = T V (v pre-scaled by beta)
+    solve_dtype = torch.promote_types(q.dtype, torch.float32)
+    a_strict = (beta_c.unsqueeze(-1) * kk).tril_(-1).to(solve_dtype)
+    t_inv = _unit_lower_inverse(a_strict.detach())
+    if a_strict.requires_grad:
+        # d(I + A)^{-1} = -T dA T: attach that gradient (the value is unchanged, the added
+        # term is exactly zero) instead of differentiating through the recursion
+        t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
+    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, K]
+    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, V]
+
+    # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
+    flat = batch * heads
+    w_n = w.reshape(flat, n_chunks, chunk_size, d_k).unbind(1)
+    u_n = u.reshape(flat, n_chunks, chunk_size, d_v).unbind(1)
+    k_end_n = k_to_end.reshape(flat, n_chunks, chunk_size, d_k).transpose(-1, -2).unbind(1)
+    if chunk_decay is None:
+        decay_n = [None] * n_chunks
+    else:
+        decay_n = chunk_decay.reshape(flat, n_chunks, 1, 1).unbind(1)
+    state = state.reshape(flat, d_k, d_v)
+    states_in = []
+    v_new_all = []
+    for n in range(n_chunks):
+        states_in.append(state)
+        v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0)
+        v_new_all.append(v_new)
+        if decay_n[n] is not None:
+            state = decay_n[n] * state
+        state = torch.baddbmm(state, k_end_n[n], v_new)
+    states_in = torch.stack(states_in, dim=1).reshape(batch, heads, n_chunks, d_k, d_v)
+    v_new = torch.stack(v_new_all, dim=1).reshape(batch, heads, n_chunks, chunk_size, d_v)
+
+    # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
+    o = _two_matmuls(scores, v_new, q_from_start, states_in)
+    o = o.reshape(batch, heads, -1, d_v)
+    return (o[:, :, :length] if n_pad else o), state.reshape(batch, heads, d_k, d_v)
+
+
+def _over_spans(span_fn, seqs, state, chunk_size, width):
+    """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
+    token axis (dim 2) of every tensor in seqs (None stays None); concatenate the outputs."""
+    span = _span_tokens(seqs[0], width, chunk_size)
+    # torch.split, not slicing: its backward is one concatenation, not a zero-filled
+    # full-length gradient per span
+    n_spans = -(-seqs[0].shape[2] // span)
+    pieces = [[None] * n_spans if x is None else x.split(span, dim=2) for x in seqs]
+    outputs = []
+    for piece in zip(*pieces):
+        o, state = span_fn(*piece, state, chunk_size)
+        outputs.append(o)
+    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return o, state
+
+
 def _pad_time(x, n_pad):
-    """Zero-pad the token axis (dim 2) of x at the end by n_pad steps."""
+    """Zero-pad the token axis (dim 2) of x at the end by n_pad steps (x itself if n_pad = 0)."""
+    if n_pad == 0:
+        return x
     # pad lists (left, right) pairs starting from the last dim
     pad = [0, 0] * (x.dim() - 3) + [0, n_pad]
     return torch.nn.functional.pad(x, pad)
 
 
-def _segsum(x, dim=-1):
-    """Segment sums along axis dim: out[..., i, j, ...] = x_{j+1} + ... + x_i.
+def _pair_blocks(x, block):
+    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
+    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
+    lead, size = x.shape[:-2], x.shape[-1]
+    n_pairs = size // (2 * block)
+    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
+    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
 
-    A new axis j is inserted right after dim (so [..., L] -> [..., L, L] and
-    [..., L, d] -> [..., L, L, d] for dim=-2), with -inf where j > i (0 on the
-    diagonal): exp(out) is Gamma_ij = exp(b_i - b_j) masked to i >= j. Each entry
-    is a direct sum of same-sign gates (never a difference of two cumulative
-    sums), so it stays accurate when the cumulative sums are large.
-    """
-    dim = dim % x.dim()
-    length = x.shape[dim]
-    mask_shape = (length, length) + (1,) * (x.dim() - dim - 1)
-    ones = torch.ones(length, length, dtype=torch.bool, device=x.device)
-    strictly_lower = torch.tril(ones, diagonal=-1).reshape(mask_shape)
-    causal = torch.tril(ones).reshape(mask_shape)
-    # rows[..., l, j, ...] = x_l where l > j, else 0 (torch.where = out-of-place masked_fill)
-    rows = torch.where(strictly_lower, x.unsqueeze(dim + 1), 0.0)
-    # seg[..., i, j, ...] = sum_{j < l <= i} x_l
-    seg = torch.cumsum(rows, dim=dim)
-    # mask to -inf above the diagonal *before* any exp
-    return torch.where(causal, seg, float("-inf"))
+
+def _span_tokens(x, width, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
+    CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
+    if x.device.type != "cpu":
+        return max(x.shape[2], 1)
+    per_chunk = x.shape[0] * x.shape[1] * width * chunk_size
+    return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
 def _split_chunks(x, chunk_size):
-    """Reshape [B, NH, T, ...] into [B, NH, T // chunk_size, chunk_size, ...]."""
+    """Reshape [B, NH, T, ...] into contiguous [B, NH, T // chunk_size, chunk_size, ...]."""
     n_chunks = x.shape[2] // chunk_size
-    return x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
+    chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
+    # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
+    return chunks.contiguous()
 
 
-def _suffix_sum(x, dim):
-    """Exclusive reverse cumulative sum: out_j = x_{j+1} + ... + x_last (= b_C - b_j)."""
-    # shift left by one along dim, filling the last slot with 0, then reverse-cumsum
-    length = x.shape[dim]
-    shifted = torch.cat(
-        [x.narrow(dim, 1, length - 1), torch.zeros_like(x.narrow(dim, 0, 1))], dim=dim
-    )
-    return torch.flip(torch.cumsum(torch.flip(shifted, [dim]), dim=dim), [dim])
+def _two_matmuls(a, b, c, d):
+    """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
+    a second one accumulating in place into its fresh result (no separate add)."""
+
+    def flat(x):
+        return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+    out = torch.bmm(flat(a), flat(b))
+    out.baddbmm_(flat(c), flat(d))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+def _unit_lower_inverse(a):
+    """(I + a)^{-1} for strictly lower-triangular a [..., C, C] (C a power of two), no autograd.
+
+    Block recursion on the diagonal: the inverse of [[L11, 0], [L21, L22]] is
+    [[X11, 0], [-X22 L21 X11, X22]], with X11, X22 the inverses of the halves. log2(C)
+    levels of batched matmuls over every block at once (no per-matrix LAPACK calls), each
+    writing its corner blocks in place into the result.
+    """
+    size = a.shape[-1]
+    inverse = torch.eye(size, dtype=a.dtype, device=a.device).expand(a.shape).clone()
+    minus_a = -a
+    block = 1
+    while block < size:
+        blocks = _pair_blocks(inverse, block)
+        upper, lower = blocks[..., :block, :block], blocks[..., block:, block:]  # X11, X22
+        minus_lower_left = _pair_blocks(minus_a, block)[..., block:, :block]  # -L21
+        blocks[..., block:, :block] = torch.matmul(torch.matmul(lower, minus_lower_left), upper)
+        block *= 2
+    return inverse
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
@@ -304,64 +451,12 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
     _check_chunk_size(chunk_size)
-    batch, heads, seq_len, d_k = q.shape
+    batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
-    if g is None:
-        g = q.new_zeros(batch, heads, seq_len)  # log-gate 0 = no decay
     if initial_state is None:
         initial_state = q.new_zeros(batch, heads, d_k, d_v)
-
-    # pad with zero tokens (k = v = 0, beta = 0, g = 0: identity transition)
-    n_pad = (-seq_len) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
-    g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
-    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [B, NH, N, C]
-
-    b = torch.cumsum(g_c, dim=-1)  # b_i (<= 0)
-    b_last = b[..., -1]  # b_C
-    b_to_end = _suffix_sum(g_c, dim=-1)  # b_C - b_j (<= 0)
-    gamma = torch.exp(_segsum(g_c))  # Gamma_ij, 0 for i < j
-
-    # Class 3 (gated): A = tril(diag(beta) (K K^T ⊙ Gamma), -1)
-    kk = torch.matmul(k_c, k_c.transpose(-1, -2)) * gamma  # [B, NH, N, C, C]
-    a_strict = torch.tril(beta_c.unsqueeze(-1) * kk, diagonal=-1)
-
-    # T = (I + A)^{-1}; W = T diag(beta) diag(exp(b)) K, U = T V (v pre-scaled by beta)
-    # solved together as (I + A) [W | U] = [diag(beta exp(b)) K | V], unit lower-triangular, >= fp32
-    solve_dtype = torch.promote_types(q.dtype, torch.float32)
-    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
-    unit_lower = (eye + a_strict).to(solve_dtype)
-    k_scaled = k_c * (beta_c * torch.exp(b)).unsqueeze(-1)
-    rhs = torch.cat([k_scaled, v_c], dim=-1).to(solve_dtype)
-    solved = torch.linalg.solve_triangular(unit_lower, rhs, upper=False, unitriangular=True)
-    solved = solved.to(q.dtype)
-    w = solved[..., :d_k]  # [B, NH, N, C, K]
-    u = solved[..., d_k:]  # [B, NH, N, C, V]
-
-    # sequential part: V_new = U - W S_0;  S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
-    k_to_end = k_c * torch.exp(b_to_end).unsqueeze(-1)
-    chunk_decay = torch.exp(b_last)  # [B, NH, N]
-    state = initial_state
-    states_in = []
-    v_new_all = []
-    for n in range(q_c.shape[2]):
-        states_in.append(state)
-        v_new = u[:, :, n] - torch.matmul(w[:, :, n], state)
-        v_new_all.append(v_new)
-        state_decayed = chunk_decay[:, :, n, None, None] * state
-        state = state_decayed + torch.matmul(k_to_end[:, :, n].transpose(-1, -2), v_new)
-    states_in = torch.stack(states_in, dim=2)  # [B, NH, N, K, V]
-    v_new = torch.stack(v_new_all, dim=2)  # [B, NH, N, C, V]
-
-    # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
-    o_inter = torch.matmul(q_c * torch.exp(b).unsqueeze(-1), states_in)
-    scores = torch.matmul(q_c, k_c.transpose(-1, -2)) * gamma
-    o_intra = torch.matmul(scores, v_new)
-
-    o = (o_intra + o_inter).reshape(batch, heads, -1, d_v)[:, :, :seq_len]
-    return o, state
+    width = d_k + d_v + chunk_size
+    return _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size, width)
 
 
 # ---- this mixer --------------------------------------------------------------------------

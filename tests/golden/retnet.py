@@ -248,35 +248,135 @@ def _l2norm(x):
 # ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
 
 
+def _bmm(a, b):
+    """a @ b for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm on 3-D views.
+
+    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
+    to the BLAS as transposed, not copied first.
+    """
+    out = torch.bmm(
+        a.reshape(-1, a.shape[-2], a.shape[-1]), b.reshape(-1, b.shape[-2], b.shape[-1])
+    )
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
 def _check_chunk_size(chunk_size):
     """Reject chunk sizes that are not positive powers of two."""
     if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
 
 
+def _chunk_decays(gamma, g):
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+
+    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
+    same direct sums, no further cumulative sums (a product of factors <= 1).
+    """
+    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
+
+
+def _decay_mask(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
+
+    The exponent is a direct sum of same-sign gates (as in _segsum); the mask and the exp
+    are applied in place on the fresh cumulative sum (no further L x L temporaries).
+    """
+    length = g.shape[-1]
+    ones = torch.ones(length, length, dtype=torch.bool, device=g.device)
+    # rows[..., l, j] = g_l where l > j, else 0; seg[..., i, j] = sum_{j < l <= i} g_l
+    rows = torch.where(torch.tril(ones, diagonal=-1), g.unsqueeze(-1), 0.0)
+    seg = torch.cumsum(rows, dim=-2)
+    # mask to -inf above the diagonal *before* the exp
+    return seg.masked_fill_(~torch.tril(ones), float("-inf")).exp_()
+
+
+def _over_spans(span_fn, seqs, state, chunk_size, width):
+    """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
+    token axis (dim 2) of every tensor in seqs (None stays None); concatenate the outputs."""
+    span = _span_tokens(seqs[0], width, chunk_size)
+    # torch.split, not slicing: its backward is one concatenation, not a zero-filled
+    # full-length gradient per span
+    n_spans = -(-seqs[0].shape[2] // span)
+    pieces = [[None] * n_spans if x is None else x.split(span, dim=2) for x in seqs]
+    outputs = []
+    for piece in zip(*pieces):
+        o, state = span_fn(*piece, state, chunk_size)
+        outputs.append(o)
+    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return o, state
+
+
 def _pad_time(x, n_pad):
-    """Zero-pad the token axis (dim 2) of x at the end by n_pad steps."""
+    """Zero-pad the token axis (dim 2) of x at the end by n_pad steps (x itself if n_pad = 0)."""
+    if n_pad == 0:
+        return x
     # pad lists (left, right) pairs starting from the last dim
     pad = [0, 0] * (x.dim() - 3) + [0, n_pad]
     return torch.nn.functional.pad(x, pad)
 
 
-def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
-    """Sequential state passing S_n = dk_n[:, None] * S_{n-1} * dv_n[None, :] + KV_n.
+def _scalar_decay_span(q, k, v, g, state, chunk_size):
+    """Class 1 on one span of tokens: (o [B, NH, L, V], state after the span)."""
+    batch, heads, length = q.shape[:3]
+    d_v = v.shape[-1]
 
-    chunk_decay_k: [B, NH, N, K] or None, chunk_decay_v: [B, NH, N, V] or None,
-    chunk_kv: [B, NH, N, K, V]. Returns (states entering each chunk
-    [B, NH, N, K, V], final state [B, NH, K, V]).
+    # pad with zero tokens (k = v = q = 0, g = 0 leave the state unchanged); one contiguous
+    # copy per input, laid out so every chunk is one matrix of a batched matmul
+    n_pad = (-length) % chunk_size
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+
+    # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [B, NH, N, C, C]
+    if g is None:
+        # identity: Gamma is the causal mask and the state a running sum of K^T V
+        scores = scores.tril_()
+        chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        states_in, state = _scan_sum(state, chunk_kv)
+        q_from_start = q_c
+    else:
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+        from_start, to_end = _chunk_decays(gamma, g_c)
+        scores = scores * gamma
+        # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
+        k_to_end = k_c * to_end.unsqueeze(-1)
+        chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        states_in, state = _scan_scalar(state, from_start[..., -1], chunk_kv)
+        q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
+
+    # intra part, then the inter part accumulated into it by the same matmul call
+    o = _two_matmuls(scores, v_c, q_from_start, states_in)
+    o = o.reshape(batch, heads, -1, d_v)
+    return (o[:, :, :length] if n_pad else o), state
+
+
+def _scan_scalar(initial_state, chunk_decay, chunk_kv):
+    """Sequential state passing S_n = d_n S_{n-1} + KV_n with a scalar d_n per chunk and head.
+
+    chunk_decay: [B, NH, N], chunk_kv: [B, NH, N, K, V]. One fused op per chunk; returns
+    (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
     """
     state = initial_state
     entering = []
-    for n in range(chunk_kv.shape[2]):
+    for decay, kv in zip(chunk_decay[..., None, None].unbind(2), chunk_kv.unbind(2)):
         entering.append(state)
-        if chunk_decay_k is not None:
-            state = chunk_decay_k[:, :, n, :, None] * state
-        if chunk_decay_v is not None:
-            state = state * chunk_decay_v[:, :, n, None, :]
-        state = state + chunk_kv[:, :, n]
+        state = torch.addcmul(kv, decay, state)
+    return torch.stack(entering, dim=2), state
+
+
+def _scan_sum(initial_state, chunk_kv):
+    """State passing without decay: S_n = S_{n-1} + KV_n, one add per chunk.
+
+    (torch.cumsum over the chunk axis is much slower on CPU: it walks a strided axis.)
+    Returns (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
+    """
+    state = initial_state
+    entering = []
+    for kv in chunk_kv.unbind(2):
+        entering.append(state)
+        state = state + kv
     return torch.stack(entering, dim=2), state
 
 
@@ -303,20 +403,33 @@ def _segsum(x, dim=-1):
     return torch.where(causal, seg, float("-inf"))
 
 
+def _span_tokens(x, width, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
+    CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
+    if x.device.type != "cpu":
+        return max(x.shape[2], 1)
+    per_chunk = x.shape[0] * x.shape[1] * width * chunk_size
+    return max(1, (1 << 19) // per_chunk) * chunk_size
+
+
 def _split_chunks(x, chunk_size):
-    """Reshape [B, NH, T, ...] into [B, NH, T // chunk_size, chunk_size, ...]."""
+    """Reshape [B, NH, T, ...] into contiguous [B, NH, T // chunk_size, chunk_size, ...]."""
     n_chunks = x.shape[2] // chunk_size
-    return x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
+    chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
+    # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
+    return chunks.contiguous()
 
 
-def _suffix_sum(x, dim):
-    """Exclusive reverse cumulative sum: out_j = x_{j+1} + ... + x_last (= b_C - b_j)."""
-    # shift left by one along dim, filling the last slot with 0, then reverse-cumsum
-    length = x.shape[dim]
-    shifted = torch.cat(
-        [x.narrow(dim, 1, length - 1), torch.zeros_like(x.narrow(dim, 0, 1))], dim=dim
-    )
-    return torch.flip(torch.cumsum(torch.flip(shifted, [dim]), dim=dim), [dim])
+def _two_matmuls(a, b, c, d):
+    """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
+    a second one accumulating in place into its fresh result (no separate add)."""
+
+    def flat(x):
+        return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+    out = torch.bmm(flat(a), flat(b))
+    out.baddbmm_(flat(c), flat(d))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
 def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
@@ -325,41 +438,12 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _check_chunk_size(chunk_size)
-    batch, heads, seq_len, d_k = q.shape
+    batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
-    if g is None:
-        g = q.new_zeros(batch, heads, seq_len)  # log-gate 0 = identity transition
     if initial_state is None:
         initial_state = q.new_zeros(batch, heads, d_k, d_v)
-
-    # pad with zero tokens (k = v = q = 0, g = 0 leave the state unchanged)
-    n_pad = (-seq_len) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
-    g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
-
-    b = torch.cumsum(g_c, dim=-1)  # b_i (<= 0)
-    b_last = b[..., -1]  # b_C
-    b_to_end = _suffix_sum(g_c, dim=-1)  # b_C - b_j (<= 0)
-    gamma = torch.exp(_segsum(g_c))  # Gamma_ij = exp(b_i - b_j), 0 for i < j
-
-    # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0 -- intra part for all chunks at once
-    scores = torch.matmul(q_c, k_c.transpose(-1, -2)) * gamma  # [B, NH, N, C, C]
-    o_intra = torch.matmul(scores, v_c)
-
-    # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
-    k_to_end = k_c * torch.exp(b_to_end).unsqueeze(-1)
-    chunk_kv = torch.matmul(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
-    chunk_decay = torch.exp(b_last).unsqueeze(-1).expand(batch, heads, b_last.shape[2], d_k)
-    states_in, final_state = _scan_states(initial_state, chunk_decay, None, chunk_kv)
-
-    # inter part: diag(exp(b)) Q S_0
-    q_from_start = q_c * torch.exp(b).unsqueeze(-1)
-    o_inter = torch.matmul(q_from_start, states_in)
-
-    o = (o_intra + o_inter).reshape(batch, heads, -1, d_v)[:, :, :seq_len]
-    return o, final_state
+    width = d_k + d_v + chunk_size
+    return _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size, width)
 
 
 def parallel_scalar_decay(q, k, v, g=None):

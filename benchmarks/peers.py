@@ -1,0 +1,855 @@
+"""mixc against the field's pure-PyTorch references, and mixc's own performance targets.
+
+Writes benchmarks/RESULTS.md (tables, the machine, the command, the date, whether each target
+holds) and benchmarks/bench.png. Run it through benchmarks/run.sh.
+
+The peers are flash-linear-attention's reference functions (`fla/ops/<mixer>/naive.py` of the
+`fla-core` package), loaded by file path so that `fla.ops` (which needs triton) is never
+imported. Install them only in the benchmark's environment: `pip install --no-deps fla-core
+einops`. mixc itself never imports them.
+
+Protocol: every timing runs in a fresh worker process (this file with --worker), so the C
+allocator's state left by one implementation never helps or hurts another; each worker
+imports the same modules (torch, mixc, einops, the fla references) and builds the same seeded
+inputs. Each worker does warm-up calls and then timed calls; the whole set of workers is
+repeated for several rounds, interleaving the implementations, and the median over every
+timed call is reported with the quartiles. Outputs are compared (relative error) before any
+timing, and the run stops if they disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "specs"
+B, NH, D = 1, 4, 64
+PEER_T = 4096
+RECURRENT_T = 8192
+MEMORY_T = (8192, 32768)
+SWEEP_T = (512, 1024, 2048, 4096, 8192, 16384)
+AGREE_TOL = 1e-4  # relative error between the two fp32 outputs (both are ~1e-6 from fp64)
+
+#: Chunk size per transition class used for the mixc side (the recommended defaults).
+CHUNK = {
+    "identity": 64,
+    "scalar constant": 32,
+    "scalar data-dependent": 32,
+    "diagonal key-side": 32,
+    "diagonal value-side": 32,
+    "elementwise gate": 32,
+    "identity minus rank-1": 32,
+    "scalar decay times identity minus rank-1": 32,
+}
+
+
+@dataclass(frozen=True)
+class Pair:
+    spec: str  # mixc spec in specs/
+    module: str  # fla/ops/<module>/naive.py
+    function: str
+    head_major: bool  # the reference takes [B, H, T, d] (else [B, T, H, d])
+    fla_chunk: int  # the reference's own chunk size (its default)
+
+
+PAIRS = (
+    Pair("linear_attention", "linear_attn", "naive_chunk_linear_attn", False, 64),
+    Pair("gated_retention", "simple_gla", "naive_chunk_simple_gla", False, 64),
+    Pair("deltanet", "delta_rule", "delta_rule_chunkwise", True, 32),
+    Pair("gated_deltanet", "gated_delta_rule", "naive_chunk_gated_delta_rule", False, 64),
+)
+
+TARGETS = {
+    "fwd": 0.5,
+    "fwd_bwd": 0.7,
+    "recurrent_speedup": 20.0,
+    "matmul_fraction": 0.35,
+    "memory_ratio": 4.5,
+    "compile_s": 0.3,
+}
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _load_fla(module: str):
+    """fla/ops/<module>/naive.py by file path (fla.ops itself needs triton)."""
+    spec = importlib.util.find_spec("fla")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "flash-linear-attention is not installed in this environment: "
+            "pip install --no-deps fla-core einops (see benchmarks/README.md)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / module / "naive.py"
+    loaded = importlib.util.spec_from_file_location(f"fla_naive_{module}", path)
+    mod = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(mod)
+    return mod
+
+
+def _chunk_for(spec_name: str) -> int:
+    import mixc
+
+    facts = mixc.analyze(mixc.load_spec(SPECS / f"{spec_name}.mix"))
+    return CHUNK.get(facts.states[0].transition.cls, 64)
+
+
+def _peer_inputs(pair: Pair, T: int, dtype):
+    """Seeded inputs in the layout [B, T, H, d] (keys unit-norm for the delta rule)."""
+    import torch
+    from torch.nn import functional
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, NH, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    if "delta" in pair.module:
+        k = functional.normalize(k, dim=-1)
+    a = torch.randn(B, T, NH, generator=gen, dtype=torch.float64) + 3.0
+    beta = torch.sigmoid(torch.randn(B, T, NH, generator=gen, dtype=torch.float64))
+    g = functional.logsigmoid(a)
+    return {n: x.to(dtype) for n, x in dict(q=q, k=k, v=v, a=a, g=g, beta=beta).items()}
+
+
+def _calls(pair: Pair, T: int, dtype, chunk: int):
+    """(mixc_fn, mixc_leaves, fla_fn, fla_leaves): fn(*leaves) -> output [B, T, H, V].
+
+    fla scales q by 1/sqrt(d_k) itself; the mixc module computes exactly its spec, so the
+    same scaled q is passed to it (inside the timed call, like fla's own multiply).
+    """
+    import mixc
+
+    x = _peer_inputs(pair, T, dtype)
+    module = mixc.load(SPECS / f"{pair.spec}.mix")
+    scale = D**-0.5
+    ref = _load_fla(pair.module)
+    fla = getattr(ref, pair.function)
+    mixc_inputs = {
+        "linear_attention": ("q", "k", "v"),
+        "gated_retention": ("q", "k", "v", "a"),
+        "deltanet": ("q", "k", "v", "beta"),
+        "gated_deltanet": ("q", "k", "v", "g", "beta"),
+    }[pair.spec]
+    fla_inputs = {
+        "linear_attn": ("q", "k", "v"),
+        "simple_gla": ("q", "k", "v", "g"),
+        "delta_rule": ("q", "k", "v", "beta"),
+        "gated_delta_rule": ("q", "k", "v", "g", "beta"),
+    }[pair.module]
+
+    def mixc_fn(q, *rest):
+        return module.chunk(q * scale, *rest, chunk_size=chunk)[0]
+
+    if pair.head_major:
+
+        def fla_fn(*args):
+            return fla(*args)[0].transpose(1, 2)
+
+        fla_leaves = [x[n].transpose(1, 2).contiguous() for n in fla_inputs]
+    else:
+
+        def fla_fn(*args):
+            out = fla(*args)
+            return out[0] if isinstance(out, tuple) else out
+
+        fla_leaves = [x[n] for n in fla_inputs]
+    return mixc_fn, [x[n] for n in mixc_inputs], fla_fn, fla_leaves
+
+
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def task_agree(args: dict) -> dict:
+    """Outputs of mixc (fp32) and the peer (fp32) against mixc in fp64, and each other."""
+    import torch
+
+    out = {}
+    for pair in PAIRS:
+        chunk = _chunk_for(pair.spec)
+        m32, x32, f32, y32 = _calls(pair, args["T"], torch.float32, chunk)
+        m64, x64, _, _ = _calls(pair, args["T"], torch.float64, chunk)
+        with torch.no_grad():
+            a, b, ref = m32(*x32), f32(*y32), m64(*x64)
+        out[pair.spec] = {
+            "mixc_vs_fla": _rel(a, b),
+            "mixc_fp32_vs_fp64": _rel(a, ref),
+            "fla_fp32_vs_fp64": _rel(b, ref),
+            "chunk": chunk,
+        }
+    return out
+
+
+def task_time(args: dict) -> dict:
+    """Times (seconds) of one implementation of one pair, forward or forward + backward."""
+    import torch
+
+    from mixc.bench import time_call
+
+    pair = next(p for p in PAIRS if p.spec == args["spec"])
+    chunk = _chunk_for(pair.spec)
+    mixc_fn, mixc_leaves, fla_fn, fla_leaves = _calls(pair, args["T"], torch.float32, chunk)
+    _load_fla(pair.module)  # the same imports in every worker
+    fn, leaves = (mixc_fn, mixc_leaves) if args["impl"] == "mixc" else (fla_fn, fla_leaves)
+    if args["backward"]:
+        leaves = [x.clone().requires_grad_(True) for x in leaves]
+        with torch.no_grad():
+            shape = fn(*leaves).shape
+        cot = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+
+        def call():
+            for x in leaves:
+                x.grad = None
+            fn(*leaves).backward(cot)
+
+    else:
+
+        def call():
+            with torch.no_grad():
+                fn(*leaves)
+
+    times = time_call(call, args["repeats"], warmup=args["warmup"])
+    return {"times": times, "chunk": chunk}
+
+
+def _spec_args(name: str, T: int):
+    import mixc
+    from mixc.bench import default_sizes, make_inputs
+
+    spec = mixc.load_spec(SPECS / f"{name}.mix")
+    sizes = default_sizes(spec, {"B": B, "NH": NH})
+    return spec, sizes, make_inputs(spec, sizes, T)
+
+
+def task_recurrent(args: dict) -> dict:
+    """mixc chunk vs mixc recurrent, forward, at one T."""
+    import torch
+
+    import mixc
+    from mixc.bench import time_call
+
+    name, T = args["spec"], args["T"]
+    module = mixc.load(SPECS / f"{name}.mix")
+    _, _, inputs = _spec_args(name, T)
+    chunk = _chunk_for(name)
+
+    def run(fn):
+        def call():
+            with torch.no_grad():
+                fn(*inputs)
+
+        return call
+
+    chunk_t = time_call(run(lambda *a: module.chunk(*a, chunk_size=chunk)), args["repeats"], 2)
+    rec_t = time_call(run(module.recurrent), args["recurrent_repeats"], 1)
+    return {"chunk": chunk_t, "recurrent": rec_t, "C": chunk}
+
+
+def task_efficiency(args: dict) -> dict:
+    """Chunk forward GFLOP/s (cost model) next to fp32 bmm throughput at its shapes."""
+    import torch
+
+    import mixc
+    from mixc.analysis import costs
+    from mixc.bench import chunk_shapes, matmul_throughput, time_call
+
+    name, T = args["spec"], args["T"]
+    module = mixc.load(SPECS / f"{name}.mix")
+    spec, sizes, inputs = _spec_args(name, T)
+    facts = mixc.analyze(spec)
+    chunk = _chunk_for(name)
+
+    def call():
+        with torch.no_grad():
+            module.chunk(*inputs, chunk_size=chunk)
+
+    times = time_call(call, args["repeats"], 2)
+    c = costs(facts)
+    values = {k: v for k, v in sizes.items() if k not in ("B", "NH")} | {c.chunk: chunk, c.seq: T}
+    flops = c.chunked.flops.value(values) * B * NH * T
+    d_k, d_v = chunk_shapes(facts, sizes)
+    ref = matmul_throughput(B * NH * -(-T // chunk), chunk, d_k, d_v, repeats=args["repeats"])
+    return {"times": times, "flops": flops, "matmul": ref, "C": chunk}
+
+
+def task_memory(args: dict) -> dict:
+    """Peak tensor memory of one chunk forward, at each T."""
+    import torch
+
+    import mixc
+    from mixc.bench import measure_peak_memory
+
+    name = args["spec"]
+    module = mixc.load(SPECS / f"{name}.mix")
+    chunk = _chunk_for(name)
+    out = {}
+    for T in args["T"]:
+        _, _, inputs = _spec_args(name, T)
+
+        def call(inputs=inputs):
+            with torch.no_grad():
+                module.chunk(*inputs, chunk_size=chunk)
+
+        call()
+        out[str(T)] = measure_peak_memory(call)
+        del inputs
+    return {"peak": out, "C": chunk}
+
+
+def task_compile(args: dict) -> dict:
+    """`mixc compile` in-process: parse to written file, after `import torch` (not counted)."""
+    import torch  # noqa: F401 - imported first on purpose: not part of the compiler's time
+
+    start = time.perf_counter()
+    from mixc._compile import compile_source, write_atomically
+
+    imported = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "out.py"
+        t0 = time.perf_counter()
+        write_atomically(target, compile_source(str(SPECS / f"{args['spec']}.mix")))
+        cold = time.perf_counter() - t0
+        warm = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            write_atomically(target, compile_source(str(SPECS / f"{args['spec']}.mix")))
+            warm.append(time.perf_counter() - t0)
+    return {"import_s": imported - start, "cold_s": cold, "warm_s": statistics.median(warm)}
+
+
+def task_sweep(args: dict) -> dict:
+    """mixc bench's sweep (chunk fwd and fwd+bwd, recurrent fwd) for the plot."""
+    from mixc import bench
+
+    chunk = _chunk_for(args["spec"])
+    result = bench.run(
+        str(SPECS / f"{args['spec']}.mix"),
+        sizes={"B": B, "NH": NH},
+        T=args["T"],
+        chunk_size=chunk,
+        forms=("chunk", "recurrent"),
+        backward=True,
+        repeats=args["repeats"],
+        threads=None,
+        recurrent_max_T=args["recurrent_max_T"],
+        progress=False,
+    )
+    return result.to_json()
+
+
+TASKS = {
+    "agree": task_agree,
+    "time": task_time,
+    "recurrent": task_recurrent,
+    "efficiency": task_efficiency,
+    "memory": task_memory,
+    "compile": task_compile,
+    "sweep": task_sweep,
+}
+
+
+def worker(payload: str) -> None:
+    args = json.loads(payload)
+    if args.get("threads"):
+        import torch
+
+        torch.set_num_threads(args["threads"])
+    result = TASKS[args["task"]](args)
+    print("RESULT " + json.dumps(result))
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+LOADS: list[float] = []  # share of the CPUs busy (with other work) before each worker
+MAX_BUSY: float | None = None
+
+
+def cpu_busy(interval: float = 2.0) -> float:
+    """Share of all CPUs busy over `interval` seconds (from /proc/stat; this process idles)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(interval)
+        total1, idle1 = sample()
+    except OSError:
+        return float("nan")
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def wait_for_quiet(limit: float | None, patience_s: float = 900.0) -> float:
+    """Wait (at most patience_s) until other work uses less than `limit` of the CPUs."""
+    busy = cpu_busy()
+    start = time.monotonic()
+    while limit is not None and busy > limit and time.monotonic() - start < patience_s:
+        busy = cpu_busy()
+    return busy
+
+
+def run_worker(task: str, threads: int, **args) -> dict:
+    LOADS.append(wait_for_quiet(MAX_BUSY))
+    payload = json.dumps({"task": task, "threads": threads, **args})
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", payload],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"worker {task} {args} failed (exit {proc.returncode})")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _stats(times: list[float]) -> dict:
+    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
+    return {"median": statistics.median(times), "q1": q[0], "q3": q[2], "n": len(times)}
+
+
+def chunkable_specs() -> list[str]:
+    import mixc
+
+    names = []
+    for path in sorted(SPECS.glob("*.mix")):
+        if mixc.analyze(mixc.load_spec(path)).chunkable:
+            names.append(path.stem)
+    return names
+
+
+def measure(args) -> dict:
+    threads = args.threads
+    data: dict = {
+        "load_start": os.getloadavg(),
+        "args": {
+            "threads": threads,
+            "repeats": args.repeats,
+            "rounds": args.rounds,
+            "sweep_T": args.sweep_T,
+        },
+    }
+    log("checking that mixc and the fla references agree ...")
+    data["agree"] = run_worker("agree", threads, T=PEER_T)
+    for name, r in data["agree"].items():
+        if not r["mixc_vs_fla"] <= AGREE_TOL:
+            raise SystemExit(
+                f"{name}: mixc and fla disagree: relative error {r['mixc_vs_fla']:.2e}"
+            )
+    configs = [
+        (p.spec, impl, bwd) for p in PAIRS for bwd in (False, True) for impl in ("mixc", "fla")
+    ]
+    times = {c: [] for c in configs}
+    for rnd in range(args.rounds):
+        for spec, impl, bwd in configs:
+            log(f"round {rnd + 1}/{args.rounds}: {spec} {impl} {'fwd+bwd' if bwd else 'fwd'}")
+            repeats = args.repeats if not bwd else max(3, args.repeats // 2)
+            r = run_worker(
+                "time",
+                threads,
+                spec=spec,
+                impl=impl,
+                backward=bwd,
+                T=PEER_T,
+                repeats=repeats,
+                warmup=2,
+            )
+            times[(spec, impl, bwd)].extend(r["times"])
+    data["peers"] = {
+        f"{spec}|{impl}|{int(bwd)}": {"times": t, **_stats(t)}
+        for (spec, impl, bwd), t in times.items()
+    }
+    specs = chunkable_specs()
+    data["recurrent"] = {}
+    data["efficiency"] = {}
+    data["memory"] = {}
+    for name in specs:
+        log(f"{name}: chunk vs recurrent at T = {RECURRENT_T}")
+        data["recurrent"][name] = run_worker(
+            "recurrent",
+            threads,
+            spec=name,
+            T=RECURRENT_T,
+            repeats=args.repeats,
+            recurrent_repeats=2,
+        )
+        log(f"{name}: chunk forward vs matmul throughput at T = {PEER_T}")
+        data["efficiency"][name] = run_worker(
+            "efficiency", threads, spec=name, T=PEER_T, repeats=args.repeats
+        )
+        log(f"{name}: peak memory at T = {', '.join(map(str, MEMORY_T))}")
+        data["memory"][name] = run_worker("memory", threads, spec=name, T=list(MEMORY_T))
+    data["compile"] = {}
+    for path in sorted(SPECS.glob("*.mix")):
+        log(f"{path.stem}: compile time")
+        data["compile"][path.stem] = run_worker("compile", threads, spec=path.stem)
+    data["sweep"] = {}
+    for pair in PAIRS:
+        log(f"{pair.spec}: sweep over T for the plot")
+        data["sweep"][pair.spec] = run_worker(
+            "sweep", threads, spec=pair.spec, T=list(args.sweep_T), repeats=3, recurrent_max_T=2048
+        )
+    data["load_end"] = os.getloadavg()
+    data["loads"] = LOADS
+    return data
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f}" if s < 10 else f"{s * 1e3:.0f}"
+
+
+def _mark(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def machine_text(threads: int) -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        flags = next(
+            (
+                line
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("flags")
+            ),
+            "",
+        )
+    except OSError:
+        flags = ""
+    simd = ", ".join(f for f in ("avx2", "avx512f", "fma") if f" {f}" in flags) or "?"
+    return (
+        f"{cpu} ({os.cpu_count()} cores visible, SIMD: {simd}), {threads} torch threads, "
+        f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()} "
+        f"{platform.release()}"
+    )
+
+
+def report(data: dict) -> str:
+    from mixc import __version__
+
+    args = argparse.Namespace(**data["args"])
+    threads = args.threads
+    lines: list[str] = []
+    add = lines.append
+    peers = data["peers"]
+    targets: list[tuple[str, str, bool]] = []
+
+    def med(spec, impl, bwd):
+        return peers[f"{spec}|{impl}|{int(bwd)}"]
+
+    for pair in PAIRS:
+        for bwd, key in ((False, "fwd"), (True, "fwd_bwd")):
+            ratio = med(pair.spec, "mixc", bwd)["median"] / med(pair.spec, "fla", bwd)["median"]
+            what = "forward" if not bwd else "forward+backward"
+            targets.append(
+                (
+                    f"{pair.spec} chunk {what} <= {TARGETS[key]}x `{pair.function}` (T={PEER_T})",
+                    f"{ratio:.2f}x",
+                    ratio <= TARGETS[key],
+                )
+            )
+    for name, r in data["recurrent"].items():
+        speed = statistics.median(r["recurrent"]) / statistics.median(r["chunk"])
+        targets.append(
+            (
+                f"{name} chunk >= 20x faster than recurrent (T={RECURRENT_T}, fwd)",
+                f"{speed:.0f}x",
+                speed >= 20,
+            )
+        )
+    for name, r in data["efficiency"].items():
+        gflops = r["flops"] / statistics.median(r["times"]) / 1e9
+        frac = gflops / r["matmul"]["gflops"]
+        targets.append(
+            (
+                f"{name} chunk fwd >= 35% of fp32 matmul throughput (T={PEER_T})",
+                f"{100 * frac:.0f}% ({gflops:.0f} of {r['matmul']['gflops']:.0f} GFLOP/s)",
+                frac >= TARGETS["matmul_fraction"],
+            )
+        )
+    for name, r in data["memory"].items():
+        lo, hi = (r["peak"][str(t)] for t in MEMORY_T)
+        ratio = hi / lo
+        targets.append(
+            (
+                f"{name} chunk fwd peak memory T={MEMORY_T[1]} <= 4.5x T={MEMORY_T[0]}",
+                f"{ratio:.2f}x ({lo / 2**20:.0f} -> {hi / 2**20:.0f} MiB)",
+                ratio <= TARGETS["memory_ratio"],
+            )
+        )
+    worst = max(data["compile"].items(), key=lambda kv: kv[1]["cold_s"])
+    targets.append(
+        (
+            "`mixc compile` of every shipped spec < 0.3 s of compiler time",
+            f"slowest {worst[0]}: {worst[1]['cold_s']:.3f} s",
+            all(r["cold_s"] < TARGETS["compile_s"] for r in data["compile"].values()),
+        )
+    )
+
+    held = sum(ok for _, _, ok in targets)
+    add("# mixc benchmark results")
+    add("")
+    add("Regenerate with one command (about 15 minutes on 2 cores):")
+    add("")
+    add("```sh")
+    add(
+        f"benchmarks/run.sh    # = python benchmarks/peers.py --threads {threads} --rounds {args.rounds}"
+    )
+    add("```")
+    add("")
+    add(
+        f"- Date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}, mixc {__version__}"
+    )
+    add(f"- Machine: {machine_text(threads)}")
+    la0, la1 = data["load_start"], data["load_end"]
+    add(
+        f"- Load average (1/5/15 min) at start {la0[0]:.1f}/{la0[1]:.1f}/{la0[2]:.1f}, at end "
+        f"{la1[0]:.1f}/{la1[1]:.1f}/{la1[2]:.1f}; CPUs busy with other work just before each "
+        f"worker: median {100 * statistics.median(data['loads']):.0f}%, max "
+        f"{100 * max(data['loads']):.0f}% (a shared machine: other jobs add noise)"
+    )
+    add(
+        f"- Sizes: B={B}, NH={NH}, d_k=d_v={D}, fp32, CPU. mixc chunk size per class: "
+        + ", ".join(f"{c} {n}" for c, n in sorted(CHUNK.items(), key=lambda kv: kv[1]))
+        + " (the fla references use their own defaults: 64, 32 for `delta_rule_chunkwise`)."
+    )
+    add(
+        f"- Protocol: every timing in a fresh worker process with the same imports and seeded "
+        f"inputs; 2 warm-up calls, then {args.repeats} timed calls forward ({max(3, args.repeats // 2)} "
+        f"forward+backward) per worker, {args.rounds} rounds interleaving mixc and fla; median "
+        "over all timed calls, quartiles in brackets. Forward runs under `torch.no_grad()`; "
+        "forward+backward back-propagates a fixed random cotangent to every input."
+    )
+    add("")
+    add(f"## Targets: {held} of {len(targets)} hold")
+    add("")
+    add("| target | measured | holds |")
+    add("| --- | --- | --- |")
+    for what, value, ok in targets:
+        add(f"| {what} | {value} | {_mark(ok)} |")
+    add("")
+
+    add(f"## mixc vs flash-linear-attention references (T={PEER_T})")
+    add("")
+    add(
+        "Same inputs, same function: fla scales q by 1/sqrt(d_k) itself, so mixc gets the same "
+        "scaled q (the multiply is inside mixc's timed call too). Agreement is the relative "
+        "error ||a - b|| / ||b|| of the two fp32 outputs; both are also compared with mixc in "
+        "fp64."
+    )
+    add("")
+    add(
+        "| mixc spec | fla reference | mixc C | rel. error mixc vs fla (each vs fp64) | forward mixc ms | "
+        "forward fla ms | ratio | fwd+bwd mixc ms | fwd+bwd fla ms | ratio |"
+    )
+    add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for pair in PAIRS:
+        agree = data["agree"][pair.spec]
+        cells = []
+        for bwd in (False, True):
+            m, f = med(pair.spec, "mixc", bwd), med(pair.spec, "fla", bwd)
+            cells += [
+                f"{_ms(m['median'])} [{_ms(m['q1'])}-{_ms(m['q3'])}]",
+                f"{_ms(f['median'])} [{_ms(f['q1'])}-{_ms(f['q3'])}]",
+                f"**{m['median'] / f['median']:.2f}**",
+            ]
+        add(
+            f"| {pair.spec} | `{pair.function}` (C={pair.fla_chunk}) | {agree['chunk']} | "
+            f"{agree['mixc_vs_fla']:.1e} ({agree['mixc_fp32_vs_fp64']:.1e}, {agree['fla_fp32_vs_fp64']:.1e}) | "
+            + " | ".join(cells)
+            + " |"
+        )
+    add("")
+
+    add(f"## chunk vs recurrent (mixc, forward, T={RECURRENT_T})")
+    add("")
+    add("| spec | C | chunk ms | recurrent ms | speed-up |")
+    add("| --- | --- | --- | --- | --- |")
+    for name, r in data["recurrent"].items():
+        c, rec = statistics.median(r["chunk"]), statistics.median(r["recurrent"])
+        add(f"| {name} | {r['C']} | {_ms(c)} | {_ms(rec)} | {rec / c:.0f}x |")
+    add("")
+
+    add(f"## chunk forward vs the machine's matmul throughput (T={PEER_T})")
+    add("")
+    add(
+        "FLOPs from the analysis' cost model (`mixc.analysis.costs`, a multiply-add = 2 FLOPs, "
+        "the masked half of each C x C product counted as work). The reference is fp32 "
+        "`torch.bmm` on the same machine in the same worker, at the shapes the chunked form "
+        "multiplies, for all B*NH*T/C chunks: Q K^T (C x d_k x C), P V (C x C x d_v), Q S "
+        "(C x d_k x d_v) and K^T V (d_k x C x d_v); its GFLOP/s is their total FLOPs over their "
+        "total time."
+    )
+    add("")
+    add(
+        "| spec | C | chunk fwd ms | GFLOP/call | GFLOP/s | bmm GFLOP/s (QK^T, PV, QS, K^T V) | % of bmm |"
+    )
+    add("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in data["efficiency"].items():
+        t = statistics.median(r["times"])
+        gflops = r["flops"] / t / 1e9
+        shapes = ", ".join(f"{v['gflops']:.0f}" for v in r["matmul"]["shapes"].values())
+        add(
+            f"| {name} | {r['C']} | {_ms(t)} | {r['flops'] / 1e9:.2f} | {gflops:.1f} | "
+            f"{r['matmul']['gflops']:.0f} ({shapes}) | {100 * gflops / r['matmul']['gflops']:.0f}% |"
+        )
+    add("")
+
+    add("## Peak memory, chunk forward")
+    add("")
+    add(
+        "Peak tensor memory held during one call beyond its inputs (output included), from "
+        "torch's own allocator records (`torch.profiler`, `profile_memory=True`): exact for "
+        "tensors, blind to the Python heap and to memory the C library keeps after a free."
+    )
+    add("")
+    add(f"| spec | C | T={MEMORY_T[0]} MiB | T={MEMORY_T[1]} MiB | ratio (4x tokens) |")
+    add("| --- | --- | --- | --- | --- |")
+    for name, r in data["memory"].items():
+        lo, hi = (r["peak"][str(t)] for t in MEMORY_T)
+        add(f"| {name} | {r['C']} | {lo / 2**20:.1f} | {hi / 2**20:.1f} | {hi / lo:.2f}x |")
+    add("")
+
+    add("## `mixc compile` time")
+    add("")
+    add(
+        "Parse to written file, in a fresh process, measured in-process after `import torch` "
+        "(Python start-up and `import torch` excluded); `import mixc` is listed apart. Cold: the "
+        "first compile in the process (grammar and backend loaded on first use); warm: median "
+        "of 5 more."
+    )
+    add("")
+    add("| spec | import mixc s | compile, cold s | compile, warm s |")
+    add("| --- | --- | --- | --- |")
+    for name, r in data["compile"].items():
+        add(f"| {name} | {r['import_s']:.3f} | {r['cold_s']:.3f} | {r['warm_s']:.4f} |")
+    add("")
+
+    add("## Time and memory versus T")
+    add("")
+    add("![time and memory versus T](bench.png)")
+    add("")
+    add(
+        "`mixc bench` on the four specs above (chunk forward and forward+backward, recurrent "
+        "forward up to T=2048): time grows linearly in T for the chunked form, and so does its "
+        "memory."
+    )
+    add("")
+    add("| spec | form | pass | " + " | ".join(f"T={t}" for t in args.sweep_T) + " |")
+    add("| --- | --- | --- | " + " | ".join("---" for _ in args.sweep_T) + " |")
+    for name, sweep in data["sweep"].items():
+        rows: dict = {}
+        for p in sweep["points"]:
+            rows.setdefault((p["form"], p["pass"]), {})[p["T"]] = p["median_s"]
+        for (form, pas), by_t in rows.items():
+            cells = [_ms(by_t[t]) if t in by_t else "-" for t in args.sweep_T]
+            add(f"| {name} | {form} | {pas} | " + " | ".join(cells) + " |")
+    add("")
+    add("Times in ms (median). Raw numbers: `benchmarks/results.json`.")
+    add("")
+    return "\n".join(lines)
+
+
+def draw(data: dict, path: Path) -> None:
+    from mixc.bench import BenchResult, Point, plot
+
+    results = []
+    for sweep in data["sweep"].values():
+        r = BenchResult(
+            spec=sweep["spec"],
+            name=sweep["mixer"],
+            sizes=sweep["sizes"],
+            chunk_size=sweep["chunk_size"],
+            threads=sweep["threads"],
+            device=sweep["device"],
+            repeats=sweep["repeats"],
+        )
+        for p in sweep["points"]:
+            r.points.append(
+                Point(
+                    p["form"],
+                    p["pass"] != "forward",
+                    p["T"],
+                    p["times_s"],
+                    p["peak_bytes"],
+                    p["flops"],
+                )
+            )
+        results.append(r)
+    first = results[0]
+    title = (
+        f"mixc chunked (solid) and recurrent (dotted) forms: B={B}, NH={NH}, d_k=d_v={D}, fp32, "
+        f"CPU, {first.threads} threads; squares: forward+backward"
+    )
+    plot(results, path, title=title)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per worker (forward)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of workers, interleaved")
+    parser.add_argument(
+        "--sweep-T", type=lambda s: [int(x) for x in s.split(",")], default=list(SWEEP_T)
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results.json")
+    parser.add_argument("--plot", type=Path, default=ROOT / "benchmarks" / "bench.png")
+    parser.add_argument("--from-json", type=Path, help="rewrite the report from saved results")
+    parser.add_argument(
+        "--max-busy",
+        type=float,
+        metavar="FRACTION",
+        help="before each worker, wait (up to 15 min) until other work keeps less than this "
+        "share of the CPUs busy (e.g. 0.1; sampled over 2 s from /proc/stat)",
+    )
+    args = parser.parse_args()
+    global MAX_BUSY
+    MAX_BUSY = args.max_busy
+    if args.worker:
+        worker(args.worker)
+        return 0
+    sys.path.insert(0, str(ROOT))
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+    else:
+        data = measure(args)
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    args.out.write_text(report(data))
+    draw(data, args.plot)
+    log(f"wrote {args.out}, {args.plot} and {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

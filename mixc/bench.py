@@ -1,0 +1,723 @@
+"""`mixc bench`: time the compiled forms of a spec over a sweep of sequence lengths.
+
+For every form (`chunk`, `recurrent`, `parallel`) and sequence length T it reports the median
+wall time over repeats (after warm-up) with the spread (quartiles, min and max), the peak
+memory of one call, and the achieved GFLOP/s next to the machine's own fp32 matmul throughput
+at the shapes the chunked form multiplies, measured in the same run.
+
+How things are measured:
+
+- Time: `time.perf_counter` around one call (forward: under `torch.no_grad()`; forward +
+  backward: the output's backward with a fixed random cotangent, gradients of every input).
+  CUDA work is synchronised before the clock is read.
+- Peak memory, CPU: torch's own allocator records, via `torch.profiler` with
+  `profile_memory=True`: every allocation and free of tensor memory during one call, in time
+  order; the peak is the largest running sum, i.e. the most tensor memory the call held at
+  once beyond what existed before it (its inputs), outputs included. It counts tensors only
+  (not the Python heap, not memory the C library keeps after a free), so it is exact for
+  what the algorithm allocates and independent of the allocator's caching. (tracemalloc does
+  not see torch's allocations.) CUDA: `torch.cuda.max_memory_allocated` after a reset.
+- FLOPs: the analysis' cost model (`mixc.analysis.costs`, per token and head, a multiply-add
+  is 2 FLOPs), times B * NH * T. Forward + backward is counted as 3x the forward FLOPs (the
+  usual convention: the backward does two matmuls for each one of the forward).
+- Matmul throughput: batched fp32 `torch.bmm` at the shapes of the chunked form, for
+  B * NH * T / C chunks: Q K^T (C x d_k x C), P V (C x C x d_v), Q S (C x d_k x d_v) and K^T V
+  (d_k x C x d_v); the reference is their total FLOPs over their total median time. The
+  chunked form's "% of matmul" is its GFLOP/s over that reference: how close it runs to what
+  this machine's BLAS achieves on the same multiplications.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._frontend import load_spec
+from .analysis import analyze
+from .errors import MixcError
+
+__all__ = [
+    "BenchResult",
+    "Point",
+    "default_sizes",
+    "machine",
+    "make_inputs",
+    "matmul_throughput",
+    "measure_peak_memory",
+    "plot",
+    "render",
+    "run",
+    "time_call",
+]
+
+#: Default sweep of sequence lengths.
+DEFAULT_T = (512, 1024, 2048, 4096, 8192, 16384)
+#: The recurrent form runs one step per token in Python: by default it stops here.
+RECURRENT_MAX_T = 4096
+#: The parallel form holds T x T matrices (O(T^2) memory): by default it stops here.
+PARALLEL_MAX_T = 4096
+FORMS = ("chunk", "recurrent", "parallel")
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class Point:
+    """One (form, pass, T) measurement. Times in seconds, memory in bytes."""
+
+    form: str
+    backward: bool
+    T: int
+    times: list[float]
+    peak_bytes: int | None = None
+    flops: float | None = None  # per call (forward + backward counted as 3x forward)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        if len(self.times) < 2:
+            return self.times[0], self.times[0]
+        q = statistics.quantiles(self.times, n=4, method="inclusive")
+        return q[0], q[2]
+
+    @property
+    def gflops(self) -> float | None:
+        return None if self.flops is None else self.flops / self.median / 1e9
+
+    def to_json(self) -> dict:
+        q1, q3 = self.quartiles
+        return {
+            "form": self.form,
+            "pass": "forward+backward" if self.backward else "forward",
+            "T": self.T,
+            "median_s": self.median,
+            "q1_s": q1,
+            "q3_s": q3,
+            "min_s": min(self.times),
+            "max_s": max(self.times),
+            "times_s": self.times,
+            "peak_bytes": self.peak_bytes,
+            "flops": self.flops,
+            "gflops": self.gflops,
+        }
+
+
+@dataclass
+class BenchResult:
+    spec: str
+    name: str
+    sizes: dict[str, int]
+    chunk_size: int
+    threads: int
+    device: str
+    repeats: int
+    points: list[Point] = field(default_factory=list)
+    matmul: dict[int, dict] = field(default_factory=dict)  # T -> matmul reference
+    notes: list[str] = field(default_factory=list)
+
+    def point(self, form: str, T: int, backward: bool = False) -> Point | None:
+        for p in self.points:
+            if p.form == form and p.T == T and p.backward == backward:
+                return p
+        return None
+
+    def matmul_fraction(self, p: Point) -> float | None:
+        """Achieved GFLOP/s of a chunk-form point over the matmul reference at its T."""
+        ref = self.matmul.get(p.T)
+        if p.form != "chunk" or p.backward or ref is None or p.gflops is None:
+            return None
+        return p.gflops / ref["gflops"]
+
+    def to_json(self) -> dict:
+        points = []
+        for p in self.points:
+            d = p.to_json()
+            d["matmul_fraction"] = self.matmul_fraction(p)
+            points.append(d)
+        return {
+            "spec": self.spec,
+            "mixer": self.name,
+            "sizes": self.sizes,
+            "chunk_size": self.chunk_size,
+            "threads": self.threads,
+            "device": self.device,
+            "repeats": self.repeats,
+            "machine": machine(self.device),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "matmul": {str(t): v for t, v in self.matmul.items()},
+            "points": points,
+            "notes": self.notes,
+            "method": {
+                "time": "wall clock (time.perf_counter) per call after warm-up; median, quartiles, min, max",
+                "memory": "peak of tensor memory held during one call beyond its inputs, from torch's "
+                "allocator records (torch.profiler profile_memory) on CPU; "
+                "torch.cuda.max_memory_allocated on CUDA",
+                "flops": "mixc.analysis.costs per token and head x B x NH x T; "
+                "forward+backward counted as 3x forward",
+            },
+        }
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def machine(device: str = "cpu") -> dict[str, str | int]:
+    """What the numbers were measured on: CPU model, cores, torch version, threads."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info: dict[str, str | int] = {
+        "cpu": cpu,
+        "cores": os.cpu_count() or 0,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+    }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def default_sizes(spec, given: dict[str, int] | None = None) -> dict[str, int]:
+    """B = 1, NH = 4 and every size the spec declares = 64, overridden by `given`."""
+    mixer = spec.mixer
+    dims = {
+        d
+        for decl in (*mixer.inputs, *mixer.params, *mixer.states)
+        for d in decl.shape
+        if not d.isdigit()
+    }
+    sizes = {"B": 1, "NH": 4} | {d: 64 for d in sorted(dims)}
+    for name, value in (given or {}).items():
+        if name not in sizes:
+            known = ", ".join(sizes)
+            raise MixcError(f"--sizes: unknown size {name} (sizes of {mixer.name}: {known})")
+        sizes[name] = value
+    return sizes
+
+
+def make_inputs(spec, sizes: dict[str, int], T: int, *, device="cpu", seed: int = 0) -> list:
+    """Random fp32 arguments for the compiled module, in the ranges the shipped specs assume.
+
+    By name, as the test suite does: `k` unit-norm when a state has a delta-rule transition,
+    `beta` in (0, 1), a log-gate `g` <= 0 with decays near 1 (logsigmoid(x + 3)), `a` (gated
+    retention's sigmoid(a)) around 3, `dt` > 0 small, an elementwise gate `G` in (0, 1),
+    parameters in (0, 1) except `A` < 0; everything else standard normal, queries scaled by
+    1/sqrt(d). Decays near 1 are typical of trained models and keep every intermediate a
+    normal float (subnormal floats would time the FPU's slow path, not the algorithm).
+    """
+    import torch
+    from torch.nn import functional
+
+    facts = analyze(spec)
+    delta = any(s.transition.cls.endswith("minus rank-1") for s in facts.states)
+    gen = torch.Generator().manual_seed(seed)
+    mixer = spec.mixer
+    B, NH = sizes["B"], sizes["NH"]
+    args = []
+    for d in mixer.inputs:
+        shape = [B, T, NH] + [int(s) if s.isdigit() else sizes[s] for s in d.shape]
+        x = torch.randn(*shape, generator=gen)
+        if d.name == "k" and delta:
+            x = functional.normalize(x, dim=-1)
+        elif d.name == "beta":
+            x = torch.sigmoid(x)
+        elif d.name == "g":
+            x = functional.logsigmoid(x + 3.0)
+        elif d.name == "a":
+            x = x + 3.0
+        elif d.name == "dt":
+            x = functional.softplus(x - 3.0)
+        elif d.name == "G":
+            x = torch.sigmoid(x + 3.0)
+        elif d.name in ("q", "C") and d.shape:
+            x = x / math.sqrt(shape[-1])
+        args.append(x.to(device))
+    for p in mixer.params:
+        if p.default is None:
+            x = torch.rand(NH, *[sizes[s] for s in p.shape], generator=gen)
+            args.append((-(x + 0.5) if p.name == "A" else x).to(device))
+    return args
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _runner(fn: Callable, args: list, backward: bool, device: str) -> Callable[[], None]:
+    """A closure doing one forward (or forward + backward) call."""
+    import torch
+
+    if not backward:
+
+        def forward() -> None:
+            with torch.no_grad():
+                fn(*args)
+
+        return forward
+    leaves = [a.detach().clone().requires_grad_(True) for a in args]
+    with torch.no_grad():
+        y = fn(*args)
+    cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(device)
+
+    def forward_backward() -> None:
+        for x in leaves:
+            x.grad = None
+        y = fn(*leaves)
+        y.backward(cot)
+
+    return forward_backward
+
+
+def time_call(call: Callable[[], None], repeats: int, warmup: int = 1, device="cpu") -> list[float]:
+    """Wall times (seconds) of `repeats` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        call()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_peak_memory(call: Callable[[], None], device: str = "cpu") -> int:
+    """Peak tensor memory (bytes) held during one call beyond what existed before it."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        call()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and "CPU" in str(e.device_type())
+    )
+    held = peak = 0
+    for _, nbytes in events:
+        held += nbytes
+        peak = max(peak, held)
+    return peak
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (the profiler's C++ start/stop log lines) for a moment."""
+    import sys
+
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (e.g. captured by pytest)
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def chunk_shapes(facts, sizes: dict[str, int]) -> tuple[int, int]:
+    """(d_k, d_v) of the first chunked state group (the sizes the chunked form multiplies)."""
+    if not facts.groups:
+        return 64, 64
+
+    def size(s: str) -> int:
+        return int(s) if s.isdigit() else sizes[s]
+
+    group = [facts.state(n) for n in facts.groups[0]]
+    lead = group[0]
+    d_k = size(lead.shape[0] if lead.vector else lead.shape[1])
+    d_v = sum(1 if s.vector else size(s.shape[0]) for s in group)
+    return d_k, d_v
+
+
+def matmul_throughput(
+    batch: int, chunk: int, d_k: int, d_v: int, repeats: int = 5, device: str = "cpu"
+) -> dict:
+    """fp32 batched-matmul throughput at the chunked form's shapes, for `batch` chunks."""
+    import torch
+
+    gen = torch.Generator().manual_seed(2)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    shapes = {
+        "QK^T (C x d_k x C)": (rand(batch, chunk, d_k), rand(batch, d_k, chunk)),
+        "PV (C x C x d_v)": (rand(batch, chunk, chunk), rand(batch, chunk, d_v)),
+        "QS (C x d_k x d_v)": (rand(batch, chunk, d_k), rand(batch, d_k, d_v)),
+        "K^T V (d_k x C x d_v)": (rand(batch, d_k, chunk), rand(batch, chunk, d_v)),
+    }
+    out: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "shapes": {}}
+    total_flops = total_time = 0.0
+    for name, (a, b) in shapes.items():
+        flops = 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+        t = statistics.median(
+            time_call(lambda a=a, b=b: torch.bmm(a, b), repeats, warmup=2, device=device)
+        )
+        out["shapes"][name] = {"seconds": t, "gflops": flops / t / 1e9}
+        total_flops += flops
+        total_time += t
+    out["gflops"] = total_flops / total_time / 1e9
+    return out
+
+
+def _flops_per_token(facts, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:
+    """Per token and head, from the analysis' cost model (None when it has no count)."""
+    try:
+        from .analysis import costs
+    except ImportError:  # pragma: no cover - the cost model is part of the analysis
+        return None
+    c = costs(facts)
+    cost = {"chunk": c.chunked, "recurrent": c.recurrent, "parallel": c.quadratic}[form]
+    if cost is None:
+        return None
+    values = {k: v for k, v in sizes.items() if k not in ("B", "NH")}
+    values[c.chunk] = chunk
+    values[c.seq] = T
+    return cost.flops.value(values)
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def run(
+    spec_path: str,
+    *,
+    sizes: dict[str, int] | None = None,
+    T: Sequence[int] = DEFAULT_T,
+    chunk_size: int = 64,
+    forms: Sequence[str] = FORMS,
+    backward: bool = False,
+    repeats: int = 5,
+    warmup: int = 1,
+    threads: int | None = 2,
+    device: str = "cpu",
+    recurrent_max_T: int = RECURRENT_MAX_T,
+    parallel_max_T: int = PARALLEL_MAX_T,
+    memory: bool = True,
+    progress: bool = True,
+) -> BenchResult:
+    """Time the compiled module of `spec_path` over the sweep; see the module docstring."""
+    import torch
+
+    from ._compile import load
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    for form in forms:
+        if form not in FORMS:
+            raise MixcError(f"--forms: unknown form {form!r}; choose from {', '.join(FORMS)}")
+    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+        raise MixcError(f"--chunk-size: expected a power of two, got {chunk_size}")
+    if repeats < 1:
+        raise MixcError(f"--repeats: expected at least 1, got {repeats}")
+    spec = load_spec(spec_path)
+    facts = analyze(spec)
+    module = load(spec_path)
+    full_sizes = default_sizes(spec, sizes)
+    result = BenchResult(
+        spec=str(spec_path),
+        name=spec.mixer.name,
+        sizes=full_sizes,
+        chunk_size=chunk_size,
+        threads=torch.get_num_threads(),
+        device=device,
+        repeats=repeats,
+    )
+    available = set(module.FORMS)
+    plan = []
+    for form in forms:
+        if form not in available:
+            result.notes.append(
+                f"{form}: not available for {spec.mixer.name} ({facts.reason or 'no such form'})"
+            )
+            continue
+        cap = {"recurrent": recurrent_max_T, "parallel": parallel_max_T}.get(form)
+        skipped = [t for t in T if cap is not None and t > cap]
+        if skipped:
+            why = "one Python step per token" if form == "recurrent" else "T x T matrices"
+            result.notes.append(
+                f"{form}: runs up to T = {cap} ({why}); skipped T = {', '.join(map(str, skipped))}"
+            )
+        for t in T:
+            if t not in skipped:
+                plan.extend([(form, t, False)] + ([(form, t, True)] if backward else []))
+    d_k, d_v = chunk_shapes(facts, full_sizes)
+    B, NH = full_sizes["B"], full_sizes["NH"]
+    chunk_ts = sorted({t for form, t, _ in plan if form == "chunk"})
+
+    steps = len(plan) + len(chunk_ts) + 1
+    with _progress(progress, steps) as advance:
+        # one untimed pass over every form first: thread pools, BLAS kernels, lazy imports
+        advance("warming up")
+        for form in {form for form, _, _ in plan}:
+            args = make_inputs(spec, full_sizes, min(T), device=device)
+            for bwd in {b for f, _, b in plan if f == form}:
+                call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
+                time_call(call, 0, warmup=2, device=device)
+        for t in chunk_ts:
+            advance(f"matmul reference, T = {t}")
+            result.matmul[t] = matmul_throughput(
+                B * NH * -(-t // chunk_size),
+                chunk_size,
+                d_k,
+                d_v,
+                repeats=max(3, repeats),
+                device=device,
+            )
+        for form, t, bwd in plan:
+            advance(f"{form} {'fwd+bwd' if bwd else 'fwd'} T = {t}")
+            args = make_inputs(spec, full_sizes, t, device=device)
+            call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
+            times = time_call(call, repeats, warmup=warmup, device=device)
+            peak = measure_peak_memory(call, device) if memory else None
+            per_token = _flops_per_token(facts, form, full_sizes, chunk_size, t)
+            flops = None if per_token is None else per_token * B * NH * t * (3 if bwd else 1)
+            result.points.append(Point(form, bwd, t, times, peak, flops))
+    return result
+
+
+def _form_call(module, form: str, chunk_size: int) -> Callable:
+    """The module's form as fn(*args) -> output."""
+    fn = getattr(module, form)
+    if form == "chunk":
+        return lambda *a: fn(*a, chunk_size=chunk_size)[0]
+    return lambda *a: fn(*a)[0]
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        yield lambda _text: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description:<32}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("bench", total=total)
+        first = [True]
+
+        def advance(text: str) -> None:
+            if not first[0]:
+                bar.advance(task)
+            first[0] = False
+            bar.update(task, description=text)
+
+        yield advance
+        bar.advance(task)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}" if seconds < 1 else f"{seconds * 1e3:.0f}"
+
+
+def _mb(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.1f}"
+
+
+def render(result: BenchResult, console=None) -> None:
+    """Print the result as a table (rich), with the matmul reference and notes."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=None if _is_terminal() else 120)
+    sizes = ", ".join(f"{k}={v}" for k, v in result.sizes.items())
+    info = machine(result.device)
+    title = f"{result.name}: {sizes}, C={result.chunk_size}, fp32, {result.device}, {result.threads} threads"
+    table = Table(
+        title=title, box=box.SIMPLE_HEAVY, caption=f"{info['cpu']}, torch {info['torch']}"
+    )
+    for col in (
+        "form",
+        "pass",
+        "T",
+        "median ms",
+        "q1-q3 ms",
+        "peak MB",
+        "GFLOP/s",
+        "% matmul",
+    ):
+        table.add_column(col, justify="left" if col in ("form", "pass") else "right")
+    for p in result.points:
+        q1, q3 = p.quartiles
+        frac = result.matmul_fraction(p)
+        table.add_row(
+            p.form,
+            "fwd+bwd" if p.backward else "fwd",
+            str(p.T),
+            _ms(p.median),
+            f"{_ms(q1)}-{_ms(q3)}",
+            _mb(p.peak_bytes),
+            "-" if p.gflops is None else f"{p.gflops:.1f}",
+            "-" if frac is None else f"{100 * frac:.0f}%",
+        )
+    console.print(table)
+    if result.matmul:
+        parts = []
+        for t, ref in sorted(result.matmul.items()):
+            parts.append(f"T={t}: {ref['gflops']:.1f}")
+        console.print(
+            f"fp32 matmul reference (bmm at the chunked shapes, C={result.chunk_size}), GFLOP/s: "
+            + ", ".join(parts)
+        )
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+def _is_terminal() -> bool:
+    import sys
+
+    return sys.stdout.isatty()
+
+
+def write_json(result: BenchResult, path: str | os.PathLike) -> None:
+    from ._compile import write_atomically
+
+    write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MixcError(
+            "--plot needs matplotlib, which is not installed: pip install 'mixc[plot]'"
+        ) from None
+    return Figure
+
+
+def plot(results: Sequence[BenchResult], path: str | os.PathLike, title: str | None = None) -> None:
+    """Time and peak memory versus T on log axes, one line per (mixer, form, pass)."""
+    Figure = _pyplot()
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax_time, ax_mem = fig.subplots(1, 2)
+    styles = {"chunk": "-", "recurrent": ":", "parallel": "-."}
+    for i, result in enumerate(results):
+        colour = f"C{i % 10}"
+        for form in FORMS:
+            for bwd in (False, True):
+                pts = sorted(
+                    (p for p in result.points if p.form == form and p.backward == bwd),
+                    key=lambda p: p.T,
+                )
+                if not pts:
+                    continue
+                label = f"{result.name} {form}{' fwd+bwd' if bwd else ''}"
+                marker = "s" if bwd else "o"
+                ts = [p.T for p in pts]
+                ax_time.plot(
+                    ts,
+                    [p.median * 1e3 for p in pts],
+                    styles[form],
+                    marker=marker,
+                    ms=3,
+                    color=colour,
+                    label=label,
+                    alpha=0.6 if bwd else 1.0,
+                )
+                if not bwd and all(p.peak_bytes for p in pts):
+                    ax_mem.plot(
+                        ts,
+                        [p.peak_bytes / 2**20 for p in pts],
+                        styles[form],
+                        marker=marker,
+                        ms=3,
+                        color=colour,
+                        label=label,
+                    )
+    for ax, ylabel in (
+        (ax_time, "median time per call (ms)"),
+        (ax_mem, "peak tensor memory, forward (MiB)"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_time.legend(fontsize=6, ncol=1 if len(results) < 3 else 2)
+    if results:
+        r = results[0]
+        sizes = ", ".join(f"{k}={v}" for k, v in r.sizes.items())
+        fig.suptitle(
+            title
+            or f"mixc bench: {sizes}, C={r.chunk_size}, fp32, {r.device}, {r.threads} threads",
+            fontsize=9,
+        )
+    fig.savefig(os.fspath(path), dpi=130)
+
+
+def parse_ints(text: str) -> list[int]:
+    """ "512,1024" -> [512, 1024] (positive integers)."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"{item!r} is not a positive integer")
+        out.append(int(item))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m mixc.bench ...` is `mixc bench ...`."""
+    from .cli import main as cli_main
+
+    return cli_main(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""`mixc bench` runs a tiny sweep and writes valid JSON and a PNG (no timing assertions)."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from pathlib import Path
+
+import pytest
+
+from mixc import bench
+from mixc.cli import main
+
+ROOT = Path(__file__).parent.parent
+TINY = ["--sizes", "B=1,NH=2,K=8,V=8", "--T", "16,40", "--repeats", "2", "--threads", "1"]
+
+
+def test_bench_writes_json_and_png(tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    spec = str(ROOT / "specs" / "gated_retention.mix")
+    args = ["bench", spec, *TINY, "--chunk-size", "8", "--backward"]
+    assert main([*args, "--json", str(out_json), "--plot", str(out_png)]) == 0
+    table = capsys.readouterr().out
+    assert "gated_retention" in table and "chunk" in table and "recurrent" in table
+
+    data = json.loads(out_json.read_text())
+    assert data["mixer"] == "gated_retention"
+    assert data["sizes"] == {"B": 1, "NH": 2, "K": 8, "V": 8}
+    assert data["chunk_size"] == 8 and data["threads"] == 1
+    got = {(p["form"], p["pass"], p["T"]) for p in data["points"]}
+    for form in ("chunk", "recurrent", "parallel"):
+        for pas in ("forward", "forward+backward"):
+            assert {(form, pas, 16), (form, pas, 40)} <= got
+    for p in data["points"]:
+        assert len(p["times_s"]) == 2 and p["q1_s"] <= p["median_s"] <= p["q3_s"]
+        assert p["peak_bytes"] > 0 and p["flops"] > 0
+    assert set(data["matmul"]) == {"16", "40"}
+    assert all(v["gflops"] > 0 for v in data["matmul"].values())
+    chunk = [p for p in data["points"] if p["form"] == "chunk" and p["pass"] == "forward"]
+    assert all(p["matmul_fraction"] > 0 for p in chunk)
+
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_caps_and_forms(tmp_path):
+    out_json = tmp_path / "bench.json"
+    spec = str(ROOT / "specs" / "gated_general.mix")  # recurrent only: no chunk, no parallel
+    args = ["bench", spec, *TINY, "--recurrent-max-T", "16", "--no-memory"]
+    assert main([*args, "--json", str(out_json)]) == 0
+    data = json.loads(out_json.read_text())
+    assert {(p["form"], p["T"]) for p in data["points"]} == {("recurrent", 16)}
+    notes = " ".join(data["notes"])
+    assert "chunk: not available" in notes and "skipped T = 40" in notes
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    spec = str(ROOT / "specs" / "linear_attention.mix")
+    assert main(["bench", spec, *TINY, "--plot", str(tmp_path / "x.png")]) == 1
+    err = capsys.readouterr().err
+    assert "matplotlib" in err and "pip install" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("bad", [["--T", "0"], ["--forms", "chunk,fast"], ["--chunk-size", "x"]])
+def test_usage_errors_exit_2(bad):
+    spec = str(ROOT / "specs" / "linear_attention.mix")
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", spec, *bad])
+    assert exc.value.code == 2
+
+
+def test_unknown_size_is_an_error(capsys):
+    spec = str(ROOT / "specs" / "linear_attention.mix")
+    assert main(["bench", spec, "--sizes", "Q=3", "--no-memory"]) == 1
+    assert "unknown size Q" in capsys.readouterr().err
+
+
+def test_peak_memory_counts_tensor_allocations():
+    torch = pytest.importorskip("torch")
+
+    def call():
+        a = torch.ones(1 << 18)  # 1 MiB
+        b = a * 2  # another MiB while a is alive
+        del a
+        return b + 1  # a freed: the peak stays at 2 MiB
+
+    peak = bench.measure_peak_memory(call)
+    assert 2 * 2**20 <= peak < 3 * 2**20

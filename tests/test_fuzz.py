@@ -1,0 +1,287 @@
+"""`mixc fuzz`: every shipped spec passes, a correct compiled file passes with --module, the
+derived input ranges are the ones the specs need, and the command's exit codes and output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import mixc
+from mixc import cli
+from mixc.fuzz import Example, check, examples, fuzz, plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = sorted((ROOT / "specs").glob("*.mix"))
+IDS = [p.stem for p in SPECS]
+
+
+def _mixc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "mixc", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_passes_and_prints_one_summary_line() -> None:
+    result = _mixc("fuzz", "specs/gla.mix", "--examples", "8", "--seed", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "mixc fuzz specs/gla.mix: 8 examples passed (float32); worst relative error"
+    )
+    for form in ("recurrent", "step", "chunk"):
+        assert f" {form} " in lines[0]
+
+
+@pytest.mark.parametrize("path", SPECS, ids=IDS)
+def test_every_shipped_spec_passes(path: Path) -> None:
+    report = fuzz(path, examples=12, seed=1)
+    assert report.ok, report.failure.summary() + "\n" + report.failure.example.describe()
+    assert report.examples == 12
+    forms = set(report.worst)
+    assert {"recurrent", "step"} <= forms
+    chunked = path.stem != "gated_general"
+    assert ("chunk" in forms) == chunked
+    assert ("parallel" in forms) == (
+        path.stem
+        in {
+            "linear_attention",
+            "linear_attention_normalized",
+            "retnet",
+            "gated_retention",
+            "mamba2",
+        }
+    )
+    assert all(a <= 1e-5 and b <= 1e-4 for a, b in report.worst.values())
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+@pytest.mark.parametrize("path", SPECS, ids=IDS)
+def test_every_shipped_spec_passes_in_other_precisions(path: Path, dtype: str) -> None:
+    report = fuzz(path, examples=4, seed=2, dtype=dtype, max_T=40)
+    assert report.ok, report.failure.summary()
+    if dtype == "float64":
+        assert all(a <= 1e-10 and b <= 1e-10 for a, b in report.worst.values())
+
+
+@settings(max_examples=8, suppress_health_check=list(HealthCheck))
+@given(ex=examples(plan(ROOT / "specs/gated_deltanet.mix"), max_T=40))
+def test_bfloat16_within_four_times_the_rounded_oracle(ex: Example) -> None:
+    p = plan(ROOT / "specs/gated_deltanet.mix")
+    worst, failure = check(
+        p, mixc.load(ROOT / "specs/gated_deltanet.mix"), ex, dtype=torch.bfloat16
+    )
+    assert failure is None, failure.summary()
+    assert worst["recurrent"][0] > 1e-4  # bf16 outputs: the bound is relative to bf16 rounding
+
+
+def test_bfloat16_gradient_of_a_shared_input() -> None:
+    """Found by this fuzzer: an input shared across heads had its gradient summed over heads in
+    bfloat16 (repeat before the cast to fp32), ~10x the error of one bf16 rounding; fixed."""
+    path = ROOT / "specs/gated_deltanet.mix"
+    ex = Example(
+        batch=1,
+        heads=3,
+        T=3,
+        sizes=(("K", 1), ("V", 3)),
+        chunk_sizes=(4,),
+        initial_state=False,
+        input_heads=(("q", 3), ("k", 3), ("v", 3), ("g", 1), ("beta", 3)),
+        modes=(("k", "unit"), ("g", "tiny"), ("beta", "uniform")),
+        override_defaults=False,
+        seed=3,
+    )
+    _, failure = check(plan(path), mixc.load(path), ex, dtype=torch.bfloat16)
+    assert failure is None, failure.summary()
+
+
+def test_module_file_passes(tmp_path: Path) -> None:
+    path = ROOT / "specs/mamba2.mix"
+    module = tmp_path / "mamba2_compiled.py"
+    module.write_text(mixc.compile_source(path))
+    report = fuzz(path, module, examples=8)
+    assert report.ok, report.failure.summary()
+    assert report.examples == 8 and "parallel" in report.worst
+
+
+def test_cli_module_passes(tmp_path: Path, capsys) -> None:
+    module = tmp_path / "deltanet.py"
+    module.write_text(mixc.compile_source(ROOT / "specs/deltanet.mix"))
+    assert (
+        cli.main(
+            ["fuzz", str(ROOT / "specs/deltanet.mix"), "--module", str(module), "--examples", "6"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert f"--module {module}: 6 examples passed" in out
+
+
+def test_same_seed_same_report() -> None:
+    a = fuzz(ROOT / "specs/gla.mix", examples=5, seed=11)
+    b = fuzz(ROOT / "specs/gla.mix", examples=5, seed=11)
+    assert a.worst == b.worst
+
+
+def test_progress_is_reported() -> None:
+    seen = []
+    fuzz(
+        ROOT / "specs/retnet.mix",
+        examples=4,
+        progress=lambda done, total, phase: seen.append((done, total, phase)),
+    )
+    assert seen[-1] == (4, 4, "generating")
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)
+
+
+def test_spec_error_exits_1_with_a_located_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.mix"
+    bad.write_text(
+        "mixer bad\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t\ny_t = H_t q_t\n"
+    )
+    result = _mixc("fuzz", str(bad), "--examples", "2")
+    assert result.returncode == 1
+    assert f"{bad}:4:" in result.stderr and "^" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fuzz"],
+        ["fuzz", "specs/gla.mix", "--examples", "0"],
+        ["fuzz", "specs/gla.mix", "--examples", "many"],
+        ["fuzz", "specs/gla.mix", "--dtype", "float16"],
+        ["fuzz", "specs/gla.mix", "--device", "tpu"],
+    ],
+    ids=["no-spec", "zero-examples", "not-a-number", "dtype", "device"],
+)
+def test_usage_errors_exit_2(args, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(args)
+    assert exc.value.code == 2
+    assert "usage: mixc fuzz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "module_text, message",
+    [
+        (None, "no such module file"),
+        ("def broken(:\n", "cannot import (line 1): SyntaxError"),
+        ("x = 1\n", "not a mixc module: it defines no INPUTS, STATES, recurrent, step"),
+        (
+            "INPUTS = (('q', ('K',)), ('k', ('K',)))\nSTATES = (('H', ('V', 'K')),)\n"
+            "def recurrent(*a, **k): pass\ndef step(*a, **k): pass\n",
+            "its INPUTS are (q, k) but the spec's inputs are (q, k, v, g)",
+        ),
+    ],
+    ids=["missing", "syntax-error", "not-a-module", "wrong-inputs"],
+)
+def test_bad_module_exits_1(tmp_path: Path, capsys, module_text, message) -> None:
+    module = tmp_path / "m.py"
+    if module_text is not None:
+        module.write_text(module_text)
+    assert (
+        cli.main(["fuzz", str(ROOT / "specs/gla.mix"), "--module", str(module), "--examples", "2"])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_module_that_raises_is_a_failure(tmp_path: Path) -> None:
+    source = mixc.compile_source(ROOT / "specs/linear_attention.mix")
+    target = "def step("
+    assert source.count(target) == 1
+    module = tmp_path / "m.py"
+    module.write_text(
+        source.replace(
+            target, "def step(*_, **__):\n    raise RuntimeError('boom')\n\n\ndef _old_step("
+        )
+    )
+    report = fuzz(ROOT / "specs/linear_attention.mix", module, examples=3)
+    assert not report.ok
+    assert report.failure.form == "step" and report.failure.quantity == "call"
+    assert "RuntimeError: boom" in report.failure.summary()
+
+
+# ----------------------------------------------------------------------------- input ranges
+
+
+@pytest.mark.parametrize(
+    "spec, domains",
+    [
+        ("gla", {"g": "negative", "k": "key", "q": "plain"}),
+        ("gated_retention", {"a": "real", "k": "key"}),
+        ("mamba2", {"dt": "positive", "A": "negative", "B": "key", "D": "plain"}),
+        ("deltanet", {"k": "unit ball", "beta": "unit interval"}),
+        ("gated_deltanet", {"k": "unit ball", "beta": "unit interval", "g": "negative"}),
+        ("gated_general", {"G": "unit interval"}),
+        ("linear_attention_normalized", {"k": "plain", "H": "state", "z": "positive state"}),
+        ("retnet", {"k": "key", "H": "state"}),
+    ],
+)
+def test_ranges_come_from_the_facts(spec: str, domains: dict[str, str]) -> None:
+    p = plan(ROOT / "specs" / f"{spec}.mix")
+    assert {n: p.range(n).domain for n in domains} == domains
+    assert not p.notes
+
+
+def test_ranges_do_not_depend_on_names() -> None:
+    text = """mixer renamed
+in    a1[Kk], b1[Kk], c1[Vv], d1, e1
+state S[Vv, Kk]
+S_t = exp(d1_t) S_{t-1} (I - e1_t b1_t b1_t^T) + e1_t c1_t b1_t^T
+y_t = S_t a1_t
+"""
+    p = plan(text)
+    assert {r.name: r.domain for r in p.ranges} == {
+        "a1": "plain",
+        "b1": "unit ball",
+        "c1": "plain",
+        "d1": "negative",
+        "e1": "unit interval",
+        "S": "state",
+    }
+
+
+def test_an_unprovable_decay_is_noted() -> None:
+    p = plan(
+        "mixer grows\nin q[K], k[K], v[V], a\nstate H[V, K]\nH_t = exp(a_t^2) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
+    )
+    assert p.notes and "no input ranges provably satisfy" in p.notes[0]
+
+
+def test_l2norm_sizes_are_at_least_two() -> None:
+    text = "mixer m\nin q[K], k[K], v[V], b\nstate H[V, K]\nH_t = H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T) + sigmoid(b_t) v_t l2norm(k_t)^T\ny_t = H_t q_t\n"
+    p = plan(text)
+    assert p.wide == {"K"}
+
+    @settings(max_examples=30, database=None)
+    @given(examples(p, max_size=3))
+    def sizes(ex: Example) -> None:
+        assert dict(ex.sizes)["K"] >= 2 and len({v for _, v in ex.sizes}) == 2
+
+    sizes()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_exits_1(capsys) -> None:
+    assert cli.main(["fuzz", str(ROOT / "specs/gla.mix"), "--device", "cuda"]) == 1
+    assert "CUDA is not available" in capsys.readouterr().err

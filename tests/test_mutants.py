@@ -1,0 +1,236 @@
+"""The fuzzer can fail: small breakages of correct compiled modules are all caught.
+
+Each mutant edits the source of a compiled module (`mixc.compile_source`) in one place: an
+off-by-one at a chunk boundary, a missing decay factor, a dropped initial state, a transposed
+state, a wrong sign in the delta rule, a readout from the previous state. Every edit asserts its
+target occurs exactly once, so a change in the generated code fails here loudly instead of
+silently leaving the module unmutated.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mixc
+from mixc.fuzz import fuzz
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (spec, what breaks, target text, replacement, the forms that must notice)
+MUTANTS = [
+    # a scalar decay (Class 1): chunk_scalar_decay and parallel_scalar_decay
+    (
+        "gated_retention",
+        "decay from the chunk start off by one token",
+        "return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]",
+        "return gamma[..., :, 0], gamma[..., -1, :]",
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "keys without their decay to the chunk end",
+        "k_to_end = k_c * to_end.unsqueeze(-1)",
+        "k_to_end = k_c",
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "intra-chunk mask misses the diagonal",
+        'return seg.masked_fill_(~torch.tril(ones), float("-inf")).exp_()',
+        'return seg.masked_fill_(~torch.tril(ones, diagonal=-1), float("-inf")).exp_()',
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "output shifted by one token at the padding",
+        "return (o[:, :, :length] if n_pad else o), state",
+        "return (o[:, :, 1 : length + 1] if n_pad else o), state",
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "carried state without its decay",
+        "q_from_start = q_c * from_start.unsqueeze(-1)",
+        "q_from_start = q_c",
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "no decay from chunk to chunk",
+        "_scan_scalar(state, from_start[..., -1], chunk_kv)",
+        "_scan_scalar(state, torch.ones_like(from_start[..., -1]), chunk_kv)",
+        {"chunk"},
+    ),
+    ("gated_retention", "dropped initial state", "_S0_H = H.mT", "_S0_H = None", {"chunk"}),
+    ("gated_retention", "final state transposed", "H = _S.mT", "H = _S", {"chunk"}),
+    (
+        "gated_retention",
+        "readout from the previous state",
+        "_ys.append(H_t @ q_t)",
+        "_ys.append(H @ q_t)",
+        {"recurrent"},
+    ),
+    (
+        "gated_retention",
+        "quadratic form without its decay",
+        "scores = scores * decay",
+        "scores = torch.tril(scores)",
+        {"parallel"},
+    ),
+    # a key-side diagonal gate (Class 2): chunk_diagonal
+    (
+        "gla",
+        "blocks without the key-side decay",
+        "k_left = k_left * _halves(suf_k, block)[0]",
+        "k_left = k_left",
+        {"chunk"},
+    ),
+    (
+        "gla",
+        "blocks without the query-side decay",
+        "q_right = q_right * _halves(pre_k, block)[1]",
+        "q_right = q_right",
+        {"chunk"},
+    ),
+    (
+        "gla",
+        "carried state without its decay",
+        "q_from_start = q_c * pre_k",
+        "q_from_start = q_c",
+        {"chunk"},
+    ),
+    (
+        "gla",
+        "chunk decay from the wrong token",
+        "chunk_decay_k = pre_k[..., -1, :]",
+        "chunk_decay_k = pre_k[..., -2, :]",
+        {"chunk"},
+    ),
+    ("gla", "dropped initial state", "_S0_H = H.mT", "_S0_H = torch.zeros_like(H.mT)", {"chunk"}),
+    (
+        "gla",
+        "output shifted by one token at the padding",
+        "return (o[:, :, :length] if n_pad else o), state",
+        "return (o[:, :, 1 : length + 1] if n_pad else o), state",
+        {"chunk"},
+    ),
+    # the delta rule (Class 3): chunk_delta
+    (
+        "deltanet",
+        "wrong sign of the state correction",
+        "v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0)",
+        "v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=1.0)",
+        {"chunk"},
+    ),
+    (
+        "deltanet",
+        "wrong sign in the UT transform",
+        "(beta_c.unsqueeze(-1) * kk).tril_(-1)",
+        "(-beta_c.unsqueeze(-1) * kk).tril_(-1)",
+        {"chunk"},
+    ),
+    (
+        "deltanet",
+        "off-by-one in the triangular mask",
+        "(beta_c.unsqueeze(-1) * kk).tril_(-1)",
+        "(beta_c.unsqueeze(-1) * kk).tril_(-2)",
+        {"chunk"},
+    ),
+    (
+        "deltanet",
+        "beta missing from W",
+        "k_scaled = k_c * beta_c.unsqueeze(-1)",
+        "k_scaled = k_c",
+        {"chunk"},
+    ),
+    (
+        "deltanet",
+        "gradient of the triangular inverse dropped",
+        "t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))",
+        "t_inv = t_inv",
+        {"chunk"},
+    ),
+    (
+        "deltanet",
+        "wrong sign in the recurrence",
+        "H_t = H - beta_t * (H @ k_t @ k_t.mT)",
+        "H_t = H + beta_t * (H @ k_t @ k_t.mT)",
+        {"recurrent"},
+    ),
+    ("deltanet", "initial state transposed", "_S0_H = H.mT", "_S0_H = H", {"chunk"}),
+]
+
+
+def mutate(source: str, target: str, replacement: str) -> str:
+    assert source.count(target) == 1, (
+        f"the generated code changed: {target!r} occurs {source.count(target)} times"
+    )
+    return source.replace(target, replacement)
+
+
+@pytest.mark.parametrize(
+    "spec, what, target, replacement, forms", MUTANTS, ids=[f"{m[0]}: {m[1]}" for m in MUTANTS]
+)
+def test_every_mutant_is_caught(tmp_path: Path, spec, what, target, replacement, forms) -> None:
+    path = ROOT / "specs" / f"{spec}.mix"
+    module = tmp_path / f"{spec}_mutant.py"
+    module.write_text(mutate(mixc.compile_source(path), target, replacement))
+    report = fuzz(path, module, examples=40, shrink=False)
+    assert not report.ok, f"{what}: survived {report.examples} examples"
+    assert report.failure.form in forms, report.failure.summary()
+
+
+@pytest.mark.parametrize("spec", sorted({m[0] for m in MUTANTS}))
+def test_the_unmutated_module_passes(tmp_path: Path, spec: str) -> None:
+    path = ROOT / "specs" / f"{spec}.mix"
+    module = tmp_path / f"{spec}.py"
+    module.write_text(mixc.compile_source(path))
+    report = fuzz(path, module, examples=15)
+    assert report.ok, report.failure.summary()
+
+
+def test_cli_shrinks_and_prints_a_reproducer_that_fails(tmp_path: Path) -> None:
+    path = ROOT / "specs" / "gla.mix"
+    module = tmp_path / "gla_mutant.py"
+    module.write_text(mutate(mixc.compile_source(path), *MUTANTS[12][2:4]))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mixc",
+            "fuzz",
+            "specs/gla.mix",
+            "--module",
+            str(module),
+            "--examples",
+            "10",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    head, script = run.stdout.split("reproducer (save as repro.py, run python repro.py):\n\n")
+    assert head.startswith(f"FAILED mixc fuzz specs/gla.mix --module {module}: chunk (chunk_size=")
+    assert "shrunk in" in head and "seed=" in head and "batch=1 heads=1" in head
+    repro = tmp_path / "repro.py"
+    repro.write_text(script)
+    again = subprocess.run(
+        [sys.executable, str(repro)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 1, again.stdout + again.stderr
+    quantity = head.split(": ", 2)[2].split(" has relative RMS error")[0]
+    assert any(
+        line.startswith(quantity) and line.endswith("FAILS") for line in again.stdout.splitlines()
+    ), again.stdout
