@@ -21,8 +21,7 @@ from mixc.fuzz import GATE_FORMS, Example, check, examples, fuzz, plan, random_s
 
 #: Forms drawn by default: all but those that hit a known compiler bug (pinned by a strict xfail
 #: below with its minimal spec) until the bug is fixed.
-#: ("param sigmoid": test_saturated_sigmoid_decay_gradient_in_the_recurrence)
-FORMS = tuple(f for f in GATE_FORMS if f != "param sigmoid")
+FORMS = GATE_FORMS
 N_SPECS = max(100, settings.default.max_examples // 2)  # ci: 100; dev: 1000
 
 
@@ -108,12 +107,6 @@ def test_size_named_like_a_layout_dim_is_refused() -> None:
         mixc.load_spec(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compiler finding: recurrent and step evaluate a sigmoid decay as sigmoid(lam) in fp32; "
-    "saturated (sigmoid(10.7) = 1 - 2.3e-5), the gradient of lam is 3e-4 off (chunk, in log space "
-    "via logsigmoid, is 1e-7 off); evaluating the transition from its log-gate would fix it",
-)
 def test_saturated_sigmoid_decay_gradient_in_the_recurrence() -> None:
     text = "mixer m\nin q[K], k[K], v[V]\nparam lam\nstate H[V, K]\nH_t = sigmoid(lam) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
     ex = Example(

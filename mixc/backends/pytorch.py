@@ -18,7 +18,7 @@ from .._algebra import Expander, NotAffine, inline
 from .._verify import SCALAR, Symbol, typer_for
 from ..analysis import Facts, StateFacts
 from ..errors import NotYetImplemented
-from ..ir import Binary, Expr, Name, Timed, walk
+from ..ir import Binary, Call, Expr, Name, Timed, walk
 from . import _torch_kernels, _torch_runtime
 from ._pyexpr import PyExpr, constant
 
@@ -593,7 +593,7 @@ class _Module:
             eq = self.mixer.update(name)
             body = inline(self.mixer, eq.value)
             try:
-                text = e.terms(self.expander.expand(body))
+                text = self.gated_update(name, e) or e.terms(self.expander.expand(body))
             except NotAffine:
                 text = e(body)
             out(f"{name}_t = {text}  # {eq.value}", 2)
@@ -604,6 +604,39 @@ class _Module:
         out(f"return torch.stack(_ys, 1), {self.state_tuple()}")
         out("", 0)
         out("", 0)
+
+    def gated_update(self, name: str, e: PyExpr) -> str | None:
+        """A decaying update as `exp(log-gate) * state + writes`: the decay comes from its
+        log-gate, as in the chunked form, so a decay near 1 (sigmoid(10), 1 - sigmoid(-10))
+        keeps accurate gradients. None for other classes (emitted from the expanded terms)."""
+        s = self.facts.state(name)
+        tr = s.transition
+        if tr.cls not in (
+            "scalar constant",
+            "scalar data-dependent",
+            "diagonal key-side",
+            "diagonal value-side",
+        ):
+            return None
+        if tr.gate is not None or not s.writes:
+            return None
+        decayed = name
+        for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)
+            log = g.log
+            plain = isinstance(log, Call) and log.func == "log"
+            factor = e(log.args[0]) if plain else f"torch.exp({e(log)})"
+            if g.side == "scalar":
+                decayed = f"{factor} * {decayed}"
+            elif g.side == "key" and not s.vector:
+                decayed = f"{decayed} * ({factor}).mT" if plain else f"{decayed} * {factor}.mT"
+            else:  # value side, or the only axis of a vector state
+                decayed = f"{factor} * {decayed}"
+        writes = [
+            t
+            for t in self.expander.expand(inline(self.mixer, self.mixer.update(name).value))
+            if not any(self.expander.has_state(a) for a in t.chain + t.scalars + t.gates)
+        ]
+        return f"{decayed} + {e.terms(writes)}" if writes else decayed
 
     def emit_recurrent(self, out: _Lines) -> None:
         out(

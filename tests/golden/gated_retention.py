@@ -543,7 +543,7 @@ def _recurrence(q, k, v, a, H, _sizes, _dtype, _device):
     _ys = []
     for _t in range(_sizes["T"]):
         q_t, k_t, v_t, a_t = q[:, _t], k[:, _t], v[:, _t], a[:, _t]
-        H_t = torch.sigmoid(a_t) * H + (v_t @ k_t.mT)  # sigmoid(a_t) H_{t-1} + v_t k_t^T
+        H_t = torch.exp(F.logsigmoid(a_t)) * H + (v_t @ k_t.mT)  # sigmoid(a_t) H_{t-1} + v_t k_t^T
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return torch.stack(_ys, 1), (H,)

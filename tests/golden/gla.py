@@ -520,7 +520,7 @@ def _recurrence(q, k, v, g, H, _sizes, _dtype, _device):
     _ys = []
     for _t in range(_sizes["T"]):
         q_t, k_t, v_t, g_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t]
-        H_t = (H @ torch.diag_embed(torch.exp(g_t)[..., 0])) + (v_t @ k_t.mT)  # H_{t-1} diag(exp(g_t)) + v_t k_t^T
+        H_t = H * torch.exp(g_t).mT + (v_t @ k_t.mT)  # H_{t-1} diag(exp(g_t)) + v_t k_t^T
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return torch.stack(_ys, 1), (H,)
