@@ -644,7 +644,7 @@ def _pyplot():
 def plot(results: Sequence[BenchResult], path: str | os.PathLike, title: str | None = None) -> None:
     """Time and peak memory versus T on log axes, one line per (mixer, form, pass)."""
     Figure = _pyplot()
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    fig = Figure(figsize=(13, 4.6), layout="constrained")
     ax_time, ax_mem = fig.subplots(1, 2)
     styles = {"chunk": "-", "recurrent": ":", "parallel": "-."}
     for i, result in enumerate(results):
@@ -689,7 +689,8 @@ def plot(results: Sequence[BenchResult], path: str | os.PathLike, title: str | N
         ax.set_xlabel("sequence length T")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-    ax_time.legend(fontsize=6, ncol=1 if len(results) < 3 else 2)
+    handles, labels = ax_time.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=7)
     if results:
         r = results[0]
         sizes = ", ".join(f"{k}={v}" for k, v in r.sizes.items())
