@@ -76,7 +76,6 @@ class SpecWarning(SpecError):  # noqa: N818 - a warning, not an error
     kind = "warning"
 
 
-Warning_ = SpecWarning  # the name earlier code used
 
 
 # ----------------------------------------------------------------------------- facts
