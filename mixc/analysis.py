@@ -76,8 +76,6 @@ class SpecWarning(SpecError):  # noqa: N818 - a warning, not an error
     kind = "warning"
 
 
-
-
 # ----------------------------------------------------------------------------- facts
 
 

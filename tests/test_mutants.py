@@ -62,8 +62,8 @@ MUTANTS = [
     (
         "gated_retention",
         "no decay from chunk to chunk",
-        "_scan_scalar(state, from_start[..., -1], chunk_kv)",
-        "_scan_scalar(state, torch.ones_like(from_start[..., -1]), chunk_kv)",
+        "_scan_scalar(state, g_c.sum(-1), chunk_kv)",
+        "_scan_scalar(state, None, chunk_kv)",
         {"chunk"},
     ),
     ("gated_retention", "dropped initial state", "_S0_H = H.mT", "_S0_H = None", {"chunk"}),

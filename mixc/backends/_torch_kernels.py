@@ -69,18 +69,31 @@ def _span_tokens(x, width, chunk_size):
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
-    token axis (dim 2) of every tensor in seqs (None stays None); concatenate the outputs."""
+    token axis (dim 2) of every tensor in seqs (None stays None); join the outputs.
+
+    Without autograd each span's output is copied into one output tensor as it comes (the
+    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    """
     span = _span_tokens(seqs[0], width, chunk_size)
+    length = seqs[0].shape[2]
+    if span >= length:
+        return span_fn(*seqs, state, chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
-    n_spans = -(-seqs[0].shape[2] // span)
-    pieces = [[None] * n_spans if x is None else x.split(span, dim=2) for x in seqs]
-    outputs = []
-    for piece in zip(*pieces):
+    pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
+    tracked = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in [*seqs, state]
+    )
+    outputs, o_all = [], None
+    for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        outputs.append(o)
-    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return o, state
+        if tracked:
+            outputs.append(o)
+            continue
+        if o_all is None:
+            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
+        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
+    return (torch.cat(outputs, dim=2) if tracked else o_all), state
 
 
 def _segsum(x, dim=-1):
@@ -150,32 +163,32 @@ def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
     return torch.stack(entering, dim=2), state
 
 
-def _scan_scalar(initial_state, chunk_decay, chunk_kv):
-    """Sequential state passing S_n = d_n S_{n-1} + KV_n with a scalar d_n per chunk and head.
+def _scan_scalar(initial_state, chunk_g, chunk_kv):
+    """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span, as one matmul:
+    S_n = sum_{m<n} exp(G_{m+1} + ... + G_{n-1}) KV_m + exp(G_0 + ... + G_{n-1}) S_0.
 
-    chunk_decay: [B, NH, N], chunk_kv: [B, NH, N, K, V]. One fused op per chunk; returns
-    (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
+    chunk_g: [B, NH, N] log-decay of each whole chunk (None: no decay), chunk_kv:
+    [B, NH, N, K, V]. Returns (states entering each chunk [B, NH, N, K, V], final state
+    [B, NH, K, V]). The weights are exps of direct sums of log-decays, as in _decay_mask; a
+    span holds few chunks, so the N x N weights cost little next to the chunks' own matmuls.
     """
-    state = initial_state
-    entering = []
-    for decay, kv in zip(chunk_decay[..., None, None].unbind(2), chunk_kv.unbind(2)):
-        entering.append(state)
-        state = torch.addcmul(kv, decay, state)
-    return torch.stack(entering, dim=2), state
-
-
-def _scan_sum(initial_state, chunk_kv):
-    """State passing without decay: S_n = S_{n-1} + KV_n, one add per chunk.
-
-    (torch.cumsum over the chunk axis is much slower on CPU: it walks a strided axis.)
-    Returns (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
-    """
-    state = initial_state
-    entering = []
-    for kv in chunk_kv.unbind(2):
-        entering.append(state)
-        state = state + kv
-    return torch.stack(entering, dim=2), state
+    batch, heads, n_chunks, d_k, d_v = chunk_kv.shape
+    if chunk_g is None:
+        chunk_g = chunk_kv.new_zeros(batch, heads, n_chunks)
+    gamma = _decay_mask(chunk_g)  # gamma[n, m] = exp(G_{m+1} + ... + G_n) for m <= n
+    # the state entering chunk n is row n - 1 of gamma (nothing but S_0 enters chunk 0)
+    weights = torch.nn.functional.pad(gamma[..., :-1, :], (0, 0, 1, 0))
+    from_start, _ = _chunk_decays(gamma, chunk_g)  # exp(G_0 + ... + G_n)
+    from_start = torch.nn.functional.pad(from_start[..., :-1], (1, 0), value=1.0)
+    flat = batch * heads
+    kv = chunk_kv.reshape(flat, n_chunks, d_k * d_v)
+    states = torch.bmm(weights.reshape(flat, n_chunks, n_chunks), kv)
+    states.baddbmm_(from_start.reshape(flat, n_chunks, 1), initial_state.reshape(flat, 1, -1))
+    final = torch.addcmul(kv[:, -1], chunk_g[..., -1].exp().reshape(flat, 1), states[:, -1])
+    return (
+        states.reshape(batch, heads, n_chunks, d_k, d_v),
+        final.reshape(batch, heads, d_k, d_v),
+    )
 
 
 def _bmm(a, b):
@@ -225,7 +238,7 @@ def _scalar_decay_span(q, k, v, g, state, chunk_size):
         # identity: Gamma is the causal mask and the state a running sum of K^T V
         scores = scores.tril_()
         chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
-        states_in, state = _scan_sum(state, chunk_kv)
+        states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
         g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
@@ -235,7 +248,7 @@ def _scalar_decay_span(q, k, v, g, state, chunk_size):
         # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
         k_to_end = k_c * to_end.unsqueeze(-1)
         chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
-        states_in, state = _scan_scalar(state, from_start[..., -1], chunk_kv)
+        states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
         q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
 
     # intra part, then the inter part accumulated into it by the same matmul call
@@ -282,14 +295,9 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 def _halves(x, block):
     """[B, NH, N, C, d] -> (left, right) halves of every block of 2 * block tokens, each
-    [B, NH, N, C / (2 * block), block, d] (views)."""
-    n_blocks = x.shape[3] // (2 * block)
-    return x.reshape(*x.shape[:3], n_blocks, 2, block, x.shape[-1]).unbind(-3)
-
-
-def _join(left, right, shape):
-    """Inverse of _halves: interleave the halves back into shape [B, NH, N, C, d]."""
-    return torch.stack([left, right], dim=-3).reshape(shape)
+    [B, NH, N, C / (2 * block), block, d] (views, writable)."""
+    pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
+    return pairs[..., 0, :, :], pairs[..., 1, :, :]
 
 
 def _double_decays(prefix, suffix, block):
@@ -298,20 +306,16 @@ def _double_decays(prefix, suffix, block):
     prefix[i] = exp(g_s + ... + g_i) and suffix[j] = exp(g_{j+1} + ... + g_e) inside the
     aligned block [s, e] holding the token (suffix None: all ones). A block's right half
     continues the left half's prefix, and the left half's suffix runs on through the right
-    half: products of factors <= 1, so nothing overflows.
+    half: one multiply each by the other half's total, a product of factors <= 1.
     """
-    pre_left, pre_right = _halves(prefix, block)
-    left_total = pre_left[..., -1:, :]  # exp(sum of the left half's gates)
-    right_total = pre_right[..., -1:, :]
-    if suffix is None:
-        suf_left, suf_right = right_total.expand(pre_left.shape), torch.ones_like(pre_right)
-    else:
-        suf_left, suf_right = _halves(suffix, block)
-        suf_left = suf_left * right_total
-    return (
-        _join(pre_left, left_total * pre_right, prefix.shape),
-        _join(suf_left, suf_right, prefix.shape),
-    )
+    shape = prefix.shape
+    pairs = prefix.reshape(*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
+    left_total, right_total = pairs[..., 0, -1:, :], pairs[..., 1, -1:, :]
+    ones = torch.ones_like(left_total)
+    prefix = pairs * torch.stack([ones, left_total], dim=-3)
+    to_right_end = torch.stack([right_total, ones], dim=-3)
+    suffix = to_right_end if suffix is None else suffix.reshape(pairs.shape) * to_right_end
+    return prefix.reshape(shape), suffix.reshape(shape)
 
 
 def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
@@ -339,8 +343,8 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
     # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
     diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [B, NH, N, C]
     if pre_v is None:
-        # one score matrix per chunk, assembled block by block: A [B, NH, N, C, C]
-        scores = diag.unsqueeze(-1).unsqueeze(-1)  # diagonal 1 x 1 blocks [B, NH, N, C, 1, 1]
+        # one score matrix per chunk, filled block by block in place: A [B, NH, N, C, C]
+        scores = torch.diag_embed(diag)
     else:
         out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
     block = 1
@@ -353,24 +357,20 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
                 k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
         corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [B, NH, N, n, b, b]
         if pre_v is None:
-            pairs = scores.reshape(*scores.shape[:3], -1, 2, block, block)
-            upper, lower = pairs[..., 0, :, :], pairs[..., 1, :, :]
-            top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)
-            scores = torch.cat([top, torch.cat([corner, lower], dim=-1)], dim=-2)
+            _pair_blocks(scores, block)[..., block:, :block] = corner
         else:
             # value-side gates differ per output channel: apply the block's contribution now
             v_left = _halves(v_c, block)[0]
             if suf_v is not None:
                 v_left = v_left * _halves(suf_v, block)[0]
             update = torch.matmul(corner, v_left) * _halves(pre_v, block)[1]
-            out_left, out_right = _halves(out, block)
-            out = _join(out_left, out_right + update, out.shape)
+            _halves(out, block)[1].add_(update)
             pre_v, suf_v = _double_decays(pre_v, suf_v, block)
         if pre_k is not None:
             pre_k, suf_k = _double_decays(pre_k, suf_k, block)
         block *= 2
     if pre_v is None:
-        out = _bmm(scores.reshape(*scores.shape[:3], chunk_size, chunk_size), v_c)
+        out = _bmm(scores, v_c)
 
     # --- inter-chunk: the chunk-level factors are the last level's ---------------------
     # Class 2: S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
@@ -545,7 +545,6 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_bmm",
         "_two_matmuls",
         "_scan_scalar",
-        "_scan_sum",
         "_scalar_decay_span",
     ),
     "parallel_scalar_decay": ("_segsum",),
@@ -557,8 +556,8 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_split_chunks",
         "_bmm",
         "_halves",
-        "_join",
         "_double_decays",
+        "_pair_blocks",
         "_scan_states",
         "_diagonal_span",
     ),

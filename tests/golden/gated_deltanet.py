@@ -362,18 +362,31 @@ def _delta_span(q, k, v, beta, g, state, chunk_size):
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
-    token axis (dim 2) of every tensor in seqs (None stays None); concatenate the outputs."""
+    token axis (dim 2) of every tensor in seqs (None stays None); join the outputs.
+
+    Without autograd each span's output is copied into one output tensor as it comes (the
+    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    """
     span = _span_tokens(seqs[0], width, chunk_size)
+    length = seqs[0].shape[2]
+    if span >= length:
+        return span_fn(*seqs, state, chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
-    n_spans = -(-seqs[0].shape[2] // span)
-    pieces = [[None] * n_spans if x is None else x.split(span, dim=2) for x in seqs]
-    outputs = []
-    for piece in zip(*pieces):
+    pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
+    tracked = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in [*seqs, state]
+    )
+    outputs, o_all = [], None
+    for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        outputs.append(o)
-    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return o, state
+        if tracked:
+            outputs.append(o)
+            continue
+        if o_all is None:
+            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
+        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
+    return (torch.cat(outputs, dim=2) if tracked else o_all), state
 
 
 def _pad_time(x, n_pad):

@@ -288,8 +288,8 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
     # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
     diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [B, NH, N, C]
     if pre_v is None:
-        # one score matrix per chunk, assembled block by block: A [B, NH, N, C, C]
-        scores = diag.unsqueeze(-1).unsqueeze(-1)  # diagonal 1 x 1 blocks [B, NH, N, C, 1, 1]
+        # one score matrix per chunk, filled block by block in place: A [B, NH, N, C, C]
+        scores = torch.diag_embed(diag)
     else:
         out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
     block = 1
@@ -302,24 +302,20 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
                 k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
         corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [B, NH, N, n, b, b]
         if pre_v is None:
-            pairs = scores.reshape(*scores.shape[:3], -1, 2, block, block)
-            upper, lower = pairs[..., 0, :, :], pairs[..., 1, :, :]
-            top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)
-            scores = torch.cat([top, torch.cat([corner, lower], dim=-1)], dim=-2)
+            _pair_blocks(scores, block)[..., block:, :block] = corner
         else:
             # value-side gates differ per output channel: apply the block's contribution now
             v_left = _halves(v_c, block)[0]
             if suf_v is not None:
                 v_left = v_left * _halves(suf_v, block)[0]
             update = torch.matmul(corner, v_left) * _halves(pre_v, block)[1]
-            out_left, out_right = _halves(out, block)
-            out = _join(out_left, out_right + update, out.shape)
+            _halves(out, block)[1].add_(update)
             pre_v, suf_v = _double_decays(pre_v, suf_v, block)
         if pre_k is not None:
             pre_k, suf_k = _double_decays(pre_k, suf_k, block)
         block *= 2
     if pre_v is None:
-        out = _bmm(scores.reshape(*scores.shape[:3], chunk_size, chunk_size), v_c)
+        out = _bmm(scores, v_c)
 
     # --- inter-chunk: the chunk-level factors are the last level's ---------------------
     # Class 2: S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
@@ -350,48 +346,52 @@ def _double_decays(prefix, suffix, block):
     prefix[i] = exp(g_s + ... + g_i) and suffix[j] = exp(g_{j+1} + ... + g_e) inside the
     aligned block [s, e] holding the token (suffix None: all ones). A block's right half
     continues the left half's prefix, and the left half's suffix runs on through the right
-    half: products of factors <= 1, so nothing overflows.
+    half: one multiply each by the other half's total, a product of factors <= 1.
     """
-    pre_left, pre_right = _halves(prefix, block)
-    left_total = pre_left[..., -1:, :]  # exp(sum of the left half's gates)
-    right_total = pre_right[..., -1:, :]
-    if suffix is None:
-        suf_left, suf_right = right_total.expand(pre_left.shape), torch.ones_like(pre_right)
-    else:
-        suf_left, suf_right = _halves(suffix, block)
-        suf_left = suf_left * right_total
-    return (
-        _join(pre_left, left_total * pre_right, prefix.shape),
-        _join(suf_left, suf_right, prefix.shape),
-    )
+    shape = prefix.shape
+    pairs = prefix.reshape(*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
+    left_total, right_total = pairs[..., 0, -1:, :], pairs[..., 1, -1:, :]
+    ones = torch.ones_like(left_total)
+    prefix = pairs * torch.stack([ones, left_total], dim=-3)
+    to_right_end = torch.stack([right_total, ones], dim=-3)
+    suffix = to_right_end if suffix is None else suffix.reshape(pairs.shape) * to_right_end
+    return prefix.reshape(shape), suffix.reshape(shape)
 
 
 def _halves(x, block):
     """[B, NH, N, C, d] -> (left, right) halves of every block of 2 * block tokens, each
-    [B, NH, N, C / (2 * block), block, d] (views)."""
-    n_blocks = x.shape[3] // (2 * block)
-    return x.reshape(*x.shape[:3], n_blocks, 2, block, x.shape[-1]).unbind(-3)
-
-
-def _join(left, right, shape):
-    """Inverse of _halves: interleave the halves back into shape [B, NH, N, C, d]."""
-    return torch.stack([left, right], dim=-3).reshape(shape)
+    [B, NH, N, C / (2 * block), block, d] (views, writable)."""
+    pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
+    return pairs[..., 0, :, :], pairs[..., 1, :, :]
 
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
-    token axis (dim 2) of every tensor in seqs (None stays None); concatenate the outputs."""
+    token axis (dim 2) of every tensor in seqs (None stays None); join the outputs.
+
+    Without autograd each span's output is copied into one output tensor as it comes (the
+    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    """
     span = _span_tokens(seqs[0], width, chunk_size)
+    length = seqs[0].shape[2]
+    if span >= length:
+        return span_fn(*seqs, state, chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
-    n_spans = -(-seqs[0].shape[2] // span)
-    pieces = [[None] * n_spans if x is None else x.split(span, dim=2) for x in seqs]
-    outputs = []
-    for piece in zip(*pieces):
+    pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
+    tracked = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in [*seqs, state]
+    )
+    outputs, o_all = [], None
+    for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        outputs.append(o)
-    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return o, state
+        if tracked:
+            outputs.append(o)
+            continue
+        if o_all is None:
+            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
+        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
+    return (torch.cat(outputs, dim=2) if tracked else o_all), state
 
 
 def _pad_time(x, n_pad):
@@ -401,6 +401,15 @@ def _pad_time(x, n_pad):
     # pad lists (left, right) pairs starting from the last dim
     pad = [0, 0] * (x.dim() - 3) + [0, n_pad]
     return torch.nn.functional.pad(x, pad)
+
+
+def _pair_blocks(x, block):
+    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
+    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
+    lead, size = x.shape[:-2], x.shape[-1]
+    n_pairs = size // (2 * block)
+    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
+    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
 
 
 def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):

@@ -290,18 +290,31 @@ def _decay_mask(g):
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
-    token axis (dim 2) of every tensor in seqs (None stays None); concatenate the outputs."""
+    token axis (dim 2) of every tensor in seqs (None stays None); join the outputs.
+
+    Without autograd each span's output is copied into one output tensor as it comes (the
+    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    """
     span = _span_tokens(seqs[0], width, chunk_size)
+    length = seqs[0].shape[2]
+    if span >= length:
+        return span_fn(*seqs, state, chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
-    n_spans = -(-seqs[0].shape[2] // span)
-    pieces = [[None] * n_spans if x is None else x.split(span, dim=2) for x in seqs]
-    outputs = []
-    for piece in zip(*pieces):
+    pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
+    tracked = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in [*seqs, state]
+    )
+    outputs, o_all = [], None
+    for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        outputs.append(o)
-    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return o, state
+        if tracked:
+            outputs.append(o)
+            continue
+        if o_all is None:
+            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
+        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
+    return (torch.cat(outputs, dim=2) if tracked else o_all), state
 
 
 def _pad_time(x, n_pad):
@@ -331,7 +344,7 @@ def _scalar_decay_span(q, k, v, g, state, chunk_size):
         # identity: Gamma is the causal mask and the state a running sum of K^T V
         scores = scores.tril_()
         chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
-        states_in, state = _scan_sum(state, chunk_kv)
+        states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
         g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
@@ -341,7 +354,7 @@ def _scalar_decay_span(q, k, v, g, state, chunk_size):
         # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
         k_to_end = k_c * to_end.unsqueeze(-1)
         chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
-        states_in, state = _scan_scalar(state, from_start[..., -1], chunk_kv)
+        states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
         q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
 
     # intra part, then the inter part accumulated into it by the same matmul call
@@ -350,32 +363,32 @@ def _scalar_decay_span(q, k, v, g, state, chunk_size):
     return (o[:, :, :length] if n_pad else o), state
 
 
-def _scan_scalar(initial_state, chunk_decay, chunk_kv):
-    """Sequential state passing S_n = d_n S_{n-1} + KV_n with a scalar d_n per chunk and head.
+def _scan_scalar(initial_state, chunk_g, chunk_kv):
+    """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span, as one matmul:
+    S_n = sum_{m<n} exp(G_{m+1} + ... + G_{n-1}) KV_m + exp(G_0 + ... + G_{n-1}) S_0.
 
-    chunk_decay: [B, NH, N], chunk_kv: [B, NH, N, K, V]. One fused op per chunk; returns
-    (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
+    chunk_g: [B, NH, N] log-decay of each whole chunk (None: no decay), chunk_kv:
+    [B, NH, N, K, V]. Returns (states entering each chunk [B, NH, N, K, V], final state
+    [B, NH, K, V]). The weights are exps of direct sums of log-decays, as in _decay_mask; a
+    span holds few chunks, so the N x N weights cost little next to the chunks' own matmuls.
     """
-    state = initial_state
-    entering = []
-    for decay, kv in zip(chunk_decay[..., None, None].unbind(2), chunk_kv.unbind(2)):
-        entering.append(state)
-        state = torch.addcmul(kv, decay, state)
-    return torch.stack(entering, dim=2), state
-
-
-def _scan_sum(initial_state, chunk_kv):
-    """State passing without decay: S_n = S_{n-1} + KV_n, one add per chunk.
-
-    (torch.cumsum over the chunk axis is much slower on CPU: it walks a strided axis.)
-    Returns (states entering each chunk [B, NH, N, K, V], final state [B, NH, K, V]).
-    """
-    state = initial_state
-    entering = []
-    for kv in chunk_kv.unbind(2):
-        entering.append(state)
-        state = state + kv
-    return torch.stack(entering, dim=2), state
+    batch, heads, n_chunks, d_k, d_v = chunk_kv.shape
+    if chunk_g is None:
+        chunk_g = chunk_kv.new_zeros(batch, heads, n_chunks)
+    gamma = _decay_mask(chunk_g)  # gamma[n, m] = exp(G_{m+1} + ... + G_n) for m <= n
+    # the state entering chunk n is row n - 1 of gamma (nothing but S_0 enters chunk 0)
+    weights = torch.nn.functional.pad(gamma[..., :-1, :], (0, 0, 1, 0))
+    from_start, _ = _chunk_decays(gamma, chunk_g)  # exp(G_0 + ... + G_n)
+    from_start = torch.nn.functional.pad(from_start[..., :-1], (1, 0), value=1.0)
+    flat = batch * heads
+    kv = chunk_kv.reshape(flat, n_chunks, d_k * d_v)
+    states = torch.bmm(weights.reshape(flat, n_chunks, n_chunks), kv)
+    states.baddbmm_(from_start.reshape(flat, n_chunks, 1), initial_state.reshape(flat, 1, -1))
+    final = torch.addcmul(kv[:, -1], chunk_g[..., -1].exp().reshape(flat, 1), states[:, -1])
+    return (
+        states.reshape(batch, heads, n_chunks, d_k, d_v),
+        final.reshape(batch, heads, d_k, d_v),
+    )
 
 
 def _segsum(x, dim=-1):
