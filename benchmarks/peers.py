@@ -42,17 +42,11 @@ MEMORY_T = (8192, 32768)
 SWEEP_T = (512, 1024, 2048, 4096, 8192, 16384)
 AGREE_TOL = 1e-4  # relative error between the two fp32 outputs (both are ~1e-6 from fp64)
 
-#: Chunk size per transition class used for the mixc side (the recommended defaults).
-CHUNK = {
-    "identity": 64,
-    "scalar constant": 32,
-    "scalar data-dependent": 32,
-    "diagonal key-side": 32,
-    "diagonal value-side": 32,
-    "elementwise gate": 32,
-    "identity minus rank-1": 32,
-    "scalar decay times identity minus rank-1": 32,
-}
+#: Chunk sizes tried for the mixc side: each spec uses the one whose chunk forward is fastest
+#: at T = PEER_T in this run (measured first, interleaved), for every measurement that follows.
+CHUNK_CANDIDATES = (32, 64)
+#: The chosen chunk size per spec, set by the parent and passed to every worker.
+CHOSEN: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -100,10 +94,7 @@ def _load_fla(module: str):
 
 
 def _chunk_for(spec_name: str) -> int:
-    import mixc
-
-    facts = mixc.analyze(mixc.load_spec(SPECS / f"{spec_name}.mix"))
-    return CHUNK.get(facts.states[0].transition.cls, 64)
+    return CHOSEN[spec_name]
 
 
 def _peer_inputs(pair: Pair, T: int, dtype):
@@ -328,6 +319,28 @@ def task_compile(args: dict) -> dict:
     return {"import_s": imported - start, "cold_s": cold, "warm_s": statistics.median(warm)}
 
 
+def task_tune(args: dict) -> dict:
+    """Chunk forward times (seconds) of one spec at each candidate chunk size, interleaved."""
+    import torch
+
+    import mixc
+    from mixc.bench import time_call
+
+    name, T = args["spec"], args["T"]
+    module = mixc.load(SPECS / f"{name}.mix")
+    _, _, inputs = _spec_args(name, T)
+    times: dict[str, list[float]] = {str(c): [] for c in CHUNK_CANDIDATES}
+    for _ in range(args["rounds"]):
+        for c in CHUNK_CANDIDATES:
+
+            def call(c=c):
+                with torch.no_grad():
+                    module.chunk(*inputs, chunk_size=c)
+
+            times[str(c)] += time_call(call, args["repeats"], warmup=2)
+    return times
+
+
 def task_sweep(args: dict) -> dict:
     """mixc bench's sweep (chunk fwd and fwd+bwd, recurrent fwd) for the plot."""
     from mixc import bench
@@ -349,6 +362,7 @@ def task_sweep(args: dict) -> dict:
 
 
 TASKS = {
+    "tune": task_tune,
     "agree": task_agree,
     "time": task_time,
     "recurrent": task_recurrent,
@@ -361,6 +375,7 @@ TASKS = {
 
 def worker(payload: str) -> None:
     args = json.loads(payload)
+    CHOSEN.update(args.get("chunks", {}))
     if args.get("threads"):
         import torch
 
@@ -409,7 +424,7 @@ KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_":
 
 def run_worker(task: str, threads: int, env: dict | None = None, **args) -> dict:
     LOADS.append(wait_for_quiet(MAX_BUSY))
-    payload = json.dumps({"task": task, "threads": threads, **args})
+    payload = json.dumps({"task": task, "threads": threads, "chunks": CHOSEN, **args})
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), **(env or {}))
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", payload],
@@ -456,6 +471,13 @@ def measure(args) -> dict:
             "sweep_T": args.sweep_T,
         },
     }
+    data["tune"] = {}
+    for name in chunkable_specs():
+        log(f"{name}: chunk size ({', '.join(map(str, CHUNK_CANDIDATES))}) at T = {PEER_T}")
+        r = run_worker("tune", threads, spec=name, T=PEER_T, repeats=5, rounds=3)
+        data["tune"][name] = {c: _stats(t) for c, t in r.items()}
+        CHOSEN[name] = int(min(r, key=lambda c: statistics.median(r[c])))
+    data["chunk"] = dict(CHOSEN)
     log("checking that mixc and the fla references agree ...")
     data["agree"] = run_worker("agree", threads, T=PEER_T)
     for name, r in data["agree"].items():
@@ -765,9 +787,17 @@ def report(data: dict) -> str:
         f"{100 * max(data['loads']):.0f}% (a shared machine: other jobs add noise)"
     )
     add(
-        f"- Sizes: B={B}, NH={NH}, d_k=d_v={D}, fp32, CPU. mixc chunk size per class: "
-        + ", ".join(f"{c} {n}" for c, n in sorted(CHUNK.items(), key=lambda kv: kv[1]))
-        + " (the fla references use their own defaults: 64, 32 for `delta_rule_chunkwise`)."
+        f"- Sizes: B={B}, NH={NH}, d_k=d_v={D}, fp32, CPU. mixc chunk size per spec: the faster "
+        f"of {' and '.join(map(str, CHUNK_CANDIDATES))} for its chunk forward at T={PEER_T}, "
+        "measured at the start of this run (3 interleaved rounds of 5 calls; medians in ms: "
+        + "; ".join(
+            f"{name} "
+            + ", ".join(f"C={c} {1e3 * st['median']:.1f}" for c, st in data["tune"][name].items())
+            + f" -> {data['chunk'][name]}"
+            for name in data["tune"]
+        )
+        + "), used for every measurement of that spec below. The fla references use their own "
+        "defaults: 64, 32 for `delta_rule_chunkwise`."
     )
     add(
         f"- Protocol: every timing in a fresh worker process with the same imports and seeded "
