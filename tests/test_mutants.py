@@ -41,8 +41,8 @@ MUTANTS = [
     (
         "gated_retention",
         "intra-chunk mask misses the diagonal",
-        'return seg.masked_fill_(~torch.tril(ones), float("-inf")).exp_()',
-        'return seg.masked_fill_(~torch.tril(ones, diagonal=-1), float("-inf")).exp_()',
+        'above = torch.full_like(ones, float("-inf")).triu_(diagonal=1)',
+        'above = torch.full_like(ones, float("-inf")).triu_(diagonal=0)',
         {"chunk"},
     ),
     (
