@@ -198,6 +198,8 @@ class Facts:
 
 def _number(value: Fraction | float) -> Expr:
     """A non-negative constant as a literal: 0.9 rather than 9 / 10 where the decimal is exact."""
+    if isinstance(value, int):  # Term's default coefficient
+        value = Fraction(value)
     if isinstance(value, Fraction):
         if value.denominator == 1:
             return Number(str(value.numerator))
@@ -732,7 +734,59 @@ def _rule_diagonal(terms, ctx):
     return Transition("elementwise gate", "outer_product_gate: (a_t b_t^T) ⊙ S_{t-1}", tuple(gates))
 
 
+def _monomials(t: Term, ctx) -> dict[tuple[str, ...], Fraction | float]:
+    """t's coefficient times its scalars, expanded into a sum of monomials: {sorted canonical
+    keys of the scalar atoms: coefficient}. `(1 - s) b` is {(b,): 1, (b, s): -1}."""
+    poly: dict[tuple[str, ...], Fraction | float] = {(): t.coeff}
+    for scalar in t.scalars:
+        pieces = ctx.expander.expand(scalar)
+        if any(p.gates or any(ctx.expander.shape(a) != SCALAR for a in p.chain) for p in pieces):
+            pieces = [Term(scalars=(scalar,))]
+        grown: dict[tuple[str, ...], Fraction | float] = {}
+        for atoms, c in poly.items():
+            for p in pieces:
+                key = tuple(sorted(atoms + tuple(ctx.canon.key(a) for a in p.scalars + p.chain)))
+                grown[key] = grown.get(key, 0) + c * p.coeff
+        poly = {k: c for k, c in grown.items() if c != 0}
+    return poly
+
+
+def _quotient(big: dict, small: dict) -> dict | None:
+    """A polynomial q with big = q * small (polynomials as from _monomials), or None: termwise
+    when small is one monomial, else a single monomial q (enough for a decay that is a sum)."""
+    if not small:
+        return None
+
+    def divide(atoms: tuple[str, ...], by: tuple[str, ...]) -> tuple[str, ...] | None:
+        rest = list(atoms)
+        for a in by:
+            if a not in rest:
+                return None
+            rest.remove(a)
+        return tuple(rest)
+
+    if len(small) == 1:
+        (by, c0), out = next(iter(small.items())), {}
+        for atoms, c in big.items():
+            rest = divide(atoms, by)
+            if rest is None:
+                return None
+            out[rest] = c / c0
+        return out
+    first, c0 = next(iter(small.items()))
+    for atoms, c in big.items():
+        rest = divide(atoms, first)
+        if rest is None:
+            continue
+        if {tuple(sorted(k + rest)): v * c / c0 for k, v in small.items()} == big:
+            return {rest: c / c0}
+    return None
+
+
 def _rule_delta(terms, ctx):
+    """a S (I - beta k k^T): one term S times a scalar decay a (or none), one term S k k^T whose
+    scalar is -a beta, found by dividing the two scalars as polynomials, however the decay is
+    written: `(1 - s) S (I - b k k^T)` expands to four terms, gathered by scalar into two."""
     if len(terms) != 2 or any(t.gates for t, _ in terms):
         return None
     ex, key = ctx.expander, ctx.canon.key
@@ -744,29 +798,33 @@ def _rule_delta(terms, ctx):
         k, kt = r1
         if ex.shape(k)[1] != "1" or key(transpose_atom(k, ex.shape(k))) != key(kt):
             continue
-        rest = list(t1.scalars)
-        for s in t0.scalars:  # the decay multiplies both terms; what is left over is beta
-            texts = [key(x) for x in rest]
-            if key(s) not in texts:
-                break
-            rest.pop(texts.index(key(s)))
-        else:
-            ratio = -(t1.coeff / t0.coeff)
-            if ratio <= 0 and not rest:
-                continue
-            beta = ctx.canon.terms([Term(coeff=ratio, scalars=tuple(rest))])
-            decay = _scalar_gates(t0, ctx)
-            if decay:
-                return Transition(
-                    "scalar decay times identity minus rank-1",
-                    "gated_delta: a_t S_{t-1} (I - beta_t k_t k_t^T)",
-                    tuple(decay),
-                    beta=beta,
-                    key=k,
-                )
+        quotient = _quotient(_monomials(t1, ctx), _monomials(t0, ctx))  # -beta
+        if not quotient or (set(quotient) == {()} and -quotient[()] <= 0):
+            continue  # none, or a constant beta that is not positive
+        by_key = {
+            key(a): a
+            for t in (t0, t1)
+            for s in t.scalars
+            for a in (s, *(x for p in ex.expand(s) for x in p.scalars + p.chain))
+        }
+        beta = ctx.canon.terms(
+            [
+                Term(coeff=-c, scalars=tuple(by_key[a] for a in atoms))
+                for atoms, c in quotient.items()
+            ]
+        )
+        decay = _scalar_gates(t0, ctx)
+        if decay:
             return Transition(
-                "identity minus rank-1", "delta: S_{t-1} (I - beta_t k_t k_t^T)", beta=beta, key=k
+                "scalar decay times identity minus rank-1",
+                "gated_delta: a_t S_{t-1} (I - beta_t k_t k_t^T)",
+                tuple(decay),
+                beta=beta,
+                key=k,
             )
+        return Transition(
+            "identity minus rank-1", "delta: S_{t-1} (I - beta_t k_t k_t^T)", beta=beta, key=k
+        )
     return None
 
 
@@ -1193,8 +1251,6 @@ Monomial = tuple[tuple[str, int], ...]
 #: Bytes of one element: inputs and outputs in a 16-bit type, states and intermediates in fp32.
 IO_BYTES = 2
 ACC_BYTES = 4
-#: Sub-chunk length of the chunked diagonal-gate algorithm (as in the PyTorch backend).
-SUB_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -1481,16 +1537,24 @@ def _group_cost(facts: Facts, group: tuple[str, ...], C: Formula, T: Formula) ->
         )
         note = "scalar decay: masks exp(b_i - b_j) built in log space"
     elif family == "diagonal":
-        intra = nq * (2 * C * (dk + dv) + dg * C / SUB_CHUNK + 5 * SUB_CHUNK * dg)
+        # aligned blocks of 2, 4, ..., C tokens: each query-key pair of a chunk once (a corner
+        # matmul per block), C (C + 1) / 2 products of d_k per chunk; the values once per block
+        # with value-side gates, else in one C x C product
+        values = (C + 1) * dv if "value" in sides else 2 * C * dv
+        intra = nq * ((C + 1) * dk + values)
         chunked = FormCost(
             intra + 2 * nq * kv + 2 * kv + kv / C,
-            state_bytes / C + ACC_BYTES * nq * C + ACC_BYTES * dg * (C / SUB_CHUNK + SUB_CHUNK),
+            state_bytes / C + ACC_BYTES * nq * C + 2 * ACC_BYTES * dg,
         )
         quadratic = FormCost(
             nq * (2 * T * (dk + dv) + 3 * T * dg),
             ACC_BYTES * nq * T * dg,
         )
-        note = f"diagonal gate: sub-chunks of {SUB_CHUNK}; the quadratic form needs a decay per channel and pair"
+        note = (
+            "diagonal gate: aligned blocks of 2, 4, ..., C tokens, decays measured from each "
+            "block's middle; their elementwise products (about 3 d_g per token at each of the "
+            "log2(C) levels) are not counted; the quadratic form needs a decay per channel and pair"
+        )
     else:
         solve = C * C / 3
         flops = (

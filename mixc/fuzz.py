@@ -1423,10 +1423,8 @@ def _draw_spec(draw, forms: tuple[str, ...]) -> str:
     form = pick(*forms)
     delta = form in ("delta", "gated delta")
 
-    def scalar_gate(kind: str, compound: bool = True) -> tuple[str, bool]:
-        """(text, atomic) of a scalar decay in (0, 1] for the derived input ranges. `compound`
-        allows 1 - sigmoid(a_t), which the delta rule does not recognise yet (see
-        tests/test_random_specs.py::test_compound_decay_times_delta)."""
+    def scalar_gate(kind: str) -> tuple[str, bool]:
+        """(text, atomic) of a scalar decay in (0, 1] for the derived input ranges."""
         if kind == "constant":
             g = fresh(("gamma", "lam", "decay"))
             default = pick(
@@ -1449,8 +1447,6 @@ def _draw_spec(draw, forms: tuple[str, ...]) -> str:
         if kind == "sigmoid":
             a = fresh(("a", "f", "alpha"))
             inputs.append(a)
-            if not compound:
-                return f"sigmoid({a}_t)", True
             return pick((f"sigmoid({a}_t)", True), (f"1 - sigmoid({a}_t)", False))
         if kind == "softplus":
             g = fresh(("g", "gt", "z0"))
@@ -1525,7 +1521,7 @@ def _draw_spec(draw, forms: tuple[str, ...]) -> str:
                 for f in ("constant", "sigmoid", "softplus", "mamba", "log input", "number")
                 if f in forms
             ]
-            g, g_atomic = as_value(*scalar_gate(pick(*(kinds or ["sigmoid"])), compound=False))
+            g, g_atomic = as_value(*scalar_gate(pick(*(kinds or ["sigmoid"]))))
             decay = (g if g_atomic else f"({g})") + " "
         write = f"{beta} {v}_t {kx}{T}"
         update = pick(

@@ -64,6 +64,17 @@ DIAGONAL = "chunked diagonal gate"
 DELTA = "chunked delta rule"
 SEQUENTIAL = "recurrent only"
 
+#: (1 - sigmoid(a_t)) times the delta rule's transition, however the product is written out.
+COMPOUND_GATED_DELTA = {
+    "H": S(
+        "scalar decay times identity minus rank-1",
+        "gated_delta",
+        "beta_t v_t k_t^T",
+        ("scalar: 1 - sigmoid(a_t) -> logsigmoid(-a_t) proven",),
+        erase="beta_t, k_t",
+    )
+}
+
 ROWS: dict[str, Row] = {
     # ---- the shipped specs
     "deltanet": Row(
@@ -399,6 +410,45 @@ y_t = H_t C_t + D x_t
         "linear: _r0",
         DELTA,
         warnings=("cannot prove the decay exp(g_t)",),
+    ),
+    "gated_deltanet_compound_decay": Row(
+        text(
+            "H_t = (1 - sigmoid(a_t)) H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], a, beta",
+        ),
+        COMPOUND_GATED_DELTA,
+        "linear: _r0",
+        DELTA,
+    ),
+    "gated_deltanet_compound_decay_written_out": Row(
+        text(
+            "H_t = H_{t-1} (I - beta_t k_t k_t^T) - sigmoid(a_t) H_{t-1} (I - beta_t k_t k_t^T)"
+            " + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], a, beta",
+        ),
+        COMPOUND_GATED_DELTA,
+        "linear: _r0",
+        DELTA,
+    ),
+    "deltanet_compound_beta": Row(
+        text(
+            "H_t = H_{t-1} (I - (1 - sigmoid(b_t)) k_t k_t^T) + v_t k_t^T",
+            "q[K], k[K], v[V], b",
+        ),
+        {"H": S("identity minus rank-1", "delta", "v_t k_t^T", erase="1 - sigmoid(b_t), k_t")},
+        "linear: _r0",
+        DELTA,
+    ),
+    "decay_missing_on_the_rank_one_term": Row(
+        text(
+            "H_t = (1 - sigmoid(a_t)) H_{t-1} - beta_t H_{t-1} k_t k_t^T + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], a, beta",
+        ),
+        {"H": S("general dense", "general_dense", "beta_t v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="in no class with a chunked form",
     ),
     "gated_deltanet_decay_on_the_right": Row(
         text(
@@ -1070,6 +1120,15 @@ def test_costs_of_the_delta_rule_include_the_solve_and_kkt():
     assert "6*C*K" in text_  # K K^T, W = T K and Q K^T
     assert "6*K*V" in text_  # W S_0, K^T V_new, Q S_0
     assert "T^2/3" in str(c.groups[0].quadratic.flops)
+
+
+def test_costs_of_gla_by_hand():
+    c = costs(analyze(load("gla.mix")))
+    (g,) = c.groups
+    # each of the C (C + 1) / 2 query-key pairs of a chunk once ((C + 1) K per token), the
+    # scores times V in one C x C product (2CV), Q S_0 and K^T V (4KV), the chunk decay (KV/C)
+    assert str(g.chunked.flops) == "C*K + 2*C*V + 4*K*V + K*V/C + K"
+    assert "not counted" in g.note
 
 
 def test_costs_of_sequential_specs_have_no_chunked_form():

@@ -125,13 +125,9 @@ def test_saturated_sigmoid_decay_gradient_in_the_recurrence() -> None:
     assert failure is None, failure.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compiler finding: a compound decay times the delta rule, (1 - sigmoid(g_t)) H_{t-1} "
-    "(I - b_t k_t k_t^T), expands to four terms and falls to general_dense (no chunked form), "
-    "while sigmoid(g_t) H_{t-1} (I - ...) and (1 - sigmoid(g_t)) H_{t-1} alone are chunked",
-)
 def test_compound_decay_times_delta() -> None:
+    """Was a compiler finding: (1 - sigmoid(g_t)) H_{t-1} (I - ...) expands to four terms and fell
+    to general_dense; the delta rule now divides the scalar polynomials of its two terms."""
     text = (
         "mixer m\nin q[K], k[K], v[V], b, g\nstate H[V, K]\n"
         "H_t = (1 - sigmoid(g_t)) H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T)"
@@ -139,3 +135,8 @@ def test_compound_decay_times_delta() -> None:
     )
     facts = mixc.analyze(mixc.load_spec(text))
     assert facts.chunkable, facts.reason
+    (state,) = facts.states
+    assert state.transition.cls == "scalar decay times identity minus rank-1"
+    assert str(state.transition.beta) == "sigmoid(b_t)"
+    report = fuzz(text, examples=4, shrink=False)
+    assert report.ok, report.failure.summary()

@@ -156,9 +156,37 @@ class PyExpr:
             return f"{left} @ {right}", _MUL
         if op == "@" and SCALAR not in (a, b):
             return f"{self._wrap(e.left, _MUL)} @ {self._wrap(e.right, _MUL + 1)}", _MUL
+        fused = self._addcmul(e)
+        if fused is not None:
+            return fused, _ATOM
         py = {"+": "+", "-": "-", "*": "*", "/": "/", "@": "*"}[op]
         level = _ADD if py in "+-" else _MUL
         return f"{self._wrap(e.left, level)} {py} {self._wrap(e.right, level + 1)}", level
+
+    def _addcmul(self, e: Binary) -> str | None:
+        """`a + b * c` (elementwise, or with a scalar factor) as torch.addcmul(a, b, c): one
+        pass and one full-size result instead of two (a skip such as `y + D x` on a whole
+        sequence); None where it does not apply (a number among the operands, a matrix
+        product, a difference whose product comes first)."""
+
+        def product(x: Expr) -> tuple[Expr, Expr] | None:
+            if not isinstance(x, Binary) or x.op not in ("*", "@"):
+                return None
+            if x.op == "@" and SCALAR not in (self.shape(x.left), self.shape(x.right)):
+                return None
+            return x.left, x.right
+
+        if e.op not in ("+", "-") or IDENTITY in (self.shape(e.left), self.shape(e.right)):
+            return None
+        pairs = [(e.left, product(e.right))]
+        if e.op == "+":
+            pairs.append((e.right, product(e.left)))
+        for base, factors in pairs:
+            if factors is None or any(constant(x) is not None for x in (base, *factors)):
+                continue
+            value = ", value=-1" if e.op == "-" else ""
+            return f"torch.addcmul({self(base)}, {self(factors[0])}, {self(factors[1])}{value})"
+        return None
 
     # -- sums of terms (affine updates), with products associated cheaply -------------------
 

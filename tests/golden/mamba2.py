@@ -514,7 +514,7 @@ def chunk(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False, ch
     _o, _S = chunk_scalar_decay(_q, _k_H, _v_H, _g_H, _S0_H, chunk_size)
     _r0 = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
-    y = _r0 + D * x  # H_t C_t + D x_t
+    y = torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
     y = y[..., 0].to(_out_dtype)
     return y, (H if output_final_state else None)
 
@@ -531,7 +531,7 @@ def parallel(x, dt, B, C, A, D):
     _q = _seq_vector(C, _sizes)
     _o = parallel_scalar_decay(_q, _k_H, _v_H, _g_H)
     _r0 = _from_seq(_o)  # H_t C_t
-    y = _r0 + D * x  # H_t C_t + D x_t
+    y = torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
     y = y[..., 0].to(_out_dtype)
     return y, None
 
@@ -565,7 +565,7 @@ def _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device):
     for _t in range(_sizes["T"]):
         x_t, dt_t, B_t, C_t = x[:, _t], dt[:, _t], B[:, _t], C[:, _t]
         H_t = torch.exp(dt_t * A) * H + dt_t * (x_t @ B_t.mT)  # exp(dt_t A) H_{t-1} + dt_t x_t B_t^T
-        _ys.append(H_t @ C_t + D * x_t)  # y_t = H_t C_t + D x_t
+        _ys.append(torch.addcmul(H_t @ C_t, D, x_t))  # y_t = H_t C_t + D x_t
         H = H_t
     return torch.stack(_ys, 1), (H,)
 
