@@ -41,8 +41,8 @@ MUTANTS = [
     (
         "gated_retention",
         "intra-chunk mask misses the diagonal",
-        'above = torch.full_like(ones, float("-inf")).triu_(diagonal=1)',
-        'above = torch.full_like(ones, float("-inf")).triu_(diagonal=0)',
+        "return seg.exp_() * torch.tril(ones)",
+        "return seg.exp_() * torch.tril(ones, diagonal=-1)",
         {"chunk"},
     ),
     (

@@ -276,19 +276,19 @@ def _chunk_decays(gamma, g):
 def _decay_mask(g):
     """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
 
-    The exponent is a direct sum of same-sign gates (as in _segsum). The masks are float
-    matrices applied by a multiply and an add (much faster on CPU than a broadcast
-    torch.where or masked_fill); a gate of -inf is taken as -1e30 first (the same zero
-    decay), so that the multiply by 0 cannot make a NaN.
+    The exponent is a direct sum of same-sign gates (as in _segsum); above the diagonal it is
+    an empty sum, exactly 0, so the exp there is 1 (never inf, so masking after the exp makes
+    no NaN, forward or backward) and a multiply by the causal mask zeroes it. Masks are float
+    matrices applied by multiplies: on CPU much faster than a broadcast torch.where, and an exp
+    of -inf is several times slower than of a finite number. A gate of -inf is taken as -1e30
+    first (the same zero decay), so that the multiply by 0 cannot make a NaN.
     """
     length = g.shape[-1]
     ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
     # rows[..., l, j] = g_l where l > j, else 0; seg[..., i, j] = sum_{j < l <= i} g_l
     rows = g.clamp(min=-1e30).unsqueeze(-1) * torch.tril(ones, diagonal=-1)
     seg = torch.cumsum(rows, dim=-2)
-    # -inf above the diagonal *before* the exp
-    above = torch.full_like(ones, float("-inf")).triu_(diagonal=1)
-    return seg.add_(above).exp_()
+    return seg.exp_() * torch.tril(ones)
 
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
