@@ -14,7 +14,9 @@ imports the same modules (torch, mixc, einops, the fla references) and builds th
 inputs. Each worker does warm-up calls and then timed calls; the whole set of workers is
 repeated for several rounds, interleaving the implementations, and the median over every
 timed call is reported with the quartiles. Outputs are compared (relative error) before any
-timing, and the run stops if they disagree.
+timing, and the run stops if they disagree. Every worker runs with glibc's malloc keeping
+freed memory (KEEP_MEMORY below), so that page faults do not decide a process's speed; a
+separate section measures the same calls with glibc's defaults.
 """
 
 from __future__ import annotations
@@ -418,14 +420,20 @@ def wait_for_quiet(limit: float | None, patience_s: float = 900.0) -> float:
 
 
 #: glibc malloc settings that keep freed memory in the process instead of returning large
-#: blocks to the OS (which costs a page fault per 4 KiB page when they are used again).
+#: blocks to the OS (which costs a page fault per 4 KiB page when they are used again). Every
+#: worker runs with them (mixc, fla and the recurrent form alike) unless `malloc="default"`:
+#: with glibc's defaults whether a process pays the faults is decided by its allocation
+#: history, so the same call runs 1.0x or 1.7x from one fresh process to the next.
 KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
 
 
-def run_worker(task: str, threads: int, env: dict | None = None, **args) -> dict:
+def run_worker(task: str, threads: int, malloc: str = "keep", **args) -> dict:
     LOADS.append(wait_for_quiet(MAX_BUSY))
     payload = json.dumps({"task": task, "threads": threads, "chunks": CHOSEN, **args})
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT), **(env or {}))
+    env = {k: v for k, v in os.environ.items() if k not in KEEP_MEMORY}
+    env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
+    if malloc == "keep":
+        env.update(KEEP_MEMORY)
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", payload],
         capture_output=True,
@@ -560,7 +568,7 @@ def measure(args) -> dict:
         log(f"{path.stem}: compile time")
         data["compile"][path.stem] = run_worker("compile", threads, spec=path.stem)
     data["allocator"] = {}
-    for label, env in (("default", None), ("keep", KEEP_MEMORY)):
+    for label in ("default", "keep"):
         log(f"allocator sensitivity ({label})")
         rows = {}
         for pair in PAIRS:
@@ -568,7 +576,7 @@ def measure(args) -> dict:
                 r = run_worker(
                     "time",
                     threads,
-                    env=env,
+                    malloc=label,
                     spec=pair.spec,
                     impl=impl,
                     backward=False,
@@ -580,7 +588,7 @@ def measure(args) -> dict:
         r = run_worker(
             "recurrent",
             threads,
-            env=env,
+            malloc=label,
             spec="linear_attention",
             T=RECURRENT_T,
             repeats=args.repeats,
@@ -644,11 +652,10 @@ def reasons(data: dict, missed: set[str]) -> list[str]:
             d, k = data["allocator"]["default"], data["allocator"]["keep"]
             c, r = "linear_attention|chunk8192", "linear_attention|recurrent8192"
             out[-1] += (
-                f" At T={RECURRENT_T} part of the chunked form's time is page faults (its output "
-                "and the spans' temporaries are fresh pages on every call): with malloc keeping "
-                f"its memory, linear_attention's chunk takes {_ms(k[c])} ms instead of "
-                f"{_ms(d[c])} ms, {k[r] / k[c]:.0f}x faster than recurrent instead of "
-                f"{d[r] / d[c]:.0f}x (section on the allocator)."
+                f" With glibc's default malloc (page faults on fresh memory in some processes), "
+                f"linear_attention's chunk at T={RECURRENT_T} took {_ms(d[c])} ms instead of "
+                f"{_ms(k[c])} ms, {d[r] / d[c]:.0f}x faster than recurrent instead of "
+                f"{k[r] / k[c]:.0f}x (section on the allocator)."
             )
     if "matmul" in missed:
         out.append(
@@ -804,7 +811,10 @@ def report(data: dict) -> str:
         f"inputs; 2 warm-up calls, then {args.repeats} timed calls forward ({max(3, args.repeats // 2)} "
         f"forward+backward) per worker, {args.rounds} rounds interleaving mixc and fla; median "
         "over all timed calls, quartiles in brackets. Forward runs under `torch.no_grad()`; "
-        "forward+backward back-propagates a fixed random cotangent to every input."
+        "forward+backward back-propagates a fixed random cotangent to every input. Every "
+        "worker, mixc, fla and recurrent alike, runs with glibc's malloc keeping freed memory "
+        "(as jemalloc or tcmalloc do; see the section on the allocator for why and for the "
+        "default-malloc numbers)."
     )
     add("")
     add(f"## Targets: {held} of {len(targets)} hold")
@@ -922,16 +932,20 @@ def report(data: dict) -> str:
         add("## Sensitivity to the C allocator")
         add("")
         add(
-            "glibc's malloc returns freed blocks above its (adaptive) mmap threshold to the OS and "
-            "maps them again on the next call: a page fault per 4 KiB page, about 1.5 us here. "
-            "Whether a call pays it depends on the process's allocation history, which is why "
-            "every timing above runs in a fresh process. The same measurements with malloc told "
-            "to keep its memory (`MALLOC_MMAP_THRESHOLD_=4294967296 "
-            "MALLOC_TRIM_THRESHOLD_=17179869184`, as a caching allocator such as jemalloc or "
-            "tcmalloc would), one round, forward, ms:"
+            "Every timing above runs with glibc's malloc told to keep freed memory "
+            "(`MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184`, what a "
+            "caching allocator such as jemalloc or tcmalloc does), for mixc, fla and the "
+            "recurrent form alike. With glibc's defaults, malloc returns freed blocks to the OS "
+            "and maps them again on the next call, a page fault per 4 KiB page (about 1.5 us "
+            "here), and whether a process pays them is decided by its allocation history: the "
+            "same call runs at 1.0x or 1.7x from one fresh process to the next (deltanet's chunk "
+            "forward at T=4096: 9.6 to 16.9 ms over six processes, 0 or 20 MiB of faults per "
+            "call). The same measurements with both settings, side by side, one round, forward, ms:"
         )
         add("")
-        add("| measurement | default malloc | malloc keeps memory |")
+        add(
+            "| measurement | glibc's default malloc | malloc keeps memory (as in the tables above) |"
+        )
         add("| --- | --- | --- |")
         default, keep = data["allocator"]["default"], data["allocator"]["keep"]
         for key in default:

@@ -314,8 +314,6 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
         if pre_k is not None:
             pre_k, suf_k = _double_decays(pre_k, suf_k, block)
         block *= 2
-    if pre_v is None:
-        out = _bmm(scores, v_c)
 
     # --- inter-chunk: the chunk-level factors are the last level's ---------------------
     # Class 2: S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
@@ -333,10 +331,12 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
         chunk_decay_v = pre_v[..., -1, :]
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [B, NH, N, K, V]
     states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
-    o_inter = _bmm(q_from_start, states_in)
-    if pre_v is not None:
-        o_inter = o_inter * pre_v
-    o = (out + o_inter).reshape(batch, heads, -1, d_v)
+    if pre_v is None:
+        # A V, then the inter part accumulated into it by the same matmul call
+        o = _two_matmuls(scores, v_c, q_from_start, states_in)
+    else:
+        o = out + _bmm(q_from_start, states_in) * pre_v
+    o = o.reshape(batch, heads, -1, d_v)
     return (o[:, :, :length] if n_pad else o), state
 
 
@@ -447,6 +447,18 @@ def _split_chunks(x, chunk_size):
     chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
     # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
     return chunks.contiguous()
+
+
+def _two_matmuls(a, b, c, d):
+    """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
+    a second one accumulating in place into its fresh result (no separate add)."""
+
+    def flat(x):
+        return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+    out = torch.bmm(flat(a), flat(b))
+    out.baddbmm_(flat(c), flat(d))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
