@@ -628,8 +628,10 @@ def reasons(data: dict, missed: set[str]) -> list[str]:
             "of a call) and memory passes (copies into the chunk layout, decay masks and their "
             "exp, the stacked states). The delta rule's state passing is two small matmuls per "
             "chunk ([B*NH, C, d] x [d, d]), sequential and too small to use both cores well. "
-            "fla's references loop over chunks in Python and pay page faults for their large "
-            "temporaries; their times move by up to a quarter between fresh processes."
+            "fla's references loop over chunks in Python with a few small operations per chunk "
+            "whose operands stay in cache; their large temporaries cost them page faults only "
+            "with glibc's default malloc (this run removes those for both sides; the section on "
+            "the allocator has both)."
         )
     if "recurrent" in missed:
         need = []
