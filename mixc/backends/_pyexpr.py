@@ -119,7 +119,7 @@ class PyExpr:
     def _call(self, e: Call) -> str:
         (arg,) = e.args
         if e.func == "diag":
-            inner = "[..., 0]" if self.shape(arg)[1] == "1" else "[..., 0, :]"
+            inner = ".squeeze(-1)" if self.shape(arg)[1] == "1" else ".squeeze(-2)"
             return f"torch.diag_embed({self._wrap(arg, _ATOM)}{inner})"
         return f"{_TORCH_CALLS[e.func]}({self(arg)})"
 

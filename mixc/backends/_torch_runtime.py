@@ -134,15 +134,15 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
 def _seq_vector(x, sizes, cu_seqlens=None):
     """[.., d, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T, d] (or, for packed
     sequences, [N, NH, longest, d] with zeros after each sequence's end)."""
-    x = x[..., 0]
+    x = x.squeeze(-1)  # not x[..., 0]: its backward fills a zero tensor first
     x = x.expand(sizes["B"], sizes["T"], sizes["NH"], x.shape[-1]).transpose(1, 2)
     return x if cu_seqlens is None else _unpack(x, cu_seqlens)
 
 
 def _seq_scalar(x, sizes, cu_seqlens=None):
     """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T] (or [N, NH, longest])."""
-    x = x[..., 0, 0].expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
-    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens)[..., 0]
+    x = x.squeeze(-1).squeeze(-1).expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
+    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
 def _from_seq(o, cu_seqlens=None):

@@ -352,13 +352,20 @@ class _Module:
 
     def finish(self, out: _Lines, y: str, final: str) -> None:
         shape = self.spec.shapes[self.output.target]
-        index = "[..., 0, 0]" if shape == SCALAR else "[..., 0]" if shape[1] == "1" else ""
+        # squeeze, not [..., 0]: the backward of an index fills a zero tensor and copies into it
+        index = (
+            ".squeeze(-1).squeeze(-1)"
+            if shape == SCALAR
+            else ".squeeze(-1)"
+            if shape[1] == "1"
+            else ""
+        )
         out(f"{self.output.target} = {y}{index}.to(_out_dtype)")
         out(f"return {self.output.target}, {final if ' if ' not in final else f'({final})'}")
 
     def final_states(self) -> str:
         parts = [
-            f"{s}[..., 0]" if self.typer.symbols[s].shape[1] == "1" else s for s in self.states
+            f"{s}.squeeze(-1)" if self.typer.symbols[s].shape[1] == "1" else s for s in self.states
         ]
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
@@ -552,7 +559,7 @@ class _Module:
             self.emit_split_states(out, group, "_F")
             for s in group:
                 transitions[s] = "_P.mT"
-                finals[s] = s if not self.facts.state(s).vector else f"{s}[..., 0]"
+                finals[s] = s if not self.facts.state(s).vector else f"{s}.squeeze(-1)"
         pieces = [transitions[s] for s in self.states]
         final_pieces = [finals[s] for s in self.states]
         if len(self.states) == 1:

@@ -180,15 +180,15 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
 def _seq_vector(x, sizes, cu_seqlens=None):
     """[.., d, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T, d] (or, for packed
     sequences, [N, NH, longest, d] with zeros after each sequence's end)."""
-    x = x[..., 0]
+    x = x.squeeze(-1)  # not x[..., 0]: its backward fills a zero tensor first
     x = x.expand(sizes["B"], sizes["T"], sizes["NH"], x.shape[-1]).transpose(1, 2)
     return x if cu_seqlens is None else _unpack(x, cu_seqlens)
 
 
 def _seq_scalar(x, sizes, cu_seqlens=None):
     """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T] (or [N, NH, longest])."""
-    x = x[..., 0, 0].expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
-    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens)[..., 0]
+    x = x.squeeze(-1).squeeze(-1).expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
+    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
 def _from_seq(o, cu_seqlens=None):
@@ -525,7 +525,7 @@ def chunk(q, k, v, g, beta, *, initial_state=None, output_final_state=False, chu
     _r0 = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     y = _r0  # H_t q_t
-    y = y[..., 0].to(_out_dtype)
+    y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
 
@@ -589,7 +589,7 @@ def recurrent(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
             _finals.append(_s)
         y = torch.cat(_outputs, 1)
         H, = (torch.cat(_parts, 0) for _parts in zip(*_finals))
-    y = y[..., 0].to(_out_dtype)
+    y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
 
@@ -600,5 +600,5 @@ def step(q, k, v, g, beta, *, state=None):
     _device = q.device
     (H,) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
     y, (H,) = _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device)
-    y = y[:, 0][..., 0].to(_out_dtype)
+    y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H

@@ -186,15 +186,15 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
 def _seq_vector(x, sizes, cu_seqlens=None):
     """[.., d, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T, d] (or, for packed
     sequences, [N, NH, longest, d] with zeros after each sequence's end)."""
-    x = x[..., 0]
+    x = x.squeeze(-1)  # not x[..., 0]: its backward fills a zero tensor first
     x = x.expand(sizes["B"], sizes["T"], sizes["NH"], x.shape[-1]).transpose(1, 2)
     return x if cu_seqlens is None else _unpack(x, cu_seqlens)
 
 
 def _seq_scalar(x, sizes, cu_seqlens=None):
     """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T] (or [N, NH, longest])."""
-    x = x[..., 0, 0].expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
-    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens)[..., 0]
+    x = x.squeeze(-1).squeeze(-1).expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
+    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
 def _from_seq(o, cu_seqlens=None):
@@ -518,8 +518,8 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
     H, z = _S.split([_sizes["V"], 1], -1)
     H = H.mT
     y = _r0 / _r1  # H_t phi(q_t) / (z_t . phi(q_t))
-    y = y[..., 0].to(_out_dtype)
-    return y, ((H, z[..., 0]) if output_final_state else None)
+    y = y.squeeze(-1).to(_out_dtype)
+    return y, ((H, z.squeeze(-1)) if output_final_state else None)
 
 
 def parallel(q, k, v):
@@ -536,7 +536,7 @@ def parallel(q, k, v):
     _r0 = _from_seq(_o_H)  # H_t (elu(q_t) + 1)
     _r1 = _from_seq(_o_z)  # z_t . (elu(q_t) + 1)
     y = _r0 / _r1  # H_t phi(q_t) / (z_t . phi(q_t))
-    y = y[..., 0].to(_out_dtype)
+    y = y.squeeze(-1).to(_out_dtype)
     return y, None
 
 
@@ -560,7 +560,7 @@ def summary(q, k, v, *, chunk_size=64):
     _F, _P = _S.split([_width, _K], -1)
     H, z = _F.split([_sizes["V"], 1], -1)
     H = H.mT
-    return (_P.mT, _P.mT), (H, z[..., 0])
+    return (_P.mT, _P.mT), (H, z.squeeze(-1))
 
 
 def _recurrence(q, k, v, H, z, _sizes, _dtype, _device):
@@ -600,8 +600,8 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
             _finals.append(_s)
         y = torch.cat(_outputs, 1)
         H, z = (torch.cat(_parts, 0) for _parts in zip(*_finals))
-    y = y[..., 0].to(_out_dtype)
-    return y, ((H, z[..., 0]) if output_final_state else None)
+    y = y.squeeze(-1).to(_out_dtype)
+    return y, ((H, z.squeeze(-1)) if output_final_state else None)
 
 
 def step(q, k, v, *, state=None):
@@ -611,5 +611,5 @@ def step(q, k, v, *, state=None):
     _device = q.device
     (H, z) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
     y, (H, z) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
-    y = y[:, 0][..., 0].to(_out_dtype)
-    return y, (H, z[..., 0])
+    y = y[:, 0].squeeze(-1).to(_out_dtype)
+    return y, (H, z.squeeze(-1))
