@@ -275,7 +275,8 @@ def _chunk_decays(gamma, g):
 def _decay_mask(g):
     """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
 
-    The exponent is a direct sum of same-sign gates (as in _segsum); above the diagonal it is
+    Each exponent is a direct sum of same-sign gates (never a difference of two cumulative
+    sums, so it stays accurate when the cumulative sums are large); above the diagonal it is
     an empty sum, exactly 0, so the exp there is 1 (never inf, so masking after the exp makes
     no NaN, forward or backward) and a multiply by the causal mask zeroes it. Masks are float
     matrices applied by multiplies: on CPU much faster than a broadcast torch.where, and an exp

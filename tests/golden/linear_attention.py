@@ -276,7 +276,8 @@ def _chunk_decays(gamma, g):
 def _decay_mask(g):
     """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
 
-    The exponent is a direct sum of same-sign gates (as in _segsum); above the diagonal it is
+    Each exponent is a direct sum of same-sign gates (never a difference of two cumulative
+    sums, so it stays accurate when the cumulative sums are large); above the diagonal it is
     an empty sum, exactly 0, so the exp there is 1 (never inf, so masking after the exp makes
     no NaN, forward or backward) and a multiply by the causal mask zeroes it. Masks are float
     matrices applied by multiplies: on CPU much faster than a broadcast torch.where, and an exp
@@ -395,29 +396,6 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv):
     return torch.stack(entering, dim=2), state
 
 
-def _segsum(x, dim=-1):
-    """Segment sums along axis dim: out[..., i, j, ...] = x_{j+1} + ... + x_i.
-
-    A new axis j is inserted right after dim (so [..., L] -> [..., L, L] and
-    [..., L, d] -> [..., L, L, d] for dim=-2), with -inf where j > i (0 on the
-    diagonal): exp(out) is Gamma_ij = exp(b_i - b_j) masked to i >= j. Each entry
-    is a direct sum of same-sign gates (never a difference of two cumulative
-    sums), so it stays accurate when the cumulative sums are large.
-    """
-    dim = dim % x.dim()
-    length = x.shape[dim]
-    mask_shape = (length, length) + (1,) * (x.dim() - dim - 1)
-    ones = torch.ones(length, length, dtype=torch.bool, device=x.device)
-    strictly_lower = torch.tril(ones, diagonal=-1).reshape(mask_shape)
-    causal = torch.tril(ones).reshape(mask_shape)
-    # rows[..., l, j, ...] = x_l where l > j, else 0 (torch.where = out-of-place masked_fill)
-    rows = torch.where(strictly_lower, x.unsqueeze(dim + 1), 0.0)
-    # seg[..., i, j, ...] = sum_{j < l <= i} x_l
-    seg = torch.cumsum(rows, dim=dim)
-    # mask to -inf above the diagonal *before* any exp
-    return torch.where(causal, seg, float("-inf"))
-
-
 def _span_tokens(x, width, chunk_size):
     """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
     CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
@@ -466,14 +444,12 @@ def parallel_scalar_decay(q, k, v, g=None):
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
-    seq_len = q.shape[2]
     scores = torch.matmul(q, k.transpose(-1, -2))  # [B, NH, T, T]
     if g is None:
-        ones = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device)
-        scores = scores.masked_fill(~torch.tril(ones), 0.0)
+        scores = scores.tril_()
     else:
-        # Class 1 dual form: L_ij = exp(B_i - B_j), masked to i >= j before exp
-        decay = torch.exp(_segsum(g))
+        # Class 1 dual form: L_ij = exp(B_i - B_j) for i >= j, the decay mask of one chunk of T
+        decay = _decay_mask(g)
         scores = scores * decay
     return torch.matmul(scores, v)
 
