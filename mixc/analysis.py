@@ -734,18 +734,23 @@ def _rule_diagonal(terms, ctx):
     return Transition("elementwise gate", "outer_product_gate: (a_t b_t^T) ⊙ S_{t-1}", tuple(gates))
 
 
-def _monomials(t: Term, ctx) -> dict[tuple[str, ...], Fraction | float]:
+def _monomials(t: Term, ctx, atoms: dict[str, Expr]) -> dict[tuple[str, ...], Fraction | float]:
     """t's coefficient times its scalars, expanded into a sum of monomials: {sorted canonical
-    keys of the scalar atoms: coefficient}. `(1 - s) b` is {(b,): 1, (b, s): -1}."""
+    keys of the scalar atoms: coefficient}; `(1 - s) b` is {(b,): 1, (b, s): -1}. Each atom
+    met is recorded in `atoms` by its key."""
     poly: dict[tuple[str, ...], Fraction | float] = {(): t.coeff}
     for scalar in t.scalars:
         pieces = ctx.expander.expand(scalar)
         if any(p.gates or any(ctx.expander.shape(a) != SCALAR for a in p.chain) for p in pieces):
             pieces = [Term(scalars=(scalar,))]
         grown: dict[tuple[str, ...], Fraction | float] = {}
-        for atoms, c in poly.items():
-            for p in pieces:
-                key = tuple(sorted(atoms + tuple(ctx.canon.key(a) for a in p.scalars + p.chain)))
+        for p in pieces:
+            keys = []
+            for a in p.scalars + p.chain:
+                keys.append(ctx.canon.key(a))
+                atoms.setdefault(keys[-1], a)
+            for known, c in poly.items():
+                key = tuple(sorted(known + tuple(keys)))
                 grown[key] = grown.get(key, 0) + c * p.coeff
         poly = {k: c for k, c in grown.items() if c != 0}
     return poly
@@ -798,15 +803,10 @@ def _rule_delta(terms, ctx):
         k, kt = r1
         if ex.shape(k)[1] != "1" or key(transpose_atom(k, ex.shape(k))) != key(kt):
             continue
-        quotient = _quotient(_monomials(t1, ctx), _monomials(t0, ctx))  # -beta
+        by_key: dict[str, Expr] = {}
+        quotient = _quotient(_monomials(t1, ctx, by_key), _monomials(t0, ctx, by_key))  # -beta
         if not quotient or (set(quotient) == {()} and -quotient[()] <= 0):
             continue  # none, or a constant beta that is not positive
-        by_key = {
-            key(a): a
-            for t in (t0, t1)
-            for s in t.scalars
-            for a in (s, *(x for p in ex.expand(s) for x in p.scalars + p.chain))
-        }
         beta = ctx.canon.terms(
             [
                 Term(coeff=-c, scalars=tuple(by_key[a] for a in atoms))

@@ -1317,25 +1317,7 @@ def reproducer(p: Plan, failure: Failure, spec_path: str | None, module_path: st
 
 # ----------------------------------------------------------------------------- random specs
 
-#: The transition forms `random_specs` draws, one per class and parametrisation.
-GATE_FORMS = (
-    "none",
-    "constant",
-    "number",
-    "param",
-    "param sigmoid",
-    "param raw",
-    "sigmoid",
-    "softplus",
-    "mamba",
-    "mamba raw",
-    "log input",
-    "diag key",
-    "diag value",
-    "outer",
-    "delta",
-    "gated delta",
-)
+#: The scalar-decay forms (a constant, a number, parameters, per-token inputs).
 _SCALAR_FORMS = (
     "constant",
     "number",
@@ -1348,6 +1330,8 @@ _SCALAR_FORMS = (
     "mamba raw",
     "log input",
 )
+#: The transition forms `random_specs` draws, one per class and parametrisation.
+GATE_FORMS = ("none", *_SCALAR_FORMS, "diag key", "diag value", "outer", "delta", "gated delta")
 #: Size names the runtime uses for its own layout dims (see the report of issue 5): not drawn.
 _LAYOUT_DIMS = frozenset({"B", "T", "NH"})
 _KEYWORDS = frozenset({"mixer", "in", "param", "state", "let"})

@@ -1,6 +1,12 @@
-"""Shared test helpers: random inputs for any spec, relative errors, and the variant specs."""
+"""Shared test helpers: random inputs for any spec, relative errors, the variant specs, and
+running the `mixc` command."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -129,3 +135,22 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def load_variant(name):
     return load_spec(VARIANTS[name])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_mixc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `python -m mixc` from `cwd`, importing this checkout's mixc."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "mixc", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

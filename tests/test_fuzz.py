@@ -3,9 +3,6 @@ derived input ranges are the ones the specs need, and the command's exit codes a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,29 +12,15 @@ from hypothesis import HealthCheck, given, settings
 import mixc
 from mixc import cli
 from mixc.fuzz import Example, check, examples, fuzz, plan
+from tests.mixers import run_mixc
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
 IDS = [p.stem for p in SPECS]
 
 
-def _mixc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "mixc", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_cli_passes_and_prints_one_summary_line() -> None:
-    result = _mixc("fuzz", "specs/gla.mix", "--examples", "8", "--seed", "3")
+    result = run_mixc("fuzz", "specs/gla.mix", "--examples", "8", "--seed", "3")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""  # no progress bar when stderr is not a terminal
     lines = result.stdout.splitlines()
@@ -155,7 +138,7 @@ def test_spec_error_exits_1_with_a_located_message(tmp_path: Path) -> None:
     bad.write_text(
         "mixer bad\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t\ny_t = H_t q_t\n"
     )
-    result = _mixc("fuzz", str(bad), "--examples", "2")
+    result = run_mixc("fuzz", str(bad), "--examples", "2")
     assert result.returncode == 1
     assert f"{bad}:4:" in result.stderr and "^" in result.stderr
     assert "Traceback" not in result.stderr

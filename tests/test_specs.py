@@ -1,15 +1,13 @@
 """The shipped specs are the test matrix: each parses, verifies, prints and parses back, and
 `mixc check` accepts them. Also: the CLI's exit codes, and Unicode spellings."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import mixc
 from mixc import load_spec, parse
+from tests.mixers import run_mixc
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
@@ -36,24 +34,8 @@ def test_spec_round_trips(path: Path) -> None:
     assert load_spec(text).mixer == mixer  # the printed form verifies too
 
 
-def _mixc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run `python -m mixc` from `cwd`, importing this checkout's mixc."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "mixc", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_check_accepts_every_spec() -> None:
-    result = _mixc("check", *(str(p.relative_to(ROOT)) for p in SPECS))
+    result = run_mixc("check", *(str(p.relative_to(ROOT)) for p in SPECS))
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     for path in SPECS:
@@ -61,7 +43,7 @@ def test_check_accepts_every_spec() -> None:
 
 
 def test_check_prints_the_normal_form() -> None:
-    result = _mixc("check", "specs/deltanet.mix")
+    result = run_mixc("check", "specs/deltanet.mix")
     assert result.returncode == 0
     normal = result.stdout.split("\n", 1)[1]
     assert normal == str(load_spec(ROOT / "specs" / "deltanet.mix").mixer)
@@ -70,7 +52,7 @@ def test_check_prints_the_normal_form() -> None:
 def test_check_reports_a_bad_spec_without_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.mix"
     bad.write_text("mixer bad\nin q[K]\ny_t = q_t +\n", encoding="utf-8")
-    result = _mixc("check", "bad.mix", str(ROOT / "specs" / "gla.mix"), cwd=tmp_path)
+    result = run_mixc("check", "bad.mix", str(ROOT / "specs" / "gla.mix"), cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith("bad.mix:3:12: error: unexpected end of line\n")
     assert "  3 | y_t = q_t +\n" in result.stderr
@@ -79,7 +61,7 @@ def test_check_reports_a_bad_spec_without_traceback(tmp_path: Path) -> None:
 
 
 def test_check_reports_a_missing_file() -> None:
-    result = _mixc("check", "-q", "no/such/spec.mix")
+    result = run_mixc("check", "-q", "no/such/spec.mix")
     assert result.returncode == 1
     assert result.stderr == "no/such/spec.mix: no such spec file\n"
     assert result.stdout == ""
@@ -89,7 +71,7 @@ def test_check_reports_a_missing_file() -> None:
     "args", [[], ["check"], ["frobnicate", "x.mix"], ["check", "--bogus", "x"]]
 )
 def test_usage_error_exits_2(args: list[str]) -> None:
-    result = _mixc(*args)
+    result = run_mixc(*args)
     assert result.returncode == 2
     assert result.stderr.startswith("usage: mixc")
     assert "Traceback" not in result.stderr
@@ -124,6 +106,6 @@ def test_shipped_unicode_spec_matches_its_ascii_spelling() -> None:
 
 
 def test_version() -> None:
-    result = _mixc("--version")
+    result = run_mixc("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"mixc {mixc.__version__}"

@@ -299,12 +299,17 @@ def _decay_mask(g):
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
-    token axis (dim 2) of every tensor in seqs (None stays None); join the outputs.
+    token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
+    outputs. A state of None starts from zeros [B, NH, K, V].
 
     Without autograd each span's output is copied into one output tensor as it comes (the
     span's memory is reused by the next span); with autograd the outputs are concatenated.
     """
-    span = _span_tokens(seqs[0], width, chunk_size)
+    _check_chunk_size(chunk_size)
+    q, v = seqs[0], seqs[2]
+    if state is None:
+        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    span = _span_tokens(q, width, chunk_size)
     length = seqs[0].shape[2]
     if span >= length:
         return span_fn(*seqs, state, chunk_size)
@@ -435,12 +440,7 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    _check_chunk_size(chunk_size)
-    batch, heads, _, d_k = q.shape
-    d_v = v.shape[-1]
-    if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    width = d_k + d_v + chunk_size
+    width = q.shape[-1] + v.shape[-1] + chunk_size
     return _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size, width)
 
 
