@@ -48,8 +48,8 @@ MUTANTS = [
     (
         "gated_retention",
         "output shifted by one token at the padding",
-        "return (o[:, :, :length] if n_pad else o), state",
-        "return (o[:, :, 1 : length + 1] if n_pad else o), state",
+        "return o_all[:, :length].transpose(1, 2), state",
+        "return o_all[:, 1 : length + 1].transpose(1, 2), state",
         {"chunk"},
     ),
     (
@@ -115,16 +115,16 @@ MUTANTS = [
     (
         "gla",
         "output shifted by one token at the padding",
-        "return (o[:, :, :length] if n_pad else o), state",
-        "return (o[:, :, 1 : length + 1] if n_pad else o), state",
+        "return o_all[:, :length].transpose(1, 2), state",
+        "return o_all[:, 1 : length + 1].transpose(1, 2), state",
         {"chunk"},
     ),
     # the delta rule (Class 3): chunk_delta
     (
         "deltanet",
         "wrong sign of the state correction",
-        "v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0)",
-        "v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=1.0)",
+        "v = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0,",
+        "v = torch.baddbmm(u_n[n], w_n[n], state, alpha=1.0,",
         {"chunk"},
     ),
     (

@@ -16,10 +16,12 @@ point at ALGORITHMS.md.
 Every kernel runs its chunks in spans (consecutive whole chunks) and passes the
 state from span to span. Inside a span all chunks are batched: the intra-chunk
 matmuls of every chunk are one batched matmul, and only the state passing is
-sequential (one step per chunk). On CPU a span holds about 2 MiB per input, so
-its temporaries stay in cache and are recycled by the C allocator instead of
-being mapped fresh from the OS on every call; on other devices one span holds
-the whole sequence.
+sequential (one step per chunk). Chunks are laid out chunk-major, [N, B, NH, C, ...],
+so that the tensors of one chunk (and the states entering each chunk) are contiguous:
+without autograd the sequential steps write their results in place. On CPU a span
+holds about 2 MiB per input, so its temporaries stay in cache and are recycled by the
+C allocator instead of being mapped fresh from the OS on every call; on other devices
+one span holds the whole sequence.
 
 Inside a chunk, b_r = g_1 + ... + g_r and Gamma_ij = exp(b_i - b_j) for i >= j.
 Numerical rules followed throughout: no exp ever sees an unmasked exponent that
@@ -53,11 +55,11 @@ def _pad_time(x, n_pad):
 
 
 def _split_chunks(x, chunk_size):
-    """Reshape [B, NH, T, ...] into contiguous [B, NH, T // chunk_size, chunk_size, ...]."""
+    """[B, NH, T, ...] -> contiguous chunk-major [T // chunk_size, B, NH, chunk_size, ...]."""
     n_chunks = x.shape[2] // chunk_size
     chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
-    # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
-    return chunks.contiguous()
+    # one copy, so batched matmuls need no hidden copies and each chunk is contiguous
+    return chunks.movedim(2, 0).contiguous()
 
 
 def _span_tokens(x, width, chunk_size):
@@ -74,33 +76,57 @@ def _over_spans(span_fn, seqs, state, chunk_size, width):
     token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
     outputs. A state of None starts from zeros [B, NH, K, V].
 
-    Without autograd each span's output is copied into one output tensor as it comes (the
-    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    span_fn returns its output chunk-major, [N, B, NH, C, V] (padded to whole chunks). The
+    joined output is [B, NH, T, V], a view of a [B, T, NH, V] tensor (the callers' layout, so
+    their transpose back is contiguous). Without autograd each span's output is copied into
+    that tensor as it comes (the span's memory is reused by the next span); with autograd the
+    outputs are concatenated.
     """
     _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
+    batch, heads, length = q.shape[:3]
     if state is None:
-        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     span = _span_tokens(q, width, chunk_size)
-    length = seqs[0].shape[2]
-    if span >= length:
-        return span_fn(*seqs, state, chunk_size)
+    n_chunks = -(-length // chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
     pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
-    tracked = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in [*seqs, state]
-    )
     outputs, o_all = [], None
     for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        if tracked:
+        if o.requires_grad:
             outputs.append(o)
             continue
         if o_all is None:
-            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
-        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
-    return (torch.cat(outputs, dim=2) if tracked else o_all), state
+            o_all = o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
+        first = i * (span // chunk_size)
+        o_all[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    if outputs:
+        o_all = torch.cat([o.permute(1, 0, 3, 2, 4) for o in outputs], dim=1)
+    o_all = o_all.reshape(batch, n_chunks * chunk_size, heads, -1)
+    return o_all[:, :length].transpose(1, 2), state
+
+
+def _chain(initial, n_steps, next_state, tracked):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps:
+    (the state entering each step, stacked [n_steps, ...], and the final state).
+
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
+    """
+    if tracked:
+        states = [initial]
+        for n in range(n_steps):
+            states.append(next_state(n, states[-1], None))
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    states[0] = initial
+    for n in range(n_steps):
+        next_state(n, states[n], states[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    return states[:-1], states[-1].clone()
 
 
 def _decay_mask(g):
@@ -132,52 +158,57 @@ def _chunk_decays(gamma, g):
 
 
 def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
-    """Sequential state passing S_n = dk_n[:, None] * S_{n-1} * dv_n[None, :] + KV_n.
+    """Sequential state passing S_{n+1} = dk_n[:, None] * S_n * dv_n[None, :] + KV_n.
 
-    chunk_decay_k: [B, NH, N, K] or None, chunk_decay_v: [B, NH, N, V] or None,
-    chunk_kv: [B, NH, N, K, V]. Returns (states entering each chunk
-    [B, NH, N, K, V], final state [B, NH, K, V]).
+    chunk_decay_k: [N, B, NH, K] or None, chunk_decay_v: [N, B, NH, V] or None,
+    chunk_kv: [N, B, NH, K, V]. Returns (states entering each chunk
+    [N, B, NH, K, V], final state [B, NH, K, V]).
     """
-    n_chunks = chunk_kv.shape[2]
-    decay_k = [None] * n_chunks if chunk_decay_k is None else chunk_decay_k.unsqueeze(-1).unbind(2)
-    decay_v = [None] * n_chunks if chunk_decay_v is None else chunk_decay_v.unsqueeze(-2).unbind(2)
-    state = initial_state
-    entering = []
-    for kv, dk, dv in zip(chunk_kv.unbind(2), decay_k, decay_v):
-        entering.append(state)
-        if dv is not None:
-            state = state * dv
-        state = state + kv if dk is None else torch.addcmul(kv, dk, state)
-    return torch.stack(entering, dim=2), state
+    # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
+    # gradient of the whole tensor per chunk
+    kv = chunk_kv.unbind(0)
+    decay_k = None if chunk_decay_k is None else chunk_decay_k.unsqueeze(-1).unbind(0)
+    decay_v = None if chunk_decay_v is None else chunk_decay_v.unsqueeze(-2).unbind(0)
+
+    def next_state(n, state, out):
+        if decay_v is not None:
+            state = state * decay_v[n]
+        if decay_k is None:
+            return torch.add(kv[n], state, out=out)
+        return torch.addcmul(kv[n], decay_k[n], state, out=out)
+
+    tracked = any(
+        x is not None and x.requires_grad
+        for x in (initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    )
+    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked)
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv):
     """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span.
 
-    chunk_g: [B, NH, N] log-decay of each whole chunk (None: no decay), chunk_kv:
-    [B, NH, N, K, V]. Returns (states entering each chunk [B, NH, N, K, V], final state
+    chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
+    [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
     [B, NH, K, V]). Without decay the states are a running sum, one matmul with a strictly
     lower-triangular matrix of ones; with decay, one fused multiply-add per chunk (on CPU
     faster than a matmul with N x N decay weights).
     """
-    batch, heads, n_chunks, d_k, d_v = chunk_kv.shape
+    n_chunks = chunk_kv.shape[0]
     if chunk_g is None:
-        flat = batch * heads
-        kv = chunk_kv.reshape(flat, n_chunks, d_k * d_v)
+        kv = chunk_kv.reshape(n_chunks, -1)
         ones = torch.ones(n_chunks, n_chunks, dtype=kv.dtype, device=kv.device)
         states = torch.matmul(torch.tril(ones, diagonal=-1), kv)
-        states += initial_state.reshape(flat, 1, d_k * d_v)
-        final = states[:, -1] + kv[:, -1]
-        return (
-            states.reshape(batch, heads, n_chunks, d_k, d_v),
-            final.reshape(batch, heads, d_k, d_v),
-        )
-    state = initial_state
-    entering = []
-    for decay, kv in zip(chunk_g.exp()[..., None, None].unbind(2), chunk_kv.unbind(2)):
-        entering.append(state)
-        state = torch.addcmul(kv, decay, state)
-    return torch.stack(entering, dim=2), state
+        states += initial_state.reshape(1, -1)
+        final = states[-1] + kv[-1]
+        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape)
+    # unbind, not indexing (see _scan_states)
+    decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
+
+    def next_state(n, state, out):
+        return torch.addcmul(kv[n], decay[n], state, out=out)
+
+    tracked = any(x.requires_grad for x in (initial_state, chunk_g, chunk_kv))
+    return _chain(initial_state, n_chunks, next_state, tracked)
 
 
 def _bmm(a, b):
@@ -210,40 +241,38 @@ def _two_matmuls(a, b, c, d):
 
 
 def _scalar_decay_span(q, k, v, g, state, chunk_size):
-    """Class 1 on one span of tokens: (o [B, NH, L, V], state after the span)."""
-    batch, heads, length = q.shape[:3]
-    d_v = v.shape[-1]
+    """Class 1 on one span of tokens: (o [N, B, NH, C, V] chunk-major, state after the span)."""
+    length = q.shape[2]
 
     # pad with zero tokens (k = v = q = 0, g = 0 leave the state unchanged); one contiguous
     # copy per input, laid out so every chunk is one matrix of a batched matmul
     n_pad = (-length) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [N, B, NH, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [N, B, NH, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [N, B, NH, C, V]
 
     # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [B, NH, N, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
     if g is None:
         # identity: Gamma is the causal mask and the state a running sum of K^T V
         scores = scores.tril_()
-        chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
         states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
-        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [N, B, NH, C]
         gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         scores = scores * gamma
         # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
         k_to_end = k_c * to_end.unsqueeze(-1)
-        chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
         states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
         q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
 
     # intra part, then the inter part accumulated into it by the same matmul call
     o = _two_matmuls(scores, v_c, q_from_start, states_in)
-    o = o.reshape(batch, heads, -1, d_v)
-    return (o[:, :, :length] if n_pad else o), state
+    return o, state
 
 
 def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
@@ -276,8 +305,8 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 
 def _halves(x, block):
-    """[B, NH, N, C, d] -> (left, right) halves of every block of 2 * block tokens, each
-    [B, NH, N, C / (2 * block), block, d] (views, writable)."""
+    """[N, B, NH, C, d] -> (left, right) halves of every block of 2 * block tokens, each
+    [N, B, NH, C / (2 * block), block, d] (views, writable)."""
     pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
     return pairs[..., 0, :, :], pairs[..., 1, :, :]
 
@@ -301,7 +330,7 @@ def _double_decays(prefix, suffix, block):
 
 
 def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
-    """Class 2 on one span of tokens: (o [B, NH, L, V], state after the span).
+    """Class 2 on one span of tokens: (o [N, B, NH, C, V] chunk-major, state after the span).
 
     Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
     each pair belongs to exactly one block in which j is in the left half and i in the right
@@ -311,21 +340,20 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
     the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul. The
     pairs i = j need no decay. The same factors at the chunk level carry the state.
     """
-    batch, heads, length = q.shape[:3]
-    d_v = v.shape[-1]
+    length = q.shape[2]
     n_pad = (-length) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [N, B, NH, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [N, B, NH, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [N, B, NH, C, V]
     # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
     pre_k = None if gk is None else torch.exp(_split_chunks(_pad_time(gk, n_pad), chunk_size))
     pre_v = None if gv is None else torch.exp(_split_chunks(_pad_time(gv, n_pad), chunk_size))
     suf_k = suf_v = None
 
     # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
-    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [B, NH, N, C]
+    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
     if pre_v is None:
-        # one score matrix per chunk, filled block by block in place: A [B, NH, N, C, C]
+        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
         scores = torch.diag_embed(diag)
     else:
         out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
@@ -337,7 +365,7 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
             q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)
             if suf_k is not None:
                 k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
-        corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [B, NH, N, n, b, b]
+        corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [N, B, NH, n, b, b]
         if pre_v is None:
             _pair_blocks(scores, block)[..., block:, :block] = corner
         else:
@@ -361,20 +389,19 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
         q_from_start = q_c * pre_k  # exp(bk_i)
         if suf_k is not None:
             k_to_end = k_c * suf_k  # exp(bk_C - bk_j)
-        chunk_decay_k = pre_k[..., -1, :]  # exp(bk_C) [B, NH, N, K]
+        chunk_decay_k = pre_k[..., -1, :]  # exp(bk_C) [N, B, NH, K]
     if pre_v is not None:
         if suf_v is not None:
             v_to_end = v_c * suf_v
         chunk_decay_v = pre_v[..., -1, :]
-    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [B, NH, N, K, V]
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
     states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
     if pre_v is None:
         # A V, then the inter part accumulated into it by the same matmul call
         o = _two_matmuls(scores, v_c, q_from_start, states_in)
     else:
         o = out + _bmm(q_from_start, states_in) * pre_v
-    o = o.reshape(batch, heads, -1, d_v)
-    return (o[:, :, :length] if n_pad else o), state
+    return o, state
 
 
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
@@ -441,19 +468,18 @@ def _unit_lower_inverse(a):
 
 
 def _delta_span(q, k, v, beta, g, state, chunk_size):
-    """Class 3 on one span of tokens: (o [B, NH, L, V], state after the span)."""
+    """Class 3 on one span of tokens: (o [N, B, NH, C, V] chunk-major, state after the span)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
 
     # pad with zero tokens (k = v = 0, beta = 0, g = 0: identity transition)
     n_pad = (-length) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
-    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [B, NH, N, C]
-    n_chunks = q_c.shape[2]
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [N, B, NH, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [N, B, NH, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [N, B, NH, C, V]
+    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [N, B, NH, C]
 
-    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [B, NH, N, C, C]
+    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
     scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
     k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
     if g is None:
@@ -462,14 +488,14 @@ def _delta_span(q, k, v, beta, g, state, chunk_size):
         chunk_decay = None
         q_from_start = q_c
     else:
-        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [N, B, NH, C]
         gamma = _decay_mask(g_c)  # Gamma_ij, 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         kk = kk * gamma
         scores = scores * gamma
         k_scaled = k_scaled * from_start.unsqueeze(-1)  # diag(beta exp(b)) K
         k_to_end = k_c * to_end.unsqueeze(-1)  # diag(exp(b_C - b)) K
-        chunk_decay = from_start[..., -1]  # exp(b_C) [B, NH, N]
+        chunk_decay = from_start[..., -1]  # exp(b_C) [N, B, NH]
         q_from_start = q_c * from_start.unsqueeze(-1)
 
     # Class 3: A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} in >= fp32;
@@ -481,36 +507,34 @@ def _delta_span(q, k, v, beta, g, state, chunk_size):
         # d(I + A)^{-1} = -T dA T: attach that gradient (the value is unchanged, the added
         # term is exactly zero) instead of differentiating through the recursion
         t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
-    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, K]
-    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, V]
+    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q.dtype)  # [N, B, NH, C, K]
+    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q.dtype)  # [N, B, NH, C, V]
 
     # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
     # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
-    flat = batch * heads
-    w_n = w.reshape(flat, n_chunks, chunk_size, d_k).unbind(1)
-    u_n = u.reshape(flat, n_chunks, chunk_size, d_v).unbind(1)
-    k_end_n = k_to_end.reshape(flat, n_chunks, chunk_size, d_k).transpose(-1, -2).unbind(1)
-    if chunk_decay is None:
-        decay_n = [None] * n_chunks
-    else:
-        decay_n = chunk_decay.reshape(flat, n_chunks, 1, 1).unbind(1)
-    state = state.reshape(flat, d_k, d_v)
-    states_in = []
-    v_new_all = []
-    for n in range(n_chunks):
-        states_in.append(state)
-        v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0)
-        v_new_all.append(v_new)
-        if decay_n[n] is not None:
+    n_chunks, flat = q_c.shape[0], batch * heads
+    # per-chunk views by unbind, not indexing (see _scan_states)
+    w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
+    u_n = u.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
+    k_end_n = k_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
+    decay_n = None if chunk_decay is None else chunk_decay.reshape(n_chunks, flat, 1, 1).unbind(0)
+    tracked = any(x is not None and x.requires_grad for x in (state, w, u, k_to_end, chunk_decay))
+    v_new = []
+
+    def next_state(n, state, out):
+        # without autograd V_new overwrites U in place
+        v = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0, out=None if tracked else u_n[n])
+        v_new.append(v)
+        if decay_n is not None:
             state = decay_n[n] * state
-        state = torch.baddbmm(state, k_end_n[n], v_new)
-    states_in = torch.stack(states_in, dim=1).reshape(batch, heads, n_chunks, d_k, d_v)
-    v_new = torch.stack(v_new_all, dim=1).reshape(batch, heads, n_chunks, chunk_size, d_v)
+        return torch.baddbmm(state, k_end_n[n], v, out=out)
+
+    states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
+    v_new = torch.stack(v_new) if tracked else u
 
     # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
     o = _two_matmuls(scores, v_new, q_from_start, states_in)
-    o = o.reshape(batch, heads, -1, d_v)
-    return (o[:, :, :length] if n_pad else o), state.reshape(batch, heads, d_k, d_v)
+    return o.reshape(*q_c.shape[:-1], d_v), state.reshape(batch, heads, d_k, d_v)
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
@@ -534,6 +558,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_chunk_decays",
         "_bmm",
         "_two_matmuls",
+        "_chain",
         "_scan_scalar",
         "_scalar_decay_span",
     ),
@@ -549,6 +574,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_halves",
         "_double_decays",
         "_pair_blocks",
+        "_chain",
         "_scan_states",
         "_diagonal_span",
     ),
@@ -564,6 +590,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_two_matmuls",
         "_pair_blocks",
         "_unit_lower_inverse",
+        "_chain",
         "_delta_span",
     ),
 }

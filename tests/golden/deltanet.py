@@ -257,6 +257,27 @@ def _bmm(a, b):
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
+def _chain(initial, n_steps, next_state, tracked):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps:
+    (the state entering each step, stacked [n_steps, ...], and the final state).
+
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
+    """
+    if tracked:
+        states = [initial]
+        for n in range(n_steps):
+            states.append(next_state(n, states[-1], None))
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    states[0] = initial
+    for n in range(n_steps):
+        next_state(n, states[n], states[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    return states[:-1], states[-1].clone()
+
+
 def _check_chunk_size(chunk_size):
     """Reject chunk sizes that are not positive powers of two."""
     if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
@@ -292,19 +313,18 @@ def _decay_mask(g):
 
 
 def _delta_span(q, k, v, beta, g, state, chunk_size):
-    """Class 3 on one span of tokens: (o [B, NH, L, V], state after the span)."""
+    """Class 3 on one span of tokens: (o [N, B, NH, C, V] chunk-major, state after the span)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
 
     # pad with zero tokens (k = v = 0, beta = 0, g = 0: identity transition)
     n_pad = (-length) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
-    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [B, NH, N, C]
-    n_chunks = q_c.shape[2]
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [N, B, NH, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [N, B, NH, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [N, B, NH, C, V]
+    beta_c = _split_chunks(_pad_time(beta, n_pad), chunk_size)  # [N, B, NH, C]
 
-    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [B, NH, N, C, C]
+    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
     scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
     k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
     if g is None:
@@ -313,14 +333,14 @@ def _delta_span(q, k, v, beta, g, state, chunk_size):
         chunk_decay = None
         q_from_start = q_c
     else:
-        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [N, B, NH, C]
         gamma = _decay_mask(g_c)  # Gamma_ij, 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         kk = kk * gamma
         scores = scores * gamma
         k_scaled = k_scaled * from_start.unsqueeze(-1)  # diag(beta exp(b)) K
         k_to_end = k_c * to_end.unsqueeze(-1)  # diag(exp(b_C - b)) K
-        chunk_decay = from_start[..., -1]  # exp(b_C) [B, NH, N]
+        chunk_decay = from_start[..., -1]  # exp(b_C) [N, B, NH]
         q_from_start = q_c * from_start.unsqueeze(-1)
 
     # Class 3: A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} in >= fp32;
@@ -332,36 +352,34 @@ def _delta_span(q, k, v, beta, g, state, chunk_size):
         # d(I + A)^{-1} = -T dA T: attach that gradient (the value is unchanged, the added
         # term is exactly zero) instead of differentiating through the recursion
         t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
-    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, K]
-    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q.dtype)  # [B, NH, N, C, V]
+    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q.dtype)  # [N, B, NH, C, K]
+    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q.dtype)  # [N, B, NH, C, V]
 
     # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
     # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
-    flat = batch * heads
-    w_n = w.reshape(flat, n_chunks, chunk_size, d_k).unbind(1)
-    u_n = u.reshape(flat, n_chunks, chunk_size, d_v).unbind(1)
-    k_end_n = k_to_end.reshape(flat, n_chunks, chunk_size, d_k).transpose(-1, -2).unbind(1)
-    if chunk_decay is None:
-        decay_n = [None] * n_chunks
-    else:
-        decay_n = chunk_decay.reshape(flat, n_chunks, 1, 1).unbind(1)
-    state = state.reshape(flat, d_k, d_v)
-    states_in = []
-    v_new_all = []
-    for n in range(n_chunks):
-        states_in.append(state)
-        v_new = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0)
-        v_new_all.append(v_new)
-        if decay_n[n] is not None:
+    n_chunks, flat = q_c.shape[0], batch * heads
+    # per-chunk views by unbind, not indexing (see _scan_states)
+    w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
+    u_n = u.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
+    k_end_n = k_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
+    decay_n = None if chunk_decay is None else chunk_decay.reshape(n_chunks, flat, 1, 1).unbind(0)
+    tracked = any(x is not None and x.requires_grad for x in (state, w, u, k_to_end, chunk_decay))
+    v_new = []
+
+    def next_state(n, state, out):
+        # without autograd V_new overwrites U in place
+        v = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0, out=None if tracked else u_n[n])
+        v_new.append(v)
+        if decay_n is not None:
             state = decay_n[n] * state
-        state = torch.baddbmm(state, k_end_n[n], v_new)
-    states_in = torch.stack(states_in, dim=1).reshape(batch, heads, n_chunks, d_k, d_v)
-    v_new = torch.stack(v_new_all, dim=1).reshape(batch, heads, n_chunks, chunk_size, d_v)
+        return torch.baddbmm(state, k_end_n[n], v, out=out)
+
+    states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
+    v_new = torch.stack(v_new) if tracked else u
 
     # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
     o = _two_matmuls(scores, v_new, q_from_start, states_in)
-    o = o.reshape(batch, heads, -1, d_v)
-    return (o[:, :, :length] if n_pad else o), state.reshape(batch, heads, d_k, d_v)
+    return o.reshape(*q_c.shape[:-1], d_v), state.reshape(batch, heads, d_k, d_v)
 
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
@@ -369,33 +387,36 @@ def _over_spans(span_fn, seqs, state, chunk_size, width):
     token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
     outputs. A state of None starts from zeros [B, NH, K, V].
 
-    Without autograd each span's output is copied into one output tensor as it comes (the
-    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    span_fn returns its output chunk-major, [N, B, NH, C, V] (padded to whole chunks). The
+    joined output is [B, NH, T, V], a view of a [B, T, NH, V] tensor (the callers' layout, so
+    their transpose back is contiguous). Without autograd each span's output is copied into
+    that tensor as it comes (the span's memory is reused by the next span); with autograd the
+    outputs are concatenated.
     """
     _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
+    batch, heads, length = q.shape[:3]
     if state is None:
-        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     span = _span_tokens(q, width, chunk_size)
-    length = seqs[0].shape[2]
-    if span >= length:
-        return span_fn(*seqs, state, chunk_size)
+    n_chunks = -(-length // chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
     pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
-    tracked = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in [*seqs, state]
-    )
     outputs, o_all = [], None
     for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        if tracked:
+        if o.requires_grad:
             outputs.append(o)
             continue
         if o_all is None:
-            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
-        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
-    return (torch.cat(outputs, dim=2) if tracked else o_all), state
+            o_all = o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
+        first = i * (span // chunk_size)
+        o_all[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    if outputs:
+        o_all = torch.cat([o.permute(1, 0, 3, 2, 4) for o in outputs], dim=1)
+    o_all = o_all.reshape(batch, n_chunks * chunk_size, heads, -1)
+    return o_all[:, :length].transpose(1, 2), state
 
 
 def _pad_time(x, n_pad):
@@ -426,11 +447,11 @@ def _span_tokens(x, width, chunk_size):
 
 
 def _split_chunks(x, chunk_size):
-    """Reshape [B, NH, T, ...] into contiguous [B, NH, T // chunk_size, chunk_size, ...]."""
+    """[B, NH, T, ...] -> contiguous chunk-major [T // chunk_size, B, NH, chunk_size, ...]."""
     n_chunks = x.shape[2] // chunk_size
     chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
-    # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
-    return chunks.contiguous()
+    # one copy, so batched matmuls need no hidden copies and each chunk is contiguous
+    return chunks.movedim(2, 0).contiguous()
 
 
 def _two_matmuls(a, b, c, d):

@@ -257,6 +257,27 @@ def _bmm(a, b):
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
+def _chain(initial, n_steps, next_state, tracked):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps:
+    (the state entering each step, stacked [n_steps, ...], and the final state).
+
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
+    """
+    if tracked:
+        states = [initial]
+        for n in range(n_steps):
+            states.append(next_state(n, states[-1], None))
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    states[0] = initial
+    for n in range(n_steps):
+        next_state(n, states[n], states[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    return states[:-1], states[-1].clone()
+
+
 def _check_chunk_size(chunk_size):
     """Reject chunk sizes that are not positive powers of two."""
     if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
@@ -264,7 +285,7 @@ def _check_chunk_size(chunk_size):
 
 
 def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
-    """Class 2 on one span of tokens: (o [B, NH, L, V], state after the span).
+    """Class 2 on one span of tokens: (o [N, B, NH, C, V] chunk-major, state after the span).
 
     Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
     each pair belongs to exactly one block in which j is in the left half and i in the right
@@ -274,21 +295,20 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
     the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul. The
     pairs i = j need no decay. The same factors at the chunk level carry the state.
     """
-    batch, heads, length = q.shape[:3]
-    d_v = v.shape[-1]
+    length = q.shape[2]
     n_pad = (-length) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [N, B, NH, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [N, B, NH, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [N, B, NH, C, V]
     # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
     pre_k = None if gk is None else torch.exp(_split_chunks(_pad_time(gk, n_pad), chunk_size))
     pre_v = None if gv is None else torch.exp(_split_chunks(_pad_time(gv, n_pad), chunk_size))
     suf_k = suf_v = None
 
     # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
-    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [B, NH, N, C]
+    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
     if pre_v is None:
-        # one score matrix per chunk, filled block by block in place: A [B, NH, N, C, C]
+        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
         scores = torch.diag_embed(diag)
     else:
         out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
@@ -300,7 +320,7 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
             q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)
             if suf_k is not None:
                 k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
-        corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [B, NH, N, n, b, b]
+        corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [N, B, NH, n, b, b]
         if pre_v is None:
             _pair_blocks(scores, block)[..., block:, :block] = corner
         else:
@@ -324,20 +344,19 @@ def _diagonal_span(q, k, v, gk, gv, state, chunk_size):
         q_from_start = q_c * pre_k  # exp(bk_i)
         if suf_k is not None:
             k_to_end = k_c * suf_k  # exp(bk_C - bk_j)
-        chunk_decay_k = pre_k[..., -1, :]  # exp(bk_C) [B, NH, N, K]
+        chunk_decay_k = pre_k[..., -1, :]  # exp(bk_C) [N, B, NH, K]
     if pre_v is not None:
         if suf_v is not None:
             v_to_end = v_c * suf_v
         chunk_decay_v = pre_v[..., -1, :]
-    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [B, NH, N, K, V]
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
     states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
     if pre_v is None:
         # A V, then the inter part accumulated into it by the same matmul call
         o = _two_matmuls(scores, v_c, q_from_start, states_in)
     else:
         o = out + _bmm(q_from_start, states_in) * pre_v
-    o = o.reshape(batch, heads, -1, d_v)
-    return (o[:, :, :length] if n_pad else o), state
+    return o, state
 
 
 def _double_decays(prefix, suffix, block):
@@ -359,8 +378,8 @@ def _double_decays(prefix, suffix, block):
 
 
 def _halves(x, block):
-    """[B, NH, N, C, d] -> (left, right) halves of every block of 2 * block tokens, each
-    [B, NH, N, C / (2 * block), block, d] (views, writable)."""
+    """[N, B, NH, C, d] -> (left, right) halves of every block of 2 * block tokens, each
+    [N, B, NH, C / (2 * block), block, d] (views, writable)."""
     pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
     return pairs[..., 0, :, :], pairs[..., 1, :, :]
 
@@ -370,33 +389,36 @@ def _over_spans(span_fn, seqs, state, chunk_size, width):
     token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
     outputs. A state of None starts from zeros [B, NH, K, V].
 
-    Without autograd each span's output is copied into one output tensor as it comes (the
-    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    span_fn returns its output chunk-major, [N, B, NH, C, V] (padded to whole chunks). The
+    joined output is [B, NH, T, V], a view of a [B, T, NH, V] tensor (the callers' layout, so
+    their transpose back is contiguous). Without autograd each span's output is copied into
+    that tensor as it comes (the span's memory is reused by the next span); with autograd the
+    outputs are concatenated.
     """
     _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
+    batch, heads, length = q.shape[:3]
     if state is None:
-        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     span = _span_tokens(q, width, chunk_size)
-    length = seqs[0].shape[2]
-    if span >= length:
-        return span_fn(*seqs, state, chunk_size)
+    n_chunks = -(-length // chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
     pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
-    tracked = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in [*seqs, state]
-    )
     outputs, o_all = [], None
     for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        if tracked:
+        if o.requires_grad:
             outputs.append(o)
             continue
         if o_all is None:
-            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
-        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
-    return (torch.cat(outputs, dim=2) if tracked else o_all), state
+            o_all = o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
+        first = i * (span // chunk_size)
+        o_all[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    if outputs:
+        o_all = torch.cat([o.permute(1, 0, 3, 2, 4) for o in outputs], dim=1)
+    o_all = o_all.reshape(batch, n_chunks * chunk_size, heads, -1)
+    return o_all[:, :length].transpose(1, 2), state
 
 
 def _pad_time(x, n_pad):
@@ -418,23 +440,30 @@ def _pair_blocks(x, block):
 
 
 def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
-    """Sequential state passing S_n = dk_n[:, None] * S_{n-1} * dv_n[None, :] + KV_n.
+    """Sequential state passing S_{n+1} = dk_n[:, None] * S_n * dv_n[None, :] + KV_n.
 
-    chunk_decay_k: [B, NH, N, K] or None, chunk_decay_v: [B, NH, N, V] or None,
-    chunk_kv: [B, NH, N, K, V]. Returns (states entering each chunk
-    [B, NH, N, K, V], final state [B, NH, K, V]).
+    chunk_decay_k: [N, B, NH, K] or None, chunk_decay_v: [N, B, NH, V] or None,
+    chunk_kv: [N, B, NH, K, V]. Returns (states entering each chunk
+    [N, B, NH, K, V], final state [B, NH, K, V]).
     """
-    n_chunks = chunk_kv.shape[2]
-    decay_k = [None] * n_chunks if chunk_decay_k is None else chunk_decay_k.unsqueeze(-1).unbind(2)
-    decay_v = [None] * n_chunks if chunk_decay_v is None else chunk_decay_v.unsqueeze(-2).unbind(2)
-    state = initial_state
-    entering = []
-    for kv, dk, dv in zip(chunk_kv.unbind(2), decay_k, decay_v):
-        entering.append(state)
-        if dv is not None:
-            state = state * dv
-        state = state + kv if dk is None else torch.addcmul(kv, dk, state)
-    return torch.stack(entering, dim=2), state
+    # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
+    # gradient of the whole tensor per chunk
+    kv = chunk_kv.unbind(0)
+    decay_k = None if chunk_decay_k is None else chunk_decay_k.unsqueeze(-1).unbind(0)
+    decay_v = None if chunk_decay_v is None else chunk_decay_v.unsqueeze(-2).unbind(0)
+
+    def next_state(n, state, out):
+        if decay_v is not None:
+            state = state * decay_v[n]
+        if decay_k is None:
+            return torch.add(kv[n], state, out=out)
+        return torch.addcmul(kv[n], decay_k[n], state, out=out)
+
+    tracked = any(
+        x is not None and x.requires_grad
+        for x in (initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    )
+    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked)
 
 
 def _span_tokens(x, width, chunk_size):
@@ -447,11 +476,11 @@ def _span_tokens(x, width, chunk_size):
 
 
 def _split_chunks(x, chunk_size):
-    """Reshape [B, NH, T, ...] into contiguous [B, NH, T // chunk_size, chunk_size, ...]."""
+    """[B, NH, T, ...] -> contiguous chunk-major [T // chunk_size, B, NH, chunk_size, ...]."""
     n_chunks = x.shape[2] // chunk_size
     chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
-    # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
-    return chunks.contiguous()
+    # one copy, so batched matmuls need no hidden copies and each chunk is contiguous
+    return chunks.movedim(2, 0).contiguous()
 
 
 def _two_matmuls(a, b, c, d):

@@ -260,6 +260,27 @@ def _bmm(a, b):
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
+def _chain(initial, n_steps, next_state, tracked):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps:
+    (the state entering each step, stacked [n_steps, ...], and the final state).
+
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
+    """
+    if tracked:
+        states = [initial]
+        for n in range(n_steps):
+            states.append(next_state(n, states[-1], None))
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    states[0] = initial
+    for n in range(n_steps):
+        next_state(n, states[n], states[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    return states[:-1], states[-1].clone()
+
+
 def _check_chunk_size(chunk_size):
     """Reject chunk sizes that are not positive powers of two."""
     if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
@@ -299,33 +320,36 @@ def _over_spans(span_fn, seqs, state, chunk_size, width):
     token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
     outputs. A state of None starts from zeros [B, NH, K, V].
 
-    Without autograd each span's output is copied into one output tensor as it comes (the
-    span's memory is reused by the next span); with autograd the outputs are concatenated.
+    span_fn returns its output chunk-major, [N, B, NH, C, V] (padded to whole chunks). The
+    joined output is [B, NH, T, V], a view of a [B, T, NH, V] tensor (the callers' layout, so
+    their transpose back is contiguous). Without autograd each span's output is copied into
+    that tensor as it comes (the span's memory is reused by the next span); with autograd the
+    outputs are concatenated.
     """
     _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
+    batch, heads, length = q.shape[:3]
     if state is None:
-        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     span = _span_tokens(q, width, chunk_size)
-    length = seqs[0].shape[2]
-    if span >= length:
-        return span_fn(*seqs, state, chunk_size)
+    n_chunks = -(-length // chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
     pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
-    tracked = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in [*seqs, state]
-    )
     outputs, o_all = [], None
     for i, piece in enumerate(zip(*pieces)):
         o, state = span_fn(*piece, state, chunk_size)
-        if tracked:
+        if o.requires_grad:
             outputs.append(o)
             continue
         if o_all is None:
-            o_all = o.new_empty(*o.shape[:2], length, *o.shape[3:])
-        o_all[:, :, i * span : i * span + o.shape[2]].copy_(o)
-    return (torch.cat(outputs, dim=2) if tracked else o_all), state
+            o_all = o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
+        first = i * (span // chunk_size)
+        o_all[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    if outputs:
+        o_all = torch.cat([o.permute(1, 0, 3, 2, 4) for o in outputs], dim=1)
+    o_all = o_all.reshape(batch, n_chunks * chunk_size, heads, -1)
+    return o_all[:, :length].transpose(1, 2), state
 
 
 def _pad_time(x, n_pad):
@@ -338,69 +362,65 @@ def _pad_time(x, n_pad):
 
 
 def _scalar_decay_span(q, k, v, g, state, chunk_size):
-    """Class 1 on one span of tokens: (o [B, NH, L, V], state after the span)."""
-    batch, heads, length = q.shape[:3]
-    d_v = v.shape[-1]
+    """Class 1 on one span of tokens: (o [N, B, NH, C, V] chunk-major, state after the span)."""
+    length = q.shape[2]
 
     # pad with zero tokens (k = v = q = 0, g = 0 leave the state unchanged); one contiguous
     # copy per input, laid out so every chunk is one matrix of a batched matmul
     n_pad = (-length) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [B, NH, N, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [B, NH, N, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [B, NH, N, C, V]
+    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [N, B, NH, C, K]
+    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [N, B, NH, C, K]
+    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [N, B, NH, C, V]
 
     # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [B, NH, N, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
     if g is None:
         # identity: Gamma is the causal mask and the state a running sum of K^T V
         scores = scores.tril_()
-        chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
         states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
-        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [B, NH, N, C]
+        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [N, B, NH, C]
         gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         scores = scores * gamma
         # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
         k_to_end = k_c * to_end.unsqueeze(-1)
-        chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [B, NH, N, K, V]
+        chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
         states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
         q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
 
     # intra part, then the inter part accumulated into it by the same matmul call
     o = _two_matmuls(scores, v_c, q_from_start, states_in)
-    o = o.reshape(batch, heads, -1, d_v)
-    return (o[:, :, :length] if n_pad else o), state
+    return o, state
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv):
     """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span.
 
-    chunk_g: [B, NH, N] log-decay of each whole chunk (None: no decay), chunk_kv:
-    [B, NH, N, K, V]. Returns (states entering each chunk [B, NH, N, K, V], final state
+    chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
+    [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
     [B, NH, K, V]). Without decay the states are a running sum, one matmul with a strictly
     lower-triangular matrix of ones; with decay, one fused multiply-add per chunk (on CPU
     faster than a matmul with N x N decay weights).
     """
-    batch, heads, n_chunks, d_k, d_v = chunk_kv.shape
+    n_chunks = chunk_kv.shape[0]
     if chunk_g is None:
-        flat = batch * heads
-        kv = chunk_kv.reshape(flat, n_chunks, d_k * d_v)
+        kv = chunk_kv.reshape(n_chunks, -1)
         ones = torch.ones(n_chunks, n_chunks, dtype=kv.dtype, device=kv.device)
         states = torch.matmul(torch.tril(ones, diagonal=-1), kv)
-        states += initial_state.reshape(flat, 1, d_k * d_v)
-        final = states[:, -1] + kv[:, -1]
-        return (
-            states.reshape(batch, heads, n_chunks, d_k, d_v),
-            final.reshape(batch, heads, d_k, d_v),
-        )
-    state = initial_state
-    entering = []
-    for decay, kv in zip(chunk_g.exp()[..., None, None].unbind(2), chunk_kv.unbind(2)):
-        entering.append(state)
-        state = torch.addcmul(kv, decay, state)
-    return torch.stack(entering, dim=2), state
+        states += initial_state.reshape(1, -1)
+        final = states[-1] + kv[-1]
+        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape)
+    # unbind, not indexing (see _scan_states)
+    decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
+
+    def next_state(n, state, out):
+        return torch.addcmul(kv[n], decay[n], state, out=out)
+
+    tracked = any(x.requires_grad for x in (initial_state, chunk_g, chunk_kv))
+    return _chain(initial_state, n_chunks, next_state, tracked)
 
 
 def _span_tokens(x, width, chunk_size):
@@ -413,11 +433,11 @@ def _span_tokens(x, width, chunk_size):
 
 
 def _split_chunks(x, chunk_size):
-    """Reshape [B, NH, T, ...] into contiguous [B, NH, T // chunk_size, chunk_size, ...]."""
+    """[B, NH, T, ...] -> contiguous chunk-major [T // chunk_size, B, NH, chunk_size, ...]."""
     n_chunks = x.shape[2] // chunk_size
     chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
-    # one contiguous copy (none if x already is), so batched matmuls need no hidden copies
-    return chunks.contiguous()
+    # one copy, so batched matmuls need no hidden copies and each chunk is contiguous
+    return chunks.movedim(2, 0).contiguous()
 
 
 def _two_matmuls(a, b, c, d):
