@@ -41,8 +41,8 @@ MUTANTS = [
     (
         "gated_retention",
         "intra-chunk mask misses the diagonal",
-        "return seg.exp_() * torch.tril(ones)",
-        "return seg.exp_() * torch.tril(ones, diagonal=-1)",
+        "return torch.cumprod(rows, dim=-2) * torch.tril(ones)",
+        "return torch.cumprod(rows, dim=-2) * torch.tril(ones, diagonal=-1)",
         {"chunk"},
     ),
     (

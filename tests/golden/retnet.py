@@ -299,20 +299,19 @@ def _chunk_decays(gamma, g):
 def _decay_mask(g):
     """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
 
-    Each exponent is a direct sum of same-sign gates (never a difference of two cumulative
-    sums, so it stays accurate when the cumulative sums are large); above the diagonal it is
-    an empty sum, exactly 0, so the exp there is 1 (never inf, so masking after the exp makes
-    no NaN, forward or backward) and a multiply by the causal mask zeroes it. Masks are float
-    matrices applied by multiplies: on CPU much faster than a broadcast torch.where, and an exp
-    of -inf is several times slower than of a finite number. A gate of -inf is taken as -1e30
-    first (the same zero decay), so that the multiply by 0 cannot make a NaN.
+    Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
+    a_{j+1} ... a_i: one exp per token instead of one per pair (the exp of an L x L matrix
+    was the costliest step), never exp(b_i) * exp(-b_j), and a relative error that grows
+    with the number of factors (at most about L roundings), not with the size of b_i - b_j
+    as the exp of a summed exponent does. Above the diagonal every factor is 1 (the product
+    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
+    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0.
     """
     length = g.shape[-1]
     ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
-    # rows[..., l, j] = g_l where l > j, else 0; seg[..., i, j] = sum_{j < l <= i} g_l
-    rows = g.clamp(min=-1e30).unsqueeze(-1) * torch.tril(ones, diagonal=-1)
-    seg = torch.cumsum(rows, dim=-2)
-    return seg.exp_() * torch.tril(ones)
+    # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
+    rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
+    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
 
 
 def _over_spans(span_fn, seqs, state, chunk_size, width):
