@@ -625,8 +625,9 @@ def reasons(data: dict, missed: set[str]) -> list[str]:
             f"matmul work at this machine's bmm rate, the chunked form spends only {lo:.0f} to "
             f"{hi:.0f}% of its time on it; the rest is eager PyTorch's cost per operation "
             "(dispatch, and a fork/join of the two threads for each of the 300 to 1000 operations "
-            "of a call) and memory passes (copies into the chunk layout, decay masks and their "
-            "exp, the stacked states). The delta rule's state passing is two small matmuls per "
+            "of a call) and memory passes (copies into and out of the chunk layout, decay "
+            "masks, q and k scaled by their decays). The delta rule's state passing is two small "
+            "matmuls per "
             "chunk ([B*NH, C, d] x [d, d]), sequential and too small to use both cores well. "
             "fla's references loop over chunks in Python with a few small operations per chunk "
             "whose operands stay in cache; their large temporaries cost them page faults only "
@@ -662,8 +663,8 @@ def reasons(data: dict, missed: set[str]) -> list[str]:
     if "matmul" in missed:
         out.append(
             "share of the matmul throughput: the cost model counts the chunked form's matmul "
-            "work; with gates much of the time goes to elementwise work (decay masks and their "
-            "exp, scaling q and k, the per-chunk state steps) and to the cost per operation, "
+            "work; with gates much of the time goes to elementwise work (decay masks, q and k "
+            "scaled by their decays, the per-chunk state steps) and to the cost per operation, "
             "which the count leaves out. GLA's per-channel decays are the most elementwise."
         )
     if "memory" in missed:
