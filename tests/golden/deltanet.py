@@ -381,7 +381,7 @@ def _delta_span(q, k, v, beta, g, state, chunk_size):
     return o.reshape(*q_c.shape[:-1], d_v), state.reshape(batch, heads, d_k, d_v)
 
 
-def _over_spans(span_fn, seqs, state, chunk_size, width):
+def _over_spans(span_fn, seqs, state, chunk_size):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
     token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
     outputs. A state of None starts from zeros [B, NH, K, V].
@@ -397,7 +397,7 @@ def _over_spans(span_fn, seqs, state, chunk_size, width):
     batch, heads, length = q.shape[:3]
     if state is None:
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
-    span = _span_tokens(q, width, chunk_size)
+    span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size)
     n_chunks = -(-length // chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
@@ -510,8 +510,7 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     v is the already-scaled write value (beta * v); beta only enters the
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
-    width = q.shape[-1] + v.shape[-1] + chunk_size
-    return _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size, width)
+    return _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -384,7 +384,7 @@ def _halves(x, block):
     return pairs[..., 0, :, :], pairs[..., 1, :, :]
 
 
-def _over_spans(span_fn, seqs, state, chunk_size, width):
+def _over_spans(span_fn, seqs, state, chunk_size):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
     token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
     outputs. A state of None starts from zeros [B, NH, K, V].
@@ -400,7 +400,7 @@ def _over_spans(span_fn, seqs, state, chunk_size, width):
     batch, heads, length = q.shape[:3]
     if state is None:
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
-    span = _span_tokens(q, width, chunk_size)
+    span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size)
     n_chunks = -(-length // chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
@@ -501,8 +501,7 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
     gk: key-side log-gate [B, NH, T, K], gv: value-side log-gate [B, NH, T, V];
     either may be None (no decay on that side). Returns (o, final state).
     """
-    width = 2 * q.shape[-1] + 2 * v.shape[-1] + chunk_size
-    return _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size, width)
+    return _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
 
 
 # ---- this mixer --------------------------------------------------------------------------

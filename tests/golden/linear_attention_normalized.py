@@ -317,7 +317,7 @@ def _decay_mask(g):
     return torch.cumprod(rows, dim=-2) * torch.tril(ones)
 
 
-def _over_spans(span_fn, seqs, state, chunk_size, width):
+def _over_spans(span_fn, seqs, state, chunk_size):
     """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
     token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
     outputs. A state of None starts from zeros [B, NH, K, V].
@@ -333,7 +333,7 @@ def _over_spans(span_fn, seqs, state, chunk_size, width):
     batch, heads, length = q.shape[:3]
     if state is None:
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
-    span = _span_tokens(q, width, chunk_size)
+    span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size)
     n_chunks = -(-length // chunk_size)
     # torch.split, not slicing: its backward is one concatenation, not a zero-filled
     # full-length gradient per span
@@ -459,8 +459,7 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    width = q.shape[-1] + v.shape[-1] + chunk_size
-    return _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size, width)
+    return _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
 
 
 def parallel_scalar_decay(q, k, v, g=None):
