@@ -422,6 +422,38 @@ def test_several_spans(gate):
         assert rel_err(o, r) <= TOL
 
 
+def test_decay_constant_in_time():
+    """A per-head decay broadcast over time (stride 0, as generated modules pass a constant)
+    builds one decay mask for all chunks of a whole span; the padded last span takes the
+    general path. Outputs, final state and gradients, the decay's own included, match the
+    oracle, with and without autograd."""
+    b, nh, t_len = 4, 8, 120  # spans of 7 chunks of 16: one whole span, one padded
+    inputs = make_inputs(t_len, gate=None, b=b, nh=nh, dk=64, dv=64, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    inputs["log_decay"] = torch.nn.functional.logsigmoid(
+        torch.randn(nh, generator=gen, dtype=torch.float64) + 2.0
+    )
+
+    def over_time(log_decay):
+        return log_decay[None, :, None].expand(b, nh, t_len)
+
+    def kernel(q, k, v, initial_state, log_decay):
+        g = over_time(log_decay)
+        assert g.stride(2) == 0
+        return kern.chunk_scalar_decay(q, k, v, g, initial_state, chunk_size=16)
+
+    def oracle(q, k, v, initial_state, log_decay):
+        return oracle_scalar(q, k, v, over_time(log_decay), initial_state)
+
+    assert kern._span_tokens(inputs["q"].float(), 64 + 64 + 16, 16) == 112
+    check_against_oracle(kernel, oracle, inputs)
+    with torch.no_grad():
+        out = kernel(**{n: x.float() for n, x in inputs.items()})
+        ref = oracle(**inputs)
+    for o, r in zip(out, ref, strict=True):
+        assert rel_err(o, r) <= TOL
+
+
 # ---------------------------------------------------------------------------
 # structure required by the code generator
 # ---------------------------------------------------------------------------

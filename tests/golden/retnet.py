@@ -380,14 +380,20 @@ def _scalar_decay_span(q, k, v, g, state, chunk_size):
         states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
-        g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [N, B, NH, C]
+        if g.stride(2) == 0 and n_pad == 0:
+            # a decay constant in time (broadcast, as a per-head constant is): every chunk has
+            # the same decays, built once [1, B, NH, C] and broadcast over the chunks
+            g_c = g[:, :, :chunk_size].unsqueeze(0)
+        else:
+            g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [N, B, NH, C]
         gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         scores = scores * gamma
         # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
         k_to_end = k_c * to_end.unsqueeze(-1)
         chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
-        states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
+        chunk_g = g_c.sum(-1).expand(chunk_kv.shape[:3])
+        states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
         q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
 
     # intra part, then the inter part accumulated into it by the same matmul call
