@@ -315,77 +315,76 @@ def _decay_mask(g):
 
 
 def _over_spans(span_fn, seqs, state, chunk_size):
-    """Run span_fn(*slices, state, chunk_size) -> (o, state) over consecutive spans of the
-    token axis (dim 2) of every tensor in seqs = [q, k, v, ...] (None stays None); join the
-    outputs. A state of None starts from zeros [B, NH, K, V].
+    """Run span_fn(*chunks, state) -> (o, state) over consecutive spans of whole chunks of
+    every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the state
+    from span to span; join the outputs. A state of None starts from zeros [B, NH, K, V].
 
-    span_fn returns its output chunk-major, [N, B, NH, C, V] (padded to whole chunks). The
-    joined output is [B, NH, T, V], a view of a [B, T, NH, V] tensor (the callers' layout, so
-    their transpose back is contiguous). Without autograd each span's output is copied into
-    that tensor as it comes (the span's memory is reused by the next span); with autograd the
-    outputs are concatenated.
+    span_fn gets its inputs chunk-major, [N, B, NH, C, ...], zero-padded to whole chunks (a
+    zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns its
+    output chunk-major too. Without autograd each span's inputs are copied into the chunk
+    layout as the span comes (cache-sized temporaries the C allocator recycles) and its
+    output is copied into one output tensor; with autograd each input is copied into the
+    chunk layout once and split into spans, and the outputs are concatenated (each backward
+    is then one copy per input). The joined output is [B, NH, T, V], a view of a
+    [B, T, NH, V] tensor (the callers' layout, so their transpose back is contiguous).
     """
     _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
     if state is None:
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
-    span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size)
     n_chunks = -(-length // chunk_size)
-    # torch.split, not slicing: its backward is one concatenation, not a zero-filled
-    # full-length gradient per span
-    pieces = [[None] * -(-length // span) if x is None else x.split(span, dim=2) for x in seqs]
+    n_pad = n_chunks * chunk_size - length
+    per_span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size) // chunk_size
+    starts = range(0, n_chunks, per_span)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in [*seqs, state]):
+        whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
+        spans = zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
+    else:
+        spans = (
+            [
+                None
+                if x is None
+                else _split_chunks(
+                    x[:, :, n * chunk_size : (n + per_span) * chunk_size],
+                    chunk_size,
+                    n_pad if n + per_span >= n_chunks else 0,
+                )
+                for x in seqs
+            ]
+            for n in starts
+        )
     outputs, o_all = [], None
-    for i, piece in enumerate(zip(*pieces)):
-        o, state = span_fn(*piece, state, chunk_size)
+    for n, chunks in zip(starts, spans):
+        o, state = span_fn(*chunks, state)
         if o.requires_grad:
-            outputs.append(o)
+            outputs.append(o.permute(1, 0, 3, 2, 4))
             continue
         if o_all is None:
             o_all = o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
-        first = i * (span // chunk_size)
-        o_all[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+        o_all[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
     if outputs:
-        o_all = torch.cat([o.permute(1, 0, 3, 2, 4) for o in outputs], dim=1)
+        o_all = torch.cat(outputs, dim=1)
     o_all = o_all.reshape(batch, n_chunks * chunk_size, heads, -1)
     return o_all[:, :length].transpose(1, 2), state
 
 
-def _pad_time(x, n_pad):
-    """Zero-pad the token axis (dim 2) of x at the end by n_pad steps (x itself if n_pad = 0)."""
-    if n_pad == 0:
-        return x
-    # pad lists (left, right) pairs starting from the last dim
-    pad = [0, 0] * (x.dim() - 3) + [0, n_pad]
-    return torch.nn.functional.pad(x, pad)
-
-
-def _scalar_decay_span(q, k, v, g, state, chunk_size):
-    """Class 1 on one span of tokens: (o [N, B, NH, C, V] chunk-major, state after the span)."""
-    length = q.shape[2]
-
-    # pad with zero tokens (k = v = q = 0, g = 0 leave the state unchanged); one contiguous
-    # copy per input, laid out so every chunk is one matrix of a batched matmul
-    n_pad = (-length) % chunk_size
-    q_c = _split_chunks(_pad_time(q, n_pad), chunk_size)  # [N, B, NH, C, K]
-    k_c = _split_chunks(_pad_time(k, n_pad), chunk_size)  # [N, B, NH, C, K]
-    v_c = _split_chunks(_pad_time(v, n_pad), chunk_size)  # [N, B, NH, C, V]
-
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state):
+    """Class 1 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], g_c
+    [N, B, NH, C] or None. Returns (o [N, B, NH, C, V], state after the span)."""
     # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
     scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
-    if g is None:
+    if g_c is None:
         # identity: Gamma is the causal mask and the state a running sum of K^T V
         scores = scores.tril_()
         chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
         states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
-        if g.stride(2) == 0 and n_pad == 0:
-            # a decay constant in time (broadcast, as a per-head constant is): every chunk has
-            # the same decays, built once [1, B, NH, C] and broadcast over the chunks
-            g_c = g[:, :, :chunk_size].unsqueeze(0)
-        else:
-            g_c = _split_chunks(_pad_time(g, n_pad), chunk_size)  # [N, B, NH, C]
+        if g_c.stride(0) == 0:
+            # a decay constant in time (see _split_chunks): every chunk has the same decays,
+            # built once [1, B, NH, C] and broadcast over the chunks
+            g_c = g_c[:1]
         gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         scores = scores * gamma
@@ -437,12 +436,28 @@ def _span_tokens(x, width, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
-def _split_chunks(x, chunk_size):
-    """[B, NH, T, ...] -> contiguous chunk-major [T // chunk_size, B, NH, chunk_size, ...]."""
-    n_chunks = x.shape[2] // chunk_size
-    chunks = x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
-    # one copy, so batched matmuls need no hidden copies and each chunk is contiguous
-    return chunks.movedim(2, 0).contiguous()
+def _split_chunks(x, chunk_size, n_pad=0):
+    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
+    zero-padded at the end by n_pad tokens (None stays None).
+
+    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
+    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
+    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    """
+    if x is None:
+        return None
+    if n_pad == 0 and x.stride(2) == 0:
+        first = x[:, :, :chunk_size].unsqueeze(0)
+        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
+    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
+    # there, so that under autograd the gradient is copied straight into that layout
+    x = x.transpose(1, 2)
+    if n_pad:
+        # pad lists (left, right) pairs starting from the last dim
+        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
+    batch, length, heads = x.shape[:3]
+    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
+    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
 
 
 def _two_matmuls(a, b, c, d):
