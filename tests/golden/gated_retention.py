@@ -410,10 +410,11 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv):
     n_chunks = chunk_kv.shape[0]
     if chunk_g is None:
         kv = chunk_kv.reshape(n_chunks, -1)
-        ones = torch.ones(n_chunks, n_chunks, dtype=kv.dtype, device=kv.device)
-        states = torch.matmul(torch.tril(ones, diagonal=-1), kv)
-        states += initial_state.reshape(1, -1)
-        final = states[-1] + kv[-1]
+        # row n sums the chunks before n; the last row, all of them, is the final state
+        ones = torch.ones(n_chunks + 1, n_chunks, dtype=kv.dtype, device=kv.device)
+        states = torch.addmm(initial_state.reshape(1, -1), torch.tril(ones, diagonal=-1), kv)
+        # split, not indexing: under autograd its backward is one concatenation
+        states, final = states.split([n_chunks, 1])
         return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape)
     # unbind, not indexing (see _scan_states)
     decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
