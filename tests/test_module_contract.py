@@ -185,6 +185,15 @@ def test_wrong_arguments_name_the_argument(mutate, message):
     assert message in str(info.value)
 
 
+def test_empty_sequence_is_a_clear_error_in_every_form():
+    spec = mixc.load_spec(ROOT / "specs/gated_retention.mix")
+    module = mixc.load(ROOT / "specs/gated_retention.mix")
+    args = positional(spec, *spec_inputs(spec, T=0))
+    for form in (module.chunk, module.parallel, module.recurrent):
+        with pytest.raises(mixc.MixcError, match=r"q: the sequence is empty \(T = 0\)"):
+            form(*args)
+
+
 def test_wrong_initial_state_and_chunk_size():
     spec = mixc.load_spec(ROOT / "specs/gla.mix")
     module = mixc.load(ROOT / "specs/gla.mix")

@@ -124,6 +124,8 @@ def _prepare_inputs(layout, values, sequence):
     sizes["NH"] = n_heads
     if not sequence:
         sizes["T"] = 1
+    elif sizes["T"] == 0:
+        _fail(f"{layout[0][0]}: the sequence is empty (T = 0); every form needs at least one token")
     return out, sizes, dtype
 
 
@@ -297,10 +299,10 @@ def _decay_mask(g):
     """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
 
     Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
-    a_{j+1} ... a_i: one exp per token instead of one per pair (the exp of an L x L matrix
-    was the costliest step), never exp(b_i) * exp(-b_j), and a relative error that grows
-    with the number of factors (at most about L roundings), not with the size of b_i - b_j
-    as the exp of a summed exponent does. Above the diagonal every factor is 1 (the product
+    a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
+    multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
+    of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
+    summed exponent does. Above the diagonal every factor is 1 (the product
     is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
     causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0.
     """

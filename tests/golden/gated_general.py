@@ -126,6 +126,8 @@ def _prepare_inputs(layout, values, sequence):
     sizes["NH"] = n_heads
     if not sequence:
         sizes["T"] = 1
+    elif sizes["T"] == 0:
+        _fail(f"{layout[0][0]}: the sequence is empty (T = 0); every form needs at least one token")
     return out, sizes, dtype
 
 
