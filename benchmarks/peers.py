@@ -8,15 +8,16 @@ The peers are flash-linear-attention's reference functions (`fla/ops/<mixer>/nai
 imported. Install them only in the benchmark's environment: `pip install --no-deps fla-core
 einops`. mixc itself never imports them.
 
-Protocol: every timing runs in a fresh worker process (this file with --worker), so the C
-allocator's state left by one implementation never helps or hurts another; each worker
-imports the same modules (torch, mixc, einops, the fla references) and builds the same seeded
-inputs. Each worker does warm-up calls and then timed calls; the whole set of workers is
-repeated for several rounds, interleaving the implementations, and the median over every
-timed call is reported with the quartiles. Outputs are compared (relative error) before any
-timing, and the run stops if they disagree. Every worker runs with glibc's malloc keeping
-freed memory (KEEP_MEMORY below), so that page faults do not decide a process's speed; a
-separate section measures the same calls with glibc's defaults.
+Protocol: every measurement runs in a fresh worker process (this file with --worker); each
+worker imports the same modules (torch, mixc, einops, the fla references) and builds the same
+seeded inputs. The two sides of a comparison (mixc and an fla reference; mixc's chunk and
+recurrent forms) are timed in the same worker in alternation, one call of each in turn after
+warm-up calls of each, so that both sample the same phases of a machine whose speed drifts;
+the whole set of workers is repeated for several rounds, and the median over every timed call
+is reported with the quartiles. Outputs are compared (relative error) before any timing, and
+the run stops if they disagree. Every worker runs with glibc's malloc keeping freed memory
+(KEEP_MEMORY below), so that page faults decide neither side's speed; a separate section
+times one implementation per process with glibc's defaults.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ PAIRS = (
     Pair("deltanet", "delta_rule", "delta_rule_chunkwise", True, 32),
     Pair("gated_deltanet", "gated_delta_rule", "naive_chunk_gated_delta_rule", False, 64),
 )
+
+IMPLS = ("mixc", "fla")
 
 TARGETS = {
     "fwd": 0.5,
@@ -216,6 +219,58 @@ def task_time(args: dict) -> dict:
     return {"times": times, "chunk": chunk}
 
 
+def time_alternating(calls: dict, repeats: dict, warmup: int = 2) -> dict:
+    """Times (seconds) of several calls measured in alternation: after `warmup` untimed calls
+    of each, rounds of repeats[name] timed calls of each in turn, so that every call samples
+    the same phases of a machine whose speed drifts (a ratio of two of them is then not
+    decided by when each was measured)."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    times = {name: [] for name in calls}
+    rounds = max(repeats.values())
+    for r in range(rounds):
+        for name, call in calls.items():
+            # spread a call's repeats evenly over the rounds
+            for _ in range(repeats[name] * (r + 1) // rounds - repeats[name] * r // rounds):
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def task_pair(args: dict) -> dict:
+    """Times (seconds) of mixc and of the fla reference for one pair, forward or forward +
+    backward, measured in alternation in one process."""
+    import torch
+
+    pair = next(p for p in PAIRS if p.spec == args["spec"])
+    chunk = _chunk_for(pair.spec)
+    mixc_fn, mixc_leaves, fla_fn, fla_leaves = _calls(pair, args["T"], torch.float32, chunk)
+    calls = {}
+    for impl, fn, leaves in (("mixc", mixc_fn, mixc_leaves), ("fla", fla_fn, fla_leaves)):
+        if args["backward"]:
+            leaves = [x.clone().requires_grad_(True) for x in leaves]
+            with torch.no_grad():
+                shape = fn(*leaves).shape
+            cot = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+
+            def call(fn=fn, leaves=leaves, cot=cot):
+                for x in leaves:
+                    x.grad = None
+                fn(*leaves).backward(cot)
+
+        else:
+
+            def call(fn=fn, leaves=leaves):
+                with torch.no_grad():
+                    fn(*leaves)
+
+        calls[impl] = call
+    times = time_alternating(calls, {impl: args["repeats"] for impl in calls}, args["warmup"])
+    return {"times": times, "chunk": chunk}
+
+
 def _spec_args(name: str, T: int):
     import mixc
     from mixc.bench import default_sizes, make_inputs
@@ -230,7 +285,6 @@ def task_recurrent(args: dict) -> dict:
     import torch
 
     import mixc
-    from mixc.bench import time_call
 
     name, T = args["spec"], args["T"]
     module = mixc.load(SPECS / f"{name}.mix")
@@ -244,9 +298,13 @@ def task_recurrent(args: dict) -> dict:
 
         return call
 
-    chunk_t = time_call(run(lambda *a: module.chunk(*a, chunk_size=chunk)), args["repeats"], 2)
-    rec_t = time_call(run(module.recurrent), args["recurrent_repeats"], 1)
-    return {"chunk": chunk_t, "recurrent": rec_t, "C": chunk}
+    calls = {
+        "chunk": run(lambda *a: module.chunk(*a, chunk_size=chunk)),
+        "recurrent": run(module.recurrent),
+    }
+    repeats = {"chunk": args["repeats"], "recurrent": args["recurrent_repeats"]}
+    times = time_alternating(calls, repeats, warmup=1)
+    return {**times, "C": chunk}
 
 
 def task_efficiency(args: dict) -> dict:
@@ -367,6 +425,7 @@ TASKS = {
     "tune": task_tune,
     "agree": task_agree,
     "time": task_time,
+    "pair": task_pair,
     "recurrent": task_recurrent,
     "efficiency": task_efficiency,
     "memory": task_memory,
@@ -493,25 +552,23 @@ def measure(args) -> dict:
             raise SystemExit(
                 f"{name}: mixc and fla disagree: relative error {r['mixc_vs_fla']:.2e}"
             )
-    configs = [
-        (p.spec, impl, bwd) for p in PAIRS for bwd in (False, True) for impl in ("mixc", "fla")
-    ]
-    times = {c: [] for c in configs}
+    times = {(p.spec, impl, bwd): [] for p in PAIRS for bwd in (False, True) for impl in IMPLS}
     for rnd in range(args.rounds):
-        for spec, impl, bwd in configs:
-            log(f"round {rnd + 1}/{args.rounds}: {spec} {impl} {'fwd+bwd' if bwd else 'fwd'}")
-            repeats = args.repeats if not bwd else max(3, args.repeats // 2)
-            r = run_worker(
-                "time",
-                threads,
-                spec=spec,
-                impl=impl,
-                backward=bwd,
-                T=PEER_T,
-                repeats=repeats,
-                warmup=2,
-            )
-            times[(spec, impl, bwd)].extend(r["times"])
+        for pair in PAIRS:
+            for bwd in (False, True):
+                log(f"round {rnd + 1}/{args.rounds}: {pair.spec} {'fwd+bwd' if bwd else 'fwd'}")
+                repeats = args.repeats if not bwd else max(3, args.repeats // 2)
+                r = run_worker(
+                    "pair",
+                    threads,
+                    spec=pair.spec,
+                    backward=bwd,
+                    T=PEER_T,
+                    repeats=repeats,
+                    warmup=2,
+                )
+                for impl in IMPLS:
+                    times[(pair.spec, impl, bwd)].extend(r["times"][impl])
     data["peers"] = {
         f"{spec}|{impl}|{int(bwd)}": {"times": t, **_stats(t)}
         for (spec, impl, bwd), t in times.items()
@@ -810,10 +867,12 @@ def report(data: dict) -> str:
         "defaults: 64, 32 for `delta_rule_chunkwise`."
     )
     add(
-        f"- Protocol: every timing in a fresh worker process with the same imports and seeded "
-        f"inputs; 2 warm-up calls, then {args.repeats} timed calls forward ({max(3, args.repeats // 2)} "
-        f"forward+backward) per worker, {args.rounds} rounds interleaving mixc and fla; median "
-        "over all timed calls, quartiles in brackets. Forward runs under `torch.no_grad()`; "
+        f"- Protocol: every measurement in a fresh worker process with the same imports and "
+        f"seeded inputs; mixc and fla (and mixc's chunk and recurrent forms) are timed in the "
+        f"same worker in alternation, so that both sample the same phases of the machine: 2 "
+        f"warm-up calls of each, then {args.repeats} timed calls of each forward "
+        f"({max(3, args.repeats // 2)} forward+backward), one of each in turn; {args.rounds} "
+        "rounds of workers; median over all timed calls, quartiles in brackets. Forward runs under `torch.no_grad()`; "
         "forward+backward back-propagates a fixed random cotangent to every input. Every "
         "worker, mixc, fla and recurrent alike, runs with glibc's malloc keeping freed memory "
         "(as jemalloc or tcmalloc do; see the section on the allocator for why and for the "
