@@ -341,6 +341,13 @@ def _double_decays(prefix, suffix, block):
     shape = prefix.shape
     pairs = prefix.reshape(*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
     left_total, right_total = pairs[..., 0, -1:, :], pairs[..., 1, -1:, :]
+    if not any(x is not None and x.requires_grad for x in (prefix, suffix)):
+        # without autograd, in place: only the halves that change are written (the suffix
+        # first: right_total is a view of the prefix's right half)
+        suffix = (torch.ones_like(pairs) if suffix is None else suffix).view(pairs.shape)
+        suffix[..., 0, :, :].mul_(right_total)
+        pairs[..., 1, :, :].mul_(left_total)
+        return prefix, suffix.view(shape)
     ones = torch.ones_like(left_total)
     prefix = pairs * torch.stack([ones, left_total], dim=-3)
     to_right_end = torch.stack([right_total, ones], dim=-3)
