@@ -11,7 +11,7 @@ einops`. mixc itself never imports them.
 Protocol: every measurement runs in a fresh worker process (this file with --worker); each
 worker imports the same modules (torch, mixc, einops, the fla references) and builds the same
 seeded inputs. The two sides of a comparison (mixc and an fla reference; mixc's chunk and
-recurrent forms) are timed in the same worker in alternation, one call of each in turn after
+recurrent forms; the chunk form and the bmm reference) are timed in the same worker in alternation, one call of each in turn after
 warm-up calls of each, so that both sample the same phases of a machine whose speed drifts;
 the whole set of workers is repeated for several rounds, and the median over every timed call
 is reported with the quartiles. Outputs are compared (relative error) before any timing, and
@@ -308,12 +308,13 @@ def task_recurrent(args: dict) -> dict:
 
 
 def task_efficiency(args: dict) -> dict:
-    """Chunk forward GFLOP/s (cost model) next to fp32 bmm throughput at its shapes."""
+    """Chunk forward GFLOP/s (cost model) next to fp32 bmm throughput at its shapes, timed in
+    alternation (one chunk call, then one bmm of each shape, in turn)."""
     import torch
 
     import mixc
     from mixc.analysis import costs
-    from mixc.bench import chunk_shapes, matmul_throughput, time_call
+    from mixc.bench import chunk_shapes
 
     name, T = args["spec"], args["T"]
     module = mixc.load(SPECS / f"{name}.mix")
@@ -325,13 +326,36 @@ def task_efficiency(args: dict) -> dict:
         with torch.no_grad():
             module.chunk(*inputs, chunk_size=chunk)
 
-    times = time_call(call, args["repeats"], 2)
     c = costs(facts)
     values = {k: v for k, v in sizes.items() if k not in ("B", "NH")} | {c.chunk: chunk, c.seq: T}
     flops = c.chunked.flops.value(values) * B * NH * T
     d_k, d_v = chunk_shapes(facts, sizes)
-    ref = matmul_throughput(B * NH * -(-T // chunk), chunk, d_k, d_v, repeats=args["repeats"])
-    return {"times": times, "flops": flops, "matmul": ref, "C": chunk}
+    batch = B * NH * -(-T // chunk)
+    gen = torch.Generator().manual_seed(2)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    operands = {
+        "QK^T (C x d_k x C)": (rand(batch, chunk, d_k), rand(batch, d_k, chunk)),
+        "PV (C x C x d_v)": (rand(batch, chunk, chunk), rand(batch, chunk, d_v)),
+        "QS (C x d_k x d_v)": (rand(batch, chunk, d_k), rand(batch, d_k, d_v)),
+        "K^T V (d_k x C x d_v)": (rand(batch, d_k, chunk), rand(batch, chunk, d_v)),
+    }
+    calls = {"chunk": call} | {
+        shape: (lambda a=a, b=b: torch.bmm(a, b)) for shape, (a, b) in operands.items()
+    }
+    times = time_alternating(calls, {n: args["repeats"] for n in calls})
+    ref: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "shapes": {}}
+    total_flops = total_time = 0.0
+    for shape, (a, b) in operands.items():
+        shape_flops = 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+        t = statistics.median(times[shape])
+        ref["shapes"][shape] = {"seconds": t, "gflops": shape_flops / t / 1e9}
+        total_flops += shape_flops
+        total_time += t
+    ref["gflops"] = total_flops / total_time / 1e9
+    return {"times": times["chunk"], "flops": flops, "matmul": ref, "C": chunk}
 
 
 def task_memory(args: dict) -> dict:
@@ -868,7 +892,8 @@ def report(data: dict) -> str:
     )
     add(
         f"- Protocol: every measurement in a fresh worker process with the same imports and "
-        f"seeded inputs; mixc and fla (and mixc's chunk and recurrent forms) are timed in the "
+        f"seeded inputs; mixc and fla (and mixc's chunk and recurrent forms, and the chunk form "
+        f"and the bmm reference) are timed in the "
         f"same worker in alternation, so that both sample the same phases of the machine: 2 "
         f"warm-up calls of each, then {args.repeats} timed calls of each forward "
         f"({max(3, args.repeats // 2)} forward+backward), one of each in turn; {args.rounds} "
