@@ -11,10 +11,10 @@ einops`. mixc itself never imports them.
 Protocol: every measurement runs in a fresh worker process (this file with --worker); each
 worker imports the same modules (torch, mixc, einops, the fla references) and builds the same
 seeded inputs. The two sides of a comparison (mixc and an fla reference; mixc's chunk and
-recurrent forms; the chunk form and the bmm reference) are timed in the same worker in alternation, one call of each in turn after
-warm-up calls of each, so that both sample the same phases of a machine whose speed drifts;
-the whole set of workers is repeated for several rounds, and the median over every timed call
-is reported with the quartiles. Outputs are compared (relative error) before any timing, and
+recurrent forms; the chunk form and the bmm reference) are timed in the same worker in
+alternation, one call of each in turn after warm-up calls of each, so that both sample the
+same phases of a machine whose speed drifts; the whole set of workers is repeated for several
+rounds, and the median over every timed call is reported with the quartiles. Outputs are compared (relative error) before any timing, and
 the run stops if they disagree. Every worker runs with glibc's malloc keeping freed memory
 (KEEP_MEMORY below), so that page faults decide neither side's speed; a separate section
 times one implementation per process with glibc's defaults.
@@ -187,38 +187,6 @@ def task_agree(args: dict) -> dict:
     return out
 
 
-def task_time(args: dict) -> dict:
-    """Times (seconds) of one implementation of one pair, forward or forward + backward."""
-    import torch
-
-    from mixc.bench import time_call
-
-    pair = next(p for p in PAIRS if p.spec == args["spec"])
-    chunk = _chunk_for(pair.spec)
-    mixc_fn, mixc_leaves, fla_fn, fla_leaves = _calls(pair, args["T"], torch.float32, chunk)
-    _load_fla(pair.module)  # the same imports in every worker
-    fn, leaves = (mixc_fn, mixc_leaves) if args["impl"] == "mixc" else (fla_fn, fla_leaves)
-    if args["backward"]:
-        leaves = [x.clone().requires_grad_(True) for x in leaves]
-        with torch.no_grad():
-            shape = fn(*leaves).shape
-        cot = torch.randn(shape, generator=torch.Generator().manual_seed(1))
-
-        def call():
-            for x in leaves:
-                x.grad = None
-            fn(*leaves).backward(cot)
-
-    else:
-
-        def call():
-            with torch.no_grad():
-                fn(*leaves)
-
-    times = time_call(call, args["repeats"], warmup=args["warmup"])
-    return {"times": times, "chunk": chunk}
-
-
 def time_alternating(calls: dict, repeats: dict, warmup: int = 2) -> dict:
     """Times (seconds) of several calls measured in alternation: after `warmup` untimed calls
     of each, rounds of repeats[name] timed calls of each in turn, so that every call samples
@@ -239,16 +207,18 @@ def time_alternating(calls: dict, repeats: dict, warmup: int = 2) -> dict:
     return times
 
 
-def task_pair(args: dict) -> dict:
-    """Times (seconds) of mixc and of the fla reference for one pair, forward or forward +
-    backward, measured in alternation in one process."""
+def task_time(args: dict) -> dict:
+    """Times (seconds) of the implementations args["impls"] ("mixc", "fla") of one pair,
+    forward or forward + backward; two are timed in alternation (see time_alternating)."""
     import torch
 
     pair = next(p for p in PAIRS if p.spec == args["spec"])
     chunk = _chunk_for(pair.spec)
     mixc_fn, mixc_leaves, fla_fn, fla_leaves = _calls(pair, args["T"], torch.float32, chunk)
+    impls = {"mixc": (mixc_fn, mixc_leaves), "fla": (fla_fn, fla_leaves)}
     calls = {}
-    for impl, fn, leaves in (("mixc", mixc_fn, mixc_leaves), ("fla", fla_fn, fla_leaves)):
+    for impl in args["impls"]:
+        fn, leaves = impls[impl]
         if args["backward"]:
             leaves = [x.clone().requires_grad_(True) for x in leaves]
             with torch.no_grad():
@@ -314,7 +284,7 @@ def task_efficiency(args: dict) -> dict:
 
     import mixc
     from mixc.analysis import costs
-    from mixc.bench import chunk_shapes
+    from mixc.bench import chunk_shapes, matmul_calls, matmul_summary
 
     name, T = args["spec"], args["T"]
     module = mixc.load(SPECS / f"{name}.mix")
@@ -331,30 +301,11 @@ def task_efficiency(args: dict) -> dict:
     flops = c.chunked.flops.value(values) * B * NH * T
     d_k, d_v = chunk_shapes(facts, sizes)
     batch = B * NH * -(-T // chunk)
-    gen = torch.Generator().manual_seed(2)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen)
-
-    operands = {
-        "QK^T (C x d_k x C)": (rand(batch, chunk, d_k), rand(batch, d_k, chunk)),
-        "PV (C x C x d_v)": (rand(batch, chunk, chunk), rand(batch, chunk, d_v)),
-        "QS (C x d_k x d_v)": (rand(batch, chunk, d_k), rand(batch, d_k, d_v)),
-        "K^T V (d_k x C x d_v)": (rand(batch, d_k, chunk), rand(batch, chunk, d_v)),
-    }
-    calls = {"chunk": call} | {
-        shape: (lambda a=a, b=b: torch.bmm(a, b)) for shape, (a, b) in operands.items()
-    }
+    shapes = matmul_calls(batch, chunk, d_k, d_v)
+    calls = {"chunk": call} | {name: bmm for name, (_, bmm) in shapes.items()}
     times = time_alternating(calls, {n: args["repeats"] for n in calls})
-    ref: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "shapes": {}}
-    total_flops = total_time = 0.0
-    for shape, (a, b) in operands.items():
-        shape_flops = 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
-        t = statistics.median(times[shape])
-        ref["shapes"][shape] = {"seconds": t, "gflops": shape_flops / t / 1e9}
-        total_flops += shape_flops
-        total_time += t
-    ref["gflops"] = total_flops / total_time / 1e9
+    seconds = {name: statistics.median(times[name]) for name in shapes}
+    ref = matmul_summary(shapes, seconds, batch, chunk, d_k, d_v)
     return {"times": times["chunk"], "flops": flops, "matmul": ref, "C": chunk}
 
 
@@ -449,7 +400,6 @@ TASKS = {
     "tune": task_tune,
     "agree": task_agree,
     "time": task_time,
-    "pair": task_pair,
     "recurrent": task_recurrent,
     "efficiency": task_efficiency,
     "memory": task_memory,
@@ -583,9 +533,10 @@ def measure(args) -> dict:
                 log(f"round {rnd + 1}/{args.rounds}: {pair.spec} {'fwd+bwd' if bwd else 'fwd'}")
                 repeats = args.repeats if not bwd else max(3, args.repeats // 2)
                 r = run_worker(
-                    "pair",
+                    "time",
                     threads,
                     spec=pair.spec,
+                    impls=IMPLS,
                     backward=bwd,
                     T=PEER_T,
                     repeats=repeats,
@@ -659,13 +610,13 @@ def measure(args) -> dict:
                     threads,
                     malloc=label,
                     spec=pair.spec,
-                    impl=impl,
+                    impls=[impl],
                     backward=False,
                     T=PEER_T,
                     repeats=args.repeats,
                     warmup=2,
                 )
-                rows[f"{pair.spec}|{impl}"] = statistics.median(r["times"])
+                rows[f"{pair.spec}|{impl}"] = statistics.median(r["times"][impl])
         r = run_worker(
             "recurrent",
             threads,

@@ -1535,7 +1535,7 @@ def _group_cost(facts: Facts, group: tuple[str, ...], C: Formula, T: Formula) ->
             nq * (2 * r * T * (dk + dv) + mask * r * T),
             ACC_BYTES * mask * nq * T,
         )
-        note = "scalar decay: masks exp(b_i - b_j) built in log space"
+        note = "scalar decay: masks exp(b_i - b_j) as running products of per-token decays"
     elif family == "diagonal":
         # aligned blocks of 2, 4, ..., C tokens: each query-key pair of a chunk once (a corner
         # matmul per block), C (C + 1) / 2 products of d_k per chunk; the values once per block

@@ -51,6 +51,8 @@ __all__ = [
     "default_sizes",
     "machine",
     "make_inputs",
+    "matmul_calls",
+    "matmul_summary",
     "matmul_throughput",
     "measure_peak_memory",
     "plot",
@@ -373,10 +375,11 @@ def chunk_shapes(facts, sizes: dict[str, int]) -> tuple[int, int]:
     return d_k, d_v
 
 
-def matmul_throughput(
-    batch: int, chunk: int, d_k: int, d_v: int, repeats: int = 5, device: str = "cpu"
-) -> dict:
-    """fp32 batched-matmul throughput at the chunked form's shapes, for `batch` chunks."""
+def matmul_calls(
+    batch: int, chunk: int, d_k: int, d_v: int, device: str = "cpu"
+) -> dict[str, tuple[float, Callable[[], object]]]:
+    """The chunked form's four batched-matmul shapes, for `batch` chunks, as {name: (FLOPs,
+    call)}: fp32 torch.bmm on seeded operands."""
     import torch
 
     gen = torch.Generator().manual_seed(2)
@@ -384,24 +387,48 @@ def matmul_throughput(
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(device)
 
-    shapes = {
+    operands = {
         "QK^T (C x d_k x C)": (rand(batch, chunk, d_k), rand(batch, d_k, chunk)),
         "PV (C x C x d_v)": (rand(batch, chunk, chunk), rand(batch, chunk, d_v)),
         "QS (C x d_k x d_v)": (rand(batch, chunk, d_k), rand(batch, d_k, d_v)),
         "K^T V (d_k x C x d_v)": (rand(batch, d_k, chunk), rand(batch, chunk, d_v)),
     }
-    out: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "shapes": {}}
-    total_flops = total_time = 0.0
-    for name, (a, b) in shapes.items():
-        flops = 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
-        t = statistics.median(
-            time_call(lambda a=a, b=b: torch.bmm(a, b), repeats, warmup=2, device=device)
+    return {
+        name: (
+            2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
+            lambda a=a, b=b: torch.bmm(a, b),
         )
-        out["shapes"][name] = {"seconds": t, "gflops": flops / t / 1e9}
-        total_flops += flops
-        total_time += t
-    out["gflops"] = total_flops / total_time / 1e9
+        for name, (a, b) in operands.items()
+    }
+
+
+def matmul_summary(
+    calls: dict[str, tuple[float, Callable[[], object]]],
+    seconds: dict[str, float],
+    batch: int,
+    chunk: int,
+    d_k: int,
+    d_v: int,
+) -> dict:
+    """Throughput per shape and over all four, from each shape's time (seconds per call)."""
+    out: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "shapes": {}}
+    for name, (flops, _) in calls.items():
+        out["shapes"][name] = {"seconds": seconds[name], "gflops": flops / seconds[name] / 1e9}
+    total_flops = sum(flops for flops, _ in calls.values())
+    out["gflops"] = total_flops / sum(seconds.values()) / 1e9
     return out
+
+
+def matmul_throughput(
+    batch: int, chunk: int, d_k: int, d_v: int, repeats: int = 5, device: str = "cpu"
+) -> dict:
+    """fp32 batched-matmul throughput at the chunked form's shapes, for `batch` chunks."""
+    calls = matmul_calls(batch, chunk, d_k, d_v, device)
+    seconds = {
+        name: statistics.median(time_call(call, repeats, warmup=2, device=device))
+        for name, (_, call) in calls.items()
+    }
+    return matmul_summary(calls, seconds, batch, chunk, d_k, d_v)
 
 
 def _flops_per_token(facts, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:

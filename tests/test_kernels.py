@@ -413,7 +413,8 @@ def test_several_spans(gate):
         def oracle(q, k, v, initial_state, gk=None, gv=None):
             return oracle_diagonal(q, k, v, gk, gv, initial_state)
 
-    assert kern._span_tokens(inputs["q"].float(), 64 + 64 + 16, 16) < 120  # really several spans
+    q, v = inputs["q"].float(), inputs["v"].float()
+    assert kern._span_tokens(q, v, 16) < 120  # really several spans
     check_against_oracle(kernel, oracle, inputs, chunk_size=16)
     with torch.no_grad():
         out = kernel(**{n: x.float() for n, x in inputs.items()}, chunk_size=16)
@@ -422,13 +423,15 @@ def test_several_spans(gate):
         assert rel_err(o, r) <= TOL
 
 
-def test_decay_constant_in_time():
+@pytest.mark.parametrize("kernel", ["scalar", "delta"])
+def test_decay_constant_in_time(kernel):
     """A per-head decay broadcast over time (stride 0, as generated modules pass a constant)
     builds one decay mask for all chunks of a whole span; the padded last span takes the
     general path. Outputs, final state and gradients, the decay's own included, match the
     oracle, with and without autograd."""
+    delta = kernel == "delta"
     b, nh, t_len = 4, 8, 120  # spans of 7 chunks of 16: one whole span, one padded
-    inputs = make_inputs(t_len, gate=None, b=b, nh=nh, dk=64, dv=64, seed=5)
+    inputs = make_inputs(t_len, gate=None, b=b, nh=nh, dk=64, dv=64, delta=delta, seed=5)
     gen = torch.Generator().manual_seed(6)
     inputs["log_decay"] = torch.nn.functional.logsigmoid(
         torch.randn(nh, generator=gen, dtype=torch.float64) + 2.0
@@ -437,18 +440,23 @@ def test_decay_constant_in_time():
     def over_time(log_decay):
         return log_decay[None, :, None].expand(b, nh, t_len)
 
-    def kernel(q, k, v, initial_state, log_decay):
+    def fn(q, k, v, initial_state, log_decay, beta=None):
         g = over_time(log_decay)
         assert g.stride(2) == 0
+        if delta:
+            return kern.chunk_delta(q, k, v, beta, g, initial_state, chunk_size=16)
         return kern.chunk_scalar_decay(q, k, v, g, initial_state, chunk_size=16)
 
-    def oracle(q, k, v, initial_state, log_decay):
-        return oracle_scalar(q, k, v, over_time(log_decay), initial_state)
+    def oracle(q, k, v, initial_state, log_decay, beta=None):
+        g = over_time(log_decay)
+        if delta:
+            return oracle_delta(q, k, v, beta, g, initial_state)
+        return oracle_scalar(q, k, v, g, initial_state)
 
-    assert kern._span_tokens(inputs["q"].float(), 64 + 64 + 16, 16) == 112
-    check_against_oracle(kernel, oracle, inputs)
+    assert kern._span_tokens(inputs["q"].float(), inputs["v"].float(), 16) == 112
+    check_against_oracle(fn, oracle, inputs)
     with torch.no_grad():
-        out = kernel(**{n: x.float() for n, x in inputs.items()})
+        out = fn(**{n: x.float() for n, x in inputs.items()})
         ref = oracle(**inputs)
     for o, r in zip(out, ref, strict=True):
         assert rel_err(o, r) <= TOL

@@ -62,7 +62,7 @@ MUTANTS = [
     (
         "gated_retention",
         "no decay from chunk to chunk",
-        "_scan_scalar(state, chunk_g, chunk_kv)",
+        "_scan_scalar(state, g_c.sum(-1), chunk_kv)",
         "_scan_scalar(state, None, chunk_kv)",
         {"chunk"},
     ),

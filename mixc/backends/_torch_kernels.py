@@ -44,6 +44,12 @@ def _check_chunk_size(chunk_size):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
 
 
+def _needs_grad(*tensors):
+    """Whether autograd records operations on these tensors (None entries ignored): the
+    in-place paths of the kernels are taken only when it does not."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
 def _split_chunks(x, chunk_size, n_pad=0):
     """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
     zero-padded at the end by n_pad tokens (None stays None).
@@ -68,12 +74,13 @@ def _split_chunks(x, chunk_size, n_pad=0):
     return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
 
 
-def _span_tokens(x, width, chunk_size):
-    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
-    CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
-    if x.device.type != "cpu":
-        return max(x.shape[2], 1)
-    per_chunk = x.shape[0] * x.shape[1] * width * chunk_size
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
@@ -98,25 +105,22 @@ def _over_spans(span_fn, seqs, state, chunk_size):
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
-    per_span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size) // chunk_size
+    per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in [*seqs, state]):
+
+    def span_inputs(n):
+        """The inputs of the span starting at chunk n, copied into the chunk layout."""
+        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
+        pad = n_pad if n + per_span >= n_chunks else 0
+        return [
+            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
+        ]
+
+    if _needs_grad(*seqs, state):
         whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
         spans = zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
     else:
-        spans = (
-            [
-                None
-                if x is None
-                else _split_chunks(
-                    x[:, :, n * chunk_size : (n + per_span) * chunk_size],
-                    chunk_size,
-                    n_pad if n + per_span >= n_chunks else 0,
-                )
-                for x in seqs
-            ]
-            for n in starts
-        )
+        spans = map(span_inputs, starts)
     outputs, o_all = [], None
     for n, chunks in zip(starts, spans):
         o, state = span_fn(*chunks, state)
@@ -162,8 +166,12 @@ def _decay_mask(g):
     of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
     summed exponent does. Above the diagonal every factor is 1 (the product
     is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
-    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0.
+    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
+    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
+    broadcast over the batch) give one mask, built once and broadcast.
     """
+    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
+        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
     length = g.shape[-1]
     ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
     # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
@@ -200,10 +208,7 @@ def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
             return torch.add(kv[n], state, out=out)
         return torch.addcmul(kv[n], decay_k[n], state, out=out)
 
-    tracked = any(
-        x is not None and x.requires_grad
-        for x in (initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
-    )
+    tracked = _needs_grad(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
     return _chain(initial_state, chunk_kv.shape[0], next_state, tracked)
 
 
@@ -231,7 +236,7 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv):
     def next_state(n, state, out):
         return torch.addcmul(kv[n], decay[n], state, out=out)
 
-    tracked = any(x.requires_grad for x in (initial_state, chunk_g, chunk_kv))
+    tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
     return _chain(initial_state, n_chunks, next_state, tracked)
 
 
@@ -276,18 +281,13 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state):
         states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
-        if g_c.stride(0) == 0:
-            # a decay constant in time (see _split_chunks): every chunk has the same decays,
-            # built once [1, B, NH, C] and broadcast over the chunks
-            g_c = g_c[:1]
         gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         scores = scores * gamma
         # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
         k_to_end = k_c * to_end.unsqueeze(-1)
         chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
-        chunk_g = g_c.sum(-1).expand(chunk_kv.shape[:3])
-        states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
+        states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
         q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
 
     # intra part, then the inter part accumulated into it by the same matmul call
@@ -341,7 +341,7 @@ def _double_decays(prefix, suffix, block):
     shape = prefix.shape
     pairs = prefix.reshape(*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
     left_total, right_total = pairs[..., 0, -1:, :], pairs[..., 1, -1:, :]
-    if not any(x is not None and x.requires_grad for x in (prefix, suffix)):
+    if not _needs_grad(prefix, suffix):
         # without autograd, in place: only the halves that change are written (the suffix
         # first: right_total is a view of the prefix's right half)
         suffix = (torch.ones_like(pairs) if suffix is None else suffix).view(pairs.shape)
@@ -535,7 +535,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
     u_n = u.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
     k_end_n = k_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
     decay_n = None if chunk_decay is None else chunk_decay.reshape(n_chunks, flat, 1, 1).unbind(0)
-    tracked = any(x is not None and x.requires_grad for x in (state, w, u, k_to_end, chunk_decay))
+    tracked = _needs_grad(state, w, u, k_to_end, chunk_decay)
     v_new = []
 
     def next_state(n, state, out):
@@ -566,6 +566,7 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 DEPENDS: dict[str, tuple[str, ...]] = {
     "chunk_scalar_decay": (
         "_check_chunk_size",
+        "_needs_grad",
         "_span_tokens",
         "_over_spans",
         "_split_chunks",
@@ -580,6 +581,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "parallel_scalar_decay": ("_decay_mask",),
     "chunk_diagonal": (
         "_check_chunk_size",
+        "_needs_grad",
         "_span_tokens",
         "_over_spans",
         "_split_chunks",
@@ -594,6 +596,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     ),
     "chunk_delta": (
         "_check_chunk_size",
+        "_needs_grad",
         "_span_tokens",
         "_over_spans",
         "_split_chunks",

@@ -304,8 +304,12 @@ def _decay_mask(g):
     of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
     summed exponent does. Above the diagonal every factor is 1 (the product
     is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
-    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0.
+    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
+    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
+    broadcast over the batch) give one mask, built once and broadcast.
     """
+    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
+        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
     length = g.shape[-1]
     ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
     # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
@@ -358,7 +362,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
     u_n = u.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
     k_end_n = k_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
     decay_n = None if chunk_decay is None else chunk_decay.reshape(n_chunks, flat, 1, 1).unbind(0)
-    tracked = any(x is not None and x.requires_grad for x in (state, w, u, k_to_end, chunk_decay))
+    tracked = _needs_grad(state, w, u, k_to_end, chunk_decay)
     v_new = []
 
     def next_state(n, state, out):
@@ -375,6 +379,12 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
     # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
     o = _two_matmuls(scores, v_new, q_from_start, states_in)
     return o.reshape(*q_c.shape[:-1], d_v), state.reshape(batch, heads, d_k, d_v)
+
+
+def _needs_grad(*tensors):
+    """Whether autograd records operations on these tensors (None entries ignored): the
+    in-place paths of the kernels are taken only when it does not."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
 def _over_spans(span_fn, seqs, state, chunk_size):
@@ -398,25 +408,22 @@ def _over_spans(span_fn, seqs, state, chunk_size):
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
-    per_span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size) // chunk_size
+    per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in [*seqs, state]):
+
+    def span_inputs(n):
+        """The inputs of the span starting at chunk n, copied into the chunk layout."""
+        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
+        pad = n_pad if n + per_span >= n_chunks else 0
+        return [
+            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
+        ]
+
+    if _needs_grad(*seqs, state):
         whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
         spans = zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
     else:
-        spans = (
-            [
-                None
-                if x is None
-                else _split_chunks(
-                    x[:, :, n * chunk_size : (n + per_span) * chunk_size],
-                    chunk_size,
-                    n_pad if n + per_span >= n_chunks else 0,
-                )
-                for x in seqs
-            ]
-            for n in starts
-        )
+        spans = map(span_inputs, starts)
     outputs, o_all = [], None
     for n, chunks in zip(starts, spans):
         o, state = span_fn(*chunks, state)
@@ -441,12 +448,13 @@ def _pair_blocks(x, block):
     return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
 
 
-def _span_tokens(x, width, chunk_size):
-    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
-    CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
-    if x.device.type != "cpu":
-        return max(x.shape[2], 1)
-    per_chunk = x.shape[0] * x.shape[1] * width * chunk_size
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 

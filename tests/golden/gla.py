@@ -370,7 +370,7 @@ def _double_decays(prefix, suffix, block):
     shape = prefix.shape
     pairs = prefix.reshape(*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
     left_total, right_total = pairs[..., 0, -1:, :], pairs[..., 1, -1:, :]
-    if not any(x is not None and x.requires_grad for x in (prefix, suffix)):
+    if not _needs_grad(prefix, suffix):
         # without autograd, in place: only the halves that change are written (the suffix
         # first: right_total is a view of the prefix's right half)
         suffix = (torch.ones_like(pairs) if suffix is None else suffix).view(pairs.shape)
@@ -389,6 +389,12 @@ def _halves(x, block):
     [N, B, NH, C / (2 * block), block, d] (views, writable)."""
     pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
     return pairs[..., 0, :, :], pairs[..., 1, :, :]
+
+
+def _needs_grad(*tensors):
+    """Whether autograd records operations on these tensors (None entries ignored): the
+    in-place paths of the kernels are taken only when it does not."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
 def _over_spans(span_fn, seqs, state, chunk_size):
@@ -412,25 +418,22 @@ def _over_spans(span_fn, seqs, state, chunk_size):
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
-    per_span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size) // chunk_size
+    per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in [*seqs, state]):
+
+    def span_inputs(n):
+        """The inputs of the span starting at chunk n, copied into the chunk layout."""
+        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
+        pad = n_pad if n + per_span >= n_chunks else 0
+        return [
+            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
+        ]
+
+    if _needs_grad(*seqs, state):
         whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
         spans = zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
     else:
-        spans = (
-            [
-                None
-                if x is None
-                else _split_chunks(
-                    x[:, :, n * chunk_size : (n + per_span) * chunk_size],
-                    chunk_size,
-                    n_pad if n + per_span >= n_chunks else 0,
-                )
-                for x in seqs
-            ]
-            for n in starts
-        )
+        spans = map(span_inputs, starts)
     outputs, o_all = [], None
     for n, chunks in zip(starts, spans):
         o, state = span_fn(*chunks, state)
@@ -475,19 +478,17 @@ def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
             return torch.add(kv[n], state, out=out)
         return torch.addcmul(kv[n], decay_k[n], state, out=out)
 
-    tracked = any(
-        x is not None and x.requires_grad
-        for x in (initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
-    )
+    tracked = _needs_grad(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
     return _chain(initial_state, chunk_kv.shape[0], next_state, tracked)
 
 
-def _span_tokens(x, width, chunk_size):
-    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
-    CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
-    if x.device.type != "cpu":
-        return max(x.shape[2], 1)
-    per_chunk = x.shape[0] * x.shape[1] * width * chunk_size
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 

@@ -305,13 +305,23 @@ def _decay_mask(g):
     of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
     summed exponent does. Above the diagonal every factor is 1 (the product
     is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
-    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0.
+    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
+    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
+    broadcast over the batch) give one mask, built once and broadcast.
     """
+    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
+        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
     length = g.shape[-1]
     ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
     # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
     rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
     return torch.cumprod(rows, dim=-2) * torch.tril(ones)
+
+
+def _needs_grad(*tensors):
+    """Whether autograd records operations on these tensors (None entries ignored): the
+    in-place paths of the kernels are taken only when it does not."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
 def _over_spans(span_fn, seqs, state, chunk_size):
@@ -335,25 +345,22 @@ def _over_spans(span_fn, seqs, state, chunk_size):
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
-    per_span = _span_tokens(q, q.shape[-1] + v.shape[-1] + chunk_size, chunk_size) // chunk_size
+    per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in [*seqs, state]):
+
+    def span_inputs(n):
+        """The inputs of the span starting at chunk n, copied into the chunk layout."""
+        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
+        pad = n_pad if n + per_span >= n_chunks else 0
+        return [
+            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
+        ]
+
+    if _needs_grad(*seqs, state):
         whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
         spans = zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
     else:
-        spans = (
-            [
-                None
-                if x is None
-                else _split_chunks(
-                    x[:, :, n * chunk_size : (n + per_span) * chunk_size],
-                    chunk_size,
-                    n_pad if n + per_span >= n_chunks else 0,
-                )
-                for x in seqs
-            ]
-            for n in starts
-        )
+        spans = map(span_inputs, starts)
     outputs, o_all = [], None
     for n, chunks in zip(starts, spans):
         o, state = span_fn(*chunks, state)
@@ -381,18 +388,13 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state):
         states_in, state = _scan_scalar(state, None, chunk_kv)
         q_from_start = q_c
     else:
-        if g_c.stride(0) == 0:
-            # a decay constant in time (see _split_chunks): every chunk has the same decays,
-            # built once [1, B, NH, C] and broadcast over the chunks
-            g_c = g_c[:1]
         gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
         from_start, to_end = _chunk_decays(gamma, g_c)
         scores = scores * gamma
         # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
         k_to_end = k_c * to_end.unsqueeze(-1)
         chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
-        chunk_g = g_c.sum(-1).expand(chunk_kv.shape[:3])
-        states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
+        states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
         q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
 
     # intra part, then the inter part accumulated into it by the same matmul call
@@ -424,16 +426,17 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv):
     def next_state(n, state, out):
         return torch.addcmul(kv[n], decay[n], state, out=out)
 
-    tracked = any(x.requires_grad for x in (initial_state, chunk_g, chunk_kv))
+    tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
     return _chain(initial_state, n_chunks, next_state, tracked)
 
 
-def _span_tokens(x, width, chunk_size):
-    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, width] fp32 on
-    CPU (cache-sized, and small enough that the C allocator recycles it); all of them elsewhere."""
-    if x.device.type != "cpu":
-        return max(x.shape[2], 1)
-    per_chunk = x.shape[0] * x.shape[1] * width * chunk_size
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
