@@ -53,14 +53,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _sizes(text: str) -> dict[str, int]:
-    """--sizes K=64,V=64,T=4096,C=64 -> {"K": 64, ...}; argparse turns errors into exit 2."""
+    """--sizes K=64,V=64 -> {"K": 64, "V": 64}; argparse turns errors into exit 2. Which names
+    a command accepts is its own check (explain also takes T and C, bench also B and NH)."""
     sizes: dict[str, int] = {}
     for item in text.split(","):
         name, eq, value = item.strip().partition("=")
         name, value = name.strip(), value.strip()
         if not eq or not name.isidentifier():
             raise argparse.ArgumentTypeError(
-                f"{item.strip()!r} is not NAME=NUMBER (expected e.g. K=64,V=64,T=4096,C=64)"
+                f"{item.strip()!r} is not NAME=NUMBER (expected comma-separated pairs, e.g. K=64,V=64)"
             )
         if not value.isdigit() or int(value) < 1:
             raise argparse.ArgumentTypeError(

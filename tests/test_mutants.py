@@ -34,8 +34,8 @@ MUTANTS = [
     (
         "gated_retention",
         "keys without their decay to the chunk end",
-        "k_to_end = k_c * to_end.unsqueeze(-1)",
-        "k_to_end = k_c",
+        "k_c * to_end, g_c.sum(-1)",
+        "k_c, g_c.sum(-1)",
         {"chunk"},
     ),
     (
@@ -48,22 +48,58 @@ MUTANTS = [
     (
         "gated_retention",
         "output shifted by one token at the padding",
-        "return o_all[:, :length].transpose(1, 2), state",
-        "return o_all[:, 1 : length + 1].transpose(1, 2), state",
+        "[:, :length].transpose(1, 2)",
+        "[:, 1 : length + 1].transpose(1, 2)",
         {"chunk"},
     ),
     (
         "gated_retention",
         "carried state without its decay",
-        "q_from_start = q_c * from_start.unsqueeze(-1)",
-        "q_from_start = q_c",
+        "scores, q_from_start = scores * gamma, q_c * from_start",
+        "scores, q_from_start = scores * gamma, q_c",
         {"chunk"},
     ),
     (
         "gated_retention",
         "no decay from chunk to chunk",
-        "_scan_scalar(state, g_c.sum(-1), chunk_kv)",
+        "_scan_scalar(state, chunk_g, chunk_kv)",
         "_scan_scalar(state, None, chunk_kv)",
+        {"chunk"},
+    ),
+    # its own backward (chunk_scalar_decay's gradients): only gradients can notice
+    (
+        "gated_retention",
+        "gradient flowing back between chunks without the decay",
+        "_scan_scalar(d_state, chunk_g, local, reverse=True)",
+        "_scan_scalar(d_state, None, local, reverse=True)",
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "key gradient from later chunks without its decay",
+        "v_to_end, do_from_start = v_c * to_end, do_c * from_start",
+        "v_to_end, do_from_start = v_c, do_c * from_start",
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "gate gradient missing the whole-chunk decay",
+        "dg = (dg + whole.unsqueeze(-1)).unsqueeze(-1)",
+        "dg = dg.unsqueeze(-1)",
+        {"chunk"},
+    ),
+    (
+        "gated_retention",
+        "gate gradient missing the decays from the chunk start",
+        "dg = dg + torch.matmul((q_c * from_q).sum(-1), from_l)",
+        "dg = dg + 0",
+        {"chunk"},
+    ),
+    (
+        "linear_attention",
+        "query and key gradients ignore the causal mask",
+        "d_scores, q_from_start, v_to_end, do_from_start = d_probs.tril_(), q_c, v_c, do_c",
+        "d_scores, q_from_start, v_to_end, do_from_start = d_probs, q_c, v_c, do_c",
         {"chunk"},
     ),
     ("gated_retention", "dropped initial state", "_S0_H = H.mT", "_S0_H = None", {"chunk"}),
@@ -115,8 +151,8 @@ MUTANTS = [
     (
         "gla",
         "output shifted by one token at the padding",
-        "return o_all[:, :length].transpose(1, 2), state",
-        "return o_all[:, 1 : length + 1].transpose(1, 2), state",
+        "[:, :length].transpose(1, 2)",
+        "[:, 1 : length + 1].transpose(1, 2)",
         {"chunk"},
     ),
     # the delta rule (Class 3): chunk_delta
@@ -197,7 +233,8 @@ def test_the_unmutated_module_passes(tmp_path: Path, spec: str) -> None:
 def test_cli_shrinks_and_prints_a_reproducer_that_fails(tmp_path: Path) -> None:
     path = ROOT / "specs" / "gla.mix"
     module = tmp_path / "gla_mutant.py"
-    module.write_text(mutate(mixc.compile_source(path), *MUTANTS[12][2:4]))
+    (gla_mutant,) = [m for m in MUTANTS if m[:2] == ("gla", "carried state without its decay")]
+    module.write_text(mutate(mixc.compile_source(path), *gla_mutant[2:4]))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

@@ -1,8 +1,9 @@
 """Pure-PyTorch chunked kernels for linear-attention-style mixers.
 
 The code generator copies the source text of these functions verbatim into
-standalone modules, so this file imports only ``torch``; every kernel is a top-level function and ``DEPENDS``
-names the helpers each public kernel needs.
+standalone modules, so this file imports only ``torch``; every kernel is a top-level function
+(or, for a kernel's own backward, a torch.autograd.Function) and ``DEPENDS`` names the helpers
+each public kernel needs.
 
 Layout (the caller transposes into it):
     q, k: [B, NH, T, K]      v: [B, NH, T, V]
@@ -84,29 +85,32 @@ def _span_tokens(q, v, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
-def _over_spans(span_fn, seqs, state, chunk_size):
-    """Run span_fn(*chunks, state) -> (o, state) over consecutive spans of whole chunks of
-    every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the state
-    from span to span; join the outputs. A state of None starts from zeros [B, NH, K, V].
+def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
+    """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
+    every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
+    from span to span, first to last (reverse: last to first), and join each output over the
+    spans. A carry of None starts from zeros [B, NH, K, V] (a zero state).
 
     span_fn gets its inputs chunk-major, [N, B, NH, C, ...], zero-padded to whole chunks (a
-    zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns its
-    output chunk-major too. Without autograd each span's inputs are copied into the chunk
-    layout as the span comes (cache-sized temporaries the C allocator recycles) and its
-    output is copied into one output tensor; with autograd each input is copied into the
-    chunk layout once and split into spans, and the outputs are concatenated (each backward
-    is then one copy per input). The joined output is [B, NH, T, V], a view of a
-    [B, T, NH, V] tensor (the callers' layout, so their transpose back is contiguous).
+    zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
+    of chunk-major outputs [N, B, NH, C, d] (None entries stay None). Without autograd each
+    span's inputs are copied into the chunk layout as the span comes (cache-sized temporaries
+    the C allocator recycles) and its outputs are copied into one tensor each; with autograd
+    each input is copied into the chunk layout once and split into spans, and the outputs
+    are concatenated (each backward is then one copy per input).
+
+    Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
+    callers' layout, so that their transpose back is contiguous; the final carry).
     """
     _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
-    if state is None:
-        state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
+    if carry is None:
+        carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
-    starts = range(0, n_chunks, per_span)
+    starts = list(range(0, n_chunks, per_span))
 
     def span_inputs(n):
         """The inputs of the span starting at chunk n, copied into the chunk layout."""
@@ -116,45 +120,69 @@ def _over_spans(span_fn, seqs, state, chunk_size):
             None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
         ]
 
-    if _needs_grad(*seqs, state):
+    if _needs_grad(*seqs, carry):
         whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
-        spans = zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
+        spans = list(
+            zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
+        )
     else:
-        spans = map(span_inputs, starts)
-    outputs, o_all = [], None
-    for n, chunks in zip(starts, spans):
-        o, state = span_fn(*chunks, state)
-        if o.requires_grad:
-            outputs.append(o.permute(1, 0, 3, 2, 4))
+        spans = [None] * len(starts)
+    order = range(len(starts) - 1, -1, -1) if reverse else range(len(starts))
+    pieces, joined = {}, None
+    for i in order:
+        n = starts[i]
+        outs, carry = span_fn(*(spans[i] or span_inputs(n)), carry)
+        if any(o is not None and o.requires_grad for o in outs):
+            pieces[i] = [None if o is None else o.permute(1, 0, 3, 2, 4) for o in outs]
             continue
-        if o_all is None:
-            o_all = o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
-        o_all[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
-    if outputs:
-        o_all = torch.cat(outputs, dim=1)
-    o_all = o_all.reshape(batch, n_chunks * chunk_size, heads, -1)
-    return o_all[:, :length].transpose(1, 2), state
+        if joined is None:
+            joined = [
+                None if o is None else o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
+                for o in outs
+            ]
+        for whole_out, o in zip(joined, outs):
+            if o is not None:
+                whole_out[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    if pieces:
+        parts = zip(*[pieces[i] for i in sorted(pieces)])
+        joined = [None if p[0] is None else torch.cat(p, dim=1) for p in parts]
+
+    def unchunked(x):
+        return x.reshape(batch, n_chunks * chunk_size, heads, -1)[:, :length].transpose(1, 2)
+
+    return [None if x is None else unchunked(x) for x in joined], carry
 
 
-def _chain(initial, n_steps, next_state, tracked):
-    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps:
-    (the state entering each step, stacked [n_steps, ...], and the final state).
+def _chain(initial, n_steps, next_state, tracked, reverse=False):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
+    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
+    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
+    final state).
 
     Without autograd (tracked False) every state is written in place (out = its slot of one
     buffer: no per-step allocation, no stacking copy); with autograd out is None and
     next_state returns a new tensor.
     """
+    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
     if tracked:
         states = [initial]
-        for n in range(n_steps):
+        for n in steps:
             states.append(next_state(n, states[-1], None))
+        if reverse:
+            return torch.stack(states[-2::-1]), states[-1]
         return torch.stack(states[:-1]), states[-1]
     states = initial.new_empty(n_steps + 1, *initial.shape)
-    states[0] = initial
-    for n in range(n_steps):
-        next_state(n, states[n], states[n + 1])
+    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
+    slots[n_steps if reverse else 0].copy_(initial)
+    for n in steps:
+        if reverse:
+            next_state(n, slots[n + 1], slots[n])
+        else:
+            next_state(n, slots[n], slots[n + 1])
     # the final state is copied out, so that holding it does not hold the whole buffer
-    return states[:-1], states[-1].clone()
+    if reverse:
+        return states[1:], slots[0].clone()
+    return states[:-1], slots[-1].clone()
 
 
 def _decay_mask(g):
@@ -212,24 +240,32 @@ def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
     return _chain(initial_state, chunk_kv.shape[0], next_state, tracked)
 
 
-def _scan_scalar(initial_state, chunk_g, chunk_kv):
-    """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span.
+def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
+    """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span (reverse: from the
+    last chunk to the first, S_n = exp(G_n) S_{n+1} + KV_n, as a state's gradient flows).
 
     chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
     [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
-    [B, NH, K, V]). Without decay the states are a running sum, one matmul with a strictly
-    lower-triangular matrix of ones; with decay, one fused multiply-add per chunk (on CPU
-    faster than a matmul with N x N decay weights).
+    [B, NH, K, V]); in reverse, chunk n is entered by S_{n+1} and the final state is S_0.
+    Without decay the states are a running sum, one matmul with a triangular matrix of ones;
+    with decay, one fused multiply-add per chunk (on CPU faster than a matmul with N x N
+    decay weights).
     """
     n_chunks = chunk_kv.shape[0]
     if chunk_g is None:
         kv = chunk_kv.reshape(n_chunks, -1)
-        # row n sums the chunks before n; the last row, all of them, is the final state
         ones = torch.ones(n_chunks + 1, n_chunks, dtype=kv.dtype, device=kv.device)
-        states = torch.addmm(initial_state.reshape(1, -1), torch.tril(ones, diagonal=-1), kv)
+        # row r sums the chunks before r (reverse: from r on), so one row, the last (reverse:
+        # the first), sums all of them: the final state
+        rows = torch.triu(ones) if reverse else torch.tril(ones, diagonal=-1)
+        states = torch.addmm(initial_state.reshape(1, -1), rows, kv)
         # split, not indexing: under autograd its backward is one concatenation
-        states, final = states.split([n_chunks, 1])
-        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape)
+        if reverse:
+            final, states = states.split([1, n_chunks])
+        else:
+            states, final = states.split([n_chunks, 1])
+        # the final state is copied out, as in _chain
+        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape).clone()
     # unbind, not indexing (see _scan_states)
     decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
 
@@ -237,18 +273,21 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv):
         return torch.addcmul(kv[n], decay[n], state, out=out)
 
     tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
-    return _chain(initial_state, n_chunks, next_state, tracked)
+    return _chain(initial_state, n_chunks, next_state, tracked, reverse)
 
 
-def _bmm(a, b):
-    """a @ b for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm on 3-D views.
+def _bmm(a, b, add=None):
+    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
+    baddbmm) on 3-D views.
 
     Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
     to the BLAS as transposed, not copied first.
     """
-    out = torch.bmm(
-        a.reshape(-1, a.shape[-2], a.shape[-1]), b.reshape(-1, b.shape[-2], b.shape[-1])
-    )
+
+    def flat(x):
+        return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+    out = torch.bmm(flat(a), flat(b)) if add is None else torch.baddbmm(flat(add), flat(a), flat(b))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
@@ -269,30 +308,133 @@ def _two_matmuls(a, b, c, d):
 # ---------------------------------------------------------------------------
 
 
-def _scalar_decay_span(q_c, k_c, v_c, g_c, state):
-    """Class 1 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], g_c
-    [N, B, NH, C] or None. Returns (o [N, B, NH, C, V], state after the span)."""
-    # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
-    if g_c is None:
-        # identity: Gamma is the causal mask and the state a running sum of K^T V
-        scores = scores.tril_()
-        chunk_kv = _bmm(k_c.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
-        states_in, state = _scan_scalar(state, None, chunk_kv)
-        q_from_start = q_c
-    else:
-        gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
-        from_start, to_end = _chunk_decays(gamma, g_c)
-        scores = scores * gamma
-        # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
-        k_to_end = k_c * to_end.unsqueeze(-1)
-        chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
-        states_in, state = _scan_scalar(state, g_c.sum(-1), chunk_kv)
-        q_from_start = q_c * from_start.unsqueeze(-1)  # diag(exp(b)) Q
+def _scalar_decays(k_c, g_c):
+    """The decays of Class 1 on a span of chunks, g_c [N, B, NH, C] (None: no decay).
 
+    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
+    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
+    which are then k_c.
+    """
+    if g_c is None:
+        return None, None, None, k_c, None
+    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
+    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
+
+
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
+    """Class 1 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], g_c
+    [N, B, NH, C] or None. Returns ([o [N, B, NH, C, V]], state after the span); appends the
+    masked scores Q K^T ⊙ Gamma and the states entering each chunk to kept if given."""
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
+    # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
+    states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
+    # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
+    if gamma is None:
+        scores, q_from_start = scores.tril_(), q_c
+    else:
+        scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
+    if kept is not None:
+        kept += [scores, states_in]
     # intra part, then the inter part accumulated into it by the same matmul call
-    o = _two_matmuls(scores, v_c, q_from_start, states_in)
-    return o, state
+    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
+
+
+def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
+    """Gradients of Class 1 on one span of chunks, from the forward's masked scores P = Q K^T ⊙
+    Gamma [N, B, NH, C, C] and states entering each chunk [N, B, NH, K, V], the output
+    gradient do_c [N, B, NH, C, V] and the gradient d_state of the state leaving the span.
+
+    Returns ([dq, dk, dv, dg [N, B, NH, C, 1] (None unless gate_grad)], the gradient of the
+    state entering the span). With A = Q K^T, P = A ⊙ Gamma, dA = (dO V^T) ⊙ Gamma, the
+    states S_n entering each chunk and D_n = dL/dS_n, D_n = (diag(exp(b)) Q)^T dO_n +
+    exp(G_n) D_{n+1}:
+        dQ = dA K + diag(exp(b)) dO S_n^T      dK = dA^T Q + diag(exp(b_C - b)) V D_{n+1}^T
+        dV = P^T dO + diag(exp(b_C - b)) K D_{n+1}
+    The gate's gradient sums, for each g_l, what every decay factor holding exp(g_l) passes on:
+    the mask's entries Gamma_ij for j < l <= i, exp(b_i) for i >= l, exp(b_C - b_j) for
+    j < l, and exp(G) (each factor's own gradient times its value: d exp(g) = exp(g) dg).
+    Every term is a product of factors <= 1 times finite values (no sum of q·dq - k·dk over
+    the sequence, whose terms cancel), so a hard reset (g = -inf) gets exactly 0.
+    """
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
+    if gamma is None:
+        d_scores, q_from_start, v_to_end, do_from_start = d_probs.tril_(), q_c, v_c, do_c
+    else:
+        d_scores, q_from_start = d_probs * gamma, q_c * from_start
+        v_to_end, do_from_start = v_c * to_end, do_c * from_start
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO [N, B, NH, K, V]
+    d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)  # D_{n+1}, D_0
+    dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
+    from_q = _bmm(do_from_start, states_in.transpose(-1, -2))  # diag(exp(b)) dO S_n^T
+    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # diag(exp(b_C - b)) V D_{n+1}^T
+    dg = None
+    if gate_grad:
+        size = q_c.shape[3]
+        ones = torch.ones(size, size, dtype=q_c.dtype, device=q_c.device)
+        before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
+        # Gamma_ij (i >= j) holds exp(g_l) for j < l <= i: dP_ij P_ij summed over j < l, then
+        # over i >= l
+        dg = (torch.matmul(d_probs * probs, before) * from_l).sum(-2)
+        # exp(b_i) holds g_l for l <= i, exp(b_C - b_j) for j < l, exp(G) all of the chunk
+        dg = dg + torch.matmul((q_c * from_q).sum(-1), from_l)
+        dg = dg + torch.matmul((k_c * from_k).sum(-1), before)
+        whole = (states_in * d_next).sum((-1, -2)) * chunk_g.exp()  # <S_n, D_{n+1}> exp(G_n)
+        dg = (dg + whole.unsqueeze(-1)).unsqueeze(-1)
+    dq = _bmm(d_scores, k_c, add=from_q)
+    dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
+    return [dq, dk, dv, dg], d_state
+
+
+def _scalar_decay_keeping(q, k, v, g, initial_state, chunk_size):
+    """chunk_scalar_decay's forward, keeping what its backward needs: (o, final state, the
+    masked scores and the states entering each chunk of every span, [P, states, P, ...])."""
+    kept = []
+
+    def span(q_c, k_c, v_c, g_c, state):
+        return _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept)
+
+    (o,), state = _over_spans(span, [q, k, v, g], initial_state, chunk_size)
+    return o, state, kept
+
+
+class _ScalarDecayChunks(torch.autograd.Function):
+    """chunk_scalar_decay with its own backward (_scalar_decay_grads_span, span by span from the
+    last): it keeps the inputs, the masked scores and the states entering each chunk (T x C
+    and T / C x K x V numbers per head: two inputs' worth at C = K = V), where autograd
+    through the chunked form keeps every intermediate."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, chunk_size):
+        o, state, kept = _scalar_decay_keeping(q, k, v, g, initial_state, chunk_size)
+        ctx.save_for_backward(q, k, v, g, initial_state, *kept)
+        ctx.chunk_size = chunk_size
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        q, k, v, g, initial_state, *kept = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # a graph of the backward is asked for (double backward): the kept tensors were
+            # made without one, so make them again with it
+            kept = _scalar_decay_keeping(q, k, v, g, initial_state, ctx.chunk_size)[2]
+        gate_grad = ctx.needs_input_grad[3]
+
+        def span(q_c, k_c, v_c, g_c, do_c, d_state):
+            # the spans run from the last, so the ones kept of each are the last ones left
+            states_in, probs = kept.pop(), kept.pop()
+            return _scalar_decay_grads_span(
+                q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad
+            )
+
+        (dq, dk, dv, dg), d_initial = _over_spans(
+            span, [q, k, v, g, d_o], d_state, ctx.chunk_size, reverse=True
+        )
+        dg = None if dg is None else dg.squeeze(-1)
+        return dq, dk, dv, dg, d_initial if ctx.needs_input_grad[4] else None, None
 
 
 def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
@@ -300,7 +442,10 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    return _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
+    if _needs_grad(q, k, v, g, initial_state):
+        return _ScalarDecayChunks.apply(q, k, v, g, initial_state, chunk_size)
+    (o,), state = _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
+    return o, state
 
 
 def parallel_scalar_decay(q, k, v, g=None):
@@ -425,7 +570,7 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state):
         o = _two_matmuls(scores, v_c, q_from_start, states_in)
     else:
         o = out + _bmm(q_from_start, states_in) * pre_v
-    return o, state
+    return [o], state
 
 
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
@@ -434,7 +579,8 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
     gk: key-side log-gate [B, NH, T, K], gv: value-side log-gate [B, NH, T, V];
     either may be None (no decay on that side). Returns (o, final state).
     """
-    return _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
+    (o,), state = _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
+    return o, state
 
 
 # ---------------------------------------------------------------------------
@@ -551,7 +697,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
 
     # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
     o = _two_matmuls(scores, v_new, q_from_start, states_in)
-    return o.reshape(*q_c.shape[:-1], d_v), state.reshape(batch, heads, d_k, d_v)
+    return [o.reshape(*q_c.shape[:-1], d_v)], state.reshape(batch, heads, d_k, d_v)
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
@@ -560,7 +706,8 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     v is the already-scaled write value (beta * v); beta only enters the
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
-    return _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
+    (o,), state = _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
+    return o, state
 
 
 DEPENDS: dict[str, tuple[str, ...]] = {
@@ -576,7 +723,11 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_two_matmuls",
         "_chain",
         "_scan_scalar",
+        "_scalar_decays",
         "_scalar_decay_span",
+        "_scalar_decay_grads_span",
+        "_scalar_decay_keeping",
+        "_ScalarDecayChunks",
     ),
     "parallel_scalar_decay": ("_decay_mask",),
     "chunk_diagonal": (

@@ -247,37 +247,51 @@ def _l2norm(x):
 # ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
 
 
-def _bmm(a, b):
-    """a @ b for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm on 3-D views.
+def _bmm(a, b, add=None):
+    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
+    baddbmm) on 3-D views.
 
     Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
     to the BLAS as transposed, not copied first.
     """
-    out = torch.bmm(
-        a.reshape(-1, a.shape[-2], a.shape[-1]), b.reshape(-1, b.shape[-2], b.shape[-1])
-    )
+
+    def flat(x):
+        return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+    out = torch.bmm(flat(a), flat(b)) if add is None else torch.baddbmm(flat(add), flat(a), flat(b))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
-def _chain(initial, n_steps, next_state, tracked):
-    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps:
-    (the state entering each step, stacked [n_steps, ...], and the final state).
+def _chain(initial, n_steps, next_state, tracked, reverse=False):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
+    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
+    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
+    final state).
 
     Without autograd (tracked False) every state is written in place (out = its slot of one
     buffer: no per-step allocation, no stacking copy); with autograd out is None and
     next_state returns a new tensor.
     """
+    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
     if tracked:
         states = [initial]
-        for n in range(n_steps):
+        for n in steps:
             states.append(next_state(n, states[-1], None))
+        if reverse:
+            return torch.stack(states[-2::-1]), states[-1]
         return torch.stack(states[:-1]), states[-1]
     states = initial.new_empty(n_steps + 1, *initial.shape)
-    states[0] = initial
-    for n in range(n_steps):
-        next_state(n, states[n], states[n + 1])
+    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
+    slots[n_steps if reverse else 0].copy_(initial)
+    for n in steps:
+        if reverse:
+            next_state(n, slots[n + 1], slots[n])
+        else:
+            next_state(n, slots[n], slots[n + 1])
     # the final state is copied out, so that holding it does not hold the whole buffer
-    return states[:-1], states[-1].clone()
+    if reverse:
+        return states[1:], slots[0].clone()
+    return states[:-1], slots[-1].clone()
 
 
 def _check_chunk_size(chunk_size):
@@ -378,7 +392,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
 
     # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
     o = _two_matmuls(scores, v_new, q_from_start, states_in)
-    return o.reshape(*q_c.shape[:-1], d_v), state.reshape(batch, heads, d_k, d_v)
+    return [o.reshape(*q_c.shape[:-1], d_v)], state.reshape(batch, heads, d_k, d_v)
 
 
 def _needs_grad(*tensors):
@@ -387,29 +401,32 @@ def _needs_grad(*tensors):
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _over_spans(span_fn, seqs, state, chunk_size):
-    """Run span_fn(*chunks, state) -> (o, state) over consecutive spans of whole chunks of
-    every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the state
-    from span to span; join the outputs. A state of None starts from zeros [B, NH, K, V].
+def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
+    """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
+    every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
+    from span to span, first to last (reverse: last to first), and join each output over the
+    spans. A carry of None starts from zeros [B, NH, K, V] (a zero state).
 
     span_fn gets its inputs chunk-major, [N, B, NH, C, ...], zero-padded to whole chunks (a
-    zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns its
-    output chunk-major too. Without autograd each span's inputs are copied into the chunk
-    layout as the span comes (cache-sized temporaries the C allocator recycles) and its
-    output is copied into one output tensor; with autograd each input is copied into the
-    chunk layout once and split into spans, and the outputs are concatenated (each backward
-    is then one copy per input). The joined output is [B, NH, T, V], a view of a
-    [B, T, NH, V] tensor (the callers' layout, so their transpose back is contiguous).
+    zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
+    of chunk-major outputs [N, B, NH, C, d] (None entries stay None). Without autograd each
+    span's inputs are copied into the chunk layout as the span comes (cache-sized temporaries
+    the C allocator recycles) and its outputs are copied into one tensor each; with autograd
+    each input is copied into the chunk layout once and split into spans, and the outputs
+    are concatenated (each backward is then one copy per input).
+
+    Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
+    callers' layout, so that their transpose back is contiguous; the final carry).
     """
     _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
-    if state is None:
-        state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
+    if carry is None:
+        carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
-    starts = range(0, n_chunks, per_span)
+    starts = list(range(0, n_chunks, per_span))
 
     def span_inputs(n):
         """The inputs of the span starting at chunk n, copied into the chunk layout."""
@@ -419,24 +436,37 @@ def _over_spans(span_fn, seqs, state, chunk_size):
             None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
         ]
 
-    if _needs_grad(*seqs, state):
+    if _needs_grad(*seqs, carry):
         whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
-        spans = zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
+        spans = list(
+            zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
+        )
     else:
-        spans = map(span_inputs, starts)
-    outputs, o_all = [], None
-    for n, chunks in zip(starts, spans):
-        o, state = span_fn(*chunks, state)
-        if o.requires_grad:
-            outputs.append(o.permute(1, 0, 3, 2, 4))
+        spans = [None] * len(starts)
+    order = range(len(starts) - 1, -1, -1) if reverse else range(len(starts))
+    pieces, joined = {}, None
+    for i in order:
+        n = starts[i]
+        outs, carry = span_fn(*(spans[i] or span_inputs(n)), carry)
+        if any(o is not None and o.requires_grad for o in outs):
+            pieces[i] = [None if o is None else o.permute(1, 0, 3, 2, 4) for o in outs]
             continue
-        if o_all is None:
-            o_all = o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
-        o_all[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
-    if outputs:
-        o_all = torch.cat(outputs, dim=1)
-    o_all = o_all.reshape(batch, n_chunks * chunk_size, heads, -1)
-    return o_all[:, :length].transpose(1, 2), state
+        if joined is None:
+            joined = [
+                None if o is None else o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
+                for o in outs
+            ]
+        for whole_out, o in zip(joined, outs):
+            if o is not None:
+                whole_out[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    if pieces:
+        parts = zip(*[pieces[i] for i in sorted(pieces)])
+        joined = [None if p[0] is None else torch.cat(p, dim=1) for p in parts]
+
+    def unchunked(x):
+        return x.reshape(batch, n_chunks * chunk_size, heads, -1)[:, :length].transpose(1, 2)
+
+    return [None if x is None else unchunked(x) for x in joined], carry
 
 
 def _pair_blocks(x, block):
@@ -539,7 +569,8 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     v is the already-scaled write value (beta * v); beta only enters the
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
-    return _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
+    (o,), state = _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
+    return o, state
 
 
 # ---- this mixer --------------------------------------------------------------------------
