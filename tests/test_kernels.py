@@ -443,6 +443,28 @@ def test_scalar_decay_backward_is_differentiable(gate):
     assert torch.autograd.gradgradcheck(fn, leaves)
 
 
+@pytest.mark.parametrize("gate", ["g", None])
+def test_scalar_decay_keeps_little_for_backward(gate):
+    """Its own backward keeps the inputs, the masked scores and the states entering each
+    chunk: at C = K = V two inputs' worth beyond the inputs (autograd through the chunked form
+    kept 5 to 12 inputs' worth of intermediates)."""
+    t_len, size = 256, 16
+    inputs = make_inputs(t_len, gate=gate, b=1, nh=2, dk=size, dv=size, seed=22)
+    leaves = {n: x.float().requires_grad_(True) for n, x in inputs.items()}
+    kept = {}
+
+    def pack(x):
+        kept[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        kern.chunk_scalar_decay(**leaves, chunk_size=size)
+    for x in leaves.values():
+        kept.pop(x.untyped_storage().data_ptr(), None)
+    one_input = leaves["q"].numel() * 4
+    assert 0 < sum(kept.values()) <= 2.2 * one_input
+
+
 @pytest.mark.parametrize("kernel", ["scalar", "delta"])
 def test_decay_constant_in_time(kernel):
     """A per-head decay broadcast over time (stride 0, as generated modules pass a constant)
