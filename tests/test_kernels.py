@@ -425,31 +425,38 @@ def test_several_spans(gate):
         assert rel_err(o, r) <= TOL
 
 
+@pytest.mark.parametrize("kernel", ["scalar", "delta"])
 @pytest.mark.parametrize("gate", ["g", None])
-def test_scalar_decay_backward_is_differentiable(gate):
-    """chunk_scalar_decay has its own backward: torch's numerical gradient checks agree with it
-    (first order) and with its own derivative (second order), in float64, over a padded last
-    chunk, with an initial state and a hard reset (a gate of -inf) in the middle."""
-    inputs = make_inputs(10, gate=gate, b=1, nh=2, dk=3, dv=2, seed=21)
+def test_own_backward_is_differentiable(kernel, gate):
+    """The scalar-decay and delta kernels have their own backward: torch's numerical gradient
+    checks agree with it (first order) and with its own derivative (second order), in float64,
+    over a padded last chunk, with an initial state and a hard reset (a gate of -inf) in the
+    middle."""
+    delta = kernel == "delta"
+    inputs = make_inputs(10, gate=gate, b=1, nh=2, dk=3, dv=2, delta=delta, seed=21)
     if gate:
         inputs["g"][:, 1, 5] = float("-inf")
     names = list(inputs)
-    leaves = [inputs[n].clone().requires_grad_(n != "g" or gate is not None) for n in names]
+    leaves = [inputs[n].clone().requires_grad_(True) for n in names]
+    fn_kernel = kern.chunk_delta if delta else kern.chunk_scalar_decay
 
     def fn(*args):
-        return kern.chunk_scalar_decay(**dict(zip(names, args, strict=True)), chunk_size=4)
+        return fn_kernel(**dict(zip(names, args, strict=True)), chunk_size=4)
 
     assert torch.autograd.gradcheck(fn, leaves)
     assert torch.autograd.gradgradcheck(fn, leaves)
 
 
+@pytest.mark.parametrize("kernel", ["scalar", "delta"])
 @pytest.mark.parametrize("gate", ["g", None])
-def test_scalar_decay_keeps_little_for_backward(gate):
-    """Its own backward keeps the inputs, the masked scores and the states entering each
-    chunk: at C = K = V two inputs' worth beyond the inputs (autograd through the chunked form
-    kept 5 to 12 inputs' worth of intermediates)."""
+def test_own_backward_keeps_little(kernel, gate):
+    """The own backward keeps the inputs and a few per-chunk tensors: the masked scores and the
+    states entering each chunk (and T = (I + A)^{-1} for the delta rule), at C = K = V two
+    (three) inputs' worth beyond the inputs, where autograd through the chunked form kept 5 to
+    28 inputs' worth of intermediates."""
+    delta = kernel == "delta"
     t_len, size = 256, 16
-    inputs = make_inputs(t_len, gate=gate, b=1, nh=2, dk=size, dv=size, seed=22)
+    inputs = make_inputs(t_len, gate=gate, b=1, nh=2, dk=size, dv=size, delta=delta, seed=22)
     leaves = {n: x.float().requires_grad_(True) for n, x in inputs.items()}
     kept = {}
 
@@ -458,11 +465,11 @@ def test_scalar_decay_keeps_little_for_backward(gate):
         return x
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        kern.chunk_scalar_decay(**leaves, chunk_size=size)
+        (kern.chunk_delta if delta else kern.chunk_scalar_decay)(**leaves, chunk_size=size)
     for x in leaves.values():
         kept.pop(x.untyped_storage().data_ptr(), None)
     one_input = leaves["q"].numel() * 4
-    assert 0 < sum(kept.values()) <= 2.2 * one_input
+    assert 0 < sum(kept.values()) <= (3.2 if delta else 2.2) * one_input
 
 
 @pytest.mark.parametrize("kernel", ["scalar", "delta"])

@@ -84,15 +84,15 @@ MUTANTS = [
     (
         "gated_retention",
         "gate gradient missing the whole-chunk decay",
-        "dg = (dg + whole.unsqueeze(-1)).unsqueeze(-1)",
-        "dg = dg.unsqueeze(-1)",
+        "(states_in * d_next).sum((-1, -2)) * chunk_g.exp(),",
+        "0 * chunk_g,",
         {"chunk"},
     ),
     (
         "gated_retention",
         "gate gradient missing the decays from the chunk start",
-        "dg = dg + torch.matmul((q_c * from_q).sum(-1), from_l)",
-        "dg = dg + 0",
+        "(q_c * from_q).sum(-1),  # exp(b_i) in Q's inter part",
+        "(0 * from_q).sum(-1),",
         {"chunk"},
     ),
     (
@@ -184,11 +184,27 @@ MUTANTS = [
         "k_scaled = k_c",
         {"chunk"},
     ),
+    # its own backward (chunk_delta's gradients; the gradient attached to the forward's inverse
+    # serves double backward only: tests/test_kernels.py checks it with gradgradcheck)
     (
         "deltanet",
-        "gradient of the triangular inverse dropped",
-        "t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))",
-        "t_inv = t_inv",
+        "gradient through the triangular inverse dropped",
+        "d_kk = d_a * beta",
+        "d_kk = d_a * 0",
+        {"chunk"},
+    ),
+    (
+        "deltanet",
+        "state gradient with the wrong sign of the correction",
+        "return torch.baddbmm(y, w_t_n[n], dv, alpha=-1.0, out=out)",
+        "return torch.baddbmm(y, w_t_n[n], dv, alpha=1.0, out=out)",
+        {"chunk"},
+    ),
+    (
+        "gated_deltanet",
+        "gate gradient missing the mask's entries",
+        "d_scores * scores + d_kk * kk,",
+        "d_scores * scores,",
         {"chunk"},
     ),
     (

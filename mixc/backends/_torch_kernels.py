@@ -337,9 +337,26 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
     else:
         scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
-        kept += [scores, states_in]
+        kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
     return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
+
+
+def _gate_grads(pairs, starts, ends, whole):
+    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
+    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
+    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
+    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
+    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
+    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
+    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
+    """
+    size = pairs.shape[-1]
+    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
+    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
+    return dg.unsqueeze(-1)
 
 
 def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
@@ -353,11 +370,7 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     exp(G_n) D_{n+1}:
         dQ = dA K + diag(exp(b)) dO S_n^T      dK = dA^T Q + diag(exp(b_C - b)) V D_{n+1}^T
         dV = P^T dO + diag(exp(b_C - b)) K D_{n+1}
-    The gate's gradient sums, for each g_l, what every decay factor holding exp(g_l) passes on:
-    the mask's entries Gamma_ij for j < l <= i, exp(b_i) for i >= l, exp(b_C - b_j) for
-    j < l, and exp(G) (each factor's own gradient times its value: d exp(g) = exp(g) dg).
-    Every term is a product of factors <= 1 times finite values (no sum of q·dq - k·dk over
-    the sequence, whose terms cancel), so a hard reset (g = -inf) gets exactly 0.
+    and the gate's gradient from every decay factor (_gate_grads).
     """
     gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
@@ -373,32 +386,53 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # diag(exp(b_C - b)) V D_{n+1}^T
     dg = None
     if gate_grad:
-        size = q_c.shape[3]
-        ones = torch.ones(size, size, dtype=q_c.dtype, device=q_c.device)
-        before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
-        # Gamma_ij (i >= j) holds exp(g_l) for j < l <= i: dP_ij P_ij summed over j < l, then
-        # over i >= l
-        dg = (torch.matmul(d_probs * probs, before) * from_l).sum(-2)
-        # exp(b_i) holds g_l for l <= i, exp(b_C - b_j) for j < l, exp(G) all of the chunk
-        dg = dg + torch.matmul((q_c * from_q).sum(-1), from_l)
-        dg = dg + torch.matmul((k_c * from_k).sum(-1), before)
-        whole = (states_in * d_next).sum((-1, -2)) * chunk_g.exp()  # <S_n, D_{n+1}> exp(G_n)
-        dg = (dg + whole.unsqueeze(-1)).unsqueeze(-1)
+        dg = _gate_grads(
+            d_probs * probs,  # Gamma in P
+            (q_c * from_q).sum(-1),  # exp(b_i) in Q's inter part
+            (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
+            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
+        )
     dq = _bmm(d_scores, k_c, add=from_q)
     dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
     return [dq, dk, dv, dg], d_state
 
 
-def _scalar_decay_keeping(q, k, v, g, initial_state, chunk_size):
-    """chunk_scalar_decay's forward, keeping what its backward needs: (o, final state, the
-    masked scores and the states entering each chunk of every span, [P, states, P, ...])."""
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
     kept = []
 
-    def span(q_c, k_c, v_c, g_c, state):
-        return _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept)
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
 
-    (o,), state = _over_spans(span, [q, k, v, g], initial_state, chunk_size)
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
     return o, state, kept
+
+
+def _spans_backward(
+    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
+):
+    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
+    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
+    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
+    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
+    the initial state).
+
+    When a graph of the backward is asked for (double backward), what was kept was made
+    without one, so it is made again with it.
+    """
+    if torch.is_grad_enabled():
+        kept = [
+            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
+        ]
+
+    def span(*args):
+        # the spans run from the last, so the tensors kept of each are the last ones left
+        own = kept[len(kept) - per_span :]
+        del kept[len(kept) - per_span :]
+        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
+
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
 
 
 class _ScalarDecayChunks(torch.autograd.Function):
@@ -409,29 +443,26 @@ class _ScalarDecayChunks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, initial_state, chunk_size):
-        o, state, kept = _scalar_decay_keeping(q, k, v, g, initial_state, chunk_size)
-        ctx.save_for_backward(q, k, v, g, initial_state, *kept)
-        ctx.chunk_size = chunk_size
+        seqs = [q, k, v, g]
+        o, state, kept = _spans_keeping(_scalar_decay_span, seqs, initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
         return o, state
 
     @staticmethod
     def backward(ctx, d_o, d_state):
-        q, k, v, g, initial_state, *kept = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # a graph of the backward is asked for (double backward): the kept tensors were
-            # made without one, so make them again with it
-            kept = _scalar_decay_keeping(q, k, v, g, initial_state, ctx.chunk_size)[2]
-        gate_grad = ctx.needs_input_grad[3]
-
-        def span(q_c, k_c, v_c, g_c, do_c, d_state):
-            # the spans run from the last, so the ones kept of each are the last ones left
-            states_in, probs = kept.pop(), kept.pop()
-            return _scalar_decay_grads_span(
-                q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad
-            )
-
-        (dq, dk, dv, dg), d_initial = _over_spans(
-            span, [q, k, v, g, d_o], d_state, ctx.chunk_size, reverse=True
+        initial_state, q, k, v, g, *kept = ctx.saved_tensors
+        (dq, dk, dv, dg), d_initial = _spans_backward(
+            _scalar_decay_span,
+            _scalar_decay_grads_span,
+            [q, k, v, g],
+            initial_state,
+            kept,
+            ctx.per_span,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[3],
         )
         dg = None if dg is None else dg.squeeze(-1)
         return dq, dk, dv, dg, d_initial if ctx.needs_input_grad[4] else None, None
@@ -636,30 +667,26 @@ def _unit_lower_inverse(a):
     return inverse
 
 
-def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
+def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept=None):
     """Class 3 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], beta_c
-    and log-gates g_c [N, B, NH, C] (g_c None: no decay). Returns (o [N, B, NH, C, V], state
-    after the span)."""
+    and log-gates g_c [N, B, NH, C] (g_c None: no decay). Returns ([o [N, B, NH, C, V]], state
+    after the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
+    entering each chunk to kept if given."""
     n_chunks, batch, heads, chunk_size, d_k = q_c.shape
     d_v = v_c.shape[-1]
 
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
     scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
     k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
-    if g_c is None:
+    if gamma is None:
         scores = scores.tril_()  # M
-        k_to_end = k_c
-        chunk_decay = None
         q_from_start = q_c
     else:
-        gamma = _decay_mask(g_c)  # Gamma_ij, 0 for i < j
-        from_start, to_end = _chunk_decays(gamma, g_c)
         kk = kk * gamma
         scores = scores * gamma
-        k_scaled = k_scaled * from_start.unsqueeze(-1)  # diag(beta exp(b)) K
-        k_to_end = k_c * to_end.unsqueeze(-1)  # diag(exp(b_C - b)) K
-        chunk_decay = from_start[..., -1]  # exp(b_C) [N, B, NH]
-        q_from_start = q_c * from_start.unsqueeze(-1)
+        k_scaled = k_scaled * from_start  # diag(beta exp(b)) K
+        q_from_start = q_c * from_start
 
     # Class 3: A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} in >= fp32;
     # W = T diag(beta exp(b)) K, U = T V (v pre-scaled by beta)
@@ -680,8 +707,8 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
     w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
     u_n = u.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
     k_end_n = k_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
-    decay_n = None if chunk_decay is None else chunk_decay.reshape(n_chunks, flat, 1, 1).unbind(0)
-    tracked = _needs_grad(state, w, u, k_to_end, chunk_decay)
+    decay_n = None if chunk_g is None else chunk_g.exp().reshape(n_chunks, flat, 1, 1).unbind(0)
+    tracked = _needs_grad(state, w, u, k_to_end, chunk_g)
     v_new = []
 
     def next_state(n, state, out):
@@ -694,10 +721,137 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state):
 
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
     v_new = torch.stack(v_new) if tracked else u
+    states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
+    if kept is not None:
+        kept.append([scores, t_inv, states_in])
 
     # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
-    o = _two_matmuls(scores, v_new, q_from_start, states_in)
-    return [o.reshape(*q_c.shape[:-1], d_v)], state.reshape(batch, heads, d_k, d_v)
+    o = _two_matmuls(scores, v_new.reshape(u.shape), q_from_start, states_in)
+    return [o], state.reshape(batch, heads, d_k, d_v)
+
+
+def _delta_grads_span(
+    q_c, k_c, v_c, beta_c, g_c, do_c, scores, t_inv, states_in, d_state, gate_grad
+):
+    """Gradients of Class 3 on one span of chunks, from the forward's masked scores M = Q K^T ⊙
+    Gamma, T = (I + A)^{-1} and states entering each chunk S_n, the output gradient do_c and
+    the gradient d_state of the state leaving the span.
+
+    Returns ([dq, dk, dv, dbeta, dg] (dbeta, dg [N, B, NH, C, 1]; dg None unless gate_grad),
+    the gradient of the state entering the span). W = T diag(beta exp(b)) K, U = T V and
+    V_new = U - W S_n are made again; D_n = dL/dS_n runs from the last chunk:
+        dV_new = M^T dO + diag(exp(b_C - b)) K D_{n+1}
+        D_n = (diag(exp(b)) Q)^T dO + exp(G_n) D_{n+1} - W^T dV_new
+    then dU = dV_new, dW = -dV_new S_n^T, dT = dW (diag(beta exp(b)) K)^T + dU V^T and
+    dA = -T^T dT T^T on A's strictly lower support (A_ij = beta_i (K K^T ⊙ Gamma)_ij); the
+    gate's gradient from every decay factor (_gate_grads).
+    """
+    n_chunks, batch, heads, size, d_k = q_c.shape
+    d_v = v_c.shape[-1]
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    beta = beta_c.unsqueeze(-1)
+    decay = beta if from_start is None else beta * from_start  # beta exp(b) [N, B, NH, C, 1]
+    k_scaled = k_c * decay
+    q_from_start = q_c if from_start is None else q_c * from_start
+    t_inv_t = t_inv.transpose(-1, -2)
+    w = _bmm(t_inv, k_scaled)
+    v_new = _bmm(t_inv, v_c) - _bmm(w, states_in)  # U - W S_n
+
+    # the state's gradient, from the last chunk: dV_new written over M^T dO in place
+    flat = batch * heads
+    d_v_new = _bmm(scores.transpose(-1, -2), do_c)  # M^T dO [N, B, NH, C, V]
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO
+    x_n = d_v_new.reshape(n_chunks, flat, size, d_v).unbind(0)
+    y_n = local.reshape(n_chunks, flat, d_k, d_v).unbind(0)
+    w_t_n = w.reshape(n_chunks, flat, size, d_k).transpose(-1, -2).unbind(0)
+    k_end_n = k_to_end.reshape(n_chunks, flat, size, d_k).unbind(0)
+    decay_n = None if chunk_g is None else chunk_g.exp().reshape(n_chunks, flat, 1, 1).unbind(0)
+    tracked = _needs_grad(d_state, do_c, q_c, k_c, v_c, beta_c, g_c, scores, t_inv, states_in)
+    d_v_news = []
+
+    def next_state(n, d_next, out):
+        dv = torch.baddbmm(x_n[n], k_end_n[n], d_next, out=None if tracked else x_n[n])
+        d_v_news.append(dv)
+        if decay_n is None:
+            y = torch.add(y_n[n], d_next, out=out)  # Y_n + D_{n+1}
+        else:
+            y = torch.addcmul(y_n[n], decay_n[n], d_next, out=out)  # Y_n + exp(G_n) D_{n+1}
+        return torch.baddbmm(y, w_t_n[n], dv, alpha=-1.0, out=out)
+
+    d_next, d_state = _chain(
+        d_state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked, reverse=True
+    )
+    if tracked:
+        d_v_new = torch.stack(d_v_news[::-1]).reshape(d_v_new.shape)
+    d_next = d_next.reshape(states_in.shape)
+
+    d_scores = _bmm(do_c, v_new.transpose(-1, -2))  # dM = dO V_new^T
+    d_qk = d_scores.tril_() if gamma is None else d_scores * gamma  # through the mask
+    from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
+    if from_start is not None:
+        from_q = from_q * from_start
+    dq = _bmm(d_qk, k_c, add=from_q)
+    d_w = _bmm(d_v_new, states_in.transpose(-1, -2)).neg_()  # dW = -dV_new S_n^T
+    d_k_scaled = _bmm(t_inv_t, d_w)
+    dv = _bmm(t_inv_t, d_v_new)  # dU = dV_new
+    d_t = _two_matmuls(d_w, k_scaled.transpose(-1, -2), d_v_new, v_c.transpose(-1, -2))
+    d_a = _bmm(t_inv_t, _bmm(d_t, t_inv_t)).neg_().tril_(-1)  # -T^T dT T^T on A's support
+    kk = _bmm(k_c, k_c.transpose(-1, -2))
+    if gamma is not None:
+        kk = kk * gamma
+    d_kk = d_a * beta  # the gradient of K K^T ⊙ Gamma
+    d_kk_raw = d_kk if gamma is None else d_kk * gamma
+    from_k = _bmm(v_new, d_next.transpose(-1, -2))  # V_new D_{n+1}^T
+    if to_end is not None:
+        from_k = from_k * to_end
+    dk = _bmm(d_qk.transpose(-1, -2), q_c, add=from_k + d_k_scaled * decay)
+    dk = _bmm(d_kk_raw + d_kk_raw.transpose(-1, -2), k_c, add=dk)
+    dbeta = (d_a * kk).sum(-1) + (
+        d_k_scaled * (k_c if from_start is None else k_c * from_start)
+    ).sum(-1)
+    dg = None
+    if gate_grad:
+        dg = _gate_grads(
+            d_scores * scores + d_kk * kk,  # Gamma in M and in A
+            (q_c * from_q).sum(-1) + (d_k_scaled * k_scaled).sum(-1),  # exp(b_i) in Q and W
+            (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
+            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
+        )
+    return [dq, dk, dv, dbeta.unsqueeze(-1), dg], d_state.reshape(batch, heads, d_k, d_v)
+
+
+class _DeltaChunks(torch.autograd.Function):
+    """chunk_delta with its own backward (_delta_grads_span, span by span from the last): it
+    keeps the inputs, the masked scores, T = (I + A)^{-1} and the states entering each chunk
+    (2 T x C + T / C x K x V numbers per head: three inputs' worth at C = 32, K = V = 64),
+    where autograd through the chunked form keeps every intermediate."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size):
+        seqs = [q, k, v, beta, g]
+        o, state, kept = _spans_keeping(_delta_span, seqs, initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, q, k, v, beta, g, *kept = ctx.saved_tensors
+        (dq, dk, dv, dbeta, dg), d_initial = _spans_backward(
+            _delta_span,
+            _delta_grads_span,
+            [q, k, v, beta, g],
+            initial_state,
+            kept,
+            ctx.per_span,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[4],
+        )
+        dg = None if dg is None else dg.squeeze(-1)
+        d_initial = d_initial if ctx.needs_input_grad[5] else None
+        return dq, dk, dv, dbeta.squeeze(-1), dg, d_initial, None
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
@@ -706,6 +860,8 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     v is the already-scaled write value (beta * v); beta only enters the
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
+    if _needs_grad(q, k, v, beta, g, initial_state):
+        return _DeltaChunks.apply(q, k, v, beta, g, initial_state, chunk_size)
     (o,), state = _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
     return o, state
 
@@ -726,7 +882,9 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_scalar_decays",
         "_scalar_decay_span",
         "_scalar_decay_grads_span",
-        "_scalar_decay_keeping",
+        "_gate_grads",
+        "_spans_keeping",
+        "_spans_backward",
         "_ScalarDecayChunks",
     ),
     "parallel_scalar_decay": ("_decay_mask",),
@@ -753,11 +911,17 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_split_chunks",
         "_decay_mask",
         "_chunk_decays",
+        "_scalar_decays",
         "_bmm",
         "_two_matmuls",
         "_pair_blocks",
         "_unit_lower_inverse",
         "_chain",
         "_delta_span",
+        "_delta_grads_span",
+        "_gate_grads",
+        "_spans_keeping",
+        "_spans_backward",
+        "_DeltaChunks",
     ),
 }

@@ -258,29 +258,26 @@ class _ScalarDecayChunks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, initial_state, chunk_size):
-        o, state, kept = _scalar_decay_keeping(q, k, v, g, initial_state, chunk_size)
-        ctx.save_for_backward(q, k, v, g, initial_state, *kept)
-        ctx.chunk_size = chunk_size
+        seqs = [q, k, v, g]
+        o, state, kept = _spans_keeping(_scalar_decay_span, seqs, initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
         return o, state
 
     @staticmethod
     def backward(ctx, d_o, d_state):
-        q, k, v, g, initial_state, *kept = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # a graph of the backward is asked for (double backward): the kept tensors were
-            # made without one, so make them again with it
-            kept = _scalar_decay_keeping(q, k, v, g, initial_state, ctx.chunk_size)[2]
-        gate_grad = ctx.needs_input_grad[3]
-
-        def span(q_c, k_c, v_c, g_c, do_c, d_state):
-            # the spans run from the last, so the ones kept of each are the last ones left
-            states_in, probs = kept.pop(), kept.pop()
-            return _scalar_decay_grads_span(
-                q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad
-            )
-
-        (dq, dk, dv, dg), d_initial = _over_spans(
-            span, [q, k, v, g, d_o], d_state, ctx.chunk_size, reverse=True
+        initial_state, q, k, v, g, *kept = ctx.saved_tensors
+        (dq, dk, dv, dg), d_initial = _spans_backward(
+            _scalar_decay_span,
+            _scalar_decay_grads_span,
+            [q, k, v, g],
+            initial_state,
+            kept,
+            ctx.per_span,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[3],
         )
         dg = None if dg is None else dg.squeeze(-1)
         return dq, dk, dv, dg, d_initial if ctx.needs_input_grad[4] else None, None
@@ -370,6 +367,23 @@ def _decay_mask(g):
     return torch.cumprod(rows, dim=-2) * torch.tril(ones)
 
 
+def _gate_grads(pairs, starts, ends, whole):
+    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
+    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
+    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
+    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
+    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
+    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
+    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
+    """
+    size = pairs.shape[-1]
+    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
+    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
+    return dg.unsqueeze(-1)
+
+
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
@@ -455,11 +469,7 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     exp(G_n) D_{n+1}:
         dQ = dA K + diag(exp(b)) dO S_n^T      dK = dA^T Q + diag(exp(b_C - b)) V D_{n+1}^T
         dV = P^T dO + diag(exp(b_C - b)) K D_{n+1}
-    The gate's gradient sums, for each g_l, what every decay factor holding exp(g_l) passes on:
-    the mask's entries Gamma_ij for j < l <= i, exp(b_i) for i >= l, exp(b_C - b_j) for
-    j < l, and exp(G) (each factor's own gradient times its value: d exp(g) = exp(g) dg).
-    Every term is a product of factors <= 1 times finite values (no sum of q·dq - k·dk over
-    the sequence, whose terms cancel), so a hard reset (g = -inf) gets exactly 0.
+    and the gate's gradient from every decay factor (_gate_grads).
     """
     gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
@@ -475,32 +485,15 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # diag(exp(b_C - b)) V D_{n+1}^T
     dg = None
     if gate_grad:
-        size = q_c.shape[3]
-        ones = torch.ones(size, size, dtype=q_c.dtype, device=q_c.device)
-        before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
-        # Gamma_ij (i >= j) holds exp(g_l) for j < l <= i: dP_ij P_ij summed over j < l, then
-        # over i >= l
-        dg = (torch.matmul(d_probs * probs, before) * from_l).sum(-2)
-        # exp(b_i) holds g_l for l <= i, exp(b_C - b_j) for j < l, exp(G) all of the chunk
-        dg = dg + torch.matmul((q_c * from_q).sum(-1), from_l)
-        dg = dg + torch.matmul((k_c * from_k).sum(-1), before)
-        whole = (states_in * d_next).sum((-1, -2)) * chunk_g.exp()  # <S_n, D_{n+1}> exp(G_n)
-        dg = (dg + whole.unsqueeze(-1)).unsqueeze(-1)
+        dg = _gate_grads(
+            d_probs * probs,  # Gamma in P
+            (q_c * from_q).sum(-1),  # exp(b_i) in Q's inter part
+            (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
+            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
+        )
     dq = _bmm(d_scores, k_c, add=from_q)
     dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
     return [dq, dk, dv, dg], d_state
-
-
-def _scalar_decay_keeping(q, k, v, g, initial_state, chunk_size):
-    """chunk_scalar_decay's forward, keeping what its backward needs: (o, final state, the
-    masked scores and the states entering each chunk of every span, [P, states, P, ...])."""
-    kept = []
-
-    def span(q_c, k_c, v_c, g_c, state):
-        return _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept)
-
-    (o,), state = _over_spans(span, [q, k, v, g], initial_state, chunk_size)
-    return o, state, kept
 
 
 def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
@@ -518,7 +511,7 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
     else:
         scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
-        kept += [scores, states_in]
+        kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
     return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
 
@@ -581,6 +574,44 @@ def _span_tokens(q, v, chunk_size):
         return max(q.shape[2], 1)
     per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
+
+
+def _spans_backward(
+    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
+):
+    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
+    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
+    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
+    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
+    the initial state).
+
+    When a graph of the backward is asked for (double backward), what was kept was made
+    without one, so it is made again with it.
+    """
+    if torch.is_grad_enabled():
+        kept = [
+            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
+        ]
+
+    def span(*args):
+        # the spans run from the last, so the tensors kept of each are the last ones left
+        own = kept[len(kept) - per_span :]
+        del kept[len(kept) - per_span :]
+        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
+
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+
+
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+    kept = []
+
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
+
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
+    return o, state, kept
 
 
 def _split_chunks(x, chunk_size, n_pad=0):
