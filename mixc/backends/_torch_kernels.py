@@ -24,6 +24,11 @@ holds about 2 MiB per input, so its temporaries stay in cache and are recycled b
 C allocator instead of being mapped fresh from the OS on every call; on other devices
 one span holds the whole sequence.
 
+Under autograd the scalar-decay and delta kernels run as torch.autograd.Functions with their
+own backward (span by span from the last, from what their forward kept: the masked scores,
+the states entering each chunk and the delta rule's T; a fraction of what autograd through
+the chunked form would keep); the diagonal kernel goes through autograd.
+
 Inside a chunk, b_r = g_1 + ... + g_r and Gamma_ij = exp(b_i - b_j) for i >= j.
 Numerical rules followed throughout: decays are products of per-token factors
 exp(g) <= 1 (so nothing overflows), exp(b_i - b_j) is never split into
@@ -185,6 +190,61 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
     return states[:-1], slots[-1].clone()
 
 
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+    kept = []
+
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
+
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
+    return o, state, kept
+
+
+def _spans_backward(
+    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
+):
+    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
+    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
+    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
+    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
+    the initial state).
+
+    When a graph of the backward is asked for (double backward), what was kept was made
+    without one, so it is made again with it.
+    """
+    if torch.is_grad_enabled():
+        kept = [
+            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
+        ]
+
+    def span(*args):
+        # the spans run from the last, so the tensors kept of each are the last ones left
+        own = kept[len(kept) - per_span :]
+        del kept[len(kept) - per_span :]
+        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
+
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+
+
+def _gate_grads(pairs, starts, ends, whole):
+    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
+    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
+    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
+    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
+    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
+    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
+    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
+    """
+    size = pairs.shape[-1]
+    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
+    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
+    return dg.unsqueeze(-1)
+
+
 def _decay_mask(g):
     """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
 
@@ -309,7 +369,8 @@ def _two_matmuls(a, b, c, d):
 
 
 def _scalar_decays(k_c, g_c):
-    """The decays of Class 1 on a span of chunks, g_c [N, B, NH, C] (None: no decay).
+    """The scalar decays on a span of chunks (Class 1, and the gate of Class 3), g_c [N, B, NH,
+    C] (None: no decay).
 
     Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
     diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
@@ -340,23 +401,6 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
     return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
-
-
-def _gate_grads(pairs, starts, ends, whole):
-    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
-    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
-    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
-    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
-    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
-    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
-    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
-    """
-    size = pairs.shape[-1]
-    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
-    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
-    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
-    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
-    return dg.unsqueeze(-1)
 
 
 def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
@@ -395,44 +439,6 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     dq = _bmm(d_scores, k_c, add=from_q)
     dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
     return [dq, dk, dv, dg], d_state
-
-
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
-    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
-    each span the list span_fn(*chunks, state, kept) appended to kept)."""
-    kept = []
-
-    def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, kept)
-
-    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
-    return o, state, kept
-
-
-def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
-):
-    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
-    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
-    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
-    the initial state).
-
-    When a graph of the backward is asked for (double backward), what was kept was made
-    without one, so it is made again with it.
-    """
-    if torch.is_grad_enabled():
-        kept = [
-            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
-        ]
-
-    def span(*args):
-        # the spans run from the last, so the tensors kept of each are the last ones left
-        own = kept[len(kept) - per_span :]
-        del kept[len(kept) - per_span :]
-        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
-
-    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
 
 
 class _ScalarDecayChunks(torch.autograd.Function):

@@ -515,7 +515,8 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
 
 
 def _scalar_decays(k_c, g_c):
-    """The decays of Class 1 on a span of chunks, g_c [N, B, NH, C] (None: no decay).
+    """The scalar decays on a span of chunks (Class 1, and the gate of Class 3), g_c [N, B, NH,
+    C] (None: no decay).
 
     Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
     diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
