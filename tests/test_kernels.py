@@ -425,20 +425,29 @@ def test_several_spans(gate):
         assert rel_err(o, r) <= TOL
 
 
-@pytest.mark.parametrize("kernel", ["scalar", "delta"])
+OWN_BACKWARD = {
+    "scalar": kern.chunk_scalar_decay,
+    "delta": kern.chunk_delta,
+    "diagonal": kern.chunk_diagonal,
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(OWN_BACKWARD))
 @pytest.mark.parametrize("gate", ["g", None])
 def test_own_backward_is_differentiable(kernel, gate):
-    """The scalar-decay and delta kernels have their own backward: torch's numerical gradient
-    checks agree with it (first order) and with its own derivative (second order), in float64,
-    over a padded last chunk, with an initial state and a hard reset (a gate of -inf) in the
-    middle."""
+    """The scalar-decay, delta and (key-side) diagonal kernels have their own backward: torch's
+    numerical gradient checks agree with it (first order) and with its own derivative (second
+    order), in float64, over a padded last chunk, with an initial state and a hard reset (a
+    gate of -inf) in the middle."""
     delta = kernel == "delta"
+    if kernel == "diagonal":
+        gate = gate and "gk"
     inputs = make_inputs(10, gate=gate, b=1, nh=2, dk=3, dv=2, delta=delta, seed=21)
     if gate:
-        inputs["g"][:, 1, 5] = float("-inf")
+        inputs[gate][:, 1, 5] = float("-inf")
     names = list(inputs)
     leaves = [inputs[n].clone().requires_grad_(True) for n in names]
-    fn_kernel = kern.chunk_delta if delta else kern.chunk_scalar_decay
+    fn_kernel = OWN_BACKWARD[kernel]
 
     def fn(*args):
         return fn_kernel(**dict(zip(names, args, strict=True)), chunk_size=4)
@@ -447,7 +456,7 @@ def test_own_backward_is_differentiable(kernel, gate):
     assert torch.autograd.gradgradcheck(fn, leaves)
 
 
-@pytest.mark.parametrize("kernel", ["scalar", "delta"])
+@pytest.mark.parametrize("kernel", sorted(OWN_BACKWARD))
 @pytest.mark.parametrize("gate", ["g", None])
 def test_own_backward_keeps_little(kernel, gate):
     """The own backward keeps the inputs and a few per-chunk tensors: the masked scores and the
@@ -455,6 +464,8 @@ def test_own_backward_keeps_little(kernel, gate):
     (three) inputs' worth beyond the inputs, where autograd through the chunked form kept 5 to
     28 inputs' worth of intermediates."""
     delta = kernel == "delta"
+    if kernel == "diagonal":
+        gate = gate and "gk"
     t_len, size = 256, 16
     inputs = make_inputs(t_len, gate=gate, b=1, nh=2, dk=size, dv=size, delta=delta, seed=22)
     leaves = {n: x.float().requires_grad_(True) for n, x in inputs.items()}
@@ -465,7 +476,7 @@ def test_own_backward_keeps_little(kernel, gate):
         return x
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        (kern.chunk_delta if delta else kern.chunk_scalar_decay)(**leaves, chunk_size=size)
+        OWN_BACKWARD[kernel](**leaves, chunk_size=size)
     for x in leaves.values():
         kept.pop(x.untyped_storage().data_ptr(), None)
     one_input = leaves["q"].numel() * 4

@@ -122,14 +122,14 @@ MUTANTS = [
     (
         "gla",
         "blocks without the key-side decay",
-        "k_left = k_left * _halves(suf_k, block)[0]",
+        "k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)",
         "k_left = k_left",
         {"chunk"},
     ),
     (
         "gla",
         "blocks without the query-side decay",
-        "q_right = q_right * _halves(pre_k, block)[1]",
+        "q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)",
         "q_right = q_right",
         {"chunk"},
     ),
@@ -153,6 +153,28 @@ MUTANTS = [
         "output shifted by one token at the padding",
         "[:, :length].transpose(1, 2)",
         "[:, 1 : length + 1].transpose(1, 2)",
+        {"chunk"},
+    ),
+    # its own backward (chunk_diagonal's gradients without value-side gates)
+    (
+        "gla",
+        "key gradient of a level without its decay",
+        "                d_k_left = d_k_left * _halves(suf_k, block)[0]",
+        "                d_k_left = d_k_left",
+        {"chunk"},
+    ),
+    (
+        "gla",
+        "gate gradient of the right halves summed the wrong way",
+        "_halves(dg, block)[1].add_(_within(d_q_right * q_right, block, upper=True))",
+        "_halves(dg, block)[1].add_(_within(d_q_right * q_right, block, upper=False))",
+        {"chunk"},
+    ),
+    (
+        "gla",
+        "gate gradient missing the chunk decay",
+        "        dg += whole.unsqueeze(-2)",
+        "        dg += 0",
         {"chunk"},
     ),
     # the delta rule (Class 3): chunk_delta

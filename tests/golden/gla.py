@@ -247,6 +247,39 @@ def _l2norm(x):
 # ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
 
 
+class _DiagonalChunks(torch.autograd.Function):
+    """chunk_diagonal without value-side gates, with its own backward (_diagonal_grads_span,
+    span by span from the last): it keeps the inputs, the decayed scores and the states
+    entering each chunk, where autograd through the binary split keeps every level's
+    intermediates."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gk, initial_state, chunk_size):
+        seqs = [q, k, v, gk, None]
+        o, state, kept = _spans_keeping(_diagonal_span, seqs, initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, q, k, v, gk, *[x for own in kept for x in own])
+        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, q, k, v, gk, *kept = ctx.saved_tensors
+        (dq, dk, dv, dgk, _), d_initial = _spans_backward(
+            _diagonal_span,
+            _diagonal_grads_span,
+            [q, k, v, gk, None],
+            initial_state,
+            kept,
+            ctx.per_span,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[3],
+        )
+        d_initial = d_initial if ctx.needs_input_grad[4] else None
+        return dq, dk, dv, dgk, d_initial, None
+
+
 def _bmm(a, b, add=None):
     """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
     baddbmm) on 3-D views.
@@ -300,10 +333,87 @@ def _check_chunk_size(chunk_size):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
 
 
-def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state):
+def _decayed_halves(q_c, k_c, pre_k, suf_k, block):
+    """The queries of every right half and the keys of every left half of the blocks of
+    2 * block tokens, each decayed to the boundary r between the halves (see _double_decays):
+    q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j) (pre_k, suf_k None: no decay)."""
+    q_right, k_left = _halves(q_c, block)[1], _halves(k_c, block)[0]
+    if pre_k is not None:
+        q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)
+        if suf_k is not None:
+            k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
+    return q_right, k_left
+
+
+def _diagonal_grads_span(q_c, k_c, v_c, gk_c, gv_c, do_c, scores, states_in, d_state, gate_grad):
+    """Gradients of Class 2 without value-side gates (gv_c None) on one span of chunks, from the
+    forward's decayed scores A [N, B, NH, C, C] and states entering each chunk S_n, the output
+    gradient do_c and the gradient d_state of the state leaving the span.
+
+    Returns ([dq, dk, dv, dgk (None unless gate_grad), None], the gradient of the state
+    entering the span). dA = dO V^T on A's support, dV = A^T dO + diag(exp(bk_C - bk)) K
+    D_{n+1}; the diagonal, then every level of the binary split of _diagonal_span, hands
+    dA's corner blocks back to the decayed queries and keys of that level; the chunk level
+    carries the state's gradient D_n = (Q ⊙ exp(bk))^T dO + diag(exp(bk_C)) D_{n+1}. The gate's
+    gradient, per channel, sums what each decay factor holding exp(g_l) passes on (its
+    gradient times its value): a right half's exp(b_i - b_r) holds g_l for the l <= i of that
+    half, a left half's exp(b_r - b_j) the l > j of that half, and at the chunk level exp(b_i),
+    exp(b_C - b_j) and exp(b_C) hold l <= i, l > j and every l.
+    """
+    chunk_size = q_c.shape[3]
+    pre_k = None if gk_c is None else torch.exp(gk_c)
+    suf_k = None
+    d_scores = _bmm(do_c, v_c.transpose(-1, -2)).tril_()  # dA on A's support
+    dq = k_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)  # i = j
+    dk = q_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)
+    dg = None if pre_k is None or not gate_grad else torch.zeros_like(q_c)
+    block = 1
+    while block < chunk_size:
+        q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
+        d_corner = _pair_blocks(d_scores, block)[..., block:, :block]  # [N, B, NH, n, b, b]
+        d_q_right = torch.matmul(d_corner, k_left)  # for the decayed queries
+        d_k_left = torch.matmul(d_corner.transpose(-1, -2), q_right)  # for the decayed keys
+        if dg is not None:
+            _halves(dg, block)[1].add_(_within(d_q_right * q_right, block, upper=True))
+            _halves(dg, block)[0].add_(_within(d_k_left * k_left, block, upper=False))
+        if pre_k is not None:
+            d_q_right = d_q_right * _halves(pre_k, block)[1]
+            if suf_k is not None:
+                d_k_left = d_k_left * _halves(suf_k, block)[0]
+        _halves(dq, block)[1].add_(d_q_right)
+        _halves(dk, block)[0].add_(d_k_left)
+        if pre_k is not None:
+            pre_k, suf_k = _double_decays(pre_k, suf_k, block)
+        block *= 2
+
+    # --- the chunk level: the state and its gradient ---------------------------------------
+    q_from_start, k_to_end, v_to_end, decay_k = q_c, k_c, v_c, None
+    if pre_k is not None:
+        q_from_start, decay_k = q_c * pre_k, pre_k[..., -1, :]
+        if suf_k is not None:
+            k_to_end = k_c * suf_k
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (Q ⊙ exp(bk))^T dO
+    d_next, d_state = _scan_states(d_state, decay_k, None, local, reverse=True)  # D_{n+1}, D_0
+    dv = _two_matmuls(scores.transpose(-1, -2), do_c, k_to_end, d_next)
+    from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
+    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # V D_{n+1}^T
+    if pre_k is not None:
+        from_q = from_q * pre_k
+        if suf_k is not None:
+            from_k = from_k * suf_k
+    if dg is not None:
+        whole = (states_in * d_next).sum(-1) * decay_k  # <S_n, D_{n+1}> per key channel
+        dg += _within(q_c * from_q, chunk_size, upper=True)
+        dg += _within(k_c * from_k, chunk_size, upper=False)
+        dg += whole.unsqueeze(-2)
+    return [dq + from_q, dk + from_k, dv, dg, None], d_state
+
+
+def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
     """Class 2 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], log-gates
-    gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None). Returns (o [N, B, NH, C, V],
-    state after the span).
+    gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None). Returns ([o [N, B, NH, C,
+    V]], state after the span); without value-side gates, appends the decayed scores A and the
+    states entering each chunk to kept if given.
 
     Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
     each pair belongs to exactly one block in which j is in the left half and i in the right
@@ -328,12 +438,7 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state):
         out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
     block = 1
     while block < chunk_size:
-        q_right = _halves(q_c, block)[1]
-        k_left = _halves(k_c, block)[0]
-        if pre_k is not None:
-            q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)
-            if suf_k is not None:
-                k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
+        q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
         corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [N, B, NH, n, b, b]
         if pre_v is None:
             _pair_blocks(scores, block)[..., block:, :block] = corner
@@ -365,6 +470,8 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state):
         chunk_decay_v = pre_v[..., -1, :]
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
     states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    if kept is not None:
+        kept.append([scores, states_in])
     if pre_v is None:
         # A V, then the inter part accumulated into it by the same matmul call
         o = _two_matmuls(scores, v_c, q_from_start, states_in)
@@ -488,12 +595,14 @@ def _pair_blocks(x, block):
     return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
 
 
-def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
-    """Sequential state passing S_{n+1} = dk_n[:, None] * S_n * dv_n[None, :] + KV_n.
+def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv, reverse=False):
+    """Sequential state passing S_{n+1} = dk_n[:, None] * S_n * dv_n[None, :] + KV_n (reverse:
+    from the last chunk to the first, S_n = dk_n[:, None] * S_{n+1} * dv_n[None, :] + KV_n, as
+    a state's gradient flows).
 
     chunk_decay_k: [N, B, NH, K] or None, chunk_decay_v: [N, B, NH, V] or None,
     chunk_kv: [N, B, NH, K, V]. Returns (states entering each chunk
-    [N, B, NH, K, V], final state [B, NH, K, V]).
+    [N, B, NH, K, V], final state [B, NH, K, V]), as _scan_scalar.
     """
     # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
     # gradient of the whole tensor per chunk
@@ -509,7 +618,7 @@ def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv):
         return torch.addcmul(kv[n], decay_k[n], state, out=out)
 
     tracked = _needs_grad(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
-    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked)
+    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
 
 
 def _span_tokens(q, v, chunk_size):
@@ -520,6 +629,44 @@ def _span_tokens(q, v, chunk_size):
         return max(q.shape[2], 1)
     per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
+
+
+def _spans_backward(
+    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
+):
+    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
+    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
+    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
+    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
+    the initial state).
+
+    When a graph of the backward is asked for (double backward), what was kept was made
+    without one, so it is made again with it.
+    """
+    if torch.is_grad_enabled():
+        kept = [
+            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
+        ]
+
+    def span(*args):
+        # the spans run from the last, so the tensors kept of each are the last ones left
+        own = kept[len(kept) - per_span :]
+        del kept[len(kept) - per_span :]
+        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
+
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+
+
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+    kept = []
+
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
+
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
+    return o, state, kept
 
 
 def _split_chunks(x, chunk_size, n_pad=0):
@@ -558,12 +705,23 @@ def _two_matmuls(a, b, c, d):
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
+def _within(x, block, upper):
+    """Sums over each aligned run of `block` tokens of x [..., C, d] (dim -2), per channel: at
+    token l, of the tokens i >= l of its run (upper) or of the tokens j < l (not upper)."""
+    ones = torch.ones(block, block, dtype=x.dtype, device=x.device)
+    sums = torch.triu(ones) if upper else torch.tril(ones, diagonal=-1)  # [l, i]
+    runs = x.reshape(*x.shape[:-2], x.shape[-2] // block, block, x.shape[-1])
+    return torch.matmul(sums, runs).reshape(x.shape)
+
+
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
     """Chunked S_t = diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)) + k_t v_t^T, o_t = q_t S_t.
 
     gk: key-side log-gate [B, NH, T, K], gv: value-side log-gate [B, NH, T, V];
     either may be None (no decay on that side). Returns (o, final state).
     """
+    if gv is None and _needs_grad(q, k, v, gk, initial_state):
+        return _DiagonalChunks.apply(q, k, v, gk, initial_state, chunk_size)
     (o,), state = _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
     return o, state
 
