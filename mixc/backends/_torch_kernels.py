@@ -24,10 +24,11 @@ holds about 2 MiB per input, so its temporaries stay in cache and are recycled b
 C allocator instead of being mapped fresh from the OS on every call; on other devices
 one span holds the whole sequence.
 
-Under autograd the scalar-decay and delta kernels run as torch.autograd.Functions with their
-own backward (span by span from the last, from what their forward kept: the masked scores,
-the states entering each chunk and the delta rule's T; a fraction of what autograd through
-the chunked form would keep); the diagonal kernel goes through autograd.
+Under autograd the scalar-decay, delta and diagonal kernels run as torch.autograd.Functions
+with their own backward (span by span from the last, from what their forward kept: the
+masked scores, the states entering each chunk and the delta rule's T; a fraction of what
+autograd through the chunked form would keep); only value-side diagonal gates go through
+autograd.
 
 Inside a chunk, b_r = g_1 + ... + g_r and Gamma_ij = exp(b_i - b_j) for i >= j.
 Numerical rules followed throughout: decays are products of per-token factors
