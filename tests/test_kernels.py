@@ -457,6 +457,22 @@ def test_own_backward_is_differentiable(kernel, gate):
 
 
 @pytest.mark.parametrize("kernel", sorted(OWN_BACKWARD))
+def test_own_backward_runs_twice(kernel):
+    """A retained graph back-propagated twice, over several spans, gives the same gradients:
+    the own backward consumes nothing of what its forward kept."""
+    delta = kernel == "delta"
+    gate = "gk" if kernel == "diagonal" else "g"
+    inputs = make_inputs(120, gate=gate, b=4, nh=8, dk=64, dv=64, delta=delta, seed=23)
+    leaves = {n: x.float().requires_grad_(True) for n, x in inputs.items()}
+    assert kern._span_tokens(leaves["q"], leaves["v"], 16) < 120  # several spans
+    o, state = OWN_BACKWARD[kernel](**leaves, chunk_size=16)
+    loss = o.square().sum() + state.sum()
+    first = torch.autograd.grad(loss, list(leaves.values()), retain_graph=True)
+    second = torch.autograd.grad(loss, list(leaves.values()))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.parametrize("kernel", sorted(OWN_BACKWARD))
 @pytest.mark.parametrize("gate", ["g", None])
 def test_own_backward_keeps_little(kernel, gate):
     """The own backward keeps the inputs and a few per-chunk tensors: the masked scores and the
