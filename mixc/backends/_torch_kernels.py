@@ -24,8 +24,8 @@ holds about 2 MiB per input, so its temporaries stay in cache and are recycled b
 C allocator instead of being mapped fresh from the OS on every call; on other devices
 one span holds the whole sequence.
 
-Under autograd the scalar-decay, delta and diagonal kernels run as torch.autograd.Functions
-with their own backward (span by span from the last, from what their forward kept: the
+Under autograd the scalar-decay, delta and diagonal kernels run as one torch.autograd.Function
+(_OwnBackward) with their own backward (span by span from the last, from what their forward kept: the
 masked scores, the states entering each chunk and the delta rule's T; a fraction of what
 autograd through the chunked form would keep); only value-side diagonal gates go through
 autograd.
@@ -116,7 +116,7 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
-    starts = list(range(0, n_chunks, per_span))
+    starts = range(0, n_chunks, per_span)
 
     def span_inputs(n):
         """The inputs of the span starting at chunk n, copied into the chunk layout."""
@@ -204,11 +204,11 @@ def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
 
 
 def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
+    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
 ):
     """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
     kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
+    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
     span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
     the initial state).
 
@@ -222,8 +222,8 @@ def _spans_backward(
 
     def span(*args):
         # the spans run from the last, so the tensors kept of each are the last ones left
-        own = kept[len(kept) - per_span :]
-        del kept[len(kept) - per_span :]
+        own = kept[len(kept) - n_kept :]
+        del kept[len(kept) - n_kept :]
         return grads_fn(*args[:-1], *own, args[-1], gate_grad)
 
     return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
@@ -339,6 +339,12 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
     return _chain(initial_state, n_chunks, next_state, tracked, reverse)
 
 
+def _as_3d(x):
+    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+
 def _bmm(a, b, add=None):
     """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
     baddbmm) on 3-D views.
@@ -346,24 +352,55 @@ def _bmm(a, b, add=None):
     Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
     to the BLAS as transposed, not copied first.
     """
-
-    def flat(x):
-        return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-    out = torch.bmm(flat(a), flat(b)) if add is None else torch.baddbmm(flat(add), flat(a), flat(b))
+    if add is None:
+        out = torch.bmm(_as_3d(a), _as_3d(b))
+    else:
+        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
 def _two_matmuls(a, b, c, d):
     """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
     a second one accumulating in place into its fresh result (no separate add)."""
-
-    def flat(x):
-        return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-    out = torch.bmm(flat(a), flat(b))
-    out.baddbmm_(flat(c), flat(d))
+    out = torch.bmm(_as_3d(a), _as_3d(b))
+    out.baddbmm_(_as_3d(c), _as_3d(d))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
+    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
+
+    @staticmethod
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
+            initial_state,
+            kept,
+            ctx.n_kept,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[5 + ctx.gate],
+        )
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
 
 
 # ---------------------------------------------------------------------------
@@ -444,46 +481,15 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     return [dq, dk, dv, dg], d_state
 
 
-class _ScalarDecayChunks(torch.autograd.Function):
-    """chunk_scalar_decay with its own backward (_scalar_decay_grads_span, span by span from the
-    last): it keeps the inputs, the masked scores and the states entering each chunk (T x C
-    and T / C x K x V numbers per head: two inputs' worth at C = K = V), where autograd
-    through the chunked form keeps every intermediate."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, chunk_size):
-        seqs = [q, k, v, g]
-        o, state, kept = _spans_keeping(_scalar_decay_span, seqs, initial_state, chunk_size)
-        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
-        return o, state
-
-    @staticmethod
-    def backward(ctx, d_o, d_state):
-        initial_state, q, k, v, g, *kept = ctx.saved_tensors
-        (dq, dk, dv, dg), d_initial = _spans_backward(
-            _scalar_decay_span,
-            _scalar_decay_grads_span,
-            [q, k, v, g],
-            initial_state,
-            kept,
-            ctx.per_span,
-            ctx.chunk_size,
-            d_o,
-            d_state,
-            ctx.needs_input_grad[3],
-        )
-        dg = None if dg is None else dg.squeeze(-1)
-        return dq, dk, dv, dg, d_initial if ctx.needs_input_grad[4] else None, None
-
-
 def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     if _needs_grad(q, k, v, g, initial_state):
-        return _ScalarDecayChunks.apply(q, k, v, g, initial_state, chunk_size)
+        return _OwnBackward.apply(
+            _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, q, k, v, g
+        )
     (o,), state = _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
     return o, state
 
@@ -613,9 +619,9 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
         chunk_decay_v = pre_v[..., -1, :]
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
     states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
-    if kept is not None:
-        kept.append([scores, states_in])
     if pre_v is None:
+        if kept is not None:
+            kept.append([scores, states_in])
         # A V, then the inter part accumulated into it by the same matmul call
         o = _two_matmuls(scores, v_c, q_from_start, states_in)
     else:
@@ -696,39 +702,6 @@ def _diagonal_grads_span(q_c, k_c, v_c, gk_c, gv_c, do_c, scores, states_in, d_s
     return [dq + from_q, dk + from_k, dv, dg, None], d_state
 
 
-class _DiagonalChunks(torch.autograd.Function):
-    """chunk_diagonal without value-side gates, with its own backward (_diagonal_grads_span,
-    span by span from the last): it keeps the inputs, the decayed scores and the states
-    entering each chunk, where autograd through the binary split keeps every level's
-    intermediates."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, gk, initial_state, chunk_size):
-        seqs = [q, k, v, gk, None]
-        o, state, kept = _spans_keeping(_diagonal_span, seqs, initial_state, chunk_size)
-        ctx.save_for_backward(initial_state, q, k, v, gk, *[x for own in kept for x in own])
-        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
-        return o, state
-
-    @staticmethod
-    def backward(ctx, d_o, d_state):
-        initial_state, q, k, v, gk, *kept = ctx.saved_tensors
-        (dq, dk, dv, dgk, _), d_initial = _spans_backward(
-            _diagonal_span,
-            _diagonal_grads_span,
-            [q, k, v, gk, None],
-            initial_state,
-            kept,
-            ctx.per_span,
-            ctx.chunk_size,
-            d_o,
-            d_state,
-            ctx.needs_input_grad[3],
-        )
-        d_initial = d_initial if ctx.needs_input_grad[4] else None
-        return dq, dk, dv, dgk, d_initial, None
-
-
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
     """Chunked S_t = diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)) + k_t v_t^T, o_t = q_t S_t.
 
@@ -736,7 +709,9 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
     either may be None (no decay on that side). Returns (o, final state).
     """
     if gv is None and _needs_grad(q, k, v, gk, initial_state):
-        return _DiagonalChunks.apply(q, k, v, gk, initial_state, chunk_size)
+        return _OwnBackward.apply(
+            _diagonal_span, _diagonal_grads_span, 3, chunk_size, initial_state, q, k, v, gk, None
+        )
     (o,), state = _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
     return o, state
 
@@ -877,8 +852,8 @@ def _delta_grads_span(
     d_v = v_c.shape[-1]
     gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     beta = beta_c.unsqueeze(-1)
-    decay = beta if from_start is None else beta * from_start  # beta exp(b) [N, B, NH, C, 1]
-    k_scaled = k_c * decay
+    k_from_start = k_c if from_start is None else k_c * from_start  # diag(exp(b)) K
+    k_scaled = k_from_start * beta
     q_from_start = q_c if from_start is None else q_c * from_start
     t_inv_t = t_inv.transpose(-1, -2)
     w = _bmm(t_inv, k_scaled)
@@ -931,54 +906,22 @@ def _delta_grads_span(
     from_k = _bmm(v_new, d_next.transpose(-1, -2))  # V_new D_{n+1}^T
     if to_end is not None:
         from_k = from_k * to_end
-    dk = _bmm(d_qk.transpose(-1, -2), q_c, add=from_k + d_k_scaled * decay)
+    d_k_from_start = d_k_scaled * beta
+    if from_start is not None:
+        d_k_from_start = d_k_from_start * from_start
+    dk = _bmm(d_qk.transpose(-1, -2), q_c, add=from_k + d_k_from_start)
     dk = _bmm(d_kk_raw + d_kk_raw.transpose(-1, -2), k_c, add=dk)
-    dbeta = (d_a * kk).sum(-1) + (
-        d_k_scaled * (k_c if from_start is None else k_c * from_start)
-    ).sum(-1)
+    beta_in_w = (d_k_scaled * k_from_start).sum(-1)  # beta in diag(beta exp(b)) K
+    dbeta = (d_a * kk).sum(-1) + beta_in_w
     dg = None
     if gate_grad:
         dg = _gate_grads(
             d_scores * scores + d_kk * kk,  # Gamma in M and in A
-            (q_c * from_q).sum(-1) + (d_k_scaled * k_scaled).sum(-1),  # exp(b_i) in Q and W
+            (q_c * from_q).sum(-1) + beta_in_w * beta_c,  # exp(b_i) in Q and W
             (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
             (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
         )
     return [dq, dk, dv, dbeta.unsqueeze(-1), dg], d_state.reshape(batch, heads, d_k, d_v)
-
-
-class _DeltaChunks(torch.autograd.Function):
-    """chunk_delta with its own backward (_delta_grads_span, span by span from the last): it
-    keeps the inputs, the masked scores, T = (I + A)^{-1} and the states entering each chunk
-    (2 T x C + T / C x K x V numbers per head: three inputs' worth at C = 32, K = V = 64),
-    where autograd through the chunked form keeps every intermediate."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size):
-        seqs = [q, k, v, beta, g]
-        o, state, kept = _spans_keeping(_delta_span, seqs, initial_state, chunk_size)
-        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
-        return o, state
-
-    @staticmethod
-    def backward(ctx, d_o, d_state):
-        initial_state, q, k, v, beta, g, *kept = ctx.saved_tensors
-        (dq, dk, dv, dbeta, dg), d_initial = _spans_backward(
-            _delta_span,
-            _delta_grads_span,
-            [q, k, v, beta, g],
-            initial_state,
-            kept,
-            ctx.per_span,
-            ctx.chunk_size,
-            d_o,
-            d_state,
-            ctx.needs_input_grad[4],
-        )
-        dg = None if dg is None else dg.squeeze(-1)
-        d_initial = d_initial if ctx.needs_input_grad[5] else None
-        return dq, dk, dv, dbeta.squeeze(-1), dg, d_initial, None
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
@@ -988,7 +931,9 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
     if _needs_grad(q, k, v, beta, g, initial_state):
-        return _DeltaChunks.apply(q, k, v, beta, g, initial_state, chunk_size)
+        return _OwnBackward.apply(
+            _delta_span, _delta_grads_span, 4, chunk_size, initial_state, q, k, v, beta, g
+        )
     (o,), state = _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
     return o, state
 
@@ -1002,6 +947,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_split_chunks",
         "_decay_mask",
         "_chunk_decays",
+        "_as_3d",
         "_bmm",
         "_two_matmuls",
         "_chain",
@@ -1012,7 +958,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_gate_grads",
         "_spans_keeping",
         "_spans_backward",
-        "_ScalarDecayChunks",
+        "_OwnBackward",
     ),
     "parallel_scalar_decay": ("_decay_mask",),
     "chunk_diagonal": (
@@ -1021,6 +967,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_span_tokens",
         "_over_spans",
         "_split_chunks",
+        "_as_3d",
         "_bmm",
         "_two_matmuls",
         "_halves",
@@ -1034,7 +981,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_diagonal_grads_span",
         "_spans_keeping",
         "_spans_backward",
-        "_DiagonalChunks",
+        "_OwnBackward",
     ),
     "chunk_delta": (
         "_check_chunk_size",
@@ -1045,6 +992,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_decay_mask",
         "_chunk_decays",
         "_scalar_decays",
+        "_as_3d",
         "_bmm",
         "_two_matmuls",
         "_pair_blocks",
@@ -1055,6 +1003,6 @@ DEPENDS: dict[str, tuple[str, ...]] = {
         "_gate_grads",
         "_spans_keeping",
         "_spans_backward",
-        "_DeltaChunks",
+        "_OwnBackward",
     ),
 }

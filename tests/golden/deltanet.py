@@ -247,38 +247,46 @@ def _l2norm(x):
 # ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
 
 
-class _DeltaChunks(torch.autograd.Function):
-    """chunk_delta with its own backward (_delta_grads_span, span by span from the last): it
-    keeps the inputs, the masked scores, T = (I + A)^{-1} and the states entering each chunk
-    (2 T x C + T / C x K x V numbers per head: three inputs' worth at C = 32, K = V = 64),
-    where autograd through the chunked form keeps every intermediate."""
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
+    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size):
-        seqs = [q, k, v, beta, g]
-        o, state, kept = _spans_keeping(_delta_span, seqs, initial_state, chunk_size)
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
+        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
     @staticmethod
     def backward(ctx, d_o, d_state):
-        initial_state, q, k, v, beta, g, *kept = ctx.saved_tensors
-        (dq, dk, dv, dbeta, dg), d_initial = _spans_backward(
-            _delta_span,
-            _delta_grads_span,
-            [q, k, v, beta, g],
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
             initial_state,
             kept,
-            ctx.per_span,
+            ctx.n_kept,
             ctx.chunk_size,
             d_o,
             d_state,
-            ctx.needs_input_grad[4],
+            ctx.needs_input_grad[5 + ctx.gate],
         )
-        dg = None if dg is None else dg.squeeze(-1)
-        d_initial = d_initial if ctx.needs_input_grad[5] else None
-        return dq, dk, dv, dbeta.squeeze(-1), dg, d_initial, None
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+
+
+def _as_3d(x):
+    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
 def _bmm(a, b, add=None):
@@ -288,11 +296,10 @@ def _bmm(a, b, add=None):
     Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
     to the BLAS as transposed, not copied first.
     """
-
-    def flat(x):
-        return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-    out = torch.bmm(flat(a), flat(b)) if add is None else torch.baddbmm(flat(add), flat(a), flat(b))
+    if add is None:
+        out = torch.bmm(_as_3d(a), _as_3d(b))
+    else:
+        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
@@ -385,8 +392,8 @@ def _delta_grads_span(
     d_v = v_c.shape[-1]
     gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     beta = beta_c.unsqueeze(-1)
-    decay = beta if from_start is None else beta * from_start  # beta exp(b) [N, B, NH, C, 1]
-    k_scaled = k_c * decay
+    k_from_start = k_c if from_start is None else k_c * from_start  # diag(exp(b)) K
+    k_scaled = k_from_start * beta
     q_from_start = q_c if from_start is None else q_c * from_start
     t_inv_t = t_inv.transpose(-1, -2)
     w = _bmm(t_inv, k_scaled)
@@ -439,16 +446,18 @@ def _delta_grads_span(
     from_k = _bmm(v_new, d_next.transpose(-1, -2))  # V_new D_{n+1}^T
     if to_end is not None:
         from_k = from_k * to_end
-    dk = _bmm(d_qk.transpose(-1, -2), q_c, add=from_k + d_k_scaled * decay)
+    d_k_from_start = d_k_scaled * beta
+    if from_start is not None:
+        d_k_from_start = d_k_from_start * from_start
+    dk = _bmm(d_qk.transpose(-1, -2), q_c, add=from_k + d_k_from_start)
     dk = _bmm(d_kk_raw + d_kk_raw.transpose(-1, -2), k_c, add=dk)
-    dbeta = (d_a * kk).sum(-1) + (
-        d_k_scaled * (k_c if from_start is None else k_c * from_start)
-    ).sum(-1)
+    beta_in_w = (d_k_scaled * k_from_start).sum(-1)  # beta in diag(beta exp(b)) K
+    dbeta = (d_a * kk).sum(-1) + beta_in_w
     dg = None
     if gate_grad:
         dg = _gate_grads(
             d_scores * scores + d_kk * kk,  # Gamma in M and in A
-            (q_c * from_q).sum(-1) + (d_k_scaled * k_scaled).sum(-1),  # exp(b_i) in Q and W
+            (q_c * from_q).sum(-1) + beta_in_w * beta_c,  # exp(b_i) in Q and W
             (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
             (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
         )
@@ -566,7 +575,7 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
-    starts = list(range(0, n_chunks, per_span))
+    starts = range(0, n_chunks, per_span)
 
     def span_inputs(n):
         """The inputs of the span starting at chunk n, copied into the chunk layout."""
@@ -644,11 +653,11 @@ def _span_tokens(q, v, chunk_size):
 
 
 def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
+    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
 ):
     """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
     kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
+    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
     span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
     the initial state).
 
@@ -662,8 +671,8 @@ def _spans_backward(
 
     def span(*args):
         # the spans run from the last, so the tensors kept of each are the last ones left
-        own = kept[len(kept) - per_span :]
-        del kept[len(kept) - per_span :]
+        own = kept[len(kept) - n_kept :]
+        del kept[len(kept) - n_kept :]
         return grads_fn(*args[:-1], *own, args[-1], gate_grad)
 
     return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
@@ -708,12 +717,8 @@ def _split_chunks(x, chunk_size, n_pad=0):
 def _two_matmuls(a, b, c, d):
     """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
     a second one accumulating in place into its fresh result (no separate add)."""
-
-    def flat(x):
-        return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-    out = torch.bmm(flat(a), flat(b))
-    out.baddbmm_(flat(c), flat(d))
+    out = torch.bmm(_as_3d(a), _as_3d(b))
+    out.baddbmm_(_as_3d(c), _as_3d(d))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
@@ -763,7 +768,9 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
     if _needs_grad(q, k, v, beta, g, initial_state):
-        return _DeltaChunks.apply(q, k, v, beta, g, initial_state, chunk_size)
+        return _OwnBackward.apply(
+            _delta_span, _delta_grads_span, 4, chunk_size, initial_state, q, k, v, beta, g
+        )
     (o,), state = _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
     return o, state
 

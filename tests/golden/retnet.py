@@ -250,37 +250,46 @@ def _l2norm(x):
 # ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
 
 
-class _ScalarDecayChunks(torch.autograd.Function):
-    """chunk_scalar_decay with its own backward (_scalar_decay_grads_span, span by span from the
-    last): it keeps the inputs, the masked scores and the states entering each chunk (T x C
-    and T / C x K x V numbers per head: two inputs' worth at C = K = V), where autograd
-    through the chunked form keeps every intermediate."""
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
+    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, chunk_size):
-        seqs = [q, k, v, g]
-        o, state, kept = _spans_keeping(_scalar_decay_span, seqs, initial_state, chunk_size)
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.chunk_size, ctx.per_span = chunk_size, len(kept[0])
+        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
     @staticmethod
     def backward(ctx, d_o, d_state):
-        initial_state, q, k, v, g, *kept = ctx.saved_tensors
-        (dq, dk, dv, dg), d_initial = _spans_backward(
-            _scalar_decay_span,
-            _scalar_decay_grads_span,
-            [q, k, v, g],
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
             initial_state,
             kept,
-            ctx.per_span,
+            ctx.n_kept,
             ctx.chunk_size,
             d_o,
             d_state,
-            ctx.needs_input_grad[3],
+            ctx.needs_input_grad[5 + ctx.gate],
         )
-        dg = None if dg is None else dg.squeeze(-1)
-        return dq, dk, dv, dg, d_initial if ctx.needs_input_grad[4] else None, None
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+
+
+def _as_3d(x):
+    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
 def _bmm(a, b, add=None):
@@ -290,11 +299,10 @@ def _bmm(a, b, add=None):
     Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
     to the BLAS as transposed, not copied first.
     """
-
-    def flat(x):
-        return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-    out = torch.bmm(flat(a), flat(b)) if add is None else torch.baddbmm(flat(add), flat(a), flat(b))
+    if add is None:
+        out = torch.bmm(_as_3d(a), _as_3d(b))
+    else:
+        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
@@ -415,7 +423,7 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
-    starts = list(range(0, n_chunks, per_span))
+    starts = range(0, n_chunks, per_span)
 
     def span_inputs(n):
         """The inputs of the span starting at chunk n, copied into the chunk layout."""
@@ -578,11 +586,11 @@ def _span_tokens(q, v, chunk_size):
 
 
 def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, per_span, chunk_size, d_o, d_state, gate_grad
+    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
 ):
     """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
     kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, per_span of them for each span,
+    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
     span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
     the initial state).
 
@@ -596,8 +604,8 @@ def _spans_backward(
 
     def span(*args):
         # the spans run from the last, so the tensors kept of each are the last ones left
-        own = kept[len(kept) - per_span :]
-        del kept[len(kept) - per_span :]
+        own = kept[len(kept) - n_kept :]
+        del kept[len(kept) - n_kept :]
         return grads_fn(*args[:-1], *own, args[-1], gate_grad)
 
     return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
@@ -642,12 +650,8 @@ def _split_chunks(x, chunk_size, n_pad=0):
 def _two_matmuls(a, b, c, d):
     """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
     a second one accumulating in place into its fresh result (no separate add)."""
-
-    def flat(x):
-        return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-    out = torch.bmm(flat(a), flat(b))
-    out.baddbmm_(flat(c), flat(d))
+    out = torch.bmm(_as_3d(a), _as_3d(b))
+    out.baddbmm_(_as_3d(c), _as_3d(d))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
@@ -657,7 +661,9 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     if _needs_grad(q, k, v, g, initial_state):
-        return _ScalarDecayChunks.apply(q, k, v, g, initial_state, chunk_size)
+        return _OwnBackward.apply(
+            _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, q, k, v, g
+        )
     (o,), state = _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
     return o, state
 
