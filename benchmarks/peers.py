@@ -243,7 +243,7 @@ def task_time(args: dict) -> dict:
 
 def _spec_args(name: str, T: int):
     import mixc
-    from mixc.bench import default_sizes, make_inputs
+    from mixc.tools.bench import default_sizes, make_inputs
 
     spec = mixc.load_spec(SPECS / f"{name}.mix")
     sizes = default_sizes(spec, {"B": B, "NH": NH})
@@ -284,7 +284,7 @@ def task_efficiency(args: dict) -> dict:
 
     import mixc
     from mixc.analysis import costs
-    from mixc.bench import chunk_shapes, matmul_calls, matmul_summary
+    from mixc.tools.bench import chunk_shapes, matmul_calls, matmul_summary
 
     name, T = args["spec"], args["T"]
     module = mixc.load(SPECS / f"{name}.mix")
@@ -314,7 +314,7 @@ def task_memory(args: dict) -> dict:
     import torch
 
     import mixc
-    from mixc.bench import measure_peak_memory
+    from mixc.tools.bench import measure_peak_memory
 
     name = args["spec"]
     module = mixc.load(SPECS / f"{name}.mix")
@@ -338,7 +338,7 @@ def task_compile(args: dict) -> dict:
     import torch  # noqa: F401 - imported first on purpose: not part of the compiler's time
 
     start = time.perf_counter()
-    from mixc._compile import compile_source, write_atomically
+    from mixc.driver import compile_source, write_atomically
 
     imported = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -359,7 +359,7 @@ def task_tune(args: dict) -> dict:
     import torch
 
     import mixc
-    from mixc.bench import time_call
+    from mixc.tools.bench import time_call
 
     name, T = args["spec"], args["T"]
     module = mixc.load(SPECS / f"{name}.mix")
@@ -378,7 +378,7 @@ def task_tune(args: dict) -> dict:
 
 def task_sweep(args: dict) -> dict:
     """mixc bench's sweep (chunk fwd and fwd+bwd, recurrent fwd) for the plot."""
-    from mixc import bench
+    from mixc.tools import bench
 
     chunk = _chunk_for(args["spec"])
     result = bench.run(
@@ -1036,7 +1036,7 @@ def report(data: dict) -> str:
 
 
 def draw(data: dict, path: Path) -> None:
-    from mixc.bench import BenchResult, Point, plot
+    from mixc.tools.bench import BenchResult, Point, plot
 
     results = []
     for sweep in data["sweep"].values():

@@ -4,14 +4,13 @@
 >>> spec = mixc.load_spec("specs/deltanet.mix")
 """
 
-__version__ = "0.1.0"
-
-from ._compile import compile_source, load
-from ._frontend import Spec, load_spec
-from ._parser import parse
-from ._verify import verify
-from .analysis import analyze
-from .errors import MixcError, NotYetImplemented, SpecError
+from mixc.analysis import analyze
+from mixc.driver import compile_source, load
+from mixc.errors import MixcError, NotYetImplemented, SpecError
+from mixc.frontend.parser import parse
+from mixc.frontend.spec import Spec, load_spec
+from mixc.frontend.verify import verify
+from mixc.version import __version__
 
 __all__ = [
     "MixcError",

@@ -9,9 +9,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from . import __version__
-from ._frontend import load_spec
-from .errors import MixcError
+from mixc.errors import MixcError
+from mixc.frontend.spec import load_spec
+from mixc.version import __version__
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -41,7 +41,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 @command
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile a spec to a standalone PyTorch module."""
-    from ._compile import compile_source, write_atomically
+    from mixc.driver import compile_source, write_atomically
 
     text = compile_source(args.spec, backend=args.backend)
     if args.output in (None, "-"):
@@ -74,7 +74,7 @@ def _sizes(text: str) -> dict[str, int]:
 
 
 def _picture(text: str) -> str:
-    from ._graph import FORMATS
+    from mixc.tools.graph import FORMATS
 
     suffix = os.path.splitext(text)[1].lower()
     if suffix not in FORMATS:
@@ -87,8 +87,8 @@ def _picture(text: str) -> str:
 @command
 def cmd_explain(args: argparse.Namespace) -> int:
     """Report what the analysis found: classes, rules, gates, forms, algorithm, costs."""
-    from ._explain import Explanation, explain, render
-    from .analysis import analyze, costs
+    from mixc.analysis import analyze, costs
+    from mixc.tools.explain import Explanation, explain, render
 
     if args.json_schema:
         print(json.dumps(Explanation.model_json_schema(), indent=2))
@@ -119,8 +119,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 @command
 def cmd_graph(args: argparse.Namespace) -> int:
     """Draw the dependency graph of a spec."""
-    from ._graph import write_graph
-    from .analysis import analyze
+    from mixc.analysis import analyze
+    from mixc.tools.graph import write_graph
 
     facts = analyze(load_spec(args.spec))
     write_graph(facts, args.output)
@@ -131,7 +131,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 @command
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Fuzz every form of a module against the spec's float64 oracle (exit 1 on a disagreement)."""
-    from .fuzz import run_command
+    from mixc.check.fuzz import run_command
 
     return run_command(
         args.spec,
@@ -146,7 +146,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 @command
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time the compiled forms over a sweep of T: table, and optionally JSON and a plot."""
-    from . import bench
+    from mixc.tools import bench
 
     if args.plot:
         bench._pyplot()  # fail before the sweep, not after, when matplotlib is missing
@@ -176,7 +176,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _int_list(text: str) -> list[int]:
-    from .bench import parse_ints
+    from mixc.tools.bench import parse_ints
 
     try:
         return parse_ints(text)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from .errors import MixcError
+from mixc.errors import MixcError
 
 __all__ = ["context_parallel"]
 

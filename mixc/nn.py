@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._compile import load
-from ._frontend import load_spec
-from .analysis import analyze
-from .errors import MixcError
+from mixc.analysis import analyze
+from mixc.driver import load
+from mixc.errors import MixcError
+from mixc.frontend.spec import load_spec
 
 __all__ = ["PARAM_INITS", "TRANSFORMS", "MixerCache", "MixerLayer", "default_transforms"]
 
@@ -85,7 +85,7 @@ def default_transforms(spec) -> dict[str, list[str]]:
 
 
 def _is_plain_input(expr, names) -> bool:
-    from .ir import Timed
+    from mixc.frontend.ir import Timed
 
     return isinstance(expr, Timed) and expr.name in names
 

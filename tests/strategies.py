@@ -8,8 +8,7 @@ import math
 
 from hypothesis import strategies as st
 
-from mixc._verify import RESERVED
-from mixc.ir import (
+from mixc.frontend.ir import (
     BINARY_OPS,
     Binary,
     Call,
@@ -25,6 +24,7 @@ from mixc.ir import (
     Timed,
     Transpose,
 )
+from mixc.frontend.verify import RESERVED
 
 KEYWORDS = {"mixer", "in", "param", "state", "let"}
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"

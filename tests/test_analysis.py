@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from mixc import load_spec
-from mixc._frontend import Spec
-from mixc._verify import IDENTITY, SCALAR, typer_for, verify
 from mixc.analysis import CLASSES, RULES, Facts, Formula, analyze, costs
 from mixc.errors import Source, SpecAnalysisError, SpecError
-from mixc.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
+from mixc.frontend.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
+from mixc.frontend.spec import Spec
+from mixc.frontend.verify import IDENTITY, SCALAR, typer_for, verify
 
 SPECS = Path(__file__).parent.parent / "specs"
 

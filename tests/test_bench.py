@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mixc import bench
 from mixc.cli import main
+from mixc.tools import bench
 
 ROOT = Path(__file__).parent.parent
 TINY = ["--sizes", "B=1,NH=2,K=8,V=8", "--T", "16,40", "--repeats", "2", "--threads", "1"]

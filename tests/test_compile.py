@@ -1,4 +1,4 @@
-"""Every compiled form against the float64 step-by-step oracle (mixc._interpret), which is
+"""Every compiled form against the float64 step-by-step oracle (mixc.oracle.interpret), which is
 itself checked against hand-written loops of each mixer in test_interpret.py.
 
 Outputs, final states and gradients of every input, parameter and initial state; fp32 within
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import mixc
-from mixc._interpret import interpret
-from mixc.fuzz import reference
+from mixc.check.fuzz import reference
+from mixc.oracle.interpret import interpret
 from tests.mixers import VARIANTS, positional, random_states, rel, spec_inputs
 
 SPECS = sorted(Path(__file__).parent.parent.glob("specs/*.mix"))

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from mixc import load_spec
-from mixc._explain import SCHEMA_VERSION, Explanation, explain, render
 from mixc.analysis import analyze
 from mixc.cli import main
 from mixc.errors import MixcError
+from mixc.tools.explain import SCHEMA_VERSION, Explanation, explain, render
 from tests.test_analysis import ROWS
 from tests.test_analysis import VARIANT_ROWS as VARIANTS
 
@@ -323,7 +323,7 @@ def test_graph_into_a_missing_directory_is_an_error(capsys, tmp_path):
 
 
 def test_graph_without_matplotlib_says_how_to_install_it(monkeypatch, tmp_path):
-    from mixc._graph import write_graph
+    from mixc.tools.graph import write_graph
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)

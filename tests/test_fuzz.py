@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 import mixc
 from mixc import cli
-from mixc.fuzz import Example, check, examples, fuzz, plan
+from mixc.check.fuzz import Example, check, examples, fuzz, plan
 from tests.mixers import run_mixc
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from mixc import MixcError, load_spec
-from mixc._interpret import FUNCTIONS, interpret
-from mixc.ir import FUNCTIONS as IR_FUNCTIONS
+from mixc.frontend.ir import FUNCTIONS as IR_FUNCTIONS
+from mixc.oracle.interpret import FUNCTIONS, interpret
 
 SPECS = sorted((Path(__file__).parent.parent / "specs").glob("*.mix"))
 BATCH, STEPS, HEADS, DK, DV = 2, 9, 3, 4, 5

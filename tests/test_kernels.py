@@ -1,4 +1,4 @@
-"""Tests for mixc/backends/_torch_kernels.py.
+"""Tests for mixc/backends/pytorch/kernels.
 
 Every chunked kernel is compared, in fp32, with a float64 step-by-step
 recurrence written here from the math in ALGORITHMS.md (the oracle): outputs,
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-KERNEL_PATH = Path(__file__).resolve().parents[1] / "mixc" / "backends" / "_torch_kernels.py"
+KERNEL_PATH = Path(__file__).resolve().parents[1] / "mixc" / "backends" / "pytorch" / "kernels" / "__init__.py"
 
 
 def _load_kernels():

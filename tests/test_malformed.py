@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mixc
-from mixc._parser import MAX_SPEC_BYTES, decode
 from mixc.errors import MixcError, Source, SpecError, SpecSyntaxError
+from mixc.frontend.parser import MAX_SPEC_BYTES, decode
 from tests.strategies import small_mixers
 
 ROOT = Path(__file__).resolve().parents[1]

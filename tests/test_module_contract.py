@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mixc
-from mixc._interpret import interpret
+from mixc.oracle.interpret import interpret
 from tests.mixers import VARIANTS, positional, random_states, rel, spec_inputs
 
 ROOT = Path(__file__).parent.parent

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixc
-from mixc.fuzz import GATE_FORMS, Example, check, examples, fuzz, plan, random_specs
+from mixc.check.fuzz import GATE_FORMS, Example, check, examples, fuzz, plan, random_specs
 
 #: Forms drawn by default: all but those that hit a known compiler bug (pinned by a strict xfail
 #: below with its minimal spec) until the bug is fixed.

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 
 from mixc import parse
-from mixc.ir import (
+from mixc.frontend.ir import (
     Binary,
     Call,
     Equation,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..errors import MixcError
+from mixc.errors import MixcError
 
 #: Backend name -> module path. Each module defines NAME, supports(facts) and emit(facts).
 REGISTRY = {"pytorch": "mixc.backends.pytorch"}

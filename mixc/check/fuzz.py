@@ -3,7 +3,7 @@
 `fuzz(spec)` (and `mixc fuzz SPEC`) draws random examples with hypothesis and, on each, compares
 every form of a module (`chunk` at several chunk sizes, `parallel` where it exists, a loop of
 `step` calls, and `recurrent`) against a float64 step-by-step interpreter of the spec itself
-(`mixc._interpret`, which shares no code with the code generator). It compares outputs, final
+(`mixc.oracle.interpret`, which shares no code with the code generator). It compares outputs, final
 states, and the gradients of every input, parameter and initial state. `fuzz(spec, module)`
 checks a module mixc did not write (a hand-edited or third-party file with the compiled-module
 contract, loaded by `load_module(path)`).
@@ -72,11 +72,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._frontend import Spec, load_spec
-from ._interpret import interpret
-from .analysis import Facts, analyze
-from .errors import MixcError
-from .ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+from mixc.analysis import Facts, analyze
+from mixc.errors import MixcError
+from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.spec import Spec, load_spec
+from mixc.oracle.interpret import interpret
 
 __all__ = [
     "FACTOR",
@@ -606,7 +606,7 @@ def _out_dims(shape: tuple[str, str]) -> list[str]:
 
 def _default_values(p: Plan, heads: int, sizes: dict[str, int]) -> dict[str, list]:
     """Parameter defaults as explicit values [NH, *shape], evaluated as the oracle does."""
-    from ._interpret import _Evaluator
+    from mixc.oracle.interpret import _Evaluator
 
     ev = _Evaluator(p.mixer, {}, torch.device("cpu"))
     h = torch.arange(heads, dtype=torch.float64).reshape(1, heads, 1, 1)
@@ -1123,7 +1123,7 @@ def fuzz(
     if examples < 1:
         raise MixcError(f"examples: expected at least 1, got {examples}")
     if module is None:
-        from ._compile import load
+        from mixc.driver import load
 
         module, where = load(spec.source), "the compiled module"
     elif isinstance(module, types.ModuleType):
@@ -1217,7 +1217,7 @@ def reproducer(p: Plan, failure: Failure, spec_path: str | None, module_path: st
         "import torch.nn.functional as F",
         "",
         *(["import mixc"] if not module_path else []),
-        "from mixc.fuzz import Result, compare, load_module, reference",
+        "from mixc.check.fuzz import Result, compare, load_module, reference",
         "",
         f"spec = {spec_arg}",
         f"module = {load}",
@@ -1338,7 +1338,7 @@ _KEYWORDS = frozenset({"mixer", "in", "param", "state", "let"})
 
 
 def _valid_name(name: str) -> bool:
-    from ._verify import RESERVED
+    from mixc.frontend.verify import RESERVED
 
     return name not in RESERVED and name not in _KEYWORDS and name not in _LAYOUT_DIMS
 

@@ -13,9 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from ._verify import IDENTITY, SCALAR, Shape, Typer
-from .errors import SpecAnalysisError
-from .ir import Binary, Call, Expr, Identity, Mixer, Name, Neg, Number, Timed, Transpose, walk
+from mixc.errors import SpecAnalysisError
+from mixc.frontend.ir import (
+    Binary,
+    Call,
+    Expr,
+    Identity,
+    Mixer,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+    walk,
+)
+from mixc.frontend.verify import IDENTITY, SCALAR, Shape, Typer
 
 ELEMENTWISE = (
     "exp",

@@ -11,8 +11,8 @@ from pathlib import Path
 import lark
 from lark import Lark, Tree
 
-from .errors import MixcError, Source, Span, SpecSyntaxError
-from .ir import (
+from mixc.errors import MixcError, Source, Span, SpecSyntaxError
+from mixc.frontend.ir import (
     Binary,
     Call,
     Decl,
@@ -33,8 +33,8 @@ MAX_SPEC_BYTES = 64_000  # a spec is a few lines; this bounds the parse to well 
 MAX_DEPTH = 200
 
 _GRAMMAR_PLACES = (
-    Path(__file__).parent / "grammar" / "mixer.lark",  # installed wheel
-    Path(__file__).parent.parent / "grammar" / "mixer.lark",  # source checkout
+    Path(__file__).parent.parent / "grammar" / "mixer.lark",  # installed wheel
+    Path(__file__).parent.parent.parent / "grammar" / "mixer.lark",  # source checkout
 )
 
 # Characters that look like ASCII ones; an error about them says which ASCII to type instead.

@@ -13,14 +13,15 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import __version__
-from .._algebra import Expander, NotAffine, inline
-from .._verify import SCALAR, Symbol, typer_for
-from ..analysis import Facts, StateFacts
-from ..errors import NotYetImplemented
-from ..ir import Binary, Call, Expr, Name, Timed, walk
-from . import _torch_kernels, _torch_runtime
-from ._pyexpr import PyExpr, constant
+from mixc.algebra.expand import Expander, NotAffine, inline
+from mixc.analysis import Facts, StateFacts
+from mixc.backends.pytorch import kernels as _torch_kernels
+from mixc.backends.pytorch import runtime as _torch_runtime
+from mixc.backends.pytorch.pyexpr import PyExpr, constant
+from mixc.errors import NotYetImplemented
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.verify import SCALAR, Symbol, typer_for
+from mixc.version import __version__
 
 NAME = "pytorch"
 

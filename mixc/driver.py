@@ -10,10 +10,10 @@ import tempfile
 import types
 from pathlib import Path
 
-from . import backends
-from ._frontend import Source, load_spec, read_source
-from .analysis import analyze
-from .errors import MixcError, SpecError
+from mixc import backends
+from mixc.analysis import analyze
+from mixc.errors import MixcError, SpecError
+from mixc.frontend.spec import Source, load_spec, read_source
 
 _CACHE: dict[tuple[str, str, str], types.ModuleType] = {}
 

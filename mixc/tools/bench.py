@@ -41,9 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._frontend import load_spec
-from .analysis import analyze
-from .errors import MixcError
+from mixc.analysis import analyze
+from mixc.errors import MixcError
+from mixc.frontend.spec import load_spec
 
 __all__ = [
     "BenchResult",
@@ -434,7 +434,7 @@ def matmul_throughput(
 def _flops_per_token(facts, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:
     """Per token and head, from the analysis' cost model (None when it has no count)."""
     try:
-        from .analysis import costs
+        from mixc.analysis import costs
     except ImportError:  # pragma: no cover - the cost model is part of the analysis
         return None
     c = costs(facts)
@@ -470,7 +470,7 @@ def run(
     """Time the compiled module of `spec_path` over the sweep; see the module docstring."""
     import torch
 
-    from ._compile import load
+    from mixc.driver import load
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -650,7 +650,7 @@ def _is_terminal() -> bool:
 
 
 def write_json(result: BenchResult, path: str | os.PathLike) -> None:
-    from ._compile import write_atomically
+    from mixc.driver import write_atomically
 
     write_atomically(path, json.dumps(result.to_json(), indent=2) + "\n")
 
@@ -741,8 +741,8 @@ def parse_ints(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m mixc.bench ...` is `mixc bench ...`."""
-    from .cli import main as cli_main
+    """`python -m mixc.tools.bench ...` is `mixc bench ...`."""
+    from mixc.cli import main as cli_main
 
     return cli_main(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
 

@@ -12,10 +12,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._frontend import Spec
-from .analysis import CLASSES, Costs, Facts, FormCost, Formula, Readout, StateFacts, analyze, costs
-from .errors import Span
-from .ir import Binary, Expr, Name, Timed, walk
+from mixc.analysis import (
+    CLASSES,
+    Costs,
+    Facts,
+    FormCost,
+    Formula,
+    Readout,
+    StateFacts,
+    analyze,
+    costs,
+)
+from mixc.errors import Span
+from mixc.frontend.ir import Binary, Expr, Name, Timed, walk
+from mixc.frontend.spec import Spec
 
 __all__ = ["SCHEMA_VERSION", "Explanation", "explain", "parallel_form", "render"]
 

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import re
 
-from .ir import Binary, Call, Expr, Identity, Mixer, Name, Neg, Number, Timed, Transpose
+from mixc.frontend.ir import (
+    Binary,
+    Call,
+    Expr,
+    Identity,
+    Mixer,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+)
 
 # Binding strength, as in grammar/mixer.lark: sum < product < unary < juxtaposition < power < postfix.
 _SUM, _PRODUCT, _UNARY, _JUXT, _POWER, _POSTFIX, _ATOM = range(1, 8)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .._algebra import Term
-from .._verify import IDENTITY, SCALAR, Shape, Typer
-from ..ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+from mixc.algebra.expand import Term
+from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.verify import IDENTITY, SCALAR, Shape, Typer
 
 _TORCH_CALLS = {
     "exp": "torch.exp",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import Span
+from mixc.errors import Span
 
 __all__ = [
     "BINARY_OPS",
@@ -65,7 +65,7 @@ class Expr(Node):
     __slots__ = ()
 
     def __str__(self) -> str:
-        from ._printer import format_expr
+        from mixc.frontend.printer import format_expr
 
         return format_expr(self)
 
@@ -188,7 +188,7 @@ class Mixer(Node):
     equations: tuple[Equation, ...] = ()
 
     def __str__(self) -> str:
-        from ._printer import format_mixer
+        from mixc.frontend.printer import format_mixer
 
         return format_mixer(self)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import networkx as nx
 
-from ._compile import write_atomically
-from .analysis import Facts
-from .errors import MixcError
+from mixc.analysis import Facts
+from mixc.driver import write_atomically
+from mixc.errors import MixcError
 
 __all__ = ["FORMATS", "draw", "write_graph"]
 

@@ -30,10 +30,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._frontend import Spec, load_spec
-from ._verify import declared
-from .errors import InputError, MixcError
-from .ir import Binary, Call, Expr, Identity, Mixer, Name, Neg, Number, Timed, Transpose, walk
+from mixc.errors import InputError, MixcError
+from mixc.frontend.ir import (
+    Binary,
+    Call,
+    Expr,
+    Identity,
+    Mixer,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+    walk,
+)
+from mixc.frontend.spec import Spec, load_spec
+from mixc.frontend.verify import declared
 
 __all__ = ["interpret"]
 

@@ -11,8 +11,7 @@ import difflib
 import keyword
 from dataclasses import dataclass
 
-from ._parser import MAX_DEPTH
-from .errors import (
+from mixc.errors import (
     NotYetImplemented,
     Span,
     SpecAnalysisError,
@@ -20,7 +19,7 @@ from .errors import (
     SpecShapeError,
     SpecSyntaxError,
 )
-from .ir import (
+from mixc.frontend.ir import (
     FUNCTIONS,
     Binary,
     Call,
@@ -36,6 +35,7 @@ from .ir import (
     children,
     walk,
 )
+from mixc.frontend.parser import MAX_DEPTH
 
 Shape = tuple[str, str]
 SCALAR: Shape = ("1", "1")

@@ -20,7 +20,7 @@ from fractions import Fraction
 
 import networkx as nx
 
-from ._algebra import (
+from mixc.algebra.expand import (
     Expander,
     NotAffine,
     Term,
@@ -28,10 +28,10 @@ from ._algebra import (
     product,
     transpose_atom,
 )
-from ._frontend import Spec
-from ._verify import SCALAR, Shape, show, typer_for
-from .errors import NotYetImplemented, Span, SpecAnalysisError, SpecError
-from .ir import Binary, Call, Expr, Mixer, Name, Neg, Number, Timed, Transpose, walk
+from mixc.errors import NotYetImplemented, Span, SpecAnalysisError, SpecError
+from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.spec import Spec
+from mixc.frontend.verify import SCALAR, Shape, show, typer_for
 
 __all__ = [
     "CLASSES",

@@ -6,10 +6,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._parser import MAX_SPEC_BYTES, decode, parse
-from ._verify import Shape, verify
-from .errors import MixcError, Source, SpecError
-from .ir import Mixer
+from mixc.errors import MixcError, Source, SpecError
+from mixc.frontend.ir import Mixer
+from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
+from mixc.frontend.verify import Shape, verify
 
 
 @dataclass(frozen=True)
