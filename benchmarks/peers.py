@@ -283,7 +283,7 @@ def task_efficiency(args: dict) -> dict:
     import torch
 
     import mixc
-    from mixc.analysis import costs
+    from mixc.analysis.cost import costs
     from mixc.tools.bench import chunk_shapes, matmul_calls, matmul_summary
 
     name, T = args["spec"], args["T"]

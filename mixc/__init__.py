@@ -4,7 +4,7 @@
 >>> spec = mixc.load_spec("specs/deltanet.mix")
 """
 
-from mixc.analysis import analyze
+from mixc.analysis.plan import analyze
 from mixc.driver import compile_source, load
 from mixc.errors import MixcError, NotYetImplemented, SpecError
 from mixc.frontend.parser import parse

@@ -23,11 +23,13 @@ def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 @command
 def cmd_check(args: argparse.Namespace) -> int:
-    """Parse and verify specs; print each in normal form."""
+    """Parse, verify and analyse specs, as compile does; print each in normal form."""
+    from mixc.driver import plan
+
     status = 0
     for path in args.specs:
         try:
-            spec = load_spec(path)
+            spec = plan(path).spec
         except MixcError as exc:
             print(exc, file=sys.stderr)
             status = 1
@@ -87,7 +89,8 @@ def _picture(text: str) -> str:
 @command
 def cmd_explain(args: argparse.Namespace) -> int:
     """Report what the analysis found: classes, rules, gates, forms, algorithm, costs."""
-    from mixc.analysis import analyze, costs
+    from mixc.analysis.cost import costs
+    from mixc.driver import plan
     from mixc.tools.explain import Explanation, explain, render
 
     if args.json_schema:
@@ -96,8 +99,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.spec is None:
         print("mixc explain: error: the following arguments are required: SPEC", file=sys.stderr)
         return 2
-    spec = load_spec(args.spec)
-    facts = analyze(spec)
+    facts = plan(args.spec)
+    spec = facts.spec
     sizes = args.sizes or {}
     known = set(costs(facts).symbols)
     unknown = sorted(set(sizes) - known)
@@ -119,7 +122,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 @command
 def cmd_graph(args: argparse.Namespace) -> int:
     """Draw the dependency graph of a spec."""
-    from mixc.analysis import analyze
+    from mixc.analysis.plan import analyze
     from mixc.tools.graph import write_graph
 
     facts = analyze(load_spec(args.spec))

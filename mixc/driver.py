@@ -11,21 +11,34 @@ import types
 from pathlib import Path
 
 from mixc import backends
-from mixc.analysis import analyze
-from mixc.errors import MixcError, SpecError
-from mixc.frontend.spec import Source, load_spec, read_source
+from mixc.analysis.plan import Plan, analyze
+from mixc.errors import MixcError, NotYetImplemented, SpecError
+from mixc.frontend.spec import Source, Spec, load_spec, read_source
 
 _CACHE: dict[tuple[str, str, str], types.ModuleType] = {}
 
 
+def plan(spec, backend: str = "pytorch") -> Plan:
+    """Spec (path, text, Source or a loaded Spec) -> its plan, after every check `compile` makes:
+    parsing, verification, analysis and the backend's own refusals. `mixc check`, `mixc explain`
+    and `mixc compile` all start here, so they accept and refuse the same specs."""
+    loaded = spec if isinstance(spec, Spec) else load_spec(spec)
+    result = analyze(loaded)
+    reason = backends.get(backend).supports(result)
+    if reason is not None:
+        outputs = loaded.mixer.outputs
+        where = outputs[-1].span if outputs else None
+        raise NotYetImplemented(reason, where).located(loaded.source)
+    return result
+
+
 def compile_source(spec, backend: str = "pytorch") -> str:
     """Spec (path, text, or Source) -> generated module source."""
-    loaded = load_spec(spec)
-    facts = analyze(loaded)
+    result = plan(spec, backend)
     try:
-        return backends.get(backend).emit(facts)
+        return backends.get(backend).emit(result)
     except SpecError as exc:
-        raise exc.located(loaded.source) from None
+        raise exc.located(result.spec.source) from None
 
 
 def write_atomically(path: str | os.PathLike, text: str) -> None:

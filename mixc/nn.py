@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixc.analysis import analyze
+from mixc.analysis.plan import analyze
 from mixc.driver import load
 from mixc.errors import MixcError
 from mixc.frontend.spec import load_spec

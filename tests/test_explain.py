@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mixc import load_spec
-from mixc.analysis import analyze
+from mixc.analysis.plan import analyze
 from mixc.cli import main
 from mixc.errors import MixcError
 from mixc.tools.explain import SCHEMA_VERSION, Explanation, explain, render
@@ -168,7 +168,7 @@ def test_json_validates_and_round_trips(capsys, name):
     assert [s.transition_class for s in report.states] == [s.transition.cls for s in facts.states]
     assert [s.rule for s in report.states] == [s.transition.rule_name for s in facts.states]
     assert report.chunkable is facts.chunkable and report.algorithm == facts.algorithm
-    assert [g.states for g in report.groups] == [list(g) for g in facts.groups]
+    assert [g.states for g in report.groups] == [list(g.states) for g in facts.groups]
 
 
 def test_json_fields_are_stable_and_documented(capsys):

@@ -72,7 +72,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mixc.analysis import Facts, analyze
+from mixc.analysis.plan import Plan as Facts
+from mixc.analysis.plan import analyze
 from mixc.errors import MixcError
 from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.spec import Spec, load_spec

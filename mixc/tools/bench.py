@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mixc.analysis import analyze
+from mixc.analysis.plan import analyze
 from mixc.errors import MixcError
 from mixc.frontend.spec import load_spec
 
@@ -368,7 +368,7 @@ def chunk_shapes(facts, sizes: dict[str, int]) -> tuple[int, int]:
     def size(s: str) -> int:
         return int(s) if s.isdigit() else sizes[s]
 
-    group = [facts.state(n) for n in facts.groups[0]]
+    group = [facts.state(n) for n in facts.groups[0].states]
     lead = group[0]
     d_k = size(lead.shape[0] if lead.vector else lead.shape[1])
     d_v = sum(1 if s.vector else size(s.shape[0]) for s in group)
@@ -434,7 +434,7 @@ def matmul_throughput(
 def _flops_per_token(facts, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:
     """Per token and head, from the analysis' cost model (None when it has no count)."""
     try:
-        from mixc.analysis import costs
+        from mixc.analysis.cost import costs
     except ImportError:  # pragma: no cover - the cost model is part of the analysis
         return None
     c = costs(facts)

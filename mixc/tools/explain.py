@@ -12,17 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mixc.analysis import (
-    CLASSES,
-    Costs,
-    Facts,
-    FormCost,
-    Formula,
-    Readout,
-    StateFacts,
-    analyze,
-    costs,
-)
+from mixc.analysis.cost import Costs, FormCost, Formula, costs
+from mixc.analysis.facts import Readout, StateFacts
+from mixc.analysis.plan import Plan as Facts
+from mixc.analysis.plan import analyze
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr, Name, Timed, walk
 from mixc.frontend.spec import Spec
@@ -110,7 +103,7 @@ class StateInfo(_Model):
     affine: bool = Field(
         description="True when the update is affine in the state's previous value (S_t = G_t(S_{t-1}) + W_t)."
     )
-    transition_class: str = Field(description="Transition class of G_t (analysis.CLASSES).")
+    transition_class: str = Field(description="Transition class of G_t (a variant of a class in mixc.transitions).")
     rule: str = Field(
         description="Name of the rule of the rule table that fired (first match wins)."
     )
@@ -421,14 +414,14 @@ def explain(
     for s in facts.states:
         tr = s.transition
         line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
-        line += f" -> {CLASSES[tr.cls]}" if tr.chunkable else f" -> recurrent only: {tr.reason}"
+        line += f" -> {tr.kind.algorithm}" if tr.chunkable else f" -> recurrent only: {tr.reason}"
         why.append(line)
     not_supported = [
         f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason
     ]
     if not facts.states:
         not_supported.append("the mixer has no state")
-    groups = [_group_info(facts, g) for g in facts.groups]
+    groups = [_group_info(facts, g.states) for g in facts.groups]
     return Explanation(
         mixer=mixer.name,
         description=mixer.description,
@@ -525,7 +518,7 @@ def _group_info(facts: Facts, group: tuple[str, ...]) -> GroupInfo:
         return GroupInfo(
             states=list(group),
             transition_class=tr.cls,
-            algorithm=CLASSES[tr.cls] if tr.cls in CLASSES else "recurrent only",
+            algorithm=tr.kind.algorithm,
             legend=f"S_t = G_t(S_{{t-1}}) + W_t, evaluated for t = 1..T in order ({lead.name} = S^T)",
             parallel_form=form,
             quadratic_form=None,
@@ -621,7 +614,7 @@ def _group_info(facts: Facts, group: tuple[str, ...]) -> GroupInfo:
     return GroupInfo(
         states=list(group),
         transition_class=cls,
-        algorithm=CLASSES[cls],
+        algorithm=tr.kind.algorithm,
         legend=",  ".join(legend),
         parallel_form=form,
         quadratic_form=quadratic,
@@ -630,7 +623,7 @@ def _group_info(facts: Facts, group: tuple[str, ...]) -> GroupInfo:
 
 def parallel_form(facts: Facts, groups: list[GroupInfo] | None = None) -> list[str]:
     """The derived parallel form of the whole mixer, as lines of math in the spec's own names."""
-    groups = groups if groups is not None else [_group_info(facts, g) for g in facts.groups]
+    groups = groups if groups is not None else [_group_info(facts, g.states) for g in facts.groups]
     lines: list[str] = []
     if not facts.chunkable:
         lines.append(f"sequential only: {facts.reason}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from mixc.analysis import Facts
+from mixc.analysis.plan import Plan as Facts
 from mixc.driver import write_atomically
 from mixc.errors import MixcError
 

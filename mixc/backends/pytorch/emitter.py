@@ -1,95 +1,39 @@
-"""The PyTorch backend: facts -> a standalone module with chunk, recurrent, parallel and step.
+"""The PyTorch backend's emitter: a plan -> a standalone module with chunk, recurrent, parallel,
+summary and step.
 
-The chunked form comes from one lowering per transition class (`LOWERINGS`): each maps a group
-of states to a kernel call with its query, key, value and log-gates, written as spec
-expressions. Kernels and runtime helpers are copied verbatim from `_torch_kernels.py` and
-`_torch_runtime.py`, so the generated file imports only torch.
+Each group of the plan names the backend-neutral kernel its class runs (`scalar_decay`,
+`diagonal`, `delta`) and the kernel's arguments as spec expressions; this backend implements
+kernel `X` as `chunk_X` (and `parallel_X` where the class has a quadratic form) in
+`kernels/X.py`. Kernels and runtime helpers are copied verbatim into the generated file, so it
+imports only torch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from mixc.algebra.expand import Expander, NotAffine, inline
-from mixc.analysis import Facts, StateFacts
+from mixc.algebra.expand import inline
+from mixc.analysis.plan import GroupPlan, Plan
 from mixc.backends.pytorch import kernels as _torch_kernels
 from mixc.backends.pytorch import runtime as _torch_runtime
 from mixc.backends.pytorch.pyexpr import PyExpr, constant
-from mixc.errors import NotYetImplemented
 from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
-from mixc.frontend.verify import SCALAR, Symbol, typer_for
+from mixc.frontend.verify import SCALAR
 from mixc.version import __version__
 
 NAME = "pytorch"
 
-# ----------------------------------------------------------------------------- lowerings
+
+def _chunk_kernel(group: GroupPlan) -> str:
+    return f"chunk_{group.kernel}"
 
 
-@dataclass(frozen=True)
-class KernelCall:
-    """How one group of states runs chunked: a kernel and its per-token arguments."""
-
-    kernel: str
-    args: tuple[
-        tuple[str, Expr | None, str], ...
-    ]  # (kernel argument, spec expression, "vector" | "scalar")
-    parallel: str | None = None  # the quadratic form's kernel, when the class has one
+def _parallel_kernel(group: GroupPlan) -> str:
+    return f"parallel_{group.kernel}"
 
 
-def _sum(a: Expr | None, b: Expr | None) -> Expr | None:
-    if a is None:
-        return b
-    return a if b is None else Binary("+", a, b)
-
-
-def _lower_scalar(s: StateFacts) -> KernelCall:
-    return KernelCall(
-        "chunk_scalar_decay",
-        (("g", s.transition.log("scalar"), "scalar"),),
-        "parallel_scalar_decay",
-    )
-
-
-def _lower_diagonal(s: StateFacts) -> KernelCall:
-    tr = s.transition
-    scalar, key, value = tr.log("scalar"), tr.log("key"), tr.log("value")
-    if key is not None or value is None:
-        key = _sum(key, scalar)
-    else:
-        value = _sum(value, scalar)
-    return KernelCall("chunk_diagonal", (("gk", key, "vector"), ("gv", value, "vector")))
-
-
-def _lower_delta(s: StateFacts) -> KernelCall:
-    tr = s.transition
-    if str(tr.key) != str(s.writes[0].key):
-        raise NotYetImplemented(
-            f"the delta rule of {s.name} erases along {tr.key} but writes along {s.writes[0].key}; "
-            "the chunked form needs the same key in both",
-            tr.span,
-        )
-    return KernelCall(
-        "chunk_delta", (("beta", tr.beta, "scalar"), ("g", tr.log("scalar"), "scalar"))
-    )
-
-
-#: One lowering per transition class with a chunked form.
-LOWERINGS: dict[str, Callable[[StateFacts], KernelCall]] = {
-    "identity": _lower_scalar,
-    "scalar constant": _lower_scalar,
-    "scalar data-dependent": _lower_scalar,
-    "diagonal key-side": _lower_diagonal,
-    "diagonal value-side": _lower_diagonal,
-    "elementwise gate": _lower_diagonal,
-    "identity minus rank-1": _lower_delta,
-    "scalar decay times identity minus rank-1": _lower_delta,
-}
-
-
-def supports(facts: Facts) -> str | None:
+def supports(facts: Plan) -> str | None:
     """None if this backend compiles `facts`; otherwise the reason."""
     if len(facts.mixer.outputs) != 1:
         names = ", ".join(e.target for e in facts.mixer.outputs)
@@ -115,42 +59,25 @@ def _source_of(module, names) -> str:
     return "\n\n\n".join(inspect.getsource(getattr(module, n)).rstrip() for n in names)
 
 
-def emit(facts: Facts) -> str:
-    """The generated module's source text (deterministic: same spec, same bytes)."""
-    reason = supports(facts)
-    if reason:
-        raise NotYetImplemented(
-            reason, facts.mixer.outputs[-1].span if facts.mixer.outputs else None
-        )
+def emit(facts: Plan) -> str:
+    """The generated module's source text (deterministic: same spec, same bytes), for a plan
+    this backend `supports`."""
     return _Module(facts).source()
 
 
 class _Module:
-    def __init__(self, facts: Facts) -> None:
+    def __init__(self, facts: Plan) -> None:
         self.facts = facts
         self.mixer = facts.mixer
         self.spec = facts.spec
-        typer = typer_for(self.mixer, self.spec.shapes)
-        for o in facts.outputs:
-            for r in o.readouts:
-                shape = typer.symbols[r.state].shape
-                typer.symbols[f"_r{r.index}"] = Symbol(
-                    "param", SCALAR if shape[1] == "1" else (shape[0], "1")
-                )
-        self.typer = typer
-        self.expander = Expander(self.mixer, typer, {s.name for s in self.mixer.states})
+        self.typer = facts.typer
         self.inputs = [d.name for d in self.mixer.inputs]
         self.required = [p.name for p in self.mixer.params if p.default is None]
         self.defaulted = [p.name for p in self.mixer.params if p.default is not None]
         self.states = [s.name for s in self.mixer.states]
         self.output = self.mixer.outputs[0]
-        self.calls = {}
-        if facts.chunkable:
-            for group in facts.groups:
-                self.calls[group] = LOWERINGS[facts.state(group[0]).transition.cls](
-                    facts.state(group[0])
-                )
-        self.has_parallel = facts.chunkable and all(c.parallel for c in self.calls.values())
+        self.groups = facts.groups if facts.chunkable else ()
+        self.has_parallel = facts.forms.parallel is None
 
     # -- pieces ------------------------------------------------------------------------------
 
@@ -197,8 +124,8 @@ class _Module:
 
     def kernel_names(self) -> list[str]:
         names = sorted(
-            {c.kernel for c in self.calls.values()}
-            | ({c.parallel for c in self.calls.values()} if self.has_parallel else set())
+            {_chunk_kernel(g) for g in self.groups}
+            | ({_parallel_kernel(g) for g in self.groups} if self.has_parallel else set())
         )
         deps = sorted({d for n in names for d in _torch_kernels.DEPENDS[n]})
         return deps + names
@@ -259,11 +186,7 @@ class _Module:
         )
         out(f"STATES = {self.layout(self.mixer.states)}", 0)
         out(f'OUTPUT = "{self.output.target}"', 0)
-        forms = (
-            (["chunk"] if self.facts.chunkable else [])
-            + (["parallel"] if self.has_parallel else [])
-            + ["recurrent", "step"]
-        )
+        forms = self.facts.forms.names()
         out(
             f"FORMS = ({', '.join(repr(f) for f in forms)},)  # the forms that compute (chunk raises NYI otherwise)",
             0,
@@ -282,7 +205,7 @@ class _Module:
         out("", 0)
         out("", 0)
         out(_source_of(_torch_runtime, runtime), 0)
-        if self.calls:
+        if self.groups:
             out("", 0)
             out("", 0)
             out("# ---- kernels, one per transition class (ALGORITHMS.md) " + "-" * 35, 0)
@@ -414,11 +337,11 @@ class _Module:
         out("", 0)
         out("", 0)
 
-    def emit_kernel_args(self, out: _Lines, group, call: KernelCall, packed: str) -> list[str]:
+    def emit_kernel_args(self, out: _Lines, group: GroupPlan, packed: str) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one group."""
         e = self.seq_expr()
-        facts = [self.facts.state(s) for s in group]
-        name = group[0]
+        facts = [self.facts.state(s) for s in group.states]
+        name = group.name
         out(f"_k_{name} = _seq_vector({e(facts[0].writes[0].key)}, _sizes{packed})")
         values = []
         for s in facts:
@@ -433,15 +356,15 @@ class _Module:
         value = values[0] if len(values) == 1 else f"torch.cat([{', '.join(values)}], -2)"
         out(f"_v_{name} = _seq_vector({value}, _sizes{packed})")
         kernel_args = []
-        for arg, expr, kind in call.args:
-            if expr is None:
+        for arg in group.args:
+            if arg.expr is None:
                 kernel_args.append("None")
                 continue
-            value = e(expr)
-            if constant(expr) is not None:  # a constant gate, e.g. log(0.9): make it a tensor
+            value = e(arg.expr)
+            if constant(arg.expr) is not None:  # a constant gate, e.g. log(0.9): make it a tensor
                 value = f"torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
-            out(f"_{arg}_{name} = _seq_{kind}({value}, _sizes{packed})  # {expr}")
-            kernel_args.append(f"_{arg}_{name}")
+            out(f"_{arg.name}_{name} = _seq_{arg.layout}({value}, _sizes{packed})  # {arg.expr}")
+            kernel_args.append(f"_{arg.name}_{name}")
         return kernel_args
 
     def widths(self, group) -> list[str]:
@@ -454,50 +377,44 @@ class _Module:
         """One kernel call per (group, query); returns readout index -> variable."""
         e = self.seq_expr()
         readout_vars = {}
-        readouts = [r for o in self.facts.outputs for r in o.readouts]
         packed = "" if parallel else ", cu_seqlens"
-        for group, call in self.calls.items():
+        for plan in self.groups:
+            group = plan.states
             facts = [self.facts.state(s) for s in group]
-            name = group[0]
-            out(
-                f"# {' and '.join(group)}: {facts[0].transition.cls} -> {call.parallel if parallel else call.kernel}"
-            )
-            kernel_args = self.emit_kernel_args(out, group, call, packed)
+            name = plan.name
+            kernel = _parallel_kernel(plan) if parallel else _chunk_kernel(plan)
+            out(f"# {' and '.join(group)}: {plan.transition.cls} -> {kernel}")
+            kernel_args = self.emit_kernel_args(out, plan, packed)
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
                 s0_text = s0[0] if len(s0) == 1 else f"torch.cat([{', '.join(s0)}], -1)"
                 out(f"_S0_{name} = {s0_text}")
-            queries = [r for r in readouts if r.state in group]
-            distinct: list[Expr] = []
-            for r in queries:
-                if str(r.query) not in map(str, distinct):
-                    distinct.append(r.query)
-            if not distinct and not parallel:
-                distinct = [None]
+            queries = list(plan.queries) or ([] if parallel else [None])
             widths = self.widths(group)
-            for i, query in enumerate(distinct):
+            for i, query in enumerate(queries):
                 q_text = (
-                    f"_seq_vector({e(query)}, _sizes{packed})"
+                    f"_seq_vector({e(query.expr)}, _sizes{packed})"
                     if query is not None
                     else f"torch.zeros_like(_k_{name})"
                 )
                 out(f"_q = {q_text}")
                 args = ", ".join(["_q", f"_k_{name}", f"_v_{name}", *kernel_args])
                 if parallel:
-                    out(f"_o = {call.parallel}({args})")
+                    out(f"_o = {kernel}({args})")
                 else:
-                    out(f"_o, _S = {call.kernel}({args}, _S0_{name}, chunk_size)")
+                    out(f"_o, _S = {kernel}({args}, _S0_{name}, chunk_size)")
                 if len(group) == 1:
                     parts = ["_o"]
                 else:
                     parts = [f"_o_{s}" for s in group]
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
-                for r in queries:
-                    if str(r.query) == str(query):
-                        out(
-                            f"_r{r.index} = _from_seq({parts[group.index(r.state)]}{packed})  # {Binary('.' if self.facts.state(r.state).vector else '@', Timed(r.state, 0), r.query)}"
-                        )
-                        readout_vars[r.index] = f"_r{r.index}"
+                for r in query.readouts if query is not None else ():
+                    read = Binary(
+                        "." if self.facts.state(r.state).vector else "@", Timed(r.state, 0), r.query
+                    )
+                    part = parts[group.index(r.state)]
+                    out(f"_r{r.index} = _from_seq({part}{packed})  # {read}")
+                    readout_vars[r.index] = f"_r{r.index}"
                 if i == 0 and not parallel:
                     self.emit_split_states(out, group, "_S")
         return readout_vars
@@ -513,15 +430,6 @@ class _Module:
             if not s.vector:
                 out(f"{s.name} = {s.name}.mT")
 
-    def summary_reason(self) -> str | None:
-        if not self.facts.chunkable:
-            return self.facts.reason.replace("NYI: ", "")
-        for group in self.calls:
-            tr = self.facts.state(group[0]).transition
-            if tr.log("value") is not None:
-                return f"{group[0]} has a value-side gate; the summary covers transitions on the key side"
-        return None
-
     def emit_summary(self, out: _Lines) -> None:
         out(f"def summary({self.signature('chunk_size=64')}):", 0)
         out(
@@ -533,20 +441,18 @@ class _Module:
         out("(P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose")
         out("associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).")
         out('"""')
-        reason = self.summary_reason()
-        if reason is not None:
-            out(f"_fail({('NYI: no transition summary (' + reason + ')')!r})")
+        missing = self.facts.forms.summary
+        if missing is not None:
+            out(f"_fail({('NYI: no transition summary (' + missing.text + ')')!r})")
             out("", 0)
             out("", 0)
             return
         self.prologue(out, True, None)
         transitions, finals = {}, {}
-        for group, call in self.calls.items():
-            name = group[0]
-            out(
-                f"# {' and '.join(group)}: {call.kernel} on probes: zero writes from an identity state"
-            )
-            kernel_args = self.emit_kernel_args(out, group, call, "")
+        for plan in self.groups:
+            group, name, kernel = plan.states, plan.name, _chunk_kernel(plan)
+            out(f"# {' and '.join(group)}: {kernel} on probes: zero writes from an identity state")
+            kernel_args = self.emit_kernel_args(out, plan, "")
             out(f"_K = _k_{name}.shape[-1]")
             out(f"_width = _v_{name}.shape[-1]")
             out(f"_v = torch.cat([_v_{name}, _v_{name}.new_zeros(*_v_{name}.shape[:-1], _K)], -1)")
@@ -555,7 +461,7 @@ class _Module:
             )
             out(f"_S0 = _S0.expand(*_k_{name}.shape[:2], _K, _width + _K)")
             args = ", ".join([f"torch.zeros_like(_k_{name})", f"_k_{name}", "_v", *kernel_args])
-            out(f"_o, _S = {call.kernel}({args}, _S0, chunk_size)")
+            out(f"_o, _S = {kernel}({args}, _S0, chunk_size)")
             out("_F, _P = _S.split([_width, _K], -1)")
             self.emit_split_states(out, group, "_F")
             for s in group:
@@ -599,11 +505,11 @@ class _Module:
             if name not in self.states:
                 continue
             eq = self.mixer.update(name)
-            body = inline(self.mixer, eq.value)
-            try:
-                text = self.gated_update(name, e) or e.terms(self.expander.expand(body))
-            except NotAffine:
-                text = e(body)
+            state = self.facts.state(name)
+            if state.terms is None:  # not affine: the update as written
+                text = e(inline(self.mixer, eq.value))
+            else:
+                text = self.gated_update(name, e) or e.terms(list(state.terms))
             out(f"{name}_t = {text}  # {eq.value}", 2)
         y = inline(self.mixer, self.output.value)
         out(f"_ys.append({e(y)})  # {self.output.target}_t = {self.output.value}", 2)
@@ -619,14 +525,7 @@ class _Module:
         keeps accurate gradients. None for other classes (emitted from the expanded terms)."""
         s = self.facts.state(name)
         tr = s.transition
-        if tr.cls not in (
-            "scalar constant",
-            "scalar data-dependent",
-            "diagonal key-side",
-            "diagonal value-side",
-        ):
-            return None
-        if tr.gate is not None or not s.writes:
+        if not tr.kind.step_decays(tr) or tr.gate is not None or not s.writes:
             return None
         decayed = name
         for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)
@@ -639,10 +538,9 @@ class _Module:
                 decayed = f"{decayed} * ({factor}).mT" if plain else f"{decayed} * {factor}.mT"
             else:  # value side, or the only axis of a vector state
                 decayed = f"{factor} * {decayed}"
+        ex = self.facts.expander
         writes = [
-            t
-            for t in self.expander.expand(inline(self.mixer, self.mixer.update(name).value))
-            if not any(self.expander.has_state(a) for a in t.chain + t.scalars + t.gates)
+            t for t in s.terms if not any(ex.has_state(a) for a in t.chain + t.scalars + t.gates)
         ]
         return f"{decayed} + {e.terms(writes)}" if writes else decayed
 

@@ -1,0 +1,220 @@
+"""Canonical spelling of state-free expressions: the same math gives the same text.
+
+Facts hold canonical expressions, so `gamma H` and `H gamma`, `exp(dt A)` and `exp(A dt)`, or
+`H - b H k k^T` and `H (I - b k k^T)` give the same facts, and the transition rules compare
+canonical text, never the spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from decimal import Decimal
+from fractions import Fraction
+
+from mixc.algebra.expand import Expander, NotAffine, Term, product
+from mixc.errors import SpecError
+from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.verify import SCALAR
+
+__all__ = ["Canon", "number", "signed"]
+
+
+def number(value: Fraction | float) -> Expr:
+    """A non-negative constant as a literal: 0.9 rather than 9 / 10 where the decimal is exact."""
+    if isinstance(value, int):  # Term's default coefficient
+        value = Fraction(value)
+    if isinstance(value, Fraction):
+        if value.denominator == 1:
+            return Number(str(value.numerator))
+        short = repr(float(value))
+        if Fraction(short) == value:
+            return Number(short)
+        den = value.denominator
+        for p in (2, 5):
+            while den % p == 0:
+                den //= p
+        if den == 1:  # a terminating decimal longer than a float prints
+            return Number(format(Decimal(value.numerator) / Decimal(value.denominator), "f"))
+        return Binary("/", Number(str(value.numerator)), Number(str(value.denominator)))
+    return Number(repr(float(value)))
+
+
+def signed(value: Fraction | float) -> Expr:
+    return Neg(number(-value)) if value < 0 else number(value)
+
+
+def _factor_order(e: Expr) -> tuple[int, str]:
+    """Scalar factors print per-token values first, then parameters, then constants."""
+    nodes = list(walk(e))
+    rank = (
+        0
+        if any(isinstance(n, Timed) for n in nodes)
+        else 1
+        if any(isinstance(n, Name) for n in nodes)
+        else 2
+    )
+    return rank, str(e)
+
+
+class Canon:
+    """The canonical spelling of a state-free expression: the same math gives the same text.
+
+    Expands into terms (so `a b` and `b a`, `x + y - y`, `(a b) c` and `a (b c)` meet), merges like
+    terms, and orders scalars (per-token values first) and terms; arguments of functions are
+    canonical too. Facts hold canonical expressions, so equal mixers give equal facts.
+    """
+
+    def __init__(self, ex: Expander) -> None:
+        self.ex = ex
+
+    def __call__(self, e: Expr | None) -> Expr | None:
+        if e is None:
+            return None
+        try:
+            terms = self.ex.expand(e)
+        except (NotAffine, SpecError):
+            return e
+        return self.terms(terms)
+
+    def key(self, e: Expr) -> str:
+        return str(self(e))
+
+    def atom(self, a: Expr) -> Expr:
+        if isinstance(a, Transpose):
+            return Transpose(self.atom(a.operand), span=a.span)
+        if isinstance(a, Call):
+            return Call(a.func, tuple(self(x) for x in a.args), span=a.span)
+        if isinstance(a, Neg | Binary):
+            try:
+                terms = self.ex.expand(a)
+            except (NotAffine, SpecError):
+                terms = None
+            atomic = terms is not None and len(terms) == 1 and terms[0].coeff == 1
+            if terms is not None and not (atomic and a in (terms[0].chain + terms[0].scalars)):
+                return self.terms(terms)  # a sum of equal shapes, say, expands like any other
+        if isinstance(a, Neg):
+            return Neg(self(a.operand), span=a.span)
+        if isinstance(a, Binary):
+            left, right = self(a.left), self(a.right)
+            if a.op in ("+", "*", ".") and _factor_order(right) < _factor_order(left):
+                left, right = right, left
+            return Binary(a.op, left, right, span=a.span)
+        return a
+
+    def combine(self, terms: list[Term]) -> list[Term]:
+        """Collect like terms whose factors are equal once canonical (`exp(a b) H` and
+        `exp(b a) H`), which the expander's textual collection misses; the first spelling stays."""
+        merged: dict[tuple, Term] = {}
+        for t in (piece for term in terms for piece in self._split_gates(term)):
+            key = (
+                tuple(sorted(self.key(a) for a in t.scalars)),
+                tuple(str(self.atom(a)) for a in t.chain),
+                tuple(sorted(str(self.atom(g)) for g in t.gates)),
+            )
+            merged[key] = (
+                replace(merged[key], coeff=merged[key].coeff + t.coeff) if key in merged else t
+            )
+        return [t for t in merged.values() if t.coeff != 0]
+
+    def _split_gates(self, t: Term) -> list[Term]:
+        """`(a + b) ⊙ S` is `a ⊙ S + b ⊙ S`, and `(2 a) ⊙ S` is `2 (a ⊙ S)`: a gate that expands to
+        more than one plain atom is distributed, so like terms meet."""
+        out = [replace(t, gates=())]
+        for g in t.gates:
+            try:
+                pieces = self.ex.expand(g)
+            except (NotAffine, SpecError):
+                pieces = None
+            plain = (
+                pieces is not None
+                and len(pieces) == 1
+                and pieces[0].coeff == 1
+                and not pieces[0].scalars
+            )
+            if (
+                pieces is None
+                or (plain and len(pieces[0].chain) == 1)
+                or any(p.gates for p in pieces)
+            ):
+                out = [replace(x, gates=(*x.gates, g)) for x in out]
+                continue
+            out = [
+                replace(
+                    x.scale(p.coeff, p.scalars),
+                    gates=(*x.gates, p.chain[0] if len(p.chain) == 1 else product(list(p.chain))),
+                )
+                for x in out
+                for p in pieces
+                if p.chain
+            ]
+        out = [replace(x, gates=tuple(sorted(x.gates, key=str))) for x in out]
+        return [self._fold_gates(x) for x in out]
+
+    def _fold_gates(self, t: Term) -> Term:
+        """A state-free gated term (`g ⊙ (S + x)` leaves `g ⊙ x`) is one atom `g * x`, as the
+        expander writes a state-free elementwise product, so the two spellings meet."""
+        if not t.gates or not t.chain or any(self.ex.has_state(a) for a in t.chain):
+            return t
+        e = product(list(t.chain))
+        for g in t.gates:
+            e = Binary("*", g, e)
+        return replace(t, chain=(self.atom(e),), gates=())
+
+    def factor(self, terms: list[Term]) -> list[Term]:
+        """Terms with the same matrix factors, told apart only by their scalars, become one term
+        whose scalar is the sum: `H - s H` is `(1 - s) H`, one scalar decay (as written or not)."""
+        groups: dict[tuple, list[Term]] = {}
+        for t in terms:
+            key = (
+                tuple(str(self.atom(a)) for a in t.chain),
+                tuple(sorted(str(self.atom(g)) for g in t.gates)),
+            )
+            groups.setdefault(key, []).append(t)
+        out = []
+        for group in groups.values():
+            if len(group) == 1:
+                out.append(group[0])
+                continue
+            scalar = self.terms([Term(coeff=t.coeff, scalars=t.scalars) for t in group])
+            if isinstance(scalar, Number) and scalar.text == "0":
+                continue
+            out.append(Term(scalars=(scalar,), chain=group[0].chain, gates=group[0].gates))
+        return out
+
+    def terms(self, terms: list[Term]) -> Expr:
+        merged: dict[tuple, list] = {}
+        for t in terms:
+            scalars = sorted((self.atom(a) for a in t.scalars), key=_factor_order)
+            chain = [self.atom(a) for a in t.chain]
+            gates = sorted((self.atom(g) for g in t.gates), key=str)
+            key = (tuple(map(str, chain)), tuple(map(str, scalars)), tuple(map(str, gates)))
+            if key in merged:
+                merged[key][0] += t.coeff
+            else:
+                merged[key] = [t.coeff, scalars, chain, gates]
+        out: Expr | None = None
+        for key in sorted(merged):
+            coeff, scalars, chain, gates = merged[key]
+            if coeff == 0:
+                continue
+            factors = list(scalars) + list(chain)
+            if abs(coeff) != 1 or not factors:
+                factors.insert(0, number(abs(coeff)))
+            e = product(factors)
+            for g in gates:
+                e = Binary("*", g, e)
+            if out is None:
+                out = Neg(e) if coeff < 0 else e
+            else:
+                out = Binary("-" if coeff < 0 else "+", out, e)
+        return out if out is not None else Number("0")
+
+    def column(self, e: Expr | None) -> Expr | None:
+        """A vector as a column (for a per-channel gate or a key), canonical."""
+        if e is None:
+            return None
+        shape = self.ex.shape(e)
+        return self(Transpose(e, span=e.span) if shape[0] == "1" and shape != SCALAR else e)
+
+
+# ----------------------------------------------------------------------------- graph

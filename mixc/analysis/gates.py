@@ -1,0 +1,78 @@
+"""Log-gates: the logarithm of a decay factor, in a form that is safe to evaluate.
+
+A decay written `sigmoid(a)` has the log `logsigmoid(a)` (never log(sigmoid(a)), which underflows),
+`exp(dt A)` has `dt A`, a constant gamma has log(gamma). Each log-gate records whether the decay
+is proven to lie in (0, 1].
+"""
+
+from __future__ import annotations
+
+from mixc.algebra.intervals import bounds, constant, nonpositive, with_defaults
+from mixc.analysis.facts import LogGate
+from mixc.frontend.ir import Binary, Call, Expr, Neg, Number, Transpose
+
+__all__ = ["log_gate"]
+
+
+def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
+    """The log of one decay factor, in a form that never computes log(sigmoid(.))."""
+    inner = decay.operand if isinstance(decay, Transpose) else decay
+    if isinstance(inner, Call) and inner.func == "diag":
+        inner = inner.args[0]
+        inner = inner.operand if isinstance(inner, Transpose) else inner
+    if isinstance(inner, Call) and inner.func == "sigmoid":
+        return LogGate(side, decay, Call("logsigmoid", inner.args), True, "sigmoid(x) is in (0, 1)")
+    if (
+        isinstance(inner, Binary)
+        and inner.op == "-"
+        and isinstance(inner.left, Number)
+        and inner.left.text == "1"
+        and isinstance(inner.right, Call)
+        and inner.right.func == "sigmoid"
+    ):
+        arg = inner.right.args[0]
+        return LogGate(
+            side,
+            decay,
+            Call("logsigmoid", (Neg(arg),)),
+            True,
+            "1 - sigmoid(x) = sigmoid(-x) is in (0, 1)",
+        )
+    if isinstance(inner, Call) and inner.func == "exp":
+        arg = inner.args[0]
+        proven = nonpositive(arg, params)
+        note = f"{arg} <= 0 always" if proven else f"in (0, 1] only if {arg} <= 0"
+        return LogGate(side, decay, arg, proven, note)
+    if isinstance(inner, Binary) and inner.op in ("*", "@"):
+        a, b = log_gate(inner.left, side, params), log_gate(inner.right, side, params)
+        notes = a.note if a.note == b.note else f"{a.note}; {b.note}"
+        return LogGate(side, decay, Binary("+", a.log, b.log), a.proven and b.proven, notes)
+    value = constant(inner)
+    if value is not None:
+        ok = 0 < value <= 1
+        return LogGate(
+            side,
+            decay,
+            Call("log", (inner,)),
+            ok,
+            "a constant in (0, 1]" if ok else f"the constant {value:g} is not in (0, 1]",
+        )
+    if (
+        isinstance(inner, Binary)
+        and inner.op == "/"
+        and isinstance(inner.left, Number)
+        and inner.left.text == "1"
+    ):
+        sub = log_gate(inner.right, side, params)
+        lo = bounds(with_defaults(inner.right, params))[0]
+        return LogGate(
+            side,
+            decay,
+            Neg(sub.log),
+            lo >= 1,
+            f"1/x with x >= 1 {'always' if lo >= 1 else 'not proven'}",
+        )
+    lo, hi = bounds(with_defaults(inner, params))
+    ok = lo > 0 and hi <= 1
+    note = f"in [{lo:.6g}, {hi:.6g}] for every head" if ok else "not provably in (0, 1]"
+    return LogGate(side, decay, Call("log", (inner,)), ok, note)

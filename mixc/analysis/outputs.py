@@ -1,0 +1,140 @@
+"""Per-output analysis: the readouts `S_t q` of each state and what the output does with them."""
+
+from __future__ import annotations
+
+from mixc.algebra.canon import Canon, signed
+from mixc.algebra.expand import Expander, NotAffine, Term, inline, product
+from mixc.analysis.facts import OutputFacts, Readout
+from mixc.errors import NotYetImplemented
+from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Timed, Transpose, walk
+from mixc.frontend.verify import Shape
+
+__all__ = ["analyze_output", "readout_name"]
+
+
+_PREFIX = "_r"
+
+
+def readout_name(index: int) -> str:
+    """The name a readout takes in an output's expression (a value the backends compute)."""
+    return f"{_PREFIX}{index}"
+
+
+def analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) -> OutputFacts:
+    states = {s.name for s in mixer.states}
+    readouts: list[Readout] = []
+
+    def read(e: Expr) -> Expr:
+        if not ex.has_state(e):
+            return canon(e)
+        try:
+            terms = canon.combine(ex.expand(e))
+        except NotAffine:
+            terms = None
+        if terms is not None and all(
+            _readout_term(t, states, ex) is not None or not _touches(t, ex) for t in terms
+        ):
+            pieces: list[Expr] = []
+            skips = [t for t in terms if not _touches(t, ex)]
+            reads = []
+            for t in terms:
+                if _touches(t, ex):
+                    state, query, scale = _readout_term(t, states, ex)
+                    reads.append((_intern(readouts, state, canon(query)), scale, t))
+            for r, _, t in sorted(reads, key=lambda x: x[0].name):
+                pieces.append(
+                    r
+                    if not (t.coeff != 1 or t.scalars)
+                    else Binary("*", canon.terms([Term(coeff=t.coeff, scalars=t.scalars)]), r)
+                )
+            out = pieces[0]
+            for p in pieces[1:]:
+                out = Binary("+", out, p)
+            if skips:
+                out = Binary("+", out, canon.terms(skips))
+            return out
+        if isinstance(e, Binary):
+            return Binary(e.op, read(e.left), read(e.right), span=e.span)
+        if isinstance(e, Neg):
+            return Neg(read(e.operand), span=e.span)
+        if isinstance(e, Call):
+            return Call(e.func, tuple(read(a) for a in e.args), span=e.span)
+        raise NotYetImplemented(
+            f"cannot read the state in {e} linearly",
+            e.span,
+            hint="outputs read states as S_t x (a matrix state times a vector) or s_t . x",
+        )
+
+    body = inline(mixer, eq.value)
+    expr = read(body)
+    skip = None
+    if not readouts:
+        form = "no state"
+    elif (
+        isinstance(expr, Binary)
+        and expr.op == "/"
+        and _has_readout(expr.left)
+        and _has_readout(expr.right)
+    ):
+        form = "ratio"
+    elif _linear_only(expr):
+        form = "linear"
+    elif (
+        isinstance(expr, Binary)
+        and expr.op == "+"
+        and not _has_readout(expr.right)
+        and _linear_only(expr.left)
+    ):
+        form, skip = "linear + skip", expr.right
+    else:
+        form = "function of readouts"
+    return OutputFacts(eq.target, shape, form, expr, tuple(readouts), skip)
+
+
+def _touches(t: Term, ex: Expander) -> bool:
+    return any(ex.has_state(a) for a in t.chain + t.scalars + t.gates)
+
+
+def _readout_term(t: Term, states: set[str], ex: Expander):
+    if t.gates or not t.chain:
+        return None
+    first, rest = t.chain[0], t.chain[1:]
+    vector_state = isinstance(first, Transpose) and isinstance(first.operand, Timed)
+    node = first.operand if vector_state else first
+    if not (isinstance(node, Timed) and node.name in states and node.offset == 0):
+        return None
+    if any(ex.has_state(a) for a in rest + t.scalars):
+        return None
+    state_shape = ex.shape(node)
+    if vector_state != (state_shape[1] == "1"):
+        return None
+    query = product(list(rest))
+    if query is None or ex.shape(query)[1] != "1":
+        return None
+    scale = [signed(t.coeff)] if t.coeff != 1 else []
+    return node.name, query, product(scale + list(t.scalars))
+
+
+def _intern(readouts: list[Readout], state: str, query: Expr) -> Name:
+    for r in readouts:
+        if r.state == state and str(r.query) == str(query):
+            return Name(readout_name(r.index))
+    readouts.append(Readout(len(readouts), state, query, None))
+    return Name(readout_name(len(readouts) - 1))
+
+
+def _has_readout(e: Expr) -> bool:
+    return any(isinstance(n, Name) and n.name.startswith(_PREFIX) for n in walk(e))
+
+
+def _linear_only(e: Expr) -> bool:
+    if isinstance(e, Name):
+        return e.name.startswith(_PREFIX)
+    if isinstance(e, Binary) and e.op == "+":
+        return _linear_only(e.left) and _linear_only(e.right)
+    if isinstance(e, Binary) and e.op == "*":
+        return not _has_readout(e.left) and _linear_only(e.right) and isinstance(e.right, Name)
+    return False
+
+
+# ----------------------------------------------------------------------------- plan

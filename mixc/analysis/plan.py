@@ -1,0 +1,265 @@
+"""The plan: everything the backends and tools need about one spec, built once.
+
+`analyze(spec)` runs every analysis and ends in one immutable `Plan`: the facts of each state
+and output, the groups of states that share one chunked pass (each with its transition class,
+the kernel it runs and that kernel's arguments as spec expressions, and its distinct readout
+queries), and the forms the spec has (chunk, parallel, summary, step), each missing one with
+its reason. The emitter, `explain`, `check`, `fuzz`, `bench`, `mixc.nn` and
+`mixc.distributed` read the plan and derive nothing again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from mixc.algebra.canon import Canon
+from mixc.algebra.expand import Expander
+from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, Transition
+from mixc.analysis.graph import dependency_graph, evaluation_order
+from mixc.analysis.outputs import analyze_output, readout_name
+from mixc.analysis.states import analyze_state
+from mixc.errors import SpecError
+from mixc.frontend.ir import Expr, Mixer
+from mixc.frontend.spec import Spec
+from mixc.frontend.verify import SCALAR, Symbol, Typer, typer_for
+from mixc.transitions.base import KernelArg, TransitionClass
+
+__all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "analyze"]
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Why a form is missing. `kind`: "sequential" (some state has no chunked form), "class" (the
+    transition class's kernel cannot do it), or "no state"."""
+
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Forms:
+    """The forms of the compiled module; None where the form exists, else why it is missing."""
+
+    chunk: Missing | None
+    parallel: Missing | None
+    summary: Missing | None
+    step: Missing | None = None  # every spec can be run token by token
+
+    def names(self) -> tuple[str, ...]:
+        """The forms that compute, in the order the module lists them."""
+        have = [("chunk", self.chunk), ("parallel", self.parallel)]
+        return (*(n for n, m in have if m is None), "recurrent", "step")
+
+
+@dataclass(frozen=True)
+class Query:
+    """One distinct readout query of a group, and the readouts (`S_t query`) it serves."""
+
+    expr: Expr
+    readouts: tuple[Readout, ...]
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """States with the same transition and write key: one kernel pass (their values side by
+    side). `kernel` is None when the group has no chunked form."""
+
+    states: tuple[str, ...]
+    transition: Transition
+    kernel: str | None
+    args: tuple[KernelArg, ...]
+    queries: tuple[Query, ...]
+    summary: Missing | None
+
+    @property
+    def kind(self) -> TransitionClass:
+        return self.transition.kind
+
+    @property
+    def name(self) -> str:
+        """The group's name in generated code: its first state."""
+        return self.states[0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    graph: nx.DiGraph = field(repr=False)
+    order: tuple[str, ...]
+    states: tuple[StateFacts, ...]
+    outputs: tuple[OutputFacts, ...]
+    groups: tuple[GroupPlan, ...]
+    forms: Forms
+    algorithm: str
+    warnings: tuple[SpecError, ...]
+    #: Shapes of every name, readouts (`_r0`, ...) included, and the algebra over them: built
+    #: once here, read (never changed) by the backends.
+    typer: Typer = field(repr=False, compare=False)
+    expander: Expander = field(repr=False, compare=False)
+
+    @property
+    def mixer(self) -> Mixer:
+        return self.spec.mixer
+
+    @property
+    def chunkable(self) -> bool:
+        return self.forms.chunk is None
+
+    @property
+    def reason(self) -> str | None:
+        """Why there is no chunked form (None when there is one)."""
+        return None if self.forms.chunk is None else self.forms.chunk.text
+
+    def state(self, name: str) -> StateFacts:
+        return next(s for s in self.states if s.name == name)
+
+    def group_of(self, state: str) -> GroupPlan:
+        return next(g for g in self.groups if state in g.states)
+
+
+def analyze(spec: Spec) -> Plan:
+    """The plan of one verified spec. Raises located SpecErrors (a non-causal spec, an output
+    that does not read its states linearly)."""
+    try:
+        return _analyze(spec)
+    except SpecError as exc:
+        raise exc.located(spec.source) from None
+
+
+def _analyze(spec: Spec) -> Plan:
+    mixer = spec.mixer
+    graph = dependency_graph(mixer)
+    order = evaluation_order(mixer, graph)
+    typer = typer_for(mixer, spec.shapes)
+    ex = Expander(mixer, typer, {s.name for s in mixer.states})
+    canon = Canon(ex)
+    params = {p.name: p.default for p in mixer.params}
+    states = tuple(analyze_state(mixer, s.name, ex, params, canon) for s in mixer.states)
+    outputs = tuple(
+        analyze_output(mixer, eq, ex, spec.shapes[eq.target], canon) for eq in mixer.outputs
+    )
+    for o in outputs:
+        for r in o.readouts:
+            shape = typer.symbols[r.state].shape
+            typer.symbols[readout_name(r.index)] = Symbol(
+                "readout", SCALAR if shape[1] == "1" else (shape[0], "1")
+            )
+    groups = _groups(states, outputs)
+    forms = _forms(states, groups)
+    return Plan(
+        spec,
+        graph,
+        order,
+        states,
+        outputs,
+        groups,
+        forms,
+        _algorithm(states, forms),
+        _warnings(spec, graph, states, outputs),
+        typer,
+        ex,
+    )
+
+
+def _group_key(s: StateFacts) -> tuple:
+    tr = s.transition
+    if not tr.chunkable or len(s.writes) != 1:
+        return ("alone", s.name)
+    return (
+        tr.kind.name,
+        tr.cls,
+        tuple((g.side, str(g.log)) for g in tr.gates),
+        str(tr.beta),
+        str(tr.key),
+        str(s.writes[0].key),
+    )
+
+
+def _groups(states, outputs) -> tuple[GroupPlan, ...]:
+    """States with the same transition and one write of the same key share one chunked pass
+    (their values are concatenated), as the normaliser z shares H's pass."""
+    members: dict[tuple, list[StateFacts]] = {}
+    for s in states:
+        members.setdefault(_group_key(s), []).append(s)
+    readouts = [r for o in outputs for r in o.readouts]
+    out = []
+    for group in members.values():
+        names = tuple(s.name for s in group)
+        tr = group[0].transition
+        chunked = tr.chunkable and tr.kind.kernel is not None
+        summary = tr.kind.summary_reason(tr) if chunked else None
+        out.append(
+            GroupPlan(
+                names,
+                tr,
+                tr.kind.kernel if chunked else None,
+                tr.kind.kernel_args(tr) if chunked else (),
+                _queries([r for r in readouts if r.state in names]),
+                None if summary is None else Missing("class", f"{names[0]} {summary}"),
+            )
+        )
+    return tuple(out)
+
+
+def _queries(readouts: list[Readout]) -> tuple[Query, ...]:
+    """The distinct queries, in the order of their first readout."""
+    by_text: dict[str, list[Readout]] = {}
+    for r in readouts:
+        by_text.setdefault(str(r.query), []).append(r)
+    return tuple(Query(rs[0].query, tuple(rs)) for rs in by_text.values())
+
+
+def _forms(states, groups) -> Forms:
+    reasons = [f"{s.name}: {s.transition.reason}" for s in states if s.transition.reason]
+    if not states:
+        chunk = Missing("no state", "the mixer has no state")
+    elif reasons:
+        chunk = Missing("sequential", "; ".join(reasons))
+    else:
+        chunk = None
+    if chunk is not None:
+        sequential = Missing(chunk.kind, chunk.text.replace("NYI: ", ""))
+        return Forms(chunk, chunk, sequential)
+    no_parallel = [g for g in groups if not g.kind.parallel]
+    parallel = (
+        Missing("class", f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no "
+                "quadratic form")
+        if no_parallel
+        else None
+    )
+    summary = next((g.summary for g in groups if g.summary is not None), None)
+    return Forms(None, parallel, summary)
+
+
+def _algorithm(states, forms: Forms) -> str:
+    if forms.chunk is not None:
+        return "recurrent only"
+    return "; ".join(sorted({s.transition.kind.algorithm for s in states}))
+
+
+def _warnings(spec, graph, states, outputs) -> tuple[SpecWarning, ...]:
+    warnings = []
+    for s in states:
+        for g in s.transition.gates:
+            if not g.proven:
+                warnings.append(
+                    SpecWarning(
+                        f"cannot prove the decay {g.decay} of {s.name} is in (0, 1] ({g.note})",
+                        g.decay.span or s.transition.span,
+                        spec.source,
+                        hint="if it can exceed 1 the state grows without bound; parametrise it "
+                        "as exp(-softplus(x)), sigmoid(x), or exp(dt A) with A = -exp(A_log)",
+                    )
+                )
+        if not any(nx.has_path(graph, s.name, o.name) for o in outputs):
+            warnings.append(
+                SpecWarning(
+                    f"state {s.name} is never read by an output",
+                    s.span,
+                    spec.source,
+                    hint=f"read it in an output (y_t = {s.name}_t q_t) or delete it",
+                )
+            )
+    return tuple(warnings)

@@ -1,0 +1,181 @@
+"""Per-state analysis: expand a state's update, find its transition class and its writes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mixc.algebra.canon import Canon
+from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, transpose_atom
+from mixc.algebra.intervals import constant
+from mixc.analysis.facts import LogGate, StateFacts, Transition, WriteTerm
+from mixc.errors import Span
+from mixc.frontend.ir import Expr, Mixer, Timed, Transpose, walk
+from mixc.frontend.verify import Shape, show
+from mixc.transitions import DENSE, NOT_AFFINE, classify
+from mixc.transitions.base import RuleContext
+
+__all__ = ["analyze_state"]
+
+
+def _state_position(t: Term, state: str) -> list[int]:
+    return [i for i, a in enumerate(t.chain) if _is_state(a, state)]
+
+
+def _is_state(a: Expr, state: str) -> bool:
+    return (isinstance(a, Timed) and a.name == state) or (
+        isinstance(a, Transpose) and isinstance(a.operand, Timed) and a.operand.name == state
+    )
+
+
+def _row_form(t: Term, ex: Expander) -> Term:
+    """A vector state s[K] is treated as the row s^T (one value channel): transpose its terms."""
+    return replace(
+        t,
+        chain=tuple(transpose_atom(a, ex.shape(a)) for a in reversed(t.chain)),
+        gates=tuple(transpose_atom(g, ex.shape(g)) for g in t.gates),
+    )
+
+
+def _at(span: Span | None) -> str:
+    return f" at line {span.line}, column {span.column}" if span else ""
+
+
+def analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) -> StateFacts:
+    """The facts of one state: its class (by the registry's rules), its writes, and its update
+    expanded into terms (kept for the recurrent form)."""
+    decl = mixer.state(name)
+    eq = mixer.update(name)
+    shape = ex.typer.symbols[name].shape
+    try:
+        expanded = tuple(ex.expand(inline(mixer, eq.value)))
+    except NotAffine as exc:
+        why = f"{exc.why} ({exc.node}{_at(exc.node.span)})"
+        return StateFacts(
+            name, shape, False, NOT_AFFINE.transition(why, exc.node.span), (), "unknown", decl.span
+        )
+    terms = canon.factor(canon.combine(list(expanded)))
+    if shape[1] == "1":
+        terms = [_row_form(t, ex) for t in terms]
+    reads, writes = _split_terms(terms, name)
+    if any(len(where) > 1 for _, where in reads):
+        why = f"{name} appears twice in one product{_at(eq.span)}"
+        return StateFacts(
+            name, shape, False, NOT_AFFINE.transition(why, eq.span), (), "unknown", decl.span
+        )
+    coupled = _other_state(terms, {s.name for s in mixer.states} - {name})
+    if coupled is not None:
+        transition = DENSE.coupled(name, coupled, _at(coupled.span))
+    elif not reads:
+        transition = DENSE.no_recurrence(name, eq.span)
+    else:
+        ctx = RuleContext(name, shape, ex, params, eq.span, canon)
+        transition = _canonical(classify([(t, w[0]) for t, w in reads], ctx), eq, canon)
+    write_terms, form = _writes(writes, shape, ex, canon)
+    state = StateFacts(
+        name, shape, True, transition, write_terms, form, decl.span, terms=expanded
+    )
+    state = replace(state, transition=_with_reason(transition, _write_reason(state)))
+    if state.transition.reason is None:
+        chunk = transition.kind.chunk_reason(state)
+        state = replace(state, transition=_with_reason(state.transition, chunk))
+    stability = state.transition.kind.stability(state.transition, state, params)
+    return replace(state, stability=stability)
+
+
+def _split_terms(terms: list[Term], name: str):
+    """The terms that read the state (with the positions of S_{t-1}) and the writes."""
+    reads, writes = [], []
+    for t in terms:
+        where = _state_position(t, name)
+        if where:
+            reads.append((t, where))
+        else:
+            writes.append(t)
+    return reads, writes
+
+
+def _other_state(terms: list[Term], others: set[str]) -> Expr | None:
+    """The first factor of a term that reads another state, if any (coupled states)."""
+    for t in terms:
+        for a in t.chain + t.scalars + t.gates:
+            if any(isinstance(n, Timed) and n.name in others for n in walk(a)):
+                return a
+    return None
+
+
+def _canonical(transition: Transition, eq, canon: Canon) -> Transition:
+    """The transition with canonical expressions, and a reason when a constant decay is not
+    positive (log-space chunking needs a decay in (0, 1])."""
+    transition = replace(
+        transition,
+        span=eq.value.span,
+        beta=canon(transition.beta),
+        key=canon.column(transition.key),
+        gate=canon(transition.gate),
+        gates=tuple(_canonical_gate(g, canon) for g in transition.gates),
+    )
+    negative = [g for g in transition.gates if (v := constant(g.decay)) is not None and v <= 0]
+    if negative:
+        return _with_reason(
+            transition,
+            f"NYI: the decay {negative[0].decay} is not positive; log-space chunking needs "
+            "a decay in (0, 1]",
+        )
+    return transition
+
+
+def _with_reason(tr: Transition, reason: str | None) -> Transition:
+    """`tr` with a reason for having no chunked form, unless it has one already."""
+    return tr if tr.reason is not None or reason is None else replace(tr, reason=reason)
+
+
+def _write_reason(state: StateFacts) -> str | None:
+    """Why the writes rule out a chunked form: not rank-1 outer products, or more than one."""
+    name, form, n = state.name, state.write_form, len(state.writes)
+    if form != "rank-1 outer products":
+        return (
+            f"NYI: the write term is {form}; chunked forms need a sum of rank-1 outer products "
+            "v_t k_t^T"
+        )
+    if n > 1:
+        return (
+            f"NYI: the write of {name} has rank {n}; the chunked lowerings take one rank-1 write "
+            f"per state: split {name} into {n} states with the same transition, one write each, "
+            "and add their readouts"
+        )
+    return None
+
+
+def _canonical_gate(g: LogGate, canon: Canon) -> LogGate:
+    log = canon.column(g.log)
+    return replace(g, log=log, note=g.note.replace(str(g.log), str(log)))
+
+
+
+
+def _writes(
+    terms: list[Term], shape: Shape, ex: Expander, canon: Canon
+) -> tuple[tuple[WriteTerm, ...], str]:
+    out = []
+    for t in terms:
+        if t.gates:
+            return (), "an elementwise product"
+        scale = (
+            canon.terms([Term(coeff=t.coeff, scalars=t.scalars)])
+            if (t.coeff != 1 or t.scalars)
+            else None
+        )
+        if len(t.chain) == 1 and shape[1] == "1":
+            out.append(WriteTerm(None, canon.column(t.chain[0]), scale))
+        elif (
+            len(t.chain) == 2 and ex.shape(t.chain[0])[1] == "1" and ex.shape(t.chain[1])[0] == "1"
+        ):
+            out.append(WriteTerm(canon(t.chain[0]), canon.column(t.chain[1]), scale))
+        else:
+            return (), f"not an outer product ({show(shape)} from {product(list(t.chain))})"
+    if not out:
+        return (), "empty (no write)"
+    return tuple(out), "rank-1 outer products"
+
+
+# ----------------------------------------------------------------------------- outputs

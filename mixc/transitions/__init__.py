@@ -1,0 +1,42 @@
+"""Transition classes, one module each, and the registry that orders them.
+
+`REGISTRY` is the rule table: `classify` tries each class's rule in this order and the first
+match wins, so a more specific class (the scalar decay) comes before a more general one that
+would also match (the diagonal gate). Adding a class is adding its module, its kernel file in
+each backend that runs it chunked, and one line here (see docs/adding-a-class.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mixc.analysis.facts import Transition
+from mixc.transitions.base import RuleContext, StateTerms, TransitionClass
+from mixc.transitions.delta import DELTA
+from mixc.transitions.dense import DENSE, NOT_AFFINE
+from mixc.transitions.diagonal import DIAGONAL
+from mixc.transitions.elementwise import ELEMENTWISE
+from mixc.transitions.scalar_decay import SCALAR_DECAY
+
+__all__ = ["CLASSES", "DENSE", "NOT_AFFINE", "REGISTRY", "TransitionClass", "classify"]
+
+#: The rule table, in match order; the last rule matches any linear transition.
+REGISTRY: tuple[TransitionClass, ...] = (
+    SCALAR_DECAY,
+    DIAGONAL,
+    ELEMENTWISE,
+    DELTA,
+    DENSE,
+)
+
+#: Every class a state can be in: the registry, and updates that are not affine.
+CLASSES: tuple[TransitionClass, ...] = (*REGISTRY, NOT_AFFINE)
+
+
+def classify(terms: StateTerms, ctx: RuleContext) -> Transition:
+    """The first class whose rule matches the state's terms, as a Transition of that class."""
+    for cls in REGISTRY:
+        found = cls.match(terms, ctx)
+        if found is not None:
+            return replace(found, kind=cls)
+    raise AssertionError("the last rule matches every linear transition")

@@ -1,0 +1,142 @@
+"""What a transition class is: the interface every class module implements.
+
+A transition class is one structure of G_t in `H_t = G_t(H_{t-1}) + writes` (a scalar decay, a
+diagonal gate, the delta rule, ...). Its module owns everything about it: the rule that
+recognises it in the expanded update, the kernel its chunked form runs and that kernel's
+arguments as spec expressions, its cost, the maths `mixc explain` prints, the input ranges that
+keep it stable, and the pieces of random specs that exercise it. The registry
+(`mixc.transitions.REGISTRY`) lists the classes in match order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
+
+from mixc.algebra.canon import Canon, signed
+from mixc.algebra.expand import Expander, Term
+from mixc.analysis.facts import LogGate, StateFacts, Transition
+from mixc.analysis.gates import log_gate
+from mixc.errors import Span
+from mixc.frontend.ir import Binary, Expr
+from mixc.frontend.verify import Shape
+
+if TYPE_CHECKING:
+    from mixc.analysis.cost import ClassCost, Formula, GroupDims
+
+__all__ = ["KernelArg", "RuleContext", "TransitionClass", "plain", "scalar_gates"]
+
+#: The update's terms that read the state, each with the position of S_{t-1} in its chain.
+StateTerms = list[tuple[Term, int]]
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule may consult: the state, its shape, the algebra and the parameters' defaults."""
+
+    state: str
+    shape: Shape
+    expander: Expander
+    params: dict[str, Expr]
+    span: Span | None
+    canon: Canon
+
+    def gate(self, decay: Expr, side: str) -> LogGate:
+        """The log-gate of a decay, proved on its canonical form (so `exp(x + y - y)` is `exp(x)`)
+        but reported as written."""
+        return replace(log_gate(self.canon(decay), side, self.params), decay=decay)
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One per-token argument of a chunked kernel beyond q, k and v, as a spec expression
+    (None: the kernel's default, e.g. no gate). `layout` is "vector" or "scalar"."""
+
+    name: str
+    expr: Expr | None
+    layout: str
+
+
+def plain(terms: StateTerms) -> tuple[Term, tuple[Expr, ...], tuple[Expr, ...]] | None:
+    """A transition of one term `left S_{t-1} right`: (term, left factors, right factors)."""
+    if len(terms) != 1:
+        return None
+    t, at = terms[0]
+    return t, t.chain[:at], t.chain[at + 1 :]
+
+
+def scalar_gates(t: Term, ctx: RuleContext) -> list[LogGate]:
+    """The log-gates of a term's scalar factors and of its coefficient."""
+    gates = [ctx.gate(s, "scalar") for s in t.scalars]
+    if t.coeff != 1:
+        gates.append(ctx.gate(signed(t.coeff), "scalar"))
+    return gates
+
+
+def sum_of(a: Expr | None, b: Expr | None) -> Expr | None:
+    if a is None:
+        return b
+    return a if b is None else Binary("+", a, b)
+
+
+class TransitionClass:
+    """One transition class. Subclasses override what their class has; the defaults describe a
+    class with no chunked form."""
+
+    #: The class's name in the registry (also its module's name).
+    name: ClassVar[str] = ""
+    #: The backend-neutral kernel its chunked form runs (each backend implements it in its own
+    #: kernel file of that name); None: no chunked form.
+    kernel: ClassVar[str | None] = None
+    #: Whether the kernel also has a quadratic (attention-like) `parallel` form.
+    parallel: ClassVar[bool] = False
+    #: The variants it reports as `Transition.cls`, and the names of the rules it fires.
+    variants: ClassVar[tuple[str, ...]] = ()
+    rules: ClassVar[tuple[str, ...]] = ()
+    #: One line: the algorithm of the chunked form, or why there is none.
+    algorithm: ClassVar[str] = "recurrent only (no chunked form)"
+    #: Whether the cost model counts its recurrent step (False: a lower bound only).
+    modelled: ClassVar[bool] = True
+
+    def match(self, terms: StateTerms, ctx: RuleContext) -> Transition | None:
+        """The transition, if `terms` (the update's terms that read the state) are this class."""
+        return None
+
+    def kernel_args(self, tr: Transition) -> tuple[KernelArg, ...]:
+        """The kernel's arguments beyond q, k, v, the initial state and the chunk size."""
+        return ()
+
+    def chunk_reason(self, state: StateFacts) -> str | None:
+        """Why this state has no chunked form although its transition is in the class."""
+        return None
+
+    def summary_reason(self, tr: Transition) -> str | None:
+        """Why the kernel cannot compute the sequence's action on the state (a summary for
+        context parallelism), or None when it can."""
+        return None
+
+    def step_decays(self, tr: Transition) -> bool:
+        """Whether the recurrent form decays the state by exp(log-gate), as the chunked form does
+        (accurate gradients for a decay near 1), instead of the update as written."""
+        return False
+
+    def stability(self, tr: Transition, state: StateFacts, params: dict[str, Expr]) -> str | None:
+        """A note on what keeps the transition stable, for `mixc explain`; None when nothing
+        beyond the proven decays."""
+        return None
+
+    def cost(self, tr: Transition, d: GroupDims) -> ClassCost | None:
+        """FLOPs and bytes per token of the chunked and quadratic forms; None: not modelled."""
+        return None
+
+    def decays(self, tr: Transition) -> bool:
+        """Whether a recurrent step decays the state (elementwise work on every entry)."""
+        return True
+
+    def recurrent_flops(self, tr: Transition, d: GroupDims) -> Formula:
+        """FLOPs per token of one recurrent step: the decay, the writes and the readouts."""
+        decay = d.kv * (2 if {"key", "value"} <= tr.sides else 1) if self.decays(tr) else 0
+        return decay + 2 * d.r * d.kv + 2 * d.nq * d.kv
+
+    def __repr__(self) -> str:
+        return f"<transition class {self.name}>"

@@ -1,0 +1,34 @@
+"""Full elementwise gates: `G_t(S) = G_t ⊙ S` with G_t a full matrix per token (Mamba-1's
+selective scan). Recognised, run by the recurrent form and step; no chunked form yet (the decay
+between two tokens would be a [V, K] tensor per pair)."""
+
+from __future__ import annotations
+
+from mixc.analysis.facts import Transition
+from mixc.transitions.base import TransitionClass
+from mixc.transitions.diagonal import gates_of
+
+
+class Elementwise(TransitionClass):
+    name = "elementwise"
+    variants = ("elementwise gate",)
+    rules = ("full_elementwise_gate",)
+    algorithm = "recurrent only (a full elementwise gate has no chunked form yet)"
+
+    def match(self, terms, ctx):
+        found = gates_of(terms, ctx)
+        if found is None or found[1] is None:
+            return None
+        gates, full = found
+        return Transition(
+            "elementwise gate",
+            "full_elementwise_gate: G_t ⊙ S_{t-1}, G_t a full matrix",
+            tuple(gates),
+            gate=full,
+            reason=f"NYI: the full elementwise gate {full} has no chunked form (the decay between "
+            "two tokens would be a [V, K] tensor per pair); write it as an outer product "
+            "a_t b_t^T, or as diag(...) on one side, to get one",
+        )
+
+
+ELEMENTWISE = Elementwise()
