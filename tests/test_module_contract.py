@@ -284,7 +284,7 @@ def test_generated_file_imports_only_torch_and_runs_standalone(tmp_path):
     imports = sorted(
         {line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))}
     )
-    assert imports == ["math", "torch", "torch.nn.functional"]
+    assert "torch" in imports and set(imports) <= {"math", "torch", "torch.nn.functional"}
     code = (
         "import sys, builtins\n"
         "real = builtins.__import__\n"

@@ -37,7 +37,8 @@ def _bind_size(sizes, symbol, got, name, shape_text):
     want = sizes.setdefault(symbol, got)
     if want != got:
         _fail(
-            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}"
+            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, "
+            f"got {got}"
         )
 
 
@@ -58,7 +59,8 @@ def _prepare_inputs(layout, values, sequence):
         shape_text = "[" + ", ".join(lead + tuple(dims)) + "]"
         if x.dim() != len(lead) + len(dims):
             _fail(
-                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}"
+                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, "
+                f"got shape {list(x.shape)}"
             )
         for symbol, got in zip(
             lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead) :]
@@ -89,7 +91,8 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     if not isinstance(x, torch.Tensor):
         if not isinstance(x, (int, float)) or dims:
             _fail(
-                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}"
+                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], "
+                f"got {type(x).__name__}"
             )
         x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
     _check_tensor(name, x, device)
@@ -105,14 +108,16 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
 
 
 def _prepare_states(layout, given, sizes, dtype, device, batch):
-    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or zeros."""
+    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
+    zeros."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}"
+            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"got {type(given).__name__}"
         )
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = []
@@ -126,7 +131,8 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}"
+                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             x = x.to(state_dtype)
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -169,7 +175,8 @@ def _check_cu_seqlens(cu_seqlens, sizes):
     if torch.compiler.is_compiling():
         return cu_seqlens.numel() - 1
     ends = cu_seqlens.tolist()
-    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):  # noqa: RUF007 (generated code imports only torch)
+    decreasing = any(b < a for a, b in zip(ends, ends[1:]))  # noqa: RUF007 (imports only torch)
+    if ends[0] != 0 or ends[-1] != sizes["T"] or decreasing:
         _fail(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {sizes['T']}, got {ends}")
     return len(ends) - 1
 

@@ -1,0 +1,181 @@
+"""Lines of generated Python, laid out as a person would: within the project's line length.
+
+`Lines` collects the generated module line by line. A line longer than `WIDTH` is wrapped the
+way a formatter would: a trailing comment moves above its statement, a call or signature puts
+one argument per line, and a long sum breaks before its top-level `+` and `-`.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+WIDTH = 100
+_INDENT = "    "
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, text: str = "", indent: int = 1) -> None:
+        if not text:
+            self.lines.append("")
+            return
+        self.lines.extend(wrap(_INDENT * indent + text))
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def wrap(line: str) -> list[str]:
+    """`line` as one or more lines of at most WIDTH characters where it can be split; a line
+    that is not one whole statement (a comment, a docstring line) stays as it is."""
+    if len(line) <= WIDTH or not _statement(line.strip()):
+        return [line]
+    indent = line[: len(line) - len(line.lstrip())]
+    code, comment = _split_comment(line.strip())
+    if comment is not None:
+        return [f"{indent}# {comment}", *wrap(indent + code)]
+    return (
+        _wrap_string(indent, code)
+        or _wrap_call(indent, code)
+        or _wrap_sum(indent, code)
+        or [line]
+    )
+
+
+def _statement(code: str) -> bool:
+    """Whether `code` is one Python statement (or the header of a block)."""
+    if code.startswith("#"):
+        return False
+    try:
+        compile(code + ("\n    pass" if code.endswith(":") else ""), "<line>", "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
+def _split_comment(code: str) -> tuple[str, str | None]:
+    """(code, comment) for a line ending in `  # comment` outside any string."""
+    quote = None
+    for i, c in enumerate(code):
+        if quote:
+            if c == "\\":
+                continue
+            if c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif code.startswith("  # ", i):
+            return code[:i], code[i + 4 :]
+    return code, None
+
+
+def _top_level(code: str, start: int, end: int, seps: tuple[str, ...]) -> list[int]:
+    """Positions in code[start:end] of separators outside brackets and strings."""
+    depth, quote, out = 0, None, []
+    i = start
+    while i < end:
+        c = code[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0 and any(code.startswith(s, i) for s in seps):
+            out.append(i)
+        i += 1
+    return out
+
+
+def _matching(code: str, open_at: int) -> int:
+    """The position of the bracket closing the one at `open_at`, or -1."""
+    depth, quote = 0, None
+    for i in range(open_at, len(code)):
+        c = code[i]
+        if quote:
+            if c == quote and code[i - 1] != "\\":
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _wrap_call(indent: str, code: str) -> list[str] | None:
+    """`f(a, b, c)` (the last bracket of the line closing the first one opened after any
+    assignment) with one argument per line and a trailing comma."""
+    eq = _top_level(code, 0, len(code), (" = ",))
+    begin = eq[0] + 3 if eq else 0
+    open_at = next((i for i in range(begin, len(code)) if code[i] in "(["), -1)
+    if open_at < 0:
+        return None
+    close = _matching(code, open_at)
+    tail = code[close + 1 :]
+    if close < 0 or tail not in ("", ":", ")", "):"):
+        return None
+    inner = code[open_at + 1 : close]
+    commas = _top_level(inner, 0, len(inner), (",",))
+    if not commas:
+        return None
+    starts, ends = [0, *(c + 1 for c in commas)], [*commas, len(inner)]
+    args = [inner[a:b].strip() for a, b in zip(starts, ends, strict=True)]
+    args = [a for a in args if a]
+    together = indent + _INDENT + ", ".join(args)
+    if len(together) <= WIDTH:
+        body = [together]
+    else:
+        body = [line for a in args for line in wrap(indent + _INDENT + a + ",")]
+    return [indent + code[: open_at + 1], *body, indent + code[close] + tail]
+
+
+def _wrap_sum(indent: str, code: str) -> list[str] | None:
+    """`x = a + b - c` as `x = (` then one term a line, breaking before top-level + and -."""
+    eq = _top_level(code, 0, len(code), (" = ",))
+    if not eq:
+        return None
+    start = eq[0] + 3
+    ops = _top_level(code, start, len(code), (" + ", " - "))
+    if not ops:
+        return None
+    inner = indent + _INDENT
+    pieces = [code[start : ops[0]]]
+    pieces += [code[a + 1 : b] for a, b in zip(ops, [*ops[1:], len(code)], strict=False)]
+    return [f"{indent}{code[:start]}(", *(inner + p.strip() for p in pieces), f"{indent})"]
+
+
+def _wrap_string(indent: str, code: str) -> list[str] | None:
+    """`f("a long message")` as `f(` then the message in adjacent literals, split at spaces."""
+    open_at = code.find("(")
+    if open_at < 0 or not code.endswith(")"):
+        return None
+    try:
+        text = ast.literal_eval(code[open_at + 1 : -1])
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(text, str):
+        return None
+    inner = indent + _INDENT
+    pieces = textwrap.wrap(
+        text,
+        WIDTH - len(inner) - 2,
+        drop_whitespace=False,
+        replace_whitespace=False,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    if "".join(pieces) != text:
+        return None
+    return [indent + code[: open_at + 1], *(inner + repr(p) for p in pieces), indent + ")"]
