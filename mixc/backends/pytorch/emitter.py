@@ -196,12 +196,10 @@ class _Module:
         )
 
     def kernel_names(self) -> list[str]:
-        names = sorted(
+        return sorted(
             {c.kernel for c in self.calls.values()}
             | ({c.parallel for c in self.calls.values()} if self.has_parallel else set())
         )
-        deps = sorted({d for n in names for d in _torch_kernels.DEPENDS[n]})
-        return deps + names
 
     # -- the module --------------------------------------------------------------------------
 
@@ -285,10 +283,10 @@ class _Module:
         if self.calls:
             out("", 0)
             out("", 0)
-            out("# ---- kernels, one per transition class (ALGORITHMS.md) " + "-" * 35, 0)
+            out("# ---- kernels, one per transition class " + "-" * 51, 0)
             out("", 0)
             out("", 0)
-            out(_source_of(_torch_kernels, self.kernel_names()), 0)
+            out(_torch_kernels.kernel_source(self.kernel_names()), 0)
         out("", 0)
         out("", 0)
         out("# ---- this mixer " + "-" * 74, 0)
