@@ -669,34 +669,17 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept=None):
     return [o], state.reshape(batch, heads, d_k, d_v)
 
 
-def _delta_grads_span(
-    q_c, k_c, v_c, beta_c, g_c, do_c, scores, t_inv, states_in, d_state, gate_grad
-):
-    """Gradients of the delta rule on one span of chunks, from the forward's masked scores
-    M = Q K^T ⊙ Gamma, T = (I + A)^{-1} and states entering each chunk S_n, the output gradient
-    do_c and the gradient d_state of the state leaving the span.
-
-    Returns ([dq, dk, dv, dbeta, dg] (dbeta, dg [N, B, NH, C, 1]; dg None unless gate_grad),
-    the gradient of the state entering the span). W = T diag(beta exp(b)) K, U = T V and
-    V_new = U - W S_n are made again; D_n = dL/dS_n runs from the last chunk:
+def _delta_state_grads(do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state):
+    """The gradients that run from the last chunk of a span to the first: dV_new and D_{n+1} for
+    every chunk [N, B, NH, C, V] and [N, B, NH, K, V], and D_0 [B, NH, K, V], from the output
+    gradient do_c, the masked scores M, diag(exp(b)) Q, W, diag(exp(b_C - b)) K, the chunks'
+    log-decays G_n (None: no decay) and the gradient d_state of the state leaving the span:
         dV_new = M^T dO + diag(exp(b_C - b)) K D_{n+1}
         D_n = (diag(exp(b)) Q)^T dO + exp(G_n) D_{n+1} - W^T dV_new
-    then dU = dV_new, dW = -dV_new S_n^T, dT = dW (diag(beta exp(b)) K)^T + dU V^T and
-    dA = -T^T dT T^T on A's strictly lower support (A_ij = beta_i (K K^T ⊙ Gamma)_ij); the
-    gate's gradient from every decay factor (_gate_grads).
+    Without autograd dV_new is written over M^T dO in place.
     """
-    n_chunks, batch, heads, size, d_k = q_c.shape
-    d_v = v_c.shape[-1]
-    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
-    beta = beta_c.unsqueeze(-1)
-    k_from_start = k_c if from_start is None else k_c * from_start  # diag(exp(b)) K
-    k_scaled = k_from_start * beta
-    q_from_start = q_c if from_start is None else q_c * from_start
-    t_inv_t = t_inv.transpose(-1, -2)
-    w = _bmm(t_inv, k_scaled)
-    v_new = _bmm(t_inv, v_c) - _bmm(w, states_in)  # U - W S_n
-
-    # the state's gradient, from the last chunk: dV_new written over M^T dO in place
+    n_chunks, batch, heads, size, d_k = w.shape
+    d_v = do_c.shape[-1]
     flat = batch * heads
     d_v_new = _bmm(scores.transpose(-1, -2), do_c)  # M^T dO [N, B, NH, C, V]
     local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO
@@ -705,7 +688,7 @@ def _delta_grads_span(
     w_t_n = w.reshape(n_chunks, flat, size, d_k).transpose(-1, -2).unbind(0)
     k_end_n = k_to_end.reshape(n_chunks, flat, size, d_k).unbind(0)
     decay_n = None if chunk_g is None else chunk_g.exp().reshape(n_chunks, flat, 1, 1).unbind(0)
-    tracked = _needs_grad(d_state, do_c, q_c, k_c, v_c, beta_c, g_c, scores, t_inv, states_in)
+    tracked = _needs_grad(do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state)
     d_v_news = []
 
     def next_state(n, d_next, out):
@@ -722,7 +705,50 @@ def _delta_grads_span(
     )
     if tracked:
         d_v_new = torch.stack(d_v_news[::-1]).reshape(d_v_new.shape)
-    d_next = d_next.reshape(states_in.shape)
+    d_next = d_next.reshape(n_chunks, batch, heads, d_k, d_v)
+    return d_v_new, d_next, d_state.reshape(batch, heads, d_k, d_v)
+
+
+def _delta_solve_grads(t_inv_t, k_scaled, v_c, states_in, d_v_new):
+    """The gradients through V_new = U - W S_n, W = T diag(beta exp(b)) K and U = T V, from
+    dV_new and T^T: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support).
+
+    dU = dV_new, dW = -dV_new S_n^T, dT = dW (diag(beta exp(b)) K)^T + dU V^T and, since
+    d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T.
+    """
+    d_w = _bmm(d_v_new, states_in.transpose(-1, -2)).neg_()  # dW = -dV_new S_n^T
+    d_k_scaled = _bmm(t_inv_t, d_w)
+    dv = _bmm(t_inv_t, d_v_new)  # dU = dV_new
+    d_t = _two_matmuls(d_w, k_scaled.transpose(-1, -2), d_v_new, v_c.transpose(-1, -2))
+    d_a = _bmm(t_inv_t, _bmm(d_t, t_inv_t)).neg_().tril_(-1)  # -T^T dT T^T on A's support
+    return dv, d_k_scaled, d_a
+
+
+def _delta_grads_span(
+    q_c, k_c, v_c, beta_c, g_c, do_c, scores, t_inv, states_in, d_state, gate_grad
+):
+    """Gradients of the delta rule on one span of chunks, from the forward's masked scores
+    M = Q K^T ⊙ Gamma, T = (I + A)^{-1} and states entering each chunk S_n, the output gradient
+    do_c and the gradient d_state of the state leaving the span.
+
+    Returns ([dq, dk, dv, dbeta, dg] (dbeta, dg [N, B, NH, C, 1]; dg None unless gate_grad),
+    the gradient of the state entering the span). W = T diag(beta exp(b)) K, U = T V and
+    V_new = U - W S_n are made again; D_n = dL/dS_n and dV_new run from the last chunk
+    (_delta_state_grads), the gradients through T from dV_new (_delta_solve_grads), and those
+    of A = tril(diag(beta) (K K^T ⊙ Gamma), -1) and of M go on to the queries, keys and beta;
+    the gate's gradient from every decay factor (_gate_grads).
+    """
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    beta = beta_c.unsqueeze(-1)
+    k_from_start = k_c if from_start is None else k_c * from_start  # diag(exp(b)) K
+    k_scaled = k_from_start * beta
+    q_from_start = q_c if from_start is None else q_c * from_start
+    t_inv_t = t_inv.transpose(-1, -2)
+    w = _bmm(t_inv, k_scaled)
+    v_new = _bmm(t_inv, v_c) - _bmm(w, states_in)  # U - W S_n
+    d_v_new, d_next, d_state = _delta_state_grads(
+        do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state
+    )
 
     d_scores = _bmm(do_c, v_new.transpose(-1, -2))  # dM = dO V_new^T
     d_qk = d_scores.tril_() if gamma is None else d_scores * gamma  # through the mask
@@ -730,11 +756,7 @@ def _delta_grads_span(
     if from_start is not None:
         from_q = from_q * from_start
     dq = _bmm(d_qk, k_c, add=from_q)
-    d_w = _bmm(d_v_new, states_in.transpose(-1, -2)).neg_()  # dW = -dV_new S_n^T
-    d_k_scaled = _bmm(t_inv_t, d_w)
-    dv = _bmm(t_inv_t, d_v_new)  # dU = dV_new
-    d_t = _two_matmuls(d_w, k_scaled.transpose(-1, -2), d_v_new, v_c.transpose(-1, -2))
-    d_a = _bmm(t_inv_t, _bmm(d_t, t_inv_t)).neg_().tril_(-1)  # -T^T dT T^T on A's support
+    dv, d_k_scaled, d_a = _delta_solve_grads(t_inv_t, k_scaled, v_c, states_in, d_v_new)
     kk = _bmm(k_c, k_c.transpose(-1, -2))
     if gamma is not None:
         kk = kk * gamma
@@ -758,7 +780,7 @@ def _delta_grads_span(
             (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
             (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
         )
-    return [dq, dk, dv, dbeta.unsqueeze(-1), dg], d_state.reshape(batch, heads, d_k, d_v)
+    return [dq, dk, dv, dbeta.unsqueeze(-1), dg], d_state
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
