@@ -18,8 +18,9 @@ CLASS_FILES = ("scalar_decay", "diagonal", "delta")
 
 
 def _free_names(node: ast.FunctionDef | ast.ClassDef) -> frozenset[str]:
-    """The names a top-level definition reads without binding them itself: the globals it uses
-    (attribute access needs no entry, since only the object it starts from is a global)."""
+    """The names a top-level definition reads and binds nowhere in its body (nested functions
+    included): the globals it uses. Attribute access needs no entry, since only the object it
+    starts from can be a global."""
     loaded, bound = set(), set()
     for sub in ast.walk(node):
         if isinstance(sub, ast.Name):

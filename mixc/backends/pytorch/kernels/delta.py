@@ -1,13 +1,13 @@
 """Kernels of the delta-rule class: S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + k_t v_t^T,
 o_t = q_t S_t, with a write strength beta_t and an optional log-gate g_t per token and head
-(g None: DeltaNet; with g: Gated DeltaNet). The derivation is in docs/algorithms.md, section
-"Delta rule".
+(g None: DeltaNet; with g: Gated DeltaNet) and v the write value already scaled by beta. The
+derivation is in docs/algorithms.md, section "Delta rule".
 
 chunk_delta runs the chunked form. Inside a chunk the rank-one corrections compose to the
 triangular system T = (I + A)^{-1}, A = tril(diag(beta) (K K^T ⊙ Gamma), -1), which turns
 the keys and values into W = T diag(beta exp(b)) K and U = T V; the state then passes from
-chunk to chunk with two matmuls per chunk. The inverse is computed in at least fp32
-(_unit_lower_inverse). Under autograd it has its own backward (common._OwnBackward), keeping
+chunk to chunk with two matmuls per chunk. T is computed in at least fp32, whatever the
+inputs' dtype. Under autograd chunk_delta has its own backward (common._OwnBackward), keeping
 the masked scores, T and the states entering each chunk.
 
 Uses the layout and numerical rules of common.py, and imports only torch and common, so the
