@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from mixc import load_spec
 from mixc.analysis.cost import Formula, costs
 from mixc.analysis.plan import Plan, analyze
-from mixc.transitions import CLASSES
 from mixc.errors import Source, SpecAnalysisError, SpecError
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
 from mixc.frontend.spec import Spec
 from mixc.frontend.verify import IDENTITY, SCALAR, typer_for, verify
+from mixc.transitions import CLASSES
 
 SPECS = Path(__file__).parent.parent / "specs"
 

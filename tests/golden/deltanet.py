@@ -17,10 +17,7 @@ Forms, all computing the same function:
 State H: identity minus rank-1 (delta).
 """
 
-import math  # noqa: F401
-
 import torch
-import torch.nn.functional as F  # noqa: F401
 
 try:
     from mixc.errors import InputError as MixcError
@@ -83,7 +80,8 @@ def _bind_size(sizes, symbol, got, name, shape_text):
     want = sizes.setdefault(symbol, got)
     if want != got:
         _fail(
-            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}"
+            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, "
+            f"got {got}"
         )
 
 
@@ -104,7 +102,8 @@ def _prepare_inputs(layout, values, sequence):
         shape_text = "[" + ", ".join(lead + tuple(dims)) + "]"
         if x.dim() != len(lead) + len(dims):
             _fail(
-                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}"
+                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, "
+                f"got shape {list(x.shape)}"
             )
         for symbol, got in zip(
             lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead) :]
@@ -135,7 +134,8 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     if not isinstance(x, torch.Tensor):
         if not isinstance(x, (int, float)) or dims:
             _fail(
-                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}"
+                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], "
+                f"got {type(x).__name__}"
             )
         x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
     _check_tensor(name, x, device)
@@ -151,14 +151,16 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
 
 
 def _prepare_states(layout, given, sizes, dtype, device, batch):
-    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or zeros."""
+    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
+    zeros."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}"
+            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"got {type(given).__name__}"
         )
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = []
@@ -172,7 +174,8 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}"
+                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             x = x.to(state_dtype)
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -215,7 +218,8 @@ def _check_cu_seqlens(cu_seqlens, sizes):
     if torch.compiler.is_compiling():
         return cu_seqlens.numel() - 1
     ends = cu_seqlens.tolist()
-    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):  # noqa: RUF007 (generated code imports only torch)
+    decreasing = any(b < a for a, b in zip(ends, ends[1:]))  # noqa: RUF007 (imports only torch)
+    if ends[0] != 0 or ends[-1] != sizes["T"] or decreasing:
         _fail(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {sizes['T']}, got {ends}")
     return len(ends) - 1
 
@@ -244,95 +248,7 @@ def _l2norm(x):
     return x * torch.rsqrt((x * x).sum((-2, -1), keepdim=True) + 1e-6)
 
 
-# ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
-
-
-class _OwnBackward(torch.autograd.Function):
-    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
-    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
-    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
-    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
-    gradient grads_fn computes only when asked for."""
-
-    @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
-        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
-        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
-        return o, state
-
-    @staticmethod
-    def backward(ctx, d_o, d_state):
-        initial_state, *saved = ctx.saved_tensors
-        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
-        grads, d_initial = _spans_backward(
-            *ctx.fns,
-            seqs,
-            initial_state,
-            kept,
-            ctx.n_kept,
-            ctx.chunk_size,
-            d_o,
-            d_state,
-            ctx.needs_input_grad[5 + ctx.gate],
-        )
-        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
-        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
-
-
-def _as_3d(x):
-    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
-    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
-    return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-
-def _bmm(a, b, add=None):
-    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
-    baddbmm) on 3-D views.
-
-    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
-    to the BLAS as transposed, not copied first.
-    """
-    if add is None:
-        out = torch.bmm(_as_3d(a), _as_3d(b))
-    else:
-        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
-    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
-
-
-def _chain(initial, n_steps, next_state, tracked, reverse=False):
-    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
-    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
-    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
-    final state).
-
-    Without autograd (tracked False) every state is written in place (out = its slot of one
-    buffer: no per-step allocation, no stacking copy); with autograd out is None and
-    next_state returns a new tensor.
-    """
-    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
-    if tracked:
-        states = [initial]
-        for n in steps:
-            states.append(next_state(n, states[-1], None))
-        if reverse:
-            return torch.stack(states[-2::-1]), states[-1]
-        return torch.stack(states[:-1]), states[-1]
-    states = initial.new_empty(n_steps + 1, *initial.shape)
-    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
-    slots[n_steps if reverse else 0].copy_(initial)
-    for n in steps:
-        if reverse:
-            next_state(n, slots[n + 1], slots[n])
-        else:
-            next_state(n, slots[n], slots[n + 1])
-    # the final state is copied out, so that holding it does not hold the whole buffer
-    if reverse:
-        return states[1:], slots[0].clone()
-    return states[:-1], slots[-1].clone()
+# ---- kernels, one per transition class ---------------------------------------------------
 
 
 def _check_chunk_size(chunk_size):
@@ -341,213 +257,44 @@ def _check_chunk_size(chunk_size):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
 
 
-def _chunk_decays(gamma, g):
-    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
-
-    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
-    same direct sums, no further cumulative sums (a product of factors <= 1).
-    """
-    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
-
-
-def _decay_mask(g):
-    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
-
-    Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
-    a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
-    multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
-    of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
-    summed exponent does. Above the diagonal every factor is 1 (the product
-    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
-    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
-    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
-    broadcast over the batch) give one mask, built once and broadcast.
-    """
-    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
-        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
-    length = g.shape[-1]
-    ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
-    # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
-    rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
-    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
-
-
-def _delta_grads_span(
-    q_c, k_c, v_c, beta_c, g_c, do_c, scores, t_inv, states_in, d_state, gate_grad
-):
-    """Gradients of Class 3 on one span of chunks, from the forward's masked scores M = Q K^T ⊙
-    Gamma, T = (I + A)^{-1} and states entering each chunk S_n, the output gradient do_c and
-    the gradient d_state of the state leaving the span.
-
-    Returns ([dq, dk, dv, dbeta, dg] (dbeta, dg [N, B, NH, C, 1]; dg None unless gate_grad),
-    the gradient of the state entering the span). W = T diag(beta exp(b)) K, U = T V and
-    V_new = U - W S_n are made again; D_n = dL/dS_n runs from the last chunk:
-        dV_new = M^T dO + diag(exp(b_C - b)) K D_{n+1}
-        D_n = (diag(exp(b)) Q)^T dO + exp(G_n) D_{n+1} - W^T dV_new
-    then dU = dV_new, dW = -dV_new S_n^T, dT = dW (diag(beta exp(b)) K)^T + dU V^T and
-    dA = -T^T dT T^T on A's strictly lower support (A_ij = beta_i (K K^T ⊙ Gamma)_ij); the
-    gate's gradient from every decay factor (_gate_grads).
-    """
-    n_chunks, batch, heads, size, d_k = q_c.shape
-    d_v = v_c.shape[-1]
-    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
-    beta = beta_c.unsqueeze(-1)
-    k_from_start = k_c if from_start is None else k_c * from_start  # diag(exp(b)) K
-    k_scaled = k_from_start * beta
-    q_from_start = q_c if from_start is None else q_c * from_start
-    t_inv_t = t_inv.transpose(-1, -2)
-    w = _bmm(t_inv, k_scaled)
-    v_new = _bmm(t_inv, v_c) - _bmm(w, states_in)  # U - W S_n
-
-    # the state's gradient, from the last chunk: dV_new written over M^T dO in place
-    flat = batch * heads
-    d_v_new = _bmm(scores.transpose(-1, -2), do_c)  # M^T dO [N, B, NH, C, V]
-    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO
-    x_n = d_v_new.reshape(n_chunks, flat, size, d_v).unbind(0)
-    y_n = local.reshape(n_chunks, flat, d_k, d_v).unbind(0)
-    w_t_n = w.reshape(n_chunks, flat, size, d_k).transpose(-1, -2).unbind(0)
-    k_end_n = k_to_end.reshape(n_chunks, flat, size, d_k).unbind(0)
-    decay_n = None if chunk_g is None else chunk_g.exp().reshape(n_chunks, flat, 1, 1).unbind(0)
-    tracked = _needs_grad(d_state, do_c, q_c, k_c, v_c, beta_c, g_c, scores, t_inv, states_in)
-    d_v_news = []
-
-    def next_state(n, d_next, out):
-        dv = torch.baddbmm(x_n[n], k_end_n[n], d_next, out=None if tracked else x_n[n])
-        d_v_news.append(dv)
-        if decay_n is None:
-            y = torch.add(y_n[n], d_next, out=out)  # Y_n + D_{n+1}
-        else:
-            y = torch.addcmul(y_n[n], decay_n[n], d_next, out=out)  # Y_n + exp(G_n) D_{n+1}
-        return torch.baddbmm(y, w_t_n[n], dv, alpha=-1.0, out=out)
-
-    d_next, d_state = _chain(
-        d_state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked, reverse=True
-    )
-    if tracked:
-        d_v_new = torch.stack(d_v_news[::-1]).reshape(d_v_new.shape)
-    d_next = d_next.reshape(states_in.shape)
-
-    d_scores = _bmm(do_c, v_new.transpose(-1, -2))  # dM = dO V_new^T
-    d_qk = d_scores.tril_() if gamma is None else d_scores * gamma  # through the mask
-    from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
-    if from_start is not None:
-        from_q = from_q * from_start
-    dq = _bmm(d_qk, k_c, add=from_q)
-    d_w = _bmm(d_v_new, states_in.transpose(-1, -2)).neg_()  # dW = -dV_new S_n^T
-    d_k_scaled = _bmm(t_inv_t, d_w)
-    dv = _bmm(t_inv_t, d_v_new)  # dU = dV_new
-    d_t = _two_matmuls(d_w, k_scaled.transpose(-1, -2), d_v_new, v_c.transpose(-1, -2))
-    d_a = _bmm(t_inv_t, _bmm(d_t, t_inv_t)).neg_().tril_(-1)  # -T^T dT T^T on A's support
-    kk = _bmm(k_c, k_c.transpose(-1, -2))
-    if gamma is not None:
-        kk = kk * gamma
-    d_kk = d_a * beta  # the gradient of K K^T ⊙ Gamma
-    d_kk_raw = d_kk if gamma is None else d_kk * gamma
-    from_k = _bmm(v_new, d_next.transpose(-1, -2))  # V_new D_{n+1}^T
-    if to_end is not None:
-        from_k = from_k * to_end
-    d_k_from_start = d_k_scaled * beta
-    if from_start is not None:
-        d_k_from_start = d_k_from_start * from_start
-    dk = _bmm(d_qk.transpose(-1, -2), q_c, add=from_k + d_k_from_start)
-    dk = _bmm(d_kk_raw + d_kk_raw.transpose(-1, -2), k_c, add=dk)
-    beta_in_w = (d_k_scaled * k_from_start).sum(-1)  # beta in diag(beta exp(b)) K
-    dbeta = (d_a * kk).sum(-1) + beta_in_w
-    dg = None
-    if gate_grad:
-        dg = _gate_grads(
-            d_scores * scores + d_kk * kk,  # Gamma in M and in A
-            (q_c * from_q).sum(-1) + beta_in_w * beta_c,  # exp(b_i) in Q and W
-            (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
-            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
-        )
-    return [dq, dk, dv, dbeta.unsqueeze(-1), dg], d_state.reshape(batch, heads, d_k, d_v)
-
-
-def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept=None):
-    """Class 3 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], beta_c
-    and log-gates g_c [N, B, NH, C] (g_c None: no decay). Returns ([o [N, B, NH, C, V]], state
-    after the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
-    entering each chunk to kept if given."""
-    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
-    d_v = v_c.shape[-1]
-
-    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
-    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
-    k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
-    if gamma is None:
-        scores = scores.tril_()  # M
-        q_from_start = q_c
-    else:
-        kk = kk * gamma
-        scores = scores * gamma
-        k_scaled = k_scaled * from_start  # diag(beta exp(b)) K
-        q_from_start = q_c * from_start
-
-    # Class 3: A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} in >= fp32;
-    # W = T diag(beta exp(b)) K, U = T V (v pre-scaled by beta)
-    solve_dtype = torch.promote_types(q_c.dtype, torch.float32)
-    a_strict = (beta_c.unsqueeze(-1) * kk).tril_(-1).to(solve_dtype)
-    t_inv = _unit_lower_inverse(a_strict.detach())
-    if a_strict.requires_grad:
-        # d(I + A)^{-1} = -T dA T: attach that gradient (the value is unchanged, the added
-        # term is exactly zero) instead of differentiating through the recursion
-        t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
-    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
-    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
-
-    # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
-    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
-    flat = batch * heads
-    # per-chunk views by unbind, not indexing (see _scan_states)
-    w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
-    u_n = u.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
-    k_end_n = k_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
-    decay_n = None if chunk_g is None else chunk_g.exp().reshape(n_chunks, flat, 1, 1).unbind(0)
-    tracked = _needs_grad(state, w, u, k_to_end, chunk_g)
-    v_new = []
-
-    def next_state(n, state, out):
-        # without autograd V_new overwrites U in place
-        v = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0, out=None if tracked else u_n[n])
-        v_new.append(v)
-        if decay_n is not None:
-            state = decay_n[n] * state
-        return torch.baddbmm(state, k_end_n[n], v, out=out)
-
-    states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
-    v_new = torch.stack(v_new) if tracked else u
-    states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
-    if kept is not None:
-        kept.append([scores, t_inv, states_in])
-
-    # Class 3: Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
-    o = _two_matmuls(scores, v_new.reshape(u.shape), q_from_start, states_in)
-    return [o], state.reshape(batch, heads, d_k, d_v)
-
-
-def _gate_grads(pairs, starts, ends, whole):
-    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
-    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
-    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
-    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
-    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
-    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
-    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
-    """
-    size = pairs.shape[-1]
-    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
-    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
-    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
-    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
-    return dg.unsqueeze(-1)
-
-
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _split_chunks(x, chunk_size, n_pad=0):
+    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
+    zero-padded at the end by n_pad tokens (None stays None).
+
+    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
+    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
+    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    """
+    if x is None:
+        return None
+    if n_pad == 0 and x.stride(2) == 0:
+        first = x[:, :, :chunk_size].unsqueeze(0)
+        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
+    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
+    # there, so that under autograd the gradient is copied straight into that layout
+    x = x.transpose(1, 2)
+    if n_pad:
+        # pad lists (left, right) pairs starting from the last dim
+        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
+    batch, length, heads = x.shape[:3]
+    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
+    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
+
+
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
+    return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
 def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
@@ -618,38 +365,48 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
-def _pair_blocks(x, block):
-    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
-    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
-    lead, size = x.shape[:-2], x.shape[-1]
-    n_pairs = size // (2 * block)
-    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
-    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
+def _chain(initial, n_steps, next_state, tracked, reverse=False):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
+    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
+    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
+    final state).
 
-
-def _scalar_decays(k_c, g_c):
-    """The scalar decays on a span of chunks (Class 1, and the gate of Class 3), g_c [N, B, NH,
-    C] (None: no decay).
-
-    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
-    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
-    which are then k_c.
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
     """
-    if g_c is None:
-        return None, None, None, k_c, None
-    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
-    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
-    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
+    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
+    if tracked:
+        states = [initial]
+        for n in steps:
+            states.append(next_state(n, states[-1], None))
+        if reverse:
+            return torch.stack(states[-2::-1]), states[-1]
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
+    slots[n_steps if reverse else 0].copy_(initial)
+    for n in steps:
+        if reverse:
+            next_state(n, slots[n + 1], slots[n])
+        else:
+            next_state(n, slots[n], slots[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    if reverse:
+        return states[1:], slots[0].clone()
+    return states[:-1], slots[-1].clone()
 
 
-def _span_tokens(q, v, chunk_size):
-    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
-    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
-    elsewhere."""
-    if q.device.type != "cpu":
-        return max(q.shape[2], 1)
-    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
-    return max(1, (1 << 19) // per_chunk) * chunk_size
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+    kept = []
+
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
+
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
+    return o, state, kept
 
 
 def _spans_backward(
@@ -678,40 +435,87 @@ def _spans_backward(
     return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
-    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
-    each span the list span_fn(*chunks, state, kept) appended to kept)."""
-    kept = []
-
-    def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, kept)
-
-    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
-    return o, state, kept
-
-
-def _split_chunks(x, chunk_size, n_pad=0):
-    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
-    zero-padded at the end by n_pad tokens (None stays None).
-
-    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
-    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
-    is) stays a broadcast view when no padding is needed: every chunk is the same.
+def _gate_grads(pairs, starts, ends, whole):
+    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
+    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
+    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
+    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
+    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
+    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
+    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
     """
-    if x is None:
-        return None
-    if n_pad == 0 and x.stride(2) == 0:
-        first = x[:, :, :chunk_size].unsqueeze(0)
-        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
-    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
-    # there, so that under autograd the gradient is copied straight into that layout
-    x = x.transpose(1, 2)
-    if n_pad:
-        # pad lists (left, right) pairs starting from the last dim
-        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
-    batch, length, heads = x.shape[:3]
-    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
-    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
+    size = pairs.shape[-1]
+    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
+    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
+    return dg.unsqueeze(-1)
+
+
+def _decay_mask(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
+
+    Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
+    a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
+    multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
+    of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
+    summed exponent does. Above the diagonal every factor is 1 (the product
+    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
+    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
+    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
+    broadcast over the batch) give one mask, built once and broadcast.
+    """
+    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
+        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
+    length = g.shape[-1]
+    ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
+    # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
+    rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
+    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
+
+
+def _chunk_decays(gamma, g):
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+
+    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
+    same direct sums, no further cumulative sums (a product of factors <= 1).
+    """
+    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
+
+
+def _scalar_decays(k_c, g_c):
+    """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
+    rule), g_c [N, B, NH, C] (None: no decay).
+
+    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
+    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
+    which are then k_c.
+    """
+    if g_c is None:
+        return None, None, None, k_c, None
+    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
+    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
+
+
+def _as_3d(x):
+    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+
+def _bmm(a, b, add=None):
+    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
+    baddbmm) on 3-D views.
+
+    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
+    to the BLAS as transposed, not copied first.
+    """
+    if add is None:
+        out = torch.bmm(_as_3d(a), _as_3d(b))
+    else:
+        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
 def _two_matmuls(a, b, c, d):
@@ -720,6 +524,51 @@ def _two_matmuls(a, b, c, d):
     out = torch.bmm(_as_3d(a), _as_3d(b))
     out.baddbmm_(_as_3d(c), _as_3d(d))
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+def _pair_blocks(x, block):
+    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
+    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
+    lead, size = x.shape[:-2], x.shape[-1]
+    n_pairs = size // (2 * block)
+    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
+    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
+    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
+
+    @staticmethod
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
+            initial_state,
+            kept,
+            ctx.n_kept,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[5 + ctx.gate],
+        )
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
 
 
 def _unit_lower_inverse(a):
@@ -761,6 +610,183 @@ def _unit_lower_inverse(a):
     return inverse
 
 
+def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept=None):
+    """The delta rule on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V],
+    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay). Returns ([o [N, B, NH, C, V]],
+    state after the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the
+    states entering each chunk to kept if given."""
+    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
+    d_v = v_c.shape[-1]
+
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
+    k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
+    if gamma is None:
+        scores = scores.tril_()  # M
+        q_from_start = q_c
+    else:
+        kk = kk * gamma
+        scores = scores * gamma
+        k_scaled = k_scaled * from_start  # diag(beta exp(b)) K
+        q_from_start = q_c * from_start
+
+    # A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} in >= fp32;
+    # W = T diag(beta exp(b)) K, U = T V (v pre-scaled by beta)
+    solve_dtype = torch.promote_types(q_c.dtype, torch.float32)
+    a_strict = (beta_c.unsqueeze(-1) * kk).tril_(-1).to(solve_dtype)
+    t_inv = _unit_lower_inverse(a_strict.detach())
+    if a_strict.requires_grad:
+        # d(I + A)^{-1} = -T dA T: attach that gradient (the value is unchanged, the added
+        # term is exactly zero) instead of differentiating through the recursion
+        t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
+    w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
+    u = _bmm(t_inv, v_c.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
+
+    # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
+    flat = batch * heads
+    # per-chunk views by unbind, not indexing: under autograd its backward is one stack
+    w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
+    u_n = u.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
+    k_end_n = k_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
+    decay_n = None if chunk_g is None else chunk_g.exp().reshape(n_chunks, flat, 1, 1).unbind(0)
+    tracked = _needs_grad(state, w, u, k_to_end, chunk_g)
+    v_new = []
+
+    def next_state(n, state, out):
+        # without autograd V_new overwrites U in place
+        v = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0, out=None if tracked else u_n[n])
+        v_new.append(v)
+        if decay_n is not None:
+            state = decay_n[n] * state
+        return torch.baddbmm(state, k_end_n[n], v, out=out)
+
+    states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
+    v_new = torch.stack(v_new) if tracked else u
+    states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
+    if kept is not None:
+        kept.append([scores, t_inv, states_in])
+
+    # Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
+    o = _two_matmuls(scores, v_new.reshape(u.shape), q_from_start, states_in)
+    return [o], state.reshape(batch, heads, d_k, d_v)
+
+
+def _delta_state_grads(do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state):
+    """The gradients that run from the last chunk of a span to the first: dV_new and D_{n+1} for
+    every chunk [N, B, NH, C, V] and [N, B, NH, K, V], and D_0 [B, NH, K, V], from the output
+    gradient do_c, the masked scores M, diag(exp(b)) Q, W, diag(exp(b_C - b)) K, the chunks'
+    log-decays G_n (None: no decay) and the gradient d_state of the state leaving the span:
+        dV_new = M^T dO + diag(exp(b_C - b)) K D_{n+1}
+        D_n = (diag(exp(b)) Q)^T dO + exp(G_n) D_{n+1} - W^T dV_new
+    Without autograd dV_new is written over M^T dO in place.
+    """
+    n_chunks, batch, heads, size, d_k = w.shape
+    d_v = do_c.shape[-1]
+    flat = batch * heads
+    d_v_new = _bmm(scores.transpose(-1, -2), do_c)  # M^T dO [N, B, NH, C, V]
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO
+    x_n = d_v_new.reshape(n_chunks, flat, size, d_v).unbind(0)
+    y_n = local.reshape(n_chunks, flat, d_k, d_v).unbind(0)
+    w_t_n = w.reshape(n_chunks, flat, size, d_k).transpose(-1, -2).unbind(0)
+    k_end_n = k_to_end.reshape(n_chunks, flat, size, d_k).unbind(0)
+    decay_n = None if chunk_g is None else chunk_g.exp().reshape(n_chunks, flat, 1, 1).unbind(0)
+    tracked = _needs_grad(do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state)
+    d_v_news = []
+
+    def next_state(n, d_next, out):
+        dv = torch.baddbmm(x_n[n], k_end_n[n], d_next, out=None if tracked else x_n[n])
+        d_v_news.append(dv)
+        if decay_n is None:
+            y = torch.add(y_n[n], d_next, out=out)  # Y_n + D_{n+1}
+        else:
+            y = torch.addcmul(y_n[n], decay_n[n], d_next, out=out)  # Y_n + exp(G_n) D_{n+1}
+        return torch.baddbmm(y, w_t_n[n], dv, alpha=-1.0, out=out)
+
+    d_next, d_state = _chain(
+        d_state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked, reverse=True
+    )
+    if tracked:
+        d_v_new = torch.stack(d_v_news[::-1]).reshape(d_v_new.shape)
+    d_next = d_next.reshape(n_chunks, batch, heads, d_k, d_v)
+    return d_v_new, d_next, d_state.reshape(batch, heads, d_k, d_v)
+
+
+def _delta_solve_grads(t_inv_t, k_scaled, v_c, states_in, d_v_new):
+    """The gradients through V_new = U - W S_n, W = T diag(beta exp(b)) K and U = T V, from
+    dV_new and T^T: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support).
+
+    dU = dV_new, dW = -dV_new S_n^T, dT = dW (diag(beta exp(b)) K)^T + dU V^T and, since
+    d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T.
+    """
+    d_w = _bmm(d_v_new, states_in.transpose(-1, -2)).neg_()  # dW = -dV_new S_n^T
+    d_k_scaled = _bmm(t_inv_t, d_w)
+    dv = _bmm(t_inv_t, d_v_new)  # dU = dV_new
+    d_t = _two_matmuls(d_w, k_scaled.transpose(-1, -2), d_v_new, v_c.transpose(-1, -2))
+    d_a = _bmm(t_inv_t, _bmm(d_t, t_inv_t)).neg_().tril_(-1)  # -T^T dT T^T on A's support
+    return dv, d_k_scaled, d_a
+
+
+def _delta_grads_span(
+    q_c, k_c, v_c, beta_c, g_c, do_c, scores, t_inv, states_in, d_state, gate_grad
+):
+    """Gradients of the delta rule on one span of chunks, from the forward's masked scores
+    M = Q K^T ⊙ Gamma, T = (I + A)^{-1} and states entering each chunk S_n, the output gradient
+    do_c and the gradient d_state of the state leaving the span.
+
+    Returns ([dq, dk, dv, dbeta, dg] (dbeta, dg [N, B, NH, C, 1]; dg None unless gate_grad),
+    the gradient of the state entering the span). W = T diag(beta exp(b)) K, U = T V and
+    V_new = U - W S_n are made again; D_n = dL/dS_n and dV_new run from the last chunk
+    (_delta_state_grads), the gradients through T from dV_new (_delta_solve_grads), and those
+    of A = tril(diag(beta) (K K^T ⊙ Gamma), -1) and of M go on to the queries, keys and beta;
+    the gate's gradient from every decay factor (_gate_grads).
+    """
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    beta = beta_c.unsqueeze(-1)
+    k_from_start = k_c if from_start is None else k_c * from_start  # diag(exp(b)) K
+    k_scaled = k_from_start * beta
+    q_from_start = q_c if from_start is None else q_c * from_start
+    t_inv_t = t_inv.transpose(-1, -2)
+    w = _bmm(t_inv, k_scaled)
+    v_new = _bmm(t_inv, v_c) - _bmm(w, states_in)  # U - W S_n
+    d_v_new, d_next, d_state = _delta_state_grads(
+        do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state
+    )
+
+    d_scores = _bmm(do_c, v_new.transpose(-1, -2))  # dM = dO V_new^T
+    d_qk = d_scores.tril_() if gamma is None else d_scores * gamma  # through the mask
+    from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
+    if from_start is not None:
+        from_q = from_q * from_start
+    dq = _bmm(d_qk, k_c, add=from_q)
+    dv, d_k_scaled, d_a = _delta_solve_grads(t_inv_t, k_scaled, v_c, states_in, d_v_new)
+    kk = _bmm(k_c, k_c.transpose(-1, -2))
+    if gamma is not None:
+        kk = kk * gamma
+    d_kk = d_a * beta  # the gradient of K K^T ⊙ Gamma
+    d_kk_raw = d_kk if gamma is None else d_kk * gamma
+    from_k = _bmm(v_new, d_next.transpose(-1, -2))  # V_new D_{n+1}^T
+    if to_end is not None:
+        from_k = from_k * to_end
+    d_k_from_start = d_k_scaled * beta
+    if from_start is not None:
+        d_k_from_start = d_k_from_start * from_start
+    dk = _bmm(d_qk.transpose(-1, -2), q_c, add=from_k + d_k_from_start)
+    dk = _bmm(d_kk_raw + d_kk_raw.transpose(-1, -2), k_c, add=dk)
+    beta_in_w = (d_k_scaled * k_from_start).sum(-1)  # beta in diag(beta exp(b)) K
+    dbeta = (d_a * kk).sum(-1) + beta_in_w
+    dg = None
+    if gate_grad:
+        dg = _gate_grads(
+            d_scores * scores + d_kk * kk,  # Gamma in M and in A
+            (q_c * from_q).sum(-1) + beta_in_w * beta_c,  # exp(b_i) in Q and W
+            (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
+            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
+        )
+    return [dq, dk, dv, dbeta.unsqueeze(-1), dg], d_state
+
+
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     """Chunked S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t.
 
@@ -781,11 +807,12 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 def _prepare(q, k, v, beta, *, sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
     (q, k, v, beta), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v, beta], sequence)
-    _device = q.device
     return q, k, v, beta, _sizes, _dtype
 
 
-def chunk(q, k, v, beta, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None):
+def chunk(
+    q, k, v, beta, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None
+):
     """Chunked parallel form. Returns (output, final state or None).
 
     With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own
@@ -804,11 +831,10 @@ def chunk(q, k, v, beta, *, initial_state=None, output_final_state=False, chunk_
     _beta_H = _seq_scalar(beta, _sizes, cu_seqlens)  # beta_t
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
-    _o, _S = chunk_delta(_q, _k_H, _v_H, _beta_H, None, _S0_H, chunk_size)
+    _o, _S = chunk_delta(_q, _k_H, _v_H, beta=_beta_H, initial_state=_S0_H, chunk_size=chunk_size)
     _r0 = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
-    y = _r0  # H_t q_t
-    y = y.squeeze(-1).to(_out_dtype)
+    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, (H if output_final_state else None)
 
 
@@ -829,7 +855,9 @@ def summary(q, k, v, beta, *, chunk_size=64):
     _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
     _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
     _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
-    _o, _S = chunk_delta(torch.zeros_like(_k_H), _k_H, _v, _beta_H, None, _S0, chunk_size)
+    _o, _S = chunk_delta(
+        torch.zeros_like(_k_H), _k_H, _v, beta=_beta_H, initial_state=_S0, chunk_size=chunk_size
+    )
     _F, _P = _S.split([_width, _K], -1)
     H = _F.mT
     return _P.mT, H
@@ -840,7 +868,8 @@ def _recurrence(q, k, v, beta, H, _sizes, _dtype, _device):
     _ys = []
     for _t in range(_sizes["T"]):
         q_t, k_t, v_t, beta_t = q[:, _t], k[:, _t], v[:, _t], beta[:, _t]
-        H_t = H - beta_t * (H @ k_t @ k_t.mT) + beta_t * (v_t @ k_t.mT)  # H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
+        # H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
+        H_t = H - beta_t * (H @ k_t @ k_t.mT) + beta_t * (v_t @ k_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return torch.stack(_ys, 1), (H,)
@@ -866,7 +895,16 @@ def recurrent(q, k, v, beta, *, initial_state=None, output_final_state=False, cu
                 _finals.append((H[_n : _n + 1],))
                 continue
             _piece = dict(_sizes, T=_end - _start)
-            _y, _s = _recurrence(q[:, _start:_end], k[:, _start:_end], v[:, _start:_end], beta[:, _start:_end], H[_n : _n + 1], _piece, _dtype, _device)
+            _y, _s = _recurrence(
+                q[:, _start:_end],
+                k[:, _start:_end],
+                v[:, _start:_end],
+                beta[:, _start:_end],
+                H[_n : _n + 1],
+                _piece,
+                _dtype,
+                _device,
+            )
             _outputs.append(_y)
             _finals.append(_s)
         y = torch.cat(_outputs, 1)

@@ -15,13 +15,12 @@ Forms, all computing the same function:
   recurrent  token by token
   step       one token, for decoding
 State H: elementwise gate (full_elementwise_gate).
-No chunked form: H: NYI: the full elementwise gate G_t has no chunked form (the decay between two tokens would be a [V, K] tensor per pair); write it as an outer product a_t b_t^T, or as diag(...) on one side, to get one
+No chunked form: H: NYI: the full elementwise gate G_t has no chunked form (the decay between two
+tokens would be a [V, K] tensor per pair); write it as an outer product a_t b_t^T, or as diag(...)
+on one side, to get one
 """
 
-import math  # noqa: F401
-
 import torch
-import torch.nn.functional as F  # noqa: F401
 
 try:
     from mixc.errors import InputError as MixcError
@@ -85,7 +84,8 @@ def _bind_size(sizes, symbol, got, name, shape_text):
     want = sizes.setdefault(symbol, got)
     if want != got:
         _fail(
-            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}"
+            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, "
+            f"got {got}"
         )
 
 
@@ -106,7 +106,8 @@ def _prepare_inputs(layout, values, sequence):
         shape_text = "[" + ", ".join(lead + tuple(dims)) + "]"
         if x.dim() != len(lead) + len(dims):
             _fail(
-                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}"
+                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, "
+                f"got shape {list(x.shape)}"
             )
         for symbol, got in zip(
             lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead) :]
@@ -137,7 +138,8 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     if not isinstance(x, torch.Tensor):
         if not isinstance(x, (int, float)) or dims:
             _fail(
-                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}"
+                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], "
+                f"got {type(x).__name__}"
             )
         x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
     _check_tensor(name, x, device)
@@ -153,14 +155,16 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
 
 
 def _prepare_states(layout, given, sizes, dtype, device, batch):
-    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or zeros."""
+    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
+    zeros."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}"
+            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"got {type(given).__name__}"
         )
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = []
@@ -174,7 +178,8 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}"
+                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             x = x.to(state_dtype)
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -217,7 +222,8 @@ def _check_cu_seqlens(cu_seqlens, sizes):
     if torch.compiler.is_compiling():
         return cu_seqlens.numel() - 1
     ends = cu_seqlens.tolist()
-    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):  # noqa: RUF007 (generated code imports only torch)
+    decreasing = any(b < a for a, b in zip(ends, ends[1:]))  # noqa: RUF007 (imports only torch)
+    if ends[0] != 0 or ends[-1] != sizes["T"] or decreasing:
         _fail(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {sizes['T']}, got {ends}")
     return len(ends) - 1
 
@@ -252,13 +258,16 @@ def _l2norm(x):
 def _prepare(q, k, v, G, *, sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
     (q, k, v, G), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v, G], sequence)
-    _device = q.device
     return q, k, v, G, _sizes, _dtype
 
 
 def chunk(q, k, v, G, *, initial_state=None, output_final_state=False, chunk_size=64):
     """No chunked form exists for this spec: use recurrent or step."""
-    _fail('NYI: no chunked form (H: the full elementwise gate G_t has no chunked form (the decay between two tokens would be a [V, K] tensor per pair); write it as an outer product a_t b_t^T, or as diag(...) on one side, to get one). Use recurrent() or step().')
+    _fail(
+        'NYI: no chunked form (H: the full elementwise gate G_t has no chunked form (the decay '
+        'between two tokens would be a [V, K] tensor per pair); write it as an outer product a_t '
+        'b_t^T, or as diag(...) on one side, to get one). Use recurrent() or step().'
+    )
 
 
 def summary(q, k, v, G, *, chunk_size=64):
@@ -267,7 +276,11 @@ def summary(q, k, v, G, *, chunk_size=64):
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
     associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
     """
-    _fail('NYI: no transition summary (H: the full elementwise gate G_t has no chunked form (the decay between two tokens would be a [V, K] tensor per pair); write it as an outer product a_t b_t^T, or as diag(...) on one side, to get one)')
+    _fail(
+        'NYI: no transition summary (H: the full elementwise gate G_t has no chunked form (the '
+        'decay between two tokens would be a [V, K] tensor per pair); write it as an outer product '
+        'a_t b_t^T, or as diag(...) on one side, to get one)'
+    )
 
 
 def _recurrence(q, k, v, G, H, _sizes, _dtype, _device):
@@ -301,7 +314,16 @@ def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_se
                 _finals.append((H[_n : _n + 1],))
                 continue
             _piece = dict(_sizes, T=_end - _start)
-            _y, _s = _recurrence(q[:, _start:_end], k[:, _start:_end], v[:, _start:_end], G[:, _start:_end], H[_n : _n + 1], _piece, _dtype, _device)
+            _y, _s = _recurrence(
+                q[:, _start:_end],
+                k[:, _start:_end],
+                v[:, _start:_end],
+                G[:, _start:_end],
+                H[_n : _n + 1],
+                _piece,
+                _dtype,
+                _device,
+            )
             _outputs.append(_y)
             _finals.append(_s)
         y = torch.cat(_outputs, 1)

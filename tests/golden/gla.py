@@ -17,10 +17,7 @@ Forms, all computing the same function:
 State H: diagonal key-side (diagonal_key).
 """
 
-import math  # noqa: F401
-
 import torch
-import torch.nn.functional as F  # noqa: F401
 
 try:
     from mixc.errors import InputError as MixcError
@@ -83,7 +80,8 @@ def _bind_size(sizes, symbol, got, name, shape_text):
     want = sizes.setdefault(symbol, got)
     if want != got:
         _fail(
-            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}"
+            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, "
+            f"got {got}"
         )
 
 
@@ -104,7 +102,8 @@ def _prepare_inputs(layout, values, sequence):
         shape_text = "[" + ", ".join(lead + tuple(dims)) + "]"
         if x.dim() != len(lead) + len(dims):
             _fail(
-                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}"
+                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, "
+                f"got shape {list(x.shape)}"
             )
         for symbol, got in zip(
             lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead) :]
@@ -135,7 +134,8 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     if not isinstance(x, torch.Tensor):
         if not isinstance(x, (int, float)) or dims:
             _fail(
-                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}"
+                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], "
+                f"got {type(x).__name__}"
             )
         x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
     _check_tensor(name, x, device)
@@ -151,14 +151,16 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
 
 
 def _prepare_states(layout, given, sizes, dtype, device, batch):
-    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or zeros."""
+    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
+    zeros."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}"
+            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"got {type(given).__name__}"
         )
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = []
@@ -172,7 +174,8 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}"
+                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             x = x.to(state_dtype)
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -215,7 +218,8 @@ def _check_cu_seqlens(cu_seqlens, sizes):
     if torch.compiler.is_compiling():
         return cu_seqlens.numel() - 1
     ends = cu_seqlens.tolist()
-    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):  # noqa: RUF007 (generated code imports only torch)
+    decreasing = any(b < a for a, b in zip(ends, ends[1:]))  # noqa: RUF007 (imports only torch)
+    if ends[0] != 0 or ends[-1] != sizes["T"] or decreasing:
         _fail(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {sizes['T']}, got {ends}")
     return len(ends) - 1
 
@@ -244,95 +248,7 @@ def _l2norm(x):
     return x * torch.rsqrt((x * x).sum((-2, -1), keepdim=True) + 1e-6)
 
 
-# ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
-
-
-class _OwnBackward(torch.autograd.Function):
-    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
-    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
-    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
-    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
-    gradient grads_fn computes only when asked for."""
-
-    @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
-        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
-        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
-        return o, state
-
-    @staticmethod
-    def backward(ctx, d_o, d_state):
-        initial_state, *saved = ctx.saved_tensors
-        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
-        grads, d_initial = _spans_backward(
-            *ctx.fns,
-            seqs,
-            initial_state,
-            kept,
-            ctx.n_kept,
-            ctx.chunk_size,
-            d_o,
-            d_state,
-            ctx.needs_input_grad[5 + ctx.gate],
-        )
-        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
-        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
-
-
-def _as_3d(x):
-    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
-    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
-    return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-
-def _bmm(a, b, add=None):
-    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
-    baddbmm) on 3-D views.
-
-    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
-    to the BLAS as transposed, not copied first.
-    """
-    if add is None:
-        out = torch.bmm(_as_3d(a), _as_3d(b))
-    else:
-        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
-    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
-
-
-def _chain(initial, n_steps, next_state, tracked, reverse=False):
-    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
-    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
-    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
-    final state).
-
-    Without autograd (tracked False) every state is written in place (out = its slot of one
-    buffer: no per-step allocation, no stacking copy); with autograd out is None and
-    next_state returns a new tensor.
-    """
-    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
-    if tracked:
-        states = [initial]
-        for n in steps:
-            states.append(next_state(n, states[-1], None))
-        if reverse:
-            return torch.stack(states[-2::-1]), states[-1]
-        return torch.stack(states[:-1]), states[-1]
-    states = initial.new_empty(n_steps + 1, *initial.shape)
-    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
-    slots[n_steps if reverse else 0].copy_(initial)
-    for n in steps:
-        if reverse:
-            next_state(n, slots[n + 1], slots[n])
-        else:
-            next_state(n, slots[n], slots[n + 1])
-    # the final state is copied out, so that holding it does not hold the whole buffer
-    if reverse:
-        return states[1:], slots[0].clone()
-    return states[:-1], slots[-1].clone()
+# ---- kernels, one per transition class ---------------------------------------------------
 
 
 def _check_chunk_size(chunk_size):
@@ -341,189 +257,44 @@ def _check_chunk_size(chunk_size):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
 
 
-def _decayed_halves(q_c, k_c, pre_k, suf_k, block):
-    """The queries of every right half and the keys of every left half of the blocks of
-    2 * block tokens, each decayed to the boundary r between the halves (see _double_decays):
-    q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j) (pre_k, suf_k None: no decay)."""
-    q_right, k_left = _halves(q_c, block)[1], _halves(k_c, block)[0]
-    if pre_k is not None:
-        q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)
-        if suf_k is not None:
-            k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
-    return q_right, k_left
-
-
-def _diagonal_grads_span(q_c, k_c, v_c, gk_c, gv_c, do_c, scores, states_in, d_state, gate_grad):
-    """Gradients of Class 2 without value-side gates (gv_c None) on one span of chunks, from the
-    forward's decayed scores A [N, B, NH, C, C] and states entering each chunk S_n, the output
-    gradient do_c and the gradient d_state of the state leaving the span.
-
-    Returns ([dq, dk, dv, dgk (None unless gate_grad), None], the gradient of the state
-    entering the span). dA = dO V^T on A's support, dV = A^T dO + diag(exp(bk_C - bk)) K
-    D_{n+1}; the diagonal, then every level of the binary split of _diagonal_span, hands
-    dA's corner blocks back to the decayed queries and keys of that level; the chunk level
-    carries the state's gradient D_n = (Q ⊙ exp(bk))^T dO + diag(exp(bk_C)) D_{n+1}. The gate's
-    gradient, per channel, sums what each decay factor holding exp(g_l) passes on (its
-    gradient times its value): a right half's exp(b_i - b_r) holds g_l for the l <= i of that
-    half, a left half's exp(b_r - b_j) the l > j of that half, and at the chunk level exp(b_i),
-    exp(b_C - b_j) and exp(b_C) hold l <= i, l > j and every l.
-    """
-    chunk_size = q_c.shape[3]
-    pre_k = None if gk_c is None else torch.exp(gk_c)
-    suf_k = None
-    d_scores = _bmm(do_c, v_c.transpose(-1, -2)).tril_()  # dA on A's support
-    dq = k_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)  # i = j
-    dk = q_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)
-    dg = None if pre_k is None or not gate_grad else torch.zeros_like(q_c)
-    block = 1
-    while block < chunk_size:
-        q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
-        d_corner = _pair_blocks(d_scores, block)[..., block:, :block]  # [N, B, NH, n, b, b]
-        d_q_right = torch.matmul(d_corner, k_left)  # for the decayed queries
-        d_k_left = torch.matmul(d_corner.transpose(-1, -2), q_right)  # for the decayed keys
-        if dg is not None:
-            _halves(dg, block)[1].add_(_within(d_q_right * q_right, block, upper=True))
-            _halves(dg, block)[0].add_(_within(d_k_left * k_left, block, upper=False))
-        if pre_k is not None:
-            d_q_right = d_q_right * _halves(pre_k, block)[1]
-            if suf_k is not None:
-                d_k_left = d_k_left * _halves(suf_k, block)[0]
-        _halves(dq, block)[1].add_(d_q_right)
-        _halves(dk, block)[0].add_(d_k_left)
-        if pre_k is not None:
-            pre_k, suf_k = _double_decays(pre_k, suf_k, block)
-        block *= 2
-
-    # --- the chunk level: the state and its gradient ---------------------------------------
-    q_from_start, k_to_end, v_to_end, decay_k = q_c, k_c, v_c, None
-    if pre_k is not None:
-        q_from_start, decay_k = q_c * pre_k, pre_k[..., -1, :]
-        if suf_k is not None:
-            k_to_end = k_c * suf_k
-    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (Q ⊙ exp(bk))^T dO
-    d_next, d_state = _scan_states(d_state, decay_k, None, local, reverse=True)  # D_{n+1}, D_0
-    dv = _two_matmuls(scores.transpose(-1, -2), do_c, k_to_end, d_next)
-    from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
-    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # V D_{n+1}^T
-    if pre_k is not None:
-        from_q = from_q * pre_k
-        if suf_k is not None:
-            from_k = from_k * suf_k
-    if dg is not None:
-        whole = (states_in * d_next).sum(-1) * decay_k  # <S_n, D_{n+1}> per key channel
-        dg += _within(q_c * from_q, chunk_size, upper=True)
-        dg += _within(k_c * from_k, chunk_size, upper=False)
-        dg += whole.unsqueeze(-2)
-    return [dq + from_q, dk + from_k, dv, dg, None], d_state
-
-
-def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
-    """Class 2 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], log-gates
-    gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None). Returns ([o [N, B, NH, C,
-    V]], state after the span); without value-side gates, appends the decayed scores A and the
-    states entering each chunk to kept if given.
-
-    Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
-    each pair belongs to exactly one block in which j is in the left half and i in the right
-    half. For that block the decay exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) is measured
-    from the boundary r (the last token of the left half): q_i ⊙ exp(b_i - b_r) and
-    k_j ⊙ exp(b_r - b_j), both factors <= 1, built as products of per-token decays inside
-    the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul. The
-    pairs i = j need no decay. The same factors at the chunk level carry the state.
-    """
-    chunk_size = q_c.shape[3]
-    # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
-    pre_k = None if gk_c is None else torch.exp(gk_c)
-    pre_v = None if gv_c is None else torch.exp(gv_c)
-    suf_k = suf_v = None
-
-    # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
-    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
-    if pre_v is None:
-        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
-        scores = torch.diag_embed(diag)
-    else:
-        out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
-    block = 1
-    while block < chunk_size:
-        q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
-        corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [N, B, NH, n, b, b]
-        if pre_v is None:
-            _pair_blocks(scores, block)[..., block:, :block] = corner
-        else:
-            # value-side gates differ per output channel: apply the block's contribution now
-            v_left = _halves(v_c, block)[0]
-            if suf_v is not None:
-                v_left = v_left * _halves(suf_v, block)[0]
-            update = torch.matmul(corner, v_left) * _halves(pre_v, block)[1]
-            _halves(out, block)[1].add_(update)
-            pre_v, suf_v = _double_decays(pre_v, suf_v, block)
-        if pre_k is not None:
-            pre_k, suf_k = _double_decays(pre_k, suf_k, block)
-        block *= 2
-
-    # --- inter-chunk: the chunk-level factors are the last level's ---------------------
-    # Class 2: S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
-    # and y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
-    k_to_end, v_to_end, q_from_start = k_c, v_c, q_c
-    chunk_decay_k = chunk_decay_v = None
-    if pre_k is not None:
-        q_from_start = q_c * pre_k  # exp(bk_i)
-        if suf_k is not None:
-            k_to_end = k_c * suf_k  # exp(bk_C - bk_j)
-        chunk_decay_k = pre_k[..., -1, :]  # exp(bk_C) [N, B, NH, K]
-    if pre_v is not None:
-        if suf_v is not None:
-            v_to_end = v_c * suf_v
-        chunk_decay_v = pre_v[..., -1, :]
-    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
-    states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
-    if pre_v is None:
-        if kept is not None:
-            kept.append([scores, states_in])
-        # A V, then the inter part accumulated into it by the same matmul call
-        o = _two_matmuls(scores, v_c, q_from_start, states_in)
-    else:
-        o = out + _bmm(q_from_start, states_in) * pre_v
-    return [o], state
-
-
-def _double_decays(prefix, suffix, block):
-    """Segment decays for blocks of 2 * block tokens from those for blocks of `block`.
-
-    prefix[i] = exp(g_s + ... + g_i) and suffix[j] = exp(g_{j+1} + ... + g_e) inside the
-    aligned block [s, e] holding the token (suffix None: all ones). A block's right half
-    continues the left half's prefix, and the left half's suffix runs on through the right
-    half: one multiply each by the other half's total, a product of factors <= 1.
-    """
-    shape = prefix.shape
-    pairs = prefix.reshape(*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
-    left_total, right_total = pairs[..., 0, -1:, :], pairs[..., 1, -1:, :]
-    if not _needs_grad(prefix, suffix):
-        # without autograd, in place: only the halves that change are written (the suffix
-        # first: right_total is a view of the prefix's right half)
-        suffix = (torch.ones_like(pairs) if suffix is None else suffix).view(pairs.shape)
-        suffix[..., 0, :, :].mul_(right_total)
-        pairs[..., 1, :, :].mul_(left_total)
-        return prefix, suffix.view(shape)
-    ones = torch.ones_like(left_total)
-    prefix = pairs * torch.stack([ones, left_total], dim=-3)
-    to_right_end = torch.stack([right_total, ones], dim=-3)
-    suffix = to_right_end if suffix is None else suffix.reshape(pairs.shape) * to_right_end
-    return prefix.reshape(shape), suffix.reshape(shape)
-
-
-def _halves(x, block):
-    """[N, B, NH, C, d] -> (left, right) halves of every block of 2 * block tokens, each
-    [N, B, NH, C / (2 * block), block, d] (views, writable)."""
-    pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
-    return pairs[..., 0, :, :], pairs[..., 1, :, :]
-
-
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _split_chunks(x, chunk_size, n_pad=0):
+    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
+    zero-padded at the end by n_pad tokens (None stays None).
+
+    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
+    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
+    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    """
+    if x is None:
+        return None
+    if n_pad == 0 and x.stride(2) == 0:
+        first = x[:, :, :chunk_size].unsqueeze(0)
+        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
+    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
+    # there, so that under autograd the gradient is copied straight into that layout
+    x = x.transpose(1, 2)
+    if n_pad:
+        # pad lists (left, right) pairs starting from the last dim
+        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
+    batch, length, heads = x.shape[:3]
+    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
+    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
+
+
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
+    return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
 def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
@@ -594,49 +365,48 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
-def _pair_blocks(x, block):
-    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
-    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
-    lead, size = x.shape[:-2], x.shape[-1]
-    n_pairs = size // (2 * block)
-    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
-    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
+def _chain(initial, n_steps, next_state, tracked, reverse=False):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
+    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
+    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
+    final state).
 
-
-def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv, reverse=False):
-    """Sequential state passing S_{n+1} = dk_n[:, None] * S_n * dv_n[None, :] + KV_n (reverse:
-    from the last chunk to the first, S_n = dk_n[:, None] * S_{n+1} * dv_n[None, :] + KV_n, as
-    a state's gradient flows).
-
-    chunk_decay_k: [N, B, NH, K] or None, chunk_decay_v: [N, B, NH, V] or None,
-    chunk_kv: [N, B, NH, K, V]. Returns (states entering each chunk
-    [N, B, NH, K, V], final state [B, NH, K, V]), as _scan_scalar.
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
     """
-    # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
-    # gradient of the whole tensor per chunk
-    kv = chunk_kv.unbind(0)
-    decay_k = None if chunk_decay_k is None else chunk_decay_k.unsqueeze(-1).unbind(0)
-    decay_v = None if chunk_decay_v is None else chunk_decay_v.unsqueeze(-2).unbind(0)
+    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
+    if tracked:
+        states = [initial]
+        for n in steps:
+            states.append(next_state(n, states[-1], None))
+        if reverse:
+            return torch.stack(states[-2::-1]), states[-1]
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
+    slots[n_steps if reverse else 0].copy_(initial)
+    for n in steps:
+        if reverse:
+            next_state(n, slots[n + 1], slots[n])
+        else:
+            next_state(n, slots[n], slots[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    if reverse:
+        return states[1:], slots[0].clone()
+    return states[:-1], slots[-1].clone()
 
-    def next_state(n, state, out):
-        if decay_v is not None:
-            state = state * decay_v[n]
-        if decay_k is None:
-            return torch.add(kv[n], state, out=out)
-        return torch.addcmul(kv[n], decay_k[n], state, out=out)
 
-    tracked = _needs_grad(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
-    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+    kept = []
 
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
 
-def _span_tokens(q, v, chunk_size):
-    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
-    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
-    elsewhere."""
-    if q.device.type != "cpu":
-        return max(q.shape[2], 1)
-    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
-    return max(1, (1 << 19) // per_chunk) * chunk_size
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
+    return o, state, kept
 
 
 def _spans_backward(
@@ -665,40 +435,24 @@ def _spans_backward(
     return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
-    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
-    each span the list span_fn(*chunks, state, kept) appended to kept)."""
-    kept = []
-
-    def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, kept)
-
-    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
-    return o, state, kept
+def _as_3d(x):
+    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
-def _split_chunks(x, chunk_size, n_pad=0):
-    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
-    zero-padded at the end by n_pad tokens (None stays None).
+def _bmm(a, b, add=None):
+    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
+    baddbmm) on 3-D views.
 
-    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
-    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
-    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
+    to the BLAS as transposed, not copied first.
     """
-    if x is None:
-        return None
-    if n_pad == 0 and x.stride(2) == 0:
-        first = x[:, :, :chunk_size].unsqueeze(0)
-        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
-    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
-    # there, so that under autograd the gradient is copied straight into that layout
-    x = x.transpose(1, 2)
-    if n_pad:
-        # pad lists (left, right) pairs starting from the last dim
-        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
-    batch, length, heads = x.shape[:3]
-    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
-    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
+    if add is None:
+        out = torch.bmm(_as_3d(a), _as_3d(b))
+    else:
+        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
 def _two_matmuls(a, b, c, d):
@@ -709,6 +463,192 @@ def _two_matmuls(a, b, c, d):
     return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
+def _pair_blocks(x, block):
+    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
+    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
+    lead, size = x.shape[:-2], x.shape[-1]
+    n_pairs = size // (2 * block)
+    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
+    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
+    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
+
+    @staticmethod
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
+            initial_state,
+            kept,
+            ctx.n_kept,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[5 + ctx.gate],
+        )
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+
+
+def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv, reverse=False):
+    """Sequential state passing S_{n+1} = dk_n[:, None] * S_n * dv_n[None, :] + KV_n (reverse:
+    from the last chunk to the first, S_n = dk_n[:, None] * S_{n+1} * dv_n[None, :] + KV_n, as
+    a state's gradient flows).
+
+    chunk_decay_k: [N, B, NH, K] or None, chunk_decay_v: [N, B, NH, V] or None,
+    chunk_kv: [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final
+    state [B, NH, K, V]); in reverse, chunk n is entered by S_{n+1} and the final state is S_0.
+    """
+    # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
+    # gradient of the whole tensor per chunk
+    kv = chunk_kv.unbind(0)
+    decay_k = None if chunk_decay_k is None else chunk_decay_k.unsqueeze(-1).unbind(0)
+    decay_v = None if chunk_decay_v is None else chunk_decay_v.unsqueeze(-2).unbind(0)
+
+    def next_state(n, state, out):
+        if decay_v is not None:
+            state = state * decay_v[n]
+        if decay_k is None:
+            return torch.add(kv[n], state, out=out)
+        return torch.addcmul(kv[n], decay_k[n], state, out=out)
+
+    tracked = _needs_grad(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
+
+
+def _halves(x, block):
+    """[N, B, NH, C, d] -> (left, right) halves of every block of 2 * block tokens, each
+    [N, B, NH, C / (2 * block), block, d] (views, writable)."""
+    pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
+    return pairs[..., 0, :, :], pairs[..., 1, :, :]
+
+
+def _double_decays(prefix, suffix, block):
+    """Segment decays for blocks of 2 * block tokens from those for blocks of `block`.
+
+    prefix[i] = exp(g_s + ... + g_i) and suffix[j] = exp(g_{j+1} + ... + g_e) inside the
+    aligned block [s, e] holding the token (suffix None: all ones). A block's right half
+    continues the left half's prefix, and the left half's suffix runs on through the right
+    half: one multiply each by the other half's total, a product of factors <= 1.
+    """
+    shape = prefix.shape
+    pairs = prefix.reshape(*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
+    left_total, right_total = pairs[..., 0, -1:, :], pairs[..., 1, -1:, :]
+    if not _needs_grad(prefix, suffix):
+        # without autograd, in place: only the halves that change are written (the suffix
+        # first: right_total is a view of the prefix's right half)
+        suffix = (torch.ones_like(pairs) if suffix is None else suffix).view(pairs.shape)
+        suffix[..., 0, :, :].mul_(right_total)
+        pairs[..., 1, :, :].mul_(left_total)
+        return prefix, suffix.view(shape)
+    ones = torch.ones_like(left_total)
+    prefix = pairs * torch.stack([ones, left_total], dim=-3)
+    to_right_end = torch.stack([right_total, ones], dim=-3)
+    suffix = to_right_end if suffix is None else suffix.reshape(pairs.shape) * to_right_end
+    return prefix.reshape(shape), suffix.reshape(shape)
+
+
+def _decayed_halves(q_c, k_c, pre_k, suf_k, block):
+    """The queries of every right half and the keys of every left half of the blocks of
+    2 * block tokens, each decayed to the boundary r between the halves (see _double_decays):
+    q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j) (pre_k, suf_k None: no decay)."""
+    q_right, k_left = _halves(q_c, block)[1], _halves(k_c, block)[0]
+    if pre_k is not None:
+        q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)
+        if suf_k is not None:
+            k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)
+    return q_right, k_left
+
+
+def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
+    """The diagonal-gate recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
+    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None).
+    Returns ([o [N, B, NH, C, V]], state after the span); without value-side gates, appends the
+    decayed scores A and the states entering each chunk to kept if given.
+
+    Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
+    each pair belongs to exactly one block in which j is in the left half and i in the right
+    half. For that block the decay exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) is measured
+    from the boundary r (the last token of the left half): q_i ⊙ exp(b_i - b_r) and
+    k_j ⊙ exp(b_r - b_j), both factors <= 1, built as products of per-token decays inside
+    the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul. The
+    pairs i = j need no decay. The same factors at the chunk level carry the state.
+    """
+    chunk_size = q_c.shape[3]
+    # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
+    pre_k = None if gk_c is None else torch.exp(gk_c)
+    pre_v = None if gv_c is None else torch.exp(gv_c)
+    suf_k = suf_v = None
+
+    # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
+    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
+    if pre_v is None:
+        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
+        scores = torch.diag_embed(diag)
+    else:
+        out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
+    block = 1
+    while block < chunk_size:
+        q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
+        corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [N, B, NH, n, b, b]
+        if pre_v is None:
+            _pair_blocks(scores, block)[..., block:, :block] = corner
+        else:
+            # value-side gates differ per output channel: apply the block's contribution now
+            v_left = _halves(v_c, block)[0]
+            if suf_v is not None:
+                v_left = v_left * _halves(suf_v, block)[0]
+            update = torch.matmul(corner, v_left) * _halves(pre_v, block)[1]
+            _halves(out, block)[1].add_(update)
+            pre_v, suf_v = _double_decays(pre_v, suf_v, block)
+        if pre_k is not None:
+            pre_k, suf_k = _double_decays(pre_k, suf_k, block)
+        block *= 2
+
+    # --- inter-chunk: the chunk-level factors are the last level's ---------------------
+    # S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
+    # and y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
+    k_to_end, v_to_end, q_from_start = k_c, v_c, q_c
+    chunk_decay_k = chunk_decay_v = None
+    if pre_k is not None:
+        q_from_start = q_c * pre_k  # exp(bk_i)
+        if suf_k is not None:
+            k_to_end = k_c * suf_k  # exp(bk_C - bk_j)
+        chunk_decay_k = pre_k[..., -1, :]  # exp(bk_C) [N, B, NH, K]
+    if pre_v is not None:
+        if suf_v is not None:
+            v_to_end = v_c * suf_v
+        chunk_decay_v = pre_v[..., -1, :]
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
+    states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    if pre_v is None:
+        if kept is not None:
+            kept.append([scores, states_in])
+        # A V, then the inter part accumulated into it by the same matmul call
+        o = _two_matmuls(scores, v_c, q_from_start, states_in)
+    else:
+        o = out + _bmm(q_from_start, states_in) * pre_v
+    return [o], state
+
+
 def _within(x, block, upper):
     """Sums over each aligned run of `block` tokens of x [..., C, d] (dim -2), per channel: at
     token l, of the tokens i >= l of its run (upper) or of the tokens j < l (not upper)."""
@@ -716,6 +656,70 @@ def _within(x, block, upper):
     sums = torch.triu(ones) if upper else torch.tril(ones, diagonal=-1)  # [l, i]
     runs = x.reshape(*x.shape[:-2], x.shape[-2] // block, block, x.shape[-1])
     return torch.matmul(sums, runs).reshape(x.shape)
+
+
+def _diagonal_grads_span(q_c, k_c, v_c, gk_c, gv_c, do_c, scores, states_in, d_state, gate_grad):
+    """Gradients of the diagonal-gate recurrence without value-side gates (gv_c None) on one span
+    of chunks, from the forward's decayed scores A [N, B, NH, C, C] and states entering each
+    chunk S_n, the output gradient do_c and the gradient d_state of the state leaving the span.
+
+    Returns ([dq, dk, dv, dgk (None unless gate_grad), None], the gradient of the state
+    entering the span). dA = dO V^T on A's support, dV = A^T dO + diag(exp(bk_C - bk)) K
+    D_{n+1}; the diagonal, then every level of the binary split of _diagonal_span, hands
+    dA's corner blocks back to the decayed queries and keys of that level; the chunk level
+    carries the state's gradient D_n = (Q ⊙ exp(bk))^T dO + diag(exp(bk_C)) D_{n+1}. The gate's
+    gradient, per channel, sums what each decay factor holding exp(g_l) passes on (its
+    gradient times its value): a right half's exp(b_i - b_r) holds g_l for the l <= i of that
+    half, a left half's exp(b_r - b_j) the l > j of that half, and at the chunk level exp(b_i),
+    exp(b_C - b_j) and exp(b_C) hold l <= i, l > j and every l.
+    """
+    chunk_size = q_c.shape[3]
+    pre_k = None if gk_c is None else torch.exp(gk_c)
+    suf_k = None
+    d_scores = _bmm(do_c, v_c.transpose(-1, -2)).tril_()  # dA on A's support
+    dq = k_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)  # i = j
+    dk = q_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)
+    dg = None if pre_k is None or not gate_grad else torch.zeros_like(q_c)
+    block = 1
+    while block < chunk_size:
+        q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
+        d_corner = _pair_blocks(d_scores, block)[..., block:, :block]  # [N, B, NH, n, b, b]
+        d_q_right = torch.matmul(d_corner, k_left)  # for the decayed queries
+        d_k_left = torch.matmul(d_corner.transpose(-1, -2), q_right)  # for the decayed keys
+        if dg is not None:
+            _halves(dg, block)[1].add_(_within(d_q_right * q_right, block, upper=True))
+            _halves(dg, block)[0].add_(_within(d_k_left * k_left, block, upper=False))
+        if pre_k is not None:
+            d_q_right = d_q_right * _halves(pre_k, block)[1]
+            if suf_k is not None:
+                d_k_left = d_k_left * _halves(suf_k, block)[0]
+        _halves(dq, block)[1].add_(d_q_right)
+        _halves(dk, block)[0].add_(d_k_left)
+        if pre_k is not None:
+            pre_k, suf_k = _double_decays(pre_k, suf_k, block)
+        block *= 2
+
+    # --- the chunk level: the state and its gradient ---------------------------------------
+    q_from_start, k_to_end, v_to_end, decay_k = q_c, k_c, v_c, None
+    if pre_k is not None:
+        q_from_start, decay_k = q_c * pre_k, pre_k[..., -1, :]
+        if suf_k is not None:
+            k_to_end = k_c * suf_k
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (Q ⊙ exp(bk))^T dO
+    d_next, d_state = _scan_states(d_state, decay_k, None, local, reverse=True)  # D_{n+1}, D_0
+    dv = _two_matmuls(scores.transpose(-1, -2), do_c, k_to_end, d_next)
+    from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
+    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # V D_{n+1}^T
+    if pre_k is not None:
+        from_q = from_q * pre_k
+        if suf_k is not None:
+            from_k = from_k * suf_k
+    if dg is not None:
+        whole = (states_in * d_next).sum(-1) * decay_k  # <S_n, D_{n+1}> per key channel
+        dg += _within(q_c * from_q, chunk_size, upper=True)
+        dg += _within(k_c * from_k, chunk_size, upper=False)
+        dg += whole.unsqueeze(-2)
+    return [dq + from_q, dk + from_k, dv, dg, None], d_state
 
 
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
@@ -738,11 +742,12 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
 def _prepare(q, k, v, g, *, sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
     (q, k, v, g), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v, g], sequence)
-    _device = q.device
     return q, k, v, g, _sizes, _dtype
 
 
-def chunk(q, k, v, g, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None):
+def chunk(
+    q, k, v, g, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None
+):
     """Chunked parallel form. Returns (output, final state or None).
 
     With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own
@@ -761,11 +766,10 @@ def chunk(q, k, v, g, *, initial_state=None, output_final_state=False, chunk_siz
     _gk_H = _seq_vector(g, _sizes, cu_seqlens)  # g_t
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
-    _o, _S = chunk_diagonal(_q, _k_H, _v_H, _gk_H, None, _S0_H, chunk_size)
+    _o, _S = chunk_diagonal(_q, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size)
     _r0 = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
-    y = _r0  # H_t q_t
-    y = y.squeeze(-1).to(_out_dtype)
+    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, (H if output_final_state else None)
 
 
@@ -786,7 +790,9 @@ def summary(q, k, v, g, *, chunk_size=64):
     _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
     _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
     _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
-    _o, _S = chunk_diagonal(torch.zeros_like(_k_H), _k_H, _v, _gk_H, None, _S0, chunk_size)
+    _o, _S = chunk_diagonal(
+        torch.zeros_like(_k_H), _k_H, _v, gk=_gk_H, initial_state=_S0, chunk_size=chunk_size
+    )
     _F, _P = _S.split([_width, _K], -1)
     H = _F.mT
     return _P.mT, H
@@ -823,7 +829,16 @@ def recurrent(q, k, v, g, *, initial_state=None, output_final_state=False, cu_se
                 _finals.append((H[_n : _n + 1],))
                 continue
             _piece = dict(_sizes, T=_end - _start)
-            _y, _s = _recurrence(q[:, _start:_end], k[:, _start:_end], v[:, _start:_end], g[:, _start:_end], H[_n : _n + 1], _piece, _dtype, _device)
+            _y, _s = _recurrence(
+                q[:, _start:_end],
+                k[:, _start:_end],
+                v[:, _start:_end],
+                g[:, _start:_end],
+                H[_n : _n + 1],
+                _piece,
+                _dtype,
+                _device,
+            )
             _outputs.append(_y)
             _finals.append(_s)
         y = torch.cat(_outputs, 1)

@@ -18,10 +18,7 @@ Forms, all computing the same function:
 State H: identity (identity).
 """
 
-import math  # noqa: F401
-
 import torch
-import torch.nn.functional as F  # noqa: F401
 
 try:
     from mixc.errors import InputError as MixcError
@@ -47,7 +44,8 @@ PARAMS = ()
 PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)  # the forms that compute (chunk raises NYI otherwise)
+# the forms that compute (chunk raises NYI otherwise)
+FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
 CLASSES = {"H": "identity"}
 
 
@@ -84,7 +82,8 @@ def _bind_size(sizes, symbol, got, name, shape_text):
     want = sizes.setdefault(symbol, got)
     if want != got:
         _fail(
-            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, got {got}"
+            f"{name}: expected {symbol} = {want} (as in an earlier argument) in {shape_text}, "
+            f"got {got}"
         )
 
 
@@ -105,7 +104,8 @@ def _prepare_inputs(layout, values, sequence):
         shape_text = "[" + ", ".join(lead + tuple(dims)) + "]"
         if x.dim() != len(lead) + len(dims):
             _fail(
-                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, got shape {list(x.shape)}"
+                f"{name}: expected {len(lead) + len(dims)} dimensions {shape_text}, "
+                f"got shape {list(x.shape)}"
             )
         for symbol, got in zip(
             lead[:-1] + tuple(dims), x.shape[: len(lead) - 1] + x.shape[len(lead) :]
@@ -136,7 +136,8 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     if not isinstance(x, torch.Tensor):
         if not isinstance(x, (int, float)) or dims:
             _fail(
-                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], got {type(x).__name__}"
+                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], "
+                f"got {type(x).__name__}"
             )
         x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
     _check_tensor(name, x, device)
@@ -152,14 +153,16 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
 
 
 def _prepare_states(layout, given, sizes, dtype, device, batch):
-    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or zeros."""
+    """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
+    zeros."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, got {type(given).__name__}"
+            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"got {type(given).__name__}"
         )
     state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = []
@@ -173,7 +176,8 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = {[batch, n_heads, *full]}, got {list(x.shape)}"
+                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             x = x.to(state_dtype)
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -216,7 +220,8 @@ def _check_cu_seqlens(cu_seqlens, sizes):
     if torch.compiler.is_compiling():
         return cu_seqlens.numel() - 1
     ends = cu_seqlens.tolist()
-    if ends[0] != 0 or ends[-1] != sizes["T"] or any(b < a for a, b in zip(ends, ends[1:])):  # noqa: RUF007 (generated code imports only torch)
+    decreasing = any(b < a for a, b in zip(ends, ends[1:]))  # noqa: RUF007 (imports only torch)
+    if ends[0] != 0 or ends[-1] != sizes["T"] or decreasing:
         _fail(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {sizes['T']}, got {ends}")
     return len(ends) - 1
 
@@ -245,95 +250,7 @@ def _l2norm(x):
     return x * torch.rsqrt((x * x).sum((-2, -1), keepdim=True) + 1e-6)
 
 
-# ---- kernels, one per transition class (ALGORITHMS.md) -----------------------------------
-
-
-class _OwnBackward(torch.autograd.Function):
-    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
-    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
-    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
-    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
-    gradient grads_fn computes only when asked for."""
-
-    @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
-        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
-        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
-        return o, state
-
-    @staticmethod
-    def backward(ctx, d_o, d_state):
-        initial_state, *saved = ctx.saved_tensors
-        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
-        grads, d_initial = _spans_backward(
-            *ctx.fns,
-            seqs,
-            initial_state,
-            kept,
-            ctx.n_kept,
-            ctx.chunk_size,
-            d_o,
-            d_state,
-            ctx.needs_input_grad[5 + ctx.gate],
-        )
-        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
-        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
-
-
-def _as_3d(x):
-    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
-    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
-    return x.reshape(-1, x.shape[-2], x.shape[-1])
-
-
-def _bmm(a, b, add=None):
-    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
-    baddbmm) on 3-D views.
-
-    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
-    to the BLAS as transposed, not copied first.
-    """
-    if add is None:
-        out = torch.bmm(_as_3d(a), _as_3d(b))
-    else:
-        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
-    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
-
-
-def _chain(initial, n_steps, next_state, tracked, reverse=False):
-    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
-    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
-    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
-    final state).
-
-    Without autograd (tracked False) every state is written in place (out = its slot of one
-    buffer: no per-step allocation, no stacking copy); with autograd out is None and
-    next_state returns a new tensor.
-    """
-    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
-    if tracked:
-        states = [initial]
-        for n in steps:
-            states.append(next_state(n, states[-1], None))
-        if reverse:
-            return torch.stack(states[-2::-1]), states[-1]
-        return torch.stack(states[:-1]), states[-1]
-    states = initial.new_empty(n_steps + 1, *initial.shape)
-    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
-    slots[n_steps if reverse else 0].copy_(initial)
-    for n in steps:
-        if reverse:
-            next_state(n, slots[n + 1], slots[n])
-        else:
-            next_state(n, slots[n], slots[n + 1])
-    # the final state is copied out, so that holding it does not hold the whole buffer
-    if reverse:
-        return states[1:], slots[0].clone()
-    return states[:-1], slots[-1].clone()
+# ---- kernels, one per transition class ---------------------------------------------------
 
 
 def _check_chunk_size(chunk_size):
@@ -342,58 +259,44 @@ def _check_chunk_size(chunk_size):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
 
 
-def _chunk_decays(gamma, g):
-    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
-
-    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
-    same direct sums, no further cumulative sums (a product of factors <= 1).
-    """
-    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
-
-
-def _decay_mask(g):
-    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
-
-    Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
-    a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
-    multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
-    of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
-    summed exponent does. Above the diagonal every factor is 1 (the product
-    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
-    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
-    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
-    broadcast over the batch) give one mask, built once and broadcast.
-    """
-    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
-        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
-    length = g.shape[-1]
-    ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
-    # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
-    rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
-    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
-
-
-def _gate_grads(pairs, starts, ends, whole):
-    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
-    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
-    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
-    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
-    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
-    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
-    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
-    """
-    size = pairs.shape[-1]
-    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
-    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
-    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
-    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
-    return dg.unsqueeze(-1)
-
-
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _split_chunks(x, chunk_size, n_pad=0):
+    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
+    zero-padded at the end by n_pad tokens (None stays None).
+
+    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
+    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
+    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    """
+    if x is None:
+        return None
+    if n_pad == 0 and x.stride(2) == 0:
+        first = x[:, :, :chunk_size].unsqueeze(0)
+        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
+    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
+    # there, so that under autograd the gradient is copied straight into that layout
+    x = x.transpose(1, 2)
+    if n_pad:
+        # pad lists (left, right) pairs starting from the last dim
+        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
+    batch, length, heads = x.shape[:3]
+    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
+    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
+
+
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
+    return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
 def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
@@ -464,10 +367,266 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
+def _chain(initial, n_steps, next_state, tracked, reverse=False):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
+    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
+    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
+    final state).
+
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
+    """
+    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
+    if tracked:
+        states = [initial]
+        for n in steps:
+            states.append(next_state(n, states[-1], None))
+        if reverse:
+            return torch.stack(states[-2::-1]), states[-1]
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
+    slots[n_steps if reverse else 0].copy_(initial)
+    for n in steps:
+        if reverse:
+            next_state(n, slots[n + 1], slots[n])
+        else:
+            next_state(n, slots[n], slots[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    if reverse:
+        return states[1:], slots[0].clone()
+    return states[:-1], slots[-1].clone()
+
+
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+    kept = []
+
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
+
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
+    return o, state, kept
+
+
+def _spans_backward(
+    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
+):
+    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
+    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
+    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
+    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
+    the initial state).
+
+    When a graph of the backward is asked for (double backward), what was kept was made
+    without one, so it is made again with it.
+    """
+    if torch.is_grad_enabled():
+        kept = [
+            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
+        ]
+
+    def span(*args):
+        # the spans run from the last, so the tensors kept of each are the last ones left
+        own = kept[len(kept) - n_kept :]
+        del kept[len(kept) - n_kept :]
+        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
+
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+
+
+def _gate_grads(pairs, starts, ends, whole):
+    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
+    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
+    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
+    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
+    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
+    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
+    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
+    """
+    size = pairs.shape[-1]
+    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
+    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
+    return dg.unsqueeze(-1)
+
+
+def _decay_mask(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
+
+    Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
+    a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
+    multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
+    of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
+    summed exponent does. Above the diagonal every factor is 1 (the product
+    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
+    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
+    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
+    broadcast over the batch) give one mask, built once and broadcast.
+    """
+    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
+        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
+    length = g.shape[-1]
+    ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
+    # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
+    rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
+    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
+
+
+def _chunk_decays(gamma, g):
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+
+    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
+    same direct sums, no further cumulative sums (a product of factors <= 1).
+    """
+    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
+
+
+def _scalar_decays(k_c, g_c):
+    """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
+    rule), g_c [N, B, NH, C] (None: no decay).
+
+    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
+    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
+    which are then k_c.
+    """
+    if g_c is None:
+        return None, None, None, k_c, None
+    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
+    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
+
+
+def _as_3d(x):
+    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+
+def _bmm(a, b, add=None):
+    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
+    baddbmm) on 3-D views.
+
+    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
+    to the BLAS as transposed, not copied first.
+    """
+    if add is None:
+        out = torch.bmm(_as_3d(a), _as_3d(b))
+    else:
+        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+def _two_matmuls(a, b, c, d):
+    """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
+    a second one accumulating in place into its fresh result (no separate add)."""
+    out = torch.bmm(_as_3d(a), _as_3d(b))
+    out.baddbmm_(_as_3d(c), _as_3d(d))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
+    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
+
+    @staticmethod
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
+            initial_state,
+            kept,
+            ctx.n_kept,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[5 + ctx.gate],
+        )
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+
+
+def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
+    """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span (reverse: from the
+    last chunk to the first, S_n = exp(G_n) S_{n+1} + KV_n, as a state's gradient flows).
+
+    chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
+    [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
+    [B, NH, K, V]); in reverse, chunk n is entered by S_{n+1} and the final state is S_0.
+    Without decay the states are a running sum, one matmul with a triangular matrix of ones;
+    with decay, one fused multiply-add per chunk (on CPU faster than a matmul with N x N
+    decay weights).
+    """
+    n_chunks = chunk_kv.shape[0]
+    if chunk_g is None:
+        kv = chunk_kv.reshape(n_chunks, -1)
+        ones = torch.ones(n_chunks + 1, n_chunks, dtype=kv.dtype, device=kv.device)
+        # row r sums the chunks before r (reverse: from r on), so one row, the last (reverse:
+        # the first), sums all of them: the final state
+        rows = torch.triu(ones) if reverse else torch.tril(ones, diagonal=-1)
+        states = torch.addmm(initial_state.reshape(1, -1), rows, kv)
+        # split, not indexing: under autograd its backward is one concatenation
+        if reverse:
+            final, states = states.split([1, n_chunks])
+        else:
+            states, final = states.split([n_chunks, 1])
+        # the final state is copied out, as in _chain
+        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape).clone()
+    # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
+    # gradient of the whole tensor per chunk
+    decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
+
+    def next_state(n, state, out):
+        return torch.addcmul(kv[n], decay[n], state, out=out)
+
+    tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
+    return _chain(initial_state, n_chunks, next_state, tracked, reverse)
+
+
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
+    """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
+    [N, B, NH, C, V], g_c [N, B, NH, C] or None. Returns ([o [N, B, NH, C, V]], state after the
+    span); appends the masked scores Q K^T ⊙ Gamma and the states entering each chunk to kept
+    if given."""
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
+    states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
+    # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
+    if gamma is None:
+        scores, q_from_start = scores.tril_(), q_c
+    else:
+        scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
+    if kept is not None:
+        kept.append([scores, states_in])
+    # intra part, then the inter part accumulated into it by the same matmul call
+    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
+
+
 def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
-    """Gradients of Class 1 on one span of chunks, from the forward's masked scores P = Q K^T ⊙
-    Gamma [N, B, NH, C, C] and states entering each chunk [N, B, NH, K, V], the output
-    gradient do_c [N, B, NH, C, V] and the gradient d_state of the state leaving the span.
+    """Gradients of the scalar-decay recurrence on one span of chunks, from the forward's masked
+    scores P = Q K^T ⊙ Gamma [N, B, NH, C, C] and states entering each chunk [N, B, NH, K, V],
+    the output gradient do_c [N, B, NH, C, V] and the gradient d_state of the state leaving the
+    span.
 
     Returns ([dq, dk, dv, dg [N, B, NH, C, 1] (None unless gate_grad)], the gradient of the
     state entering the span). With A = Q K^T, P = A ⊙ Gamma, dA = (dO V^T) ⊙ Gamma, the
@@ -502,157 +661,6 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     return [dq, dk, dv, dg], d_state
 
 
-def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
-    """Class 1 on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V], g_c
-    [N, B, NH, C] or None. Returns ([o [N, B, NH, C, V]], state after the span); appends the
-    masked scores Q K^T ⊙ Gamma and the states entering each chunk to kept if given."""
-    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
-    # Class 1: S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
-    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
-    states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
-    # Class 1: Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    if gamma is None:
-        scores, q_from_start = scores.tril_(), q_c
-    else:
-        scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
-    if kept is not None:
-        kept.append([scores, states_in])
-    # intra part, then the inter part accumulated into it by the same matmul call
-    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
-
-
-def _scalar_decays(k_c, g_c):
-    """The scalar decays on a span of chunks (Class 1, and the gate of Class 3), g_c [N, B, NH,
-    C] (None: no decay).
-
-    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
-    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
-    which are then k_c.
-    """
-    if g_c is None:
-        return None, None, None, k_c, None
-    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
-    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
-    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
-
-
-def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
-    """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span (reverse: from the
-    last chunk to the first, S_n = exp(G_n) S_{n+1} + KV_n, as a state's gradient flows).
-
-    chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
-    [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
-    [B, NH, K, V]); in reverse, chunk n is entered by S_{n+1} and the final state is S_0.
-    Without decay the states are a running sum, one matmul with a triangular matrix of ones;
-    with decay, one fused multiply-add per chunk (on CPU faster than a matmul with N x N
-    decay weights).
-    """
-    n_chunks = chunk_kv.shape[0]
-    if chunk_g is None:
-        kv = chunk_kv.reshape(n_chunks, -1)
-        ones = torch.ones(n_chunks + 1, n_chunks, dtype=kv.dtype, device=kv.device)
-        # row r sums the chunks before r (reverse: from r on), so one row, the last (reverse:
-        # the first), sums all of them: the final state
-        rows = torch.triu(ones) if reverse else torch.tril(ones, diagonal=-1)
-        states = torch.addmm(initial_state.reshape(1, -1), rows, kv)
-        # split, not indexing: under autograd its backward is one concatenation
-        if reverse:
-            final, states = states.split([1, n_chunks])
-        else:
-            states, final = states.split([n_chunks, 1])
-        # the final state is copied out, as in _chain
-        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape).clone()
-    # unbind, not indexing (see _scan_states)
-    decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
-
-    def next_state(n, state, out):
-        return torch.addcmul(kv[n], decay[n], state, out=out)
-
-    tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
-    return _chain(initial_state, n_chunks, next_state, tracked, reverse)
-
-
-def _span_tokens(q, v, chunk_size):
-    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
-    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
-    elsewhere."""
-    if q.device.type != "cpu":
-        return max(q.shape[2], 1)
-    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
-    return max(1, (1 << 19) // per_chunk) * chunk_size
-
-
-def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
-):
-    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
-    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
-    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
-    the initial state).
-
-    When a graph of the backward is asked for (double backward), what was kept was made
-    without one, so it is made again with it.
-    """
-    if torch.is_grad_enabled():
-        kept = [
-            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
-        ]
-
-    def span(*args):
-        # the spans run from the last, so the tensors kept of each are the last ones left
-        own = kept[len(kept) - n_kept :]
-        del kept[len(kept) - n_kept :]
-        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
-
-    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
-
-
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
-    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
-    each span the list span_fn(*chunks, state, kept) appended to kept)."""
-    kept = []
-
-    def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, kept)
-
-    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
-    return o, state, kept
-
-
-def _split_chunks(x, chunk_size, n_pad=0):
-    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
-    zero-padded at the end by n_pad tokens (None stays None).
-
-    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
-    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
-    is) stays a broadcast view when no padding is needed: every chunk is the same.
-    """
-    if x is None:
-        return None
-    if n_pad == 0 and x.stride(2) == 0:
-        first = x[:, :, :chunk_size].unsqueeze(0)
-        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
-    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
-    # there, so that under autograd the gradient is copied straight into that layout
-    x = x.transpose(1, 2)
-    if n_pad:
-        # pad lists (left, right) pairs starting from the last dim
-        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
-    batch, length, heads = x.shape[:3]
-    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
-    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
-
-
-def _two_matmuls(a, b, c, d):
-    """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
-    a second one accumulating in place into its fresh result (no separate add)."""
-    out = torch.bmm(_as_3d(a), _as_3d(b))
-    out.baddbmm_(_as_3d(c), _as_3d(d))
-    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
-
-
 def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
 
@@ -667,7 +675,8 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
 
 
 def parallel_scalar_decay(q, k, v, g=None):
-    """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L = causal mask).
+    """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L is the
+    causal mask).
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
@@ -675,7 +684,7 @@ def parallel_scalar_decay(q, k, v, g=None):
     if g is None:
         scores = scores.tril_()
     else:
-        # Class 1 dual form: L_ij = exp(B_i - B_j) for i >= j, the decay mask of one chunk of T
+        # L_ij = exp(B_i - B_j) for i >= j: the decay mask of one chunk of all T tokens
         decay = _decay_mask(g)
         scores = scores * decay
     return torch.matmul(scores, v)
@@ -687,7 +696,6 @@ def parallel_scalar_decay(q, k, v, g=None):
 def _prepare(q, k, v, *, sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
     (q, k, v), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v], sequence)
-    _device = q.device
     return q, k, v, _sizes, _dtype
 
 
@@ -709,11 +717,10 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
-    _o, _S = chunk_scalar_decay(_q, _k_H, _v_H, None, _S0_H, chunk_size)
+    _o, _S = chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
     _r0 = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
-    y = _r0  # H_t q_t
-    y = y.squeeze(-1).to(_out_dtype)
+    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, (H if output_final_state else None)
 
 
@@ -721,15 +728,13 @@ def parallel(q, k, v):
     """Quadratic masked form, from a zero state. Returns (output, None)."""
     _out_dtype = q.dtype
     q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
-    _device = q.device
     # H: identity -> parallel_scalar_decay
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)
     _q = _seq_vector(q, _sizes)
-    _o = parallel_scalar_decay(_q, _k_H, _v_H, None)
+    _o = parallel_scalar_decay(_q, _k_H, _v_H)
     _r0 = _from_seq(_o)  # H_t q_t
-    y = _r0  # H_t q_t
-    y = y.squeeze(-1).to(_out_dtype)
+    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, None
 
 
@@ -749,7 +754,9 @@ def summary(q, k, v, *, chunk_size=64):
     _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
     _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
     _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
-    _o, _S = chunk_scalar_decay(torch.zeros_like(_k_H), _k_H, _v, None, _S0, chunk_size)
+    _o, _S = chunk_scalar_decay(
+        torch.zeros_like(_k_H), _k_H, _v, initial_state=_S0, chunk_size=chunk_size
+    )
     _F, _P = _S.split([_width, _K], -1)
     H = _F.mT
     return _P.mT, H
@@ -786,7 +793,15 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
                 _finals.append((H[_n : _n + 1],))
                 continue
             _piece = dict(_sizes, T=_end - _start)
-            _y, _s = _recurrence(q[:, _start:_end], k[:, _start:_end], v[:, _start:_end], H[_n : _n + 1], _piece, _dtype, _device)
+            _y, _s = _recurrence(
+                q[:, _start:_end],
+                k[:, _start:_end],
+                v[:, _start:_end],
+                H[_n : _n + 1],
+                _piece,
+                _dtype,
+                _device,
+            )
             _outputs.append(_y)
             _finals.append(_s)
         y = torch.cat(_outputs, 1)

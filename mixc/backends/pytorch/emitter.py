@@ -36,11 +36,15 @@ def _parallel_kernel(group: GroupPlan) -> str:
     return f"parallel_{group.kernel}"
 
 
-def supports(facts: Plan) -> str | None:
-    """None if this backend compiles `facts`; otherwise the reason."""
-    if len(facts.mixer.outputs) != 1:
-        names = ", ".join(e.target for e in facts.mixer.outputs)
-        return f"NYI: a compiled module returns one output; this spec has {len(facts.mixer.outputs)} ({names})"
+def supports(plan: Plan) -> str | None:
+    """None if this backend compiles `plan`; otherwise the reason."""
+    outputs = plan.mixer.outputs
+    if len(outputs) != 1:
+        names = ", ".join(e.target for e in outputs)
+        return f"NYI: a compiled module returns one output; this spec has {len(outputs)} ({names})"
+    for group in plan.groups:
+        if group.kernel is not None and _chunk_kernel(group) not in _torch_kernels.KERNELS:
+            return f"NYI: the PyTorch backend has no kernel {_chunk_kernel(group)} ({group.kind})"
     return None
 
 
@@ -115,12 +119,10 @@ class _Module:
         )
 
     def kernel_names(self) -> list[str]:
-        names = sorted(
+        return sorted(
             {_chunk_kernel(g) for g in self.groups}
             | ({_parallel_kernel(g) for g in self.groups} if self.has_parallel else set())
         )
-        deps = sorted({d for n in names for d in _torch_kernels.DEPENDS[n]})
-        return deps + names
 
     # -- the module --------------------------------------------------------------------------
 
@@ -218,10 +220,10 @@ class _Module:
         if self.groups:
             out("", 0)
             out("", 0)
-            out("# ---- kernels, one per transition class (ALGORITHMS.md) " + "-" * 35, 0)
+            out("# ---- kernels, one per transition class " + "-" * 51, 0)
             out("", 0)
             out("", 0)
-            out.lines.append(_source_of(_torch_kernels, self.kernel_names()))
+            out.lines.append(_torch_kernels.kernel_source(self.kernel_names()))
 
     def emit_mixer(self, out: Lines) -> None:
         """This mixer's functions, each without assignments it never reads."""

@@ -1,0 +1,357 @@
+"""What the chunked kernels of every transition class share: the layout, the spans, the batched
+matmuls, the decay masks and their gradients, and the autograd Function of the own backwards.
+
+The code generator copies the source text of the definitions a module needs (see
+``kernel_source`` in this package) into the generated file, which imports only ``torch``: so this
+file imports only ``torch``, and everything in it is a top-level function or, for the own
+backwards, a torch.autograd.Function.
+
+Layout (the caller transposes into it):
+    q, k: [B, NH, T, K]      v: [B, NH, T, V]
+    g, beta: [B, NH, T]      gk: [B, NH, T, K]      gv: [B, NH, T, V]
+    state S: [B, NH, K, V] with S_t = G_t(S_{t-1}) + k_t v_t^T and o_t = q_t S_t.
+All gates are log-gates (g = log a <= 0). Kernels compute in the dtype of their inputs (the
+caller upcasts bf16/fp16 to fp32).
+
+Every kernel runs its chunks in spans (consecutive whole chunks) and passes the state from span
+to span. Inside a span all chunks are batched: the intra-chunk matmuls of every chunk are one
+batched matmul, and only the state passing is sequential (one step per chunk). Chunks are laid
+out chunk-major, [N, B, NH, C, ...], so that the tensors of one chunk (and the states entering
+each chunk) are contiguous: without autograd the sequential steps write their results in place.
+On CPU a span holds about 2 MiB per input, so its temporaries stay in cache and are recycled by
+the C allocator instead of being mapped fresh from the OS on every call; on other devices one
+span holds the whole sequence.
+
+Under autograd a kernel with its own backward runs as one torch.autograd.Function
+(_OwnBackward): span by span from the last, from what its forward kept (a fraction of what
+autograd through the chunked form would keep). Which kernels have one, and what they keep, is
+said in their own files.
+
+Inside a chunk, b_r = g_1 + ... + g_r and Gamma_ij = exp(b_i - b_j) for i >= j. Numerical rules
+followed throughout: decays are products of per-token factors exp(g) <= 1 (so nothing
+overflows), exp(b_i - b_j) is never split into exp(b_i) * exp(-b_j), and every mask is applied
+after the values it masks are finite (above the diagonal a decay is an empty product, 1): no
+inf * 0 = NaN, forward or backward.
+"""
+
+import torch
+
+
+def _check_chunk_size(chunk_size):
+    """Reject chunk sizes that are not positive powers of two."""
+    if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
+        raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
+
+
+def _needs_grad(*tensors):
+    """Whether autograd records operations on these tensors (None entries ignored): the
+    in-place paths of the kernels are taken only when it does not."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _split_chunks(x, chunk_size, n_pad=0):
+    """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
+    zero-padded at the end by n_pad tokens (None stays None).
+
+    One contiguous copy, so batched matmuls need no hidden copies and each chunk is
+    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
+    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    """
+    if x is None:
+        return None
+    if n_pad == 0 and x.stride(2) == 0:
+        first = x[:, :, :chunk_size].unsqueeze(0)
+        return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
+    # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
+    # there, so that under autograd the gradient is copied straight into that layout
+    x = x.transpose(1, 2)
+    if n_pad:
+        # pad lists (left, right) pairs starting from the last dim
+        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, n_pad])
+    batch, length, heads = x.shape[:3]
+    chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
+    return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
+
+
+def _span_tokens(q, v, chunk_size):
+    """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
+    on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
+    elsewhere."""
+    if q.device.type != "cpu":
+        return max(q.shape[2], 1)
+    per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
+    return max(1, (1 << 19) // per_chunk) * chunk_size
+
+
+def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
+    """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
+    every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
+    from span to span, first to last (reverse: last to first), and join each output over the
+    spans. A carry of None starts from zeros [B, NH, K, V] (a zero state).
+
+    span_fn gets its inputs chunk-major, [N, B, NH, C, ...], zero-padded to whole chunks (a
+    zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
+    of chunk-major outputs [N, B, NH, C, d] (None entries stay None). Without autograd each
+    span's inputs are copied into the chunk layout as the span comes (cache-sized temporaries
+    the C allocator recycles) and its outputs are copied into one tensor each; with autograd
+    each input is copied into the chunk layout once and split into spans, and the outputs
+    are concatenated (each backward is then one copy per input).
+
+    Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
+    callers' layout, so that their transpose back is contiguous; the final carry).
+    """
+    _check_chunk_size(chunk_size)
+    q, v = seqs[0], seqs[2]
+    batch, heads, length = q.shape[:3]
+    if carry is None:
+        carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
+    n_chunks = -(-length // chunk_size)
+    n_pad = n_chunks * chunk_size - length
+    per_span = _span_tokens(q, v, chunk_size) // chunk_size
+    starts = range(0, n_chunks, per_span)
+
+    def span_inputs(n):
+        """The inputs of the span starting at chunk n, copied into the chunk layout."""
+        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
+        pad = n_pad if n + per_span >= n_chunks else 0
+        return [
+            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
+        ]
+
+    if _needs_grad(*seqs, carry):
+        whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
+        spans = list(
+            zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
+        )
+    else:
+        spans = [None] * len(starts)
+    order = range(len(starts) - 1, -1, -1) if reverse else range(len(starts))
+    pieces, joined = {}, None
+    for i in order:
+        n = starts[i]
+        outs, carry = span_fn(*(spans[i] or span_inputs(n)), carry)
+        if any(o is not None and o.requires_grad for o in outs):
+            pieces[i] = [None if o is None else o.permute(1, 0, 3, 2, 4) for o in outs]
+            continue
+        if joined is None:
+            joined = [
+                None if o is None else o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
+                for o in outs
+            ]
+        for whole_out, o in zip(joined, outs):
+            if o is not None:
+                whole_out[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    if pieces:
+        parts = zip(*[pieces[i] for i in sorted(pieces)])
+        joined = [None if p[0] is None else torch.cat(p, dim=1) for p in parts]
+
+    def unchunked(x):
+        return x.reshape(batch, n_chunks * chunk_size, heads, -1)[:, :length].transpose(1, 2)
+
+    return [None if x is None else unchunked(x) for x in joined], carry
+
+
+def _chain(initial, n_steps, next_state, tracked, reverse=False):
+    """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
+    (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
+    the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
+    final state).
+
+    Without autograd (tracked False) every state is written in place (out = its slot of one
+    buffer: no per-step allocation, no stacking copy); with autograd out is None and
+    next_state returns a new tensor.
+    """
+    steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
+    if tracked:
+        states = [initial]
+        for n in steps:
+            states.append(next_state(n, states[-1], None))
+        if reverse:
+            return torch.stack(states[-2::-1]), states[-1]
+        return torch.stack(states[:-1]), states[-1]
+    states = initial.new_empty(n_steps + 1, *initial.shape)
+    slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
+    slots[n_steps if reverse else 0].copy_(initial)
+    for n in steps:
+        if reverse:
+            next_state(n, slots[n + 1], slots[n])
+        else:
+            next_state(n, slots[n], slots[n + 1])
+    # the final state is copied out, so that holding it does not hold the whole buffer
+    if reverse:
+        return states[1:], slots[0].clone()
+    return states[:-1], slots[-1].clone()
+
+
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
+    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
+    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+    kept = []
+
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, kept)
+
+    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
+    return o, state, kept
+
+
+def _spans_backward(
+    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
+):
+    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
+    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
+    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
+    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
+    the initial state).
+
+    When a graph of the backward is asked for (double backward), what was kept was made
+    without one, so it is made again with it.
+    """
+    if torch.is_grad_enabled():
+        kept = [
+            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
+        ]
+
+    def span(*args):
+        # the spans run from the last, so the tensors kept of each are the last ones left
+        own = kept[len(kept) - n_kept :]
+        del kept[len(kept) - n_kept :]
+        return grads_fn(*args[:-1], *own, args[-1], gate_grad)
+
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+
+
+def _gate_grads(pairs, starts, ends, whole):
+    """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
+    exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
+    for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
+    for exp(b_i), holding g_l for l <= i; ends [..., C] for exp(b_C - b_j), holding g_l for
+    j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
+    contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
+    a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
+    """
+    size = pairs.shape[-1]
+    ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
+    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
+    return dg.unsqueeze(-1)
+
+
+def _decay_mask(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
+
+    Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
+    a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
+    multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
+    of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
+    summed exponent does. Above the diagonal every factor is 1 (the product
+    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
+    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
+    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
+    broadcast over the batch) give one mask, built once and broadcast.
+    """
+    if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
+        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
+    length = g.shape[-1]
+    ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
+    # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
+    rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
+    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
+
+
+def _chunk_decays(gamma, g):
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+
+    Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
+    same direct sums, no further cumulative sums (a product of factors <= 1).
+    """
+    return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
+
+
+def _scalar_decays(k_c, g_c):
+    """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
+    rule), g_c [N, B, NH, C] (None: no decay).
+
+    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
+    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
+    which are then k_c.
+    """
+    if g_c is None:
+        return None, None, None, k_c, None
+    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
+    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
+
+
+def _as_3d(x):
+    """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+
+def _bmm(a, b, add=None):
+    """a @ b (+ add) for [..., m, k] and [..., k, n] with equal leading dims: one torch.bmm (or
+    baddbmm) on 3-D views.
+
+    Unlike torch.matmul on 5-D operands, a transposed view (k.transpose(-1, -2)) is passed
+    to the BLAS as transposed, not copied first.
+    """
+    if add is None:
+        out = torch.bmm(_as_3d(a), _as_3d(b))
+    else:
+        out = torch.baddbmm(_as_3d(add), _as_3d(a), _as_3d(b))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+def _two_matmuls(a, b, c, d):
+    """a @ b + c @ d for [..., m, k] operands with equal leading dims: one batched matmul, then
+    a second one accumulating in place into its fresh result (no separate add)."""
+    out = torch.bmm(_as_3d(a), _as_3d(b))
+    out.baddbmm_(_as_3d(c), _as_3d(d))
+    return out.reshape(*a.shape[:-2], a.shape[-2], b.shape[-1])
+
+
+def _pair_blocks(x, block):
+    """The diagonal blocks of 2 * block rows and columns of x [..., C, C] as
+    [..., C / (2 * block), 2 * block, 2 * block] (a view of x, writable)."""
+    lead, size = x.shape[:-2], x.shape[-1]
+    n_pairs = size // (2 * block)
+    grid = x.reshape(*lead, n_pairs, 2 * block, n_pairs, 2 * block)
+    return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
+    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
+
+    @staticmethod
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
+            initial_state,
+            kept,
+            ctx.n_kept,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[5 + ctx.gate],
+        )
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads

@@ -1,0 +1,154 @@
+"""Kernels of the scalar-decay class: S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t, with one
+log-gate g_t per token and head (g None: no decay, linear attention). The derivation is in
+docs/algorithms.md, section "Scalar decay".
+
+chunk_scalar_decay runs the chunked form: inside a chunk the output is the masked scores
+(Q K^T ⊙ Gamma) V plus the decayed queries times the state entering the chunk, and the state
+passes from chunk to chunk as exp(b_C) S_0 plus the keys decayed to the chunk's end times V.
+Under autograd it has its own backward (common._OwnBackward), keeping the masked scores and the
+states entering each chunk. parallel_scalar_decay is the quadratic form over the whole sequence,
+one T x T decay mask, and keeps no state.
+
+Uses the layout and numerical rules of common.py, and imports only torch and common, so the
+generated module can hold a copy of its source (see kernel_source in this package).
+"""
+
+import torch
+
+from mixc.backends.pytorch.kernels.common import (
+    _bmm,
+    _chain,
+    _decay_mask,
+    _gate_grads,
+    _needs_grad,
+    _over_spans,
+    _OwnBackward,
+    _scalar_decays,
+    _two_matmuls,
+)
+
+
+def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
+    """State passing S_{n+1} = exp(G_n) S_n + KV_n over the N chunks of a span (reverse: from the
+    last chunk to the first, S_n = exp(G_n) S_{n+1} + KV_n, as a state's gradient flows).
+
+    chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
+    [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
+    [B, NH, K, V]); in reverse, chunk n is entered by S_{n+1} and the final state is S_0.
+    Without decay the states are a running sum, one matmul with a triangular matrix of ones;
+    with decay, one fused multiply-add per chunk (on CPU faster than a matmul with N x N
+    decay weights).
+    """
+    n_chunks = chunk_kv.shape[0]
+    if chunk_g is None:
+        kv = chunk_kv.reshape(n_chunks, -1)
+        ones = torch.ones(n_chunks + 1, n_chunks, dtype=kv.dtype, device=kv.device)
+        # row r sums the chunks before r (reverse: from r on), so one row, the last (reverse:
+        # the first), sums all of them: the final state
+        rows = torch.triu(ones) if reverse else torch.tril(ones, diagonal=-1)
+        states = torch.addmm(initial_state.reshape(1, -1), rows, kv)
+        # split, not indexing: under autograd its backward is one concatenation
+        if reverse:
+            final, states = states.split([1, n_chunks])
+        else:
+            states, final = states.split([n_chunks, 1])
+        # the final state is copied out, as in _chain
+        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape).clone()
+    # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
+    # gradient of the whole tensor per chunk
+    decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
+
+    def next_state(n, state, out):
+        return torch.addcmul(kv[n], decay[n], state, out=out)
+
+    tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
+    return _chain(initial_state, n_chunks, next_state, tracked, reverse)
+
+
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
+    """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
+    [N, B, NH, C, V], g_c [N, B, NH, C] or None. Returns ([o [N, B, NH, C, V]], state after the
+    span); appends the masked scores Q K^T ⊙ Gamma and the states entering each chunk to kept
+    if given."""
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
+    states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
+    # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
+    if gamma is None:
+        scores, q_from_start = scores.tril_(), q_c
+    else:
+        scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
+    if kept is not None:
+        kept.append([scores, states_in])
+    # intra part, then the inter part accumulated into it by the same matmul call
+    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
+
+
+def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
+    """Gradients of the scalar-decay recurrence on one span of chunks, from the forward's masked
+    scores P = Q K^T ⊙ Gamma [N, B, NH, C, C] and states entering each chunk [N, B, NH, K, V],
+    the output gradient do_c [N, B, NH, C, V] and the gradient d_state of the state leaving the
+    span.
+
+    Returns ([dq, dk, dv, dg [N, B, NH, C, 1] (None unless gate_grad)], the gradient of the
+    state entering the span). With A = Q K^T, P = A ⊙ Gamma, dA = (dO V^T) ⊙ Gamma, the
+    states S_n entering each chunk and D_n = dL/dS_n, D_n = (diag(exp(b)) Q)^T dO_n +
+    exp(G_n) D_{n+1}:
+        dQ = dA K + diag(exp(b)) dO S_n^T      dK = dA^T Q + diag(exp(b_C - b)) V D_{n+1}^T
+        dV = P^T dO + diag(exp(b_C - b)) K D_{n+1}
+    and the gate's gradient from every decay factor (_gate_grads).
+    """
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
+    if gamma is None:
+        d_scores, q_from_start, v_to_end, do_from_start = d_probs.tril_(), q_c, v_c, do_c
+    else:
+        d_scores, q_from_start = d_probs * gamma, q_c * from_start
+        v_to_end, do_from_start = v_c * to_end, do_c * from_start
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO [N, B, NH, K, V]
+    d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)  # D_{n+1}, D_0
+    dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
+    from_q = _bmm(do_from_start, states_in.transpose(-1, -2))  # diag(exp(b)) dO S_n^T
+    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # diag(exp(b_C - b)) V D_{n+1}^T
+    dg = None
+    if gate_grad:
+        dg = _gate_grads(
+            d_probs * probs,  # Gamma in P
+            (q_c * from_q).sum(-1),  # exp(b_i) in Q's inter part
+            (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
+            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
+        )
+    dq = _bmm(d_scores, k_c, add=from_q)
+    dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
+    return [dq, dk, dv, dg], d_state
+
+
+def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
+    """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
+
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    """
+    if _needs_grad(q, k, v, g, initial_state):
+        return _OwnBackward.apply(
+            _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, q, k, v, g
+        )
+    (o,), state = _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
+    return o, state
+
+
+def parallel_scalar_decay(q, k, v, g=None):
+    """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L is the
+    causal mask).
+
+    Returns o [B, NH, T, V] (the quadratic form keeps no state).
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2))  # [B, NH, T, T]
+    if g is None:
+        scores = scores.tril_()
+    else:
+        # L_ij = exp(B_i - B_j) for i >= j: the decay mask of one chunk of all T tokens
+        decay = _decay_mask(g)
+        scores = scores * decay
+    return torch.matmul(scores, v)
