@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from mixc.errors import SpecAnalysisError
+from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
     Binary,
     Call,
@@ -29,18 +30,8 @@ from mixc.frontend.ir import (
 )
 from mixc.frontend.verify import IDENTITY, SCALAR, Shape, Typer
 
-ELEMENTWISE = (
-    "exp",
-    "log",
-    "sigmoid",
-    "logsigmoid",
-    "softplus",
-    "silu",
-    "elu",
-    "relu",
-    "tanh",
-    "sqrt",
-)
+#: Built-ins that act on each entry alone: a transpose passes through them.
+ELEMENTWISE = frozenset(name for name, builtin in BUILTINS.items() if builtin.elementwise)
 
 
 class NotAffine(Exception):  # noqa: N818 - a signal inside the analysis, never shown

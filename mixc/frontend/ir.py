@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mixc.errors import Span
+from mixc.frontend.builtins import BUILTINS
 
 __all__ = [
     "BINARY_OPS",
@@ -36,22 +37,10 @@ __all__ = [
 #: "." the dot product (also written ·).
 BINARY_OPS = ("+", "-", "*", "/", "@", ".", "^")
 
-#: Built-in functions: name -> number of arguments. All act elementwise except l2norm (a vector
-#: divided by its Euclidean norm) and diag (a vector to a diagonal matrix).
-FUNCTIONS = {
-    "exp": 1,
-    "log": 1,
-    "sigmoid": 1,
-    "logsigmoid": 1,
-    "softplus": 1,
-    "silu": 1,
-    "elu": 1,
-    "relu": 1,
-    "tanh": 1,
-    "sqrt": 1,
-    "l2norm": 1,
-    "diag": 1,
-}
+#: Built-in functions: name -> number of arguments (a view of the table in builtins.py). All act
+#: elementwise except l2norm (a vector divided by its Euclidean norm) and diag (a vector to a
+#: diagonal matrix).
+FUNCTIONS = {name: builtin.arity for name, builtin in BUILTINS.items()}
 
 
 @dataclass(frozen=True, slots=True)

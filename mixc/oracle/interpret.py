@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from mixc.errors import InputError, MixcError
+from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
     Binary,
     Call,
@@ -50,28 +51,10 @@ from mixc.frontend.verify import declared
 __all__ = ["interpret"]
 
 DTYPE = torch.float64
-L2NORM_EPS = 1e-6
 
-
-def _softplus(x: Tensor) -> Tensor:
-    # log(1 + exp(x)) without overflow, and without torch's linear cut-off above x = 20.
-    return torch.clamp(x, min=0) + torch.log1p(torch.exp(-x.abs()))
-
-
-#: The built-in functions. All act elementwise except l2norm and diag.
+#: The built-in functions on tensors: name -> the tensor version from the builtins table.
 FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "exp": torch.exp,
-    "log": torch.log,
-    "sigmoid": torch.sigmoid,
-    "logsigmoid": torch.nn.functional.logsigmoid,
-    "softplus": _softplus,
-    "silu": lambda x: x * torch.sigmoid(x),
-    "elu": lambda x: torch.where(x > 0, x, torch.expm1(x)),
-    "relu": torch.relu,
-    "tanh": torch.tanh,
-    "sqrt": torch.sqrt,
-    "l2norm": lambda x: x / torch.sqrt((x * x).sum(dim=(-2, -1), keepdim=True) + L2NORM_EPS),
-    "diag": lambda x: torch.diag_embed(x.flatten(-2)),
+    name: builtin.tensor for name, builtin in BUILTINS.items()
 }
 
 
