@@ -204,18 +204,37 @@ def _positive(text: str) -> int:
     return value
 
 
+#: What ArgumentParser.add_subparsers returns: the object each command is added to.
+_Subparsers = argparse._SubParsersAction
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of the `mixc` command line: each command's arguments come from its own
+    `_add_<command>`."""
     parser = argparse.ArgumentParser(
         prog="mixc",
         description="Compile sequence-mixer specs into chunked-parallel and recurrent PyTorch.",
     )
     parser.add_argument("--version", action="version", version=f"mixc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_check(sub)
+    _add_compile(sub)
+    _add_explain(sub)
+    _add_graph(sub)
+    _add_fuzz(sub)
+    _add_bench(sub)
+    return parser
 
+
+def _add_check(sub: _Subparsers) -> None:
+    """`mixc check SPEC...`: parse and verify, print the normal form."""
     p = sub.add_parser("check", help="parse and verify specs, print them in normal form")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (*.mix)")
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
 
+
+def _add_compile(sub: _Subparsers) -> None:
+    """`mixc compile SPEC [-o FILE]`: the generated module."""
     p = sub.add_parser("compile", help="compile a spec to a standalone PyTorch module")
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
     p.add_argument(
@@ -223,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", default="pytorch", help="code generator (default: pytorch)")
 
+
+def _add_explain(sub: _Subparsers) -> None:
+    """`mixc explain SPEC [--json] [--sizes ...]`: the analysis report."""
     p = sub.add_parser(
         "explain",
         help="report each state's class and rule, gates, forms, algorithm and costs",
@@ -242,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sizes that fill the cost formulas (C: chunk size, T: sequence length)",
     )
 
+
+def _add_graph(sub: _Subparsers) -> None:
+    """`mixc graph SPEC -o FILE`: a picture of the dependency graph."""
     p = sub.add_parser("graph", help="draw the dependency graph of a spec (.png or .svg)")
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
     p.add_argument(
@@ -253,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="picture to write (atomically); the suffix (.png or .svg) chooses the format",
     )
 
+
+def _add_fuzz(sub: _Subparsers) -> None:
+    """`mixc fuzz SPEC [--module FILE]`: every form against the float64 oracle."""
     p = sub.add_parser(
         "fuzz",
         help="check chunk, parallel, step and recurrent against the spec's float64 oracle",
@@ -277,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the module runs")
 
+
+def _add_bench(sub: _Subparsers) -> None:
+    """`mixc bench SPEC`: timings over a sweep of T."""
     p = sub.add_parser(
         "bench",
         help="time chunk, recurrent and parallel over a sweep of T (table, --json, --plot)",
@@ -341,7 +372,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plot", metavar="FILE", help="write time and memory versus T (needs matplotlib)"
     )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
