@@ -61,7 +61,8 @@ def _sizes(text: str) -> dict[str, int]:
         name, value = name.strip(), value.strip()
         if not eq or not name.isidentifier():
             raise argparse.ArgumentTypeError(
-                f"{item.strip()!r} is not NAME=NUMBER (expected comma-separated pairs, e.g. K=64,V=64)"
+                f"{item.strip()!r} is not NAME=NUMBER "
+                "(expected comma-separated pairs, e.g. K=64,V=64)"
             )
         if not value.isdigit() or int(value) < 1:
             raise argparse.ArgumentTypeError(
@@ -284,10 +285,10 @@ def _add_fuzz(sub: _Subparsers) -> None:
     p = sub.add_parser(
         "fuzz",
         help="check chunk, parallel, step and recurrent against the spec's float64 oracle",
-        description="Draw random examples (hypothesis) and compare every form of the compiled module "
-        "(or of --module FILE) with a float64 step-by-step interpreter of the spec: outputs, final "
-        "states and gradients. Exit 0 with a summary, or 1 with the shrunk failing example and a "
-        "reproducer. A progress bar goes to stderr when it is a terminal.",
+        description="Draw random examples (hypothesis) and compare every form of the compiled "
+        "module (or of --module FILE) with a float64 step-by-step interpreter of the spec: "
+        "outputs, final states and gradients. Exit 0 with a summary, or 1 with the shrunk failing "
+        "example and a reproducer. A progress bar goes to stderr when it is a terminal.",
     )
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
     p.add_argument(

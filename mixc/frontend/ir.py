@@ -215,7 +215,8 @@ def walk(expr: Expr):
 # Here rather than in a module of its own, so that the nodes' __str__ needs no import (a printer
 # module would import the nodes, and the nodes the printer).
 
-# Binding strength, as in grammar/mixer.lark: sum < product < unary < juxtaposition < power < postfix.
+# Binding strength, as in grammar/mixer.lark:
+# sum < product < unary < juxtaposition < power < postfix.
 _SUM, _PRODUCT, _UNARY, _JUXT, _POWER, _POSTFIX, _ATOM = range(1, 8)
 _LEVEL = {
     "+": _SUM,

@@ -300,7 +300,8 @@ def _given_inputs(
         x = _as_float64(inputs[d.name], f"input {d.name}", device)
         if x.dim() != 3 + len(d.shape):
             raise InputError(
-                f"input {d.name} should be {_layout(d.shape, 'B, T, NH')}, got shape {tuple(x.shape)}"
+                f"input {d.name} should be {_layout(d.shape, 'B, T, NH')}, "
+                f"got shape {tuple(x.shape)}"
             )
         if x.shape[:2] != first.shape[:2]:
             raise InputError(
