@@ -63,7 +63,8 @@ def _sizes(text: str) -> dict[str, int]:
         name, value = name.strip(), value.strip()
         if not eq or not name.isidentifier():
             raise argparse.ArgumentTypeError(
-                f"{item.strip()!r} is not NAME=NUMBER (expected comma-separated pairs, e.g. K=64,V=64)"
+                f"{item.strip()!r} is not NAME=NUMBER "
+                "(expected comma-separated pairs, e.g. K=64,V=64)"
             )
         if not value.isdigit() or int(value) < 1:
             raise argparse.ArgumentTypeError(
@@ -207,18 +208,37 @@ def _positive(text: str) -> int:
     return value
 
 
+#: What ArgumentParser.add_subparsers returns: the object each command is added to.
+_Subparsers = argparse._SubParsersAction
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of the `mixc` command line: each command's arguments come from its own
+    `_add_<command>`."""
     parser = argparse.ArgumentParser(
         prog="mixc",
         description="Compile sequence-mixer specs into chunked-parallel and recurrent PyTorch.",
     )
     parser.add_argument("--version", action="version", version=f"mixc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_check(sub)
+    _add_compile(sub)
+    _add_explain(sub)
+    _add_graph(sub)
+    _add_fuzz(sub)
+    _add_bench(sub)
+    return parser
 
+
+def _add_check(sub: _Subparsers) -> None:
+    """`mixc check SPEC...`: parse and verify, print the normal form."""
     p = sub.add_parser("check", help="parse and verify specs, print them in normal form")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (*.mix)")
     p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
 
+
+def _add_compile(sub: _Subparsers) -> None:
+    """`mixc compile SPEC [-o FILE]`: the generated module."""
     p = sub.add_parser("compile", help="compile a spec to a standalone PyTorch module")
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
     p.add_argument(
@@ -226,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", default="pytorch", help="code generator (default: pytorch)")
 
+
+def _add_explain(sub: _Subparsers) -> None:
+    """`mixc explain SPEC [--json] [--sizes ...]`: the analysis report."""
     p = sub.add_parser(
         "explain",
         help="report each state's class and rule, gates, forms, algorithm and costs",
@@ -245,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sizes that fill the cost formulas (C: chunk size, T: sequence length)",
     )
 
+
+def _add_graph(sub: _Subparsers) -> None:
+    """`mixc graph SPEC -o FILE`: a picture of the dependency graph."""
     p = sub.add_parser("graph", help="draw the dependency graph of a spec (.png or .svg)")
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
     p.add_argument(
@@ -256,13 +282,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="picture to write (atomically); the suffix (.png or .svg) chooses the format",
     )
 
+
+def _add_fuzz(sub: _Subparsers) -> None:
+    """`mixc fuzz SPEC [--module FILE]`: every form against the float64 oracle."""
     p = sub.add_parser(
         "fuzz",
         help="check chunk, parallel, step and recurrent against the spec's float64 oracle",
-        description="Draw random examples (hypothesis) and compare every form of the compiled module "
-        "(or of --module FILE) with a float64 step-by-step interpreter of the spec: outputs, final "
-        "states and gradients. Exit 0 with a summary, or 1 with the shrunk failing example and a "
-        "reproducer. A progress bar goes to stderr when it is a terminal.",
+        description="Draw random examples (hypothesis) and compare every form of the compiled "
+        "module (or of --module FILE) with a float64 step-by-step interpreter of the spec: "
+        "outputs, final states and gradients. Exit 0 with a summary, or 1 with the shrunk failing "
+        "example and a reproducer. A progress bar goes to stderr when it is a terminal.",
     )
     p.add_argument("spec", metavar="SPEC", help="spec file (*.mix)")
     p.add_argument(
@@ -280,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the module runs")
 
+
+def _add_bench(sub: _Subparsers) -> None:
+    """`mixc bench SPEC`: timings over a sweep of T."""
     p = sub.add_parser(
         "bench",
         help="time chunk, recurrent and parallel over a sweep of T (table, --json, --plot)",
@@ -344,7 +376,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plot", metavar="FILE", help="write time and memory versus T (needs matplotlib)"
     )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

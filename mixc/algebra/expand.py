@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from mixc.errors import SpecAnalysisError
+from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
     Binary,
     Call,
@@ -29,18 +29,8 @@ from mixc.frontend.ir import (
 )
 from mixc.frontend.verify import IDENTITY, SCALAR, Shape, Typer
 
-ELEMENTWISE = (
-    "exp",
-    "log",
-    "sigmoid",
-    "logsigmoid",
-    "softplus",
-    "silu",
-    "elu",
-    "relu",
-    "tanh",
-    "sqrt",
-)
+#: Built-ins that act on each entry alone: a transpose passes through them.
+ELEMENTWISE = frozenset(name for name, builtin in BUILTINS.items() if builtin.elementwise)
 
 
 class NotAffine(Exception):  # noqa: N818 - a signal inside the analysis, never shown
@@ -83,45 +73,12 @@ def number(text: str) -> Fraction | float:
         return float(text)
 
 
-def num_expr(value) -> Expr:
-    if isinstance(value, Fraction) and value.denominator != 1:
-        return Binary("/", Number(str(value.numerator)), Number(str(value.denominator)))
-    if isinstance(value, Fraction):
-        value = value.numerator
-    text = str(value) if isinstance(value, int) else repr(float(value))
-    return Number(text.lstrip("-")) if not text.startswith("-") else Neg(Number(text[1:]))
-
-
 def product(factors: list[Expr]) -> Expr | None:
     """The spec expression `f1 f2 ...` (None for an empty product)."""
     out = None
     for f in factors:
         out = f if out is None else Binary("@", out, f)
     return out
-
-
-def term_expr(t: Term) -> Expr:
-    """A term back as an expression (coefficient, scalars, chain, then gates)."""
-    parts: list[Expr] = []
-    if t.coeff != 1 or not (t.scalars or t.chain):
-        parts.append(num_expr(abs(t.coeff)) if t.coeff != -1 else None)
-    parts = [p for p in parts if p is not None] + list(t.scalars) + list(t.chain)
-    e = product(parts) or Number("1")
-    for g in t.gates:
-        e = Binary("*", g, e)
-    return Neg(e) if t.coeff < 0 else e
-
-
-def sum_expr(terms: list[Term]) -> Expr:
-    out: Expr | None = None
-    for t in terms:
-        if out is None:
-            out = term_expr(t)
-        elif t.coeff < 0:
-            out = Binary("-", out, term_expr(t.scale(-1)))
-        else:
-            out = Binary("+", out, term_expr(t))
-    return out or Number("0")
 
 
 def transpose_atom(e: Expr, shape: Shape) -> Expr:
@@ -326,11 +283,3 @@ def inline(mixer: Mixer, e: Expr) -> Expr:
         return e
 
     return go(e, {})
-
-
-def located_not_affine(exc: NotAffine, state: str) -> SpecAnalysisError:
-    return SpecAnalysisError(
-        f"the update of {state} is not affine in {state}_{{t-1}}: {exc.why}",
-        exc.node.span,
-        hint="such a mixer runs step by step only (recurrent, step); no chunked form exists",
-    )

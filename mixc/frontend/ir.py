@@ -7,9 +7,11 @@ spec text, and `parse(str(mixer)) == mixer`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from mixc.errors import Span
+from mixc.frontend.builtins import BUILTINS
 
 __all__ = [
     "BINARY_OPS",
@@ -36,22 +38,10 @@ __all__ = [
 #: "." the dot product (also written ·).
 BINARY_OPS = ("+", "-", "*", "/", "@", ".", "^")
 
-#: Built-in functions: name -> number of arguments. All act elementwise except l2norm (a vector
-#: divided by its Euclidean norm) and diag (a vector to a diagonal matrix).
-FUNCTIONS = {
-    "exp": 1,
-    "log": 1,
-    "sigmoid": 1,
-    "logsigmoid": 1,
-    "softplus": 1,
-    "silu": 1,
-    "elu": 1,
-    "relu": 1,
-    "tanh": 1,
-    "sqrt": 1,
-    "l2norm": 1,
-    "diag": 1,
-}
+#: Built-in functions: name -> number of arguments (a view of the table in builtins.py). All act
+#: elementwise except l2norm (a vector divided by its Euclidean norm) and diag (a vector to a
+#: diagonal matrix).
+FUNCTIONS = {name: builtin.arity for name, builtin in BUILTINS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +55,6 @@ class Expr(Node):
     __slots__ = ()
 
     def __str__(self) -> str:
-        from mixc.frontend.printer import format_expr
-
         return format_expr(self)
 
 
@@ -188,8 +176,6 @@ class Mixer(Node):
     equations: tuple[Equation, ...] = ()
 
     def __str__(self) -> str:
-        from mixc.frontend.printer import format_mixer
-
         return format_mixer(self)
 
     def state(self, name: str) -> Decl | None:
@@ -223,3 +209,90 @@ def walk(expr: Expr):
         node = stack.pop()
         yield node
         stack.extend(reversed(children(node)))
+
+
+# ----------------------------------------------------------------------------- printing
+# Here rather than in a module of its own, so that the nodes' __str__ needs no import (a printer
+# module would import the nodes, and the nodes the printer).
+
+# Binding strength, as in grammar/mixer.lark:
+# sum < product < unary < juxtaposition < power < postfix.
+_SUM, _PRODUCT, _UNARY, _JUXT, _POWER, _POSTFIX, _ATOM = range(1, 8)
+_LEVEL = {
+    "+": _SUM,
+    "-": _SUM,
+    "*": _PRODUCT,
+    "/": _PRODUCT,
+    ".": _PRODUCT,
+    "@": _JUXT,
+    "^": _POWER,
+}
+
+
+def _level(e: Expr) -> int:
+    if isinstance(e, Binary):
+        return _LEVEL[e.op]
+    if isinstance(e, Neg):
+        return _UNARY
+    if isinstance(e, Transpose):
+        return _POSTFIX
+    return _ATOM
+
+
+def _wrap(e: Expr, min_level: int) -> str:
+    text = format_expr(e)
+    return f"({text})" if _level(e) < min_level else text
+
+
+def _time(offset: int) -> str:
+    if offset == 0:
+        return "_t"
+    return f"_{{t{offset:+d}}}"
+
+
+def format_expr(e: Expr) -> str:
+    """Canonical spec text of `e`: ASCII spellings, matrix products as juxtaposition, and only
+    the parentheses the grammar needs."""
+    if isinstance(e, Number):
+        return e.text
+    if isinstance(e, Name):
+        return e.name
+    if isinstance(e, Timed):
+        return e.name + _time(e.offset)
+    if isinstance(e, Identity):
+        return "I"
+    if isinstance(e, Neg):
+        return "-" + _wrap(e.operand, _UNARY)
+    if isinstance(e, Transpose):
+        return _wrap(e.operand, _POSTFIX) + "^T"
+    if isinstance(e, Call):
+        return f"{e.func}({', '.join(format_expr(a) for a in e.args)})"
+    assert isinstance(e, Binary)
+    level = _LEVEL[e.op]
+    if e.op == "@":
+        return f"{_wrap(e.left, _JUXT)} {_wrap(e.right, _POWER)}"
+    if e.op == "^":
+        return f"{_wrap(e.left, _POSTFIX)}^{_exponent(e.right)}"
+    return f"{_wrap(e.left, level)} {e.op} {_wrap(e.right, level + 1)}"
+
+
+def _exponent(e: Expr) -> str:
+    if isinstance(e, Neg):
+        return "-" + _exponent(e.operand)
+    text = _wrap(e, _POWER)
+    # a^T would read as a transpose: an exponent starting with the name T needs parentheses
+    return f"({text})" if re.match(r"T(?![A-Za-z0-9_])", text) else text
+
+
+def format_mixer(m: Mixer) -> str:
+    """A whole spec in canonical form, one declaration kind per line."""
+    lines = [f"mixer {m.name}" + (f' "{m.description}"' if m.description is not None else "")]
+    if m.inputs:
+        lines.append("in    " + ", ".join(str(d) for d in m.inputs))
+    if m.params:
+        lines.append("param " + ", ".join(str(p) for p in m.params))
+    if m.states:
+        lines.append("state " + ", ".join(str(s) for s in m.states))
+    lines += [str(fn) for fn in m.lets]
+    lines += [str(eq) for eq in m.equations]
+    return "\n".join(lines) + "\n"

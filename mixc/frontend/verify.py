@@ -23,6 +23,7 @@ from mixc.frontend.ir import (
     FUNCTIONS,
     Binary,
     Call,
+    Decl,
     Expr,
     Identity,
     LetFn,
@@ -30,6 +31,7 @@ from mixc.frontend.ir import (
     Name,
     Neg,
     Number,
+    Param,
     Timed,
     Transpose,
     children,
@@ -178,7 +180,8 @@ def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:
             raise SpecShapeError(
                 f"cannot {what} {e.left} {show(a)} and {e.right} {show(b)}",
                 e.span,
-                expected="operands of the same shape, or one that broadcasts (a scalar, row or column)",
+                expected="operands of the same shape, or one that broadcasts "
+                "(a scalar, row or column)",
                 hint=_transpose_hint(e, a, b),
             )
         out.append(y if x == "1" else x)
@@ -358,85 +361,113 @@ def _update_hint(got: Shape, want: Shape, name: str) -> str | None:
 
 
 def _check_declarations(mixer: Mixer) -> None:
-    seen: dict[str, str] = {}
-    lines: dict[str, int] = {}
-
-    def claim(name: str, what: str, span) -> None:
-        if name in RESERVED:
-            why = (
-                "a Python keyword"
-                if keyword.iskeyword(name) or keyword.issoftkeyword(name)
-                else "a built-in function of the language"
-                if name in FUNCTIONS
-                else "a name the generated code uses"
-                if name in GENERATED_NAMES
-                else "a Python built-in"
-            )
-            raise SpecNameError(
-                f"{name!r} is reserved ({why})",
-                span,
-                hint=f"rename it, e.g. {name}_ or {name}1" if name not in ("I", "h", "t") else None,
-            )
-        if name in seen:
-            raise SpecNameError(
-                f"{name} is already declared as {seen[name]}",
-                span,
-                hint=f"the first is at line {lines[name]}; rename one of them"
-                if lines[name]
-                else None,
-            )
-        seen[name], lines[name] = what, span.line if span else 0
-
+    """Every declared name is free (not reserved, declared once) and every size well-formed;
+    each equation has its own target, and there is at least one."""
     if mixer.name in RESERVED:
         raise SpecNameError(
             f"mixer name {mixer.name!r} is reserved",
             mixer.span,
             hint=f"rename it, e.g. {mixer.name}_ or my_{mixer.name}",
         )
+    names = _Names()
     for kind, decls in (
         ("an input", mixer.inputs),
         ("a parameter", mixer.params),
         ("a state", mixer.states),
     ):
         for d in decls:
-            claim(d.name, kind, d.span)
-            for size in d.shape:
-                if not (size.isdigit() or size[:1].isalpha()):
-                    raise SpecShapeError(
-                        f"size {size} of {d.name} is not a whole number",
-                        d.span,
-                        hint="a size is a name, like K, or a whole number, like 64",
-                    )
-                if size.isdigit() and not size.strip("0"):
-                    raise SpecShapeError(f"size {size} of {d.name} must be at least 1", d.span)
-                if size == "I":
-                    raise SpecNameError(
-                        f"size I of {d.name}: I is the identity matrix",
-                        d.span,
-                        hint="name the size something else, e.g. D",
-                    )
-                if size in LAYOUT_SIZES:
-                    raise SpecNameError(
-                        f"size {size} of {d.name}: {size} is a dimension of the compiled layout "
-                        "[B, T, NH, ...] (batch, tokens, heads)",
-                        d.span,
-                        hint="name the size something else, e.g. D",
-                    )
-            if len(d.shape) > 2:
-                raise SpecShapeError(
-                    f"{d.name} has {len(d.shape)} dimensions; mixc handles scalars, vectors and "
-                    "matrices",
-                    d.span,
-                )
+            names.claim(d.name, kind, d.span)
+            _check_sizes(d)
     for fn in mixer.lets:
-        claim(fn.name, "a let function", fn.span)
-        for a in fn.args:
-            if a in RESERVED:
-                raise SpecNameError(f"argument name {a!r} of {fn.name} is reserved", fn.span)
-        if len(set(fn.args)) != len(fn.args):
-            raise SpecNameError(f"{fn.name} has two arguments with the same name", fn.span)
+        names.claim(fn.name, "a let function", fn.span)
+        _check_let_arguments(fn)
+    _check_targets(mixer, names)
+    if not mixer.equations:
+        raise SpecAnalysisError(
+            f"mixer {mixer.name} has no equations",
+            mixer.span,
+            expected="state updates like H_t = ... and an output like y_t = H_t q_t",
+        )
+
+
+class _Names:
+    """The names declared so far, each with what it is and the line it was declared on."""
+
+    def __init__(self) -> None:
+        self.what: dict[str, str] = {}
+        self.line: dict[str, int] = {}
+
+    def claim(self, name: str, what: str, span: Span | None) -> None:
+        """Declare `name` as `what`; refuses reserved names and second declarations."""
+        if name in RESERVED:
+            raise SpecNameError(
+                f"{name!r} is reserved ({_reserved_why(name)})",
+                span,
+                hint=f"rename it, e.g. {name}_ or {name}1" if name not in ("I", "h", "t") else None,
+            )
+        if name in self.what:
+            first = self.line[name]
+            raise SpecNameError(
+                f"{name} is already declared as {self.what[name]}",
+                span,
+                hint=f"the first is at line {first}; rename one of them" if first else None,
+            )
+        self.what[name], self.line[name] = what, span.line if span else 0
+
+
+def _reserved_why(name: str) -> str:
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return "a Python keyword"
+    if name in FUNCTIONS:
+        return "a built-in function of the language"
+    if name in GENERATED_NAMES:
+        return "a name the generated code uses"
+    return "a Python built-in"
+
+
+def _check_sizes(d: Decl | Param) -> None:
+    """Sizes are names or whole numbers of at least 1, not I or a layout dimension; at most two."""
+    for size in d.shape:
+        if not (size.isdigit() or size[:1].isalpha()):
+            raise SpecShapeError(
+                f"size {size} of {d.name} is not a whole number",
+                d.span,
+                hint="a size is a name, like K, or a whole number, like 64",
+            )
+        if size.isdigit() and not size.strip("0"):
+            raise SpecShapeError(f"size {size} of {d.name} must be at least 1", d.span)
+        if size == "I":
+            raise SpecNameError(
+                f"size I of {d.name}: I is the identity matrix",
+                d.span,
+                hint="name the size something else, e.g. D",
+            )
+        if size in LAYOUT_SIZES:
+            raise SpecNameError(
+                f"size {size} of {d.name}: {size} is a dimension of the compiled layout "
+                "[B, T, NH, ...] (batch, tokens, heads)",
+                d.span,
+                hint="name the size something else, e.g. D",
+            )
+    if len(d.shape) > 2:
+        raise SpecShapeError(
+            f"{d.name} has {len(d.shape)} dimensions; mixc handles scalars, vectors and matrices",
+            d.span,
+        )
+
+
+def _check_let_arguments(fn: LetFn) -> None:
+    for a in fn.args:
+        if a in RESERVED:
+            raise SpecNameError(f"argument name {a!r} of {fn.name} is reserved", fn.span)
+    if len(set(fn.args)) != len(fn.args):
+        raise SpecNameError(f"{fn.name} has two arguments with the same name", fn.span)
+
+
+def _check_targets(mixer: Mixer, names: _Names) -> None:
+    """One equation per target; a state is updated, any other target is a new name."""
     states = {s.name for s in mixer.states}
-    targets: dict[str, object] = {}
+    targets: dict[str, Span | None] = {}
     for eq in mixer.equations:
         if eq.target in targets:
             what = "update" if eq.target in states else "definition"
@@ -449,20 +480,14 @@ def _check_declarations(mixer: Mixer) -> None:
                 else None,
             )
         targets[eq.target] = eq.span
-        if eq.target in seen and eq.target not in states:
+        if eq.target in names.what and eq.target not in states:
             raise SpecNameError(
-                f"cannot assign to {eq.target}: it is {seen[eq.target]}",
+                f"cannot assign to {eq.target}: it is {names.what[eq.target]}",
                 eq.span,
                 hint="only states are updated; other equations define new per-token values",
             )
         if eq.target not in states:
-            claim(eq.target, "a per-token value", eq.span)
-    if not mixer.equations:
-        raise SpecAnalysisError(
-            f"mixer {mixer.name} has no equations",
-            mixer.span,
-            expected="state updates like H_t = ... and an output like y_t = H_t q_t",
-        )
+            names.claim(eq.target, "a per-token value", eq.span)
 
 
 def _check_lets(mixer: Mixer) -> dict[str, int]:
@@ -707,7 +732,8 @@ def _dependency_order(mixer: Mixer, values: set[str]) -> list:
                     f"{dep}_t depends on itself at the same time step (through "
                     f"{' -> '.join(n for n, _ in stack)})",
                     span,
-                    hint="a value at time t may depend on earlier times only through a state at t-1",
+                    hint="a value at time t may depend on earlier times only through a state "
+                    "at t-1",
                 )
             if state_of.get(dep) is None:
                 state_of[dep] = "active"

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from mixc.errors import InputError, MixcError
+from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
     Binary,
     Call,
@@ -50,28 +51,10 @@ from mixc.frontend.verify import declared
 __all__ = ["interpret"]
 
 DTYPE = torch.float64
-L2NORM_EPS = 1e-6
 
-
-def _softplus(x: Tensor) -> Tensor:
-    # log(1 + exp(x)) without overflow, and without torch's linear cut-off above x = 20.
-    return torch.clamp(x, min=0) + torch.log1p(torch.exp(-x.abs()))
-
-
-#: The built-in functions. All act elementwise except l2norm and diag.
+#: The built-in functions on tensors: name -> the tensor version from the builtins table.
 FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "exp": torch.exp,
-    "log": torch.log,
-    "sigmoid": torch.sigmoid,
-    "logsigmoid": torch.nn.functional.logsigmoid,
-    "softplus": _softplus,
-    "silu": lambda x: x * torch.sigmoid(x),
-    "elu": lambda x: torch.where(x > 0, x, torch.expm1(x)),
-    "relu": torch.relu,
-    "tanh": torch.tanh,
-    "sqrt": torch.sqrt,
-    "l2norm": lambda x: x / torch.sqrt((x * x).sum(dim=(-2, -1), keepdim=True) + L2NORM_EPS),
-    "diag": lambda x: torch.diag_embed(x.flatten(-2)),
+    name: builtin.tensor for name, builtin in BUILTINS.items()
 }
 
 
@@ -126,6 +109,7 @@ class _Evaluator:
     """Evaluates expressions of one mixer. `now` holds values at t, `prev` states at t-1."""
 
     def __init__(self, mixer: Mixer, params: dict[str, Tensor], device: torch.device) -> None:
+        self.mixer = mixer
         self.lets = {fn.name: fn for fn in mixer.lets}
         self.params = params
         self.device = device
@@ -247,9 +231,35 @@ def interpret(
     """
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     mixer = spec.mixer
-    params = dict(params or {})
-    initial_state = dict(initial_state or {})
+    params, initial_state = dict(params or {}), dict(initial_state or {})
+    _check_names(mixer, inputs, params, initial_state)
+    first = inputs[mixer.inputs[0].name]
+    device = first.device if isinstance(first, Tensor) else torch.device("cpu")
 
+    sizes = _Sizes()
+    raw = _given_inputs(mixer, inputs, device, sizes)
+    B, T = first.shape[:2]
+    params = _given_params(mixer, params, device, sizes)
+    initial_state = _given_states(mixer, initial_state, device, sizes, B)
+    NH = _head_count(raw, params, initial_state)
+
+    xs = _spread_heads(mixer, raw, sizes, NH)
+    evaluator = _Evaluator(mixer, _param_values(mixer, params, sizes, NH, device), device)
+    evaluator.prev = _start_states(mixer, initial_state, sizes, B, NH, device)
+    outputs = _output_buffers(spec, sizes, B, T, NH, device)
+    _run(evaluator, xs, outputs, B, T, NH)
+
+    finals = {s.name: _unpack(evaluator.prev[s.name], 2, len(s.shape)) for s in mixer.states}
+    results = {name: _unpack(x, 3, _rank(spec.shapes[name])) for name, x in outputs.items()}
+    return results, finals
+
+
+# ----------------------------------------------------------------------------- the arguments
+
+
+def _check_names(mixer: Mixer, inputs: dict, params: dict, initial_state: dict) -> None:
+    """Every name given is declared, every input and every param without a default is given,
+    and there is an input to take the sequence length from."""
     for kind, given, decls in (
         ("input", inputs, mixer.inputs),
         ("param", params, mixer.params),
@@ -270,25 +280,28 @@ def interpret(
     if not mixer.inputs:
         raise InputError(f"{mixer.name} has no per-token inputs, so the sequence length is unknown")
 
+
+def _as_float64(x, what: str, device: torch.device) -> Tensor:
+    """`x` as a float64 tensor on `device`; refuses what is not a real tensor."""
+    if not isinstance(x, Tensor):
+        raise InputError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.is_complex():
+        raise InputError(f"{what} is complex; mixc works on real numbers")
+    return x.to(dtype=DTYPE, device=device)
+
+
+def _given_inputs(
+    mixer: Mixer, inputs: dict, device: torch.device, sizes: _Sizes
+) -> dict[str, Tensor]:
+    """The per-token inputs as given, [B, T, nh, *shape] in float64, their sizes bound."""
     first = inputs[mixer.inputs[0].name]
-    device = first.device if isinstance(first, Tensor) else torch.device("cpu")
-
-    def tensor(x, what: str) -> Tensor:
-        if not isinstance(x, Tensor):
-            raise InputError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-        if x.is_complex():
-            raise InputError(f"{what} is complex; mixc works on real numbers")
-        return x.to(dtype=DTYPE, device=device)
-
-    sizes = _Sizes()
-
-    # Per-token inputs: [B, T, nh, *shape], nh dividing NH.
     raw: dict[str, Tensor] = {}
     for d in mixer.inputs:
-        x = tensor(inputs[d.name], f"input {d.name}")
+        x = _as_float64(inputs[d.name], f"input {d.name}", device)
         if x.dim() != 3 + len(d.shape):
             raise InputError(
-                f"input {d.name} should be {_layout(d.shape, 'B, T, NH')}, got shape {tuple(x.shape)}"
+                f"input {d.name} should be {_layout(d.shape, 'B, T, NH')}, "
+                f"got shape {tuple(x.shape)}"
             )
         if x.shape[:2] != first.shape[:2]:
             raise InputError(
@@ -297,84 +310,140 @@ def interpret(
             )
         sizes.bind(d.shape, tuple(x.shape[3:]), f"input {d.name}")
         raw[d.name] = x
-    B, T = first.shape[:2]
+    return raw
+
+
+def _given_params(
+    mixer: Mixer, params: dict, device: torch.device, sizes: _Sizes
+) -> dict[str, Tensor]:
+    """The params given, [NH, *shape] in float64, their sizes bound."""
+    out: dict[str, Tensor] = {}
     for d in mixer.params:
         if d.name in params:
-            x = tensor(params[d.name], f"param {d.name}")
+            x = _as_float64(params[d.name], f"param {d.name}", device)
             if x.dim() != 1 + len(d.shape):
                 raise InputError(
                     f"param {d.name} should be {_layout(d.shape, 'NH')}, got shape {tuple(x.shape)}"
                 )
             sizes.bind(d.shape, tuple(x.shape[1:]), f"param {d.name}")
-            params[d.name] = x
+            out[d.name] = x
+    return out
+
+
+def _given_states(
+    mixer: Mixer, initial_state: dict, device: torch.device, sizes: _Sizes, B: int
+) -> dict[str, Tensor]:
+    """The initial states given, [B, NH, *shape] in float64, their sizes bound."""
+    out: dict[str, Tensor] = {}
     for d in mixer.states:
         if d.name in initial_state:
-            x = tensor(initial_state[d.name], f"initial state {d.name}")
+            x = _as_float64(initial_state[d.name], f"initial state {d.name}", device)
             if x.dim() != 2 + len(d.shape) or x.shape[0] != B:
                 raise InputError(
                     f"initial state {d.name} should be {_layout(d.shape, f'B={B}, NH')}, "
                     f"got shape {tuple(x.shape)}"
                 )
             sizes.bind(d.shape, tuple(x.shape[2:]), f"initial state {d.name}")
-            initial_state[d.name] = x
+            out[d.name] = x
+    return out
 
+
+def _head_count(raw: dict, params: dict, initial_state: dict) -> int:
+    """The call's number of heads NH: the most any argument has (inputs may have fewer)."""
     heads = [x.shape[2] for x in raw.values()]
-    heads += [params[p.name].shape[0] for p in mixer.params if p.name in params]
-    heads += [initial_state[s.name].shape[1] for s in mixer.states if s.name in initial_state]
+    heads += [x.shape[0] for x in params.values()]
+    heads += [x.shape[1] for x in initial_state.values()]
     NH = max(heads)
     if NH < 1:
         raise InputError("the number of heads is 0")
+    return NH
 
+
+def _spread_heads(mixer: Mixer, raw: dict, sizes: _Sizes, NH: int) -> dict[str, Tensor]:
+    """Per-token inputs as [B, T, NH, rows, cols]: one with nh heads serves NH/nh heads each."""
     xs: dict[str, Tensor] = {}
     for d in mixer.inputs:
-        x, nh = raw[d.name], raw[d.name].shape[2]
+        x = raw[d.name]
+        B, T, nh = x.shape[:3]
         if nh < 1 or NH % nh:
             raise InputError(
                 f"input {d.name} has {nh} heads, which does not divide the {NH} heads of the call"
             )
         r, c = sizes.matrix(d.shape, f"input {d.name}")
         xs[d.name] = x.reshape(B, T, nh, r, c).repeat_interleave(NH // nh, dim=2)
+    return xs
 
-    evaluator = _Evaluator(mixer, {}, device)
+
+def _param_values(
+    mixer: Mixer, params: dict, sizes: _Sizes, NH: int, device: torch.device
+) -> dict[str, Tensor]:
+    """Every param as [1, NH, rows, cols]: as given, or its default with h = 0..NH-1."""
+    defaults = _Evaluator(mixer, {}, device)
     h = torch.arange(NH, dtype=DTYPE, device=device).reshape(1, NH, 1, 1)
+    out: dict[str, Tensor] = {}
     for p in mixer.params:
         r, c = sizes.matrix(p.shape, f"param {p.name}")
         if p.name in params:
             x = params[p.name]
             if x.shape[0] != NH:
                 raise InputError(f"param {p.name} has {x.shape[0]} heads, the call has {NH}")
-            evaluator.params[p.name] = x.reshape(1, NH, r, c)
+            out[p.name] = x.reshape(1, NH, r, c)
         else:
-            value = evaluator.eval(p.default, {"h": h})
-            evaluator.params[p.name] = value.expand(1, NH, r, c)
+            out[p.name] = defaults.eval(p.default, {"h": h}).expand(1, NH, r, c)
+    return out
 
-    state_shape = {}
+
+def _start_states(
+    mixer: Mixer, initial_state: dict, sizes: _Sizes, B: int, NH: int, device: torch.device
+) -> dict[str, Tensor]:
+    """Every state before the first token as [B, NH, rows, cols]: as given, or zeros."""
+    out: dict[str, Tensor] = {}
     for s in mixer.states:
         r, c = sizes.matrix(s.shape, f"state {s.name}")
-        state_shape[s.name] = (r, c)
         if s.name in initial_state:
             x = initial_state[s.name]
             if x.shape[1] != NH:
                 raise InputError(
                     f"initial state {s.name} has {x.shape[1]} heads, the call has {NH}"
                 )
-            evaluator.prev[s.name] = x.reshape(B, NH, r, c)
+            out[s.name] = x.reshape(B, NH, r, c)
         else:
-            evaluator.prev[s.name] = torch.zeros(B, NH, r, c, dtype=DTYPE, device=device)
+            out[s.name] = torch.zeros(B, NH, r, c, dtype=DTYPE, device=device)
+    return out
 
-    outputs: dict[str, Tensor] = {}
-    out_shape: dict[str, tuple[int, int]] = dict(state_shape)
-    for eq in mixer.equations:
-        if eq.target not in state_shape:
+
+def _output_buffers(
+    spec: Spec, sizes: _Sizes, B: int, T: int, NH: int, device: torch.device
+) -> dict[str, Tensor]:
+    """An empty [B, T, NH, rows, cols] for every equation whose target is not a state."""
+    states = {s.name for s in spec.mixer.states}
+    out: dict[str, Tensor] = {}
+    for eq in spec.mixer.equations:
+        if eq.target not in states:
             r, c = sizes.matrix(spec.shapes[eq.target], f"{eq.target}_t")
-            out_shape[eq.target] = (r, c)
-            outputs[eq.target] = torch.empty(B, T, NH, r, c, dtype=DTYPE, device=device)
+            out[eq.target] = torch.empty(B, T, NH, r, c, dtype=DTYPE, device=device)
+    return out
 
-    order = _step_order(mixer)
+
+# ----------------------------------------------------------------------------- the steps
+
+
+def _run(
+    evaluator: _Evaluator,
+    xs: dict[str, Tensor],
+    outputs: dict[str, Tensor],
+    B: int,
+    T: int,
+    NH: int,
+) -> None:
+    """Every time step: the equations in dependency order, then outputs stored and states
+    advanced (evaluator.prev ends holding the final states)."""
+    order = _step_order(evaluator.mixer)
+    shapes = {n: x.shape[-2:] for n, x in (*evaluator.prev.items(), *outputs.items())}
     for t in range(T):
         evaluator.now = {name: x[:, t] for name, x in xs.items()}
         for eq in order:
-            r, c = out_shape[eq.target]
+            r, c = shapes[eq.target]
             value = evaluator.eval(eq.value, {})
             if isinstance(value, _Sized):
                 value = value.at(r)
@@ -384,20 +453,19 @@ def interpret(
                 )
             evaluator.now[eq.target] = value.expand(B, NH, r, c)
         for eq in order:
-            if eq.target in state_shape:
-                evaluator.prev[eq.target] = evaluator.now[eq.target]
-            else:
+            if eq.target in outputs:
                 outputs[eq.target][:, t] = evaluator.now[eq.target]
+            else:
+                evaluator.prev[eq.target] = evaluator.now[eq.target]
 
-    def unpack(x: Tensor, lead: int, ndim: int) -> Tensor:
-        """[..., r, c] -> [..., *shape]: a scalar loses both matrix dims, a vector one."""
-        if ndim == 0:
-            return x.reshape(x.shape[:lead])
-        return x.flatten(lead) if ndim == 1 else x
 
-    def rank(shape: tuple[str, str]) -> int:  # of a verifier shape: (1, 1), (n, 1), (1, n), (m, n)
-        return 2 - shape.count("1")
+def _unpack(x: Tensor, lead: int, ndim: int) -> Tensor:
+    """[..., r, c] -> [..., *shape]: a scalar loses both matrix dims, a vector one."""
+    if ndim == 0:
+        return x.reshape(x.shape[:lead])
+    return x.flatten(lead) if ndim == 1 else x
 
-    finals = {s.name: unpack(evaluator.prev[s.name], 2, len(s.shape)) for s in mixer.states}
-    results = {name: unpack(x, 3, rank(spec.shapes[name])) for name, x in outputs.items()}
-    return results, finals
+
+def _rank(shape: tuple[str, str]) -> int:
+    """Of a verifier shape: 0 for (1, 1), 1 for (n, 1) or (1, n), 2 for (m, n)."""
+    return 2 - shape.count("1")

@@ -36,6 +36,12 @@ STYLES = {
 #: Vertical distance between nodes of one column (room for a t-1 loop and a shape label).
 SPACING = 1.5
 
+#: Colour of the reads of the previous token (t-1), and of the same token (t).
+LAG_COLOUR = "#b35900"
+SAME_COLOUR = "#555555"
+#: Where a node's self-loop starts and ends, above its centre.
+LOOP_HEIGHT = 0.16 * 0.9
+
 
 def _matplotlib():
     try:
@@ -64,140 +70,161 @@ def _positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
 def draw(facts: Facts, fmt: str) -> bytes:
     """The dependency graph of `facts` as PNG or SVG bytes (deterministic for SVG)."""
     matplotlib, Figure = _matplotlib()
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import FancyArrowPatch
-
     g = facts.graph
     pos = _positions(g)
-    height = max(
-        3.0,
-        1.2
-        * SPACING
-        * max(sum(1 for p in pos.values() if p[0] == x) for x in {p[0] for p in pos.values()}),
-    )
-    width = max(5.0, 2.6 * (1 + max(p[0] for p in pos.values())))
     with matplotlib.rc_context({"svg.hashsalt": "mixc", "svg.fonttype": "none"}):
-        fig = Figure(figsize=(width, height + 1.2))
+        fig = Figure(figsize=_figure_size(pos))
         ax = fig.add_subplot()
         ax.set_axis_off()
-        radius = 0.16
         for a, b, data in g.edges(data=True):
-            (x0, y0), (x1, y1) = pos[a], pos[b]
-            if a == b or data["lag"] == 1:
-                # the previous token: a dashed loop over the node (or a dashed arc), labelled t-1
-                if a == b:
-                    arrow = FancyArrowPatch(
-                        (x0 - 0.08, y0 + radius * 0.9),
-                        (x0 + 0.08, y0 + radius * 0.9),
-                        connectionstyle="arc3,rad=-2.2",
-                        arrowstyle="-|>",
-                        mutation_scale=12,
-                        linestyle="--",
-                        color="#b35900",
-                        linewidth=1.4,
-                    )
-                    ax.text(
-                        x0, y0 + 0.5, "t-1", ha="center", va="bottom", fontsize=9, color="#b35900"
-                    )
-                else:
-                    arrow = FancyArrowPatch(
-                        (x0, y0),
-                        (x1, y1),
-                        connectionstyle="arc3,rad=0.3",
-                        arrowstyle="-|>",
-                        mutation_scale=12,
-                        linestyle="--",
-                        color="#b35900",
-                        shrinkA=18,
-                        shrinkB=18,
-                    )
-                    ax.text(
-                        (x0 + x1) / 2,
-                        (y0 + y1) / 2 + 0.15,
-                        "t-1",
-                        ha="center",
-                        fontsize=9,
-                        color="#b35900",
-                    )
+            if a == b:
+                _draw_loop(ax, pos[a])
+            elif data["lag"] == 1:
+                _draw_lag_arc(ax, pos[a], pos[b])
             else:
-                arrow = FancyArrowPatch(
-                    (x0, y0),
-                    (x1, y1),
-                    connectionstyle=f"arc3,rad={0.08 if abs(x1 - x0) <= 1 else 0.3}",
-                    arrowstyle="-|>",
-                    mutation_scale=12,
-                    color="#555555",
-                    shrinkA=18,
-                    shrinkB=18,
-                    linewidth=1.0,
-                )
-            ax.add_patch(arrow)
-        for kind, (_, marker, face, _label) in STYLES.items():
-            nodes = [n for n, d in g.nodes(data=True) if d["kind"] == kind]
-            if not nodes:
-                continue
-            ax.scatter(
-                [pos[n][0] for n in nodes],
-                [pos[n][1] for n in nodes],
-                s=1500 if kind == "state" else 1100,
-                marker=marker,
-                c=face,
-                edgecolors="#333333",
-                linewidths=2.0 if kind == "state" else 1.0,
-                zorder=3,
-            )
-            for n in nodes:
-                ax.text(pos[n][0], pos[n][1], n, ha="center", va="center", fontsize=10, zorder=4)
-                shape = _shape_text(facts, n)
-                if shape:
-                    ax.text(
-                        pos[n][0],
-                        pos[n][1] - 0.3,
-                        shape,
-                        ha="center",
-                        va="top",
-                        fontsize=8,
-                        color="#444444",
-                        zorder=4,
-                    )
-        handles = [
-            Line2D(
-                [],
-                [],
-                marker=m,
-                linestyle="",
-                markerfacecolor=f,
-                markeredgecolor="#333333",
-                markersize=10,
-                label=lab,
-            )
-            for kind, (_, m, f, lab) in STYLES.items()
-            if any(d["kind"] == kind for _, d in g.nodes(data=True))
-        ]
-        handles.append(Line2D([], [], color="#555555", label="same token (t)"))
-        handles.append(
-            Line2D([], [], color="#b35900", linestyle="--", label="previous token (t-1)")
-        )
-        ax.legend(
-            handles=handles,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.02),
-            ncol=4,
-            fontsize=8,
-            frameon=False,
-        )
-        xs = [p[0] for p in pos.values()]
-        ys = [p[1] for p in pos.values()]
-        ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
-        ax.set_ylim(min(ys) - 0.8, max(ys) + 1.0)
-        title = facts.mixer.name + (
-            f": {facts.mixer.description}" if facts.mixer.description else ""
-        )
-        ax.set_title(title, fontsize=11)
+                _draw_arrow(ax, pos[a], pos[b])
+        _draw_nodes(ax, facts, pos)
+        _draw_legend(ax, g)
+        _fit(ax, facts, pos)
         buf = io.BytesIO()
         meta = {"Date": None} if fmt == "svg" else {}
         fig.savefig(buf, format=fmt, bbox_inches="tight", metadata=meta or None, dpi=120)
     return buf.getvalue()
+
+
+def _figure_size(pos: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """Inches: room for the tallest column and for every column side by side, and the legend."""
+    columns = {p[0] for p in pos.values()}
+    tallest = max(sum(1 for p in pos.values() if p[0] == x) for x in columns)
+    height = max(3.0, 1.2 * SPACING * tallest)
+    width = max(5.0, 2.6 * (1 + max(p[0] for p in pos.values())))
+    return width, height + 1.2
+
+
+def _draw_loop(ax, at: tuple[float, float]) -> None:
+    """A state reading its own previous value: a dashed loop over the node, labelled t-1."""
+    from matplotlib.patches import FancyArrowPatch
+
+    x, y = at
+    arrow = FancyArrowPatch(
+        (x - 0.08, y + LOOP_HEIGHT),
+        (x + 0.08, y + LOOP_HEIGHT),
+        connectionstyle="arc3,rad=-2.2",
+        arrowstyle="-|>",
+        mutation_scale=12,
+        linestyle="--",
+        color=LAG_COLOUR,
+        linewidth=1.4,
+    )
+    ax.text(x, y + 0.5, "t-1", ha="center", va="bottom", fontsize=9, color=LAG_COLOUR)
+    ax.add_patch(arrow)
+
+
+def _draw_lag_arc(ax, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """A read of another node's previous value: a dashed arc, labelled t-1 at its middle."""
+    from matplotlib.patches import FancyArrowPatch
+
+    (x0, y0), (x1, y1) = start, end
+    arrow = FancyArrowPatch(
+        start,
+        end,
+        connectionstyle="arc3,rad=0.3",
+        arrowstyle="-|>",
+        mutation_scale=12,
+        linestyle="--",
+        color=LAG_COLOUR,
+        shrinkA=18,
+        shrinkB=18,
+    )
+    ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.15, "t-1", ha="center", fontsize=9, color=LAG_COLOUR)
+    ax.add_patch(arrow)
+
+
+def _draw_arrow(ax, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """A read at the same token: a solid arrow, bent more when it skips a column."""
+    from matplotlib.patches import FancyArrowPatch
+
+    bend = 0.08 if abs(end[0] - start[0]) <= 1 else 0.3
+    arrow = FancyArrowPatch(
+        start,
+        end,
+        connectionstyle=f"arc3,rad={bend}",
+        arrowstyle="-|>",
+        mutation_scale=12,
+        color=SAME_COLOUR,
+        shrinkA=18,
+        shrinkB=18,
+        linewidth=1.0,
+    )
+    ax.add_patch(arrow)
+
+
+def _draw_nodes(ax, facts: Facts, pos: dict[str, tuple[float, float]]) -> None:
+    """Each kind's nodes in its shape and colour (states larger, with a thicker edge), each
+    labelled with its name and, below it, its shape."""
+    g = facts.graph
+    for kind, (_, marker, face, _label) in STYLES.items():
+        nodes = [n for n, d in g.nodes(data=True) if d["kind"] == kind]
+        if not nodes:
+            continue
+        ax.scatter(
+            [pos[n][0] for n in nodes],
+            [pos[n][1] for n in nodes],
+            s=1500 if kind == "state" else 1100,
+            marker=marker,
+            c=face,
+            edgecolors="#333333",
+            linewidths=2.0 if kind == "state" else 1.0,
+            zorder=3,
+        )
+        for n in nodes:
+            x, y = pos[n]
+            ax.text(x, y, n, ha="center", va="center", fontsize=10, zorder=4)
+            shape = _shape_text(facts, n)
+            if shape:
+                ax.text(
+                    x, y - 0.3, shape, ha="center", va="top", fontsize=8, color="#444444", zorder=4
+                )
+
+
+def _draw_legend(ax, g: nx.DiGraph) -> None:
+    """Below the picture: the node kinds present, then the two kinds of edge."""
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D(
+            [],
+            [],
+            marker=m,
+            linestyle="",
+            markerfacecolor=f,
+            markeredgecolor="#333333",
+            markersize=10,
+            label=lab,
+        )
+        for kind, (_, m, f, lab) in STYLES.items()
+        if any(d["kind"] == kind for _, d in g.nodes(data=True))
+    ]
+    handles.append(Line2D([], [], color=SAME_COLOUR, label="same token (t)"))
+    handles.append(Line2D([], [], color=LAG_COLOUR, linestyle="--", label="previous token (t-1)"))
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.02),
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
+
+
+def _fit(ax, facts: Facts, pos: dict[str, tuple[float, float]]) -> None:
+    """Limits with room for the loops and labels around the nodes, and the mixer as title."""
+    xs = [p[0] for p in pos.values()]
+    ys = [p[1] for p in pos.values()]
+    ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
+    ax.set_ylim(min(ys) - 0.8, max(ys) + 1.0)
+    title = facts.mixer.name + (f": {facts.mixer.description}" if facts.mixer.description else "")
+    ax.set_title(title, fontsize=11)
 
 
 def _shape_text(facts: Facts, name: str) -> str:

@@ -11,35 +11,9 @@ import math
 from collections.abc import Callable
 
 from mixc.algebra.expand import Term
+from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.verify import IDENTITY, SCALAR, Shape, Typer
-
-_TORCH_CALLS = {
-    "exp": "torch.exp",
-    "log": "torch.log",
-    "sigmoid": "torch.sigmoid",
-    "logsigmoid": "F.logsigmoid",
-    "softplus": "F.softplus",
-    "silu": "F.silu",
-    "elu": "F.elu",
-    "relu": "torch.relu",
-    "tanh": "torch.tanh",
-    "sqrt": "torch.sqrt",
-    "l2norm": "_l2norm",
-}
-
-_CONST_CALLS: dict[str, Callable[[float], float]] = {
-    "exp": math.exp,
-    "log": math.log,
-    "sigmoid": lambda x: 1 / (1 + math.exp(-x)),
-    "logsigmoid": lambda x: -math.log1p(math.exp(-x)),
-    "softplus": lambda x: math.log1p(math.exp(x)),
-    "silu": lambda x: x / (1 + math.exp(-x)),
-    "elu": lambda x: x if x > 0 else math.expm1(x),
-    "relu": lambda x: max(x, 0.0),
-    "tanh": math.tanh,
-    "sqrt": math.sqrt,
-}
 
 # Python operator precedence, for minimal parentheses
 _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
@@ -61,7 +35,7 @@ def _fold(e: Expr) -> float:
     if isinstance(e, Neg):
         return -_fold(e.operand)
     if isinstance(e, Call):
-        return _CONST_CALLS[e.func](_fold(e.args[0]))
+        return _fold_call(e.func, _fold(e.args[0]))
     assert isinstance(e, Binary)
     a, b = _fold(e.left), _fold(e.right)
     ops = {"+": a + b, "-": a - b, "*": a * b, "@": a * b, ".": a * b}
@@ -70,6 +44,19 @@ def _fold(e: Expr) -> float:
     if e.op == "/":
         return a / b
     return a**b
+
+
+def _fold_call(func: str, x: float) -> float:
+    """A built-in at a number. Raises KeyError for a let function and ValueError where nothing
+    is folded: l2norm and diag (not functions of a number) and results that are not finite
+    (exp(1000), log(0)), which are left to the generated code."""
+    evaluate = BUILTINS[func].evaluate
+    if evaluate is None:
+        raise ValueError(f"{func} is not a function of a number")
+    value = evaluate(x)
+    if not math.isfinite(value):
+        raise ValueError(f"{func}({x!r}) = {value} is not folded")
+    return value
 
 
 def literal(value: float) -> str:
@@ -120,8 +107,8 @@ class PyExpr:
         (arg,) = e.args
         if e.func == "diag":
             inner = ".squeeze(-1)" if self.shape(arg)[1] == "1" else ".squeeze(-2)"
-            return f"torch.diag_embed({self._wrap(arg, _ATOM)}{inner})"
-        return f"{_TORCH_CALLS[e.func]}({self(arg)})"
+            return f"{BUILTINS['diag'].torch}({self._wrap(arg, _ATOM)}{inner})"
+        return f"{BUILTINS[e.func].torch}({self(arg)})"
 
     def eye(self, shape: Shape) -> str:
         n = shape[0]

@@ -1,0 +1,247 @@
+"""The built-in functions of the spec language, in one table.
+
+Every stage needs something different of a built-in: the verifier its arity, the expander
+whether it acts elementwise, the code generator its torch spelling and a float version for
+folding constants, the float64 oracle a tensor version, the analysis and the fuzzer an interval
+version. `BUILTINS` holds all of them, so a new function is one entry here.
+
+Importing this module does not import torch: the tensor versions resolve torch when first
+called, so that checking and explaining a spec work without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BUILTINS", "L2NORM_EPS", "Builtin", "Interval", "bounds"]
+
+#: A closed interval (lo, hi) of reals; either end may be infinite.
+Interval = tuple[float, float]
+
+_INF = math.inf
+_WHOLE_LINE: Interval = (-_INF, _INF)
+
+#: The oracle's l2norm is x / sqrt(|x|^2 + L2NORM_EPS), as the generated code's.
+L2NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Builtin:
+    """One built-in function and what each stage of the compiler needs of it.
+
+    - `arity`: how many arguments it takes (the verifier checks calls against it).
+    - `elementwise`: whether it acts on each entry alone (all but l2norm and diag); the expander
+      pushes transposes inside elementwise calls.
+    - `torch`: its spelling in generated code, applied to the argument in the [..., rows, cols]
+      layout (diag's to the argument squeezed to a vector; `_l2norm` is a runtime helper).
+    - `evaluate`: the function on one float, for folding constants; None where it is not a
+      function of a number (l2norm, diag). It never raises: where math.exp would overflow it
+      returns the float the true value rounds to (inf for exp(1000), 0 for sigmoid(-1000)), at
+      -inf and inf the limits, outside the domain (log(-1)) NaN.
+    - `tensor`: the float64 oracle's version, on torch tensors laid out as the oracle lays them
+      out (written independently of `torch`, so the oracle shares no code with the generator).
+    - `bounds`: (lo, hi) -> an interval holding every value the function takes on [lo, hi];
+      the module's `bounds` adds the NaN check and is what callers should use.
+    """
+
+    name: str
+    arity: int
+    elementwise: bool
+    torch: str
+    evaluate: Callable[[float], float] | None
+    tensor: Callable[[Any], Any]
+    bounds: Callable[[float, float], Interval]
+
+
+def bounds(name: str, lo: float, hi: float) -> Interval:
+    """An interval that holds `name`(x) for every x in [lo, hi] (ends may be -inf or inf).
+
+    It is never too narrow, up to rounding at the ends (an end is the function evaluated in
+    float64, not rounded outwards). Where part of [lo, hi] lies outside the function's domain
+    (log or sqrt of a negative number) or an end is NaN, the answer is the whole line: the value
+    there is NaN, which no interval bounds. For l2norm and diag the interval bounds each entry
+    of the result, given that each entry of the argument lies in [lo, hi]. Raises KeyError for a
+    name that is not a built-in (a let function is inlined before anyone asks).
+    """
+    if math.isnan(lo) or math.isnan(hi):
+        return _WHOLE_LINE
+    return BUILTINS[name].bounds(lo, hi)
+
+
+# ----------------------------------------------------------------------------- floats
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return _INF
+
+
+def _log(x: float) -> float:
+    if x < 0:
+        return math.nan
+    return -_INF if x == 0 else math.log(x)
+
+
+def _sqrt(x: float) -> float:
+    return math.nan if x < 0 else math.sqrt(x)
+
+
+def _sigmoid(x: float) -> float:
+    try:
+        return 1 / (1 + math.exp(-x))
+    except OverflowError:  # x < -709: 1 + e^-x is e^-x to the last bit
+        return math.exp(x)
+
+
+def _logsigmoid(x: float) -> float:
+    try:
+        return -math.log1p(math.exp(-x))
+    except OverflowError:  # x < -709: log(1 + e^-x) is -x to the last bit
+        return x
+
+
+def _softplus(x: float) -> float:
+    try:
+        return math.log1p(math.exp(x))
+    except OverflowError:  # x > 709: log(1 + e^x) is x to the last bit
+        return x
+
+
+def _silu(x: float) -> float:
+    if x == -_INF:
+        return -0.0
+    try:
+        return x / (1 + math.exp(-x))
+    except OverflowError:  # x < -709: x e^x / (1 + e^x) is x e^x to the last bit
+        return x * math.exp(x)
+
+
+def _elu(x: float) -> float:
+    return x if x > 0 else math.expm1(x)
+
+
+def _relu(x: float) -> float:
+    return max(x, 0.0)
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def _torch_function(path: str) -> Callable[[Any], Any]:
+    """The torch function at dotted `path` ("torch.nn.functional.logsigmoid"), looked up on the
+    first call, so that importing this module does not import torch."""
+    module, _, attr = path.rpartition(".")
+
+    @functools.cache
+    def resolve() -> Callable[[Any], Any]:
+        return getattr(importlib.import_module(module), attr)
+
+    def call(x: Any) -> Any:
+        return resolve()(x)
+
+    call.__name__ = call.__qualname__ = path
+    return call
+
+
+def _softplus_tensor(x):
+    """log(1 + exp(x)) without overflow, and without torch's linear cut-off above x = 20."""
+    import torch
+
+    return torch.clamp(x, min=0) + torch.log1p(torch.exp(-x.abs()))
+
+
+def _silu_tensor(x):
+    import torch
+
+    return x * torch.sigmoid(x)
+
+
+def _elu_tensor(x):
+    import torch
+
+    return torch.where(x > 0, x, torch.expm1(x))
+
+
+def _l2norm_tensor(x):
+    """A vector (a column [..., d, 1] or a row [..., 1, d]) over its Euclidean norm."""
+    import torch
+
+    return x / torch.sqrt((x * x).sum(dim=(-2, -1), keepdim=True) + L2NORM_EPS)
+
+
+def _diag_tensor(x):
+    """A vector (column or row) to the diagonal matrix [..., d, d]."""
+    import torch
+
+    return torch.diag_embed(x.flatten(-2))
+
+
+# ----------------------------------------------------------------------------- bounds
+
+
+def _increasing(f: Callable[[float], float]) -> Callable[[float, float], Interval]:
+    """The interval of a nondecreasing `f`: its values at the ends, or the whole line where an
+    end lies outside f's domain (f gives NaN there)."""
+
+    def monotone_bounds(lo: float, hi: float) -> Interval:
+        low, high = f(lo), f(hi)
+        return _WHOLE_LINE if math.isnan(low) or math.isnan(high) else (low, high)
+
+    return monotone_bounds
+
+
+#: The minimum of silu (about -0.278465, at x = -1.2785), rounded down.
+_SILU_MIN = -0.2785
+
+
+def _silu_bounds(lo: float, hi: float) -> Interval:
+    """silu(x) = x sigmoid(x) is at least x/2 for x >= 0, at least its minimum everywhere, at
+    most 0 for x <= 0; above 0 the upper end is left open."""
+    return (lo * 0.5 if lo >= 0 else _SILU_MIN), (_INF if hi > 0 else 0.0)
+
+
+def _l2norm_bounds(lo: float, hi: float) -> Interval:
+    """Each entry of x / |x| lies in [-1, 1] and keeps the sign of x's entry."""
+    return (0.0 if lo >= 0 else -1.0), (0.0 if hi <= 0 else 1.0)
+
+
+def _diag_bounds(lo: float, hi: float) -> Interval:
+    """The diagonal holds the vector's entries, every other entry is 0."""
+    return min(lo, 0.0), max(hi, 0.0)
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _monotone(
+    name: str, torch: str, evaluate: Callable[[float], float], tensor: Callable[[Any], Any]
+) -> Builtin:
+    """A one-argument elementwise built-in whose float version is nondecreasing."""
+    return Builtin(name, 1, True, torch, evaluate, tensor, _increasing(evaluate))
+
+
+_F = "torch.nn.functional."
+_TABLE = (
+    _monotone("exp", "torch.exp", _exp, _torch_function("torch.exp")),
+    _monotone("log", "torch.log", _log, _torch_function("torch.log")),
+    _monotone("sigmoid", "torch.sigmoid", _sigmoid, _torch_function("torch.sigmoid")),
+    _monotone("logsigmoid", "F.logsigmoid", _logsigmoid, _torch_function(_F + "logsigmoid")),
+    _monotone("softplus", "F.softplus", _softplus, _softplus_tensor),
+    Builtin("silu", 1, True, "F.silu", _silu, _silu_tensor, _silu_bounds),
+    _monotone("elu", "F.elu", _elu, _elu_tensor),
+    _monotone("relu", "torch.relu", _relu, _torch_function("torch.relu")),
+    _monotone("tanh", "torch.tanh", math.tanh, _torch_function("torch.tanh")),
+    _monotone("sqrt", "torch.sqrt", _sqrt, _torch_function("torch.sqrt")),
+    Builtin("l2norm", 1, False, "_l2norm", None, _l2norm_tensor, _l2norm_bounds),
+    Builtin("diag", 1, False, "torch.diag_embed", None, _diag_tensor, _diag_bounds),
+)
+
+#: Every built-in by name, in the order error messages list them.
+BUILTINS: dict[str, Builtin] = {b.name: b for b in _TABLE}

@@ -1,0 +1,134 @@
+"""The builtins table: its float, tensor and interval versions agree with each other, never raise
+at the extremes, and importing the table does not import torch."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mixc.backends.pytorch.pyexpr import constant
+from mixc.frontend.builtins import BUILTINS, bounds
+from mixc.frontend.ir import FUNCTIONS, Call, Neg, Number
+from mixc.oracle.interpret import FUNCTIONS as ORACLE_FUNCTIONS
+from tests.mixers import ROOT
+
+INF = math.inf
+ELEMENTWISE = [name for name, b in BUILTINS.items() if b.elementwise]
+#: Points that reach every branch: both infinities, overflow of exp either way, silu's minimum.
+POINTS = [-INF, -800.0, -705.0, -50.0, -2.0, -1.2785, -0.5, 0.0, 0.5, 2.0, 50.0, 705.0, 800.0, INF]
+#: Every interval between two points, but the single points at infinity.
+INTERVALS = [(lo, hi) for lo in POINTS for hi in POINTS if lo < hi or (lo == hi and abs(lo) < INF)]
+
+
+def test_the_views_list_every_builtin_in_order():
+    names = ["exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh"]
+    assert list(BUILTINS) == [*names, "sqrt", "l2norm", "diag"]
+    assert list(FUNCTIONS) == list(BUILTINS) and set(FUNCTIONS.values()) == {1}
+    assert list(ORACLE_FUNCTIONS) == list(BUILTINS)
+    assert [n for n, b in BUILTINS.items() if not b.elementwise] == ["l2norm", "diag"]
+
+
+def test_importing_the_frontend_does_not_import_torch():
+    code = (
+        "import sys, mixc.frontend.builtins, mixc.frontend.verify, mixc.algebra.expand; "
+        "print('torch' in sys.modules)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert run.stdout.strip() == "False", run.stderr
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_evaluate_never_raises_and_matches_the_tensor_version(name):
+    builtin = BUILTINS[name]
+    for x in (-INF, INF, math.nan):
+        builtin.evaluate(x)
+    xs = [*POINTS[1:-1], math.nan, -710.0, 710.0, 1e-300, -1e-300]
+    floats = torch.tensor([builtin.evaluate(x) for x in xs], dtype=torch.float64)
+    tensors = builtin.tensor(torch.tensor(xs, dtype=torch.float64))
+    torch.testing.assert_close(floats, tensors, rtol=1e-15, atol=1e-300, equal_nan=True)
+
+
+def _inside(lo: float, hi: float, n: int = 41) -> list[float]:
+    """Points of [lo, hi]: its ends and a grid over its finite part (infinities cut at 1000)."""
+    a, b = max(lo, -1000.0), min(hi, 1000.0)
+    grid = [a + (b - a) * i / (n - 1) for i in range(n)] if a <= b else []
+    return [lo, hi, *grid, *(x for x in POINTS if lo <= x <= hi)]
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_bounds_hold_every_value_of_an_elementwise_builtin(name):
+    evaluate = BUILTINS[name].evaluate
+    for lo, hi in INTERVALS:
+        low, high = bounds(name, lo, hi)
+        for x in _inside(lo, hi):
+            y = evaluate(x)
+            assert (math.isnan(y) and (low, high) == (-INF, INF)) or low <= y <= high, (lo, hi, x)
+
+
+@pytest.mark.parametrize("name", ["l2norm", "diag"])
+def test_bounds_hold_every_entry_of_l2norm_and_diag(name):
+    g = torch.Generator().manual_seed(0)
+    for lo, hi in INTERVALS:
+        a, b = max(lo, -1000.0), min(hi, 1000.0)
+        x = a + (b - a) * torch.rand(200, 4, 1, generator=g, dtype=torch.float64)
+        low, high = bounds(name, lo, hi)
+        y = BUILTINS[name].tensor(x)
+        assert low <= y.min().item() and y.max().item() <= high, (lo, hi)
+
+
+@pytest.mark.parametrize(
+    ("name", "lo", "hi", "want"),
+    [
+        ("exp", -INF, INF, (0.0, INF)),
+        ("exp", 800.0, 900.0, (INF, INF)),
+        ("sigmoid", -INF, INF, (0.0, 1.0)),
+        ("tanh", -INF, INF, (-1.0, 1.0)),
+        ("softplus", -INF, INF, (0.0, INF)),
+        ("logsigmoid", -INF, INF, (-INF, 0.0)),
+        ("elu", -INF, INF, (-1.0, INF)),
+        ("relu", -INF, -1.0, (0.0, 0.0)),
+        ("log", 0.0, INF, (-INF, INF)),
+        ("log", -1.0, 1.0, (-INF, INF)),
+        ("sqrt", 0.0, 4.0, (0.0, 2.0)),
+        ("sqrt", -1.0, 4.0, (-INF, INF)),
+        ("silu", 2.0, 3.0, (1.0, INF)),
+        ("l2norm", 0.5, 2.0, (0.0, 1.0)),
+        ("diag", 1.0, 2.0, (0.0, 2.0)),
+        ("exp", math.nan, 1.0, (-INF, INF)),
+    ],
+)
+def test_bounds_at_the_edges(name, lo, hi, want):
+    assert bounds(name, lo, hi) == want
+
+
+def test_bounds_of_a_non_builtin_is_a_key_error():
+    with pytest.raises(KeyError):
+        bounds("phi", 0.0, 1.0)
+
+
+def _call(func: str, x: float) -> Call:
+    number = Number(repr(abs(x)))
+    return Call(func, (Neg(number) if x < 0 else number,))
+
+
+@pytest.mark.parametrize(
+    ("func", "x", "want"),
+    [
+        ("sigmoid", 0.0, 0.5),
+        ("sigmoid", -800.0, 0.0),  # math.exp(800) overflows; the table's sigmoid does not
+        ("softplus", 800.0, 800.0),
+        ("logsigmoid", -800.0, -800.0),
+        ("exp", 1000.0, None),  # not finite: left to the generated code
+        ("log", 0.0, None),
+        ("sqrt", -1.0, None),
+        ("l2norm", 2.0, None),  # not a function of a number
+    ],
+)
+def test_constant_folding(func, x, want):
+    assert constant(_call(func, x)) == want
