@@ -10,8 +10,8 @@ import tempfile
 import types
 from pathlib import Path
 
-from mixc import backends
 from mixc.analysis.plan import Plan, analyze
+from mixc.backends import get as get_backend
 from mixc.errors import MixcError, NotYetImplemented, SpecError
 from mixc.frontend.spec import Source, Spec, load_spec, read_source
 
@@ -24,7 +24,7 @@ def plan(spec, backend: str = "pytorch") -> Plan:
     and `mixc compile` all start here, so they accept and refuse the same specs."""
     loaded = spec if isinstance(spec, Spec) else load_spec(spec)
     result = analyze(loaded)
-    reason = backends.get(backend).supports(result)
+    reason = get_backend(backend).supports(result)
     if reason is not None:
         outputs = loaded.mixer.outputs
         where = outputs[-1].span if outputs else None
@@ -36,7 +36,7 @@ def compile_source(spec, backend: str = "pytorch") -> str:
     """Spec (path, text, or Source) -> generated module source."""
     result = plan(spec, backend)
     try:
-        return backends.get(backend).emit(result)
+        return get_backend(backend).emit(result)
     except SpecError as exc:
         raise exc.located(result.spec.source) from None
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.builtins import bounds as builtin_bounds
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
 
 __all__ = ["bounds", "constant", "nonpositive", "with_defaults"]
@@ -24,25 +26,8 @@ def bounds(e: Expr) -> tuple[float, float]:
     if isinstance(e, Neg):
         lo, hi = bounds(e.operand)
         return -hi, -lo
-    if isinstance(e, Call) and len(e.args) == 1:
-        lo, hi = bounds(e.args[0])
-        monotone = {
-            "exp": lambda x: math.exp(min(x, 700)),
-            "sigmoid": lambda x: 1 / (1 + math.exp(-max(min(x, 700), -700))),
-            "softplus": lambda x: math.log1p(math.exp(min(x, 700))) if x < 700 else x,
-            "relu": lambda x: max(x, 0.0),
-            "tanh": math.tanh,
-        }
-        if e.func in monotone:
-            f = monotone[e.func]
-            low = f(lo) if lo > -inf else (-1.0 if e.func == "tanh" else 0.0)
-            high = f(hi) if hi < inf else (1.0 if e.func in ("sigmoid", "tanh") else inf)
-            return low, high
-        if e.func == "logsigmoid":
-            return -inf, 0.0
-        if e.func == "sqrt":
-            return 0.0, inf
-        return -inf, inf
+    if isinstance(e, Call) and len(e.args) == 1 and e.func in BUILTINS:
+        return builtin_bounds(e.func, *bounds(e.args[0]))
     if isinstance(e, Binary):
         (a, b), (c, d) = bounds(e.left), bounds(e.right)
         if e.op == "+":

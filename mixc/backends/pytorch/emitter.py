@@ -10,15 +10,16 @@ imports only torch.
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
-import inspect
 import re
 import textwrap
+from pathlib import Path
 
 from mixc.algebra.expand import inline
 from mixc.analysis.plan import GroupPlan, Plan
 from mixc.backends.pytorch import kernels as _torch_kernels
-from mixc.backends.pytorch import runtime as _torch_runtime
 from mixc.backends.pytorch.lines import Lines
 from mixc.backends.pytorch.pyexpr import PyExpr, constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
@@ -26,6 +27,7 @@ from mixc.frontend.verify import SCALAR
 from mixc.version import __version__
 
 NAME = "pytorch"
+_RUNTIME = Path(__file__).with_name("runtime.py")
 
 
 def _chunk_kernel(group: GroupPlan) -> str:
@@ -51,8 +53,18 @@ def supports(plan: Plan) -> str | None:
 # ----------------------------------------------------------------------------- emission
 
 
-def _source_of(module, names) -> str:
-    return "\n\n\n".join(inspect.getsource(getattr(module, n)).rstrip() for n in names)
+@functools.cache
+def _runtime_source() -> str:
+    """The runtime helpers (every top-level `_name` function of runtime.py) as written, in
+    source order. Read as text, not imported: compiling a spec needs no torch."""
+    text = _RUNTIME.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    helpers = [
+        node
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_")
+    ]
+    return "\n\n\n".join("\n".join(lines[n.lineno - 1 : n.end_lineno]) for n in helpers)
 
 
 def emit(facts: Plan) -> str:
@@ -207,16 +219,10 @@ class _Module:
 
     def emit_library(self, out: Lines) -> None:
         """The runtime helpers and the kernels this module calls, copied from their source."""
-        runtime = [
-            n
-            for n, _ in inspect.getmembers(_torch_runtime, inspect.isfunction)
-            if n.startswith("_")
-        ]
-        runtime.sort(key=lambda n: inspect.getsourcelines(getattr(_torch_runtime, n))[1])
         out("# ---- runtime helpers (the same in every mixc module) " + "-" * 38, 0)
         out("", 0)
         out("", 0)
-        out.lines.append(_source_of(_torch_runtime, runtime))  # as written, not re-wrapped
+        out.lines.append(_runtime_source())  # as written, not re-wrapped
         if self.groups:
             out("", 0)
             out("", 0)

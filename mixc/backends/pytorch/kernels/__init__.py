@@ -9,14 +9,15 @@ plugs in by writing its file: every module here but common is a class file.
 """
 
 import ast
-import importlib
-import inspect
-import pkgutil
 from collections.abc import Iterable
-from types import ModuleType
+from pathlib import Path
+
+_HERE = Path(__file__).parent
 
 #: The class files: every module of this package but common, in name order.
-CLASS_FILES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "common"))
+CLASS_FILES = tuple(
+    sorted(p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", "common"))
+)
 
 
 def _free_names(node: ast.FunctionDef | ast.ClassDef) -> frozenset[str]:
@@ -34,30 +35,33 @@ def _free_names(node: ast.FunctionDef | ast.ClassDef) -> frozenset[str]:
     return frozenset(loaded - bound)
 
 
-def _definitions(modules: Iterable[ModuleType]) -> dict[str, tuple[ModuleType, frozenset[str]]]:
-    """Every top-level function and class of the modules by name, with its module and the names
-    it uses, in the order of the modules and, inside each, of its source (a dict keeps it)."""
-    found: dict[str, tuple[ModuleType, frozenset[str]]] = {}
-    for module in modules:
-        for node in ast.parse(inspect.getsource(module)).body:
+def _definitions(files: Iterable[str]) -> dict[str, tuple[str, str, frozenset[str]]]:
+    """Every top-level function and class of the files by name, with its file, its source text
+    (decorators included) and the names it uses, in the order of the files and, inside each, of
+    its source (a dict keeps it). The files are read as text: nothing is imported, so compiling
+    a spec needs no torch."""
+    found: dict[str, tuple[str, str, frozenset[str]]] = {}
+    for file in files:
+        text = (_HERE / f"{file}.py").read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.parse(text).body:
             if not isinstance(node, ast.FunctionDef | ast.ClassDef):
                 continue
             if node.name in found:
                 # a generated module would keep only the later of the two copies
-                other = found[node.name][0].__name__
-                raise RuntimeError(f"{node.name} is defined in {other} and {module.__name__}")
-            found[node.name] = (module, _free_names(node))
+                raise RuntimeError(f"{node.name} is defined in {found[node.name][0]} and {file}")
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            source = "\n".join(lines[first - 1 : node.end_lineno])
+            found[node.name] = (file, source, _free_names(node))
     return found
 
 
-_COMMON = importlib.import_module(f"{__name__}.common")
-_CLASS_MODULES = tuple(importlib.import_module(f"{__name__}.{name}") for name in CLASS_FILES)
-_DEFINITIONS = _definitions((_COMMON, *_CLASS_MODULES))
+_DEFINITIONS = _definitions(("common", *CLASS_FILES))
 
-KERNELS: dict[str, ModuleType] = {
-    name: module
-    for name, (module, _) in _DEFINITIONS.items()
-    if module in _CLASS_MODULES and not name.startswith("_")
+KERNELS: dict[str, str] = {
+    name: file
+    for name, (file, _, _) in _DEFINITIONS.items()
+    if file != "common" and not name.startswith("_")
 }
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 
@@ -76,7 +80,7 @@ def _closure(names: Iterable[str]) -> set[str]:
         name = wanted.pop()
         if name not in needed:
             needed.add(name)
-            wanted.extend(n for n in _DEFINITIONS[name][1] if n in _DEFINITIONS)
+            wanted.extend(n for n in _DEFINITIONS[name][2] if n in _DEFINITIONS)
     return needed
 
 
@@ -91,7 +95,5 @@ def kernel_source(names: Iterable[str]) -> str:
     """
     needed = _closure(names)
     return "\n\n\n".join(
-        inspect.getsource(getattr(module, name)).rstrip()
-        for name, (module, _) in _DEFINITIONS.items()
-        if name in needed
+        source.rstrip() for name, (_, source, _) in _DEFINITIONS.items() if name in needed
     )
