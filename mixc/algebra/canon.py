@@ -14,7 +14,7 @@ from fractions import Fraction
 from mixc.algebra.expand import Expander, NotAffine, Term, product
 from mixc.errors import SpecError
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
-from mixc.frontend.verify import SCALAR
+from mixc.frontend.shapes import SCALAR
 
 __all__ = ["Canon", "number", "signed"]
 

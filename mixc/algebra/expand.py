@@ -27,7 +27,7 @@ from mixc.frontend.ir import (
     Transpose,
     walk,
 )
-from mixc.frontend.verify import IDENTITY, SCALAR, Shape, Typer
+from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
 
 #: Built-ins that act on each entry alone: a transpose passes through them.
 ELEMENTWISE = frozenset(name for name, builtin in BUILTINS.items() if builtin.elementwise)

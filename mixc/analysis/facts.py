@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from mixc.algebra.expand import Term
 from mixc.errors import Span, SpecError
 from mixc.frontend.ir import Binary, Expr
-from mixc.frontend.verify import Shape
+from mixc.frontend.shapes import Shape
 
 if TYPE_CHECKING:
     from mixc.transitions.base import TransitionClass

@@ -1,14 +1,14 @@
-"""The dependency graph of a spec and the order in which its equations are computed."""
+"""The dependency graph of a spec (what `mixc graph` draws and what shows which state an output
+reads); the order of evaluation comes from the verifier (`equation_order`)."""
 
 from __future__ import annotations
 
 import networkx as nx
 
 from mixc.algebra.expand import inline
-from mixc.errors import SpecAnalysisError
 from mixc.frontend.ir import Expr, Mixer, Name, Timed, walk
 
-__all__ = ["dependency_graph", "evaluation_order", "inline_lets_only"]
+__all__ = ["dependency_graph", "inline_lets_only"]
 
 
 def dependency_graph(mixer: Mixer) -> nx.DiGraph:
@@ -44,22 +44,3 @@ def inline_lets_only(mixer: Mixer, e: Expr) -> Expr:
         return e
     stripped = Mixer(mixer.name, lets=mixer.lets, states=mixer.states)
     return inline(stripped, e)
-
-
-def evaluation_order(mixer: Mixer, g: nx.DiGraph) -> tuple[str, ...]:
-    lag0 = nx.DiGraph()
-    lag0.add_nodes_from(g.nodes)
-    lag0.add_edges_from((a, b) for a, b, d in g.edges(data=True) if d["lag"] == 0)
-    try:
-        return tuple(nx.lexicographical_topological_sort(lag0))
-    except nx.NetworkXUnfeasible:
-        cycle = nx.find_cycle(lag0)
-        eq = mixer.update(cycle[0][1])
-        raise SpecAnalysisError(
-            "not causal: " + " -> ".join(f"{a}_t" for a, _ in cycle) + f" -> {cycle[0][0]}_t",
-            eq.span if eq else None,
-            hint="a value at time t may depend on earlier times only through a state at t-1",
-        ) from None
-
-
-# ----------------------------------------------------------------------------- log-gates

@@ -7,7 +7,7 @@ from mixc.algebra.expand import Expander, NotAffine, Term, inline, product
 from mixc.analysis.facts import OutputFacts, Readout
 from mixc.errors import NotYetImplemented
 from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Timed, Transpose, walk
-from mixc.frontend.verify import Shape
+from mixc.frontend.shapes import Shape
 
 __all__ = ["analyze_output", "readout_name"]
 

@@ -17,13 +17,14 @@ import networkx as nx
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander
 from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, Transition
-from mixc.analysis.graph import dependency_graph, evaluation_order
+from mixc.analysis.graph import dependency_graph
 from mixc.analysis.outputs import analyze_output, readout_name
 from mixc.analysis.states import analyze_state
 from mixc.errors import SpecError
 from mixc.frontend.ir import Expr, Mixer
+from mixc.frontend.shapes import SCALAR, Symbol, Typer, typer_for
 from mixc.frontend.spec import Spec
-from mixc.frontend.verify import SCALAR, Symbol, Typer, typer_for
+from mixc.frontend.verify import equation_order
 from mixc.transitions.base import KernelArg, TransitionClass
 
 __all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "analyze"]
@@ -131,7 +132,7 @@ def analyze(spec: Spec) -> Plan:
 def _analyze(spec: Spec) -> Plan:
     mixer = spec.mixer
     graph = dependency_graph(mixer)
-    order = evaluation_order(mixer, graph)
+    order = tuple(eq.target for eq in equation_order(mixer))
     typer = typer_for(mixer, spec.shapes)
     ex = Expander(mixer, typer, {s.name for s in mixer.states})
     canon = Canon(ex)

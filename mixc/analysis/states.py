@@ -10,7 +10,7 @@ from mixc.algebra.intervals import constant
 from mixc.analysis.facts import LogGate, StateFacts, Transition, WriteTerm
 from mixc.errors import Span
 from mixc.frontend.ir import Expr, Mixer, Timed, Transpose, walk
-from mixc.frontend.verify import Shape, show
+from mixc.frontend.shapes import Shape, show
 from mixc.transitions import DENSE, NOT_AFFINE, classify
 from mixc.transitions.base import RuleContext
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from mixc.errors import MixcError, Source, SpecError
 from mixc.frontend.ir import Mixer
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
-from mixc.frontend.verify import Shape, verify
+from mixc.frontend.shapes import Shape
+from mixc.frontend.verify import verify
 
 
 @dataclass(frozen=True)

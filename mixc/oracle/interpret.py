@@ -45,8 +45,9 @@ from mixc.frontend.ir import (
     Transpose,
     walk,
 )
+from mixc.frontend.shapes import declared
 from mixc.frontend.spec import Spec, load_spec
-from mixc.frontend.verify import declared
+from mixc.frontend.verify import equation_order
 
 __all__ = ["interpret"]
 
@@ -164,22 +165,6 @@ def _lag0_reads(mixer: Mixer, e: Expr) -> set[str]:
                 seen.add(node.func)
                 todo.append(lets[node.func].body)
     return reads
-
-
-def _step_order(mixer: Mixer) -> list:
-    """Equations in an order where each reads only what is already computed at t (fixed point)."""
-    targets = {eq.target for eq in mixer.equations}
-    needs = {eq.target: _lag0_reads(mixer, eq.value) & targets for eq in mixer.equations}
-    order, ready, pending = [], set(), list(mixer.equations)
-    while pending:
-        now = [eq for eq in pending if needs[eq.target] <= ready]
-        if not now:
-            stuck = ", ".join(f"{eq.target}_t" for eq in pending)
-            raise MixcError(f"{stuck} depend on each other at the same time step")
-        order += now
-        ready |= {eq.target for eq in now}
-        pending = [eq for eq in pending if eq not in now]
-    return order
 
 
 class _Sizes:
@@ -438,7 +423,7 @@ def _run(
 ) -> None:
     """Every time step: the equations in dependency order, then outputs stored and states
     advanced (evaluator.prev ends holding the final states)."""
-    order = _step_order(evaluator.mixer)
+    order = equation_order(evaluator.mixer)
     shapes = {n: x.shape[-2:] for n, x in (*evaluator.prev.items(), *outputs.items())}
     for t in range(T):
         evaluator.now = {name: x[:, t] for name, x in xs.items()}

@@ -19,7 +19,7 @@ from mixc.analysis.facts import LogGate, StateFacts, Transition
 from mixc.analysis.gates import log_gate
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr
-from mixc.frontend.verify import Shape
+from mixc.frontend.shapes import Shape
 
 if TYPE_CHECKING:
     from mixc.analysis.cost import ClassCost, Formula, GroupDims

@@ -14,7 +14,7 @@ from mixc.algebra.intervals import bounds, with_defaults
 from mixc.analysis.cost import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.analysis.facts import Transition
 from mixc.frontend.ir import Call, Expr
-from mixc.frontend.verify import SCALAR
+from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import KernelArg, TransitionClass, scalar_gates
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from mixc.analysis.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.analysis.facts import LogGate, Transition
 from mixc.frontend.ir import Call, Expr
-from mixc.frontend.verify import SCALAR
+from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
     KernelArg,
     RuleContext,

@@ -23,7 +23,7 @@ from mixc.backends.pytorch import kernels as _torch_kernels
 from mixc.backends.pytorch.lines import Lines
 from mixc.backends.pytorch.pyexpr import PyExpr, constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
-from mixc.frontend.verify import SCALAR
+from mixc.frontend.shapes import SCALAR
 from mixc.version import __version__
 
 NAME = "pytorch"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from mixc.algebra.expand import Term
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
-from mixc.frontend.verify import IDENTITY, SCALAR, Shape, Typer
+from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
 
 # Python operator precedence, for minimal parentheses
 _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5

@@ -1,0 +1,267 @@
+"""Shapes of spec expressions: the Typer and the rules of each operator.
+
+Shapes are two-dimensional: a scalar is (1, 1), a vector x[K] is the column (K, 1), x^T the row
+(1, K), a matrix H[V, K] is (V, K). `I` has the shape its context needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mixc.errors import SpecShapeError
+from mixc.frontend.ir import (
+    FUNCTIONS,
+    Binary,
+    Call,
+    Expr,
+    Identity,
+    Mixer,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+)
+
+__all__ = [
+    "IDENTITY",
+    "SCALAR",
+    "Shape",
+    "Symbol",
+    "Typer",
+    "declared",
+    "show",
+    "symbols_of",
+    "typer_for",
+]
+
+Shape = tuple[str, str]
+SCALAR: Shape = ("1", "1")
+IDENTITY: Shape = ("I", "I")  # square, size from context
+
+
+def show(shape: Shape) -> str:
+    """A shape as a person writes it: scalar, [K], [K]^T, [V, K]."""
+    if shape == SCALAR:
+        return "scalar"
+    if shape == IDENTITY:
+        return "I"
+    if shape[1] == "1":
+        return f"[{shape[0]}]"
+    if shape[0] == "1":
+        return f"[{shape[1]}]^T"
+    return f"[{shape[0]}, {shape[1]}]"
+
+
+def declared(dims: tuple[str, ...]) -> Shape:
+    if len(dims) == 0:
+        return SCALAR
+    if len(dims) == 1:
+        return (dims[0], "1")
+    return (dims[0], dims[1])
+
+
+@dataclass(frozen=True)
+class Symbol:
+    kind: str  # "input" | "param" | "state" | "value" | "arg" | "let"
+    shape: Shape
+
+
+class Typer:
+    """Shapes of expressions in one mixer. `shape_of` raises located errors on mismatches."""
+
+    def __init__(self, mixer: Mixer, symbols: dict[str, Symbol]) -> None:
+        self.mixer = mixer
+        self.symbols = symbols
+        self.lets = {fn.name: fn for fn in mixer.lets}
+
+    def shape_of(self, e: Expr, env: dict[str, Shape] | None = None) -> Shape:
+        env = env or {}
+        if isinstance(e, Number):
+            return SCALAR
+        if isinstance(e, Identity):
+            return IDENTITY
+        if isinstance(e, Name):
+            if e.name in env:
+                return env[e.name]
+            if e.name == "h":
+                return SCALAR
+            return self.symbols[e.name].shape
+        if isinstance(e, Timed):
+            return self.symbols[e.name].shape
+        if isinstance(e, Neg):
+            return self.shape_of(e.operand, env)
+        if isinstance(e, Transpose):
+            a = self.shape_of(e.operand, env)
+            return (a[1], a[0])
+        if isinstance(e, Call):
+            return self._call(e, env)
+        assert isinstance(e, Binary)
+        a, b = self.shape_of(e.left, env), self.shape_of(e.right, env)
+        return _BINARY_RULES[e.op](e, a, b)
+
+    def _call(self, e: Call, env) -> Shape:
+        args = [self.shape_of(a, env) for a in e.args]
+        if e.func in self.lets:
+            fn = self.lets[e.func]
+            if len(args) != len(fn.args):
+                raise SpecShapeError(
+                    f"{fn.name} takes {_count(len(fn.args), 'argument')}, got {len(args)}",
+                    e.span,
+                    expected=f"{fn.name}({', '.join(fn.args)})",
+                )
+            return self.shape_of(fn.body, dict(zip(fn.args, args, strict=True)))
+        arity = FUNCTIONS[e.func]
+        if len(args) != arity:
+            raise SpecShapeError(
+                f"{e.func} takes {arity} argument, got {len(args)}",
+                e.span,
+                expected=f"{e.func}(x)",
+            )
+        (a,) = args
+        if e.func == "diag":
+            if "1" not in a or a in (SCALAR, IDENTITY):
+                raise SpecShapeError(
+                    f"diag needs a vector, got {show(a)}", e.span, expected="diag(g_t) with g[K]"
+                )
+            n = a[0] if a[1] == "1" else a[1]
+            return (n, n)
+        if e.func == "l2norm" and ("1" not in a or a == SCALAR):
+            raise SpecShapeError(f"l2norm needs a vector, got {show(a)}", e.span)
+        if a == IDENTITY:
+            raise SpecShapeError(f"{e.func}(I) is not defined", e.span, hint="write I on its own")
+        return a
+
+
+def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:
+    if a == IDENTITY and b == IDENTITY:
+        return IDENTITY
+    if a == IDENTITY or b == IDENTITY:
+        other = b if a == IDENTITY else a
+        if other[0] == other[1] and other != SCALAR:
+            return other
+        raise SpecShapeError(
+            f"cannot {what} I and {show(other)}: I is square, so its size cannot match",
+            e.span,
+        )
+    if a == b or b == SCALAR:
+        return a
+    if a == SCALAR:
+        return b
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x != y and "1" not in (x, y):
+            raise SpecShapeError(
+                f"cannot {what} {e.left} {show(a)} and {e.right} {show(b)}",
+                e.span,
+                expected="operands of the same shape, or one that broadcasts "
+                "(a scalar, row or column)",
+                hint=_transpose_hint(e, a, b),
+            )
+        out.append(y if x == "1" else x)
+    return (out[0], out[1])
+
+
+def _transpose_hint(e: Binary, a: Shape, b: Shape) -> str | None:
+    if a == (b[1], b[0]):
+        fixed = Binary(e.op, e.left, Transpose(e.right))
+        return f"{e.right} is {show(b)}, the transpose of {show(a)}; did you mean {fixed}?"
+    return None
+
+
+def _count(n: int | str, word: str) -> str:
+    return f"{n} {word}" + ("" if str(n) == "1" else "s")
+
+
+def _add(e, a, b):
+    return _same_or_broadcast(e, a, b, "add" if e.op == "+" else "subtract")
+
+
+def _hadamard(e, a, b):
+    return _same_or_broadcast(e, a, b, "multiply elementwise")
+
+
+def _div(e, a, b):
+    if b == IDENTITY:
+        raise SpecShapeError("cannot divide by I", e.span)
+    return _same_or_broadcast(e, a, b, "divide")
+
+
+def _pow(e, a, b):
+    if b != SCALAR:
+        raise SpecShapeError(f"the exponent must be a scalar, got {show(b)}", e.right.span)
+    return a
+
+
+def _matmul(e, a, b):
+    if a == SCALAR:
+        return b
+    if b == SCALAR:
+        return a
+    if a == IDENTITY:
+        return b if b == IDENTITY else (b[0], b[1])
+    if b == IDENTITY:
+        return a
+    if a[1] != b[0]:
+        hint = _transpose_hint(e, a, b)
+        if a[1] == "1" and b[1] == "1":
+            fixed = Binary("@", e.left, Transpose(e.right))
+            hint = f"{e.left} and {e.right} are both vectors; did you mean {fixed}?"
+        elif a[0] == "1" and b[0] == "1":
+            fixed = Binary("@", Transpose(e.left), e.right)
+            hint = f"did you mean {fixed}? or use . for a dot product"
+        raise SpecShapeError(
+            f"cannot multiply {e.left} {show(a)} by {e.right} {show(b)}",
+            e.span,
+            expected=f"a matrix product whose inner sizes agree ({e.left} has "
+            f"{_count(a[1], 'column')}, {e.right} has {_count(b[0], 'row')})",
+            hint=hint,
+        )
+    out = (a[0], b[1])
+    return out
+
+
+def _dot(e, a, b):
+    def vec(s):
+        return s != SCALAR and s != IDENTITY and "1" in s
+
+    if not (vec(a) and vec(b)):
+        raise SpecShapeError(
+            f"a dot product needs two vectors, got {show(a)} . {show(b)}",
+            e.span,
+            hint=f"for a matrix product, write them side by side: {Binary('@', e.left, e.right)}",
+        )
+    n, m = (a[0] if a[1] == "1" else a[1]), (b[0] if b[1] == "1" else b[1])
+    if n != m:
+        raise SpecShapeError(f"dot product of vectors of sizes {n} and {m}", e.span)
+    return SCALAR
+
+
+_BINARY_RULES = {
+    "+": _add,
+    "-": _add,
+    "*": _hadamard,
+    "/": _div,
+    "@": _matmul,
+    ".": _dot,
+    "^": _pow,
+}
+
+
+def symbols_of(mixer: Mixer) -> dict[str, Symbol]:
+    """Declared names (inputs, params, states, lets) and equation targets, with their kinds."""
+    symbols: dict[str, Symbol] = {}
+    for kind, decls in (("input", mixer.inputs), ("param", mixer.params), ("state", mixer.states)):
+        for d in decls:
+            symbols[d.name] = Symbol(kind, declared(d.shape))
+    for fn in mixer.lets:
+        symbols[fn.name] = Symbol("let", SCALAR)
+    return symbols
+
+
+def typer_for(mixer: Mixer, shapes: dict[str, Shape]) -> Typer:
+    """A Typer that knows every declared name and every equation's target (after `verify`)."""
+    symbols = symbols_of(mixer)
+    for target, shape in shapes.items():
+        symbols.setdefault(target, Symbol("value", shape))
+    return Typer(mixer, symbols)
