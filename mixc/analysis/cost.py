@@ -77,20 +77,6 @@ class Formula:
         ((mono, c),) = other.terms
         return self * Formula(((tuple((s, -e) for s, e in mono), 1 / c),))
 
-    def substitute(self, name: str, by: Formula) -> Formula:
-        out = Formula()
-        for mono, c in self.terms:
-            term = Formula.const(c)
-            for s, e in mono:
-                base = by if s == name else Formula.size(s)
-                if e < 0:
-                    ((bm, bc),) = base.terms
-                    base = Formula(((tuple((x, -y) for x, y in bm), 1 / bc),))
-                for _ in range(abs(e)):
-                    term = term * base
-            out = out + term
-        return out
-
     @property
     def symbols(self) -> frozenset[str]:
         return frozenset(s for mono, _ in self.terms for s, _ in mono)
