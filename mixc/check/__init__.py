@@ -15,10 +15,13 @@ from mixc.check.sampling import (
     Example,
     InputRanges,
     Range,
+    decays_near_one,
     draws,
     examples,
     input_ranges,
     make_case,
+    sample_inputs,
+    sample_states,
 )
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "Result",
     "check",
     "compare",
+    "decays_near_one",
     "draws",
     "examples",
     "fuzz",
@@ -41,4 +45,6 @@ __all__ = [
     "reference",
     "reproducer",
     "run_command",
+    "sample_inputs",
+    "sample_states",
 ]

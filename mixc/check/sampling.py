@@ -30,6 +30,9 @@ shares B and C), parameter defaults overridden by explicit tensors (to get their
 torch seed, and a stress mode for every input whose range matters. `draws` turns an example into
 torch expressions (what a reproducer prints) and `make_case` into tensors.
 
+Benchmarks, tests and examples draw from the same ranges at any size with `sample_inputs` and
+`sample_states`; `decays_near_one` picks the stress modes that keep every decay near 1, as in a
+trained model run over a long sequence.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -57,11 +60,14 @@ __all__ = [
     "Example",
     "InputRanges",
     "Range",
+    "decays_near_one",
     "draws",
     "examples",
     "input_ranges",
     "interval",
     "make_case",
+    "sample_inputs",
+    "sample_states",
 ]
 
 CHUNK_SIZES = (4, 16, 1, 2, 8, 32, 64)  # the first is what a shrunk example uses
@@ -106,6 +112,19 @@ SAMPLERS: dict[str, dict[str, str]] = {
     },
     "state": {"normal": f"0.5 * {_RANDN}"},
     "positive state": {"normal": f"0.5 * {_RANDN}.abs()"},
+}
+
+#: Where the bounded stress modes of SAMPLERS draw (a normal draw within 4 standard deviations);
+#: any other mode may draw anywhere in its domain. `decays_near_one` chooses modes by these.
+_SUPPORT = {
+    (_REAL, "high"): (1.0, 9.0),
+    (_REAL, "low"): (-9.0, -1.0),
+    (_POS, "tiny"): (0.0, 1e-3),
+    (_POS, "large"): (5.0, 20.0),
+    (_NEG, "tiny"): (-1e-3, 0.0),
+    (_NEG, "large"): (-20.0, -5.0),
+    (_UNIT, "near 0"): (0.0, 1e-3),
+    (_UNIT, "near 1"): (1 - 1e-3, 1.0),
 }
 
 
@@ -531,6 +550,39 @@ def input_ranges(spec: Spec | str | os.PathLike, facts: Facts | None = None) -> 
     return InputRanges(spec, facts, tuple(ranges), tuple(notes), _wide_sizes(facts))
 
 
+def decays_near_one(r: InputRanges) -> dict[str, str]:
+    """The stress mode of every input and parameter of a decay that keeps the decay nearest 1
+    (each log-gate nearest 0, each elementwise gate nearest 1), as in a trained model over a
+    long sequence: decay factors multiplied over a chunk stay normal floats (subnormals would
+    time a CPU's slow path, not the algorithm). Other arguments keep their plain mode."""
+    names = _Names.of(r.mixer)
+    drawn = {x.name: x for x in r.ranges if x.domain in _DOMAINS}
+    modes: dict[str, str] = {}
+    for s in r.facts.states:
+        for c in (*decay_conditions(s.name, s.transition), *gate_conditions(s.name, s.transition)):
+            variables = [n for n in _free(c.expr, names.inputs, names.params) if n in drawn]
+            modes.update(_modes_near_one(c, [drawn[n] for n in variables], names.defaults))
+    return modes
+
+
+def _modes_near_one(
+    c: Condition, variables: list[Range], defaults: dict[str, Expr]
+) -> dict[str, str]:
+    """The modes of `variables` whose supports give `c.expr` the highest lower bound (plain
+    modes on a tie)."""
+
+    def score(combo: tuple[str, ...]) -> tuple[float, int]:
+        env = {
+            x.name: _SUPPORT.get((x.domain, m), _DOMAINS[x.domain])
+            for x, m in zip(variables, combo, strict=True)
+        }
+        plain = sum(m == x.modes[0] for x, m in zip(variables, combo, strict=True))
+        return interval(c.expr, env, defaults)[0], plain
+
+    best = max(itertools.product(*(x.modes for x in variables)), key=score)
+    return {x.name: m for x, m in zip(variables, best, strict=True)}
+
+
 # ----------------------------------------------------------------------------- examples
 
 
@@ -754,3 +806,79 @@ def make_case(r: InputRanges, ex: Example) -> Case:
         else:
             case.cot_states[d.name] = x
     return case
+
+
+# ----------------------------------------------------------------------------- any size
+
+
+def _sample(
+    r: InputRanges,
+    kinds: tuple[str, ...],
+    sizes: Mapping[str, int],
+    T: int,
+    batch: int,
+    heads: int,
+    seed: int,
+    modes: Mapping[str, str],
+    input_heads: Mapping[str, int],
+) -> list[Tensor]:
+    """The float64 draws of the given kinds, in order, for an example of these sizes."""
+    ex = Example(
+        batch,
+        heads,
+        T,
+        tuple((s, sizes[s]) for s in r.symbols),
+        (),
+        "state" in kinds,
+        tuple(input_heads.items()),
+        tuple(modes.items()),
+        False,
+        seed,
+    )
+    ns = _namespace(ex)
+    # our own sampler templates (SAMPLERS), evaluated as make_case does
+    return [eval(d.code, ns) for d in draws(r, ex) if d.kind in kinds]
+
+
+def sample_inputs(
+    spec: Spec | str | os.PathLike,
+    sizes: Mapping[str, int],
+    T: int,
+    *,
+    batch: int = 1,
+    heads: int = 1,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    modes: Mapping[str, str] | None = None,
+    input_heads: Mapping[str, int] | None = None,
+    facts: Facts | None = None,
+) -> list[Tensor]:
+    """Random arguments for the compiled module of `spec`, in its argument order and layout:
+    every input [batch, T, heads, *shape] (or `input_heads[name]` heads, shared across groups),
+    then every parameter without a default [heads, *shape]. Drawn from the fuzzer's input ranges
+    (each range's plain mode, or `modes[name]`, e.g. `decays_near_one`) with a generator seeded
+    by `seed`, at the sizes of `sizes` (every size symbol), in `dtype` on `device`."""
+    r = input_ranges(spec, facts)
+    tensors = _sample(
+        r, ("input", "param"), sizes, T, batch, heads, seed, modes or {}, input_heads or {}
+    )
+    return [x.to(dtype=dtype, device=device) for x in tensors]
+
+
+def sample_states(
+    spec: Spec | str | os.PathLike,
+    sizes: Mapping[str, int],
+    *,
+    batch: int = 1,
+    heads: int = 1,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    facts: Facts | None = None,
+) -> list[Tensor]:
+    """Random initial states [batch, heads, *shape] for the compiled module of `spec`, in its
+    state order, drawn as the fuzzer draws them (a denominator's state positive)."""
+    r = input_ranges(spec, facts)
+    tensors = _sample(r, ("state",), sizes, 1, batch, heads, seed, {}, {})
+    return [x.to(dtype=dtype, device=device) for x in tensors]
