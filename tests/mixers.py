@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from mixc import load_spec
 from mixc.check.sampling import sample_inputs, sample_states
 
 SIZES = {"K": 8, "V": 6, "P": 6, "N": 8}
@@ -118,10 +117,6 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     a, ref = a.double(), ref.double()
     floor = 1e-3 * max(ref.numel(), 1) ** 0.5
     return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
-
-
-def load_variant(name):
-    return load_spec(VARIANTS[name])
 
 
 ROOT = Path(__file__).resolve().parents[1]
