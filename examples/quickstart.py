@@ -2,13 +2,19 @@
 
 mixc compile specs/deltanet.mix -o deltanet.py
 python examples/quickstart.py deltanet.py
+
+The inputs are drawn by `mixc.check.sample_inputs` from the ranges the fuzzer derives from the
+spec (decays in (0, 1], a delta-rule key of norm <= 1, ...), so every spec gets inputs it is
+meant to handle.
 """
 
 import importlib.util
 import sys
 
 import torch
-import torch.nn.functional as F
+
+import mixc
+from mixc.check import sample_inputs
 
 
 def load(path):
@@ -18,30 +24,29 @@ def load(path):
     return module
 
 
+def shapes(state) -> str:
+    """The shape of a final state, or of each one when there are several."""
+    if torch.is_tensor(state):
+        return str(tuple(state.shape))
+    return str([tuple(s.shape) for s in state])
+
+
 def main(path: str) -> None:
     m = load(path)
-    torch.manual_seed(0)
-    B, T, NH, sizes = 2, 300, 4, {"K": 64, "V": 64, "P": 64, "N": 64}
-    args = []
-    for name, dims in m.INPUTS:  # per-token inputs [B, T, NH, d] or [B, T, NH]
-        x = torch.randn(B, T, NH, *[sizes.get(d, 16) for d in dims])
-        if dims and name in ("k", "B"):
-            x = F.normalize(x, dim=-1)  # unit keys keep the delta rule stable
-        if not dims:
-            x = torch.sigmoid(x)  # per-token scalars (beta, gates) in (0, 1)
-        args.append(x)
-    args += [-torch.rand(NH) for _ in m.PARAMS]  # per-head parameters [NH]
+    B, T, NH = 2, 300, 4
+    declared = (*m.INPUTS, *m.PARAMS, *m.STATES)  # (name, sizes) of every argument
+    sizes = {d: 64 for _, dims in declared for d in dims if not d.isdigit()}
+    # per-token inputs [B, T, NH, d] or [B, T, NH], then per-head parameters [NH, d] or [NH]
+    args = sample_inputs(mixc.load_spec(m.SPEC), sizes, T, batch=B, heads=NH, seed=0)
 
     y, state = m.recurrent(*args, output_final_state=True)
-    print(
-        f"{m.NAME}: output {tuple(y.shape)}, state {tuple(state.shape) if torch.is_tensor(state) else [tuple(s.shape) for s in state]}"
-    )
-    if hasattr(m, "chunk"):
+    print(f"{m.NAME}: output {tuple(y.shape)}, state {shapes(state)}")
+    if "chunk" in m.FORMS:
         y_chunk, _ = m.chunk(*args, output_final_state=True, chunk_size=64)
         err = (y_chunk - y).norm() / y.norm()
         print(f"chunk vs recurrent: relative error {err:.1e}")
     # prefill 200 tokens with the chunked form, then decode the rest one token at a time
-    prefill = getattr(m, "chunk", m.recurrent)
+    prefill = m.chunk if "chunk" in m.FORMS else m.recurrent
     split = 200
     head = [a[:, :split] if i < len(m.INPUTS) else a for i, a in enumerate(args)]
     _, state = prefill(*head, output_final_state=True)

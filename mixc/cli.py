@@ -135,7 +135,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 @command
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Fuzz every form of a module against the spec's float64 oracle (exit 1 on a disagreement)."""
-    from mixc.check.fuzz import run_command
+    from mixc.check.command import run_command
 
     return run_command(
         args.spec,

@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from mixc import load_spec
+from mixc.check.sampling import sample_inputs, sample_states
 
 SIZES = {"K": 8, "V": 6, "P": 6, "N": 8}
 
 # Variant specs written only for the tests: one per class the shipped specs leave out, and new
-# spellings. Inputs are plain randn; each spec keeps itself stable (sigmoid, l2norm, -softplus).
+# spellings. Each spec keeps itself stable (sigmoid, l2norm, -softplus) for plain N(0, 1) inputs.
 VARIANTS = {
     "value_gate": """
 mixer value_gate
@@ -77,34 +76,24 @@ y_t = H_t C_t
 }
 
 
+def _seed(generator: torch.Generator | None) -> int:
+    """A seed for the sampling module drawn from `generator` (torch's global one when None):
+    consecutive calls with one generator draw different tensors."""
+    return int(torch.randint(0, 2**31 - 1, (), generator=generator))
+
+
 def spec_inputs(spec, B=2, T=7, NH=3, dtype=torch.float64, heads=None, generator=None):
-    """Random inputs and parameters for `spec`, in the compiled-module layout, kept in the
-    ranges the shipped specs assume (keys unit-norm and beta in (0, 1) for the delta rule,
-    log-decays <= 0, dt > 0, A < 0)."""
-    heads = heads or {}
+    """Random inputs and parameters for `spec`, in the compiled-module layout (an input given
+    with `heads[name]` heads where set), as (inputs, params) by name: the fuzzer's plain draws
+    (`mixc.check.sampling`), in the ranges the analysis derives (a delta-rule key of norm <= 1,
+    beta in (0, 1), log-decays <= 0, dt > 0, A < 0)."""
     mixer = spec.mixer
-    inputs, params = {}, {}
-    delta = any("beta" == d.name for d in mixer.inputs)
-    for d in mixer.inputs:
-        shape = [B, T, heads.get(d.name, NH)] + [SIZES[s] for s in d.shape]
-        x = torch.randn(*shape, dtype=torch.float64, generator=generator)
-        if d.name == "k" and delta:
-            x = F.normalize(x, dim=-1)
-        elif d.name == "beta":
-            x = torch.sigmoid(x)
-        elif d.name == "g":
-            x = -F.softplus(x) if d.shape else -F.softplus(x) * 0.5
-        elif d.name == "dt":
-            x = F.softplus(x)
-        elif d.name == "G":
-            x = torch.sigmoid(x)
-        inputs[d.name] = x.to(dtype)
-    for p in mixer.params:
-        if p.default is None:
-            x = torch.rand(NH, dtype=torch.float64, generator=generator)
-            x = -(x + 0.1) if p.name == "A" else x
-            params[p.name] = x.to(dtype)
-    return inputs, params
+    tensors = sample_inputs(
+        spec, SIZES, T, batch=B, heads=NH, dtype=dtype, seed=_seed(generator), input_heads=heads
+    )
+    names = [d.name for d in mixer.inputs] + [p.name for p in mixer.params if p.default is None]
+    n = len(mixer.inputs)
+    return dict(zip(names[:n], tensors[:n])), dict(zip(names[n:], tensors[n:]))
 
 
 def positional(spec, inputs, params):
@@ -115,13 +104,10 @@ def positional(spec, inputs, params):
 
 
 def random_states(spec, B=2, NH=3, dtype=torch.float64, generator=None):
-    out = {}
-    for s in spec.mixer.states:
-        shape = [B, NH] + [SIZES[d] for d in s.shape]
-        out[s.name] = (0.5 * torch.randn(*shape, dtype=torch.float64, generator=generator)).to(
-            dtype
-        )
-    return out
+    """Random initial states for `spec` by name, drawn as the fuzzer draws them (0.5 N(0, 1); a
+    state read in a denominator positive)."""
+    states = sample_states(spec, SIZES, batch=B, heads=NH, dtype=dtype, seed=_seed(generator))
+    return dict(zip((s.name for s in spec.mixer.states), states))
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -131,10 +117,6 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     a, ref = a.double(), ref.double()
     floor = 1e-3 * max(ref.numel(), 1) ** 0.5
     return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
-
-
-def load_variant(name):
-    return load_spec(VARIANTS[name])
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from mixc import cli
-from mixc.check.fuzz import random_specs
+from mixc.check import random_specs
 from tests.test_malformed import VOCABULARY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -94,3 +94,15 @@ def test_peak_memory_counts_tensor_allocations():
 
     peak = bench.measure_peak_memory(call)
     assert 2 * 2**20 <= peak < 3 * 2**20
+
+
+def test_make_inputs_draw_the_sampling_ranges_with_decays_near_one():
+    """bench draws from mixc.check.sampling: every decay near 1 (here GLA's log-gate in
+    (-1e-3, 0]), the arguments in the module's order, at B and NH from the sizes."""
+    import mixc
+
+    spec = mixc.load_spec(ROOT / "specs" / "gla.mix")
+    sizes = bench.default_sizes(spec, {"B": 2, "NH": 3, "K": 4, "V": 5})
+    q, k, v, g = bench.make_inputs(spec, sizes, 33)
+    assert q.shape == k.shape == g.shape == (2, 33, 3, 4) and v.shape == (2, 33, 3, 5)
+    assert (g <= 0).all() and (g > -1e-3).all()

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 import mixc
 from mixc import cli
-from mixc.check.fuzz import Example, check, examples, fuzz, plan
+from mixc.check import Example, check, examples, fuzz, input_ranges
 from tests.mixers import run_mixc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,9 +64,9 @@ def test_every_shipped_spec_passes_in_other_precisions(path: Path, dtype: str) -
 
 
 @settings(max_examples=8, suppress_health_check=list(HealthCheck))
-@given(ex=examples(plan(ROOT / "specs/gated_deltanet.mix"), max_T=40))
+@given(ex=examples(input_ranges(ROOT / "specs/gated_deltanet.mix"), max_T=40))
 def test_bfloat16_within_four_times_the_rounded_oracle(ex: Example) -> None:
-    p = plan(ROOT / "specs/gated_deltanet.mix")
+    p = input_ranges(ROOT / "specs/gated_deltanet.mix")
     worst, failure = check(
         p, mixc.load(ROOT / "specs/gated_deltanet.mix"), ex, dtype=torch.bfloat16
     )
@@ -90,7 +90,7 @@ def test_bfloat16_gradient_of_a_shared_input() -> None:
         override_defaults=False,
         seed=3,
     )
-    _, failure = check(plan(path), mixc.load(path), ex, dtype=torch.bfloat16)
+    _, failure = check(input_ranges(path), mixc.load(path), ex, dtype=torch.bfloat16)
     assert failure is None, failure.summary()
 
 
@@ -221,7 +221,7 @@ def test_a_module_that_raises_is_a_failure(tmp_path: Path) -> None:
     ],
 )
 def test_ranges_come_from_the_facts(spec: str, domains: dict[str, str]) -> None:
-    p = plan(ROOT / "specs" / f"{spec}.mix")
+    p = input_ranges(ROOT / "specs" / f"{spec}.mix")
     assert {n: p.range(n).domain for n in domains} == domains
     assert not p.notes
 
@@ -233,7 +233,7 @@ state S[Vv, Kk]
 S_t = exp(d1_t) S_{t-1} (I - e1_t b1_t b1_t^T) + e1_t c1_t b1_t^T
 y_t = S_t a1_t
 """
-    p = plan(text)
+    p = input_ranges(text)
     assert {r.name: r.domain for r in p.ranges} == {
         "a1": "plain",
         "b1": "unit ball",
@@ -245,7 +245,7 @@ y_t = S_t a1_t
 
 
 def test_an_unprovable_decay_is_noted() -> None:
-    p = plan(
+    p = input_ranges(
         "mixer grows\nin q[K], k[K], v[V], a\nstate H[V, K]\nH_t = exp(a_t^2) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
     )
     assert p.notes and "no input ranges provably satisfy" in p.notes[0]
@@ -253,7 +253,7 @@ def test_an_unprovable_decay_is_noted() -> None:
 
 def test_l2norm_sizes_are_at_least_two() -> None:
     text = "mixer m\nin q[K], k[K], v[V], b\nstate H[V, K]\nH_t = H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T) + sigmoid(b_t) v_t l2norm(k_t)^T\ny_t = H_t q_t\n"
-    p = plan(text)
+    p = input_ranges(text)
     assert p.wide == {"K"}
 
     @settings(max_examples=30, database=None)

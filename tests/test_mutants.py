@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import mixc
-from mixc.check.fuzz import fuzz
+from mixc.check import fuzz
 
 ROOT = Path(__file__).resolve().parents[1]
 

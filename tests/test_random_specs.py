@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixc
-from mixc.check.fuzz import GATE_FORMS, Example, check, examples, fuzz, plan, random_specs
+from mixc.check import GATE_FORMS, Example, check, examples, fuzz, input_ranges, random_specs
 
 #: Forms drawn by default: all but those that hit a known compiler bug (pinned by a strict xfail
 #: below with its minimal spec) until the bug is fixed.
@@ -30,7 +30,7 @@ def _fuzz_one(data, text: str, n_examples: int, **limits) -> None:
     facts = mixc.analyze(spec)
     assert facts.chunkable, f"{facts.reason}\n{text}"
     module = mixc.load(text)
-    p = plan(spec, facts)
+    p = input_ranges(spec, facts)
     assert not p.notes, f"{p.notes}\n{text}"
     for _ in range(n_examples):
         ex = data.draw(examples(p, **limits))
@@ -121,7 +121,7 @@ def test_saturated_sigmoid_decay_gradient_in_the_recurrence() -> None:
         override_defaults=False,
         seed=37,
     )
-    _, failure = check(plan(text), mixc.load(text), ex)
+    _, failure = check(input_ranges(text), mixc.load(text), ex)
     assert failure is None, failure.summary()
 
 

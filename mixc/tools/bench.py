@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
@@ -41,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mixc.analysis.cost import costs
 from mixc.analysis.plan import analyze
 from mixc.errors import MixcError
 from mixc.frontend.spec import load_spec
@@ -163,9 +163,10 @@ class BenchResult:
             "points": points,
             "notes": self.notes,
             "method": {
-                "time": "wall clock (time.perf_counter) per call after warm-up; median, quartiles, min, max",
-                "memory": "peak of tensor memory held during one call beyond its inputs, from torch's "
-                "allocator records (torch.profiler profile_memory) on CPU; "
+                "time": "wall clock (time.perf_counter) per call after warm-up; "
+                "median, quartiles, min, max",
+                "memory": "peak of tensor memory held during one call beyond its inputs, "
+                "from torch's allocator records (torch.profiler profile_memory) on CPU; "
                 "torch.cuda.max_memory_allocated on CUDA",
                 "flops": "mixc.analysis.costs per token and head x B x NH x T; "
                 "forward+backward counted as 3x forward",
@@ -220,47 +221,27 @@ def default_sizes(spec, given: dict[str, int] | None = None) -> dict[str, int]:
 
 
 def make_inputs(spec, sizes: dict[str, int], T: int, *, device="cpu", seed: int = 0) -> list:
-    """Random fp32 arguments for the compiled module, in the ranges the shipped specs assume.
-
-    By name, as the test suite does: `k` unit-norm when a state has a delta-rule transition,
-    `beta` in (0, 1), a log-gate `g` <= 0 with decays near 1 (logsigmoid(x + 3)), `a` (gated
-    retention's sigmoid(a)) around 3, `dt` > 0 small, an elementwise gate `G` in (0, 1),
-    parameters in (0, 1) except `A` < 0; everything else standard normal, queries scaled by
-    1/sqrt(d). Decays near 1 are typical of trained models and keep every intermediate a
-    normal float (subnormal floats would time the FPU's slow path, not the algorithm).
+    """Random fp32 arguments for the compiled module, B and NH from `sizes`: the fuzzer's input
+    ranges (`mixc.check.sampling.sample_inputs`), each argument in its plain mode except the
+    inputs and parameters of a decay, drawn so that every decay is near 1
+    (`decays_near_one`). Decays near 1 are typical of trained models and keep every
+    intermediate a normal float (subnormal floats would time the FPU's slow path, not the
+    algorithm).
     """
-    import torch
-    from torch.nn import functional
+    from mixc.check.sampling import decays_near_one, input_ranges, sample_inputs
 
-    facts = analyze(spec)
-    delta = any(s.transition.cls.endswith("minus rank-1") for s in facts.states)
-    gen = torch.Generator().manual_seed(seed)
-    mixer = spec.mixer
-    B, NH = sizes["B"], sizes["NH"]
-    args = []
-    for d in mixer.inputs:
-        shape = [B, T, NH] + [int(s) if s.isdigit() else sizes[s] for s in d.shape]
-        x = torch.randn(*shape, generator=gen)
-        if d.name == "k" and delta:
-            x = functional.normalize(x, dim=-1)
-        elif d.name == "beta":
-            x = torch.sigmoid(x)
-        elif d.name == "g":
-            x = functional.logsigmoid(x + 3.0)
-        elif d.name == "a":
-            x = x + 3.0
-        elif d.name == "dt":
-            x = functional.softplus(x - 3.0)
-        elif d.name == "G":
-            x = torch.sigmoid(x + 3.0)
-        elif d.name in ("q", "C") and d.shape:
-            x = x / math.sqrt(shape[-1])
-        args.append(x.to(device))
-    for p in mixer.params:
-        if p.default is None:
-            x = torch.rand(NH, *[sizes[s] for s in p.shape], generator=gen)
-            args.append((-(x + 0.5) if p.name == "A" else x).to(device))
-    return args
+    ranges = input_ranges(spec)
+    return sample_inputs(
+        spec,
+        sizes,
+        T,
+        batch=sizes["B"],
+        heads=sizes["NH"],
+        device=device,
+        seed=seed,
+        modes=decays_near_one(ranges),
+        facts=ranges.facts,
+    )
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -433,10 +414,6 @@ def matmul_throughput(
 
 def _flops_per_token(facts, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:
     """Per token and head, from the analysis' cost model (None when it has no count)."""
-    try:
-        from mixc.analysis.cost import costs
-    except ImportError:  # pragma: no cover - the cost model is part of the analysis
-        return None
     c = costs(facts)
     cost = {"chunk": c.chunked, "recurrent": c.recurrent, "parallel": c.quadratic}[form]
     if cost is None:
@@ -474,13 +451,7 @@ def run(
 
     if threads is not None:
         torch.set_num_threads(threads)
-    for form in forms:
-        if form not in FORMS:
-            raise MixcError(f"--forms: unknown form {form!r}; choose from {', '.join(FORMS)}")
-    if chunk_size < 1 or chunk_size & (chunk_size - 1):
-        raise MixcError(f"--chunk-size: expected a power of two, got {chunk_size}")
-    if repeats < 1:
-        raise MixcError(f"--repeats: expected at least 1, got {repeats}")
+    _check_options(forms, chunk_size, repeats)
     spec = load_spec(spec_path)
     facts = analyze(spec)
     module = load(spec_path)
@@ -494,15 +465,65 @@ def run(
         device=device,
         repeats=repeats,
     )
+    caps = {"recurrent": recurrent_max_T, "parallel": parallel_max_T}
+    sweep = _sweep(result, module, facts, forms, T, caps, backward)
+    chunk_ts = sorted({t for form, t, _ in sweep if form == "chunk"})
+    with _progress(progress, len(sweep) + len(chunk_ts) + 1) as advance:
+        advance("warming up")
+        _warm_up(module, sweep, make_inputs(spec, full_sizes, min(T), device=device), result)
+        d_k, d_v = chunk_shapes(facts, full_sizes)
+        for t in chunk_ts:
+            advance(f"matmul reference, T = {t}")
+            result.matmul[t] = matmul_throughput(
+                full_sizes["B"] * full_sizes["NH"] * -(-t // chunk_size),
+                chunk_size,
+                d_k,
+                d_v,
+                repeats=max(3, repeats),
+                device=device,
+            )
+        for form, t, bwd in sweep:
+            advance(f"{form} {'fwd+bwd' if bwd else 'fwd'} T = {t}")
+            args = make_inputs(spec, full_sizes, t, device=device)
+            call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
+            times = time_call(call, repeats, warmup=warmup, device=device)
+            peak = measure_peak_memory(call, device) if memory else None
+            flops = _flops(facts, result, form, t, bwd)
+            result.points.append(Point(form, bwd, t, times, peak, flops))
+    return result
+
+
+def _check_options(forms: Sequence[str], chunk_size: int, repeats: int) -> None:
+    """Usage errors in the sweep's options, before anything is loaded."""
+    for form in forms:
+        if form not in FORMS:
+            raise MixcError(f"--forms: unknown form {form!r}; choose from {', '.join(FORMS)}")
+    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+        raise MixcError(f"--chunk-size: expected a power of two, got {chunk_size}")
+    if repeats < 1:
+        raise MixcError(f"--repeats: expected at least 1, got {repeats}")
+
+
+def _sweep(
+    result: BenchResult,
+    module,
+    facts,
+    forms: Sequence[str],
+    T: Sequence[int],
+    caps: dict[str, int],
+    backward: bool,
+) -> list[tuple[str, int, bool]]:
+    """The (form, T, backward) points to measure: forms the module has, up to each form's cap
+    on T; what is left out goes to the result's notes."""
     available = set(module.FORMS)
-    plan = []
+    sweep = []
     for form in forms:
         if form not in available:
             result.notes.append(
-                f"{form}: not available for {spec.mixer.name} ({facts.reason or 'no such form'})"
+                f"{form}: not available for {result.name} ({facts.reason or 'no such form'})"
             )
             continue
-        cap = {"recurrent": recurrent_max_T, "parallel": parallel_max_T}.get(form)
+        cap = caps.get(form)
         skipped = [t for t in T if cap is not None and t > cap]
         if skipped:
             why = "one Python step per token" if form == "recurrent" else "T x T matrices"
@@ -511,40 +532,25 @@ def run(
             )
         for t in T:
             if t not in skipped:
-                plan.extend([(form, t, False)] + ([(form, t, True)] if backward else []))
-    d_k, d_v = chunk_shapes(facts, full_sizes)
-    B, NH = full_sizes["B"], full_sizes["NH"]
-    chunk_ts = sorted({t for form, t, _ in plan if form == "chunk"})
+                sweep.extend([(form, t, False)] + ([(form, t, True)] if backward else []))
+    return sweep
 
-    steps = len(plan) + len(chunk_ts) + 1
-    with _progress(progress, steps) as advance:
-        # one untimed pass over every form first: thread pools, BLAS kernels, lazy imports
-        advance("warming up")
-        for form in {form for form, _, _ in plan}:
-            args = make_inputs(spec, full_sizes, min(T), device=device)
-            for bwd in {b for f, _, b in plan if f == form}:
-                call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
-                time_call(call, 0, warmup=2, device=device)
-        for t in chunk_ts:
-            advance(f"matmul reference, T = {t}")
-            result.matmul[t] = matmul_throughput(
-                B * NH * -(-t // chunk_size),
-                chunk_size,
-                d_k,
-                d_v,
-                repeats=max(3, repeats),
-                device=device,
-            )
-        for form, t, bwd in plan:
-            advance(f"{form} {'fwd+bwd' if bwd else 'fwd'} T = {t}")
-            args = make_inputs(spec, full_sizes, t, device=device)
-            call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
-            times = time_call(call, repeats, warmup=warmup, device=device)
-            peak = measure_peak_memory(call, device) if memory else None
-            per_token = _flops_per_token(facts, form, full_sizes, chunk_size, t)
-            flops = None if per_token is None else per_token * B * NH * t * (3 if bwd else 1)
-            result.points.append(Point(form, bwd, t, times, peak, flops))
-    return result
+
+def _warm_up(module, sweep: list[tuple[str, int, bool]], args: list, result: BenchResult) -> None:
+    """One untimed pass over every form and pass first: thread pools, BLAS kernels, lazy
+    imports."""
+    for form in {form for form, _, _ in sweep}:
+        for bwd in {b for f, _, b in sweep if f == form}:
+            call = _runner(_form_call(module, form, result.chunk_size), args, bwd, result.device)
+            time_call(call, 0, warmup=2, device=result.device)
+
+
+def _flops(facts, result: BenchResult, form: str, T: int, backward: bool) -> float | None:
+    """FLOPs of one call (forward + backward counted as 3x the forward), or None."""
+    per_token = _flops_per_token(facts, form, result.sizes, result.chunk_size, T)
+    if per_token is None:
+        return None
+    return per_token * result.sizes["B"] * result.sizes["NH"] * T * (3 if backward else 1)
 
 
 def _form_call(module, form: str, chunk_size: int) -> Callable:
@@ -602,7 +608,10 @@ def render(result: BenchResult, console=None) -> None:
     console = console or Console(width=None if _is_terminal() else 120)
     sizes = ", ".join(f"{k}={v}" for k, v in result.sizes.items())
     info = machine(result.device)
-    title = f"{result.name}: {sizes}, C={result.chunk_size}, fp32, {result.device}, {result.threads} threads"
+    title = (
+        f"{result.name}: {sizes}, C={result.chunk_size}, fp32, {result.device}, "
+        f"{result.threads} threads"
+    )
     table = Table(
         title=title, box=box.SIMPLE_HEAVY, caption=f"{info['cpu']}, torch {info['torch']}"
     )
@@ -738,14 +747,3 @@ def parse_ints(text: str) -> list[int]:
             raise ValueError(f"{item!r} is not a positive integer")
         out.append(int(item))
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m mixc.tools.bench ...` is `mixc bench ...`."""
-    from mixc.cli import main as cli_main
-
-    return cli_main(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

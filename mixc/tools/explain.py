@@ -1,6 +1,6 @@
 """`mixc explain`: the facts of one spec as a report, for people (rich text) and tools (JSON).
 
-`explain(spec, sizes)` turns `analysis.Facts` into an `Explanation`, a pydantic model with stable
+`explain(spec, sizes)` turns `mixc.analysis.plan.Plan` into an `Explanation`, a pydantic model with stable
 snake_case field names; `--json` prints it and `--json-schema` prints its schema. `render` prints
 the same model as a readable report. Nothing here analyses the spec: every claim comes from the
 facts, so the report and the compiled code cannot disagree.
@@ -13,9 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mixc.analysis.cost import Costs, FormCost, Formula, costs
-from mixc.analysis.facts import Readout, StateFacts
-from mixc.analysis.plan import Plan as Facts
-from mixc.analysis.plan import analyze
+from mixc.analysis.facts import OutputFacts, Readout, StateFacts
+from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr, Name, Timed, walk
 from mixc.frontend.spec import Spec
@@ -75,11 +74,13 @@ class ValueInfo(_Model):
 
 class GateInfo(_Model):
     side: Literal["scalar", "key", "value"] = Field(
-        description="What the decay scales: the whole state, its key (column) side or its value (row) side."
+        description="What the decay scales: the whole state, its key (column) side or its value "
+        "(row) side."
     )
     decay: str = Field(description="The decay as written in the spec.")
     log: str = Field(
-        description="Its logarithm in a numerically safe form (logsigmoid(a), dt A, log(gamma)): the per-token log-gate g_t."
+        description="Its logarithm in a numerically safe form (logsigmoid(a), dt A, log(gamma)): "
+        "the per-token log-gate g_t."
     )
     proven: bool = Field(description="True when the decay is provably in (0, 1].")
     note: str = Field(description="Why it is, or is not, proven in (0, 1].")
@@ -101,7 +102,8 @@ class StateInfo(_Model):
     )
     update: str = Field(description="The update equation as spec text.")
     affine: bool = Field(
-        description="True when the update is affine in the state's previous value (S_t = G_t(S_{t-1}) + W_t)."
+        description="True when the update is affine in the state's previous value (S_t = "
+        "G_t(S_{t-1}) + W_t)."
     )
     transition_class: str = Field(description="Transition class of G_t (a variant of a class in mixc.transitions).")
     rule: str = Field(
@@ -146,10 +148,11 @@ class OutputInfo(_Model):
 
 class GroupInfo(_Model):
     states: list[str] = Field(
-        description="States that share one chunked pass (same transition and key; values concatenated)."
+        description="States that share one chunked pass (same transition and key; values "
+        "concatenated)."
     )
     transition_class: str = Field(description="Their transition class.")
-    algorithm: str = Field(description="The algorithm for this class (ALGORITHMS.md).")
+    algorithm: str = Field(description="The algorithm of this class (docs/algorithms.md).")
     legend: str = Field(
         description="How the matrices of the parallel form map to the spec's names."
     )
@@ -184,7 +187,8 @@ class FormCostInfo(_Model):
         description="Floating-point operations per token and head (a multiply-add is 2)."
     )
     bytes: Quantity = Field(
-        description="Bytes moved per token and head (inputs/outputs 2 bytes, states and intermediates fp32)."
+        description="Bytes moved per token and head (inputs/outputs 2 bytes, states and "
+        "intermediates fp32)."
     )
 
 
@@ -206,7 +210,8 @@ class TotalCostInfo(_Model):
         description="All groups, token by token, plus input/output bytes."
     )
     chunked: FormCostInfo | None = Field(
-        description="All groups chunked, plus input/output bytes; null if some group has no chunked form."
+        description="All groups chunked, plus input/output bytes; null if some group has no "
+        "chunked form."
     )
     quadratic: FormCostInfo | None = Field(
         description="All groups in the quadratic form; null if some group has none."
@@ -281,7 +286,7 @@ def _names(e: Expr | None) -> set[str]:
     return {n.name for n in walk(e) if isinstance(n, Timed | Name)}
 
 
-def _roles(facts: Facts) -> dict[str, list[str]]:
+def _roles(facts: Plan) -> dict[str, list[str]]:
     roles: dict[str, list[str]] = {}
 
     def add(e: Expr | None, role: str) -> None:
@@ -305,7 +310,7 @@ def _roles(facts: Facts) -> dict[str, list[str]]:
     return roles
 
 
-def _readout_text(facts: Facts, r: Readout) -> str:
+def _readout_text(facts: Plan, r: Readout) -> str:
     op = "." if facts.state(r.state).vector else "@"
     return str(Binary(op, Timed(r.state, 0), r.query))
 
@@ -363,7 +368,7 @@ def _cost_info(c: Costs, sizes: dict[str, int]) -> CostInfo:
     )
 
 
-def _state_info(s: StateFacts, facts: Facts) -> StateInfo:
+def _state_info(s: StateFacts, facts: Plan) -> StateInfo:
     tr = s.transition
     eq = facts.mixer.update(s.name)
     rule, _, what = tr.rule.partition(":")
@@ -399,89 +404,110 @@ def _state_info(s: StateFacts, facts: Facts) -> StateInfo:
     )
 
 
-def explain(
-    spec: Spec, sizes: dict[str, int] | None = None, facts: Facts | None = None
-) -> Explanation:
-    """The report of one verified spec. `sizes` (e.g. {"K": 64, "T": 4096, "C": 64}) fill in the
-    cost formulas."""
-    facts = facts or analyze(spec)
-    sizes = dict(sizes or {})
-    mixer = facts.mixer
+def _input_infos(facts: Plan) -> list[InputInfo]:
     roles = _roles(facts)
-    states = {s.name for s in mixer.states}
+    return [
+        InputInfo(
+            name=d.name,
+            shape=list(d.shape),
+            kind=_kind(d.shape),
+            layout="[B, T, NH" + "".join(f", {x}" for x in d.shape) + "]",
+            roles=roles.get(d.name, []),
+        )
+        for d in facts.mixer.inputs
+    ]
+
+
+def _param_infos(facts: Plan) -> list[ParamInfo]:
+    return [
+        ParamInfo(
+            name=p.name,
+            shape=list(p.shape),
+            default=_text(p.default),
+            layout="[NH" + "".join(f", {x}" for x in p.shape) + "]",
+        )
+        for p in facts.mixer.params
+    ]
+
+
+def _value_infos(facts: Plan) -> list[ValueInfo]:
+    """Every equation that is not a state update: derived values and outputs."""
+    states = {s.name for s in facts.mixer.states}
     outputs = {o.name for o in facts.outputs}
+    return [
+        ValueInfo(
+            name=eq.target,
+            shape=_dims(facts.spec.shapes[eq.target]),
+            expr=str(eq.value),
+            is_output=eq.target in outputs,
+        )
+        for eq in facts.mixer.equations
+        if eq.target not in states
+    ]
+
+
+def _output_info(facts: Plan, o: OutputFacts) -> OutputInfo:
+    return OutputInfo(
+        name=o.name,
+        shape=_dims(o.shape),
+        equation=str(facts.mixer.update(o.name)),
+        form=o.form,
+        expr=str(o.expr),
+        readouts=[
+            ReadoutInfo(
+                index=r.index,
+                state=r.state,
+                query=str(r.query),
+                expr=_readout_text(facts, r),
+            )
+            for r in o.readouts
+        ],
+        skip=_text(o.skip),
+    )
+
+
+def _why(facts: Plan) -> list[str]:
+    """One line per state: its class, the rule that fired, and the algorithm it gets."""
     why = []
     for s in facts.states:
         tr = s.transition
         line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
         line += f" -> {tr.kind.algorithm}" if tr.chunkable else f" -> recurrent only: {tr.reason}"
         why.append(line)
-    not_supported = [
-        f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason
-    ]
+    return why
+
+
+def _not_supported(facts: Plan) -> list[str]:
+    out = [f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason]
     if not facts.states:
-        not_supported.append("the mixer has no state")
-    groups = [_group_info(facts, g.states) for g in facts.groups]
+        out.append("the mixer has no state")
+    return out
+
+
+def explain(
+    spec: Spec, sizes: dict[str, int] | None = None, facts: Plan | None = None
+) -> Explanation:
+    """The report of one verified spec. `sizes` (e.g. {"K": 64, "T": 4096, "C": 64}) fill in the
+    cost formulas."""
+    facts = facts or analyze(spec)
+    sizes = dict(sizes or {})
+    mixer = facts.mixer
+    groups = [_group_info(facts, g) for g in facts.groups]
     return Explanation(
         mixer=mixer.name,
         description=mixer.description,
         source=facts.spec.source.filename,
-        inputs=[
-            InputInfo(
-                name=d.name,
-                shape=list(d.shape),
-                kind=_kind(d.shape),
-                layout="[B, T, NH" + "".join(f", {x}" for x in d.shape) + "]",
-                roles=roles.get(d.name, []),
-            )
-            for d in mixer.inputs
-        ],
-        params=[
-            ParamInfo(
-                name=p.name,
-                shape=list(p.shape),
-                default=_text(p.default),
-                layout="[NH" + "".join(f", {x}" for x in p.shape) + "]",
-            )
-            for p in mixer.params
-        ],
-        values=[
-            ValueInfo(
-                name=eq.target,
-                shape=_dims(facts.spec.shapes[eq.target]),
-                expr=str(eq.value),
-                is_output=eq.target in outputs,
-            )
-            for eq in mixer.equations
-            if eq.target not in states
-        ],
+        inputs=_input_infos(facts),
+        params=_param_infos(facts),
+        values=_value_infos(facts),
         states=[_state_info(s, facts) for s in facts.states],
-        outputs=[
-            OutputInfo(
-                name=o.name,
-                shape=_dims(o.shape),
-                equation=str(mixer.update(o.name)),
-                form=o.form,
-                expr=str(o.expr),
-                readouts=[
-                    ReadoutInfo(
-                        index=r.index,
-                        state=r.state,
-                        query=str(r.query),
-                        expr=_readout_text(facts, r),
-                    )
-                    for r in o.readouts
-                ],
-                skip=_text(o.skip),
-            )
-            for o in facts.outputs
-        ],
+        outputs=[_output_info(facts, o) for o in facts.outputs],
         order=list(facts.order),
         groups=groups,
         chunkable=facts.chunkable,
         algorithm=facts.algorithm,
-        why=why,
-        not_supported=not_supported,
+        why=_why(facts),
+        not_supported=_not_supported(facts),
         parallel_form=parallel_form(facts, groups),
         warnings=[
             WarningInfo(
@@ -499,36 +525,32 @@ def explain(
 # ----------------------------------------------------------------------------- parallel forms
 
 
-def _sum_text(parts: list[str]) -> str:
-    return " + ".join(parts) if parts else "0"
-
-
-def _group_info(facts: Facts, group: tuple[str, ...]) -> GroupInfo:
-    states = [facts.state(n) for n in group]
-    lead = states[0]
+def _sequential_group(lead: StateFacts, group: tuple[str, ...]) -> GroupInfo:
+    """A group without a chunked form: the recurrence, and why it has none."""
     tr = lead.transition
-    if not tr.chunkable:
-        if not lead.affine:
-            form = [
-                f"none: {lead.name}_t is not an affine function of {lead.name}_{{t-1}}, so a chunk has "
-                "no summary (transition, contribution) to compose; it runs token by token",
-            ]
-        else:
-            form = [f"none: {tr.reason}"]
-        return GroupInfo(
-            states=list(group),
-            transition_class=tr.cls,
-            algorithm=tr.kind.algorithm,
-            legend=f"S_t = G_t(S_{{t-1}}) + W_t, evaluated for t = 1..T in order ({lead.name} = S^T)",
-            parallel_form=form,
-            quadratic_form=None,
-        )
-    queries = []
-    for o in facts.outputs:
-        for r in o.readouts:
-            if r.state in group and str(r.query) not in queries:
-                queries.append(str(r.query))
-    w = lead.writes[0]
+    if not lead.affine:
+        form = [
+            f"none: {lead.name}_t is not an affine function of {lead.name}_{{t-1}}, so a chunk "
+            "has no summary (transition, contribution) to compose; it runs token by token",
+        ]
+    else:
+        form = [f"none: {tr.reason}"]
+    return GroupInfo(
+        states=list(group),
+        transition_class=tr.cls,
+        algorithm=tr.kind.algorithm,
+        legend=f"S_t = G_t(S_{{t-1}}) + W_t, evaluated for t = 1..T in order ({lead.name} = S^T)",
+        parallel_form=form,
+        quadratic_form=None,
+    )
+
+
+def _rows_legend(facts: Plan, plan: GroupPlan) -> list[str]:
+    """What the rows of Q, K and V are in the spec's names (values concatenated over a group)."""
+    group = plan.states
+    states = [facts.state(n) for n in group]
+    tr = states[0].transition
+    queries = [str(q.expr) for q in plan.queries]
     values = []
     for s in states:
         sw = s.writes[0]
@@ -539,91 +561,39 @@ def _group_info(facts: Facts, group: tuple[str, ...]) -> GroupInfo:
     value = values[0] if len(values) == 1 else "[" + ", ".join(values) + "]"
     legend = [
         f"Q rows = {' | '.join(queries) or '(unread)'}",
-        f"K rows = {w.key}",
+        f"K rows = {states[0].writes[0].key}",
         f"V rows = {value}",
     ]
     if len(group) > 1:
         legend.append(f"one pass for {', '.join(group)} (values concatenated)")
-    logs = {side: tr.log(side) for side in ("scalar", "key", "value")}
-    if tr.beta is not None:
-        legend.append(f"β rows = {tr.beta}")
-    quadratic = None
-    cls = tr.cls
-    if cls == "identity":
-        form = ["Y = (Q K^T ⊙ M) V + Q S_0,  M the causal mask (i >= j)", "S_C = S_0 + K^T V"]
-        quadratic = "Y = (Q K^T ⊙ M) V"
-    elif cls in ("scalar constant", "scalar data-dependent"):
-        g = str(logs["scalar"])
-        legend.append(f"g = {g}")
-        form = [
-            "Y = (Q K^T ⊙ L) V + diag(exp(b)) Q S_0,  L_ij = exp(b_i - b_j) (i >= j, else 0),  b = cumsum(g)",
-            "S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V",
-        ]
-        const = [x for x in tr.gates if x.side == "scalar"]
-        if cls == "scalar constant" and len(const) == 1:
-            form[0] += f"  (so L_ij = ({const[0].decay})^(i - j))"
-        quadratic = (
-            "Y = (Q K^T ⊙ L) V,  L_ij = exp(B_i - B_j) (i >= j),  B = cumsum(g) over the sequence"
-        )
-    elif cls in ("diagonal key-side", "diagonal value-side", "elementwise gate"):
-        key, val, scalar = logs["key"], logs["value"], logs["scalar"]
-        if scalar is not None:  # a scalar decay rides on one side
-            if key is not None or val is None:
-                key = scalar if key is None else f"{key} + {scalar}"
-            else:
-                val = f"{val} + {scalar}"
-        if val is None:
-            legend.append(f"g = {key} (one log-gate per key channel)")
-            form = [
-                "y_i = Σ_{j<=i} ((q_i ⊙ exp(b_i - b_j)) · k_j) v_j + S_0^T (q_i ⊙ exp(b_i)),  b = cumsum(g)",
-                "S_C = diag(exp(b_C)) S_0 + (K ⊙ exp(b_C - b))^T V",
-                "exp(b_i - b_j) is never split into exp(b_i) exp(-b_j): sub-chunks, factors measured from their boundary",
-            ]
-        elif key is None:
-            legend.append(f"g = {val} (one log-gate per value channel)")
-            form = [
-                "y_i = Σ_{j<=i} (q_i · k_j) (exp(b_i - b_j) ⊙ v_j) + exp(b_i) ⊙ (S_0^T q_i),  b = cumsum(g)",
-                "S_C = S_0 diag(exp(b_C)) + K^T (V ⊙ exp(b_C - b))",
-                "exp(b_i - b_j) is never split into exp(b_i) exp(-b_j): sub-chunks, factors measured from their boundary",
-            ]
-        else:
-            legend.append(f"g = {key} (key channels), h = {val} (value channels)")
-            form = [
-                "y_i = Σ_{j<=i} ((q_i ⊙ exp(a_i - a_j)) · k_j) (exp(c_i - c_j) ⊙ v_j) "
-                "+ exp(c_i) ⊙ (S_0^T (q_i ⊙ exp(a_i))),  a = cumsum(g), c = cumsum(h)",
-                "S_C = diag(exp(a_C)) S_0 diag(exp(c_C)) + (K ⊙ exp(a_C - a))^T (V ⊙ exp(c_C - c))",
-            ]
-    elif cls == "identity minus rank-1":
-        form = [
-            "T = (I + tril(diag(β) K K^T, -1))^{-1} diag(β),  W = T K,  U = T V",
-            "Y = Q S_0 + (Q K^T ⊙ M) (U - W S_0)",
-            "S_C = S_0 + K^T (U - W S_0)",
-        ]
-        quadratic = "the chunked form with one chunk of T tokens (S_0 = 0)"
-    else:  # scalar decay times identity minus rank-1
-        legend.append(f"g = {logs['scalar']}")
-        form = [
-            "T = (I + tril(diag(β) (K K^T ⊙ Γ), -1))^{-1},  U = T diag(β) V,  W = T diag(β) diag(exp(b)) K",
-            "Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Γ) (U - W S_0),  Γ_ij = exp(b_i - b_j) (i >= j, else 0),  b = cumsum(g)",
-            "S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T (U - W S_0)",
-        ]
-        quadratic = "the chunked form with one chunk of T tokens (S_0 = 0)"
+    return legend
+
+
+def _group_info(facts: Plan, plan: GroupPlan) -> GroupInfo:
+    """A group of states that share one chunked pass: its legend and its class's maths."""
+    group = plan.states
+    lead = facts.state(group[0])
+    tr = lead.transition
+    if not tr.chunkable:
+        return _sequential_group(lead, group)
+    maths = tr.kind.maths(tr)
+    form = list(maths.form)
     if len(group) == 1:
         state = lead.name
         form.append(f"S = {state}^T" if not lead.vector else f"S = {state} (a single value column)")
     return GroupInfo(
         states=list(group),
-        transition_class=cls,
+        transition_class=tr.cls,
         algorithm=tr.kind.algorithm,
-        legend=",  ".join(legend),
+        legend=",  ".join([*_rows_legend(facts, plan), *maths.legend]),
         parallel_form=form,
-        quadratic_form=quadratic,
+        quadratic_form=maths.quadratic,
     )
 
 
-def parallel_form(facts: Facts, groups: list[GroupInfo] | None = None) -> list[str]:
+def parallel_form(facts: Plan, groups: list[GroupInfo] | None = None) -> list[str]:
     """The derived parallel form of the whole mixer, as lines of math in the spec's own names."""
-    groups = groups if groups is not None else [_group_info(facts, g.states) for g in facts.groups]
+    groups = groups if groups is not None else [_group_info(facts, g) for g in facts.groups]
     lines: list[str] = []
     if not facts.chunkable:
         lines.append(f"sequential only: {facts.reason}")
@@ -658,14 +628,42 @@ def _unwrap(text: str) -> str:
 # ----------------------------------------------------------------------------- rendering
 
 
+class _Printer:
+    """The console, and the three shapes the report is printed in: headings, indented lines
+    and tables."""
+
+    def __init__(self, console) -> None:
+        self.console = console
+
+    def print(self, *args, **kwargs) -> None:
+        self.console.print(*args, **kwargs)
+
+    def heading(self, text: str) -> None:
+        from rich.text import Text
+
+        self.console.print()
+        self.console.print(Text(text, style="bold underline"))
+
+    def line(self, text: str, style: str = "", indent: int = 2) -> None:
+        from rich.text import Text
+
+        self.console.print(Text(" " * indent + text, style=style), soft_wrap=True)
+
+    def table(self, *columns: str):
+        from rich import box
+        from rich.table import Table
+
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
+        for c in columns:
+            t.add_column(c, overflow="fold")
+        return t
+
+
 def render(
     report: Explanation, file=None, color: bool | None = None, width: int | None = None
 ) -> None:
     """Print the report with rich: tables and colour on a terminal, plain text when piped."""
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     console = Console(
         file=file,
@@ -677,28 +675,31 @@ def render(
     )
     if not console.is_terminal and width is None:
         console.width = 120
+    out = _Printer(console)
+    _render_title(out, report)
+    _render_arguments(out, report)
+    _render_states(out, report)
+    _render_outputs(out, report)
+    _render_plan(out, report)
+    _render_parallel_form(out, report)
+    _render_warnings(out, report)
+    _render_costs(out, report.costs)
 
-    def heading(text: str) -> None:
-        console.print()
-        console.print(Text(text, style="bold underline"))
 
-    def line(text: str, style: str = "", indent: int = 2) -> None:
-        console.print(Text(" " * indent + text, style=style), soft_wrap=True)
-
-    def table(*columns: str) -> Table:
-        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
-        for c in columns:
-            t.add_column(c, overflow="fold")
-        return t
+def _render_title(out: _Printer, report: Explanation) -> None:
+    from rich.text import Text
 
     title = Text(report.mixer, style="bold cyan")
     if report.description:
         title.append(f" - {report.description}", style="bold")
     title.append(f"  ({report.source})", style="dim")
-    console.print(title, soft_wrap=True)
+    out.print(title, soft_wrap=True)
 
-    heading("Inputs (per token, per head)")
-    t = table("name", "shape", "kind", "tensor", "role")
+
+def _render_arguments(out: _Printer, report: Explanation) -> None:
+    """Inputs, parameters and derived per-token values."""
+    out.heading("Inputs (per token, per head)")
+    t = out.table("name", "shape", "kind", "tensor", "role")
     for i in report.inputs:
         shape = "[" + ", ".join(i.shape) + "]" if i.shape else "scalar"
         kind = {
@@ -707,145 +708,150 @@ def render(
             "matrix": "matrix per token",
         }[i.kind]
         t.add_row(i.name, shape, kind, i.layout, ", ".join(i.roles) or "-")
-    console.print(t)
+    out.print(t)
     if report.params:
-        heading("Parameters (per head)")
-        t = table("name", "shape", "default", "tensor")
+        out.heading("Parameters (per head)")
+        t = out.table("name", "shape", "default", "tensor")
         for p in report.params:
             shape = "[" + ", ".join(p.shape) + "]" if p.shape else "scalar"
             t.add_row(p.name, shape, p.default or "none: the caller supplies it", p.layout)
-        console.print(t)
+        out.print(t)
     derived = [v for v in report.values if not v.is_output]
     if derived:
-        heading("Derived per-token values")
+        out.heading("Derived per-token values")
         for v in derived:
-            line(f"{v.name}_t = {v.expr}")
+            out.line(f"{v.name}_t = {v.expr}")
 
-    heading("States")
+
+def _render_states(out: _Printer, report: Explanation) -> None:
+    out.heading("States")
     for s in report.states:
-        head = Text(f"  {s.name}" + (f" [{', '.join(s.shape)}]" if s.shape else ""), style="bold")
-        head.append(f": {s.transition_class}", style="green" if s.chunkable else "red")
-        head.append(f"  (rule {s.rule}: {s.rule_description})")
-        console.print(head, soft_wrap=True)
-        line(f"update:   {s.update}", indent=4)
-        if s.writes:
-            parts = []
-            for w in s.writes:
-                parts.append(
-                    f"value {w.value if w.value is not None else '1 (vector state)'}, key {w.key}, "
-                    f"scale {w.scale if w.scale is not None else '1'}"
-                )
-            line(f"write:    rank {s.write_rank}: " + "; ".join(parts), indent=4)
-        else:
-            line(f"write:    {s.write_form}", indent=4)
-        if s.beta is not None:
-            line(f"erase:    I - β k k^T with β = {s.beta}, k = {s.erase_key}", indent=4)
-        if s.stability:
-            line(
-                f"          {s.stability}",
-                style="" if s.stability.startswith("stable:") else "yellow",
-                indent=4,
-            )
-        for g in s.gates:
-            mark = "proven in (0, 1]" if g.proven else "NOT proven in (0, 1]"
-            line(
-                f"log-gate: {g.side}: {g.decay} -> {g.log}   {mark}: {g.note}",
-                style="" if g.proven else "yellow",
-                indent=4,
-            )
-        if s.reason:
-            line(f"no chunked form: {s.reason}", style="red", indent=4)
+        _render_state(out, s)
 
-    heading("Outputs")
+
+def _render_state(out: _Printer, s: StateInfo) -> None:
+    """One state: class and rule, update, write, erase (delta rule), log-gates, NYI reason."""
+    from rich.text import Text
+
+    head = Text(f"  {s.name}" + (f" [{', '.join(s.shape)}]" if s.shape else ""), style="bold")
+    head.append(f": {s.transition_class}", style="green" if s.chunkable else "red")
+    head.append(f"  (rule {s.rule}: {s.rule_description})")
+    out.print(head, soft_wrap=True)
+    out.line(f"update:   {s.update}", indent=4)
+    if s.writes:
+        parts = [
+            f"value {w.value if w.value is not None else '1 (vector state)'}, key {w.key}, "
+            f"scale {w.scale if w.scale is not None else '1'}"
+            for w in s.writes
+        ]
+        out.line(f"write:    rank {s.write_rank}: " + "; ".join(parts), indent=4)
+    else:
+        out.line(f"write:    {s.write_form}", indent=4)
+    if s.beta is not None:
+        out.line(f"erase:    I - β k k^T with β = {s.beta}, k = {s.erase_key}", indent=4)
+    if s.stability:
+        style = "" if s.stability.startswith("stable:") else "yellow"
+        out.line(f"          {s.stability}", style=style, indent=4)
+    for g in s.gates:
+        mark = "proven in (0, 1]" if g.proven else "NOT proven in (0, 1]"
+        out.line(
+            f"log-gate: {g.side}: {g.decay} -> {g.log}   {mark}: {g.note}",
+            style="" if g.proven else "yellow",
+            indent=4,
+        )
+    if s.reason:
+        out.line(f"no chunked form: {s.reason}", style="red", indent=4)
+
+
+def _render_outputs(out: _Printer, report: Explanation) -> None:
+    out.heading("Outputs")
     for o in report.outputs:
-        line(f"{o.equation}", style="bold")
-        line(f"form: {o.form}   {o.name} = {o.expr}", indent=4)
+        out.line(f"{o.equation}", style="bold")
+        out.line(f"form: {o.form}   {o.name} = {o.expr}", indent=4)
         for r in o.readouts:
-            line(f"_r{r.index} = {r.expr}", indent=6)
+            out.line(f"_r{r.index} = {r.expr}", indent=6)
         if o.skip:
-            line(f"skip (outside the recurrence): {o.skip}", indent=4)
+            out.line(f"skip (outside the recurrence): {o.skip}", indent=4)
 
-    heading("Plan")
+
+def _render_plan(out: _Printer, report: Explanation) -> None:
+    """Evaluation order, groups, the algorithm and why, what is not supported."""
+    out.heading("Plan")
     targets = {v.name for v in report.values} | {s.name for s in report.states}
-    line(f"evaluation order in a step: {' -> '.join(n for n in report.order if n in targets)}")
-    line(
+    order = " -> ".join(n for n in report.order if n in targets)
+    out.line(f"evaluation order in a step: {order}")
+    out.line(
         "groups (one chunked pass each): "
         + ", ".join("(" + ", ".join(g.states) + ")" for g in report.groups)
     )
-    line(f"algorithm: {report.algorithm}", style="bold green" if report.chunkable else "bold red")
+    style = "bold green" if report.chunkable else "bold red"
+    out.line(f"algorithm: {report.algorithm}", style=style)
     for w in report.why:
-        line(f"why: {w}", indent=4)
-    line("not supported: nothing" if not report.not_supported else "not supported:")
+        out.line(f"why: {w}", indent=4)
+    out.line("not supported: nothing" if not report.not_supported else "not supported:")
     for n in report.not_supported:
-        line(n, style="red", indent=4)
+        out.line(n, style="red", indent=4)
     if not report.chunkable:
-        line(
+        out.line(
             "sequential only: compile gives recurrent() and step(); chunk() raises NYI", style="red"
         )
 
-    heading("Parallel form (S = H^T, tokens are rows, S_0 the incoming state)")
+
+def _render_parallel_form(out: _Printer, report: Explanation) -> None:
+    out.heading("Parallel form (S = H^T, tokens are rows, S_0 the incoming state)")
     for text in report.parallel_form:
-        line(text, indent=2)
+        out.line(text, indent=2)
     for g in report.groups:
         if g.quadratic_form:
-            line(f"quadratic [{', '.join(g.states)}]: {g.quadratic_form}", indent=2)
+            out.line(f"quadratic [{', '.join(g.states)}]: {g.quadratic_form}", indent=2)
+
+
+def _render_warnings(out: _Printer, report: Explanation) -> None:
+    from rich.text import Text
 
     if report.warnings:
-        heading(f"Warnings ({len(report.warnings)})")
+        out.heading(f"Warnings ({len(report.warnings)})")
         for w in report.warnings:
-            console.print(Text(w.rendered, style="yellow"), soft_wrap=True)
+            out.print(Text(w.rendered, style="yellow"), soft_wrap=True)
 
-    c = report.costs
+
+def _render_costs(out: _Printer, c: CostInfo) -> None:
+    """The cost table: each group's and the total FLOPs and bytes per form."""
     example = ",".join(f"{s}={4096 if s == c.sequence_symbol else 64}" for s in c.symbols)
     given = (
         ", ".join(f"{k}={v}" for k, v in c.sizes.items())
         or f"none (fill them with --sizes {example})"
     )
-    heading("Cost per token and head")
-    line(
-        f"sizes: {given}" + (f";  missing: {', '.join(c.missing)}" if c.missing and c.sizes else "")
-    )
-    t = table("states", "form", "FLOPs", "", "bytes", "")
+    out.heading("Cost per token and head")
+    missing = f";  missing: {', '.join(c.missing)}" if c.missing and c.sizes else ""
+    out.line(f"sizes: {given}" + missing)
+    t = out.table("states", "form", "FLOPs", "", "bytes", "")
     for g in c.groups:
-        for name, f in (
-            ("recurrent", g.recurrent),
-            ("chunked", g.chunked),
-            ("quadratic", g.quadratic),
-        ):
-            if f is None:
-                t.add_row(", ".join(g.states), name, "n/a", "", "n/a", "")
-            else:
-                t.add_row(
-                    ", ".join(g.states),
-                    name,
-                    f.flops.formula,
-                    _num(f.flops.value),
-                    f.bytes.formula,
-                    _num(f.bytes.value),
-                )
-    for name, f in (
-        ("recurrent", c.total.recurrent),
-        ("chunked", c.total.chunked),
-        ("quadratic", c.total.quadratic),
-    ):
+        _cost_rows(t, ", ".join(g.states), g)
+    _cost_rows(t, "total", c.total)
+    out.print(t)
+    for g in c.groups:
+        out.line(f"{', '.join(g.states)}: {g.note}", style="dim")
+    out.line(
+        f"bytes include inputs and outputs ({c.io_bytes.formula}); a multiply-add is 2 FLOPs",
+        style="dim",
+    )
+
+
+def _cost_rows(t, label: str, c: GroupCostInfo | TotalCostInfo) -> None:
+    """One row per form (recurrent, chunked, quadratic): formulas and their values."""
+    for name, f in (("recurrent", c.recurrent), ("chunked", c.chunked), ("quadratic", c.quadratic)):
         if f is None:
-            t.add_row("total", name, "n/a", "", "n/a", "")
+            t.add_row(label, name, "n/a", "", "n/a", "")
         else:
             t.add_row(
-                "total",
+                label,
                 name,
                 f.flops.formula,
                 _num(f.flops.value),
                 f.bytes.formula,
                 _num(f.bytes.value),
             )
-    console.print(t)
-    for g in c.groups:
-        line(f"{', '.join(g.states)}: {g.note}", style="dim")
-    line(
-        f"bytes include inputs and outputs ({c.io_bytes.formula}); a multiply-add is 2 FLOPs",
-        style="dim",
-    )
 
 
 def _num(v: float | None) -> str:

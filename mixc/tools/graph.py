@@ -14,7 +14,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from mixc.analysis.plan import Plan as Facts
+from mixc.analysis.plan import Plan
 from mixc.driver import write_atomically
 from mixc.errors import MixcError
 
@@ -67,7 +67,7 @@ def _positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def draw(facts: Facts, fmt: str) -> bytes:
+def draw(facts: Plan, fmt: str) -> bytes:
     """The dependency graph of `facts` as PNG or SVG bytes (deterministic for SVG)."""
     matplotlib, Figure = _matplotlib()
     g = facts.graph
@@ -159,7 +159,7 @@ def _draw_arrow(ax, start: tuple[float, float], end: tuple[float, float]) -> Non
     ax.add_patch(arrow)
 
 
-def _draw_nodes(ax, facts: Facts, pos: dict[str, tuple[float, float]]) -> None:
+def _draw_nodes(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
     """Each kind's nodes in its shape and colour (states larger, with a thicker edge), each
     labelled with its name and, below it, its shape."""
     g = facts.graph
@@ -217,7 +217,7 @@ def _draw_legend(ax, g: nx.DiGraph) -> None:
     )
 
 
-def _fit(ax, facts: Facts, pos: dict[str, tuple[float, float]]) -> None:
+def _fit(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
     """Limits with room for the loops and labels around the nodes, and the mixer as title."""
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
@@ -227,7 +227,7 @@ def _fit(ax, facts: Facts, pos: dict[str, tuple[float, float]]) -> None:
     ax.set_title(title, fontsize=11)
 
 
-def _shape_text(facts: Facts, name: str) -> str:
+def _shape_text(facts: Plan, name: str) -> str:
     m = facts.mixer
     for decl in (*m.inputs, *m.params, *m.states):
         if decl.name == name:
@@ -238,7 +238,7 @@ def _shape_text(facts: Facts, name: str) -> str:
     return "[" + ", ".join(d for d in shape if d != "1") + "]"
 
 
-def write_graph(facts: Facts, path: str | os.PathLike) -> None:
+def write_graph(facts: Plan, path: str | os.PathLike) -> None:
     """Draw the graph into `path` (.png or .svg), atomically: never a partial file."""
     path = Path(path)
     suffix = path.suffix.lower()

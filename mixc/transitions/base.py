@@ -10,6 +10,7 @@ keep it stable, and the pieces of random specs that exercise it. The registry
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -23,8 +24,17 @@ from mixc.frontend.shapes import Shape
 
 if TYPE_CHECKING:
     from mixc.analysis.cost import ClassCost, Formula, GroupDims
+    from mixc.transitions.writing import RandomForm
 
-__all__ = ["KernelArg", "RuleContext", "TransitionClass", "plain", "scalar_gates"]
+__all__ = [
+    "Condition",
+    "KernelArg",
+    "Maths",
+    "RuleContext",
+    "TransitionClass",
+    "plain",
+    "scalar_gates",
+]
 
 #: The update's terms that read the state, each with the position of S_{t-1} in its chain.
 StateTerms = list[tuple[Term, int]]
@@ -55,6 +65,28 @@ class KernelArg:
     name: str
     expr: Expr | None
     layout: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A bound a transition needs on an expression of the inputs to stay stable:
+    lo <= expr <= hi, and why. The fuzzer, the benchmark, the tests and the examples draw their
+    inputs within these bounds (`mixc.check.sampling`)."""
+
+    expr: Expr
+    lo: float
+    hi: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Maths:
+    """What a class adds to a group's parallel form in `mixc explain`: legend entries, the
+    chunked form (one formula a line), and the whole-sequence quadratic form if it has one."""
+
+    legend: tuple[str, ...]
+    form: tuple[str, ...]
+    quadratic: str | None = None
 
 
 def plain(terms: StateTerms) -> tuple[Term, tuple[Expr, ...], tuple[Expr, ...]] | None:
@@ -119,6 +151,30 @@ class TransitionClass:
         """Whether the recurrent form decays the state by exp(log-gate), as the chunked form does
         (accurate gradients for a decay near 1), instead of the update as written."""
         return False
+
+    def random_forms(self) -> dict[str, RandomForm]:
+        """The transition forms of this class that random specs draw, by name, each a function
+        that writes one update (`mixc.transitions.writing`)."""
+        return {}
+
+    def decay_conditions(self, state: str, tr: Transition) -> list[Condition]:
+        """Every decay in (0, 1]: each log-gate <= 0."""
+        return [
+            Condition(g.log, -math.inf, 0.0, f"log-gate {g.log} of {state} must be <= 0")
+            for g in tr.gates
+        ]
+
+    def conditions(self, state: str, tr: Transition) -> list[Condition]:
+        """Every bound on the inputs that keeps the transition stable."""
+        return self.decay_conditions(state, tr)
+
+    def unit_key(self, tr: Transition) -> Expr | None:
+        """A key whose norm must be at most 1 for stability (and that is not normalised)."""
+        return None
+
+    def maths(self, tr: Transition) -> Maths:
+        """The chunked form as math in the spec's names (for a class with a kernel)."""
+        return Maths((), (f"none: {tr.reason}",))
 
     def stability(self, tr: Transition, state: StateFacts, params: dict[str, Expr]) -> str | None:
         """A note on what keeps the transition stable, for `mixc explain`; None when nothing

@@ -13,9 +13,11 @@ from mixc.algebra.expand import Term, transpose_atom
 from mixc.algebra.intervals import bounds, with_defaults
 from mixc.analysis.cost import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.analysis.facts import Transition
-from mixc.frontend.ir import Call, Expr
+from mixc.frontend.ir import Call, Expr, Transpose
 from mixc.frontend.shapes import SCALAR
-from mixc.transitions.base import KernelArg, TransitionClass, scalar_gates
+from mixc.transitions.base import Condition, KernelArg, Maths, TransitionClass, scalar_gates
+from mixc.transitions.scalar_decay import scalar_gate
+from mixc.transitions.writing import Core, RandomForm, Update, Writer
 
 
 def _monomials(t: Term, ctx, atoms: dict[str, Expr]) -> dict[tuple[str, ...], Fraction | float]:
@@ -71,6 +73,56 @@ def _quotient(big: dict, small: dict) -> dict | None:
             return {rest: c / c0}
     return None
 
+
+# ----------------------------------------------------------------------------- random specs
+
+
+def _delta_key_and_beta(w: Writer, c: Core) -> tuple[str, str]:
+    """The key (l2norm, via a `let`, of the features, or a plain
+    unit key) and its beta (sigmoid, 2 sigmoid, or a plain input in (0, 1))."""
+    key_kind = w.pick("l2norm", "let", "feature", "plain")
+    kx = f"{c.k}_t"
+    if key_kind == "let":
+        kn, arg = w.fresh(("kn", "unit")), w.fresh(("x", "w"))
+        w.lets.append(f"let {kn}({arg}) = l2norm({arg})")
+        kx = f"{kn}({c.k}_t)"
+    elif key_kind == "feature" and c.phi:
+        kx = f"l2norm({c.phi}({c.k}_t))"
+    elif key_kind != "plain":
+        kx = f"l2norm({c.k}_t)"
+    b = w.fresh(("beta", "b", "bt"))
+    w.inputs.append(b)
+    beta = w.pick(f"sigmoid({b}_t)", f"{b}_t", f"2 sigmoid({b}_t)")
+    beta, _ = w.as_value(beta, True) if beta != f"{b}_t" else (beta, True)
+    return kx, beta
+
+
+def _delta_spelling(w: Writer, c: Core, decay: str, beta: str, kx: str) -> str:
+    """The delta rule written out, undistributed or distributed."""
+    prev, v, T, minus = c.prev, c.v, w.T, w.minus
+    write = f"{beta} {v}_t {kx}{T}"
+    return w.pick(
+        f"{decay}{prev} (I {minus} {beta} {kx} {kx}{T}) + {write}",
+        f"{decay}{prev} {minus} {decay}{beta} {prev} {kx} {kx}{T} + {write}",
+        f"{prev} {decay}(I {minus} {beta} {kx} {kx}{T}) + {beta} ({v}_t {kx}{T})",
+    )
+
+
+def _update_delta(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
+    """S (I - beta k k^T) + beta v k^T."""
+    kx, beta = _delta_key_and_beta(w, c)
+    return Update(_delta_spelling(w, c, "", beta, kx))
+
+
+def _update_gated_delta(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
+    """g S (I - beta k k^T) + beta v k^T, with g one of the scalar-decay forms drawn."""
+    kx, beta = _delta_key_and_beta(w, c)
+    kinds = [
+        f for f in ("constant", "sigmoid", "softplus", "mamba", "log input", "number") if f in forms
+    ]
+    g, g_atomic = scalar_gate(w, w.pick(*(kinds or ["sigmoid"])))
+    decay = (g if g_atomic else f"({g})") + " "
+    return Update(_delta_spelling(w, c, decay, beta, kx))
 
 
 class Delta(TransitionClass):
@@ -132,6 +184,42 @@ class Delta(TransitionClass):
             )
         return None
 
+    def maths(self, tr: Transition) -> Maths:
+        """The UT transform of a chunk (with the decay mask Γ when there is a decay)."""
+        if not tr.gates:
+            return Maths(
+                (f"β rows = {tr.beta}",),
+                (
+                    "T = (I + tril(diag(β) K K^T, -1))^{-1} diag(β),  W = T K,  U = T V",
+                    "Y = Q S_0 + (Q K^T ⊙ M) (U - W S_0)",
+                    "S_C = S_0 + K^T (U - W S_0)",
+                ),
+                "the chunked form with one chunk of T tokens (S_0 = 0)",
+            )
+        return Maths(
+            (f"β rows = {tr.beta}", f"g = {tr.log('scalar')}"),
+            (
+                "T = (I + tril(diag(β) (K K^T ⊙ Γ), -1))^{-1},  U = T diag(β) V,  "
+                "W = T diag(β) diag(exp(b)) K",
+                "Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Γ) (U - W S_0),  "
+                "Γ_ij = exp(b_i - b_j) (i >= j, else 0),  b = cumsum(g)",
+                "S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T (U - W S_0)",
+            ),
+            "the chunked form with one chunk of T tokens (S_0 = 0)",
+        )
+
+    def conditions(self, state, tr):
+        """Decays in (0, 1], and beta in [0, 2]: the eigenvalue 1 - beta |k|^2 in [-1, 1]."""
+        why = f"delta-rule beta {tr.beta} of {state} in [0, 2]"
+        return [*self.decay_conditions(state, tr), Condition(tr.beta, 0.0, 2.0, why)]
+
+    def unit_key(self, tr):
+        key = tr.key.operand if isinstance(tr.key, Transpose) else tr.key
+        return None if isinstance(key, Call) and key.func == "l2norm" else key
+
+    def random_forms(self) -> dict[str, RandomForm]:
+        return {"delta": _update_delta, "gated delta": _update_gated_delta}
+
     def decays(self, tr):
         return bool(tr.gates)
 
@@ -175,9 +263,7 @@ class Delta(TransitionClass):
         chunked = FormCost(
             flops, d.state_bytes / C + 4 * ACC_BYTES * C + ACC_BYTES * (d.dk + 2 * d.dv)
         )
-        no_state = (
-            4 * T * d.dk + 2 * T * d.dv + T * T / 3 + mask * T + nq * 2 * T * (d.dk + d.dv)
-        )
+        no_state = 4 * T * d.dk + 2 * T * d.dv + T * T / 3 + mask * T + nq * 2 * T * (d.dk + d.dv)
         quadratic = FormCost(no_state, 4 * ACC_BYTES * T + ACC_BYTES * (d.dk + 2 * d.dv))
         note = (
             "delta rule: UT transform; the triangular solve is C^3/3 per chunk; "

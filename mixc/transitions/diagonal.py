@@ -13,6 +13,7 @@ from mixc.frontend.ir import Call, Expr
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
     KernelArg,
+    Maths,
     RuleContext,
     StateTerms,
     TransitionClass,
@@ -20,6 +21,7 @@ from mixc.transitions.base import (
     scalar_gates,
     sum_of,
 )
+from mixc.transitions.writing import Core, RandomForm, Update, Writer, decayed_update
 
 
 def gates_of(terms: StateTerms, ctx: RuleContext) -> tuple[list[LogGate], Expr | None] | None:
@@ -56,6 +58,49 @@ def gates_of(terms: StateTerms, ctx: RuleContext) -> tuple[list[LogGate], Expr |
     return gates, full
 
 
+NO_SPLIT = (
+    "exp(b_i - b_j) is never split into exp(b_i) exp(-b_j): "
+    "sub-chunks, factors measured from their boundary"
+)
+
+
+# ----------------------------------------------------------------------------- random specs
+
+
+def _vector_gate(w: Writer, size: str) -> str:
+    """A vector input of decays in (0, 1), for a diagonal or outer-product gate."""
+    a = w.fresh(("a", "g", "f", "r"))
+    kind = w.pick("sigmoid", "softplus", "log")
+    w.inputs.append(f"{a}[{size}]")
+    return {
+        "sigmoid": f"sigmoid({a}_t)",
+        "softplus": f"exp(-softplus({a}_t))",
+        "log": f"exp({a}_t)",
+    }[kind]
+
+
+def _diag_key(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
+    """S diag(g), g^T ⊙ S or S ⊙ g^T; a normaliser z[K] decays by the same gate."""
+    gk = _vector_gate(w, c.K)
+    T, had = w.T, w.had
+    decayed = w.pick(f"{c.prev} diag({gk})", f"{gk}{T} {had} {c.prev}", f"{c.prev} {had} {gk}{T}")
+    return decayed_update(
+        w, c, decayed, z=lambda w, zprev: w.pick(f"diag({gk}) {zprev}", f"{gk} {w.had} {zprev}")
+    )
+
+
+def _diag_value(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
+    """diag(g) S or g ⊙ S."""
+    gv = _vector_gate(w, c.V)
+    return decayed_update(w, c, w.pick(f"diag({gv}) {c.prev}", f"{gv} {w.had} {c.prev}"))
+
+
+def _outer(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
+    """An outer product of gates: (g_v g_k^T) ⊙ S."""
+    gv, gk = _vector_gate(w, c.V), _vector_gate(w, c.K)
+    return decayed_update(w, c, f"({gv} {gk}{w.T}) {w.had} {c.prev}")
+
+
 class Diagonal(TransitionClass):
     name = "diagonal"
     variants = ("diagonal key-side", "diagonal value-side", "elementwise gate")
@@ -79,9 +124,7 @@ class Diagonal(TransitionClass):
                     "diagonal key-side", "diagonal_key: diag(a_t) s_{t-1} (a vector state)", gates
                 )
             return Transition("diagonal value-side", "diagonal_value: diag(a_t) S_{t-1}", gates)
-        return Transition(
-            "elementwise gate", "outer_product_gate: (a_t b_t^T) ⊙ S_{t-1}", gates
-        )
+        return Transition("elementwise gate", "outer_product_gate: (a_t b_t^T) ⊙ S_{t-1}", gates)
 
     def kernel_args(self, tr):
         scalar, key, value = tr.log("scalar"), tr.log("key"), tr.log("value")
@@ -90,6 +133,46 @@ class Diagonal(TransitionClass):
         else:
             value = sum_of(value, scalar)
         return (KernelArg("gk", key, "vector"), KernelArg("gv", value, "vector"))
+
+    def maths(self, tr: Transition) -> Maths:
+        """One log-gate per channel on each gated side (a scalar decay rides on one side)."""
+        key, val, scalar = tr.log("key"), tr.log("value"), tr.log("scalar")
+        if scalar is not None:
+            if key is not None or val is None:
+                key = scalar if key is None else f"{key} + {scalar}"
+            else:
+                val = f"{val} + {scalar}"
+        if val is None:
+            return Maths(
+                (f"g = {key} (one log-gate per key channel)",),
+                (
+                    "y_i = Σ_{j<=i} ((q_i ⊙ exp(b_i - b_j)) · k_j) v_j + S_0^T (q_i ⊙ exp(b_i)),  "
+                    "b = cumsum(g)",
+                    "S_C = diag(exp(b_C)) S_0 + (K ⊙ exp(b_C - b))^T V",
+                    NO_SPLIT,
+                ),
+            )
+        if key is None:
+            return Maths(
+                (f"g = {val} (one log-gate per value channel)",),
+                (
+                    "y_i = Σ_{j<=i} (q_i · k_j) (exp(b_i - b_j) ⊙ v_j) + exp(b_i) ⊙ (S_0^T q_i),  "
+                    "b = cumsum(g)",
+                    "S_C = S_0 diag(exp(b_C)) + K^T (V ⊙ exp(b_C - b))",
+                    NO_SPLIT,
+                ),
+            )
+        return Maths(
+            (f"g = {key} (key channels), h = {val} (value channels)",),
+            (
+                "y_i = Σ_{j<=i} ((q_i ⊙ exp(a_i - a_j)) · k_j) (exp(c_i - c_j) ⊙ v_j) "
+                "+ exp(c_i) ⊙ (S_0^T (q_i ⊙ exp(a_i))),  a = cumsum(g), c = cumsum(h)",
+                "S_C = diag(exp(a_C)) S_0 diag(exp(c_C)) + (K ⊙ exp(a_C - a))^T (V ⊙ exp(c_C - c))",
+            ),
+        )
+
+    def random_forms(self) -> dict[str, RandomForm]:
+        return {"diag key": _diag_key, "diag value": _diag_value, "outer": _outer}
 
     def summary_reason(self, tr):
         if tr.log("value") is not None:
@@ -110,9 +193,7 @@ class Diagonal(TransitionClass):
             intra + 2 * nq * d.kv + 2 * d.kv + d.kv / C,
             d.state_bytes / C + ACC_BYTES * nq * C + 2 * ACC_BYTES * d.dg,
         )
-        quadratic = FormCost(
-            nq * (2 * T * (d.dk + d.dv) + 3 * T * d.dg), ACC_BYTES * nq * T * d.dg
-        )
+        quadratic = FormCost(nq * (2 * T * (d.dk + d.dv) + 3 * T * d.dg), ACC_BYTES * nq * T * d.dg)
         note = (
             "diagonal gate: aligned blocks of 2, 4, ..., C tokens, decays measured from each "
             "block's middle; their elementwise products (about 3 d_g per token at each of the "

@@ -5,7 +5,7 @@ between two tokens would be a [V, K] tensor per pair)."""
 from __future__ import annotations
 
 from mixc.analysis.facts import Transition
-from mixc.transitions.base import TransitionClass
+from mixc.transitions.base import Condition, TransitionClass
 from mixc.transitions.diagonal import gates_of
 
 
@@ -29,6 +29,11 @@ class Elementwise(TransitionClass):
             "two tokens would be a [V, K] tensor per pair); write it as an outer product "
             "a_t b_t^T, or as diag(...) on one side, to get one",
         )
+
+    def decay_conditions(self, state, tr):
+        """The scalar and vector decays as log-gates <= 0, the full gate G_t in [0, 1]."""
+        why = f"elementwise gate {tr.gate} of {state} in [0, 1]"
+        return [*super().decay_conditions(state, tr), Condition(tr.gate, 0.0, 1.0, why)]
 
 
 ELEMENTWISE = Elementwise()

@@ -1,0 +1,146 @@
+"""The reproducer of a fuzzing failure: a short script that rebuilds the failing example.
+
+The script draws the example's tensors from its seed with the same torch expressions the fuzzer
+evaluated (`mixc.check.sampling.draws`), calls the failing form of the module, compares it with
+the float64 oracle by the fuzzer's rule, and exits 1 when a quantity is out of bounds. It needs
+only torch and mixc.
+"""
+
+from __future__ import annotations
+
+from mixc.check.fuzz import Failure
+from mixc.check.sampling import InputRanges, draws
+
+__all__ = ["reproducer"]
+
+_KINDS = ("input", "param", "default", "state", "cotangent")
+
+
+def reproducer(
+    r: InputRanges, failure: Failure, spec_path: str | None, module_path: str | None
+) -> str:
+    """A short script that rebuilds the failing example's tensors from its seed with torch,
+    calls the failing form of the module, compares it with the float64 oracle, and exits 1 when
+    a quantity is out of bounds."""
+    dtype = str(failure.dtype).removeprefix("torch.")
+    wide = "float64" if dtype == "float64" else "float32"  # parameters and states
+    lines = _preamble(r, failure, spec_path, module_path)
+    kinds = {kind: [] for kind in _KINDS}
+    for d in draws(r, failure.example):
+        var = {"state": f"{d.name}0", "cotangent": f"cot_{d.name}"}.get(d.kind, d.name)
+        lines.append(f"{var} = {d.code}")
+        kinds[d.kind].append(d.name)
+    lines += _call_lines(r, failure, kinds, dtype, wide)
+    lines += _compare_lines(r, failure, kinds, dtype)
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(
+    r: InputRanges, failure: Failure, spec_path: str | None, module_path: str | None
+) -> list[str]:
+    """Imports, the spec and module, the generator and the sizes."""
+    ex = failure.example
+    spec_arg = repr(spec_path) if spec_path else repr(r.spec.source.text)
+    load = f"load_module({module_path!r})" if module_path else f"mixc.load({spec_arg})"
+    lines = [
+        f"# mixc fuzz reproducer: {failure.summary()}",
+        "import torch",
+        "import torch.nn.functional as F",
+        "",
+        *(["import mixc"] if not module_path else []),
+        "from mixc.check.fuzz import Result, compare, load_module, reference",
+        "",
+        f"spec = {spec_arg}",
+        f"module = {load}",
+        f"gen = torch.Generator().manual_seed({ex.seed})",
+        f"B, T, NH = {ex.batch}, {ex.T}, {ex.heads}",
+    ]
+    if ex.sizes:
+        lines.append(
+            f"{', '.join(k for k, _ in ex.sizes)} = {', '.join(str(v) for _, v in ex.sizes)}"
+        )
+    return lines
+
+
+def _call_lines(
+    r: InputRanges, failure: Failure, kinds: dict[str, list[str]], dtype: str, wide: str
+) -> list[str]:
+    """The rounded leaves, and the call of the failing form with them."""
+
+    def cast(names: list[str], to: str, suffix: str = "") -> list[str]:
+        return [f"{n!r}: {n}{suffix}.to(torch.{to})" for n in names]
+
+    params = kinds["param"] + kinds["default"]
+    entries = cast(kinds["input"], dtype) + cast(params, wide) + cast(kinds["state"], wide, "0")
+    lines = [
+        "",
+        f"# inputs rounded to {dtype}, parameters and states to {wide}: "
+        "the oracle sees the same values",
+        "x = {" + ", ".join(entries) + "}",
+        "x = {n: t.requires_grad_(True) for n, t in x.items()}",
+    ]
+    args = ", ".join(f"x[{n!r}]" for n in (*r.inputs, *r.params))
+    kwargs = "".join(f", {n}=x[{n!r}]" for n in kinds["default"])
+    init = "None"
+    if kinds["state"]:
+        init = (
+            f"x[{r.states[0]!r}]"
+            if len(r.states) == 1
+            else "(" + ", ".join(f"x[{n!r}]" for n in r.states) + ")"
+        )
+    if failure.form == "step":
+        step_args = ", ".join(
+            [f"x[{n!r}][:, t]" for n in r.inputs] + [f"x[{n!r}]" for n in r.params]
+        )
+        return [
+            *lines,
+            f"ys, state = [], {init}",
+            "for t in range(T):",
+            f"    y_t, state = module.step({step_args}{kwargs}, state=state)",
+            "    ys.append(y_t)",
+            "y, final = torch.stack(ys, 1), state",
+        ]
+    if failure.form == "parallel":
+        return [*lines, f"y, final = module.parallel({args}{kwargs})"]
+    cs = f", chunk_size={failure.chunk_size}" if failure.form == "chunk" else ""
+    return [
+        *lines,
+        f"y, final = module.{failure.form}({args}{kwargs}, initial_state={init}, "
+        f"output_final_state=True{cs})",
+    ]
+
+
+def _compare_lines(
+    r: InputRanges, failure: Failure, kinds: dict[str, list[str]], dtype: str
+) -> list[str]:
+    """The loss and its gradients, the oracle on the same values, and the comparison."""
+
+    def pick(names: list[str]) -> str:
+        return "{" + ", ".join(f"{n!r}: d[{n!r}]" for n in names) + "}"
+
+    parallel = failure.form == "parallel"
+    cots = (
+        "{}"
+        if parallel
+        else "{" + ", ".join(f"{n!r}: cot_{n}.to(torch.{dtype}).double()" for n in r.states) + "}"
+    )
+    params = kinds["param"] + kinds["default"]
+    return [
+        f"final = dict(zip({r.states!r}, final if isinstance(final, tuple) else (final,))) "
+        "if final is not None else {}",
+        f"cot_y, cots = cot_{r.output}.to(torch.{dtype}).double(), {cots}",
+        "loss = (y.double() * cot_y).sum() + "
+        "sum((final[n].double() * c).sum() for n, c in cots.items())",
+        "grads = dict(zip(x, torch.autograd.grad(loss, list(x.values()), allow_unused=True)))",
+        "",
+        "d = {n: t.detach().double() for n, t in x.items()}",
+        f"ref = reference(spec, {pick(kinds['input'])}, {pick(params)}, "
+        f"{pick(kinds['state'] if not parallel else [])}, cot_y, cots)",
+        *(["ref.finals.clear()  # the quadratic form keeps no state"] if parallel else []),
+        "got = Result(y.detach(), {n: s.detach() for n, s in final.items()}, grads)",
+        f"errors = compare(got, ref, torch.{dtype})",
+        "for what, (err, bound) in errors.items():",
+        '    print(f"{what}: relative error {err:.2e} (bound {bound:.1e})'
+        "{'  FAILS' if err > bound else ''}\")",
+        "raise SystemExit(any(err > bound for err, bound in errors.values()))",
+    ]
