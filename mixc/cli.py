@@ -92,7 +92,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """Report what the analysis found: classes, rules, gates, forms, algorithm, costs."""
     from mixc.analysis.cost import costs
     from mixc.driver import plan
-    from mixc.tools.explain import Explanation, explain, render
+    from mixc.tools.explain import explain
+    from mixc.tools.render import render
+    from mixc.tools.report import Explanation
 
     if args.json_schema:
         print(json.dumps(Explanation.model_json_schema(), indent=2))

@@ -151,37 +151,52 @@ class MixerLayer(nn.Module):
             else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
         )
         self.mixer = load(self.spec.source)
-        mixer = self.spec.mixer
         self.hidden_size, self.num_heads, self.chunk_size = hidden_size, num_heads, chunk_size
-        head = hidden_size // num_heads
+        self.sizes = self._sizes_per_head(sizes or {}, hidden_size // num_heads)
+        self.transforms = self._transforms(transforms or {})
+        self._build_inputs(conv_size, conv_inputs)
+        self._build_params()
+        self._build_output(output_gate, norm)
+
+    def _sizes_per_head(self, given: dict[str, int], head: int) -> dict[str, int]:
+        """Every size symbol of the spec: as given, else the head width."""
+        mixer = self.spec.mixer
         symbols = {
             s
             for d in (*mixer.inputs, *mixer.states, *mixer.params)
             for s in d.shape
             if not s.isdigit()
         }
-        self.sizes = {s: (sizes or {}).get(s, head) for s in sorted(symbols)}
-        unknown = set(sizes or {}) - symbols
+        unknown = set(given) - symbols
         if unknown:
             raise MixcError(
-                f"sizes: {', '.join(sorted(unknown))} not in the spec (it has {', '.join(sorted(symbols))})"
+                f"sizes: {', '.join(sorted(unknown))} not in the spec "
+                f"(it has {', '.join(sorted(symbols))})"
             )
+        return {s: given.get(s, head) for s in sorted(symbols)}
 
-        self.transforms = default_transforms(self.spec)
-        for name, chain in (transforms or {}).items():
-            if name not in self.transforms:
-                raise MixcError(f"transforms: {name} is not an input of {mixer.name}")
+    def _transforms(self, overrides: dict[str, Sequence[str]]) -> dict[str, list[str]]:
+        """The default transforms of every input, with the user's overrides checked in."""
+        out = default_transforms(self.spec)
+        for name, chain in overrides.items():
+            if name not in out:
+                raise MixcError(f"transforms: {name} is not an input of {self.spec.mixer.name}")
             bad = [t for t in chain if t not in TRANSFORMS]
             if bad:
                 raise MixcError(
                     f"transforms: unknown {bad[0]!r}; choose from {', '.join(TRANSFORMS)}"
                 )
-            self.transforms[name] = list(chain)
+            out[name] = list(chain)
+        return out
 
+    def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
+        """A projection per input, a short causal convolution per convolved vector input, and
+        a per-head bias for dt."""
+        mixer, heads = self.spec.mixer, self.num_heads
         self.dims = {d.name: [self._size(s) for s in d.shape] for d in mixer.inputs}
         self.proj = nn.ModuleDict(
             {
-                name: nn.Linear(hidden_size, num_heads * math.prod(dims), bias=False)
+                name: nn.Linear(self.hidden_size, heads * math.prod(dims), bias=False)
                 for name, dims in self.dims.items()
             }
         )
@@ -193,37 +208,42 @@ class MixerLayer(nn.Module):
         self.conv = nn.ModuleDict(
             {
                 name: nn.Conv1d(
-                    num_heads * self.dims[name][0],
-                    num_heads * self.dims[name][0],
+                    heads * self.dims[name][0],
+                    heads * self.dims[name][0],
                     conv_size,
-                    groups=num_heads * self.dims[name][0],
+                    groups=heads * self.dims[name][0],
                     padding=0,
                     bias=False,
                 )
                 for name in self.conv_inputs
             }
         )
-        self.dt_bias = (
-            nn.Parameter(torch.zeros(num_heads))
-            if "dt" in self.dims and not self.dims["dt"]
-            else None
-        )
+        scalar_dt = "dt" in self.dims and not self.dims["dt"]
+        self.dt_bias = nn.Parameter(torch.zeros(heads)) if scalar_dt else None
 
+    def _build_params(self) -> None:
+        """The learnable per-head parameters (those without a default)."""
+        mixer = self.spec.mixer
         self.learned = [p.name for p in mixer.params if p.default is None]
         for name in self.learned:
             stored, init, _ = PARAM_INITS.get(name, (name, torch.zeros, lambda p: p))
             shape_tail = [
                 self._size(s) for s in next(p for p in mixer.params if p.name == name).shape
             ]
-            value = init(num_heads) if not shape_tail else torch.zeros(num_heads, *shape_tail)
+            value = (
+                init(self.num_heads) if not shape_tail else torch.zeros(self.num_heads, *shape_tail)
+            )
             self.register_parameter(stored, nn.Parameter(value))
 
+    def _build_output(self, output_gate: bool, norm: bool) -> None:
+        """RMSNorm per head, the output gate and the output projection."""
+        mixer = self.spec.mixer
         out_shape = self.spec.shapes[mixer.outputs[0].target]
         self.head_out = 1 if out_shape == ("1", "1") else self._size(out_shape[0])
-        width = num_heads * self.head_out
+        width = self.num_heads * self.head_out
         self.norm = nn.RMSNorm(self.head_out, eps=1e-6) if norm else None
-        self.gate = nn.Linear(hidden_size, width, bias=False) if output_gate else None
-        self.out_proj = nn.Linear(width, hidden_size, bias=False)
+        self.gate = nn.Linear(self.hidden_size, width, bias=False) if output_gate else None
+        self.out_proj = nn.Linear(width, self.hidden_size, bias=False)
 
     def _size(self, symbol: str) -> int:
         return int(symbol) if symbol.isdigit() else self.sizes[symbol]

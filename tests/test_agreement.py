@@ -85,7 +85,36 @@ def assert_agree(text: str, tmp: Path) -> None:
     report = json.loads(explain[1])
     module = _load(out)
     assert report["chunkable"] is ("chunk" in module.FORMS), text
+    forms = {f["name"]: f for f in report["forms"]}
+    assert tuple(n for n, f in forms.items() if f["available"] and n != "summary") == module.FORMS
+    _assert_summary_agrees(module, forms["summary"], text)
     assert {s["name"]: s["transition_class"] for s in report["states"]} == module.CLASSES, text
+
+
+def _assert_summary_agrees(module, form: dict, text: str) -> None:
+    """`summary` computes exactly when explain says it does, else raises the reason given."""
+    import torch
+
+    from mixc.check import sample_inputs
+
+    args = sample_inputs(module.SPEC, dict.fromkeys(_sizes(module), 4), 8, heads=2)
+    if form["available"]:
+        transitions, finals = module.summary(*args, chunk_size=4)
+        parts = [*_flat(transitions), *_flat(finals)]
+        assert parts and all(torch.isfinite(x).all() for x in parts), text
+        return
+    with pytest.raises(Exception, match="no transition summary") as caught:
+        module.summary(*args, chunk_size=4)
+    assert form["reason"].replace("NYI: ", "")[:40] in str(caught.value), text
+
+
+def _flat(x) -> list:
+    return [y for item in x for y in _flat(item)] if isinstance(x, tuple) else [x]
+
+
+def _sizes(module) -> set[str]:
+    decls = (*module.INPUTS, *module.PARAMS, *module.PARAM_DEFAULTS, *module.STATES)
+    return {d for _, shape in decls for d in shape if not d.isdigit()}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)

@@ -15,7 +15,9 @@ from mixc import load_spec
 from mixc.analysis.plan import analyze
 from mixc.cli import main
 from mixc.errors import MixcError
-from mixc.tools.explain import SCHEMA_VERSION, Explanation, explain, render
+from mixc.tools.explain import explain
+from mixc.tools.render import render
+from mixc.tools.report import SCHEMA_VERSION, Explanation
 from tests.test_analysis import ROWS
 from tests.test_analysis import VARIANT_ROWS as VARIANTS
 

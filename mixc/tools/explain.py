@@ -1,16 +1,13 @@
-"""`mixc explain`: the facts of one spec as a report, for people (rich text) and tools (JSON).
+"""`mixc explain`: the plan of one spec as a report (`mixc.tools.report.Explanation`), for
+people (`mixc.tools.render`) and tools (JSON).
 
-`explain(spec, sizes)` turns `mixc.analysis.plan.Plan` into an `Explanation`, a pydantic model with stable
-snake_case field names; `--json` prints it and `--json-schema` prints its schema. `render` prints
-the same model as a readable report. Nothing here analyses the spec: every claim comes from the
-facts, so the report and the compiled code cannot disagree.
+Nothing here analyses the spec: every claim comes from the plan, so the report and the compiled
+code cannot disagree.
 """
 
 from __future__ import annotations
 
 from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from mixc.analysis.cost import Costs, FormCost, Formula, costs
 from mixc.analysis.facts import OutputFacts, Readout, StateFacts
@@ -18,251 +15,28 @@ from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr, Name, Timed, walk
 from mixc.frontend.spec import Spec
+from mixc.tools.report import (
+    CostInfo,
+    Explanation,
+    FormCostInfo,
+    FormInfo,
+    GateInfo,
+    GroupCostInfo,
+    GroupInfo,
+    InputInfo,
+    Location,
+    OutputInfo,
+    ParamInfo,
+    Quantity,
+    ReadoutInfo,
+    StateInfo,
+    TotalCostInfo,
+    ValueInfo,
+    WarningInfo,
+    WriteInfo,
+)
 
-__all__ = ["SCHEMA_VERSION", "Explanation", "explain", "parallel_form", "render"]
-
-#: Bumped when a field is renamed or removed or changes meaning (adding a field does not).
-SCHEMA_VERSION = 1
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Location(_Model):
-    """Where something is in the spec (1-based, inclusive)."""
-
-    line: int = Field(description="Line of the first character.")
-    column: int = Field(description="Column of the first character.")
-    end_line: int = Field(description="Line of the last character.")
-    end_column: int = Field(description="Column of the last character.")
-
-
-class InputInfo(_Model):
-    name: str = Field(description="Name as declared in `in`.")
-    shape: list[str] = Field(description="Declared sizes; empty for a scalar.")
-    kind: Literal["scalar", "vector", "matrix"] = Field(
-        description="Scalar, vector or matrix per token."
-    )
-    layout: str = Field(
-        description="The tensor a compiled module takes: B batch, T tokens, NH heads."
-    )
-    roles: list[str] = Field(
-        description="What the analysis uses it for (query of H, key of H, ...)."
-    )
-
-
-class ParamInfo(_Model):
-    name: str = Field(description="Name as declared in `param`.")
-    shape: list[str] = Field(description="Declared sizes per head; empty for a scalar.")
-    default: str | None = Field(
-        description="Default as spec text (h is the head index), or null: the caller supplies it."
-    )
-    layout: str = Field(description="The tensor a compiled module takes: NH heads.")
-
-
-class ValueInfo(_Model):
-    name: str = Field(
-        description="A derived per-token value (an equation that is not a state update)."
-    )
-    shape: list[str] = Field(
-        description="Its sizes: [] for a scalar, [K] for a vector, [V, K] for a matrix."
-    )
-    expr: str = Field(description="Its definition as spec text.")
-    is_output: bool = Field(description="True when no other equation reads it (it is returned).")
-
-
-class GateInfo(_Model):
-    side: Literal["scalar", "key", "value"] = Field(
-        description="What the decay scales: the whole state, its key (column) side or its value "
-        "(row) side."
-    )
-    decay: str = Field(description="The decay as written in the spec.")
-    log: str = Field(
-        description="Its logarithm in a numerically safe form (logsigmoid(a), dt A, log(gamma)): "
-        "the per-token log-gate g_t."
-    )
-    proven: bool = Field(description="True when the decay is provably in (0, 1].")
-    note: str = Field(description="Why it is, or is not, proven in (0, 1].")
-    location: Location | None = Field(description="Where the decay is written.")
-
-
-class WriteInfo(_Model):
-    value: str | None = Field(
-        description="The value vector v_t (null for a vector state: a column of ones)."
-    )
-    key: str = Field(description="The key vector k_t.")
-    scale: str | None = Field(description="Scalar scale of the outer product, or null.")
-
-
-class StateInfo(_Model):
-    name: str = Field(description="State name.")
-    shape: list[str] = Field(
-        description="Declared sizes ([V, K] for a matrix state, [K] for a vector)."
-    )
-    update: str = Field(description="The update equation as spec text.")
-    affine: bool = Field(
-        description="True when the update is affine in the state's previous value (S_t = "
-        "G_t(S_{t-1}) + W_t)."
-    )
-    transition_class: str = Field(description="Transition class of G_t (a variant of a class in mixc.transitions).")
-    rule: str = Field(
-        description="Name of the rule of the rule table that fired (first match wins)."
-    )
-    rule_description: str = Field(description="What that rule matched.")
-    chunkable: bool = Field(description="True when this state has a chunked parallel form.")
-    reason: str | None = Field(description="Why it has none (NYI or not affine), or null.")
-    gates: list[GateInfo] = Field(description="The decays of G_t with their safe logs.")
-    beta: str | None = Field(description="Delta rule: beta of I - beta k k^T.")
-    erase_key: str | None = Field(description="Delta rule: k of I - beta k k^T.")
-    stability: str | None = Field(
-        description="Delta rule: whether |k| = 1 and beta in [0, 2] are proven."
-    )
-    write_form: str = Field(description="Form of the write term W_t.")
-    write_rank: int = Field(description="Number of rank-1 outer products in the write.")
-    writes: list[WriteInfo] = Field(description="The rank-1 writes scale * value key^T.")
-
-
-class ReadoutInfo(_Model):
-    index: int = Field(description="Readout number: _r<index> in the output expression.")
-    state: str = Field(description="The state read.")
-    query: str = Field(description="The query vector (readout = state_t query).")
-    expr: str = Field(
-        description="The readout as spec text (H_t q_t, or z_t . q_t for a vector state)."
-    )
-
-
-class OutputInfo(_Model):
-    name: str = Field(description="Output name.")
-    shape: list[str] = Field(
-        description="Its sizes: [] for a scalar, [K] for a vector, [V, K] for a matrix."
-    )
-    equation: str = Field(description="The output equation as spec text.")
-    form: str = Field(
-        description="linear | linear + skip | ratio | function of readouts | no state."
-    )
-    expr: str = Field(description="The output with each readout replaced by _r<index>.")
-    readouts: list[ReadoutInfo] = Field(description="Linear reads of states.")
-    skip: str | None = Field(description="For linear + skip: the term that does not touch a state.")
-
-
-class GroupInfo(_Model):
-    states: list[str] = Field(
-        description="States that share one chunked pass (same transition and key; values "
-        "concatenated)."
-    )
-    transition_class: str = Field(description="Their transition class.")
-    algorithm: str = Field(description="The algorithm of this class (docs/algorithms.md).")
-    legend: str = Field(
-        description="How the matrices of the parallel form map to the spec's names."
-    )
-    parallel_form: list[str] = Field(
-        description="The chunked form as math, one formula a line (S = H^T, tokens are rows)."
-    )
-    quadratic_form: str | None = Field(
-        description="The whole-sequence (quadratic, attention-like) form, when the class has one."
-    )
-
-
-class WarningInfo(_Model):
-    message: str = Field(description="What is probably wrong.")
-    hint: str | None = Field(description="How to fix it.")
-    location: Location | None = Field(description="Where.")
-    rendered: str = Field(
-        description="The warning as mixc prints it: file:line:col, the line and a caret."
-    )
-
-
-class Quantity(_Model):
-    formula: str = Field(
-        description="Per token and head, in the size symbols (C: chunk size, T: sequence length)."
-    )
-    value: float | None = Field(
-        description="The number for the given sizes, or null if a size is missing."
-    )
-
-
-class FormCostInfo(_Model):
-    flops: Quantity = Field(
-        description="Floating-point operations per token and head (a multiply-add is 2)."
-    )
-    bytes: Quantity = Field(
-        description="Bytes moved per token and head (inputs/outputs 2 bytes, states and "
-        "intermediates fp32)."
-    )
-
-
-class GroupCostInfo(_Model):
-    states: list[str] = Field(description="The states of this group.")
-    transition_class: str = Field(description="Their transition class.")
-    recurrent: FormCostInfo = Field(description="Token by token.")
-    chunked: FormCostInfo | None = Field(
-        description="Chunked with chunk size C; null when there is no chunked form."
-    )
-    quadratic: FormCostInfo | None = Field(
-        description="Whole-sequence masked form; null when there is none."
-    )
-    note: str = Field(description="What the formulas assume for this class.")
-
-
-class TotalCostInfo(_Model):
-    recurrent: FormCostInfo = Field(
-        description="All groups, token by token, plus input/output bytes."
-    )
-    chunked: FormCostInfo | None = Field(
-        description="All groups chunked, plus input/output bytes; null if some group has no "
-        "chunked form."
-    )
-    quadratic: FormCostInfo | None = Field(
-        description="All groups in the quadratic form; null if some group has none."
-    )
-
-
-class CostInfo(_Model):
-    sizes: dict[str, int] = Field(description="The sizes given (--sizes).")
-    symbols: list[str] = Field(description="Every size symbol the formulas use.")
-    missing: list[str] = Field(
-        description="Symbols without a size: formulas using them have no value."
-    )
-    chunk_symbol: str = Field(description="The chunk-size symbol.")
-    sequence_symbol: str = Field(description="The sequence-length symbol.")
-    io_bytes: Quantity = Field(description="Bytes of per-token inputs read and outputs written.")
-    groups: list[GroupCostInfo] = Field(description="Cost of each group of states.")
-    total: TotalCostInfo = Field(description="Cost of the whole mixer.")
-    conventions: str = Field(description="How FLOPs and bytes are counted.")
-
-
-class Explanation(_Model):
-    """Everything `mixc explain` reports about one spec."""
-
-    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Version of this schema.")
-    mixer: str = Field(description="Mixer name.")
-    description: str | None = Field(description="The mixer's description string.")
-    source: str = Field(description="Where the spec came from (a path, or <string>).")
-    inputs: list[InputInfo] = Field(description="Per-token inputs.")
-    params: list[ParamInfo] = Field(description="Per-head parameters.")
-    values: list[ValueInfo] = Field(description="Derived per-token values, outputs included.")
-    states: list[StateInfo] = Field(description="Each state: class, rule, gates, write.")
-    outputs: list[OutputInfo] = Field(description="Each output: readout form.")
-    order: list[str] = Field(description="Evaluation order within one time step.")
-    groups: list[GroupInfo] = Field(
-        description="States that share one chunked pass, with the derived parallel form."
-    )
-    chunkable: bool = Field(description="True when the whole mixer has a chunked parallel form.")
-    algorithm: str = Field(description="The algorithm chosen.")
-    why: list[str] = Field(description="Why that algorithm: one line per state.")
-    not_supported: list[str] = Field(
-        description="What has no chunked form, and why (NYI or not affine)."
-    )
-    parallel_form: list[str] = Field(
-        description="The derived parallel form of the whole mixer, as math."
-    )
-    warnings: list[WarningInfo] = Field(
-        description="Located warnings (unproven decays, unread states)."
-    )
-    costs: CostInfo = Field(
-        description="Cost per token and head of the recurrent, chunked and quadratic forms."
-    )
+__all__ = ["explain", "parallel_form"]
 
 
 # ----------------------------------------------------------------------------- facts -> model
@@ -484,6 +258,17 @@ def _not_supported(facts: Plan) -> list[str]:
     return out
 
 
+def _form_infos(facts: Plan) -> list[FormInfo]:
+    """Each form of the compiled module, with the plan's reason where it is missing."""
+    forms = facts.forms
+    missing = {"chunk": forms.chunk, "parallel": forms.parallel, "summary": forms.summary}
+    missing |= {"recurrent": None, "step": forms.step}
+    return [
+        FormInfo(name=name, available=m is None, reason=None if m is None else m.text)
+        for name, m in missing.items()
+    ]
+
+
 def explain(
     spec: Spec, sizes: dict[str, int] | None = None, facts: Plan | None = None
 ) -> Explanation:
@@ -505,6 +290,7 @@ def explain(
         order=list(facts.order),
         groups=groups,
         chunkable=facts.chunkable,
+        forms=_form_infos(facts),
         algorithm=facts.algorithm,
         why=_why(facts),
         not_supported=_not_supported(facts),
@@ -625,236 +411,3 @@ def _unwrap(text: str) -> str:
     return text
 
 
-# ----------------------------------------------------------------------------- rendering
-
-
-class _Printer:
-    """The console, and the three shapes the report is printed in: headings, indented lines
-    and tables."""
-
-    def __init__(self, console) -> None:
-        self.console = console
-
-    def print(self, *args, **kwargs) -> None:
-        self.console.print(*args, **kwargs)
-
-    def heading(self, text: str) -> None:
-        from rich.text import Text
-
-        self.console.print()
-        self.console.print(Text(text, style="bold underline"))
-
-    def line(self, text: str, style: str = "", indent: int = 2) -> None:
-        from rich.text import Text
-
-        self.console.print(Text(" " * indent + text, style=style), soft_wrap=True)
-
-    def table(self, *columns: str):
-        from rich import box
-        from rich.table import Table
-
-        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
-        for c in columns:
-            t.add_column(c, overflow="fold")
-        return t
-
-
-def render(
-    report: Explanation, file=None, color: bool | None = None, width: int | None = None
-) -> None:
-    """Print the report with rich: tables and colour on a terminal, plain text when piped."""
-    from rich.console import Console
-
-    console = Console(
-        file=file,
-        force_terminal=color,
-        no_color=color is False,
-        highlight=False,
-        emoji=False,
-        width=width,
-    )
-    if not console.is_terminal and width is None:
-        console.width = 120
-    out = _Printer(console)
-    _render_title(out, report)
-    _render_arguments(out, report)
-    _render_states(out, report)
-    _render_outputs(out, report)
-    _render_plan(out, report)
-    _render_parallel_form(out, report)
-    _render_warnings(out, report)
-    _render_costs(out, report.costs)
-
-
-def _render_title(out: _Printer, report: Explanation) -> None:
-    from rich.text import Text
-
-    title = Text(report.mixer, style="bold cyan")
-    if report.description:
-        title.append(f" - {report.description}", style="bold")
-    title.append(f"  ({report.source})", style="dim")
-    out.print(title, soft_wrap=True)
-
-
-def _render_arguments(out: _Printer, report: Explanation) -> None:
-    """Inputs, parameters and derived per-token values."""
-    out.heading("Inputs (per token, per head)")
-    t = out.table("name", "shape", "kind", "tensor", "role")
-    for i in report.inputs:
-        shape = "[" + ", ".join(i.shape) + "]" if i.shape else "scalar"
-        kind = {
-            "scalar": "scalar per token",
-            "vector": "per channel",
-            "matrix": "matrix per token",
-        }[i.kind]
-        t.add_row(i.name, shape, kind, i.layout, ", ".join(i.roles) or "-")
-    out.print(t)
-    if report.params:
-        out.heading("Parameters (per head)")
-        t = out.table("name", "shape", "default", "tensor")
-        for p in report.params:
-            shape = "[" + ", ".join(p.shape) + "]" if p.shape else "scalar"
-            t.add_row(p.name, shape, p.default or "none: the caller supplies it", p.layout)
-        out.print(t)
-    derived = [v for v in report.values if not v.is_output]
-    if derived:
-        out.heading("Derived per-token values")
-        for v in derived:
-            out.line(f"{v.name}_t = {v.expr}")
-
-
-def _render_states(out: _Printer, report: Explanation) -> None:
-    out.heading("States")
-    for s in report.states:
-        _render_state(out, s)
-
-
-def _render_state(out: _Printer, s: StateInfo) -> None:
-    """One state: class and rule, update, write, erase (delta rule), log-gates, NYI reason."""
-    from rich.text import Text
-
-    head = Text(f"  {s.name}" + (f" [{', '.join(s.shape)}]" if s.shape else ""), style="bold")
-    head.append(f": {s.transition_class}", style="green" if s.chunkable else "red")
-    head.append(f"  (rule {s.rule}: {s.rule_description})")
-    out.print(head, soft_wrap=True)
-    out.line(f"update:   {s.update}", indent=4)
-    if s.writes:
-        parts = [
-            f"value {w.value if w.value is not None else '1 (vector state)'}, key {w.key}, "
-            f"scale {w.scale if w.scale is not None else '1'}"
-            for w in s.writes
-        ]
-        out.line(f"write:    rank {s.write_rank}: " + "; ".join(parts), indent=4)
-    else:
-        out.line(f"write:    {s.write_form}", indent=4)
-    if s.beta is not None:
-        out.line(f"erase:    I - β k k^T with β = {s.beta}, k = {s.erase_key}", indent=4)
-    if s.stability:
-        style = "" if s.stability.startswith("stable:") else "yellow"
-        out.line(f"          {s.stability}", style=style, indent=4)
-    for g in s.gates:
-        mark = "proven in (0, 1]" if g.proven else "NOT proven in (0, 1]"
-        out.line(
-            f"log-gate: {g.side}: {g.decay} -> {g.log}   {mark}: {g.note}",
-            style="" if g.proven else "yellow",
-            indent=4,
-        )
-    if s.reason:
-        out.line(f"no chunked form: {s.reason}", style="red", indent=4)
-
-
-def _render_outputs(out: _Printer, report: Explanation) -> None:
-    out.heading("Outputs")
-    for o in report.outputs:
-        out.line(f"{o.equation}", style="bold")
-        out.line(f"form: {o.form}   {o.name} = {o.expr}", indent=4)
-        for r in o.readouts:
-            out.line(f"_r{r.index} = {r.expr}", indent=6)
-        if o.skip:
-            out.line(f"skip (outside the recurrence): {o.skip}", indent=4)
-
-
-def _render_plan(out: _Printer, report: Explanation) -> None:
-    """Evaluation order, groups, the algorithm and why, what is not supported."""
-    out.heading("Plan")
-    targets = {v.name for v in report.values} | {s.name for s in report.states}
-    order = " -> ".join(n for n in report.order if n in targets)
-    out.line(f"evaluation order in a step: {order}")
-    out.line(
-        "groups (one chunked pass each): "
-        + ", ".join("(" + ", ".join(g.states) + ")" for g in report.groups)
-    )
-    style = "bold green" if report.chunkable else "bold red"
-    out.line(f"algorithm: {report.algorithm}", style=style)
-    for w in report.why:
-        out.line(f"why: {w}", indent=4)
-    out.line("not supported: nothing" if not report.not_supported else "not supported:")
-    for n in report.not_supported:
-        out.line(n, style="red", indent=4)
-    if not report.chunkable:
-        out.line(
-            "sequential only: compile gives recurrent() and step(); chunk() raises NYI", style="red"
-        )
-
-
-def _render_parallel_form(out: _Printer, report: Explanation) -> None:
-    out.heading("Parallel form (S = H^T, tokens are rows, S_0 the incoming state)")
-    for text in report.parallel_form:
-        out.line(text, indent=2)
-    for g in report.groups:
-        if g.quadratic_form:
-            out.line(f"quadratic [{', '.join(g.states)}]: {g.quadratic_form}", indent=2)
-
-
-def _render_warnings(out: _Printer, report: Explanation) -> None:
-    from rich.text import Text
-
-    if report.warnings:
-        out.heading(f"Warnings ({len(report.warnings)})")
-        for w in report.warnings:
-            out.print(Text(w.rendered, style="yellow"), soft_wrap=True)
-
-
-def _render_costs(out: _Printer, c: CostInfo) -> None:
-    """The cost table: each group's and the total FLOPs and bytes per form."""
-    example = ",".join(f"{s}={4096 if s == c.sequence_symbol else 64}" for s in c.symbols)
-    given = (
-        ", ".join(f"{k}={v}" for k, v in c.sizes.items())
-        or f"none (fill them with --sizes {example})"
-    )
-    out.heading("Cost per token and head")
-    missing = f";  missing: {', '.join(c.missing)}" if c.missing and c.sizes else ""
-    out.line(f"sizes: {given}" + missing)
-    t = out.table("states", "form", "FLOPs", "", "bytes", "")
-    for g in c.groups:
-        _cost_rows(t, ", ".join(g.states), g)
-    _cost_rows(t, "total", c.total)
-    out.print(t)
-    for g in c.groups:
-        out.line(f"{', '.join(g.states)}: {g.note}", style="dim")
-    out.line(
-        f"bytes include inputs and outputs ({c.io_bytes.formula}); a multiply-add is 2 FLOPs",
-        style="dim",
-    )
-
-
-def _cost_rows(t, label: str, c: GroupCostInfo | TotalCostInfo) -> None:
-    """One row per form (recurrent, chunked, quadratic): formulas and their values."""
-    for name, f in (("recurrent", c.recurrent), ("chunked", c.chunked), ("quadratic", c.quadratic)):
-        if f is None:
-            t.add_row(label, name, "n/a", "", "n/a", "")
-        else:
-            t.add_row(
-                label,
-                name,
-                f.flops.formula,
-                _num(f.flops.value),
-                f.bytes.formula,
-                _num(f.bytes.value),
-            )
-
-
-def _num(v: float | None) -> str:
-    if v is None:
-        return ""
-    return f"= {v:,.0f}" if v >= 100 else f"= {v:.4g}"
