@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from mixc import load_spec
-from mixc.analysis.cost import Formula, costs
+from mixc.analysis.cost import costs
+from mixc.analysis.formula import Formula
 from mixc.analysis.plan import Plan, analyze
 from mixc.errors import Source, SpecAnalysisError, SpecError
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk

@@ -23,19 +23,9 @@ MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 def _imports(path) -> set[str]:
     """The mixc modules `path` imports anywhere, at the top or inside a function (`from a import
-    b` imports the module a.b where there is one, else a); imports for type checkers only
-    (`if TYPE_CHECKING:`) never run and do not count."""
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(sub)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-        for sub in ast.walk(node)
-    }
+    b` imports the module a.b where there is one, else a), imports for type checkers included."""
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"

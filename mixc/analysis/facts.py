@@ -4,84 +4,20 @@ read by the plan (`mixc.analysis.plan`), never recomputed by a consumer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from mixc.algebra.expand import Term
 from mixc.errors import Span, SpecError
-from mixc.frontend.ir import Binary, Expr
+from mixc.frontend.ir import Expr
 from mixc.frontend.shapes import Shape
+from mixc.transitions.base import Transition
 
-if TYPE_CHECKING:
-    from mixc.transitions.base import TransitionClass
-
-__all__ = [
-    "LogGate",
-    "OutputFacts",
-    "Readout",
-    "SpecWarning",
-    "StateFacts",
-    "Transition",
-    "WriteTerm",
-]
+__all__ = ["OutputFacts", "Readout", "SpecWarning", "StateFacts", "WriteTerm"]
 
 
 class SpecWarning(SpecError):  # noqa: N818 - a warning, not an error
     """A located warning: the spec compiles, but something in it is probably wrong."""
 
     kind = "warning"
-
-
-@dataclass(frozen=True)
-class LogGate:
-    """One decay factor and its logarithm in a numerically safe form."""
-
-    side: str  # "scalar" | "key" | "value"
-    decay: Expr  # as written (for a vector gate: the vector of decays)
-    log: Expr  # log of the decay, safe to evaluate (logsigmoid(a), dt A, log(gamma)); canonical
-    proven: bool  # provably in (0, 1]
-    note: str
-
-
-@dataclass(frozen=True)
-class Transition:
-    """What a class's rule found in one state's transition G_t.
-
-    `kind` is the transition class (an object of the registry in `mixc.transitions`); `cls` the
-    variant it names in reports ("scalar data-dependent"); `rule` the rule that fired and what
-    it matched.
-    """
-
-    cls: str
-    rule: str  # "<rule name>: <what it matched>", e.g. "delta: S_{t-1} (I - beta_t k_t k_t^T)"
-    gates: tuple[LogGate, ...] = ()
-    beta: Expr | None = None  # identity minus rank-1: I - beta k k^T
-    key: Expr | None = None
-    gate: Expr | None = None  # a full elementwise gate (recurrent only)
-    reason: str | None = None  # why there is no chunked form
-    span: Span | None = None
-    kind: TransitionClass | None = None
-
-    def log(self, side: str) -> Expr | None:
-        """Sum of the log-gates on one side ("scalar", "key" or "value"), or None."""
-        logs = [g.log for g in self.gates if g.side == side]
-        out = None
-        for lg in logs:
-            out = lg if out is None else Binary("+", out, lg)
-        return out
-
-    @property
-    def sides(self) -> frozenset[str]:
-        """The sides that carry a decay ("scalar", "key", "value")."""
-        return frozenset(g.side for g in self.gates)
-
-    @property
-    def rule_name(self) -> str:
-        """The name of the rule that fired (`scalar_data`, `gated_delta`, `not_affine`, ...)."""
-        return self.rule.split(":", 1)[0]
-
-    @property
-    def chunkable(self) -> bool:
-        return self.reason is None
 
 
 @dataclass(frozen=True)

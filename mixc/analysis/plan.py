@@ -16,7 +16,7 @@ import networkx as nx
 
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander
-from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, Transition
+from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts
 from mixc.analysis.graph import dependency_graph
 from mixc.analysis.outputs import analyze_output, readout_name
 from mixc.analysis.states import analyze_state
@@ -25,7 +25,7 @@ from mixc.frontend.ir import Expr, Mixer
 from mixc.frontend.shapes import SCALAR, Symbol, Typer, typer_for
 from mixc.frontend.spec import Spec
 from mixc.frontend.verify import equation_order
-from mixc.transitions.base import KernelArg, TransitionClass
+from mixc.transitions.base import KernelArg, Transition, TransitionClass
 
 __all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "analyze"]
 

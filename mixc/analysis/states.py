@@ -7,12 +7,13 @@ from dataclasses import replace
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, transpose_atom
 from mixc.algebra.intervals import constant
-from mixc.analysis.facts import LogGate, StateFacts, Transition, WriteTerm
+from mixc.analysis.facts import StateFacts, WriteTerm
 from mixc.errors import Span
 from mixc.frontend.ir import Expr, Mixer, Timed, Transpose, walk
 from mixc.frontend.shapes import Shape, show
 from mixc.transitions import DENSE, NOT_AFFINE, classify
-from mixc.transitions.base import RuleContext
+from mixc.transitions.base import RuleContext, Transition
+from mixc.transitions.gates import LogGate
 
 __all__ = ["analyze_state"]
 
@@ -76,9 +77,9 @@ def analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) -
     )
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
-        chunk = transition.kind.chunk_reason(state)
+        chunk = transition.kind.chunk_reason(name, transition, write_terms[0].key)
         state = replace(state, transition=_with_reason(state.transition, chunk))
-    stability = state.transition.kind.stability(state.transition, state, params)
+    stability = state.transition.kind.stability(state.transition, params)
     return replace(state, stability=stability)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from mixc.analysis.cost import Costs, FormCost, Formula, costs
+from mixc.analysis.cost import Costs, costs
 from mixc.analysis.facts import OutputFacts, Readout, StateFacts
+from mixc.analysis.formula import FormCost, Formula
 from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr, Name, Timed, walk

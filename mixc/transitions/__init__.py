@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mixc.analysis.facts import Transition
-from mixc.transitions.base import RuleContext, StateTerms, TransitionClass
+from mixc.transitions.base import RuleContext, StateTerms, Transition, TransitionClass
 from mixc.transitions.delta import DELTA
 from mixc.transitions.dense import DENSE, NOT_AFFINE
 from mixc.transitions.diagonal import DIAGONAL

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from mixc.algebra.canon import Canon, signed
 from mixc.algebra.expand import Expander, Term
-from mixc.analysis.facts import LogGate, StateFacts, Transition
-from mixc.analysis.gates import log_gate
+from mixc.analysis.formula import ClassCost, Formula, GroupDims
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr
 from mixc.frontend.shapes import Shape
-
-if TYPE_CHECKING:
-    from mixc.analysis.cost import ClassCost, Formula, GroupDims
-    from mixc.transitions.writing import RandomForm
+from mixc.transitions.gates import LogGate, log_gate
+from mixc.transitions.writing import RandomForm
 
 __all__ = [
     "Condition",
@@ -38,6 +35,48 @@ __all__ = [
 
 #: The update's terms that read the state, each with the position of S_{t-1} in its chain.
 StateTerms = list[tuple[Term, int]]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What a class's rule found in one state's transition G_t.
+
+    `kind` is the transition class (an object of the registry in `mixc.transitions`); `cls` the
+    variant it names in reports ("scalar data-dependent"); `rule` the rule that fired and what
+    it matched.
+    """
+
+    cls: str
+    rule: str  # "<rule name>: <what it matched>", e.g. "delta: S_{t-1} (I - beta_t k_t k_t^T)"
+    gates: tuple[LogGate, ...] = ()
+    beta: Expr | None = None  # identity minus rank-1: I - beta k k^T
+    key: Expr | None = None
+    gate: Expr | None = None  # a full elementwise gate (recurrent only)
+    reason: str | None = None  # why there is no chunked form
+    span: Span | None = None
+    kind: TransitionClass | None = None  # set by the registry
+
+    def log(self, side: str) -> Expr | None:
+        """Sum of the log-gates on one side ("scalar", "key" or "value"), or None."""
+        logs = [g.log for g in self.gates if g.side == side]
+        out = None
+        for lg in logs:
+            out = lg if out is None else Binary("+", out, lg)
+        return out
+
+    @property
+    def sides(self) -> frozenset[str]:
+        """The sides that carry a decay ("scalar", "key", "value")."""
+        return frozenset(g.side for g in self.gates)
+
+    @property
+    def rule_name(self) -> str:
+        """The name of the rule that fired (`scalar_data`, `gated_delta`, `not_affine`, ...)."""
+        return self.rule.split(":", 1)[0]
+
+    @property
+    def chunkable(self) -> bool:
+        return self.reason is None
 
 
 @dataclass(frozen=True)
@@ -138,8 +177,9 @@ class TransitionClass:
         """The kernel's arguments beyond q, k, v, the initial state and the chunk size."""
         return ()
 
-    def chunk_reason(self, state: StateFacts) -> str | None:
-        """Why this state has no chunked form although its transition is in the class."""
+    def chunk_reason(self, state: str, tr: Transition, write_key: Expr) -> str | None:
+        """Why this state (with one write along `write_key`) has no chunked form although its
+        transition is in the class."""
         return None
 
     def summary_reason(self, tr: Transition) -> str | None:
@@ -176,7 +216,7 @@ class TransitionClass:
         """The chunked form as math in the spec's names (for a class with a kernel)."""
         return Maths((), (f"none: {tr.reason}",))
 
-    def stability(self, tr: Transition, state: StateFacts, params: dict[str, Expr]) -> str | None:
+    def stability(self, tr: Transition, params: dict[str, Expr]) -> str | None:
         """A note on what keeps the transition stable, for `mixc explain`; None when nothing
         beyond the proven decays."""
         return None

@@ -11,11 +11,17 @@ from fractions import Fraction
 
 from mixc.algebra.expand import Term, transpose_atom
 from mixc.algebra.intervals import bounds, with_defaults
-from mixc.analysis.cost import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
-from mixc.analysis.facts import Transition
+from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Call, Expr, Transpose
 from mixc.frontend.shapes import SCALAR
-from mixc.transitions.base import Condition, KernelArg, Maths, TransitionClass, scalar_gates
+from mixc.transitions.base import (
+    Condition,
+    KernelArg,
+    Maths,
+    Transition,
+    TransitionClass,
+    scalar_gates,
+)
 from mixc.transitions.scalar_decay import scalar_gate
 from mixc.transitions.writing import Core, RandomForm, Update, Writer
 
@@ -175,12 +181,11 @@ class Delta(TransitionClass):
     def kernel_args(self, tr):
         return (KernelArg("beta", tr.beta, "scalar"), KernelArg("g", tr.log("scalar"), "scalar"))
 
-    def chunk_reason(self, state):
-        tr, write = state.transition, state.writes[0]
-        if str(tr.key) != str(write.key):
+    def chunk_reason(self, state, tr, write_key):
+        if str(tr.key) != str(write_key):
             return (
-                f"NYI: the delta rule of {state.name} erases along {tr.key} but writes along "
-                f"{write.key}; the chunked form needs the same key in both"
+                f"NYI: the delta rule of {state} erases along {tr.key} but writes along "
+                f"{write_key}; the chunked form needs the same key in both"
             )
         return None
 
@@ -223,7 +228,7 @@ class Delta(TransitionClass):
     def decays(self, tr):
         return bool(tr.gates)
 
-    def stability(self, tr, state, params):
+    def stability(self, tr, params):
         """Stable when |k| = 1 and beta is in [0, 2] (eigenvalues 1 and 1 - beta)."""
         unit = isinstance(tr.key, Call) and tr.key.func == "l2norm"
         lo, hi = bounds(with_defaults(tr.beta, params))

@@ -4,9 +4,8 @@ state at all (`tanh(H_{t-1})`). They run in the recurrent form and step only."""
 
 from __future__ import annotations
 
-from mixc.analysis.facts import Transition
 from mixc.errors import Span
-from mixc.transitions.base import TransitionClass
+from mixc.transitions.base import Transition, TransitionClass
 
 
 class Dense(TransitionClass):

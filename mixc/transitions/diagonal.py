@@ -7,8 +7,7 @@ measured from each block's middle, so that no factor exp(-b) can overflow.
 
 from __future__ import annotations
 
-from mixc.analysis.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
-from mixc.analysis.facts import LogGate, Transition
+from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.frontend.ir import Call, Expr
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
@@ -16,11 +15,13 @@ from mixc.transitions.base import (
     Maths,
     RuleContext,
     StateTerms,
+    Transition,
     TransitionClass,
     plain,
     scalar_gates,
     sum_of,
 )
+from mixc.transitions.gates import LogGate
 from mixc.transitions.writing import Core, RandomForm, Update, Writer, decayed_update
 
 

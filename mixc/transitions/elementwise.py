@@ -4,8 +4,7 @@ between two tokens would be a [V, K] tensor per pair)."""
 
 from __future__ import annotations
 
-from mixc.analysis.facts import Transition
-from mixc.transitions.base import Condition, TransitionClass
+from mixc.transitions.base import Condition, Transition, TransitionClass
 from mixc.transitions.diagonal import gates_of
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mixc.analysis.cost import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
-from mixc.analysis.facts import Transition
+from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Timed, walk
-from mixc.transitions.base import KernelArg, Maths, TransitionClass, plain, scalar_gates
+from mixc.transitions.base import KernelArg, Maths, Transition, TransitionClass, plain, scalar_gates
 from mixc.transitions.writing import Core, RandomForm, Update, Writer, decayed_update
 
 # ----------------------------------------------------------------------------- random specs

@@ -7,11 +7,23 @@ is proven to lie in (0, 1].
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mixc.algebra.intervals import bounds, constant, nonpositive, with_defaults
-from mixc.analysis.facts import LogGate
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Number, Transpose
 
-__all__ = ["log_gate"]
+__all__ = ["LogGate", "log_gate"]
+
+
+@dataclass(frozen=True)
+class LogGate:
+    """One decay factor and its logarithm in a numerically safe form."""
+
+    side: str  # "scalar" | "key" | "value"
+    decay: Expr  # as written (for a vector gate: the vector of decays)
+    log: Expr  # log of the decay, safe to evaluate (logsigmoid(a), dt A, log(gamma)); canonical
+    proven: bool  # provably in (0, 1]
+    note: str
 
 
 def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
