@@ -56,61 +56,52 @@ def _statement(code: str) -> bool:
     return True
 
 
+def _outside_strings(code: str, start: int = 0, end: int | None = None):
+    """(position, bracket depth there) of every character of code[start:end] outside string
+    literals; the depth counts the brackets opened since `start` and not yet closed."""
+    depth, quote, escaped = 0, None, False
+    for i in range(start, len(code) if end is None else end):
+        c = code[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == quote:
+                quote = None
+            continue
+        if c in "\"'":
+            quote = c
+            continue
+        if c in ")]}":
+            depth -= 1
+        yield i, depth
+        if c in "([{":
+            depth += 1
+
+
 def _split_comment(code: str) -> tuple[str, str | None]:
     """(code, comment) for a line ending in `  # comment` outside any string."""
-    quote = None
-    for i, c in enumerate(code):
-        if quote:
-            if c == "\\":
-                continue
-            if c == quote:
-                quote = None
-        elif c in "\"'":
-            quote = c
-        elif code.startswith("  # ", i):
+    for i, _ in _outside_strings(code):
+        if code.startswith("  # ", i):
             return code[:i], code[i + 4 :]
     return code, None
 
 
 def _top_level(code: str, start: int, end: int, seps: tuple[str, ...]) -> list[int]:
     """Positions in code[start:end] of separators outside brackets and strings."""
-    depth, quote, out = 0, None, []
-    i = start
-    while i < end:
-        c = code[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "\"'":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif depth == 0 and any(code.startswith(s, i) for s in seps):
-            out.append(i)
-        i += 1
-    return out
+    return [
+        i
+        for i, depth in _outside_strings(code, start, end)
+        if depth == 0 and any(code.startswith(s, i) for s in seps)
+    ]
 
 
 def _matching(code: str, open_at: int) -> int:
     """The position of the bracket closing the one at `open_at`, or -1."""
-    depth, quote = 0, None
-    for i in range(open_at, len(code)):
-        c = code[i]
-        if quote:
-            if c == quote and code[i - 1] != "\\":
-                quote = None
-        elif c in "\"'":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i
+    for i, depth in _outside_strings(code, open_at):
+        if depth == 0 and i > open_at and code[i] in ")]}":
+            return i
     return -1
 
 
