@@ -141,6 +141,7 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
         )
         return GroupCost(group.states, tr.cls, recurrent, None, None, note)
     if not tr.chunkable:
-        return GroupCost(group.states, tr.cls, recurrent, None, None, f"recurrent only: {tr.reason}")
+        note = f"recurrent only: {tr.reason}"
+        return GroupCost(group.states, tr.cls, recurrent, None, None, note)
     found = tr.kind.cost(tr, d)
     return GroupCost(group.states, tr.cls, recurrent, found.chunked, found.quadratic, found.note)

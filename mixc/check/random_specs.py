@@ -1,9 +1,9 @@
 """Random valid specs across every supported class, to fuzz the compiler itself.
 
 `random_specs(forms)` is a hypothesis strategy of spec texts. Each spec draws one transition
-form (`GATE_FORMS`), written by its class (`TransitionClass.random_forms`), and around it the parts every
-spec has: random names, a feature map, a write scale, maybe a normaliser state and a skip term,
-and equivalent spellings of the same maths.
+form (`GATE_FORMS`), written by its class (`TransitionClass.random_forms`), and around it the
+parts every spec has: random names, a feature map, a write scale, maybe a normaliser state and
+a skip term, and equivalent spellings of the same maths.
 """
 
 from __future__ import annotations

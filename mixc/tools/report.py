@@ -8,10 +8,30 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SCHEMA_VERSION", "CostInfo", "Explanation", "FormCostInfo", "FormInfo", "GateInfo", "GroupCostInfo", "GroupInfo", "InputInfo", "Location", "OutputInfo", "ParamInfo", "Quantity", "ReadoutInfo", "StateInfo", "TotalCostInfo", "ValueInfo", "WarningInfo", "WriteInfo"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "CostInfo",
+    "Explanation",
+    "FormCostInfo",
+    "FormInfo",
+    "GateInfo",
+    "GroupCostInfo",
+    "GroupInfo",
+    "InputInfo",
+    "Location",
+    "OutputInfo",
+    "ParamInfo",
+    "Quantity",
+    "ReadoutInfo",
+    "StateInfo",
+    "TotalCostInfo",
+    "ValueInfo",
+    "WarningInfo",
+    "WriteInfo",
+]
 
 #: Bumped when a field is renamed or removed or changes meaning (adding a field does not).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: `order` lists the equations only; `forms` added
 
 
 class _Model(BaseModel):
@@ -94,7 +114,9 @@ class StateInfo(_Model):
         description="True when the update is affine in the state's previous value (S_t = "
         "G_t(S_{t-1}) + W_t)."
     )
-    transition_class: str = Field(description="Transition class of G_t (a variant of a class in mixc.transitions).")
+    transition_class: str = Field(
+        description="Transition class of G_t (a variant of a class in mixc.transitions)."
+    )
     rule: str = Field(
         description="Name of the rule of the rule table that fired (first match wins)."
     )
@@ -232,7 +254,7 @@ class CostInfo(_Model):
 class Explanation(_Model):
     """Everything `mixc explain` reports about one spec."""
 
-    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Version of this schema.")
+    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="Version of this schema.")
     mixer: str = Field(description="Mixer name.")
     description: str | None = Field(description="The mixer's description string.")
     source: str = Field(description="Where the spec came from (a path, or <string>).")

@@ -269,9 +269,8 @@ class _Module:
                 out(f"if {p.name} is None:")
                 out(f"{p.name} = {scalar_typer(defaults[p.name])}  # {p.default}", 2)
             dims = "".join(f'"{d}", ' for d in p.shape).rstrip(" ")
-            out(
-                f'{p.name} = _prepare_param("{p.name}", {p.name}, ({dims}), _sizes, _dtype, _device)'
-            )
+            where = "_sizes, _dtype, _device"
+            out(f'{p.name} = _prepare_param("{p.name}", {p.name}, ({dims}), {where})')
         out(f"return {self.args()}, _sizes, _dtype")
         out("", 0)
         out("", 0)
@@ -284,14 +283,12 @@ class _Module:
         out(f"_device = {self.inputs[0]}.device")
         batch = '_sizes["B"]'
         if packed:
-            out(
-                '_batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)'
-            )
+            packed_batch = "_check_cu_seqlens(cu_seqlens, _sizes)"
+            out(f'_batch = _sizes["B"] if cu_seqlens is None else {packed_batch}')
             batch = "_batch"
         if states_from is not None:
-            out(
-                f"{self.state_tuple()} = _prepare_states(STATES, {states_from}, _sizes, _dtype, _device, {batch})"
-            )
+            where = f"_sizes, _dtype, _device, {batch}"
+            out(f"{self.state_tuple()} = _prepare_states(STATES, {states_from}, {where})")
 
     def finish(self, out: Lines, y: str, final: str) -> None:
         shape = self.spec.shapes[self.output.target]
@@ -315,10 +312,8 @@ class _Module:
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
     def emit_chunk(self, out: Lines) -> None:
-        out(
-            f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64', 'cu_seqlens=None')}):",
-            0,
-        )
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=64")
+        out(f"def chunk({self.signature(*options, 'cu_seqlens=None')}):", 0)
         out('"""Chunked parallel form. Returns (output, final state or None).')
         out("")
         out("With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own")
@@ -335,10 +330,8 @@ class _Module:
         out("", 0)
 
     def emit_no_chunk(self, out: Lines) -> None:
-        out(
-            f"def chunk({self.signature('initial_state=None', 'output_final_state=False', 'chunk_size=64')}):",
-            0,
-        )
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=64")
+        out(f"def chunk({self.signature(*options)}):", 0)
         out('"""No chunked form exists for this spec: use recurrent or step."""')
         reason = self.facts.reason.replace("NYI: ", "")
         out(f"_fail({('NYI: no chunked form (' + reason + '). Use recurrent() or step().')!r})")
@@ -451,7 +444,8 @@ class _Module:
     def emit_summary(self, out: Lines) -> None:
         out(f"def summary({self.signature('chunk_size=64')}):", 0)
         out(
-            '"""The action of the sequence on the state, for context parallelism: returns (P, F), one of'
+            '"""The action of the sequence on the state, for context parallelism: '
+            "returns (P, F), one of"
         )
         out(
             "each per state, such that the final state is `initial @ P + F` for every initial state"
@@ -474,9 +468,8 @@ class _Module:
             out(f"_K = _k_{name}.shape[-1]")
             out(f"_width = _v_{name}.shape[-1]")
             out(f"_v = torch.cat([_v_{name}, _v_{name}.new_zeros(*_v_{name}.shape[:-1], _K)], -1)")
-            out(
-                "_S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)"
-            )
+            probes = "torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1)"
+            out(f"_S0 = {probes}.to(dtype=_dtype, device=_device)")
             out(f"_S0 = _S0.expand(*_k_{name}.shape[:2], _K, _width + _K)")
             args = ", ".join([f"torch.zeros_like(_k_{name})", f"_k_{name}", "_v", *kernel_args])
             out(f"_o, _S = {kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
@@ -518,10 +511,8 @@ class _Module:
         }
         sliced = [i for i in self.inputs if i in used]
         if sliced:
-            out(
-                f"{', '.join(f'{i}_t' for i in sliced)} = {', '.join(f'{i}[:, _t]' for i in sliced)}",
-                2,
-            )
+            names, slices = (", ".join(f"{i}{x}" for i in sliced) for x in ("_t", "[:, _t]"))
+            out(f"{names} = {slices}", 2)
         e = self.step_expr()
         for name in self.facts.order:
             if name not in self.states:
@@ -566,11 +557,12 @@ class _Module:
         ]
         return f"{decayed} + {e.terms(writes)}" if writes else decayed
 
+    def recurrence_call(self, states: str) -> str:
+        return f"_recurrence({self.args()}, {states}, _sizes, _dtype, _device)"
+
     def emit_recurrent(self, out: Lines) -> None:
-        out(
-            f"def recurrent({self.signature('initial_state=None', 'output_final_state=False', 'cu_seqlens=None')}):",
-            0,
-        )
+        options = ("initial_state=None", "output_final_state=False", "cu_seqlens=None")
+        out(f"def recurrent({self.signature(*options)}):", 0)
         out('"""Token-by-token form. Returns (output, final state or None).')
         out("")
         out(
@@ -582,16 +574,11 @@ class _Module:
         self.prologue(out, True, "initial_state", packed=True)
         states = ", ".join(self.states)
         out("if cu_seqlens is None:")
-        out(
-            f"{self.output.target}, {self.state_tuple()} = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)",
-            2,
-        )
+        out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
         out("else:")
         out("_outputs, _finals = [], []", 2)
-        out(
-            "for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):",
-            2,
-        )
+        bounds = "zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())"
+        out(f"for _n, (_start, _end) in enumerate({bounds}):", 2)
         per_token = self.inputs
         sliced = ", ".join(
             f"{a}[:, _start:_end]" if a in per_token else a
@@ -599,16 +586,12 @@ class _Module:
         )
         out("if _end == _start:  # an empty sequence keeps its initial state", 3)
         own = [f"{s}[_n : _n + 1]" for s in self.states]
-        out(
-            f"_finals.append({f'({own[0]},)' if len(own) == 1 else f'({chr(44).join(own)})'.replace(',', ', ')})",
-            4,
-        )
+        kept = f"({own[0]},)" if len(own) == 1 else f"({', '.join(own)})"
+        out(f"_finals.append({kept})", 4)
         out("continue", 4)
         out("_piece = dict(_sizes, T=_end - _start)", 3)
-        out(
-            f"_y, _s = _recurrence({sliced}, {', '.join(f'{s}[_n : _n + 1]' for s in self.states)}, _piece, _dtype, _device)",
-            3,
-        )
+        own_states = ", ".join(f"{s}[_n : _n + 1]" for s in self.states)
+        out(f"_y, _s = _recurrence({sliced}, {own_states}, _piece, _dtype, _device)", 3)
         out("_outputs.append(_y)", 3)
         out("_finals.append(_s)", 3)
         out(f"{self.output.target} = torch.cat(_outputs, 1)", 2)
@@ -630,9 +613,7 @@ class _Module:
         out(f"_out_dtype = {self.inputs[0]}.dtype")
         self.prologue(out, False, "state")
         states = ", ".join(self.states)
-        out(
-            f"{self.output.target}, {self.state_tuple()} = _recurrence({self.args()}, {states}, _sizes, _dtype, _device)"
-        )
+        out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}")
         self.finish(out, f"{self.output.target}[:, 0]", self.final_states())
 
 
