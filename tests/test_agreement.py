@@ -127,7 +127,9 @@ def test_edge_specs_agree(name: str, tmp_path: Path) -> None:
     assert_agree(EDGES[name], tmp_path)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(random_specs())
 def test_random_specs_agree(tmp_path: Path, text: str) -> None:
     assert_agree(text, tmp_path)
