@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 
 from mixc import cli
 from mixc.check import random_specs
-from tests.test_malformed import VOCABULARY
+from tests.frontend.test_malformed import VOCABULARY
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "specs").glob("*.mix"))

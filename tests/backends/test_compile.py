@@ -18,7 +18,7 @@ from mixc.check.fuzz import reference
 from mixc.oracle.interpret import interpret
 from tests.mixers import VARIANTS, positional, random_states, rel, spec_inputs
 
-SPECS = sorted(Path(__file__).parent.parent.glob("specs/*.mix"))
+SPECS = sorted(Path(__file__).parents[2].glob("specs/*.mix"))
 CASES = [pytest.param(str(p), id=p.stem) for p in SPECS] + [
     pytest.param(text, id=name) for name, text in VARIANTS.items()
 ]

@@ -28,7 +28,7 @@ from mixc.frontend.spec import Spec
 from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
 
-SPECS = Path(__file__).parent.parent / "specs"
+SPECS = Path(__file__).parents[2] / "specs"
 
 
 # ----------------------------------------------------------------------------- the table

@@ -3,7 +3,7 @@
 CI runs a fixed set (the derandomized "ci" profile of tests/conftest.py): at least 100 random specs,
 each with 3 small examples. To explore more locally, with fresh randomness:
 
-    HYPOTHESIS_PROFILE=dev python -m pytest tests/test_random_specs.py -m slow --hypothesis-seed=7
+    HYPOTHESIS_PROFILE=dev python -m pytest tests/check/test_random_specs.py -m slow --hypothesis-seed=7
 
 The dev profile also runs the default test with 10x the specs. Compiler bugs found this way are
 pinned below as strict xfails with their minimal spec, and the spelling that hits one is left

@@ -18,7 +18,7 @@ from mixc.errors import MixcError, Source, SpecError, SpecSyntaxError
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode
 from tests.strategies import small_mixers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC_TEXTS = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "specs").glob("*.mix"))]
 
 # Pieces of the spec language, and near misses, to insert into valid specs.

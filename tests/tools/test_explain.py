@@ -18,10 +18,10 @@ from mixc.errors import MixcError
 from mixc.tools.explain import explain
 from mixc.tools.render import render
 from mixc.tools.report import SCHEMA_VERSION, Explanation
-from tests.test_analysis import ROWS
-from tests.test_analysis import VARIANT_ROWS as VARIANTS
+from tests.analysis.test_analysis import ROWS
+from tests.analysis.test_analysis import VARIANT_ROWS as VARIANTS
 
-SPECS = Path(__file__).parent.parent / "specs"
+SPECS = Path(__file__).parents[2] / "specs"
 SHIPPED = sorted(p.name for p in SPECS.glob("*.mix"))
 ANSI = re.compile(r"\x1b\[")
 

@@ -23,7 +23,7 @@ from mixc.check import (
 from mixc.check.sampling import interval
 from mixc.cli import main as cli_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
 SIZES = {"K": 5, "V": 3, "P": 3, "N": 5}
 

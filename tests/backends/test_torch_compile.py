@@ -17,7 +17,7 @@ import mixc
 from mixc.oracle.interpret import interpret
 from tests.mixers import positional, rel, spec_inputs
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 SPECS = sorted(ROOT.glob("specs/*.mix"))
 ONE_PER_KERNEL = ["gated_retention", "gla", "gated_deltanet"]
 #: The project's float32 bound against the float64 oracle (relative RMS error of outputs).

@@ -11,7 +11,7 @@ import pytest
 from mixc.cli import main
 from mixc.tools import bench
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 TINY = ["--sizes", "B=1,NH=2,K=8,V=8", "--T", "16,40", "--repeats", "2", "--threads", "1"]
 
 

@@ -14,7 +14,7 @@ from mixc import cli
 from mixc.check import Example, check, examples, fuzz, input_ranges
 from tests.mixers import run_mixc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
 IDS = [p.stem for p in SPECS]
 

@@ -19,7 +19,7 @@ import pytest
 import mixc
 from mixc.check import fuzz
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # (spec, what breaks, target text, replacement, the forms that must notice)
 MUTANTS = [
@@ -207,7 +207,7 @@ MUTANTS = [
         {"chunk"},
     ),
     # its own backward (chunk_delta's gradients; the gradient attached to the forward's inverse
-    # serves double backward only: tests/test_kernels.py checks it with gradgradcheck)
+    # serves double backward only: tests/backends/test_kernels.py checks it with gradgradcheck)
     (
         "deltanet",
         "gradient through the triangular inverse dropped",

@@ -17,7 +17,7 @@ from mixc import MixcError, load_spec
 from mixc.frontend.ir import FUNCTIONS as IR_FUNCTIONS
 from mixc.oracle.interpret import FUNCTIONS, interpret
 
-SPECS = sorted((Path(__file__).parent.parent / "specs").glob("*.mix"))
+SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix"))
 BATCH, STEPS, HEADS, DK, DV = 2, 9, 3, 4, 5
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 f64 = torch.float64

@@ -15,7 +15,7 @@ import mixc
 from mixc.oracle.interpret import interpret
 from tests.mixers import VARIANTS, positional, random_states, rel, spec_inputs
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 SPECS = sorted(ROOT.glob("specs/*.mix"))
 CHUNKED = [p for p in SPECS if p.stem != "gated_general"]
 IDS = [p.stem for p in SPECS]

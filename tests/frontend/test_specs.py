@@ -9,7 +9,7 @@ import mixc
 from mixc import load_spec, parse
 from tests.mixers import run_mixc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
 
 

@@ -10,7 +10,7 @@ import torch
 import mixc
 from tests.mixers import positional, random_states, rel, spec_inputs
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 SPECS = sorted(ROOT.glob("specs/*.mix"))
 
 
