@@ -40,14 +40,15 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from mixc.algebra.intervals import bounds
 from mixc.analysis.plan import Plan, analyze
-from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
 from mixc.frontend.spec import Spec, load_spec
 from mixc.transitions.base import Condition
 
@@ -65,7 +66,6 @@ __all__ = [
     "draws",
     "examples",
     "input_ranges",
-    "interval",
     "make_case",
     "sample_inputs",
     "sample_states",
@@ -198,131 +198,6 @@ class InputRanges:
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
-# ----------------------------------------------------------------------------- interval arithmetic
-
-
-def _mul(a: float, b: float) -> float:
-    return 0.0 if a == 0 or b == 0 else a * b
-
-
-def _mul_iv(x: tuple[float, float], y: tuple[float, float]) -> tuple[float, float]:
-    ps = [_mul(a, b) for a in x for b in y]
-    return min(ps), max(ps)
-
-
-def _monotone(f: Callable[[float], float], iv: tuple[float, float]) -> tuple[float, float]:
-    return f(iv[0]), f(iv[1])
-
-
-def _safe(
-    f: Callable[[float], float], at_minus_inf: float, at_inf: float
-) -> Callable[[float], float]:
-    def g(x: float) -> float:
-        if x == -_INF:
-            return at_minus_inf
-        if x == _INF:
-            return at_inf
-        try:
-            return f(x)
-        except OverflowError:
-            return at_inf if x > 0 else at_minus_inf
-
-    return g
-
-
-_INCREASING: dict[str, Callable[[float], float]] = {
-    "exp": _safe(math.exp, 0.0, _INF),
-    "sigmoid": _safe(lambda x: 1 / (1 + math.exp(-x)) if x > -700 else 0.0, 0.0, 1.0),
-    "logsigmoid": _safe(lambda x: -math.log1p(math.exp(-x)) if x > -700 else x, -_INF, 0.0),
-    "softplus": _safe(lambda x: math.log1p(math.exp(x)) if x < 700 else x, 0.0, _INF),
-    "relu": lambda x: max(x, 0.0),
-    "tanh": _safe(math.tanh, -1.0, 1.0),
-    "elu": _safe(lambda x: x if x > 0 else math.expm1(x), -1.0, _INF),
-    "sqrt": lambda x: math.sqrt(max(x, 0.0)),
-    "log": lambda x: -_INF if x <= 0 else math.log(x),
-}
-
-
-def interval(
-    e: Expr, env: dict[str, tuple[float, float]], defaults: dict[str, Expr]
-) -> tuple[float, float]:
-    """Interval of values `e` can take, elementwise, given intervals for names and per-token
-    inputs (anything not in `env` is any real) and the default expressions of parameters
-    (evaluated for a head index h >= 0). A matrix product is treated as a product of scalars,
-    which is exact for the scalar and elementwise expressions gates are made of."""
-    if isinstance(e, Number):
-        v = float(e.text)
-        return v, v
-    if isinstance(e, Identity):
-        return 0.0, 1.0
-    if isinstance(e, Name):
-        if e.name == "h":
-            return 0.0, _INF
-        if e.name in defaults:
-            return interval(defaults[e.name], env, defaults)
-        return env.get(e.name, (-_INF, _INF))
-    if isinstance(e, Timed):
-        return env.get(e.name, (-_INF, _INF))
-    if isinstance(e, Neg):
-        lo, hi = interval(e.operand, env, defaults)
-        return -hi, -lo
-    if isinstance(e, Transpose):
-        return interval(e.operand, env, defaults)
-    if isinstance(e, Call):
-        return _call_interval(e, env, defaults)
-    if isinstance(e, Binary):
-        return _binary_interval(e, env, defaults)
-    return -_INF, _INF
-
-
-def _call_interval(
-    e: Call, env: dict[str, tuple[float, float]], defaults: dict[str, Expr]
-) -> tuple[float, float]:
-    """Interval of a function call: diag, l2norm, silu and the increasing functions."""
-    if len(e.args) != 1:
-        return -_INF, _INF
-    iv = interval(e.args[0], env, defaults)
-    if e.func == "diag":
-        return min(iv[0], 0.0), max(iv[1], 0.0)
-    if e.func == "l2norm":
-        return (0.0 if iv[0] >= 0 else -1.0), (0.0 if iv[1] <= 0 else 1.0)
-    if e.func == "silu":
-        return (iv[0] * 0.5 if iv[0] >= 0 else -0.2785), (_INF if iv[1] > 0 else 0.0)
-    if e.func in _INCREASING:
-        if e.func in ("log", "sqrt") and iv[0] < 0:  # outside the domain: no bound
-            return -_INF, _INF
-        return _monotone(_INCREASING[e.func], iv)
-    return -_INF, _INF
-
-
-def _binary_interval(
-    e: Binary, env: dict[str, tuple[float, float]], defaults: dict[str, Expr]
-) -> tuple[float, float]:
-    """Interval of a sum, difference, product, dot product, quotient or power."""
-    x, y = interval(e.left, env, defaults), interval(e.right, env, defaults)
-    if e.op == "+":
-        return x[0] + y[0], x[1] + y[1]
-    if e.op == "-":
-        return x[0] - y[1], x[1] - y[0]
-    if e.op in ("*", "@"):
-        return _mul_iv(x, y)
-    if e.op == ".":
-        lo, hi = _mul_iv(x, y)
-        return (0.0 if lo >= 0 else -_INF), (0.0 if hi <= 0 else _INF)
-    if e.op == "/" and (y[0] > 0 or y[1] < 0):
-        inv = tuple(sorted(0.0 if math.isinf(b) else 1 / b for b in y))
-        if y[0] == 0 or y[1] == 0:
-            return -_INF, _INF
-        return _mul_iv(x, inv)
-    if e.op == "^" and x[0] > 0:
-        try:
-            vals = [a**b for a in x for b in y if not (math.isinf(a) and b == 0)]
-            return min(vals), max(vals)
-        except (OverflowError, ValueError, ZeroDivisionError):
-            return 0.0, _INF
-    return -_INF, _INF
-
-
 def _free(e: Expr, inputs: set[str], params: set[str]) -> list[str]:
     out = []
     for n in walk(e):
@@ -393,7 +268,7 @@ def _positive_states(facts: Plan) -> dict[str, str]:
 def _holds(conditions: list[Condition], env: dict, defaults: dict[str, Expr]) -> bool:
     """Whether interval arithmetic proves every condition for the intervals in `env`."""
     for c in conditions:
-        lo, hi = interval(c.expr, env, defaults)
+        lo, hi = bounds(c.expr, env, defaults)
         if not (c.lo <= lo and hi <= c.hi):
             return False
     return True
@@ -534,7 +409,7 @@ def _modes_near_one(
             for x, m in zip(variables, combo, strict=True)
         }
         plain = sum(m == x.modes[0] for x, m in zip(variables, combo, strict=True))
-        return interval(c.expr, env, defaults)[0], plain
+        return bounds(c.expr, env, defaults)[0], plain
 
     best = max(itertools.product(*(x.modes for x in variables)), key=score)
     return {x.name: m for x, m in zip(variables, best, strict=True)}
