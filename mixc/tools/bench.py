@@ -228,7 +228,8 @@ def make_inputs(spec, sizes: dict[str, int], T: int, *, device="cpu", seed: int 
     intermediate a normal float (subnormal floats would time the FPU's slow path, not the
     algorithm).
     """
-    from mixc.check.sampling import decays_near_one, input_ranges, sample_inputs
+    from mixc.check.ranges import decays_near_one, input_ranges
+    from mixc.check.sampling import sample_inputs
 
     ranges = input_ranges(spec)
     return sample_inputs(
