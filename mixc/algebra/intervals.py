@@ -39,13 +39,14 @@ def bounds(
 
     A matrix product is bounded as a product of its entries, which is exact for the scalar and
     elementwise factors gates are made of (`dt_t A`, `2 sigmoid(b_t)`), but too narrow for a
-    contraction over more than one entry with finite bounds; a dot product (`.`) is a sum of
-    products of unknown length, bounded by its sign only.
+    contraction over more than one entry with finite bounds. A dot product (`.`), a sum of one
+    or more such products, keeps only the ends that the signs of its terms guarantee.
     """
     return _bounds(e, env or {}, defaults or {})
 
 
 def _bounds(e: Expr, env: Mapping[str, Interval], defaults: Mapping[str, Expr | None]) -> Interval:
+    """`bounds`, with `env` and `defaults` given."""
     if isinstance(e, Number):
         v = float(e.text)
         return v, v
