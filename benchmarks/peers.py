@@ -1036,7 +1036,8 @@ def report(data: dict) -> str:
 
 
 def draw(data: dict, path: Path) -> None:
-    from mixc.tools.bench import BenchResult, Point, plot
+    from mixc.tools.bench import BenchResult, Point
+    from mixc.tools.bench_report import plot
 
     results = []
     for sweep in data["sweep"].values():

@@ -152,10 +152,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 @command
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time the compiled forms over a sweep of T: table, and optionally JSON and a plot."""
-    from mixc.tools import bench
+    from mixc.tools import bench, bench_report
 
     if args.plot:
-        bench._pyplot()  # fail before the sweep, not after, when matplotlib is missing
+        bench_report.matplotlib_figure()  # fail before the sweep, not after, without matplotlib
     result = bench.run(
         args.spec,
         sizes=args.sizes,
@@ -171,12 +171,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         memory=not args.no_memory,
         progress=sys.stderr.isatty(),
     )
-    bench.render(result)
+    bench_report.render(result)
     if args.json:
-        bench.write_json(result, args.json)
+        bench_report.write_json(result, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        bench.plot([result], args.plot)
+        bench_report.plot([result], args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 

@@ -1,89 +1,144 @@
 """Interval arithmetic over spec expressions: what values an expression can take.
 
-Used to prove that a decay lies in (0, 1], that a beta lies in [0, 2], or that a constant is
-positive, for every head (h >= 0) and for any value of the inputs and parameters.
+One arithmetic serves two callers. The analysis proves, for every head (h >= 0) and any value
+of the inputs and parameters, that a decay lies in (0, 1], that a beta lies in [0, 2], or that
+a constant is positive. The fuzzer searches for input ranges under which the same conditions
+hold, and so gives some inputs and parameters an interval of their own (`env`).
+
+Every interval holds every value its expression can take (up to rounding at the ends): a
+result that is too wide only loses a proof, one that is too narrow would prove something false.
+Functions are bounded by the builtins table (`mixc.frontend.builtins.bounds`), so a new built-in
+needs no change here.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.builtins import BUILTINS, Interval
 from mixc.frontend.builtins import bounds as builtin_bounds
-from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
 
-__all__ = ["bounds", "constant", "nonpositive", "with_defaults"]
+__all__ = ["bounds", "constant", "nonpositive"]
+
+_INF = math.inf
+_WHOLE_LINE: Interval = (-_INF, _INF)
 
 
-def bounds(e: Expr) -> tuple[float, float]:
-    """Interval of values `e` can take, for h >= 0 and unknown inputs and parameters."""
-    inf = math.inf
+def bounds(
+    e: Expr,
+    env: Mapping[str, Interval] | None = None,
+    defaults: Mapping[str, Expr | None] | None = None,
+) -> Interval:
+    """Interval of the values every entry of `e` can take, for a head index h >= 0.
+
+    `env` gives the interval of some inputs (read as `x_t`) and parameters (read as `x`); any
+    other input or parameter is any real. `defaults` gives the default expression of some
+    parameters (None for a parameter without one), bounded in place of the parameter.
+
+    A matrix product is bounded as a product of its entries, which is exact for the scalar and
+    elementwise factors gates are made of (`dt_t A`, `2 sigmoid(b_t)`), but too narrow for a
+    contraction over more than one entry with finite bounds. A dot product (`.`), a sum of one
+    or more such products, keeps only the ends that the signs of its terms guarantee.
+    """
+    return _bounds(e, env or {}, defaults or {})
+
+
+def _bounds(e: Expr, env: Mapping[str, Interval], defaults: Mapping[str, Expr | None]) -> Interval:
+    """`bounds`, with `env` and `defaults` given."""
     if isinstance(e, Number):
         v = float(e.text)
         return v, v
+    if isinstance(e, Identity):  # its entries are 0 and 1
+        return 0.0, 1.0
     if isinstance(e, Name):
-        return (0.0, inf) if e.name == "h" else (-inf, inf)
+        if e.name == "h":
+            return 0.0, _INF
+        default = defaults.get(e.name)
+        if default is not None:
+            return _bounds(default, env, defaults)
+        return env.get(e.name, _WHOLE_LINE)
+    if isinstance(e, Timed):
+        return env.get(e.name, _WHOLE_LINE)
     if isinstance(e, Neg):
-        lo, hi = bounds(e.operand)
+        lo, hi = _bounds(e.operand, env, defaults)
         return -hi, -lo
+    if isinstance(e, Transpose):  # the same entries, elsewhere
+        return _bounds(e.operand, env, defaults)
     if isinstance(e, Call) and len(e.args) == 1 and e.func in BUILTINS:
-        return builtin_bounds(e.func, *bounds(e.args[0]))
+        return builtin_bounds(e.func, *_bounds(e.args[0], env, defaults))
     if isinstance(e, Binary):
-        (a, b), (c, d) = bounds(e.left), bounds(e.right)
-        if e.op == "+":
-            return a + c, b + d
-        if e.op == "-":
-            return a - d, b - c
-        if e.op in ("*", "@"):
-            return _mul_bounds(a, b, c, d)
-        if e.op == "/" and (c > 0 or d < 0):  # the denominator never crosses 0
-            inv = (
-                1 / d if d not in (0, inf, -inf) else 0.0,
-                1 / c if c not in (0, inf, -inf) else 0.0,
-            )
-            if c > 0 and math.isinf(d):
-                inv = (0.0, 1 / c)
-            if d < 0 and math.isinf(c):
-                inv = (1 / d, 0.0)
-            return _mul_bounds(a, b, *inv)
-        if e.op == "^" and a > 0:
-            vals = [x**y for x in (a, b) for y in (c, d) if not (math.isinf(x) and y == 0)]
-            try:
-                return min(vals), max(vals)
-            except (OverflowError, ValueError):
-                return 0.0, inf
-    return -inf, inf
+        return _binary(e.op, _bounds(e.left, env, defaults), _bounds(e.right, env, defaults))
+    return _WHOLE_LINE
 
 
-def _mul_bounds(a: float, b: float, c: float, d: float) -> tuple[float, float]:
-    if not any(math.isinf(x) for x in (a, b, c, d)):
-        ps = [a * c, a * d, b * c, b * d]
-        return min(ps), max(ps)
-    if a >= 0 and c >= 0:
-        return 0.0, math.inf
-    if (a >= 0 and d <= 0) or (b <= 0 and c >= 0):
-        return -math.inf, 0.0
-    if b <= 0 and d <= 0:
-        return 0.0, math.inf
-    return -math.inf, math.inf
+def _binary(op: str, x: Interval, y: Interval) -> Interval:
+    """Interval of `x op y` for the intervals of the two operands."""
+    if op == "+":
+        return _finite_or_whole(x[0] + y[0], x[1] + y[1])
+    if op == "-":
+        return _finite_or_whole(x[0] - y[1], x[1] - y[0])
+    if op in ("*", "@"):
+        return _multiply(x, y)
+    if op == ".":
+        return _dot(x, y)
+    if op == "/":
+        return _divide(x, y)
+    if op == "^":
+        return _power(x, y)
+    return _WHOLE_LINE
 
 
-def nonpositive(e: Expr, params: dict[str, Expr]) -> bool:
-    return bounds(with_defaults(e, params))[1] <= 0
+def _finite_or_whole(lo: float, hi: float) -> Interval:
+    """(lo, hi), or the whole line where an end is NaN (inf - inf: nothing is known)."""
+    return _WHOLE_LINE if math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
 
-def with_defaults(e: Expr, params: dict[str, Expr]) -> Expr:
-    if isinstance(e, Name) and params.get(e.name) is not None:
-        return params[e.name]
-    if isinstance(e, Neg):
-        return Neg(with_defaults(e.operand, params))
-    if isinstance(e, Binary):
-        return Binary(e.op, with_defaults(e.left, params), with_defaults(e.right, params))
-    if isinstance(e, Call):
-        return Call(e.func, tuple(with_defaults(a, params) for a in e.args))
-    if isinstance(e, Transpose):
-        return with_defaults(e.operand, params)
-    return e
+def _times(a: float, b: float) -> float:
+    """a * b for ends of intervals: 0 times an unbounded end is 0, as every value is finite."""
+    return 0.0 if a == 0 or b == 0 else a * b
+
+
+def _multiply(x: Interval, y: Interval) -> Interval:
+    """Interval of a product: the extreme products of the ends."""
+    ps = [_times(a, b) for a in x for b in y]
+    return min(ps), max(ps)
+
+
+def _dot(x: Interval, y: Interval) -> Interval:
+    """Interval of a dot product of vectors with entries in x and y: a sum of one or more
+    products, so it keeps only the lower end of a product that is never negative and the upper
+    end of one that is never positive."""
+    lo, hi = _multiply(x, y)
+    return (lo if lo >= 0 else -_INF), (hi if hi <= 0 else _INF)
+
+
+def _divide(x: Interval, y: Interval) -> Interval:
+    """Interval of a quotient: x times 1/y, where y never reaches 0 (1/y then lies between the
+    inverses of y's ends, 0 for an unbounded end)."""
+    if not (y[0] > 0 or y[1] < 0):
+        return _WHOLE_LINE
+    inverse = [0.0 if math.isinf(b) else 1 / b for b in y]
+    return _multiply(x, (min(inverse), max(inverse)))
+
+
+def _power(x: Interval, y: Interval) -> Interval:
+    """Interval of x^y for a base that is always positive: x^y = exp(y log x) is monotone in
+    each of y and log x, so its extremes are at the corners (inf^0, which has no limit, left
+    out: x^0 = 1 at the finite bases)."""
+    if x[0] <= 0:
+        return _WHOLE_LINE
+    try:
+        vals = [a**b for a in x for b in y if not (math.isinf(a) and b == 0)]
+        return min(vals), max(vals)
+    except (OverflowError, ValueError):  # a corner overflows, or every corner is inf^0
+        return 0.0, _INF
+
+
+def nonpositive(e: Expr, params: Mapping[str, Expr | None]) -> bool:
+    """Whether `e` is <= 0 for every head and any inputs, parameters taking their defaults."""
+    return bounds(e, defaults=params)[1] <= 0
 
 
 def constant(e: Expr) -> float | None:

@@ -1,6 +1,7 @@
 """Checking compiled modules against the float64 oracle, by stage.
 
-- `sampling`: what inputs to draw (input ranges from the analysis facts, examples, any-size draws);
+- `ranges`: how to draw every argument (input ranges from the analysis facts, stress modes);
+- `sampling`: what to draw (examples, their tensors, any-size draws);
 - `fuzz`: the oracle, every form, the comparison and the hypothesis search;
 - `reproducer`: the runnable script that replays a failure;
 - `random_specs`: random valid specs, to fuzz the compiler itself;
@@ -10,19 +11,9 @@
 from mixc.check.command import run_command
 from mixc.check.fuzz import Failure, Invalid, Report, Result, check, compare, fuzz, reference
 from mixc.check.random_specs import GATE_FORMS, random_specs
+from mixc.check.ranges import InputRanges, Range, decays_near_one, input_ranges
 from mixc.check.reproducer import reproducer
-from mixc.check.sampling import (
-    Example,
-    InputRanges,
-    Range,
-    decays_near_one,
-    draws,
-    examples,
-    input_ranges,
-    make_case,
-    sample_inputs,
-    sample_states,
-)
+from mixc.check.sampling import Example, draws, examples, make_case, sample_inputs, sample_states
 
 __all__ = [
     "GATE_FORMS",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 
 from mixc.check.fuzz import fuzz
+from mixc.check.ranges import input_ranges
 from mixc.check.reproducer import reproducer
-from mixc.check.sampling import input_ranges
 from mixc.errors import MixcError
 from mixc.frontend.spec import load_spec
 

@@ -8,8 +8,8 @@ states, and the gradients of every input, parameter and initial state. `fuzz(spe
 checks a module mixc did not write (a hand-edited or third-party file with the compiled-module
 contract, loaded by `load_module(path)`).
 
-What is drawn, and in which ranges, is decided in `mixc.check.sampling` (`examples`,
-`input_ranges`): every example is one the spec is meant to handle.
+What is drawn, and in which ranges, is decided in `mixc.check.sampling` (`examples`) and
+`mixc.check.ranges` (`input_ranges`): every example is one the spec is meant to handle.
 
 Tolerance, as relative RMS error `||a - ref|| / ||ref||` against the oracle: float64 1e-10 for
 every quantity; float32 1e-5 for outputs and final states, 1e-4 for gradients, raised to `FACTOR`
@@ -44,7 +44,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mixc.check.sampling import Case, Example, InputRanges, examples, input_ranges, make_case
+from mixc.check.ranges import InputRanges, input_ranges
+from mixc.check.sampling import Case, Example, examples, make_case
 from mixc.errors import MixcError
 from mixc.frontend.spec import Spec, load_spec
 from mixc.oracle.interpret import interpret

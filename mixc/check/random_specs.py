@@ -34,7 +34,7 @@ def random_specs(forms: tuple[str, ...] = GATE_FORMS):
     via `let`), a normaliser state z read as a ratio (with elu + 1 only, so the denominator is
     positive), a skip term D v_t, random names for sizes, inputs, parameters and states, and
     equivalent spellings (G H vs H G vs G ⊙ H, ^T vs ᵀ, distributed delta, per-token values).
-    Every spec is stable for the input ranges `mixc.check.sampling.input_ranges` derives (decays
+    Every spec is stable for the input ranges `mixc.check.ranges.input_ranges` derives (decays
     in (0, 1], beta in [0, 2], keys of norm <= 1), which the tests check by fuzzing each one.
     """
     from hypothesis import strategies as st

@@ -9,7 +9,8 @@ only torch and mixc.
 from __future__ import annotations
 
 from mixc.check.fuzz import Failure
-from mixc.check.sampling import InputRanges, draws
+from mixc.check.ranges import InputRanges
+from mixc.check.sampling import draws
 
 __all__ = ["reproducer"]
 

@@ -1,71 +1,38 @@
-"""What inputs to draw: input ranges derived from the analysis facts, and examples built on them.
+"""What the fuzzer draws: examples built on the input ranges, and their tensors.
 
-Input ranges (`input_ranges`) are derived from the analysis facts, not from input names, so that
-every drawn example is one the spec is meant to handle:
-
-- a decay must be in (0, 1]: for every log-gate that the analysis cannot prove <= 0 (`g_t`,
-  `dt_t A`, `log(gamma)`), each input or parameter it reads gets one of the domains
-  real, positive, negative or unit interval, the most general assignment for which interval
-  arithmetic proves the log-gate <= 0 (`g_t`: non-positive; `dt_t A`: dt > 0, A < 0);
-- the delta rule's beta must be in [0, 2] (same search; a plain `beta_t` is drawn in (0, 1)), and
-  a full elementwise gate in [0, 1];
-- a delta-rule key that is a plain input is drawn with norm <= 1 (unit, shorter, or tiny); one
-  written `l2norm(k_t)` may have any norm;
-- a state read in the denominator of a ratio (the normaliser z) starts positive.
-
-- a size that an l2norm runs over is at least 2 (the l2norm of one entry is its sign, and its
-  gradient is pure cancellation).
-
-Stress modes: a real input in a gate or beta is N(0, 1), N(5, 1), N(-5, 1) or N(0, 36) (decays
-near 1 and near 0 whichever way the gate is written); a positive/negative one is softplus-sized,
-tiny (|x| < 1e-3) or large (5..20); a unit-interval one is uniform, near 0 or near 1; a key that
-is an input (or the l2norm of one) has its norm scaled by 1, 1e-3 or 10. Everything else is
-N(0, 1), initial states 0.5 N(0, 1). `input_ranges(spec).describe()` lists what a spec gets.
-
-What the fuzzer draws (`examples`): batch 1-3, heads 1-4, T in 1..max_T with a bias towards 1,
-primes and lengths that are not multiples of a chunk size, a distinct size for every size symbol
-(so K != V and a transposed state cannot pass by accident), 1-3 power-of-two chunk sizes, with or
-without initial states, inputs given with 1 head or a divisor of the heads (shared, as Mamba-2
-shares B and C), parameter defaults overridden by explicit tensors (to get their gradients), a
-torch seed, and a stress mode for every input whose range matters. `draws` turns an example into
-torch expressions (what a reproducer prints) and `make_case` into tensors.
+`examples` draws batch 1-3, heads 1-4, T in 1..max_T with a bias towards 1, primes and lengths
+that are not multiples of a chunk size, a distinct size for every size symbol (so K != V and a
+transposed state cannot pass by accident), 1-3 power-of-two chunk sizes, with or without initial
+states, inputs given with 1 head or a divisor of the heads (shared, as Mamba-2 shares B and C),
+parameter defaults overridden by explicit tensors (to get their gradients), a torch seed, and a
+stress mode for every input whose range matters (`mixc.check.ranges`). `draws` turns an example
+into torch expressions (what a reproducer prints) and `make_case` into tensors.
 
 Benchmarks, tests and examples draw from the same ranges at any size with `sample_inputs` and
-`sample_states`; `decays_near_one` picks the stress modes that keep every decay near 1, as in a
-trained model run over a long sequence.
+`sample_states` (with `mixc.check.ranges.decays_near_one` for every decay near 1).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from mixc.analysis.plan import Plan, analyze
-from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
-from mixc.frontend.spec import Spec, load_spec
-from mixc.transitions.base import Condition
+from mixc.analysis.plan import Plan
+from mixc.check.ranges import SAMPLERS, InputRanges, Range, input_ranges
+from mixc.frontend.spec import Spec
 
 __all__ = [
     "CHUNK_SIZES",
-    "SAMPLERS",
     "SPECIAL_T",
     "Case",
-    "Condition",
     "Draw",
     "Example",
-    "InputRanges",
-    "Range",
-    "decays_near_one",
     "draws",
     "examples",
-    "input_ranges",
-    "interval",
     "make_case",
     "sample_inputs",
     "sample_states",
@@ -73,472 +40,6 @@ __all__ = [
 
 CHUNK_SIZES = (4, 16, 1, 2, 8, 32, 64)  # the first is what a shrunk example uses
 SPECIAL_T = (1, 2, 3, 5, 7, 13, 17, 31, 37, 61, 64, 65, 97, 100, 127, 128, 129)
-
-# ----------------------------------------------------------------------------- input ranges
-
-_INF = math.inf
-_REAL, _POS, _NEG, _UNIT = "real", "positive", "negative", "unit interval"
-_DOMAINS = {_REAL: (-_INF, _INF), _POS: (0.0, _INF), _NEG: (-_INF, 0.0), _UNIT: (0.0, 1.0)}
-
-_RANDN = "torch.randn({shape}, generator=gen, dtype=torch.float64)"
-_RAND = "torch.rand({shape}, generator=gen, dtype=torch.float64)"
-_ROWS = "torch.rand({rows}, generator=gen, dtype=torch.float64)"
-
-#: Stress modes per domain, as torch expressions (the first mode is the plain one). These strings
-#: are both what the fuzzer evaluates and what a reproducer prints.
-SAMPLERS: dict[str, dict[str, str]] = {
-    "plain": {"normal": _RANDN},
-    _REAL: {
-        "normal": _RANDN,
-        "high": f"{_RANDN} + 5",
-        "low": f"{_RANDN} - 5",
-        "wide": f"6 * {_RANDN}",
-    },
-    "key": {"normal": _RANDN, "tiny": f"1e-3 * {_RANDN}", "large": f"10 * {_RANDN}"},
-    _POS: {
-        "normal": f"F.softplus({_RANDN})",
-        "tiny": f"1e-3 * {_RAND}",
-        "large": f"5 + 15 * {_RAND}",
-    },
-    _NEG: {
-        "normal": f"-F.softplus({_RANDN})",
-        "tiny": f"-1e-3 * {_RAND}",
-        "large": f"-5 - 15 * {_RAND}",
-    },
-    _UNIT: {"uniform": _RAND, "near 0": f"1e-3 * {_RAND}", "near 1": f"1 - 1e-3 * {_RAND}"},
-    "unit ball": {
-        "unit": f"F.normalize({_RANDN}, dim=-1)",
-        "short": f"F.normalize({_RANDN}, dim=-1) * {_ROWS}",
-        "tiny": f"1e-3 * F.normalize({_RANDN}, dim=-1)",
-    },
-    "state": {"normal": f"0.5 * {_RANDN}"},
-    "positive state": {"normal": f"0.5 * {_RANDN}.abs()"},
-}
-
-#: Where the bounded stress modes of SAMPLERS draw (a normal draw within 4 standard deviations);
-#: any other mode may draw anywhere in its domain. `decays_near_one` chooses modes by these.
-_SUPPORT = {
-    (_REAL, "high"): (1.0, 9.0),
-    (_REAL, "low"): (-9.0, -1.0),
-    (_POS, "tiny"): (0.0, 1e-3),
-    (_POS, "large"): (5.0, 20.0),
-    (_NEG, "tiny"): (-1e-3, 0.0),
-    (_NEG, "large"): (-20.0, -5.0),
-    (_UNIT, "near 0"): (0.0, 1e-3),
-    (_UNIT, "near 1"): (1 - 1e-3, 1.0),
-}
-
-
-@dataclass(frozen=True)
-class Range:
-    """How one input, parameter or initial state is drawn, and why."""
-
-    name: str
-    kind: str  # "input" | "param" | "state"
-    domain: str  # a key of SAMPLERS
-    why: str
-
-    @property
-    def modes(self) -> tuple[str, ...]:
-        return tuple(SAMPLERS[self.domain])
-
-
-@dataclass(frozen=True)
-class InputRanges:
-    """What the fuzzer needs to know about a spec: its facts and how to draw each argument."""
-
-    spec: Spec
-    facts: Plan
-    ranges: tuple[Range, ...]
-    notes: tuple[str, ...]
-    wide: frozenset[str] = frozenset()  # size symbols drawn >= 2 (l2norm over one entry is a sign)
-
-    @property
-    def mixer(self):
-        return self.spec.mixer
-
-    def range(self, name: str) -> Range:
-        return next(r for r in self.ranges if r.name == name)
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return tuple(d.name for d in self.mixer.inputs)
-
-    @property
-    def params(self) -> tuple[str, ...]:
-        """Parameters without a default (positional arguments of every form)."""
-        return tuple(p.name for p in self.mixer.params if p.default is None)
-
-    @property
-    def defaults(self) -> tuple[str, ...]:
-        """Parameters with a default (keyword-only overrides)."""
-        return tuple(p.name for p in self.mixer.params if p.default is not None)
-
-    @property
-    def states(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.mixer.states)
-
-    @property
-    def output(self) -> str:
-        return self.mixer.outputs[0].target
-
-    @property
-    def symbols(self) -> tuple[str, ...]:
-        """Size symbols (K, V, ...) in order of first use."""
-        out: list[str] = []
-        for d in (*self.mixer.inputs, *self.mixer.params, *self.mixer.states):
-            out += [s for s in d.shape if not s.isdigit() and s not in out]
-        return tuple(out)
-
-    def describe(self) -> str:
-        """One line per drawn argument: its domain, stress modes and the fact it comes from."""
-        lines = [
-            f"{r.kind} {r.name}: {r.domain} ({', '.join(r.modes)}): {r.why}" for r in self.ranges
-        ]
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
-
-
-# ----------------------------------------------------------------------------- interval arithmetic
-
-
-def _mul(a: float, b: float) -> float:
-    return 0.0 if a == 0 or b == 0 else a * b
-
-
-def _mul_iv(x: tuple[float, float], y: tuple[float, float]) -> tuple[float, float]:
-    ps = [_mul(a, b) for a in x for b in y]
-    return min(ps), max(ps)
-
-
-def _monotone(f: Callable[[float], float], iv: tuple[float, float]) -> tuple[float, float]:
-    return f(iv[0]), f(iv[1])
-
-
-def _safe(
-    f: Callable[[float], float], at_minus_inf: float, at_inf: float
-) -> Callable[[float], float]:
-    def g(x: float) -> float:
-        if x == -_INF:
-            return at_minus_inf
-        if x == _INF:
-            return at_inf
-        try:
-            return f(x)
-        except OverflowError:
-            return at_inf if x > 0 else at_minus_inf
-
-    return g
-
-
-_INCREASING: dict[str, Callable[[float], float]] = {
-    "exp": _safe(math.exp, 0.0, _INF),
-    "sigmoid": _safe(lambda x: 1 / (1 + math.exp(-x)) if x > -700 else 0.0, 0.0, 1.0),
-    "logsigmoid": _safe(lambda x: -math.log1p(math.exp(-x)) if x > -700 else x, -_INF, 0.0),
-    "softplus": _safe(lambda x: math.log1p(math.exp(x)) if x < 700 else x, 0.0, _INF),
-    "relu": lambda x: max(x, 0.0),
-    "tanh": _safe(math.tanh, -1.0, 1.0),
-    "elu": _safe(lambda x: x if x > 0 else math.expm1(x), -1.0, _INF),
-    "sqrt": lambda x: math.sqrt(max(x, 0.0)),
-    "log": lambda x: -_INF if x <= 0 else math.log(x),
-}
-
-
-def interval(
-    e: Expr, env: dict[str, tuple[float, float]], defaults: dict[str, Expr]
-) -> tuple[float, float]:
-    """Interval of values `e` can take, elementwise, given intervals for names and per-token
-    inputs (anything not in `env` is any real) and the default expressions of parameters
-    (evaluated for a head index h >= 0). A matrix product is treated as a product of scalars,
-    which is exact for the scalar and elementwise expressions gates are made of."""
-    if isinstance(e, Number):
-        v = float(e.text)
-        return v, v
-    if isinstance(e, Identity):
-        return 0.0, 1.0
-    if isinstance(e, Name):
-        if e.name == "h":
-            return 0.0, _INF
-        if e.name in defaults:
-            return interval(defaults[e.name], env, defaults)
-        return env.get(e.name, (-_INF, _INF))
-    if isinstance(e, Timed):
-        return env.get(e.name, (-_INF, _INF))
-    if isinstance(e, Neg):
-        lo, hi = interval(e.operand, env, defaults)
-        return -hi, -lo
-    if isinstance(e, Transpose):
-        return interval(e.operand, env, defaults)
-    if isinstance(e, Call):
-        return _call_interval(e, env, defaults)
-    if isinstance(e, Binary):
-        return _binary_interval(e, env, defaults)
-    return -_INF, _INF
-
-
-def _call_interval(
-    e: Call, env: dict[str, tuple[float, float]], defaults: dict[str, Expr]
-) -> tuple[float, float]:
-    """Interval of a function call: diag, l2norm, silu and the increasing functions."""
-    if len(e.args) != 1:
-        return -_INF, _INF
-    iv = interval(e.args[0], env, defaults)
-    if e.func == "diag":
-        return min(iv[0], 0.0), max(iv[1], 0.0)
-    if e.func == "l2norm":
-        return (0.0 if iv[0] >= 0 else -1.0), (0.0 if iv[1] <= 0 else 1.0)
-    if e.func == "silu":
-        return (iv[0] * 0.5 if iv[0] >= 0 else -0.2785), (_INF if iv[1] > 0 else 0.0)
-    if e.func in _INCREASING:
-        if e.func in ("log", "sqrt") and iv[0] < 0:  # outside the domain: no bound
-            return -_INF, _INF
-        return _monotone(_INCREASING[e.func], iv)
-    return -_INF, _INF
-
-
-def _binary_interval(
-    e: Binary, env: dict[str, tuple[float, float]], defaults: dict[str, Expr]
-) -> tuple[float, float]:
-    """Interval of a sum, difference, product, dot product, quotient or power."""
-    x, y = interval(e.left, env, defaults), interval(e.right, env, defaults)
-    if e.op == "+":
-        return x[0] + y[0], x[1] + y[1]
-    if e.op == "-":
-        return x[0] - y[1], x[1] - y[0]
-    if e.op in ("*", "@"):
-        return _mul_iv(x, y)
-    if e.op == ".":
-        lo, hi = _mul_iv(x, y)
-        return (0.0 if lo >= 0 else -_INF), (0.0 if hi <= 0 else _INF)
-    if e.op == "/" and (y[0] > 0 or y[1] < 0):
-        inv = tuple(sorted(0.0 if math.isinf(b) else 1 / b for b in y))
-        if y[0] == 0 or y[1] == 0:
-            return -_INF, _INF
-        return _mul_iv(x, inv)
-    if e.op == "^" and x[0] > 0:
-        try:
-            vals = [a**b for a in x for b in y if not (math.isinf(a) and b == 0)]
-            return min(vals), max(vals)
-        except (OverflowError, ValueError, ZeroDivisionError):
-            return 0.0, _INF
-    return -_INF, _INF
-
-
-def _free(e: Expr, inputs: set[str], params: set[str]) -> list[str]:
-    out = []
-    for n in walk(e):
-        name = n.name if isinstance(n, Timed) and n.name in inputs else None
-        name = name or (n.name if isinstance(n, Name) and n.name in params else None)
-        if name and name not in out:
-            out.append(name)
-    return out
-
-
-# ----------------------------------------------------------------------------- deriving ranges
-
-
-@dataclass(frozen=True)
-class _Names:
-    """The names of a mixer's arguments, by role, and its parameter defaults."""
-
-    inputs: set[str]
-    params: set[str]  # without a default
-    defaults: dict[str, Expr]
-
-    @classmethod
-    def of(cls, mixer) -> _Names:
-        return cls(
-            {d.name for d in mixer.inputs},
-            {p.name for p in mixer.params if p.default is None},
-            {p.name: p.default for p in mixer.params if p.default is not None},
-        )
-
-
-def _transition_bounds(facts: Plan, names: _Names) -> tuple[list[Condition], dict[str, str]]:
-    """Every state's conditions on its transition, and the inputs drawn as keys of norm <= 1."""
-    conditions: list[Condition] = []
-    unit_keys: dict[str, str] = {}
-    for s in facts.states:
-        tr = s.transition
-        conditions += tr.kind.conditions(s.name, tr)
-        key = tr.kind.unit_key(tr)
-        if key is not None:
-            why = f"delta-rule key {tr.key} of {s.name}: norm <= 1 keeps it stable"
-            unit_keys.update(dict.fromkeys(_free(key, names.inputs, set()), why))
-    return conditions, unit_keys
-
-
-def _write_keys(facts: Plan, inputs: set[str]) -> dict[str, str]:
-    """Inputs that are the key of a write (or its l2norm): their norm is what the key's is."""
-    keys: dict[str, str] = {}
-    for s in facts.states:
-        for w in s.writes:
-            inner = w.key.args[0] if isinstance(w.key, Call) and w.key.func == "l2norm" else w.key
-            if isinstance(inner, Timed) and inner.name in inputs:
-                keys.setdefault(inner.name, f"key {w.key} of {s.name}")
-    return keys
-
-
-def _positive_states(facts: Plan) -> dict[str, str]:
-    """States read in the denominator of a ratio output: they start positive."""
-    out: dict[str, str] = {}
-    for o in facts.outputs:
-        if o.form == "ratio" and isinstance(o.expr, Binary):
-            for n in walk(o.expr.right):
-                if isinstance(n, Name) and n.name.startswith("_r"):
-                    r = o.readouts[int(n.name[2:])]
-                    out[r.state] = f"read in the denominator of {o.name}"
-    return out
-
-
-def _holds(conditions: list[Condition], env: dict, defaults: dict[str, Expr]) -> bool:
-    """Whether interval arithmetic proves every condition for the intervals in `env`."""
-    for c in conditions:
-        lo, hi = interval(c.expr, env, defaults)
-        if not (c.lo <= lo and hi <= c.hi):
-            return False
-    return True
-
-
-def _domains(
-    conditions: list[Condition], unit_keys: dict[str, str], names: _Names
-) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """(domain of every variable of a condition, why, notes): the most general assignment of
-    domains (fewest restricted variables) for which interval arithmetic proves every condition;
-    all real, with a note, when none does."""
-    variables: list[str] = []
-    for c in conditions:
-        free = _free(c.expr, names.inputs, names.params)
-        variables += [n for n in free if n not in variables and n not in unit_keys]
-    domains = {n: _REAL for n in variables}
-    if not conditions:
-        return domains, {}, []
-    notes = []
-    found = _search_domains(conditions, variables, unit_keys, names.defaults)
-    if found is None:
-        failing = "; ".join(c.why for c in conditions)
-        notes.append(
-            f"no input ranges provably satisfy: {failing}; drawing those inputs from N(0, 1)"
-        )
-    else:
-        domains = found
-    why = {
-        n: "; ".join(c.why for c in conditions if n in _free(c.expr, names.inputs, names.params))
-        for n in variables
-    }
-    return domains, why, notes
-
-
-def _search_domains(
-    conditions: list[Condition],
-    variables: list[str],
-    unit_keys: dict[str, str],
-    defaults: dict[str, Expr],
-) -> dict[str, str] | None:
-    """The first assignment of domains, fewest restricted variables first, that proves every
-    condition (all real only, when there are more than 6 variables), or None."""
-    options = [_REAL, _POS, _NEG, _UNIT]
-    combos = (
-        itertools.product(range(len(options)), repeat=len(variables))
-        if len(variables) <= 6
-        else [(0,) * len(variables)]
-    )
-    for combo in sorted(combos, key=lambda c: (sum(i > 0 for i in c), c)):
-        env = {n: _DOMAINS[options[i]] for n, i in zip(variables, combo, strict=True)}
-        env.update({n: (-1.0, 1.0) for n in unit_keys})
-        if _holds(conditions, env, defaults):
-            return {n: options[i] for n, i in zip(variables, combo, strict=True)}
-    return None
-
-
-def _wide_sizes(facts: Plan) -> frozenset[str]:
-    """Size symbols an l2norm runs over: drawn >= 2 (the l2norm of one entry is its sign, so
-    its gradient is all cancellation)."""
-    exprs = [
-        e
-        for s in facts.states
-        for e in (s.transition.key, s.transition.beta, *(w.key for w in s.writes))
-    ]
-    exprs += [r.query for o in facts.outputs for r in o.readouts]
-    decls = {d.name: d for d in facts.mixer.inputs}
-    return frozenset(
-        size
-        for e in exprs
-        if e is not None
-        for n in walk(e)
-        if isinstance(n, Call) and n.func == "l2norm"
-        for m in walk(n)
-        if isinstance(m, Timed) and m.name in decls
-        for size in decls[m.name].shape
-        if not size.isdigit()
-    )
-
-
-def input_ranges(spec: Spec | str | os.PathLike, facts: Plan | None = None) -> InputRanges:
-    """Derive how to draw every argument of `spec` from its analysis facts (see the module doc)."""
-    spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    facts = facts or analyze(spec)
-    mixer = spec.mixer
-    names = _Names.of(mixer)
-    conditions, unit_keys = _transition_bounds(facts, names)
-    domains, why, notes = _domains(conditions, unit_keys, names)
-    keys = _write_keys(facts, names.inputs)
-    positive = _positive_states(facts)
-
-    ranges: list[Range] = []
-    for d in mixer.inputs:
-        if d.name in unit_keys:
-            ranges.append(Range(d.name, "input", "unit ball", unit_keys[d.name]))
-        elif d.name in domains:
-            ranges.append(Range(d.name, "input", domains[d.name], why[d.name]))
-        elif d.name in keys:
-            ranges.append(Range(d.name, "input", "key", keys[d.name]))
-        else:
-            ranges.append(Range(d.name, "input", "plain", "no constraint"))
-    for p in mixer.params:
-        if p.default is None and p.name in domains:
-            ranges.append(Range(p.name, "param", domains[p.name], why[p.name]))
-        elif p.default is None:
-            ranges.append(Range(p.name, "param", "plain", "no constraint"))
-    for s in mixer.states:
-        if s.name in positive:
-            ranges.append(Range(s.name, "state", "positive state", positive[s.name]))
-        else:
-            ranges.append(Range(s.name, "state", "state", "no constraint"))
-    return InputRanges(spec, facts, tuple(ranges), tuple(notes), _wide_sizes(facts))
-
-
-def decays_near_one(r: InputRanges) -> dict[str, str]:
-    """The stress mode of every input and parameter of a decay that keeps the decay nearest 1
-    (each log-gate nearest 0, each elementwise gate nearest 1), as in a trained model over a
-    long sequence: decay factors multiplied over a chunk stay normal floats (subnormals would
-    time a CPU's slow path, not the algorithm). Other arguments keep their plain mode."""
-    names = _Names.of(r.mixer)
-    drawn = {x.name: x for x in r.ranges if x.domain in _DOMAINS}
-    modes: dict[str, str] = {}
-    for s in r.facts.states:
-        for c in s.transition.kind.decay_conditions(s.name, s.transition):
-            variables = [n for n in _free(c.expr, names.inputs, names.params) if n in drawn]
-            modes.update(_modes_near_one(c, [drawn[n] for n in variables], names.defaults))
-    return modes
-
-
-def _modes_near_one(
-    c: Condition, variables: list[Range], defaults: dict[str, Expr]
-) -> dict[str, str]:
-    """The modes of `variables` whose supports give `c.expr` the highest lower bound (plain
-    modes on a tie)."""
-
-    def score(combo: tuple[str, ...]) -> tuple[float, int]:
-        env = {
-            x.name: _SUPPORT.get((x.domain, m), _DOMAINS[x.domain])
-            for x, m in zip(variables, combo, strict=True)
-        }
-        plain = sum(m == x.modes[0] for x, m in zip(variables, combo, strict=True))
-        return interval(c.expr, env, defaults)[0], plain
-
-    best = max(itertools.product(*(x.modes for x in variables)), key=score)
-    return {x.name: m for x, m in zip(variables, best, strict=True)}
-
 
 # ----------------------------------------------------------------------------- examples
 
@@ -710,13 +211,14 @@ def draws(r: InputRanges, ex: Example) -> list[Draw]:
     if ex.initial_state:
         for s in r.mixer.states:
             out.append(Draw(s.name, "state", code(r.range(s.name), ["B", "NH", *s.shape])))
-    y_shape = _out_dims(r.spec.shapes[r.output])
-    out.append(
-        Draw(r.output, "cotangent", _RANDN.format(shape=", ".join(["B", "T", "NH", *y_shape])))
-    )
-    for s in r.mixer.states:
-        out.append(Draw(s.name, "cotangent", _RANDN.format(shape=", ".join(["B", "NH", *s.shape]))))
+    out.append(_cotangent(r.output, ["B", "T", "NH", *_out_dims(r.spec.shapes[r.output])]))
+    out += [_cotangent(s.name, ["B", "NH", *s.shape]) for s in r.mixer.states]
     return out
+
+
+def _cotangent(name: str, shape: list[str]) -> Draw:
+    """The cotangent of an output or a final state, drawn as a plain input is."""
+    return Draw(name, "cotangent", SAMPLERS["plain"]["normal"].format(shape=", ".join(shape)))
 
 
 def _namespace(ex: Example) -> dict:

@@ -110,7 +110,7 @@ class KernelArg:
 class Condition:
     """A bound a transition needs on an expression of the inputs to stay stable:
     lo <= expr <= hi, and why. The fuzzer, the benchmark, the tests and the examples draw their
-    inputs within these bounds (`mixc.check.sampling`)."""
+    inputs within these bounds (`mixc.check.ranges`)."""
 
     expr: Expr
     lo: float

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from mixc.algebra.expand import Term, transpose_atom
-from mixc.algebra.intervals import bounds, with_defaults
+from mixc.algebra.intervals import bounds
 from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Call, Expr, Transpose
 from mixc.frontend.shapes import SCALAR
@@ -231,7 +231,7 @@ class Delta(TransitionClass):
     def stability(self, tr, params):
         """Stable when |k| = 1 and beta is in [0, 2] (eigenvalues 1 and 1 - beta)."""
         unit = isinstance(tr.key, Call) and tr.key.func == "l2norm"
-        lo, hi = bounds(with_defaults(tr.beta, params))
+        lo, hi = bounds(tr.beta, defaults=params)
         beta_ok = lo >= 0 and hi <= 2
         parts = [
             f"|{tr.key}| = 1 (l2norm)"

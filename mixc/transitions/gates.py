@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mixc.algebra.intervals import bounds, constant, nonpositive, with_defaults
+from mixc.algebra.intervals import bounds, constant, nonpositive
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Number, Transpose
 
 __all__ = ["LogGate", "log_gate"]
@@ -76,7 +76,7 @@ def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
         and inner.left.text == "1"
     ):
         sub = log_gate(inner.right, side, params)
-        lo = bounds(with_defaults(inner.right, params))[0]
+        lo = bounds(inner.right, defaults=params)[0]
         return LogGate(
             side,
             decay,
@@ -84,7 +84,7 @@ def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
             lo >= 1,
             f"1/x with x >= 1 {'always' if lo >= 1 else 'not proven'}",
         )
-    lo, hi = bounds(with_defaults(inner, params))
+    lo, hi = bounds(inner, defaults=params)
     ok = lo > 0 and hi <= 1
     note = f"in [{lo:.6g}, {hi:.6g}] for every head" if ok else "not provably in (0, 1]"
     return LogGate(side, decay, Call("log", (inner,)), ok, note)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mixc
+from mixc.algebra.intervals import bounds
 from mixc.check import (
     Example,
     decays_near_one,
@@ -20,7 +21,6 @@ from mixc.check import (
     sample_inputs,
     sample_states,
 )
-from mixc.check.sampling import interval
 from mixc.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,9 +105,9 @@ def test_decays_near_one_are_near_one(path: Path) -> None:
     defaults = {p.name: p.default for p in r.mixer.params if p.default is not None}
     for s in r.facts.states:
         for g in s.transition.gates:
-            assert interval(g.log, env, defaults)[0] > -0.5, (path.stem, str(g.log))
+            assert bounds(g.log, env, defaults)[0] > -0.5, (path.stem, str(g.log))
         if s.transition.gate is not None:
-            assert interval(s.transition.gate, env, defaults)[0] > 0.5, path.stem
+            assert bounds(s.transition.gate, env, defaults)[0] > 0.5, path.stem
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
