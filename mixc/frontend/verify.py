@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 import difflib
 import keyword
+import re
 
 from mixc.errors import (
     NotYetImplemented,
@@ -128,6 +129,20 @@ def _update_hint(got: Shape, want: Shape, name: str) -> str | None:
     return None
 
 
+#: What a name may look like (the grammar's NAME token).
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(_(?!t(?![A-Za-z0-9_])|\{)[A-Za-z0-9]+)*")
+
+
+def renamings(name: str) -> list[str]:
+    """Two names close to a refused `name` that the language accepts (free of reserved words)."""
+    candidates = [f"{name}1", f"my_{name}", f"{name}_1", f"{name}2", f"{name}x"]
+    return [c for c in candidates if _NAME.fullmatch(c) and c not in RESERVED][:2]
+
+
+def _rename_hint(name: str) -> str:
+    return "rename it, e.g. " + " or ".join(renamings(name))
+
+
 def _check_declarations(mixer: Mixer) -> None:
     """Every declared name is free (not reserved, declared once) and every size well-formed;
     each equation has its own target, and there is at least one."""
@@ -135,7 +150,7 @@ def _check_declarations(mixer: Mixer) -> None:
         raise SpecNameError(
             f"mixer name {mixer.name!r} is reserved",
             mixer.span,
-            hint=f"rename it, e.g. {mixer.name}_ or my_{mixer.name}",
+            hint=_rename_hint(mixer.name),
         )
     names = _Names()
     for kind, decls in (
@@ -171,7 +186,7 @@ class _Names:
             raise SpecNameError(
                 f"{name!r} is reserved ({_reserved_why(name)})",
                 span,
-                hint=f"rename it, e.g. {name}_ or {name}1" if name not in ("I", "h", "t") else None,
+                hint=_rename_hint(name),
             )
         if name in self.what:
             first = self.line[name]

@@ -125,7 +125,7 @@ CASES = [
 <string>:4:7: error: 'lambda' is reserved (a Python keyword)
   4 | param lambda
     |       ^^^^^^
-  hint: rename it, e.g. lambda_ or lambda1""",
+  hint: rename it, e.g. lambda1 or my_lambda""",
         id="reserved_keyword",
     ),
     pytest.param(
@@ -135,7 +135,7 @@ CASES = [
 <string>:4:7: error: 'sum' is reserved (a Python built-in)
   4 | param sum
     |       ^^^
-  hint: rename it, e.g. sum_ or sum1""",
+  hint: rename it, e.g. sum1 or my_sum""",
         id="reserved_builtin",
     ),
     pytest.param(
@@ -145,7 +145,7 @@ CASES = [
 <string>:4:7: error: 'torch' is reserved (a name the generated code uses)
   4 | param torch
     |       ^^^^^
-  hint: rename it, e.g. torch_ or torch1""",
+  hint: rename it, e.g. torch1 or my_torch""",
         id="reserved_generated_name",
     ),
     pytest.param(
