@@ -207,6 +207,15 @@ def _matmul(e, a, b):
         if a[1] == "1" and b[1] == "1":
             fixed = Binary("@", e.left, Transpose(e.right))
             hint = f"{e.left} and {e.right} are both vectors; did you mean {fixed}?"
+            if a[0] == b[0]:
+                both = Binary("*", e.left, e.right)
+                hint = (
+                    f"{e.left} and {e.right} are both vectors {show(a)}; did you mean {both} "
+                    f"(elementwise, {show(a)}) or {fixed} (an outer product, {show((a[0], a[0]))})?"
+                )
+        elif b[1] == "1" and a[1] != "1" and a[0] == b[0]:
+            fixed = Binary("@", Transpose(e.left), e.right)
+            hint = f"{e.right} has as many rows as {e.left}; did you mean {fixed}?"
         elif a[0] == "1" and b[0] == "1":
             fixed = Binary("@", Transpose(e.left), e.right)
             hint = f"did you mean {fixed}? or use . for a dot product"

@@ -1,9 +1,10 @@
 """Full elementwise gates: `G_t(S) = G_t ⊙ S` with G_t a full matrix per token (Mamba-1's
 selective scan). Recognised, run by the recurrent form and step; no chunked form yet (the decay
-between two tokens would be a [V, K] tensor per pair)."""
+between two tokens would be a tensor of the state's shape per pair)."""
 
 from __future__ import annotations
 
+from mixc.frontend.shapes import show
 from mixc.transitions.base import Condition, Transition, TransitionClass
 from mixc.transitions.diagonal import gates_of
 
@@ -25,8 +26,8 @@ class Elementwise(TransitionClass):
             tuple(gates),
             gate=full,
             reason=f"NYI: the full elementwise gate {full} has no chunked form (the decay between "
-            "two tokens would be a [V, K] tensor per pair); write it as an outer product "
-            "a_t b_t^T, or as diag(...) on one side, to get one",
+            f"two tokens would be a {show(ctx.shape)} tensor per pair); write it as an outer "
+            "product a_t b_t^T, or as diag(...) on one side, to get one",
         )
 
     def decay_conditions(self, state, tr):

@@ -119,6 +119,31 @@ CASES = [
         id="duplicate_update",
     ),
     pytest.param(
+        "mixer m\nin dt[P], x[P], k[N]\nstate H[P, N]\nH_t = H_{t-1} + (dt_t x_t) k_t^T\n"
+        "y_t = H_t k_t\n",
+        SpecShapeError,
+        """\
+<string>:4:18: error: cannot multiply dt_t [P] by x_t [P]
+  4 | H_t = H_{t-1} + (dt_t x_t) k_t^T
+    |                  ^^^^^^^^
+  expected: a matrix product whose inner sizes agree (dt_t has 1 column, x_t has P rows)
+  hint: dt_t and x_t are both vectors [P]; did you mean dt_t * x_t (elementwise, [P]) or \
+dt_t x_t^T (an outer product, [P, P])?""",
+        id="two_vectors_of_one_size",
+    ),
+    pytest.param(
+        "mixer m\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t^T\n"
+        "y_t = H_t v_t\n",
+        SpecShapeError,
+        """\
+<string>:5:7: error: cannot multiply H_t [V, K] by v_t [V]
+  5 | y_t = H_t v_t
+    |       ^^^^^^^
+  expected: a matrix product whose inner sizes agree (H_t has K columns, v_t has V rows)
+  hint: v_t has as many rows as H_t; did you mean H_t^T v_t?""",
+        id="matrix_times_a_vector_of_its_rows",
+    ),
+    pytest.param(
         HEAD + "param lambda\n" + UPDATE + OUTPUT,
         SpecNameError,
         """\
