@@ -13,16 +13,17 @@ from pathlib import Path
 from mixc.analysis.plan import Plan, analyze
 from mixc.backends import get as get_backend
 from mixc.errors import MixcError, NotYetImplemented, SpecError
-from mixc.frontend.spec import Source, Spec, load_spec, read_source
+from mixc.frontend.spec import Spec, load_spec, source_of
 
 _CACHE: dict[tuple[str, str, str], types.ModuleType] = {}
 
 
-def plan(spec, backend: str = "pytorch") -> Plan:
-    """Spec (path, text, Source or a loaded Spec) -> its plan, after every check `compile` makes:
-    parsing, verification, analysis and the backend's own refusals. `mixc check`, `mixc explain`
-    and `mixc compile` all start here, so they accept and refuse the same specs."""
-    loaded = spec if isinstance(spec, Spec) else load_spec(spec)
+def plan(spec=None, backend: str = "pytorch", *, text: str | None = None) -> Plan:
+    """A spec (a path, a Source, a loaded Spec, or `text=` spec text) -> its plan, after every
+    check `compile` makes: parsing, verification, analysis and the backend's own refusals.
+    `mixc check`, `mixc explain` and `mixc compile` all start here, so they accept and refuse
+    the same specs."""
+    loaded = spec if isinstance(spec, Spec) else load_spec(spec, text=text)
     result = analyze(loaded)
     reason = get_backend(backend).supports(result)
     if reason is not None:
@@ -32,9 +33,9 @@ def plan(spec, backend: str = "pytorch") -> Plan:
     return result
 
 
-def compile_source(spec, backend: str = "pytorch") -> str:
-    """Spec (path, text, or Source) -> generated module source."""
-    result = plan(spec, backend)
+def compile_source(spec=None, backend: str = "pytorch", *, text: str | None = None) -> str:
+    """A spec (as `plan` takes it) -> the generated module's source."""
+    result = plan(spec, backend, text=text)
     try:
         return get_backend(backend).emit(result)
     except SpecError as exc:
@@ -59,11 +60,12 @@ def write_atomically(path: str | os.PathLike, text: str) -> None:
         raise
 
 
-def load(spec, backend: str = "pytorch") -> types.ModuleType:
+def load(spec=None, backend: str = "pytorch", *, text: str | None = None) -> types.ModuleType:
     """Compile in-process and return the module (chunk, recurrent, step, and parallel where the
-    class has one). Cached by spec text and backend; the source is registered with linecache so
-    tracebacks show the generated lines."""
-    source = spec if isinstance(spec, Source) else read_source(spec)
+    class has one). `spec` is a path (str or os.PathLike), a Source or a loaded Spec; spec text
+    is given as `text=`. Cached by spec text, file name and backend; the source is registered
+    with linecache so tracebacks show the generated lines."""
+    source = spec.source if isinstance(spec, Spec) else source_of(spec, text=text)
     key = (source.text, source.filename, backend)
     if key in _CACHE:
         return _CACHE[key]

@@ -40,17 +40,17 @@ def _preamble(
 ) -> list[str]:
     """Imports, the spec and module, the generator and the sizes."""
     ex = failure.example
-    spec_arg = repr(spec_path) if spec_path else repr(r.spec.source.text)
-    load = f"load_module({module_path!r})" if module_path else f"mixc.load({spec_arg})"
+    spec_arg = repr(spec_path) if spec_path else f"text={r.spec.source.text!r}"
+    load = f"load_module({module_path!r})" if module_path else "mixc.load(spec)"
     lines = [
         f"# mixc fuzz reproducer: {failure.summary()}",
         "import torch",
         "import torch.nn.functional as F",
         "",
-        *(["import mixc"] if not module_path else []),
+        "import mixc",
         "from mixc.check.fuzz import Result, compare, load_module, reference",
         "",
-        f"spec = {spec_arg}",
+        f"spec = mixc.load_spec({spec_arg})",
         f"module = {load}",
         f"gen = torch.Generator().manual_seed({ex.seed})",
         f"B, T, NH = {ex.batch}, {ex.T}, {ex.heads}",

@@ -26,13 +26,14 @@ OUTPUT = "y_t = H_t q_t\n"
 
 
 def error_of(spec) -> SpecError:
+    """The error of loading `spec`: spec text (a str), a Source or a path."""
     with pytest.raises(SpecError) as info:
-        mixc.load_spec(spec)
+        mixc.load_spec(text=spec) if isinstance(spec, str) else mixc.load_spec(spec)
     return info.value
 
 
 def test_the_common_spec_is_valid() -> None:
-    mixc.load_spec(HEAD + UPDATE + OUTPUT)
+    mixc.load_spec(text=HEAD + UPDATE + OUTPUT)
 
 
 CASES = [
@@ -478,7 +479,7 @@ def test_not_utf8(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "bad.mix").write_bytes(b"mixer m\nin q, \xff\xfe[K]\n")
     monkeypatch.chdir(tmp_path)
     assert (
-        str(error_of("bad.mix"))
+        str(error_of(Path("bad.mix")))
         == """\
 bad.mix:2:7: error: spec is not UTF-8 text (byte 0xff at offset 14)
   2 | in q, \ufffd\ufffd[K]
@@ -491,7 +492,7 @@ def test_too_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "big.mix").write_text(HEAD + "# padding\n" * 10_000, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     assert (
-        str(error_of("big.mix"))
+        str(error_of(Path("big.mix")))
         == """\
 big.mix:1:1: error: spec is longer than 64,000 bytes
   hint: is this the right file? a spec is a few lines of text"""
