@@ -8,6 +8,7 @@ only torch and mixc.
 
 from __future__ import annotations
 
+from mixc.backends.pytorch.lines import comment, string
 from mixc.check.fuzz import Failure
 from mixc.check.sampling import InputRanges, draws
 
@@ -40,10 +41,10 @@ def _preamble(
 ) -> list[str]:
     """Imports, the spec and module, the generator and the sizes."""
     ex = failure.example
-    spec_arg = repr(spec_path) if spec_path else f"text={r.spec.source.text!r}"
-    load = f"load_module({module_path!r})" if module_path else "mixc.load(spec)"
+    spec_arg = string(spec_path) if spec_path else f"text={string(r.spec.source.text)}"
+    load = f"load_module({string(module_path)})" if module_path else "mixc.load(spec)"
     lines = [
-        f"# mixc fuzz reproducer: {failure.summary()}",
+        comment(f"mixc fuzz reproducer: {failure.summary()}"),
         "import torch",
         "import torch.nn.functional as F",
         "",

@@ -47,7 +47,7 @@ PARAMS = ()
 PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
-FORMS = ('recurrent', 'step',)  # the forms that compute (chunk raises NYI otherwise)
+FORMS = ("recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "elementwise gate"}
 
 

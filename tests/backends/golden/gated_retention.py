@@ -46,7 +46,7 @@ PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
+FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "scalar data-dependent"}
 
 

@@ -43,7 +43,7 @@ PARAMS = ()
 PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
-FORMS = ('chunk', 'recurrent', 'step',)  # the forms that compute (chunk raises NYI otherwise)
+FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "diagonal key-side"}
 
 

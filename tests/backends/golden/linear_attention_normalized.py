@@ -51,7 +51,7 @@ PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")), ("z", ("K",)))
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
+FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "identity", "z": "identity"}
 
 

@@ -47,7 +47,7 @@ PARAM_DEFAULTS = ()
 STATES = (("H", ("P", "N")),)
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
+FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "scalar data-dependent"}
 
 

@@ -47,7 +47,7 @@ PARAM_DEFAULTS = (("gamma", ()),)
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
+FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "scalar constant"}
 
 
