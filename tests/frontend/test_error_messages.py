@@ -126,28 +126,28 @@ CASES = [
 <string>:4:7: error: 'lambda' is reserved (a Python keyword)
   4 | param lambda
     |       ^^^^^^
-  hint: rename it, e.g. lambda_ or lambda1""",
+  hint: rename it, e.g. lambda1 or my_lambda""",
         id="reserved_keyword",
     ),
     pytest.param(
-        HEAD + "param sum\n" + UPDATE + OUTPUT,
+        HEAD + "param chunk_size\n" + UPDATE + OUTPUT,
         SpecNameError,
         """\
-<string>:4:7: error: 'sum' is reserved (a Python built-in)
-  4 | param sum
-    |       ^^^
-  hint: rename it, e.g. sum_ or sum1""",
-        id="reserved_builtin",
+<string>:4:7: error: 'chunk_size' is reserved (a keyword argument of the compiled forms)
+  4 | param chunk_size
+    |       ^^^^^^^^^^
+  hint: rename it, e.g. chunk_size1 or my_chunk_size""",
+        id="reserved_form_option",
     ),
     pytest.param(
-        HEAD + "param torch\n" + UPDATE + OUTPUT,
+        HEAD + "param exp\n" + UPDATE + OUTPUT,
         SpecNameError,
         """\
-<string>:4:7: error: 'torch' is reserved (a name the generated code uses)
-  4 | param torch
-    |       ^^^^^
-  hint: rename it, e.g. torch_ or torch1""",
-        id="reserved_generated_name",
+<string>:4:7: error: 'exp' is reserved (a built-in function of the language)
+  4 | param exp
+    |       ^^^
+  hint: rename it, e.g. exp1 or my_exp""",
+        id="reserved_function",
     ),
     pytest.param(
         HEAD + "H_t = sigmoidd(beta_t) H_{t-1} + v_t k_t^T\n" + OUTPUT,

@@ -135,7 +135,7 @@ def test_a_str_is_always_a_path_and_text_is_said_so(tmp_path: Path, monkeypatch)
 def test_spec_text_given_as_a_path_says_how_to_give_text() -> None:
     with pytest.raises(mixc.MixcError, match=r"no such spec file \(to give spec text rather"):
         load_spec("mixer m\nin q[K]\n")
-    with pytest.raises(mixc.MixcError, match="no such spec file$"):
+    with pytest.raises(mixc.MixcError, match=r"no such spec file$"):
         load_spec("no/such.mix")
 
 

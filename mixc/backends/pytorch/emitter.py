@@ -6,6 +6,13 @@ Each group of the plan names the backend-neutral kernel its class runs (`scalar_
 kernel `X` as `chunk_X` (and `parallel_X` where the class has a quadratic form) in
 `kernels/X.py`. Kernels and runtime helpers are copied verbatim into the generated file, so it
 imports only torch.
+
+The spec's names are the arguments and locals of the mixer's own functions (`chunk`, `step`,
+...), so those functions read every global through a private alias (`_torch`, `_INPUTS`,
+`_range`, `_chunk_delta`; see `_ALIASES`): no spec name starts with an underscore, so an input
+named `torch`, `range` or `chunk_delta` shadows nothing they call. Their own locals start with
+an underscore too, but for the forms' options (`initial_state`, `chunk_size`, ...), which the
+verifier reserves.
 """
 
 from __future__ import annotations
@@ -28,6 +35,15 @@ from mixc.version import __version__
 
 NAME = "pytorch"
 _RUNTIME = Path(__file__).with_name("runtime.py")
+
+#: The globals the mixer's functions read besides the kernels, each under the private name it
+#: is bound to at the top of the mixer's section; one line per group: modules, module
+#: constants, Python built-ins. A kernel `chunk_X` is read as `_chunk_X`.
+_ALIASES = (
+    {"_torch": "torch", "_F": "torch.nn.functional"},
+    {"_INPUTS": "INPUTS", "_STATES": "STATES"},
+    {"_dict": "dict", "_enumerate": "enumerate", "_range": "range", "_zip": "zip"},
+)
 
 
 def _chunk_kernel(group: GroupPlan) -> str:
@@ -141,7 +157,7 @@ class _Module:
         body = library.text() + "\n\n" + mixer.text()
         out = Lines()
         self.emit_header(out)
-        self.emit_imports(out, body)
+        self.emit_imports(out)
         self.emit_constants(out)
         return out.text() + "\n\n" + body.rstrip("\n") + "\n"
 
@@ -173,14 +189,9 @@ class _Module:
         out('"""', 0)
         out("", 0)
 
-    def emit_imports(self, out: Lines, body: str) -> None:
-        """torch, and math and torch.nn.functional only where the code uses them."""
-        if re.search(r"\bmath\.", body):
-            out("import math", 0)
-            out("", 0)
+    def emit_imports(self, out: Lines) -> None:
+        """torch (torch.nn.functional comes with it), and the error the module raises."""
         out("import torch", 0)
-        if re.search(r"\bF\.", body):
-            out("import torch.nn.functional as F", 0)
         out("", 0)
         out("try:", 0)
         out("from mixc.errors import InputError as MixcError")
@@ -230,32 +241,48 @@ class _Module:
             out.lines.append(_torch_kernels.kernel_source(self.kernel_names()))
 
     def emit_mixer(self, out: Lines) -> None:
-        """This mixer's functions, each without assignments it never reads."""
+        """This mixer's functions, each without assignments it never reads, after the aliases
+        they read their globals by."""
+        functions = Lines()
+        self.emit_prepare(functions)
+        if self.facts.chunkable:
+            self.emit_chunk(functions)
+        else:
+            self.emit_no_chunk(functions)
+        if self.has_parallel:
+            self.emit_parallel(functions)
+        self.emit_summary(functions)
+        self.emit_recurrence(functions)
+        self.emit_recurrent(functions)
+        self.emit_step(functions)
+        functions.lines = _without_unread(functions.lines)
         out("# ---- this mixer " + "-" * 74, 0)
         out("", 0)
+        self.emit_aliases(out, "\n".join(functions.lines))
         out("", 0)
-        self.emit_prepare(out)
-        if self.facts.chunkable:
-            self.emit_chunk(out)
-        else:
-            self.emit_no_chunk(out)
-        if self.has_parallel:
-            self.emit_parallel(out)
-        self.emit_summary(out)
-        self.emit_recurrence(out)
-        self.emit_recurrent(out)
-        self.emit_step(out)
-        out.lines = _without_unread(out.lines)
+        out("", 0)
+        out.lines += functions.lines
+
+    def emit_aliases(self, out: Lines, functions: str) -> None:
+        """The private names `functions` read their globals by (those of `_ALIASES` they use,
+        and their kernels), bound to the globals."""
+        out("# The functions below take the spec's names as arguments and locals. No spec name", 0)
+        out("# starts with an underscore, so none can shadow these names they read globals by.", 0)
+        kernels = {f"_{k}": k for k in self.kernel_names()}
+        for group in (*_ALIASES, *({a: k} for a, k in kernels.items())):
+            used = {a: g for a, g in group.items() if re.search(rf"\b{a}\b", functions)}
+            if used:
+                out(f"{', '.join(used)} = {', '.join(used.values())}", 0)
 
     def emit_prepare(self, out: Lines) -> None:
-        out(f"def _prepare({self.signature('sequence')}):", 0)
+        out(f"def _prepare({self.signature('_sequence')}):", 0)
         out('"""Check and lay out every argument; fill parameter defaults (h = head index)."""')
         inputs = ", ".join(self.inputs)
         unpack = f"({inputs},)" if len(self.inputs) == 1 else f"({inputs})"
-        out(f"{unpack}, _sizes, _dtype = _prepare_inputs(INPUTS, [{inputs}], sequence)")
+        out(f"{unpack}, _sizes, _dtype = _prepare_inputs(_INPUTS, [{inputs}], _sequence)")
         out(f"_device = {self.inputs[0]}.device")
         if self.defaulted:
-            out('_h = torch.arange(_sizes["NH"], dtype=_dtype, device=_device)')
+            out('_h = _torch.arange(_sizes["NH"], dtype=_dtype, device=_device)')
         defaults = {p.name: p.default for p in self.mixer.params}
 
         def default_names(e: Expr) -> str:
@@ -277,7 +304,7 @@ class _Module:
         self, out: Lines, sequence: bool, states_from: str | None, packed: bool = False
     ) -> None:
         call = ", ".join(self.inputs + self.required + [f"{p}={p}" for p in self.defaulted])
-        out(f"{self.args()}, _sizes, _dtype = _prepare({call}, sequence={sequence})")
+        out(f"{self.args()}, _sizes, _dtype = _prepare({call}, _sequence={sequence})")
         out(f"_device = {self.inputs[0]}.device")
         batch = '_sizes["B"]'
         if packed:
@@ -286,7 +313,7 @@ class _Module:
             batch = "_batch"
         if states_from is not None:
             where = f"_sizes, _dtype, _device, {batch}"
-            out(f"{self.state_tuple()} = _prepare_states(STATES, {states_from}, {where})")
+            out(f"{self.state_tuple()} = _prepare_states(_STATES, {states_from}, {where})")
 
     def finish(self, out: Lines, y: str, final: str) -> None:
         shape = self.spec.shapes[self.output.target]
@@ -355,7 +382,7 @@ class _Module:
         values = []
         if any(s.writes[0].value is None for s in facts):  # a vector state: a value of 1
             sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
-            out(f"_ones = torch.ones({sizes}, dtype=_dtype, device=_device)")
+            out(f"_ones = _torch.ones({sizes}, dtype=_dtype, device=_device)")
         for s in facts:
             w = s.writes[0]
             if w.value is None:
@@ -365,7 +392,7 @@ class _Module:
             else:
                 value = e(w.value if w.scale is None else Binary("@", w.scale, w.value))
             values.append(value)
-        value = values[0] if len(values) == 1 else f"torch.cat([{', '.join(values)}], -2)"
+        value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
         out(f"_v_{name} = _seq_vector({value}, _sizes{packed})")
         kernel_args = []
         for arg in group.args:
@@ -373,7 +400,7 @@ class _Module:
                 continue
             value = e(arg.expr)
             if constant(arg.expr) is not None:  # a constant gate, e.g. log(0.9): make it a tensor
-                value = f"torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
+                value = f"_torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
             out(f"_{arg.name}_{name} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")
             kernel_args.append(f"{arg.name}=_{arg.name}_{name}")
         return kernel_args
@@ -397,7 +424,7 @@ class _Module:
             kernel_args = self.emit_kernel_args(out, plan, packed)
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
-                s0_text = s0[0] if len(s0) == 1 else f"torch.cat([{', '.join(s0)}], -1)"
+                s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
                 out(f"_S0_{name} = {s0_text}")
             queries = list(plan.queries) or ([] if parallel else [None])
             widths = self.widths(group)
@@ -405,15 +432,15 @@ class _Module:
                 q_text = (
                     f"_seq_vector({e(query.expr)}, _sizes{packed})"
                     if query is not None
-                    else f"torch.zeros_like(_k_{name})"
+                    else f"_torch.zeros_like(_k_{name})"
                 )
                 out(f"_q = {q_text}")
                 args = ", ".join(["_q", f"_k_{name}", f"_v_{name}", *kernel_args])
                 if parallel:
-                    out(f"_o = {kernel}({args})")
+                    out(f"_o = _{kernel}({args})")
                 else:
                     init = f"initial_state=_S0_{name}, chunk_size=chunk_size"
-                    out(f"_o, _S = {kernel}({args}, {init})")
+                    out(f"_o, _S = _{kernel}({args}, {init})")
                 if len(group) == 1:
                     parts = ["_o"]
                 else:
@@ -466,14 +493,14 @@ class _Module:
             kernel_args = self.emit_kernel_args(out, plan, "")
             out(f"_K = _k_{name}.shape[-1]")
             out(f"_width = _v_{name}.shape[-1]")
-            out(f"_v = torch.cat([_v_{name}, _v_{name}.new_zeros(*_v_{name}.shape[:-1], _K)], -1)")
-            probes = "torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1)"
-            out(f"_S0 = {probes}.to(dtype=_dtype, device=_device)")
-            out(f"_S0 = _S0.expand(*_k_{name}.shape[:2], _K, _width + _K)")
-            args = ", ".join([f"torch.zeros_like(_k_{name})", f"_k_{name}", "_v", *kernel_args])
-            out(f"_o, _S = {kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
-            out("_F, _P = _S.split([_width, _K], -1)")
-            self.emit_split_states(out, group, "_F")
+            out(f"_v = _torch.cat([_v_{name}, _v_{name}.new_zeros(*_v_{name}.shape[:-1], _K)], -1)")
+            out("_S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)")
+            where = "dtype=_dtype, device=_device"
+            out(f"_S0 = _S0.to({where}).expand(*_k_{name}.shape[:2], _K, _width + _K)")
+            args = ", ".join([f"_torch.zeros_like(_k_{name})", f"_k_{name}", "_v", *kernel_args])
+            out(f"_o, _S = _{kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
+            out("_F0, _P = _S.split([_width, _K], -1)")
+            self.emit_split_states(out, group, "_F0")
             for s in group:
                 transitions[s] = "_P.mT"
                 finals[s] = s if not self.facts.state(s).vector else f"{s}.squeeze(-1)"
@@ -501,7 +528,7 @@ class _Module:
         out(f"def _recurrence({self.args()}, {states}, _sizes, _dtype, _device):", 0)
         out('"""Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""')
         out("_ys = []")
-        out('for _t in range(_sizes["T"]):')
+        out('for _t in _range(_sizes["T"]):')
         used = {
             n.name
             for eq in self.mixer.equations
@@ -527,7 +554,7 @@ class _Module:
         out(f"_ys.append({e(y)}){_note(f'{self.output.target}_t = {self.output.value}')}", 2)
         if self.states:
             out(f"{states} = {', '.join(f'{s}_t' for s in self.states)}", 2)
-        out(f"return torch.stack(_ys, 1), {self.state_tuple()}")
+        out(f"return _torch.stack(_ys, 1), {self.state_tuple()}")
         out("", 0)
         out("", 0)
 
@@ -543,7 +570,7 @@ class _Module:
         for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)
             log = g.log
             plain = isinstance(log, Call) and log.func == "log"
-            factor = e(log.args[0]) if plain else f"torch.exp({e(log)})"
+            factor = e(log.args[0]) if plain else f"_torch.exp({e(log)})"
             if g.side == "scalar":
                 decayed = f"{factor} * {decayed}"
             elif g.side == "key" and not s.vector:
@@ -576,8 +603,8 @@ class _Module:
         out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
         out("else:")
         out("_outputs, _finals = [], []", 2)
-        bounds = "zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())"
-        out(f"for _n, (_start, _end) in enumerate({bounds}):", 2)
+        out("_bounds = _zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())", 2)
+        out("for _n, (_start, _end) in _enumerate(_bounds):", 2)
         per_token = self.inputs
         sliced = ", ".join(
             f"{a}[:, _start:_end]" if a in per_token else a
@@ -588,16 +615,16 @@ class _Module:
         kept = f"({own[0]},)" if len(own) == 1 else f"({', '.join(own)})"
         out(f"_finals.append({kept})", 4)
         out("continue", 4)
-        out("_piece = dict(_sizes, T=_end - _start)", 3)
+        out("_piece = _dict(_sizes, T=_end - _start)", 3)
         own_states = ", ".join(f"{s}[_n : _n + 1]" for s in self.states)
         out(f"_y, _s = _recurrence({sliced}, {own_states}, _piece, _dtype, _device)", 3)
         out("_outputs.append(_y)", 3)
         out("_finals.append(_s)", 3)
-        out(f"{self.output.target} = torch.cat(_outputs, 1)", 2)
+        out(f"{self.output.target} = _torch.cat(_outputs, 1)", 2)
         out(
-            f"{states}, = (torch.cat(_parts, 0) for _parts in zip(*_finals))"
+            f"{states}, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))"
             if len(self.states) == 1
-            else f"{states} = (torch.cat(_parts, 0) for _parts in zip(*_finals))",
+            else f"{states} = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))",
             2,
         )
         self.finish(

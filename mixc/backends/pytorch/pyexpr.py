@@ -126,7 +126,7 @@ class PyExpr:
     def eye(self, shape: Shape) -> str:
         n = shape[0]
         size = n if n.isdigit() else f"_sizes[{string(n)}]"
-        return f"torch.eye({size}, dtype=_dtype, device=_device)"
+        return f"_torch.eye({size}, dtype=_dtype, device=_device)"
 
     def _binary(self, e: Binary) -> tuple[str, int]:
         a, b = self.shape(e.left), self.shape(e.right)
@@ -185,7 +185,7 @@ class PyExpr:
             if factors is None or any(constant(x) is not None for x in (base, *factors)):
                 continue
             value = ", value=-1" if e.op == "-" else ""
-            return f"torch.addcmul({self(base)}, {self(factors[0])}, {self(factors[1])}{value})"
+            return f"_torch.addcmul({self(base)}, {self(factors[0])}, {self(factors[1])}{value})"
         return None
 
     # -- sums of terms (affine updates), with products associated cheaply -------------------
