@@ -37,7 +37,7 @@ def main(path: str) -> None:
     declared = (*m.INPUTS, *m.PARAMS, *m.STATES)  # (name, sizes) of every argument
     sizes = {d: 64 for _, dims in declared for d in dims if not d.isdigit()}
     # per-token inputs [B, T, NH, d] or [B, T, NH], then per-head parameters [NH, d] or [NH]
-    args = sample_inputs(mixc.load_spec(m.SPEC), sizes, T, batch=B, heads=NH, seed=0)
+    args = sample_inputs(mixc.load_spec(text=m.SPEC), sizes, T, batch=B, heads=NH, seed=0)
 
     y, state = m.recurrent(*args, output_final_state=True)
     print(f"{m.NAME}: output {tuple(y.shape)}, state {shapes(state)}")

@@ -49,7 +49,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
-        write_atomically(args.output, text)
+        write_atomically(args.output, text, keep=[args.spec])
         print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
@@ -152,8 +152,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 @command
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time the compiled forms over a sweep of T: table, and optionally JSON and a plot."""
+    from mixc.driver import output_file
     from mixc.tools import bench, bench_report
 
+    for path in (args.json, args.plot):  # refuse a file mixc will not write before the sweep
+        if path is not None:
+            output_file(path, keep=[args.spec])
     if args.plot:
         bench_report.matplotlib_figure()  # fail before the sweep, not after, without matplotlib
     result = bench.run(

@@ -5,24 +5,27 @@ from __future__ import annotations
 import hashlib
 import linecache
 import os
+import secrets
+import stat
 import sys
-import tempfile
 import types
+from collections.abc import Iterable
 from pathlib import Path
 
 from mixc.analysis.plan import Plan, analyze
 from mixc.backends import get as get_backend
 from mixc.errors import MixcError, NotYetImplemented, SpecError
-from mixc.frontend.spec import Source, Spec, load_spec, read_source
+from mixc.frontend.spec import Spec, load_spec, source_of
 
 _CACHE: dict[tuple[str, str, str], types.ModuleType] = {}
 
 
-def plan(spec, backend: str = "pytorch") -> Plan:
-    """Spec (path, text, Source or a loaded Spec) -> its plan, after every check `compile` makes:
-    parsing, verification, analysis and the backend's own refusals. `mixc check`, `mixc explain`
-    and `mixc compile` all start here, so they accept and refuse the same specs."""
-    loaded = spec if isinstance(spec, Spec) else load_spec(spec)
+def plan(spec=None, backend: str = "pytorch", *, text: str | None = None) -> Plan:
+    """A spec (a path, a Source, a loaded Spec, or `text=` spec text) -> its plan, after every
+    check `compile` makes: parsing, verification, analysis and the backend's own refusals.
+    `mixc check`, `mixc explain` and `mixc compile` all start here, so they accept and refuse
+    the same specs."""
+    loaded = spec if isinstance(spec, Spec) else load_spec(spec, text=text)
     result = analyze(loaded)
     reason = get_backend(backend).supports(result)
     if reason is not None:
@@ -32,38 +35,91 @@ def plan(spec, backend: str = "pytorch") -> Plan:
     return result
 
 
-def compile_source(spec, backend: str = "pytorch") -> str:
-    """Spec (path, text, or Source) -> generated module source."""
-    result = plan(spec, backend)
+def compile_source(spec=None, backend: str = "pytorch", *, text: str | None = None) -> str:
+    """A spec (as `plan` takes it) -> the generated module's source."""
+    result = plan(spec, backend, text=text)
     try:
         return get_backend(backend).emit(result)
     except SpecError as exc:
         raise exc.located(result.spec.source) from None
 
 
-def write_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temporary file and a rename: never a partial file."""
+def output_file(path: str | os.PathLike, keep: Iterable[str | os.PathLike] = ()) -> Path:
+    """The regular file that writing `path` replaces, or a one-line MixcError saying why mixc
+    will not write there. A symbolic link is followed (the link stays and its target gets the
+    new contents); a directory, a device (/dev/full, /dev/stdout's terminal), a pipe or a
+    socket is refused, since the rename that makes the write atomic would put a regular file
+    in its place; so is any of the files in `keep` (the input spec), under any name."""
     path = Path(path)
-    if path.is_dir():
+    try:
+        target = path.resolve(strict=True) if path.is_symlink() else path
+        found = target.stat() if os.path.lexists(target) else None
+    except FileNotFoundError:
+        raise MixcError(f"{path}: a symbolic link to a missing file; give a regular file") from None
+    except (OSError, RuntimeError) as exc:  # a loop of links: RuntimeError up to Python 3.12
+        raise MixcError(f"{path}: cannot write: {getattr(exc, 'strerror', None) or exc}") from None
+    except ValueError:  # a NUL in the path
+        raise MixcError(f"{str(path)!r}: not a file name") from None
+    if found is not None and stat.S_ISDIR(found.st_mode):
         raise MixcError(f"{path}: is a directory; give a file name such as {path / 'mixer.py'}")
-    directory = path.parent if str(path.parent) else Path(".")
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        raise MixcError(f"{path}: is {_kind(found.st_mode)}; mixc writes regular files only")
+    for spec in keep:
+        if found is not None and os.path.lexists(spec) and os.path.samefile(target, spec):
+            raise MixcError(f"{path}: is the input spec {spec}; give another output file")
+    directory = target.parent
     if not directory.is_dir():
         raise MixcError(f"{path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    return target
+
+
+def _kind(mode: int) -> str:
+    """What a file that is neither regular nor a directory is, for a message."""
+    kinds = (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
+
+
+def write_atomically(
+    path: str | os.PathLike, data: str | bytes, keep: Iterable[str | os.PathLike] = ()
+) -> None:
+    """Write `data` (text as UTF-8) to the regular file `output_file(path, keep)` through a
+    temporary file beside it and a rename: never a partial file. The file keeps the mode it had;
+    a new one gets what the umask leaves of 0o666, as any program's new file does. An OSError
+    (a read-only directory, a full disk) is a one-line MixcError naming `path`."""
+    target = output_file(path, keep)
+    temporary = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+    except OSError as exc:
+        raise MixcError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())  # the contents are on disk before the rename makes them visible
+        os.replace(temporary, target)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise MixcError(f"{path}: cannot write: {exc.strerror or exc}") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 
-def load(spec, backend: str = "pytorch") -> types.ModuleType:
+def load(spec=None, backend: str = "pytorch", *, text: str | None = None) -> types.ModuleType:
     """Compile in-process and return the module (chunk, recurrent, step, and parallel where the
-    class has one). Cached by spec text and backend; the source is registered with linecache so
-    tracebacks show the generated lines."""
-    source = spec if isinstance(spec, Source) else read_source(spec)
+    class has one). `spec` is a path (str or os.PathLike), a Source or a loaded Spec; spec text
+    is given as `text=`. Cached by spec text, file name and backend; the source is registered
+    with linecache so tracebacks show the generated lines."""
+    source = spec.source if isinstance(spec, Spec) else source_of(spec, text=text)
     key = (source.text, source.filename, backend)
     if key in _CACHE:
         return _CACHE[key]

@@ -117,7 +117,7 @@ class MixerLayer(nn.Module):
     """A token mixer from a spec: projections in, the compiled recurrence, projection out.
 
     Args:
-        spec: a spec path, spec text, or a loaded Spec.
+        spec: a spec path, a Source or a loaded Spec (for spec text, load_spec(text=...)).
         hidden_size, num_heads: model width and number of heads.
         sizes: the spec's size symbols per head, e.g. {"K": 64, "V": 64}; default
             hidden_size // num_heads for every symbol.

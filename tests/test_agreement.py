@@ -95,9 +95,10 @@ def _assert_summary_agrees(module, form: dict, text: str) -> None:
     """`summary` computes exactly when explain says it does, else raises the reason given."""
     import torch
 
+    from mixc import load_spec
     from mixc.check import sample_inputs
 
-    args = sample_inputs(module.SPEC, dict.fromkeys(_sizes(module), 4), 8, heads=2)
+    args = sample_inputs(load_spec(text=module.SPEC), dict.fromkeys(_sizes(module), 4), 8, heads=2)
     if form["available"]:
         transitions, finals = module.summary(*args, chunk_size=4)
         parts = [*_flat(transitions), *_flat(finals)]

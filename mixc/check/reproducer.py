@@ -3,11 +3,13 @@
 The script draws the example's tensors from its seed with the same torch expressions the fuzzer
 evaluated (`mixc.check.sampling.draws`), calls the failing form of the module, compares it with
 the float64 oracle by the fuzzer's rule, and exits 1 when a quantity is out of bounds. It needs
-only torch and mixc.
+only torch and mixc. The spec's names are only keys of its dicts (`drawn["input", "B"]`), never
+its variables, so an input named like one of them (Mamba-2's B, the batch size) changes none.
 """
 
 from __future__ import annotations
 
+from mixc.backends.pytorch.lines import comment, string
 from mixc.check.fuzz import Failure
 from mixc.check.ranges import InputRanges
 from mixc.check.sampling import draws
@@ -25,15 +27,19 @@ def reproducer(
     a quantity is out of bounds."""
     dtype = str(failure.dtype).removeprefix("torch.")
     wide = "float64" if dtype == "float64" else "float32"  # parameters and states
-    lines = _preamble(r, failure, spec_path, module_path)
+    lines = [*_preamble(r, failure, spec_path, module_path), "drawn = {}  # by (role, name)"]
     kinds = {kind: [] for kind in _KINDS}
     for d in draws(r, failure.example):
-        var = {"state": f"{d.name}0", "cotangent": f"cot_{d.name}"}.get(d.kind, d.name)
-        lines.append(f"{var} = {d.code}")
+        lines.append(f"{_drawn(d.kind, d.name)} = {d.code}")
         kinds[d.kind].append(d.name)
     lines += _call_lines(r, failure, kinds, dtype, wide)
     lines += _compare_lines(r, failure, kinds, dtype)
     return "\n".join(lines) + "\n"
+
+
+def _drawn(kind: str, name: str) -> str:
+    """Where the script keeps the drawn tensor of `name` in role `kind`."""
+    return f"drawn[{string(kind)}, {string(name)}]"
 
 
 def _preamble(
@@ -41,17 +47,17 @@ def _preamble(
 ) -> list[str]:
     """Imports, the spec and module, the generator and the sizes."""
     ex = failure.example
-    spec_arg = repr(spec_path) if spec_path else repr(r.spec.source.text)
-    load = f"load_module({module_path!r})" if module_path else f"mixc.load({spec_arg})"
+    spec_arg = string(spec_path) if spec_path else f"text={string(r.spec.source.text)}"
+    load = f"load_module({string(module_path)})" if module_path else "mixc.load(spec)"
     lines = [
-        f"# mixc fuzz reproducer: {failure.summary()}",
+        comment(f"mixc fuzz reproducer: {failure.summary()}"),
         "import torch",
         "import torch.nn.functional as F",
         "",
-        *(["import mixc"] if not module_path else []),
+        "import mixc",
         "from mixc.check.fuzz import Result, compare, load_module, reference",
         "",
-        f"spec = {spec_arg}",
+        f"spec = mixc.load_spec({spec_arg})",
         f"module = {load}",
         f"gen = torch.Generator().manual_seed({ex.seed})",
         f"B, T, NH = {ex.batch}, {ex.T}, {ex.heads}",
@@ -68,11 +74,11 @@ def _call_lines(
 ) -> list[str]:
     """The rounded leaves, and the call of the failing form with them."""
 
-    def cast(names: list[str], to: str, suffix: str = "") -> list[str]:
-        return [f"{n!r}: {n}{suffix}.to(torch.{to})" for n in names]
+    def cast(kind: str, to: str) -> list[str]:
+        return [f"{string(n)}: {_drawn(kind, n)}.to(torch.{to})" for n in kinds[kind]]
 
-    params = kinds["param"] + kinds["default"]
-    entries = cast(kinds["input"], dtype) + cast(params, wide) + cast(kinds["state"], wide, "0")
+    entries = [*cast("input", dtype), *cast("param", wide), *cast("default", wide)]
+    entries += cast("state", wide)
     lines = [
         "",
         f"# inputs rounded to {dtype}, parameters and states to {wide}: "
@@ -123,13 +129,15 @@ def _compare_lines(
     cots = (
         "{}"
         if parallel
-        else "{" + ", ".join(f"{n!r}: cot_{n}.to(torch.{dtype}).double()" for n in r.states) + "}"
+        else "{"
+        + ", ".join(f"{n!r}: {_drawn('cotangent', n)}.to(torch.{dtype}).double()" for n in r.states)
+        + "}"
     )
     params = kinds["param"] + kinds["default"]
     return [
         f"final = dict(zip({r.states!r}, final if isinstance(final, tuple) else (final,))) "
         "if final is not None else {}",
-        f"cot_y, cots = cot_{r.output}.to(torch.{dtype}).double(), {cots}",
+        f"cot_y, cots = {_drawn('cotangent', r.output)}.to(torch.{dtype}).double(), {cots}",
         "loss = (y.double() * cot_y).sum() + "
         "sum((final[n].double() * c).sum() for n, c in cots.items())",
         "grads = dict(zip(x, torch.autograd.grad(loss, list(x.values()), allow_unused=True)))",

@@ -38,7 +38,9 @@ class Builtin:
     - `elementwise`: whether it acts on each entry alone (all but l2norm and diag); the expander
       pushes transposes inside elementwise calls.
     - `torch`: its spelling in generated code, applied to the argument in the [..., rows, cols]
-      layout (diag's to the argument squeezed to a vector; `_l2norm` is a runtime helper).
+      layout (diag's to the argument squeezed to a vector; `_l2norm` is a runtime helper). The
+      generated code reads torch as `_torch` and torch.nn.functional as `_F`: names beginning
+      with an underscore, which no spec name can shadow.
     - `evaluate`: the function on one float, for folding constants; None where it is not a
       function of a number (l2norm, diag). It never raises: where math.exp would overflow it
       returns the float the true value rounds to (inf for exp(1000), 0 for sigmoid(-1000)), at
@@ -229,18 +231,18 @@ def _monotone(
 
 _F = "torch.nn.functional."
 _TABLE = (
-    _monotone("exp", "torch.exp", _exp, _torch_function("torch.exp")),
-    _monotone("log", "torch.log", _log, _torch_function("torch.log")),
-    _monotone("sigmoid", "torch.sigmoid", _sigmoid, _torch_function("torch.sigmoid")),
-    _monotone("logsigmoid", "F.logsigmoid", _logsigmoid, _torch_function(_F + "logsigmoid")),
-    _monotone("softplus", "F.softplus", _softplus, _softplus_tensor),
-    Builtin("silu", 1, True, "F.silu", _silu, _silu_tensor, _silu_bounds),
-    _monotone("elu", "F.elu", _elu, _elu_tensor),
-    _monotone("relu", "torch.relu", _relu, _torch_function("torch.relu")),
-    _monotone("tanh", "torch.tanh", math.tanh, _torch_function("torch.tanh")),
-    _monotone("sqrt", "torch.sqrt", _sqrt, _torch_function("torch.sqrt")),
+    _monotone("exp", "_torch.exp", _exp, _torch_function("torch.exp")),
+    _monotone("log", "_torch.log", _log, _torch_function("torch.log")),
+    _monotone("sigmoid", "_torch.sigmoid", _sigmoid, _torch_function("torch.sigmoid")),
+    _monotone("logsigmoid", "_F.logsigmoid", _logsigmoid, _torch_function(_F + "logsigmoid")),
+    _monotone("softplus", "_F.softplus", _softplus, _softplus_tensor),
+    Builtin("silu", 1, True, "_F.silu", _silu, _silu_tensor, _silu_bounds),
+    _monotone("elu", "_F.elu", _elu, _elu_tensor),
+    _monotone("relu", "_torch.relu", _relu, _torch_function("torch.relu")),
+    _monotone("tanh", "_torch.tanh", math.tanh, _torch_function("torch.tanh")),
+    _monotone("sqrt", "_torch.sqrt", _sqrt, _torch_function("torch.sqrt")),
     Builtin("l2norm", 1, False, "_l2norm", None, _l2norm_tensor, _l2norm_bounds),
-    Builtin("diag", 1, False, "torch.diag_embed", None, _diag_tensor, _diag_bounds),
+    Builtin("diag", 1, False, "_torch.diag_embed", None, _diag_tensor, _diag_bounds),
 )
 
 #: Every built-in by name, in the order error messages list them.

@@ -1,4 +1,4 @@
-"""Load a spec from a path or text, parse and verify it: the front door of the compiler."""
+"""Load a spec from a path, a Source or text, parse and verify it: the compiler's front door."""
 
 from __future__ import annotations
 
@@ -22,31 +22,51 @@ class Spec:
     shapes: dict[str, Shape]
 
 
-def read_source(spec: str | os.PathLike) -> Source:
-    """A path to a spec file, or spec text itself (anything containing a newline or 'mixer ',
-    or nothing but blanks)."""
-    if isinstance(spec, str) and (
-        "\n" in spec or spec.lstrip().startswith("mixer ") or not spec.strip()
-    ):
-        return Source(spec, "<string>")
-    path = Path(spec)
+def read_source(path: str | os.PathLike) -> Source:
+    """The spec file at `path`. A str is always a path, never spec text: the caller says which
+    it gives (`source_of`), so that no file name is taken for text or text for a file name."""
     try:
-        with path.open("rb") as f:
+        with Path(path).open("rb") as f:
             data = f.read(MAX_SPEC_BYTES + 1)  # enough to refuse a huge file without reading it all
     except FileNotFoundError:
-        raise MixcError(f"{path}: no such spec file") from None
+        raise MixcError(f"{path}: no such spec file{_text_hint(path)}") from None
     except IsADirectoryError:
         raise MixcError(f"{path}: is a directory, not a spec file") from None
     except OSError as exc:
-        raise MixcError(f"{path}: cannot read: {exc.strerror}") from None
+        raise MixcError(f"{path}: cannot read: {exc.strerror}{_text_hint(path)}") from None
     except ValueError:  # a NUL in the path
-        raise MixcError(f"{str(spec)!r}: not a spec file name, and not spec text") from None
-    return decode(data, str(spec))
+        raise MixcError(f"{str(path)!r}: not a spec file name{_text_hint(path)}") from None
+    return decode(data, os.fsdecode(path))
 
 
-def load_spec(spec: str | os.PathLike | Source) -> Spec:
-    """Parse and verify a spec given as a path, text, or Source. Raises located SpecErrors."""
-    source = spec if isinstance(spec, Source) else read_source(spec)
+def _text_hint(path: str | os.PathLike) -> str:
+    """For a missing file whose name reads like spec text: how to pass spec text instead."""
+    name = os.fsdecode(path)
+    if "\n" in name or name.lstrip().startswith("mixer "):
+        return " (to give spec text rather than a path, pass text=... or a Source)"
+    return ""
+
+
+def source_of(spec: str | os.PathLike | Source | None = None, *, text: str | None = None) -> Source:
+    """The spec a caller gives, as a Source: a path (str or os.PathLike) names a file to read,
+    `text=` is spec text itself, and a Source passes through. Exactly one of `spec` and `text`."""
+    if (spec is None) == (text is None):
+        raise TypeError("give a spec path or Source, or text=..., and not both")
+    if text is not None:
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected spec text as a str, got {type(text).__name__}")
+        return Source(text)
+    if isinstance(spec, Source):
+        return spec
+    if not isinstance(spec, str | os.PathLike):
+        raise TypeError(f"expected a spec path, a Source or text=..., got {type(spec).__name__}")
+    return read_source(spec)
+
+
+def load_spec(spec: str | os.PathLike | Source | None = None, *, text: str | None = None) -> Spec:
+    """Parse and verify a spec: a path (str or os.PathLike), a Source, or `text=` spec text.
+    Raises located SpecErrors."""
+    source = source_of(spec, text=text)
     try:
         mixer = parse(source)
         shapes = verify(mixer)

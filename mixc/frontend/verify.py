@@ -5,7 +5,6 @@ Shapes and their rules live in `mixc.frontend.shapes`; this module checks a whol
 
 from __future__ import annotations
 
-import builtins
 import difflib
 import keyword
 import re
@@ -36,30 +35,33 @@ from mixc.frontend.ir import (
 from mixc.frontend.parser import MAX_DEPTH
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer, declared, show, symbols_of
 
-__all__ = ["GENERATED_NAMES", "LAYOUT_SIZES", "RESERVED", "equation_order", "verify"]
+__all__ = [
+    "FORM_OPTIONS",
+    "LANGUAGE_WORDS",
+    "LAYOUT_SIZES",
+    "RESERVED",
+    "equation_order",
+    "verify",
+]
 
 #: Sizes the compiled modules' layout uses for batch, tokens and heads: a spec cannot reuse them.
 LAYOUT_SIZES = frozenset({"B", "T", "NH"})
 
-#: Names the generated code defines or imports, and words of the spec language itself.
-#: A spec may not use them, so no spec can shadow or inject into generated code.
-# fmt: off
-GENERATED_NAMES = frozenset(
-    {
-        "torch", "F", "math", "chunk", "recurrent", "parallel", "step", "initial_state",
-        "output_final_state", "chunk_size", "state", "cu_seqlens", "SPEC", "SPEC_HASH",
-        "MIXC_VERSION", "INPUTS", "PARAMS", "STATES", "OUTPUT", "mixer", "param", "let", "in",
-        "t", "h", "I", "self", "cls",
-    }
+#: Words of the spec language: the keywords that start its lines, the time index t, the head
+#: index h of parameter defaults and the identity I.
+LANGUAGE_WORDS = frozenset({"mixer", "in", "param", "state", "let", "t", "h", "I"})
+
+#: The keyword arguments of a compiled module's forms, beside the spec's names in their
+#: signatures (`chunk(q, k, v, *, initial_state=None, ...)`).
+FORM_OPTIONS = frozenset(
+    {"initial_state", "output_final_state", "chunk_size", "cu_seqlens", "state"}
 )
-# fmt: on
-RESERVED = (
-    frozenset(keyword.kwlist)
-    | frozenset(keyword.softkwlist)
-    | frozenset(dir(builtins))
-    | GENERATED_NAMES
-    | frozenset(FUNCTIONS)
-)
+
+#: The names a spec may not declare: the language's own words and functions, Python's keywords
+#: (a spec's names are the parameters of the compiled forms) and the forms' options. Nothing the
+#: generated code defines or imports is here: it reads each of its globals by a name starting
+#: with an underscore, which no spec name can (see the PyTorch emitter).
+RESERVED = frozenset(keyword.kwlist) | LANGUAGE_WORDS | FORM_OPTIONS | frozenset(FUNCTIONS)
 
 
 def verify(mixer: Mixer) -> dict[str, Shape]:
@@ -199,13 +201,13 @@ class _Names:
 
 
 def _reserved_why(name: str) -> str:
-    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+    if keyword.iskeyword(name):
         return "a Python keyword"
     if name in FUNCTIONS:
         return "a built-in function of the language"
-    if name in GENERATED_NAMES:
-        return "a name the generated code uses"
-    return "a Python built-in"
+    if name in LANGUAGE_WORDS:
+        return "a word of the spec language"
+    return "a keyword argument of the compiled forms"
 
 
 def _check_sizes(d: Decl | Param) -> None:

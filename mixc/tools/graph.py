@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import networkx as nx
 
 from mixc.analysis.plan import Plan
-from mixc.driver import write_atomically
+from mixc.driver import output_file, write_atomically
 from mixc.errors import MixcError
 
 __all__ = ["FORMATS", "draw", "write_graph"]
@@ -239,26 +238,12 @@ def _shape_text(facts: Plan, name: str) -> str:
 
 
 def write_graph(facts: Plan, path: str | os.PathLike) -> None:
-    """Draw the graph into `path` (.png or .svg), atomically: never a partial file."""
+    """Draw the graph into `path` (.png or .svg), atomically: never a partial file, and never
+    over the spec it draws (`write_atomically`, whose refusals come before the drawing)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise MixcError(f"{path}: unknown picture format {suffix or '(none)'}; use .png or .svg")
-    data = draw(facts, suffix[1:])
-    if suffix == ".svg":
-        write_atomically(path, data.decode("utf-8"))
-        return
-    # write_atomically writes text; a PNG is bytes: check the path the same way, then write the
-    # bytes through a temporary file and a rename
-    if path.is_dir() or not (path.parent if str(path.parent) else Path(".")).is_dir():
-        write_atomically(path, "")  # raises its own located MixcError
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else "."
-    )
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    keep = [facts.spec.source.filename]
+    output_file(path, keep)
+    write_atomically(path, draw(facts, suffix[1:]), keep)

@@ -15,12 +15,17 @@ __all__ = ["Core", "Update", "Writer", "decayed_update"]
 #: Size names the runtime uses for its own layout dims: never drawn.
 _LAYOUT_DIMS = frozenset({"B", "T", "NH"})
 _KEYWORDS = frozenset({"mixer", "in", "param", "state", "let"})
+#: The names mixc.check.sampling evaluates its draws with, beside the sizes: a size named like
+#: one of them breaks the draws (`torch.randn(B, T, NH, F)` with F the size), so none is drawn.
+_SAMPLER_NAMES = frozenset({"torch", "F", "gen"})
 
 
-def _valid_name(name: str) -> bool:
+def _valid_name(name: str, size: bool) -> bool:
     from mixc.frontend.verify import RESERVED
 
-    return name not in RESERVED and name not in _KEYWORDS and name not in _LAYOUT_DIMS
+    if size and name in _SAMPLER_NAMES | _LAYOUT_DIMS:
+        return False
+    return name not in RESERVED and name not in _KEYWORDS
 
 
 class Writer:
@@ -49,7 +54,8 @@ class Writer:
         return self.draw(self.st.booleans())
 
     def fresh(self, pool: tuple[str, ...], upper: bool = False) -> str:
-        """A new name: one of `pool` or a made-up one, numbered when taken or reserved."""
+        """A new name: one of `pool` or a made-up one (capitalised: a size, when `upper`),
+        numbered when taken or not allowed."""
         st = self.st
         letters = "ACDEFGJKLMNOPQRSUVWXYZ" if upper else "abcdefgjklmnopqrsuvwxyz"
         made = st.builds(
@@ -59,7 +65,7 @@ class Writer:
         )
         base = self.draw(st.one_of(st.sampled_from(pool), made))
         name, i = base, 1
-        while name in self.taken or not _valid_name(name):
+        while name in self.taken or not _valid_name(name, size=upper):
             name, i = f"{base}{i}", i + 1
         self.taken.add(name)
         return name

@@ -727,7 +727,8 @@ VARIANT_ROWS = [k for k, r in ROWS.items() if not r.spec.endswith(".mix")]
 
 
 def load(spec: str) -> Spec:
-    return load_spec(SPECS / spec if spec.endswith(".mix") else spec)
+    """A shipped spec by file name, or spec text."""
+    return load_spec(SPECS / spec) if spec.endswith(".mix") else load_spec(text=spec)
 
 
 def write_text(s) -> str:
@@ -830,7 +831,7 @@ NON_CAUSAL = {
 def test_non_causal_specs_get_a_located_error(name):
     spec, message = NON_CAUSAL[name]
     with pytest.raises(SpecAnalysisError) as info:
-        analyze(load_spec(spec))
+        analyze(load(spec))
     text_ = str(info.value)
     assert message in text_
     assert re.search(r"<string>:\d+:\d+: error:", text_)
@@ -839,9 +840,7 @@ def test_non_causal_specs_get_a_located_error(name):
 
 def test_analysis_order_rejects_a_cycle_the_verifier_did_not_see():
     # analysis does not trust the verifier: a lag-0 cycle handed to it directly is refused
-    spec = load_spec(
-        text("a_t = x_t\nH_t = sigmoid(a_t) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], x")
-    )
+    spec = load(text("a_t = x_t\nH_t = sigmoid(a_t) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], x"))
     eqs = list(spec.mixer.equations)
     eqs[0] = replace(eqs[0], value=Timed("H", 0, span=eqs[0].value.span))
     shapes = dict(spec.shapes, a=SCALAR)
@@ -1080,8 +1079,8 @@ def test_rewriter_reaches_each_kind_of_rewrite():
 )
 def test_equal_atoms_spelled_differently_are_one_term(a, b):
     base = "mixer m\nin x[P], dt, B[N], C[N]\nparam A\nstate H[P, N]\n{}\ny_t = H_t C_t\n"
-    assert facts_summary(analyze(load_spec(base.format(a)))) == facts_summary(
-        analyze(load_spec(base.format(b)))
+    assert facts_summary(analyze(load(base.format(a)))) == facts_summary(
+        analyze(load(base.format(b)))
     )
 
 
@@ -1141,7 +1140,7 @@ def test_costs_of_sequential_specs_have_no_chunked_form():
 
 
 def test_cost_symbols_avoid_the_specs_own_sizes():
-    spec = load_spec(
+    spec = load(
         "mixer m\nin q[C], k[C], v[V]\nstate H[V, C]\nH_t = H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
     )
     c = costs(analyze(spec))
@@ -1151,4 +1150,4 @@ def test_cost_symbols_avoid_the_specs_own_sizes():
 
 def test_every_spec_error_is_a_mixc_error():
     with pytest.raises(SpecError):
-        analyze(load_spec(NON_CAUSAL["a_later_token"][0]))
+        analyze(load(NON_CAUSAL["a_later_token"][0]))

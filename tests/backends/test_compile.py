@@ -15,12 +15,13 @@ import torch
 
 import mixc
 from mixc.check.fuzz import reference
+from mixc.errors import Source
 from mixc.oracle.interpret import interpret
 from tests.mixers import VARIANTS, positional, random_states, rel, spec_inputs
 
 SPECS = sorted(Path(__file__).parents[2].glob("specs/*.mix"))
-CASES = [pytest.param(str(p), id=p.stem) for p in SPECS] + [
-    pytest.param(text, id=name) for name, text in VARIANTS.items()
+CASES = [pytest.param(p, id=p.stem) for p in SPECS] + [
+    pytest.param(Source(text), id=name) for name, text in VARIANTS.items()
 ]
 FP32 = 1e-5
 

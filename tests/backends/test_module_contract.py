@@ -219,7 +219,7 @@ def test_sequential_only_spec_chunk_raises_nyi_with_reason():
             torch.zeros(1, 2, 1, 3, 4),
         )
     nonaffine = "mixer squash\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = tanh(H_{t-1}) + v_t k_t^T\ny_t = H_t q_t\n"
-    module = mixc.load(nonaffine)
+    module = mixc.load(text=nonaffine)
     q = torch.randn(1, 5, 2, 4)
     y, _ = module.recurrent(q, q, torch.randn(1, 5, 2, 3))
     assert y.shape == (1, 5, 2, 3)
@@ -329,5 +329,5 @@ def test_variant_specs_get_their_class():
         "mamba_like_value_scale": "scalar data-dependent",
     }
     for name, cls in expected.items():
-        module = mixc.load(VARIANTS[name])
+        module = mixc.load(text=VARIANTS[name])
         assert set(module.CLASSES.values()) == {cls}, name

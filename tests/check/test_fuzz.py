@@ -233,7 +233,7 @@ state S[Vv, Kk]
 S_t = exp(d1_t) S_{t-1} (I - e1_t b1_t b1_t^T) + e1_t c1_t b1_t^T
 y_t = S_t a1_t
 """
-    p = input_ranges(text)
+    p = input_ranges(mixc.load_spec(text=text))
     assert {r.name: r.domain for r in p.ranges} == {
         "a1": "plain",
         "b1": "unit ball",
@@ -245,15 +245,17 @@ y_t = S_t a1_t
 
 
 def test_an_unprovable_decay_is_noted() -> None:
-    p = input_ranges(
-        "mixer grows\nin q[K], k[K], v[V], a\nstate H[V, K]\nH_t = exp(a_t^2) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
+    text = (
+        "mixer grows\nin q[K], k[K], v[V], a\nstate H[V, K]\n"
+        "H_t = exp(a_t^2) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
     )
+    p = input_ranges(mixc.load_spec(text=text))
     assert p.notes and "no input ranges provably satisfy" in p.notes[0]
 
 
 def test_l2norm_sizes_are_at_least_two() -> None:
     text = "mixer m\nin q[K], k[K], v[V], b\nstate H[V, K]\nH_t = H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T) + sigmoid(b_t) v_t l2norm(k_t)^T\ny_t = H_t q_t\n"
-    p = input_ranges(text)
+    p = input_ranges(mixc.load_spec(text=text))
     assert p.wide == {"K"}
 
     @settings(max_examples=30, database=None)

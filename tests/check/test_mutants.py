@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import mixc
-from mixc.check import fuzz
+from mixc.check import fuzz, input_ranges
+from mixc.check.reproducer import reproducer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -309,3 +310,18 @@ def test_cli_shrinks_and_prints_a_reproducer_that_fails(tmp_path: Path) -> None:
     assert any(
         line.startswith(quantity) and line.endswith("FAILS") for line in again.stdout.splitlines()
     ), again.stdout
+
+
+def test_a_reproducer_keeps_inputs_named_like_its_own_variables(tmp_path: Path) -> None:
+    """Mamba-2's input B rebound the reproducer's batch size B, and every draw after it failed:
+    the spec's names are only keys of the script's dicts now."""
+    path = ROOT / "specs" / "mamba2.mix"
+    module = tmp_path / "mamba2_mutant.py"
+    module.write_text(mutate(mixc.compile_source(path), "_ys.append(", "_ys.append(1.01 * "))
+    report = fuzz(path, module, examples=3, shrink=False)
+    assert not report.ok
+    script = reproducer(input_ranges(path), report.failure, str(path), str(module))
+    assert "\nB = " not in script and 'drawn["input", "B"] = ' in script
+    with pytest.raises(SystemExit) as done:
+        exec(compile(script, str(tmp_path / "repro.py"), "exec"), {})
+    assert done.value.code is True

@@ -26,10 +26,10 @@ N_SPECS = max(100, settings.default.max_examples // 2)  # ci: 100; dev: 1000
 
 
 def _fuzz_one(data, text: str, n_examples: int, **limits) -> None:
-    spec = mixc.load_spec(text)
+    spec = mixc.load_spec(text=text)
     facts = mixc.analyze(spec)
     assert facts.chunkable, f"{facts.reason}\n{text}"
-    module = mixc.load(text)
+    module = mixc.load(spec)
     p = input_ranges(spec, facts)
     assert not p.notes, f"{p.notes}\n{text}"
     for _ in range(n_examples):
@@ -54,7 +54,7 @@ def test_random_specs_cover_every_class() -> None:
     )
     @given(random_specs())
     def draw(text: str) -> None:
-        facts = mixc.analyze(mixc.load_spec(text))
+        facts = mixc.analyze(mixc.load_spec(text=text))
         seen.update(s.transition.cls for s in facts.states)
         seen.update(f"output: {o.form}" for o in facts.outputs)
         seen.update(f"let {fn.name}" for fn in facts.mixer.lets if "elu" in str(fn.body))
@@ -96,7 +96,7 @@ def test_number_decay() -> None:
     """Found by this fuzzer: a literal decay (0.5 H_{t-1}) compiled its log-gate to a Python float
     and chunk() raised TypeError; fixed, kept as a regression test."""
     text = "mixer m\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = 0.5 H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
-    report = fuzz(text, examples=3, shrink=False)
+    report = fuzz(mixc.load_spec(text=text), examples=3, shrink=False)
     assert report.ok, report.failure.summary()
 
 
@@ -104,7 +104,7 @@ def test_size_named_like_a_layout_dim_is_refused() -> None:
     """Was a compiler bug: a size named T collided with the layout [B, T, NH, ...]."""
     text = "mixer m\nin q[T], k[T], v[V]\nstate H[V, T]\nH_t = H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
     with pytest.raises(mixc.SpecError, match="T is a dimension of the compiled layout"):
-        mixc.load_spec(text)
+        mixc.load_spec(text=text)
 
 
 def test_saturated_sigmoid_decay_gradient_in_the_recurrence() -> None:
@@ -121,7 +121,8 @@ def test_saturated_sigmoid_decay_gradient_in_the_recurrence() -> None:
         override_defaults=False,
         seed=37,
     )
-    _, failure = check(input_ranges(text), mixc.load(text), ex)
+    spec = mixc.load_spec(text=text)
+    _, failure = check(input_ranges(spec), mixc.load(spec), ex)
     assert failure is None, failure.summary()
 
 
@@ -133,10 +134,10 @@ def test_compound_decay_times_delta() -> None:
         "H_t = (1 - sigmoid(g_t)) H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T)"
         " + sigmoid(b_t) v_t l2norm(k_t)^T\ny_t = H_t q_t\n"
     )
-    facts = mixc.analyze(mixc.load_spec(text))
+    facts = mixc.analyze(mixc.load_spec(text=text))
     assert facts.chunkable, facts.reason
     (state,) = facts.states
     assert state.transition.cls == "scalar decay times identity minus rank-1"
     assert str(state.transition.beta) == "sigmoid(b_t)"
-    report = fuzz(text, examples=4, shrink=False)
+    report = fuzz(mixc.load_spec(text=text), examples=4, shrink=False)
     assert report.ok, report.failure.summary()

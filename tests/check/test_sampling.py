@@ -91,7 +91,7 @@ def test_decays_near_one_follows_the_direction_of_the_gate() -> None:
         "mixer m\nin q[K], k[K], v[V], a\nstate H[V, K]\n"
         "H_t = (1 - sigmoid(a_t)) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
     )
-    assert decays_near_one(input_ranges(text)) == {"a": "low"}
+    assert decays_near_one(input_ranges(mixc.load_spec(text=text))) == {"a": "low"}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])

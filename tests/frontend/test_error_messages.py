@@ -26,13 +26,14 @@ OUTPUT = "y_t = H_t q_t\n"
 
 
 def error_of(spec) -> SpecError:
+    """The error of loading `spec`: spec text (a str), a Source or a path."""
     with pytest.raises(SpecError) as info:
-        mixc.load_spec(spec)
+        mixc.load_spec(text=spec) if isinstance(spec, str) else mixc.load_spec(spec)
     return info.value
 
 
 def test_the_common_spec_is_valid() -> None:
-    mixc.load_spec(HEAD + UPDATE + OUTPUT)
+    mixc.load_spec(text=HEAD + UPDATE + OUTPUT)
 
 
 CASES = [
@@ -154,24 +155,24 @@ dt_t x_t^T (an outer product, [P, P])?""",
         id="reserved_keyword",
     ),
     pytest.param(
-        HEAD + "param sum\n" + UPDATE + OUTPUT,
+        HEAD + "param chunk_size\n" + UPDATE + OUTPUT,
         SpecNameError,
         """\
-<string>:4:7: error: 'sum' is reserved (a Python built-in)
-  4 | param sum
-    |       ^^^
-  hint: rename it, e.g. sum1 or my_sum""",
-        id="reserved_builtin",
+<string>:4:7: error: 'chunk_size' is reserved (a keyword argument of the compiled forms)
+  4 | param chunk_size
+    |       ^^^^^^^^^^
+  hint: rename it, e.g. chunk_size1 or my_chunk_size""",
+        id="reserved_form_option",
     ),
     pytest.param(
-        HEAD + "param torch\n" + UPDATE + OUTPUT,
+        HEAD + "param exp\n" + UPDATE + OUTPUT,
         SpecNameError,
         """\
-<string>:4:7: error: 'torch' is reserved (a name the generated code uses)
-  4 | param torch
-    |       ^^^^^
-  hint: rename it, e.g. torch1 or my_torch""",
-        id="reserved_generated_name",
+<string>:4:7: error: 'exp' is reserved (a built-in function of the language)
+  4 | param exp
+    |       ^^^
+  hint: rename it, e.g. exp1 or my_exp""",
+        id="reserved_function",
     ),
     pytest.param(
         HEAD + "H_t = sigmoidd(beta_t) H_{t-1} + v_t k_t^T\n" + OUTPUT,
@@ -503,7 +504,7 @@ def test_not_utf8(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "bad.mix").write_bytes(b"mixer m\nin q, \xff\xfe[K]\n")
     monkeypatch.chdir(tmp_path)
     assert (
-        str(error_of("bad.mix"))
+        str(error_of(Path("bad.mix")))
         == """\
 bad.mix:2:7: error: spec is not UTF-8 text (byte 0xff at offset 14)
   2 | in q, \ufffd\ufffd[K]
@@ -516,7 +517,7 @@ def test_too_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "big.mix").write_text(HEAD + "# padding\n" * 10_000, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     assert (
-        str(error_of("big.mix"))
+        str(error_of(Path("big.mix")))
         == """\
 big.mix:1:1: error: spec is longer than 64,000 bytes
   hint: is this the right file? a spec is a few lines of text"""

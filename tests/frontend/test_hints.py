@@ -21,13 +21,13 @@ UNPARSABLE = {"in", "let", "mixer", "param", "state", "t", "I"}
 @pytest.mark.parametrize("name", sorted(n for n in RESERVED if n.isidentifier() and n[0].isalpha()))
 def test_rename_hints_suggest_names_that_load(name: str) -> None:
     try:
-        mixc.load_spec(SPEC.format(x=name))
+        mixc.load_spec(text=SPEC.format(x=name))
     except SpecError as err:
         if name in UNPARSABLE and "reserved" not in err.message:
             return
         hint = re.fullmatch(r"rename it, e\.g\. (\w+) or (\w+)", err.hint or "")
         assert hint, (name, err.message, err.hint)
         for suggestion in hint.groups():
-            mixc.load_spec(SPEC.format(x=suggestion))
+            mixc.load_spec(text=SPEC.format(x=suggestion))
     else:
         pytest.fail(f"{name} is reserved but was accepted")

@@ -31,7 +31,7 @@ def test_spec_round_trips(path: Path) -> None:
     text = str(mixer)
     assert parse(text) == mixer
     assert str(parse(text)) == text
-    assert load_spec(text).mixer == mixer  # the printed form verifies too
+    assert load_spec(text=text).mixer == mixer  # the printed form verifies too
 
 
 def test_check_accepts_every_spec() -> None:
@@ -95,17 +95,61 @@ def test_unicode_and_ascii_spellings_agree(fancy: str, plain: str) -> None:
     head = "mixer m\nin q[K], k[K], v[K], G[K, K]\nstate H[K, K]\n"
     tail = "\ny_t = H_t q_t\n"
     assert parse(head + fancy + tail) == parse(head + plain + tail)
-    assert load_spec(head + fancy + tail).mixer == load_spec(head + plain + tail).mixer
+    assert load_spec(text=head + fancy + tail).mixer == load_spec(text=head + plain + tail).mixer
 
 
 def test_shipped_unicode_spec_matches_its_ascii_spelling() -> None:
     path = ROOT / "specs" / "gated_general.mix"
     text = path.read_text(encoding="utf-8")
     assert "⊙" in text
-    assert load_spec(text.replace("⊙", "*")).mixer == load_spec(path).mixer
+    assert load_spec(text=text.replace("⊙", "*")).mixer == load_spec(path).mixer
 
 
 def test_version() -> None:
     result = run_mixc("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"mixc {mixc.__version__}"
+
+
+# ----------------------------------------------------------------------------- paths and text
+
+
+def test_a_str_is_always_a_path_and_text_is_said_so(tmp_path: Path, monkeypatch) -> None:
+    """A file named like spec text is read as a file, not parsed as its own name; text comes as
+    text=; a Source passes through; load, load_spec and compile_source agree."""
+    deltanet = (ROOT / "specs" / "deltanet.mix").read_text(encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    for name in ("mixer la.mix", "mixer la\nin q.mix"):
+        (tmp_path / name).write_text(deltanet, encoding="utf-8")
+        assert load_spec(name).source == mixc.Source(deltanet, name)
+        assert load_spec(tmp_path / name).mixer.name == "deltanet"
+        assert mixc.load(name).SPEC == deltanet
+    given = mixc.Source(deltanet, "given.mix")
+    assert load_spec(given).source is given
+    assert load_spec(text=deltanet).source == mixc.Source(deltanet, "<string>")
+    assert mixc.load(text=deltanet).SPEC == deltanet
+    assert mixc.compile_source(text=deltanet) == mixc.compile_source(mixc.Source(deltanet))
+    assert mixc.load(load_spec(given)) is mixc.load(given)
+
+
+def test_spec_text_given_as_a_path_says_how_to_give_text() -> None:
+    with pytest.raises(mixc.MixcError, match=r"no such spec file \(to give spec text rather"):
+        load_spec("mixer m\nin q[K]\n")
+    with pytest.raises(mixc.MixcError, match=r"no such spec file$"):
+        load_spec("no/such.mix")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: load_spec(),
+        lambda: load_spec("a.mix", text="mixer m"),
+        lambda: load_spec(3),
+        lambda: load_spec(text=b"mixer m"),
+        lambda: mixc.load(),
+    ],
+    ids=["neither", "both", "a number", "bytes as text", "load with neither"],
+)
+def test_a_spec_is_a_path_a_source_or_text_exactly_once(call) -> None:
+    with pytest.raises(TypeError):
+        call()

@@ -404,7 +404,7 @@ yid_t = (I - x_t x_t^T) x_t
 
 def test_builtins_and_identity():
     assert set(FUNCTIONS) == set(IR_FUNCTIONS)
-    spec = load_spec(FUNCTIONS_SPEC)
+    spec = load_spec(text=FUNCTIONS_SPEC)
     g = torch.Generator().manual_seed(9)
     x = 3 * randn(g, *LEAD, DK)
     p = 0.1 + rand(g, *LEAD)
@@ -436,7 +436,7 @@ def test_builtins_and_identity():
 
 
 def test_l2norm_of_zero_is_zero():
-    spec = load_spec("mixer z\nin x[K]\nstate s\ns_t = s_{t-1}\ny_t = l2norm(x_t)\n")
+    spec = load_spec(text="mixer z\nin x[K]\nstate s\ns_t = s_{t-1}\ny_t = l2norm(x_t)\n")
     out, _ = interpret(spec, {"x": torch.zeros(1, 2, 1, 3)})
     assert torch.equal(out["y"], torch.zeros(1, 2, 1, 3, dtype=f64))
 
@@ -453,7 +453,7 @@ u_t = l2norm(q_t)
 
 
 def test_values_and_states_are_evaluated_in_dependency_order():
-    spec = load_spec(ORDER_SPEC)
+    spec = load_spec(text=ORDER_SPEC)
     ins = qkv(torch.Generator().manual_seed(10))
 
     def ref(x, p, s):
@@ -477,7 +477,7 @@ def test_values_and_states_are_evaluated_in_dependency_order():
 
 def test_let_functions_are_inlined_with_their_arguments():
     spec = load_spec(
-        "mixer lets\nin x[K], y[K]\nstate s\nlet f(a, b) = a . b + 2 b . b\n"
+        text="mixer lets\nin x[K], y[K]\nstate s\nlet f(a, b) = a . b + 2 b . b\n"
         "s_t = s_{t-1} + f(y_t, x_t)\no_t = f(x_t, y_t) s_t\n"
     )
     g = torch.Generator().manual_seed(11)
@@ -491,7 +491,7 @@ def test_let_functions_are_inlined_with_their_arguments():
 
 def test_deeply_nested_expression():
     body = "(I - " * 190 + "I" + ")" * 190  # f(0) = I, f(n) = I - f(n-1): I for even n
-    spec = load_spec(f"mixer deep\nin x[K]\nstate s\ns_t = s_{{t-1}}\ny_t = {body} x_t\n")
+    spec = load_spec(text=f"mixer deep\nin x[K]\nstate s\ns_t = s_{{t-1}}\ny_t = {body} x_t\n")
     x = randn(torch.Generator().manual_seed(12), 1, 3, 2, DK)
     out, _ = interpret(spec, {"x": x})
     torch.testing.assert_close(out["y"], x.double(), **TOL)

@@ -3,6 +3,12 @@
 `Lines` collects the generated module line by line. A line longer than `WIDTH` is wrapped the
 way a formatter would: a trailing comment moves above its statement, a call or signature puts
 one argument per line, and a long sum breaks before its top-level `+` and `-`.
+
+Text from outside (a spec's path, names, description, text and numbers) enters generated code
+only through `string` (a quoted literal) and `comment`: both escape every character that is not
+printable, and with it every line break Python's tokenizer or `str.splitlines` knows (`\r`,
+`\x0b`, `\x0c`, `\x1c`-`\x1e`, `\x85`, `\u2028`, `\u2029`), so neither can end early and let
+the rest of the text run as code. `Lines` refuses a line that holds a line break.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ class Lines:
         self.lines: list[str] = []
 
     def __call__(self, text: str = "", indent: int = 1) -> None:
+        """Add one line of code at `indent` levels (wrapped to WIDTH): never several, since a
+        line break inside `text` could come from outside text that `string` or `comment` did
+        not escape."""
+        if text and text.splitlines() != [text]:
+            raise ValueError(f"one line of generated code at a time, got {text!r}")
         if not text:
             self.lines.append("")
             return
@@ -26,6 +37,25 @@ class Lines:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+def _escape(c: str) -> str:
+    """The escape of a character that is not printable (`\\r`, `\\x00`, `\\u2028`): itself
+    printable, so never a line break."""
+    return repr(c)[1:-1]
+
+
+def string(text: str) -> str:
+    """`text` as a double-quoted Python string literal on one line, equal to `text` when read
+    back: quotes and backslashes are escaped, and so is every character that is not printable."""
+    body = "".join("\\" + c if c in '"\\' else c if c.isprintable() else _escape(c) for c in text)
+    return f'"{body}"'
+
+
+def comment(text: str) -> str:
+    """`# text` as a comment that ends where its line does: every character that is not
+    printable but a tab is shown as its escape (a carriage return reads `\\r`)."""
+    return "# " + "".join(c if c.isprintable() or c == "\t" else _escape(c) for c in text)
 
 
 def wrap(line: str) -> list[str]:

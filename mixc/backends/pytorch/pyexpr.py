@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 
 from mixc.algebra.expand import Term
+from mixc.backends.pytorch.lines import string
+from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
@@ -20,13 +22,15 @@ _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
 
 
 def constant(e: Expr) -> float | None:
-    """The value of an expression made of numbers only, or None."""
+    """The value of an expression made of numbers only, or None (also where the value is not
+    finite, as `1e300 * 1e300`: the generated code then computes it as written)."""
     if not all(isinstance(n, Number | Neg | Binary | Call) for n in walk(e)):
         return None
     try:
-        return _fold(e)
+        value = _fold(e)
     except (ArithmeticError, ValueError, KeyError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def _fold(e: Expr) -> float:
@@ -60,6 +64,13 @@ def _fold_call(func: str, x: float) -> float:
 
 
 def literal(value: float) -> str:
+    """A number as a Python literal. Refuses inf and nan, which have none (their repr would
+    read as a name): a constant of the spec that the algebra folded past float64's range."""
+    if not math.isfinite(value):
+        raise SpecAnalysisError(
+            f"a constant of this spec is {value}, outside the range of a float64",
+            hint="write the constant with a smaller magnitude (at most about 1.8e308)",
+        )
     if value == int(value) and abs(value) < 2**53:
         return str(int(value))
     return repr(value)
@@ -81,6 +92,8 @@ class PyExpr:
 
     def _emit(self, e: Expr) -> tuple[str, int]:
         value = constant(e)
+        if value is None and isinstance(e, Number):  # folded by the algebra past float64's range
+            value = float(e.text)
         if value is not None:
             text = literal(value)
             return text, (_UNARY if text.startswith("-") else _ATOM)
@@ -112,8 +125,8 @@ class PyExpr:
 
     def eye(self, shape: Shape) -> str:
         n = shape[0]
-        size = n if n.isdigit() else f'_sizes["{n}"]'
-        return f"torch.eye({size}, dtype=_dtype, device=_device)"
+        size = n if n.isdigit() else f"_sizes[{string(n)}]"
+        return f"_torch.eye({size}, dtype=_dtype, device=_device)"
 
     def _binary(self, e: Binary) -> tuple[str, int]:
         a, b = self.shape(e.left), self.shape(e.right)
@@ -172,7 +185,7 @@ class PyExpr:
             if factors is None or any(constant(x) is not None for x in (base, *factors)):
                 continue
             value = ", value=-1" if e.op == "-" else ""
-            return f"torch.addcmul({self(base)}, {self(factors[0])}, {self(factors[1])}{value})"
+            return f"_torch.addcmul({self(base)}, {self(factors[0])}, {self(factors[1])}{value})"
         return None
 
     # -- sums of terms (affine updates), with products associated cheaply -------------------

@@ -43,7 +43,7 @@ PARAMS = ()
 PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
-FORMS = ('chunk', 'recurrent', 'step',)  # the forms that compute (chunk raises NYI otherwise)
+FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "scalar decay times identity minus rank-1"}
 
 
@@ -803,10 +803,17 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 
 # ---- this mixer --------------------------------------------------------------------------
 
+# The functions below take the spec's names as arguments and locals. No spec name
+# starts with an underscore, so none can shadow these names they read globals by.
+_torch = torch
+_INPUTS, _STATES = INPUTS, STATES
+_dict, _enumerate, _range, _zip = dict, enumerate, range, zip
+_chunk_delta = chunk_delta
 
-def _prepare(q, k, v, g, beta, *, sequence):
+
+def _prepare(q, k, v, g, beta, *, _sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
-    (q, k, v, g, beta), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v, g, beta], sequence)
+    (q, k, v, g, beta), _sizes, _dtype = _prepare_inputs(_INPUTS, [q, k, v, g, beta], _sequence)
     return q, k, v, g, beta, _sizes, _dtype
 
 
@@ -830,10 +837,10 @@ def chunk(
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
         _fail(f"chunk_size: expected a power of two, got {chunk_size}")
     _out_dtype = q.dtype
-    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, sequence=True)
+    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     # H: scalar decay times identity minus rank-1 -> chunk_delta
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(beta * v, _sizes, cu_seqlens)
@@ -841,7 +848,7 @@ def chunk(
     _g_H = _seq_scalar(g, _sizes, cu_seqlens)  # g_t
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
-    _o, _S = chunk_delta(
+    _o, _S = _chunk_delta(
         _q, _k_H, _v_H, beta=_beta_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size
     )
     _r0 = _from_seq(_o, cu_seqlens)  # H_t q_t
@@ -856,7 +863,7 @@ def summary(q, k, v, g, beta, *, chunk_size=64):
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
     associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
     """
-    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, sequence=True)
+    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=True)
     _device = q.device
     # H: chunk_delta on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
@@ -865,11 +872,11 @@ def summary(q, k, v, g, beta, *, chunk_size=64):
     _g_H = _seq_scalar(g, _sizes)  # g_t
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
-    _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
-    _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
-    _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
-    _o, _S = chunk_delta(
-        torch.zeros_like(_k_H),
+    _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_delta(
+        _torch.zeros_like(_k_H),
         _k_H,
         _v,
         beta=_beta_H,
@@ -877,25 +884,25 @@ def summary(q, k, v, g, beta, *, chunk_size=64):
         initial_state=_S0,
         chunk_size=chunk_size,
     )
-    _F, _P = _S.split([_width, _K], -1)
-    H = _F.mT
+    _F0, _P = _S.split([_width, _K], -1)
+    H = _F0.mT
     return _P.mT, H
 
 
 def _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
     _ys = []
-    for _t in range(_sizes["T"]):
+    for _t in _range(_sizes["T"]):
         q_t, k_t, v_t, g_t, beta_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t], beta[:, _t]
         # exp(g_t) H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
         H_t = (
-            torch.exp(g_t) * H
-            - beta_t * torch.exp(g_t) * (H @ k_t @ k_t.mT)
+            _torch.exp(g_t) * H
+            - beta_t * _torch.exp(g_t) * (H @ k_t @ k_t.mT)
             + beta_t * (v_t @ k_t.mT)
         )
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
-    return torch.stack(_ys, 1), (H,)
+    return _torch.stack(_ys, 1), (H,)
 
 
 def recurrent(q, k, v, g, beta, *, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -905,19 +912,20 @@ def recurrent(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
     initial state (one per sequence); one final state per sequence is returned.
     """
     _out_dtype = q.dtype
-    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, sequence=True)
+    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     if cu_seqlens is None:
         y, (H,) = _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device)
     else:
         _outputs, _finals = [], []
-        for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+        _bounds = _zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())
+        for _n, (_start, _end) in _enumerate(_bounds):
             if _end == _start:  # an empty sequence keeps its initial state
                 _finals.append((H[_n : _n + 1],))
                 continue
-            _piece = dict(_sizes, T=_end - _start)
+            _piece = _dict(_sizes, T=_end - _start)
             _y, _s = _recurrence(
                 q[:, _start:_end],
                 k[:, _start:_end],
@@ -931,8 +939,8 @@ def recurrent(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
             )
             _outputs.append(_y)
             _finals.append(_s)
-        y = torch.cat(_outputs, 1)
-        H, = (torch.cat(_parts, 0) for _parts in zip(*_finals))
+        y = _torch.cat(_outputs, 1)
+        H, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
@@ -940,9 +948,9 @@ def recurrent(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
 def step(q, k, v, g, beta, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
     _out_dtype = q.dtype
-    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, sequence=False)
+    q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=False)
     _device = q.device
-    (H,) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
     y, (H,) = _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H

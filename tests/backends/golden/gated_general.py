@@ -47,7 +47,7 @@ PARAMS = ()
 PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
-FORMS = ('recurrent', 'step',)  # the forms that compute (chunk raises NYI otherwise)
+FORMS = ("recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "elementwise gate"}
 
 
@@ -254,10 +254,16 @@ def _l2norm(x):
 
 # ---- this mixer --------------------------------------------------------------------------
 
+# The functions below take the spec's names as arguments and locals. No spec name
+# starts with an underscore, so none can shadow these names they read globals by.
+_torch = torch
+_INPUTS, _STATES = INPUTS, STATES
+_dict, _enumerate, _range, _zip = dict, enumerate, range, zip
 
-def _prepare(q, k, v, G, *, sequence):
+
+def _prepare(q, k, v, G, *, _sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
-    (q, k, v, G), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v, G], sequence)
+    (q, k, v, G), _sizes, _dtype = _prepare_inputs(_INPUTS, [q, k, v, G], _sequence)
     return q, k, v, G, _sizes, _dtype
 
 
@@ -286,12 +292,12 @@ def summary(q, k, v, G, *, chunk_size=64):
 def _recurrence(q, k, v, G, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
     _ys = []
-    for _t in range(_sizes["T"]):
+    for _t in _range(_sizes["T"]):
         q_t, k_t, v_t, G_t = q[:, _t], k[:, _t], v[:, _t], G[:, _t]
         H_t = H * G_t + (v_t @ k_t.mT)  # G_t * H_{t-1} + v_t k_t^T
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
-    return torch.stack(_ys, 1), (H,)
+    return _torch.stack(_ys, 1), (H,)
 
 
 def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -301,19 +307,20 @@ def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_se
     initial state (one per sequence); one final state per sequence is returned.
     """
     _out_dtype = q.dtype
-    q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, sequence=True)
+    q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     if cu_seqlens is None:
         y, (H,) = _recurrence(q, k, v, G, H, _sizes, _dtype, _device)
     else:
         _outputs, _finals = [], []
-        for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+        _bounds = _zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())
+        for _n, (_start, _end) in _enumerate(_bounds):
             if _end == _start:  # an empty sequence keeps its initial state
                 _finals.append((H[_n : _n + 1],))
                 continue
-            _piece = dict(_sizes, T=_end - _start)
+            _piece = _dict(_sizes, T=_end - _start)
             _y, _s = _recurrence(
                 q[:, _start:_end],
                 k[:, _start:_end],
@@ -326,8 +333,8 @@ def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_se
             )
             _outputs.append(_y)
             _finals.append(_s)
-        y = torch.cat(_outputs, 1)
-        H, = (torch.cat(_parts, 0) for _parts in zip(*_finals))
+        y = _torch.cat(_outputs, 1)
+        H, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
@@ -335,9 +342,9 @@ def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_se
 def step(q, k, v, G, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
     _out_dtype = q.dtype
-    q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, sequence=False)
+    q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=False)
     _device = q.device
-    (H,) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
     y, (H,) = _recurrence(q, k, v, G, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H

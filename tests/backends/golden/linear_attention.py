@@ -45,7 +45,7 @@ PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
+FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "identity"}
 
 
@@ -692,10 +692,18 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # ---- this mixer --------------------------------------------------------------------------
 
+# The functions below take the spec's names as arguments and locals. No spec name
+# starts with an underscore, so none can shadow these names they read globals by.
+_torch = torch
+_INPUTS, _STATES = INPUTS, STATES
+_dict, _enumerate, _range, _zip = dict, enumerate, range, zip
+_chunk_scalar_decay = chunk_scalar_decay
+_parallel_scalar_decay = parallel_scalar_decay
 
-def _prepare(q, k, v, *, sequence):
+
+def _prepare(q, k, v, *, _sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
-    (q, k, v), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v], sequence)
+    (q, k, v), _sizes, _dtype = _prepare_inputs(_INPUTS, [q, k, v], _sequence)
     return q, k, v, _sizes, _dtype
 
 
@@ -708,16 +716,16 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
         _fail(f"chunk_size: expected a power of two, got {chunk_size}")
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     # H: identity -> chunk_scalar_decay
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
-    _o, _S = chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
+    _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
     _r0 = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
@@ -727,12 +735,12 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
 def parallel(q, k, v):
     """Quadratic masked form, from a zero state. Returns (output, None)."""
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     # H: identity -> parallel_scalar_decay
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)
     _q = _seq_vector(q, _sizes)
-    _o = parallel_scalar_decay(_q, _k_H, _v_H)
+    _o = _parallel_scalar_decay(_q, _k_H, _v_H)
     _r0 = _from_seq(_o)  # H_t q_t
     y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, None
@@ -744,33 +752,33 @@ def summary(q, k, v, *, chunk_size=64):
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
     associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
     """
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     # H: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
-    _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
-    _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
-    _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
-    _o, _S = chunk_scalar_decay(
-        torch.zeros_like(_k_H), _k_H, _v, initial_state=_S0, chunk_size=chunk_size
+    _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_scalar_decay(
+        _torch.zeros_like(_k_H), _k_H, _v, initial_state=_S0, chunk_size=chunk_size
     )
-    _F, _P = _S.split([_width, _K], -1)
-    H = _F.mT
+    _F0, _P = _S.split([_width, _K], -1)
+    H = _F0.mT
     return _P.mT, H
 
 
 def _recurrence(q, k, v, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
     _ys = []
-    for _t in range(_sizes["T"]):
+    for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         H_t = H + (v_t @ k_t.mT)  # H_{t-1} + v_t k_t^T
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
-    return torch.stack(_ys, 1), (H,)
+    return _torch.stack(_ys, 1), (H,)
 
 
 def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -780,19 +788,20 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
     initial state (one per sequence); one final state per sequence is returned.
     """
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     if cu_seqlens is None:
         y, (H,) = _recurrence(q, k, v, H, _sizes, _dtype, _device)
     else:
         _outputs, _finals = [], []
-        for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+        _bounds = _zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())
+        for _n, (_start, _end) in _enumerate(_bounds):
             if _end == _start:  # an empty sequence keeps its initial state
                 _finals.append((H[_n : _n + 1],))
                 continue
-            _piece = dict(_sizes, T=_end - _start)
+            _piece = _dict(_sizes, T=_end - _start)
             _y, _s = _recurrence(
                 q[:, _start:_end],
                 k[:, _start:_end],
@@ -804,8 +813,8 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
             )
             _outputs.append(_y)
             _finals.append(_s)
-        y = torch.cat(_outputs, 1)
-        H, = (torch.cat(_parts, 0) for _parts in zip(*_finals))
+        y = _torch.cat(_outputs, 1)
+        H, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
@@ -813,9 +822,9 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
 def step(q, k, v, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=False)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=False)
     _device = q.device
-    (H,) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
     y, (H,) = _recurrence(q, k, v, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H

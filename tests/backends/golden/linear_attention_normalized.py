@@ -22,7 +22,6 @@ State z: identity (identity).
 """
 
 import torch
-import torch.nn.functional as F
 
 try:
     from mixc.errors import InputError as MixcError
@@ -51,7 +50,7 @@ PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")), ("z", ("K",)))
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
+FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "identity", "z": "identity"}
 
 
@@ -698,10 +697,18 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # ---- this mixer --------------------------------------------------------------------------
 
+# The functions below take the spec's names as arguments and locals. No spec name
+# starts with an underscore, so none can shadow these names they read globals by.
+_torch, _F = torch, torch.nn.functional
+_INPUTS, _STATES = INPUTS, STATES
+_dict, _enumerate, _range, _zip = dict, enumerate, range, zip
+_chunk_scalar_decay = chunk_scalar_decay
+_parallel_scalar_decay = parallel_scalar_decay
 
-def _prepare(q, k, v, *, sequence):
+
+def _prepare(q, k, v, *, _sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
-    (q, k, v), _sizes, _dtype = _prepare_inputs(INPUTS, [q, k, v], sequence)
+    (q, k, v), _sizes, _dtype = _prepare_inputs(_INPUTS, [q, k, v], _sequence)
     return q, k, v, _sizes, _dtype
 
 
@@ -714,17 +721,17 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
         _fail(f"chunk_size: expected a power of two, got {chunk_size}")
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H, z) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H, z) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     # H and z: identity -> chunk_scalar_decay
-    _k_H = _seq_vector(F.elu(k) + 1, _sizes, cu_seqlens)
-    _ones = torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
-    _v_H = _seq_vector(torch.cat([v, _ones], -2), _sizes, cu_seqlens)
-    _S0_H = torch.cat([H.mT, z], -1)
-    _q = _seq_vector(F.elu(q) + 1, _sizes, cu_seqlens)
-    _o, _S = chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
+    _k_H = _seq_vector(_F.elu(k) + 1, _sizes, cu_seqlens)
+    _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
+    _v_H = _seq_vector(_torch.cat([v, _ones], -2), _sizes, cu_seqlens)
+    _S0_H = _torch.cat([H.mT, z], -1)
+    _q = _seq_vector(_F.elu(q) + 1, _sizes, cu_seqlens)
+    _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
     _r0 = _from_seq(_o_H, cu_seqlens)  # H_t (elu(q_t) + 1)
     _r1 = _from_seq(_o_z, cu_seqlens)  # z_t . (elu(q_t) + 1)
@@ -738,14 +745,14 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
 def parallel(q, k, v):
     """Quadratic masked form, from a zero state. Returns (output, None)."""
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     # H and z: identity -> parallel_scalar_decay
-    _k_H = _seq_vector(F.elu(k) + 1, _sizes)
-    _ones = torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
-    _v_H = _seq_vector(torch.cat([v, _ones], -2), _sizes)
-    _q = _seq_vector(F.elu(q) + 1, _sizes)
-    _o = parallel_scalar_decay(_q, _k_H, _v_H)
+    _k_H = _seq_vector(_F.elu(k) + 1, _sizes)
+    _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
+    _v_H = _seq_vector(_torch.cat([v, _ones], -2), _sizes)
+    _q = _seq_vector(_F.elu(q) + 1, _sizes)
+    _o = _parallel_scalar_decay(_q, _k_H, _v_H)
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
     _r0 = _from_seq(_o_H)  # H_t (elu(q_t) + 1)
     _r1 = _from_seq(_o_z)  # z_t . (elu(q_t) + 1)
@@ -760,22 +767,22 @@ def summary(q, k, v, *, chunk_size=64):
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
     associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
     """
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     # H and z: chunk_scalar_decay on probes: zero writes from an identity state
-    _k_H = _seq_vector(F.elu(k) + 1, _sizes)
-    _ones = torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
-    _v_H = _seq_vector(torch.cat([v, _ones], -2), _sizes)
+    _k_H = _seq_vector(_F.elu(k) + 1, _sizes)
+    _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
+    _v_H = _seq_vector(_torch.cat([v, _ones], -2), _sizes)
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
-    _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
-    _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
-    _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
-    _o, _S = chunk_scalar_decay(
-        torch.zeros_like(_k_H), _k_H, _v, initial_state=_S0, chunk_size=chunk_size
+    _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_scalar_decay(
+        _torch.zeros_like(_k_H), _k_H, _v, initial_state=_S0, chunk_size=chunk_size
     )
-    _F, _P = _S.split([_width, _K], -1)
-    H, z = _F.split([_sizes["V"], 1], -1)
+    _F0, _P = _S.split([_width, _K], -1)
+    H, z = _F0.split([_sizes["V"], 1], -1)
     H = H.mT
     return (_P.mT, _P.mT), (H, z.squeeze(-1))
 
@@ -783,14 +790,14 @@ def summary(q, k, v, *, chunk_size=64):
 def _recurrence(q, k, v, H, z, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
     _ys = []
-    for _t in range(_sizes["T"]):
+    for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
-        H_t = H + (v_t @ (F.elu(k_t) + 1).mT)  # H_{t-1} + v_t phi(k_t)^T
-        z_t = z + (F.elu(k_t) + 1)  # z_{t-1} + phi(k_t)
+        H_t = H + (v_t @ (_F.elu(k_t) + 1).mT)  # H_{t-1} + v_t phi(k_t)^T
+        z_t = z + (_F.elu(k_t) + 1)  # z_{t-1} + phi(k_t)
         # y_t = H_t phi(q_t) / (z_t . phi(q_t))
-        _ys.append(H_t @ (F.elu(q_t) + 1) / (z_t.mT @ (F.elu(q_t) + 1)))
+        _ys.append(H_t @ (_F.elu(q_t) + 1) / (z_t.mT @ (_F.elu(q_t) + 1)))
         H, z = H_t, z_t
-    return torch.stack(_ys, 1), (H, z)
+    return _torch.stack(_ys, 1), (H, z)
 
 
 def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -800,19 +807,20 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
     initial state (one per sequence); one final state per sequence is returned.
     """
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=True)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H, z) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H, z) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     if cu_seqlens is None:
         y, (H, z) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
     else:
         _outputs, _finals = [], []
-        for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+        _bounds = _zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())
+        for _n, (_start, _end) in _enumerate(_bounds):
             if _end == _start:  # an empty sequence keeps its initial state
                 _finals.append((H[_n : _n + 1], z[_n : _n + 1]))
                 continue
-            _piece = dict(_sizes, T=_end - _start)
+            _piece = _dict(_sizes, T=_end - _start)
             _y, _s = _recurrence(
                 q[:, _start:_end],
                 k[:, _start:_end],
@@ -825,8 +833,8 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
             )
             _outputs.append(_y)
             _finals.append(_s)
-        y = torch.cat(_outputs, 1)
-        H, z = (torch.cat(_parts, 0) for _parts in zip(*_finals))
+        y = _torch.cat(_outputs, 1)
+        H, z = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, z.squeeze(-1)) if output_final_state else None)
 
@@ -834,9 +842,9 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
 def step(q, k, v, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
     _out_dtype = q.dtype
-    q, k, v, _sizes, _dtype = _prepare(q, k, v, sequence=False)
+    q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=False)
     _device = q.device
-    (H, z) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H, z) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
     y, (H, z) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, (H, z.squeeze(-1))

@@ -47,7 +47,7 @@ PARAM_DEFAULTS = ()
 STATES = (("H", ("P", "N")),)
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
-FORMS = ('chunk', 'parallel', 'recurrent', 'step',)
+FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "scalar data-dependent"}
 
 
@@ -694,10 +694,18 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # ---- this mixer --------------------------------------------------------------------------
 
+# The functions below take the spec's names as arguments and locals. No spec name
+# starts with an underscore, so none can shadow these names they read globals by.
+_torch = torch
+_INPUTS, _STATES = INPUTS, STATES
+_dict, _enumerate, _range, _zip = dict, enumerate, range, zip
+_chunk_scalar_decay = chunk_scalar_decay
+_parallel_scalar_decay = parallel_scalar_decay
 
-def _prepare(x, dt, B, C, A, D, *, sequence):
+
+def _prepare(x, dt, B, C, A, D, *, _sequence):
     """Check and lay out every argument; fill parameter defaults (h = head index)."""
-    (x, dt, B, C), _sizes, _dtype = _prepare_inputs(INPUTS, [x, dt, B, C], sequence)
+    (x, dt, B, C), _sizes, _dtype = _prepare_inputs(_INPUTS, [x, dt, B, C], _sequence)
     _device = x.device
     A = _prepare_param("A", A, (), _sizes, _dtype, _device)
     D = _prepare_param("D", D, (), _sizes, _dtype, _device)
@@ -725,20 +733,20 @@ def chunk(
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
         _fail(f"chunk_size: expected a power of two, got {chunk_size}")
     _out_dtype = x.dtype
-    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, sequence=True)
+    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     _device = x.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     # H: scalar data-dependent -> chunk_scalar_decay
     _k_H = _seq_vector(B, _sizes, cu_seqlens)
     _v_H = _seq_vector(dt * x, _sizes, cu_seqlens)
     _g_H = _seq_scalar(dt * A, _sizes, cu_seqlens)  # dt_t A
     _S0_H = H.mT
     _q = _seq_vector(C, _sizes, cu_seqlens)
-    _o, _S = chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
+    _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
     _r0 = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
-    y = torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
+    y = _torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
@@ -746,15 +754,15 @@ def chunk(
 def parallel(x, dt, B, C, A, D):
     """Quadratic masked form, from a zero state. Returns (output, None)."""
     _out_dtype = x.dtype
-    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, sequence=True)
+    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     # H: scalar data-dependent -> parallel_scalar_decay
     _k_H = _seq_vector(B, _sizes)
     _v_H = _seq_vector(dt * x, _sizes)
     _g_H = _seq_scalar(dt * A, _sizes)  # dt_t A
     _q = _seq_vector(C, _sizes)
-    _o = parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
+    _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _r0 = _from_seq(_o)  # H_t C_t
-    y = torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
+    y = _torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 
@@ -765,7 +773,7 @@ def summary(x, dt, B, C, A, D, *, chunk_size=64):
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
     associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
     """
-    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, sequence=True)
+    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     _device = x.device
     # H: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(B, _sizes)
@@ -773,27 +781,27 @@ def summary(x, dt, B, C, A, D, *, chunk_size=64):
     _g_H = _seq_scalar(dt * A, _sizes)  # dt_t A
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
-    _v = torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
-    _S0 = torch.cat([torch.zeros(_K, _width), torch.eye(_K)], -1).to(dtype=_dtype, device=_device)
-    _S0 = _S0.expand(*_k_H.shape[:2], _K, _width + _K)
-    _o, _S = chunk_scalar_decay(
-        torch.zeros_like(_k_H), _k_H, _v, g=_g_H, initial_state=_S0, chunk_size=chunk_size
+    _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_scalar_decay(
+        _torch.zeros_like(_k_H), _k_H, _v, g=_g_H, initial_state=_S0, chunk_size=chunk_size
     )
-    _F, _P = _S.split([_width, _K], -1)
-    H = _F.mT
+    _F0, _P = _S.split([_width, _K], -1)
+    H = _F0.mT
     return _P.mT, H
 
 
 def _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
     _ys = []
-    for _t in range(_sizes["T"]):
+    for _t in _range(_sizes["T"]):
         x_t, dt_t, B_t, C_t = x[:, _t], dt[:, _t], B[:, _t], C[:, _t]
         # exp(dt_t A) H_{t-1} + dt_t x_t B_t^T
-        H_t = torch.exp(dt_t * A) * H + dt_t * (x_t @ B_t.mT)
-        _ys.append(torch.addcmul(H_t @ C_t, D, x_t))  # y_t = H_t C_t + D x_t
+        H_t = _torch.exp(dt_t * A) * H + dt_t * (x_t @ B_t.mT)
+        _ys.append(_torch.addcmul(H_t @ C_t, D, x_t))  # y_t = H_t C_t + D x_t
         H = H_t
-    return torch.stack(_ys, 1), (H,)
+    return _torch.stack(_ys, 1), (H,)
 
 
 def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -803,19 +811,20 @@ def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False
     initial state (one per sequence); one final state per sequence is returned.
     """
     _out_dtype = x.dtype
-    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, sequence=True)
+    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     _device = x.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
     if cu_seqlens is None:
         y, (H,) = _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device)
     else:
         _outputs, _finals = [], []
-        for _n, (_start, _end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+        _bounds = _zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())
+        for _n, (_start, _end) in _enumerate(_bounds):
             if _end == _start:  # an empty sequence keeps its initial state
                 _finals.append((H[_n : _n + 1],))
                 continue
-            _piece = dict(_sizes, T=_end - _start)
+            _piece = _dict(_sizes, T=_end - _start)
             _y, _s = _recurrence(
                 x[:, _start:_end],
                 dt[:, _start:_end],
@@ -830,8 +839,8 @@ def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False
             )
             _outputs.append(_y)
             _finals.append(_s)
-        y = torch.cat(_outputs, 1)
-        H, = (torch.cat(_parts, 0) for _parts in zip(*_finals))
+        y = _torch.cat(_outputs, 1)
+        H, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
@@ -839,9 +848,9 @@ def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False
 def step(x, dt, B, C, A, D, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
     _out_dtype = x.dtype
-    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, sequence=False)
+    x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=False)
     _device = x.device
-    (H,) = _prepare_states(STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
     y, (H,) = _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H
