@@ -10,9 +10,9 @@ imports only torch.
 The spec's names are the arguments and locals of the mixer's own functions (`chunk`, `step`,
 ...), so those functions read every global through a private alias (`_torch`, `_INPUTS`,
 `_range`, `_chunk_delta`; see `_ALIASES`): no spec name starts with an underscore, so an input
-named `torch`, `range` or `chunk_delta` shadows nothing they call. Their own locals start with
-an underscore too, but for the forms' options (`initial_state`, `chunk_size`, ...), which the
-verifier reserves.
+named `torch`, `range` or `chunk_delta` shadows nothing they call. Their other locals are
+private too, but a spec name's value at one token (`q_t`: no spec name ends in `_t`) and the
+forms' options (`initial_state`, `chunk_size`, ...), which the verifier reserves.
 """
 
 from __future__ import annotations
