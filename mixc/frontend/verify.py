@@ -33,6 +33,7 @@ from mixc.frontend.ir import (
     children,
     walk,
 )
+from mixc.frontend.limits import InlinedSizes
 from mixc.frontend.parser import MAX_DEPTH
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer, declared, show, symbols_of
 
@@ -63,7 +64,7 @@ RESERVED = (
 
 
 def verify(mixer: Mixer) -> dict[str, Shape]:
-    """Check names, time indices, shapes. Returns the shape of every
+    """Check names, time indices, shapes and sizes. Returns the shape of every
     equation's target; raises the first error `errors` finds."""
     checked = _Verifier(mixer)
     if checked.errors:
@@ -92,6 +93,7 @@ class _Verifier:
         self.failed: set[str] = set()  # lets, defaults and targets with an error, or skipped
         self.shapes: dict[str, Shape] = {}
         self.let_depth: dict[str, int] = {}
+        self.sizes = InlinedSizes()
         if self._declarations():
             self._names()
             self._types()
@@ -133,8 +135,8 @@ class _Verifier:
         return not self.errors
 
     def _names(self) -> None:
-        """Names, time indices and nesting depth of each let, default and equation, and
-        which updates and outputs there are. Only a let that calls a
+        """Names, time indices and nesting depth of each let, default and equation, the lets'
+        sizes, and which updates and outputs there are. Only a let that calls a
         let with an error is left out: a name is right or wrong whatever the lets and values it
         reads turn out to be."""
         mixer = self.mixer
@@ -166,6 +168,8 @@ class _Verifier:
         _check_let_calls(self.mixer, fn, above)
         self.let_depth[fn.name] = _check_depth(fn.body, self.let_depth)
         _check_names(self.mixer, fn.body, self.symbols, set(fn.args), "let", fn.name)
+        self.sizes.check(fn.body, "lets", dict.fromkeys(fn.args, 1))
+        self.sizes.add_let(fn.name, fn.args, fn.body)
 
     def _default_names(self, p: Param) -> None:
         _check_names(self.mixer, p.default, self.symbols, {"h"}, "param", p.name)
@@ -177,7 +181,7 @@ class _Verifier:
         _check_depth(eq.value, self.let_depth)
 
     def _types(self) -> None:
-        """Shapes of each default and equation, in the order a
+        """Shapes and inlined sizes of each default and equation, in the order a
         time step computes them, and the shapes of lets nobody calls."""
         mixer = self.mixer
         typer = Typer(mixer, self.symbols)
@@ -198,6 +202,7 @@ class _Verifier:
                 self.attempt(fn.name, typer.shape_of, fn.body, dict.fromkeys(fn.args, SCALAR))
 
     def _default(self, typer: Typer, p: Param) -> None:
+        self.sizes.check(p.default, "lets")
         got = typer.shape_of(p.default)
         if got != declared(p.shape) and got != SCALAR:
             raise SpecShapeError(
@@ -207,6 +212,7 @@ class _Verifier:
             )
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
+        size = self.sizes.check(eq.value, "lets and per-token values")
         got = typer.shape_of(eq.value)
         if got == IDENTITY:
             raise SpecShapeError(f"{eq.target}_t = I: the size of I is unknown here", eq.value.span)
@@ -222,6 +228,7 @@ class _Verifier:
             got = want
         if eq.target not in self.states:
             self.symbols[eq.target] = Symbol("value", got)
+            self.sizes.add_value(eq.target, size)
         self.shapes[eq.target] = got
 
 
