@@ -12,8 +12,10 @@ from decimal import Decimal
 from fractions import Fraction
 
 from mixc.algebra.expand import Expander, NotAffine, Term, product
-from mixc.errors import SpecError
+from mixc.errors import SpecShapeError
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.limits import MAX_TERMS, SpecSizeError, brief
+from mixc.frontend.parser import MAX_DEPTH
 from mixc.frontend.shapes import SCALAR
 
 __all__ = ["Canon", "number", "signed"]
@@ -66,15 +68,26 @@ class Canon:
 
     def __init__(self, ex: Expander) -> None:
         self.ex = ex
+        # Canonical forms by the id of the expression, holding it so that its id is not reused.
+        # Terms share their atoms rather than copy them, and canonicalising an atom canonicalises
+        # every expression inside it: without this, an atom nested n deep in m terms would cost
+        # m n^2 instead of about n^2.
+        self._forms: dict[int, tuple[Expr, Expr]] = {}
 
     def __call__(self, e: Expr | None) -> Expr | None:
         if e is None:
             return None
+        known = self._forms.get(id(e))
+        if known is not None and known[0] is e:
+            return known[1]
         try:
             terms = self.ex.expand(e)
-        except (NotAffine, SpecError):
-            return e
-        return self.terms(terms)
+        except (NotAffine, SpecShapeError):
+            out = e
+        else:
+            out = self.terms(terms)  # here, not in a helper: a frame less per level of nesting
+        self._forms[id(e)] = (e, out)
+        return out
 
     def key(self, e: Expr) -> str:
         return str(self(e))
@@ -83,11 +96,11 @@ class Canon:
         if isinstance(a, Transpose):
             return Transpose(self.atom(a.operand), span=a.span)
         if isinstance(a, Call):
-            return Call(a.func, tuple(self(x) for x in a.args), span=a.span)
+            return Call(a.func, tuple(map(self, a.args)), span=a.span)
         if isinstance(a, Neg | Binary):
             try:
                 terms = self.ex.expand(a)
-            except (NotAffine, SpecError):
+            except (NotAffine, SpecShapeError):
                 terms = None
             atomic = terms is not None and len(terms) == 1 and terms[0].coeff == 1
             if terms is not None and not (atomic and a in (terms[0].chain + terms[0].scalars)):
@@ -123,7 +136,7 @@ class Canon:
         for g in t.gates:
             try:
                 pieces = self.ex.expand(g)
-            except (NotAffine, SpecError):
+            except (NotAffine, SpecShapeError):
                 pieces = None
             plain = (
                 pieces is not None
@@ -138,6 +151,14 @@ class Canon:
             ):
                 out = [replace(x, gates=(*x.gates, g)) for x in out]
                 continue
+            if len(out) * len(pieces) > MAX_TERMS:
+                raise SpecSizeError(
+                    f"{brief(g)} is too large to analyse: its gates distribute into "
+                    f"{len(out) * len(pieces):,} terms (the limit is {MAX_TERMS})",
+                    g.span,
+                    hint="mixc distributes a gate that is a sum over the state's terms; "
+                    "gate with fewer sums",
+                )
             out = [
                 replace(
                     x.scale(p.coeff, p.scalars),
@@ -184,9 +205,11 @@ class Canon:
     def terms(self, terms: list[Term]) -> Expr:
         merged: dict[tuple, list] = {}
         for t in terms:
-            scalars = sorted((self.atom(a) for a in t.scalars), key=_factor_order)
-            chain = [self.atom(a) for a in t.chain]
-            gates = sorted((self.atom(g) for g in t.gates), key=str)
+            # map, not a generator: canonical forms nest as deeply as the spec (MAX_DEPTH), and
+            # each level of the recursion must cost as few of Python's frames as it can
+            scalars = sorted(map(self.atom, t.scalars), key=_factor_order)
+            chain = list(map(self.atom, t.chain))
+            gates = sorted(map(self.atom, t.gates), key=str)
             key = (tuple(map(str, chain)), tuple(map(str, scalars)), tuple(map(str, gates)))
             if key in merged:
                 merged[key][0] += t.coeff
@@ -207,7 +230,17 @@ class Canon:
                 out = Neg(e) if coeff < 0 else e
             else:
                 out = Binary("-" if coeff < 0 else "+", out, e)
-        return out if out is not None else Number("0")
+        if out is None:
+            return Number("0")
+        levels = self.ex.depth(out)
+        if levels > MAX_DEPTH:  # its atoms, canonical, may nest deeper than written
+            raise SpecSizeError(
+                f"{brief(out)} is too large to analyse: in canonical form it nests {levels} "
+                f"levels deep (the limit is {MAX_DEPTH})",
+                hint="the arguments of functions are expanded too: multiply fewer sums out "
+                "inside deeply nested calls",
+            )
+        return out
 
     def column(self, e: Expr | None) -> Expr | None:
         """A vector as a column (for a per-channel gate or a key), canonical."""

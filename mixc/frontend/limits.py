@@ -15,7 +15,9 @@ from mixc.errors import Span, SpecAnalysisError
 from mixc.frontend.ir import Call, Expr, Name, Timed, children, walk
 
 __all__ = [
+    "MAX_FACTORS",
     "MAX_INLINED_NODES",
+    "MAX_TERMS",
     "InlinedSizes",
     "SpecSizeError",
     "brief",
@@ -24,6 +26,13 @@ __all__ = [
 #: Nodes an expression may have once its let calls and per-token values are inlined (the
 #: analysis and the code generator work on the inlined tree).
 MAX_INLINED_NODES = 10_000
+
+#: Terms an expression may expand into (`mixc.algebra.expand`), counted as they are produced,
+#: before like terms are collected.
+MAX_TERMS = 100
+
+#: Factors (scalars, matrices and gates) one expanded term may have.
+MAX_FACTORS = 100
 
 
 class SpecSizeError(SpecAnalysisError):
