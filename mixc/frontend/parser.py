@@ -32,6 +32,13 @@ from mixc.frontend.ir import (
 MAX_SPEC_BYTES = 64_000  # a spec is a few lines; this bounds the parse to well under a second
 MAX_DEPTH = 200
 
+#: What to do about an expression nested more than MAX_DEPTH levels. Not "split it into per-token
+#: values": the analysis inlines those where they are read, so the depth comes back.
+DEPTH_HINT = (
+    "group a long sum or product in parentheses: (a + b + c) + (d + e + f) nests less deeply "
+    "than a + b + c + d + e + f"
+)
+
 _GRAMMAR_PLACES = (
     Path(__file__).parent.parent / "grammar" / "mixer.lark",  # installed wheel
     Path(__file__).parent.parent.parent / "grammar" / "mixer.lark",  # source checkout
@@ -140,7 +147,7 @@ class _ToIR:
             raise SpecSyntaxError(
                 f"expression nested too deeply (more than {MAX_DEPTH} levels)",
                 node.span,
-                hint="split it into steps with derived values: a_t = ..., then y_t = ... a_t ...",
+                hint=DEPTH_HINT,
             )
         self.depth[id(node)] = depth
         return node

@@ -34,7 +34,7 @@ from mixc.frontend.ir import (
     walk,
 )
 from mixc.frontend.limits import InlinedSizes
-from mixc.frontend.parser import MAX_DEPTH
+from mixc.frontend.parser import DEPTH_HINT, MAX_DEPTH
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer, declared, show, symbols_of
 
 __all__ = ["GENERATED_NAMES", "LAYOUT_SIZES", "RESERVED", "equation_order", "errors", "verify"]
@@ -93,6 +93,7 @@ class _Verifier:
         self.failed: set[str] = set()  # lets, defaults and targets with an error, or skipped
         self.shapes: dict[str, Shape] = {}
         self.let_depth: dict[str, int] = {}
+        self.value_depth: dict[str, int] = {}
         self.sizes = InlinedSizes()
         if self._declarations():
             self._names()
@@ -213,6 +214,7 @@ class _Verifier:
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
         size = self.sizes.check(eq.value, "lets and per-token values")
+        depth = _check_depth(eq.value, self.let_depth, self.value_depth)
         got = typer.shape_of(eq.value)
         if got == IDENTITY:
             raise SpecShapeError(f"{eq.target}_t = I: the size of I is unknown here", eq.value.span)
@@ -229,6 +231,7 @@ class _Verifier:
         if eq.target not in self.states:
             self.symbols[eq.target] = Symbol("value", got)
             self.sizes.add_value(eq.target, size)
+            self.value_depth[eq.target] = depth
         self.shapes[eq.target] = got
 
 
@@ -386,18 +389,25 @@ def _check_let_calls(mixer: Mixer, fn: LetFn, above: set[str]) -> None:
             )
 
 
-def _check_depth(expr: Expr, let_depth: dict[str, int]) -> int:
-    """How deeply `expr` nests with its let calls inlined; refuses more than MAX_DEPTH levels."""
+def _check_depth(
+    expr: Expr, let_depth: dict[str, int], value_depth: dict[str, int] | None = None
+) -> int:
+    """How deeply `expr` nests with its let calls inlined, and its per-token values where their
+    depths are given; refuses more than MAX_DEPTH levels (the analysis recurses that deep)."""
+    values = value_depth or {}
     deepest, stack = 0, [(expr, 1)]
     while stack:
         node, d = stack.pop()
         if isinstance(node, Call):
             d += let_depth.get(node.func, 0)
+        elif isinstance(node, Timed) and node.offset == 0:
+            d += values.get(node.name, 0)
         if d > MAX_DEPTH:
+            what = "lets" if value_depth is None else "lets and per-token values"
             raise SpecSyntaxError(
-                f"expression nested too deeply (more than {MAX_DEPTH} levels, with lets inlined)",
+                f"expression nested too deeply (more than {MAX_DEPTH} levels, with {what} inlined)",
                 node.span,
-                hint="split it into steps with derived values: a_t = ..., then y_t = ... a_t ...",
+                hint=DEPTH_HINT,
             )
         deepest = max(deepest, d)
         stack.extend((c, d + 1) for c in children(node))

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 import mixc
 from mixc.algebra.expand import inline
 from mixc.check import random_specs
-from mixc.errors import SpecError
+from mixc.driver import plan
+from mixc.errors import SpecError, SpecSyntaxError
 from mixc.frontend.ir import walk
 from mixc.frontend.limits import MAX_INLINED_NODES, InlinedSizes, SpecSizeError
 from mixc.frontend.verify import equation_order
@@ -131,3 +132,18 @@ def test_shipped_specs_are_far_below_the_limit(path: Path) -> None:
 @given(random_specs())
 def test_random_specs_are_far_below_the_limit(text: str) -> None:
     below_the_limit(text)
+
+
+def test_values_nest_as_deeply_as_they_are_inlined() -> None:
+    # each value nests 100 levels around the one before; the analysis inlines all three
+    values = "c0_t = a_t\n" + "".join(
+        f"c{i}_t = " + "exp(" * 100 + f"c{i - 1}_t" + ")" * 100 + "\n" for i in range(1, 4)
+    )
+    text = HEAD + values + "H_t = c3_t H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
+    with pytest.raises(SpecSyntaxError) as info:
+        plan(text)
+    assert info.value.message == (
+        "expression nested too deeply (more than 200 levels, with lets and per-token values "
+        "inlined)"
+    )
+    assert info.value.span.line == 6  # c2_t, 201 levels with c1_t inlined
