@@ -11,8 +11,9 @@ from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
 
-from mixc.algebra.expand import Expander, NotAffine, Term, product
+from mixc.algebra.expand import Expander, NotAffine, Term, finite, product
 from mixc.errors import SpecShapeError
+from mixc.frontend.constants import refuse_undefined
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.limits import MAX_TERMS, SpecSizeError, brief
 from mixc.frontend.parser import MAX_DEPTH
@@ -58,6 +59,15 @@ def _factor_order(e: Expr) -> tuple[int, str]:
     return rank, str(e)
 
 
+def _refuse_undefined(e: Binary | Call, written: Expr) -> None:
+    """Refuse a canonical form with no value (`refuse_undefined`) when it comes from the spec:
+    from an expression with a place in it. The analysis builds expressions of its own, such as
+    log(-0.5), the log-gate of a negative decay, which it keeps from the chunked form with a
+    reason of its own."""
+    if written.span is not None:
+        refuse_undefined(e, written)
+
+
 class Canon:
     """The canonical spelling of a state-free expression: the same math gives the same text.
 
@@ -96,7 +106,9 @@ class Canon:
         if isinstance(a, Transpose):
             return Transpose(self.atom(a.operand), span=a.span)
         if isinstance(a, Call):
-            return Call(a.func, tuple(map(self, a.args)), span=a.span)
+            call = Call(a.func, tuple(map(self, a.args)), span=a.span)
+            _refuse_undefined(call, a)  # log(x - x) is log(0)
+            return call
         if isinstance(a, Neg | Binary):
             try:
                 terms = self.ex.expand(a)
@@ -111,7 +123,9 @@ class Canon:
             left, right = self(a.left), self(a.right)
             if a.op in ("+", "*", ".") and _factor_order(right) < _factor_order(left):
                 left, right = right, left
-            return Binary(a.op, left, right, span=a.span)
+            out = Binary(a.op, left, right, span=a.span)
+            _refuse_undefined(out, a)  # H / (a - a) divides by 0
+            return out
         return a
 
     def combine(self, terms: list[Term]) -> list[Term]:
@@ -125,7 +139,9 @@ class Canon:
                 tuple(sorted(str(self.atom(g)) for g in t.gates)),
             )
             merged[key] = (
-                replace(merged[key], coeff=merged[key].coeff + t.coeff) if key in merged else t
+                replace(merged[key], coeff=finite(merged[key].coeff + t.coeff, None))
+                if key in merged
+                else t
             )
         return [t for t in merged.values() if t.coeff != 0]
 
@@ -212,7 +228,7 @@ class Canon:
             gates = sorted(map(self.atom, t.gates), key=str)
             key = (tuple(map(str, chain)), tuple(map(str, scalars)), tuple(map(str, gates)))
             if key in merged:
-                merged[key][0] += t.coeff
+                merged[key][0] = finite(merged[key][0] + t.coeff, None)
             else:
                 merged[key] = [t.coeff, scalars, chain, gates]
         out: Expr | None = None

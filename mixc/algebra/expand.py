@@ -9,13 +9,14 @@ whose operands broadcast (elu(x) + 1) stay whole, as one atom.
 Like terms are collected wherever terms are produced (each sum and each product), so that a
 product of sums that collapses (`(I - b k k^T)` forty times has 41 distinct terms, not 2^40)
 stays small. What does not collapse is bounded: a product may multiply out at most `MAX_TERMS`
-terms, a sum keep at most `MAX_TERMS` and a term have at most `MAX_FACTORS` factors;
-past that the expansion raises `SpecSizeError` at the node
+terms, a sum keep at most `MAX_TERMS`, a term have at most `MAX_FACTORS` factors, and a
+coefficient must stay within float64; past that the expansion raises `SpecSizeError` at the node
 (`mixc.frontend.limits`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -202,7 +203,7 @@ class Expander:
             return self._atom(e, tr)
         sign = 1 if e.op == "+" else -1
         terms = self._expand(e.left, tr) + [t.scale(sign) for t in self._expand(e.right, tr)]
-        collected = combine(terms)
+        collected = combine(terms, e)
         if len(collected) > MAX_TERMS:
             raise _too_many(e, len(collected))
         return collected
@@ -237,8 +238,8 @@ class Expander:
                 raise NotAffine(e, "elementwise division of a state by a tensor is NYI")
             return self._atom(e, tr)
         if isinstance(e.right, Number):
-            inv = 1 / number(e.right.text)
-            return [t.scale(inv) for t in self._expand(e.left, tr)]
+            inv = 1 / number(e.right.text)  # not 0: the verifier refuses a division by zero
+            return [replace(t, coeff=finite(t.coeff * inv, e)) for t in self._expand(e.left, tr)]
         recip = Binary("/", Number("1"), e.right, span=e.span)
         return [t.scale(1, (recip,)) for t in self._expand(e.left, tr)]
 
@@ -285,7 +286,7 @@ def _product(xs: list[Term], ys: list[Term], where: Expr) -> list[Term]:
     when that is more than MAX_TERMS products."""
     if len(xs) * len(ys) > MAX_TERMS:
         raise _too_many(where, len(xs) * len(ys))
-    return combine([multiply(x, y, where) for x in xs for y in ys])
+    return combine([multiply(x, y, where) for x in xs for y in ys], where)
 
 
 def _too_many(where: Expr, count: int) -> SpecSizeError:
@@ -313,11 +314,24 @@ def multiply(x: Term, y: Term, where: Expr) -> Term:
             "write a repeated scalar factor as a power (x^8)",
         )
     return Term(
-        coeff=x.coeff * y.coeff,
+        coeff=finite(x.coeff * y.coeff, where),
         scalars=_sorted(x.scalars + y.scalars),
         chain=x.chain + y.chain,
         gates=_sorted(x.gates + y.gates),
     )
+
+
+def finite(coeff: Fraction | float, where: Expr | None) -> Fraction | float:
+    """`coeff`, refused unless the generated code can hold it: at most float64's largest number.
+    `where` is the expression it belongs to, for the error."""
+    if abs(coeff) > sys.float_info.max:
+        raise SpecSizeError(
+            f"{brief(where) if where is not None else 'a term'} is too large: a constant "
+            "factor of it is beyond float64 (about 1.8e308)",
+            where.span if where is not None else None,
+            hint="constants are computed in float64; scale them down",
+        )
+    return coeff
 
 
 def flip_scalar_chain(t: Term, ex: Expander) -> Term:
@@ -329,14 +343,15 @@ def flip_scalar_chain(t: Term, ex: Expander) -> Term:
     return replace(t, chain=flipped)
 
 
-def combine(terms: list[Term]) -> list[Term]:
+def combine(terms: list[Term], where: Expr | None = None) -> list[Term]:
     """Collect like terms (same scalars, chain and gates), dropping those that cancel. The first
     of like terms keeps its place, so that collecting as terms are produced keeps the order
-    collecting once at the end gives (but where terms cancel)."""
+    collecting once at the end gives (but where terms cancel). `where` is the expression they
+    come from, for an error."""
     out: dict[tuple, Term] = {}
     for t in terms:
         k = t.key()
-        out[k] = replace(out[k], coeff=out[k].coeff + t.coeff) if k in out else t
+        out[k] = replace(out[k], coeff=finite(out[k].coeff + t.coeff, where)) if k in out else t
     return [t for t in out.values() if t.coeff != 0]
 
 

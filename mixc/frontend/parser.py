@@ -3,6 +3,7 @@ bottom-up with an explicit stack; every lark error becomes a located `SpecSyntax
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from functools import cache
@@ -107,13 +108,19 @@ def _time_offset(tok: lark.Token) -> int:
 
 
 def _number_text(tok: lark.Token) -> str:
+    """A literal's canonical text. Refuses one beyond float64 (1e999, or 309 digits), which the
+    generated code computes in."""
     text = str(tok)
+    if math.isinf(float(text)):
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text):,} digits)"
+        raise SpecSyntaxError(
+            f"number {shown} is too large",
+            _token_span(tok),
+            hint="numbers are computed in float64, whose largest is about 1.8e308",
+        )
     if text.isdigit():
         return text.lstrip("0") or "0"  # as str(int(text)), without Python's limit on digits
-    value = float(text)
-    if value == float("inf"):
-        raise SpecSyntaxError(f"number {text} is too large", _token_span(tok))
-    return repr(value)
+    return repr(float(text))
 
 
 class _ToIR:

@@ -18,6 +18,7 @@ from mixc.errors import (
     SpecShapeError,
     SpecSyntaxError,
 )
+from mixc.frontend.constants import Constants
 from mixc.frontend.ir import (
     FUNCTIONS,
     Call,
@@ -64,7 +65,7 @@ RESERVED = (
 
 
 def verify(mixer: Mixer) -> dict[str, Shape]:
-    """Check names, time indices, shapes and sizes. Returns the shape of every
+    """Check names, time indices, shapes, sizes and constants. Returns the shape of every
     equation's target; raises the first error `errors` finds."""
     checked = _Verifier(mixer)
     if checked.errors:
@@ -95,6 +96,7 @@ class _Verifier:
         self.let_depth: dict[str, int] = {}
         self.value_depth: dict[str, int] = {}
         self.sizes = InlinedSizes()
+        self.constants = Constants(mixer.lets)
         if self._declarations():
             self._names()
             self._types()
@@ -137,7 +139,7 @@ class _Verifier:
 
     def _names(self) -> None:
         """Names, time indices and nesting depth of each let, default and equation, the lets'
-        sizes, and which updates and outputs there are. Only a let that calls a
+        sizes and constants, and which updates and outputs there are. Only a let that calls a
         let with an error is left out: a name is right or wrong whatever the lets and values it
         reads turn out to be."""
         mixer = self.mixer
@@ -171,6 +173,7 @@ class _Verifier:
         _check_names(self.mixer, fn.body, self.symbols, set(fn.args), "let", fn.name)
         self.sizes.check(fn.body, "lets", dict.fromkeys(fn.args, 1))
         self.sizes.add_let(fn.name, fn.args, fn.body)
+        self.constants.check(fn.body)
 
     def _default_names(self, p: Param) -> None:
         _check_names(self.mixer, p.default, self.symbols, {"h"}, "param", p.name)
@@ -182,7 +185,7 @@ class _Verifier:
         _check_depth(eq.value, self.let_depth)
 
     def _types(self) -> None:
-        """Shapes and inlined sizes of each default and equation, in the order a
+        """Shapes, inlined sizes and constants of each default and equation, in the order a
         time step computes them, and the shapes of lets nobody calls."""
         mixer = self.mixer
         typer = Typer(mixer, self.symbols)
@@ -211,6 +214,7 @@ class _Verifier:
                 f"{show(declared(p.shape))}",
                 p.default.span,
             )
+        self.constants.check(p.default)
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
         size = self.sizes.check(eq.value, "lets and per-token values")
@@ -228,6 +232,7 @@ class _Verifier:
                     hint=_update_hint(got, want, eq.target),
                 )
             got = want
+        self.constants.check(eq.value)
         if eq.target not in self.states:
             self.symbols[eq.target] = Symbol("value", got)
             self.sizes.add_value(eq.target, size)

@@ -89,6 +89,21 @@ def test_gates_that_are_sums_are_refused_where_they_distribute() -> None:
     assert "its gates distribute into 128 terms" in err.message
 
 
+@pytest.mark.parametrize(
+    "update, where",
+    [
+        ("1e308 H_{t-1} + 1e308 H_{t-1}", "1e+308 H_{t-1} + 1e+308 H_{t-1}"),
+        ("1e200 (1e200 H_{t-1})", "1e+200 (1e+200 H_{t-1})"),
+        ("(1e300 H_{t-1}) / 1e-300", "1e+300 H_{t-1} / 1e-300"),
+    ],
+)
+def test_coefficients_beyond_float64_are_refused(update: str, where: str) -> None:
+    err = refused(update)
+    assert err.message == (
+        f"{where} is too large: a constant factor of it is beyond float64 (about 1.8e308)"
+    )
+
+
 class Counting(Typer):
     """A Typer that counts the shapes it is asked for, by callers and by itself."""
 
