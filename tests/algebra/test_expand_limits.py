@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 import mixc
+import mixc.algebra.expand as expand_module
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander
 from mixc.analysis.plan import analyze
+from mixc.frontend import ir
 from mixc.frontend.ir import walk
 from mixc.frontend.limits import MAX_FACTORS, MAX_TERMS, SpecSizeError
 from mixc.frontend.parser import MAX_DEPTH
@@ -122,6 +124,24 @@ def test_the_shape_of_every_node_of_a_tree_costs_the_tree() -> None:
     for node in nodes:  # as code generation asks, each node of a tree in turn
         typer.shape_of(node)
     assert Counting.asked <= 3 * len(nodes)
+
+
+def test_whether_each_node_of_a_tree_reads_a_state_costs_the_tree(monkeypatch) -> None:
+    spec = spec_of("exp(" * 190 + "a_t" + ")" * 190 + " H_{t-1}")
+    ex = expander(spec)
+    nodes = list(walk(spec.mixer.update("H").value))
+    visits = []
+    children = ir.children
+
+    def counted(e):
+        visits.append(e)
+        return children(e)
+
+    monkeypatch.setattr(ir, "children", counted)  # what walk uses
+    monkeypatch.setattr(expand_module, "children", counted)
+    for node in nodes:  # as expanding asks, at each node on the way down
+        ex.has_state(node)
+    assert len(visits) <= 3 * len(nodes)
 
 
 def test_a_deep_atom_shared_by_many_terms_is_canonicalised_once(monkeypatch) -> None:
