@@ -9,8 +9,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from mixc.errors import MixcError
-from mixc.frontend.spec import load_spec
+from mixc.errors import MixcError, SpecError
+from mixc.frontend.spec import Spec, load_spec, read_source, spec_errors
 from mixc.version import __version__
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -24,20 +24,36 @@ def command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 @command
 def cmd_check(args: argparse.Namespace) -> int:
     """Parse, verify and analyse specs, as compile does; print each in normal form."""
-    from mixc.driver import plan
-
     status = 0
     for path in args.specs:
-        try:
-            spec = plan(path).spec
-        except MixcError as exc:
-            print(exc, file=sys.stderr)
+        spec, errors = _checked(path)
+        if errors:
+            print("\n\n".join(map(str, errors)), file=sys.stderr)
+            if len(errors) > 1:
+                print(f"{path}: {len(errors)} errors", file=sys.stderr)
             status = 1
-            continue
-        if not args.quiet:
+        elif not args.quiet:
             print(f"# {path}: ok")
             print(spec.mixer, end="")
     return status
+
+
+def _checked(path: str) -> tuple[Spec | None, list[MixcError]]:
+    """The spec at `path` after every check `compile` makes (`mixc.driver.plan`), or what is
+    wrong with it: where the front end finds several independent errors, all of them, the one
+    `compile` reports first."""
+    from mixc.driver import plan
+
+    try:
+        source = read_source(path)
+    except MixcError as exc:  # no such file, not UTF-8 text, too long
+        return None, [exc]
+    try:
+        return plan(source).spec, []
+    except SpecError as exc:
+        return None, spec_errors(source) or [exc]
+    except MixcError as exc:
+        return None, [exc]
 
 
 @command

@@ -11,9 +11,12 @@ from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
 
-from mixc.algebra.expand import Expander, NotAffine, Term, product
-from mixc.errors import SpecError
+from mixc.algebra.expand import Expander, NotAffine, Term, finite, product
+from mixc.errors import SpecShapeError
+from mixc.frontend.constants import refuse_undefined
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.limits import MAX_TERMS, SpecSizeError, brief
+from mixc.frontend.parser import MAX_DEPTH
 from mixc.frontend.shapes import SCALAR
 
 __all__ = ["Canon", "number", "signed"]
@@ -56,6 +59,15 @@ def _factor_order(e: Expr) -> tuple[int, str]:
     return rank, str(e)
 
 
+def _refuse_undefined(e: Binary | Call, written: Expr) -> None:
+    """Refuse a canonical form with no value (`refuse_undefined`) when it comes from the spec:
+    from an expression with a place in it. The analysis builds expressions of its own, such as
+    log(-0.5), the log-gate of a negative decay, which it keeps from the chunked form with a
+    reason of its own."""
+    if written.span is not None:
+        refuse_undefined(e, written)
+
+
 class Canon:
     """The canonical spelling of a state-free expression: the same math gives the same text.
 
@@ -66,15 +78,26 @@ class Canon:
 
     def __init__(self, ex: Expander) -> None:
         self.ex = ex
+        # Canonical forms by the id of the expression, holding it so that its id is not reused.
+        # Terms share their atoms rather than copy them, and canonicalising an atom canonicalises
+        # every expression inside it: without this, an atom nested n deep in m terms would cost
+        # m n^2 instead of about n^2.
+        self._forms: dict[int, tuple[Expr, Expr]] = {}
 
     def __call__(self, e: Expr | None) -> Expr | None:
         if e is None:
             return None
+        known = self._forms.get(id(e))
+        if known is not None and known[0] is e:
+            return known[1]
         try:
             terms = self.ex.expand(e)
-        except (NotAffine, SpecError):
-            return e
-        return self.terms(terms)
+        except (NotAffine, SpecShapeError):
+            out = e
+        else:
+            out = self.terms(terms)  # here, not in a helper: a frame less per level of nesting
+        self._forms[id(e)] = (e, out)
+        return out
 
     def key(self, e: Expr) -> str:
         return str(self(e))
@@ -83,11 +106,13 @@ class Canon:
         if isinstance(a, Transpose):
             return Transpose(self.atom(a.operand), span=a.span)
         if isinstance(a, Call):
-            return Call(a.func, tuple(self(x) for x in a.args), span=a.span)
+            call = Call(a.func, tuple(map(self, a.args)), span=a.span)
+            _refuse_undefined(call, a)  # log(x - x) is log(0)
+            return call
         if isinstance(a, Neg | Binary):
             try:
                 terms = self.ex.expand(a)
-            except (NotAffine, SpecError):
+            except (NotAffine, SpecShapeError):
                 terms = None
             atomic = terms is not None and len(terms) == 1 and terms[0].coeff == 1
             if terms is not None and not (atomic and a in (terms[0].chain + terms[0].scalars)):
@@ -98,7 +123,9 @@ class Canon:
             left, right = self(a.left), self(a.right)
             if a.op in ("+", "*", ".") and _factor_order(right) < _factor_order(left):
                 left, right = right, left
-            return Binary(a.op, left, right, span=a.span)
+            out = Binary(a.op, left, right, span=a.span)
+            _refuse_undefined(out, a)  # H / (a - a) divides by 0
+            return out
         return a
 
     def combine(self, terms: list[Term]) -> list[Term]:
@@ -112,7 +139,9 @@ class Canon:
                 tuple(sorted(str(self.atom(g)) for g in t.gates)),
             )
             merged[key] = (
-                replace(merged[key], coeff=merged[key].coeff + t.coeff) if key in merged else t
+                replace(merged[key], coeff=finite(merged[key].coeff + t.coeff, None))
+                if key in merged
+                else t
             )
         return [t for t in merged.values() if t.coeff != 0]
 
@@ -123,7 +152,7 @@ class Canon:
         for g in t.gates:
             try:
                 pieces = self.ex.expand(g)
-            except (NotAffine, SpecError):
+            except (NotAffine, SpecShapeError):
                 pieces = None
             plain = (
                 pieces is not None
@@ -138,6 +167,14 @@ class Canon:
             ):
                 out = [replace(x, gates=(*x.gates, g)) for x in out]
                 continue
+            if len(out) * len(pieces) > MAX_TERMS:
+                raise SpecSizeError(
+                    f"{brief(g)} is too large to analyse: its gates distribute into "
+                    f"{len(out) * len(pieces):,} terms (the limit is {MAX_TERMS})",
+                    g.span,
+                    hint="mixc distributes a gate that is a sum over the state's terms; "
+                    "gate with fewer sums",
+                )
             out = [
                 replace(
                     x.scale(p.coeff, p.scalars),
@@ -184,12 +221,14 @@ class Canon:
     def terms(self, terms: list[Term]) -> Expr:
         merged: dict[tuple, list] = {}
         for t in terms:
-            scalars = sorted((self.atom(a) for a in t.scalars), key=_factor_order)
-            chain = [self.atom(a) for a in t.chain]
-            gates = sorted((self.atom(g) for g in t.gates), key=str)
+            # map, not a generator: canonical forms nest as deeply as the spec (MAX_DEPTH), and
+            # each level of the recursion must cost as few of Python's frames as it can
+            scalars = sorted(map(self.atom, t.scalars), key=_factor_order)
+            chain = list(map(self.atom, t.chain))
+            gates = sorted(map(self.atom, t.gates), key=str)
             key = (tuple(map(str, chain)), tuple(map(str, scalars)), tuple(map(str, gates)))
             if key in merged:
-                merged[key][0] += t.coeff
+                merged[key][0] = finite(merged[key][0] + t.coeff, None)
             else:
                 merged[key] = [t.coeff, scalars, chain, gates]
         out: Expr | None = None
@@ -207,7 +246,17 @@ class Canon:
                 out = Neg(e) if coeff < 0 else e
             else:
                 out = Binary("-" if coeff < 0 else "+", out, e)
-        return out if out is not None else Number("0")
+        if out is None:
+            return Number("0")
+        levels = self.ex.depth(out)
+        if levels > MAX_DEPTH:  # its atoms, canonical, may nest deeper than written
+            raise SpecSizeError(
+                f"{brief(out)} is too large to analyse: in canonical form it nests {levels} "
+                f"levels deep (the limit is {MAX_DEPTH})",
+                hint="the arguments of functions are expanded too: multiply fewer sums out "
+                "inside deeply nested calls",
+            )
+        return out
 
     def column(self, e: Expr | None) -> Expr | None:
         """A vector as a column (for a per-channel gate or a key), canonical."""

@@ -5,13 +5,22 @@ factors, an ordered chain of matrix/vector factors (at most one of them a state)
 elementwise gates applied to the whole chain. `gamma H`, `H gamma`, `H (I - b k k^T)` and
 `H - b H k k^T` all reach the same terms. Transposes are pushed down to atoms; state-free sums
 whose operands broadcast (elu(x) + 1) stay whole, as one atom.
+
+Like terms are collected wherever terms are produced (each sum and each product), so that a
+product of sums that collapses (`(I - b k k^T)` forty times has 41 distinct terms, not 2^40)
+stays small. What does not collapse is bounded: a product may multiply out at most `MAX_TERMS`
+terms, a sum keep at most `MAX_TERMS`, a term have at most `MAX_FACTORS` factors, and a
+coefficient must stay within float64; past that the expansion raises `SpecSizeError` at the node
+(`mixc.frontend.limits`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import TypeVar
 
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
@@ -25,9 +34,13 @@ from mixc.frontend.ir import (
     Number,
     Timed,
     Transpose,
-    walk,
+    children,
 )
+from mixc.frontend.limits import MAX_FACTORS, MAX_TERMS, SpecSizeError, brief
+from mixc.frontend.parser import MAX_DEPTH
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
+
+T = TypeVar("T")
 
 #: Built-ins that act on each entry alone: a transpose passes through them.
 ELEMENTWISE = frozenset(name for name, builtin in BUILTINS.items() if builtin.elementwise)
@@ -100,19 +113,55 @@ class Expander:
         self.typer = typer
         self.states = states
         # keyed by id, holding the node itself so that its id is never reused for another node
-        self._shape_cache: dict[int, tuple[Expr, Shape]] = {}
+        self._stateful: dict[int, tuple[Expr, bool]] = {}
+        self._depths: dict[int, tuple[Expr, int]] = {}
 
     def shape(self, e: Expr) -> Shape:
-        got = self._shape_cache.get(id(e))
-        if got is None or got[0] is not e:
-            got = self._shape_cache[id(e)] = (e, self.typer.shape_of(e))
-        return got[1]
+        return self.typer.shape_of(e)
 
     def has_state(self, e: Expr) -> bool:
-        return any(isinstance(n, Timed) and n.name in self.states for n in walk(e))
+        """Whether `e` reads a state."""
+        return _bottom_up(
+            self._stateful,
+            e,
+            lambda node, below: (
+                (isinstance(node, Timed) and node.name in self.states) or any(below)
+            ),
+        )
+
+    def depth(self, e: Expr) -> int:
+        """How many levels `e` nests (a name is one)."""
+        return _bottom_up(self._depths, e, lambda node, below: 1 + max(below, default=0))
 
     def expand(self, e: Expr, transposed: bool = False) -> list[Term]:
-        return combine(self._expand(e, transposed))
+        """`e` as a sum of terms, like terms collected. Raises NotAffine, and SpecSizeError (placed
+        at `e` when the node that grew is one without a place in the spec), also where the terms
+        written out would nest deeper than a spec may (every later stage, down to the Python the
+        code generator writes, is built for that depth)."""
+        try:
+            terms = combine(self._expand(e, transposed))
+            levels = self.nesting(terms)
+            if levels > MAX_DEPTH:
+                raise SpecSizeError(
+                    f"{brief(e)} is too large to analyse: expanded, it nests {levels} levels deep "
+                    f"(the limit is {MAX_DEPTH})",
+                    e.span,
+                    hint="a sum nests a level deeper for each term, a product for each factor: "
+                    "multiply fewer sums out around deeply nested factors",
+                )
+        except SpecSizeError as exc:
+            raise exc.at(e.span) from None
+        return terms
+
+    def nesting(self, terms: list[Term]) -> int:
+        """How deeply the sum of `terms` nests written out: a level for each term after the first
+        and each factor after the first, and the deepest factor."""
+        deepest = 1
+        for t in terms:
+            factors = t.scalars + t.chain + t.gates
+            if factors:
+                deepest = max(deepest, len(factors) - 1 + max(map(self.depth, factors)))
+        return len(terms) - 1 + deepest
 
     def _atom(self, e: Expr, transposed: bool) -> list[Term]:
         shape = self.shape(e)
@@ -153,20 +202,20 @@ class Expander:
                 raise NotAffine(e, "a sum that broadcasts a state is not a linear map of it")
             return self._atom(e, tr)
         sign = 1 if e.op == "+" else -1
-        return self._expand(e.left, tr) + [t.scale(sign) for t in self._expand(e.right, tr)]
+        terms = self._expand(e.left, tr) + [t.scale(sign) for t in self._expand(e.right, tr)]
+        collected = combine(terms, e)
+        if len(collected) > MAX_TERMS:
+            raise _too_many(e, len(collected))
+        return collected
 
     def _matmul(self, e: Binary, tr: bool) -> list[Term]:
         left, right = (e.right, e.left) if tr else (e.left, e.right)
-        return [multiply(x, y, e) for x in self._expand(left, tr) for y in self._expand(right, tr)]
+        return _product(self._expand(left, tr), self._expand(right, tr), e)
 
     def _hadamard(self, e: Binary, tr: bool) -> list[Term]:
         a, b = self.shape(e.left), self.shape(e.right)
         if SCALAR in (a, b):
-            return [
-                multiply(x, y, e)
-                for x in self._expand(e.left, tr)
-                for y in self._expand(e.right, tr)
-            ]
+            return _product(self._expand(e.left, tr), self._expand(e.right, tr), e)
         sl, sr = self.has_state(e.left), self.has_state(e.right)
         if sl and sr:
             raise NotAffine(
@@ -189,8 +238,8 @@ class Expander:
                 raise NotAffine(e, "elementwise division of a state by a tensor is NYI")
             return self._atom(e, tr)
         if isinstance(e.right, Number):
-            inv = 1 / number(e.right.text)
-            return [t.scale(inv) for t in self._expand(e.left, tr)]
+            inv = 1 / number(e.right.text)  # not 0: the verifier refuses a division by zero
+            return [replace(t, coeff=finite(t.coeff * inv, e)) for t in self._expand(e.left, tr)]
         recip = Binary("/", Number("1"), e.right, span=e.span)
         return [t.scale(1, (recip,)) for t in self._expand(e.left, tr)]
 
@@ -200,9 +249,7 @@ class Expander:
         a, b = self.shape(e.left), self.shape(e.right)
         row = e.left if a[0] == "1" else Transpose(e.left, span=e.left.span)
         col = e.right if b[1] == "1" else Transpose(e.right, span=e.right.span)
-        terms = [
-            multiply(x, y, e) for x in self._expand(row, False) for y in self._expand(col, False)
-        ]
+        terms = _product(self._expand(row, False), self._expand(col, False), e)
         # a scalar equals its transpose: put the state first so readouts read `S x`
         return [flip_scalar_chain(t, self) for t in terms]
 
@@ -214,15 +261,77 @@ class Expander:
         return self._atom(e, tr)
 
 
+def _bottom_up(known: dict[int, tuple[Expr, T]], e: Expr, value: Callable[[Expr, list[T]], T]) -> T:
+    """`value(node, values of its children)` at `e`, with `known` holding it by id for every node
+    found so far. Found bottom up for every node below `e` at once, without recursion, so that
+    asking it of each node of a tree, as expanding does, costs the tree's size, not its size
+    times its depth."""
+    got = known.get(id(e))
+    if got is not None and got[0] is e:
+        return got[1]
+    order, stack = [], [e]
+    while stack:  # the nodes not known yet, each after its parent
+        node = stack.pop()
+        got = known.get(id(node))
+        if got is None or got[0] is not node:
+            order.append(node)
+            stack.extend(children(node))
+    for node in reversed(order):
+        known[id(node)] = (node, value(node, [known[id(c)][1] for c in children(node)]))
+    return known[id(e)][1]
+
+
+def _product(xs: list[Term], ys: list[Term], where: Expr) -> list[Term]:
+    """Every term of xs times every term of ys, like terms collected; refused before it starts
+    when that is more than MAX_TERMS products."""
+    if len(xs) * len(ys) > MAX_TERMS:
+        raise _too_many(where, len(xs) * len(ys))
+    return combine([multiply(x, y, where) for x in xs for y in ys], where)
+
+
+def _too_many(where: Expr, count: int) -> SpecSizeError:
+    return SpecSizeError(
+        f"{brief(where)} is too large to analyse: it expands into {count:,} terms "
+        f"(the limit is {MAX_TERMS})",
+        where.span,
+        hint="mixc multiplies every product of sums out to recognise the transition, so n "
+        "factors of two terms make 2^n terms; multiply fewer sums, or write a repeated scalar "
+        "factor as a power (x^8)",
+    )
+
+
 def multiply(x: Term, y: Term, where: Expr) -> Term:
     if (x.gates and y.chain) or (y.gates and x.chain):
         raise NotAffine(where, "a matrix product of an elementwise-gated state is NYI")
+    factors = len(x.scalars) + len(y.scalars) + len(x.chain) + len(y.chain)
+    factors += len(x.gates) + len(y.gates)
+    if factors > MAX_FACTORS:
+        raise SpecSizeError(
+            f"{brief(where)} is too large to analyse: a term of it has {factors} factors "
+            f"(the limit is {MAX_FACTORS})",
+            where.span,
+            hint="a term takes a factor from each factor of a product: multiply fewer, or "
+            "write a repeated scalar factor as a power (x^8)",
+        )
     return Term(
-        coeff=x.coeff * y.coeff,
+        coeff=finite(x.coeff * y.coeff, where),
         scalars=_sorted(x.scalars + y.scalars),
         chain=x.chain + y.chain,
         gates=_sorted(x.gates + y.gates),
     )
+
+
+def finite(coeff: Fraction | float, where: Expr | None) -> Fraction | float:
+    """`coeff`, refused unless the generated code can hold it: at most float64's largest number.
+    `where` is the expression it belongs to, for the error."""
+    if abs(coeff) > sys.float_info.max:
+        raise SpecSizeError(
+            f"{brief(where) if where is not None else 'a term'} is too large: a constant "
+            "factor of it is beyond float64 (about 1.8e308)",
+            where.span if where is not None else None,
+            hint="constants are computed in float64; scale them down",
+        )
+    return coeff
 
 
 def flip_scalar_chain(t: Term, ex: Expander) -> Term:
@@ -234,12 +343,15 @@ def flip_scalar_chain(t: Term, ex: Expander) -> Term:
     return replace(t, chain=flipped)
 
 
-def combine(terms: list[Term]) -> list[Term]:
-    """Collect like terms (same scalars, chain and gates), dropping those that cancel."""
+def combine(terms: list[Term], where: Expr | None = None) -> list[Term]:
+    """Collect like terms (same scalars, chain and gates), dropping those that cancel. The first
+    of like terms keeps its place, so that collecting as terms are produced keeps the order
+    collecting once at the end gives (but where terms cancel). `where` is the expression they
+    come from, for an error."""
     out: dict[tuple, Term] = {}
     for t in terms:
         k = t.key()
-        out[k] = replace(out[k], coeff=out[k].coeff + t.coeff) if k in out else t
+        out[k] = replace(out[k], coeff=finite(out[k].coeff + t.coeff, where)) if k in out else t
     return [t for t in out.values() if t.coeff != 0]
 
 

@@ -7,6 +7,7 @@ from mixc.algebra.expand import Expander, NotAffine, Term, inline, product
 from mixc.analysis.facts import OutputFacts, Readout
 from mixc.errors import NotYetImplemented
 from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Timed, Transpose, walk
+from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape
 
 __all__ = ["analyze_output", "readout_name"]
@@ -21,6 +22,15 @@ def readout_name(index: int) -> str:
 
 
 def analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) -> OutputFacts:
+    """The readouts of one output and what it does with them. An expression the analysis builds
+    that grows too large is reported at the output."""
+    try:
+        return _analyze_output(mixer, eq, ex, shape, canon)
+    except SpecSizeError as exc:
+        raise exc.at(eq.value.span) from None
+
+
+def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) -> OutputFacts:
     states = {s.name for s in mixer.states}
     readouts: list[Readout] = []
 

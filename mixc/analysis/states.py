@@ -10,6 +10,7 @@ from mixc.algebra.intervals import constant
 from mixc.analysis.facts import StateFacts, WriteTerm
 from mixc.errors import Span
 from mixc.frontend.ir import Expr, Mixer, Timed, Transpose, walk
+from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape, show
 from mixc.transitions import DENSE, NOT_AFFINE, classify
 from mixc.transitions.base import RuleContext, Transition
@@ -43,7 +44,15 @@ def _at(span: Span | None) -> str:
 
 def analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) -> StateFacts:
     """The facts of one state: its class (by the registry's rules), its writes, and its update
-    expanded into terms (kept for the recurrent form)."""
+    expanded into terms (kept for the recurrent form). An expression the analysis builds that
+    grows too large is reported at the update."""
+    try:
+        return _analyze_state(mixer, name, ex, params, canon)
+    except SpecSizeError as exc:
+        raise exc.at(mixer.update(name).value.span) from None
+
+
+def _analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) -> StateFacts:
     decl = mixer.state(name)
     eq = mixer.update(name)
     shape = ex.typer.symbols[name].shape

@@ -3,6 +3,7 @@ bottom-up with an explicit stack; every lark error becomes a located `SpecSyntax
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from functools import cache
@@ -31,6 +32,13 @@ from mixc.frontend.ir import (
 
 MAX_SPEC_BYTES = 64_000  # a spec is a few lines; this bounds the parse to well under a second
 MAX_DEPTH = 200
+
+#: What to do about an expression nested more than MAX_DEPTH levels. Not "split it into per-token
+#: values": the analysis inlines those where they are read, so the depth comes back.
+DEPTH_HINT = (
+    "group a long sum or product in parentheses: (a + b + c) + (d + e + f) nests less deeply "
+    "than a + b + c + d + e + f"
+)
 
 _GRAMMAR_PLACES = (
     Path(__file__).parent.parent / "grammar" / "mixer.lark",  # installed wheel
@@ -100,13 +108,19 @@ def _time_offset(tok: lark.Token) -> int:
 
 
 def _number_text(tok: lark.Token) -> str:
+    """A literal's canonical text. Refuses one beyond float64 (1e999, or 309 digits), which the
+    generated code computes in."""
     text = str(tok)
+    if math.isinf(float(text)):
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text):,} digits)"
+        raise SpecSyntaxError(
+            f"number {shown} is too large",
+            _token_span(tok),
+            hint="numbers are computed in float64, whose largest is about 1.8e308",
+        )
     if text.isdigit():
         return text.lstrip("0") or "0"  # as str(int(text)), without Python's limit on digits
-    value = float(text)
-    if value == float("inf"):
-        raise SpecSyntaxError(f"number {text} is too large", _token_span(tok))
-    return repr(value)
+    return repr(float(text))
 
 
 class _ToIR:
@@ -140,7 +154,7 @@ class _ToIR:
             raise SpecSyntaxError(
                 f"expression nested too deeply (more than {MAX_DEPTH} levels)",
                 node.span,
-                hint="split it into steps with derived values: a_t = ..., then y_t = ... a_t ...",
+                hint=DEPTH_HINT,
             )
         self.depth[id(node)] = depth
         return node

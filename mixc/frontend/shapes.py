@@ -74,9 +74,22 @@ class Typer:
         self.mixer = mixer
         self.symbols = symbols
         self.lets = {fn.name: fn for fn in mixer.lets}
+        # Shapes outside let bodies, by the id of the expression (held, so that its id is not
+        # reused). The analysis and the code generator ask for the shape of every node of a
+        # tree, which without this costs its size times its depth.
+        self._known: dict[int, tuple[Expr, Shape]] = {}
 
     def shape_of(self, e: Expr, env: dict[str, Shape] | None = None) -> Shape:
-        env = env or {}
+        if not env:
+            known = self._known.get(id(e))
+            if known is not None and known[0] is e:
+                return known[1]
+        shape = self._shape(e, env or {})
+        if not env:
+            self._known[id(e)] = (e, shape)
+        return shape
+
+    def _shape(self, e: Expr, env: dict[str, Shape]) -> Shape:
         if isinstance(e, Number):
             return SCALAR
         if isinstance(e, Identity):

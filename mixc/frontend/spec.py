@@ -10,7 +10,7 @@ from mixc.errors import MixcError, Source, SpecError
 from mixc.frontend.ir import Mixer
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
 from mixc.frontend.shapes import Shape
-from mixc.frontend.verify import verify
+from mixc.frontend.verify import errors, verify
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,14 @@ def load_spec(spec: str | os.PathLike | Source | None = None, *, text: str | Non
     except SpecError as exc:
         raise exc.located(source) from None
     return Spec(mixer, source, shapes)
+
+
+def spec_errors(source: Source) -> list[SpecError]:
+    """Every error of a spec's front end, located: those of the verifier that do not follow from
+    another (`mixc.frontend.verify.errors`), or its one syntax error (parsing stops at the
+    first). The first is the one `load_spec` raises; none when the spec loads."""
+    try:
+        mixer = parse(source)
+    except SpecError as exc:
+        return [exc.located(source)]
+    return [exc.located(source) for exc in errors(mixer)]

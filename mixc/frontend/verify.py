@@ -13,10 +13,12 @@ from mixc.errors import (
     NotYetImplemented,
     Span,
     SpecAnalysisError,
+    SpecError,
     SpecNameError,
     SpecShapeError,
     SpecSyntaxError,
 )
+from mixc.frontend.constants import Constants
 from mixc.frontend.ir import (
     FUNCTIONS,
     Call,
@@ -32,7 +34,8 @@ from mixc.frontend.ir import (
     children,
     walk,
 )
-from mixc.frontend.parser import MAX_DEPTH
+from mixc.frontend.limits import InlinedSizes
+from mixc.frontend.parser import DEPTH_HINT, MAX_DEPTH
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer, declared, show, symbols_of
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "LAYOUT_SIZES",
     "RESERVED",
     "equation_order",
+    "errors",
     "verify",
 ]
 
@@ -65,43 +69,165 @@ RESERVED = frozenset(keyword.kwlist) | LANGUAGE_WORDS | FORM_OPTIONS | frozenset
 
 
 def verify(mixer: Mixer) -> dict[str, Shape]:
-    """Check names, time indices and shapes. Returns the shape of every equation's target."""
-    _check_declarations(mixer)
-    symbols = symbols_of(mixer)
-    states = {s.name for s in mixer.states}
-    values = {e.target for e in mixer.equations if e.target not in states}
-    for target in values:
-        symbols[target] = Symbol("value", SCALAR)  # refined below, in dependency order
-    let_depth = _check_lets(mixer)
-    for fn in mixer.lets:
-        _check_names(mixer, fn.body, symbols, set(fn.args), "let", fn.name)
-    for p in mixer.params:
-        if p.default is not None:
-            _check_names(mixer, p.default, symbols, {"h"}, "param", p.name)
-            _check_depth(p.default, let_depth)
-    for eq in mixer.equations:
-        _check_names(mixer, eq.value, symbols, set(), "equation", eq.target)
-        _check_times(mixer, eq, states)
-        _check_depth(eq.value, let_depth)
-    _check_updates(mixer, states)
+    """Check names, time indices, shapes, sizes and constants. Returns the shape of every
+    equation's target; raises the first error `errors` finds."""
+    checked = _Verifier(mixer)
+    if checked.errors:
+        raise checked.errors[0]
+    return checked.shapes
 
-    typer = Typer(mixer, symbols)
-    for p in mixer.params:
-        if p.default is not None:
-            got = typer.shape_of(p.default)
-            if got != declared(p.shape) and got != SCALAR:
-                raise SpecShapeError(
-                    f"default of {p.name} is {show(got)} but {p.name} is declared "
-                    f"{show(declared(p.shape))}",
-                    p.default.span,
-                )
-    shapes: dict[str, Shape] = {}
-    for eq in equation_order(mixer):
+
+def errors(mixer: Mixer) -> list[SpecError]:
+    """Every error `verify` finds, not only the first, in the order it finds them.
+
+    Each declaration, let, default and equation is checked on its own. A let or a per-token
+    value with an error is left out of what reads it: what calls or reads it is not checked, as
+    its errors could follow from the first. An error in the declarations stops the checks
+    there, since everything after them reads the names they declare."""
+    return _Verifier(mixer).errors
+
+
+class _Verifier:
+    """The checks of one mixer, piece by piece, with the errors they found."""
+
+    def __init__(self, mixer: Mixer) -> None:
+        self.mixer = mixer
+        self.states = {s.name for s in mixer.states}
+        self.symbols = symbols_of(mixer)
+        self.errors: list[SpecError] = []
+        self.failed: set[str] = set()  # lets, defaults and targets with an error, or skipped
+        self.shapes: dict[str, Shape] = {}
+        self.let_depth: dict[str, int] = {}
+        self.value_depth: dict[str, int] = {}
+        self.sizes = InlinedSizes()
+        self.constants = Constants(mixer.lets)
+        if self._declarations():
+            self._names()
+            self._types()
+
+    def attempt(self, owner: str | None, check, *args) -> None:
+        """`check(*args)`; on a SpecError, record it and mark `owner` failed."""
+        try:
+            check(*args)
+        except SpecError as exc:
+            self.errors.append(exc)
+            if owner is not None:
+                self.failed.add(owner)
+
+    def reads_failed(self, e: Expr) -> bool:
+        """Whether `e` calls a let or reads a per-token value that failed."""
+        return any(
+            (isinstance(n, Call) and n.func in self.failed)
+            or (isinstance(n, Timed) and n.name in self.failed and n.name not in self.states)
+            for n in walk(e)
+        )
+
+    def _declarations(self) -> bool:
+        """Names free and declared once, sizes well-formed, one equation per target; whether
+        all of that holds."""
+        mixer, names, targets = self.mixer, _Names(), {}
+        self.attempt(None, _check_mixer_name, mixer)
+        for kind, decls in (
+            ("an input", mixer.inputs),
+            ("a parameter", mixer.params),
+            ("a state", mixer.states),
+        ):
+            for d in decls:
+                self.attempt(None, _declare, names, d, kind)
+        for fn in mixer.lets:
+            self.attempt(None, _declare_let, names, fn)
+        for eq in mixer.equations:
+            self.attempt(None, _check_target, mixer, names, targets, eq)
+        self.attempt(None, _check_some_equation, mixer)
+        return not self.errors
+
+    def _names(self) -> None:
+        """Names, time indices and nesting depth of each let, default and equation, the lets'
+        sizes and constants, and which updates and outputs there are. Only a let that calls a
+        let with an error is left out: a name is right or wrong whatever the lets and values it
+        reads turn out to be."""
+        mixer = self.mixer
+        for eq in mixer.equations:
+            if eq.target not in self.states:  # refined by _types, in dependency order
+                self.symbols[eq.target] = Symbol("value", SCALAR)
+        above: set[str] = set()
+        for fn in mixer.lets:
+            self._unless_failed(fn.name, fn.body, self._let, fn, above)
+            above.add(fn.name)
+        for p in mixer.params:
+            if p.default is not None:
+                self.attempt(p.name, self._default_names, p)
+        for eq in mixer.equations:
+            self.attempt(eq.target, self._equation_names, eq)
+        for s in mixer.states:
+            self.attempt(None, _check_updated, mixer, s)
+        self.attempt(None, _check_output, mixer, self.states)
+
+    def _unless_failed(self, owner: str, e: Expr, check, *args) -> None:
+        """`check(*args)` for the piece `owner` whose expression is `e`, unless `e` reads a
+        piece that failed (then `owner` fails too, silently)."""
+        if self.reads_failed(e):
+            self.failed.add(owner)
+        else:
+            self.attempt(owner, check, *args)
+
+    def _let(self, fn: LetFn, above: set[str]) -> None:
+        _check_let_calls(self.mixer, fn, above)
+        self.let_depth[fn.name] = _check_depth(fn.body, self.let_depth)
+        _check_names(self.mixer, fn.body, self.symbols, set(fn.args), "let", fn.name)
+        self.sizes.check(fn.body, "lets", dict.fromkeys(fn.args, 1))
+        self.sizes.add_let(fn.name, fn.args, fn.body)
+        self.constants.check(fn.body)
+
+    def _default_names(self, p: Param) -> None:
+        _check_names(self.mixer, p.default, self.symbols, {"h"}, "param", p.name)
+        _check_depth(p.default, self.let_depth)
+
+    def _equation_names(self, eq: Equation) -> None:
+        _check_names(self.mixer, eq.value, self.symbols, set(), "equation", eq.target)
+        _check_times(self.mixer, eq, self.states)
+        _check_depth(eq.value, self.let_depth)
+
+    def _types(self) -> None:
+        """Shapes, inlined sizes and constants of each default and equation, in the order a
+        time step computes them, and the shapes of lets nobody calls."""
+        mixer = self.mixer
+        typer = Typer(mixer, self.symbols)
+        for p in mixer.params:
+            if p.default is not None and p.name not in self.failed:
+                self.attempt(p.name, self._default, typer, p)
+        try:
+            order = equation_order(mixer)
+        except SpecError as exc:  # a cycle: there is no order to type the equations in
+            self.errors.append(exc)
+            return
+        for eq in order:
+            if eq.target not in self.failed:
+                self._unless_failed(eq.target, eq.value, self._equation, typer, eq)
+        called = {n.func for e in mixer.equations for n in walk(e.value) if isinstance(n, Call)}
+        for fn in mixer.lets:  # a let that nobody calls is still type-checked, with scalar args
+            if fn.name not in called and fn.name not in self.failed:
+                self.attempt(fn.name, typer.shape_of, fn.body, dict.fromkeys(fn.args, SCALAR))
+
+    def _default(self, typer: Typer, p: Param) -> None:
+        self.sizes.check(p.default, "lets")
+        got = typer.shape_of(p.default)
+        if got != declared(p.shape) and got != SCALAR:
+            raise SpecShapeError(
+                f"default of {p.name} is {show(got)} but {p.name} is declared "
+                f"{show(declared(p.shape))}",
+                p.default.span,
+            )
+        self.constants.check(p.default)
+
+    def _equation(self, typer: Typer, eq: Equation) -> None:
+        size = self.sizes.check(eq.value, "lets and per-token values")
+        depth = _check_depth(eq.value, self.let_depth, self.value_depth)
         got = typer.shape_of(eq.value)
         if got == IDENTITY:
             raise SpecShapeError(f"{eq.target}_t = I: the size of I is unknown here", eq.value.span)
-        if eq.target in states:
-            want = declared(mixer.state(eq.target).shape)
+        if eq.target in self.states:
+            want = declared(self.mixer.state(eq.target).shape)
             if got != want and got != SCALAR:
                 raise SpecShapeError(
                     f"the update of {eq.target} is {show(got)} but {eq.target} is declared "
@@ -110,17 +236,12 @@ def verify(mixer: Mixer) -> dict[str, Shape]:
                     hint=_update_hint(got, want, eq.target),
                 )
             got = want
-        else:
-            symbols[eq.target] = Symbol("value", got)
-        shapes[eq.target] = got
-    for fn in mixer.lets:  # a let that nobody calls is still type-checked, with scalar args
-        if not any(
-            isinstance(n, Call) and n.func == fn.name
-            for e in mixer.equations
-            for n in walk(e.value)
-        ):
-            typer.shape_of(fn.body, {a: SCALAR for a in fn.args})
-    return shapes
+        self.constants.check(eq.value)
+        if eq.target not in self.states:
+            self.symbols[eq.target] = Symbol("value", got)
+            self.sizes.add_value(eq.target, size)
+            self.value_depth[eq.target] = depth
+        self.shapes[eq.target] = got
 
 
 def _update_hint(got: Shape, want: Shape, name: str) -> str | None:
@@ -145,28 +266,26 @@ def _rename_hint(name: str) -> str:
     return "rename it, e.g. " + " or ".join(renamings(name))
 
 
-def _check_declarations(mixer: Mixer) -> None:
-    """Every declared name is free (not reserved, declared once) and every size well-formed;
-    each equation has its own target, and there is at least one."""
+def _check_mixer_name(mixer: Mixer) -> None:
     if mixer.name in RESERVED:
         raise SpecNameError(
             f"mixer name {mixer.name!r} is reserved",
             mixer.span,
             hint=_rename_hint(mixer.name),
         )
-    names = _Names()
-    for kind, decls in (
-        ("an input", mixer.inputs),
-        ("a parameter", mixer.params),
-        ("a state", mixer.states),
-    ):
-        for d in decls:
-            names.claim(d.name, kind, d.span)
-            _check_sizes(d)
-    for fn in mixer.lets:
-        names.claim(fn.name, "a let function", fn.span)
-        _check_let_arguments(fn)
-    _check_targets(mixer, names)
+
+
+def _declare(names: _Names, d: Decl | Param, kind: str) -> None:
+    names.claim(d.name, kind, d.span)
+    _check_sizes(d)
+
+
+def _declare_let(names: _Names, fn: LetFn) -> None:
+    names.claim(fn.name, "a let function", fn.span)
+    _check_let_arguments(fn)
+
+
+def _check_some_equation(mixer: Mixer) -> None:
     if not mixer.equations:
         raise SpecAnalysisError(
             f"mixer {mixer.name} has no equations",
@@ -249,66 +368,69 @@ def _check_let_arguments(fn: LetFn) -> None:
         raise SpecNameError(f"{fn.name} has two arguments with the same name", fn.span)
 
 
-def _check_targets(mixer: Mixer, names: _Names) -> None:
-    """One equation per target; a state is updated, any other target is a new name."""
+def _check_target(
+    mixer: Mixer, names: _Names, targets: dict[str, Span | None], eq: Equation
+) -> None:
+    """One equation per target (`targets`: those seen so far); a state is updated, any other
+    target is a new name."""
     states = {s.name for s in mixer.states}
-    targets: dict[str, Span | None] = {}
-    for eq in mixer.equations:
-        if eq.target in targets:
-            what = "update" if eq.target in states else "definition"
-            first = targets[eq.target]
-            raise SpecNameError(
-                f"second {what} of {eq.target}",
-                eq.span,
-                hint=f"the first is at line {first.line}; combine them into one equation"
-                if first
-                else None,
-            )
-        targets[eq.target] = eq.span
-        if eq.target in names.what and eq.target not in states:
-            raise SpecNameError(
-                f"cannot assign to {eq.target}: it is {names.what[eq.target]}",
-                eq.span,
-                hint="only states are updated; other equations define new per-token values",
-            )
-        if eq.target not in states:
-            names.claim(eq.target, "a per-token value", eq.span)
+    if eq.target in targets:
+        what = "update" if eq.target in states else "definition"
+        first = targets[eq.target]
+        raise SpecNameError(
+            f"second {what} of {eq.target}",
+            eq.span,
+            hint=f"the first is at line {first.line}; combine them into one equation"
+            if first
+            else None,
+        )
+    targets[eq.target] = eq.span
+    if eq.target in names.what and eq.target not in states:
+        raise SpecNameError(
+            f"cannot assign to {eq.target}: it is {names.what[eq.target]}",
+            eq.span,
+            hint="only states are updated; other equations define new per-token values",
+        )
+    if eq.target not in states:
+        names.claim(eq.target, "a per-token value", eq.span)
 
 
-def _check_lets(mixer: Mixer) -> dict[str, int]:
-    """Lets call only lets defined above them (so there is no recursion); returns how deep each
-    one is once inlined."""
-    depth: dict[str, int] = {}
-    lets = {fn.name for fn in mixer.lets}
-    for fn in mixer.lets:
-        for node in walk(fn.body):
-            if isinstance(node, Call) and node.func in lets and node.func not in depth:
-                if node.func == fn.name:
-                    raise SpecNameError(
-                        f"{fn.name} calls itself; let functions cannot be recursive",
-                        _callee_span(node),
-                    )
+def _check_let_calls(mixer: Mixer, fn: LetFn, above: set[str]) -> None:
+    """A let calls only lets defined `above` it, so there is no recursion."""
+    lets = {f.name for f in mixer.lets}
+    for node in walk(fn.body):
+        if isinstance(node, Call) and node.func in lets and node.func not in above:
+            if node.func == fn.name:
                 raise SpecNameError(
-                    f"{fn.name} calls {node.func}, which is defined below it",
+                    f"{fn.name} calls itself; let functions cannot be recursive",
                     _callee_span(node),
-                    hint=f"move `let {node.func}(...)` above `let {fn.name}(...)`",
                 )
-        depth[fn.name] = _check_depth(fn.body, depth)
-    return depth
+            raise SpecNameError(
+                f"{fn.name} calls {node.func}, which is defined below it",
+                _callee_span(node),
+                hint=f"move `let {node.func}(...)` above `let {fn.name}(...)`",
+            )
 
 
-def _check_depth(expr: Expr, let_depth: dict[str, int]) -> int:
-    """How deeply `expr` nests with its let calls inlined; refuses more than MAX_DEPTH levels."""
+def _check_depth(
+    expr: Expr, let_depth: dict[str, int], value_depth: dict[str, int] | None = None
+) -> int:
+    """How deeply `expr` nests with its let calls inlined, and its per-token values where their
+    depths are given; refuses more than MAX_DEPTH levels (the analysis recurses that deep)."""
+    values = value_depth or {}
     deepest, stack = 0, [(expr, 1)]
     while stack:
         node, d = stack.pop()
         if isinstance(node, Call):
             d += let_depth.get(node.func, 0)
+        elif isinstance(node, Timed) and node.offset == 0:
+            d += values.get(node.name, 0)
         if d > MAX_DEPTH:
+            what = "lets" if value_depth is None else "lets and per-token values"
             raise SpecSyntaxError(
-                f"expression nested too deeply (more than {MAX_DEPTH} levels, with lets inlined)",
+                f"expression nested too deeply (more than {MAX_DEPTH} levels, with {what} inlined)",
                 node.span,
-                hint="split it into steps with derived values: a_t = ..., then y_t = ... a_t ...",
+                hint=DEPTH_HINT,
             )
         deepest = max(deepest, d)
         stack.extend((c, d + 1) for c in children(node))
@@ -477,15 +599,16 @@ def _check_times(mixer: Mixer, eq, states: set[str]) -> None:
             )
 
 
-def _check_updates(mixer: Mixer, states: set[str]) -> None:
-    updated = {e.target for e in mixer.equations}
-    for s in mixer.states:
-        if s.name not in updated:
-            raise SpecNameError(
-                f"state {s.name} has no update",
-                s.span,
-                expected=f"an equation {s.name}_t = ... {s.name}_{{t-1}} ...",
-            )
+def _check_updated(mixer: Mixer, s: Decl) -> None:
+    if mixer.update(s.name) is None:
+        raise SpecNameError(
+            f"state {s.name} has no update",
+            s.span,
+            expected=f"an equation {s.name}_t = ... {s.name}_{{t-1}} ...",
+        )
+
+
+def _check_output(mixer: Mixer, states: set[str]) -> None:
     if not [e for e in mixer.equations if e.target not in states]:
         raise SpecAnalysisError(
             f"mixer {mixer.name} has no output",
@@ -534,4 +657,3 @@ def _lag0_reads(eq, by_target):
         for n in walk(eq.value)
         if isinstance(n, Timed) and n.offset == 0 and n.name in by_target and n.name != eq.target
     ]
-

@@ -369,7 +369,7 @@ dt_t x_t^T (an outer product, [P, P])?""",
 <string>:5:7: error: expression nested too deeply (more than 200 levels)
   5 | y_t = H_t q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + ...
     |       ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
-  hint: split it into steps with derived values: a_t = ..., then y_t = ... a_t ...""",
+  hint: group a long sum or product in parentheses: (a + b + c) + (d + e + f) nests less deeply than a + b + c + d + e + f""",
         id="nested_too_deeply",
     ),
     pytest.param(

@@ -309,9 +309,15 @@ def test_unusual_line_endings_keep_line_numbers(ending: str) -> None:
 
 
 def test_huge_integer_literal() -> None:
-    spec = load_quickly(HEAD + "y_t = " + "0" * 10 + "9" * 5_000 + " H_t q_t\n")
+    # exact however long, within float64, which the generated code computes in
+    spec = load_quickly(HEAD + "y_t = " + "0" * 10 + "9" * 300 + " H_t q_t\n")
     assert isinstance(spec, mixc.Spec)
-    assert str(spec.mixer).endswith("y_t = " + "9" * 5_000 + " H_t q_t\n")
+    assert str(spec.mixer).endswith("y_t = " + "9" * 300 + " H_t q_t\n")
+    text = HEAD + "y_t = " + "0" * 10 + "9" * 5_000 + " H_t q_t\n"
+    err = load_quickly(Source(text))
+    assert isinstance(err, SpecSyntaxError)
+    assert err.message == "number 00000000009999999999... (5,010 digits) is too large"
+    assert_located(err, text)
 
 
 def test_huge_float_literal() -> None:
