@@ -38,7 +38,8 @@ def test_bf16_inputs_accumulate_in_fp32(path):
         spec.mixer.outputs[0].target
     ]
     bound = min(5e-3, 3 * max(_bf16_bound(spec, inputs, params, {}, y_ref), 1e-3))
-    args = positional(spec, rounded, params)
+    # parameters stay float32, as in a bf16 model's float32 master weights
+    args = positional(spec, rounded, {n: p.float() for n, p in params.items()})
     forms = {"recurrent": module.recurrent}
     if path in CHUNKED:
         forms["chunk"] = lambda *a, **kw: module.chunk(*a, chunk_size=16, **kw)

@@ -344,9 +344,8 @@ class _Module:
         out("With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own")
         out("initial state (one per sequence) and returns one final state per sequence.")
         out('"""')
-        out("if chunk_size < 1 or chunk_size & (chunk_size - 1):")
-        out('_fail(f"chunk_size: expected a power of two, got {chunk_size}")', 2)
-        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        out("_check_chunk_size(chunk_size)")
+        out(f"_out_dtype = _output_dtype(INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
         self.emit_groups(out, parallel=False)
         y = self.emit_output(out)
@@ -366,7 +365,7 @@ class _Module:
     def emit_parallel(self, out: Lines) -> None:
         out(f"def parallel({self.signature()}):", 0)
         out('"""Quadratic masked form, from a zero state. Returns (output, None)."""')
-        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        out(f"_out_dtype = _output_dtype(INPUTS, {self.inputs[0]})")
         self.prologue(out, True, None)
         self.emit_groups(out, parallel=True)
         self.finish(out, self.emit_output(out), "None")
@@ -484,6 +483,7 @@ class _Module:
             out("", 0)
             out("", 0)
             return
+        out("_check_chunk_size(chunk_size)")
         self.prologue(out, True, None)
         transitions, finals = {}, {}
         for plan in self.groups:
@@ -596,7 +596,7 @@ class _Module:
         )
         out("initial state (one per sequence); one final state per sequence is returned.")
         out('"""')
-        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        out(f"_out_dtype = _output_dtype(INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
         states = ", ".join(self.states)
         out("if cu_seqlens is None:")
@@ -636,7 +636,7 @@ class _Module:
     def emit_step(self, out: Lines) -> None:
         out(f"def step({self.signature('state=None')}):", 0)
         out('"""One token: inputs [B, NH, ..] without T. Returns (output, new state)."""')
-        out(f"_out_dtype = {self.inputs[0]}.dtype")
+        out(f"_out_dtype = _output_dtype(INPUTS, {self.inputs[0]})")
         self.prologue(out, False, "state")
         states = ", ".join(self.states)
         out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}")

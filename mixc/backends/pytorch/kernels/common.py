@@ -37,10 +37,15 @@ inf * 0 = NaN, forward or backward.
 import torch
 
 
-def _check_chunk_size(chunk_size):
-    """Reject chunk sizes that are not positive powers of two."""
+def _chunk_size_for(chunk_size, length):
+    """The chunk size to run a sequence of `length` tokens with: chunk_size, a positive power of
+    two, capped at the least power of two >= length. A longer chunk would only pad the sequence
+    with zero tokens, its C x C temporaries growing with the request instead of the sequence."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise ValueError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
     if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
+    return min(chunk_size, 1 << max(length - 1, 0).bit_length())
 
 
 def _needs_grad(*tensors):
@@ -100,9 +105,9 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
     callers' layout, so that their transpose back is contiguous; the final carry).
     """
-    _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
+    chunk_size = _chunk_size_for(chunk_size, length)
     if carry is None:
         carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)

@@ -1,0 +1,122 @@
+"""Hostile arguments to a compiled module: each is refused with a MixcError naming the argument
+(or, for an oversized chunk, run at the size the sequence needs), never an AttributeError, a
+TypeError from deep inside, a silent conversion or an allocation sized by the request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import mixc
+from tests.mixers import positional, spec_inputs
+
+ROOT = Path(__file__).parents[2]
+
+
+def _module_and_args(name, dtype=torch.float32, T=7):
+    spec = mixc.load_spec(ROOT / f"specs/{name}.mix")
+    inputs, params = spec_inputs(spec, T=T, dtype=dtype)
+    return mixc.load(ROOT / f"specs/{name}.mix"), positional(spec, inputs, params)
+
+
+@pytest.mark.parametrize("first", [None, [1.0, 2.0]], ids=["None", "list"])
+def test_a_first_input_that_is_no_tensor_is_named(first):
+    module, args = _module_and_args("gated_retention")
+    steps = [a[:, 0] for a in args]
+    calls = {
+        "chunk": lambda: module.chunk(first, *args[1:]),
+        "parallel": lambda: module.parallel(first, *args[1:]),
+        "recurrent": lambda: module.recurrent(first, *args[1:]),
+        "summary": lambda: module.summary(first, *args[1:]),
+        "step": lambda: module.step(first, *steps[1:]),
+    }
+    for call in calls.values():
+        with pytest.raises(mixc.MixcError, match=r"^q: expected a torch\.Tensor, got "):
+            call()
+
+
+@pytest.mark.parametrize("chunk_size", [4.0, None, True, "4"], ids=repr)
+def test_a_chunk_size_that_is_no_int_is_named(chunk_size):
+    module, args = _module_and_args("gla")
+    message = r"chunk_size: expected a power of two \(an int\), got "
+    with pytest.raises(mixc.MixcError, match=message + type(chunk_size).__name__):
+        module.chunk(*args, chunk_size=chunk_size)
+    with pytest.raises(mixc.MixcError, match=message):
+        module.summary(*args, chunk_size=chunk_size)
+    with pytest.raises(mixc.MixcError, match="chunk_size: expected a power of two, got 12"):
+        module.summary(*args, chunk_size=12)
+
+
+@pytest.mark.parametrize("name", ["gated_retention", "gla", "gated_deltanet"])
+def test_a_chunk_longer_than_the_sequence_runs_at_the_sequence_length(name):
+    """chunk_size = 2^20 for 13 tokens runs as one chunk of 16 (it tried to allocate 2^40
+    scores per head), forward and backward, and so does the summary."""
+    module, args = _module_and_args(name, T=13)
+    leaves = [a.clone().requires_grad_() for a in args]
+    y_big, s_big = module.chunk(*leaves, chunk_size=2**20, output_final_state=True)
+    y, s = module.chunk(*args, chunk_size=16, output_final_state=True)
+    torch.testing.assert_close(y_big, y)
+    torch.testing.assert_close(s_big, s)
+    y_big.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in leaves)
+    p_big, f_big = module.summary(*args, chunk_size=2**20)
+    p, f = module.summary(*args, chunk_size=16)
+    torch.testing.assert_close(p_big, p)
+    torch.testing.assert_close(f_big, f)
+
+
+@pytest.mark.parametrize("other", [torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_inputs_of_mixed_dtypes_are_refused(other):
+    module, args = _module_and_args("gated_deltanet")
+    mixed = [args[0], args[1].to(other), *args[2:]]
+    message = rf"^k: expected torch\.float32 like q \(the inputs share one dtype.*got {other}$"
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match=message):
+            form(*mixed)
+    with pytest.raises(mixc.MixcError, match=message):
+        module.step(*[a[:, 0] for a in mixed])
+
+
+def test_parameters_may_be_widened_but_not_rounded():
+    """A float64 parameter with float32 inputs would be rounded silently: refused, naming it. One
+    in a lower precision (a bf16 model's parameter next to float32 inputs) widens exactly."""
+    module, args = _module_and_args("mamba2")  # x, dt, B, C, A, D
+    with pytest.raises(mixc.MixcError, match=r"^A: a float64 parameter needs float64 inputs"):
+        module.chunk(*args[:4], args[4].double(), args[5])
+    with pytest.raises(mixc.MixcError, match=r"^D: a float64 parameter needs float64 inputs"):
+        module.recurrent(*args[:5], args[5].double())
+    narrow = [*args[:4], args[4].to(torch.bfloat16), args[5].to(torch.bfloat16)]
+    widened = [*args[:4], narrow[4].float(), narrow[5].float()]
+    assert torch.equal(module.chunk(*narrow)[0], module.chunk(*widened)[0])
+    module, args = _module_and_args("retnet")
+    with pytest.raises(
+        mixc.MixcError, match=r"^gamma: expected a tensor of shape \[NH\], got bool"
+    ):
+        module.chunk(*args, gamma=True)
+
+
+@pytest.mark.parametrize(
+    "inputs,state",
+    [
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float64),
+        (torch.float64, torch.float32),
+    ],
+    ids=str,
+)
+def test_initial_states_must_be_in_the_dtype_states_are_kept_in(inputs, state):
+    """States are float32 (float64 for float64 inputs), as every form returns them: a state in
+    another dtype was rounded or widened on the way and is refused, naming it."""
+    module, args = _module_and_args("gla", dtype=inputs)
+    B, _, NH, K = args[0].shape
+    V = args[2].shape[-1]
+    given = torch.zeros(B, NH, V, K, dtype=state)
+    message = r"^initial_state H: expected torch\.float(32|64) \(states are float32"
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match=message):
+            form(*args, initial_state=given)
+    with pytest.raises(mixc.MixcError, match=message):
+        module.step(*[a[:, 0] for a in args], state=given)
