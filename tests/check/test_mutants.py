@@ -42,8 +42,8 @@ MUTANTS = [
     (
         "gated_retention",
         "intra-chunk mask misses the diagonal",
-        "return torch.cumprod(rows, dim=-2) * torch.tril(ones)",
-        "return torch.cumprod(rows, dim=-2) * torch.tril(ones, diagonal=-1)",
+        "else (x * gamma).tril_()",
+        "else (x * gamma).tril_(-1)",
         {"chunk"},
     ),
     (
@@ -56,8 +56,8 @@ MUTANTS = [
     (
         "gated_retention",
         "carried state without its decay",
-        "scores, q_from_start = scores * gamma, q_c * from_start",
-        "scores, q_from_start = scores * gamma, q_c",
+        "q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q",
+        "q_from_start = q_c",
         {"chunk"},
     ),
     (
@@ -78,8 +78,8 @@ MUTANTS = [
     (
         "gated_retention",
         "key gradient from later chunks without its decay",
-        "v_to_end, do_from_start = v_c * to_end, do_c * from_start",
-        "v_to_end, do_from_start = v_c, do_c * from_start",
+        "q_c * from_start, v_c * to_end, do_c * from_start",
+        "q_c * from_start, v_c, do_c * from_start",
         {"chunk"},
     ),
     (
@@ -99,8 +99,8 @@ MUTANTS = [
     (
         "linear_attention",
         "query and key gradients ignore the causal mask",
-        "d_scores, q_from_start, v_to_end, do_from_start = d_probs.tril_(), q_c, v_c, do_c",
-        "d_scores, q_from_start, v_to_end, do_from_start = d_probs, q_c, v_c, do_c",
+        "d_scores = _masked(d_probs, gamma)",
+        "d_scores = d_probs",
         {"chunk"},
     ),
     ("gated_retention", "dropped initial state", "_S0_H = H.mT", "_S0_H = None", {"chunk"}),
@@ -115,8 +115,8 @@ MUTANTS = [
     (
         "gated_retention",
         "quadratic form without its decay",
-        "scores = scores * decay",
-        "scores = torch.tril(scores)",
+        "decay = None if g is None else _pair_decays(g)",
+        "decay = None",
         {"parallel"},
     ),
     # a key-side diagonal gate (Class 2): chunk_diagonal

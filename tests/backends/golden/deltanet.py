@@ -397,20 +397,63 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
     return states[:-1], slots[-1].clone()
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
-    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
-    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None):
+    """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
+    spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
+    state, guard).
+
+    Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
+    NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
+    products read finite and poisons the outputs from such a token on (_finite_rows,
+    _poison_rows): two passes over them, on CPU about a tenth of a linear attention forward. So
+    with guard None, on CPU outside a compiled graph, the spans run unguarded and the final
+    state is checked: a non-finite key, value, beta or gate always reaches it (inf * 0 and
+    NaN * 0 are NaN, and every later step scales it or adds to it), so a finite one means there
+    was none; only otherwise do they run again, guarded. Elsewhere they always run guarded: the
+    check would wait for the device or break the graph, and there the passes cost little.
+    """
+
+    def run(guarded):
+        if kept is not None:
+            kept.clear()
+
+        def span(*chunks_and_state):
+            return span_fn(*chunks_and_state, kept, guarded)
+
+        return _over_spans(span, seqs, carry, chunk_size)
+
+    if guard is None:
+        if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
+            outs, state = run(False)
+            # the sum is finite if every entry is (a sum that overflows only costs a guarded run)
+            if bool(torch.isfinite(state.detach().sum())):
+                return outs, state, False
+        guard = True
+    outs, state = run(guard)
+    return outs, state, guard
+
+
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None):
+    """A kernel's forward over spans (_guarded_spans), keeping what its own backward needs: (o,
+    final state, for each span the list span_fn(*chunks, state, kept, guard) appended to kept,
+    guard)."""
     kept = []
-
-    def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, kept)
-
-    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
-    return o, state, kept
+    (o,), state, guard = _guarded_spans(span_fn, seqs, initial_state, chunk_size, kept, guard)
+    return o, state, kept, guard
 
 
 def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
+    span_fn,
+    grads_fn,
+    seqs,
+    initial_state,
+    kept,
+    n_kept,
+    chunk_size,
+    d_o,
+    d_state,
+    gate_grad,
+    guard,
 ):
     """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
     kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
@@ -419,12 +462,11 @@ def _spans_backward(
     the initial state).
 
     When a graph of the backward is asked for (double backward), what was kept was made
-    without one, so it is made again with it.
+    without one, so it is made again with it (guarded as the forward was).
     """
     if torch.is_grad_enabled():
-        kept = [
-            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
-        ]
+        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard)[2]
+        kept = [x for own in again for x in own]
 
     def span(*args):
         # the spans run from the last, so the tensors kept of each are the last ones left
@@ -452,30 +494,71 @@ def _gate_grads(pairs, starts, ends, whole):
     return dg.unsqueeze(-1)
 
 
-def _decay_mask(g):
-    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
+def _pair_decays(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j, and 1 above the diagonal: [..., L] -> [..., L, L].
 
     Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
     a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
     multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
     of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
-    summed exponent does. Above the diagonal every factor is 1 (the product
-    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
-    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
-    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
-    broadcast over the batch) give one mask, built once and broadcast.
+    summed exponent does. Above the diagonal the product is empty, 1, and what it multiplies is
+    masked afterwards by selection (_masked): a 0 there would make a later token's inf NaN. A
+    gate of -inf (a hard reset) is a factor 0. Gates that repeat along the leading axis (stride
+    0: a decay constant in time, see _split_chunks, or broadcast over the batch) give one
+    matrix, built once and broadcast.
     """
     if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
-        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
+        return _pair_decays(g[:1]).expand(*g.shape, g.shape[-1])
     length = g.shape[-1]
     ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
     # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
     rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
-    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
+    return torch.cumprod(rows, dim=-2)
+
+
+def _masked(x, gamma):
+    """x ⊙ Gamma on and below the diagonal and 0 above it, for x [..., C, C] indexed by pairs of
+    tokens (i, j) and the pair decays Gamma (_pair_decays; None: no decay), in place when gamma
+    is None.
+
+    The mask selects: above the diagonal a score holds a later token, whose inf times a 0 would
+    be NaN, which a product over the rows (the scores times V) carries into the earlier ones.
+    """
+    return x.tril_() if gamma is None else (x * gamma).tril_()
+
+
+def _finite_rows(x):
+    """(x [..., C, d] with its non-finite entries set to 0, and for each row a poison [..., C]:
+    0, or NaN where the row held a non-finite entry).
+
+    A product with a lower-triangular matrix over the rows of x (the masked scores times V, a
+    triangular inverse) multiplies every row by the 0s of the earlier rows too: a later row's
+    inf would make them NaN (0 * inf). The product takes the finite rows instead, and the poison
+    makes the rows from the first non-finite one on NaN (_poison_rows), as in the recurrence.
+    The poison is the row's sum times 0, one pass over x: a finite row whose sum overflows
+    (entries near the float range divided by d) counts as non-finite too.
+    """
+    poison = x.detach().sum(-1) * 0
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
+
+
+def _finite_gates(g):
+    """(log-gates g [..., C] with those whose decay exp(g) is not finite set to 0, and their
+    poison [..., C], as _finite_rows). A gate of -inf, a hard reset, decays by 0 and stays."""
+    decay = g.detach().exp()
+    return torch.where(torch.isfinite(decay), g, 0.0), decay * 0
+
+
+def _poison_rows(scores, poison):
+    """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
+    place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
+    of 0 adds nothing. Returns the scores."""
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    return scores
 
 
 def _chunk_decays(gamma, g):
-    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the pair decays Gamma [..., C, C] and gates g.
 
     Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
     same direct sums, no further cumulative sums (a product of factors <= 1).
@@ -487,13 +570,13 @@ def _scalar_decays(k_c, g_c):
     """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
     rule), g_c [N, B, NH, C] (None: no decay).
 
-    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
+    Returns (Gamma, the pair decays [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
     diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
     which are then k_c.
     """
     if g_c is None:
         return None, None, None, k_c, None
-    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+    gamma = _pair_decays(g_c)  # Gamma_ij = exp(b_i - b_j), 1 for i < j
     from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
     return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
 
@@ -537,17 +620,17 @@ def _pair_blocks(x, block):
 
 class _OwnBackward(torch.autograd.Function):
     """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
-    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    state, kept, guard) runs a span's forward and appends to kept what grads_fn(*chunks, do_c,
+    *kept, d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
     keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
     through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
     gradient grads_fn computes only when asked for."""
 
     @staticmethod
     def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
         ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
@@ -565,6 +648,7 @@ class _OwnBackward(torch.autograd.Function):
             d_o,
             d_state,
             ctx.needs_input_grad[5 + ctx.gate],
+            ctx.guard,
         )
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
@@ -610,24 +694,38 @@ def _unit_lower_inverse(a):
     return inverse
 
 
-def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept=None):
+def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
     """The delta rule on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V],
-    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay). Returns ([o [N, B, NH, C, V]],
-    state after the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the
-    states entering each chunk to kept if given."""
+    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay); guarded against non-finite
+    values of k, v, beta and g (see _guarded_spans). Returns ([o [N, B, NH, C, V]], state after
+    the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
+    entering each chunk to kept if given."""
     n_chunks, batch, heads, chunk_size, d_k = q_c.shape
     d_v = v_c.shape[-1]
 
+    poison = None
+    if guard:
+        # every product below is triangular over the tokens of a chunk (the inverse, W, U, the
+        # masked scores times V_new): they run over finite values, and a token that had a
+        # non-finite one poisons its output and those after it, and through its write the state
+        k_c, poison = _finite_rows(k_c)
+        v_c, poison_v = _finite_rows(v_c)
+        beta_c, poison_beta = _finite_rows(beta_c.unsqueeze(-1))
+        beta_c, poison = beta_c.squeeze(-1), poison + poison_v + poison_beta
+        if g_c is not None:
+            g_c, poison_g = _finite_gates(g_c)
+            poison = poison + poison_g
+
     gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma)  # M
+    if poison is not None:
+        scores = _poison_rows(scores, poison)
+        k_to_end = k_to_end + poison.unsqueeze(-1)
     k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
-    if gamma is None:
-        scores = scores.tril_()  # M
-        q_from_start = q_c
-    else:
+    q_from_start = q_c
+    if gamma is not None:
         kk = kk * gamma
-        scores = scores * gamma
         k_scaled = k_scaled * from_start  # diag(beta exp(b)) K
         q_from_start = q_c * from_start
 
@@ -755,7 +853,7 @@ def _delta_grads_span(
     )
 
     d_scores = _bmm(do_c, v_new.transpose(-1, -2))  # dM = dO V_new^T
-    d_qk = d_scores.tril_() if gamma is None else d_scores * gamma  # through the mask
+    d_qk = _masked(d_scores, gamma)  # through the mask
     from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
     if from_start is not None:
         from_q = from_q * from_start
@@ -797,7 +895,8 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
         return _OwnBackward.apply(
             _delta_span, _delta_grads_span, 4, chunk_size, initial_state, q, k, v, beta, g
         )
-    (o,), state = _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
+    seqs = [q, k, v, beta, g]
+    (o,), state, _ = _guarded_spans(_delta_span, seqs, initial_state, chunk_size)
     return o, state
 
 

@@ -397,20 +397,63 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
     return states[:-1], slots[-1].clone()
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
-    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
-    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None):
+    """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
+    spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
+    state, guard).
+
+    Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
+    NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
+    products read finite and poisons the outputs from such a token on (_finite_rows,
+    _poison_rows): two passes over them, on CPU about a tenth of a linear attention forward. So
+    with guard None, on CPU outside a compiled graph, the spans run unguarded and the final
+    state is checked: a non-finite key, value, beta or gate always reaches it (inf * 0 and
+    NaN * 0 are NaN, and every later step scales it or adds to it), so a finite one means there
+    was none; only otherwise do they run again, guarded. Elsewhere they always run guarded: the
+    check would wait for the device or break the graph, and there the passes cost little.
+    """
+
+    def run(guarded):
+        if kept is not None:
+            kept.clear()
+
+        def span(*chunks_and_state):
+            return span_fn(*chunks_and_state, kept, guarded)
+
+        return _over_spans(span, seqs, carry, chunk_size)
+
+    if guard is None:
+        if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
+            outs, state = run(False)
+            # the sum is finite if every entry is (a sum that overflows only costs a guarded run)
+            if bool(torch.isfinite(state.detach().sum())):
+                return outs, state, False
+        guard = True
+    outs, state = run(guard)
+    return outs, state, guard
+
+
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None):
+    """A kernel's forward over spans (_guarded_spans), keeping what its own backward needs: (o,
+    final state, for each span the list span_fn(*chunks, state, kept, guard) appended to kept,
+    guard)."""
     kept = []
-
-    def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, kept)
-
-    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
-    return o, state, kept
+    (o,), state, guard = _guarded_spans(span_fn, seqs, initial_state, chunk_size, kept, guard)
+    return o, state, kept, guard
 
 
 def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
+    span_fn,
+    grads_fn,
+    seqs,
+    initial_state,
+    kept,
+    n_kept,
+    chunk_size,
+    d_o,
+    d_state,
+    gate_grad,
+    guard,
 ):
     """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
     kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
@@ -419,12 +462,11 @@ def _spans_backward(
     the initial state).
 
     When a graph of the backward is asked for (double backward), what was kept was made
-    without one, so it is made again with it.
+    without one, so it is made again with it (guarded as the forward was).
     """
     if torch.is_grad_enabled():
-        kept = [
-            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
-        ]
+        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard)[2]
+        kept = [x for own in again for x in own]
 
     def span(*args):
         # the spans run from the last, so the tensors kept of each are the last ones left
@@ -433,6 +475,29 @@ def _spans_backward(
         return grads_fn(*args[:-1], *own, args[-1], gate_grad)
 
     return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+
+
+def _finite_rows(x):
+    """(x [..., C, d] with its non-finite entries set to 0, and for each row a poison [..., C]:
+    0, or NaN where the row held a non-finite entry).
+
+    A product with a lower-triangular matrix over the rows of x (the masked scores times V, a
+    triangular inverse) multiplies every row by the 0s of the earlier rows too: a later row's
+    inf would make them NaN (0 * inf). The product takes the finite rows instead, and the poison
+    makes the rows from the first non-finite one on NaN (_poison_rows), as in the recurrence.
+    The poison is the row's sum times 0, one pass over x: a finite row whose sum overflows
+    (entries near the float range divided by d) counts as non-finite too.
+    """
+    poison = x.detach().sum(-1) * 0
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
+
+
+def _poison_rows(scores, poison):
+    """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
+    place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
+    of 0 adds nothing. Returns the scores."""
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    return scores
 
 
 def _as_3d(x):
@@ -474,17 +539,17 @@ def _pair_blocks(x, block):
 
 class _OwnBackward(torch.autograd.Function):
     """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
-    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    state, kept, guard) runs a span's forward and appends to kept what grads_fn(*chunks, do_c,
+    *kept, d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
     keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
     through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
     gradient grads_fn computes only when asked for."""
 
     @staticmethod
     def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
         ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
@@ -502,6 +567,7 @@ class _OwnBackward(torch.autograd.Function):
             d_o,
             d_state,
             ctx.needs_input_grad[5 + ctx.gate],
+            ctx.guard,
         )
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
@@ -578,11 +644,12 @@ def _decayed_halves(q_c, k_c, pre_k, suf_k, block):
     return q_right, k_left
 
 
-def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
+def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
     """The diagonal-gate recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
-    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None).
-    Returns ([o [N, B, NH, C, V]], state after the span); without value-side gates, appends the
-    decayed scores A and the states entering each chunk to kept if given.
+    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None);
+    guarded against non-finite values of v (see _guarded_spans). Returns ([o [N, B, NH, C, V]],
+    state after the span); without value-side gates, appends the decayed scores A and the
+    states entering each chunk to kept if given.
 
     Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
     each pair belongs to exactly one block in which j is in the left half and i in the right
@@ -600,9 +667,13 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
 
     # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
     diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
+    v_scored = v_c  # what A multiplies, the state's writes taking the values as they are
     if pre_v is None:
         # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
         scores = torch.diag_embed(diag)
+        if guard:
+            v_scored, poison = _finite_rows(v_c)
+            scores = _poison_rows(scores, poison)
     else:
         out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
     block = 1
@@ -643,7 +714,7 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
         if kept is not None:
             kept.append([scores, states_in])
         # A V, then the inter part accumulated into it by the same matmul call
-        o = _two_matmuls(scores, v_c, q_from_start, states_in)
+        o = _two_matmuls(scores, v_scored, q_from_start, states_in)
     else:
         o = out + _bmm(q_from_start, states_in) * pre_v
     return [o], state
@@ -732,7 +803,8 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
         return _OwnBackward.apply(
             _diagonal_span, _diagonal_grads_span, 3, chunk_size, initial_state, q, k, v, gk, None
         )
-    (o,), state = _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
+    seqs = [q, k, v, gk, gv]
+    (o,), state, _ = _guarded_spans(_diagonal_span, seqs, initial_state, chunk_size)
     return o, state
 
 

@@ -399,20 +399,63 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
     return states[:-1], slots[-1].clone()
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size):
-    """A kernel's forward over spans, keeping what its own backward needs: (o, final state, for
-    each span the list span_fn(*chunks, state, kept) appended to kept)."""
+def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None):
+    """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
+    spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
+    state, guard).
+
+    Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
+    NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
+    products read finite and poisons the outputs from such a token on (_finite_rows,
+    _poison_rows): two passes over them, on CPU about a tenth of a linear attention forward. So
+    with guard None, on CPU outside a compiled graph, the spans run unguarded and the final
+    state is checked: a non-finite key, value, beta or gate always reaches it (inf * 0 and
+    NaN * 0 are NaN, and every later step scales it or adds to it), so a finite one means there
+    was none; only otherwise do they run again, guarded. Elsewhere they always run guarded: the
+    check would wait for the device or break the graph, and there the passes cost little.
+    """
+
+    def run(guarded):
+        if kept is not None:
+            kept.clear()
+
+        def span(*chunks_and_state):
+            return span_fn(*chunks_and_state, kept, guarded)
+
+        return _over_spans(span, seqs, carry, chunk_size)
+
+    if guard is None:
+        if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
+            outs, state = run(False)
+            # the sum is finite if every entry is (a sum that overflows only costs a guarded run)
+            if bool(torch.isfinite(state.detach().sum())):
+                return outs, state, False
+        guard = True
+    outs, state = run(guard)
+    return outs, state, guard
+
+
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None):
+    """A kernel's forward over spans (_guarded_spans), keeping what its own backward needs: (o,
+    final state, for each span the list span_fn(*chunks, state, kept, guard) appended to kept,
+    guard)."""
     kept = []
-
-    def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, kept)
-
-    (o,), state = _over_spans(span, seqs, initial_state, chunk_size)
-    return o, state, kept
+    (o,), state, guard = _guarded_spans(span_fn, seqs, initial_state, chunk_size, kept, guard)
+    return o, state, kept, guard
 
 
 def _spans_backward(
-    span_fn, grads_fn, seqs, initial_state, kept, n_kept, chunk_size, d_o, d_state, gate_grad
+    span_fn,
+    grads_fn,
+    seqs,
+    initial_state,
+    kept,
+    n_kept,
+    chunk_size,
+    d_o,
+    d_state,
+    gate_grad,
+    guard,
 ):
     """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
     kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
@@ -421,12 +464,11 @@ def _spans_backward(
     the initial state).
 
     When a graph of the backward is asked for (double backward), what was kept was made
-    without one, so it is made again with it.
+    without one, so it is made again with it (guarded as the forward was).
     """
     if torch.is_grad_enabled():
-        kept = [
-            x for own in _spans_keeping(span_fn, seqs, initial_state, chunk_size)[2] for x in own
-        ]
+        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard)[2]
+        kept = [x for own in again for x in own]
 
     def span(*args):
         # the spans run from the last, so the tensors kept of each are the last ones left
@@ -454,30 +496,64 @@ def _gate_grads(pairs, starts, ends, whole):
     return dg.unsqueeze(-1)
 
 
-def _decay_mask(g):
-    """Gamma_ij = exp(b_i - b_j) for i >= j and 0 for i < j: [..., L] -> [..., L, L].
+def _pair_decays(g):
+    """Gamma_ij = exp(b_i - b_j) for i >= j, and 1 above the diagonal: [..., L] -> [..., L, L].
 
     Built as running products of the per-token decays a_l = exp(g_l) <= 1, Gamma_ij =
     a_{j+1} ... a_i: one exp per token instead of one per pair (an exp costs several
     multiplies), never exp(b_i) * exp(-b_j), and a relative error that grows with the number
     of factors (at most about L roundings), not with the size of b_i - b_j as the exp of a
-    summed exponent does. Above the diagonal every factor is 1 (the product
-    is finite, so masking after it makes no NaN, forward or backward) and a multiply by the
-    causal mask zeroes it. A gate of -inf (a hard reset) is a factor 0. Gates that repeat
-    along the leading axis (stride 0: a decay constant in time, see _split_chunks, or
-    broadcast over the batch) give one mask, built once and broadcast.
+    summed exponent does. Above the diagonal the product is empty, 1, and what it multiplies is
+    masked afterwards by selection (_masked): a 0 there would make a later token's inf NaN. A
+    gate of -inf (a hard reset) is a factor 0. Gates that repeat along the leading axis (stride
+    0: a decay constant in time, see _split_chunks, or broadcast over the batch) give one
+    matrix, built once and broadcast.
     """
     if g.dim() > 1 and g.shape[0] > 1 and g.stride(0) == 0:
-        return _decay_mask(g[:1]).expand(*g.shape, g.shape[-1])
+        return _pair_decays(g[:1]).expand(*g.shape, g.shape[-1])
     length = g.shape[-1]
     ones = torch.ones(length, length, dtype=g.dtype, device=g.device)
     # rows[..., l, j] = a_l where l > j, else 1; a running product down each column
     rows = torch.addcmul(torch.triu(ones), g.exp().unsqueeze(-1), torch.tril(ones, diagonal=-1))
-    return torch.cumprod(rows, dim=-2) * torch.tril(ones)
+    return torch.cumprod(rows, dim=-2)
+
+
+def _masked(x, gamma):
+    """x ⊙ Gamma on and below the diagonal and 0 above it, for x [..., C, C] indexed by pairs of
+    tokens (i, j) and the pair decays Gamma (_pair_decays; None: no decay), in place when gamma
+    is None.
+
+    The mask selects: above the diagonal a score holds a later token, whose inf times a 0 would
+    be NaN, which a product over the rows (the scores times V) carries into the earlier ones.
+    """
+    return x.tril_() if gamma is None else (x * gamma).tril_()
+
+
+def _finite_rows(x):
+    """(x [..., C, d] with its non-finite entries set to 0, and for each row a poison [..., C]:
+    0, or NaN where the row held a non-finite entry).
+
+    A product with a lower-triangular matrix over the rows of x (the masked scores times V, a
+    triangular inverse) multiplies every row by the 0s of the earlier rows too: a later row's
+    inf would make them NaN (0 * inf). The product takes the finite rows instead, and the poison
+    makes the rows from the first non-finite one on NaN (_poison_rows), as in the recurrence.
+    The poison is the row's sum times 0, one pass over x: a finite row whose sum overflows
+    (entries near the float range divided by d) counts as non-finite too.
+    """
+    poison = x.detach().sum(-1) * 0
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
+
+
+def _poison_rows(scores, poison):
+    """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
+    place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
+    of 0 adds nothing. Returns the scores."""
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    return scores
 
 
 def _chunk_decays(gamma, g):
-    """(exp(b_i), exp(b_C - b_j)) [..., C] from the decay mask Gamma [..., C, C] and gates g.
+    """(exp(b_i), exp(b_C - b_j)) [..., C] from the pair decays Gamma [..., C, C] and gates g.
 
     Gamma's last row is exp(b_C - b_j); its first column times exp(g_1) is exp(b_i): the
     same direct sums, no further cumulative sums (a product of factors <= 1).
@@ -489,13 +565,13 @@ def _scalar_decays(k_c, g_c):
     """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
     rule), g_c [N, B, NH, C] (None: no decay).
 
-    Returns (Gamma, the decay mask [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
+    Returns (Gamma, the pair decays [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
     diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
     which are then k_c.
     """
     if g_c is None:
         return None, None, None, k_c, None
-    gamma = _decay_mask(g_c)  # Gamma_ij = exp(b_i - b_j), 0 for i < j
+    gamma = _pair_decays(g_c)  # Gamma_ij = exp(b_i - b_j), 1 for i < j
     from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
     return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
 
@@ -530,17 +606,17 @@ def _two_matmuls(a, b, c, d):
 
 class _OwnBackward(torch.autograd.Function):
     """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept) runs a span's forward and appends to kept what grads_fn(*chunks, do_c, *kept,
-    d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    state, kept, guard) runs a span's forward and appends to kept what grads_fn(*chunks, do_c,
+    *kept, d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
     keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
     through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
     gradient grads_fn computes only when asked for."""
 
     @staticmethod
     def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size = (span_fn, grads_fn), gate, chunk_size
+        ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
         ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
@@ -558,6 +634,7 @@ class _OwnBackward(torch.autograd.Function):
             d_o,
             d_state,
             ctx.needs_input_grad[5 + ctx.gate],
+            ctx.guard,
         )
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
@@ -571,51 +648,41 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
     chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
     [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
     [B, NH, K, V]); in reverse, chunk n is entered by S_{n+1} and the final state is S_0.
-    Without decay the states are a running sum, one matmul with a triangular matrix of ones;
-    with decay, one fused multiply-add per chunk (on CPU faster than a matmul with N x N
-    decay weights).
+    One fused add (multiply-add with decay) per chunk, each state from the chunks on its side
+    only: a running sum by a matmul with a triangular matrix of ones would multiply a
+    non-finite chunk by the 0s of the other states, making them NaN (and on CPU it is no
+    faster; with decay, neither is a matmul with N x N decay weights).
     """
-    n_chunks = chunk_kv.shape[0]
-    if chunk_g is None:
-        kv = chunk_kv.reshape(n_chunks, -1)
-        ones = torch.ones(n_chunks + 1, n_chunks, dtype=kv.dtype, device=kv.device)
-        # row r sums the chunks before r (reverse: from r on), so one row, the last (reverse:
-        # the first), sums all of them: the final state
-        rows = torch.triu(ones) if reverse else torch.tril(ones, diagonal=-1)
-        states = torch.addmm(initial_state.reshape(1, -1), rows, kv)
-        # split, not indexing: under autograd its backward is one concatenation
-        if reverse:
-            final, states = states.split([1, n_chunks])
-        else:
-            states, final = states.split([n_chunks, 1])
-        # the final state is copied out, as in _chain
-        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape).clone()
     # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
     # gradient of the whole tensor per chunk
-    decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
+    kv = chunk_kv.unbind(0)
+    decay = None if chunk_g is None else chunk_g.exp()[..., None, None].unbind(0)
 
     def next_state(n, state, out):
+        if decay is None:
+            return torch.add(kv[n], state, out=out)
         return torch.addcmul(kv[n], decay[n], state, out=out)
 
     tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
-    return _chain(initial_state, n_chunks, next_state, tracked, reverse)
+    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
 
 
-def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
-    [N, B, NH, C, V], g_c [N, B, NH, C] or None. Returns ([o [N, B, NH, C, V]], state after the
-    span); appends the masked scores Q K^T ⊙ Gamma and the states entering each chunk to kept
-    if given."""
+    [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
+    _guarded_spans). Returns ([o [N, B, NH, C, V]], state after the span); appends the masked
+    scores Q K^T ⊙ Gamma and the states entering each chunk to kept if given."""
     gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
-    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V, from the values as they are: a
+    # non-finite one makes the state, and so every later chunk, non-finite
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    if gamma is None:
-        scores, q_from_start = scores.tril_(), q_c
-    else:
-        scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma)  # [N, B, NH, C, C]
+    if guard:
+        v_c, poison = _finite_rows(v_c)
+        scores = _poison_rows(scores, poison)
+    q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
@@ -638,11 +705,11 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     """
     gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
+    d_scores = _masked(d_probs, gamma)
     if gamma is None:
-        d_scores, q_from_start, v_to_end, do_from_start = d_probs.tril_(), q_c, v_c, do_c
+        q_from_start, v_to_end, do_from_start = q_c, v_c, do_c
     else:
-        d_scores, q_from_start = d_probs * gamma, q_c * from_start
-        v_to_end, do_from_start = v_c * to_end, do_c * from_start
+        q_from_start, v_to_end, do_from_start = q_c * from_start, v_c * to_end, do_c * from_start
     local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO [N, B, NH, K, V]
     d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)  # D_{n+1}, D_0
     dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
@@ -670,7 +737,7 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
         return _OwnBackward.apply(
             _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, q, k, v, g
         )
-    (o,), state = _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
+    (o,), state, _ = _guarded_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
     return o, state
 
 
@@ -680,14 +747,12 @@ def parallel_scalar_decay(q, k, v, g=None):
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
-    scores = torch.matmul(q, k.transpose(-1, -2))  # [B, NH, T, T]
-    if g is None:
-        scores = scores.tril_()
-    else:
-        # L_ij = exp(B_i - B_j) for i >= j: the decay mask of one chunk of all T tokens
-        decay = _decay_mask(g)
-        scores = scores * decay
-    return torch.matmul(scores, v)
+    # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
+    decay = None if g is None else _pair_decays(g)
+    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay)  # [B, NH, T, T]
+    # over the finite values, as in the chunked form
+    v_finite, poison = _finite_rows(v)
+    return torch.matmul(_poison_rows(scores, poison), v_finite)
 
 
 # ---- this mixer --------------------------------------------------------------------------

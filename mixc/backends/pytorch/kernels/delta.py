@@ -19,11 +19,15 @@ import torch
 from mixc.backends.pytorch.kernels.common import (
     _bmm,
     _chain,
+    _finite_gates,
+    _finite_rows,
     _gate_grads,
+    _guarded_spans,
+    _masked,
     _needs_grad,
-    _over_spans,
     _OwnBackward,
     _pair_blocks,
+    _poison_rows,
     _scalar_decays,
     _two_matmuls,
 )
@@ -68,24 +72,38 @@ def _unit_lower_inverse(a):
     return inverse
 
 
-def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept=None):
+def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
     """The delta rule on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V],
-    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay). Returns ([o [N, B, NH, C, V]],
-    state after the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the
-    states entering each chunk to kept if given."""
+    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay); guarded against non-finite
+    values of k, v, beta and g (see _guarded_spans). Returns ([o [N, B, NH, C, V]], state after
+    the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
+    entering each chunk to kept if given."""
     n_chunks, batch, heads, chunk_size, d_k = q_c.shape
     d_v = v_c.shape[-1]
 
+    poison = None
+    if guard:
+        # every product below is triangular over the tokens of a chunk (the inverse, W, U, the
+        # masked scores times V_new): they run over finite values, and a token that had a
+        # non-finite one poisons its output and those after it, and through its write the state
+        k_c, poison = _finite_rows(k_c)
+        v_c, poison_v = _finite_rows(v_c)
+        beta_c, poison_beta = _finite_rows(beta_c.unsqueeze(-1))
+        beta_c, poison = beta_c.squeeze(-1), poison + poison_v + poison_beta
+        if g_c is not None:
+            g_c, poison_g = _finite_gates(g_c)
+            poison = poison + poison_g
+
     gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # Q K^T
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma)  # M
+    if poison is not None:
+        scores = _poison_rows(scores, poison)
+        k_to_end = k_to_end + poison.unsqueeze(-1)
     k_scaled = k_c * beta_c.unsqueeze(-1)  # diag(beta) K
-    if gamma is None:
-        scores = scores.tril_()  # M
-        q_from_start = q_c
-    else:
+    q_from_start = q_c
+    if gamma is not None:
         kk = kk * gamma
-        scores = scores * gamma
         k_scaled = k_scaled * from_start  # diag(beta exp(b)) K
         q_from_start = q_c * from_start
 
@@ -213,7 +231,7 @@ def _delta_grads_span(
     )
 
     d_scores = _bmm(do_c, v_new.transpose(-1, -2))  # dM = dO V_new^T
-    d_qk = d_scores.tril_() if gamma is None else d_scores * gamma  # through the mask
+    d_qk = _masked(d_scores, gamma)  # through the mask
     from_q = _bmm(do_c, states_in.transpose(-1, -2))  # dO S_n^T
     if from_start is not None:
         from_q = from_q * from_start
@@ -255,5 +273,6 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
         return _OwnBackward.apply(
             _delta_span, _delta_grads_span, 4, chunk_size, initial_state, q, k, v, beta, g
         )
-    (o,), state = _over_spans(_delta_span, [q, k, v, beta, g], initial_state, chunk_size)
+    seqs = [q, k, v, beta, g]
+    (o,), state, _ = _guarded_spans(_delta_span, seqs, initial_state, chunk_size)
     return o, state

@@ -19,10 +19,12 @@ import torch
 from mixc.backends.pytorch.kernels.common import (
     _bmm,
     _chain,
+    _finite_rows,
+    _guarded_spans,
     _needs_grad,
-    _over_spans,
     _OwnBackward,
     _pair_blocks,
+    _poison_rows,
     _two_matmuls,
 )
 
@@ -97,11 +99,12 @@ def _decayed_halves(q_c, k_c, pre_k, suf_k, block):
     return q_right, k_left
 
 
-def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
+def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
     """The diagonal-gate recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
-    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None).
-    Returns ([o [N, B, NH, C, V]], state after the span); without value-side gates, appends the
-    decayed scores A and the states entering each chunk to kept if given.
+    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None);
+    guarded against non-finite values of v (see _guarded_spans). Returns ([o [N, B, NH, C, V]],
+    state after the span); without value-side gates, appends the decayed scores A and the
+    states entering each chunk to kept if given.
 
     Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
     each pair belongs to exactly one block in which j is in the left half and i in the right
@@ -119,9 +122,13 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
 
     # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
     diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
+    v_scored = v_c  # what A multiplies, the state's writes taking the values as they are
     if pre_v is None:
         # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
         scores = torch.diag_embed(diag)
+        if guard:
+            v_scored, poison = _finite_rows(v_c)
+            scores = _poison_rows(scores, poison)
     else:
         out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
     block = 1
@@ -162,7 +169,7 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept=None):
         if kept is not None:
             kept.append([scores, states_in])
         # A V, then the inter part accumulated into it by the same matmul call
-        o = _two_matmuls(scores, v_c, q_from_start, states_in)
+        o = _two_matmuls(scores, v_scored, q_from_start, states_in)
     else:
         o = out + _bmm(q_from_start, states_in) * pre_v
     return [o], state
@@ -251,5 +258,6 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
         return _OwnBackward.apply(
             _diagonal_span, _diagonal_grads_span, 3, chunk_size, initial_state, q, k, v, gk, None
         )
-    (o,), state = _over_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
+    seqs = [q, k, v, gk, gv]
+    (o,), state, _ = _guarded_spans(_diagonal_span, seqs, initial_state, chunk_size)
     return o, state

@@ -18,11 +18,14 @@ import torch
 from mixc.backends.pytorch.kernels.common import (
     _bmm,
     _chain,
-    _decay_mask,
+    _finite_rows,
     _gate_grads,
+    _guarded_spans,
+    _masked,
     _needs_grad,
-    _over_spans,
     _OwnBackward,
+    _pair_decays,
+    _poison_rows,
     _scalar_decays,
     _two_matmuls,
 )
@@ -35,51 +38,41 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
     chunk_g: [N, B, NH] log-decay of each whole chunk (None: no decay), chunk_kv:
     [N, B, NH, K, V]. Returns (states entering each chunk [N, B, NH, K, V], final state
     [B, NH, K, V]); in reverse, chunk n is entered by S_{n+1} and the final state is S_0.
-    Without decay the states are a running sum, one matmul with a triangular matrix of ones;
-    with decay, one fused multiply-add per chunk (on CPU faster than a matmul with N x N
-    decay weights).
+    One fused add (multiply-add with decay) per chunk, each state from the chunks on its side
+    only: a running sum by a matmul with a triangular matrix of ones would multiply a
+    non-finite chunk by the 0s of the other states, making them NaN (and on CPU it is no
+    faster; with decay, neither is a matmul with N x N decay weights).
     """
-    n_chunks = chunk_kv.shape[0]
-    if chunk_g is None:
-        kv = chunk_kv.reshape(n_chunks, -1)
-        ones = torch.ones(n_chunks + 1, n_chunks, dtype=kv.dtype, device=kv.device)
-        # row r sums the chunks before r (reverse: from r on), so one row, the last (reverse:
-        # the first), sums all of them: the final state
-        rows = torch.triu(ones) if reverse else torch.tril(ones, diagonal=-1)
-        states = torch.addmm(initial_state.reshape(1, -1), rows, kv)
-        # split, not indexing: under autograd its backward is one concatenation
-        if reverse:
-            final, states = states.split([1, n_chunks])
-        else:
-            states, final = states.split([n_chunks, 1])
-        # the final state is copied out, as in _chain
-        return states.reshape(chunk_kv.shape), final.reshape(initial_state.shape).clone()
     # unbind, not indexing: under autograd its backward is one stack, not a zero-filled
     # gradient of the whole tensor per chunk
-    decay, kv = chunk_g.exp()[..., None, None].unbind(0), chunk_kv.unbind(0)
+    kv = chunk_kv.unbind(0)
+    decay = None if chunk_g is None else chunk_g.exp()[..., None, None].unbind(0)
 
     def next_state(n, state, out):
+        if decay is None:
+            return torch.add(kv[n], state, out=out)
         return torch.addcmul(kv[n], decay[n], state, out=out)
 
     tracked = _needs_grad(initial_state, chunk_g, chunk_kv)
-    return _chain(initial_state, n_chunks, next_state, tracked, reverse)
+    return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
 
 
-def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept=None):
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
-    [N, B, NH, C, V], g_c [N, B, NH, C] or None. Returns ([o [N, B, NH, C, V]], state after the
-    span); appends the masked scores Q K^T ⊙ Gamma and the states entering each chunk to kept
-    if given."""
+    [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
+    _guarded_spans). Returns ([o [N, B, NH, C, V]], state after the span); appends the masked
+    scores Q K^T ⊙ Gamma and the states entering each chunk to kept if given."""
     gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
-    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V, from the values as they are: a
+    # non-finite one makes the state, and so every later chunk, non-finite
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    if gamma is None:
-        scores, q_from_start = scores.tril_(), q_c
-    else:
-        scores, q_from_start = scores * gamma, q_c * from_start  # diag(exp(b)) Q
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma)  # [N, B, NH, C, C]
+    if guard:
+        v_c, poison = _finite_rows(v_c)
+        scores = _poison_rows(scores, poison)
+    q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
@@ -102,11 +95,11 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     """
     gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
+    d_scores = _masked(d_probs, gamma)
     if gamma is None:
-        d_scores, q_from_start, v_to_end, do_from_start = d_probs.tril_(), q_c, v_c, do_c
+        q_from_start, v_to_end, do_from_start = q_c, v_c, do_c
     else:
-        d_scores, q_from_start = d_probs * gamma, q_c * from_start
-        v_to_end, do_from_start = v_c * to_end, do_c * from_start
+        q_from_start, v_to_end, do_from_start = q_c * from_start, v_c * to_end, do_c * from_start
     local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO [N, B, NH, K, V]
     d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)  # D_{n+1}, D_0
     dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
@@ -134,7 +127,7 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
         return _OwnBackward.apply(
             _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, q, k, v, g
         )
-    (o,), state = _over_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
+    (o,), state, _ = _guarded_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
     return o, state
 
 
@@ -144,11 +137,9 @@ def parallel_scalar_decay(q, k, v, g=None):
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
-    scores = torch.matmul(q, k.transpose(-1, -2))  # [B, NH, T, T]
-    if g is None:
-        scores = scores.tril_()
-    else:
-        # L_ij = exp(B_i - B_j) for i >= j: the decay mask of one chunk of all T tokens
-        decay = _decay_mask(g)
-        scores = scores * decay
-    return torch.matmul(scores, v)
+    # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
+    decay = None if g is None else _pair_decays(g)
+    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay)  # [B, NH, T, T]
+    # over the finite values, as in the chunked form
+    v_finite, poison = _finite_rows(v)
+    return torch.matmul(_poison_rows(scores, poison), v_finite)

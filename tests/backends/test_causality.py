@@ -1,0 +1,88 @@
+"""Causality, bit for bit: the output at token t depends on nothing after t, in every form.
+
+Whatever the tokens after t hold (other values, NaN, inf), the outputs up to t are the same bits.
+A chunked form multiplies whole chunks at once and a parallel form the whole sequence, so a
+later token meets every earlier one in a matrix product; a mask applied by multiplication
+(0 * inf = NaN) or a triangular product over a non-finite row then carries it backwards in time.
+The recurrent form cannot: it is the reference for what a non-finite token does (it makes its
+own output, and every one after it, non-finite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import mixc
+from mixc.check import sample_inputs, sample_states
+from tests.mixers import SIZES, VARIANTS
+
+ROOT = Path(__file__).parents[2]
+SPECS = {p.stem: p for p in sorted(ROOT.glob("specs/*.mix"))}
+SOURCES = {**SPECS, "value_gate": VARIANTS["value_gate"], "outer_gate": VARIANTS["outer_gate"]}
+T, B, NH = 13, 2, 2
+
+
+def _forms(module, states):
+    """Each form as inputs -> outputs [B, T, ...], from the same initial states."""
+    forms = {"recurrent": lambda *a: module.recurrent(*a, initial_state=states)[0]}
+    if "chunk" in module.FORMS:
+        for size in (4, 16):
+            forms[f"chunk{size}"] = lambda *a, size=size: module.chunk(
+                *a, initial_state=states, chunk_size=size
+            )[0]
+    if "parallel" in module.FORMS:
+        forms["parallel"] = lambda *a: module.parallel(*a)[0]
+
+    def step_loop(*args):
+        n_in, state, ys = len(module.INPUTS), states, []
+        for t in range(T):
+            y, state = module.step(*[a[:, t] for a in args[:n_in]], *args[n_in:], state=state)
+            ys.append(y)
+        return torch.stack(ys, 1)
+
+    forms["step"] = step_loop
+    return forms
+
+
+def _bits(x):
+    return x.view(torch.int32)
+
+
+def _later(x, t, kind, generator):
+    """x with every token after t replaced: by other random values, NaN or +-inf."""
+    x = x.clone()
+    if kind == "random":
+        x[:, t + 1 :] = 3 * torch.randn(x[:, t + 1 :].shape, generator=generator)
+    else:
+        x[:, t + 1 :] = float(kind)
+    return x
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
+    source = SOURCES[name]
+    module = mixc.load(source)
+    spec = mixc.load_spec(source)
+    args = sample_inputs(spec, SIZES, T, batch=B, heads=NH, seed=1)
+    states = tuple(sample_states(spec, SIZES, batch=B, heads=NH, seed=2))
+    states = states[0] if len(states) == 1 else states
+    n_in = len(module.INPUTS)
+    generator = torch.Generator().manual_seed(3)
+    for form, run in _forms(module, states).items():
+        base = run(*args)
+        for t in (5, 7):  # a later token inside a chunk of 4, and one starting a chunk
+            for i, (input_name, _) in enumerate(module.INPUTS):
+                for kind in ("random", "nan", "inf", "-inf"):
+                    changed = list(args)
+                    changed[i] = _later(args[i], t, kind, generator)
+                    y = run(*changed)
+                    where = f"{form}: {input_name} = {kind} after token {t}"
+                    assert torch.equal(_bits(y[:, : t + 1]), _bits(base[:, : t + 1])), where
+                    if kind == "nan":
+                        assert not torch.isfinite(y[:, t + 1]).all(), where
+            everything = [_later(a, t, "nan", generator) for a in args[:n_in]] + args[n_in:]
+            y = run(*everything)
+            assert torch.equal(_bits(y[:, : t + 1]), _bits(base[:, : t + 1])), form
+            assert torch.isnan(y[:, t + 1 :]).any(-1).all(), form
