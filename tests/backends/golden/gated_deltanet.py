@@ -54,11 +54,10 @@ def _fail(message):
     raise MixcError(message)  # noqa: F821 - defined by the compiled module
 
 
-def _compute_dtype(tensors):
-    """fp64 if any input is fp64, else fp32: low-precision inputs accumulate in fp32."""
-    if any(t.dtype == torch.float64 for t in tensors):
-        return torch.float64
-    return torch.float32
+def _compute_dtype(dtype):
+    """The precision the inputs of this dtype compute in: fp64 stays fp64, everything else runs
+    in fp32 (bf16 and fp16 inputs accumulate in fp32); states are kept in it too."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _check_tensor(name, x, device):
@@ -70,6 +69,22 @@ def _check_tensor(name, x, device):
         _fail(
             f"{name}: expected a tensor on {device} (like the first input), got one on {x.device}"
         )
+
+
+def _output_dtype(layout, first):
+    """The dtype of the outputs: the first input's, which every input shares. Checked here, since
+    the forms read it before the other arguments are checked."""
+    _check_tensor(layout[0][0], first, None)
+    return first.dtype
+
+
+def _check_chunk_size(chunk_size):
+    """A chunk size is a positive power of two, given as an int (a bool or a float is refused
+    rather than rounded or read as 1)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        _fail(f"chunk_size: expected a power of two (an int), got {type(chunk_size).__name__}")
+    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+        _fail(f"chunk_size: expected a power of two, got {chunk_size}")
 
 
 def _bind_size(sizes, symbol, got, name, shape_text):
@@ -95,7 +110,12 @@ def _prepare_inputs(layout, values, sequence):
     device = values[0].device if isinstance(values[0], torch.Tensor) else None
     for (name, _), x in zip(layout, values):
         _check_tensor(name, x, device)
-    dtype = _compute_dtype(values)
+        if x.dtype != values[0].dtype:
+            _fail(
+                f"{name}: expected {values[0].dtype} like {layout[0][0]} (the inputs share one "
+                f"dtype, which the outputs get), got {x.dtype}"
+            )
+    dtype = _compute_dtype(values[0].dtype)
     lead = ("B", "T", "NH") if sequence else ("B", "NH")
     sizes, heads, out = {}, [], []
     for (name, dims), x in zip(layout, values):
@@ -129,16 +149,21 @@ def _prepare_inputs(layout, values, sequence):
 
 
 def _prepare_param(name, x, dims, sizes, dtype, device):
-    """A per-head parameter [NH] or [NH, d] (or a Python number) as [NH, rows, cols]."""
+    """A per-head parameter [NH] or [NH, d] (or a Python number) as [NH, rows, cols] in the
+    compute dtype, from any floating dtype of at most that precision."""
     n_heads = sizes["NH"]
     if not isinstance(x, torch.Tensor):
-        if not isinstance(x, (int, float)) or dims:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or dims:
             _fail(
                 f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], "
                 f"got {type(x).__name__}"
             )
         x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
     _check_tensor(name, x, device)
+    if _compute_dtype(x.dtype) == torch.float64 != dtype:
+        # a parameter in the compute dtype or below is widened exactly; a float64 one would be
+        # rounded without a word
+        _fail(f"{name}: a float64 parameter needs float64 inputs (they compute in {dtype})")
     shape_text = "[" + ", ".join(("NH", *tuple(dims))) + "]"
     if x.dim() == 0 and not dims:
         x = x.expand(n_heads)
@@ -152,7 +177,7 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
 
 def _prepare_states(layout, given, sizes, dtype, device, batch):
     """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
-    zeros."""
+    zeros; in the compute dtype `dtype`, in which the forms also return them."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
@@ -162,12 +187,11 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
             f"got {type(given).__name__}"
         )
-    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = []
     for i, (name, dims) in enumerate(layout):
         full = tuple(sizes[d] if not d.isdigit() else int(d) for d in dims)
         if given is None:
-            x = torch.zeros(batch, n_heads, *full, dtype=state_dtype, device=device)
+            x = torch.zeros(batch, n_heads, *full, dtype=dtype, device=device)
         else:
             x = given[i]
             _check_tensor(f"initial_state {name}", x, device)
@@ -177,7 +201,11 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
                     f"initial_state {name}: expected shape {shape_text} = "
                     f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
-            x = x.to(state_dtype)
+            if x.dtype != dtype:
+                _fail(
+                    f"initial_state {name}: expected {dtype} (states are float32, float64 for "
+                    f"float64 inputs), got {x.dtype}"
+                )
         out.append(x[..., None] if len(dims) == 1 else x)
     return out
 
@@ -251,10 +279,15 @@ def _l2norm(x):
 # ---- kernels, one per transition class ---------------------------------------------------
 
 
-def _check_chunk_size(chunk_size):
-    """Reject chunk sizes that are not positive powers of two."""
+def _chunk_size_for(chunk_size, length):
+    """The chunk size to run a sequence of `length` tokens with: chunk_size, a positive power of
+    two, capped at the least power of two >= length. A longer chunk would only pad the sequence
+    with zero tokens, its C x C temporaries growing with the request instead of the sequence."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise ValueError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
     if chunk_size < 1 or (chunk_size & (chunk_size - 1)) != 0:
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size}")
+    return min(chunk_size, 1 << max(length - 1, 0).bit_length())
 
 
 def _needs_grad(*tensors):
@@ -314,9 +347,9 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
     callers' layout, so that their transpose back is contiguous; the final carry).
     """
-    _check_chunk_size(chunk_size)
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
+    chunk_size = _chunk_size_for(chunk_size, length)
     if carry is None:
         carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
@@ -933,9 +966,8 @@ def chunk(
     With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own
     initial state (one per sequence) and returns one final state per sequence.
     """
-    if chunk_size < 1 or chunk_size & (chunk_size - 1):
-        _fail(f"chunk_size: expected a power of two, got {chunk_size}")
-    _out_dtype = q.dtype
+    _check_chunk_size(chunk_size)
+    _out_dtype = _output_dtype(INPUTS, q)
     q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -962,6 +994,7 @@ def summary(q, k, v, g, beta, *, chunk_size=64):
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
     associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
     """
+    _check_chunk_size(chunk_size)
     q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=True)
     _device = q.device
     # H: chunk_delta on probes: zero writes from an identity state
@@ -1010,7 +1043,7 @@ def recurrent(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
-    _out_dtype = q.dtype
+    _out_dtype = _output_dtype(INPUTS, q)
     q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -1046,7 +1079,7 @@ def recurrent(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
 
 def step(q, k, v, g, beta, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
-    _out_dtype = q.dtype
+    _out_dtype = _output_dtype(INPUTS, q)
     q, k, v, g, beta, _sizes, _dtype = _prepare(q, k, v, g, beta, _sequence=False)
     _device = q.device
     (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
