@@ -20,7 +20,11 @@ from tests.mixers import SIZES, VARIANTS
 
 ROOT = Path(__file__).parents[2]
 SPECS = {p.stem: p for p in sorted(ROOT.glob("specs/*.mix"))}
-SOURCES = {**SPECS, "value_gate": VARIANTS["value_gate"], "outer_gate": VARIANTS["outer_gate"]}
+SOURCES = {
+    **SPECS,
+    "value_gate": mixc.Source(VARIANTS["value_gate"]),
+    "outer_gate": mixc.Source(VARIANTS["outer_gate"]),
+}
 T, B, NH = 13, 2, 2
 
 

@@ -958,7 +958,7 @@ def chunk(
     initial state (one per sequence) and returns one final state per sequence.
     """
     _check_chunk_size(chunk_size)
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, beta, _sizes, _dtype = _prepare(q, k, v, beta, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -1020,7 +1020,7 @@ def recurrent(q, k, v, beta, *, initial_state=None, output_final_state=False, cu
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, beta, _sizes, _dtype = _prepare(q, k, v, beta, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -1055,7 +1055,7 @@ def recurrent(q, k, v, beta, *, initial_state=None, output_final_state=False, cu
 
 def step(q, k, v, beta, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, beta, _sizes, _dtype = _prepare(q, k, v, beta, _sequence=False)
     _device = q.device
     (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])

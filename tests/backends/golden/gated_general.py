@@ -334,7 +334,7 @@ def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_se
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -369,7 +369,7 @@ def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_se
 
 def step(q, k, v, G, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=False)
     _device = q.device
     (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])

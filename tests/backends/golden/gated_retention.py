@@ -814,7 +814,7 @@ def chunk(
     initial state (one per sequence) and returns one final state per sequence.
     """
     _check_chunk_size(chunk_size)
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, a, _sizes, _dtype = _prepare(q, k, v, a, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -834,7 +834,7 @@ def chunk(
 
 def parallel(q, k, v, a):
     """Quadratic masked form, from a zero state. Returns (output, None)."""
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, a, _sizes, _dtype = _prepare(q, k, v, a, _sequence=True)
     # H: scalar data-dependent -> parallel_scalar_decay
     _k_H = _seq_vector(k, _sizes)
@@ -891,7 +891,7 @@ def recurrent(q, k, v, a, *, initial_state=None, output_final_state=False, cu_se
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, a, _sizes, _dtype = _prepare(q, k, v, a, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -926,7 +926,7 @@ def recurrent(q, k, v, a, *, initial_state=None, output_final_state=False, cu_se
 
 def step(q, k, v, a, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, a, _sizes, _dtype = _prepare(q, k, v, a, _sequence=False)
     _device = q.device
     (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])

@@ -812,7 +812,7 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
     initial state (one per sequence) and returns one final state per sequence.
     """
     _check_chunk_size(chunk_size)
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -831,7 +831,7 @@ def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=6
 
 def parallel(q, k, v):
     """Quadratic masked form, from a zero state. Returns (output, None)."""
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     # H: identity -> parallel_scalar_decay
     _k_H = _seq_vector(k, _sizes)
@@ -885,7 +885,7 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -919,7 +919,7 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
 
 def step(q, k, v, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
-    _out_dtype = _output_dtype(INPUTS, q)
+    _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=False)
     _device = q.device
     (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])

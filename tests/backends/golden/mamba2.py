@@ -829,7 +829,7 @@ def chunk(
     initial state (one per sequence) and returns one final state per sequence.
     """
     _check_chunk_size(chunk_size)
-    _out_dtype = _output_dtype(INPUTS, x)
+    _out_dtype = _output_dtype(_INPUTS, x)
     x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     _device = x.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -850,7 +850,7 @@ def chunk(
 
 def parallel(x, dt, B, C, A, D):
     """Quadratic masked form, from a zero state. Returns (output, None)."""
-    _out_dtype = _output_dtype(INPUTS, x)
+    _out_dtype = _output_dtype(_INPUTS, x)
     x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     # H: scalar data-dependent -> parallel_scalar_decay
     _k_H = _seq_vector(B, _sizes)
@@ -908,7 +908,7 @@ def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
-    _out_dtype = _output_dtype(INPUTS, x)
+    _out_dtype = _output_dtype(_INPUTS, x)
     x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     _device = x.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
@@ -945,7 +945,7 @@ def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False
 
 def step(x, dt, B, C, A, D, *, state=None):
     """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
-    _out_dtype = _output_dtype(INPUTS, x)
+    _out_dtype = _output_dtype(_INPUTS, x)
     x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=False)
     _device = x.device
     (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
