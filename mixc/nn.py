@@ -14,17 +14,20 @@ output gate, then an output projection. Nothing here depends on which mixer the 
 from __future__ import annotations
 
 import math
+import numbers
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mixc.algebra.expand import inline
 from mixc.analysis.plan import analyze
 from mixc.driver import load
 from mixc.errors import MixcError
+from mixc.frontend.ir import Binary, Name, walk
 from mixc.frontend.spec import load_spec
 
 __all__ = ["PARAM_INITS", "TRANSFORMS", "MixerCache", "MixerLayer", "default_transforms"]
@@ -90,27 +93,59 @@ def _is_plain_input(expr, names) -> bool:
     return isinstance(expr, Timed) and expr.name in names
 
 
-def _a_log_init(n: int) -> torch.Tensor:
-    return torch.log(torch.empty(n).uniform_(1, 16))
+def _a_log_init(*shape: int) -> torch.Tensor:
+    return torch.log(torch.empty(*shape).uniform_(1, 16))
 
 
-#: Initialisation of learnable per-head parameters, by name: (stored name, init, to value).
-#: A is stored as A_log with A = -exp(A_log) (Mamba-2), so it stays negative.
+#: Initialisation of learnable per-head parameters, by name: (stored name, init(*shape), to
+#: value). A is stored as A_log with A = -exp(A_log) (Mamba-2), so it stays negative. Any other
+#: parameter starts at 0, or at 1 where the spec divides by it (a temperature).
 PARAM_INITS: dict[
-    str, tuple[str, Callable[[int], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+    str, tuple[str, Callable[..., torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 ] = {
     "A": ("A_log", _a_log_init, lambda p: -torch.exp(p)),
     "D": ("D", torch.ones, lambda p: p),
 }
 
 
+def _divisors(mixer) -> set[str]:
+    """The parameters the spec divides by (under a `/`, let functions inlined): starting them at
+    0 would make the first step divide by 0."""
+    params = {p.name for p in mixer.params}
+    found = set()
+    for eq in mixer.equations:
+        for e in walk(inline(mixer, eq.value)):
+            if isinstance(e, Binary) and e.op == "/":
+                found |= {n.name for n in walk(e.right) if isinstance(n, Name)} & params
+    return found
+
+
+def _count(name: str, value, least: int = 1) -> int:
+    """value as an int of at least `least`, or a MixcError naming the argument (a bool or a
+    float is refused, not read as a number of things)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        kind = "a positive int" if least == 1 else f"an int >= {least}"
+        raise MixcError(f"{name}: expected {kind}, got {value!r}")
+    return int(value)
+
+
+def _names(name: str, value) -> list[str]:
+    """A list or tuple of names (a bare string would be read letter by letter)."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise MixcError(f"{name}: expected a list of names, got {value!r}")
+    return list(value)
+
+
 @dataclass
 class MixerCache:
     """What decoding needs to continue exactly: the mixer's states and each convolution's last
-    inputs (`conv_size - 1` tokens per convolved input)."""
+    inputs (`conv_size - 1` tokens per convolved input). `layer` is the id of the layer whose
+    call made it, which refuses it elsewhere (layers of one model have caches of one shape); a
+    cache built by hand leaves it None and is checked for its shapes only."""
 
     states: object
     conv: dict[str, torch.Tensor]
+    layer: int | None = None
 
 
 class MixerLayer(nn.Module):
@@ -151,15 +186,20 @@ class MixerLayer(nn.Module):
             else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
         )
         self.mixer = load(self.spec.source)
-        self.hidden_size, self.num_heads, self.chunk_size = hidden_size, num_heads, chunk_size
-        self.sizes = self._sizes_per_head(sizes or {}, hidden_size // num_heads)
-        self.transforms = self._transforms(transforms or {})
-        self._build_inputs(conv_size, conv_inputs)
+        self.hidden_size = _count("hidden_size", hidden_size)
+        self.num_heads = _count("num_heads", num_heads)
+        self.chunk_size = _count("chunk_size", chunk_size)
+        if self.chunk_size & (self.chunk_size - 1):
+            raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
+        self.sizes = self._sizes_per_head({} if sizes is None else sizes)
+        self.transforms = self._transforms({} if transforms is None else transforms)
+        self._build_inputs(_count("conv_size", conv_size, least=0), conv_inputs)
         self._build_params()
         self._build_output(output_gate, norm)
 
-    def _sizes_per_head(self, given: dict[str, int], head: int) -> dict[str, int]:
-        """Every size symbol of the spec: as given, else the head width."""
+    def _sizes_per_head(self, given: Mapping[str, int]) -> dict[str, int]:
+        """Every size symbol of the spec: as given, else the head width hidden_size / num_heads
+        (which must then be a whole, positive number)."""
         mixer = self.spec.mixer
         symbols = {
             s
@@ -167,20 +207,36 @@ class MixerLayer(nn.Module):
             for s in d.shape
             if not s.isdigit()
         }
+        if not isinstance(given, Mapping):
+            raise MixcError(f"sizes: expected a dict of sizes by symbol, got {given!r}")
         unknown = set(given) - symbols
         if unknown:
             raise MixcError(
                 f"sizes: {', '.join(sorted(unknown))} not in the spec "
                 f"(it has {', '.join(sorted(symbols))})"
             )
-        return {s: given.get(s, head) for s in sorted(symbols)}
+        out = {s: _count(f"sizes: {s}", given[s]) for s in sorted(given)}
+        defaulted = sorted(symbols - set(given))
+        hidden, heads = self.hidden_size, self.num_heads
+        if defaulted and hidden % heads:
+            what = ", ".join(defaulted)
+            problem = (
+                f"is smaller than num_heads = {heads}: {what} would be 0"
+                if hidden < heads
+                else f"is not a multiple of num_heads = {heads}: {what} would be {hidden / heads:g}"
+            )
+            raise MixcError(f"hidden_size: {hidden} {problem}; pass sizes={{...}} for {what}")
+        return {s: out.get(s, hidden // heads) for s in sorted(symbols)}
 
-    def _transforms(self, overrides: dict[str, Sequence[str]]) -> dict[str, list[str]]:
+    def _transforms(self, overrides: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
         """The default transforms of every input, with the user's overrides checked in."""
         out = default_transforms(self.spec)
-        for name, chain in overrides.items():
+        if not isinstance(overrides, Mapping):
+            raise MixcError(f"transforms: expected a dict of lists by input, got {overrides!r}")
+        for name, given in overrides.items():
             if name not in out:
                 raise MixcError(f"transforms: {name} is not an input of {self.spec.mixer.name}")
+            chain = _names(f"transforms: {name}", given)
             bad = [t for t in chain if t not in TRANSFORMS]
             if bad:
                 raise MixcError(
@@ -201,9 +257,15 @@ class MixerLayer(nn.Module):
             }
         )
         vectors = [d.name for d in mixer.inputs if len(d.shape) == 1]
-        self.conv_inputs = (
-            list(vectors if conv_inputs is None else conv_inputs) if conv_size > 1 else []
-        )
+        chosen = vectors if conv_inputs is None else _names("conv_inputs", conv_inputs)
+        for name in chosen:
+            if name not in vectors:
+                what = "a per-token scalar" if name in self.dims else "not an input"
+                raise MixcError(
+                    f"conv_inputs: {name} is {what} of {mixer.name}; only vector inputs are "
+                    f"convolved ({', '.join(vectors) or 'it has none'})"
+                )
+        self.conv_inputs = list(chosen) if conv_size > 1 else []
         self.conv_size = conv_size
         self.conv = nn.ModuleDict(
             {
@@ -225,14 +287,13 @@ class MixerLayer(nn.Module):
         """The learnable per-head parameters (those without a default)."""
         mixer = self.spec.mixer
         self.learned = [p.name for p in mixer.params if p.default is None]
-        for name in self.learned:
-            stored, init, _ = PARAM_INITS.get(name, (name, torch.zeros, lambda p: p))
-            shape_tail = [
-                self._size(s) for s in next(p for p in mixer.params if p.name == name).shape
-            ]
-            value = (
-                init(self.num_heads) if not shape_tail else torch.zeros(self.num_heads, *shape_tail)
-            )
+        divisors = _divisors(mixer)
+        for param in mixer.params:
+            if param.default is not None:
+                continue
+            start = torch.ones if param.name in divisors else torch.zeros
+            stored, init, _ = PARAM_INITS.get(param.name, (param.name, start, lambda p: p))
+            value = init(self.num_heads, *(self._size(s) for s in param.shape))
             self.register_parameter(stored, nn.Parameter(value))
 
     def _build_output(self, output_gate: bool, norm: bool) -> None:
@@ -258,9 +319,10 @@ class MixerLayer(nn.Module):
     def forward(self, x: torch.Tensor, state: MixerCache | None = None, use_cache: bool = False):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
         call continues that sequence exactly (prefill, then decode token by token)."""
-        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
-            raise MixcError(f"x: expected [B, T, {self.hidden_size}], got {list(x.shape)}")
+        self._check_x(x)
         B, T, _ = x.shape
+        if state is not None:
+            self._check_cache(state, B)
         inputs, tails = [], {}
         for name, dims in self.dims.items():
             h = self.proj[name](x)
@@ -292,4 +354,53 @@ class MixerLayer(nn.Module):
         if self.gate is not None:
             y = y * F.silu(self.gate(x))
         y = self.out_proj(y)
-        return y, (MixerCache(new_states, tails) if use_cache else None)
+        return y, (MixerCache(new_states, tails, id(self)) if use_cache else None)
+
+    def _check_x(self, x) -> None:
+        """x is a [B, T, hidden] tensor with T >= 1, in the dtype of the layer's parameters."""
+        if not isinstance(x, torch.Tensor):
+            raise MixcError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise MixcError(f"x: expected [B, T, {self.hidden_size}], got {list(x.shape)}")
+        dtype = self.out_proj.weight.dtype
+        if x.dtype != dtype:
+            raise MixcError(
+                f"x: expected {dtype} like the layer's parameters, got {x.dtype} "
+                "(convert x, or the layer with .to(dtype))"
+            )
+        if x.shape[1] == 0:
+            raise MixcError("x: the sequence is empty (T = 0); a call needs at least one token")
+
+    def _check_cache(self, cache, batch: int) -> None:
+        """cache is a MixerCache of this layer's structure for `batch` sequences."""
+        if not isinstance(cache, MixerCache):
+            raise MixcError(f"state: expected the MixerCache of an earlier call, got {cache!r}")
+        if cache.layer is not None and cache.layer != id(self):
+            raise MixcError("state: the cache is another layer's (each layer continues its own)")
+        states = cache.states if isinstance(cache.states, tuple) else (cache.states,)
+        shapes = [
+            (self.num_heads, *(self._size(s) for s in d.shape)) for d in self.spec.mixer.states
+        ]
+        tails = {name: self.conv_size - 1 for name in self.conv_inputs}
+        fits = (
+            len(states) == len(shapes)
+            and all(isinstance(x, torch.Tensor) and x.dim() >= 1 for x in states)
+            and set(cache.conv) == set(tails)
+            and all(isinstance(x, torch.Tensor) and x.dim() == 3 for x in cache.conv.values())
+        )
+        if fits:
+            fits = all(tuple(x.shape[1:]) == shape for x, shape in zip(states, shapes)) and all(
+                tuple(cache.conv[n].shape[1:]) == (tails[n], self.proj[n].out_features)
+                for n in tails
+            )
+        if not fits:
+            raise MixcError(
+                f"state: the cache is not one of this layer's ({self.spec.mixer.name} with "
+                f"{self.num_heads} heads, sizes {self.sizes}, conv_size {self.conv_size})"
+            )
+        held = {x.shape[0] for x in (*states, *cache.conv.values())}
+        if held != {batch}:
+            raise MixcError(
+                f"state: the cache holds {', '.join(map(str, sorted(held)))} sequences, "
+                f"x has B = {batch}"
+            )

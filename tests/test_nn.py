@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mixc
-from mixc.nn import MixerLayer
+from mixc.nn import MixerCache, MixerLayer
 from tests.mixers import rel
 
 ROOT = Path(__file__).parent.parent
@@ -75,6 +75,103 @@ def test_overrides_and_errors():
         MixerLayer(ROOT / "specs/deltanet.mix", 32, 2, transforms={"q": ["tanhh"]})
     with pytest.raises(mixc.MixcError, match=r"x: expected \[B, T, 32\], got \[2, 5\]"):
         layer(torch.zeros(2, 5))
+
+
+DELTANET = ROOT / "specs/deltanet.mix"
+BAD_LAYERS = [
+    ({"num_heads": 0}, r"^num_heads: expected a positive int, got 0$"),
+    ({"num_heads": 2.0}, r"^num_heads: expected a positive int, got 2\.0$"),
+    ({"num_heads": True}, r"^num_heads: expected a positive int, got True$"),
+    ({"hidden_size": 0}, r"^hidden_size: expected a positive int, got 0$"),
+    ({"hidden_size": -32}, r"^hidden_size: expected a positive int, got -32$"),
+    ({"hidden_size": 32.0}, r"^hidden_size: expected a positive int, got 32\.0$"),
+    (
+        {"hidden_size": 2, "num_heads": 4},
+        r"^hidden_size: 2 is smaller than num_heads = 4: K, V would be 0; pass sizes=",
+    ),
+    (
+        {"hidden_size": 100, "num_heads": 3},
+        r"^hidden_size: 100 is not a multiple of num_heads = 3: K, V would be 33\.3333; pass",
+    ),
+    ({"sizes": {"K": -4}}, r"^sizes: K: expected a positive int, got -4$"),
+    ({"sizes": {"K": 2.5}}, r"^sizes: K: expected a positive int, got 2\.5$"),
+    ({"conv_size": -3}, r"^conv_size: expected an int >= 0, got -3$"),
+    ({"chunk_size": 12}, r"^chunk_size: expected a power of two, got 12$"),
+    ({"transforms": {"v": None}}, r"^transforms: v: expected a list of names, got None$"),
+    ({"transforms": {"v": "silu"}}, r"^transforms: v: expected a list of names, got 'silu'$"),
+    ({"transforms": ["silu"]}, r"^transforms: expected a dict of lists by input"),
+    ({"conv_inputs": ["nope"]}, r"^conv_inputs: nope is not an input of deltanet; only vector"),
+    ({"conv_inputs": ["beta"]}, r"^conv_inputs: beta is a per-token scalar of deltanet; only"),
+    ({"conv_inputs": "qk"}, r"^conv_inputs: expected a list of names, got 'qk'$"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_LAYERS, ids=[str(c) for c, _ in BAD_LAYERS])
+def test_bad_layer_arguments_are_named(change, message):
+    args = {"hidden_size": 32, "num_heads": 2} | change
+    size, heads = args.pop("hidden_size"), args.pop("num_heads")
+    with pytest.raises(mixc.MixcError, match=message):
+        MixerLayer(DELTANET, size, heads, **args)
+
+
+def test_sizes_given_for_every_symbol_need_no_whole_head_width():
+    layer = MixerLayer(DELTANET, 100, 3, sizes={"K": 8, "V": 16})
+    assert layer(torch.randn(1, 5, 100))[0].shape == (1, 5, 100)
+
+
+def test_bad_layer_inputs_and_caches_are_named():
+    torch.manual_seed(0)
+    layer = MixerLayer(DELTANET, 32, 2, chunk_size=8)
+    x = torch.randn(2, 5, 32)
+    with pytest.raises(mixc.MixcError, match=r"^x: expected torch\.float32 like the layer's"):
+        layer(x.double())
+    with pytest.raises(mixc.MixcError, match=r"^x: expected torch\.float32 like the layer's"):
+        layer(x.long())
+    with pytest.raises(mixc.MixcError, match=r"^x: expected a torch\.Tensor, got list"):
+        layer(x.tolist())
+    with pytest.raises(mixc.MixcError, match=r"^x: the sequence is empty \(T = 0\)"):
+        layer(x[:, :0])
+    _, cache = layer(x, use_cache=True)
+    with pytest.raises(mixc.MixcError, match=r"^state: the cache holds 2 sequences, x has B = 3"):
+        layer(torch.randn(3, 1, 32), state=cache)
+    with pytest.raises(mixc.MixcError, match=r"^state: expected the MixerCache of an earlier"):
+        layer(x[:, :1], state=cache.states)
+    twin = MixerLayer(DELTANET, 32, 2, chunk_size=8)  # a cache of the same shapes
+    with pytest.raises(mixc.MixcError, match=r"^state: the cache is another layer's"):
+        twin(x[:, :1], state=cache)
+    for other in (
+        MixerLayer(DELTANET, 32, 4),
+        MixerLayer(DELTANET, 32, 2, conv_size=3),
+        MixerLayer(ROOT / "specs/linear_attention_normalized.mix", 32, 2),
+    ):
+        _, foreign = other(x, use_cache=True)
+        foreign.layer = None  # as if built by hand: its shapes decide
+        with pytest.raises(mixc.MixcError, match=r"^state: the cache is not one of this layer's"):
+            layer(x[:, :1], state=foreign)
+    by_hand = MixerCache(cache.states, cache.conv)
+    assert layer(x[:, :1], state=by_hand)[0].shape == (2, 1, 32)
+
+
+TEMPERATURE = """
+mixer temperature
+in    q[K], k[K], v[V]
+param tau, scale[V]
+state H[V, K]
+let   attend(x) = x / tau
+H_t = H_{t-1} + v_t k_t^T
+y_t = attend(H_t q_t) / scale
+"""
+
+
+def test_parameters_that_divide_start_at_one():
+    """A temperature starting at 0 made the first step divide by 0 (NaN outputs)."""
+    torch.manual_seed(0)
+    layer = MixerLayer(TEMPERATURE, 32, 2)
+    assert torch.equal(layer.tau, torch.ones(2)) and torch.equal(layer.scale, torch.ones(2, 16))
+    y, _ = layer(torch.randn(2, 7, 32))
+    y.square().mean().backward()
+    assert torch.isfinite(y).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
 def test_layer_compiles_as_one_graph():

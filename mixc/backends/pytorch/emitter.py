@@ -394,10 +394,11 @@ class _Module:
         value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
         out(f"_v_{name} = _seq_vector({value}, _sizes{packed})")
         kernel_args = []
+        gate = PyExpr(self.typer, lambda x: x.name, {"log": "_log_gate"})  # see _log_gate
         for arg in group.args:
             if arg.expr is None:
                 continue
-            value = e(arg.expr)
+            value = gate(arg.expr)
             if constant(arg.expr) is not None:  # a constant gate, e.g. log(0.9): make it a tensor
                 value = f"_torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
             out(f"_{arg.name}_{name} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")

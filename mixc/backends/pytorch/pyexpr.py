@@ -78,11 +78,15 @@ def literal(value: float) -> str:
 
 class PyExpr:
     """Emits expressions. `names` maps a spec reference to a Python variable: Timed refs by
-    (name, offset), plain names by name."""
+    (name, offset), plain names by name; `functions` maps a built-in to the callable that
+    computes it instead of its torch function (a log-gate's log: the runtime's _log_gate)."""
 
-    def __init__(self, typer: Typer, names: Callable[[Expr], str]) -> None:
+    def __init__(
+        self, typer: Typer, names: Callable[[Expr], str], functions: dict[str, str] | None = None
+    ) -> None:
         self.typer = typer
         self.names = names
+        self.functions = functions or {}
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
@@ -121,7 +125,7 @@ class PyExpr:
         if e.func == "diag":
             inner = ".squeeze(-1)" if self.shape(arg)[1] == "1" else ".squeeze(-2)"
             return f"{BUILTINS['diag'].torch}({self._wrap(arg, _ATOM)}{inner})"
-        return f"{BUILTINS[e.func].torch}({self(arg)})"
+        return f"{self.functions.get(e.func, BUILTINS[e.func].torch)}({self(arg)})"
 
     def eye(self, shape: Shape) -> str:
         n = shape[0]

@@ -276,6 +276,21 @@ def _l2norm(x):
     return x * torch.rsqrt((x * x).sum((-2, -1), keepdim=True) + 1e-6)
 
 
+def _log_gate(x):
+    """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
+    that log (1 / 2^-64), not of the clamp (0).
+
+    At a decay of exactly 0 the log-gate would be -inf, the kernel's gradient for it 0 (a factor
+    0 passes nothing on) and the log's gradient 1 / 0: the decay's gradient 0 * inf, where the
+    recurrence's is finite. From 2^-64 the kernel's gradient is the decay's gradient times
+    2^-64, which the log's gradient divides out again, while an output moves by at most 2^-64
+    of a value (below float64's resolution). A negative x keeps its NaN.
+    """
+    floor = 2.0**-64
+    lifted = torch.where((x >= 0) & (x < floor), floor, x)
+    return torch.log(x + (lifted - x).detach())
+
+
 # ---- kernels, one per transition class ---------------------------------------------------
 
 

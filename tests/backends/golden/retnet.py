@@ -280,6 +280,21 @@ def _l2norm(x):
     return x * torch.rsqrt((x * x).sum((-2, -1), keepdim=True) + 1e-6)
 
 
+def _log_gate(x):
+    """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
+    that log (1 / 2^-64), not of the clamp (0).
+
+    At a decay of exactly 0 the log-gate would be -inf, the kernel's gradient for it 0 (a factor
+    0 passes nothing on) and the log's gradient 1 / 0: the decay's gradient 0 * inf, where the
+    recurrence's is finite. From 2^-64 the kernel's gradient is the decay's gradient times
+    2^-64, which the log's gradient divides out again, while an output moves by at most 2^-64
+    of a value (below float64's resolution). A negative x keeps its NaN.
+    """
+    floor = 2.0**-64
+    lifted = torch.where((x >= 0) & (x < floor), floor, x)
+    return torch.log(x + (lifted - x).detach())
+
+
 # ---- kernels, one per transition class ---------------------------------------------------
 
 
@@ -837,7 +852,7 @@ def chunk(
     # H: scalar constant -> chunk_scalar_decay
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
-    _g_H = _seq_scalar(_torch.log(gamma), _sizes, cu_seqlens)  # log(gamma)
+    _g_H = _seq_scalar(_log_gate(gamma), _sizes, cu_seqlens)  # log(gamma)
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
@@ -854,7 +869,7 @@ def parallel(q, k, v, *, gamma=None):
     # H: scalar constant -> parallel_scalar_decay
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)
-    _g_H = _seq_scalar(_torch.log(gamma), _sizes)  # log(gamma)
+    _g_H = _seq_scalar(_log_gate(gamma), _sizes)  # log(gamma)
     _q = _seq_vector(q, _sizes)
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _r0 = _from_seq(_o)  # H_t q_t
@@ -874,7 +889,7 @@ def summary(q, k, v, *, gamma=None, chunk_size=64):
     # H: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)
-    _g_H = _seq_scalar(_torch.log(gamma), _sizes)  # log(gamma)
+    _g_H = _seq_scalar(_log_gate(gamma), _sizes)  # log(gamma)
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
     _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
