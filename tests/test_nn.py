@@ -166,7 +166,7 @@ y_t = attend(H_t q_t) / scale
 def test_parameters_that_divide_start_at_one():
     """A temperature starting at 0 made the first step divide by 0 (NaN outputs)."""
     torch.manual_seed(0)
-    layer = MixerLayer(TEMPERATURE, 32, 2)
+    layer = MixerLayer(mixc.Source(TEMPERATURE), 32, 2)
     assert torch.equal(layer.tau, torch.ones(2)) and torch.equal(layer.scale, torch.ones(2, 16))
     y, _ = layer(torch.randn(2, 7, 32))
     y.square().mean().backward()

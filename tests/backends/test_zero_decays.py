@@ -63,10 +63,10 @@ def _zero_decays(name, inputs, params):
 
 CASES = {
     "retnet": "specs/retnet.mix",
-    "retnet_zero_head": RETNET_ZERO_HEAD,
-    "gated_input": GATED_INPUT,
-    "gla_input": GLA_INPUT,
-    "gated_delta_input": GATED_DELTA_INPUT,
+    "retnet_zero_head": mixc.Source(RETNET_ZERO_HEAD),
+    "gated_input": mixc.Source(GATED_INPUT),
+    "gla_input": mixc.Source(GLA_INPUT),
+    "gated_delta_input": mixc.Source(GATED_DELTA_INPUT),
 }
 
 
