@@ -116,9 +116,6 @@ class Plan:
     def state(self, name: str) -> StateFacts:
         return next(s for s in self.states if s.name == name)
 
-    def group_of(self, state: str) -> GroupPlan:
-        return next(g for g in self.groups if state in g.states)
-
 
 def analyze(spec: Spec) -> Plan:
     """The plan of one verified spec. Raises located SpecErrors (a non-causal spec, an output

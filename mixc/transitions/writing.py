@@ -12,20 +12,17 @@ from dataclasses import dataclass
 
 __all__ = ["Core", "Update", "Writer", "decayed_update"]
 
-#: Size names the runtime uses for its own layout dims: never drawn.
-_LAYOUT_DIMS = frozenset({"B", "T", "NH"})
-_KEYWORDS = frozenset({"mixer", "in", "param", "state", "let"})
 #: The names mixc.check.sampling evaluates its draws with, beside the sizes: a size named like
 #: one of them breaks the draws (`torch.randn(B, T, NH, F)` with F the size), so none is drawn.
 _SAMPLER_NAMES = frozenset({"torch", "F", "gen"})
 
 
 def _valid_name(name: str, size: bool) -> bool:
-    from mixc.frontend.verify import RESERVED
+    from mixc.frontend.verify import LAYOUT_SIZES, RESERVED  # the language's words included
 
-    if size and name in _SAMPLER_NAMES | _LAYOUT_DIMS:
+    if size and name in _SAMPLER_NAMES | LAYOUT_SIZES:
         return False
-    return name not in RESERVED and name not in _KEYWORDS
+    return name not in RESERVED
 
 
 class Writer:
