@@ -27,8 +27,8 @@ __all__ = [
 #: analysis and the code generator work on the inlined tree).
 MAX_INLINED_NODES = 10_000
 
-#: Terms an expression may expand into (`mixc.algebra.expand`), counted as they are produced,
-#: before like terms are collected.
+#: Terms an expansion may hold (`mixc.algebra.expand`): a product's before its like terms are
+#: collected (the work of multiplying it out), a sum's after.
 MAX_TERMS = 100
 
 #: Factors (scalars, matrices and gates) one expanded term may have.
@@ -75,13 +75,11 @@ class InlinedSizes:
         self.lets: dict[str, tuple[int, tuple[int, ...]]] = {}  # name -> (base, count per arg)
         self.values: dict[str, int] = {}  # per-token value -> its inlined size
 
-    def add_let(self, name: str, args: tuple[str, ...], body: Expr) -> int:
-        """Reduce a let (whose callees were added before it) to its linear form; returns its size
-        with arguments of one node each."""
+    def add_let(self, name: str, args: tuple[str, ...], body: Expr) -> None:
+        """Reduce a let (whose callees were added before it) to its linear form."""
         base = self.size(body, dict.fromkeys(args, 0))
         counts = tuple(self.size(body, {b: int(a == b) for b in args}) - base for a in args)
         self.lets[name] = (base, counts)
-        return base + sum(counts)
 
     def add_value(self, name: str, size: int) -> None:
         self.values[name] = size

@@ -35,10 +35,7 @@ MAX_DEPTH = 200
 
 #: What to do about an expression nested more than MAX_DEPTH levels. Not "split it into per-token
 #: values": the analysis inlines those where they are read, so the depth comes back.
-DEPTH_HINT = (
-    "group a long sum or product in parentheses: (a + b + c) + (d + e + f) nests less deeply "
-    "than a + b + c + d + e + f"
-)
+DEPTH_HINT = "parenthesise a long sum or product: (a + b) + (c + d) nests less than a + b + c + d"
 
 _GRAMMAR_PLACES = (
     Path(__file__).parent.parent / "grammar" / "mixer.lark",  # installed wheel

@@ -369,7 +369,7 @@ dt_t x_t^T (an outer product, [P, P])?""",
 <string>:5:7: error: expression nested too deeply (more than 200 levels)
   5 | y_t = H_t q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + q_t + ...
     |       ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
-  hint: group a long sum or product in parentheses: (a + b + c) + (d + e + f) nests less deeply than a + b + c + d + e + f""",
+  hint: parenthesise a long sum or product: (a + b) + (c + d) nests less than a + b + c + d""",
         id="nested_too_deeply",
     ),
     pytest.param(
