@@ -312,7 +312,7 @@ class _Module:
             out(f'_batch = _sizes["B"] if cu_seqlens is None else {packed_batch}')
             batch = "_batch"
         if states_from is not None:
-            where = f"_sizes, _dtype, _device, {batch}"
+            where = f"_sizes, _dtype, _device, {batch}, {string(states_from)}"
             out(f"{self.state_tuple()} = _prepare_states(_STATES, {states_from}, {where})")
 
     def finish(self, out: Lines, y: str, final: str) -> None:
