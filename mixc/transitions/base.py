@@ -216,6 +216,13 @@ class TransitionClass:
         """The chunked form as math in the spec's names (for a class with a kernel)."""
         return Maths((), (f"none: {tr.reason}",))
 
+    def roles(self, tr: Transition) -> list[tuple[str, Expr]]:
+        """What each expression of the transition does ("decay", "erase", ...), for the edge
+        labels of `mixc graph`: the inputs an expression reads play that role for the state."""
+        out = [("decay", g.log) for g in tr.gates]
+        out += [(role, e) for role, e in (("erase", tr.beta), ("key", tr.key)) if e is not None]
+        return out + ([("gate", tr.gate)] if tr.gate is not None else [])
+
     def stability(self, tr: Transition, params: dict[str, Expr]) -> str | None:
         """A note on what keeps the transition stable, for `mixc explain`; None when nothing
         beyond the proven decays."""
