@@ -16,9 +16,9 @@ from pathlib import Path
 import networkx as nx
 
 from mixc.analysis.plan import Plan
+from mixc.analysis.roles import read_roles
 from mixc.driver import output_file, write_atomically
 from mixc.errors import MixcError
-from mixc.frontend.ir import Expr, Name, Timed, walk
 
 __all__ = ["FORMATS", "draw", "edge_roles", "write_graph"]
 
@@ -47,6 +47,8 @@ LOOP_HEIGHT = 0.16 * 0.9
 #: of another node's previous value.
 NODE_CLEARANCE = 24
 LAG_BEND = 0.3
+#: Where along its arc (0: source, 1: end) an edge's label sits.
+LABEL_AT = 0.35
 
 
 def _matplotlib():
@@ -61,32 +63,19 @@ def _matplotlib():
 
 
 def edge_roles(facts: Plan) -> dict[tuple[str, str], tuple[str, ...]]:
-    """What each read does, by edge: an input feeding a state as its key, value, write scale or
-    a role of its transition (decay, erase, ...: the class's `roles`), a query or scale feeding
-    an output, a skip, and a state read by an output. Reads with no such role have none."""
-    found: dict[tuple[str, str], list[str]] = {}
-
-    def add(role: str, e: Expr | None, target: str) -> None:
-        for n in walk(e) if e is not None else ():
-            if isinstance(n, (Timed, Name)) and facts.graph.has_edge(n.name, target):
-                roles = found.setdefault((n.name, target), [])
-                if role not in roles:
-                    roles.append(role)
-
-    for s in facts.states:
-        for w in s.writes:
-            add("key", w.key, s.name)
-            add("value", w.value, s.name)
-            add("write scale", w.scale, s.name)
-        for role, e in s.transition.kind.roles(s.transition):
-            add(role, e, s.name)
-    for o in facts.outputs:
-        for r in o.readouts:
-            add("read", Name(r.state), o.name)
-            add("query", r.query, o.name)
-            add("scale", r.scale, o.name)
-        add("skip", o.skip, o.name)
-    return {edge: tuple(roles) for edge, roles in found.items()}
+    """The roles of each edge's read (`mixc.analysis.roles.read_roles`), as its label says
+    them: "key" for a role for the edge's end, "query of H, z" for roles for other nodes."""
+    out = {}
+    for edge, roles in read_roles(facts).items():
+        if facts.graph.has_edge(*edge):
+            of: dict[str, list[str]] = {}
+            for r in roles:
+                of.setdefault(r.role, []).append(r.of)
+            out[edge] = tuple(
+                role if nodes == [edge[1]] else f"{role} of {', '.join(nodes)}"
+                for role, nodes in of.items()
+            )
+    return out
 
 
 def _positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
@@ -182,13 +171,18 @@ def _draw_arrow(ax, start, end, bend: float, lag: bool) -> None:
 
 
 def _draw_edge_label(ax, start, end, bend: float, label: str, colour: str) -> None:
-    """The roles of a read, on a white patch at the middle of its arc. An `arc3` curve is a
-    quadratic Bezier whose control point sits `bend` times the chord's length off its middle,
-    in display coordinates: its middle is half that distance off."""
+    """The roles of a read, on a white patch on its arc, nearer its source (LABEL_AT of the
+    way: edges that cross at their middles keep their labels apart). An `arc3` curve is a
+    quadratic Bezier whose control point sits `bend` times the chord off its middle, in display
+    coordinates."""
     (x0, y0), (x1, y1) = ax.transData.transform([start, end])
-    dx, dy = x1 - x0, y1 - y0
-    middle = ((x0 + x1) / 2 + bend * dy / 2, (y0 + y1) / 2 - bend * dx / 2)
-    x, y = ax.transData.inverted().transform(middle)
+    cx, cy = (x0 + x1) / 2 + bend * (y1 - y0), (y0 + y1) / 2 - bend * (x1 - x0)
+    t = LABEL_AT
+    at = [
+        (1 - t) ** 2 * a + 2 * t * (1 - t) * c + t**2 * b
+        for a, c, b in ((x0, cx, x1), (y0, cy, y1))
+    ]
+    x, y = ax.transData.inverted().transform(at)
     ax.text(
         x,
         y,

@@ -313,7 +313,7 @@ def test_graph_writes_png_and_svg(capsys, tmp_path, name):
                 ("beta", "H"): ("write scale", "erase"),
                 ("g", "H"): ("decay",),
                 ("H", "y"): ("read",),
-                ("q", "y"): ("query",),
+                ("q", "y"): ("query of H",),
             },
         ),
         (
@@ -324,7 +324,7 @@ def test_graph_writes_png_and_svg(capsys, tmp_path, name):
                 ("dt", "H"): ("write scale", "decay"),
                 ("A", "H"): ("decay",),
                 ("H", "y"): ("read",),
-                ("C", "y"): ("query",),
+                ("C", "y"): ("query of H",),
                 ("D", "y"): ("skip",),
                 ("x", "y"): ("skip",),
             },
