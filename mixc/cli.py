@@ -361,7 +361,10 @@ def _add_bench(sub: _Subparsers) -> None:
     sweep.add_argument("--quick", action="store_true", help="T = 512 only, 3 repeats")
     sweep.add_argument("--full", action="store_true", help="T = 512 to 16384, doubling")
     p.add_argument(
-        "--chunk-size", type=_positive, default=64, metavar="C", help="chunk size (default: 64)"
+        "--chunk-size",
+        type=_positive,
+        metavar="C",
+        help="chunk size (default: the module's CHUNK_SIZE, measured per class; see explain)",
     )
     p.add_argument(
         "--forms",

@@ -476,7 +476,7 @@ def run(
     *,
     sizes: dict[str, int] | None = None,
     T: Sequence[int] = DEFAULT_T,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     forms: Sequence[str] = FORMS,
     backward: bool = False,
     repeats: int = 5,
@@ -500,6 +500,7 @@ def run(
     spec = load_spec(spec_path)
     facts = analyze(spec)
     module = load(spec_path)
+    chunk_size = chunk_size or module.CHUNK_SIZE
     full_sizes = default_sizes(spec, sizes)
     result = BenchResult(
         spec=str(spec_path),
@@ -589,7 +590,7 @@ def _check_options(forms: Sequence[str], chunk_size: int, repeats: int) -> None:
     for form in forms:
         if form not in FORMS:
             raise MixcError(f"--forms: unknown form {form!r}; choose from {', '.join(FORMS)}")
-    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+    if chunk_size is not None and (chunk_size < 1 or chunk_size & (chunk_size - 1)):
         raise MixcError(f"--chunk-size: expected a power of two, got {chunk_size}")
     if repeats < 1:
         raise MixcError(f"--repeats: expected at least 1, got {repeats}")

@@ -18,6 +18,7 @@ from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr, Name, Timed, walk
 from mixc.frontend.spec import Spec
 from mixc.tools.report import (
+    ChunkSizeInfo,
     CostInfo,
     Explanation,
     FormCostInfo,
@@ -279,6 +280,11 @@ def explain(
         forms=_form_infos(facts),
         algorithm=facts.algorithm,
         why=_why(facts),
+        chunk_size=(
+            ChunkSizeInfo(size=facts.chunk_size.size, why=facts.chunk_size.why)
+            if facts.chunkable
+            else None
+        ),
         not_supported=_not_supported(facts),
         parallel_form=parallel_form(facts, groups),
         warnings=[

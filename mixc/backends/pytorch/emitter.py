@@ -225,6 +225,10 @@ class _Module:
             f"{string(s.name)}: {string(s.transition.cls)}" for s in self.facts.states
         )
         out(f"CLASSES = {{{classes}}}", 0)
+        chunk = self.facts.chunk_size
+        for line in textwrap.wrap(f"chunk's default chunk size: {chunk.why}", 96):
+            out.lines.append(comment(line))
+        out(f"CHUNK_SIZE = {chunk.size}", 0)
 
     def emit_library(self, out: Lines) -> None:
         """The runtime helpers and the kernels this module calls, copied from their source."""
@@ -337,7 +341,7 @@ class _Module:
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
     def emit_chunk(self, out: Lines) -> None:
-        options = ("initial_state=None", "output_final_state=False", "chunk_size=64")
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
         out(f"def chunk({self.signature(*options, 'cu_seqlens=None')}):", 0)
         out('"""Chunked parallel form. Returns (output, final state or None).')
         out("")
@@ -354,7 +358,7 @@ class _Module:
         out("", 0)
 
     def emit_no_chunk(self, out: Lines) -> None:
-        options = ("initial_state=None", "output_final_state=False", "chunk_size=64")
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
         out(f"def chunk({self.signature(*options)}):", 0)
         out('"""No chunked form exists for this spec: use recurrent or step."""')
         reason = self.facts.reason.replace("NYI: ", "")
@@ -467,7 +471,7 @@ class _Module:
                 out(f"{s.name} = {s.name}.mT")
 
     def emit_summary(self, out: Lines) -> None:
-        out(f"def summary({self.signature('chunk_size=64')}):", 0)
+        out(f"def summary({self.signature('chunk_size=CHUNK_SIZE')}):", 0)
         out(
             '"""The action of the sequence on the state, for context parallelism: '
             "returns (P, F), one of"

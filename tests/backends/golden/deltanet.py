@@ -45,6 +45,9 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "identity minus rank-1"}
+# chunk's default chunk size: 32 ran 1.12-1.17x faster than 64 for DeltaNet and Gated DeltaNet,
+# measured on CPU (2 threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+CHUNK_SIZE = 32
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -966,7 +969,15 @@ def _prepare(q, k, v, beta, *, _sequence):
 
 
 def chunk(
-    q, k, v, beta, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None
+    q,
+    k,
+    v,
+    beta,
+    *,
+    initial_state=None,
+    output_final_state=False,
+    chunk_size=CHUNK_SIZE,
+    cu_seqlens=None,
 ):
     """Chunked parallel form. Returns (output, final state or None).
 
@@ -992,7 +1003,7 @@ def chunk(
     return y, (H if output_final_state else None)
 
 
-def summary(q, k, v, beta, *, chunk_size=64):
+def summary(q, k, v, beta, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose

@@ -49,6 +49,8 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "elementwise gate"}
+# chunk's default chunk size: no chunked form: unused
+CHUNK_SIZE = 64
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -311,7 +313,7 @@ def _prepare(q, k, v, G, *, _sequence):
     return q, k, v, G, _sizes, _dtype
 
 
-def chunk(q, k, v, G, *, initial_state=None, output_final_state=False, chunk_size=64):
+def chunk(q, k, v, G, *, initial_state=None, output_final_state=False, chunk_size=CHUNK_SIZE):
     """No chunked form exists for this spec: use recurrent or step."""
     _fail(
         'NYI: no chunked form (H: the full elementwise gate G_t has no chunked form (the decay '
@@ -320,7 +322,7 @@ def chunk(q, k, v, G, *, initial_state=None, output_final_state=False, chunk_siz
     )
 
 
-def summary(q, k, v, G, *, chunk_size=64):
+def summary(q, k, v, G, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose

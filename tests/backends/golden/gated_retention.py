@@ -47,6 +47,9 @@ OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
 FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "scalar data-dependent"}
+# chunk's default chunk size: 32 ran 1.06-1.14x faster than 64 with a decay, measured on CPU (2
+# threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+CHUNK_SIZE = 32
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -822,7 +825,15 @@ def _prepare(q, k, v, a, *, _sequence):
 
 
 def chunk(
-    q, k, v, a, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None
+    q,
+    k,
+    v,
+    a,
+    *,
+    initial_state=None,
+    output_final_state=False,
+    chunk_size=CHUNK_SIZE,
+    cu_seqlens=None,
 ):
     """Chunked parallel form. Returns (output, final state or None).
 
@@ -863,7 +874,7 @@ def parallel(q, k, v, a):
     return y, None
 
 
-def summary(q, k, v, a, *, chunk_size=64):
+def summary(q, k, v, a, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose

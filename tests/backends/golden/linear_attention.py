@@ -47,6 +47,9 @@ OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
 FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "identity"}
+# chunk's default chunk size: 64 ran 1.06x faster than 32 with no decay, measured on CPU (2
+# threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+CHUNK_SIZE = 64
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -821,7 +824,9 @@ def _prepare(q, k, v, *, _sequence):
     return q, k, v, _sizes, _dtype
 
 
-def chunk(q, k, v, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None):
+def chunk(
+    q, k, v, *, initial_state=None, output_final_state=False, chunk_size=CHUNK_SIZE, cu_seqlens=None
+):
     """Chunked parallel form. Returns (output, final state or None).
 
     With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own
@@ -859,7 +864,7 @@ def parallel(q, k, v):
     return y, None
 
 
-def summary(q, k, v, *, chunk_size=64):
+def summary(q, k, v, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose

@@ -49,6 +49,9 @@ OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
 FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H": "scalar constant"}
+# chunk's default chunk size: 32 ran 1.06-1.14x faster than 64 with a decay, measured on CPU (2
+# threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+CHUNK_SIZE = 32
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -836,7 +839,7 @@ def chunk(
     gamma=None,
     initial_state=None,
     output_final_state=False,
-    chunk_size=64,
+    chunk_size=CHUNK_SIZE,
     cu_seqlens=None,
 ):
     """Chunked parallel form. Returns (output, final state or None).
@@ -878,7 +881,7 @@ def parallel(q, k, v, *, gamma=None):
     return y, None
 
 
-def summary(q, k, v, *, gamma=None, chunk_size=64):
+def summary(q, k, v, *, gamma=None, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
