@@ -162,6 +162,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,
+        backend=args.backend,
     )
 
 
@@ -330,6 +331,12 @@ def _add_fuzz(sub: _Subparsers) -> None:
         help="precision under test",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the module runs")
+    p.add_argument(
+        "--backend",
+        default="pytorch",
+        help="code generator of the module under test (default: pytorch; triton on CPU needs "
+        "TRITON_INTERPRET=1)",
+    )
 
 
 def _add_bench(sub: _Subparsers) -> None:

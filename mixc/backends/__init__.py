@@ -11,7 +11,7 @@ from types import ModuleType
 from mixc.errors import MixcError
 
 #: Backend name -> module path. Each module defines NAME, supports(facts) and emit(facts).
-REGISTRY = {"pytorch": "mixc.backends.pytorch"}
+REGISTRY = {"pytorch": "mixc.backends.pytorch", "triton": "mixc.backends.triton"}
 
 
 def get(name: str) -> ModuleType:
