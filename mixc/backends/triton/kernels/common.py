@@ -14,11 +14,24 @@ import torch
 import triton
 import triton.language as tl
 
+from mixc.backends.pytorch.kernels.common import _chunk_size_for
+
 
 def _tl_block(n):
     """A block size for an axis of n entries: the least power of two >= n, and at least 16, the
     smallest operand size of tl.dot on a GPU (the extra entries are masked zeros)."""
     return max(16, triton.next_power_of_2(n))
+
+
+def _tl_sizes(q, v, chunk_size):
+    """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
+    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
+    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
+    at most 64, one program each."""
+    length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
+    block_t = _tl_block(_chunk_size_for(chunk_size, length))
+    block_v = min(_tl_block(d_v), 64)
+    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
 def _tl_check_device(kernel, x):
@@ -69,3 +82,23 @@ def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, m
     mask is False."""
     at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
     return tl.load(at, mask=mask, other=0.0)
+
+
+@triton.jit
+def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
+    """The log-gates at tokens t of one (batch, head) of g [B, NH, T] (strided), 0 where mask is
+    False. A gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still exactly
+    0, and the sums of gates stay finite (a matmul's 0 times -inf would be NaN)."""
+    gates = tl.load(g + i_b * strides_b + i_h * strides_h + t * strides_t, mask=mask, other=0.0)
+    return tl.where(gates < -1e30, -1e30, gates)
+
+
+@triton.jit
+def _tl_chunk_decays(g, rows):
+    """The decays of a chunk from its log-gates g [BT] (_tl_gate_sums): (Gamma [BT, BT],
+    exp(b_i - b_j) on and below the diagonal and 1, an empty product, above it; exp(b) and
+    exp(b_C - b) [BT, 1]; the whole chunk's exp(b_C))."""
+    pairs, to_end = _tl_gate_sums(g, rows)
+    gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
+    from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
+    return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))

@@ -22,13 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from mixc.backends.pytorch.kernels.common import _chunk_size_for, _needs_grad
+from mixc.backends.pytorch.kernels.common import _needs_grad
 from mixc.backends.triton.kernels.common import (
-    _tl_block,
     _tl_check_device,
-    _tl_gate_sums,
+    _tl_chunk_decays,
+    _tl_gates,
     _tl_new_like_callers,
     _tl_rows,
+    _tl_sizes,
     _tl_strides,
 )
 
@@ -98,14 +99,11 @@ def _tl_scalar_decay_fwd(
             tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
         scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:
-            g_c = tl.load(g + i_b * sg_b + i_h * sg_h + t * sg_t, mask=in_t, other=0.0)
-            b = tl.cumsum(g_c, axis=0)
-            b_end = tl.sum(g_c, axis=0)
-            pairs, to_end = _tl_gate_sums(g_c, rows)
-            # exp(b_i - b_j) on and below the diagonal; above it an empty product, 1
-            scores = scores * tl.exp(tl.where(causal, pairs, 0.0))
-            q_c = q_c * tl.exp(b)[:, None]
-            k_c = k_c * tl.exp(to_end)[:, None]
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+            scores = scores * gamma
+            q_c = q_c * from_start
+            k_c = k_c * to_end
         scores = tl.where(causal, scores, 0.0)
         # 0 where a value is finite, NaN where it is not: the products inside the chunk take
         # the finite values, the poison is added to the outputs from that token on
@@ -117,7 +115,7 @@ def _tl_scalar_decay_fwd(
         o_at = o + i_b * so_b + i_h * so_h + t[:, None] * so_t + cols_v[None, :] * so_d
         tl.store(o_at, out, mask=at_v)
         if HAS_G:
-            state = state * tl.exp(b_end)
+            state = state * chunk_decay
         state += tl.dot(tl.trans(k_c), v_c, input_precision="ieee")
         state += tl.sum(poison, axis=0)[None, :]
     tl.store(ht + i_bh * K * V + state_at, state, mask=state_in)
@@ -196,15 +194,10 @@ def _tl_scalar_decay_bwd(
         d_probs = tl.dot(do_c, tl.trans(v_c), input_precision="ieee")  # dP = dO V^T
         probs = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:
-            g_c = tl.load(g + i_b * sg_b + i_h * sg_h + t * sg_t, mask=in_t, other=0.0)
-            b = tl.cumsum(g_c, axis=0)
-            b_end = tl.sum(g_c, axis=0)
-            pairs, to_end = _tl_gate_sums(g_c, rows)
-            gamma = tl.exp(tl.where(causal, pairs, 0.0))
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
             probs = probs * gamma
             d_scores = tl.where(causal, d_probs * gamma, 0.0)
-            from_start = tl.exp(b)[:, None]
-            to_end = tl.exp(to_end)[:, None]
             q_start, do_start = q_c * from_start, do_c * from_start
             k_end, v_end = k_c * to_end, v_c * to_end
         else:
@@ -231,19 +224,11 @@ def _tl_scalar_decay_bwd(
                 ends = tl.sum(k_c * from_k, axis=1)
                 dg_c += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
                 dg_c += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-                dg_c += tl.sum(tl.sum(state * d_state, axis=1), axis=0) * tl.exp(b_end)
+                dg_c += tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
                 tl.store(dg + part * T + t, dg_c, mask=in_t)
-            d_state = d_state * tl.exp(b_end)
+            d_state = d_state * chunk_decay
         d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
     tl.store(dh0 + i_bh * K * V + state_at, d_state, mask=state_in)
-
-
-def _tl_scalar_decay_sizes(q, v, chunk_size):
-    """(chunk, key and value block sizes, the number of value blocks, the number of chunks)."""
-    length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
-    block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = min(_tl_block(d_v), 64)
-    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
 def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
@@ -251,7 +236,7 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
     [B, NH, N, K, V] if keep else None)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_scalar_decay_sizes(q, v, chunk_size)
+    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
     if initial_state is None:
         initial_state = q.new_zeros(batch, heads, d_k, d_v)
     initial_state = initial_state.to(q.dtype).contiguous()
@@ -302,7 +287,7 @@ class _TlScalarDecay(torch.autograd.Function):
         q, k, v, g, kept = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_scalar_decay_sizes(q, v, ctx.chunk_size)
+        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
         if d_final is None:
             d_final = q.new_zeros(batch, heads, d_k, d_v)
         d_final = d_final.to(q.dtype).contiguous()
