@@ -286,3 +286,9 @@ class Explanation(_Model):
     costs: CostInfo = Field(
         description="Cost per token and head of the recurrent, chunked and quadratic forms."
     )
+    backend: str = Field("pytorch", description="The backend the report is for.")
+    backend_notes: list[str] = Field(
+        default_factory=list,
+        description="Which kernel each group runs on that backend, and why where it falls back "
+        "(empty for the PyTorch backend, whose kernels are all PyTorch).",
+    )

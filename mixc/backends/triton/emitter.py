@@ -22,19 +22,22 @@ def supports(plan: Plan) -> str | None:
     return _torch_emitter.supports(plan)
 
 
-def fallbacks(plan: Plan) -> tuple[str, ...]:
-    """One line per group whose chunked form runs a PyTorch kernel, saying why; empty when every
-    chunked form runs a Triton kernel."""
+def kernel_notes(plan: Plan) -> tuple[str, ...]:
+    """For `explain`: one line per group saying which kernel its chunked form runs, and for a
+    group that falls back to the PyTorch kernel, why. The other forms are PyTorch throughout."""
     if not plan.chunkable:
-        return ("no chunked form (the recurrent and step forms are PyTorch loops)",)
+        return ("no chunked form: every form is PyTorch (recurrent and step loops)",)
     lines = []
     for group in plan.groups:
         kernel = f"chunk_{group.kernel}"
-        if kernel not in _triton_kernels.KERNELS:
+        what = f"{' and '.join(group.states)} ({group.transition.cls})"
+        if kernel in _triton_kernels.KERNELS:
+            lines.append(f"{what}: {kernel} runs fused Triton kernels, forward and backward")
+        else:
             have = ", ".join(_triton_kernels.KERNELS)
             lines.append(
-                f"{' and '.join(group.states)} ({group.transition.cls}): no Triton kernel {kernel} yet "
-                f"(the Triton kernels are {have}); runs the PyTorch kernel"
+                f"{what}: falls back to the PyTorch kernel {kernel}: the Triton backend has no "
+                f"kernel for this class yet (it has {have})"
             )
     return tuple(lines)
 
