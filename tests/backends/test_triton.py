@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import mixc
 from mixc.analysis.plan import analyze
 from mixc.check.fuzz import fuzz
 from mixc.driver import compile_source
+from mixc.errors import MixcError
 from tests.backends.test_causality import check_causal
 from tests.backends.test_varlen import check_packed
 
@@ -125,3 +127,10 @@ def test_a_cpu_tensor_outside_the_interpreter_is_refused():
 
     with pytest.raises(RuntimeError, match="run on a CUDA device"):
         module._tl_check_device(compiled_kernel, torch.zeros(1))
+
+
+def test_a_missing_triton_is_a_clear_error(monkeypatch):
+    text = SPECS["retnet"].read_text() + "# a text of its own, so that no cached module answers\n"
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` fails as if absent
+    with pytest.raises(MixcError, match=r"pip install 'mixc\[triton\]'"):
+        mixc.load(text=text, backend="triton")
