@@ -215,8 +215,10 @@ def run_case(case: Case, shape, device, dtype, args, dry: bool) -> dict:
         except Exception as exc:  # an implementation that fails at this shape (OOM, compile)
             row[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
             continue
-        if err > AGREE:
-            raise SystemExit(f"{case.spec} {shape}: {name} differs from {reference} by {err:.1e}")
+        if err > AGREE:  # reported, not timed: a fast wrong answer is no result
+            print(f"  {name} differs from {reference} by {err:.1e}", file=sys.stderr)
+            row[name] = {"rel": err, "error": f"output differs from {reference}: not timed"}
+            continue
         row[name], good[name] = {"rel": err}, (fn, leaves)
     for backward, key in ((False, "fwd"), (True, "fwd_bwd")):
         try:
@@ -316,6 +318,10 @@ def main() -> int:
     text = table(results, dry)
     if dry:
         print(text)
+        failed = [f"{c.spec} {n}" for c, _, row in results for n, r in row.items() if "error" in r]
+        if failed:
+            print(f"set-up check FAILED: {', '.join(failed)}")
+            return 1
         print("set-up checked; no CUDA device, so nothing was measured (exit 0)")
         return 0
     OUT.write_text(text, encoding="utf-8")
