@@ -118,7 +118,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.spec is None:
         print("mixc explain: error: the following arguments are required: SPEC", file=sys.stderr)
         return 2
-    facts = plan(args.spec)
+    facts = plan(args.spec, args.backend)
     spec = facts.spec
     sizes = args.sizes or {}
     known = set(costs(facts).symbols)
@@ -130,7 +130,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    report = explain(spec, sizes, facts)
+    report = explain(spec, sizes, facts, args.backend)
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
@@ -162,6 +162,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         seed=args.seed,
         dtype=args.dtype,
         device=args.device,
+        backend=args.backend,
     )
 
 
@@ -290,6 +291,11 @@ def _add_explain(sub: _Subparsers) -> None:
         metavar="K=64,V=64,T=4096,C=64",
         help="sizes that fill the cost formulas (C: chunk size, T: sequence length)",
     )
+    p.add_argument(
+        "--backend",
+        default="pytorch",
+        help="say which kernels the chunked forms run on this backend (default: pytorch)",
+    )
 
 
 def _add_graph(sub: _Subparsers) -> None:
@@ -331,6 +337,12 @@ def _add_fuzz(sub: _Subparsers) -> None:
         help="precision under test",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the module runs")
+    p.add_argument(
+        "--backend",
+        default="pytorch",
+        help="code generator of the module under test (default: pytorch; triton on CPU needs "
+        "TRITON_INTERPRET=1)",
+    )
 
 
 def _add_bench(sub: _Subparsers) -> None:

@@ -130,7 +130,13 @@ def load(spec=None, backend: str = "pytorch", *, text: str | None = None) -> typ
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     module = types.ModuleType(f"mixc_compiled_{name}_{digest}")
     module.__file__ = filename
-    exec(compile(text, filename, "exec"), module.__dict__)
+    try:
+        exec(compile(text, filename, "exec"), module.__dict__)
+    except ModuleNotFoundError as exc:  # a backend's optional package (triton) is missing
+        raise MixcError(
+            f"the {backend} backend's modules import {exc.name}, which is not installed: "
+            f"pip install 'mixc[{backend}]'"
+        ) from None
     sys.modules[module.__name__] = module  # torch.compile looks modules up by name
     _CACHE[key] = module
     return module

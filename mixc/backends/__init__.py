@@ -10,8 +10,9 @@ from types import ModuleType
 
 from mixc.errors import MixcError
 
-#: Backend name -> module path. Each module defines NAME, supports(facts) and emit(facts).
-REGISTRY = {"pytorch": "mixc.backends.pytorch"}
+#: Backend name -> module path. Each module defines NAME, supports(facts) and emit(facts); one
+#: whose kernels differ by class also defines kernel_notes(facts), the lines `explain` prints.
+REGISTRY = {"pytorch": "mixc.backends.pytorch", "triton": "mixc.backends.triton"}
 
 
 def get(name: str) -> ModuleType:

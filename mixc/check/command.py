@@ -51,6 +51,20 @@ def _progress_bar(label: str, total: int):
     return update, bar
 
 
+def _triton_on(device: str) -> None:
+    """Make ready to fuzz a module of the Triton backend on `device`: triton must be installed,
+    and on CPU its kernels run in triton's interpreter, which must be chosen before the module
+    is made, before triton itself is imported (its own functions are made for one or the
+    other): TRITON_INTERPRET=1, unless the environment says otherwise."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        raise MixcError("--backend triton needs triton: pip install 'mixc[triton]'")
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def run_command(
     spec_path: str,
     module_path: str | None = None,
@@ -59,6 +73,7 @@ def run_command(
     seed: int = 0,
     dtype: str = "float32",
     device: str = "cpu",
+    backend: str = "pytorch",
     out=None,
 ) -> int:
     """`mixc fuzz`: 0 when every form agrees with the oracle (prints a one-line summary), 1 on a
@@ -68,8 +83,12 @@ def run_command(
         import hypothesis  # noqa: F401
     except ImportError:
         raise MixcError("mixc fuzz needs hypothesis: pip install 'mixc[fuzz]'") from None
+    if backend == "triton" and module_path is None:
+        _triton_on(device)
     spec = load_spec(spec_path)
     target = f"{spec_path}" + (f" --module {module_path}" if module_path else "")
+    if backend != "pytorch" and not module_path:
+        target += f" --backend {backend}"
     update, bar = _progress_bar(f"fuzzing {spec.mixer.name}", examples)
     with bar:
         report = fuzz(
@@ -79,6 +98,7 @@ def run_command(
             seed=seed,
             dtype=dtype,
             device=device,
+            backend=backend,
             progress=update,
         )
     for note in report.notes:
@@ -88,7 +108,7 @@ def run_command(
         return 0
     f = report.failure
     replay = f"mixc fuzz {target} --examples {examples} --seed {seed} --dtype {dtype}"
-    script = reproducer(input_ranges(spec), f, spec_path, module_path)
+    script = reproducer(input_ranges(spec), f, spec_path, module_path, backend)
     print(
         f"FAILED mixc fuzz {target}: {f.summary()}\n"
         f"  after {report.examples} passing examples; shrunk in {report.shrink_steps} steps to:\n"

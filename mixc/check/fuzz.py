@@ -532,13 +532,14 @@ def _check_contract(r: InputRanges, module: types.ModuleType, where: str) -> Non
 
 
 def _module_under_test(
-    spec: Spec, module: types.ModuleType | str | os.PathLike | None
+    spec: Spec, module: types.ModuleType | str | os.PathLike | None, backend: str
 ) -> tuple[types.ModuleType, str]:
-    """(the module, how to name it): the spec compiled in-process, a module, or a module file."""
+    """(the module, how to name it): the spec compiled in-process by `backend`, a module, or a
+    module file."""
     if module is None:
         from mixc.driver import load
 
-        return load(spec.source), "the compiled module"
+        return load(spec.source, backend), "the compiled module"
     if isinstance(module, types.ModuleType):
         return module, getattr(module, "__file__", None) or module.__name__
     return load_module(module), str(module)
@@ -633,15 +634,16 @@ def fuzz(
     seed: int = 0,
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
+    backend: str = "pytorch",
     max_T: int = 100,
     max_size: int = 12,
     shrink: bool = True,
     shrink_seconds: float = 60.0,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> Report:
-    """Fuzz `module` (default: the spec compiled in-process; a path loads a module file) against
-    the float64 oracle of `spec` on `examples` drawn examples, deterministically for a `seed`.
-    `progress(done, total, phase)` is called after every example."""
+    """Fuzz `module` (default: the spec compiled in-process by `backend`; a path loads a module
+    file) against the float64 oracle of `spec` on `examples` drawn examples, deterministically
+    for a `seed`. `progress(done, total, phase)` is called after every example."""
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     if dtype not in (torch.float64, torch.float32, torch.bfloat16):
@@ -651,7 +653,7 @@ def fuzz(
         raise MixcError("--device cuda: CUDA is not available on this machine")
     if examples < 1:
         raise MixcError(f"examples: expected at least 1, got {examples}")
-    module, where = _module_under_test(spec, module)
+    module, where = _module_under_test(spec, module, backend)
     r = input_ranges(spec)
     _check_contract(r, module, where)
     report = Report(spec.mixer.name, 0, dtype, notes=r.notes)

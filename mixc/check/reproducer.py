@@ -20,14 +20,21 @@ _KINDS = ("input", "param", "default", "state", "cotangent")
 
 
 def reproducer(
-    r: InputRanges, failure: Failure, spec_path: str | None, module_path: str | None
+    r: InputRanges,
+    failure: Failure,
+    spec_path: str | None,
+    module_path: str | None,
+    backend: str = "pytorch",
 ) -> str:
     """A short script that rebuilds the failing example's tensors from its seed with torch,
     calls the failing form of the module, compares it with the float64 oracle, and exits 1 when
     a quantity is out of bounds."""
     dtype = str(failure.dtype).removeprefix("torch.")
     wide = "float64" if dtype == "float64" else "float32"  # parameters and states
-    lines = [*_preamble(r, failure, spec_path, module_path), "drawn = {}  # by (role, name)"]
+    lines = [
+        *_preamble(r, failure, spec_path, module_path, backend),
+        "drawn = {}  # by (role, name)",
+    ]
     kinds = {kind: [] for kind in _KINDS}
     for d in draws(r, failure.example):
         lines.append(f"{_drawn(d.kind, d.name)} = {d.code}")
@@ -43,12 +50,13 @@ def _drawn(kind: str, name: str) -> str:
 
 
 def _preamble(
-    r: InputRanges, failure: Failure, spec_path: str | None, module_path: str | None
+    r: InputRanges, failure: Failure, spec_path: str | None, module_path: str | None, backend: str
 ) -> list[str]:
     """Imports, the spec and module, the generator and the sizes."""
     ex = failure.example
     spec_arg = string(spec_path) if spec_path else f"text={string(r.spec.source.text)}"
-    load = f"load_module({string(module_path)})" if module_path else "mixc.load(spec)"
+    chosen = "" if backend == "pytorch" else f", backend={string(backend)}"
+    load = f"load_module({string(module_path)})" if module_path else f"mixc.load(spec{chosen})"
     lines = [
         comment(f"mixc fuzz reproducer: {failure.summary()}"),
         "import torch",

@@ -257,10 +257,15 @@ def _form_infos(facts: Plan) -> list[FormInfo]:
 
 
 def explain(
-    spec: Spec, sizes: dict[str, int] | None = None, facts: Plan | None = None
+    spec: Spec,
+    sizes: dict[str, int] | None = None,
+    facts: Plan | None = None,
+    backend: str = "pytorch",
 ) -> Explanation:
     """The report of one verified spec. `sizes` (e.g. {"K": 64, "T": 4096, "C": 64}) fill in the
-    cost formulas."""
+    cost formulas; `backend` says which kernels the notes describe."""
+    from mixc.backends import get as get_backend
+
     facts = facts or analyze(spec)
     sizes = dict(sizes or {})
     mixer = facts.mixer
@@ -297,6 +302,8 @@ def explain(
             for w in facts.warnings
         ],
         costs=_cost_info(costs(facts), sizes),
+        backend=backend,
+        backend_notes=list(getattr(get_backend(backend), "kernel_notes", lambda _: ())(facts)),
     )
 
 

@@ -181,6 +181,10 @@ def _render_plan(out: _Printer, report: Explanation) -> None:
         out.line(
             "sequential only: compile gives recurrent() and step(); chunk() raises NYI", style="red"
         )
+    if report.backend_notes:
+        out.line(f"kernels on the {report.backend} backend:")
+        for note in report.backend_notes:
+            out.line(note, indent=4)
 
 
 def _render_parallel_form(out: _Printer, report: Explanation) -> None:

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: Bumped when a field is renamed or removed or changes meaning (adding a field does not).
-SCHEMA_VERSION = 3  # 2: `order` lists the equations only; `forms` added. 3: `chunk_size`
+SCHEMA_VERSION = 3  # 2: `order` lists the equations only; `forms` added. 3: `chunk_size`, `backend`
 
 
 class _Model(BaseModel):
@@ -294,4 +294,10 @@ class Explanation(_Model):
     )
     costs: CostInfo = Field(
         description="Cost per token and head of the recurrent, chunked and quadratic forms."
+    )
+    backend: str = Field("pytorch", description="The backend the report is for.")
+    backend_notes: list[str] = Field(
+        default_factory=list,
+        description="Which kernel each group runs on that backend, and why where it falls back "
+        "(empty for the PyTorch backend, whose kernels are all PyTorch).",
     )

@@ -28,8 +28,8 @@ SOURCES = {
 T, B, NH = 13, 2, 2
 
 
-def _forms(module, states):
-    """Each form as inputs -> outputs [B, T, ...], from the same initial states."""
+def _forms(module, states, length=T):
+    """Each form as inputs -> outputs [B, length, ...], from the same initial states."""
     forms = {"recurrent": lambda *a: module.recurrent(*a, initial_state=states)[0]}
     if "chunk" in module.FORMS:
         for size in (4, 16):
@@ -41,7 +41,7 @@ def _forms(module, states):
 
     def step_loop(*args):
         n_in, state, ys = len(module.INPUTS), states, []
-        for t in range(T):
+        for t in range(length):
             y, state = module.step(*[a[:, t] for a in args[:n_in]], *args[n_in:], state=state)
             ys.append(y)
         return torch.stack(ys, 1)
@@ -66,17 +66,25 @@ def _later(x, t, kind, generator):
 
 @pytest.mark.parametrize("name", SOURCES)
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
-    source = SOURCES[name]
-    module = mixc.load(source)
+    check_causal(SOURCES[name], "pytorch", T, (5, 7))  # inside a chunk of 4, and starting one
+
+
+def check_causal(source, backend, length, tokens, forms=None):
+    """Every form of the module `backend` compiles (or those named in `forms`), on `length`
+    tokens: the outputs up to each of `tokens` do not change, bit for bit, whatever the later
+    tokens hold."""
+    module = mixc.load(source, backend)
     spec = mixc.load_spec(source)
-    args = sample_inputs(spec, SIZES, T, batch=B, heads=NH, seed=1)
+    args = sample_inputs(spec, SIZES, length, batch=B, heads=NH, seed=1)
     states = tuple(sample_states(spec, SIZES, batch=B, heads=NH, seed=2))
     states = states[0] if len(states) == 1 else states
     n_in = len(module.INPUTS)
     generator = torch.Generator().manual_seed(3)
-    for form, run in _forms(module, states).items():
+    for form, run in _forms(module, states, length).items():
+        if forms is not None and form not in forms:
+            continue
         base = run(*args)
-        for t in (5, 7):  # a later token inside a chunk of 4, and one starting a chunk
+        for t in tokens:
             for i, (input_name, _) in enumerate(module.INPUTS):
                 for kind in ("random", "nan", "inf", "-inf"):
                     changed = list(args)

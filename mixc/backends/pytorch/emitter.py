@@ -90,6 +90,11 @@ def emit(facts: Plan) -> str:
 
 
 class _Module:
+    #: The kernel library the module copies its kernels from (kernel_source), and the modules it
+    #: imports: another backend that differs only in its kernels changes these two.
+    kernels = _torch_kernels
+    imports: tuple[str, ...] = ("torch",)
+
     def __init__(self, facts: Plan) -> None:
         self.facts = facts
         self.mixer = facts.mixer
@@ -191,7 +196,8 @@ class _Module:
 
     def emit_imports(self, out: Lines) -> None:
         """torch (torch.nn.functional comes with it), and the error the module raises."""
-        out("import torch", 0)
+        for module in self.imports:
+            out(f"import {module}", 0)
         out("", 0)
         out("try:", 0)
         out("from mixc.errors import InputError as MixcError")
@@ -242,7 +248,7 @@ class _Module:
             out("# ---- kernels, one per transition class " + "-" * 51, 0)
             out("", 0)
             out("", 0)
-            out.lines.append(_torch_kernels.kernel_source(self.kernel_names()))
+            out.lines.append(self.kernels.kernel_source(self.kernel_names()))
 
     def emit_mixer(self, out: Lines) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases

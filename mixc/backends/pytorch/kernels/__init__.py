@@ -35,14 +35,16 @@ def _free_names(node: ast.FunctionDef | ast.ClassDef) -> frozenset[str]:
     return frozenset(loaded - bound)
 
 
-def _definitions(files: Iterable[str]) -> dict[str, tuple[str, str, frozenset[str]]]:
-    """Every top-level function and class of the files by name, with its file, its source text
-    (decorators included) and the names it uses, in the order of the files and, inside each, of
-    its source (a dict keeps it). The files are read as text: nothing is imported, so compiling
-    a spec needs no torch."""
+def _definitions(
+    files: Iterable[str], directory: Path = _HERE
+) -> dict[str, tuple[str, str, frozenset[str]]]:
+    """Every top-level function and class of the files (in `directory`) by name, with its file,
+    its source text (decorators included) and the names it uses, in the order of the files and,
+    inside each, of its source (a dict keeps it). The files are read as text: nothing is
+    imported, so compiling a spec needs no torch."""
     found: dict[str, tuple[str, str, frozenset[str]]] = {}
     for file in files:
-        text = (_HERE / f"{file}.py").read_text(encoding="utf-8")
+        text = (directory / f"{file}.py").read_text(encoding="utf-8")
         lines = text.splitlines()
         for node in ast.parse(text).body:
             if not isinstance(node, ast.FunctionDef | ast.ClassDef):
@@ -66,10 +68,10 @@ KERNELS: dict[str, str] = {
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 
 
-def _closure(names: Iterable[str]) -> set[str]:
+def _closure(names: Iterable[str], definitions=_DEFINITIONS) -> set[str]:
     """The named definitions and every definition they use, directly or through others."""
     wanted = list(names)
-    unknown = sorted(set(wanted) - _DEFINITIONS.keys())
+    unknown = sorted(set(wanted) - definitions.keys())
     if unknown:
         raise ValueError(
             f"no kernel or kernel helper named {', '.join(unknown)}; "
@@ -80,20 +82,21 @@ def _closure(names: Iterable[str]) -> set[str]:
         name = wanted.pop()
         if name not in needed:
             needed.add(name)
-            wanted.extend(n for n in _DEFINITIONS[name][2] if n in _DEFINITIONS)
+            wanted.extend(n for n in definitions[name][2] if n in definitions)
     return needed
 
 
-def kernel_source(names: Iterable[str]) -> str:
+def kernel_source(names: Iterable[str], definitions=_DEFINITIONS) -> str:
     """The source text a generated module needs to call the named kernels (helpers may be named
     too): their definitions and every definition they reach, each once, in a fixed order (common
     first, then the class files in the order of CLASS_FILES, each in its source order), separated
     by two blank lines.
 
     The same names, in any order, give the same text. Raises ValueError for a name that is
-    neither a kernel nor a helper.
+    neither a kernel nor a helper. Another backend passes its own `definitions` (these, with
+    its kernels in place of some).
     """
-    needed = _closure(names)
+    needed = _closure(names, definitions)
     return "\n\n\n".join(
-        source.rstrip() for name, (_, source, _) in _DEFINITIONS.items() if name in needed
+        source.rstrip() for name, (_, source, _) in definitions.items() if name in needed
     )

@@ -1,0 +1,104 @@
+"""What the Triton kernels of every class share: block sizes, the device check and strides.
+
+Like the PyTorch kernels, this file's definitions are copied into the generated module (see
+``definitions`` in this package), which imports only torch and triton.
+
+Layout and numerics follow the PyTorch kernels (mixc/backends/pytorch/kernels/common.py): q, k
+[B, NH, T, K], v [B, NH, T, V], per-token gates [B, NH, T], states [B, NH, K, V], log-gates
+g <= 0, inputs already in the compute dtype (fp32, or fp64), every matmul accumulating in it
+(``input_precision="ieee"``: no TF32 rounding of fp32 operands). The kernels read their inputs
+through strides, so the transposed and broadcast views the callers pass are not copied.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from mixc.backends.pytorch.kernels.common import _chunk_size_for
+
+
+def _tl_block(n):
+    """A block size for an axis of n entries: the least power of two >= n, and at least 16, the
+    smallest operand size of tl.dot on a GPU (the extra entries are masked zeros)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def _tl_sizes(q, v, chunk_size):
+    """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
+    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
+    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
+    at most 64, one program each."""
+    length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
+    block_t = _tl_block(_chunk_size_for(chunk_size, length))
+    block_v = min(_tl_block(d_v), 64)
+    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
+
+
+def _tl_check_device(kernel, x):
+    """Refuse to launch `kernel` on a tensor it cannot run on: Triton kernels run on a CUDA
+    device, or anywhere under triton's interpreter (TRITON_INTERPRET=1 set before the module
+    is imported)."""
+    if x.device.type != "cuda" and type(kernel).__name__ != "InterpretedFunction":
+        raise RuntimeError(
+            f"the Triton kernels of this module run on a CUDA device, got a tensor on {x.device}; "
+            "on CPU set TRITON_INTERPRET=1 before importing the module (triton's interpreter), "
+            "or compile the spec with the PyTorch backend"
+        )
+
+
+def _tl_strides(x, n):
+    """The first n strides of x (a per-token gate of None: zeros, never read)."""
+    return (0,) * n if x is None else tuple(x.stride())[:n]
+
+
+def _tl_new_like_callers(x, d):
+    """An output [B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a [B, T, NH, d]
+    tensor: the callers' layout, so that their transpose back is contiguous."""
+    batch, heads, length = x.shape[:3]
+    return torch.empty(batch, length, heads, d, dtype=x.dtype, device=x.device).transpose(1, 2)
+
+
+@triton.jit
+def _tl_gate_sums(g, rows):
+    """The sums of a chunk's log-gates g [BT] that its decays need, each summed from its own
+    terms: (b_i - b_j = g_{j+1} + ... + g_i for i >= j (0 above the diagonal) [BT, BT], and
+    b_C - b_j = g_{j+1} + ... + g_C [BT]).
+
+    Not differences of running sums: where b is large the difference of two of them loses
+    about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
+    needs its own small sum exactly. The pair sums are one matmul of the gates below the
+    diagonal with a mask, every product a gate times 1 or 0, every sum one of gates of one sign.
+    """
+    up_to = tl.where(rows[None, :] <= rows[:, None], g[None, :], 0.0)  # [i, l]: g_l for l <= i
+    after = (rows[:, None] > rows[None, :]).to(g.dtype)  # [l, j]: l > j
+    pairs = tl.dot(up_to, after, input_precision="ieee")
+    to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
+    return pairs, to_end
+
+
+@triton.jit
+def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
+    """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
+    mask is False."""
+    at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
+    return tl.load(at, mask=mask, other=0.0)
+
+
+@triton.jit
+def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
+    """The log-gates at tokens t of one (batch, head) of g [B, NH, T] (strided), 0 where mask is
+    False. A gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still exactly
+    0, and the sums of gates stay finite (a matmul's 0 times -inf would be NaN)."""
+    gates = tl.load(g + i_b * strides_b + i_h * strides_h + t * strides_t, mask=mask, other=0.0)
+    return tl.where(gates < -1e30, -1e30, gates)
+
+
+@triton.jit
+def _tl_chunk_decays(g, rows):
+    """The decays of a chunk from its log-gates g [BT] (_tl_gate_sums): (Gamma [BT, BT],
+    exp(b_i - b_j) on and below the diagonal and 1, an empty product, above it; exp(b) and
+    exp(b_C - b) [BT, 1]; the whole chunk's exp(b_C))."""
+    pairs, to_end = _tl_gate_sums(g, rows)
+    gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
+    from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
+    return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))

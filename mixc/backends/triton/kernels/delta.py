@@ -1,0 +1,438 @@
+"""The Triton kernel of the delta-rule class: S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
+k_t v_t^T, o_t = q_t S_t, v the write value already scaled by beta (g None: DeltaNet; with g:
+Gated DeltaNet). The same chunked form as the PyTorch kernel (docs/algorithms.md, "Delta
+rule"), fused: one program per (batch, head, block of value columns) walks the chunks in order,
+keeping the state in registers.
+
+Forward, per chunk, with b the gates' running sum inside the chunk:
+    A = tril(diag(beta) (K K^T ⊙ Gamma), -1),  T = (I + A)^{-1}  (forward substitution)
+    W = T diag(beta exp(b)) K,  U = T V,  V_new = U - W S
+    O = diag(exp(b)) Q S + (Q K^T ⊙ Gamma) V_new,  S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V_new
+The forward keeps the states entering each chunk and T. The backward walks the chunks from the
+last with D, the gradient of the state leaving the chunk, by the PyTorch kernel's formulas
+(see _delta_grads_span there): dV_new = M^T dO + diag(exp(b_C - b)) K D, the gradients through
+T (dA = -T^T dT T^T on A's support) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO - W^T dV_new.
+dQ, dK, dbeta and dg sum over the value columns: each block of columns writes its part and the
+parts are added after the launch.
+
+A token whose key, beta, gate or value is not finite poisons the outputs from it on (for a
+value, in its column) and the state, as the recurrence does; the products inside the chunk run
+over finite values.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from mixc.backends.pytorch.kernels.common import _needs_grad
+from mixc.backends.triton.kernels.common import (
+    _tl_check_device,
+    _tl_chunk_decays,
+    _tl_gates,
+    _tl_new_like_callers,
+    _tl_rows,
+    _tl_sizes,
+    _tl_strides,
+)
+
+
+@triton.jit
+def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
+    """(I + a)^{-1} for a strictly lower-triangular a [BT, BT], by forward substitution: row i
+    of the inverse is e_i minus the earlier rows weighted by row i of a."""
+    inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(a.dtype)
+    for i in range(1, BT):
+        a_i = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # a[i, j], over j
+        row = tl.where(rows == i, 1.0, 0.0) - tl.sum(a_i[:, None] * inverse, axis=0)
+        inverse = tl.where(rows[:, None] == i, row[None, :], inverse)
+    return inverse
+
+
+@triton.jit
+def _tl_delta_fwd(
+    q,
+    k,
+    v,
+    beta,
+    g,
+    h0,
+    o,
+    ht,
+    hs,
+    ts,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sb_b,
+    sb_h,
+    sb_t,
+    sg_b,
+    sg_h,
+    sg_t,
+    so_b,
+    so_h,
+    so_t,
+    so_d,
+    HAS_G: tl.constexpr,
+    KEEP: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks in order, the state in registers.
+    h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk [B * NH, N, K, V]; ts
+    (KEEP): T of each chunk [B * NH, N, BT, BT], written by the first value block; contiguous."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_k, in_v = cols_k < K, cols_v < V
+    causal = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    state_at = cols_k[:, None] * V + cols_v[None, :]
+    state_in = in_k[:, None] & in_v[None, :]
+    state = tl.load(h0 + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    n_chunks = tl.cdiv(T, BT)
+    for n in range(0, n_chunks):
+        t = n * BT + rows
+        in_t = t < T
+        at_k = in_t[:, None] & in_k[None, :]
+        at_v = in_t[:, None] & in_v[None, :]
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
+        # 0 for a finite token, NaN from a non-finite key, beta or gate (the whole row) or value
+        # (its column); the products inside the chunk take the finite values
+        poison = (tl.sum(k_c, axis=1) + beta_c) * 0.0
+        if HAS_G:
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            poison += tl.exp(g_c) * 0.0
+            g_c = tl.where(poison == 0.0, g_c, 0.0)
+        poison = poison[:, None] + v_c * 0.0
+        k_c = tl.where(k_c * 0.0 == 0.0, k_c, 0.0)
+        beta_c = tl.where(beta_c * 0.0 == 0.0, beta_c, 0.0)
+        v_c = tl.where(v_c * 0.0 == 0.0, v_c, 0.0)
+        kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
+        scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+        k_scaled = k_c * beta_c[:, None]
+        if HAS_G:
+            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+            kk = kk * gamma
+            scores = scores * gamma
+            k_scaled = k_scaled * from_start
+            q_c = q_c * from_start
+            k_end = k_c * to_end
+        else:
+            k_end = k_c
+        scores = tl.where(causal, scores, 0.0)
+        inverse = _tl_unit_lower_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT)
+        if KEEP:
+            tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
+            if i_v == 0:
+                t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
+                tl.store(t_at, inverse)
+        w = tl.dot(inverse, k_scaled, input_precision="ieee")
+        v_new = tl.dot(inverse, v_c, input_precision="ieee")
+        v_new -= tl.dot(w, state.to(w.dtype), input_precision="ieee")
+        out = tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
+        out += tl.dot(scores, v_new, input_precision="ieee")
+        out += tl.cumsum(poison, axis=0)
+        o_at = o + i_b * so_b + i_h * so_h + t[:, None] * so_t + cols_v[None, :] * so_d
+        tl.store(o_at, out, mask=at_v)
+        if HAS_G:
+            state = state * chunk_decay
+        state += tl.dot(tl.trans(k_end), v_new, input_precision="ieee")
+        state += tl.sum(poison, axis=0)[None, :]
+    tl.store(ht + i_bh * K * V + state_at, state, mask=state_in)
+
+
+@triton.jit
+def _tl_delta_bwd(
+    q,
+    k,
+    v,
+    beta,
+    g,
+    do,
+    hs,
+    ts,
+    dht,
+    dq,
+    dk,
+    dv,
+    dbeta,
+    dg,
+    dh0,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sb_b,
+    sb_h,
+    sb_t,
+    sg_b,
+    sg_h,
+    sg_t,
+    sdo_b,
+    sdo_h,
+    sdo_t,
+    sdo_d,
+    HAS_G: tl.constexpr,
+    GATE_GRAD: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks from the last, the gradient of the
+    state in registers. dq, dk: this block's parts [NV, B * NH, T, K]; dbeta, dg: parts
+    [NV, B * NH, T]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_k, in_v = cols_k < K, cols_v < V
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
+    strict = rows[:, None] > rows[None, :]
+    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
+    state_at = cols_k[:, None] * V + cols_v[None, :]
+    state_in = in_k[:, None] & in_v[None, :]
+    d_state = tl.load(dht + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    n_chunks = tl.cdiv(T, BT)
+    part = i_v * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dbeta, dg
+    for m in range(0, n_chunks):
+        n = n_chunks - 1 - m
+        t = n * BT + rows
+        in_t = t < T
+        at_k = in_t[:, None] & in_k[None, :]
+        at_v = in_t[:, None] & in_v[None, :]
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
+        beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
+        state = tl.load(hs + (i_bh * n_chunks + n) * K * V + state_at, mask=state_in, other=0.0)
+        t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
+        inverse = tl.load(t_at)
+        kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
+        scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+        if HAS_G:
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+            kk = kk * gamma
+            scores = scores * gamma
+            k_start, q_start, k_end = k_c * from_start, q_c * from_start, k_c * to_end
+        else:
+            k_start, q_start, k_end = k_c, q_c, k_c
+        scores = tl.where(causal, scores, 0.0)  # M
+        k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
+        w = tl.dot(inverse, k_scaled, input_precision="ieee")
+        v_new = tl.dot(inverse, v_c, input_precision="ieee")
+        v_new -= tl.dot(w, state, input_precision="ieee")
+        # dV_new = M^T dO + diag(exp(b_C - b)) K D
+        d_v_new = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
+        d_v_new += tl.dot(k_end, d_state, input_precision="ieee")
+        d_scores = tl.dot(do_c, tl.trans(v_new), input_precision="ieee")  # dM = dO V_new^T
+        if HAS_G:
+            d_qk = tl.where(causal, d_scores * gamma, 0.0)
+        else:
+            d_qk = tl.where(causal, d_scores, 0.0)
+        from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # dO S^T
+        if HAS_G:
+            from_q = from_q * from_start
+        dq_c = tl.dot(d_qk, k_c, input_precision="ieee") + from_q
+        # through V_new = T V - W S, W = T diag(beta exp(b)) K, T = (I + A)^{-1}
+        d_w = -tl.dot(d_v_new, tl.trans(state), input_precision="ieee")
+        inverse_t = tl.trans(inverse)
+        d_k_scaled = tl.dot(inverse_t, d_w, input_precision="ieee")
+        dv_c = tl.dot(inverse_t, d_v_new, input_precision="ieee")
+        tl.store(dv + (i_bh * T + t[:, None]) * V + cols_v[None, :], dv_c, mask=at_v)
+        d_t = tl.dot(d_w, tl.trans(k_scaled), input_precision="ieee")
+        d_t += tl.dot(d_v_new, tl.trans(v_c), input_precision="ieee")
+        d_a = -tl.dot(
+            inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), input_precision="ieee"
+        )
+        d_a = tl.where(strict, d_a, 0.0)
+        d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
+        if HAS_G:
+            d_kk_raw = d_kk * gamma
+        else:
+            d_kk_raw = d_kk
+        from_k = tl.dot(v_new, tl.trans(d_state), input_precision="ieee")  # V_new D^T
+        if HAS_G:
+            from_k = from_k * to_end
+        dk_c = tl.dot(tl.trans(d_qk), q_c, input_precision="ieee") + from_k
+        d_k_own = d_k_scaled * beta_c[:, None]  # through diag(beta exp(b)) K
+        if HAS_G:
+            d_k_own = d_k_own * from_start
+        dk_c += d_k_own
+        dk_c += tl.dot(d_kk_raw + tl.trans(d_kk_raw), k_c, input_precision="ieee")
+        beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
+        dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
+        tl.store(dk + (part * T + t[:, None]) * K + cols_k[None, :], dk_c, mask=at_k)
+        tl.store(dq + (part * T + t[:, None]) * K + cols_k[None, :], dq_c, mask=at_k)
+        tl.store(dbeta + part * T + t, dbeta_c, mask=in_t)
+        if HAS_G:
+            if GATE_GRAD:
+                # g_l is in Gamma_ij for j < l <= i (in M and A), in exp(b_i) for l <= i (in Q
+                # and W), in exp(b_C - b_j) for j < l, and in exp(b_C) for every l
+                decays = d_scores * scores + d_kk * kk
+                below = tl.dot(decays, before.to(decays.dtype), input_precision="ieee")
+                dg_c = tl.sum(tl.where(causal, below, 0.0), axis=0)
+                starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
+                ends = tl.sum(k_c * from_k, axis=1)
+                dg_c += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+                dg_c += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
+                dg_c += tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
+                tl.store(dg + part * T + t, dg_c, mask=in_t)
+            d_state = d_state * chunk_decay
+        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+        d_state -= tl.dot(tl.trans(w), d_v_new, input_precision="ieee")
+    tl.store(dh0 + i_bh * K * V + state_at, d_state, mask=state_in)
+
+
+def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
+    """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
+    [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    if initial_state is None:
+        initial_state = q.new_zeros(batch, heads, d_k, d_v)
+    initial_state = initial_state.to(q.dtype).contiguous()
+    o = _tl_new_like_callers(q, d_v)
+    final = torch.empty_like(initial_state)
+    states = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    inverses = q.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
+    _tl_delta_fwd[(n_v, batch * heads)](
+        q,
+        k,
+        v,
+        beta,
+        q if g is None else g,
+        initial_state,
+        o,
+        final,
+        states,
+        inverses,
+        length,
+        heads,
+        d_k,
+        d_v,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *beta.stride(),
+        *_tl_strides(g, 3),
+        *o.stride(),
+        HAS_G=g is not None,
+        KEEP=keep,
+        BT=block_t,
+        BK=block_k,
+        BV=block_v,
+    )
+    return o, final, (states, inverses) if keep else (None, None)
+
+
+class _TlDelta(torch.autograd.Function):
+    """The fused kernel under autograd: the forward keeps the inputs, the states entering each
+    chunk and T; the backward is one launch of _tl_delta_bwd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size):
+        o, final, kept = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, True)
+        ctx.save_for_backward(q, k, v, beta, g, *kept)
+        ctx.chunk_size = chunk_size
+        return o, final
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, d_final):
+        q, k, v, beta, g, states, inverses = ctx.saved_tensors
+        batch, heads, length, d_k = q.shape
+        d_v = v.shape[-1]
+        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        d_final = d_final.to(q.dtype).contiguous()
+        d_o = d_o.to(q.dtype)
+        dq = q.new_empty(n_v, batch, heads, length, d_k)
+        dk = q.new_empty(n_v, batch, heads, length, d_k)
+        dv = q.new_empty(batch, heads, length, d_v)
+        dbeta = q.new_empty(n_v, batch, heads, length)
+        gate_grad = g is not None and ctx.needs_input_grad[4]
+        dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dbeta
+        d_initial = torch.empty_like(d_final)
+        _tl_delta_bwd[(n_v, batch * heads)](
+            q,
+            k,
+            v,
+            beta,
+            q if g is None else g,
+            d_o,
+            states,
+            inverses,
+            d_final,
+            dq,
+            dk,
+            dv,
+            dbeta,
+            dg,
+            d_initial,
+            length,
+            heads,
+            d_k,
+            d_v,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *beta.stride(),
+            *_tl_strides(g, 3),
+            *d_o.stride(),
+            HAS_G=g is not None,
+            GATE_GRAD=gate_grad,
+            BT=block_t,
+            BK=block_k,
+            BV=block_v,
+        )
+        d_gate = dg.sum(0) if gate_grad else None
+        return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None
+
+
+def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
+    """Chunked S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
+    Triton kernels, forward and backward.
+
+    v is the already-scaled write value (beta * v); beta only enters the transition. g=None:
+    plain DeltaNet. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    """
+    _tl_check_device(_tl_delta_fwd, q)
+    if _needs_grad(q, k, v, beta, g, initial_state):
+        return _TlDelta.apply(q, k, v, beta, g, initial_state, chunk_size)
+    o, final, _ = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, False)
+    return o, final

@@ -1,0 +1,342 @@
+"""The Triton kernel of the scalar-decay class: S_t = exp(g_t) S_{t-1} + k_t v_t^T,
+o_t = q_t S_t, one log-gate g_t per token and head (g None: linear attention). The same chunked
+form as the PyTorch kernel (docs/algorithms.md, "Scalar decay"), fused: one program per
+(batch, head, block of value columns) walks the chunks in order, keeping the state in registers.
+
+Forward, per chunk, with b the gates' running sum inside the chunk:
+    O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S,    S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V
+Backward, from the last chunk, with the states entering each chunk kept by the forward and D the
+gradient of the state leaving the chunk (the same formulas as the PyTorch kernel's backward):
+    dV = P^T dO + diag(exp(b_C - b)) K D        dQ = dA K + diag(exp(b)) dO S^T
+    dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
+with P = Q K^T ⊙ Gamma and dA = (dO V^T) ⊙ Gamma; the gate's gradient sums what each decay
+factor passes on, as the PyTorch kernel's _gate_grads does. dQ, dK and dg sum over the value
+columns: each block of columns writes its part and the parts are added after the launch.
+
+Masks select (tl.where), never multiply by 0; a value that is not finite poisons its column's
+outputs from its token on and the state, as the recurrence does, without reaching earlier tokens
+through the products inside the chunk.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from mixc.backends.pytorch.kernels.common import _needs_grad
+from mixc.backends.triton.kernels.common import (
+    _tl_check_device,
+    _tl_chunk_decays,
+    _tl_gates,
+    _tl_new_like_callers,
+    _tl_rows,
+    _tl_sizes,
+    _tl_strides,
+)
+
+
+@triton.jit
+def _tl_scalar_decay_fwd(
+    q,
+    k,
+    v,
+    g,
+    h0,
+    o,
+    ht,
+    hs,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    so_b,
+    so_h,
+    so_t,
+    so_d,
+    HAS_G: tl.constexpr,
+    KEEP: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks in order, the state in registers.
+    h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
+    [B * NH, N, K, V]."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_k, in_v = cols_k < K, cols_v < V
+    causal = rows[:, None] >= rows[None, :]
+    state_at = cols_k[:, None] * V + cols_v[None, :]
+    state_in = in_k[:, None] & in_v[None, :]
+    state = tl.load(h0 + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    n_chunks = tl.cdiv(T, BT)
+    for n in range(0, n_chunks):
+        t = n * BT + rows
+        in_t = t < T
+        at_k = in_t[:, None] & in_k[None, :]
+        at_v = in_t[:, None] & in_v[None, :]
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        if KEEP:
+            tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
+        scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+        if HAS_G:
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+            scores = scores * gamma
+            q_c = q_c * from_start
+            k_c = k_c * to_end
+        scores = tl.where(causal, scores, 0.0)
+        # 0 where a value is finite, NaN where it is not: the products inside the chunk take
+        # the finite values, the poison is added to the outputs from that token on
+        poison = v_c * 0.0
+        v_c = tl.where(poison == 0.0, v_c, 0.0)
+        out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
+        out += tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
+        out += tl.cumsum(poison, axis=0)
+        o_at = o + i_b * so_b + i_h * so_h + t[:, None] * so_t + cols_v[None, :] * so_d
+        tl.store(o_at, out, mask=at_v)
+        if HAS_G:
+            state = state * chunk_decay
+        state += tl.dot(tl.trans(k_c), v_c, input_precision="ieee")
+        state += tl.sum(poison, axis=0)[None, :]
+    tl.store(ht + i_bh * K * V + state_at, state, mask=state_in)
+
+
+@triton.jit
+def _tl_scalar_decay_bwd(
+    q,
+    k,
+    v,
+    g,
+    do,
+    hs,
+    dht,
+    dq,
+    dk,
+    dv,
+    dg,
+    dh0,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sdo_b,
+    sdo_h,
+    sdo_t,
+    sdo_d,
+    HAS_G: tl.constexpr,
+    GATE_GRAD: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks from the last, the gradient of the
+    state in registers. dq, dk: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dg:
+    parts [NV, B * NH, T]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_k, in_v = cols_k < K, cols_v < V
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
+    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
+    state_at = cols_k[:, None] * V + cols_v[None, :]
+    state_in = in_k[:, None] & in_v[None, :]
+    d_state = tl.load(dht + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    n_chunks = tl.cdiv(T, BT)
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
+    for m in range(0, n_chunks):
+        n = n_chunks - 1 - m
+        t = n * BT + rows
+        in_t = t < T
+        at_k = in_t[:, None] & in_k[None, :]
+        at_v = in_t[:, None] & in_v[None, :]
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
+        state = tl.load(hs + (i_bh * n_chunks + n) * K * V + state_at, mask=state_in, other=0.0)
+        d_probs = tl.dot(do_c, tl.trans(v_c), input_precision="ieee")  # dP = dO V^T
+        probs = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+        if HAS_G:
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+            probs = probs * gamma
+            d_scores = tl.where(causal, d_probs * gamma, 0.0)
+            q_start, do_start = q_c * from_start, do_c * from_start
+            k_end, v_end = k_c * to_end, v_c * to_end
+        else:
+            d_scores = tl.where(causal, d_probs, 0.0)
+            q_start, do_start, k_end, v_end = q_c, do_c, k_c, v_c
+        probs = tl.where(causal, probs, 0.0)
+        dv_c = tl.dot(tl.trans(probs), do_c, input_precision="ieee")
+        dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+        tl.store(dv + (i_bh * T + t[:, None]) * V + cols_v[None, :], dv_c, mask=at_v)
+        from_q = tl.dot(do_start, tl.trans(state), input_precision="ieee")  # diag(exp(b)) dO S^T
+        from_k = tl.dot(v_end, tl.trans(d_state), input_precision="ieee")  # diag(..) V D^T
+        dq_c = tl.dot(d_scores, k_c, input_precision="ieee") + from_q
+        dk_c = tl.dot(tl.trans(d_scores), q_c, input_precision="ieee") + from_k
+        tl.store(dq + (part * T + t[:, None]) * K + cols_k[None, :], dq_c, mask=at_k)
+        tl.store(dk + (part * T + t[:, None]) * K + cols_k[None, :], dk_c, mask=at_k)
+        if HAS_G:
+            if GATE_GRAD:
+                # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i, in exp(b_C - b_j)
+                # for j < l, and in exp(b_C) for every l
+                pairs = d_probs * probs
+                below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
+                dg_c = tl.sum(tl.where(causal, below, 0.0), axis=0)
+                starts = tl.sum(q_c * from_q, axis=1)
+                ends = tl.sum(k_c * from_k, axis=1)
+                dg_c += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+                dg_c += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
+                dg_c += tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
+                tl.store(dg + part * T + t, dg_c, mask=in_t)
+            d_state = d_state * chunk_decay
+        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    tl.store(dh0 + i_bh * K * V + state_at, d_state, mask=state_in)
+
+
+def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
+    """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
+    [B, NH, N, K, V] if keep else None)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    if initial_state is None:
+        initial_state = q.new_zeros(batch, heads, d_k, d_v)
+    initial_state = initial_state.to(q.dtype).contiguous()
+    o = _tl_new_like_callers(q, d_v)
+    final = torch.empty_like(initial_state)
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    _tl_scalar_decay_fwd[(n_v, batch * heads)](
+        q,
+        k,
+        v,
+        q if g is None else g,
+        initial_state,
+        o,
+        final,
+        kept,
+        length,
+        heads,
+        d_k,
+        d_v,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *_tl_strides(g, 3),
+        *o.stride(),
+        HAS_G=g is not None,
+        KEEP=keep,
+        BT=block_t,
+        BK=block_k,
+        BV=block_v,
+    )
+    return o, final, kept if keep else None
+
+
+class _TlScalarDecay(torch.autograd.Function):
+    """The fused kernel under autograd: the forward keeps the inputs and the states entering each
+    chunk; the backward is one launch of _tl_scalar_decay_bwd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, chunk_size):
+        o, final, kept = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, True)
+        ctx.save_for_backward(q, k, v, g, kept)
+        ctx.chunk_size = chunk_size
+        return o, final
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, d_final):
+        q, k, v, g, kept = ctx.saved_tensors
+        batch, heads, length, d_k = q.shape
+        d_v = v.shape[-1]
+        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        if d_final is None:
+            d_final = q.new_zeros(batch, heads, d_k, d_v)
+        d_final = d_final.to(q.dtype).contiguous()
+        d_o = d_o.to(q.dtype)
+        dq = q.new_empty(n_v, batch, heads, length, d_k)
+        dk = q.new_empty(n_v, batch, heads, length, d_k)
+        dv = q.new_empty(batch, heads, length, d_v)
+        gate_grad = g is not None and ctx.needs_input_grad[3]
+        dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dv
+        d_initial = torch.empty_like(d_final)
+        _tl_scalar_decay_bwd[(n_v, batch * heads)](
+            q,
+            k,
+            v,
+            q if g is None else g,
+            d_o,
+            kept,
+            d_final,
+            dq,
+            dk,
+            dv,
+            dg,
+            d_initial,
+            length,
+            heads,
+            d_k,
+            d_v,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *_tl_strides(g, 3),
+            *d_o.stride(),
+            HAS_G=g is not None,
+            GATE_GRAD=gate_grad,
+            BT=block_t,
+            BK=block_k,
+            BV=block_v,
+        )
+        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
+
+
+def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
+    """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention), as
+    fused Triton kernels, forward and backward.
+
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    """
+    _tl_check_device(_tl_scalar_decay_fwd, q)
+    if _needs_grad(q, k, v, g, initial_state):
+        return _TlScalarDecay.apply(q, k, v, g, initial_state, chunk_size)
+    o, final, _ = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, False)
+    return o, final

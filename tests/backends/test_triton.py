@@ -1,0 +1,136 @@
+"""The Triton backend, its kernels run by triton's interpreter on CPU (tests/conftest.py sets
+TRITON_INTERPRET=1 before anything imports triton). Skipped, with the reason, without triton.
+
+Every form of every shipped spec against the float64 oracle (the fuzzer, gradients included),
+for the specs whose chunked form runs a Triton kernel and for one that falls back to the PyTorch
+kernel; causality with non-finite later tokens, packed sequences, 16-bit inputs, and the module
+the backend writes (imports, fallback notes, the refusal to run on a CPU tensor outside the
+interpreter).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mixc
+from mixc.analysis.plan import analyze
+from mixc.check.fuzz import fuzz
+from mixc.driver import compile_source
+from mixc.errors import MixcError
+from tests.backends.test_causality import check_causal
+from tests.backends.test_varlen import check_packed
+
+triton = pytest.importorskip("triton", reason="the Triton backend needs triton (mixc[triton])")
+if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - set by tests/conftest.py
+    pytest.skip(
+        "the Triton kernels run on CPU only in triton's interpreter", allow_module_level=True
+    )
+
+from mixc.backends.triton import kernel_notes  # noqa: E402
+from mixc.backends.triton.kernels import KERNELS  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+ROOT = Path(__file__).parents[2]
+SPECS = {p.stem: p for p in sorted(ROOT.glob("specs/*.mix"))}
+
+
+def _covered(path) -> bool:
+    """Whether every chunked group of the spec runs a Triton kernel."""
+    plan = analyze(mixc.load_spec(path))
+    return plan.chunkable and all(f"chunk_{g.kernel}" in KERNELS for g in plan.groups)
+
+
+COVERED = [name for name, path in SPECS.items() if _covered(path)]
+FALLBACK = [name for name, path in SPECS.items() if not _covered(path)]
+
+
+def test_the_triton_kernels_cover_scalar_decay_and_delta():
+    assert set(KERNELS) == {"chunk_scalar_decay", "chunk_delta"}
+    assert {"linear_attention", "retnet", "gated_retention", "mamba2", "deltanet"} <= set(COVERED)
+    assert "gated_deltanet" in COVERED and "gla" in FALLBACK
+
+
+@pytest.mark.parametrize("name", COVERED)
+def test_every_form_matches_the_oracle_fp32(name):
+    report = fuzz(SPECS[name], backend="triton", examples=4, seed=1, shrink=False, max_T=40)
+    assert report.ok, report.failure.summary()
+    assert "chunk" in report.worst
+
+
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
+    report = fuzz(
+        SPECS[name], backend="triton", examples=2, seed=2, dtype=dtype, shrink=False, max_T=40
+    )
+    assert report.ok, report.failure.summary()
+
+
+def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():
+    source = compile_source(SPECS["gla"], backend="triton")
+    assert "def chunk_diagonal(" in source and "@triton.jit" not in source
+    (note,) = kernel_notes(analyze(mixc.load_spec(SPECS["gla"])))
+    assert "falls back to the PyTorch kernel chunk_diagonal" in note
+    report = fuzz(SPECS["gla"], backend="triton", examples=2, shrink=False, max_T=40)
+    assert report.ok, report.failure.summary()
+
+
+def test_explain_names_the_kernel_of_each_group(capsys):
+    from mixc.cli import main
+
+    assert main(["explain", str(SPECS["gated_deltanet"]), "--backend", "triton"]) == 0
+    out = capsys.readouterr().out
+    assert "chunk_delta runs fused Triton kernels, forward and backward" in out
+    assert main(["explain", str(SPECS["gla"]), "--backend", "triton"]) == 0
+    assert "falls back to the PyTorch kernel chunk_diagonal" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["retnet", "gated_deltanet"])
+def test_the_module_imports_torch_and_triton_only(name):
+    source = compile_source(SPECS[name], backend="triton")
+    assert source == compile_source(SPECS[name], backend="triton")  # deterministic
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+    assert imported == {"torch", "triton", "mixc"}  # mixc: only its error class, optional
+    assert "@triton.jit" in source
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaNs
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
+    """The chunked form in chunks of 16 (the kernels' least; chunk_size 4 runs as 16): a later
+    token inside the first chunk (t = 5) and one starting the second (t = 15)."""
+    check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",))
+
+
+@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet"])
+def test_packed_sequences_equal_each_sequence_alone(name):
+    check_packed(SPECS[name], "triton", "chunk")
+
+
+def test_a_cpu_tensor_outside_the_interpreter_is_refused():
+    module = mixc.load(SPECS["retnet"], backend="triton")
+
+    def compiled_kernel():  # what triton.jit gives outside the interpreter
+        pass
+
+    with pytest.raises(RuntimeError, match="run on a CUDA device"):
+        module._tl_check_device(compiled_kernel, torch.zeros(1))
+
+
+def test_a_missing_triton_is_a_clear_error(monkeypatch):
+    text = SPECS["retnet"].read_text() + "# a text of its own, so that no cached module answers\n"
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` fails as if absent
+    with pytest.raises(MixcError, match=r"pip install 'mixc\[triton\]'"):
+        mixc.load(text=text, backend="triton")
