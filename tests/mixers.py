@@ -64,6 +64,15 @@ state H[V, K]
 H_t = exp(-softplus(g_t))^T ⊙ H_{t-1} + 0.5 v_t k_t^T
 y_t = H_t q_t + D v_t
 """,
+    "readme_l2norm_max_abs": """
+mixer readme_l2norm_max_abs
+in    q[K], k[K], v[V], a
+state H[V, K], z[K]
+let nrm(x) = x / sqrt(sum(x^2) + 1e-6)
+H_t = sigmoid(a_t) H_{t-1} + v_t nrm(k_t)^T
+z_t = sigmoid(a_t) z_{t-1} + nrm(k_t)
+y_t = H_t q_t / max(abs(z_t . q_t), 1) + min(a_t, 0) * v_t
+""",
     "mamba_like_value_scale": """
 mixer mamba_like_value_scale
 in    x[P], dt, B[N], C[N]

@@ -392,6 +392,10 @@ yelu_t = elu(x_t)
 yrelu_t = relu(x_t)
 ytanh_t = tanh(x_t)
 ysqrt_t = sqrt(p_t)
+yabs_t = abs(x_t)
+ymax_t = max(x_t, p_t)
+ymin_t = min(1, x_t)
+ysum_t = sum(x_t) + sum(M_t)
 ynorm_t = l2norm(x_t)
 ydiag_t = diag(x_t)
 yrow_t = x_t^T M_t
@@ -422,6 +426,10 @@ def test_builtins_and_identity():
         "yrelu": F.relu(x),
         "ytanh": torch.tanh(x),
         "ysqrt": torch.sqrt(p),
+        "yabs": x.abs(),
+        "ymax": torch.maximum(x, p[..., None]),
+        "ymin": x.clamp(max=1),
+        "ysum": x.sum(-1) + M.sum((-2, -1)),
         "ynorm": x / torch.sqrt((x**2).sum(-1, keepdim=True) + 1e-6),
         "ydiag": torch.diag_embed(x),
         "yrow": torch.einsum("bthi,bthij->bthj", x, M),
