@@ -73,6 +73,22 @@ H_t = sigmoid(a_t) H_{t-1} + v_t nrm(k_t)^T
 z_t = sigmoid(a_t) z_{t-1} + nrm(k_t)
 y_t = H_t q_t / max(abs(z_t . q_t), 1) + min(a_t, 0) * v_t
 """,
+    "delta_read_before_and_after": """
+mixer delta_read_before_and_after
+in    q[K], k[K], v[V], b
+state H[V, K]
+H_t = H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T) + sigmoid(b_t) v_t l2norm(k_t)^T
+y_t = H_{t-1} q_t + 0.5 H_t q_t
+""",
+    "normalized_read_before": """
+mixer normalized_read_before
+in    q[K], k[K], v[V], a
+state H[V, K], z[K]
+let phi(x) = elu(x) + 1
+H_t = sigmoid(a_t) H_{t-1} + v_t phi(k_t)^T
+z_t = sigmoid(a_t) z_{t-1} + phi(k_t)
+y_t = H_{t-1} phi(q_t) / (z_{t-1} . phi(q_t) + 1)
+""",
     "mamba_like_value_scale": """
 mixer mamba_like_value_scale
 in    x[P], dt, B[N], C[N]

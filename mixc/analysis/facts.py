@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from mixc.algebra.expand import Term
 from mixc.errors import Span, SpecError
-from mixc.frontend.ir import Expr
+from mixc.frontend.ir import Expr, Timed
 from mixc.frontend.shapes import Shape
 from mixc.transitions.base import Transition
 
@@ -65,12 +65,19 @@ class StateFacts:
 
 @dataclass(frozen=True)
 class Readout:
-    """`state_t query`, times an optional scalar scale: a linear read of one state."""
+    """`state_t query` (`offset` 0) or `state_{t-1} query` (-1: the state before the token's
+    update, as RWKV-6 reads it), times an optional scalar scale: a linear read of one state."""
 
     index: int
     state: str
     query: Expr
     scale: Expr | None
+    offset: int = 0
+
+    @property
+    def read(self) -> Expr:
+        """The state read, as spec text: `H_t` or `H_{t-1}`."""
+        return Timed(self.state, self.offset)
 
 
 @dataclass(frozen=True)

@@ -56,10 +56,12 @@ class Forms:
 
 @dataclass(frozen=True)
 class Query:
-    """One distinct readout query of a group, and the readouts (`S_t query`) it serves."""
+    """One distinct readout query of a group, and the readouts (`S_t query`) it serves; offset
+    -1 when they read the states before the token's update (`S_{t-1} query`)."""
 
     expr: Expr
     readouts: tuple[Readout, ...]
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,11 +204,12 @@ def _groups(states, outputs) -> tuple[GroupPlan, ...]:
 
 
 def _queries(readouts: list[Readout]) -> tuple[Query, ...]:
-    """The distinct queries, in the order of their first readout."""
-    by_text: dict[str, list[Readout]] = {}
+    """The distinct queries (with the time they read the states at), in the order of their
+    first readout."""
+    by_text: dict[tuple[str, int], list[Readout]] = {}
     for r in readouts:
-        by_text.setdefault(str(r.query), []).append(r)
-    return tuple(Query(rs[0].query, tuple(rs)) for rs in by_text.values())
+        by_text.setdefault((str(r.query), r.offset), []).append(r)
+    return tuple(Query(rs[0].query, tuple(rs), rs[0].offset) for rs in by_text.values())
 
 
 def _forms(states, groups) -> Forms:

@@ -582,9 +582,15 @@ def _check_times(mixer: Mixer, eq, states: set[str]) -> None:
     for node in walk(eq.value):
         if not isinstance(node, Timed):
             continue
-        if node.name in states and node.offset == -1 and node.name != eq.target:
+        if (
+            node.name in states
+            and node.offset == -1
+            and node.name != eq.target
+            and eq.target in states
+        ):
             raise SpecNameError(
-                f"{node.name}_{{t-1}} can only appear in its own update ({node.name}_t = ...)",
+                f"{node.name}_{{t-1}} can appear in its own update ({node.name}_t = ...) and in "
+                f"outputs and per-token values, not in the update of {eq.target}",
                 node.span,
                 hint=f"did you mean {node.name}_t?",
             )

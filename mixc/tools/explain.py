@@ -87,7 +87,7 @@ def _roles(facts: Plan) -> dict[str, list[str]]:
 
 def _readout_text(facts: Plan, r: Readout) -> str:
     op = "." if facts.state(r.state).vector else "@"
-    return str(Binary(op, Timed(r.state, 0), r.query))
+    return str(Binary(op, r.read, r.query))
 
 
 def _kind(shape: tuple[str, ...]) -> Literal["scalar", "vector", "matrix"]:
@@ -394,10 +394,18 @@ def parallel_form(facts: Plan, groups: list[GroupInfo] | None = None) -> list[st
             continue
         expr = str(o.expr)
         for r in sorted(o.readouts, key=lambda r: -r.index):  # _r10 before _r1
-            label = f"Y[{r.state}]"
+            label = f"Y[{r.read}]" if r.offset else f"Y[{r.state}]"
             if sum(1 for x in o.readouts if x.state == r.state) > 1:
-                label = f"Y[{r.state}; {r.query}]"
+                label = f"Y[{r.read if r.offset else r.state}; {r.query}]"
             expr = expr.replace(f"_r{r.index}", label)
+        for r in o.readouts:
+            if r.offset:
+                lines.append(
+                    f"Y[{r.read}] at token t is the kernel's read at t-1 with the query of t: a "
+                    "strictly causal mask, the query's decay measured from the previous token; "
+                    "the first token reads the initial state"
+                )
+                break
         if o.form == "ratio" and expr.count(" / ") == 1:
             num, den = (_unwrap(x.strip()) for x in expr.split(" / "))
             lines.append(f"{o.name} = num / den,  num = {num},  den = {den}   (ratio)")

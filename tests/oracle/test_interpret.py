@@ -75,6 +75,17 @@ def ref_gla(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_rwkv6(x, p, s):
+    """Finch's wkv: the output reads the state before the token, plus the bonus u for the
+    token's own key and value."""
+    H, ys = s["H"], []
+    for t in range(len(x["r"])):
+        r, k, v = x["r"][t], x["k"][t], x["v"][t]
+        ys.append(H @ r + torch.dot(r, p["u"] * k) * v)
+        H = H * torch.exp(x["w"][t])[None, :] + outer(v, k)
+    return {"y": ys}, {"H": H}
+
+
 def ref_gated_general(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["q"])):
@@ -146,6 +157,18 @@ CASES = {
     "gla": (
         ref_gla,
         lambda g: ({**qkv(g), "g": F.logsigmoid(randn(g, *LEAD, DK))}, {}),
+    ),
+    "rwkv6": (
+        ref_rwkv6,
+        lambda g: (
+            {
+                "r": randn(g, *LEAD, DK),
+                "k": randn(g, *LEAD, DK),
+                "v": randn(g, *LEAD, DV),
+                "w": -torch.exp(randn(g, *LEAD, DK)),
+            },
+            {"u": randn(g, HEADS, DK)},
+        ),
     ),
     "gated_general": (
         ref_gated_general,

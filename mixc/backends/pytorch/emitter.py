@@ -435,12 +435,19 @@ class _Module:
                     else f"_torch.zeros_like(_k_{name})"
                 )
                 out(f"_q = {q_text}")
-                args = ", ".join(["_q", f"_k_{name}", f"_v_{name}", *kernel_args])
+                previous = query is not None and query.offset == -1
+                if previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
+                    out("_q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query")
+                first = "_q_next" if previous else "_q"
+                args = ", ".join([first, f"_k_{name}", f"_v_{name}", *kernel_args])
                 if parallel:
                     out(f"_o = _{kernel}({args})")
                 else:
                     init = f"initial_state=_S0_{name}, chunk_size=chunk_size"
                     out(f"_o, _S = _{kernel}({args}, {init})")
+                if previous:
+                    start = "_torch.zeros_like(_o[:, :, :1])" if parallel else f"_q[:, :, :1] @ _S0_{name}"
+                    out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
                 if len(group) == 1:
                     parts = ["_o"]
                 else:
@@ -448,7 +455,7 @@ class _Module:
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
                 for r in query.readouts if query is not None else ():
                     read = Binary(
-                        "." if self.facts.state(r.state).vector else "@", Timed(r.state, 0), r.query
+                        "." if self.facts.state(r.state).vector else "@", r.read, r.query
                     )
                     part = parts[group.index(r.state)]
                     out(f"_r{r.index} = _from_seq({part}{packed}){_note(read)}")
