@@ -33,7 +33,8 @@ __all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "analyze"]
 @dataclass(frozen=True)
 class Missing:
     """Why a form is missing. `kind`: "sequential" (some state has no chunked form), "class" (the
-    transition class's kernel cannot do it), or "no state"."""
+    transition class's kernel cannot do it), "lagged" (a summary of a spec that reads inputs at
+    t-1), or "no state"."""
 
     kind: str
     text: str
@@ -147,7 +148,7 @@ def _analyze(spec: Spec) -> Plan:
                 "readout", SCALAR if shape[1] == "1" else (shape[0], "1")
             )
     groups = _groups(states, outputs)
-    forms = _forms(states, groups)
+    forms = _forms(mixer, states, groups)
     return Plan(
         spec,
         graph,
@@ -212,7 +213,7 @@ def _queries(readouts: list[Readout]) -> tuple[Query, ...]:
     return tuple(Query(rs[0].query, tuple(rs), rs[0].offset) for rs in by_text.values())
 
 
-def _forms(states, groups) -> Forms:
+def _forms(mixer: Mixer, states, groups) -> Forms:
     reasons = [f"{s.name}: {s.transition.reason}" for s in states if s.transition.reason]
     if not states:
         chunk = Missing("no state", "the mixer has no state")
@@ -231,6 +232,13 @@ def _forms(states, groups) -> Forms:
         else None
     )
     summary = next((g.summary for g in groups if g.summary is not None), None)
+    if mixer.lagged and summary is None:
+        lagged = ", ".join(f"{d.name}_{{t-1}}" for d in mixer.lagged)
+        summary = Missing(
+            "lagged",
+            f"the spec reads {lagged}: a slice's first token needs the previous slice's last, "
+            "which the summary does not carry",
+        )
     return Forms(None, parallel, summary)
 
 

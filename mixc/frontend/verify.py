@@ -566,11 +566,17 @@ def _check_timed(node: Timed, symbols, args: set[str], where: str, owner: str) -
             node.span,
             hint="a mixer may read tokens up to t only",
         )
-    if sym.kind in ("input", "value") and node.offset != 0:
+    if sym.kind == "input" and node.offset < -1:
         raise NotYetImplemented(
-            f"{node.name} at t{node.offset:+d}: per-token {sym.kind}s are read at t only",
+            f"{node.name} at t{node.offset:+d}: an input is read at t or t-1",
             node.span,
-            hint="to use an earlier token (token shift), keep it in a state",
+            hint="to use an older token, keep it in a state",
+        )
+    if sym.kind == "value" and node.offset != 0:
+        raise NotYetImplemented(
+            f"{node.name} at t{node.offset:+d}: per-token values are read at t only",
+            node.span,
+            hint="read the inputs it is made of at t-1, or keep it in a state",
         )
     if sym.kind == "state" and node.offset < -1:
         raise NotYetImplemented(

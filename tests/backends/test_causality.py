@@ -24,6 +24,7 @@ SOURCES = {
     **SPECS,
     "value_gate": mixc.Source(VARIANTS["value_gate"]),
     "outer_gate": mixc.Source(VARIANTS["outer_gate"]),
+    "token_shift": mixc.Source(VARIANTS["token_shift"]),
 }
 T, B, NH = 13, 2, 2
 

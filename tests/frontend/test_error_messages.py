@@ -394,14 +394,24 @@ dt_t x_t^T (an outer product, [P, P])?""",
         id="value_reads_itself",
     ),
     pytest.param(
-        HEAD + "H_t = H_{t-1} + v_t k_{t-1}^T\n" + OUTPUT,
+        HEAD + "H_t = H_{t-1} + v_t k_{t-2}^T\n" + OUTPUT,
         NotYetImplemented,
         """\
-<string>:4:21: error: NYI: k at t-1: per-token inputs are read at t only
-  4 | H_t = H_{t-1} + v_t k_{t-1}^T
+<string>:4:21: error: NYI: k at t-2: an input is read at t or t-1
+  4 | H_t = H_{t-1} + v_t k_{t-2}^T
     |                     ^^^^^^^
-  hint: to use an earlier token (token shift), keep it in a state""",
-        id="token_shift",
+  hint: to use an older token, keep it in a state""",
+        id="input_two_tokens_back",
+    ),
+    pytest.param(
+        HEAD + "a_t = 2 k_t\nH_t = H_{t-1} + v_t a_{t-1}^T\n" + OUTPUT,
+        NotYetImplemented,
+        """\
+<string>:5:21: error: NYI: a at t-1: per-token values are read at t only
+  5 | H_t = H_{t-1} + v_t a_{t-1}^T
+    |                     ^^^^^^^
+  hint: read the inputs it is made of at t-1, or keep it in a state""",
+        id="value_at_t_minus_1",
     ),
     pytest.param(
         HEAD + UPDATE + "y_t = H_t\x1b q_t\n",
