@@ -88,4 +88,7 @@ class OutputFacts:
     expr: Expr  # the output with readouts replaced by Name("_r0"), Name("_r1"), ...
     readouts: tuple[Readout, ...]
     skip: Expr | None
+    #: The output from readouts scaled by exp(-m_t) (a group with an exponential write scale
+    #: carried in log space, see mixc.analysis.scales); None: from the readouts as they are.
+    scaled: Expr | None = None
 

@@ -249,7 +249,28 @@ def _why(facts: Plan) -> list[str]:
         line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
         line += f" -> {tr.kind.algorithm}" if tr.chunkable else f" -> recurrent only: {tr.reason}"
         why.append(line)
+    for g in facts.groups if facts.chunkable else ():
+        if g.log_scale is not None:
+            why.append(_stabiliser(facts, g))
     return why
+
+
+def _stabiliser(facts: Plan, g: GroupPlan) -> str:
+    """What the chunked form does with a write scale exp(s_t) it carries in log space."""
+    states = ", ".join(g.states)
+    outputs = "; ".join(
+        f"{o.name} = {o.scaled}" for o in facts.outputs if o.scaled is not None
+    )
+    return (
+        f"{states}: the write scale exp({g.log_scale}) is carried in log space (xLSTM's "
+        f"max-stabiliser, kernel {g.kind.stable_kernel}): each output row t is computed scaled "
+        f"by {g.unscale.name} = exp(-m_t), m_t the largest exponent it sums, so no exponential "
+        f"exceeds 1 and the chunked form stays finite however large {g.log_scale} is; the ratio "
+        f"cancels the scale once every term that reads no state is scaled too ({outputs}). The "
+        "final states are returned unscaled: in float32 they are inf once they pass its range "
+        f"(exp({g.log_scale}) past about 88), and recurrent and step, which scale each write "
+        "as written, overflow there"
+    )
 
 
 def _not_supported(facts: Plan) -> list[str]:

@@ -137,6 +137,26 @@ ROWS: dict[str, Row] = {
         DIAGONAL,
         warnings=("cannot prove the decay diag(exp(g_t))",),
     ),
+    "mlstm": Row(
+        "mlstm.mix",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "exp(i_t) v_t k_t^T",
+                ("scalar: sigmoid(f_t) -> logsigmoid(f_t) proven",),
+            ),
+            "n": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "exp(i_t) k_t",
+                ("scalar: sigmoid(f_t) -> logsigmoid(f_t) proven",),
+            ),
+        },
+        "ratio: _r0 / max(abs(_r1), 1)",
+        SCALAR_DECAY,
+        groups=(("H", "n"),),
+    ),
     "rwkv6": Row(
         "rwkv6.mix",
         {

@@ -86,6 +86,17 @@ def ref_rwkv6(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_mlstm(x, p, s):
+    """xLSTM's mLSTM cell without its stabiliser (float64 holds exp(i) for these gates)."""
+    H, n, ys = s["H"], s["n"], []
+    for t in range(len(x["q"])):
+        forget, write = torch.sigmoid(x["f"][t]), torch.exp(x["i"][t])
+        H = forget * H + write * outer(x["v"][t], x["k"][t])
+        n = forget * n + write * x["k"][t]
+        ys.append(H @ x["q"][t] / torch.clamp(torch.dot(n, x["q"][t]).abs(), min=1.0))
+    return {"y": ys}, {"H": H, "n": n}
+
+
 def ref_gated_general(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["q"])):
@@ -157,6 +168,10 @@ CASES = {
     "gla": (
         ref_gla,
         lambda g: ({**qkv(g), "g": F.logsigmoid(randn(g, *LEAD, DK))}, {}),
+    ),
+    "mlstm": (
+        ref_mlstm,
+        lambda g: ({**qkv(g), "i": 3 * randn(g, *LEAD), "f": 2 * randn(g, *LEAD)}, {}),
     ),
     "rwkv6": (
         ref_rwkv6,

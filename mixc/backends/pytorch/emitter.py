@@ -50,6 +50,11 @@ def _chunk_kernel(group: GroupPlan) -> str:
     return f"chunk_{group.kernel}"
 
 
+def _stable_kernel(group: GroupPlan) -> str:
+    """The kernel that carries the group's write scale in log space (`GroupPlan.log_scale`)."""
+    return f"chunk_{group.kind.stable_kernel}"
+
+
 def _parallel_kernel(group: GroupPlan) -> str:
     return f"parallel_{group.kernel}"
 
@@ -154,6 +159,7 @@ class _Module:
     def kernel_names(self) -> list[str]:
         return sorted(
             {_chunk_kernel(g) for g in self.groups}
+            | {_stable_kernel(g) for g in self.groups if g.log_scale is not None}
             | ({_parallel_kernel(g) for g in self.groups} if self.has_parallel else set())
         )
 
@@ -385,7 +391,7 @@ class _Module:
         self.prologue(out, True, "initial_state", packed=True)
         self.emit_shifts(out, packed=True, carried=True)
         self.emit_groups(out, parallel=False)
-        y = self.emit_output(out)
+        y = self.emit_output(out, scaled=True)
         final = self.final_states(lagged="_last_")
         self.finish(out, y, f"{final} if output_final_state else None")
         out("", 0)
@@ -411,8 +417,11 @@ class _Module:
         out("", 0)
         out("", 0)
 
-    def emit_kernel_args(self, out: Lines, group: GroupPlan, packed: str) -> list[str]:
-        """Key, value (the group's values side by side) and the class's arguments of one group."""
+    def emit_kernel_args(
+        self, out: Lines, group: GroupPlan, packed: str, stable: bool = False
+    ) -> list[str]:
+        """Key, value (the group's values side by side) and the class's arguments of one group;
+        `stable`: the values without their write scale, which is passed as its log."""
         e = self.seq_expr()
         facts = [self.facts.state(s) for s in group.states]
         name = group.name
@@ -423,12 +432,13 @@ class _Module:
             out(f"_ones = _torch.ones({sizes}, dtype=_dtype, device=_device)")
         for s in facts:
             w = s.writes[0]
+            scale = None if stable else w.scale
             if w.value is None:
                 value = "_ones"
-                if w.scale is not None:
-                    value = f"{e(w.scale)} * {value}"
+                if scale is not None:
+                    value = f"{e(scale)} * {value}"
             else:
-                value = e(w.value if w.scale is None else Binary("@", w.scale, w.value))
+                value = e(w.value if scale is None else Binary("@", scale, w.value))
             values.append(value)
         value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
         out(f"_v_{name} = _seq_vector({value}, _sizes{packed})")
@@ -442,6 +452,11 @@ class _Module:
                 value = f"_torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
             out(f"_{arg.name}_{name} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")
             kernel_args.append(f"{arg.name}=_{arg.name}_{name}")
+        if stable:
+            scale = group.log_scale
+            note = _note(f"the write scale exp({scale}), as its log")
+            out(f"_s_{name} = _seq_scalar({e(scale)}, _sizes{packed}){note}")
+            kernel_args.append(f"log_scale=_s_{name}")
         return kernel_args
 
     def widths(self, group) -> list[str]:
@@ -458,9 +473,11 @@ class _Module:
             group = plan.states
             facts = [self.facts.state(s) for s in group]
             name = plan.name
+            stable = plan.log_scale is not None and not parallel
             kernel = _parallel_kernel(plan) if parallel else _chunk_kernel(plan)
+            kernel = _stable_kernel(plan) if stable else kernel
             out(comment(f"{' and '.join(group)}: {plan.transition.cls} -> {kernel}"))
-            kernel_args = self.emit_kernel_args(out, plan, packed)
+            kernel_args = self.emit_kernel_args(out, plan, packed, stable)
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
                 s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
@@ -483,7 +500,11 @@ class _Module:
                     out(f"_o = _{kernel}({args})")
                 else:
                     init = f"initial_state=_S0_{name}, chunk_size=chunk_size"
-                    out(f"_o, _S = _{kernel}({args}, {init})")
+                    found = "_o, _S" if not stable else "_o, _m, _S"
+                    out(f"{found} = _{kernel}({args}, {init})")
+                if stable and i == 0:  # the rows' scale, exp(-m_t)
+                    unscale = plan.unscale.name
+                    out(f"{unscale} = _from_seq(_torch.exp(-_m)[..., None]{packed})")
                 if previous:
                     start = "_torch.zeros_like(_o[:, :, :1])" if parallel else f"_q[:, :, :1] @ _S0_{name}"
                     out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
@@ -560,12 +581,15 @@ class _Module:
         out("", 0)
         out("", 0)
 
-    def emit_output(self, out: Lines) -> str:
-        """The output from its readouts; returns the variable that holds it."""
+    def emit_output(self, out: Lines, scaled: bool = False) -> str:
+        """The output from its readouts (`scaled`: from the chunked form's readouts, scaled
+        where a group carries its write scale in log space); returns the variable that holds
+        it."""
         o = self.facts.outputs[0]
-        if isinstance(o.expr, Name):
-            return o.expr.name
-        out(f"{o.name} = {self.seq_expr()(o.expr)}{_note(self.output.value)}")
+        expr = o.scaled if scaled and o.scaled is not None else o.expr
+        if isinstance(expr, Name):
+            return expr.name
+        out(f"{o.name} = {self.seq_expr()(expr)}{_note(self.output.value)}")
         return o.name
 
     # -- the recurrence ----------------------------------------------------------------------
