@@ -258,9 +258,7 @@ def _why(facts: Plan) -> list[str]:
 def _stabiliser(facts: Plan, g: GroupPlan) -> str:
     """What the chunked form does with a write scale exp(s_t) it carries in log space."""
     states = ", ".join(g.states)
-    outputs = "; ".join(
-        f"{o.name} = {o.scaled}" for o in facts.outputs if o.scaled is not None
-    )
+    outputs = "; ".join(f"{o.name} = {o.scaled}" for o in facts.outputs if o.scaled is not None)
     return (
         f"{states}: the write scale exp({g.log_scale}) is carried in log space (xLSTM's "
         f"max-stabiliser, kernel {g.kind.stable_kernel}): each output row t is computed scaled "
@@ -439,5 +437,3 @@ def _unwrap(text: str) -> str:
     if text.startswith("(") and text.endswith(")") and text.count("(") == 1:
         return text[1:-1]
     return text
-
-

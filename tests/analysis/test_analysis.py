@@ -1192,9 +1192,7 @@ def test_a_readout_says_which_time_it_reads_and_each_time_is_its_own_query():
     (r,) = rwkv6.outputs[0].readouts
     assert (r.state, str(r.query), r.offset, str(r.read)) == ("H", "r_t", -1, "H_{t-1}")
     assert [(str(q.expr), q.offset) for q in rwkv6.groups[0].queries] == [("r_t", -1)]
-    both = text(
-        "H_t = H_{t-1} + v_t k_t^T", out="y_t = H_{t-1} q_t + H_t q_t + H_{t-1} q_t"
-    )
+    both = text("H_t = H_{t-1} + v_t k_t^T", out="y_t = H_{t-1} q_t + H_t q_t + H_{t-1} q_t")
     plan = analyze(load(both))
     assert [(str(q.expr), q.offset) for q in plan.groups[0].queries] == [("q_t", -1), ("q_t", 0)]
     assert str(plan.outputs[0].expr) == "2 * _r0 + _r1"

@@ -47,8 +47,9 @@ def test_chunk_stays_finite_and_accurate_for_input_gates_up_to_200():
     # the fuzzer's bounds: 1e-5 (1e-4 for gradients), or 4 times the oracle's own change when
     # every input moves by one float32 rounding (exp(200) moves by 1.5e-5 when 200 does)
     nudged = {
-        n: (x.detach() * (1 + 2.0**-24 * torch.randn(x.shape, generator=gen).sign()))
-        .requires_grad_(True)
+        n: (
+            x.detach() * (1 + 2.0**-24 * torch.randn(x.shape, generator=gen).sign())
+        ).requires_grad_(True)
         for n, x in ref_in.items()
     }
     moved = interpret(spec, nudged)[0]["y"]

@@ -506,7 +506,11 @@ class _Module:
                     unscale = plan.unscale.name
                     out(f"{unscale} = _from_seq(_torch.exp(-_m)[..., None]{packed})")
                 if previous:
-                    start = "_torch.zeros_like(_o[:, :, :1])" if parallel else f"_q[:, :, :1] @ _S0_{name}"
+                    start = (
+                        "_torch.zeros_like(_o[:, :, :1])"
+                        if parallel
+                        else f"_q[:, :, :1] @ _S0_{name}"
+                    )
                     out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
                 if len(group) == 1:
                     parts = ["_o"]
@@ -514,9 +518,7 @@ class _Module:
                     parts = [f"_o_{s}" for s in group]
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
                 for r in query.readouts if query is not None else ():
-                    read = Binary(
-                        "." if self.facts.state(r.state).vector else "@", r.read, r.query
-                    )
+                    read = Binary("." if self.facts.state(r.state).vector else "@", r.read, r.query)
                     part = parts[group.index(r.state)]
                     out(f"_r{r.index} = _from_seq({part}{packed}){_note(read)}")
                 if i == 0 and not parallel:
