@@ -14,7 +14,9 @@ seeded inputs. The two sides of a comparison (mixc and an fla reference; mixc's 
 recurrent forms; the chunk form and the bmm reference) are timed in the same worker in
 alternation, one call of each in turn after warm-up calls of each, so that both sample the
 same phases of a machine whose speed drifts; the whole set of workers is repeated for several
-rounds, and the median over every timed call is reported with the quartiles. Outputs are compared (relative error) before any timing, and
+rounds, and the median over every timed call is reported with the quartiles; a figure that fails
+`mixc bench`'s self-checks is measured again and, if still suspect, marked unreliable. Outputs
+are compared (relative error) before any timing, and
 the run stops if they disagree. Every worker runs with glibc's malloc keeping freed memory
 (KEEP_MEMORY below), so that page faults decide neither side's speed; a separate section
 times one implementation per process with glibc's defaults.
@@ -505,6 +507,7 @@ def measure(args) -> dict:
     data: dict = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "load_start": os.getloadavg(),
+        "machine": machine_text(threads),
         "args": {
             "threads": threads,
             "repeats": args.repeats,
@@ -635,9 +638,83 @@ def measure(args) -> dict:
         data["sweep"][pair.spec] = run_worker(
             "sweep", threads, spec=pair.spec, T=list(args.sweep_T), repeats=3, recurrent_max_T=2048
         )
+    remeasure(data, args)
     data["load_end"] = os.getloadavg()
     data["loads"] = LOADS
     return data
+
+
+def self_check(data: dict) -> dict[str, str]:
+    """`mixc bench`'s rules on the recorded figures, by figure: repeats that spread beyond
+    SPREAD_BOUND of their median, or a chunked form above 100% of the matmul reference."""
+    from mixc.tools.bench import SPREAD_BOUND
+
+    out: dict[str, str] = {}
+
+    def spread(key: str, times: list[float]) -> None:
+        st = _stats(times)
+        wide = (st["q3"] - st["q1"]) / st["median"]
+        if len(times) >= 3 and wide > SPREAD_BOUND:
+            out[key] = f"repeats spread {100 * wide:.0f}% of the median (bound {SPREAD_BOUND:.0%})"
+
+    for key, e in data["peers"].items():
+        spread(f"peers|{key}", e["times"])
+    for name, r in data["recurrent"].items():
+        for form in ("chunk", "recurrent"):
+            spread(f"recurrent|{name}|{form}", r[form])
+    for name, r in data["efficiency"].items():
+        spread(f"efficiency|{name}", r["times"])
+        frac = r["flops"] / statistics.median(r["times"]) / 1e9 / r["matmul"]["gflops"]
+        if frac > 1:
+            reason = f"{100 * frac:.0f}% of the matmul reference, above the measured peak"
+            out[f"efficiency|{name}"] = "; ".join(
+                filter(None, [out.get(f"efficiency|{name}"), reason])
+            )
+    return out
+
+
+def remeasure(data: dict, args) -> None:
+    """Measure every suspect figure again, in a fresh worker with REMEASURE_FACTOR times the
+    repeats, and record in data["unreliable"] what is still suspect (with the reason)."""
+    from mixc.tools.bench import REMEASURE_FACTOR
+
+    again = REMEASURE_FACTOR * args.repeats
+    done = set()
+    for key in self_check(data):
+        kind, name, *rest = key.split("|")
+        if (kind, name, rest[-1:] if kind == "peers" else ()) in done:
+            continue
+        done.add((kind, name, rest[-1:] if kind == "peers" else ()))
+        log(f"{key}: suspect, measuring it again")
+        if kind == "peers":
+            bwd = bool(int(rest[-1]))
+            r = run_worker(
+                "time",
+                args.threads,
+                spec=name,
+                impls=IMPLS,
+                backward=bwd,
+                T=PEER_T,
+                repeats=again,
+                warmup=2,
+            )
+            for impl in IMPLS:
+                t = r["times"][impl]
+                data["peers"][f"{name}|{impl}|{int(bwd)}"] = {"times": t, **_stats(t)}
+        elif kind == "recurrent":
+            data["recurrent"][name] = run_worker(
+                "recurrent",
+                args.threads,
+                spec=name,
+                T=RECURRENT_T,
+                repeats=again,
+                recurrent_repeats=REMEASURE_FACTOR * 2,
+            )
+        else:
+            r = run_worker("efficiency", args.threads, spec=name, T=PEER_T, repeats=again)
+            data["efficiency"][name] = r
+    data["remeasured"] = sorted("|".join([k, n, *x]) for k, n, x in done)
+    data["unreliable"] = self_check(data)
 
 
 # ----------------------------------------------------------------------------- report
@@ -761,6 +838,12 @@ def report(data: dict) -> str:
     add = lines.append
     peers = data["peers"]
     targets: list[tuple[str, str, str, bool]] = []  # (family, what, measured, holds)
+    unreliable = data["unreliable"] if "unreliable" in data else self_check(data)
+
+    def marks(**keys: str) -> str:
+        """' (unreliable: ...)' after a figure whose parts (label=key) failed the self-check."""
+        reasons = [f"{label}: {unreliable[k]}" for label, k in keys.items() if k in unreliable]
+        return f" (unreliable: {'; '.join(reasons)})" if reasons else ""
 
     def med(spec, impl, bwd):
         return peers[f"{spec}|{impl}|{int(bwd)}"]
@@ -773,7 +856,8 @@ def report(data: dict) -> str:
                 (
                     "peer",
                     f"{pair.spec} chunk {what} <= {TARGETS[key]}x `{pair.function}` (T={PEER_T})",
-                    f"{_figure(ratio, TARGETS[key], 2)}x",
+                    f"{_figure(ratio, TARGETS[key], 2)}x"
+                    + marks(**{impl: f"peers|{pair.spec}|{impl}|{int(bwd)}" for impl in IMPLS}),
                     ratio <= TARGETS[key],
                 )
             )
@@ -784,7 +868,8 @@ def report(data: dict) -> str:
                 "recurrent",
                 f"{name} chunk >= {TARGETS['recurrent_speedup']:.0f}x faster than recurrent "
                 f"(T={RECURRENT_T}, fwd)",
-                f"{_figure(speed, TARGETS['recurrent_speedup'], 0)}x",
+                f"{_figure(speed, TARGETS['recurrent_speedup'], 0)}x"
+                + marks(chunk=f"recurrent|{name}|chunk", recurrent=f"recurrent|{name}|recurrent"),
                 speed >= TARGETS["recurrent_speedup"],
             )
         )
@@ -795,7 +880,8 @@ def report(data: dict) -> str:
             (
                 "matmul",
                 f"{name} chunk fwd >= 35% of fp32 matmul throughput (T={PEER_T})",
-                f"{100 * frac:.0f}% ({gflops:.0f} of {r['matmul']['gflops']:.0f} GFLOP/s)",
+                f"{100 * frac:.0f}% ({gflops:.0f} of {r['matmul']['gflops']:.0f} GFLOP/s)"
+                + marks(chunk=f"efficiency|{name}"),
                 frac >= TARGETS["matmul_fraction"],
             )
         )
@@ -832,7 +918,10 @@ def report(data: dict) -> str:
     add("```")
     add("")
     add(f"- Date: {data.get('date', '?')} (measured), mixc {__version__}")
-    add(f"- Machine: {machine_text(threads)}")
+    machine = data.get("machine") or (
+        f"{machine_text(threads)} (not recorded with the results: the machine writing the report)"
+    )
+    add(f"- Machine: {machine}")
     la0, la1 = data["load_start"], data["load_end"]
     add(
         f"- Load average (1/5/15 min) at start {la0[0]:.1f}/{la0[1]:.1f}/{la0[2]:.1f}, at end "
@@ -865,6 +954,18 @@ def report(data: dict) -> str:
         "worker, mixc, fla and recurrent alike, runs with glibc's malloc keeping freed memory "
         "(as jemalloc or tcmalloc do; see the section on the allocator for why and for the "
         "default-malloc numbers)."
+    )
+    again = ", ".join(f"`{k}`" for k in data.get("remeasured", [])) or "none"
+    suspect = ", ".join(f"`{k}`" for k in unreliable) or "none"
+    if "remeasured" in data:
+        status = f"measured again in this run: {again}; still unreliable: {suspect}"
+    else:
+        status = f"these results predate the re-measuring; suspect, not measured again: {suspect}"
+    add(
+        "- Self-checks (the rules of `mixc bench`): a figure whose repeats spread beyond 25% of "
+        "their median, or a chunked form above 100% of the matmul reference, is measured again "
+        "in a fresh worker with 3x the repeats, and what is still suspect is marked unreliable "
+        f"below; {status}."
     )
     add("")
     add(f"## Targets: {held} of {len(targets)} hold")

@@ -176,14 +176,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             output_file(path, keep=[args.spec])
     if args.plot:
         bench_report.matplotlib_figure()  # fail before the sweep, not after, without matplotlib
+    sweep = bench.QUICK_T if args.quick else bench.FULL_T if args.full else bench.DEFAULT_T
     result = bench.run(
         args.spec,
         sizes=args.sizes,
-        T=args.T,
+        T=args.T or sweep,
         chunk_size=args.chunk_size,
         forms=args.forms,
         backward=args.backward,
-        repeats=args.repeats,
+        repeats=args.repeats or (3 if args.quick else 5),
         threads=args.threads,
         device=args.device,
         recurrent_max_T=args.recurrent_max_T,
@@ -350,15 +351,20 @@ def _add_bench(sub: _Subparsers) -> None:
         metavar="B=1,NH=4,K=64,V=64",
         help="batch, heads and the spec's sizes (default: B=1, NH=4, every size 64)",
     )
-    p.add_argument(
+    sweep = p.add_mutually_exclusive_group()
+    sweep.add_argument(
         "--T",
         type=_int_list,
-        default=[512, 1024, 2048, 4096, 8192, 16384],
         metavar="512,1024,...",
-        help="sequence lengths (default: 512 to 16384, doubling)",
+        help="sequence lengths (default: 1024,4096; well under a minute on 2 CPU cores)",
     )
+    sweep.add_argument("--quick", action="store_true", help="T = 512 only, 3 repeats")
+    sweep.add_argument("--full", action="store_true", help="T = 512 to 16384, doubling")
     p.add_argument(
-        "--chunk-size", type=_positive, default=64, metavar="C", help="chunk size (default: 64)"
+        "--chunk-size",
+        type=_positive,
+        metavar="C",
+        help="chunk size (default: the module's CHUNK_SIZE, measured per class; see explain)",
     )
     p.add_argument(
         "--forms",
@@ -371,9 +377,9 @@ def _add_bench(sub: _Subparsers) -> None:
     p.add_argument(
         "--repeats",
         type=_positive,
-        default=5,
         metavar="N",
-        help="timed calls per point (default: 5)",
+        help="timed calls per point (default: 5, 3 with --quick); a point whose figures "
+        "contradict themselves is measured again with 3x as many and marked if still suspect",
     )
     p.add_argument(
         "--threads", type=_positive, default=2, metavar="N", help="torch CPU threads (default: 2)"
@@ -389,9 +395,9 @@ def _add_bench(sub: _Subparsers) -> None:
     p.add_argument(
         "--parallel-max-T",
         type=_positive,
-        default=4096,
+        default=2048,
         metavar="T",
-        help="longest T for the parallel form (default: 4096; it holds T x T matrices)",
+        help="longest T for the parallel form (default: 2048; it holds T x T matrices)",
     )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")

@@ -63,7 +63,11 @@ def context_parallel(mixer, group=None) -> Callable:
             "runs step by step only (its update is not in a class with an associative summary)"
         )
 
-    def run(*args, initial_state=None, output_final_state=False, chunk_size=64, **params):
+    default_chunk = getattr(mixer, "CHUNK_SIZE", 64)  # a module compiled before CHUNK_SIZE: 64
+
+    def run(
+        *args, initial_state=None, output_final_state=False, chunk_size=default_chunk, **params
+    ):
         if not dist.is_initialized():
             raise MixcError(
                 "context_parallel: torch.distributed is not initialised (call init_process_group)"

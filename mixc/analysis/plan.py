@@ -26,7 +26,7 @@ from mixc.frontend.ir import Expr, Mixer, Name
 from mixc.frontend.shapes import SCALAR, Symbol, Typer, typer_for
 from mixc.frontend.spec import Spec
 from mixc.frontend.verify import equation_order
-from mixc.transitions.base import KernelArg, Transition, TransitionClass
+from mixc.transitions.base import ChunkSize, KernelArg, Transition, TransitionClass
 
 __all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "analyze"]
 
@@ -107,6 +107,7 @@ class Plan:
     forms: Forms
     algorithm: str
     warnings: tuple[SpecError, ...]
+    chunk_size: ChunkSize  # the compiled chunk's default, and why
     #: Shapes of every name, readouts (`_r0`, ...) included, and the algebra over them: built
     #: once here, read (never changed) by the backends.
     typer: Typer = field(repr=False, compare=False)
@@ -171,9 +172,21 @@ def _analyze(spec: Spec) -> Plan:
         forms,
         _algorithm(states, forms),
         _warnings(spec, graph, states, outputs),
+        _chunk_size(groups),
         typer,
         ex,
     )
+
+
+def _chunk_size(groups: tuple[GroupPlan, ...]) -> ChunkSize:
+    """The default chunk size of the groups' classes; with several, the smallest."""
+    sizes = [g.transition.kind.chunk_size(g.transition) for g in groups if g.kernel]
+    if not sizes:
+        return ChunkSize(64, "no chunked form: unused")
+    best = min(sizes, key=lambda c: c.size)
+    if any(c.size != best.size for c in sizes):
+        return ChunkSize(best.size, f"the smallest of the groups' defaults ({best.why})")
+    return best
 
 
 def _group_key(s: StateFacts) -> tuple:

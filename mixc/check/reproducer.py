@@ -62,10 +62,8 @@ def _preamble(
         f"gen = torch.Generator().manual_seed({ex.seed})",
         f"B, T, NH = {ex.batch}, {ex.T}, {ex.heads}",
     ]
-    if ex.sizes:
-        lines.append(
-            f"{', '.join(k for k, _ in ex.sizes)} = {', '.join(str(v) for _, v in ex.sizes)}"
-        )
+    if ex.sizes:  # the draws write them as numbers: a size may be named like a name above
+        lines.append(comment("sizes: " + ", ".join(f"{k} = {v}" for k, v in ex.sizes)))
     return lines
 
 

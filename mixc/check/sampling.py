@@ -189,14 +189,20 @@ class Draw:
 
 def draws(r: InputRanges, ex: Example) -> list[Draw]:
     """Every tensor of the case, in generation order, as torch expressions over `gen` (seeded
-    with `ex.seed`), B, T, NH and the size symbols. Shared by the fuzzer and its reproducers."""
+    with `ex.seed`) and B, T, NH. Shared by the fuzzer and its reproducers. The spec's sizes
+    are written as their numbers: a size may be named like anything the script binds (`torch`,
+    `gen`, `spec`)."""
     sizes = dict(ex.sizes)
     modes = dict(ex.modes)
     heads = dict(ex.input_heads)
     out: list[Draw] = []
 
+    def numbers(shape: list[str]) -> list[str]:
+        return [str(sizes[d]) if d in sizes else d for d in shape]
+
     def code(x: Range, shape: list[str]) -> str:
         template = SAMPLERS[x.domain][modes.get(x.name, x.modes[0])]
+        shape = numbers(shape)
         return template.format(shape=", ".join(shape), rows=", ".join([*shape[:-1], "1"]))
 
     for d in r.mixer.inputs:
@@ -211,8 +217,8 @@ def draws(r: InputRanges, ex: Example) -> list[Draw]:
     if ex.initial_state:
         for s in r.mixer.carried:
             out.append(Draw(s.name, "state", code(r.range(s.name), ["B", "NH", *s.shape])))
-    out.append(_cotangent(r.output, ["B", "T", "NH", *_out_dims(r.spec.shapes[r.output])]))
-    out += [_cotangent(s.name, ["B", "NH", *s.shape]) for s in r.mixer.carried]
+    out.append(_cotangent(r.output, numbers(["B", "T", "NH", *_out_dims(r.spec.shapes[r.output])])))
+    out += [_cotangent(s.name, numbers(["B", "NH", *s.shape])) for s in r.mixer.carried]
     return out
 
 
@@ -230,7 +236,6 @@ def _namespace(ex: Example) -> dict:
         "B": ex.batch,
         "T": ex.T,
         "NH": ex.heads,
-        **dict(ex.sizes),
     }
 
 

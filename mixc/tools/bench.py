@@ -26,6 +26,13 @@ How things are measured:
   chunked form's "% of matmul" is its GFLOP/s over that reference: how close it runs to what
   this machine's BLAS achieves on the same multiplications.
 
+Every figure checks itself (`suspect_points`): a spread between repeats beyond
+`SPREAD_BOUND`, a chunked form faster than the matmul reference allows (over 100% of it), or a
+time that falls as T grows (by more than `MONOTONE_SLACK`) is measured again with
+`REMEASURE_FACTOR` times the repeats after a fresh warm-up; what is still suspect is marked
+unreliable, with the reason, in the table and the JSON. A matmul reference with too wide a
+spread is measured again the same way.
+
 `mixc.tools.bench_report` shows a result: as a table, a JSON file or a plot.
 """
 
@@ -57,22 +64,32 @@ __all__ = [
     "matmul_throughput",
     "measure_peak_memory",
     "run",
+    "suspect_points",
     "time_call",
 ]
 
-#: Default sweep of sequence lengths.
-DEFAULT_T = (512, 1024, 2048, 4096, 8192, 16384)
+#: Sweeps of sequence lengths: the default (well under a minute on 2 CPU cores), --quick and
+#: --full.
+DEFAULT_T = (1024, 4096)
+QUICK_T = (512,)
+FULL_T = (512, 1024, 2048, 4096, 8192, 16384)
+#: A point whose quartile range exceeds this fraction of its median is suspect.
+SPREAD_BOUND = 0.25
+#: A point more than this fraction faster than the same form at a shorter T is suspect.
+MONOTONE_SLACK = 0.10
+#: A suspect point is measured again with this many times the repeats.
+REMEASURE_FACTOR = 3
 #: The recurrent form runs one step per token in Python: by default it stops here.
 RECURRENT_MAX_T = 4096
 #: The parallel form holds T x T matrices (O(T^2) memory): by default it stops here.
-PARALLEL_MAX_T = 4096
+PARALLEL_MAX_T = 2048
 FORMS = ("chunk", "recurrent", "parallel")
 
 
 # ----------------------------------------------------------------------------- results
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: suspect_points maps points to reasons
 class Point:
     """One (form, pass, T) measurement. Times in seconds, memory in bytes."""
 
@@ -82,6 +99,8 @@ class Point:
     times: list[float]
     peak_bytes: int | None = None
     flops: float | None = None  # per call (forward + backward counted as 3x forward)
+    unreliable: str | None = None  # why the figure is suspect after it was measured again
+    remeasured: bool = False
 
     @property
     def median(self) -> float:
@@ -98,6 +117,12 @@ class Point:
     def gflops(self) -> float | None:
         return None if self.flops is None else self.flops / self.median / 1e9
 
+    @property
+    def spread(self) -> float:
+        """Quartile range over the median."""
+        q1, q3 = self.quartiles
+        return (q3 - q1) / self.median if self.median > 0 else 0.0
+
     def to_json(self) -> dict:
         q1, q3 = self.quartiles
         return {
@@ -113,6 +138,8 @@ class Point:
             "peak_bytes": self.peak_bytes,
             "flops": self.flops,
             "gflops": self.gflops,
+            "remeasured": self.remeasured,
+            "unreliable": self.unreliable,
         }
 
 
@@ -279,17 +306,23 @@ def _runner(fn: Callable, args: list, backward: bool, device: str) -> Callable[[
     return forward_backward
 
 
-def time_call(call: Callable[[], None], repeats: int, warmup: int = 1, device="cpu") -> list[float]:
-    """Wall times (seconds) of `repeats` calls after `warmup` untimed ones."""
+def time_call(
+    call: Callable[[], None],
+    repeats: int,
+    warmup: int = 1,
+    device="cpu",
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Wall times (seconds, read from `clock`) of `repeats` calls after `warmup` untimed ones."""
     for _ in range(warmup):
         call()
     _sync(device)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         call()
         _sync(device)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return times
 
 
@@ -390,9 +423,12 @@ def matmul_summary(
     chunk: int,
     d_k: int,
     d_v: int,
+    spread: float = 0.0,
 ) -> dict:
-    """Throughput per shape and over all four, from each shape's time (seconds per call)."""
-    out: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "shapes": {}}
+    """Throughput per shape and over all four, from each shape's time (seconds per call);
+    `spread` is the widest quartile range over the median of a shape's repeats."""
+    out: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "spread": spread}
+    out["shapes"] = {}
     for name, (flops, _) in calls.items():
         out["shapes"][name] = {"seconds": seconds[name], "gflops": flops / seconds[name] / 1e9}
     total_flops = sum(flops for flops, _ in calls.values())
@@ -401,15 +437,23 @@ def matmul_summary(
 
 
 def matmul_throughput(
-    batch: int, chunk: int, d_k: int, d_v: int, repeats: int = 5, device: str = "cpu"
+    batch: int,
+    chunk: int,
+    d_k: int,
+    d_v: int,
+    repeats: int = 5,
+    device: str = "cpu",
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict:
     """fp32 batched-matmul throughput at the chunked form's shapes, for `batch` chunks."""
     calls = matmul_calls(batch, chunk, d_k, d_v, device)
-    seconds = {
-        name: statistics.median(time_call(call, repeats, warmup=2, device=device))
+    times = {
+        name: Point("bmm", False, 0, time_call(call, repeats, 2, device, clock))
         for name, (_, call) in calls.items()
     }
-    return matmul_summary(calls, seconds, batch, chunk, d_k, d_v)
+    seconds = {name: p.median for name, p in times.items()}
+    spread = max(p.spread for p in times.values())
+    return matmul_summary(calls, seconds, batch, chunk, d_k, d_v, spread)
 
 
 def _flops_per_token(facts, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:
@@ -432,7 +476,7 @@ def run(
     *,
     sizes: dict[str, int] | None = None,
     T: Sequence[int] = DEFAULT_T,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     forms: Sequence[str] = FORMS,
     backward: bool = False,
     repeats: int = 5,
@@ -443,6 +487,7 @@ def run(
     parallel_max_T: int = PARALLEL_MAX_T,
     memory: bool = True,
     progress: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> BenchResult:
     """Time the compiled module of `spec_path` over the sweep; see the module docstring."""
     import torch
@@ -455,6 +500,7 @@ def run(
     spec = load_spec(spec_path)
     facts = analyze(spec)
     module = load(spec_path)
+    chunk_size = chunk_size or module.CHUNK_SIZE
     full_sizes = default_sizes(spec, sizes)
     result = BenchResult(
         spec=str(spec_path),
@@ -468,29 +514,75 @@ def run(
     caps = {"recurrent": recurrent_max_T, "parallel": parallel_max_T}
     sweep = _sweep(result, module, facts, forms, T, caps, backward)
     chunk_ts = sorted({t for form, t, _ in sweep if form == "chunk"})
+    d_k, d_v = chunk_shapes(facts, full_sizes)
+
+    def reference(t: int, repeats: int) -> dict:
+        batch = full_sizes["B"] * full_sizes["NH"] * -(-t // chunk_size)
+        return matmul_throughput(batch, chunk_size, d_k, d_v, repeats, device, clock)
+
+    def times(form: str, t: int, bwd: bool, repeats: int, warmup: int) -> tuple[list, Callable]:
+        args = make_inputs(spec, full_sizes, t, device=device)
+        call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
+        return time_call(call, repeats, warmup, device, clock), call
+
     with _progress(progress, len(sweep) + len(chunk_ts) + 1) as advance:
         advance("warming up")
         _warm_up(module, sweep, make_inputs(spec, full_sizes, min(T), device=device), result)
-        d_k, d_v = chunk_shapes(facts, full_sizes)
         for t in chunk_ts:
             advance(f"matmul reference, T = {t}")
-            result.matmul[t] = matmul_throughput(
-                full_sizes["B"] * full_sizes["NH"] * -(-t // chunk_size),
-                chunk_size,
-                d_k,
-                d_v,
-                repeats=max(3, repeats),
-                device=device,
-            )
+            result.matmul[t] = reference(t, max(3, repeats))
         for form, t, bwd in sweep:
             advance(f"{form} {'fwd+bwd' if bwd else 'fwd'} T = {t}")
-            args = make_inputs(spec, full_sizes, t, device=device)
-            call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
-            times = time_call(call, repeats, warmup=warmup, device=device)
+            measured, call = times(form, t, bwd, repeats, warmup)
             peak = measure_peak_memory(call, device) if memory else None
             flops = _flops(facts, result, form, t, bwd)
-            result.points.append(Point(form, bwd, t, times, peak, flops))
+            result.points.append(Point(form, bwd, t, measured, peak, flops))
+        again = REMEASURE_FACTOR * max(3, repeats)
+        for t, ref in result.matmul.items():
+            if ref["spread"] > SPREAD_BOUND:
+                advance(f"matmul reference again, T = {t}")
+                result.matmul[t] = reference(t, again)
+        for p in suspect_points(result):
+            advance(f"{p.form} {'fwd+bwd' if p.backward else 'fwd'} T = {p.T} again")
+            p.times, _ = times(p.form, p.T, p.backward, again, max(2, warmup))
+            p.remeasured = True
+    for p, reasons in suspect_points(result).items():
+        p.unreliable = "; ".join(reasons)
+    for t, ref in sorted(result.matmul.items()):
+        if ref["spread"] > SPREAD_BOUND:
+            ref["unreliable"] = f"repeats spread {100 * ref['spread']:.0f}% of the median"
+            result.notes.append(f"matmul reference at T = {t}: unreliable, {ref['unreliable']}")
     return result
+
+
+def suspect_points(result: BenchResult) -> dict[Point, list[str]]:
+    """The points whose figures contradict themselves, each with the reasons: a spread between
+    repeats beyond SPREAD_BOUND, a chunked form above 100% of the matmul reference (the peak
+    measured for its multiplications), or a time that falls as T grows (both points of the
+    pair: which one is wrong is not known)."""
+    out: dict[Point, list[str]] = {}
+
+    def flag(p: Point, reason: str) -> None:
+        out.setdefault(p, []).append(reason)
+
+    for p in result.points:
+        if len(p.times) >= 3 and p.spread > SPREAD_BOUND:
+            flag(
+                p, f"repeats spread {100 * p.spread:.0f}% of the median (bound {SPREAD_BOUND:.0%})"
+            )
+        fraction = result.matmul_fraction(p)
+        if fraction is not None and fraction > 1:
+            flag(p, f"{100 * fraction:.0f}% of the matmul reference, above the measured peak")
+        shorter = [
+            q for q in result.points if (q.form, q.backward) == (p.form, p.backward) and q.T < p.T
+        ]
+        if shorter:
+            q = max(shorter, key=lambda q: q.T)
+            if p.median < (1 - MONOTONE_SLACK) * q.median:
+                ms = f"{1e3 * p.median:.3g} ms at T = {p.T} against {1e3 * q.median:.3g} ms"
+                flag(p, f"faster than at a shorter T ({ms})")
+                flag(q, f"slower than at a longer T ({ms})")
+    return out
 
 
 def _check_options(forms: Sequence[str], chunk_size: int, repeats: int) -> None:
@@ -498,7 +590,7 @@ def _check_options(forms: Sequence[str], chunk_size: int, repeats: int) -> None:
     for form in forms:
         if form not in FORMS:
             raise MixcError(f"--forms: unknown form {form!r}; choose from {', '.join(FORMS)}")
-    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+    if chunk_size is not None and (chunk_size < 1 or chunk_size & (chunk_size - 1)):
         raise MixcError(f"--chunk-size: expected a power of two, got {chunk_size}")
     if repeats < 1:
         raise MixcError(f"--repeats: expected at least 1, got {repeats}")

@@ -57,7 +57,7 @@ def render(result: BenchResult, console=None) -> None:
             p.form,
             "fwd+bwd" if p.backward else "fwd",
             str(p.T),
-            _ms(p.median),
+            _ms(p.median) + (" !" if p.unreliable else ""),
             f"{_ms(q1)}-{_ms(q3)}",
             _mb(p.peak_bytes),
             "-" if p.gflops is None else f"{p.gflops:.1f}",
@@ -72,6 +72,12 @@ def render(result: BenchResult, console=None) -> None:
             f"fp32 matmul reference (bmm at the chunked shapes, C={result.chunk_size}), GFLOP/s: "
             + ", ".join(parts)
         )
+    for p in result.points:
+        if p.unreliable:
+            pass_ = "fwd+bwd" if p.backward else "fwd"
+            console.print(
+                f"! {p.form} {pass_} T={p.T}: unreliable after measuring it again: {p.unreliable}"
+            )
     for note in result.notes:
         console.print(f"note: {note}")
 

@@ -13,10 +13,12 @@ from mixc.analysis.cost import Costs, costs
 from mixc.analysis.facts import OutputFacts, Readout, StateFacts
 from mixc.analysis.formula import FormCost, Formula
 from mixc.analysis.plan import GroupPlan, Plan, analyze
+from mixc.analysis.roles import read_roles
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr, Name, Timed, walk
 from mixc.frontend.spec import Spec
 from mixc.tools.report import (
+    ChunkSizeInfo,
     CostInfo,
     Explanation,
     FormCostInfo,
@@ -62,26 +64,10 @@ def _names(e: Expr | None) -> set[str]:
 
 
 def _roles(facts: Plan) -> dict[str, list[str]]:
+    """Each name's roles, as "key of H" (`mixc.analysis.roles.read_roles`)."""
     roles: dict[str, list[str]] = {}
-
-    def add(e: Expr | None, role: str) -> None:
-        for n in sorted(_names(e)):
-            if role not in roles.setdefault(n, []):
-                roles[n].append(role)
-
-    for o in facts.outputs:
-        for r in o.readouts:
-            add(r.query, f"query of {r.state}")
-        add(o.skip, f"skip of {o.name}")
-    for s in facts.states:
-        for w in s.writes:
-            add(w.key, f"key of {s.name}")
-            add(w.value, f"value of {s.name}")
-            add(w.scale, f"write scale of {s.name}")
-        for g in s.transition.gates:
-            add(g.decay, f"decay of {s.name}")
-        add(s.transition.beta, f"beta of {s.name}")
-        add(s.transition.gate, f"gate of {s.name}")
+    for (name, _), found in read_roles(facts).items():
+        roles.setdefault(name, []).extend(str(r) for r in found if r.role != "read")
     return roles
 
 
@@ -313,6 +299,11 @@ def explain(
         forms=_form_infos(facts),
         algorithm=facts.algorithm,
         why=_why(facts),
+        chunk_size=(
+            ChunkSizeInfo(size=facts.chunk_size.size, why=facts.chunk_size.why)
+            if facts.chunkable
+            else None
+        ),
         not_supported=_not_supported(facts),
         parallel_form=parallel_form(facts, groups),
         warnings=[

@@ -2,7 +2,9 @@
 
 Columns from left to right: inputs and parameters, derived values, states, outputs. Each kind has
 its own shape and colour; a read of the previous token (a lag-1 edge, always a state reading its
-own previous value) is a dashed loop labelled "t-1". Needs matplotlib (`pip install mixc[plot]`).
+own previous value) is a dashed loop labelled "t-1". Each read is labelled with its role (key,
+value, decay, erase, query, skip, ...: `edge_roles`), and a node shows its shape inside it, where
+no arrow ends. Needs matplotlib (`pip install mixc[plot]`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from pathlib import Path
 import networkx as nx
 
 from mixc.analysis.plan import Plan
+from mixc.analysis.roles import read_roles
 from mixc.driver import output_file, write_atomically
 from mixc.errors import MixcError
 
-__all__ = ["FORMATS", "draw", "write_graph"]
+__all__ = ["FORMATS", "draw", "edge_roles", "write_graph"]
 
 #: File suffixes mixc graph writes.
 FORMATS = (".png", ".svg")
@@ -40,6 +43,12 @@ LAG_COLOUR = "#b35900"
 SAME_COLOUR = "#555555"
 #: Where a node's self-loop starts and ends, above its centre.
 LOOP_HEIGHT = 0.16 * 0.9
+#: How far (points) an arrow's ends stay from the centres of its nodes, and the bend of a read
+#: of another node's previous value.
+NODE_CLEARANCE = 24
+LAG_BEND = 0.3
+#: Where along its arc (0: source, 1: end) an edge's label sits.
+LABEL_AT = 0.35
 
 
 def _matplotlib():
@@ -51,6 +60,22 @@ def _matplotlib():
             "mixc graph needs matplotlib, which is not installed: pip install mixc[plot]"
         ) from None
     return matplotlib, Figure
+
+
+def edge_roles(facts: Plan) -> dict[tuple[str, str], tuple[str, ...]]:
+    """The roles of each edge's read (`mixc.analysis.roles.read_roles`), as its label says
+    them: "key" for a role for the edge's end, "query of H, z" for roles for other nodes."""
+    out = {}
+    for edge, roles in read_roles(facts).items():
+        if facts.graph.has_edge(*edge):
+            of: dict[str, list[str]] = {}
+            for r in roles:
+                of.setdefault(r.role, []).append(r.of)
+            out[edge] = tuple(
+                role if nodes == [edge[1]] else f"{role} of {', '.join(nodes)}"
+                for role, nodes in of.items()
+            )
+    return out
 
 
 def _positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
@@ -71,20 +96,26 @@ def draw(facts: Plan, fmt: str) -> bytes:
     matplotlib, Figure = _matplotlib()
     g = facts.graph
     pos = _positions(g)
+    roles = edge_roles(facts)
     with matplotlib.rc_context({"svg.hashsalt": "mixc", "svg.fonttype": "none"}):
         fig = Figure(figsize=_figure_size(pos))
         ax = fig.add_subplot()
         ax.set_axis_off()
+        _fit(ax, facts, pos)  # first: the edge labels are placed in display coordinates
         for a, b, data in g.edges(data=True):
             if a == b:
                 _draw_loop(ax, pos[a])
-            elif data["lag"] == 1:
-                _draw_lag_arc(ax, pos[a], pos[b])
-            else:
-                _draw_arrow(ax, pos[a], pos[b])
+                continue
+            lag = data["lag"] == 1
+            bend = LAG_BEND if lag else 0.08 if abs(pos[b][0] - pos[a][0]) <= 1 else 0.3
+            _draw_arrow(ax, pos[a], pos[b], bend, lag)
+            label = ", ".join((("t-1",) if lag else ()) + roles.get((a, b), ()))
+            if label:
+                _draw_edge_label(
+                    ax, pos[a], pos[b], bend, label, LAG_COLOUR if lag else SAME_COLOUR
+                )
         _draw_nodes(ax, facts, pos)
         _draw_legend(ax, g)
-        _fit(ax, facts, pos)
         buf = io.BytesIO()
         meta = {"Date": None} if fmt == "svg" else {}
         fig.savefig(buf, format=fmt, bbox_inches="tight", metadata=meta or None, dpi=120)
@@ -119,43 +150,50 @@ def _draw_loop(ax, at: tuple[float, float]) -> None:
     ax.add_patch(arrow)
 
 
-def _draw_lag_arc(ax, start: tuple[float, float], end: tuple[float, float]) -> None:
-    """A read of another node's previous value: a dashed arc, labelled t-1 at its middle."""
+def _draw_arrow(ax, start, end, bend: float, lag: bool) -> None:
+    """A read: solid at the same token, dashed for the previous token, bent by `bend` (more
+    when it skips a column), its ends kept off the nodes."""
     from matplotlib.patches import FancyArrowPatch
 
-    (x0, y0), (x1, y1) = start, end
-    arrow = FancyArrowPatch(
-        start,
-        end,
-        connectionstyle="arc3,rad=0.3",
-        arrowstyle="-|>",
-        mutation_scale=12,
-        linestyle="--",
-        color=LAG_COLOUR,
-        shrinkA=18,
-        shrinkB=18,
-    )
-    ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 0.15, "t-1", ha="center", fontsize=9, color=LAG_COLOUR)
-    ax.add_patch(arrow)
-
-
-def _draw_arrow(ax, start: tuple[float, float], end: tuple[float, float]) -> None:
-    """A read at the same token: a solid arrow, bent more when it skips a column."""
-    from matplotlib.patches import FancyArrowPatch
-
-    bend = 0.08 if abs(end[0] - start[0]) <= 1 else 0.3
     arrow = FancyArrowPatch(
         start,
         end,
         connectionstyle=f"arc3,rad={bend}",
         arrowstyle="-|>",
         mutation_scale=12,
-        color=SAME_COLOUR,
-        shrinkA=18,
-        shrinkB=18,
+        linestyle="--" if lag else "-",
+        color=LAG_COLOUR if lag else SAME_COLOUR,
+        shrinkA=NODE_CLEARANCE,
+        shrinkB=NODE_CLEARANCE,
         linewidth=1.0,
     )
     ax.add_patch(arrow)
+
+
+def _draw_edge_label(ax, start, end, bend: float, label: str, colour: str) -> None:
+    """The roles of a read, on a white patch on its arc, nearer its source (LABEL_AT of the
+    way: edges that cross at their middles keep their labels apart). An `arc3` curve is a
+    quadratic Bezier whose control point sits `bend` times the chord off its middle, in display
+    coordinates."""
+    (x0, y0), (x1, y1) = ax.transData.transform([start, end])
+    cx, cy = (x0 + x1) / 2 + bend * (y1 - y0), (y0 + y1) / 2 - bend * (x1 - x0)
+    t = LABEL_AT
+    at = [
+        (1 - t) ** 2 * a + 2 * t * (1 - t) * c + t**2 * b
+        for a, c, b in ((x0, cx, x1), (y0, cy, y1))
+    ]
+    x, y = ax.transData.inverted().transform(at)
+    ax.text(
+        x,
+        y,
+        label,
+        ha="center",
+        va="center",
+        fontsize=7,
+        color=colour,
+        zorder=5,
+        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"},
+    )
 
 
 def _draw_nodes(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
@@ -178,12 +216,10 @@ def _draw_nodes(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
         )
         for n in nodes:
             x, y = pos[n]
-            ax.text(x, y, n, ha="center", va="center", fontsize=10, zorder=4)
-            shape = _shape_text(facts, n)
+            shape = _shape_text(facts, n)  # inside the node, under its name: no arrow ends on it
+            ax.text(x, y, n, ha="center", va="bottom" if shape else "center", fontsize=10, zorder=4)
             if shape:
-                ax.text(
-                    x, y - 0.3, shape, ha="center", va="top", fontsize=8, color="#444444", zorder=4
-                )
+                ax.text(x, y, shape, ha="center", va="top", fontsize=7, color="#444444", zorder=4)
 
 
 def _draw_legend(ax, g: nx.DiGraph) -> None:

@@ -167,6 +167,9 @@ def _render_plan(out: _Printer, report: Explanation) -> None:
     out.line(f"algorithm: {report.algorithm}", style=style)
     for w in report.why:
         out.line(f"why: {w}", indent=4)
+    if report.chunk_size is not None:
+        size = report.chunk_size
+        out.line(f"chunk size: {size.size} by default ({size.why})")
     out.line("forms: " + ", ".join(f.name for f in report.forms if f.available))
     for f in report.forms:
         if not f.available and report.chunkable:  # else the reason is the one below

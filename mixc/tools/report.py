@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ChunkSizeInfo",
     "CostInfo",
     "Explanation",
     "FormCostInfo",
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 #: Bumped when a field is renamed or removed or changes meaning (adding a field does not).
-SCHEMA_VERSION = 2  # 2: `order` lists the equations only; `forms` added
+SCHEMA_VERSION = 3  # 2: `order` lists the equations only; `forms` added. 3: `chunk_size`
 
 
 class _Model(BaseModel):
@@ -183,6 +184,11 @@ class FormInfo(_Model):
     reason: str | None = Field(description="Why it is missing (null when available).")
 
 
+class ChunkSizeInfo(_Model):
+    size: int = Field(description="The compiled chunk()'s default chunk_size.")
+    why: str = Field(description="Why: what it was measured on, or that it was not.")
+
+
 class WarningInfo(_Model):
     message: str = Field(description="What is probably wrong.")
     hint: str | None = Field(description="How to fix it.")
@@ -254,7 +260,7 @@ class CostInfo(_Model):
 class Explanation(_Model):
     """Everything `mixc explain` reports about one spec."""
 
-    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="Version of this schema.")
+    schema_version: Literal[3] = Field(SCHEMA_VERSION, description="Version of this schema.")
     mixer: str = Field(description="Mixer name.")
     description: str | None = Field(description="The mixer's description string.")
     source: str = Field(description="Where the spec came from (a path, or <string>).")
@@ -274,6 +280,9 @@ class Explanation(_Model):
     )
     algorithm: str = Field(description="The algorithm chosen.")
     why: list[str] = Field(description="Why that algorithm: one line per state.")
+    chunk_size: ChunkSizeInfo | None = Field(
+        description="The default chunk size of chunk() (null without a chunked form)."
+    )
     not_supported: list[str] = Field(
         description="What has no chunked form, and why (NYI or not affine)."
     )

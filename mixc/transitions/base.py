@@ -24,6 +24,7 @@ from mixc.transitions.gates import LogGate, log_gate
 from mixc.transitions.writing import RandomForm
 
 __all__ = [
+    "ChunkSize",
     "Condition",
     "KernelArg",
     "Maths",
@@ -118,6 +119,23 @@ class Condition:
     why: str
 
 
+#: Where the classes' default chunk sizes were measured: `benchmarks/run.sh` times each shipped
+#: spec's chunk forward at C = 32 and 64 and keeps the faster (benchmarks/RESULTS.md).
+CHUNK_MEASURED_ON = "measured on CPU (2 threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)"
+
+
+@dataclass(frozen=True)
+class ChunkSize:
+    """A class's default chunk size, and why: what it was measured on, or that it was not."""
+
+    size: int
+    why: str
+
+
+#: The default of a class whose chunk size was not measured.
+UNMEASURED = ChunkSize(64, "not measured for this class: the kernels' default")
+
+
 @dataclass(frozen=True)
 class Maths:
     """What a class adds to a group's parallel form in `mixc explain`: legend entries, the
@@ -191,6 +209,10 @@ class TransitionClass:
         context parallelism), or None when it can."""
         return None
 
+    def chunk_size(self, tr: Transition) -> ChunkSize:
+        """The default chunk size of the compiled `chunk`, and why (`CHUNK_MEASURED_ON`)."""
+        return UNMEASURED
+
     def step_decays(self, tr: Transition) -> bool:
         """Whether the recurrent form decays the state by exp(log-gate), as the chunked form does
         (accurate gradients for a decay near 1), instead of the update as written."""
@@ -219,6 +241,13 @@ class TransitionClass:
     def maths(self, tr: Transition) -> Maths:
         """The chunked form as math in the spec's names (for a class with a kernel)."""
         return Maths((), (f"none: {tr.reason}",))
+
+    def roles(self, tr: Transition) -> list[tuple[str, Expr]]:
+        """What each expression of the transition does ("decay", "erase", ...), for the edge
+        labels of `mixc graph`: the inputs an expression reads play that role for the state."""
+        out = [("decay", g.log) for g in tr.gates]
+        out += [(role, e) for role, e in (("erase", tr.beta), ("key", tr.key)) if e is not None]
+        return out + ([("gate", tr.gate)] if tr.gate is not None else [])
 
     def stability(self, tr: Transition, params: dict[str, Expr]) -> str | None:
         """A note on what keeps the transition stable, for `mixc explain`; None when nothing

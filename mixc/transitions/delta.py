@@ -15,6 +15,8 @@ from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, Group
 from mixc.frontend.ir import Call, Expr, Transpose
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
+    CHUNK_MEASURED_ON,
+    ChunkSize,
     Condition,
     KernelArg,
     Maths,
@@ -221,6 +223,9 @@ class Delta(TransitionClass):
     def unit_key(self, tr):
         key = tr.key.operand if isinstance(tr.key, Transpose) else tr.key
         return None if isinstance(key, Call) and key.func == "l2norm" else key
+
+    def chunk_size(self, tr):
+        return ChunkSize(32, f"32 ran 1.12-1.17x faster than 64 for DeltaNet and Gated DeltaNet, {CHUNK_MEASURED_ON}")
 
     def random_forms(self) -> dict[str, RandomForm]:
         return {"delta": _update_delta, "gated delta": _update_gated_delta}

@@ -11,6 +11,8 @@ from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.frontend.ir import Call, Expr
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
+    CHUNK_MEASURED_ON,
+    ChunkSize,
     KernelArg,
     Maths,
     RuleContext,
@@ -171,6 +173,9 @@ class Diagonal(TransitionClass):
                 "S_C = diag(exp(a_C)) S_0 diag(exp(c_C)) + (K ⊙ exp(a_C - a))^T (V ⊙ exp(c_C - c))",
             ),
         )
+
+    def chunk_size(self, tr):
+        return ChunkSize(32, f"32 ran 1.08x faster than 64 for GLA, {CHUNK_MEASURED_ON}")
 
     def random_forms(self) -> dict[str, RandomForm]:
         return {"diag key": _diag_key, "diag value": _diag_value, "outer": _outer}

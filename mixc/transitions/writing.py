@@ -12,15 +12,11 @@ from dataclasses import dataclass
 
 __all__ = ["Core", "Update", "Writer", "decayed_update"]
 
-#: The names mixc.check.sampling evaluates its draws with, beside the sizes: a size named like
-#: one of them breaks the draws (`torch.randn(B, T, NH, F)` with F the size), so none is drawn.
-_SAMPLER_NAMES = frozenset({"torch", "F", "gen"})
-
 
 def _valid_name(name: str, size: bool) -> bool:
     from mixc.frontend.verify import LAYOUT_SIZES, RESERVED  # the language's words included
 
-    if size and name in _SAMPLER_NAMES | LAYOUT_SIZES:
+    if size and name in LAYOUT_SIZES:
         return False
     return name not in RESERVED
 

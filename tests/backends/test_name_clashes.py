@@ -222,13 +222,7 @@ def test_specs_named_like_the_generated_code_agree_with_the_oracle(text):
     test_the_mixer_functions_read_globals_only_by_private_names(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mixc.check.sampling evaluates its draws (`torch.randn(B, T, NH, K, generator=gen)`) "
-    "with the sizes bound as variables beside torch, F and gen: a size named like one of them, or "
-    "like a Python keyword, breaks the draw; the fix belongs in sampling.draws",
-)
-@pytest.mark.parametrize("size", ["torch", "gen", "lambda"])
+@pytest.mark.parametrize("size", ["torch", "gen", "F", "spec", "module", "drawn", "x"])
 def test_the_sampler_draws_for_sizes_named_like_its_own_names(size):
     from mixc.check import sample_inputs
 

@@ -325,3 +325,34 @@ def test_a_reproducer_keeps_inputs_named_like_its_own_variables(tmp_path: Path) 
     with pytest.raises(SystemExit) as done:
         exec(compile(script, str(tmp_path / "repro.py"), "exec"), {})
     assert done.value.code is True
+
+
+def test_a_reproducer_runs_for_sizes_named_like_its_own_names(tmp_path: Path) -> None:
+    """The script binds torch, F, spec, module, gen, drawn and x; the spec's sizes (here named
+    like three of them) are written as numbers, so the script still reproduces the failure."""
+    text = (ROOT / "specs" / "gated_retention.mix").read_text()
+    text = text.replace("[K]", "[torch]").replace("[V]", "[spec]").replace("[V, K]", "[spec, gen]")
+    text = text.replace("q[torch], k[torch]", "q[gen], k[gen]")
+    spec_path = tmp_path / "named.mix"
+    spec_path.write_text(text)
+    (gr_mutant,) = [
+        m for m in MUTANTS if m[:2] == ("gated_retention", "intra-chunk mask misses the diagonal")
+    ]
+    module = tmp_path / "named_mutant.py"
+    module.write_text(mutate(mixc.compile_source(spec_path), *gr_mutant[2:4]))
+    report = fuzz(spec_path, module, examples=15)
+    assert not report.ok
+    script = reproducer(
+        input_ranges(mixc.load_spec(spec_path)), report.failure, str(spec_path), str(module)
+    )
+    assert "# sizes: " in script
+    repro = tmp_path / "repro.py"
+    repro.write_text(script)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    run = subprocess.run(
+        [sys.executable, str(repro)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 1 and "FAILS" in run.stdout, run.stdout + run.stderr

@@ -32,7 +32,8 @@ def test_bench_writes_json_and_png(tmp_path, capsys):
         for pas in ("forward", "forward+backward"):
             assert {(form, pas, 16), (form, pas, 40)} <= got
     for p in data["points"]:
-        assert len(p["times_s"]) == 2 and p["q1_s"] <= p["median_s"] <= p["q3_s"]
+        repeats = bench.REMEASURE_FACTOR * 3 if p["remeasured"] else 2  # a suspect point: again
+        assert len(p["times_s"]) == repeats and p["q1_s"] <= p["median_s"] <= p["q3_s"]
         assert p["peak_bytes"] > 0 and p["flops"] > 0
     assert set(data["matmul"]) == {"16", "40"}
     assert all(v["gflops"] > 0 for v in data["matmul"].values())
@@ -40,6 +41,74 @@ def test_bench_writes_json_and_png(tmp_path, capsys):
     assert all(p["matmul_fraction"] > 0 for p in chunk)
 
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class FakeClock:
+    """A clock whose every call takes 1 ms, except that among its first `noisy` readings every
+    second call takes 501 ms: repeats that spread far beyond the bound."""
+
+    def __init__(self, noisy: int) -> None:
+        self.readings, self.now, self.noisy = 0, 0.0, noisy
+
+    def __call__(self) -> float:
+        self.readings += 1
+        self.now += 0.001
+        if self.readings <= self.noisy and self.readings % 4 == 0:  # the end of every 2nd call
+            self.now += 0.5
+        return self.now
+
+
+def _tiny_run(clock, forms=("recurrent",)):
+    spec = str(ROOT / "specs" / "gated_retention.mix")
+    sizes = {"B": 1, "NH": 1, "K": 4, "V": 4}
+    return bench.run(
+        spec,
+        sizes=sizes,
+        T=[8, 16],
+        forms=forms,
+        repeats=4,
+        threads=1,
+        memory=False,
+        progress=False,
+        clock=clock,
+    )
+
+
+def test_a_noisy_clock_marks_every_point_unreliable_after_measuring_it_again(capsys):
+    result = _tiny_run(FakeClock(noisy=10**9))
+    for p in result.points:
+        assert p.remeasured and len(p.times) == bench.REMEASURE_FACTOR * 4
+        assert p.unreliable.startswith("repeats spread ") and "bound 25%" in p.unreliable
+        assert bench.Point.to_json(p)["unreliable"] == p.unreliable
+    from mixc.tools.bench_report import render
+
+    render(result)
+    out = capsys.readouterr().out
+    assert out.count(" !") == 2 and "recurrent fwd T=8: unreliable after measuring it again" in out
+
+
+def test_noise_that_passes_is_measured_again_and_not_marked():
+    result = _tiny_run(FakeClock(noisy=8))  # the first point's four calls only
+    first, second = result.points  # the second looked faster than the first: both again
+    for p in (first, second):
+        assert p.remeasured and p.unreliable is None and p.median == pytest.approx(1e-3)
+
+
+def test_times_falling_with_T_and_figures_above_the_matmul_peak_are_suspect():
+    result = bench.BenchResult("s.mix", "s", {}, 64, 1, "cpu", 3)
+    short, long_ = (
+        bench.Point("chunk", False, t, [s] * 3, flops=1e10) for t, s in ((256, 0.98), (1024, 0.032))
+    )
+    result.points = [short, long_]
+    result.matmul = {256: {"gflops": 100.0}, 1024: {"gflops": 100.0}}
+    suspects = bench.suspect_points(result)
+    assert suspects[short] == ["slower than at a longer T (32 ms at T = 1024 against 980 ms)"]
+    assert suspects[long_] == [
+        "312% of the matmul reference, above the measured peak",
+        "faster than at a shorter T (32 ms at T = 1024 against 980 ms)",
+    ]
+    long_.times = [1.0] * 3  # rising with T, at 10% of the reference: nothing to say
+    assert bench.suspect_points(result) == {}
 
 
 def test_bench_caps_and_forms(tmp_path):

@@ -302,6 +302,47 @@ def test_graph_writes_png_and_svg(capsys, tmp_path, name):
     ]  # no temporary files left
 
 
+@pytest.mark.parametrize(
+    "name, roles",
+    [
+        (
+            "gated_deltanet",
+            {
+                ("k", "H"): ("key",),
+                ("v", "H"): ("value",),
+                ("beta", "H"): ("write scale", "erase"),
+                ("g", "H"): ("decay",),
+                ("H", "y"): ("read",),
+                ("q", "y"): ("query of H",),
+            },
+        ),
+        (
+            "mamba2",
+            {
+                ("B", "H"): ("key",),
+                ("x", "H"): ("value",),
+                ("dt", "H"): ("write scale", "decay"),
+                ("A", "H"): ("decay",),
+                ("H", "y"): ("read",),
+                ("C", "y"): ("query of H",),
+                ("D", "y"): ("skip",),
+                ("x", "y"): ("skip",),
+            },
+        ),
+    ],
+)
+def test_graph_labels_every_edge_with_its_role(capsys, tmp_path, name, roles):
+    from mixc.tools.graph import edge_roles
+
+    facts = analyze(load_spec(SPECS / f"{name}.mix"))
+    assert edge_roles(facts) == roles
+    out = tmp_path / "g.svg"
+    assert run(capsys, "graph", SPECS / f"{name}.mix", "-o", out)[0] == 0
+    text = out.read_text()
+    for labels in roles.values():
+        assert f">{', '.join(labels)}<" in text
+
+
 def test_graph_shows_derived_values(capsys, tmp_path):
     path = spec_file(
         tmp_path,

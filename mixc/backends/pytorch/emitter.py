@@ -241,6 +241,10 @@ class _Module:
             f"{string(s.name)}: {string(s.transition.cls)}" for s in self.facts.states
         )
         out(f"CLASSES = {{{classes}}}", 0)
+        chunk = self.facts.chunk_size
+        for line in textwrap.wrap(f"chunk's default chunk size: {chunk.why}", 96):
+            out.lines.append(comment(line))
+        out(f"CHUNK_SIZE = {chunk.size}", 0)
 
     def emit_library(self, out: Lines) -> None:
         """The runtime helpers and the kernels this module calls, copied from their source."""
@@ -329,7 +333,7 @@ class _Module:
             out(f'_batch = _sizes["B"] if cu_seqlens is None else {packed_batch}')
             batch = "_batch"
         if states_from is not None:
-            where = f"_sizes, _dtype, _device, {batch}"
+            where = f"_sizes, _dtype, _device, {batch}, {string(states_from)}"
             out(f"{self.state_tuple()} = _prepare_states(_STATES, {states_from}, {where})")
             for d in self.mixer.lagged:
                 if not d.shape:  # a scalar input's last token, laid out as its tokens are
@@ -379,7 +383,7 @@ class _Module:
             out(f"{prev} = _shift_tokens({x}, {first}{seqlens})  # {x}_{{t-1}}")
 
     def emit_chunk(self, out: Lines) -> None:
-        options = ("initial_state=None", "output_final_state=False", "chunk_size=64")
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
         out(f"def chunk({self.signature(*options, 'cu_seqlens=None')}):", 0)
         out('"""Chunked parallel form. Returns (output, final state or None).')
         out("")
@@ -398,7 +402,7 @@ class _Module:
         out("", 0)
 
     def emit_no_chunk(self, out: Lines) -> None:
-        options = ("initial_state=None", "output_final_state=False", "chunk_size=64")
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
         out(f"def chunk({self.signature(*options)}):", 0)
         out('"""No chunked form exists for this spec: use recurrent or step."""')
         reason = self.facts.reason.replace("NYI: ", "")
@@ -536,7 +540,7 @@ class _Module:
                 out(f"{s.name} = {s.name}.mT")
 
     def emit_summary(self, out: Lines) -> None:
-        out(f"def summary({self.signature('chunk_size=64')}):", 0)
+        out(f"def summary({self.signature('chunk_size=CHUNK_SIZE')}):", 0)
         out(
             '"""The action of the sequence on the state, for context parallelism: '
             "returns (P, F), one of"

@@ -132,16 +132,17 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     return x[:, :, None] if len(dims) == 1 else x[:, None, None] if not dims else x
 
 
-def _prepare_states(layout, given, sizes, dtype, device, batch):
+def _prepare_states(layout, given, sizes, dtype, device, batch, argument):
     """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
-    zeros; in the compute dtype `dtype`, in which the forms also return them."""
+    zeros; in the compute dtype `dtype`, in which the forms also return them. `argument` is the
+    name the caller gave them (`initial_state`, or `state` for a step), for the errors."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"{argument}: expected {len(layout)} tensors ({names}) in a tuple, "
             f"got {type(given).__name__}"
         )
     out = []
@@ -151,16 +152,16 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             x = torch.zeros(batch, n_heads, *full, dtype=dtype, device=device)
         else:
             x = given[i]
-            _check_tensor(f"initial_state {name}", x, device)
+            _check_tensor(f"{argument} {name}", x, device)
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{argument} {name}: expected shape {shape_text} = "
                     f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             if x.dtype != dtype:
                 _fail(
-                    f"initial_state {name}: expected {dtype} (states are float32, float64 for "
+                    f"{argument} {name}: expected {dtype} (states are float32, float64 for "
                     f"float64 inputs), got {x.dtype}"
                 )
         out.append(x[..., None] if len(dims) == 1 else x)

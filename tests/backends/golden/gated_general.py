@@ -49,6 +49,8 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "elementwise gate"}
+# chunk's default chunk size: no chunked form: unused
+CHUNK_SIZE = 64
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -179,16 +181,17 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     return x[:, :, None] if len(dims) == 1 else x[:, None, None] if not dims else x
 
 
-def _prepare_states(layout, given, sizes, dtype, device, batch):
+def _prepare_states(layout, given, sizes, dtype, device, batch, argument):
     """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
-    zeros; in the compute dtype `dtype`, in which the forms also return them."""
+    zeros; in the compute dtype `dtype`, in which the forms also return them. `argument` is the
+    name the caller gave them (`initial_state`, or `state` for a step), for the errors."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"{argument}: expected {len(layout)} tensors ({names}) in a tuple, "
             f"got {type(given).__name__}"
         )
     out = []
@@ -198,16 +201,16 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             x = torch.zeros(batch, n_heads, *full, dtype=dtype, device=device)
         else:
             x = given[i]
-            _check_tensor(f"initial_state {name}", x, device)
+            _check_tensor(f"{argument} {name}", x, device)
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{argument} {name}: expected shape {shape_text} = "
                     f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             if x.dtype != dtype:
                 _fail(
-                    f"initial_state {name}: expected {dtype} (states are float32, float64 for "
+                    f"{argument} {name}: expected {dtype} (states are float32, float64 for "
                     f"float64 inputs), got {x.dtype}"
                 )
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -310,7 +313,7 @@ def _prepare(q, k, v, G, *, _sequence):
     return q, k, v, G, _sizes, _dtype
 
 
-def chunk(q, k, v, G, *, initial_state=None, output_final_state=False, chunk_size=64):
+def chunk(q, k, v, G, *, initial_state=None, output_final_state=False, chunk_size=CHUNK_SIZE):
     """No chunked form exists for this spec: use recurrent or step."""
     _fail(
         'NYI: no chunked form (H: the full elementwise gate G_t has no chunked form (the decay '
@@ -319,7 +322,7 @@ def chunk(q, k, v, G, *, initial_state=None, output_final_state=False, chunk_siz
     )
 
 
-def summary(q, k, v, G, *, chunk_size=64):
+def summary(q, k, v, G, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
@@ -353,7 +356,7 @@ def recurrent(q, k, v, G, *, initial_state=None, output_final_state=False, cu_se
     q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     if cu_seqlens is None:
         y, (H,) = _recurrence(q, k, v, G, H, _sizes, _dtype, _device)
     else:
@@ -387,7 +390,7 @@ def step(q, k, v, G, *, state=None):
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=False)
     _device = q.device
-    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"], "state")
     y, (H,) = _recurrence(q, k, v, G, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H

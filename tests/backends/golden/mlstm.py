@@ -50,6 +50,9 @@ STATES = (("H", ("V", "K")), ("n", ("K",)))
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "scalar data-dependent", "n": "scalar data-dependent"}
+# chunk's default chunk size: 32 ran 1.06-1.14x faster than 64 with a decay, measured on CPU (2
+# threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+CHUNK_SIZE = 32
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -180,16 +183,17 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     return x[:, :, None] if len(dims) == 1 else x[:, None, None] if not dims else x
 
 
-def _prepare_states(layout, given, sizes, dtype, device, batch):
+def _prepare_states(layout, given, sizes, dtype, device, batch, argument):
     """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
-    zeros; in the compute dtype `dtype`, in which the forms also return them."""
+    zeros; in the compute dtype `dtype`, in which the forms also return them. `argument` is the
+    name the caller gave them (`initial_state`, or `state` for a step), for the errors."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"{argument}: expected {len(layout)} tensors ({names}) in a tuple, "
             f"got {type(given).__name__}"
         )
     out = []
@@ -199,16 +203,16 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             x = torch.zeros(batch, n_heads, *full, dtype=dtype, device=device)
         else:
             x = given[i]
-            _check_tensor(f"initial_state {name}", x, device)
+            _check_tensor(f"{argument} {name}", x, device)
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{argument} {name}: expected shape {shape_text} = "
                     f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             if x.dtype != dtype:
                 _fail(
-                    f"initial_state {name}: expected {dtype} (states are float32, float64 for "
+                    f"{argument} {name}: expected {dtype} (states are float32, float64 for "
                     f"float64 inputs), got {x.dtype}"
                 )
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -864,7 +868,16 @@ def _prepare(q, k, v, i, f, *, _sequence):
 
 
 def chunk(
-    q, k, v, i, f, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None
+    q,
+    k,
+    v,
+    i,
+    f,
+    *,
+    initial_state=None,
+    output_final_state=False,
+    chunk_size=CHUNK_SIZE,
+    cu_seqlens=None,
 ):
     """Chunked parallel form. Returns (output, final state or None).
 
@@ -876,7 +889,9 @@ def chunk(
     q, k, v, i, f, _sizes, _dtype = _prepare(q, k, v, i, f, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H, n) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H, n) = _prepare_states(
+        _STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state"
+    )
     # H and n: scalar data-dependent -> chunk_scalar_decay_stable
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
@@ -899,7 +914,7 @@ def chunk(
     return y, ((H, n.squeeze(-1)) if output_final_state else None)
 
 
-def summary(q, k, v, i, f, *, chunk_size=64):
+def summary(q, k, v, i, f, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
@@ -952,7 +967,9 @@ def recurrent(q, k, v, i, f, *, initial_state=None, output_final_state=False, cu
     q, k, v, i, f, _sizes, _dtype = _prepare(q, k, v, i, f, _sequence=True)
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H, n) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H, n) = _prepare_states(
+        _STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state"
+    )
     if cu_seqlens is None:
         y, (H, n) = _recurrence(q, k, v, i, f, H, n, _sizes, _dtype, _device)
     else:
@@ -988,7 +1005,7 @@ def step(q, k, v, i, f, *, state=None):
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, i, f, _sizes, _dtype = _prepare(q, k, v, i, f, _sequence=False)
     _device = q.device
-    (H, n) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H, n) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"], "state")
     y, (H, n) = _recurrence(q, k, v, i, f, H, n, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, (H, n.squeeze(-1))

@@ -51,6 +51,9 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "diagonal key-side"}
+# chunk's default chunk size: 32 ran 1.08x faster than 64 for GLA, measured on CPU (2 threads,
+# fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+CHUNK_SIZE = 32
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -181,16 +184,17 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     return x[:, :, None] if len(dims) == 1 else x[:, None, None] if not dims else x
 
 
-def _prepare_states(layout, given, sizes, dtype, device, batch):
+def _prepare_states(layout, given, sizes, dtype, device, batch, argument):
     """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
-    zeros; in the compute dtype `dtype`, in which the forms also return them."""
+    zeros; in the compute dtype `dtype`, in which the forms also return them. `argument` is the
+    name the caller gave them (`initial_state`, or `state` for a step), for the errors."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
     if given is not None and (not isinstance(given, (tuple, list)) or len(given) != len(layout)):
         names = ", ".join(name for name, _ in layout)
         _fail(
-            f"initial_state: expected {len(layout)} tensors ({names}) in a tuple, "
+            f"{argument}: expected {len(layout)} tensors ({names}) in a tuple, "
             f"got {type(given).__name__}"
         )
     out = []
@@ -200,16 +204,16 @@ def _prepare_states(layout, given, sizes, dtype, device, batch):
             x = torch.zeros(batch, n_heads, *full, dtype=dtype, device=device)
         else:
             x = given[i]
-            _check_tensor(f"initial_state {name}", x, device)
+            _check_tensor(f"{argument} {name}", x, device)
             if tuple(x.shape) != (batch, n_heads, *full):
                 shape_text = "[" + ", ".join(("B", "NH", *tuple(dims))) + "]"
                 _fail(
-                    f"initial_state {name}: expected shape {shape_text} = "
+                    f"{argument} {name}: expected shape {shape_text} = "
                     f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
             if x.dtype != dtype:
                 _fail(
-                    f"initial_state {name}: expected {dtype} (states are float32, float64 for "
+                    f"{argument} {name}: expected {dtype} (states are float32, float64 for "
                     f"float64 inputs), got {x.dtype}"
                 )
         out.append(x[..., None] if len(dims) == 1 else x)
@@ -881,7 +885,16 @@ def _prepare(r, k, v, w, u, *, _sequence):
 
 
 def chunk(
-    r, k, v, w, u, *, initial_state=None, output_final_state=False, chunk_size=64, cu_seqlens=None
+    r,
+    k,
+    v,
+    w,
+    u,
+    *,
+    initial_state=None,
+    output_final_state=False,
+    chunk_size=CHUNK_SIZE,
+    cu_seqlens=None,
 ):
     """Chunked parallel form. Returns (output, final state or None).
 
@@ -893,7 +906,7 @@ def chunk(
     r, k, v, w, u, _sizes, _dtype = _prepare(r, k, v, w, u, _sequence=True)
     _device = r.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     # H: diagonal key-side -> chunk_diagonal
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
@@ -912,7 +925,7 @@ def chunk(
     return y, (H if output_final_state else None)
 
 
-def summary(r, k, v, w, u, *, chunk_size=64):
+def summary(r, k, v, w, u, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
@@ -960,7 +973,7 @@ def recurrent(r, k, v, w, u, *, initial_state=None, output_final_state=False, cu
     r, k, v, w, u, _sizes, _dtype = _prepare(r, k, v, w, u, _sequence=True)
     _device = r.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
-    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch)
+    (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     if cu_seqlens is None:
         y, (H,) = _recurrence(r, k, v, w, u, H, _sizes, _dtype, _device)
     else:
@@ -995,7 +1008,7 @@ def step(r, k, v, w, u, *, state=None):
     _out_dtype = _output_dtype(_INPUTS, r)
     r, k, v, w, u, _sizes, _dtype = _prepare(r, k, v, w, u, _sequence=False)
     _device = r.device
-    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"])
+    (H,) = _prepare_states(_STATES, state, _sizes, _dtype, _device, _sizes["B"], "state")
     y, (H,) = _recurrence(r, k, v, w, u, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H
