@@ -149,7 +149,8 @@ def report(agree, times) -> str:
         f"`python benchmarks/issue15.py`, {datetime.date.today()}: CPU, 2 threads, fp32, B={B}, "
         f"NH={NH}, d_k=d_v={D}, forward only. The machine was shared with other sessions while "
         "this ran: the absolute times are noisy, the ratios (both sides timed in alternation in "
-        "one process, medians) less so.",
+        "one process, medians) less so; re-run on a quiet machine before comparing them with "
+        "the tables above.",
         "",
         "| agreement (RWKV-6, T=256, q scaled by 1/sqrt(d_k) on both sides; float64 inputs, which "
         "fla's references compute in float32) | relative error |",
