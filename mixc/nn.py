@@ -379,7 +379,7 @@ class MixerLayer(nn.Module):
             raise MixcError("state: the cache is another layer's (each layer continues its own)")
         states = cache.states if isinstance(cache.states, tuple) else (cache.states,)
         shapes = [
-            (self.num_heads, *(self._size(s) for s in d.shape)) for d in self.spec.mixer.states
+            (self.num_heads, *(self._size(s) for s in d.shape)) for d in self.spec.mixer.carried
         ]
         tails = {name: self.conv_size - 1 for name in self.conv_inputs}
         fits = (

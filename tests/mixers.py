@@ -64,6 +64,39 @@ state H[V, K]
 H_t = exp(-softplus(g_t))^T ⊙ H_{t-1} + 0.5 v_t k_t^T
 y_t = H_t q_t + D v_t
 """,
+    "readme_l2norm_max_abs": """
+mixer readme_l2norm_max_abs
+in    q[K], k[K], v[V], a
+state H[V, K], z[K]
+let nrm(x) = x / sqrt(sum(x^2) + 1e-6)
+H_t = sigmoid(a_t) H_{t-1} + v_t nrm(k_t)^T
+z_t = sigmoid(a_t) z_{t-1} + nrm(k_t)
+y_t = H_t q_t / max(abs(z_t . q_t), 1) + min(a_t, 0) * v_t
+""",
+    "delta_read_before_and_after": """
+mixer delta_read_before_and_after
+in    q[K], k[K], v[V], b
+state H[V, K]
+H_t = H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T) + sigmoid(b_t) v_t l2norm(k_t)^T
+y_t = H_{t-1} q_t + 0.5 H_t q_t
+""",
+    "normalized_read_before": """
+mixer normalized_read_before
+in    q[K], k[K], v[V], a
+state H[V, K], z[K]
+let phi(x) = elu(x) + 1
+H_t = sigmoid(a_t) H_{t-1} + v_t phi(k_t)^T
+z_t = sigmoid(a_t) z_{t-1} + phi(k_t)
+y_t = H_{t-1} phi(q_t) / (z_{t-1} . phi(q_t) + 1)
+""",
+    "token_shift": """
+mixer token_shift
+in    q[K], k[K], v[V], a
+param mu[K]
+state H[V, K]
+H_t = sigmoid(a_t) H_{t-1} + v_t (mu * k_t + (1 - mu) * k_{t-1})^T
+y_t = H_t q_t + sigmoid(a_{t-1}) v_{t-1}
+""",
     "mamba_like_value_scale": """
 mixer mamba_like_value_scale
 in    x[P], dt, B[N], C[N]
@@ -107,7 +140,7 @@ def random_states(spec, B=2, NH=3, dtype=torch.float64, generator=None):
     """Random initial states for `spec` by name, drawn as the fuzzer draws them (0.5 N(0, 1); a
     state read in a denominator positive)."""
     states = sample_states(spec, SIZES, batch=B, heads=NH, dtype=dtype, seed=_seed(generator))
-    return dict(zip((s.name for s in spec.mixer.states), states))
+    return dict(zip((s.name for s in spec.mixer.carried), states))
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -187,7 +187,11 @@ class Expander:
                 raise NotAffine(e, f"{e.func}(...) of a state is not linear in it")
             if e.func in ELEMENTWISE and tr and self.shape(e) != SCALAR:
                 return self._atom(
-                    Call(e.func, (transpose_atom(e.args[0], self.shape(e.args[0])),), span=e.span),
+                    Call(
+                        e.func,
+                        tuple(transpose_atom(a, self.shape(a)) for a in e.args),
+                        span=e.span,
+                    ),
                     False,
                 )
             return self._atom(e, tr)

@@ -66,8 +66,9 @@ def _bounds(e: Expr, env: Mapping[str, Interval], defaults: Mapping[str, Expr | 
         return -hi, -lo
     if isinstance(e, Transpose):  # the same entries, elsewhere
         return _bounds(e.operand, env, defaults)
-    if isinstance(e, Call) and len(e.args) == 1 and e.func in BUILTINS:
-        return builtin_bounds(e.func, *_bounds(e.args[0], env, defaults))
+    if isinstance(e, Call) and e.func in BUILTINS:
+        ends = [end for a in e.args for end in _bounds(a, env, defaults)]
+        return builtin_bounds(e.func, *ends)
     if isinstance(e, Binary):
         return _binary(e.op, _bounds(e.left, env, defaults), _bounds(e.right, env, defaults))
     return _WHOLE_LINE

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from mixc.algebra.expand import Term
 from mixc.errors import Span, SpecError
-from mixc.frontend.ir import Expr
+from mixc.frontend.ir import Expr, Timed
 from mixc.frontend.shapes import Shape
 from mixc.transitions.base import Transition
 
@@ -65,12 +65,19 @@ class StateFacts:
 
 @dataclass(frozen=True)
 class Readout:
-    """`state_t query`, times an optional scalar scale: a linear read of one state."""
+    """`state_t query` (`offset` 0) or `state_{t-1} query` (-1: the state before the token's
+    update, as RWKV-6 reads it), times an optional scalar scale: a linear read of one state."""
 
     index: int
     state: str
     query: Expr
     scale: Expr | None
+    offset: int = 0
+
+    @property
+    def read(self) -> Expr:
+        """The state read, as spec text: `H_t` or `H_{t-1}`."""
+        return Timed(self.state, self.offset)
 
 
 @dataclass(frozen=True)
@@ -81,4 +88,7 @@ class OutputFacts:
     expr: Expr  # the output with readouts replaced by Name("_r0"), Name("_r1"), ...
     readouts: tuple[Readout, ...]
     skip: Expr | None
+    #: The output from readouts scaled by exp(-m_t) (a group with an exponential write scale
+    #: carried in log space, see mixc.analysis.scales); None: from the readouts as they are.
+    scaled: Expr | None = None
 

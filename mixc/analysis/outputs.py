@@ -49,8 +49,8 @@ def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) 
             reads = []
             for t in terms:
                 if _touches(t, ex):
-                    state, query, scale = _readout_term(t, states, ex)
-                    reads.append((_intern(readouts, state, canon(query)), scale, t))
+                    state, offset, query, scale = _readout_term(t, states, ex)
+                    reads.append((_intern(readouts, state, offset, canon(query)), scale, t))
             for r, _, t in sorted(reads, key=lambda x: x[0].name):
                 pieces.append(
                     r
@@ -111,7 +111,7 @@ def _readout_term(t: Term, states: set[str], ex: Expander):
     first, rest = t.chain[0], t.chain[1:]
     vector_state = isinstance(first, Transpose) and isinstance(first.operand, Timed)
     node = first.operand if vector_state else first
-    if not (isinstance(node, Timed) and node.name in states and node.offset == 0):
+    if not (isinstance(node, Timed) and node.name in states):
         return None
     if any(ex.has_state(a) for a in rest + t.scalars):
         return None
@@ -122,14 +122,14 @@ def _readout_term(t: Term, states: set[str], ex: Expander):
     if query is None or ex.shape(query)[1] != "1":
         return None
     scale = [signed(t.coeff)] if t.coeff != 1 else []
-    return node.name, query, product(scale + list(t.scalars))
+    return node.name, node.offset, query, product(scale + list(t.scalars))
 
 
-def _intern(readouts: list[Readout], state: str, query: Expr) -> Name:
+def _intern(readouts: list[Readout], state: str, offset: int, query: Expr) -> Name:
     for r in readouts:
-        if r.state == state and str(r.query) == str(query):
+        if r.state == state and r.offset == offset and str(r.query) == str(query):
             return Name(readout_name(r.index))
-    readouts.append(Readout(len(readouts), state, query, None))
+    readouts.append(Readout(len(readouts), state, query, None, offset))
     return Name(readout_name(len(readouts) - 1))
 
 

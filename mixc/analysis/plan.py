@@ -10,7 +10,7 @@ its reason. The emitter, `explain`, `check`, `fuzz`, `bench`, `mixc.nn` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
@@ -19,9 +19,10 @@ from mixc.algebra.expand import Expander
 from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts
 from mixc.analysis.graph import dependency_graph
 from mixc.analysis.outputs import analyze_output, readout_name
+from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
 from mixc.errors import SpecError
-from mixc.frontend.ir import Expr, Mixer
+from mixc.frontend.ir import Expr, Mixer, Name
 from mixc.frontend.shapes import SCALAR, Symbol, Typer, typer_for
 from mixc.frontend.spec import Spec
 from mixc.frontend.verify import equation_order
@@ -33,7 +34,8 @@ __all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "analyze"]
 @dataclass(frozen=True)
 class Missing:
     """Why a form is missing. `kind`: "sequential" (some state has no chunked form), "class" (the
-    transition class's kernel cannot do it), or "no state"."""
+    transition class's kernel cannot do it), "lagged" (a summary of a spec that reads inputs at
+    t-1), or "no state"."""
 
     kind: str
     text: str
@@ -56,10 +58,12 @@ class Forms:
 
 @dataclass(frozen=True)
 class Query:
-    """One distinct readout query of a group, and the readouts (`S_t query`) it serves."""
+    """One distinct readout query of a group, and the readouts (`S_t query`) it serves; offset
+    -1 when they read the states before the token's update (`S_{t-1} query`)."""
 
     expr: Expr
     readouts: tuple[Readout, ...]
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,14 @@ class GroupPlan:
     args: tuple[KernelArg, ...]
     queries: tuple[Query, ...]
     summary: Missing | None
+    #: s_t where the kernel carries the writes' scale exp(s_t) in log space (the class's
+    #: stable_kernel, xLSTM's max-stabiliser); its outputs come scaled by `unscale`.
+    log_scale: Expr | None = None
+
+    @property
+    def unscale(self) -> Name:
+        """exp(-m_t), the factor the kernel's outputs carry, as a name in output expressions."""
+        return Name(f"_unscale_{self.name}")
 
     @property
     def kind(self) -> TransitionClass:
@@ -145,8 +157,11 @@ def _analyze(spec: Spec) -> Plan:
             typer.symbols[readout_name(r.index)] = Symbol(
                 "readout", SCALAR if shape[1] == "1" else (shape[0], "1")
             )
-    groups = _groups(states, outputs)
-    forms = _forms(states, groups)
+    groups, outputs = _stabilised(_groups(states, outputs), outputs, states)
+    for g in groups:
+        if g.log_scale is not None:
+            typer.symbols[g.unscale.name] = Symbol("readout", SCALAR)
+    forms = _forms(mixer, states, groups)
     return Plan(
         spec,
         graph,
@@ -214,15 +229,40 @@ def _groups(states, outputs) -> tuple[GroupPlan, ...]:
     return tuple(out)
 
 
+def _stabilised(groups, outputs, states):
+    """Groups whose writes share a scale exp(s_t) that their kernel can carry in log space, with
+    every output that reads them a ratio the scale cancels from (`scaled_output`): those groups
+    with their log scale, those outputs with their scaled form. Others stay as they were."""
+    groups, outputs = list(groups), list(outputs)
+    for n, g in enumerate(groups):
+        members = [next(s for s in states if s.name == name) for name in g.states]
+        scale = log_write_scale(members)
+        if g.kernel is None or g.kind.stable_kernel is None or scale is None:
+            continue
+        if any(q.offset for q in g.queries):
+            continue
+        readers = [o for o in outputs if any(r.state in g.states for r in o.readouts)]
+        scaled = {o.name: scaled_output(o, g.unscale) for o in readers}
+        if not readers or any(
+            e is None or any(r.state not in g.states for r in o.readouts)
+            for o, e in zip(readers, scaled.values(), strict=True)
+        ):
+            continue
+        groups[n] = replace(g, log_scale=scale)
+        outputs = [replace(o, scaled=scaled.get(o.name, o.scaled)) for o in outputs]
+    return tuple(groups), tuple(outputs)
+
+
 def _queries(readouts: list[Readout]) -> tuple[Query, ...]:
-    """The distinct queries, in the order of their first readout."""
-    by_text: dict[str, list[Readout]] = {}
+    """The distinct queries (with the time they read the states at), in the order of their
+    first readout."""
+    by_text: dict[tuple[str, int], list[Readout]] = {}
     for r in readouts:
-        by_text.setdefault(str(r.query), []).append(r)
-    return tuple(Query(rs[0].query, tuple(rs)) for rs in by_text.values())
+        by_text.setdefault((str(r.query), r.offset), []).append(r)
+    return tuple(Query(rs[0].query, tuple(rs), rs[0].offset) for rs in by_text.values())
 
 
-def _forms(states, groups) -> Forms:
+def _forms(mixer: Mixer, states, groups) -> Forms:
     reasons = [f"{s.name}: {s.transition.reason}" for s in states if s.transition.reason]
     if not states:
         chunk = Missing("no state", "the mixer has no state")
@@ -233,14 +273,21 @@ def _forms(states, groups) -> Forms:
     if chunk is not None:
         sequential = Missing(chunk.kind, chunk.text.replace("NYI: ", ""))
         return Forms(chunk, chunk, sequential)
-    no_parallel = [g for g in groups if not g.kind.parallel]
+    no_parallel = [g for g in groups if not g.kind.parallel or g.log_scale is not None]
     parallel = (
         Missing("class", f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no "
-                "quadratic form")
+                "quadratic form" + (" with a stabiliser" if no_parallel[0].kind.parallel else ""))
         if no_parallel
         else None
     )
     summary = next((g.summary for g in groups if g.summary is not None), None)
+    if mixer.lagged and summary is None:
+        lagged = ", ".join(f"{d.name}_{{t-1}}" for d in mixer.lagged)
+        summary = Missing(
+            "lagged",
+            f"the spec reads {lagged}: a slice's first token needs the previous slice's last, "
+            "which the summary does not carry",
+        )
     return Forms(None, parallel, summary)
 
 

@@ -9,7 +9,7 @@ from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, tran
 from mixc.algebra.intervals import constant
 from mixc.analysis.facts import StateFacts, WriteTerm
 from mixc.errors import Span
-from mixc.frontend.ir import Expr, Mixer, Timed, Transpose, walk
+from mixc.frontend.ir import Binary, Expr, Mixer, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape, show
 from mixc.transitions import DENSE, NOT_AFFINE, classify
@@ -185,7 +185,27 @@ def _writes(
             return (), f"not an outer product ({show(shape)} from {product(list(t.chain))})"
     if not out:
         return (), "empty (no write)"
-    return tuple(out), "rank-1 outer products"
+    return _shared_values(out, canon), "rank-1 outer products"
+
+
+def _shared_values(writes: list[WriteTerm], canon: Canon) -> tuple[WriteTerm, ...]:
+    """Writes of one value joined into one write of the sum of their (scaled) keys:
+    `v (a k + b k')^T`, which the expansion split into `a v k^T + b v k'^T`, is one rank-1 write
+    (a token shift mixing a key with the previous token's)."""
+    by_value: dict[str, list[WriteTerm]] = {}
+    for w in writes:
+        by_value.setdefault(str(w.value), []).append(w)
+    out = []
+    for same in by_value.values():
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        keys = [w.key if w.scale is None else Binary("*", w.scale, w.key) for w in same]
+        total = keys[0]
+        for k in keys[1:]:
+            total = Binary("+", total, k)
+        out.append(WriteTerm(same[0].value, canon.column(total), None))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- outputs

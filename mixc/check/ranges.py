@@ -144,7 +144,8 @@ class InputRanges:
 
     @property
     def states(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.mixer.states)
+        """What the forms carry: the states, then each lagged input's last token (`x_{t-1}`)."""
+        return tuple(s.name for s in self.mixer.carried)
 
     @property
     def output(self) -> str:
@@ -347,6 +348,9 @@ def input_ranges(spec: Spec | str | os.PathLike, facts: Plan | None = None) -> I
             ranges.append(Range(s.name, "state", "positive state", positive[s.name]))
         else:
             ranges.append(Range(s.name, "state", "state", "no constraint"))
+    for d, last in zip(mixer.lagged, mixer.carried[len(mixer.states) :], strict=True):
+        drawn = next(x for x in ranges if x.name == d.name)
+        ranges.append(Range(last.name, "state", drawn.domain, f"a token of {d.name}: {drawn.why}"))
     return InputRanges(spec, facts, tuple(ranges), tuple(notes), _wide_sizes(facts))
 
 

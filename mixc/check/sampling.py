@@ -215,10 +215,10 @@ def draws(r: InputRanges, ex: Example) -> list[Draw]:
         for name, value in _default_values(r, ex.heads, sizes).items():
             out.append(Draw(name, "default", f"torch.tensor({value!r}, dtype=torch.float64)"))
     if ex.initial_state:
-        for s in r.mixer.states:
+        for s in r.mixer.carried:
             out.append(Draw(s.name, "state", code(r.range(s.name), ["B", "NH", *s.shape])))
     out.append(_cotangent(r.output, numbers(["B", "T", "NH", *_out_dims(r.spec.shapes[r.output])])))
-    out += [_cotangent(s.name, numbers(["B", "NH", *s.shape])) for s in r.mixer.states]
+    out += [_cotangent(s.name, numbers(["B", "NH", *s.shape])) for s in r.mixer.carried]
     return out
 
 

@@ -35,44 +35,49 @@ class Builtin:
     """One built-in function and what each stage of the compiler needs of it.
 
     - `arity`: how many arguments it takes (the verifier checks calls against it).
-    - `elementwise`: whether it acts on each entry alone (all but l2norm and diag); the expander
-      pushes transposes inside elementwise calls.
+    - `elementwise`: whether it acts on each entry alone (all but l2norm, sum and diag); the
+      expander pushes transposes inside elementwise calls. The arguments of a two-argument
+      elementwise function (max, min) broadcast as those of `*` do.
     - `torch`: its spelling in generated code, applied to the argument in the [..., rows, cols]
-      layout (diag's to the argument squeezed to a vector; `_l2norm` is a runtime helper). The
+      layout (diag's to the argument squeezed to a vector, sum's over the last two dims; `_l2norm`
+      is a runtime helper; max and min of a constant are a clamp). The
       generated code reads torch as `_torch` and torch.nn.functional as `_F`: names beginning
       with an underscore, which no spec name can shadow.
-    - `evaluate`: the function on one float, for folding constants; None where it is not a
-      function of a number (l2norm, diag). It never raises: where math.exp would overflow it
+    - `evaluate`: the function on floats (one per argument), for folding constants; None where
+      it is not a function of a number (l2norm, diag; sum of a number is the number). It never raises: where math.exp would overflow it
       returns the float the true value rounds to (inf for exp(1000), 0 for sigmoid(-1000)), at
       -inf and inf the limits, outside the domain (log(-1)) NaN.
     - `tensor`: the float64 oracle's version, on torch tensors laid out as the oracle lays them
       out (written independently of `torch`, so the oracle shares no code with the generator).
-    - `bounds`: (lo, hi) -> an interval holding every value the function takes on [lo, hi];
-      the module's `bounds` adds the NaN check and is what callers should use.
+    - `bounds`: (lo, hi) per argument, flattened (lo1, hi1, lo2, hi2 for max) -> an interval
+      holding every value the function takes there; the module's `bounds` adds the NaN check and
+      is what callers should use.
     """
 
     name: str
     arity: int
     elementwise: bool
     torch: str
-    evaluate: Callable[[float], float] | None
-    tensor: Callable[[Any], Any]
-    bounds: Callable[[float, float], Interval]
+    evaluate: Callable[..., float] | None
+    tensor: Callable[..., Any]
+    bounds: Callable[..., Interval]
 
 
-def bounds(name: str, lo: float, hi: float) -> Interval:
-    """An interval that holds `name`(x) for every x in [lo, hi] (ends may be -inf or inf).
+def bounds(name: str, lo: float, hi: float, *more: float) -> Interval:
+    """An interval that holds `name`(x) for every x in [lo, hi] (ends may be -inf or inf); for a
+    function of two arguments, `more` is the second's (lo, hi).
 
     It is never too narrow, up to rounding at the ends (an end is the function evaluated in
     float64, not rounded outwards). Where part of [lo, hi] lies outside the function's domain
     (log or sqrt of a negative number) or an end is NaN, the answer is the whole line: the value
     there is NaN, which no interval bounds. For l2norm and diag the interval bounds each entry
-    of the result, given that each entry of the argument lies in [lo, hi]. Raises KeyError for a
-    name that is not a built-in (a let function is inlined before anyone asks).
+    of the result, given that each entry of the argument lies in [lo, hi]; for sum, the sum of
+    any number of such entries. Raises KeyError for a name that is not a built-in (a let
+    function is inlined before anyone asks).
     """
-    if math.isnan(lo) or math.isnan(hi):
+    if any(math.isnan(x) for x in (lo, hi, *more)):
         return _WHOLE_LINE
-    return BUILTINS[name].bounds(lo, hi)
+    return BUILTINS[name].bounds(lo, hi, *more)
 
 
 # ----------------------------------------------------------------------------- floats
@@ -133,6 +138,14 @@ def _relu(x: float) -> float:
     return max(x, 0.0)
 
 
+def _max(x: float, y: float) -> float:
+    return math.nan if math.isnan(x) or math.isnan(y) else max(x, y)
+
+
+def _min(x: float, y: float) -> float:
+    return math.nan if math.isnan(x) or math.isnan(y) else min(x, y)
+
+
 # ----------------------------------------------------------------------------- tensors
 
 
@@ -178,6 +191,23 @@ def _l2norm_tensor(x):
     return x / torch.sqrt((x * x).sum(dim=(-2, -1), keepdim=True) + L2NORM_EPS)
 
 
+def _maximum_tensor(x, y):
+    import torch
+
+    return torch.maximum(x, y)
+
+
+def _minimum_tensor(x, y):
+    import torch
+
+    return torch.minimum(x, y)
+
+
+def _sum_tensor(x):
+    """Every entry of a vector or matrix [..., r, c] added up, as a scalar [..., 1, 1]."""
+    return x.sum(dim=(-2, -1), keepdim=True)
+
+
 def _diag_tensor(x):
     """A vector (column or row) to the diagonal matrix [..., d, d]."""
     import torch
@@ -214,6 +244,29 @@ def _l2norm_bounds(lo: float, hi: float) -> Interval:
     return (0.0 if lo >= 0 else -1.0), (0.0 if hi <= 0 else 1.0)
 
 
+def _abs_bounds(lo: float, hi: float) -> Interval:
+    if lo >= 0:
+        return lo, hi
+    if hi <= 0:
+        return -hi, -lo
+    return 0.0, max(-lo, hi)
+
+
+def _max_bounds(lo: float, hi: float, lo2: float, hi2: float) -> Interval:
+    return max(lo, lo2), max(hi, hi2)
+
+
+def _min_bounds(lo: float, hi: float, lo2: float, hi2: float) -> Interval:
+    return min(lo, lo2), min(hi, hi2)
+
+
+def _sum_bounds(lo: float, hi: float) -> Interval:
+    """A sum of one or more entries in [lo, hi]: it keeps their sign, its size is open."""
+    low = lo if lo >= 0 else -_INF
+    high = hi if hi <= 0 else _INF
+    return low, high
+
+
 def _diag_bounds(lo: float, hi: float) -> Interval:
     """The diagonal holds the vector's entries, every other entry is 0."""
     return min(lo, 0.0), max(hi, 0.0)
@@ -241,6 +294,10 @@ _TABLE = (
     _monotone("relu", "_torch.relu", _relu, _torch_function("torch.relu")),
     _monotone("tanh", "_torch.tanh", math.tanh, _torch_function("torch.tanh")),
     _monotone("sqrt", "_torch.sqrt", _sqrt, _torch_function("torch.sqrt")),
+    Builtin("abs", 1, True, "_torch.abs", abs, _torch_function("torch.abs"), _abs_bounds),
+    Builtin("max", 2, True, "_torch.maximum", _max, _maximum_tensor, _max_bounds),
+    Builtin("min", 2, True, "_torch.minimum", _min, _minimum_tensor, _min_bounds),
+    Builtin("sum", 1, False, "_torch.sum", lambda x: x, _sum_tensor, _sum_bounds),
     Builtin("l2norm", 1, False, "_l2norm", None, _l2norm_tensor, _l2norm_bounds),
     Builtin("diag", 1, False, "_torch.diag_embed", None, _diag_tensor, _diag_bounds),
 )

@@ -74,12 +74,12 @@ class Constants:
 
     def _builtin(self, e: Call, args: tuple[Value, ...], call: Call | None) -> Value:
         evaluate = BUILTINS[e.func].evaluate if e.func in BUILTINS else None
-        if evaluate is None or len(args) != 1 or args[0] is None:
+        if evaluate is None or len(args) != BUILTINS[e.func].arity or None in args:
             return None
-        (x,) = args
-        value = evaluate(x)
+        value = evaluate(*args)
         if math.isnan(value):
-            why = f"is not a real number: {x:g} is outside the domain of {e.func}"
+            at = ", ".join(f"{x:g}" for x in args)
+            why = f"is not a real number: {at} is outside the domain of {e.func}"
             raise _error(why, e, call)
         return _finite(value, e, call)
 

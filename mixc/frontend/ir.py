@@ -185,6 +185,26 @@ class Mixer(Node):
         return next((e for e in self.equations if e.target == name), None)
 
     @property
+    def lagged(self) -> tuple[Decl, ...]:
+        """The inputs some equation reads at t-1 (`x_{t-1}`, a token shift), in declaration
+        order."""
+        read = {
+            n.name
+            for e in self.equations
+            for n in walk(e.value)
+            if isinstance(n, Timed) and n.offset == -1
+        }
+        return tuple(d for d in self.inputs if d.name in read)
+
+    @property
+    def carried(self) -> tuple[Decl, ...]:
+        """What the compiled forms carry from one token to the next, in the order of their
+        states: the declared states, then the last token of every lagged input, named as it is
+        read (`x_{t-1}`) and shaped as the input."""
+        last = tuple(Decl(f"{d.name}_{{t-1}}", d.shape, span=d.span) for d in self.lagged)
+        return self.states + last
+
+    @property
     def outputs(self) -> tuple[Equation, ...]:
         """Equations of non-state values that no other equation reads."""
         states = {s.name for s in self.states}

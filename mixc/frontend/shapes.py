@@ -127,10 +127,13 @@ class Typer:
         arity = FUNCTIONS[e.func]
         if len(args) != arity:
             raise SpecShapeError(
-                f"{e.func} takes {arity} argument, got {len(args)}",
+                f"{e.func} takes {_count(arity, 'argument')}, got {len(args)}",
                 e.span,
-                expected=f"{e.func}(x)",
+                expected=f"{e.func}({', '.join('xyz'[:arity])})",
             )
+        if arity == 2:  # max, min: elementwise, broadcasting as * does
+            pair = Binary("*", e.args[0], e.args[1], span=e.span)
+            return _same_or_broadcast(pair, args[0], args[1], f"take the {e.func} of")
         (a,) = args
         if e.func == "diag":
             if "1" not in a or a in (SCALAR, IDENTITY):
@@ -143,7 +146,7 @@ class Typer:
             raise SpecShapeError(f"l2norm needs a vector, got {show(a)}", e.span)
         if a == IDENTITY:
             raise SpecShapeError(f"{e.func}(I) is not defined", e.span, hint="write I on its own")
-        return a
+        return SCALAR if e.func == "sum" else a
 
 
 def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:

@@ -566,11 +566,17 @@ def _check_timed(node: Timed, symbols, args: set[str], where: str, owner: str) -
             node.span,
             hint="a mixer may read tokens up to t only",
         )
-    if sym.kind in ("input", "value") and node.offset != 0:
+    if sym.kind == "input" and node.offset < -1:
         raise NotYetImplemented(
-            f"{node.name} at t{node.offset:+d}: per-token {sym.kind}s are read at t only",
+            f"{node.name} at t{node.offset:+d}: an input is read at t or t-1",
             node.span,
-            hint="to use an earlier token (token shift), keep it in a state",
+            hint="to use an older token, keep it in a state",
+        )
+    if sym.kind == "value" and node.offset != 0:
+        raise NotYetImplemented(
+            f"{node.name} at t{node.offset:+d}: per-token values are read at t only",
+            node.span,
+            hint="read the inputs it is made of at t-1, or keep it in a state",
         )
     if sym.kind == "state" and node.offset < -1:
         raise NotYetImplemented(
@@ -582,9 +588,15 @@ def _check_times(mixer: Mixer, eq, states: set[str]) -> None:
     for node in walk(eq.value):
         if not isinstance(node, Timed):
             continue
-        if node.name in states and node.offset == -1 and node.name != eq.target:
+        if (
+            node.name in states
+            and node.offset == -1
+            and node.name != eq.target
+            and eq.target in states
+        ):
             raise SpecNameError(
-                f"{node.name}_{{t-1}} can only appear in its own update ({node.name}_t = ...)",
+                f"{node.name}_{{t-1}} can appear in its own update ({node.name}_t = ...) and in "
+                f"outputs and per-token values, not in the update of {eq.target}",
                 node.span,
                 hint=f"did you mean {node.name}_t?",
             )

@@ -16,7 +16,9 @@ Layout (the compiled-module contract):
   with 1 head or NH/g heads is shared by groups of g consecutive heads (repeat_interleave).
 - params: [NH, *shape]; one with a default may be omitted (its default is evaluated with h the
   head index 0..NH-1).
-- states: [B, NH, *shape], zeros when not given.
+- states: [B, NH, *shape], zeros when not given. An input read at t-1 (`x_{t-1}`) is carried
+  like a state, named `x_{t-1}` and shaped [B, NH, *shape]: its value before the first token
+  (zeros when not given), and the last token's among the final states.
 - outputs: [B, T, NH, *shape] for every equation whose target is not a state; a row vector is
   returned as a vector [B, T, NH, d].
 """
@@ -107,7 +109,8 @@ def _binary(op: str, a: Value, b: Value) -> Value:
 
 
 class _Evaluator:
-    """Evaluates expressions of one mixer. `now` holds values at t, `prev` states at t-1."""
+    """Evaluates expressions of one mixer. `now` holds values at t, `prev` states at t-1 and
+    `earlier` the lagged inputs at t-1."""
 
     def __init__(self, mixer: Mixer, params: dict[str, Tensor], device: torch.device) -> None:
         self.mixer = mixer
@@ -116,6 +119,7 @@ class _Evaluator:
         self.device = device
         self.now: dict[str, Tensor] = {}
         self.prev: dict[str, Tensor] = {}
+        self.earlier: dict[str, Tensor] = {}
 
     def eval(self, e: Expr, args: dict[str, Value]) -> Value:
         if isinstance(e, Number):
@@ -129,6 +133,8 @@ class _Evaluator:
                 return self.params[e.name]
             raise MixcError(f"no value for {e.name}")
         if isinstance(e, Timed):
+            if e.offset == -1 and e.name in self.earlier:
+                return self.earlier[e.name]
             table = self.now if e.offset == 0 else self.prev if e.offset == -1 else {}
             if e.name not in table:
                 raise MixcError(f"{e.name} at t{e.offset:+d} is not available here")
@@ -234,7 +240,7 @@ def interpret(
     outputs = _output_buffers(spec, sizes, B, T, NH, device)
     _run(evaluator, xs, outputs, B, T, NH)
 
-    finals = {s.name: _unpack(evaluator.prev[s.name], 2, len(s.shape)) for s in mixer.states}
+    finals = {s.name: _unpack(evaluator.prev[s.name], 2, len(s.shape)) for s in mixer.carried}
     results = {name: _unpack(x, 3, _rank(spec.shapes[name])) for name, x in outputs.items()}
     return results, finals
 
@@ -248,7 +254,7 @@ def _check_names(mixer: Mixer, inputs: dict, params: dict, initial_state: dict) 
     for kind, given, decls in (
         ("input", inputs, mixer.inputs),
         ("param", params, mixer.params),
-        ("state", initial_state, mixer.states),
+        ("state", initial_state, mixer.carried),
     ):
         unknown = sorted(set(given) - {d.name for d in decls})
         if unknown:
@@ -320,7 +326,7 @@ def _given_states(
 ) -> dict[str, Tensor]:
     """The initial states given, [B, NH, *shape] in float64, their sizes bound."""
     out: dict[str, Tensor] = {}
-    for d in mixer.states:
+    for d in mixer.carried:
         if d.name in initial_state:
             x = _as_float64(initial_state[d.name], f"initial state {d.name}", device)
             if x.dim() != 2 + len(d.shape) or x.shape[0] != B:
@@ -381,9 +387,10 @@ def _param_values(
 def _start_states(
     mixer: Mixer, initial_state: dict, sizes: _Sizes, B: int, NH: int, device: torch.device
 ) -> dict[str, Tensor]:
-    """Every state before the first token as [B, NH, rows, cols]: as given, or zeros."""
+    """Every state (and lagged input) before the first token as [B, NH, rows, cols]: as given,
+    or zeros."""
     out: dict[str, Tensor] = {}
-    for s in mixer.states:
+    for s in mixer.carried:
         r, c = sizes.matrix(s.shape, f"state {s.name}")
         if s.name in initial_state:
             x = initial_state[s.name]
@@ -425,8 +432,10 @@ def _run(
     advanced (evaluator.prev ends holding the final states)."""
     order = equation_order(evaluator.mixer)
     shapes = {n: x.shape[-2:] for n, x in (*evaluator.prev.items(), *outputs.items())}
+    lagged = [d.name for d in evaluator.mixer.lagged]
     for t in range(T):
         evaluator.now = {name: x[:, t] for name, x in xs.items()}
+        evaluator.earlier = {name: evaluator.prev[f"{name}_{{t-1}}"] for name in lagged}
         for eq in order:
             r, c = shapes[eq.target]
             value = evaluator.eval(eq.value, {})
@@ -442,6 +451,8 @@ def _run(
                 outputs[eq.target][:, t] = evaluator.now[eq.target]
             else:
                 evaluator.prev[eq.target] = evaluator.now[eq.target]
+        for name in lagged:
+            evaluator.prev[f"{name}_{{t-1}}"] = evaluator.now[name]
 
 
 def _unpack(x: Tensor, lead: int, ndim: int) -> Tensor:

@@ -73,7 +73,7 @@ def _roles(facts: Plan) -> dict[str, list[str]]:
 
 def _readout_text(facts: Plan, r: Readout) -> str:
     op = "." if facts.state(r.state).vector else "@"
-    return str(Binary(op, Timed(r.state, 0), r.query))
+    return str(Binary(op, r.read, r.query))
 
 
 def _kind(shape: tuple[str, ...]) -> Literal["scalar", "vector", "matrix"]:
@@ -235,7 +235,26 @@ def _why(facts: Plan) -> list[str]:
         line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
         line += f" -> {tr.kind.algorithm}" if tr.chunkable else f" -> recurrent only: {tr.reason}"
         why.append(line)
+    for g in facts.groups if facts.chunkable else ():
+        if g.log_scale is not None:
+            why.append(_stabiliser(facts, g))
     return why
+
+
+def _stabiliser(facts: Plan, g: GroupPlan) -> str:
+    """What the chunked form does with a write scale exp(s_t) it carries in log space."""
+    states = ", ".join(g.states)
+    outputs = "; ".join(f"{o.name} = {o.scaled}" for o in facts.outputs if o.scaled is not None)
+    return (
+        f"{states}: the write scale exp({g.log_scale}) is carried in log space (xLSTM's "
+        f"max-stabiliser, kernel {g.kind.stable_kernel}): each output row t is computed scaled "
+        f"by {g.unscale.name} = exp(-m_t), m_t the largest exponent it sums, so no exponential "
+        f"exceeds 1 and the chunked form stays finite however large {g.log_scale} is; the ratio "
+        f"cancels the scale once every term that reads no state is scaled too ({outputs}). The "
+        "final states are returned unscaled: in float32 they are inf once they pass its range "
+        f"(exp({g.log_scale}) past about 88), and recurrent and step, which scale each write "
+        "as written, overflow there"
+    )
 
 
 def _not_supported(facts: Plan) -> list[str]:
@@ -392,10 +411,18 @@ def parallel_form(facts: Plan, groups: list[GroupInfo] | None = None) -> list[st
             continue
         expr = str(o.expr)
         for r in sorted(o.readouts, key=lambda r: -r.index):  # _r10 before _r1
-            label = f"Y[{r.state}]"
+            label = f"Y[{r.read}]" if r.offset else f"Y[{r.state}]"
             if sum(1 for x in o.readouts if x.state == r.state) > 1:
-                label = f"Y[{r.state}; {r.query}]"
+                label = f"Y[{r.read if r.offset else r.state}; {r.query}]"
             expr = expr.replace(f"_r{r.index}", label)
+        for r in o.readouts:
+            if r.offset:
+                lines.append(
+                    f"Y[{r.read}] at token t is the kernel's read at t-1 with the query of t: a "
+                    "strictly causal mask, the query's decay measured from the previous token; "
+                    "the first token reads the initial state"
+                )
+                break
         if o.form == "ratio" and expr.count(" / ") == 1:
             num, den = (_unwrap(x.strip()) for x in expr.split(" / "))
             lines.append(f"{o.name} = num / den,  num = {num},  den = {den}   (ratio)")

@@ -179,6 +179,10 @@ class TransitionClass:
     kernel: ClassVar[str | None] = None
     #: Whether the kernel also has a quadratic (attention-like) `parallel` form.
     parallel: ClassVar[bool] = False
+    #: The kernel that takes the writes' scale exp(s_t) as its log s_t and returns each output
+    #: row scaled by its largest exponent (xLSTM's max-stabiliser), for a write scale that would
+    #: overflow; None: the class has none (its writes are scaled before the kernel).
+    stable_kernel: ClassVar[str | None] = None
     #: The variants it reports as `Transition.cls`, and the names of the rules it fires.
     variants: ClassVar[tuple[str, ...]] = ()
     rules: ClassVar[tuple[str, ...]] = ()

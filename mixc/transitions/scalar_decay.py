@@ -149,6 +149,7 @@ class ScalarDecay(TransitionClass):
     rules = ("identity", "scalar_constant", "scalar_data")
     kernel = "scalar_decay"
     parallel = True
+    stable_kernel = "scalar_decay_stable"
     algorithm = "chunked scalar decay (log-space decay masks), or the quadratic masked form"
 
     def match(self, terms, ctx):

@@ -91,7 +91,8 @@ def _exprs(draw, depth: int = 3) -> Expr:
     if kind == "transpose":
         return Transpose(draw(_exprs(depth - 1)))
     if kind == "call":
-        return Call(draw(st.sampled_from(ELEMENTWISE)), (draw(_exprs(depth - 1)),))
+        func = draw(st.sampled_from(ELEMENTWISE))
+        return Call(func, tuple(draw(_exprs(depth - 1)) for _ in range(BUILTINS[func].arity)))
     op = draw(st.sampled_from(["+", "-", "*", "@", "/", "^"]))
     return Binary(op, draw(_exprs(depth - 1)), draw(_exprs(depth - 1)))
 
@@ -110,7 +111,7 @@ def _value(e: Expr, at: dict[str, float]) -> float:
     if isinstance(e, Transpose):
         return _value(e.operand, at)
     if isinstance(e, Call):
-        return BUILTINS[e.func].evaluate(_value(e.args[0], at))
+        return BUILTINS[e.func].evaluate(*(_value(a, at) for a in e.args))
     a, b = _value(e.left, at), _value(e.right, at)
     if e.op == "+":
         return a + b

@@ -137,6 +137,40 @@ ROWS: dict[str, Row] = {
         DIAGONAL,
         warnings=("cannot prove the decay diag(exp(g_t))",),
     ),
+    "mlstm": Row(
+        "mlstm.mix",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "exp(i_t) v_t k_t^T",
+                ("scalar: sigmoid(f_t) -> logsigmoid(f_t) proven",),
+            ),
+            "n": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "exp(i_t) k_t",
+                ("scalar: sigmoid(f_t) -> logsigmoid(f_t) proven",),
+            ),
+        },
+        "ratio: _r0 / max(abs(_r1), 1)",
+        SCALAR_DECAY,
+        groups=(("H", "n"),),
+    ),
+    "rwkv6": Row(
+        "rwkv6.mix",
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T",
+                ("key: diag(exp(w_t)) -> w_t unproven",),
+            )
+        },
+        "linear + skip: _r0 + (k_t * u . r_t) v_t",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(exp(w_t))",),
+    ),
     "linear_attention": Row(
         "linear_attention.mix",
         {"H": S("identity", "identity", "v_t k_t^T")},
@@ -1151,3 +1185,14 @@ def test_cost_symbols_avoid_the_specs_own_sizes():
 def test_every_spec_error_is_a_mixc_error():
     with pytest.raises(SpecError):
         analyze(load(NON_CAUSAL["a_later_token"][0]))
+
+
+def test_a_readout_says_which_time_it_reads_and_each_time_is_its_own_query():
+    rwkv6 = analyze(load("rwkv6.mix"))
+    (r,) = rwkv6.outputs[0].readouts
+    assert (r.state, str(r.query), r.offset, str(r.read)) == ("H", "r_t", -1, "H_{t-1}")
+    assert [(str(q.expr), q.offset) for q in rwkv6.groups[0].queries] == [("r_t", -1)]
+    both = text("H_t = H_{t-1} + v_t k_t^T", out="y_t = H_{t-1} q_t + H_t q_t + H_{t-1} q_t")
+    plan = analyze(load(both))
+    assert [(str(q.expr), q.offset) for q in plan.groups[0].queries] == [("q_t", -1), ("q_t", 0)]
+    assert str(plan.outputs[0].expr) == "2 * _r0 + _r1"

@@ -37,12 +37,12 @@ def _run(form, spec, inputs, params, states, cot_y, cot_s, dtype, **kw):
         for n, x in {**inputs, **params, **states}.items()
     }
     args = positional(spec, {n: leaves[n] for n in inputs}, {n: leaves[n] for n in params})
-    init = tuple(leaves[s.name] for s in spec.mixer.states) if states else None
-    if len(spec.mixer.states) == 1 and init is not None:
+    init = tuple(leaves[s.name] for s in spec.mixer.carried) if states else None
+    if len(spec.mixer.carried) == 1 and init is not None:
         init = init[0]
     y, final = form(args, init, **kw)
     finals = final if isinstance(final, tuple) else (final,) if final is not None else ()
-    finals = dict(zip([s.name for s in spec.mixer.states], finals))
+    finals = dict(zip([s.name for s in spec.mixer.carried], finals))
     loss = (y.double() * cot_y).sum() + sum((finals[n].double() * cot_s[n]).sum() for n in finals)
     grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     return y, finals, dict(zip(leaves, grads))

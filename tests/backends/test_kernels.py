@@ -84,8 +84,11 @@ def oracle_delta(q, k, v, beta, g, s0):
 # ---------------------------------------------------------------------------
 
 
-def make_inputs(t_len, *, gate="g", init=True, delta=False, seed=0, b=B, nh=NH, dk=DK, dv=DV):
-    """float64 inputs; gate in {None, 'g', 'gk', 'gv', 'gkgv'}."""
+def make_inputs(
+    t_len, *, gate="g", init=True, delta=False, log_scale=False, seed=0, b=B, nh=NH, dk=DK, dv=DV
+):
+    """float64 inputs; gate in {None, 'g', 'gk', 'gv', 'gkgv'}; log_scale: a write scale's log
+    per token (the stable kernel's)."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
@@ -105,6 +108,8 @@ def make_inputs(t_len, *, gate="g", init=True, delta=False, seed=0, b=B, nh=NH, 
         inputs["gk"] = torch.nn.functional.logsigmoid(randn(b, nh, t_len, dk) + 2.0)
     if gate in ("gv", "gkgv"):
         inputs["gv"] = torch.nn.functional.logsigmoid(randn(b, nh, t_len, dv) + 2.0)
+    if log_scale:
+        inputs["log_scale"] = 3 * randn(b, nh, t_len)
     if init:
         inputs["initial_state"] = randn(b, nh, dk, dv)
     return inputs
@@ -534,7 +539,13 @@ def test_decay_constant_in_time(kernel):
 # structure required by the code generator
 # ---------------------------------------------------------------------------
 
-PUBLIC = ["chunk_scalar_decay", "parallel_scalar_decay", "chunk_diagonal", "chunk_delta"]
+PUBLIC = [
+    "chunk_scalar_decay",
+    "parallel_scalar_decay",
+    "chunk_scalar_decay_stable",
+    "chunk_diagonal",
+    "chunk_delta",
+]
 KERNEL_FILES = ["common", *CLASS_FILES]
 COMMON = "mixc.backends.pytorch.kernels.common"
 
@@ -633,6 +644,7 @@ def test_kernel_source_rejects_unknown_names():
 STANDALONE_INPUTS = {
     "chunk_scalar_decay": {"gate": "g"},
     "parallel_scalar_decay": {"gate": "g", "init": False},
+    "chunk_scalar_decay_stable": {"gate": "g", "log_scale": True},
     "chunk_diagonal": {"gate": "gk"},
     "chunk_delta": {"gate": "g", "delta": True},
 }
@@ -694,3 +706,20 @@ def test_torch_compile_fullgraph(name):
     for a, b in zip(out, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert all(torch.isfinite(gr).all() for gr in grads)
+
+
+@pytest.mark.parametrize("T", [1, 7, 40])
+def test_the_stable_kernel_is_the_scaled_kernel_times_its_row_scales(T):
+    """chunk_scalar_decay_stable(..., s) returns o exp(-m) and m, where o is chunk_scalar_decay's
+    output for the values scaled by exp(s), and the same final state (float64, where exp(s)
+    does not overflow); its largest row term is exp(0) = 1."""
+    from mixc.backends.pytorch.kernels.scalar_decay import chunk_scalar_decay_stable
+
+    x = make_inputs(T, log_scale=True, seed=3)
+    scaled = {**x, "v": x["v"] * x["log_scale"].exp()[..., None]}
+    del scaled["log_scale"]
+    o, state = chunk_scalar_decay(**scaled, chunk_size=8)
+    o_scaled, m, final = chunk_scalar_decay_stable(**x, chunk_size=8)
+    torch.testing.assert_close(o_scaled * m.exp()[..., None], o, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final, state, rtol=1e-12, atol=1e-12)
+    assert (o_scaled.abs().amax() < 1e3) and torch.isfinite(m).all()

@@ -8,10 +8,13 @@ import pytest
 import torch
 
 import mixc
-from tests.mixers import positional, random_states, rel, spec_inputs
+from tests.mixers import VARIANTS, positional, random_states, rel, spec_inputs
 
 ROOT = Path(__file__).parents[2]
-SPECS = sorted(ROOT.glob("specs/*.mix"))
+SPECS = [pytest.param(p, id=p.stem) for p in sorted(ROOT.glob("specs/*.mix"))] + [
+    # inputs at t-1: the shift restarts at each sequence from its own carried token
+    pytest.param(mixc.Source(VARIANTS["token_shift"]), id="token_shift")
+]
 
 
 def _alone(module, args, n_inputs, start, end, state):
@@ -20,7 +23,7 @@ def _alone(module, args, n_inputs, start, end, state):
 
 
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+@pytest.mark.parametrize("path", SPECS)
 def test_packed_sequences_equal_each_sequence_alone(path, form):
     if form == "chunk" and not mixc.analyze(mixc.load_spec(path)).chunkable:
         pytest.skip("no chunked form")
@@ -35,7 +38,7 @@ def check_packed(path, backend, form):
     inputs, params = spec_inputs(spec, B=1, T=40, NH=2)
     args = positional(spec, inputs, params)
     states = random_states(spec, B=5, NH=2)
-    init = tuple(states[s.name] for s in spec.mixer.states)
+    init = tuple(states[s.name] for s in spec.mixer.carried)
     init = init[0] if len(init) == 1 else init
     kw = {"chunk_size": 8} if form == "chunk" else {}
     y, finals = getattr(module, form)(
@@ -45,7 +48,7 @@ def check_packed(path, backend, form):
     n = len(spec.mixer.inputs)
     for i in range(len(cu) - 1):
         start, end = cu[i].item(), cu[i + 1].item()
-        own = tuple(states[s.name][i : i + 1] for s in spec.mixer.states)
+        own = tuple(states[s.name][i : i + 1] for s in spec.mixer.carried)
         if end == start:
             for got, want in zip(finals, own):
                 assert torch.equal(
@@ -88,7 +91,7 @@ def test_bad_cu_seqlens_are_refused():
         )
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+@pytest.mark.parametrize("path", SPECS)
 def test_packed_gradients_equal_the_recurrent_forms(path):
     """Gradients through a packed batch: the chunked form's (its kernel's own backward, for
     the scalar-decay and delta classes) equal the recurrent form's, for every input,
@@ -100,7 +103,7 @@ def test_packed_gradients_equal_the_recurrent_forms(path):
     inputs, params = spec_inputs(spec, B=1, T=40, NH=2)
     args = positional(spec, inputs, params)
     states = random_states(spec, B=5, NH=2)
-    init = [states[s.name] for s in spec.mixer.states]
+    init = [states[s.name] for s in spec.mixer.carried]
 
     def grads(form, **kw):
         leaves = [a.clone().requires_grad_(True) for a in args + init]

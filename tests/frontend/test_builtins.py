@@ -17,7 +17,8 @@ from mixc.oracle.interpret import FUNCTIONS as ORACLE_FUNCTIONS
 from tests.mixers import ROOT
 
 INF = math.inf
-ELEMENTWISE = [name for name, b in BUILTINS.items() if b.elementwise]
+ELEMENTWISE = [name for name, b in BUILTINS.items() if b.elementwise and b.arity == 1]
+BINARY = [name for name, b in BUILTINS.items() if b.arity == 2]
 #: Points that reach every branch: both infinities, overflow of exp either way, silu's minimum.
 POINTS = [-INF, -800.0, -705.0, -50.0, -2.0, -1.2785, -0.5, 0.0, 0.5, 2.0, 50.0, 705.0, 800.0, INF]
 #: Every interval between two points, but the single points at infinity.
@@ -26,10 +27,11 @@ INTERVALS = [(lo, hi) for lo in POINTS for hi in POINTS if lo < hi or (lo == hi 
 
 def test_the_views_list_every_builtin_in_order():
     names = ["exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh"]
-    assert list(BUILTINS) == [*names, "sqrt", "l2norm", "diag"]
-    assert list(FUNCTIONS) == list(BUILTINS) and set(FUNCTIONS.values()) == {1}
+    assert list(BUILTINS) == [*names, "sqrt", "abs", "max", "min", "sum", "l2norm", "diag"]
+    assert list(FUNCTIONS) == list(BUILTINS) and set(FUNCTIONS.values()) == {1, 2}
+    assert [n for n, arity in FUNCTIONS.items() if arity == 2] == BINARY == ["max", "min"]
     assert list(ORACLE_FUNCTIONS) == list(BUILTINS)
-    assert [n for n, b in BUILTINS.items() if not b.elementwise] == ["l2norm", "diag"]
+    assert [n for n, b in BUILTINS.items() if not b.elementwise] == ["sum", "l2norm", "diag"]
 
 
 def test_importing_the_frontend_does_not_import_torch():
@@ -52,6 +54,30 @@ def test_evaluate_never_raises_and_matches_the_tensor_version(name):
     floats = torch.tensor([builtin.evaluate(x) for x in xs], dtype=torch.float64)
     tensors = builtin.tensor(torch.tensor(xs, dtype=torch.float64))
     torch.testing.assert_close(floats, tensors, rtol=1e-15, atol=1e-300, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_two_argument_builtins_match_their_tensor_and_interval_versions(name):
+    builtin = BUILTINS[name]
+    xs = [*POINTS, math.nan]
+    pairs = [(x, y) for x in xs for y in xs]
+    floats = torch.tensor([builtin.evaluate(x, y) for x, y in pairs], dtype=torch.float64)
+    a, b = (torch.tensor(list(c), dtype=torch.float64) for c in zip(*pairs))
+    torch.testing.assert_close(floats, builtin.tensor(a, b), rtol=0, atol=0, equal_nan=True)
+    for lo, hi in INTERVALS[::7]:
+        for lo2, hi2 in INTERVALS[::5]:
+            low, high = bounds(name, lo, hi, lo2, hi2)
+            for x in _inside(lo, hi, 5):
+                for y in _inside(lo2, hi2, 5):
+                    assert low <= builtin.evaluate(x, y) <= high, (lo, hi, lo2, hi2, x, y)
+
+
+def test_sum_adds_every_entry_and_keeps_their_sign():
+    x = torch.tensor([[1.0, -2.0], [3.0, 0.5]], dtype=torch.float64)
+    assert BUILTINS["sum"].tensor(x).item() == 2.5
+    assert bounds("sum", 0.5, 2.0) == (0.5, INF)
+    assert bounds("sum", -2.0, -1.0) == (-INF, -1.0)
+    assert bounds("sum", -1.0, 1.0) == (-INF, INF)
 
 
 def _inside(lo: float, hi: float, n: int = 41) -> list[float]:
@@ -97,6 +123,8 @@ def test_bounds_hold_every_entry_of_l2norm_and_diag(name):
         ("log", -1.0, 1.0, (-INF, INF)),
         ("sqrt", 0.0, 4.0, (0.0, 2.0)),
         ("sqrt", -1.0, 4.0, (-INF, INF)),
+        ("abs", -3.0, 2.0, (0.0, 3.0)),
+        ("abs", -3.0, -2.0, (2.0, 3.0)),
         ("silu", 2.0, 3.0, (1.0, INF)),
         ("l2norm", 0.5, 2.0, (0.0, 1.0)),
         ("diag", 1.0, 2.0, (0.0, 2.0)),
@@ -128,6 +156,8 @@ def _call(func: str, x: float) -> Call:
         ("log", 0.0, None),
         ("sqrt", -1.0, None),
         ("l2norm", 2.0, None),  # not a function of a number
+        ("abs", -2.0, 2.0),
+        ("sum", -2.0, -2.0),
     ],
 )
 def test_constant_folding(func, x, want):

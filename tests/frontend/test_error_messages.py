@@ -70,14 +70,16 @@ CASES = [
         id="state_on_its_own_right_hand_side",
     ),
     pytest.param(
-        HEAD + UPDATE + "y_t = H_{t-1} q_t\n",
+        "mixer m\nin q[K], k[K], v[V]\nstate H[V, K], G[V, K]\n"
+        + UPDATE
+        + "G_t = G_{t-1} + H_{t-1}\ny_t = G_t q_t\n",
         SpecNameError,
         """\
-<string>:5:7: error: H_{t-1} can only appear in its own update (H_t = ...)
-  5 | y_t = H_{t-1} q_t
-    |       ^^^^^^^
+<string>:5:17: error: H_{t-1} can appear in its own update (H_t = ...) and in outputs and per-token values, not in the update of G
+  5 | G_t = G_{t-1} + H_{t-1}
+    |                 ^^^^^^^
   hint: did you mean H_t?""",
-        id="previous_state_in_an_output",
+        id="previous_state_in_another_update",
     ),
     pytest.param(
         HEAD + "H_t = H_{t-1} + v_{t+1} k_t^T\n" + OUTPUT,
@@ -181,7 +183,7 @@ dt_t x_t^T (an outer product, [P, P])?""",
 <string>:4:7: error: unknown function sigmoidd
   4 | H_t = sigmoidd(beta_t) H_{t-1} + v_t k_t^T
     |       ^^^^^^^^
-  expected: a built-in (exp, log, sigmoid, logsigmoid, softplus, silu, elu, relu, tanh, sqrt, l2norm, diag) or a let function
+  expected: a built-in (exp, log, sigmoid, logsigmoid, softplus, silu, elu, relu, tanh, sqrt, abs, max, min, sum, l2norm, diag) or a let function
   hint: did you mean sigmoid?""",
         id="unknown_function",
     ),
@@ -392,14 +394,24 @@ dt_t x_t^T (an outer product, [P, P])?""",
         id="value_reads_itself",
     ),
     pytest.param(
-        HEAD + "H_t = H_{t-1} + v_t k_{t-1}^T\n" + OUTPUT,
+        HEAD + "H_t = H_{t-1} + v_t k_{t-2}^T\n" + OUTPUT,
         NotYetImplemented,
         """\
-<string>:4:21: error: NYI: k at t-1: per-token inputs are read at t only
-  4 | H_t = H_{t-1} + v_t k_{t-1}^T
+<string>:4:21: error: NYI: k at t-2: an input is read at t or t-1
+  4 | H_t = H_{t-1} + v_t k_{t-2}^T
     |                     ^^^^^^^
-  hint: to use an earlier token (token shift), keep it in a state""",
-        id="token_shift",
+  hint: to use an older token, keep it in a state""",
+        id="input_two_tokens_back",
+    ),
+    pytest.param(
+        HEAD + "a_t = 2 k_t\nH_t = H_{t-1} + v_t a_{t-1}^T\n" + OUTPUT,
+        NotYetImplemented,
+        """\
+<string>:5:21: error: NYI: a at t-1: per-token values are read at t only
+  5 | H_t = H_{t-1} + v_t a_{t-1}^T
+    |                     ^^^^^^^
+  hint: read the inputs it is made of at t-1, or keep it in a state""",
+        id="value_at_t_minus_1",
     ),
     pytest.param(
         HEAD + UPDATE + "y_t = H_t\x1b q_t\n",

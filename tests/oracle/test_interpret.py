@@ -75,6 +75,28 @@ def ref_gla(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_rwkv6(x, p, s):
+    """Finch's wkv: the output reads the state before the token, plus the bonus u for the
+    token's own key and value."""
+    H, ys = s["H"], []
+    for t in range(len(x["r"])):
+        r, k, v = x["r"][t], x["k"][t], x["v"][t]
+        ys.append(H @ r + torch.dot(r, p["u"] * k) * v)
+        H = H * torch.exp(x["w"][t])[None, :] + outer(v, k)
+    return {"y": ys}, {"H": H}
+
+
+def ref_mlstm(x, p, s):
+    """xLSTM's mLSTM cell without its stabiliser (float64 holds exp(i) for these gates)."""
+    H, n, ys = s["H"], s["n"], []
+    for t in range(len(x["q"])):
+        forget, write = torch.sigmoid(x["f"][t]), torch.exp(x["i"][t])
+        H = forget * H + write * outer(x["v"][t], x["k"][t])
+        n = forget * n + write * x["k"][t]
+        ys.append(H @ x["q"][t] / torch.clamp(torch.dot(n, x["q"][t]).abs(), min=1.0))
+    return {"y": ys}, {"H": H, "n": n}
+
+
 def ref_gated_general(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["q"])):
@@ -146,6 +168,22 @@ CASES = {
     "gla": (
         ref_gla,
         lambda g: ({**qkv(g), "g": F.logsigmoid(randn(g, *LEAD, DK))}, {}),
+    ),
+    "mlstm": (
+        ref_mlstm,
+        lambda g: ({**qkv(g), "i": 3 * randn(g, *LEAD), "f": 2 * randn(g, *LEAD)}, {}),
+    ),
+    "rwkv6": (
+        ref_rwkv6,
+        lambda g: (
+            {
+                "r": randn(g, *LEAD, DK),
+                "k": randn(g, *LEAD, DK),
+                "v": randn(g, *LEAD, DV),
+                "w": -torch.exp(randn(g, *LEAD, DK)),
+            },
+            {"u": randn(g, HEADS, DK)},
+        ),
     ),
     "gated_general": (
         ref_gated_general,
@@ -392,6 +430,10 @@ yelu_t = elu(x_t)
 yrelu_t = relu(x_t)
 ytanh_t = tanh(x_t)
 ysqrt_t = sqrt(p_t)
+yabs_t = abs(x_t)
+ymax_t = max(x_t, p_t)
+ymin_t = min(1, x_t)
+ysum_t = sum(x_t) + sum(M_t)
 ynorm_t = l2norm(x_t)
 ydiag_t = diag(x_t)
 yrow_t = x_t^T M_t
@@ -422,6 +464,10 @@ def test_builtins_and_identity():
         "yrelu": F.relu(x),
         "ytanh": torch.tanh(x),
         "ysqrt": torch.sqrt(p),
+        "yabs": x.abs(),
+        "ymax": torch.maximum(x, p[..., None]),
+        "ymin": x.clamp(max=1),
+        "ysum": x.sum(-1) + M.sum((-2, -1)),
         "ynorm": x / torch.sqrt((x**2).sum(-1, keepdim=True) + 1e-6),
         "ydiag": torch.diag_embed(x),
         "yrow": torch.einsum("bthi,bthij->bthj", x, M),

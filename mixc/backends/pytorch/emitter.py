@@ -50,6 +50,11 @@ def _chunk_kernel(group: GroupPlan) -> str:
     return f"chunk_{group.kernel}"
 
 
+def _stable_kernel(group: GroupPlan) -> str:
+    """The kernel that carries the group's write scale in log space (`GroupPlan.log_scale`)."""
+    return f"chunk_{group.kind.stable_kernel}"
+
+
 def _parallel_kernel(group: GroupPlan) -> str:
     return f"parallel_{group.kernel}"
 
@@ -104,6 +109,10 @@ class _Module:
         self.required = [p.name for p in self.mixer.params if p.default is None]
         self.defaulted = [p.name for p in self.mixer.params if p.default is not None]
         self.states = [s.name for s in self.mixer.states]
+        self.lagged = [d.name for d in self.mixer.lagged]
+        # the local names of what the forms carry from token to token: the states, then each
+        # lagged input's previous token (`_prev_x`, x at t-1)
+        self.carried = self.states + [_previous(x) for x in self.lagged]
         self.output = self.mixer.outputs[0]
         self.groups = facts.groups if facts.chunkable else ()
         self.has_parallel = facts.forms.parallel is None
@@ -114,6 +123,8 @@ class _Module:
         """Expressions over whole sequences: spec names are the prepared tensors."""
 
         def names(e: Expr) -> str:
+            if isinstance(e, Timed) and e.offset == -1:  # a lagged input, shifted by a token
+                return _previous(e.name)
             return e.name
 
         return PyExpr(self.typer, names)
@@ -122,15 +133,19 @@ class _Module:
         """Expressions inside the recurrence: q_t is a slice, H the previous state, H_t the new."""
 
         def names(e: Expr) -> str:
+            if isinstance(e, Timed) and e.offset == -1:
+                return _previous(e.name) if e.name in self.lagged else e.name
             if isinstance(e, Timed):
-                return e.name if e.offset == -1 else f"{e.name}_t"
+                return f"{e.name}_t"
             return e.name
 
         return PyExpr(self.typer, names)
 
     def state_tuple(self) -> str:
-        """`(H,)` or `(H, z)`: the states as a tuple expression or unpacking target."""
-        return f"({self.states[0]},)" if len(self.states) == 1 else f"({', '.join(self.states)})"
+        """`(H,)` or `(H, z)`: the states (and lagged inputs) as a tuple expression or unpacking
+        target."""
+        carried = self.carried
+        return f"({carried[0]},)" if len(carried) == 1 else f"({', '.join(carried)})"
 
     def signature(self, *extra: str) -> str:
         args = self.inputs + self.required
@@ -149,6 +164,7 @@ class _Module:
     def kernel_names(self) -> list[str]:
         return sorted(
             {_chunk_kernel(g) for g in self.groups}
+            | {_stable_kernel(g) for g in self.groups if g.log_scale is not None}
             | ({_parallel_kernel(g) for g in self.groups} if self.has_parallel else set())
         )
 
@@ -223,7 +239,7 @@ class _Module:
         out(f"PARAMS = {self.layout([p for p in self.mixer.params if p.default is None])}", 0)
         defaults = self.layout([p for p in self.mixer.params if p.default is not None])
         out(f"PARAM_DEFAULTS = {defaults}", 0)
-        out(f"STATES = {self.layout(self.mixer.states)}", 0)
+        out(f"STATES = {self.layout(self.mixer.carried)}", 0)
         out(f"OUTPUT = {string(self.output.target)}", 0)
         forms = ", ".join(string(f) for f in self.facts.forms.names())
         out(f"FORMS = ({forms},)  # the forms that compute (chunk raises NYI otherwise)", 0)
@@ -248,7 +264,8 @@ class _Module:
             out("# ---- kernels, one per transition class " + "-" * 51, 0)
             out("", 0)
             out("", 0)
-            out.lines.append(self.kernels.kernel_source(self.kernel_names()))
+            shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
+            out.lines.append(self.kernels.kernel_source(self.kernel_names() + shifts))
 
     def emit_mixer(self, out: Lines) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases
@@ -324,6 +341,9 @@ class _Module:
         if states_from is not None:
             where = f"_sizes, _dtype, _device, {batch}, {string(states_from)}"
             out(f"{self.state_tuple()} = _prepare_states(_STATES, {states_from}, {where})")
+            for d in self.mixer.lagged:
+                if not d.shape:  # a scalar input's last token, laid out as its tokens are
+                    out(f"{_previous(d.name)} = {_previous(d.name)}[..., None, None]")
 
     def finish(self, out: Lines, y: str, final: str) -> None:
         shape = self.spec.shapes[self.output.target]
@@ -338,13 +358,35 @@ class _Module:
         read = y != self.output.target and not y.startswith(self.output.target)
         note = _note(f"{self.output.target}_t = {self.output.value}") if read else ""
         out(f"{self.output.target} = {y}{index}.to(_out_dtype){note}")
+        if " if " in final:
+            kept, _, rest = final.partition(" if ")
+            if len(kept) > 60:  # a long tuple of final states: on lines of its own
+                _tuple_line(out, "_final = ", kept, "", 1)
+                final = f"_final if {rest}"
         out(f"return {self.output.target}, {final if ' if ' not in final else f'({final})'}")
 
-    def final_states(self) -> str:
+    def final_states(self, lagged: str = "_prev_") -> str:
+        """The final states in the module's layout; each lagged input's last token from the
+        local named `lagged` + its name."""
+        names = self.states + [f"{lagged}{x}" for x in self.lagged]
+        squeeze = {0: ".squeeze(-1).squeeze(-1)", 1: ".squeeze(-1)", 2: ""}
         parts = [
-            f"{s}.squeeze(-1)" if self.typer.symbols[s].shape[1] == "1" else s for s in self.states
+            f"{name}{squeeze[len(d.shape)]}"
+            for name, d in zip(names, self.mixer.carried, strict=True)
         ]
         return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
+
+    def emit_shifts(self, out: Lines, packed: bool, carried: bool) -> None:
+        """Each lagged input at t-1, `_prev_x`: x one token later, each sequence starting from
+        the carried token (zeros without one); with `carried`, also the token to carry on,
+        `_last_x`."""
+        seqlens = ", cu_seqlens" if packed else ""
+        for x in self.lagged:
+            prev = _previous(x)
+            if carried:
+                out(f"_last_{x} = _last_tokens({x}, {prev}{seqlens})  # carried to the next call")
+            first = prev if carried else "None"
+            out(f"{prev} = _shift_tokens({x}, {first}{seqlens})  # {x}_{{t-1}}")
 
     def emit_chunk(self, out: Lines) -> None:
         options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
@@ -357,9 +399,11 @@ class _Module:
         out("_check_chunk_size(chunk_size)")
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
+        self.emit_shifts(out, packed=True, carried=True)
         self.emit_groups(out, parallel=False)
-        y = self.emit_output(out)
-        self.finish(out, y, f"{self.final_states()} if output_final_state else None")
+        y = self.emit_output(out, scaled=True)
+        final = self.final_states(lagged="_last_")
+        self.finish(out, y, f"{final} if output_final_state else None")
         out("", 0)
         out("", 0)
 
@@ -377,13 +421,17 @@ class _Module:
         out('"""Quadratic masked form, from a zero state. Returns (output, None)."""')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, None)
+        self.emit_shifts(out, packed=False, carried=False)
         self.emit_groups(out, parallel=True)
         self.finish(out, self.emit_output(out), "None")
         out("", 0)
         out("", 0)
 
-    def emit_kernel_args(self, out: Lines, group: GroupPlan, packed: str) -> list[str]:
-        """Key, value (the group's values side by side) and the class's arguments of one group."""
+    def emit_kernel_args(
+        self, out: Lines, group: GroupPlan, packed: str, stable: bool = False
+    ) -> list[str]:
+        """Key, value (the group's values side by side) and the class's arguments of one group;
+        `stable`: the values without their write scale, which is passed as its log."""
         e = self.seq_expr()
         facts = [self.facts.state(s) for s in group.states]
         name = group.name
@@ -394,12 +442,13 @@ class _Module:
             out(f"_ones = _torch.ones({sizes}, dtype=_dtype, device=_device)")
         for s in facts:
             w = s.writes[0]
+            scale = None if stable else w.scale
             if w.value is None:
                 value = "_ones"
-                if w.scale is not None:
-                    value = f"{e(w.scale)} * {value}"
+                if scale is not None:
+                    value = f"{e(scale)} * {value}"
             else:
-                value = e(w.value if w.scale is None else Binary("@", w.scale, w.value))
+                value = e(w.value if scale is None else Binary("@", scale, w.value))
             values.append(value)
         value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
         out(f"_v_{name} = _seq_vector({value}, _sizes{packed})")
@@ -413,6 +462,11 @@ class _Module:
                 value = f"_torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
             out(f"_{arg.name}_{name} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")
             kernel_args.append(f"{arg.name}=_{arg.name}_{name}")
+        if stable:
+            scale = group.log_scale
+            note = _note(f"the write scale exp({scale}), as its log")
+            out(f"_s_{name} = _seq_scalar({e(scale)}, _sizes{packed}){note}")
+            kernel_args.append(f"log_scale=_s_{name}")
         return kernel_args
 
     def widths(self, group) -> list[str]:
@@ -429,9 +483,11 @@ class _Module:
             group = plan.states
             facts = [self.facts.state(s) for s in group]
             name = plan.name
+            stable = plan.log_scale is not None and not parallel
             kernel = _parallel_kernel(plan) if parallel else _chunk_kernel(plan)
+            kernel = _stable_kernel(plan) if stable else kernel
             out(comment(f"{' and '.join(group)}: {plan.transition.cls} -> {kernel}"))
-            kernel_args = self.emit_kernel_args(out, plan, packed)
+            kernel_args = self.emit_kernel_args(out, plan, packed, stable)
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
                 s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
@@ -445,21 +501,34 @@ class _Module:
                     else f"_torch.zeros_like(_k_{name})"
                 )
                 out(f"_q = {q_text}")
-                args = ", ".join(["_q", f"_k_{name}", f"_v_{name}", *kernel_args])
+                previous = query is not None and query.offset == -1
+                if previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
+                    out("_q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query")
+                first = "_q_next" if previous else "_q"
+                args = ", ".join([first, f"_k_{name}", f"_v_{name}", *kernel_args])
                 if parallel:
                     out(f"_o = _{kernel}({args})")
                 else:
                     init = f"initial_state=_S0_{name}, chunk_size=chunk_size"
-                    out(f"_o, _S = _{kernel}({args}, {init})")
+                    found = "_o, _S" if not stable else "_o, _m, _S"
+                    out(f"{found} = _{kernel}({args}, {init})")
+                if stable and i == 0:  # the rows' scale, exp(-m_t)
+                    unscale = plan.unscale.name
+                    out(f"{unscale} = _from_seq(_torch.exp(-_m)[..., None]{packed})")
+                if previous:
+                    start = (
+                        "_torch.zeros_like(_o[:, :, :1])"
+                        if parallel
+                        else f"_q[:, :, :1] @ _S0_{name}"
+                    )
+                    out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
                 if len(group) == 1:
                     parts = ["_o"]
                 else:
                     parts = [f"_o_{s}" for s in group]
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
                 for r in query.readouts if query is not None else ():
-                    read = Binary(
-                        "." if self.facts.state(r.state).vector else "@", Timed(r.state, 0), r.query
-                    )
+                    read = Binary("." if self.facts.state(r.state).vector else "@", r.read, r.query)
                     part = parts[group.index(r.state)]
                     out(f"_r{r.index} = _from_seq({part}{packed}){_note(read)}")
                 if i == 0 and not parallel:
@@ -524,18 +593,21 @@ class _Module:
         out("", 0)
         out("", 0)
 
-    def emit_output(self, out: Lines) -> str:
-        """The output from its readouts; returns the variable that holds it."""
+    def emit_output(self, out: Lines, scaled: bool = False) -> str:
+        """The output from its readouts (`scaled`: from the chunked form's readouts, scaled
+        where a group carries its write scale in log space); returns the variable that holds
+        it."""
         o = self.facts.outputs[0]
-        if isinstance(o.expr, Name):
-            return o.expr.name
-        out(f"{o.name} = {self.seq_expr()(o.expr)}{_note(self.output.value)}")
+        expr = o.scaled if scaled and o.scaled is not None else o.expr
+        if isinstance(expr, Name):
+            return expr.name
+        out(f"{o.name} = {self.seq_expr()(expr)}{_note(self.output.value)}")
         return o.name
 
     # -- the recurrence ----------------------------------------------------------------------
 
     def emit_recurrence(self, out: Lines) -> None:
-        states = ", ".join(self.states)
+        states = ", ".join(self.carried)
         out(f"def _recurrence({self.args()}, {states}, _sizes, _dtype, _device):", 0)
         out('"""Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""')
         out("_ys = []")
@@ -563,8 +635,9 @@ class _Module:
             out(f"{name}_t = {text}{_note(eq.value)}", 2)
         y = inline(self.mixer, self.output.value)
         out(f"_ys.append({e(y)}){_note(f'{self.output.target}_t = {self.output.value}')}", 2)
-        if self.states:
-            out(f"{states} = {', '.join(f'{s}_t' for s in self.states)}", 2)
+        if self.carried:
+            now = [f"{s}_t" for s in self.states] + [f"{x}_t" for x in self.lagged]
+            out(f"{states} = {', '.join(now)}", 2)
         out(f"return _torch.stack(_ys, 1), {self.state_tuple()}")
         out("", 0)
         out("", 0)
@@ -609,7 +682,7 @@ class _Module:
         out('"""')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
-        states = ", ".join(self.states)
+        states = ", ".join(self.carried)
         out("if cu_seqlens is None:")
         out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
         out("else:")
@@ -622,19 +695,19 @@ class _Module:
             for a in self.inputs + self.required + self.defaulted
         )
         out("if _end == _start:  # an empty sequence keeps its initial state", 3)
-        own = [f"{s}[_n : _n + 1]" for s in self.states]
+        own = [f"{s}[_n : _n + 1]" for s in self.carried]
         kept = f"({own[0]},)" if len(own) == 1 else f"({', '.join(own)})"
-        out(f"_finals.append({kept})", 4)
+        _tuple_line(out, "_finals.append(", kept, ")", 4)
         out("continue", 4)
         out("_piece = _dict(_sizes, T=_end - _start)", 3)
-        own_states = ", ".join(f"{s}[_n : _n + 1]" for s in self.states)
+        own_states = ", ".join(f"{s}[_n : _n + 1]" for s in self.carried)
         out(f"_y, _s = _recurrence({sliced}, {own_states}, _piece, _dtype, _device)", 3)
         out("_outputs.append(_y)", 3)
         out("_finals.append(_s)", 3)
         out(f"{self.output.target} = _torch.cat(_outputs, 1)", 2)
         out(
             f"{states}, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))"
-            if len(self.states) == 1
+            if len(self.carried) == 1
             else f"{states} = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))",
             2,
         )
@@ -649,7 +722,7 @@ class _Module:
         out('"""One token: inputs [B, NH, ..] without T. Returns (output, new state)."""')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, False, "state")
-        states = ", ".join(self.states)
+        states = ", ".join(self.carried)
         out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}")
         self.finish(out, f"{self.output.target}[:, 0]", self.final_states())
 
@@ -673,6 +746,23 @@ def _without_unread(lines: list[str]) -> list[str]:
                 continue
         out.append(line)
     return out
+
+
+def _tuple_line(out: Lines, head: str, items: str, tail: str, indent: int) -> None:
+    """`head + items + tail` for a tuple `items` ("(a, b)"): on one line where it fits, else
+    one item a line."""
+    if len(head + items + tail) + 4 * indent <= 100:
+        out(head + items + tail, indent)
+        return
+    out(head + "(", indent)
+    for item in items[1:-1].split(", "):
+        out(item + ",", indent + 1)
+    out(")" + tail, indent)
+
+
+def _previous(name: str) -> str:
+    """The local that holds input `name` at t-1 (no spec name starts with an underscore)."""
+    return f"_prev_{name}"
 
 
 def _size(symbol: str) -> str:

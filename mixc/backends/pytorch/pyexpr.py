@@ -39,7 +39,7 @@ def _fold(e: Expr) -> float:
     if isinstance(e, Neg):
         return -_fold(e.operand)
     if isinstance(e, Call):
-        return _fold_call(e.func, _fold(e.args[0]))
+        return _fold_call(e.func, *(_fold(a) for a in e.args))
     assert isinstance(e, Binary)
     a, b = _fold(e.left), _fold(e.right)
     ops = {"+": a + b, "-": a - b, "*": a * b, "@": a * b, ".": a * b}
@@ -50,16 +50,16 @@ def _fold(e: Expr) -> float:
     return a**b
 
 
-def _fold_call(func: str, x: float) -> float:
+def _fold_call(func: str, *x: float) -> float:
     """A built-in at a number. Raises KeyError for a let function and ValueError where nothing
     is folded: l2norm and diag (not functions of a number) and results that are not finite
     (exp(1000), log(0)), which are left to the generated code."""
     evaluate = BUILTINS[func].evaluate
     if evaluate is None:
         raise ValueError(f"{func} is not a function of a number")
-    value = evaluate(x)
+    value = evaluate(*x)
     if not math.isfinite(value):
-        raise ValueError(f"{func}({x!r}) = {value} is not folded")
+        raise ValueError(f"{func}{x!r} = {value} is not folded")
     return value
 
 
@@ -121,7 +121,15 @@ class PyExpr:
         return f"({text})" if own < level else text
 
     def _call(self, e: Call) -> str:
+        if len(e.args) == 2:  # max, min: of a constant, a clamp (torch's maximum takes tensors)
+            clamp = {"max": "min", "min": "max"}[e.func]
+            for x, c in (e.args, reversed(e.args)):
+                if constant(c) is not None:
+                    return f"{self._wrap(x, _ATOM)}.clamp({clamp}={self(c)})"
+            return f"{BUILTINS[e.func].torch}({self(e.args[0])}, {self(e.args[1])})"
         (arg,) = e.args
+        if e.func == "sum":
+            return f"{self._wrap(arg, _ATOM)}.sum((-2, -1), keepdim=True)"
         if e.func == "diag":
             inner = ".squeeze(-1)" if self.shape(arg)[1] == "1" else ".squeeze(-2)"
             return f"{BUILTINS['diag'].torch}({self._wrap(arg, _ATOM)}{inner})"

@@ -29,7 +29,8 @@ def kernel_notes(plan: Plan) -> tuple[str, ...]:
         return ("no chunked form: every form is PyTorch (recurrent and step loops)",)
     lines = []
     for group in plan.groups:
-        kernel = f"chunk_{group.kernel}"
+        stable = group.log_scale is not None  # a write scale carried in log space
+        kernel = _torch_emitter._stable_kernel(group) if stable else f"chunk_{group.kernel}"
         what = f"{' and '.join(group.states)} ({group.transition.cls})"
         if kernel in _triton_kernels.KERNELS:
             lines.append(f"{what}: {kernel} runs fused Triton kernels, forward and backward")
@@ -37,7 +38,7 @@ def kernel_notes(plan: Plan) -> tuple[str, ...]:
             have = ", ".join(_triton_kernels.KERNELS)
             lines.append(
                 f"{what}: falls back to the PyTorch kernel {kernel}: the Triton backend has no "
-                f"kernel for this class yet (it has {have})"
+                f"such kernel yet (it has {have})"
             )
     return tuple(lines)
 

@@ -157,6 +157,31 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
+def _shift_tokens(x, first, cu_seqlens=None):
+    """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
+    each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
+    sequence, [N, NH, ...]; None: zeros), so no token reads across a sequence boundary."""
+    if first is None:
+        first = torch.zeros_like(x[:, 0])
+    if cu_seqlens is None:
+        return torch.cat([first[:, None], x[:, :-1]], 1)
+    tokens = torch.arange(x.shape[1], device=x.device, dtype=cu_seqlens.dtype)
+    sequence = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
+    starts = (tokens == cu_seqlens[sequence]).view(1, -1, *[1] * (x.dim() - 2))
+    earlier = torch.cat([x[:, :1], x[:, :-1]], 1)
+    return torch.where(starts, first[sequence][None], earlier)
+
+
+def _last_tokens(x, first, cu_seqlens=None):
+    """The last token of each sequence of x [B, T, NH, ...]: [B, NH, ...] (packed: [N, NH, ...],
+    an empty sequence keeping `first`, its token from before)."""
+    if cu_seqlens is None:
+        return x[:, -1]
+    ends = cu_seqlens[1:]
+    empty = (ends == cu_seqlens[:-1]).view(-1, *[1] * (first.dim() - 1))
+    return torch.where(empty, first, x[0][(ends - 1).clamp(min=0)])
+
+
 def _chain(initial, n_steps, next_state, tracked, reverse=False):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from

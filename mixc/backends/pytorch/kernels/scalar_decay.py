@@ -18,6 +18,7 @@ import torch
 from mixc.backends.pytorch.kernels.common import (
     _bmm,
     _chain,
+    _chunk_size_for,
     _finite_rows,
     _gate_grads,
     _guarded_spans,
@@ -143,3 +144,57 @@ def parallel_scalar_decay(q, k, v, g=None):
     # over the finite values, as in the chunked form
     v_finite, poison = _finite_rows(v)
     return torch.matmul(_poison_rows(scores, poison), v_finite)
+
+
+def chunk_scalar_decay_stable(q, k, v, g, log_scale, initial_state=None, chunk_size=64):
+    """Chunked S_t = exp(g_t) S_{t-1} + exp(s_t) k_t v_t^T, o_t = q_t S_t, for a write scale
+    exp(s_t) (s = log_scale [B, NH, T]) too large for the dtype: xLSTM's max-stabiliser.
+
+    Each output row is computed scaled by exp(-m_t), m_t the largest exponent among the terms it
+    sums (b_t - b_j + s_j over the chunk's tokens j <= t, and b_t + the incoming state's log
+    scale), so every exponential it evaluates is at most 1; the state passes from chunk to
+    chunk as a scaled state and its log scale. Returns (o_t exp(-m_t) [B, NH, T, V], m
+    [B, NH, T], the final state [B, NH, K, V] unscaled, which is inf where the true state lies
+    past the dtype's range). m is a constant shift to autograd: every quantity is exact
+    whatever m is, so it needs no gradient; the kernel runs through autograd, chunk by chunk.
+    """
+    batch, heads, length = q.shape[:3]
+    size = _chunk_size_for(chunk_size, length)
+    state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
+    if initial_state is not None:
+        state = initial_state
+    state_scale = q.new_zeros(batch, heads)  # the state is exp(state_scale) * state
+    causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+    outs, scales = [], []
+    for start in range(0, length, size):
+        q_c, k_c, v_c, s_c = (x[:, :, start : start + size] for x in (q, k, v, log_scale))
+        n = q_c.shape[2]
+        g_c = q_c.new_zeros(batch, heads, n) if g is None else g[:, :, start : start + n]
+        b = g_c.cumsum(-1)
+        mask = causal[:n, :n]
+        # b_t - b_j as the sum of the gates between j and t (never a difference of two long
+        # sums, which would lose the low bits of a strong decay): a running sum down each column
+        later = torch.where(mask, g_c[..., :, None], 0.0).tril(-1)
+        decays = later.cumsum(-2)
+        # m_t, the largest exponent of row t (masked by selection before any exp); any value
+        # near it would do, as it is used as it is: a constant shift
+        found = torch.where(mask, decays + s_c[..., None, :], -torch.inf).amax(-1)
+        m = torch.maximum(found, b + state_scale[..., None]).detach()
+        # each exponent as (scale - m_t) + decay: the difference of two scales near each other is
+        # exact, where (decay + scale) - m_t would lose the scale's low bits (past 2^7: 1e-5)
+        pair = torch.where(mask, (s_c[..., None, :] - m[..., :, None]) + decays, -torch.inf)
+        inter = (state_scale[..., None] - m) + b
+        v_c, poison = _finite_rows(v_c)
+        scores = torch.where(mask, torch.exp(pair) * (q_c @ k_c.mT), 0.0)
+        scores = _poison_rows(scores, poison)
+        outs.append(scores @ v_c + (q_c * torch.exp(inter)[..., None]) @ state)
+        scales.append(m)
+        # the state at the chunk's end, scaled by its own largest exponent
+        to_end = decays[..., -1, :]  # b_C - b_j
+        new_scale = torch.maximum((to_end + s_c).amax(-1), b[..., -1] + state_scale).detach()
+        keys = k_c * torch.exp((s_c - new_scale[..., None]) + to_end)[..., None]
+        carried = torch.exp((state_scale - new_scale) + b[..., -1])
+        state = carried[..., None, None] * state + keys.mT @ v_c
+        state_scale = new_scale
+    final = state * torch.exp(state_scale)[..., None, None]
+    return torch.cat(outs, 2), torch.cat(scales, 2), final
