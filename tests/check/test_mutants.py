@@ -238,6 +238,30 @@ MUTANTS = [
         {"recurrent"},
     ),
     ("deltanet", "initial state transposed", "_S0_H = H.mT", "_S0_H = H", {"chunk"}),
+    # a full elementwise gate: chunk_elementwise (autograd through checkpointed spans)
+    (
+        "mamba1",
+        "gate applied one token late",
+        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))",
+        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))"
+        ".roll(1, 2)",
+        {"chunk"},
+    ),
+    (
+        "mamba1",
+        "initial state dropped",
+        "    state = initial_state\n",
+        "    state = None\n",
+        {"chunk"},
+    ),
+    (
+        "hgrn",
+        "gate applied one token late",
+        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))",
+        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))"
+        ".roll(1, 2)",
+        {"chunk"},
+    ),
 ]
 
 

@@ -228,6 +228,16 @@ def _seq_scalar(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
+def _seq_matrix(x, sizes, cu_seqlens=None):
+    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), a view
+    that keeps every broadcast axis (or, for packed sequences, [N, NH, longest, K, V])."""
+    x = x.expand(sizes["B"], sizes["T"], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
+    if cu_seqlens is None:
+        return x
+    rows, cols = x.shape[-2:]
+    return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
+
+
 def _from_seq(o, cu_seqlens=None):
     """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
     if cu_seqlens is not None:
