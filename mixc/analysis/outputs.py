@@ -5,7 +5,7 @@ from __future__ import annotations
 from mixc.algebra.canon import Canon, signed
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product
 from mixc.analysis.facts import OutputFacts, Readout
-from mixc.errors import NotYetImplemented
+from mixc.errors import NotYetImplemented, SpecShapeError
 from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape
@@ -135,7 +135,10 @@ def _readout_term(t: Term, states: set[str], ex: Expander):
     if vector_state != (state_shape[1] == "1"):
         return None
     query = product(list(rest))
-    if query is None or ex.shape(query)[1] != "1":
+    try:  # a scalar readout times a vector, (s_t . q) x, is the chain s^T q x: not one query
+        if query is None or ex.shape(query)[1] != "1":
+            return None
+    except SpecShapeError:
         return None
     scale = [signed(t.coeff)] if t.coeff != 1 else []
     return node.name, query, product(scale + list(t.scalars)), False

@@ -889,6 +889,16 @@ def test_analysis_order_rejects_a_cycle_the_verifier_did_not_see():
         analyze(broken)
 
 
+def test_a_vector_state_read_both_entrywise_and_by_a_dot_is_refused():
+    spec = load(
+        "mixer both\nin i[V], f[V], o[V]\nstate c[V]\nc_t = sigmoid(f_t) * c_{t-1} + i_t\n"
+        "y_t = c_t / (c_t . o_t)\n"
+    )
+    with pytest.raises(SpecError, match="NYI: the vector state c is read both entry by entry") as info:
+        analyze(spec)
+    assert "^" in str(info.value)
+
+
 # ----------------------------------------------------------------------------- rewrites keep facts
 
 

@@ -594,7 +594,13 @@ def test_decay_constant_in_time(kernel):
 # structure required by the code generator
 # ---------------------------------------------------------------------------
 
-PUBLIC = ["chunk_scalar_decay", "parallel_scalar_decay", "chunk_diagonal", "chunk_delta"]
+PUBLIC = [
+    "chunk_scalar_decay",
+    "parallel_scalar_decay",
+    "chunk_diagonal",
+    "chunk_delta",
+    "chunk_elementwise",
+]
 KERNEL_FILES = ["common", *CLASS_FILES]
 COMMON = "mixc.backends.pytorch.kernels.common"
 

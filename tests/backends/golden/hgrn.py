@@ -227,13 +227,23 @@ def _seq_scalar(x, sizes, cu_seqlens=None):
 
 
 def _seq_matrix(x, sizes, cu_seqlens=None):
-    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), a view
-    that keeps every broadcast axis (or, for packed sequences, [N, NH, longest, K, V])."""
-    x = x.expand(sizes["B"], sizes["T"], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
+    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
+    axes of 1 where x is the same for every batch entry or every token (or, for packed
+    sequences, [N, NH, longest, K, V] with zeros after each sequence's end)."""
+    x = x.reshape((1,) * (5 - x.dim()) + tuple(x.shape))
+    x = x.expand(x.shape[0], x.shape[1], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
     if cu_seqlens is None:
         return x
+    x = x.expand(sizes["B"], sizes["NH"], sizes["T"], *x.shape[-2:])
     rows, cols = x.shape[-2:]
     return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
+
+
+def _seq_factor(x, sizes, cu_seqlens=None):
+    """A second factor of a log-gate, in _seq_matrix's layout: for packed sequences one constant
+    in time stays so (the first factor is 0 after each sequence's end, so is their product)."""
+    y = _seq_matrix(x, sizes)
+    return y if cu_seqlens is None or y.shape[2] == 1 else _seq_matrix(x, sizes, cu_seqlens)
 
 
 def _from_seq(o, cu_seqlens=None):
@@ -324,60 +334,63 @@ def _needs_grad(*tensors):
 
 
 def _scan_chunks(writes, decays):
-    """The scan x_i = a_i ⊙ x_{i-1} + w_i over the tokens (dim 3) of every chunk at once, from
-    x_0 = 0: writes and decays [B, NH, N, C, K, V]. Returns (the states x_i, the decays from
-    each chunk's start exp(b_i) = a_1 ⊙ ... ⊙ a_i), both [B, NH, N, C, K, V].
+    """The scan x_i = a_i ⊙ x_{i-1} + w_i over the token positions i of every chunk at once,
+    from x_0 = 0: writes and decays [C, N, B, NH, K, V] (position-major: the tensors of one
+    position are contiguous). Returns (the states x_i, the decays from each chunk's start
+    exp(b_i) = a_1 ⊙ ... ⊙ a_i), both [C, N, B, NH, K, V].
 
-    One step per token of a chunk, each on that token of every chunk of the span (a running
-    product of factors <= 1, never exp(-b)); without autograd in place (the caller's fresh
-    tensors).
+    One step per position, each on that position of every chunk of the span, without autograd
+    in place (the caller's fresh tensors); exp(b_i) as a cumulative product of factors <= 1
+    (never exp(-b)).
     """
-    size = writes.shape[3]
+    from_start = torch.cumprod(decays, 0)
     if not _needs_grad(writes, decays):
-        for i in range(1, size):
-            writes[:, :, :, i].addcmul_(decays[:, :, :, i], writes[:, :, :, i - 1])
-            decays[:, :, :, i].mul_(decays[:, :, :, i - 1])
-        return writes, decays
-    w, a = writes.unbind(3), decays.unbind(3)
-    states, products = [w[0]], [a[0]]
-    for i in range(1, size):
+        for i in range(1, writes.shape[0]):
+            writes[i].addcmul_(decays[i], writes[i - 1])
+        return writes, from_start
+    w, a = writes.unbind(0), decays.unbind(0)
+    states = [w[0]]
+    for i in range(1, len(w)):
         states.append(torch.addcmul(w[i], a[i], states[-1]))
-        products.append(a[i] * products[-1])
-    return torch.stack(states, 3), torch.stack(products, 3)
+    return torch.stack(states), from_start
 
 
 def _elementwise_span(q, k, v, g, g_scale, state, chunk_size):
     """The recurrence on one span of chunks: q, k [B, NH, L, K], v [B, NH, L, V], the log-gate
-    g (times g_scale, if given) broadcast to [B, NH, L, K, V], from the state [B, NH, K, V]
-    entering it; the last chunk is padded with tokens that leave the state unchanged (no
-    write, a decay of 1). Returns (o [B, NH, L, V], the state after the span)."""
+    g (times g_scale, if given) broadcastable to [B, NH, L, K, V] (a T axis of 1: constant in
+    time), from the state [B, NH, K, V] entering it; the last chunk is padded with tokens that
+    leave the state unchanged (no write, a log-gate of 0). Returns (o [B, NH, L, V], the state
+    after the span)."""
     batch, heads, length = q.shape[:3]
     n_chunks = -(-length // chunk_size)
     n_pad = n_chunks * chunk_size - length
-    gate = g if g_scale is None else g * g_scale
-    decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))
-    writes = k.unsqueeze(-1) * v.unsqueeze(-2)  # k_i v_i^T  [B, NH, L, K, V]
-    if n_pad:
-        q = torch.nn.functional.pad(q, [0, 0, 0, n_pad])
-        writes = torch.nn.functional.pad(writes, [0, 0, 0, 0, 0, n_pad])
-        decays = torch.nn.functional.pad(decays, [0, 0, 0, 0, 0, n_pad], value=1.0)
 
-    def chunks(x):
-        # [B, NH, N * C, ...] -> [B, NH, N, C, ...], a view
-        return x.reshape(batch, heads, n_chunks, chunk_size, *x.shape[3:])
+    def positions(x):
+        # [B, NH, L, ...] -> position-major [C, N, B, NH, ...], zero-padded (a copy of a small
+        # input: the products of these copies come out position-major and contiguous)
+        if x.shape[2] == 1 and length > 1:  # constant in time: broadcast
+            return x.movedim(2, 0).unsqueeze(0)
+        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 3) + [0, n_pad])
+        x = x.reshape(*x.shape[:2], n_chunks, chunk_size, *x.shape[3:])
+        return x.permute(3, 2, 0, 1, *range(4, x.dim())).contiguous()
 
-    local, from_start = _scan_chunks(chunks(writes), chunks(decays))
+    gate = positions(g) if g_scale is None else positions(g) * positions(g_scale)
+    shape = (chunk_size, n_chunks, batch, heads, k.shape[-1], v.shape[-1])
+    decays = torch.exp(gate.expand(shape))
+    writes = positions(k).unsqueeze(-1) * positions(v).unsqueeze(-2)  # k_i v_i^T
+    local, from_start = _scan_chunks(writes, decays)
     entering = []
     for n in range(n_chunks):  # S_C = exp(b_C) ⊙ S_0 + (the chunk's own last state)
         entering.append(state)
-        state = torch.addcmul(local[:, :, n, -1], from_start[:, :, n, -1], state)
-    states_in = torch.stack(entering, 2).unsqueeze(3)  # [B, NH, N, 1, K, V]
+        state = torch.addcmul(local[-1, n], from_start[-1, n], state)
+    states_in = torch.stack(entering)  # [N, B, NH, K, V]
     if _needs_grad(local, from_start, states_in):
         states = torch.addcmul(local, from_start, states_in)  # every token's state
     else:
         states = local.addcmul_(from_start, states_in)
-    o = torch.matmul(chunks(q).unsqueeze(-2), states)  # q_i S_i  [B, NH, N, C, 1, V]
-    return o.reshape(batch, heads, n_chunks * chunk_size, -1)[:, :, :length], state
+    o = torch.matmul(positions(q).unsqueeze(-2), states).squeeze(-2)  # q_i S_i [C, N, B, NH, V]
+    o = o.permute(2, 3, 1, 0, 4).reshape(batch, heads, n_chunks * chunk_size, -1)
+    return o[:, :, :length], state
 
 
 def _span_length(q, v, chunk_size):
@@ -392,8 +405,9 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
     """Chunked S_t = exp(g_t) ⊙ S_{t-1} + k_t v_t^T, o_t = q_t S_t.
 
     q, k: [B, NH, T, K], v: [B, NH, T, V]; g: log-gates (<= 0) broadcastable to
-    [B, NH, T, K, V], times g_scale (broadcastable alike) when given: a per-token vector times
-    a per-head matrix stays two small tensors, multiplied a span at a time. initial_state
+    [B, NH, T, K, V] (a T axis of 1: constant in time), times g_scale (broadcastable alike) when
+    given: a per-token vector times a per-head matrix stays two small tensors, multiplied a span
+    at a time. initial_state
     [B, NH, K, V] or None (zeros). Returns (o [B, NH, T, V], final state).
     """
     batch, heads, length = q.shape[:3]
@@ -405,10 +419,18 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
         return q.new_zeros(batch, heads, 0, v.shape[-1]), state
     span = _span_length(q, v, chunk_size)
     tracked = _needs_grad(q, k, v, g, g_scale, state)
+    n_spans = -(-length // span)
+
+    def spans(x):
+        # split, not indexed: under autograd the backward of a split is one concatenation, of
+        # an index a zero-filled gradient of the whole tensor per span; a gate constant in time
+        # (T axis of size 1) is the same for every span
+        if x is None or (x.shape[2] == 1 and length > 1):
+            return [x] * n_spans
+        return x.split(span, dim=2)
+
     outs = []
-    for start in range(0, length, span):
-        tokens = slice(start, start + span)
-        pieces = [None if x is None else x[:, :, tokens] for x in (q, k, v, g, g_scale)]
+    for pieces in zip(*(spans(x) for x in (q, k, v, g, g_scale))):
         if tracked:
             # the span's states are made again in the backward, one span at a time
             o, state = torch.utils.checkpoint.checkpoint(

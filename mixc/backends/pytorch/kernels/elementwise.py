@@ -27,21 +27,20 @@ def _scan_chunks(writes, decays):
     position are contiguous). Returns (the states x_i, the decays from each chunk's start
     exp(b_i) = a_1 ⊙ ... ⊙ a_i), both [C, N, B, NH, K, V].
 
-    One step per position, each on that position of every chunk of the span (a running product
-    of factors <= 1, never exp(-b)); without autograd in place (the caller's fresh tensors).
+    One step per position, each on that position of every chunk of the span, without autograd
+    in place (the caller's fresh tensors); exp(b_i) as a cumulative product of factors <= 1
+    (never exp(-b)).
     """
-    size = writes.shape[0]
+    from_start = torch.cumprod(decays, 0)
     if not _needs_grad(writes, decays):
-        for i in range(1, size):
+        for i in range(1, writes.shape[0]):
             writes[i].addcmul_(decays[i], writes[i - 1])
-            decays[i].mul_(decays[i - 1])
-        return writes, decays
+        return writes, from_start
     w, a = writes.unbind(0), decays.unbind(0)
-    states, products = [w[0]], [a[0]]
-    for i in range(1, size):
+    states = [w[0]]
+    for i in range(1, len(w)):
         states.append(torch.addcmul(w[i], a[i], states[-1]))
-        products.append(a[i] * products[-1])
-    return torch.stack(states), torch.stack(products)
+    return torch.stack(states), from_start
 
 
 def _elementwise_span(q, k, v, g, g_scale, state, chunk_size):
