@@ -33,12 +33,13 @@ def _full_gate(w, c: Core, forms: tuple[str, ...]) -> Update:
 
 
 def _gated_full(w, c: Core, forms: tuple[str, ...]) -> Update:
-    """A full gate input G[V, K] in [0, 1], maybe beside a vector gate on one side."""
+    """A full gate input G[V, K] in [0, 1], on either side of the product, maybe times a vector
+    gate on the value side."""
     G = w.fresh(("G", "F", "Gt"), upper=True)
     w.inputs.append(f"{G}[{c.V}, {c.K}]")
-    decayed = f"{G}_t {w.had} {c.prev}"
+    decayed = w.pick(f"{G}_t {w.had} {c.prev}", f"{c.prev} {w.had} {G}_t")
     if w.coin():
-        decayed = f"diag({_vector_gate(w, c.V)}) ({decayed})"
+        decayed = f"{_vector_gate(w, c.V)} {w.had} {decayed}"
     return decayed_update(w, c, decayed)
 
 
