@@ -32,6 +32,16 @@ B, NH, P, N = 1, 4, 64, 16
 T_SPEED = 4096
 T_MEMORY = (2048, 4096, 8192)
 CHUNKS = (16, 32, 64)
+NOTE = (
+    "Why the forward is far from the recurrence's cost per operation: with a gate per entry "
+    "nothing reduces to a matrix product, so the chunked form makes every token's state (P x N "
+    "per head) and streams it through memory about seven times (write, gate product, exp, the "
+    "scan, exp(b), the incoming state's term, the readout), the same elementwise work the "
+    "recurrence does in one fused step per token. What it saves is Python steps (T / C chunk "
+    "steps and C position steps per span instead of T), which is most of the recurrence's "
+    "time in the backward (autograd through T steps), less of it in the forward; on a loaded "
+    "machine the memory passes slow down the most."
+)
 
 
 def inputs(T: int, grad: bool) -> list[torch.Tensor]:
@@ -158,6 +168,8 @@ def main() -> None:
         "",
         f"Every token's state at T={T_MEMORY[-1]} would be {state_mib:.0f} MiB; the backward "
         "keeps one state per span and makes a span's states again when it reaches it.",
+        "",
+        NOTE,
         END,
     ]
     text = "\n".join(lines)
