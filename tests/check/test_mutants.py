@@ -242,9 +242,8 @@ MUTANTS = [
     (
         "mamba1",
         "gate applied one token late",
-        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))",
-        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))"
-        ".roll(1, 2)",
+        "    gate = positions(g) if g_scale",
+        "    g = g.roll(1, 2)\n    gate = positions(g) if g_scale",
         {"chunk"},
     ),
     (
@@ -257,9 +256,8 @@ MUTANTS = [
     (
         "hgrn",
         "gate applied one token late",
-        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))",
-        "decays = torch.exp(gate.expand(batch, heads, length, k.shape[-1], v.shape[-1]))"
-        ".roll(1, 2)",
+        "    gate = positions(g) if g_scale",
+        "    g = g.roll(1, 2)\n    gate = positions(g) if g_scale",
         {"chunk"},
     ),
 ]
