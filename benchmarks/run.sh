@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Regenerate benchmarks/RESULTS.md, benchmarks/results.json and benchmarks/bench.png:
-# mixc against flash-linear-attention's pure-PyTorch references, and mixc's own targets.
+# mixc against flash-linear-attention's pure-PyTorch references, and mixc's own targets;
+# then benchmarks/elementwise.py (Mamba-1's elementwise gate).
 # Needs, in this environment only: pip install --no-deps fla-core einops (see README.md here).
 # Extra arguments go to benchmarks/peers.py (e.g. --max-busy 0.1 on a shared machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python benchmarks/peers.py --threads 2 "$@"
+python benchmarks/peers.py --threads 2 "$@"
+# Mamba-1's elementwise gate, chunk against recurrent (its own section of RESULTS.md)
+python benchmarks/elementwise.py

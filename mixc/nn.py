@@ -54,7 +54,8 @@ def default_transforms(spec) -> dict[str, list[str]]:
     """Sensible transforms per input, from the analysis of the spec:
     - keys and queries of a delta rule: silu then l2norm (the recurrence needs |k| <= 1);
     - beta of a delta rule: sigmoid (in (0, 1));
-    - an input used as a log-decay (`exp(g_t)` as a decay): logsigmoid (so g <= 0);
+    - an input used as a log-decay (`exp(g_t)` as a decay): logsigmoid (so g <= 0); one used
+      as the decay itself (`G_t ⊙ H_{t-1}`): sigmoid (in (0, 1));
     - dt (Mamba-2's step): softplus, after a learnable per-head bias;
     - other vectors: silu on q and k; v and the rest unchanged.
     """
@@ -66,6 +67,8 @@ def default_transforms(spec) -> dict[str, list[str]]:
         for g in tr.gates:
             if _is_plain_input(g.log, names):
                 out[str(g.log).removesuffix("_t")] = ["logsigmoid"]
+            elif _is_plain_input(g.decay, names):
+                out[str(g.decay).removesuffix("_t")] = ["sigmoid"]
         if tr.key is not None and _is_plain_input(tr.key, names):
             key = str(tr.key).removesuffix("_t")
             out[key] = ["silu", "l2norm"]
@@ -94,6 +97,11 @@ def _is_plain_input(expr, names) -> bool:
 
 
 def _a_log_init(*shape: int) -> torch.Tensor:
+    """A_log for A = -exp(A_log): per head, uniform in log(1..16) (Mamba-2's scalar A); for a
+    matrix A[P, N], log(1), ..., log(N) along every row (Mamba-1's S4D-real initialisation)."""
+    if len(shape) == 3:
+        rows = torch.log(torch.arange(1, shape[-1] + 1, dtype=torch.get_default_dtype()))
+        return rows.expand(*shape).clone()
     return torch.log(torch.empty(*shape).uniform_(1, 16))
 
 

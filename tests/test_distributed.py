@@ -133,9 +133,12 @@ def test_context_parallel_matches_one_process(world):
             assert rel(g, want) <= 1e-10, (name, "initial state")
 
 
+SQUASH = "mixer squash\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = tanh(H_{t-1}) + v_t k_t^T\ny_t = H_t q_t\n"
+
+
 def test_sequential_only_spec_is_refused():
     import mixc
     from mixc.distributed import context_parallel
 
     with pytest.raises(mixc.MixcError, match="context parallelism needs a chunked form"):
-        context_parallel(mixc.load(ROOT / "specs/gated_general.mix"))
+        context_parallel(mixc.load(text=SQUASH))

@@ -174,6 +174,14 @@ def test_parameters_that_divide_start_at_one():
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
+def test_a_matrix_starts_as_mamba1_does():
+    """A[P, N] is stored as A_log with A = -exp(A_log): log(1), ..., log(N) along every row."""
+    layer = MixerLayer(ROOT / "specs/mamba1.mix", 32, 2, sizes={"N": 4})
+    rows = torch.log(torch.arange(1.0, 5.0))
+    assert layer.A_log.shape == (2, 16, 4)
+    assert torch.equal(layer.A_log, rows.expand(2, 16, 4))
+
+
 def test_layer_compiles_as_one_graph():
     torch.manual_seed(0)
     layer = MixerLayer(ROOT / "specs/gated_deltanet.mix", 32, 2, chunk_size=8)

@@ -22,7 +22,8 @@ class SpecWarning(SpecError):  # noqa: N818 - a warning, not an error
 
 @dataclass(frozen=True)
 class WriteTerm:
-    """`scale value key^T`: a rank-1 write. `value` is None for a vector state (a column of 1)."""
+    """`scale value key^T`: a rank-1 write. `value` is None for a vector state in the row layout
+    (a column of 1); a column's key is the number 1."""
 
     value: Expr | None
     key: Expr
@@ -43,10 +44,14 @@ class StateFacts:
     span: Span | None = None
     stability: str | None = None  # delta rule: whether |k| = 1 and beta in [0, 2] are proven
     terms: tuple[Term, ...] | None = None  # the update expanded (as written, not canonical)
+    #: A vector state read entry by entry (`y_t = o_t * c_t`), laid out as a column: one key
+    #: channel of 1, its entries as value channels, as a matrix [V, 1] is.
+    column: bool = False
 
     @property
     def vector(self) -> bool:
-        return self.shape[1] == "1"
+        """A vector state in the row layout: its entries as key channels, one value channel."""
+        return self.shape[1] == "1" and not self.column
 
     @property
     def rank(self) -> int:
@@ -66,13 +71,15 @@ class StateFacts:
 @dataclass(frozen=True)
 class Readout:
     """`state_t query` (`offset` 0) or `state_{t-1} query` (-1: the state before the token's
-    update, as RWKV-6 reads it), times an optional scalar scale: a linear read of one state."""
+    update, as RWKV-6 reads it), times an optional scalar scale: a linear read of one state.
+    Entrywise: the vector state itself (`c_t`, its query the 1 of its column)."""
 
     index: int
     state: str
     query: Expr
     scale: Expr | None
     offset: int = 0
+    entrywise: bool = False
 
     @property
     def read(self) -> Expr:

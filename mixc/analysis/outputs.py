@@ -5,8 +5,8 @@ from __future__ import annotations
 from mixc.algebra.canon import Canon, signed
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product
 from mixc.analysis.facts import OutputFacts, Readout
-from mixc.errors import NotYetImplemented
-from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Timed, Transpose, walk
+from mixc.errors import NotYetImplemented, SpecShapeError
+from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape
 
@@ -49,14 +49,15 @@ def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) 
             reads = []
             for t in terms:
                 if _touches(t, ex):
-                    state, offset, query, scale = _readout_term(t, states, ex)
-                    reads.append((_intern(readouts, state, offset, canon(query)), scale, t))
+                    state, offset, query, scale, entrywise = _readout_term(t, states, ex)
+                    name = _intern(readouts, state, offset, canon(query), entrywise)
+                    reads.append((name, scale, t))
             for r, _, t in sorted(reads, key=lambda x: x[0].name):
-                pieces.append(
-                    r
-                    if not (t.coeff != 1 or t.scalars)
-                    else Binary("*", canon.terms([Term(coeff=t.coeff, scalars=t.scalars)]), r)
-                )
+                factors = [canon.terms([Term(coeff=t.coeff, scalars=t.scalars)])]
+                if not (t.coeff != 1 or t.scalars):
+                    factors = []
+                factors += [canon(g) for g in t.gates]  # an entrywise read's vector factors
+                pieces.append(r if not factors else Binary("*", product_of(factors), r))
             out = pieces[0]
             for p in pieces[1:]:
                 out = Binary("+", out, p)
@@ -72,7 +73,8 @@ def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) 
         raise NotYetImplemented(
             f"cannot read the state in {e} linearly",
             e.span,
-            hint="outputs read states as S_t x (a matrix state times a vector) or s_t . x",
+            hint="outputs read states as S_t x (a matrix state times a vector), s_t . x, or a "
+            "vector state s_t itself (a_t * s_t)",
         )
 
     body = inline(mixer, eq.value)
@@ -106,9 +108,25 @@ def _touches(t: Term, ex: Expander) -> bool:
 
 
 def _readout_term(t: Term, states: set[str], ex: Expander):
-    if t.gates or not t.chain:
+    """(state, offset, query, scale, entrywise) of a term that reads one state linearly (at t or
+    t-1), else None: a
+    matrix state times a vector, a vector state's dot product, or a vector state itself, maybe
+    times vectors entry by entry (entrywise)."""
+    if not t.chain:
         return None
     first, rest = t.chain[0], t.chain[1:]
+    if (
+        not rest
+        and isinstance(first, Timed)
+        and first.name in states
+        and first.offset == 0
+        and ex.shape(first)[1] == "1"
+        and not any(ex.has_state(a) for a in t.scalars + t.gates)
+    ):
+        scale = [signed(t.coeff)] if t.coeff != 1 else []
+        return first.name, 0, Number("1"), product(scale + list(t.scalars)), True
+    if t.gates:
+        return None
     vector_state = isinstance(first, Transpose) and isinstance(first.operand, Timed)
     node = first.operand if vector_state else first
     if not (isinstance(node, Timed) and node.name in states):
@@ -119,17 +137,34 @@ def _readout_term(t: Term, states: set[str], ex: Expander):
     if vector_state != (state_shape[1] == "1"):
         return None
     query = product(list(rest))
-    if query is None or ex.shape(query)[1] != "1":
+    try:  # a scalar readout times a vector, (s_t . q) x, is the chain s^T q x: not one query
+        if query is None or ex.shape(query)[1] != "1":
+            return None
+    except SpecShapeError:
         return None
     scale = [signed(t.coeff)] if t.coeff != 1 else []
-    return node.name, node.offset, query, product(scale + list(t.scalars))
+    return node.name, node.offset, query, product(scale + list(t.scalars)), False
 
 
-def _intern(readouts: list[Readout], state: str, offset: int, query: Expr) -> Name:
+def product_of(factors: list[Expr]) -> Expr:
+    """The elementwise product of the factors, left to right."""
+    out = factors[0]
+    for f in factors[1:]:
+        out = Binary("*", out, f)
+    return out
+
+
+def _intern(readouts: list[Readout], state: str, offset: int, query: Expr, entrywise: bool) -> Name:
     for r in readouts:
-        if r.state == state and r.offset == offset and str(r.query) == str(query):
+        same = (r.state, r.offset, str(r.query), r.entrywise) == (
+            state,
+            offset,
+            str(query),
+            entrywise,
+        )
+        if same:
             return Name(readout_name(r.index))
-    readouts.append(Readout(len(readouts), state, query, None, offset))
+    readouts.append(Readout(len(readouts), state, query, None, offset, entrywise))
     return Name(readout_name(len(readouts) - 1))
 
 

@@ -21,7 +21,7 @@ from mixc.analysis.graph import dependency_graph
 from mixc.analysis.outputs import analyze_output, readout_name
 from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
-from mixc.errors import SpecError
+from mixc.errors import NotYetImplemented, SpecError
 from mixc.frontend.ir import Expr, Mixer, Name
 from mixc.frontend.shapes import SCALAR, Symbol, Typer, typer_for
 from mixc.frontend.spec import Spec
@@ -151,11 +151,19 @@ def _analyze(spec: Spec) -> Plan:
     outputs = tuple(
         analyze_output(mixer, eq, ex, spec.shapes[eq.target], canon) for eq in mixer.outputs
     )
+    columns = _columns(mixer, outputs)
+    if columns:
+        states = tuple(
+            analyze_state(mixer, s.name, ex, params, canon, column=True)
+            if s.name in columns
+            else s
+            for s in states
+        )
     for o in outputs:
         for r in o.readouts:
             shape = typer.symbols[r.state].shape
             typer.symbols[readout_name(r.index)] = Symbol(
-                "readout", SCALAR if shape[1] == "1" else (shape[0], "1")
+                "readout", SCALAR if shape[1] == "1" and not r.entrywise else (shape[0], "1")
             )
     groups, outputs = _stabilised(_groups(states, outputs), outputs, states)
     for g in groups:
@@ -189,6 +197,21 @@ def _chunk_size(groups: tuple[GroupPlan, ...]) -> ChunkSize:
     return best
 
 
+def _columns(mixer: Mixer, outputs) -> set[str]:
+    """The vector states that outputs read entry by entry, which therefore run as columns (one
+    key channel, their entries as values). Raises NYI for one also read by a dot product."""
+    readouts = [r for o in outputs for r in o.readouts]
+    columns = {r.state for r in readouts if r.entrywise}
+    both = sorted(columns & {r.state for r in readouts if not r.entrywise})
+    if both:
+        raise NotYetImplemented(
+            f"the vector state {both[0]} is read both entry by entry and by a dot product",
+            mixer.state(both[0]).span,
+            hint=f"read {both[0]} one way, or give each read its own state",
+        )
+    return columns
+
+
 def _group_key(s: StateFacts) -> tuple:
     tr = s.transition
     if not tr.chunkable or len(s.writes) != 1:
@@ -216,6 +239,8 @@ def _groups(states, outputs) -> tuple[GroupPlan, ...]:
         tr = group[0].transition
         chunked = tr.chunkable and tr.kind.kernel is not None
         summary = tr.kind.summary_reason(tr) if chunked else None
+        if chunked and summary is None and group[0].column:
+            summary = "is read entry by entry (a column); the summary covers states as rows"
         out.append(
             GroupPlan(
                 names,

@@ -9,7 +9,7 @@ from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, tran
 from mixc.algebra.intervals import constant
 from mixc.analysis.facts import StateFacts, WriteTerm
 from mixc.errors import Span
-from mixc.frontend.ir import Binary, Expr, Mixer, Timed, Transpose, walk
+from mixc.frontend.ir import Binary, Expr, Mixer, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape, show
 from mixc.transitions import DENSE, NOT_AFFINE, classify
@@ -42,17 +42,23 @@ def _at(span: Span | None) -> str:
     return f" at line {span.line}, column {span.column}" if span else ""
 
 
-def analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) -> StateFacts:
+def analyze_state(
+    mixer: Mixer, name: str, ex: Expander, params, canon: Canon, column: bool = False
+) -> StateFacts:
     """The facts of one state: its class (by the registry's rules), its writes, and its update
-    expanded into terms (kept for the recurrent form). An expression the analysis builds that
-    grows too large is reported at the update."""
+    expanded into terms (kept for the recurrent form). A vector state is analysed as a row (its
+    entries as key channels), or, when `column` (an output reads it entry by entry), as a
+    column (its entries as value channels, one key channel of 1). An expression the analysis
+    builds that grows too large is reported at the update."""
     try:
-        return _analyze_state(mixer, name, ex, params, canon)
+        return _analyze_state(mixer, name, ex, params, canon, column)
     except SpecSizeError as exc:
         raise exc.at(mixer.update(name).value.span) from None
 
 
-def _analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) -> StateFacts:
+def _analyze_state(
+    mixer: Mixer, name: str, ex: Expander, params, canon: Canon, column: bool
+) -> StateFacts:
     decl = mixer.state(name)
     eq = mixer.update(name)
     shape = ex.typer.symbols[name].shape
@@ -64,7 +70,7 @@ def _analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) 
             name, shape, False, NOT_AFFINE.transition(why, exc.node.span), (), "unknown", decl.span
         )
     terms = canon.factor(canon.combine(list(expanded)))
-    if shape[1] == "1":
+    if shape[1] == "1" and not column:
         terms = [_row_form(t, ex) for t in terms]
     reads, writes = _split_terms(terms, name)
     if any(len(where) > 1 for _, where in reads):
@@ -80,9 +86,9 @@ def _analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) 
     else:
         ctx = RuleContext(name, shape, ex, params, eq.span, canon)
         transition = _canonical(classify([(t, w[0]) for t, w in reads], ctx), eq, canon)
-    write_terms, form = _writes(writes, shape, ex, canon)
+    write_terms, form = _writes(writes, shape, ex, canon, column)
     state = StateFacts(
-        name, shape, True, transition, write_terms, form, decl.span, terms=expanded
+        name, shape, True, transition, write_terms, form, decl.span, terms=expanded, column=column
     )
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
@@ -164,17 +170,22 @@ def _canonical_gate(g: LogGate, canon: Canon) -> LogGate:
 
 
 def _writes(
-    terms: list[Term], shape: Shape, ex: Expander, canon: Canon
+    terms: list[Term], shape: Shape, ex: Expander, canon: Canon, column: bool
 ) -> tuple[tuple[WriteTerm, ...], str]:
     out = []
     for t in terms:
-        if t.gates:
-            return (), "an elementwise product"
         scale = (
             canon.terms([Term(coeff=t.coeff, scalars=t.scalars)])
             if (t.coeff != 1 or t.scalars)
             else None
         )
+        if column and len(t.chain) == 1:
+            # a column's write is a value (vectors multiplied entry by entry), its key the 1
+            value = canon.terms([Term(chain=t.chain, gates=t.gates)])
+            out.append(WriteTerm(value, Number("1"), scale))
+            continue
+        if t.gates:
+            return (), "an elementwise product"
         if len(t.chain) == 1 and shape[1] == "1":
             out.append(WriteTerm(None, canon.column(t.chain[0]), scale))
         elif (

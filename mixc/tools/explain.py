@@ -135,7 +135,7 @@ def _state_info(s: StateFacts, facts: Plan) -> StateInfo:
     rule, _, what = tr.rule.partition(":")
     return StateInfo(
         name=s.name,
-        shape=[d for d in s.shape if not (s.vector and d == "1")],
+        shape=[d for d in s.shape if not (s.shape[1] == "1" and d == "1")],
         update=str(eq),
         affine=s.affine,
         transition_class=tr.cls,
@@ -360,7 +360,8 @@ def _rows_legend(facts: Plan, plan: GroupPlan) -> list[str]:
         sw = s.writes[0]
         v = "1" if sw.value is None else str(sw.value)
         if sw.scale is not None and tr.beta is None:
-            v = f"{sw.scale} {v}" if v != "1" else str(sw.scale)
+            scale = f"({sw.scale})" if " " in str(sw.scale) else str(sw.scale)
+            v = f"{scale} {v}" if v != "1" else str(sw.scale)
         values.append(v)
     value = values[0] if len(values) == 1 else "[" + ", ".join(values) + "]"
     legend = [

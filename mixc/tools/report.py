@@ -83,9 +83,9 @@ class ValueInfo(_Model):
 
 
 class GateInfo(_Model):
-    side: Literal["scalar", "key", "value"] = Field(
-        description="What the decay scales: the whole state, its key (column) side or its value "
-        "(row) side."
+    side: Literal["scalar", "key", "value", "full"] = Field(
+        description="What the decay scales: the whole state, its key (column) side, its value "
+        "(row) side, or each entry on its own (a full elementwise gate)."
     )
     decay: str = Field(description="The decay as written in the spec.")
     log: str = Field(

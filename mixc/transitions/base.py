@@ -100,7 +100,8 @@ class RuleContext:
 @dataclass(frozen=True)
 class KernelArg:
     """One per-token argument of a chunked kernel beyond q, k and v, as a spec expression
-    (None: the kernel's default, e.g. no gate). `layout` is "vector" or "scalar"."""
+    (None: the kernel's default, e.g. no gate). `layout` is "vector", "scalar", "matrix" (one
+    value per entry of the state) or "factor" (a matrix multiplying another argument)."""
 
     name: str
     expr: Expr | None

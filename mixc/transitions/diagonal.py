@@ -123,9 +123,7 @@ class Diagonal(TransitionClass):
             return Transition("diagonal key-side", "diagonal_key: S_{t-1} diag(a_t)", gates)
         if sides == {"value"}:
             if ctx.shape[1] == "1":
-                return Transition(
-                    "diagonal key-side", "diagonal_key: diag(a_t) s_{t-1} (a vector state)", gates
-                )
+                return None  # a vector state read entry by entry (a column): the elementwise class
             return Transition("diagonal value-side", "diagonal_value: diag(a_t) S_{t-1}", gates)
         return Transition("elementwise gate", "outer_product_gate: (a_t b_t^T) ⊙ S_{t-1}", gates)
 

@@ -1,39 +1,141 @@
 """Full elementwise gates: `G_t(S) = G_t ⊙ S` with G_t a full matrix per token (Mamba-1's
-selective scan). Recognised, run by the recurrent form and step; no chunked form yet (the decay
-between two tokens would be a tensor of the state's shape per pair)."""
+selective scan, `exp(dt_t * A)` with A [P, N]), and the gate of a vector state read entry by
+entry (HGRN's `sigmoid(f_t) * c_{t-1}`, the state laid out as a column: one key channel).
+
+Chunked form: the kernel `elementwise`, a scan inside every chunk (all chunks of a span at
+once) from the running products of the per-token decays, the state passed from chunk to chunk;
+no quadratic form (the decay between two tokens is a matrix per pair).
+"""
 
 from __future__ import annotations
 
-from mixc.frontend.shapes import show
-from mixc.transitions.base import Condition, Transition, TransitionClass
-from mixc.transitions.diagonal import gates_of
+from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
+from mixc.frontend.ir import Binary, Expr, Timed, Transpose, walk
+from mixc.transitions.base import (
+    Condition,
+    KernelArg,
+    Maths,
+    Transition,
+    TransitionClass,
+    sum_of,
+)
+from mixc.transitions.diagonal import _vector_gate, gates_of
+from mixc.transitions.writing import Core, RandomForm, Update, decayed_update
+
+
+def _full_gate(w, c: Core, forms: tuple[str, ...]) -> Update:
+    """A full gate per token: exp(dt_t * A) with dt[V] > 0 and a per-head A[V, K] < 0."""
+    dt = w.fresh(("dt", "delta", "s"))
+    A = w.fresh(("A", "Aneg"))
+    w.inputs.append(f"{dt}[{c.V}]")
+    w.params.append(f"{A}[{c.V}, {c.K}]")
+    return decayed_update(w, c, f"exp({dt}_t * {A}) {w.had} {c.prev}")
+
+
+def _gated_full(w, c: Core, forms: tuple[str, ...]) -> Update:
+    """A full gate input G[V, K] in [0, 1], on either side of the product, maybe times a vector
+    gate on the value side."""
+    G = w.fresh(("G", "F", "Gt"), upper=True)
+    w.inputs.append(f"{G}[{c.V}, {c.K}]")
+    decayed = w.pick(f"{G}_t {w.had} {c.prev}", f"{c.prev} {w.had} {G}_t")
+    if w.coin():
+        decayed = f"{_vector_gate(w, c.V)} {w.had} {decayed}"
+    return decayed_update(w, c, decayed)
+
+
+def _per_token(e: Expr) -> bool:
+    return any(isinstance(n, Timed) for n in walk(e))
 
 
 class Elementwise(TransitionClass):
     name = "elementwise"
     variants = ("elementwise gate",)
-    rules = ("full_elementwise_gate",)
-    algorithm = "recurrent only (a full elementwise gate has no chunked form yet)"
+    rules = ("full_elementwise_gate", "column_gate")
+    kernel = "elementwise"
+    algorithm = "chunked elementwise scan (running products of the decays inside each chunk)"
 
     def match(self, terms, ctx):
         found = gates_of(terms, ctx)
-        if found is None or found[1] is None:
+        if found is None:
             return None
         gates, full = found
-        return Transition(
-            "elementwise gate",
-            "full_elementwise_gate: G_t ⊙ S_{t-1}, G_t a full matrix",
-            tuple(gates),
-            gate=full,
-            reason=f"NYI: the full elementwise gate {full} has no chunked form (the decay between "
-            f"two tokens would be a {show(ctx.shape)} tensor per pair); write it as an outer "
-            "product a_t b_t^T, or as diag(...) on one side, to get one",
+        if full is not None:
+            return Transition(
+                "elementwise gate",
+                "full_elementwise_gate: G_t ⊙ S_{t-1}, G_t a full matrix",
+                (*gates, ctx.gate(full, "full")),
+                gate=full,
+            )
+        # a vector state read entry by entry is a column (one key channel): its gate is on the
+        # value side, one decay per entry
+        if ctx.shape[1] == "1" and {g.side for g in gates} - {"scalar"} == {"value"}:
+            return Transition(
+                "elementwise gate",
+                "column_gate: a_t ⊙ s_{t-1}, a vector state read entry by entry",
+                tuple(gates),
+            )
+        return None
+
+    def log_gate(self, tr: Transition) -> Expr:
+        """The log-gate of every entry [V, K]: the full gate's, the value side's (columns), the
+        key side's (rows) and the scalar decay's, summed (broadcast)."""
+        key = tr.log("key")
+        return sum_of(
+            sum_of(sum_of(tr.log("full"), tr.log("value")), key and Transpose(key)),
+            tr.log("scalar"),
         )
 
+    def kernel_args(self, tr):
+        """The log-gate, split into two factors when it is a product (dt_t * A): the kernel
+        multiplies them a span at a time, so a per-token vector times a per-head matrix is
+        never a [T, V, K] tensor."""
+        log = self.log_gate(tr)
+        if isinstance(log, Binary) and log.op == "*":
+            # the factor that reads per-token inputs first: on padding it is 0, so the product
+            per_token, other = log.left, log.right
+            if _per_token(other) and not _per_token(per_token):
+                per_token, other = other, per_token
+            return (KernelArg("g", per_token, "matrix"), KernelArg("g_scale", other, "factor"))
+        return (KernelArg("g", log, "matrix"), KernelArg("g_scale", None, "factor"))
+
     def decay_conditions(self, state, tr):
-        """The scalar and vector decays as log-gates <= 0, the full gate G_t in [0, 1]."""
+        """The log-gates <= 0, and a full gate G_t in [0, 1]."""
+        conditions = super().decay_conditions(state, tr)
+        if tr.gate is None:
+            return conditions
         why = f"elementwise gate {tr.gate} of {state} in [0, 1]"
-        return [*super().decay_conditions(state, tr), Condition(tr.gate, 0.0, 1.0, why)]
+        return [*conditions, Condition(tr.gate, 0.0, 1.0, why)]
+
+    def summary_reason(self, tr):
+        return (
+            "has an elementwise gate: a sequence acts on its state as G ⊙ S_0 + F, which the "
+            "summary's S_0 P + F does not express"
+        )
+
+    def maths(self, tr: Transition) -> Maths:
+        return Maths(
+            (f"g = {self.log_gate(tr)} (a log-gate per entry of the state)",),
+            (
+                "S_i = exp(b_i) ⊙ S_0 + Σ_{j<=i} exp(b_i - b_j) ⊙ k_j v_j^T,  y_i = q_i S_i,  "
+                "b = cumsum(g) per entry",
+                "inside a chunk S_i = exp(g_i) ⊙ S_{i-1} + k_i v_i^T for every chunk at once, "
+                "exp(b_i) as running products of the decays (never exp(-b))",
+                "S_C = exp(b_C) ⊙ S_0 + (the chunk's own last state)",
+            ),
+        )
+
+    def random_forms(self) -> dict[str, RandomForm]:
+        return {"full gate": _full_gate, "gated full": _gated_full}
+
+    def cost(self, tr: Transition, d: GroupDims) -> ClassCost:
+        # per token and entry: the write, the decay's exp, a step of the scan and of the running
+        # product, the incoming state's term; then the readouts
+        chunked = FormCost(5 * d.kv + 2 * d.nq * d.kv, 4 * ACC_BYTES * d.kv)
+        note = (
+            "elementwise gate: every token's state is made (a span of chunks at a time), so the "
+            "chunked form does the recurrence's work in fewer, larger steps"
+        )
+        return ClassCost(chunked, None, note)
 
 
 ELEMENTWISE = Elementwise()

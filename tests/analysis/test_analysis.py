@@ -66,6 +66,7 @@ def text(
 SCALAR_DECAY = "chunked scalar decay"
 DIAGONAL = "chunked diagonal gate"
 DELTA = "chunked delta rule"
+ELEMENTWISE = "chunked elementwise scan"
 SEQUENTIAL = "recurrent only"
 
 #: (1 - sigmoid(a_t)) times the delta rule's transition, however the product is written out.
@@ -104,11 +105,50 @@ ROWS: dict[str, Row] = {
     ),
     "gated_general": Row(
         "gated_general.mix",
-        {"H": S("elementwise gate", "full_elementwise_gate", "v_t k_t^T")},
+        {
+            "H": S(
+                "elementwise gate",
+                "full_elementwise_gate",
+                "v_t k_t^T",
+                ("full: G_t -> log(G_t) unproven",),
+            )
+        },
         "linear: _r0",
-        SEQUENTIAL,
-        chunkable=False,
-        reason="full elementwise gate G_t",
+        ELEMENTWISE,
+        warnings=("cannot prove the decay G_t of H",),
+    ),
+    "mamba1": Row(
+        "mamba1.mix",
+        {
+            "H": S(
+                "elementwise gate",
+                "full_elementwise_gate",
+                "dt_t * x_t B_t^T",
+                ("full: exp(dt_t * A) -> dt_t * A unproven",),
+            )
+        },
+        "linear + skip: _r0 + x_t * D",
+        ELEMENTWISE,
+        warnings=("cannot prove the decay exp(dt_t * A) of H",),
+    ),
+    "hgrn": Row(
+        "hgrn.mix",
+        {
+            "c": S(
+                "elementwise gate",
+                "column_gate",
+                "(1 - sigmoid(f_t)) * i_t 1^T",
+                ("value: sigmoid(f_t) -> logsigmoid(f_t) proven",),
+            )
+        },
+        "linear: o_t * _r0",
+        ELEMENTWISE,
+    ),
+    "ema": Row(
+        "ema.mix",
+        {"m": S("scalar constant", "scalar_constant", "1 - a x_t 1^T", ("scalar: a -> log(a) proven",))},
+        "linear: _r0",
+        SCALAR_DECAY,
     ),
     "gated_retention": Row(
         "gated_retention.mix",
@@ -883,6 +923,16 @@ def test_analysis_order_rejects_a_cycle_the_verifier_did_not_see():
         analyze(broken)
 
 
+def test_a_vector_state_read_both_entrywise_and_by_a_dot_is_refused():
+    spec = load(
+        "mixer both\nin i[V], f[V], o[V]\nstate c[V]\nc_t = sigmoid(f_t) * c_{t-1} + i_t\n"
+        "y_t = c_t / (c_t . o_t)\n"
+    )
+    with pytest.raises(SpecError, match="NYI: the vector state c is read both entry by entry") as info:
+        analyze(spec)
+    assert "^" in str(info.value)
+
+
 # ----------------------------------------------------------------------------- rewrites keep facts
 
 
@@ -988,10 +1038,13 @@ class Rewriter:
 
     def sites(self, e: Expr, linear: bool = True, path: tuple = ()) -> list[tuple[tuple, bool]]:
         """Every node's path, and whether it sits where a state term may be added (a linear
-        position: only sums, negations, transposes and products with state-free factors above it)."""
+        position: only sums that do not broadcast, negations, transposes and products with
+        state-free factors above it)."""
         out = [(path, linear)]
         if isinstance(e, Binary):
-            keep = e.op in ("+", "-")
+            # a sum that broadcasts (1 - a_t with a_t a vector) is not linear in a state
+            sizes = (self.shape(e.left), self.shape(e.right))
+            keep = e.op in ("+", "-") and (sizes[0] == sizes[1] or IDENTITY in sizes)
             for side, child, sibling in (("left", e.left, e.right), ("right", e.right, e.left)):
                 child_linear = linear and (
                     keep or (e.op in ("@", "*") and not self.stateful(sibling))

@@ -141,7 +141,7 @@ in    <q>[<K>], <k>[<K>], <v>[<V>], <G>[<V>, <K>]
 param <P>, <Q>, <R> = 0.25
 state <H>[<V>, <K>], <S>[<V>, <K>]
 <H>_t = sigmoid(<G>_t) * <H>_{t-1} + <v>_t <k>_t^T
-<S>_t = <R> <S>_{t-1} + <P> <v>_t <k>_t^T
+<S>_t = <R> tanh(<S>_{t-1}) + <P> <v>_t <k>_t^T
 <y>_t = <H>_t <q>_t + <Q> <S>_t <q>_t
 """,
 }

@@ -238,6 +238,28 @@ MUTANTS = [
         {"recurrent"},
     ),
     ("deltanet", "initial state transposed", "_S0_H = H.mT", "_S0_H = H", {"chunk"}),
+    # a full elementwise gate: chunk_elementwise (autograd through checkpointed spans)
+    (
+        "mamba1",
+        "gate applied one token late",
+        "    gate = positions(g) if g_scale",
+        "    g = g.roll(1, 2)\n    gate = positions(g) if g_scale",
+        {"chunk"},
+    ),
+    (
+        "mamba1",
+        "initial state dropped",
+        "    state = initial_state\n",
+        "    state = None\n",
+        {"chunk"},
+    ),
+    (
+        "hgrn",
+        "gate applied one token late",
+        "    gate = positions(g) if g_scale",
+        "    g = g.roll(1, 2)\n    gate = positions(g) if g_scale",
+        {"chunk"},
+    ),
 ]
 
 

@@ -132,6 +132,32 @@ def ref_mamba2(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_mamba1(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["x"])):
+        dt = x["dt"][t]
+        H = torch.exp(dt[:, None] * p["A"]) * H + outer(dt * x["x"][t], x["B"][t])
+        ys.append(H @ x["C"][t] + p["D"] * x["x"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_hgrn(x, p, s):
+    c, ys = s["c"], []
+    for t in range(len(x["i"])):
+        f = torch.sigmoid(x["f"][t])
+        c = f * c + (1 - f) * x["i"][t]
+        ys.append(x["o"][t] * c)
+    return {"y": ys}, {"c": c}
+
+
+def ref_ema(x, p, s):
+    m, ys = s["m"], []
+    for t in range(len(x["x"])):
+        m = 0.9 * m + 0.1 * x["x"][t]
+        ys.append(m)
+    return {"y": ys}, {"m": m}
+
+
 # --- inputs: names, shapes and ranges that keep each recurrence stable ---
 
 
@@ -212,6 +238,26 @@ CASES = {
             {"A": -0.2 - rand(g, HEADS), "D": randn(g, HEADS)},
         ),
     ),
+    "mamba1": (
+        ref_mamba1,
+        lambda g: (
+            {
+                "x": randn(g, *LEAD, DV),
+                "dt": F.softplus(randn(g, *LEAD, DV)),
+                "B": randn(g, *LEAD, DK),
+                "C": randn(g, *LEAD, DK),
+            },
+            {"A": -0.2 - rand(g, HEADS, DV, DK), "D": randn(g, HEADS, DV)},
+        ),
+    ),
+    "hgrn": (
+        ref_hgrn,
+        lambda g: (
+            {"i": randn(g, *LEAD, DV), "f": randn(g, *LEAD, DV), "o": randn(g, *LEAD, DV)},
+            {},
+        ),
+    ),
+    "ema": (ref_ema, lambda g: ({"x": randn(g, *LEAD, DV)}, {})),
 }
 SIZES = {"K": DK, "V": DV, "P": DV, "N": DK}
 

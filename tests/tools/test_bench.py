@@ -113,7 +113,12 @@ def test_times_falling_with_T_and_figures_above_the_matmul_peak_are_suspect():
 
 def test_bench_caps_and_forms(tmp_path):
     out_json = tmp_path / "bench.json"
-    spec = str(ROOT / "specs" / "gated_general.mix")  # recurrent only: no chunk, no parallel
+    spec = tmp_path / "squash.mix"  # recurrent only: no chunk, no parallel
+    spec.write_text(
+        "mixer squash\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = tanh(H_{t-1}) + v_t k_t^T\n"
+        "y_t = H_t q_t\n"
+    )
+    spec = str(spec)
     args = ["bench", spec, *TINY, "--recurrent-max-T", "16", "--no-memory"]
     assert main([*args, "--json", str(out_json)]) == 0
     data = json.loads(out_json.read_text())

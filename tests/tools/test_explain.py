@@ -33,7 +33,7 @@ MATH = {
     "diagonal key-side": "y_i = Σ_{j<=i} ((q_i ⊙ exp(b_i - b_j)) · k_j) v_j + S_0^T (q_i ⊙ exp(b_i))",
     "identity minus rank-1": "T = (I + tril(diag(β) K K^T, -1))^{-1} diag(β),  W = T K,  U = T V",
     "scalar decay times identity minus rank-1": "Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Γ) (U - W S_0)",
-    "elementwise gate": "none: NYI: the full elementwise gate G_t has no chunked form",
+    "elementwise gate": "S_i = exp(b_i) ⊙ S_0 + Σ_{j<=i} exp(b_i - b_j) ⊙ k_j v_j^T,  y_i = q_i S_i",
 }
 
 
@@ -120,8 +120,6 @@ def test_sequential_only_spec_exits_0_and_says_why(capsys, tmp_path):
     assert "algorithm: recurrent only" in out
     assert "sequential only: H: not affine: tanh(...) of a state is not linear in it" in out
     assert "none: H_t is not an affine function of H_{t-1}" in out
-    code, out, _ = run(capsys, "explain", SPECS / "gated_general.mix")
-    assert code == 0 and "not supported:\n    H: NYI: the full elementwise gate" in out
 
 
 def test_warnings_are_rendered_with_a_caret(capsys, tmp_path):

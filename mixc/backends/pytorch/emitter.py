@@ -435,7 +435,7 @@ class _Module:
         e = self.seq_expr()
         facts = [self.facts.state(s) for s in group.states]
         name = group.name
-        out(f"_k_{name} = _seq_vector({e(facts[0].writes[0].key)}, _sizes{packed})")
+        out(f"_k_{name} = _seq_vector({self.tensor(facts[0].writes[0].key)}, _sizes{packed})")
         values = []
         if any(s.writes[0].value is None for s in facts):  # a vector state: a value of 1
             sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
@@ -457,9 +457,7 @@ class _Module:
         for arg in group.args:
             if arg.expr is None:
                 continue
-            value = gate(arg.expr)
-            if constant(arg.expr) is not None:  # a constant gate, e.g. log(0.9): make it a tensor
-                value = f"_torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
+            value = self.tensor(arg.expr, gate)  # a constant gate, e.g. log(0.9), as a tensor
             out(f"_{arg.name}_{name} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")
             kernel_args.append(f"{arg.name}=_{arg.name}_{name}")
         if stable:
@@ -468,6 +466,13 @@ class _Module:
             out(f"_s_{name} = _seq_scalar({e(scale)}, _sizes{packed}){note}")
             kernel_args.append(f"log_scale=_s_{name}")
         return kernel_args
+
+    def tensor(self, expr: Expr, e: PyExpr | None = None) -> str:
+        """An expression as a tensor: a constant (a column's key of 1, log(0.9)) as [1, 1]."""
+        value = (e or self.seq_expr())(expr)
+        if constant(expr) is not None:
+            return f"_torch.full((1, 1), {value}, dtype=_dtype, device=_device)"
+        return value
 
     def widths(self, group) -> list[str]:
         return [
@@ -496,7 +501,7 @@ class _Module:
             widths = self.widths(group)
             for i, query in enumerate(queries):
                 q_text = (
-                    f"_seq_vector({e(query.expr)}, _sizes{packed})"
+                    f"_seq_vector({self.tensor(query.expr)}, _sizes{packed})"
                     if query is not None
                     else f"_torch.zeros_like(_k_{name})"
                 )

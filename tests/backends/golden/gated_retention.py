@@ -230,6 +230,26 @@ def _seq_scalar(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
+def _seq_matrix(x, sizes, cu_seqlens=None):
+    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
+    axes of 1 where x is the same for every batch entry or every token (or, for packed
+    sequences, [N, NH, longest, K, V] with zeros after each sequence's end)."""
+    x = x.reshape((1,) * (5 - x.dim()) + tuple(x.shape))
+    x = x.expand(x.shape[0], x.shape[1], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
+    if cu_seqlens is None:
+        return x
+    x = x.expand(sizes["B"], sizes["NH"], sizes["T"], *x.shape[-2:])
+    rows, cols = x.shape[-2:]
+    return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
+
+
+def _seq_factor(x, sizes, cu_seqlens=None):
+    """A second factor of a log-gate, in _seq_matrix's layout: for packed sequences one constant
+    in time stays so (the first factor is 0 after each sequence's end, so is their product)."""
+    y = _seq_matrix(x, sizes)
+    return y if cu_seqlens is None or y.shape[2] == 1 else _seq_matrix(x, sizes, cu_seqlens)
+
+
 def _from_seq(o, cu_seqlens=None):
     """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
     if cu_seqlens is not None:
