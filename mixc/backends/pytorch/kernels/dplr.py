@@ -28,8 +28,8 @@ from mixc.backends.pytorch.kernels.common import (
     _needs_grad,
     _OwnBackward,
     _pair_blocks,
+    _unit_lower_inverse,
 )
-from mixc.backends.pytorch.kernels.delta import _unit_lower_inverse
 
 
 def _dplr_doubled(pre, pre_before, suf, block):
@@ -183,9 +183,7 @@ def _dplr_grads_span(q_c, k_c, v_c, g_c, a_c, b_c, do_c, states_in, d_state, gat
     if not gate_grad:
         leaves[3] = None
     inputs = [x for x in leaves if x is not None]
-    grads = iter(
-        torch.autograd.grad((p, f, q_eff, y_own), inputs, (d_p, d_next, d_q_eff, do_c))
-    )
+    grads = iter(torch.autograd.grad((p, f, q_eff, y_own), inputs, (d_p, d_next, d_q_eff, do_c)))
     return [None if x is None else next(grads) for x in leaves], d_state.reshape(
         batch, heads, d_k, d_v
     )
