@@ -171,6 +171,7 @@ def _group_key(s: StateFacts) -> tuple:
         tuple((g.side, str(g.log)) for g in tr.gates),
         str(tr.beta),
         str(tr.key),
+        str(tr.read),
         str(s.writes[0].key),
     )
 
@@ -222,8 +223,10 @@ def _forms(states, groups) -> Forms:
         return Forms(chunk, chunk, sequential)
     no_parallel = [g for g in groups if not g.kind.parallel]
     parallel = (
-        Missing("class", f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no "
-                "quadratic form")
+        Missing(
+            "class",
+            f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no quadratic form",
+        )
         if no_parallel
         else None
     )
