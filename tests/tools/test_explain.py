@@ -34,6 +34,8 @@ MATH = {
     "identity minus rank-1": "T = (I + tril(diag(β) K K^T, -1))^{-1} diag(β),  W = T K,  U = T V",
     "scalar decay times identity minus rank-1": "Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Γ) (U - W S_0)",
     "elementwise gate": "none: NYI: the full elementwise gate G_t has no chunked form",
+    "diagonal times identity minus rank-1": "T = (I - [A B]')^{-1},  W = T (A ⊙ exp(c_{r-1}))",
+    "diagonal plus low rank": "Y = (Q ⊙ exp(c) + [Q B] W) S_0 + [Q K] V + [Q B] U'",
 }
 
 

@@ -819,7 +819,10 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
     every channel), None: no decay. Returns (o, final state).
     """
     gk = torch.zeros_like(k) if gk is None else gk.expand_as(k)
-    if _needs_grad(q, k, v, a, b, gk, initial_state):
+    # the own backward remakes each span's chunk maps and differentiates them with
+    # torch.autograd.grad, which a compiled graph cannot trace: there autograd goes through
+    # the chunked form itself
+    if _needs_grad(q, k, v, a, b, gk, initial_state) and not torch.compiler.is_compiling():
         return _OwnBackward.apply(
             _dplr_span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
         )

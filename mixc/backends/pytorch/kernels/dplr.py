@@ -12,7 +12,8 @@ each block's boundary, as the diagonal kernel's. A chunk then acts on the state 
 an affine map S -> P S + F, and its outputs are Q' S + Y': the only sequential work is one
 matmul per chunk. Under autograd chunk_dplr has its own backward (common._OwnBackward), keeping
 only the states entering each chunk: the chunk maps are made again span by span, and the
-gradients of the state run back through P.
+gradients of the state run back through P (in a compiled graph, autograd through the chunked
+form instead).
 
 Uses the layout and numerical rules of common.py, and imports only torch and common, so the
 generated module can hold a copy of its source (see kernel_source in this package).
@@ -196,7 +197,10 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
     every channel), None: no decay. Returns (o, final state).
     """
     gk = torch.zeros_like(k) if gk is None else gk.expand_as(k)
-    if _needs_grad(q, k, v, a, b, gk, initial_state):
+    # the own backward remakes each span's chunk maps and differentiates them with
+    # torch.autograd.grad, which a compiled graph cannot trace: there autograd goes through
+    # the chunked form itself
+    if _needs_grad(q, k, v, a, b, gk, initial_state) and not torch.compiler.is_compiling():
         return _OwnBackward.apply(
             _dplr_span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
         )
