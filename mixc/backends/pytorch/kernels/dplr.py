@@ -43,6 +43,13 @@ def _dplr_doubled(pre, pre_before, suf, block):
     halves = (*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
     pre, pre_before, suf = pre.reshape(halves), pre_before.reshape(halves), suf.reshape(halves)
     left_total, right_total = pre[..., 0, -1:, :], pre[..., 1, -1:, :]
+    if not _needs_grad(pre, pre_before, suf):
+        # in place, only the halves that change (the suffix first: right_total is a view of
+        # the prefix's right half)
+        suf[..., 0, :, :].mul_(right_total)
+        pre_before[..., 1, :, :].mul_(left_total)
+        pre[..., 1, :, :].mul_(left_total)
+        return pre.reshape(shape), pre_before.reshape(shape), suf.reshape(shape)
     ones = torch.ones_like(left_total)
     onto_right = torch.stack([ones, left_total], dim=-3)
     onto_left = torch.stack([right_total, ones], dim=-3)
@@ -62,7 +69,7 @@ def _dplr_scores(q_c, k_c, a_c, b_c, g_c):
     Each pair j < r lies in exactly one aligned block of 2, 4, ..., C tokens with j in its left
     half and r in its right half; there the decay is split at the boundary between the halves,
     both factors products of per-token decays <= 1 (never exp(b_r) exp(-b_j)), and the block's
-    four corners are one batched matmul of the decayed rows [q; a] and columns [k; b].
+    four corners are batched matmuls of the decayed rows (q, a) and columns (k, b).
     """
     chunk_size = q_c.shape[3]
     pre = g_c.exp()  # inside blocks of one token: exp(g_r), the empty product 1, 1
@@ -77,12 +84,18 @@ def _dplr_scores(q_c, k_c, a_c, b_c, g_c):
 
     block = 1
     while block < chunk_size:
-        rows = torch.cat([halves(q_c * pre)[1], halves(a_c * pre_before)[1]], -2)
-        cols = torch.cat([halves(k_c * suf)[0], halves(b_c * suf)[0]], -2)
-        corner = torch.matmul(rows, cols.transpose(-1, -2))  # [N, B, NH, n, 2 block, 2 block]
-        for scores, (r, c) in zip((qk, qb, ak, ab), ((0, 0), (0, 1), (1, 0), (1, 1))):
-            part = corner[..., r * block : (r + 1) * block, c * block : (c + 1) * block]
-            _pair_blocks(scores, block)[..., block:, :block] = part
+        # the right halves' rows decayed from the boundary, the left halves' columns to it
+        pre_right, before_right, suf_left = halves(pre)[1], halves(pre_before)[1], halves(suf)[0]
+        q_right, a_right = halves(q_c)[1] * pre_right, halves(a_c)[1] * before_right
+        k_left, b_left = halves(k_c)[0] * suf_left, halves(b_c)[0] * suf_left
+        for scores, rows, cols in (
+            (qk, q_right, k_left),
+            (qb, q_right, b_left),
+            (ak, a_right, k_left),
+            (ab, a_right, b_left),
+        ):
+            corner = torch.matmul(rows, cols.transpose(-1, -2))  # [N, B, NH, n, block, block]
+            _pair_blocks(scores, block)[..., block:, :block] = corner
         pre, pre_before, suf = _dplr_doubled(pre, pre_before, suf, block)
         block *= 2
     return qk, qb, ak, ab, pre, pre_before, suf
