@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Regenerate benchmarks/RESULTS.md, benchmarks/results.json and benchmarks/bench.png:
-# mixc against flash-linear-attention's pure-PyTorch references, and mixc's own targets.
+# mixc against flash-linear-attention's pure-PyTorch references, and mixc's own targets; then
+# the diagonal-plus-low-rank section (benchmarks/dplr.py: KDA and RWKV-7, issue 14).
 # Needs, in this environment only: pip install --no-deps fla-core einops (see README.md here).
 # Extra arguments go to benchmarks/peers.py (e.g. --max-busy 0.1 on a shared machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python benchmarks/peers.py --threads 2 "$@"
+python benchmarks/peers.py --threads 2 "$@"
+MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184 \
+    python benchmarks/dplr.py --threads 2 --write
