@@ -290,7 +290,10 @@ def report(d: dict) -> str:
         f"{a['rwkv7']['mixc_vs_fla']:.1e} ({a['rwkv7']['mixc_fp32_vs_fp64']:.1e}, "
         f"{a['rwkv7']['fla_fp32_vs_fp64']:.1e}). fla gets RWKV-7's a = -kk, b = kk ⊙ "
         "sigmoid(alpha) and log-decay precomputed (outside its timed call); mixc computes them "
-        "from the spec's inputs inside its call.",
+        "from the spec's inputs inside its call. The recurrent form runs the update as the "
+        "spec writes it, so it multiplies the state by diag(exp(g_t)) as a d_k x d_k matrix "
+        "each token: the chunk-vs-recurrent ratio measures that too (Gated DeltaNet's recurrent "
+        "form has only a scalar there).",
         END,
     ]
     return "\n".join(lines) + "\n"
