@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import sys
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 B, NH, D = 1, 4, 64
 T_PEER, T_RECURRENT, T_MEMORY = 4096, 8192, (8192, 32768)
-RWKV_DECAY = 0.6065306597  # e^{-0.5}, as in specs/rwkv7.mix
+RWKV_DECAY = math.exp(-0.5)  # as in specs/rwkv7.mix
 TARGETS = {
     "kda_vs_fla": 0.1,
     "rwkv7_vs_fla": 0.1,

@@ -522,10 +522,7 @@ y_t = H_t C_t + D x_t
                 "diagonal plus low rank",
                 "diagonal_plus_low_rank",
                 "v_t k_t^T",
-                (
-                    "key: diag(exp(-0.6065306597 sigmoid(d_t))) -> -0.6065306597 sigmoid(d_t) "
-                    "proven",
-                ),
+                ("key: diag(exp(-exp(-0.5) sigmoid(d_t))) -> -exp(-0.5) sigmoid(d_t) proven",),
             )
         },
         "linear: _r0",
