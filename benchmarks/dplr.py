@@ -282,6 +282,15 @@ def report(d: dict) -> str:
         held += ok
         lines.append(f"| {text} | {value:.3g}x ({detail}) | {'yes' if ok else '**no**'} |")
     lines.insert(3, f"{held} of {len(rows)} targets hold.\n")
+    cores = os.cpu_count() or 1
+    if max(d["load_start"][0], d["load_end"][0]) > 2 * cores:
+        lines.insert(
+            6,
+            f"This run's machine was oversubscribed (load average above {2 * cores} on "
+            f"{cores} cores; compare the absolute times with the quiet runs above), so even "
+            "the alternated ratios are noisy; re-run on a quiet machine before reading a target "
+            "that misses by a few percent as missed.\n",
+        )
     a = d["agree"]
     lines += [
         "",
