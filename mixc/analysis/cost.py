@@ -45,6 +45,7 @@ class Costs:
         return tuple(sorted(used))
 
 
+
 def _numel(shape: tuple[str, ...]) -> Formula:
     out = Formula.const(1)
     for d in shape:
@@ -114,6 +115,8 @@ def costs(plan: Plan) -> Costs:
     if not groups:
         chunked = quadratic = None
     return Costs(chunk, seq, io, tuple(groups), recurrent, chunked, quadratic)
+
+
 
 
 def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCost:

@@ -81,3 +81,4 @@ class OutputFacts:
     expr: Expr  # the output with readouts replaced by Name("_r0"), Name("_r1"), ...
     readouts: tuple[Readout, ...]
     skip: Expr | None
+

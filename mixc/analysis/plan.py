@@ -223,10 +223,8 @@ def _forms(states, groups) -> Forms:
         return Forms(chunk, chunk, sequential)
     no_parallel = [g for g in groups if not g.kind.parallel]
     parallel = (
-        Missing(
-            "class",
-            f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no quadratic form",
-        )
+        Missing("class", f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no "
+                "quadratic form")
         if no_parallel
         else None
     )

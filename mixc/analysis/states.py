@@ -82,7 +82,9 @@ def _analyze_state(mixer: Mixer, name: str, ex: Expander, params, canon: Canon) 
         read_terms = [(t, w[0]) for t, w in reads]
         transition = _canonical(classify(read_terms, ctx), eq, canon)
     write_terms, form = _writes(writes, shape, ex, canon)
-    state = StateFacts(name, shape, True, transition, write_terms, form, decl.span, terms=expanded)
+    state = StateFacts(
+        name, shape, True, transition, write_terms, form, decl.span, terms=expanded
+    )
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
         chunk = transition.kind.chunk_reason(name, transition, write_terms[0].key)

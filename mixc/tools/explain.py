@@ -410,3 +410,5 @@ def _unwrap(text: str) -> str:
     if text.startswith("(") and text.endswith(")") and text.count("(") == 1:
         return text[1:-1]
     return text
+
+
