@@ -30,7 +30,7 @@ EDGES = {
     # a matrix state divided by a vector state: a shape error
     "matrix_over_vector": "mixer a\nin k[K], v[V]\nstate N[V, K], d[K]\n"
     "N_t = N_{t-1} + v_t k_t^T\nd_t = d_{t-1} + k_t\ny_t = N_t / d_t\n",
-    # the delta rule erasing along one key and writing along another: no chunked form yet
+    # the delta rule erasing along one key and writing along another: diagonal plus low rank
     "delta_two_keys": "mixer a\nin q[K], k[K], v[V], u[K], beta\nstate H[V, K]\n"
     "H_t = H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t u_t^T\ny_t = H_t q_t\n",
     # two outputs: the modules return one

@@ -222,6 +222,7 @@ def _group_key(s: StateFacts) -> tuple:
         tuple((g.side, str(g.log)) for g in tr.gates),
         str(tr.beta),
         str(tr.key),
+        str(tr.read),
         str(s.writes[0].key),
     )
 

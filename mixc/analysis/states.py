@@ -85,7 +85,8 @@ def _analyze_state(
         transition = DENSE.no_recurrence(name, eq.span)
     else:
         ctx = RuleContext(name, shape, ex, params, eq.span, canon)
-        transition = _canonical(classify([(t, w[0]) for t, w in reads], ctx), eq, canon)
+        read_terms = [(t, w[0]) for t, w in reads]
+        transition = _canonical(classify(read_terms, ctx), eq, canon)
     write_terms, form = _writes(writes, shape, ex, canon, column)
     state = StateFacts(
         name, shape, True, transition, write_terms, form, decl.span, terms=expanded, column=column
@@ -93,6 +94,14 @@ def _analyze_state(
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
         chunk = transition.kind.chunk_reason(name, transition, write_terms[0].key)
+        if chunk is not None:
+            # a later, more general class may chunk what this one cannot (the delta rule
+            # writing along another key than it erases along is diagonal plus low rank)
+            other = _canonical(classify(read_terms, ctx, after=transition.kind), eq, canon)
+            if other.reason is None and not other.kind.chunk_reason(
+                name, other, write_terms[0].key
+            ):
+                state, chunk = replace(state, transition=other), None
         state = replace(state, transition=_with_reason(state.transition, chunk))
     stability = state.transition.kind.stability(state.transition, params)
     return replace(state, stability=stability)
@@ -127,6 +136,7 @@ def _canonical(transition: Transition, eq, canon: Canon) -> Transition:
         span=eq.value.span,
         beta=canon(transition.beta),
         key=canon.column(transition.key),
+        read=canon.column(transition.read),
         gate=canon(transition.gate),
         gates=tuple(_canonical_gate(g, canon) for g in transition.gates),
     )
@@ -165,8 +175,6 @@ def _write_reason(state: StateFacts) -> str | None:
 def _canonical_gate(g: LogGate, canon: Canon) -> LogGate:
     log = canon.column(g.log)
     return replace(g, log=log, note=g.note.replace(str(g.log), str(log)))
-
-
 
 
 def _writes(

@@ -22,7 +22,9 @@ measures the computation, not the rounding of inputs. In bfloat16, parameters an
 float32 holding rounded values (master weights, as in mixed-precision training). A reference
 whose RMS is below `NEAR_ZERO` (1%) of the largest RMS of its kind (outputs and states, or
 gradients) in the example counts as near zero and is measured against that floor. Each form is
-also compared with `recurrent`, within twice the bound.
+also compared with `recurrent`, within twice the bound. An example on which the oracle is not
+finite, or (below float64) exceeds the square root of the precision's largest float, is one on
+which the recurrence itself diverges: it is drawn again, never reported as a failure.
 
 On a failure hypothesis shrinks the example (for at most `shrink_seconds`); `Report.failure`
 gives the form, quantity, error and example, and `mixc.check.reproducer.reproducer(...)` a short
@@ -339,6 +341,13 @@ def _targets(
     ref = _quantities(reference(r.spec, *args))
     if not all(torch.isfinite(v).all() for v in ref.values()):
         raise Invalid("the oracle is not finite on this example")
+    if dtype != torch.float64:
+        # a recurrence that diverges on this example: beyond the square root of the largest
+        # float of the precision under test its products overflow, and an inf there is the
+        # example's, not the module's
+        largest = max(float(v.abs().max()) if v.numel() else 0.0 for v in ref.values())
+        if largest > torch.finfo(dtype).max ** 0.5:
+            raise Invalid(f"the oracle reaches {largest:.3g}, where {dtype} products overflow")
     if dtype != torch.float32:
         return ref, _limits(dtype, ref)
     return ref, _conditioned_limits(r, args, ref, seed, dtype)

@@ -14,6 +14,7 @@ from mixc.transitions.base import RuleContext, StateTerms, Transition, Transitio
 from mixc.transitions.delta import DELTA
 from mixc.transitions.dense import DENSE, NOT_AFFINE
 from mixc.transitions.diagonal import DIAGONAL
+from mixc.transitions.dplr import DPLR
 from mixc.transitions.elementwise import ELEMENTWISE
 from mixc.transitions.scalar_decay import SCALAR_DECAY
 
@@ -25,6 +26,7 @@ REGISTRY: tuple[TransitionClass, ...] = (
     DIAGONAL,
     ELEMENTWISE,
     DELTA,
+    DPLR,
     DENSE,
 )
 
@@ -32,9 +34,13 @@ REGISTRY: tuple[TransitionClass, ...] = (
 CLASSES: tuple[TransitionClass, ...] = (*REGISTRY, NOT_AFFINE)
 
 
-def classify(terms: StateTerms, ctx: RuleContext) -> Transition:
-    """The first class whose rule matches the state's terms, as a Transition of that class."""
-    for cls in REGISTRY:
+def classify(
+    terms: StateTerms, ctx: RuleContext, after: TransitionClass | None = None
+) -> Transition:
+    """The first class whose rule matches the state's terms, as a Transition of that class
+    (after: the first of the classes that follow that one in the rule order)."""
+    start = 0 if after is None else REGISTRY.index(after) + 1
+    for cls in REGISTRY[start:]:
         found = cls.match(terms, ctx)
         if found is not None:
             return replace(found, kind=cls)

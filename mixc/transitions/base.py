@@ -52,6 +52,7 @@ class Transition:
     gates: tuple[LogGate, ...] = ()
     beta: Expr | None = None  # identity minus rank-1: I - beta k k^T
     key: Expr | None = None
+    read: Expr | None = None  # diagonal plus low rank S (D + a b^T): a (key: b)
     gate: Expr | None = None  # a full elementwise gate (recurrent only)
     reason: str | None = None  # why there is no chunked form
     span: Span | None = None

@@ -19,8 +19,8 @@ class Dense(TransitionClass):
             "general dense",
             "general_dense: any other linear map of S_{t-1}",
             reason="NYI: this transition is linear but in no class with a chunked form "
-            "(scalar, diagonal, outer-product gate, identity minus rank-1, or those times a "
-            "scalar decay)",
+            "(scalar, diagonal, outer-product gate, identity minus rank-1, diagonal plus rank-1, "
+            "or those times a scalar decay)",
         )
 
     def coupled(self, state: str, other, where: str) -> Transition:

@@ -67,6 +67,7 @@ SCALAR_DECAY = "chunked scalar decay"
 DIAGONAL = "chunked diagonal gate"
 DELTA = "chunked delta rule"
 ELEMENTWISE = "chunked elementwise scan"
+DPLR = "chunked diagonal plus low rank"
 SEQUENTIAL = "recurrent only"
 
 #: (1 - sigmoid(a_t)) times the delta rule's transition, however the product is written out.
@@ -522,7 +523,141 @@ y_t = H_t C_t + D x_t
             "H_t = (1 - sigmoid(a_t)) H_{t-1} - beta_t H_{t-1} k_t k_t^T + beta_t v_t k_t^T",
             "q[K], k[K], v[V], a, beta",
         ),
-        {"H": S("general dense", "general_dense", "beta_t v_t k_t^T")},
+        {
+            "H": S(
+                "diagonal minus rank-1",
+                "diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                ("scalar: 1 - sigmoid(a_t) -> logsigmoid(-a_t) proven",),
+                erase="beta_t, k_t",
+            )
+        },
+        "linear: _r0",
+        DPLR,
+    ),
+    # ---- diagonal plus low rank
+    "kda": Row(
+        "kda.mix",
+        {
+            "H": S(
+                "diagonal times identity minus rank-1",
+                "diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                ("key: diag(exp(g_t)) -> g_t unproven",),
+                erase="beta_t, k_t",
+            )
+        },
+        "linear: _r0",
+        DPLR,
+        warnings=("cannot prove the decay diag(exp(g_t))",),
+    ),
+    "kda_distributed": Row(
+        text(
+            "H_t = H_{t-1} diag(sigmoid(g_t)) - beta_t H_{t-1} diag(sigmoid(g_t)) k_t k_t^T"
+            " + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], g[K], beta",
+        ),
+        {
+            "H": S(
+                "diagonal times identity minus rank-1",
+                "diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                ("key: diag(sigmoid(g_t)) -> logsigmoid(g_t) proven",),
+                erase="beta_t, k_t",
+            )
+        },
+        "linear: _r0",
+        DPLR,
+    ),
+    "kda_times_a_scalar_decay": Row(
+        text(
+            "H_t = sigmoid(a_t) H_{t-1} diag(sigmoid(g_t)) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], g[K], a, beta",
+        ),
+        {
+            "H": S(
+                "diagonal minus rank-1",
+                "diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                (
+                    "scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",
+                    "key: diag(sigmoid(g_t)) -> logsigmoid(g_t) proven",
+                ),
+                erase="beta_t sigmoid(a_t), k_t",
+            )
+        },
+        "linear: _r0",
+        DPLR,
+    ),
+    "rwkv7": Row(
+        "rwkv7.mix",
+        {
+            "H": S(
+                "diagonal plus low rank",
+                "diagonal_plus_low_rank",
+                "v_t k_t^T",
+                ("key: diag(exp(-exp(-0.5) sigmoid(d_t))) -> -exp(-0.5) sigmoid(d_t) proven",),
+            )
+        },
+        "linear: _r0",
+        DPLR,
+    ),
+    "rwkv7_any_rank_one_term": Row(
+        text(
+            "H_t = H_{t-1} (diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T",
+            "q[K], k[K], v[V], w[K], a[K], b[K]",
+        ),
+        {
+            "H": S(
+                "diagonal plus low rank",
+                "diagonal_plus_low_rank",
+                "v_t k_t^T",
+                ("key: diag(exp(w_t)) -> w_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DPLR,
+        warnings=("cannot prove the decay diag(exp(w_t))",),
+    ),
+    "decay_and_erase_as_a_sum": Row(
+        text(
+            "H_t = (1 - sigmoid(a_t)) H_{t-1} - sigmoid(c_t) (H_{t-1} k_t - v_t) k_t^T",
+            "q[K], k[K], v[V], a, c",
+        ),
+        {
+            "H": S(
+                "diagonal minus rank-1",
+                "diagonal_plus_low_rank",
+                "sigmoid(c_t) v_t k_t^T",
+                ("scalar: 1 - sigmoid(a_t) -> logsigmoid(-a_t) proven",),
+                erase="sigmoid(c_t), k_t",
+            )
+        },
+        "linear: _r0",
+        DPLR,
+    ),
+    "delta_rule_writing_along_another_key": Row(
+        text(
+            "H_t = H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t u_t^T",
+            "q[K], k[K], u[K], v[V], beta",
+        ),
+        {
+            "H": S(
+                "diagonal times identity minus rank-1",
+                "diagonal_plus_low_rank",
+                "beta_t v_t u_t^T",
+                erase="beta_t, k_t",
+            )
+        },
+        "linear: _r0",
+        DPLR,
+    ),
+    "rank_two_is_dense": Row(
+        text(
+            "H_t = H_{t-1} (I - beta_t k_t k_t^T - c_t u_t u_t^T) + v_t k_t^T",
+            "q[K], k[K], u[K], v[V], beta, c",
+        ),
+        {"H": S("general dense", "general_dense", "v_t k_t^T")},
         "linear: _r0",
         SEQUENTIAL,
         chunkable=False,

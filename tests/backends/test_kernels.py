@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from mixc.backends.pytorch.kernels import CLASS_FILES, KERNELS, kernel_source
-from mixc.backends.pytorch.kernels.common import _span_tokens
-from mixc.backends.pytorch.kernels.delta import _unit_lower_inverse, chunk_delta
+from mixc.backends.pytorch.kernels.common import _span_tokens, _unit_lower_inverse
+from mixc.backends.pytorch.kernels.delta import chunk_delta
 from mixc.backends.pytorch.kernels.diagonal import chunk_diagonal
 from mixc.backends.pytorch.kernels.elementwise import chunk_elementwise
+from mixc.backends.pytorch.kernels.dplr import chunk_dplr
 from mixc.backends.pytorch.kernels.scalar_decay import chunk_scalar_decay, parallel_scalar_decay
 
 B, NH, DK, DV = 2, 3, 8, 6
@@ -91,6 +92,34 @@ def oracle_delta(q, k, v, beta, g, s0):
         state = state + k_t[..., :, None] * v[:, :, t, None, :]
         outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
     return torch.stack(outs, dim=2), state
+
+
+def oracle_dplr(q, k, v, a, b, gk, s0):
+    """S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T (gk None: no decay)."""
+    bs, h, t_len, dk = q.shape
+    state = s0 if s0 is not None else q.new_zeros(bs, h, dk, v.shape[-1])
+    outs = []
+    for t in range(t_len):
+        read = torch.einsum("bhk,bhkv->bhv", a[:, :, t], state)  # a_t^T S_{t-1}
+        if gk is not None:
+            state = torch.exp(gk[:, :, t])[..., :, None] * state
+        state = state + b[:, :, t, :, None] * read[..., None, :]
+        state = state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outs, dim=2), state
+
+
+def dplr_inputs(t_len, *, gate=True, init=True, seed=0):
+    """RWKV-7's form: a = -kk, b = kk ⊙ alpha with unit kk and alpha in (0, 1)."""
+    inputs = make_inputs(t_len, gate="gk" if gate else None, init=init, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1000)
+    shape = inputs["k"].shape
+    kk = torch.nn.functional.normalize(
+        torch.randn(shape, generator=gen, dtype=torch.float64), dim=-1
+    )
+    inputs["a"] = -kk
+    inputs["b"] = kk * torch.rand(shape, generator=gen, dtype=torch.float64)
+    return inputs
 
 
 # ---------------------------------------------------------------------------
@@ -275,6 +304,19 @@ def test_chunk_elementwise_several_spans():
     check_against_oracle(chunk_elementwise, _elementwise_oracle, inputs, chunk_size=16)
 
 
+@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize("init", [True, False])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("t_len", T_VALUES)
+def test_chunk_dplr(t_len, chunk, init, gate):
+    inputs = dplr_inputs(t_len, gate=gate, init=init)
+
+    def oracle(q, k, v, a, b, gk=None, initial_state=None):
+        return oracle_dplr(q, k, v, a, b, gk, initial_state)
+
+    check_against_oracle(chunk_dplr, oracle, inputs, chunk_size=chunk)
+
+
 @pytest.mark.parametrize("chunk", [1, 2, 32, 128])
 def test_other_chunk_sizes(chunk):
     """Chunk sizes outside the main grid (several sub-chunks at 32/128, trivial chunks at 1/2)."""
@@ -297,6 +339,13 @@ def test_other_chunk_sizes(chunk):
     check_against_oracle(
         chunk_delta,
         lambda q, k, v, beta, g, initial_state: oracle_delta(q, k, v, beta, g, initial_state),
+        inputs,
+        chunk_size=chunk,
+    )
+    inputs = dplr_inputs(t_len, seed=4)
+    check_against_oracle(
+        chunk_dplr,
+        lambda q, k, v, a, b, gk, initial_state: oracle_dplr(q, k, v, a, b, gk, initial_state),
         inputs,
         chunk_size=chunk,
     )
@@ -606,6 +655,7 @@ PUBLIC = [
     "chunk_diagonal",
     "chunk_delta",
     "chunk_elementwise",
+    "chunk_dplr",
 ]
 KERNEL_FILES = ["common", *CLASS_FILES]
 COMMON = "mixc.backends.pytorch.kernels.common"
@@ -719,7 +769,10 @@ def test_copied_source_runs_standalone(name):
     header = "import math\nimport torch\nimport torch.nn.functional as F\n\n"
     namespace = {}
     exec(compile(header + kernel_source([name]), f"<generated {name}>", "exec"), namespace)
-    inputs = make_inputs(20, seed=11, **STANDALONE_INPUTS[name])
+    if name == "chunk_dplr":
+        inputs = dplr_inputs(20, seed=11)
+    else:
+        inputs = make_inputs(20, seed=11, **STANDALONE_INPUTS[name])
     inputs = {n: x.float() for n, x in inputs.items()}
     kwargs = {} if name == "parallel_scalar_decay" else {"chunk_size": 8}
 

@@ -204,6 +204,21 @@ def test_a_module_that_raises_is_a_failure(tmp_path: Path) -> None:
     assert "RuntimeError: boom" in report.failure.summary()
 
 
+def test_an_example_on_which_the_recurrence_diverges_is_drawn_again() -> None:
+    """A state that grows 10^4-fold a token is finite in the float64 oracle up to T of about 70,
+    but past 1e19 its float32 products overflow: such an example is the recurrence's, not the
+    module's, and is drawn again (with the oracle's inf too) instead of failing with inf."""
+    text = """mixer grow "a state that grows 10^4-fold each token"
+in    q[K], k[K], v[V]
+state H[V, K]
+H_t = 10000 H_{t-1} + v_t k_t^T
+y_t = H_t q_t
+"""
+    report = fuzz(mixc.Source(text), examples=10, seed=0)
+    assert report.ok, report.failure.summary()
+    assert report.discarded > 0
+
+
 # ----------------------------------------------------------------------------- input ranges
 
 

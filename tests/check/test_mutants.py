@@ -2,7 +2,8 @@
 
 Each mutant edits the source of a compiled module (`mixc.compile_source`) in one place: an
 off-by-one at a chunk boundary, a missing decay factor, a dropped initial state, a transposed
-state, a wrong sign in the delta rule, a readout from the previous state. Every edit asserts its
+state, a wrong sign in the delta rule, a readout from the previous state, a dropped gate or a
+wrong triangular solve in the diagonal-plus-low-rank kernel. Every edit asserts its
 target occurs exactly once, so a change in the generated code fails here loudly instead of
 silently leaving the module unmutated.
 """
@@ -258,6 +259,49 @@ MUTANTS = [
         "gate applied one token late",
         "    gate = positions(g) if g_scale",
         "    g = g.roll(1, 2)\n    gate = positions(g) if g_scale",
+        {"chunk"},
+    ),
+    # diagonal plus low rank (chunk_dplr): the gate, the triangular solve, the chunk boundary
+    (
+        "kda",
+        "gate dropped inside the chunk",
+        "pre = g_c.exp()  # inside blocks",
+        "pre = torch.ones_like(g_c)  # inside blocks",
+        {"chunk"},
+    ),
+    (
+        "rwkv7",
+        "no decay from chunk to chunk",
+        "add=torch.diag_embed(from_start[..., -1, :])",
+        "add=torch.diag_embed(torch.ones_like(from_start[..., -1, :]))",
+        {"chunk"},
+    ),
+    (
+        "kda",
+        "triangular solve of I + ab instead of I - ab",
+        "t_inv = _unit_lower_inverse(minus_ab.detach())",
+        "t_inv = _unit_lower_inverse(-minus_ab.detach())",
+        {"chunk"},
+    ),
+    (
+        "rwkv7",
+        "triangular solve dropped (T = I)",
+        "t_inv = _unit_lower_inverse(minus_ab.detach())",
+        "t_inv = _unit_lower_inverse(torch.zeros_like(minus_ab))",
+        {"chunk"},
+    ),
+    (
+        "kda",
+        "the rank-1 read of the incoming state decayed one token too far",
+        "w = _bmm(t_inv, (a_c * before)",
+        "w = _bmm(t_inv, (a_c * from_start)",
+        {"chunk"},
+    ),
+    (
+        "rwkv7",
+        "the first token of each chunk loses its own query-key pair",
+        "qk = torch.diag_embed((q_c * k_c).sum(-1))  # the pairs r = j",
+        "qk = torch.diag_embed((q_c * k_c).sum(-1))  # the pairs r = j\n    qk[..., 0, 0] = 0",
         {"chunk"},
     ),
 ]

@@ -50,7 +50,7 @@ def test_random_specs_cover_every_class() -> None:
     seen: set[str] = set()
 
     @settings(
-        max_examples=400, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        max_examples=800, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
     )
     @given(random_specs())
     def draw(text: str) -> None:
@@ -69,6 +69,9 @@ def test_random_specs_cover_every_class() -> None:
         "elementwise gate",
         "identity minus rank-1",
         "scalar decay times identity minus rank-1",
+        "diagonal times identity minus rank-1",
+        "diagonal minus rank-1",
+        "diagonal plus low rank",
     }
     assert classes <= seen, classes - seen
     assert {"output: ratio", "output: linear", "output: linear + skip"} <= seen

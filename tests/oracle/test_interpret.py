@@ -123,6 +123,30 @@ def ref_gated_deltanet(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_kda(x, p, s):
+    """Kimi Linear's form: decay each key channel, then the delta rule."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        k, v, beta = x["k"][t], x["v"][t], x["beta"][t]
+        H = H * torch.exp(x["g"][t])[None, :]
+        H = H - beta * outer(H @ k, k) + beta * outer(v, k)
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_rwkv7(x, p, s):
+    """RWKV-7's form: S (diag(w) - kk^T (a * kk)) + v k^T, in the spec's H layout."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        w = torch.exp(-math.exp(-0.5) * torch.sigmoid(x["d"][t]))
+        kappa = x["kappa"][t]
+        kk = kappa / torch.sqrt((kappa * kappa).sum() + 1e-6)
+        a = torch.sigmoid(x["alpha"][t])
+        H = H * w[None, :] - outer(H @ kk, a * kk) + outer(x["v"][t], x["k"][t])
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
 def ref_mamba2(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["x"])):
@@ -223,6 +247,25 @@ CASES = {
         ref_gated_deltanet,
         lambda g: (
             unit_keys({**qkv(g), "beta": rand(g, *LEAD), "g": F.logsigmoid(randn(g, *LEAD))}),
+            {},
+        ),
+    ),
+    "kda": (
+        ref_kda,
+        lambda g: (
+            unit_keys({**qkv(g), "beta": rand(g, *LEAD), "g": F.logsigmoid(randn(g, *LEAD, DK))}),
+            {},
+        ),
+    ),
+    "rwkv7": (
+        ref_rwkv7,
+        lambda g: (
+            {
+                **qkv(g),
+                "d": randn(g, *LEAD, DK),
+                "kappa": randn(g, *LEAD, DK),
+                "alpha": randn(g, *LEAD, DK),
+            },
             {},
         ),
     ),

@@ -34,6 +34,8 @@ MATH = {
     "identity minus rank-1": "T = (I + tril(diag(β) K K^T, -1))^{-1} diag(β),  W = T K,  U = T V",
     "scalar decay times identity minus rank-1": "Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Γ) (U - W S_0)",
     "elementwise gate": "S_i = exp(b_i) ⊙ S_0 + Σ_{j<=i} exp(b_i - b_j) ⊙ k_j v_j^T,  y_i = q_i S_i",
+    "diagonal times identity minus rank-1": "T = (I - [A B]')^{-1},  W = T (A ⊙ exp(c_{r-1}))",
+    "diagonal plus low rank": "Y = (Q ⊙ exp(c) + [Q B] W) S_0 + [Q K] V + [Q B] U'",
 }
 
 

@@ -690,43 +690,6 @@ def _pair_blocks(x, block):
     return torch.diagonal(grid, dim1=-4, dim2=-2).movedim(-1, -3)
 
 
-class _OwnBackward(torch.autograd.Function):
-    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept, guard) runs a span's forward and appends to kept what grads_fn(*chunks, do_c,
-    *kept, d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
-    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
-    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
-    gradient grads_fn computes only when asked for."""
-
-    @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
-        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
-        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
-        return o, state
-
-    @staticmethod
-    def backward(ctx, d_o, d_state):
-        initial_state, *saved = ctx.saved_tensors
-        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
-        grads, d_initial = _spans_backward(
-            *ctx.fns,
-            seqs,
-            initial_state,
-            kept,
-            ctx.n_kept,
-            ctx.chunk_size,
-            d_o,
-            d_state,
-            ctx.needs_input_grad[5 + ctx.gate],
-            ctx.guard,
-        )
-        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
-        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
-
-
 def _unit_lower_inverse(a):
     """(I + a)^{-1} for strictly lower-triangular a [..., C, C] (C a power of two), no autograd.
 
@@ -764,6 +727,43 @@ def _unit_lower_inverse(a):
         blocks[..., block:, :block] = torch.matmul(torch.matmul(lower, minus_lower_left), upper)
         block *= 2
     return inverse
+
+
+class _OwnBackward(torch.autograd.Function):
+    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
+    state, kept, guard) runs a span's forward and appends to kept what grads_fn(*chunks, do_c,
+    *kept, d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
+    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
+    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
+    gradient grads_fn computes only when asked for."""
+
+    @staticmethod
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
+        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
+        ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
+        ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
+        return o, state
+
+    @staticmethod
+    def backward(ctx, d_o, d_state):
+        initial_state, *saved = ctx.saved_tensors
+        seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        grads, d_initial = _spans_backward(
+            *ctx.fns,
+            seqs,
+            initial_state,
+            kept,
+            ctx.n_kept,
+            ctx.chunk_size,
+            d_o,
+            d_state,
+            ctx.needs_input_grad[5 + ctx.gate],
+            ctx.guard,
+        )
+        # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
+        grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
+        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
 
 
 def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):

@@ -26,50 +26,11 @@ from mixc.backends.pytorch.kernels.common import (
     _masked,
     _needs_grad,
     _OwnBackward,
-    _pair_blocks,
     _poison_rows,
     _scalar_decays,
     _two_matmuls,
+    _unit_lower_inverse,
 )
-
-
-def _unit_lower_inverse(a):
-    """(I + a)^{-1} for strictly lower-triangular a [..., C, C] (C a power of two), no autograd.
-
-    The diagonal blocks of up to 4 x 4 first, all at once by the finite Neumann product
-    (I + L)^{-1} = (I - L)(I + L^2) (L^4 = 0 for a strictly lower 4 x 4 block): two batched
-    matmuls instead of two levels of 1 x 1 and 2 x 2 products. (Not larger blocks: with
-    nearly parallel keys the powers of L grow and cancel; 8 x 8 blocks lose 10-30x in accuracy
-    against the recursion, 4 x 4 blocks nothing measurable.) Then
-    block recursion on the diagonal: the inverse of [[L11, 0], [L21, L22]] is
-    [[X11, 0], [-X22 L21 X11, X22]], with X11, X22 the inverses of the halves; each level is
-    batched matmuls over every block at once, writing its corner blocks in place.
-    """
-    size = a.shape[-1]
-    base = min(size, 4)
-    if base == 1:
-        return torch.ones_like(a)
-    inverse = torch.zeros_like(a)
-    diagonal = _pair_blocks(inverse, base // 2)  # the base x base diagonal blocks (a view)
-    minus_l = -_pair_blocks(a, base // 2)
-    shape = minus_l.shape
-    minus_l = minus_l.reshape(-1, base, base)
-    x = minus_l + torch.eye(base, dtype=a.dtype, device=a.device)  # I - L
-    power, step = minus_l, 1
-    while 2 * step < base:
-        power = torch.bmm(power, power)  # L^(2 step)
-        x = torch.baddbmm(x, x, power)  # x (I + L^(2 step))
-        step *= 2
-    diagonal.copy_(x.reshape(shape))
-    minus_a = -a
-    block = base
-    while block < size:
-        blocks = _pair_blocks(inverse, block)
-        upper, lower = blocks[..., :block, :block], blocks[..., block:, block:]  # X11, X22
-        minus_lower_left = _pair_blocks(minus_a, block)[..., block:, :block]  # -L21
-        blocks[..., block:, :block] = torch.matmul(torch.matmul(lower, minus_lower_left), upper)
-        block *= 2
-    return inverse
 
 
 def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
