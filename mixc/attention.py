@@ -79,6 +79,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=False)
 
+    def state_size(self, seq_len: int) -> int:
+        """Numbers per sequence the cache holds after `seq_len` tokens: a key and a value per
+        token in view."""
+        seen = seq_len if self.window is None else min(seq_len, self.window - 1)
+        return 2 * self.hidden_size * seen
+
     def forward(
         self, x: torch.Tensor, state: AttentionCache | None = None, use_cache: bool = False
     ):

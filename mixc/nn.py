@@ -582,6 +582,14 @@ class MixerLayer(nn.Module):
         values = self.param_values()
         return [values[name] for name in self.learned]
 
+    def state_size(self, seq_len: int | None = None) -> int:
+        """Numbers per sequence the mixer's states hold (whatever the sequence's length; the
+        convolution's last inputs not counted)."""
+        return sum(
+            self.num_heads * math.prod(self._size(s) for s in d.shape)
+            for d in self.spec.mixer.states
+        )
+
     def forward(self, x: torch.Tensor, state: MixerCache | None = None, use_cache: bool = False):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
         call continues that sequence exactly (prefill, then decode token by token)."""
