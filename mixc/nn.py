@@ -5,10 +5,16 @@
     y_next, cache = layer(x_next, state=cache, use_cache=True)
 
 Each spec input gets a projection from the hidden state (vectors `Linear(hidden, NH * d)`,
-per-token scalars `Linear(hidden, NH)`), then a chain of transforms (`TRANSFORMS`), optionally a
-short causal depthwise convolution first. Per-head parameters without a default are learnable
-(`PARAM_INITS`). The mixer's output per head goes through an optional RMSNorm and an optional
-output gate, then an output projection. Nothing here depends on which mixer the spec is.
+per-token scalars `Linear(hidden, NH)`), optionally a short causal depthwise convolution, a
+learnable bias where a decay reads it, then a chain of transforms (`TRANSFORMS`). Per-head
+parameters without a default are learnable. The mixer's output per head goes through an
+optional RMSNorm and an optional output gate, then an output projection.
+
+Nothing here depends on which mixer the spec is or what its inputs are called: the defaults
+(transforms, biases, how parameters are stored and start) come from the roles the analysis
+gives each input and parameter (`roles`): the domains the transition classes need for
+stability, and the decays of every state, which start near 1 (`DECAY_INIT`).
+docs/layers.md compares them with flash-linear-attention's layers.
 """
 
 from __future__ import annotations
