@@ -43,6 +43,7 @@ class Settings:
     lr: float = 3e-3
     weight_decay: float = 0.1
     eval_examples: int = 256
+    chunk_size: int = 16  # at a small model's head sizes the smallest chunks run fastest
     seed: int = 0
     device: str = "cpu"
     baseline: bool = True
@@ -98,7 +99,7 @@ def _train_one(entry, task, hidden: int, s: Settings, progress) -> SynthResult:
         task.vocab_size,
         hidden,
         s.heads,
-        chunk_size=min(64, 1 << (task.seq_len - 1).bit_length()),
+        chunk_size=s.chunk_size,
     ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     warmup = max(1, s.steps // 20)

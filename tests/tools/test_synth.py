@@ -92,5 +92,7 @@ def test_synth_state_tracking_and_errors(tmp_path):
     assert code == 0 and "attention" in out
     code, _, err = _synth("--task", "mqar", "--seq-len", "8", "--pairs", "4")
     assert code == 1 and "need a sequence of at least 12 tokens" in err
+    code, _, err = _synth("--task", "copy")
+    assert code == 1 and "unknown 'copy'; choose from mqar, parity, s3, s5" in err
     code, _, err = _synth("--no-baseline", "--task", "parity", "--steps", "1")
     assert code == 1 and "no spec to train" in err
