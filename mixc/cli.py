@@ -203,6 +203,65 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+@command
+def cmd_synth(args: argparse.Namespace) -> int:
+    """Train the same small model around each spec (and attention) on a synthetic task."""
+    from mixc.driver import output_file
+    from mixc.tools import synth
+    from mixc.tools.tasks import make_task
+
+    for path in (args.json, args.plot):  # refuse a file mixc will not write before training
+        if path is not None:
+            output_file(path, keep=args.specs)
+    if args.plot:
+        from mixc.tools.bench_report import matplotlib_figure
+
+        matplotlib_figure()  # fail before training, not after, without matplotlib
+    settings = synth.Settings(
+        task=args.task,
+        seq_len=tuple(args.seq_len or [None]),
+        pairs=tuple(args.pairs or [None]),
+        vocab=args.vocab,
+        hidden=tuple(args.hidden),
+        heads=args.heads,
+        layers=args.layers,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        eval_examples=args.eval_examples,
+        chunk_size=args.chunk_size,
+        seed=args.seed,
+        device=args.device,
+        baseline=not args.no_baseline,
+    )
+    for seq_len in settings.seq_len:  # a bad option is refused before any training
+        for pairs in settings.pairs:
+            make_task(args.task, seq_len, pairs, args.vocab)
+    for path in args.specs:
+        load_spec(path)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    models = (
+        (len(args.specs) + settings.baseline)
+        * len(settings.seq_len)
+        * len(settings.pairs)
+        * len(settings.hidden)
+    )
+    update, bar = synth.progress_printer(models, args.steps)
+    with bar:
+        results = synth.run(args.specs, settings, progress=update)
+    synth.render(results, settings)
+    if args.json:
+        synth.write_json(results, settings, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        synth.plot(results, settings, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def _int_list(text: str) -> list[int]:
     from mixc.tools.bench import parse_ints
 
@@ -251,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graph(sub)
     _add_fuzz(sub)
     _add_bench(sub)
+    _add_synth(sub)
     return parser
 
 
@@ -416,6 +476,67 @@ def _add_bench(sub: _Subparsers) -> None:
     p.add_argument(
         "--plot", metavar="FILE", help="write time and memory versus T (needs matplotlib)"
     )
+
+
+def _add_synth(sub: _Subparsers) -> None:
+    """`mixc synth SPEC... --task mqar|parity|s3|s5`: train and compare on a synthetic task. The
+    task's name is checked by `mixc.tools.tasks.make_task` (importing the tasks imports torch,
+    which building the parser must not)."""
+    p = sub.add_parser(
+        "synth",
+        help="train the same small model around each spec on a synthetic task (table, --json, --plot)",
+        description="Train a small language model (LAYERS blocks of the spec's MixerLayer, each "
+        "with an MLP, tied embeddings) around each spec, and a softmax-attention baseline, on "
+        "the same batches of a synthetic task; score each on held-out examples. Tasks: mqar "
+        "(multi-query associative recall, Zoology), parity (running parity), s3 and s5 "
+        "(permutation word problems). Comma lists of --seq-len, --pairs and --hidden sweep.",
+    )
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="spec files (*.mix)")
+    p.add_argument("--task", default="mqar", help="mqar, parity, s3 or s5 (default: mqar)")
+    p.add_argument(
+        "--seq-len",
+        type=_int_list,
+        metavar="N[,N...]",
+        help="sequence length (default: mqar 64, parity 64, s3/s5 32)",
+    )
+    p.add_argument(
+        "--pairs", type=_int_list, metavar="N[,N...]", help="mqar: key-value pairs (default 8)"
+    )
+    p.add_argument("--vocab", type=_positive, metavar="N", help="mqar: vocabulary (default 64)")
+    p.add_argument(
+        "--hidden",
+        type=_int_list,
+        default=[64],
+        metavar="N[,N...]",
+        help="model width (default 64)",
+    )
+    p.add_argument("--heads", type=_positive, default=4, metavar="N", help="heads (default 4)")
+    p.add_argument("--layers", type=_positive, default=2, metavar="N", help="blocks (default 2)")
+    p.add_argument(
+        "--steps", type=_positive, default=300, metavar="N", help="AdamW steps (default 300)"
+    )
+    p.add_argument("--batch", type=_positive, default=32, metavar="N", help="batch (default 32)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    p.add_argument(
+        "--eval-examples",
+        type=_positive,
+        default=256,
+        metavar="N",
+        help="held-out sequences scored (default 256)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=_positive,
+        default=16,
+        metavar="C",
+        help="chunk size of the chunked forms (default 16, the fastest at small head sizes)",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default: 0)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu; e.g. cuda)")
+    p.add_argument("--threads", type=_positive, metavar="N", help="torch CPU threads")
+    p.add_argument("--no-baseline", action="store_true", help="skip the softmax-attention baseline")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--plot", metavar="FILE", help="write accuracy per model (needs matplotlib)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

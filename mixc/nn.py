@@ -5,10 +5,16 @@
     y_next, cache = layer(x_next, state=cache, use_cache=True)
 
 Each spec input gets a projection from the hidden state (vectors `Linear(hidden, NH * d)`,
-per-token scalars `Linear(hidden, NH)`), then a chain of transforms (`TRANSFORMS`), optionally a
-short causal depthwise convolution first. Per-head parameters without a default are learnable
-(`PARAM_INITS`). The mixer's output per head goes through an optional RMSNorm and an optional
-output gate, then an output projection. Nothing here depends on which mixer the spec is.
+per-token scalars `Linear(hidden, NH)`), optionally a short causal depthwise convolution, a
+learnable bias where a decay reads it, then a chain of transforms (`TRANSFORMS`). Per-head
+parameters without a default are learnable. The mixer's output per head goes through an
+optional RMSNorm and an optional output gate, then an output projection.
+
+Nothing here depends on which mixer the spec is or what its inputs are called: the defaults
+(transforms, biases, how parameters are stored and start) come from the roles the analysis
+gives each input and parameter (`roles`): the domains the transition classes need for
+stability, and the decays of every state, which start near 1 (`DECAY_INIT`).
+docs/layers.md compares them with flash-linear-attention's layers.
 """
 
 from __future__ import annotations
@@ -24,13 +30,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from mixc.algebra.expand import inline
-from mixc.analysis.plan import analyze
 from mixc.driver import load
 from mixc.errors import MixcError
-from mixc.frontend.ir import Binary, Name, walk
+from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.spec import load_spec
 
-__all__ = ["PARAM_INITS", "TRANSFORMS", "MixerCache", "MixerLayer", "default_transforms"]
+__all__ = [
+    "DECAY_INIT",
+    "DOMAIN_TRANSFORMS",
+    "PARAM_DOMAINS",
+    "PARAM_INITS",
+    "TRANSFORMS",
+    "MixerCache",
+    "MixerLayer",
+    "Roles",
+    "default_transforms",
+    "roles",
+]
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -50,70 +67,191 @@ TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def default_transforms(spec) -> dict[str, list[str]]:
-    """Sensible transforms per input, from the analysis of the spec:
-    - keys and queries of a delta rule: silu then l2norm (the recurrence needs |k| <= 1);
-    - beta of a delta rule: sigmoid (in (0, 1));
-    - an input used as a log-decay (`exp(g_t)` as a decay): logsigmoid (so g <= 0); one used
-      as the decay itself (`G_t ⊙ H_{t-1}`): sigmoid (in (0, 1));
-    - dt (Mamba-2's step): softplus, after a learnable per-head bias;
-    - other vectors: silu on q and k; v and the rest unchanged.
+#: The transform that puts a projected input in the domain a stability condition needs, by the
+#: domain `mixc.check.ranges` derives for it ("unit ball": a delta-rule key of norm <= 1).
+DOMAIN_TRANSFORMS: dict[str, list[str]] = {
+    "positive": ["softplus"],
+    "negative": ["logsigmoid"],
+    "unit interval": ["sigmoid"],
+    "unit ball": ["silu", "l2norm"],
+}
+
+#: How a learnable parameter is stored so that training keeps it in its domain: (suffix of the
+#: stored name, stored -> value, value -> stored). A is stored as A_log with A = -exp(A_log).
+PARAM_DOMAINS: dict[str, tuple[str, Callable, Callable]] = {
+    "negative": ("_log", lambda s: -torch.exp(s), lambda p: torch.log(-p)),
+    "positive": ("_log", torch.exp, torch.log),
+    "unit interval": ("_logit", torch.sigmoid, torch.logit),
+}
+
+
+#: Initial values of learnable parameters by role, as functions of the shape [NH, *shape]:
+#: - "rate": the magnitude of a parameter that multiplies an input inside a decay (Mamba-2's A
+#:   in exp(dt_t A)): U(1, 16) as Mamba-2 draws it, or for a matrix [P, N] 1, 2, ..., N along
+#:   every row (Mamba-1's S4D-real start, its N channels decaying at N rates); the input's bias
+#:   then sets the decay;
+#: - "multiplier": a parameter that only multiplies or divides (a write scale, a skip D, a
+#:   temperature): 1, which neither silences the state nor divides by 0;
+#: - "offset": a parameter that is added somewhere: 0.
+def _rate_init(*shape: int) -> torch.Tensor:
+    """A "rate" parameter [NH, *shape]: S4D-real rows for a matrix, else U(1, 16)."""
+    if len(shape) == 3:
+        return (
+            torch.arange(1, shape[-1] + 1, dtype=torch.get_default_dtype()).expand(*shape).clone()
+        )
+    return torch.empty(*shape).uniform_(1, 16)
+
+
+PARAM_INITS: dict[str, Callable[..., torch.Tensor]] = {
+    "rate": _rate_init,
+    "multiplier": torch.ones,
+    "offset": torch.zeros,
+}
+
+#: Per-token decays at initialisation: each state's log-decay -w starts with w log-uniform in
+#: this range, drawn per head and channel, so memories span 16 to 512 tokens (half-lives of 11
+#: to 355) before training; a state with several decays (an outer-product gate) splits w
+#: between them.
+DECAY_INIT = (2.0**-9, 2.0**-4)
+
+
+@dataclass(frozen=True)
+class Decay:
+    """One decay of a state, as the log it starts at: `log` (an expression of inputs and
+    parameters, let functions inlined, <= 0 for a stable state) and the share of the state's
+    log-decay it carries."""
+
+    state: str
+    log: Expr
+    share: float
+
+
+@dataclass(frozen=True)
+class Roles:
+    """What the analysis says each input and parameter of a spec is for, which is all the
+    layer's defaults depend on (never a name):
+
+    - `transforms`: the chain each projected input goes through;
+    - `domains`: the domain each learnable parameter must stay in (stored per PARAM_DOMAINS);
+    - `inits`: the role each learnable parameter starts by (PARAM_INITS), or "decay" for one
+      solved to start a decay at its target;
+    - `decays`: every decay of every state, solved at initialisation (`MixerLayer`): the inputs
+      in it get a learnable bias, set so the decay starts near 1 (DECAY_INIT); a decay of
+      parameters only sets those parameters instead;
+    - `conditioned`: the inputs a stability condition bounds (decays and beta), which are not
+      convolved by default.
     """
-    facts = analyze(spec)
-    out: dict[str, list[str]] = {}
-    names = {d.name for d in spec.mixer.inputs}
+
+    transforms: dict[str, list[str]]
+    domains: dict[str, str]
+    inits: dict[str, str]
+    decays: tuple[Decay, ...]
+    conditioned: frozenset[str]  # inputs a stability condition bounds (decays, beta)
+
+    def biased(self, mixer) -> list[str]:
+        """The inputs that get a learnable bias: every input read by a decay."""
+        inputs = {d.name for d in mixer.inputs}
+        return [
+            d.name
+            for d in mixer.inputs
+            if any(d.name in _reads(x.log, inputs) for x in self.decays)
+        ]
+
+
+def roles(spec) -> Roles:
+    """The roles of a spec's inputs and parameters, from its plan and the input ranges the
+    transition classes declare (`TransitionClass.conditions`, `unit_key`): see `Roles`."""
+    from mixc.check.ranges import input_ranges
+
+    ranges = input_ranges(spec)
+    facts, mixer = ranges.facts, spec.mixer
+    inputs = {d.name for d in mixer.inputs}
+    learned = [p.name for p in mixer.params if p.default is None]
+    domain = {r.name: r.domain for r in ranges.ranges}
+
+    transforms: dict[str, list[str]] = {}
+    unit_states = {
+        s.name for s in facts.states if s.transition.kind.unit_key(s.transition) is not None
+    }
+    for o in facts.outputs:  # queries: silu, and l2norm where they read a state of unit keys
+        for r in o.readouts:
+            chain = ["silu", "l2norm"] if r.state in unit_states else ["silu"]
+            for name in _reads(r.query, inputs):
+                transforms.setdefault(name, chain)
+    for s in facts.states:  # write keys: silu
+        for w in s.writes:
+            for name in _reads(w.key, inputs):
+                transforms.setdefault(name, ["silu"])
+    for name in inputs:
+        if domain[name] in DOMAIN_TRANSFORMS:
+            transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
+    transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
+
+    decays = []
     for s in facts.states:
-        tr = s.transition
-        for g in tr.gates:
-            if _is_plain_input(g.log, names):
-                out[str(g.log).removesuffix("_t")] = ["logsigmoid"]
-            elif _is_plain_input(g.decay, names):
-                out[str(g.decay).removesuffix("_t")] = ["sigmoid"]
-        if tr.key is not None and _is_plain_input(tr.key, names):
-            key = str(tr.key).removesuffix("_t")
-            out[key] = ["silu", "l2norm"]
-            for o in facts.outputs:
-                for r in o.readouts:
-                    if _is_plain_input(r.query, names):
-                        out[str(r.query).removesuffix("_t")] = ["silu", "l2norm"]
-        if tr.beta is not None and _is_plain_input(tr.beta, names):
-            out[str(tr.beta).removesuffix("_t")] = ["sigmoid"]
-    for d in spec.mixer.inputs:
-        if d.name in out:
-            continue
-        if d.name == "dt":
-            out[d.name] = ["softplus"]
-        elif d.name in ("q", "k") and d.shape:
-            out[d.name] = ["silu"]
-        else:
-            out[d.name] = ["identity"]
+        logs = [_as_log(c) for c in s.transition.kind.decay_conditions(s.name, s.transition)]
+        logs = [inline(mixer, lg) for lg in logs if lg is not None]
+        decays += [Decay(s.name, lg, 1 / len(logs)) for lg in logs]
+
+    divisors = _divisors(mixer)
+    domains = {p: domain[p] for p in learned}  # "plain" or "real": any value
+    domains.update(
+        {p: "positive" for p in divisors & set(learned) if domains[p] in ("plain", "real")}
+    )
+    inits = {p: _param_role(mixer, p) for p in learned}
+    for d in decays:
+        params = _reads(d.log, set(learned))
+        for p in params:
+            if _reads(d.log, inputs):
+                inits[p] = "rate" if domains[p] in ("negative", "positive") else "offset"
+            else:
+                inits[p] = "decay"
+    bounded = {"positive", "negative", "unit interval", "real"}
+    conditioned = frozenset(n for n in inputs if domain[n] in bounded)
+    return Roles(transforms, domains, inits, tuple(decays), conditioned)
+
+
+def default_transforms(spec) -> dict[str, list[str]]:
+    """The transforms of every input, from the analysis of the spec (`roles`), never its names:
+    - an input a decay or beta needs in a domain gets the transform into it (`DOMAIN_TRANSFORMS`:
+      softplus for a positive dt_t in exp(dt_t A), logsigmoid for a g_t in exp(g_t), sigmoid for
+      a beta in (0, 1); an input that may be any real, as a_t in sigmoid(a_t), stays as it is);
+    - a delta-rule key that is a plain input, and every query reading its state: silu then
+      l2norm (the recurrence needs |k| <= 1);
+    - other write keys and readout queries: silu; everything else unchanged.
+    """
+    return roles(spec).transforms
+
+
+def _as_log(c) -> Expr | None:
+    """The log-decay a decay condition bounds: its expression for a log-gate (<= 0), the log of
+    it for a decay in [0, 1] (a full elementwise gate); None for any other condition."""
+    if c.lo == -math.inf and c.hi == 0:
+        return c.expr
+    if c.lo == 0 and c.hi == 1:
+        return Call("log", (c.expr,))
+    return None
+
+
+def _reads(e: Expr, names: set[str]) -> list[str]:
+    """The names of `names` that `e` reads (inputs as `x_t`, parameters as `x`), in order."""
+    out = []
+    for n in walk(e):
+        if isinstance(n, Timed | Name) and n.name in names and n.name not in out:
+            out.append(n.name)
     return out
 
 
-def _is_plain_input(expr, names) -> bool:
-    from mixc.frontend.ir import Timed
-
-    return isinstance(expr, Timed) and expr.name in names
-
-
-def _a_log_init(*shape: int) -> torch.Tensor:
-    """A_log for A = -exp(A_log): per head, uniform in log(1..16) (Mamba-2's scalar A); for a
-    matrix A[P, N], log(1), ..., log(N) along every row (Mamba-1's S4D-real initialisation)."""
-    if len(shape) == 3:
-        rows = torch.log(torch.arange(1, shape[-1] + 1, dtype=torch.get_default_dtype()))
-        return rows.expand(*shape).clone()
-    return torch.log(torch.empty(*shape).uniform_(1, 16))
-
-
-#: Initialisation of learnable per-head parameters, by name: (stored name, init(*shape), to
-#: value). A is stored as A_log with A = -exp(A_log) (Mamba-2), so it stays negative. Any other
-#: parameter starts at 0, or at 1 where the spec divides by it (a temperature).
-PARAM_INITS: dict[
-    str, tuple[str, Callable[..., torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
-] = {
-    "A": ("A_log", _a_log_init, lambda p: -torch.exp(p)),
-    "D": ("D", torch.ones, lambda p: p),
-}
+def _param_role(mixer, name: str) -> str:
+    """How a parameter outside decays starts (PARAM_INITS): as an "offset" where the spec adds
+    it to something, else as a "multiplier"."""
+    for eq in mixer.equations:
+        for e in walk(inline(mixer, eq.value)):
+            if isinstance(e, Binary) and e.op in ("+", "-"):
+                sides = (e.left, e.right)
+                if any(isinstance(x, Name) and x.name == name for x in sides):
+                    return "offset"
+    return "multiplier"
 
 
 def _divisors(mixer) -> set[str]:
@@ -126,6 +264,54 @@ def _divisors(mixer) -> set[str]:
             if isinstance(e, Binary) and e.op == "/":
                 found |= {n.name for n in walk(e.right) if isinstance(n, Name)} & params
     return found
+
+
+class _UnsolvableError(Exception):
+    """A decay whose log is not an elementwise expression (a dot product, an l2norm)."""
+
+
+def _evaluate(e: Expr, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """An elementwise expression (let functions inlined) on tensors that broadcast: enough for
+    the log of a decay (`dt_t A`, `logsigmoid(a_t)`, `log(sigmoid(w_t) sigmoid(f_t))`)."""
+    if isinstance(e, Number):
+        return torch.tensor(float(e.text), dtype=torch.float64)
+    if isinstance(e, Timed | Name):
+        if e.name not in values:
+            raise _UnsolvableError(e.name)
+        return values[e.name]
+    if isinstance(e, Neg):
+        return -_evaluate(e.operand, values)
+    if isinstance(e, Transpose):
+        return _evaluate(e.operand, values)
+    if isinstance(e, Call) and (e.func == "diag" or BUILTINS[e.func].elementwise):
+        x = _evaluate(e.args[0], values)
+        return x if e.func == "diag" else BUILTINS[e.func].tensor(x)
+    if isinstance(e, Binary) and e.op in _ELEMENTWISE:
+        return _ELEMENTWISE[e.op](_evaluate(e.left, values), _evaluate(e.right, values))
+    raise _UnsolvableError(str(e))
+
+
+_ELEMENTWISE = {
+    "+": torch.add,
+    "-": torch.sub,
+    "*": torch.mul,
+    "@": torch.mul,  # a product of scalars and diagonals, entry by entry
+    "/": torch.div,
+    "^": torch.pow,
+}
+
+#: The grid a decay's bias (or parameter) is chosen from: the value whose decay is nearest its
+#: target wins.
+_GRID = torch.linspace(-24, 24, 1921, dtype=torch.float64)
+
+
+def _solve(f: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """For each head h (the first dim of `target`), the grid value b whose f(b)[h] (a [NH, G]
+    tensor) is nearest each entry of target[h]: the decay needs no monotone or invertible form."""
+    got = f(_GRID).nan_to_num(nan=math.inf)  # [NH, G]
+    flat = target.reshape(target.shape[0], -1, 1)  # [NH, E, 1]
+    best = (got[:, None, :] - flat).abs().argmin(-1)  # [NH, E]
+    return _GRID[best].reshape(target.shape).to(torch.float32)
 
 
 def _count(name: str, value, least: int = 1) -> int:
@@ -167,7 +353,8 @@ class MixerLayer(nn.Module):
         transforms: input name -> list of TRANSFORMS names, overriding `default_transforms`.
         conv_size: kernel size of a short causal depthwise convolution on `conv_inputs`
             (0 turns it off); default 4.
-        conv_inputs: which vector inputs are convolved; default all vector inputs.
+        conv_inputs: which vector inputs are convolved; default every vector input that no
+            decay or beta reads (keys, queries and values, as in fla's layers).
         output_gate: multiply by silu(Linear(x)) before the output projection.
         norm: RMSNorm over each head's output.
         chunk_size: chunk size of the chunked form.
@@ -200,10 +387,13 @@ class MixerLayer(nn.Module):
         if self.chunk_size & (self.chunk_size - 1):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
         self.sizes = self._sizes_per_head({} if sizes is None else sizes)
+        self.roles = roles(self.spec)
         self.transforms = self._transforms({} if transforms is None else transforms)
         self._build_inputs(_count("conv_size", conv_size, least=0), conv_inputs)
         self._build_params()
         self._build_output(output_gate, norm)
+        with torch.no_grad():
+            self._start_decays()
 
     def _sizes_per_head(self, given: Mapping[str, int]) -> dict[str, int]:
         """Every size symbol of the spec: as given, else the head width hidden_size / num_heads
@@ -238,7 +428,7 @@ class MixerLayer(nn.Module):
 
     def _transforms(self, overrides: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
         """The default transforms of every input, with the user's overrides checked in."""
-        out = default_transforms(self.spec)
+        out = {name: list(chain) for name, chain in self.roles.transforms.items()}
         if not isinstance(overrides, Mapping):
             raise MixcError(f"transforms: expected a dict of lists by input, got {overrides!r}")
         for name, given in overrides.items():
@@ -255,7 +445,7 @@ class MixerLayer(nn.Module):
 
     def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
         """A projection per input, a short causal convolution per convolved vector input, and
-        a per-head bias for dt."""
+        a learnable bias (per head and entry) for every input a decay reads."""
         mixer, heads = self.spec.mixer, self.num_heads
         self.dims = {d.name: [self._size(s) for s in d.shape] for d in mixer.inputs}
         self.proj = nn.ModuleDict(
@@ -265,7 +455,8 @@ class MixerLayer(nn.Module):
             }
         )
         vectors = [d.name for d in mixer.inputs if len(d.shape) == 1]
-        chosen = vectors if conv_inputs is None else _names("conv_inputs", conv_inputs)
+        free = [n for n in vectors if n not in self.roles.conditioned]
+        chosen = free if conv_inputs is None else _names("conv_inputs", conv_inputs)
         for name in chosen:
             if name not in vectors:
                 what = "a per-token scalar" if name in self.dims else "not an input"
@@ -288,21 +479,103 @@ class MixerLayer(nn.Module):
                 for name in self.conv_inputs
             }
         )
-        scalar_dt = "dt" in self.dims and not self.dims["dt"]
-        self.dt_bias = nn.Parameter(torch.zeros(heads)) if scalar_dt else None
+        self.bias = nn.ParameterDict(
+            {
+                name: nn.Parameter(torch.zeros(heads, *self.dims[name]))
+                for name in self.roles.biased(mixer)
+            }
+        )
 
     def _build_params(self) -> None:
-        """The learnable per-head parameters (those without a default)."""
-        mixer = self.spec.mixer
+        """The learnable per-head parameters (those without a default), stored so that they
+        stay in their domain (`PARAM_DOMAINS`), starting by their role (`PARAM_INITS`; a
+        parameter that sets a decay alone is solved by `_start_decays`)."""
+        mixer, roles = self.spec.mixer, self.roles
         self.learned = [p.name for p in mixer.params if p.default is None]
-        divisors = _divisors(mixer)
+        self.stored: dict[str, tuple[str, Callable]] = {}
+        self.params = nn.ParameterDict()
         for param in mixer.params:
             if param.default is not None:
                 continue
-            start = torch.ones if param.name in divisors else torch.zeros
-            stored, init, _ = PARAM_INITS.get(param.name, (param.name, start, lambda p: p))
-            value = init(self.num_heads, *(self._size(s) for s in param.shape))
-            self.register_parameter(stored, nn.Parameter(value))
+            suffix, to_value, to_stored = PARAM_DOMAINS.get(
+                roles.domains[param.name], ("", lambda s: s, lambda p: p)
+            )
+            shape = (self.num_heads, *(self._size(s) for s in param.shape))
+            domain, role = roles.domains[param.name], roles.inits[param.name]
+            if role == "decay" or domain == "unit interval":
+                start = torch.zeros(shape)  # solved, or 1/2 in the unit interval (as beta)
+            else:
+                sign = -1 if domain == "negative" else 1
+                start = to_stored(sign * PARAM_INITS[role](*shape))
+            self.stored[param.name] = (param.name + suffix, to_value)
+            self.params[param.name + suffix] = nn.Parameter(start)
+
+    def _start_decays(self) -> None:
+        """Set every decay to start near 1 (`DECAY_INIT`): the bias of the inputs a decay reads
+        (one value shared by them), or the parameters of a decay that reads no input, is the
+        grid value whose log-decay is nearest -w, w drawn per head and entry. The parameters
+        beside an input (A in exp(dt_t A)) keep their start, and each head is solved with their
+        mean there. A decay whose log is not elementwise keeps bias 0."""
+        heads = self.num_heads
+        lo, hi = (math.log(x) for x in DECAY_INIT)
+        solved_alone = {p for p in self.learned if self.roles.inits[p] == "decay"}
+        done: set[str] = set()
+        for d in self.roles.decays:
+            solving = [n for n in _reads(d.log, set(self.bias)) if n not in done]
+            solving = solving or [n for n in _reads(d.log, solved_alone) if n not in done]
+            if not solving:
+                continue
+            tensors = [self.bias[n] if n in self.bias else self._stored(n) for n in solving]
+            shapes = {tuple(t.shape) for t in tensors}
+            shape = shapes.pop() if len(shapes) == 1 else (heads,)
+            w = torch.exp(lo + (hi - lo) * torch.rand(shape, dtype=torch.float64)) * d.share
+            fixed = self._per_head_values(d.log, exclude=set(solving))
+
+            def log_decay(grid: torch.Tensor, d=d, solving=solving, fixed=fixed) -> torch.Tensor:
+                row, values = grid.expand(heads, -1), dict(fixed)
+                for name in solving:
+                    biased = name in self.bias
+                    values[name] = (
+                        self._transformed(name, row) if biased else self.stored[name][1](row)
+                    )
+                return _evaluate(d.log, values).expand(heads, -1)
+
+            try:
+                start = _solve(log_decay, -w)
+            except _UnsolvableError:
+                continue
+            for t in tensors:
+                t.copy_(
+                    start if start.shape == t.shape else start.view(heads, *[1] * (t.dim() - 1))
+                )
+            done |= set(solving)
+
+    def _per_head_values(self, e: Expr, exclude: set[str]) -> dict[str, torch.Tensor]:
+        """The value per head ([NH, 1], the mean over a head's entries) of every parameter and
+        transformed bias `e` reads outside `exclude`, and the head index h."""
+        heads = self.num_heads
+        h = torch.arange(heads, dtype=torch.float64)[:, None]
+        out = {"h": h}
+        for p in self.spec.mixer.params:
+            if p.default is not None and p.name in _reads(e, {p.name}):
+                out[p.name] = _evaluate(inline(self.spec.mixer, p.default), {"h": h}).expand(
+                    heads, 1
+                )
+        params = self.param_values()
+        for name in _reads(e, set(self.learned) - exclude):
+            out[name] = params[name].double().reshape(heads, -1).mean(-1, keepdim=True)
+        for name in _reads(e, set(self.bias) - exclude):
+            biased = self._transformed(name, self.bias[name].double())
+            out[name] = biased.reshape(heads, -1).mean(-1, keepdim=True)
+        return out
+
+    def _stored(self, name: str) -> torch.Tensor:
+        return self.params[self.stored[name][0]]
+
+    def _transformed(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        for t in self.transforms[name]:
+            x = TRANSFORMS[t](x)
+        return x
 
     def _build_output(self, output_gate: bool, norm: bool) -> None:
         """RMSNorm per head, the output gate and the output projection."""
@@ -317,12 +590,23 @@ class MixerLayer(nn.Module):
     def _size(self, symbol: str) -> int:
         return int(symbol) if symbol.isdigit() else self.sizes[symbol]
 
+    def param_values(self) -> dict[str, torch.Tensor]:
+        """Every learnable parameter's value (from what is stored), by its name in the spec."""
+        return {
+            name: to_value(self.params[stored]) for name, (stored, to_value) in self.stored.items()
+        }
+
     def _params(self) -> list[torch.Tensor]:
-        values = []
-        for name in self.learned:
-            stored, _, to_value = PARAM_INITS.get(name, (name, None, lambda p: p))
-            values.append(to_value(getattr(self, stored)))
-        return values
+        values = self.param_values()
+        return [values[name] for name in self.learned]
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        """Numbers per sequence the mixer's states hold (whatever the sequence's length), the last
+        token of each input read at t-1 included; the convolution's last inputs not counted."""
+        return sum(
+            self.num_heads * math.prod(self._size(s) for s in d.shape)
+            for d in self.spec.mixer.carried
+        )
 
     def forward(self, x: torch.Tensor, state: MixerCache | None = None, use_cache: bool = False):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
@@ -344,11 +628,9 @@ class MixerLayer(nn.Module):
                 tails[name] = h_full[:, -(self.conv_size - 1) :]
                 h = F.silu(self.conv[name](h_full.transpose(1, 2)).transpose(1, 2))
             h = h.view(B, T, self.num_heads, *dims)
-            if name == "dt" and self.dt_bias is not None:
-                h = h + self.dt_bias
-            for t in self.transforms[name]:
-                h = TRANSFORMS[t](h)
-            inputs.append(h)
+            if name in self.bias:
+                h = h + self.bias[name]
+            inputs.append(self._transformed(name, h))
         states = state.states if state is not None else None
         form = self.mixer.chunk if "chunk" in self.mixer.FORMS else self.mixer.recurrent
         kw = {"chunk_size": self.chunk_size} if "chunk" in self.mixer.FORMS else {}

@@ -40,7 +40,8 @@ def test_prefill_then_decode_equals_one_pass(path):
 def test_state_dict_round_trip_and_dtype_moves():
     torch.manual_seed(0)
     layer = MixerLayer(ROOT / "specs/mamba2.mix", 32, 4)
-    assert "A_log" in dict(layer.named_parameters()) and "dt_bias" in dict(layer.named_parameters())
+    names = dict(layer.named_parameters())
+    assert "params.A_log" in names and "bias.dt" in names
     buffer = io.BytesIO()
     torch.save(layer.state_dict(), buffer)
     other = MixerLayer(ROOT / "specs/mamba2.mix", 32, 4)
@@ -167,7 +168,10 @@ def test_parameters_that_divide_start_at_one():
     """A temperature starting at 0 made the first step divide by 0 (NaN outputs)."""
     torch.manual_seed(0)
     layer = MixerLayer(mixc.Source(TEMPERATURE), 32, 2)
-    assert torch.equal(layer.tau, torch.ones(2)) and torch.equal(layer.scale, torch.ones(2, 16))
+    values = layer.param_values()  # stored as logs: they stay positive
+    assert torch.equal(values["tau"], torch.ones(2)) and torch.equal(
+        values["scale"], torch.ones(2, 16)
+    )
     y, _ = layer(torch.randn(2, 7, 32))
     y.square().mean().backward()
     assert torch.isfinite(y).all()
@@ -175,11 +179,12 @@ def test_parameters_that_divide_start_at_one():
 
 
 def test_a_matrix_starts_as_mamba1_does():
-    """A[P, N] is stored as A_log with A = -exp(A_log): log(1), ..., log(N) along every row."""
+    """A[P, N], a rate in its decay exp(dt_t * A), is stored as A_log with A = -exp(A_log) and
+    starts at A = -1, ..., -N along every row (S4D-real)."""
     layer = MixerLayer(ROOT / "specs/mamba1.mix", 32, 2, sizes={"N": 4})
-    rows = torch.log(torch.arange(1.0, 5.0))
-    assert layer.A_log.shape == (2, 16, 4)
-    assert torch.equal(layer.A_log, rows.expand(2, 16, 4))
+    rows = -torch.arange(1.0, 5.0)
+    assert layer.params.A_log.shape == (2, 16, 4)
+    assert torch.allclose(layer.param_values()["A"], rows.expand(2, 16, 4), rtol=0, atol=1e-6)
 
 
 def test_layer_compiles_as_one_graph():

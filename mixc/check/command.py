@@ -14,10 +14,10 @@ from mixc.check.reproducer import reproducer
 from mixc.errors import MixcError
 from mixc.frontend.spec import load_spec
 
-__all__ = ["run_command"]
+__all__ = ["progress_bar", "run_command"]
 
 
-def _progress_bar(label: str, total: int):
+def progress_bar(label: str, total: int):
     """A rich progress bar on stderr when stderr is a terminal (quiet when piped or without rich);
     returns (callback, context manager)."""
     import contextlib
@@ -89,7 +89,7 @@ def run_command(
     target = f"{spec_path}" + (f" --module {module_path}" if module_path else "")
     if backend != "pytorch" and not module_path:
         target += f" --backend {backend}"
-    update, bar = _progress_bar(f"fuzzing {spec.mixer.name}", examples)
+    update, bar = progress_bar(f"fuzzing {spec.mixer.name}", examples)
     with bar:
         report = fuzz(
             spec,

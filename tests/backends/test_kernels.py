@@ -20,8 +20,8 @@ from mixc.backends.pytorch.kernels import CLASS_FILES, KERNELS, kernel_source
 from mixc.backends.pytorch.kernels.common import _span_tokens, _unit_lower_inverse
 from mixc.backends.pytorch.kernels.delta import chunk_delta
 from mixc.backends.pytorch.kernels.diagonal import chunk_diagonal
-from mixc.backends.pytorch.kernels.elementwise import chunk_elementwise
 from mixc.backends.pytorch.kernels.dplr import chunk_dplr
+from mixc.backends.pytorch.kernels.elementwise import chunk_elementwise
 from mixc.backends.pytorch.kernels.scalar_decay import chunk_scalar_decay, parallel_scalar_decay
 
 B, NH, DK, DV = 2, 3, 8, 6

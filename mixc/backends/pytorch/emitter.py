@@ -482,7 +482,6 @@ class _Module:
 
     def emit_groups(self, out: Lines, parallel: bool) -> None:
         """One kernel call per (group, query), each readout into its variable `_r<index>`."""
-        e = self.seq_expr()
         packed = "" if parallel else ", cu_seqlens"
         for plan in self.groups:
             group = plan.states

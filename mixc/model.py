@@ -1,0 +1,148 @@
+"""A small causal language model from a pattern of layers: specs, softmax attention, or both.
+
+    model = LanguageModel(
+        ["specs/gated_deltanet.mix", "specs/gated_deltanet.mix", "attention"],
+        vocab_size=256, hidden_size=128, num_heads=4,
+    )
+    logits, _ = model(tokens)                       # tokens: [B, T] int64
+    out = model.generate(prompt, max_new_tokens=32)  # prefill, then one token at a time
+
+Each entry of the pattern is a block: a pre-norm residual token mixer (a `MixerLayer` built
+from the spec, or `Attention` for "attention", or a sliding window of N tokens for
+"attention:N"), then a pre-norm residual MLP, as the hybrids of the field stack them (Jamba,
+Samba, Griffin). The embedding is tied to the output head. `generate` prefills with the
+chunked forms and decodes token by token from every layer's cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mixc.attention import Attention
+from mixc.errors import MixcError, Source
+from mixc.frontend.spec import Spec
+from mixc.nn import MixerLayer, _count
+
+__all__ = ["Block", "LanguageModel", "make_mixer"]
+
+
+def make_mixer(entry, hidden_size: int, num_heads: int, **layer_kwargs) -> nn.Module:
+    """The token mixer of one pattern entry: "attention", "attention:N" (a window of N
+    tokens), or a spec (a path, a Source or a loaded Spec) for a MixerLayer with
+    `layer_kwargs`."""
+    if isinstance(entry, str) and entry.split(":")[0] == "attention":
+        _, colon, window = entry.partition(":")
+        if colon and not window.isdigit():
+            raise MixcError(f"pattern: {entry!r}: expected attention:N with N a window size")
+        return Attention(hidden_size, num_heads, window=int(window) if colon else None)
+    if not isinstance(entry, str | os.PathLike | Source | Spec):
+        raise MixcError(f"pattern: expected a spec or 'attention', got {entry!r}")
+    return MixerLayer(entry, hidden_size, num_heads, **layer_kwargs)
+
+
+class Block(nn.Module):
+    """x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, mixer: nn.Module, hidden_size: int, mlp_ratio: int) -> None:
+        super().__init__()
+        self.mixer = mixer
+        self.norm1, self.norm2 = nn.RMSNorm(hidden_size), nn.RMSNorm(hidden_size)
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden_size, mlp_ratio * hidden_size),
+            nn.GELU(),
+            nn.Linear(mlp_ratio * hidden_size, hidden_size),
+        )
+
+    def forward(self, x: torch.Tensor, cache=None, use_cache: bool = False):
+        y, cache = self.mixer(self.norm1(x), state=cache, use_cache=use_cache)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), cache
+
+
+class LanguageModel(nn.Module):
+    """Embedding (tied to the output head), one block per pattern entry, a final RMSNorm.
+
+    Args:
+        pattern: one entry per block: a spec, "attention" or "attention:N".
+        vocab_size, hidden_size, num_heads: sizes (every mixer gets the same width and heads).
+        mlp_ratio: the MLP's hidden width over hidden_size (0: no MLP).
+        layer_kwargs: passed to every MixerLayer (sizes, conv_size, chunk_size, ...).
+    """
+
+    def __init__(
+        self,
+        pattern: Sequence,
+        vocab_size: int,
+        hidden_size: int = 128,
+        num_heads: int = 4,
+        *,
+        mlp_ratio: int = 4,
+        **layer_kwargs,
+    ) -> None:
+        super().__init__()
+        if isinstance(pattern, str | os.PathLike) or not isinstance(pattern, Sequence):
+            raise MixcError(f"pattern: expected a list of specs or 'attention', got {pattern!r}")
+        if not pattern:
+            raise MixcError("pattern: expected at least one layer")
+        self.vocab_size = _count("vocab_size", vocab_size)
+        self.pattern = list(pattern)
+        self.embed = nn.Embedding(vocab_size, hidden_size)
+        nn.init.normal_(self.embed.weight, std=hidden_size**-0.5)
+        self.blocks = nn.ModuleList(
+            Block(make_mixer(e, hidden_size, num_heads, **layer_kwargs), hidden_size, mlp_ratio)
+            for e in pattern
+        )
+        if mlp_ratio == 0:
+            for block in self.blocks:
+                block.mlp = nn.Identity()
+        self.norm = nn.RMSNorm(hidden_size)
+
+    def forward(self, tokens: torch.Tensor, caches: list | None = None, use_cache: bool = False):
+        """tokens: [B, T] int64. Returns (logits [B, T, vocab], caches or None); caches from
+        an earlier call continue those sequences."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            raise MixcError("tokens: expected an integer tensor [B, T]")
+        if caches is not None and len(caches) != len(self.blocks):
+            raise MixcError(
+                f"caches: expected {len(self.blocks)} (one per layer), got {len(caches)}"
+            )
+        x = self.embed(tokens)
+        new = []
+        for block, cache in zip(self.blocks, caches or [None] * len(self.blocks), strict=True):
+            x, cache = block(x, cache, use_cache=use_cache)
+            new.append(cache)
+        logits = F.linear(self.norm(x), self.embed.weight)
+        return logits, (new if use_cache else None)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The prompt [B, T] followed by `max_new_tokens` tokens, greedy (temperature 0) or
+        sampled: one pass over the prompt, then one token a step from every layer's cache."""
+        n = _count("max_new_tokens", max_new_tokens, least=0)
+        out = [prompt]
+        if n == 0:
+            return prompt
+        logits, caches = self(prompt, use_cache=True)
+        for i in range(n):
+            last = logits[:, -1].float()
+            if temperature > 0:
+                probs = torch.softmax(last / temperature, -1)
+                token = torch.multinomial(probs, 1, generator=generator)
+            else:
+                token = last.argmax(-1, keepdim=True)
+            out.append(token)
+            if i + 1 < n:
+                logits, caches = self(token, caches, use_cache=True)
+        return torch.cat(out, 1)

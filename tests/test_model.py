@@ -1,0 +1,104 @@
+"""Softmax attention against a float64 loop over tokens; hybrid language models: a prefill
+followed by token-by-token decoding from every layer's cache equals one pass, and generate()
+is the greedy continuation a full pass predicts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import mixc
+from mixc.attention import Attention, _rotate
+from mixc.model import LanguageModel
+from tests.mixers import rel
+
+ROOT = Path(__file__).parent.parent
+
+
+def _attention_loop(layer: Attention, x: torch.Tensor) -> torch.Tensor:
+    """The layer's function token by token: each query against the keys it may see."""
+    B, T, D = x.shape
+    NH, d = layer.num_heads, layer.head_size
+    q, k, v = layer.qkv(x).view(B, T, 3, NH, d).permute(2, 0, 3, 1, 4)
+    pos = torch.arange(T)
+    q, k = _rotate(q, pos, layer.rope_base), _rotate(k, pos, layer.rope_base)
+    out = torch.zeros(B, NH, T, d, dtype=x.dtype)
+    for t in range(T):
+        first = 0 if layer.window is None else max(0, t - layer.window + 1)
+        scores = (q[:, :, t : t + 1] @ k[:, :, first : t + 1].mT) / math.sqrt(d)
+        out[:, :, t] = (scores.softmax(-1) @ v[:, :, first : t + 1])[:, :, 0]
+    return layer.out_proj(out.transpose(1, 2).reshape(B, T, D))
+
+
+@pytest.mark.parametrize("window", [None, 1, 5])
+def test_attention_matches_a_loop_and_decodes_from_its_cache(window):
+    torch.manual_seed(0)
+    layer = Attention(32, 4, window=window).double()
+    x = torch.randn(2, 19, 32, dtype=torch.float64)
+    y, _ = layer(x)
+    assert rel(y, _attention_loop(layer, x)) <= 1e-12
+    pieces, (y_head, cache) = [], layer(x[:, :11], use_cache=True)
+    pieces.append(y_head)
+    for t in range(11, 19):
+        y_t, cache = layer(x[:, t : t + 1], state=cache, use_cache=True)
+        pieces.append(y_t)
+    assert rel(torch.cat(pieces, 1), y) <= 1e-12
+    if window is not None:
+        assert cache.k.shape[2] == window - 1 and cache.seen == 19
+
+
+PATTERN = [
+    ROOT / "specs/gated_deltanet.mix",
+    "attention",
+    ROOT / "specs/mamba2.mix",
+    "attention:6",
+    ROOT / "specs/linear_attention_normalized.mix",
+]
+
+
+def test_hybrid_cached_decode_equals_a_full_pass():
+    torch.manual_seed(0)
+    model = LanguageModel(PATTERN, vocab_size=50, hidden_size=32, num_heads=2, chunk_size=8)
+    model = model.double()
+    tokens = torch.randint(0, 50, (2, 23))
+    full, _ = model(tokens)
+    logits, caches = model(tokens[:, :9], use_cache=True)
+    pieces = [logits]
+    for t in range(9, 23):
+        logits, caches = model(tokens[:, t : t + 1], caches, use_cache=True)
+        pieces.append(logits)
+    assert rel(torch.cat(pieces, 1), full) <= 1e-10
+
+
+def test_generate_is_the_greedy_continuation_of_full_passes():
+    torch.manual_seed(0)
+    model = LanguageModel(PATTERN[:2], vocab_size=40, hidden_size=32, num_heads=2).double()
+    prompt = torch.randint(0, 40, (3, 7))
+    out = model.generate(prompt, max_new_tokens=6)
+    assert out.shape == (3, 13) and torch.equal(out[:, :7], prompt)
+    for t in range(7, 13):  # each new token is the argmax of a full pass over what precedes it
+        logits, _ = model(out[:, :t])
+        assert torch.equal(logits[:, -1].argmax(-1), out[:, t])
+    sampled = model.generate(prompt, 4, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    assert sampled.shape == (3, 11)
+
+
+def test_tied_embeddings_and_bad_patterns():
+    model = LanguageModel(["attention"], vocab_size=10, hidden_size=16, num_heads=2)
+    logits, _ = model(torch.zeros(1, 3, dtype=torch.long))
+    logits.sum().backward()
+    assert model.embed.weight.grad is not None and logits.shape == (1, 3, 10)
+    with torch.no_grad():  # the head is the embedding: a token not in the input moves its logit
+        model.embed.weight[7] += 1.0
+    moved, _ = model(torch.zeros(1, 3, dtype=torch.long))
+    assert not torch.equal(moved[..., 7], logits[..., 7])
+    assert torch.equal(moved[..., :7], logits[..., :7])
+    with pytest.raises(mixc.MixcError, match="pattern: expected a list"):
+        LanguageModel("attention", vocab_size=10)
+    with pytest.raises(mixc.MixcError, match="attention:N"):
+        LanguageModel(["attention:x"], vocab_size=10)
+    with pytest.raises(mixc.MixcError, match="pattern: expected a spec"):
+        LanguageModel([3], vocab_size=10)

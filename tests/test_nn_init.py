@@ -1,0 +1,108 @@
+"""MixerLayer's defaults at initialisation, for every shipped spec and for random specs of every
+class: outputs and gradients are finite over 8192 tokens of random input, and the state's memory
+spans the sequence (what a token 64 steps back contributes is not forgotten)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from mixc.check.random_specs import random_specs
+from mixc.frontend.spec import load_spec
+from mixc.nn import MixerLayer
+
+ROOT = Path(__file__).parent.parent
+SPECS = sorted(ROOT.glob("specs/*.mix"))
+
+
+def _finite_at_init(spec, T: int = 8192) -> None:
+    """Outputs and every parameter's gradient are finite for T tokens of N(0, 1) input (1024
+    for a spec without a chunked form: its recurrent form is a Python loop over tokens)."""
+    torch.manual_seed(0)
+    layer = MixerLayer(spec, 16, 2)
+    T = T if "chunk" in layer.mixer.FORMS else min(T, 1024)
+    y, _ = layer(torch.randn(1, T, 16))
+    assert torch.isfinite(y).all()
+    y.square().mean().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def _memory_at_init(spec, back: int = 64) -> float:
+    """How much the last output depends on the input `back` tokens before it, relative to the
+    input 8 tokens before it (gradient norms; both reach it through the state only, past the
+    convolution's window): a decay near 0.5, the old default, gives 0.5^56 ~ 1e-17; decays that
+    start near 1 keep it near 1."""
+    torch.manual_seed(0)
+    layer = MixerLayer(spec, 32, 4).double()
+    x = torch.randn(1, 2 * back, 32, dtype=torch.float64, requires_grad=True)
+    y, _ = layer(x)
+    y[0, -1].square().sum().backward()
+    g = x.grad[0].norm(dim=-1)
+    return (g[-1 - back] / g[-9]).item()
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_shipped_specs_are_finite_and_remember_at_init(path):
+    _finite_at_init(path)
+    assert _memory_at_init(path) >= 1e-3
+
+
+@settings(max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(random_specs())
+def test_random_specs_are_finite_and_remember_at_init(text):
+    spec = load_spec(text=text)
+    _finite_at_init(spec)
+    assert _memory_at_init(spec) >= 1e-3
+
+
+def test_decays_start_slow_in_the_shipped_layers():
+    """The decay each shipped layer starts with, computed by hand from its parameters (as the
+    spec writes it), lies in (0.9, 1): memories of tens to hundreds of tokens."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 32)
+    gla = MixerLayer(ROOT / "specs/gla.mix", 32, 4)
+    g = torch.nn.functional.logsigmoid(gla.proj["g"](x).view(2, 64, 4, 8) + gla.bias["g"])
+    retention = MixerLayer(ROOT / "specs/gated_retention.mix", 32, 4)
+    a = torch.sigmoid(retention.proj["a"](x).view(2, 64, 4) + retention.bias["a"])
+    mamba = MixerLayer(ROOT / "specs/mamba2.mix", 32, 4)
+    dt = torch.nn.functional.softplus(mamba.proj["dt"](x).view(2, 64, 4) + mamba.bias["dt"])
+    A = -torch.exp(mamba.params["A_log"])
+    assert ((1 <= -A) & (-A <= 16)).all()  # Mamba-2's A_log ~ log U(1, 16)
+    assert mamba.params["D"].eq(1).all()
+    for decay in (g.exp(), a, torch.exp(dt * A)):
+        assert 0.9 < decay.median() < 1 and decay.max() < 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "mixer temp\nin q[K], k[K], v[V]\nparam tau\nstate H[V, K]\n"
+        "H_t = H_{t-1} + v_t k_t^T\ny_t = H_t q_t / tau\n",
+        "mixer scan\nin x[P], dt, B[N], C[N]\nparam Alpha[P, N], D\nstate H[P, N]\n"
+        "H_t = exp(dt_t Alpha) * H_{t-1} + dt_t x_t B_t^T\ny_t = H_t C_t + D x_t\n",
+        "mixer raw\nin q[K], k[K], v[V]\nparam lam, eta\nstate H[V, K]\n"
+        "H_t = lam H_{t-1} + eta v_t k_t^T\ny_t = H_t q_t\n",
+    ],
+    ids=["temperature", "shaped rate", "raw decay"],
+)
+def test_parameters_start_by_their_role(text):
+    """A temperature starts at 1 and stays positive; a shaped rate beside an input starts with
+    magnitudes in [1, 16] whatever its name; a decay of parameters alone starts near 1; a
+    write scale starts at 1 (0 would silence the state)."""
+    torch.manual_seed(0)
+    layer = MixerLayer(load_spec(text=text), 32, 4)
+    values = layer.param_values()
+    if "tau" in values:
+        assert values["tau"].eq(1).all() and "tau_log" in layer.params
+    if "Alpha" in values:
+        assert ((values["Alpha"] <= -1) & (values["Alpha"] >= -16)).all()
+        assert values["D"].eq(1).all()
+    if "lam" in values:
+        assert ((0.9 < values["lam"]) & (values["lam"] < 1)).all()
+        assert values["eta"].eq(1).all()
+    _finite_at_init(load_spec(text=text), T=1024)
+    assert _memory_at_init(load_spec(text=text)) >= 1e-3
