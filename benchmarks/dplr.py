@@ -267,11 +267,11 @@ def report(d: dict) -> str:
         f"Measured {d['date']}, {d['threads']} torch threads, fp32, B={B}, NH={NH}, "
         f"d_k=d_v={D}, T={T_PEER}, mixc chunk size {d['chunk']} (the faster of 32 and 64 for the "
         f"KDA chunk forward: {d['tune_s']['32'] * 1e3:.1f} and {d['tune_s']['64'] * 1e3:.1f} ms). "
-        "The machine was shared with other sessions' work (load average "
+        "Load average (1/5/15 min) "
         f"{'/'.join(f'{x:.1f}' for x in d['load_start'])} at the start, "
-        f"{'/'.join(f'{x:.1f}' for x in d['load_end'])} at the end), so only ratios of calls "
-        "timed in alternation in one process are reported as targets; the absolute times beside "
-        "them are medians of this run.",
+        f"{'/'.join(f'{x:.1f}' for x in d['load_end'])} at the end. The machine may be shared "
+        "with other work, so only ratios of calls timed in alternation in one process are "
+        "reported as targets; the absolute times beside them are medians of this run.",
         "",
         "| target | measured | holds |",
         "| --- | --- | --- |",

@@ -140,9 +140,9 @@ def main() -> None:
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, mixc {mixc.__version__}, "
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}",
-        f"- {args.threads} torch thread(s) on a machine shared with other jobs (load average "
-        f"{load_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end): absolute times are "
-        "noisy, the ratios (both forms timed in alternation in one process) are what to read",
+        f"- {args.threads} torch thread(s), load average {load_start[0]:.1f} at start, "
+        f"{os.getloadavg()[0]:.1f} at end (on a shared machine the absolute times are noisy; "
+        "the ratios, both forms timed in alternation in one process, are what to read)",
         f"- Sizes: B={B}, NH={NH}, P={P}, N={N}, fp32, specs/mamba1.mix; chunk size {chunk}, the "
         "fastest of "
         + ", ".join(f"C={C} {1e3 * s:.0f} ms" for C, s in best.items())

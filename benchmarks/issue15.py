@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -147,10 +148,9 @@ def report(agree, times) -> str:
         "## RWKV-6 and mLSTM (issue 15)",
         "",
         f"`python benchmarks/issue15.py`, {datetime.date.today()}: CPU, 2 threads, fp32, B={B}, "
-        f"NH={NH}, d_k=d_v={D}, forward only. The machine was shared with other sessions while "
-        "this ran: the absolute times are noisy, the ratios (both sides timed in alternation in "
-        "one process, medians) less so; re-run on a quiet machine before comparing them with "
-        "the tables above.",
+        f"NH={NH}, d_k=d_v={D}, forward only, load average {os.getloadavg()[0]:.1f} at the end. "
+        "On a shared machine the absolute times are noisy, the ratios (both sides timed in "
+        "alternation in one process, medians) less so.",
         "",
         "| agreement (RWKV-6, T=256, q scaled by 1/sqrt(d_k) on both sides; float64 inputs, which "
         "fla's references compute in float32) | relative error |",

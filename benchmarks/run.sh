@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Regenerate benchmarks/RESULTS.md, benchmarks/results.json and benchmarks/bench.png:
 # mixc against flash-linear-attention's pure-PyTorch references, and mixc's own targets;
-# then benchmarks/elementwise.py (Mamba-1's elementwise gate) and benchmarks/dplr.py (KDA and
-# RWKV-7, the diagonal-plus-low-rank class), each in its own section of RESULTS.md.
+# then benchmarks/issue15.py (RWKV-6, mLSTM), benchmarks/elementwise.py (Mamba-1's elementwise
+# gate) and benchmarks/dplr.py (KDA and RWKV-7, the diagonal-plus-low-rank class), each in its
+# own section of RESULTS.md (peers.py rewrites the file; each then adds its section again).
 # Needs, in this environment only: pip install --no-deps fla-core einops (see README.md here).
 # Extra arguments go to benchmarks/peers.py (e.g. --max-busy 0.1 on a shared machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python benchmarks/peers.py --threads 2 "$@"
-# Mamba-1's elementwise gate, chunk against recurrent (its own section of RESULTS.md)
-python benchmarks/elementwise.py
+python benchmarks/issue15.py
+python benchmarks/elementwise.py --threads 2
 MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184 \
     python benchmarks/dplr.py --threads 2 --write
