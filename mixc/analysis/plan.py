@@ -178,7 +178,7 @@ def _analyze(spec: Spec) -> Plan:
         outputs,
         groups,
         forms,
-        _algorithm(states, forms),
+        _algorithm(groups, forms),
         _warnings(spec, graph, states, outputs),
         _chunk_size(groups),
         typer,
@@ -317,10 +317,12 @@ def _forms(mixer: Mixer, states, groups) -> Forms:
     return Forms(None, parallel, summary)
 
 
-def _algorithm(states, forms: Forms) -> str:
+def _algorithm(groups: tuple[GroupPlan, ...], forms: Forms) -> str:
+    """The algorithms of the groups' chunked passes (a stabilised group's its own)."""
     if forms.chunk is not None:
         return "recurrent only"
-    return "; ".join(sorted({s.transition.kind.algorithm for s in states}))
+    kinds = {(g.kind, g.log_scale is not None) for g in groups}
+    return "; ".join(sorted(k.stable_algorithm if stable else k.algorithm for k, stable in kinds))
 
 
 def _warnings(spec, graph, states, outputs) -> tuple[SpecWarning, ...]:

@@ -185,6 +185,8 @@ class TransitionClass:
     #: row scaled by its largest exponent (xLSTM's max-stabiliser), for a write scale that would
     #: overflow; None: the class has none (its writes are scaled before the kernel).
     stable_kernel: ClassVar[str | None] = None
+    #: One line: the algorithm of the stabilised kernel (for `explain`).
+    stable_algorithm: ClassVar[str | None] = None
     #: The variants it reports as `Transition.cls`, and the names of the rules it fires.
     variants: ClassVar[tuple[str, ...]] = ()
     rules: ClassVar[tuple[str, ...]] = ()

@@ -151,6 +151,10 @@ class ScalarDecay(TransitionClass):
     parallel = True
     stable_kernel = "scalar_decay_stable"
     algorithm = "chunked scalar decay (log-space decay masks), or the quadratic masked form"
+    stable_algorithm = (
+        "chunked scalar decay with the write scale carried in log space (each output row scaled "
+        "by its largest exponent); no quadratic form"
+    )
 
     def match(self, terms, ctx):
         p = plain(terms)
