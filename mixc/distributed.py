@@ -80,14 +80,19 @@ def context_parallel(mixer, group=None) -> Callable:
         rank, world = dist.get_rank(group), gathered.shape[0]
         summaries = [_unflatten(gathered[r], pieces) for r in range(world)]
         n = len(pieces) // 2
+        actions = [
+            getattr(mixer, "SUMMARY_ACTIONS", {}).get(name, "matmul") for name, _ in mixer.STATES
+        ][:n]
         states = _initial(mixer, initial_state, pieces[n:])
         incoming = states
         for r in range(world):
             if r == rank:
                 incoming = states
             states = tuple(
-                _apply(s, p, f)
-                for s, p, f in zip(states, summaries[r][:n], summaries[r][n:], strict=True)
+                _apply(s, p, f, action)
+                for s, p, f, action in zip(
+                    states, summaries[r][:n], summaries[r][n:], actions, strict=True
+                )
             )
         # every rank's graph reaches the exchange (rank 0's outputs do not depend on it), so
         # every rank joins the backward collective
@@ -115,8 +120,11 @@ def _initial(mixer, initial_state, finals):
     return tuple(s.to(f.dtype) for s, f in zip(_as_tuple(initial_state), finals, strict=True))
 
 
-def _apply(state, P, F):
-    """state @ P + F, for a matrix state [B, NH, V, K] or a vector state [B, NH, K]."""
+def _apply(state, P, F, action="matmul"):
+    """state @ P + F, for a matrix state [B, NH, V, K] or a vector state [B, NH, K]; P * state +
+    F for a state that a sequence acts on entry by entry (`SUMMARY_ACTIONS`)."""
+    if action == "elementwise":
+        return P * state + F
     if state.dim() == F.dim() and state.dim() == 3:
         return (state[..., None, :] @ P)[..., 0, :] + F
     return state @ P + F

@@ -15,7 +15,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).parent.parent
-CASES = ["gated_retention", "gla", "gated_deltanet", "linear_attention_normalized", "mamba2"]
+CASES = [
+    "gated_retention",
+    "gla",
+    "gated_deltanet",
+    "linear_attention_normalized",
+    "mamba2",
+    "mamba1",  # an elementwise gate: its summary acts as P * S_0 + F
+    "kda",
+]
 T = 45
 
 

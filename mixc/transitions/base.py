@@ -185,6 +185,9 @@ class TransitionClass:
     #: row scaled by its largest exponent (xLSTM's max-stabiliser), for a write scale that would
     #: overflow; None: the class has none (its writes are scaled before the kernel).
     stable_kernel: ClassVar[str | None] = None
+    #: How a sequence's summary (P, F) acts on a state S_0: "matmul" (S_0 P + F) or
+    #: "elementwise" (P ⊙ S_0 + F, P the product of the gates), for context parallelism.
+    summary_action: ClassVar[str] = "matmul"
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None
     #: The variants it reports as `Transition.cls`, and the names of the rules it fires.

@@ -53,6 +53,7 @@ class Elementwise(TransitionClass):
     rules = ("full_elementwise_gate", "column_gate")
     kernel = "elementwise"
     algorithm = "chunked elementwise scan (running products of the decays inside each chunk)"
+    summary_action = "elementwise"  # a sequence acts on the state as G ⊙ S_0 + F
 
     def match(self, terms, ctx):
         found = gates_of(terms, ctx)
@@ -105,12 +106,6 @@ class Elementwise(TransitionClass):
             return conditions
         why = f"elementwise gate {tr.gate} of {state} in [0, 1]"
         return [*conditions, Condition(tr.gate, 0.0, 1.0, why)]
-
-    def summary_reason(self, tr):
-        return (
-            "has an elementwise gate: a sequence acts on its state as G ⊙ S_0 + F, which the "
-            "summary's S_0 P + F does not express"
-        )
 
     def maths(self, tr: Transition) -> Maths:
         return Maths(

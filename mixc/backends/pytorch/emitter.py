@@ -247,6 +247,11 @@ class _Module:
             f"{string(s.name)}: {string(s.transition.cls)}" for s in self.facts.states
         )
         out(f"CLASSES = {{{classes}}}", 0)
+        actions = ", ".join(
+            f"{string(s.name)}: {string(s.transition.kind.summary_action)}"
+            for s in self.facts.states
+        )
+        out(f"SUMMARY_ACTIONS = {{{actions}}}  # how summary()'s P acts: S_0 @ P or P * S_0", 0)
         chunk = self.facts.chunk_size
         for line in textwrap.wrap(f"chunk's default chunk size: {chunk.why}", 96):
             out.lines.append(comment(line))
@@ -538,16 +543,18 @@ class _Module:
                 if i == 0 and not parallel:
                     self.emit_split_states(out, group, "_S")
 
-    def emit_split_states(self, out: Lines, group, source: str) -> None:
-        """Kernel-layout [B, NH, K, width] -> each state of the group in its own layout."""
+    def emit_split_states(self, out: Lines, group, source: str, prefix: str = "") -> None:
+        """Kernel-layout [B, NH, K, width] -> each state of the group in its own layout, into
+        the state's name (after `prefix`)."""
         facts = [self.facts.state(s) for s in group]
+        names = [prefix + s for s in group]
         if len(group) == 1:
-            out(f"{group[0]} = {source}{'' if facts[0].vector else '.mT'}")
+            out(f"{names[0]} = {source}{'' if facts[0].vector else '.mT'}")
             return
-        out(f"{', '.join(group)} = {source}.split([{', '.join(self.widths(group))}], -1)")
-        for s in facts:
+        out(f"{', '.join(names)} = {source}.split([{', '.join(self.widths(group))}], -1)")
+        for s, name in zip(facts, names, strict=True):
             if not s.vector:
-                out(f"{s.name} = {s.name}.mT")
+                out(f"{name} = {name}.mT")
 
     def emit_summary(self, out: Lines) -> None:
         out(f"def summary({self.signature('chunk_size=CHUNK_SIZE')}):", 0)
@@ -559,7 +566,11 @@ class _Module:
             "each per state, such that the final state is `initial @ P + F` for every initial state"
         )
         out("(P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose")
-        out("associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).")
+        out("associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose")
+        out('SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,')
+        out(
+            "the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2)."
+        )
         out('"""')
         missing = self.facts.forms.summary
         if missing is not None:
@@ -572,6 +583,9 @@ class _Module:
         transitions, finals = {}, {}
         for plan in self.groups:
             group, name, kernel = plan.states, plan.name, _chunk_kernel(plan)
+            if plan.kind.summary_action == "elementwise":
+                self.emit_elementwise_summary(out, plan, transitions, finals)
+                continue
             probing = "on probes: zero writes from an identity state"
             out(comment(f"{' and '.join(group)}: {kernel} {probing}"))
             kernel_args = self.emit_kernel_args(out, plan, "")
@@ -596,6 +610,27 @@ class _Module:
             out(f"return ({', '.join(pieces)}), ({', '.join(final_pieces)})")
         out("", 0)
         out("", 0)
+
+    def emit_elementwise_summary(self, out: Lines, plan: GroupPlan, transitions, finals) -> None:
+        """A group that acts on its state entry by entry, as G ⊙ S_0 + F: F from a zero state,
+        G (the product of the gates) from a state of ones with no writes."""
+        group, name, kernel = plan.states, plan.name, _chunk_kernel(plan)
+        out(
+            comment(f"{' and '.join(group)}: {kernel} from zeros (F) and, with no writes, ones (G)")
+        )
+        kernel_args = self.emit_kernel_args(out, plan, "")
+        q0 = f"_torch.zeros_like(_k_{name})"
+        args = ", ".join([q0, f"_k_{name}", f"_v_{name}", *kernel_args])
+        out(f"_o, _F0 = _{kernel}({args}, chunk_size=chunk_size)")
+        out("_S1 = _torch.ones_like(_F0)")
+        args = ", ".join([q0, f"_k_{name}", f"_torch.zeros_like(_v_{name})", *kernel_args])
+        out(f"_o, _G = _{kernel}({args}, initial_state=_S1, chunk_size=chunk_size)")
+        self.emit_split_states(out, group, "_F0")
+        self.emit_split_states(out, group, "_G", prefix="_G_")
+        for s in group:
+            vector = self.facts.state(s).vector
+            transitions[s] = f"_G_{s}" if not vector else f"_G_{s}.squeeze(-1)"
+            finals[s] = s if not vector else f"{s}.squeeze(-1)"
 
     def emit_output(self, out: Lines, scaled: bool = False) -> str:
         """The output from its readouts (`scaled`: from the chunked form's readouts, scaled

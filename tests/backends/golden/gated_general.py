@@ -47,6 +47,7 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "elementwise gate"}
+SUMMARY_ACTIONS = {"H": "elementwise"}  # how summary()'s P acts: S_0 @ P or P * S_0
 # chunk's default chunk size: not measured for this class: the kernels' default
 CHUNK_SIZE = 64
 
@@ -500,12 +501,29 @@ def summary(q, k, v, G, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
-    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
+    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose
+    SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,
+    the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
-    _fail(
-        'NYI: no transition summary (H has an elementwise gate: a sequence acts on its state as G ⊙'
-        " S_0 + F, which the summary's S_0 P + F does not express)"
+    _check_chunk_size(chunk_size)
+    q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=True)
+    # H: chunk_elementwise from zeros (F) and, with no writes, ones (G)
+    _k_H = _seq_vector(k, _sizes)
+    _v_H = _seq_vector(v, _sizes)
+    _g_H = _seq_matrix(_log_gate(G), _sizes)  # log(G_t)
+    _o, _F0 = _chunk_elementwise(_torch.zeros_like(_k_H), _k_H, _v_H, g=_g_H, chunk_size=chunk_size)
+    _S1 = _torch.ones_like(_F0)
+    _o, _G = _chunk_elementwise(
+        _torch.zeros_like(_k_H),
+        _k_H,
+        _torch.zeros_like(_v_H),
+        g=_g_H,
+        initial_state=_S1,
+        chunk_size=chunk_size,
     )
+    H = _F0.mT
+    _G_H = _G.mT
+    return _G_H, H
 
 
 def _recurrence(q, k, v, G, H, _sizes, _dtype, _device):

@@ -45,6 +45,7 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "diagonal key-side"}
+SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
 # chunk's default chunk size: 32 ran 1.08x faster than 64 for GLA, measured on CPU (2 threads,
 # fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
 CHUNK_SIZE = 32
@@ -935,7 +936,9 @@ def summary(q, k, v, g, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
-    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
+    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose
+    SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,
+    the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
     _check_chunk_size(chunk_size)
     q, k, v, g, _sizes, _dtype = _prepare(q, k, v, g, _sequence=True)

@@ -47,6 +47,7 @@ STATES = (("c", ("V",)),)
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"c": "elementwise gate"}
+SUMMARY_ACTIONS = {"c": "elementwise"}  # how summary()'s P acts: S_0 @ P or P * S_0
 # chunk's default chunk size: not measured for this class: the kernels' default
 CHUNK_SIZE = 64
 
@@ -493,11 +494,13 @@ def summary(i, f, o, *, chunk_size=CHUNK_SIZE):
     """The action of the sequence on the state, for context parallelism: returns (P, F), one of
     each per state, such that the final state is `initial @ P + F` for every initial state
     (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
-    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2).
+    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose
+    SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,
+    the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
     _fail(
-        'NYI: no transition summary (c has an elementwise gate: a sequence acts on its state as G ⊙'
-        " S_0 + F, which the summary's S_0 P + F does not express)"
+        'NYI: no transition summary (c is read entry by entry (a column); the summary covers states'
+        ' as rows)'
     )
 
 
