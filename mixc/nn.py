@@ -386,6 +386,7 @@ class MixerLayer(nn.Module):
         self.chunk_size = _count("chunk_size", chunk_size)
         if self.chunk_size & (self.chunk_size - 1):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
+        self._check_names()
         self.sizes = self._sizes_per_head({} if sizes is None else sizes)
         self.roles = roles(self.spec)
         self.transforms = self._transforms({} if transforms is None else transforms)
@@ -442,6 +443,20 @@ class MixerLayer(nn.Module):
                 )
             out[name] = list(chain)
         return out
+
+    def _check_names(self) -> None:
+        """The layer keeps a projection per input and a value per parameter in torch containers
+        (nn.ModuleDict, nn.ParameterDict) by the spec's names, which torch refuses for the
+        names of their own attributes (`keys`, `update`, `training`, ...)."""
+        mixer = self.spec.mixer
+        for decl in (*mixer.inputs, *mixer.params):
+            taken = hasattr(nn.ModuleDict(), decl.name) or hasattr(nn.ParameterDict(), decl.name)
+            if taken:
+                raise MixcError(
+                    f"{self.spec.source.filename}: MixerLayer cannot hold {decl.name!r}, a name "
+                    "torch's containers keep for themselves; rename it in the spec "
+                    f"(e.g. {decl.name}1)"
+                )
 
     def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
         """A projection per input, a short causal convolution per convolved vector input, and

@@ -226,3 +226,13 @@ def test_diagonal_plus_low_rank_layers_are_finite_at_init_over_4096_tokens(name)
     assert state.abs().max() < 100
     y.square().mean().backward()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("name", ["keys", "update", "training", "forward", "items"])
+def test_an_input_named_like_a_torch_container_attribute_is_a_clear_error(name):
+    text = (
+        f"mixer m\nin q[K], {name}[K], v[V]\nstate H[V, K]\n"
+        f"H_t = H_{{t-1}} + v_t {name}_t^T\ny_t = H_t q_t\n"
+    )
+    with pytest.raises(mixc.MixcError, match=f"cannot hold '{name}'.*rename it"):
+        MixerLayer(mixc.Source(text), hidden_size=32, num_heads=2)
