@@ -682,9 +682,11 @@ def remeasure(data: dict, args) -> None:
     done = set()
     for key in self_check(data):
         kind, name, *rest = key.split("|")
-        if (kind, name, rest[-1:] if kind == "peers" else ()) in done:
+        # one worker per figure: a peer pair per pass, a spec's chunk and recurrent together
+        figure = (kind, name, tuple(rest[-1:]) if kind == "peers" else ())
+        if figure in done:
             continue
-        done.add((kind, name, rest[-1:] if kind == "peers" else ()))
+        done.add(figure)
         log(f"{key}: suspect, measuring it again")
         if kind == "peers":
             bwd = bool(int(rest[-1]))

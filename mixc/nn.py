@@ -449,9 +449,9 @@ class MixerLayer(nn.Module):
         (nn.ModuleDict, nn.ParameterDict) by the spec's names, which torch refuses for the
         names of their own attributes (`keys`, `update`, `training`, ...)."""
         mixer = self.spec.mixer
+        containers = (nn.ModuleDict(), nn.ParameterDict())
         for decl in (*mixer.inputs, *mixer.params):
-            taken = hasattr(nn.ModuleDict(), decl.name) or hasattr(nn.ParameterDict(), decl.name)
-            if taken:
+            if any(hasattr(c, decl.name) for c in containers):
                 raise MixcError(
                     f"{self.spec.source.filename}: MixerLayer cannot hold {decl.name!r}, a name "
                     "torch's containers keep for themselves; rename it in the spec "
