@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,3 +201,15 @@ def test_padding_and_foreign_caches_are_refused(spec_copies):
         model(tokens, position_ids=torch.arange(1, 6)[None])
     with pytest.raises(MixcError, match="cache: expected the MixcCache"):
         model(tokens, cache=[None] * 4)
+
+
+@needs_hf
+def test_the_docs_example_runs(tmp_path, monkeypatch):
+    docs = (ROOT / "docs" / "layers.md").read_text(encoding="utf-8")
+    section = docs[docs.index("## Saving, loading and generating with Hugging Face") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/layers.md", "exec"), scope)
+    assert scope["out"].shape == (1, 24)
