@@ -154,6 +154,8 @@ def test_the_loss_is_next_token_cross_entropy(spec_copies):
     ]
     assert len(terms) == 15
     assert torch.allclose(out.loss.double(), torch.stack(terms).mean(), rtol=1e-6)
+    model(tokens, labels=labels).loss.backward()  # trains as a torch module
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def _edit_config(folder, **changes) -> None:
@@ -186,6 +188,21 @@ def test_a_bad_config_is_a_located_mixc_error(spec_copies, tmp_path):
     _edit_config(saved, pattern=["gated_deltanet"], layer_kwargs={"chunk": 8})
     with pytest.raises(MixcError, match="layer_kwargs: 'chunk' unknown"):
         AutoModelForCausalLM.from_pretrained(saved)
+
+
+@needs_hf
+def test_from_pattern_refuses_what_a_config_cannot_hold(spec_copies):
+    from mixc.errors import Source
+    from mixc.hf import MixcConfig
+
+    text = (spec_copies / "mamba2.mix").read_text()
+    other = Source(text.replace("+ dt_t x_t B_t^T", "+ x_t B_t^T"))  # another mamba2
+    with pytest.raises(MixcError, match="two different specs name their mixer 'mamba2'"):
+        MixcConfig.from_pattern([spec_copies / "mamba2.mix", other], vocab_size=VOCAB)
+    with pytest.raises(MixcError, match="'chunk' unknown"):
+        MixcConfig.from_pattern([spec_copies / "mamba2.mix"], vocab_size=VOCAB, chunk=8)
+    with pytest.raises(MixcError, match="no such spec file"):
+        MixcConfig.from_pattern([spec_copies / "missing.mix"], vocab_size=VOCAB)
 
 
 @needs_hf
