@@ -48,7 +48,7 @@ try:
 except ImportError as exc:  # ModuleNotFoundError, or a transformers too old to have these
     raise MixcError(f"mixc.hf needs transformers 5 ({exc}): pip install 'mixc[hf]'") from None
 
-__all__ = ["MixcCache", "MixcConfig", "MixcForCausalLM"]
+__all__ = ["LAYER_OPTIONS", "MixcCache", "MixcConfig", "MixcForCausalLM"]
 
 #: The MixerLayer options a config may carry in `layer_kwargs`.
 LAYER_OPTIONS = tuple(inspect.signature(MixerLayer).parameters)[3:]
