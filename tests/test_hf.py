@@ -7,7 +7,6 @@ where transformers is not installed (`pip install 'mixc[hf]'`), except the test 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import re
@@ -21,7 +20,12 @@ import torch
 from mixc.errors import MixcError, SpecError
 from tests.mixers import ROOT
 
-HAVE_HF = importlib.util.find_spec("transformers") is not None
+try:
+    import transformers  # noqa: F401
+except ImportError:
+    HAVE_HF = False
+else:
+    HAVE_HF = True
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason="transformers is not installed (mixc[hf])")
 
 SPECS = ["gated_deltanet", "mamba2"]  # the delta rule, and a scalar data-dependent decay
