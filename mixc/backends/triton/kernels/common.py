@@ -102,3 +102,31 @@ def _tl_chunk_decays(g, rows):
     gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
     from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
     return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))
+
+
+@triton.jit
+def _tl_run_masks(rows, RUN: tl.constexpr, dtype: tl.constexpr):
+    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], 1 where l <= i in i's run;
+    after [j, l], 1 where l > j in j's run), 0 elsewhere, as `dtype`."""
+    same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
+    up_to = same & (rows[None, :] <= rows[:, None])
+    after = same & (rows[None, :] > rows[:, None])
+    return up_to.to(dtype), after.to(dtype)
+
+
+@triton.jit
+def _tl_run_sums(g, rows, RUN: tl.constexpr):
+    """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
+    from its run's start, the row included; from after each row to its run's end) [BT, d].
+    Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
+    sums; g must be finite (a 0 times a NaN would reach every row)."""
+    up_to, after = _tl_run_masks(rows, RUN, g.dtype)
+    return tl.dot(up_to, g, input_precision="ieee"), tl.dot(after, g, input_precision="ieee")
+
+
+@triton.jit
+def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
+    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums."""
+    up_to, after = _tl_run_masks(rows, RUN, d_up_to.dtype)
+    d_g = tl.dot(tl.trans(up_to), d_up_to, input_precision="ieee")
+    return d_g + tl.dot(tl.trans(after), d_after, input_precision="ieee")

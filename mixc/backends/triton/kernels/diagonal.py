@@ -1,0 +1,395 @@
+"""The Triton kernel of the diagonal-gate class: S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T,
+o_t = q_t S_t, one log-gate per token, head and key channel (GLA, RWKV-6). The same chunked form
+as the PyTorch kernel (docs/algorithms.md, "Diagonal gates"), fused: one program per (batch,
+head, block of value columns) walks the chunks in order, keeping the state in registers.
+
+A decay that differs per channel is no mask on the scores Q K^T, so the pairs j < i inside a
+chunk are split by the aligned blocks of 2, 4, ..., C tokens, as in the PyTorch kernel: each
+pair lies in exactly one block with j in its left half and i in its right half, and its decay is
+measured from the boundary r between the halves, q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j),
+both exponents <= 0 whatever the gates (no exp(-b), which overflows for gates near 0). One
+level of blocks is one matmul of the decayed queries and keys, kept where the pairs are that
+level's; the pairs i = j need no decay. The chunk level carries the state:
+    O = A V + (Q ⊙ exp(b)) S,    S <- diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V
+Every exponent is a sum of the gates' own terms (common._tl_run_sums).
+
+Backward, from the last chunk, with the states entering each chunk kept by the forward and D the
+gradient of the state leaving the chunk (the PyTorch kernel's _diagonal_grads_span): dA = dO V^T
+on A's support, dV = A^T dO + (K ⊙ exp(b_C - b)) D, each level hands its part of dA back to its
+decayed queries and keys, and D <- diag(exp(b_C)) D + (Q ⊙ exp(b))^T dO. The gate's gradient,
+per channel, sums what each decay factor passes on. dQ, dK and dg sum over the value columns:
+each block of columns writes its part and the parts are added after the launch.
+
+Value-side gates (gv) run the PyTorch kernel's chunked form (no shipped spec has them).
+
+A token whose gate or value is not finite poisons the outputs from it on (for a value, in its
+column) and the state, as the recurrence does; the products inside the chunk run over finite
+values.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from mixc.backends.pytorch.kernels.common import _guarded_spans, _needs_grad
+from mixc.backends.pytorch.kernels.diagonal import _diagonal_span
+from mixc.backends.triton.kernels.common import (
+    _tl_check_device,
+    _tl_new_like_callers,
+    _tl_rows,
+    _tl_run_sums,
+    _tl_run_sums_grad,
+    _tl_sizes,
+    _tl_strides,
+)
+
+
+@triton.jit
+def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
+    """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
+    finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
+    is still 0), and a token that is not finite reads zeros (see the module's docstring)."""
+    gates = _tl_rows(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+    gates = tl.where(gates < -1e30, -1e30, gates)
+    poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
+    return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
+
+
+@triton.jit
+def _tl_pairs(rows, BLOCK: tl.constexpr):
+    """[i, j]: whether i is in the right half and j in the left half of one aligned block of
+    2 * BLOCK rows (the pairs measured from that block's boundary)."""
+    right, left = rows[:, None] // BLOCK, rows[None, :] // BLOCK
+    return (right == left + 1) & (left % 2 == 0)
+
+
+@triton.jit
+def _tl_diagonal_fwd(
+    q,
+    k,
+    v,
+    g,
+    h0,
+    o,
+    ht,
+    hs,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sg_d,
+    so_b,
+    so_h,
+    so_t,
+    so_d,
+    HAS_G: tl.constexpr,
+    KEEP: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks in order, the state in registers.
+    h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
+    [B * NH, N, K, V]; LEVELS = log2(BT), the levels of blocks inside a chunk."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_k, in_v = cols_k < K, cols_v < V
+    same = rows[:, None] == rows[None, :]
+    state_at = cols_k[:, None] * V + cols_v[None, :]
+    state_in = in_k[:, None] & in_v[None, :]
+    state = tl.load(h0 + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    n_chunks = tl.cdiv(T, BT)
+    for n in range(0, n_chunks):
+        t = n * BT + rows
+        in_t = t < T
+        at_k = in_t[:, None] & in_k[None, :]
+        at_v = in_t[:, None] & in_v[None, :]
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        if KEEP:
+            tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
+        # 0 where a value is finite, NaN where it is not (and in the whole row from a gate)
+        poison = v_c * 0.0
+        v_c = tl.where(poison == 0.0, v_c, 0.0)
+        if HAS_G:
+            g_c, gate_poison = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+            poison += gate_poison[:, None]
+        else:
+            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+        scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)  # i = j
+        for level in tl.static_range(LEVELS):
+            from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
+            q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
+            k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
+            corner = tl.dot(q_l, tl.trans(k_l), input_precision="ieee")
+            scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
+        from_start, to_end = _tl_run_sums(g_c, rows, BT)
+        out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
+        out += tl.dot(q_c * tl.exp(from_start), state.to(q_c.dtype), input_precision="ieee")
+        out += tl.cumsum(poison, axis=0)
+        o_at = o + i_b * so_b + i_h * so_h + t[:, None] * so_t + cols_v[None, :] * so_d
+        tl.store(o_at, out, mask=at_v)
+        state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
+        state += tl.dot(tl.trans(k_c * tl.exp(to_end)), v_c, input_precision="ieee")
+        state += tl.sum(poison, axis=0)[None, :]
+    tl.store(ht + i_bh * K * V + state_at, state, mask=state_in)
+
+
+@triton.jit
+def _tl_diagonal_bwd(
+    q,
+    k,
+    v,
+    g,
+    do,
+    hs,
+    dht,
+    dq,
+    dk,
+    dv,
+    dg,
+    dh0,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sg_d,
+    sdo_b,
+    sdo_h,
+    sdo_t,
+    sdo_d,
+    HAS_G: tl.constexpr,
+    GATE_GRAD: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks from the last, the gradient of the
+    state in registers. dq, dk, dg: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V];
+    dht, dh0 [B * NH, K, V]; all contiguous."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    in_k, in_v = cols_k < K, cols_v < V
+    causal = rows[:, None] >= rows[None, :]
+    same = rows[:, None] == rows[None, :]
+    state_at = cols_k[:, None] * V + cols_v[None, :]
+    state_in = in_k[:, None] & in_v[None, :]
+    d_state = tl.load(dht + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    n_chunks = tl.cdiv(T, BT)
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
+    for m in range(0, n_chunks):
+        n = n_chunks - 1 - m
+        t = n * BT + rows
+        in_t = t < T
+        at_k = in_t[:, None] & in_k[None, :]
+        at_v = in_t[:, None] & in_v[None, :]
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
+        state = tl.load(hs + (i_bh * n_chunks + n) * K * V + state_at, mask=state_in, other=0.0)
+        if HAS_G:
+            g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+        else:
+            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+        d_scores = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
+        d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
+        scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)
+        dq_c, dk_c = d_same * k_c, d_same * q_c
+        dg_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+        for level in tl.static_range(LEVELS):
+            from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
+            left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
+            q_l, k_l = q_c * left_decay, k_c * right_decay
+            pairs = _tl_pairs(rows, 2**level)
+            scores += tl.where(pairs, tl.dot(q_l, tl.trans(k_l), input_precision="ieee"), 0.0)
+            d_corner = tl.where(pairs, d_scores, 0.0)
+            d_q_l = tl.dot(d_corner, k_l, input_precision="ieee")  # for the decayed queries
+            d_k_l = tl.dot(tl.trans(d_corner), q_l, input_precision="ieee")  # and keys
+            dq_c += d_q_l * left_decay
+            dk_c += d_k_l * right_decay
+            if GATE_GRAD:
+                dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
+        from_start, to_end = _tl_run_sums(g_c, rows, BT)
+        start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
+        chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
+        q_start, k_end = q_c * start_decay, k_c * end_decay
+        dv_c = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
+        dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+        tl.store(dv + (i_bh * T + t[:, None]) * V + cols_v[None, :], dv_c, mask=at_v)
+        from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # for Q ⊙ exp(b)
+        from_k = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")  # for K ⊙ exp(b_C - b)
+        dq_c += from_q * start_decay
+        dk_c += from_k * end_decay
+        tl.store(dq + (part * T + t[:, None]) * K + cols_k[None, :], dq_c, mask=at_k)
+        tl.store(dk + (part * T + t[:, None]) * K + cols_k[None, :], dk_c, mask=at_k)
+        if GATE_GRAD:
+            dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT)
+            whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
+            dg_c += tl.trans(whole)
+            tl.store(dg + (part * T + t[:, None]) * K + cols_k[None, :], dg_c, mask=at_k)
+        d_state = d_state * chunk_decay
+        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    tl.store(dh0 + i_bh * K * V + state_at, d_state, mask=state_in)
+
+
+def _tl_levels(block_t):
+    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
+    return block_t.bit_length() - 1
+
+
+def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
+    """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
+    [B, NH, N, K, V] if keep else None)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    if initial_state is None:
+        initial_state = q.new_zeros(batch, heads, d_k, d_v)
+    initial_state = initial_state.to(q.dtype).contiguous()
+    o = _tl_new_like_callers(q, d_v)
+    final = torch.empty_like(initial_state)
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    _tl_diagonal_fwd[(n_v, batch * heads)](
+        q,
+        k,
+        v,
+        q if gk is None else gk,
+        initial_state,
+        o,
+        final,
+        kept,
+        length,
+        heads,
+        d_k,
+        d_v,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *_tl_strides(gk, 4),
+        *o.stride(),
+        HAS_G=gk is not None,
+        KEEP=keep,
+        LEVELS=_tl_levels(block_t),
+        BT=block_t,
+        BK=block_k,
+        BV=block_v,
+    )
+    return o, final, kept if keep else None
+
+
+class _TlDiagonal(torch.autograd.Function):
+    """The fused kernel under autograd: the forward keeps the inputs and the states entering each
+    chunk; the backward is one launch of _tl_diagonal_bwd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gk, initial_state, chunk_size):
+        o, final, kept = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, True)
+        ctx.save_for_backward(q, k, v, gk, kept)
+        ctx.chunk_size = chunk_size
+        return o, final
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, d_final):
+        q, k, v, gk, kept = ctx.saved_tensors
+        batch, heads, length, d_k = q.shape
+        d_v = v.shape[-1]
+        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        if d_final is None:
+            d_final = q.new_zeros(batch, heads, d_k, d_v)
+        d_final = d_final.to(q.dtype).contiguous()
+        d_o = d_o.to(q.dtype)
+        dq = q.new_empty(n_v, batch, heads, length, d_k)
+        dk = q.new_empty(n_v, batch, heads, length, d_k)
+        dv = q.new_empty(batch, heads, length, d_v)
+        gate_grad = gk is not None and ctx.needs_input_grad[3]
+        dg = q.new_empty(n_v, batch, heads, length, d_k) if gate_grad else dv
+        d_initial = torch.empty_like(d_final)
+        _tl_diagonal_bwd[(n_v, batch * heads)](
+            q,
+            k,
+            v,
+            q if gk is None else gk,
+            d_o,
+            kept,
+            d_final,
+            dq,
+            dk,
+            dv,
+            dg,
+            d_initial,
+            length,
+            heads,
+            d_k,
+            d_v,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *_tl_strides(gk, 4),
+            *d_o.stride(),
+            HAS_G=gk is not None,
+            GATE_GRAD=gate_grad,
+            LEVELS=_tl_levels(block_t),
+            BT=block_t,
+            BK=block_k,
+            BV=block_v,
+        )
+        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
+
+
+def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
+    """Chunked S_t = diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)) + k_t v_t^T, o_t = q_t S_t, as fused
+    Triton kernels, forward and backward, for key-side gates gk [B, NH, T, K] (or None);
+    value-side gates gv [B, NH, T, V] run the PyTorch kernel's chunked form, through autograd.
+
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    """
+    if gv is not None:
+        seqs = [q, k, v, gk, gv]
+        (o,), state, _ = _guarded_spans(_diagonal_span, seqs, initial_state, chunk_size)
+        return o, state
+    _tl_check_device(_tl_diagonal_fwd, q)
+    if _needs_grad(q, k, v, gk, initial_state):
+        return _TlDiagonal.apply(q, k, v, gk, initial_state, chunk_size)
+    o, final, _ = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, False)
+    return o, final
