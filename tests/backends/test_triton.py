@@ -51,10 +51,10 @@ COVERED = [name for name, path in SPECS.items() if _covered(path)]
 FALLBACK = [name for name, path in SPECS.items() if not _covered(path)]
 
 
-def test_the_triton_kernels_cover_scalar_decay_and_delta():
-    assert set(KERNELS) == {"chunk_scalar_decay", "chunk_delta"}
+def test_the_triton_kernels_cover_scalar_decay_delta_and_diagonal():
+    assert {"chunk_scalar_decay", "chunk_delta", "chunk_diagonal"} <= set(KERNELS)
     assert {"linear_attention", "retnet", "gated_retention", "mamba2", "deltanet"} <= set(COVERED)
-    assert "gated_deltanet" in COVERED and "gla" in FALLBACK
+    assert {"gated_deltanet", "gla", "rwkv6"} <= set(COVERED) and "gated_general" in FALLBACK
 
 
 @pytest.mark.parametrize("name", COVERED)
@@ -64,7 +64,7 @@ def test_every_form_matches_the_oracle_fp32(name):
     assert "chunk" in report.worst
 
 
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla"])
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
     report = fuzz(
@@ -74,11 +74,11 @@ def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
 
 
 def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():
-    source = compile_source(SPECS["gla"], backend="triton")
-    assert "def chunk_diagonal(" in source and "@triton.jit" not in source
-    (note,) = kernel_notes(analyze(mixc.load_spec(SPECS["gla"])))
-    assert "falls back to the PyTorch kernel chunk_diagonal" in note
-    report = fuzz(SPECS["gla"], backend="triton", examples=2, shrink=False, max_T=40)
+    source = compile_source(SPECS["gated_general"], backend="triton")
+    assert "def chunk_elementwise(" in source and "@triton.jit" not in source
+    (note,) = kernel_notes(analyze(mixc.load_spec(SPECS["gated_general"])))
+    assert "falls back to the PyTorch kernel chunk_elementwise" in note
+    report = fuzz(SPECS["gated_general"], backend="triton", examples=2, shrink=False, max_T=40)
     assert report.ok, report.failure.summary()
 
 
@@ -89,7 +89,11 @@ def test_explain_names_the_kernel_of_each_group(capsys):
     out = capsys.readouterr().out
     assert "chunk_delta runs fused Triton kernels, forward and backward" in out
     assert main(["explain", str(SPECS["gla"]), "--backend", "triton"]) == 0
-    assert "falls back to the PyTorch kernel chunk_diagonal" in capsys.readouterr().out
+    assert (
+        "chunk_diagonal runs fused Triton kernels, forward and backward" in capsys.readouterr().out
+    )
+    assert main(["explain", str(SPECS["gated_general"]), "--backend", "triton"]) == 0
+    assert "falls back to the PyTorch kernel chunk_elementwise" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", ["retnet", "gated_deltanet"])
@@ -107,14 +111,14 @@ def test_the_module_imports_torch_and_triton_only(name):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaNs
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla"])
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     """The chunked form in chunks of 16 (the kernels' least; chunk_size 4 runs as 16): a later
     token inside the first chunk (t = 5) and one starting the second (t = 15)."""
     check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",))
 
 
-@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "gla"])
 def test_packed_sequences_equal_each_sequence_alone(name):
     check_packed(SPECS[name], "triton", "chunk")
 

@@ -132,7 +132,9 @@ def _tl_diagonal_fwd(
         poison = v_c * 0.0
         v_c = tl.where(poison == 0.0, v_c, 0.0)
         if HAS_G:
-            g_c, gate_poison = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+            g_c, gate_poison = _tl_diagonal_gates(
+                g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k
+            )
             poison += gate_poison[:, None]
         else:
             g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
