@@ -82,6 +82,23 @@ def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():
     assert report.ok, report.failure.summary()
 
 
+VALUE_SIDE = """mixer value_side "a diagonal gate on the value side"
+in    q[K], k[K], v[V], g[V]
+state H[V, K]
+H_t = diag(exp(g_t)) H_{t-1} + v_t k_t^T
+y_t = H_t q_t
+"""
+
+
+def test_value_side_gates_run_the_pytorch_chunked_form_and_say_so():
+    spec = mixc.load_spec(text=VALUE_SIDE)
+    (note,) = kernel_notes(analyze(spec))
+    assert "chunk_diagonal runs the PyTorch kernel's chunked form" in note
+    assert "no value-side gates yet" in note
+    report = fuzz(spec, backend="triton", examples=2, seed=3, shrink=False, max_T=40)
+    assert report.ok, report.failure.summary()
+
+
 def test_explain_names_the_kernel_of_each_group(capsys):
     from mixc.cli import main
 

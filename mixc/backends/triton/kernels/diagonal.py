@@ -51,6 +51,10 @@ from mixc.backends.triton.kernels.common import (
     _tl_tokens,
 )
 
+#: The keyword arguments this kernel leaves to the PyTorch kernel's chunked form, and what they
+#: are (for explain; not copied into a generated module, which takes only definitions).
+PYTORCH_ARGS = {"gv": "value-side gates"}
+
 
 @triton.jit
 def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):

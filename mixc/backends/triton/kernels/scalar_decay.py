@@ -106,9 +106,7 @@ def _tl_scalar_decay_fwd(
             q_c = q_c * from_start
             k_c = k_c * to_end
         scores = tl.where(causal, scores, 0.0)
-        # 0 where a value is finite, NaN where it is not: the products inside the chunk take
-        # the finite values, the poison is added to the outputs from that token on
-        v_c, poison = _tl_finite(v_c)
+        v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
         out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
         out += tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
         out += tl.cumsum(poison, axis=0)
