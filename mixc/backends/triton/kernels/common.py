@@ -191,13 +191,11 @@ def _tl_chunk_decays(g, rows):
 
 
 @triton.jit
-def _tl_run_masks(rows, RUN: tl.constexpr, dtype: tl.constexpr):
-    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], 1 where l <= i in i's run;
-    after [j, l], 1 where l > j in j's run), 0 elsewhere, as `dtype`."""
+def _tl_run_masks(rows, RUN: tl.constexpr):
+    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
+    after [j, l], where l > j in j's run)."""
     same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
-    up_to = same & (rows[None, :] <= rows[:, None])
-    after = same & (rows[None, :] > rows[:, None])
-    return up_to.to(dtype), after.to(dtype)
+    return same & (rows[None, :] <= rows[:, None]), same & (rows[None, :] > rows[:, None])
 
 
 @triton.jit
@@ -206,13 +204,15 @@ def _tl_run_sums(g, rows, RUN: tl.constexpr):
     from its run's start, the row included; from after each row to its run's end) [BT, d].
     Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
     sums; g must be finite (a 0 times a NaN would reach every row)."""
-    up_to, after = _tl_run_masks(rows, RUN, g.dtype)
+    up_to, after = _tl_run_masks(rows, RUN)
+    up_to, after = up_to.to(g.dtype), after.to(g.dtype)
     return tl.dot(up_to, g, input_precision="ieee"), tl.dot(after, g, input_precision="ieee")
 
 
 @triton.jit
 def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums."""
-    up_to, after = _tl_run_masks(rows, RUN, d_up_to.dtype)
+    up_to, after = _tl_run_masks(rows, RUN)
+    up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
     d_g = tl.dot(tl.trans(up_to), d_up_to, input_precision="ieee")
     return d_g + tl.dot(tl.trans(after), d_after, input_precision="ieee")
