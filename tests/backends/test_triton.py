@@ -82,6 +82,52 @@ def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():
     assert report.ok, report.failure.summary()
 
 
+def test_per_channel_gates_near_0_stay_finite_and_exact():
+    """chunk_diagonal in fp32 with decays from exp(-60) to 1 per channel (a chunk's running
+    sum reaches -3840: exp(-b) would overflow), against the recurrence in float64."""
+    module = mixc.load(SPECS["gla"], backend="triton")
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(2))
+    v = torch.randn(1, 2, 40, 5, generator=gen)
+    g = -60.0 * torch.rand(1, 2, 40, 8, generator=gen) ** 4  # mostly near 0, some near -60
+    g[..., 0] = 0.0  # one channel never decays
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o, final = module.chunk_diagonal(*leaves[:3], gk=leaves[3], chunk_size=64)
+    (o.sum() + final.sum()).backward()
+    state = torch.zeros(1, 2, 8, 5, dtype=torch.float64)
+    expected = []
+    for t in range(40):
+        decay = g[:, :, t].double().exp().unsqueeze(-1)
+        state = decay * state + k[:, :, t, :, None].double() * v[:, :, t, None, :].double()
+        expected.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t].double(), state))
+    expected = torch.stack(expected, 2)
+    assert all(torch.isfinite(x.grad).all() for x in leaves)
+    assert ((o.double() - expected).norm() / expected.norm()) < 1e-5
+    assert ((final.double() - state).norm() / state.norm()) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel"), [("retnet", "chunk_scalar_decay"), ("deltanet", "chunk_delta")]
+)
+def test_a_kernel_called_without_an_initial_state_differentiates(name, kernel):
+    """The kernels' own backward with initial_state=None (the generated forms always pass one):
+    the same gradients as with a zero initial state."""
+    fn = getattr(mixc.load(SPECS[name], backend="triton"), kernel)
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 1, 20, 4, generator=gen) for _ in range(2))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(1, 1, 20, 3, generator=gen)
+    extra = [torch.rand(1, 1, 20, generator=gen)] if kernel == "chunk_delta" else []
+    grads = []
+    for initial in (None, torch.zeros(1, 1, 4, 3)):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, *extra)]
+        o, final = fn(*leaves, initial_state=initial)
+        (o.sum() + final.sum()).backward()
+        grads.append([x.grad for x in leaves])
+    for without, with_zeros in zip(*grads):
+        torch.testing.assert_close(without, with_zeros, rtol=0, atol=0)
+
+
 VALUE_SIDE = """mixer value_side "a diagonal gate on the value side"
 in    q[K], k[K], v[V], g[V]
 state H[V, K]

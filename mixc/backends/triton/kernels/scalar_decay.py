@@ -304,6 +304,8 @@ class _TlScalarDecay(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
         )
+        if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
+            d_initial = None
         return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
 
 

@@ -871,6 +871,8 @@ class _TlDelta(torch.autograd.Function):
             BV=block_v,
         )
         d_gate = dg.sum(0) if gate_grad else None
+        if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient
+            d_initial = None
         return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None
 
 
