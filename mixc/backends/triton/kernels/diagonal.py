@@ -7,7 +7,7 @@ A decay that differs per channel is no mask on the scores Q K^T, so the pairs j 
 chunk are split by the aligned blocks of 2, 4, ..., C tokens, as in the PyTorch kernel: each
 pair lies in exactly one block with j in its left half and i in its right half, and its decay is
 measured from the boundary r between the halves, q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j),
-both exponents <= 0 whatever the gates (no exp(-b), which overflows for gates near 0). One
+both exponents <= 0 whatever the gates (no exp(-b), which overflows for decays near 0). One
 level of blocks is one matmul of the decayed queries and keys, kept where the pairs are that
 level's; the pairs i = j need no decay. The chunk level carries the state:
     O = A V + (Q ⊙ exp(b)) S,    S <- diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V
