@@ -45,7 +45,6 @@ class Costs:
         return tuple(sorted(used))
 
 
-
 def _numel(shape: tuple[str, ...]) -> Formula:
     out = Formula.const(1)
     for d in shape:
@@ -115,8 +114,6 @@ def costs(plan: Plan) -> Costs:
     if not groups:
         chunked = quadratic = None
     return Costs(chunk, seq, io, tuple(groups), recurrent, chunked, quadratic)
-
-
 
 
 def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCost:

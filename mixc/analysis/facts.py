@@ -98,4 +98,3 @@ class OutputFacts:
     #: The output from readouts scaled by exp(-m_t) (a group with an exponential write scale
     #: carried in log space, see mixc.analysis.scales); None: from the readouts as they are.
     scaled: Expr | None = None
-

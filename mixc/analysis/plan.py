@@ -154,9 +154,7 @@ def _analyze(spec: Spec) -> Plan:
     columns = _columns(mixer, outputs)
     if columns:
         states = tuple(
-            analyze_state(mixer, s.name, ex, params, canon, column=True)
-            if s.name in columns
-            else s
+            analyze_state(mixer, s.name, ex, params, canon, column=True) if s.name in columns else s
             for s in states
         )
     for o in outputs:
@@ -301,8 +299,11 @@ def _forms(mixer: Mixer, states, groups) -> Forms:
         return Forms(chunk, chunk, sequential)
     no_parallel = [g for g in groups if not g.kind.parallel or g.log_scale is not None]
     parallel = (
-        Missing("class", f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no "
-                "quadratic form" + (" with a stabiliser" if no_parallel[0].kind.parallel else ""))
+        Missing(
+            "class",
+            f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no "
+            "quadratic form" + (" with a stabiliser" if no_parallel[0].kind.parallel else ""),
+        )
         if no_parallel
         else None
     )

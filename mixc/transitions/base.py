@@ -123,7 +123,9 @@ class Condition:
 
 #: Where the classes' default chunk sizes were measured: `benchmarks/run.sh` times each shipped
 #: spec's chunk forward at C = 32 and 64 and keeps the faster (benchmarks/RESULTS.md).
-CHUNK_MEASURED_ON = "measured on CPU (2 threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)"
+CHUNK_MEASURED_ON = (
+    "measured on CPU (2 threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)"
+)
 
 
 @dataclass(frozen=True)

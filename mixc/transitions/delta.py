@@ -225,7 +225,10 @@ class Delta(TransitionClass):
         return None if isinstance(key, Call) and key.func == "l2norm" else key
 
     def chunk_size(self, tr):
-        return ChunkSize(32, f"32 ran 1.12-1.17x faster than 64 for DeltaNet and Gated DeltaNet, {CHUNK_MEASURED_ON}")
+        return ChunkSize(
+            32,
+            f"32 ran 1.12-1.17x faster than 64 for DeltaNet and Gated DeltaNet, {CHUNK_MEASURED_ON}",
+        )
 
     def random_forms(self) -> dict[str, RandomForm]:
         return {"delta": _update_delta, "gated delta": _update_gated_delta}

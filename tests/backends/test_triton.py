@@ -51,10 +51,10 @@ COVERED = [name for name, path in SPECS.items() if _covered(path)]
 FALLBACK = [name for name, path in SPECS.items() if not _covered(path)]
 
 
-def test_the_triton_kernels_cover_scalar_decay_and_delta():
-    assert set(KERNELS) == {"chunk_scalar_decay", "chunk_delta"}
+def test_the_triton_kernels_cover_scalar_decay_delta_and_diagonal():
+    assert {"chunk_scalar_decay", "chunk_delta", "chunk_diagonal"} <= set(KERNELS)
     assert {"linear_attention", "retnet", "gated_retention", "mamba2", "deltanet"} <= set(COVERED)
-    assert "gated_deltanet" in COVERED and "gla" in FALLBACK
+    assert {"gated_deltanet", "gla", "rwkv6"} <= set(COVERED) and "gated_general" in FALLBACK
 
 
 @pytest.mark.parametrize("name", COVERED)
@@ -64,7 +64,7 @@ def test_every_form_matches_the_oracle_fp32(name):
     assert "chunk" in report.worst
 
 
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla"])
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
     report = fuzz(
@@ -74,11 +74,74 @@ def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
 
 
 def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():
-    source = compile_source(SPECS["gla"], backend="triton")
-    assert "def chunk_diagonal(" in source and "@triton.jit" not in source
-    (note,) = kernel_notes(analyze(mixc.load_spec(SPECS["gla"])))
-    assert "falls back to the PyTorch kernel chunk_diagonal" in note
-    report = fuzz(SPECS["gla"], backend="triton", examples=2, shrink=False, max_T=40)
+    source = compile_source(SPECS["gated_general"], backend="triton")
+    assert "def chunk_elementwise(" in source and "@triton.jit" not in source
+    (note,) = kernel_notes(analyze(mixc.load_spec(SPECS["gated_general"])))
+    assert "falls back to the PyTorch kernel chunk_elementwise" in note
+    report = fuzz(SPECS["gated_general"], backend="triton", examples=2, shrink=False, max_T=40)
+    assert report.ok, report.failure.summary()
+
+
+def test_per_channel_gates_near_0_stay_finite_and_exact():
+    """chunk_diagonal in fp32 with decays from exp(-60) to 1 per channel (a chunk's running
+    sum reaches -3840: exp(-b) would overflow), against the recurrence in float64."""
+    module = mixc.load(SPECS["gla"], backend="triton")
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(2))
+    v = torch.randn(1, 2, 40, 5, generator=gen)
+    g = -60.0 * torch.rand(1, 2, 40, 8, generator=gen) ** 4  # mostly near 0, some near -60
+    g[..., 0] = 0.0  # one channel never decays
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o, final = module.chunk_diagonal(*leaves[:3], gk=leaves[3], chunk_size=64)
+    (o.sum() + final.sum()).backward()
+    state = torch.zeros(1, 2, 8, 5, dtype=torch.float64)
+    expected = []
+    for t in range(40):
+        decay = g[:, :, t].double().exp().unsqueeze(-1)
+        state = decay * state + k[:, :, t, :, None].double() * v[:, :, t, None, :].double()
+        expected.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t].double(), state))
+    expected = torch.stack(expected, 2)
+    assert all(torch.isfinite(x.grad).all() for x in leaves)
+    assert ((o.double() - expected).norm() / expected.norm()) < 1e-5
+    assert ((final.double() - state).norm() / state.norm()) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel"), [("retnet", "chunk_scalar_decay"), ("deltanet", "chunk_delta")]
+)
+def test_a_kernel_called_without_an_initial_state_differentiates(name, kernel):
+    """The kernels' own backward with initial_state=None (the generated forms always pass one):
+    the same gradients as with a zero initial state."""
+    fn = getattr(mixc.load(SPECS[name], backend="triton"), kernel)
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 1, 20, 4, generator=gen) for _ in range(2))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(1, 1, 20, 3, generator=gen)
+    extra = [torch.rand(1, 1, 20, generator=gen)] if kernel == "chunk_delta" else []
+    grads = []
+    for initial in (None, torch.zeros(1, 1, 4, 3)):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, *extra)]
+        o, final = fn(*leaves, initial_state=initial)
+        (o.sum() + final.sum()).backward()
+        grads.append([x.grad for x in leaves])
+    for without, with_zeros in zip(*grads):
+        torch.testing.assert_close(without, with_zeros, rtol=0, atol=0)
+
+
+VALUE_SIDE = """mixer value_side "a diagonal gate on the value side"
+in    q[K], k[K], v[V], g[V]
+state H[V, K]
+H_t = diag(exp(g_t)) H_{t-1} + v_t k_t^T
+y_t = H_t q_t
+"""
+
+
+def test_value_side_gates_run_the_pytorch_chunked_form_and_say_so():
+    spec = mixc.load_spec(text=VALUE_SIDE)
+    (note,) = kernel_notes(analyze(spec))
+    assert "chunk_diagonal runs the PyTorch kernel's chunked form" in note
+    assert "no value-side gates yet" in note
+    report = fuzz(spec, backend="triton", examples=2, seed=3, shrink=False, max_T=40)
     assert report.ok, report.failure.summary()
 
 
@@ -89,7 +152,11 @@ def test_explain_names_the_kernel_of_each_group(capsys):
     out = capsys.readouterr().out
     assert "chunk_delta runs fused Triton kernels, forward and backward" in out
     assert main(["explain", str(SPECS["gla"]), "--backend", "triton"]) == 0
-    assert "falls back to the PyTorch kernel chunk_diagonal" in capsys.readouterr().out
+    assert (
+        "chunk_diagonal runs fused Triton kernels, forward and backward" in capsys.readouterr().out
+    )
+    assert main(["explain", str(SPECS["gated_general"]), "--backend", "triton"]) == 0
+    assert "falls back to the PyTorch kernel chunk_elementwise" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", ["retnet", "gated_deltanet"])
@@ -107,14 +174,14 @@ def test_the_module_imports_torch_and_triton_only(name):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaNs
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla"])
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     """The chunked form in chunks of 16 (the kernels' least; chunk_size 4 runs as 16): a later
     token inside the first chunk (t = 5) and one starting the second (t = 15)."""
     check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",))
 
 
-@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "gla"])
 def test_packed_sequences_equal_each_sequence_alone(name):
     check_packed(SPECS[name], "triton", "chunk")
 

@@ -68,10 +68,7 @@ def wrap(line: str) -> list[str]:
     if comment is not None:
         return [f"{indent}# {comment}", *wrap(indent + code)]
     return (
-        _wrap_string(indent, code)
-        or _wrap_call(indent, code)
-        or _wrap_sum(indent, code)
-        or [line]
+        _wrap_string(indent, code) or _wrap_call(indent, code) or _wrap_sum(indent, code) or [line]
     )
 
 

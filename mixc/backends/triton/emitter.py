@@ -32,7 +32,14 @@ def kernel_notes(plan: Plan) -> tuple[str, ...]:
         stable = group.log_scale is not None  # a write scale carried in log space
         kernel = _torch_emitter._stable_kernel(group) if stable else f"chunk_{group.kernel}"
         what = f"{' and '.join(group.states)} ({group.transition.cls})"
-        if kernel in _triton_kernels.KERNELS:
+        left = _triton_kernels.PYTORCH_ARGS.get(kernel, {})
+        left = [left[a.name] for a in group.args if a.expr is not None and a.name in left]
+        if left:
+            lines.append(
+                f"{what}: {kernel} runs the PyTorch kernel's chunked form: its Triton kernel "
+                f"has no {' and '.join(left)} yet"
+            )
+        elif kernel in _triton_kernels.KERNELS:
             lines.append(f"{what}: {kernel} runs fused Triton kernels, forward and backward")
         else:
             have = ", ".join(_triton_kernels.KERNELS)

@@ -8,6 +8,7 @@ the PyTorch kernels. As in the PyTorch package, the files are read as text, so c
 needs neither torch nor triton.
 """
 
+import ast
 from pathlib import Path
 
 from mixc.backends.pytorch import kernels as _torch_kernels
@@ -27,6 +28,19 @@ KERNELS: dict[str, str] = {
     if file != "common" and not name.startswith("_")
 }
 """The Triton kernels, each with the class file that defines it."""
+
+
+def _pytorch_args(file: str) -> dict[str, str]:
+    """A class file's PYTORCH_ARGS (the keyword arguments its kernel leaves to the PyTorch
+    kernel, and what they are), read from its text; {} if it has none."""
+    for node in ast.parse((_HERE / f"{file}.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["PYTORCH_ARGS"]:
+            return ast.literal_eval(node.value)
+    return {}
+
+
+PYTORCH_ARGS: dict[str, dict[str, str]] = {name: _pytorch_args(f) for name, f in KERNELS.items()}
+"""Per Triton kernel, the arguments with which it runs the PyTorch kernel's chunked form."""
 
 #: The PyTorch kernels' definitions, those of KERNELS replaced by the Triton ones (the others of
 #: this package added after them).

@@ -58,6 +58,84 @@ def _tl_new_like_callers(x, d):
     return torch.empty(batch, length, heads, d, dtype=x.dtype, device=x.device).transpose(1, 2)
 
 
+def _tl_outputs(q, v, initial_state, n_chunks, keep):
+    """What a forward launch writes, for q [B, NH, T, K] and v [B, NH, T, V]: (the initial state
+    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers); the
+    final state; the states entering each chunk [B, NH, N, K, V] if keep, else the final state,
+    an argument the kernel never writes)."""
+    batch, heads, _, d_k = q.shape
+    d_v = v.shape[-1]
+    if initial_state is None:
+        initial_state = q.new_zeros(batch, heads, d_k, d_v)
+    initial_state = initial_state.to(q.dtype).contiguous()
+    final = torch.empty_like(initial_state)
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    return initial_state, _tl_new_like_callers(q, d_v), final, kept
+
+
+def _tl_gradients(q, v, d_o, d_final, n_v):
+    """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
+    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
+    the gradient of the initial state)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    if d_final is None:
+        d_final = q.new_zeros(batch, heads, d_k, d_v)
+    d_final = d_final.to(q.dtype).contiguous()
+    dq = q.new_empty(n_v, batch, heads, length, d_k)
+    dk = q.new_empty(n_v, batch, heads, length, d_k)
+    dv = q.new_empty(batch, heads, length, d_v)
+    return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
+
+
+@triton.jit
+def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
+    """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
+    value column indices, and whether each is inside K or V)."""
+    cols_k = tl.arange(0, BK)
+    cols_v = tl.program_id(0) * BV + tl.arange(0, BV)
+    return cols_k, cols_v, cols_k < K, cols_v < V
+
+
+@triton.jit
+def _tl_tokens(n, rows, T, in_k, in_v):
+    """The tokens of chunk n (rows: 0, ..., BT - 1): (their indices t, whether each is inside T,
+    and the masks of their key and value columns)."""
+    t = n * rows.shape[0] + rows
+    in_t = t < T
+    return t, in_t, in_t[:, None] & in_k[None, :], in_t[:, None] & in_v[None, :]
+
+
+@triton.jit
+def _tl_load_state(x, i, K, V, cols_k, cols_v):
+    """This program's columns of state i of x [N, K, V] (contiguous), 0 outside [K, V]."""
+    at = x + i * K * V + cols_k[:, None] * V + cols_v[None, :]
+    return tl.load(at, mask=(cols_k < K)[:, None] & (cols_v < V)[None, :], other=0.0)
+
+
+@triton.jit
+def _tl_store_state(x, i, K, V, cols_k, cols_v, state):
+    """Write this program's columns of state i of x [N, K, V] (contiguous)."""
+    at = x + i * K * V + cols_k[:, None] * V + cols_v[None, :]
+    tl.store(at, state, mask=(cols_k < K)[:, None] & (cols_v < V)[None, :])
+
+
+@triton.jit
+def _tl_store_rows(x, i, T, d, t, cols, mask, rows):
+    """Write rows [len(t), len(cols)] at tokens t and columns cols of item i of x [N, T, d]
+    (contiguous), where mask is True."""
+    tl.store(x + (i * T + t[:, None]) * d + cols[None, :], rows, mask=mask)
+
+
+@triton.jit
+def _tl_finite(x):
+    """(x with its entries that are not finite read as 0, and its poison: 0 where x is finite,
+    NaN where it is not). The products inside a chunk take the finite values; a kernel adds the
+    poison to the outputs from its token on and to the state, as the recurrence would carry it."""
+    poison = x * 0.0
+    return tl.where(poison == 0.0, x, 0.0), poison
+
+
 @triton.jit
 def _tl_gate_sums(g, rows):
     """The sums of a chunk's log-gates g [BT] that its decays need, each summed from its own
@@ -85,6 +163,14 @@ def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, m
 
 
 @triton.jit
+def _tl_put_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask, rows):
+    """Write rows at tokens t and columns cols of one (batch, head) of x [B, NH, T, d]
+    (strided), where mask is True."""
+    at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
+    tl.store(at, rows, mask=mask)
+
+
+@triton.jit
 def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
     """The log-gates at tokens t of one (batch, head) of g [B, NH, T] (strided), 0 where mask is
     False. A gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still exactly
@@ -102,3 +188,31 @@ def _tl_chunk_decays(g, rows):
     gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
     from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
     return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))
+
+
+@triton.jit
+def _tl_run_masks(rows, RUN: tl.constexpr):
+    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
+    after [j, l], where l > j in j's run)."""
+    same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
+    return same & (rows[None, :] <= rows[:, None]), same & (rows[None, :] > rows[:, None])
+
+
+@triton.jit
+def _tl_run_sums(g, rows, RUN: tl.constexpr):
+    """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
+    from its run's start, the row included; from after each row to its run's end) [BT, d].
+    Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
+    sums; g must be finite (a 0 times a NaN would reach every row)."""
+    up_to, after = _tl_run_masks(rows, RUN)
+    up_to, after = up_to.to(g.dtype), after.to(g.dtype)
+    return tl.dot(up_to, g, input_precision="ieee"), tl.dot(after, g, input_precision="ieee")
+
+
+@triton.jit
+def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
+    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums."""
+    up_to, after = _tl_run_masks(rows, RUN)
+    up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
+    d_g = tl.dot(tl.trans(up_to), d_up_to, input_precision="ieee")
+    return d_g + tl.dot(tl.trans(after), d_after, input_precision="ieee")

@@ -28,11 +28,19 @@ from mixc.backends.pytorch.kernels.common import _needs_grad
 from mixc.backends.triton.kernels.common import (
     _tl_check_device,
     _tl_chunk_decays,
+    _tl_columns,
+    _tl_finite,
     _tl_gates,
-    _tl_new_like_callers,
+    _tl_gradients,
+    _tl_load_state,
+    _tl_outputs,
+    _tl_put_rows,
     _tl_rows,
     _tl_sizes,
+    _tl_store_rows,
+    _tl_store_state,
     _tl_strides,
+    _tl_tokens,
 )
 
 
@@ -95,23 +103,16 @@ def _tl_delta_fwd(
     """One (value block, batch x head) program: the chunks in order, the state in registers.
     h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk [B * NH, N, K, V]; ts
     (KEEP): T of each chunk [B * NH, N, BT, BT], written by the first value block; contiguous."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
-    cols_k = tl.arange(0, BK)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    in_k, in_v = cols_k < K, cols_v < V
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     causal = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
-    state_at = cols_k[:, None] * V + cols_v[None, :]
-    state_in = in_k[:, None] & in_v[None, :]
-    state = tl.load(h0 + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
-        t = n * BT + rows
-        in_t = t < T
-        at_k = in_t[:, None] & in_k[None, :]
-        at_v = in_t[:, None] & in_v[None, :]
+        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
@@ -124,9 +125,9 @@ def _tl_delta_fwd(
             poison += tl.exp(g_c) * 0.0
             g_c = tl.where(poison == 0.0, g_c, 0.0)
         poison = poison[:, None] + v_c * 0.0
-        k_c = tl.where(k_c * 0.0 == 0.0, k_c, 0.0)
-        beta_c = tl.where(beta_c * 0.0 == 0.0, beta_c, 0.0)
-        v_c = tl.where(v_c * 0.0 == 0.0, v_c, 0.0)
+        k_c, _ = _tl_finite(k_c)
+        beta_c, _ = _tl_finite(beta_c)
+        v_c, _ = _tl_finite(v_c)
         kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
         scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         k_scaled = k_c * beta_c[:, None]
@@ -142,8 +143,8 @@ def _tl_delta_fwd(
         scores = tl.where(causal, scores, 0.0)
         inverse = _tl_unit_lower_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT)
         if KEEP:
-            tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
-            if i_v == 0:
+            _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
+            if tl.program_id(0) == 0:
                 t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
                 tl.store(t_at, inverse)
         w = tl.dot(inverse, k_scaled, input_precision="ieee")
@@ -152,13 +153,12 @@ def _tl_delta_fwd(
         out = tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
         out += tl.dot(scores, v_new, input_precision="ieee")
         out += tl.cumsum(poison, axis=0)
-        o_at = o + i_b * so_b + i_h * so_h + t[:, None] * so_t + cols_v[None, :] * so_d
-        tl.store(o_at, out, mask=at_v)
+        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
         if HAS_G:
             state = state * chunk_decay
         state += tl.dot(tl.trans(k_end), v_new, input_precision="ieee")
         state += tl.sum(poison, axis=0)[None, :]
-    tl.store(ht + i_bh * K * V + state_at, state, mask=state_in)
+    _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
@@ -213,32 +213,25 @@ def _tl_delta_bwd(
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers. dq, dk: this block's parts [NV, B * NH, T, K]; dbeta, dg: parts
     [NV, B * NH, T]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
-    cols_k = tl.arange(0, BK)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    in_k, in_v = cols_k < K, cols_v < V
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     strict = rows[:, None] > rows[None, :]
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    state_at = cols_k[:, None] * V + cols_v[None, :]
-    state_in = in_k[:, None] & in_v[None, :]
-    d_state = tl.load(dht + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
-    part = i_v * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dbeta, dg
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dbeta, dg
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
-        t = n * BT + rows
-        in_t = t < T
-        at_k = in_t[:, None] & in_k[None, :]
-        at_v = in_t[:, None] & in_v[None, :]
+        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
         beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
-        state = tl.load(hs + (i_bh * n_chunks + n) * K * V + state_at, mask=state_in, other=0.0)
+        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
         inverse = tl.load(t_at)
         kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
@@ -273,7 +266,7 @@ def _tl_delta_bwd(
         inverse_t = tl.trans(inverse)
         d_k_scaled = tl.dot(inverse_t, d_w, input_precision="ieee")
         dv_c = tl.dot(inverse_t, d_v_new, input_precision="ieee")
-        tl.store(dv + (i_bh * T + t[:, None]) * V + cols_v[None, :], dv_c, mask=at_v)
+        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         d_t = tl.dot(d_w, tl.trans(k_scaled), input_precision="ieee")
         d_t += tl.dot(d_v_new, tl.trans(v_c), input_precision="ieee")
         d_a = -tl.dot(
@@ -296,8 +289,8 @@ def _tl_delta_bwd(
         dk_c += tl.dot(d_kk_raw + tl.trans(d_kk_raw), k_c, input_precision="ieee")
         beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
         dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
-        tl.store(dk + (part * T + t[:, None]) * K + cols_k[None, :], dk_c, mask=at_k)
-        tl.store(dq + (part * T + t[:, None]) * K + cols_k[None, :], dq_c, mask=at_k)
+        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
+        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         tl.store(dbeta + part * T + t, dbeta_c, mask=in_t)
         if HAS_G:
             if GATE_GRAD:
@@ -315,7 +308,7 @@ def _tl_delta_bwd(
             d_state = d_state * chunk_decay
         d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
         d_state -= tl.dot(tl.trans(w), d_v_new, input_precision="ieee")
-    tl.store(dh0 + i_bh * K * V + state_at, d_state, mask=state_in)
+    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
 def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
@@ -324,12 +317,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
-    if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
-    o = _tl_new_like_callers(q, d_v)
-    final = torch.empty_like(initial_state)
-    states = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     inverses = q.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
     _tl_delta_fwd[(n_v, batch * heads)](
         q,
@@ -379,15 +367,10 @@ class _TlDelta(torch.autograd.Function):
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
-        d_final = d_final.to(q.dtype).contiguous()
-        d_o = d_o.to(q.dtype)
-        dq = q.new_empty(n_v, batch, heads, length, d_k)
-        dk = q.new_empty(n_v, batch, heads, length, d_k)
-        dv = q.new_empty(batch, heads, length, d_v)
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         dbeta = q.new_empty(n_v, batch, heads, length)
         gate_grad = g is not None and ctx.needs_input_grad[4]
         dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dbeta
-        d_initial = torch.empty_like(d_final)
         _tl_delta_bwd[(n_v, batch * heads)](
             q,
             k,
@@ -421,6 +404,8 @@ class _TlDelta(torch.autograd.Function):
             BV=block_v,
         )
         d_gate = dg.sum(0) if gate_grad else None
+        if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient
+            d_initial = None
         return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None
 
 

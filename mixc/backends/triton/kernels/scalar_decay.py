@@ -26,11 +26,19 @@ from mixc.backends.pytorch.kernels.common import _needs_grad
 from mixc.backends.triton.kernels.common import (
     _tl_check_device,
     _tl_chunk_decays,
+    _tl_columns,
+    _tl_finite,
     _tl_gates,
-    _tl_new_like_callers,
+    _tl_gradients,
+    _tl_load_state,
+    _tl_outputs,
+    _tl_put_rows,
     _tl_rows,
     _tl_sizes,
+    _tl_store_rows,
+    _tl_store_state,
     _tl_strides,
+    _tl_tokens,
 )
 
 
@@ -76,27 +84,20 @@ def _tl_scalar_decay_fwd(
     """One (value block, batch x head) program: the chunks in order, the state in registers.
     h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
     [B * NH, N, K, V]."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
-    cols_k = tl.arange(0, BK)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    in_k, in_v = cols_k < K, cols_v < V
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     causal = rows[:, None] >= rows[None, :]
-    state_at = cols_k[:, None] * V + cols_v[None, :]
-    state_in = in_k[:, None] & in_v[None, :]
-    state = tl.load(h0 + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
-        t = n * BT + rows
-        in_t = t < T
-        at_k = in_t[:, None] & in_k[None, :]
-        at_v = in_t[:, None] & in_v[None, :]
+        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         if KEEP:
-            tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
+            _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
@@ -105,20 +106,16 @@ def _tl_scalar_decay_fwd(
             q_c = q_c * from_start
             k_c = k_c * to_end
         scores = tl.where(causal, scores, 0.0)
-        # 0 where a value is finite, NaN where it is not: the products inside the chunk take
-        # the finite values, the poison is added to the outputs from that token on
-        poison = v_c * 0.0
-        v_c = tl.where(poison == 0.0, v_c, 0.0)
+        v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
         out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
         out += tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
         out += tl.cumsum(poison, axis=0)
-        o_at = o + i_b * so_b + i_h * so_h + t[:, None] * so_t + cols_v[None, :] * so_d
-        tl.store(o_at, out, mask=at_v)
+        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
         if HAS_G:
             state = state * chunk_decay
         state += tl.dot(tl.trans(k_c), v_c, input_precision="ieee")
         state += tl.sum(poison, axis=0)[None, :]
-    tl.store(ht + i_bh * K * V + state_at, state, mask=state_in)
+    _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
@@ -167,30 +164,23 @@ def _tl_scalar_decay_bwd(
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers. dq, dk: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dg:
     parts [NV, B * NH, T]; dht, dh0 [B * NH, K, V]; all contiguous."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
-    cols_k = tl.arange(0, BK)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    in_k, in_v = cols_k < K, cols_v < V
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    state_at = cols_k[:, None] * V + cols_v[None, :]
-    state_in = in_k[:, None] & in_v[None, :]
-    d_state = tl.load(dht + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
-        t = n * BT + rows
-        in_t = t < T
-        at_k = in_t[:, None] & in_k[None, :]
-        at_v = in_t[:, None] & in_v[None, :]
+        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        state = tl.load(hs + (i_bh * n_chunks + n) * K * V + state_at, mask=state_in, other=0.0)
+        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         d_probs = tl.dot(do_c, tl.trans(v_c), input_precision="ieee")  # dP = dO V^T
         probs = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:
@@ -206,13 +196,13 @@ def _tl_scalar_decay_bwd(
         probs = tl.where(causal, probs, 0.0)
         dv_c = tl.dot(tl.trans(probs), do_c, input_precision="ieee")
         dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-        tl.store(dv + (i_bh * T + t[:, None]) * V + cols_v[None, :], dv_c, mask=at_v)
+        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         from_q = tl.dot(do_start, tl.trans(state), input_precision="ieee")  # diag(exp(b)) dO S^T
         from_k = tl.dot(v_end, tl.trans(d_state), input_precision="ieee")  # diag(..) V D^T
         dq_c = tl.dot(d_scores, k_c, input_precision="ieee") + from_q
         dk_c = tl.dot(tl.trans(d_scores), q_c, input_precision="ieee") + from_k
-        tl.store(dq + (part * T + t[:, None]) * K + cols_k[None, :], dq_c, mask=at_k)
-        tl.store(dk + (part * T + t[:, None]) * K + cols_k[None, :], dk_c, mask=at_k)
+        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
+        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         if HAS_G:
             if GATE_GRAD:
                 # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i, in exp(b_C - b_j)
@@ -228,7 +218,7 @@ def _tl_scalar_decay_bwd(
                 tl.store(dg + part * T + t, dg_c, mask=in_t)
             d_state = d_state * chunk_decay
         d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
-    tl.store(dh0 + i_bh * K * V + state_at, d_state, mask=state_in)
+    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
 def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
@@ -237,12 +227,7 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
-    if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
-    o = _tl_new_like_callers(q, d_v)
-    final = torch.empty_like(initial_state)
-    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep)
     _tl_scalar_decay_fwd[(n_v, batch * heads)](
         q,
         k,
@@ -288,16 +273,9 @@ class _TlScalarDecay(torch.autograd.Function):
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
-        if d_final is None:
-            d_final = q.new_zeros(batch, heads, d_k, d_v)
-        d_final = d_final.to(q.dtype).contiguous()
-        d_o = d_o.to(q.dtype)
-        dq = q.new_empty(n_v, batch, heads, length, d_k)
-        dk = q.new_empty(n_v, batch, heads, length, d_k)
-        dv = q.new_empty(batch, heads, length, d_v)
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         gate_grad = g is not None and ctx.needs_input_grad[3]
         dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dv
-        d_initial = torch.empty_like(d_final)
         _tl_scalar_decay_bwd[(n_v, batch * heads)](
             q,
             k,
@@ -326,6 +304,8 @@ class _TlScalarDecay(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
         )
+        if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
+            d_initial = None
         return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
 
 

@@ -1,0 +1,382 @@
+"""The Triton kernel of the diagonal-gate class: S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T,
+o_t = q_t S_t, one log-gate per token, head and key channel (GLA, RWKV-6). The same chunked form
+as the PyTorch kernel (docs/algorithms.md, "Diagonal gates"), fused: one program per (batch,
+head, block of value columns) walks the chunks in order, keeping the state in registers.
+
+A decay that differs per channel is no mask on the scores Q K^T, so the pairs j < i inside a
+chunk are split by the aligned blocks of 2, 4, ..., C tokens, as in the PyTorch kernel: each
+pair lies in exactly one block with j in its left half and i in its right half, and its decay is
+measured from the boundary r between the halves, q_i ⊙ exp(b_i - b_r) and k_j ⊙ exp(b_r - b_j),
+both exponents <= 0 whatever the gates (no exp(-b), which overflows for decays near 0). One
+level of blocks is one matmul of the decayed queries and keys, kept where the pairs are that
+level's; the pairs i = j need no decay. The chunk level carries the state:
+    O = A V + (Q ⊙ exp(b)) S,    S <- diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V
+Every exponent is a sum of the gates' own terms (common._tl_run_sums).
+
+Backward, from the last chunk, with the states entering each chunk kept by the forward and D the
+gradient of the state leaving the chunk (the PyTorch kernel's _diagonal_grads_span): dA = dO V^T
+on A's support, dV = A^T dO + (K ⊙ exp(b_C - b)) D, each level hands its part of dA back to its
+decayed queries and keys, and D <- diag(exp(b_C)) D + (Q ⊙ exp(b))^T dO. The gate's gradient,
+per channel, sums what each decay factor passes on. dQ, dK and dg sum over the value columns:
+each block of columns writes its part and the parts are added after the launch.
+
+Value-side gates (gv) run the PyTorch kernel's chunked form (no shipped spec has them).
+
+A token whose gate or value is not finite poisons the outputs from it on (for a value, in its
+column) and the state, as the recurrence does; the products inside the chunk run over finite
+values.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from mixc.backends.pytorch.kernels.common import _guarded_spans, _needs_grad
+from mixc.backends.pytorch.kernels.diagonal import _diagonal_span
+from mixc.backends.triton.kernels.common import (
+    _tl_check_device,
+    _tl_columns,
+    _tl_finite,
+    _tl_gradients,
+    _tl_load_state,
+    _tl_outputs,
+    _tl_put_rows,
+    _tl_rows,
+    _tl_run_sums,
+    _tl_run_sums_grad,
+    _tl_sizes,
+    _tl_store_rows,
+    _tl_store_state,
+    _tl_strides,
+    _tl_tokens,
+)
+
+#: The keyword arguments this kernel leaves to the PyTorch kernel's chunked form, and what they
+#: are (for explain; not copied into a generated module, which takes only definitions).
+PYTORCH_ARGS = {"gv": "value-side gates"}
+
+
+@triton.jit
+def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
+    """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
+    finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
+    is still 0), and a token that is not finite reads zeros (see the module's docstring)."""
+    gates = _tl_rows(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+    gates = tl.where(gates < -1e30, -1e30, gates)
+    poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
+    return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
+
+
+@triton.jit
+def _tl_pairs(rows, BLOCK: tl.constexpr):
+    """[i, j]: whether i is in the right half and j in the left half of one aligned block of
+    2 * BLOCK rows (the pairs measured from that block's boundary)."""
+    right, left = rows[:, None] // BLOCK, rows[None, :] // BLOCK
+    return (right == left + 1) & (left % 2 == 0)
+
+
+@triton.jit
+def _tl_diagonal_fwd(
+    q,
+    k,
+    v,
+    g,
+    h0,
+    o,
+    ht,
+    hs,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sg_d,
+    so_b,
+    so_h,
+    so_t,
+    so_d,
+    HAS_G: tl.constexpr,
+    KEEP: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks in order, the state in registers.
+    h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
+    [B * NH, N, K, V]; LEVELS = log2(BT), the levels of blocks inside a chunk."""
+    i_bh = tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
+    same = rows[:, None] == rows[None, :]
+    state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
+    n_chunks = tl.cdiv(T, BT)
+    for n in range(0, n_chunks):
+        t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        if KEEP:
+            _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
+        v_c, poison = _tl_finite(v_c)  # and a gate that is not finite poisons its whole row
+        if HAS_G:
+            g_c, gate_poison = _tl_diagonal_gates(
+                g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k
+            )
+            poison += gate_poison[:, None]
+        else:
+            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+        scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)  # i = j
+        for level in tl.static_range(LEVELS):
+            from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
+            q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
+            k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
+            corner = tl.dot(q_l, tl.trans(k_l), input_precision="ieee")
+            scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
+        from_start, to_end = _tl_run_sums(g_c, rows, BT)
+        out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
+        out += tl.dot(q_c * tl.exp(from_start), state.to(q_c.dtype), input_precision="ieee")
+        out += tl.cumsum(poison, axis=0)
+        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
+        state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
+        state += tl.dot(tl.trans(k_c * tl.exp(to_end)), v_c, input_precision="ieee")
+        state += tl.sum(poison, axis=0)[None, :]
+    _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
+
+
+@triton.jit
+def _tl_diagonal_bwd(
+    q,
+    k,
+    v,
+    g,
+    do,
+    hs,
+    dht,
+    dq,
+    dk,
+    dv,
+    dg,
+    dh0,
+    T,
+    NH,
+    K,
+    V,
+    sq_b,
+    sq_h,
+    sq_t,
+    sq_d,
+    sk_b,
+    sk_h,
+    sk_t,
+    sk_d,
+    sv_b,
+    sv_h,
+    sv_t,
+    sv_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sg_d,
+    sdo_b,
+    sdo_h,
+    sdo_t,
+    sdo_d,
+    HAS_G: tl.constexpr,
+    GATE_GRAD: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value block, batch x head) program: the chunks from the last, the gradient of the
+    state in registers. dq, dk, dg: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V];
+    dht, dh0 [B * NH, K, V]; all contiguous."""
+    i_bh = tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
+    causal = rows[:, None] >= rows[None, :]
+    same = rows[:, None] == rows[None, :]
+    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
+    n_chunks = tl.cdiv(T, BT)
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
+    for m in range(0, n_chunks):
+        n = n_chunks - 1 - m
+        t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
+        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
+        if HAS_G:
+            g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+        else:
+            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+        d_scores = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
+        d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
+        scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)
+        dq_c, dk_c = d_same * k_c, d_same * q_c
+        dg_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+        for level in tl.static_range(LEVELS):
+            from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
+            left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
+            q_l, k_l = q_c * left_decay, k_c * right_decay
+            pairs = _tl_pairs(rows, 2**level)
+            scores += tl.where(pairs, tl.dot(q_l, tl.trans(k_l), input_precision="ieee"), 0.0)
+            d_corner = tl.where(pairs, d_scores, 0.0)
+            d_q_l = tl.dot(d_corner, k_l, input_precision="ieee")  # for the decayed queries
+            d_k_l = tl.dot(tl.trans(d_corner), q_l, input_precision="ieee")  # and keys
+            dq_c += d_q_l * left_decay
+            dk_c += d_k_l * right_decay
+            if GATE_GRAD:
+                dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
+        from_start, to_end = _tl_run_sums(g_c, rows, BT)
+        start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
+        chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
+        q_start, k_end = q_c * start_decay, k_c * end_decay
+        dv_c = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
+        dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
+        from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # for Q ⊙ exp(b)
+        from_k = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")  # for K ⊙ exp(b_C - b)
+        dq_c += from_q * start_decay
+        dk_c += from_k * end_decay
+        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
+        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
+        if GATE_GRAD:
+            dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT)
+            whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
+            dg_c += tl.trans(whole)
+            _tl_store_rows(dg, part, T, K, t, cols_k, at_k, dg_c)
+        d_state = d_state * chunk_decay
+        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
+
+
+def _tl_levels(block_t):
+    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
+    return block_t.bit_length() - 1
+
+
+def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
+    """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
+    [B, NH, N, K, V] if keep else None)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep)
+    _tl_diagonal_fwd[(n_v, batch * heads)](
+        q,
+        k,
+        v,
+        q if gk is None else gk,
+        initial_state,
+        o,
+        final,
+        kept,
+        length,
+        heads,
+        d_k,
+        d_v,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *_tl_strides(gk, 4),
+        *o.stride(),
+        HAS_G=gk is not None,
+        KEEP=keep,
+        LEVELS=_tl_levels(block_t),
+        BT=block_t,
+        BK=block_k,
+        BV=block_v,
+    )
+    return o, final, kept if keep else None
+
+
+class _TlDiagonal(torch.autograd.Function):
+    """The fused kernel under autograd: the forward keeps the inputs and the states entering each
+    chunk; the backward is one launch of _tl_diagonal_bwd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gk, initial_state, chunk_size):
+        o, final, kept = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, True)
+        ctx.save_for_backward(q, k, v, gk, kept)
+        ctx.chunk_size = chunk_size
+        return o, final
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, d_final):
+        q, k, v, gk, kept = ctx.saved_tensors
+        batch, heads, length, d_k = q.shape
+        d_v = v.shape[-1]
+        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
+        gate_grad = gk is not None and ctx.needs_input_grad[3]
+        dg = torch.empty_like(dq) if gate_grad else dv
+        _tl_diagonal_bwd[(n_v, batch * heads)](
+            q,
+            k,
+            v,
+            q if gk is None else gk,
+            d_o,
+            kept,
+            d_final,
+            dq,
+            dk,
+            dv,
+            dg,
+            d_initial,
+            length,
+            heads,
+            d_k,
+            d_v,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *_tl_strides(gk, 4),
+            *d_o.stride(),
+            HAS_G=gk is not None,
+            GATE_GRAD=gate_grad,
+            LEVELS=_tl_levels(block_t),
+            BT=block_t,
+            BK=block_k,
+            BV=block_v,
+        )
+        if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
+            d_initial = None
+        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
+
+
+def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
+    """Chunked S_t = diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)) + k_t v_t^T, o_t = q_t S_t, as fused
+    Triton kernels, forward and backward, for key-side gates gk [B, NH, T, K] (or None);
+    value-side gates gv [B, NH, T, V] run the PyTorch kernel's chunked form, through autograd.
+
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    """
+    if gv is not None:
+        seqs = [q, k, v, gk, gv]
+        (o,), state, _ = _guarded_spans(_diagonal_span, seqs, initial_state, chunk_size)
+        return o, state
+    _tl_check_device(_tl_diagonal_fwd, q)
+    if _needs_grad(q, k, v, gk, initial_state):
+        return _TlDiagonal.apply(q, k, v, gk, initial_state, chunk_size)
+    o, final, _ = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, False)
+    return o, final
