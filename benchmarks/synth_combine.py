@@ -1,4 +1,5 @@
-"""Combine `mixc synth --json` files (one model each) into one table and one plot:
+"""Combine `mixc synth --json` files (one model each) into one table, one plot of accuracy
+and one of the training loss (OUT_loss.png beside OUT.png):
     python benchmarks/synth_combine.py OUT.txt OUT.png FILE.json...
 The models keep the order of the files given; every file must hold the same settings but for
 `baseline` (only one process trains the attention baseline)."""
@@ -7,7 +8,23 @@ import json
 import pathlib
 import sys
 
+from mixc.tools.bench_report import matplotlib_figure
 from mixc.tools.synth import Settings, SynthResult, plot, render
+
+
+def plot_losses(results, settings, path: pathlib.Path) -> None:
+    """Each model's training loss (as `mixc synth` keeps it: about 100 points) against the step."""
+    fig = matplotlib_figure()(figsize=(8, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for i, r in enumerate(results):
+        every = max(1, r.steps // 100)
+        steps = range(1, every * len(r.losses) + 1, every)
+        ax.plot(steps, r.losses, label=r.model.rsplit("/", 1)[-1], color=f"C{i % 10}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"mixc synth --task {settings.task}: training loss")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
 
 
 def main(txt: str, png: str, *files: str) -> None:
@@ -21,6 +38,8 @@ def main(txt: str, png: str, *files: str) -> None:
     with open(txt, "w") as out:
         render(results, settings, out=out)
     plot(results, settings, png)
+    png = pathlib.Path(png)
+    plot_losses(results, settings, png.with_name(f"{png.stem}_loss{png.suffix}"))
     print(pathlib.Path(txt).read_text(), end="")
 
 
