@@ -1,27 +1,24 @@
 #!/bin/bash
-# MQAR with the shipped specs and a softmax-attention baseline, one model per `mixc synth`
-# process (each result is saved as soon as it is trained), then one table and one plot:
-#   benchmarks/synth_mqar.sh [STEPS]      (default 100; the command's own default is 300)
-# Writes benchmarks/synth/*.json, benchmarks/synth_mqar.txt and benchmarks/synth_mqar.png.
+# MQAR at equal state (1024 numbers per layer for every recurrent spec) with the shipped specs
+# and a softmax-attention baseline, one model per `mixc synth` process (each result is saved as
+# soon as it is trained), then one table and one plot:
+#   benchmarks/synth_mqar.sh [STEPS]      (default 1000)
+# Settings (fixed before any result was seen, the same for every model): 16 key-value pairs in
+# 64 tokens, vocabulary 64 (chance 1/32), 2 blocks of width 64 with 4 heads of 16, batch 32,
+# the command's optimiser defaults. Writes benchmarks/synth/mqar/*.json,
+# benchmarks/synth_mqar.txt and benchmarks/synth_mqar.png. Extra arguments after STEPS go to
+# every `mixc synth` (e.g. --device cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-100}
-out=benchmarks/synth
+steps=${1:-1000}
+shift || true
+out=benchmarks/synth/mqar
 mkdir -p "$out"
-common=(--task mqar --steps "$steps")
+common=(--task mqar --seq-len 64 --pairs 16 --vocab 64 --steps "$steps" "$@")
+models=(deltanet gated_deltanet gla mamba2 linear_attention retnet)
 python -m mixc synth "${common[@]}" --json "$out/attention.json"
-for s in gated_deltanet gla deltanet mamba2 linear_attention retnet; do
+for s in "${models[@]}"; do
   python -m mixc synth "specs/$s.mix" --no-baseline "${common[@]}" --json "$out/$s.json"
 done
-python - "$out" <<'PY'
-import json, pathlib, sys
-from mixc.tools.synth import Settings, SynthResult, plot, render
-files = sorted(pathlib.Path(sys.argv[1]).glob("*.json"), key=lambda p: p.stem != "attention")
-data = [json.loads(p.read_text()) for p in files]
-settings = Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in data[0]["settings"].items()})
-results = [SynthResult(**r) for d in data for r in d["results"]]
-with open("benchmarks/synth_mqar.txt", "w") as f:
-    render(results, settings, out=f)
-plot(results, settings, "benchmarks/synth_mqar.png")
-print(open("benchmarks/synth_mqar.txt").read())
-PY
+python benchmarks/synth_combine.py benchmarks/synth_mqar.txt benchmarks/synth_mqar.png \
+  "$out/attention.json" $(printf "$out/%s.json " "${models[@]}")

@@ -89,6 +89,12 @@ ROWS: dict[str, Row] = {
         "linear: _r0",
         DELTA,
     ),
+    "deltanet_negeig": Row(
+        "deltanet_negeig.mix",
+        {"H": S("identity minus rank-1", "delta", "2 beta_t v_t k_t^T", erase="2 beta_t, k_t")},
+        "linear: _r0",
+        DELTA,
+    ),
     "gated_deltanet": Row(
         "gated_deltanet.mix",
         {

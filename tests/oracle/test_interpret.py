@@ -114,6 +114,16 @@ def ref_deltanet(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_deltanet_negeig(x, p, s):
+    """DeltaNet with erase and write scaled by 2 beta_t (a reflection at beta_t = 1)."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        k, v, b2 = x["k"][t], x["v"][t], 2 * x["beta"][t]
+        H = H @ (torch.eye(len(k), dtype=k.dtype) - b2 * outer(k, k)) + b2 * outer(v, k)
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
 def ref_gated_deltanet(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["q"])):
@@ -241,6 +251,10 @@ CASES = {
     ),
     "deltanet": (
         ref_deltanet,
+        lambda g: (unit_keys({**qkv(g), "beta": rand(g, *LEAD)}), {}),
+    ),
+    "deltanet_negeig": (
+        ref_deltanet_negeig,
         lambda g: (unit_keys({**qkv(g), "beta": rand(g, *LEAD)}), {}),
     ),
     "gated_deltanet": (
