@@ -272,8 +272,8 @@ MUTANTS = [
     (
         "rwkv7",
         "no decay from chunk to chunk",
-        "p = _bmm(b_to_end, w, add=torch.diag_embed(chunk_decay))",
-        "p = _bmm(b_to_end, w, add=torch.diag_embed(torch.ones_like(chunk_decay)))",
+        ".add_(chunk_decay.reshape(*p.shape[:3], d_k))",
+        ".add_(torch.ones_like(chunk_decay).reshape(*p.shape[:3], d_k))",
         {"chunk"},
     ),
     (
@@ -294,7 +294,7 @@ MUTANTS = [
         "kda",
         "the rank-1 read of the incoming state decayed one token too far",
         "w = _bmm(t_inv, a_before)",
-        "w = _bmm(t_inv, rows[..., 1, :] * row_decay[..., 0, :])",
+        "w = _bmm(t_inv, a_before * g_c.exp())",
         {"chunk"},
     ),
     (

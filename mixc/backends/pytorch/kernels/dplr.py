@@ -41,75 +41,80 @@ def _dplr_pairs(x, block):
     return x.reshape(*shape[:3], shape[3] // (2 * block), 2, block, *shape[-2:])
 
 
-def _dplr_doubled(row_decay, col_decay, block, in_place):
-    """The decays inside aligned blocks of 2 * block tokens from those inside blocks of `block`.
-
-    row_decay [N, B, NH, C, 2, K] holds exp(g_s + ... + g_r) and exp(g_s + ... + g_{r-1}) (for
-    the query and the a of token r), col_decay [N, B, NH, C, 1, K] exp(g_{j+1} + ... + g_e)
-    (for the key and the b of token j), in the block [s, e] holding the token. The right half
-    continues the left half's products, and the left half's suffix runs on through the right
-    half: one multiply each by the other half's total (a product of factors <= 1).
-    """
-    rows, cols = _dplr_pairs(row_decay, block), _dplr_pairs(col_decay, block)
-    left_total, right_total = rows[..., 0, -1:, :1, :], rows[..., 1, -1:, :1, :]
-    if in_place:
-        # the columns first: right_total is a view of the rows' right half
-        cols[..., 0, :, :, :].mul_(right_total)
-        rows[..., 1, :, :, :].mul_(left_total)
-        return row_decay, col_decay
-    ones = torch.ones_like(left_total)
-    onto_right = torch.stack([ones, left_total], dim=-4)
-    onto_left = torch.stack([right_total, ones], dim=-4)
-    return (rows * onto_right).reshape(row_decay.shape), (cols * onto_left).reshape(col_decay.shape)
-
-
-def _dplr_first_decays(g_c):
-    """The decays inside blocks of one token: exp(g_r) and the empty product 1 for the rows,
-    1 for the columns ([N, B, NH, C, 2, K] and [N, B, NH, C, 1, K], see _dplr_doubled)."""
-    pre = g_c.exp()  # inside blocks of one token
-    return torch.stack([pre, torch.ones_like(pre)], dim=-2), torch.ones_like(pre).unsqueeze(-2)
+def _dplr_levels(g_c):
+    """The decays of every level of the binary split of _dplr_scores, for the backward: for
+    blocks of 1, 2, ..., C tokens, exp(g_s + ... + g_r) and exp(g_s + ... + g_{r-1}) for the
+    query and the a of token r [N, B, NH, C, 2, K] and exp(g_{j+1} + ... + g_e) for the key and
+    the b of token j [N, B, NH, C, 1, K], in the block [s, e] holding the token. Going to
+    blocks of 2 * block, the right half continues the left half's products, and the left
+    half's suffix runs on through the right half: one multiply each by the other half's total
+    (a product of factors <= 1)."""
+    decay = g_c.exp()
+    row_decay = torch.stack([decay, torch.ones_like(decay)], dim=-2)
+    col_decay = torch.ones_like(decay).unsqueeze(-2)
+    levels = [(row_decay, col_decay)]
+    block = 1
+    while block < g_c.shape[3]:
+        rows, cols = _dplr_pairs(row_decay, block), _dplr_pairs(col_decay, block)
+        left_total, right_total = rows[..., 0, -1:, :1, :], rows[..., 1, -1:, :1, :]
+        ones = torch.ones_like(left_total)
+        row_decay = (rows * torch.stack([ones, left_total], dim=-4)).reshape(row_decay.shape)
+        col_decay = (cols * torch.stack([right_total, ones], dim=-4)).reshape(col_decay.shape)
+        levels.append((row_decay, col_decay))
+        block *= 2
+    return levels
 
 
-def _dplr_scores(rows, cols, g_c):
-    """The decayed scores of a span of chunks, from rows = (q_r, a_r) and cols = (k_j, b_j)
-    [N, B, NH, C, 2, K] and the log-gates g_c [N, B, NH, C, K]: S [N, B, NH, 2C, 2C], row 2r + s
-    and column 2j + t holding the pair (rows[r, s], cols[j, t]): qk[r, j] = Σ_c q_rc
+def _dplr_scores(q_c, k_c, a_c, b_c, g_c):
+    """The decayed scores of a span of chunks [N, B, NH, C, K]: S [N, B, NH, 2C, 2C], row 2r + s
+    and column 2j + t holding the pair of (q_r, a_r)[s] and (k_j, b_j)[t]: qk[r, j] = Σ_c q_rc
     exp(b_rc - b_jc) k_jc and qb for j <= r, ak[r, j] = Σ_c a_rc exp(b_{r-1,c} - b_jc) k_jc and
-    ab for j < r, 0 elsewhere (b = cumsum(g) per channel); with the chunk's decays (exp(b_r),
-    exp(b_{r-1})) [N, B, NH, C, 2, K] and exp(b_C - b_j) [N, B, NH, C, 1, K].
+    ab for j < r, 0 elsewhere (b = cumsum(g) per channel). Also returns the chunk's decayed
+    rows (exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A) and columns (exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B)
+    [N, B, NH, C, 2, K], and exp(b_C) [N, B, NH, 1, 1, K].
 
     Each pair j < r lies in exactly one aligned block of 2, 4, ..., C tokens with j in its left
     half and r in its right half; there the decay is split at the boundary between the halves,
     both factors products of per-token decays <= 1 (never exp(b_r) exp(-b_j)), and the block's
-    corner, all four kinds of pairs at once, is one batched matmul of the decayed rows and
-    columns.
+    corner, all four kinds of pairs at once, is one batched matmul of the rows decayed from the
+    boundary and the columns decayed to it. Going from blocks of `block` tokens to blocks of
+    2 * block, the right half's rows take on the left half's total decay and the left half's
+    columns the right half's: the decayed rows and columns are carried from level to level
+    (in place without autograd), with the totals of the blocks.
     """
-    lead, chunk_size = rows.shape[:3], rows.shape[3]
-    row_decay, col_decay = _dplr_first_decays(g_c)
-    in_place = not _needs_grad(g_c)
+    lead, chunk_size = q_c.shape[:3], q_c.shape[3]
+    pre = g_c.exp()  # inside blocks of one token
+    cols = torch.stack([k_c, b_c], dim=-2)  # decayed to the end of a block of one token: 1
+    rows = torch.stack([q_c * pre, a_c], dim=-2)  # from its start: exp(g_r) and 1
+    totals = pre.unsqueeze(-2)  # each block's total decay [N, B, NH, C / block, 1, K]
+    in_place = not _needs_grad(g_c, rows, cols)
     # the pairs r = j: q_r . k_r and q_r . b_r (the a's only meet earlier tokens)
-    own = torch.matmul(rows[..., :1, :], cols.transpose(-1, -2))  # [N, B, NH, C, 1, 2]
+    own = torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2))  # [N, B, NH, C, 1, 2]
     own = torch.cat([own, torch.zeros_like(own)], dim=-2)
     scores = torch.diag_embed(own.movedim(-3, -1), dim1=-4, dim2=-2)  # [..., C, 2, C, 2]
     scores = scores.reshape(*lead, 2 * chunk_size, 2 * chunk_size)
     block = 1
     while block < chunk_size:
-        # the right halves' rows decayed from the boundary, the left halves' columns to it
-        rows_right = _dplr_pairs(rows, block)[..., 1, :, :, :] * _dplr_pairs(row_decay, block)[
-            ..., 1, :, :, :
-        ]
-        cols_left = _dplr_pairs(cols, block)[..., 0, :, :, :] * _dplr_pairs(col_decay, block)[
-            ..., 0, :, :, :
-        ]
+        # the right halves' rows, decayed from the boundary, against the left halves' columns
         n_pairs = chunk_size // (2 * block)
+        rows_pairs, cols_pairs = _dplr_pairs(rows, block), _dplr_pairs(cols, block)
         corner = torch.matmul(
-            rows_right.reshape(*lead, n_pairs, 2 * block, -1),
-            cols_left.reshape(*lead, n_pairs, 2 * block, -1).transpose(-1, -2),
+            rows_pairs[..., 1, :, :, :].reshape(*lead, n_pairs, 2 * block, -1),
+            cols_pairs[..., 0, :, :, :].reshape(*lead, n_pairs, 2 * block, -1).transpose(-1, -2),
         )
         _pair_blocks(scores, 2 * block)[..., 2 * block :, : 2 * block] = corner
-        row_decay, col_decay = _dplr_doubled(row_decay, col_decay, block, in_place)
+        halves = totals.reshape(*lead, n_pairs, 2, 1, 1, -1)  # [..., n, 2, 1, 1, K]
+        left_total, right_total = halves[..., 0, :, :, :], halves[..., 1, :, :, :]
+        if in_place:
+            rows_pairs[..., 1, :, :, :].mul_(left_total)
+            cols_pairs[..., 0, :, :, :].mul_(right_total)
+        else:
+            ones = torch.ones_like(left_total)
+            rows = (rows_pairs * torch.stack([ones, left_total], dim=-4)).reshape(rows.shape)
+            cols = (cols_pairs * torch.stack([right_total, ones], dim=-4)).reshape(cols.shape)
+        totals = (left_total * right_total).reshape(*lead, n_pairs, 1, -1)
         block *= 2
-    return scores, row_decay, col_decay
+    return scores, rows, cols, totals.unsqueeze(-2)
 
 
 def _dplr_masks(block, like):
@@ -133,27 +138,24 @@ def _dplr_support(chunk_size, device):
     return (j < r) | ((j == r) & (s == 0))
 
 
-def _dplr_maps(rows, cols, v_c, g_c):
-    """What the chunks of a span share before the state passes: the decayed scores (see
-    _dplr_scores), T = (I - ab)^{-1} (unit lower-triangular, in at least fp32), exp(b) ⊙ Q and
-    exp(b_{r-1}) ⊙ A, (exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B) [N, B, NH, C, 2, K], W = T
-    (exp(b_{r-1}) ⊙ A), U' = T ak V and exp(b_C) [N, B, NH, K]."""
-    scores, row_decay, col_decay = _dplr_scores(rows, cols, g_c)
-    q_from_start, a_before = (rows * row_decay).unbind(-2)
-    to_end = cols * col_decay
-    chunk_size = rows.shape[3]
+def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c):
+    """What the chunks of a span share before the state passes: the decayed scores, rows and
+    columns and exp(b_C) (see _dplr_scores), T = (I - ab)^{-1} (unit lower-triangular, in at
+    least fp32), W = T (exp(b_{r-1}) ⊙ A) and U' = T ak V."""
+    scores, rows, cols, chunk_decay = _dplr_scores(q_c, k_c, a_c, b_c, g_c)
+    chunk_size = q_c.shape[3]
     pairs = scores.view(*scores.shape[:-2], chunk_size, 2, chunk_size, 2)
-    solve_dtype = torch.promote_types(rows.dtype, torch.float32)
+    solve_dtype = torch.promote_types(q_c.dtype, torch.float32)
     minus_ab = -pairs[..., 1, :, 1].to(solve_dtype)
     t_inv = _unit_lower_inverse(minus_ab.detach())  # (I - ab)^{-1}
     if minus_ab.requires_grad:
         # d(I + L)^{-1} = -T dL T: attach that gradient (the added term is exactly zero)
         t_inv = t_inv - _bmm(t_inv, _bmm(minus_ab - minus_ab.detach(), t_inv))
-    t_inv = t_inv.to(rows.dtype)
+    t_inv = t_inv.to(q_c.dtype)
+    a_before = rows[..., 1, :]
     w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
     u_own = _bmm(t_inv, _bmm(pairs[..., 1, :, 0], v_c))  # [N, B, NH, C, V]
-    chunk_decay = row_decay[..., -1, 0, :]
-    return scores, t_inv, q_from_start, to_end, w, u_own, chunk_decay
+    return scores, t_inv, rows, cols, w, u_own, chunk_decay
 
 
 def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
@@ -180,12 +182,11 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
         poison = poison + (decay * 0).sum(-1)
     n_chunks, batch, heads, chunk_size, d_k = q_c.shape
     d_v = v_c.shape[-1]
-    rows, cols = torch.stack([q_c, a_c], dim=-2), torch.stack([k_c, b_c], dim=-2)
-    scores, t_inv, q_from_start, to_end, w, u_own, chunk_decay = _dplr_maps(rows, cols, v_c, g_c)
-    b_to_end = to_end[..., 1, :].transpose(-1, -2)
-    p = _bmm(b_to_end, w, add=torch.diag_embed(chunk_decay))
-    writes = torch.stack([v_c, u_own], dim=-2).reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
-    f = _bmm(to_end.reshape(*writes.shape[:-1], d_k).transpose(-1, -2), writes)
+    scores, t_inv, rows, cols, w, u_own, chunk_decay = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c)
+    k_to_end, b_to_end = cols.unbind(-2)
+    p = _bmm(b_to_end.transpose(-1, -2), w)
+    torch.diagonal(p, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*p.shape[:3], d_k))
+    f = _two_matmuls(k_to_end.transpose(-1, -2), v_c, b_to_end.transpose(-1, -2), u_own)
     if poison is not None:
         f = f + poison.sum(-1)[..., None, None]
 
@@ -200,18 +201,18 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
     u = _bmm(w, states_in, add=u_own)  # the pseudo-values
+    values = torch.stack([v_c, u], dim=-2).reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
     if kept is not None:
-        kept.append([scores, t_inv, u, states_in])
-    values = torch.stack([v_c, u], dim=-2).reshape(writes.shape)
+        kept.append([scores, t_inv, values, states_in])
     # the rows of the queries: (qk, qb) against (V, U), interleaved
-    o = _two_matmuls(scores[..., 0::2, :], values, q_from_start, states_in)
+    o = _two_matmuls(scores[..., 0::2, :], values, rows[..., 0, :], states_in)
     if poison is not None:
         o = o + torch.cumsum(poison, -1).unsqueeze(-1)
     return [o], state.reshape(batch, heads, d_k, d_v)
 
 
 def _dplr_grads_span(
-    q_c, k_c, v_c, g_c, a_c, b_c, do_c, scores, t_inv, u, states_in, d_state, gate_grad
+    q_c, k_c, v_c, g_c, a_c, b_c, do_c, scores, t_inv, values, states_in, d_state, gate_grad
 ):
     """Gradients of the diagonal-plus-low-rank recurrence on one span of chunks, from the
     forward's decayed scores, T, pseudo-values U and states entering each chunk S_n, the output
@@ -232,11 +233,7 @@ def _dplr_grads_span(
     d_v = v_c.shape[-1]
     lead = q_c.shape[:3]
     rows, cols = torch.stack([q_c, a_c], dim=-2), torch.stack([k_c, b_c], dim=-2)
-    levels = [_dplr_first_decays(g_c)]
-    block = 1
-    while block < chunk_size:
-        levels.append(_dplr_doubled(*levels[-1], block, False))
-        block *= 2
+    levels = _dplr_levels(g_c)
     row_decay, col_decay = levels.pop()
     decayed = rows * row_decay  # exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A
     to_end = cols * col_decay  # exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B
@@ -246,7 +243,8 @@ def _dplr_grads_span(
     pairs = scores.view(*lead, chunk_size, 2, chunk_size, 2)
     from_q = _bmm(pairs[..., 0, :, 1].transpose(-1, -2), do_c)  # qb^T dO
     local = _two_matmuls(decayed[..., 0, :].transpose(-1, -2), do_c, w.transpose(-1, -2), from_q)
-    p_t = _bmm(w.transpose(-1, -2), b_to_end, add=torch.diag_embed(chunk_decay))  # P^T
+    p_t = _bmm(w.transpose(-1, -2), b_to_end)  # P^T
+    torch.diagonal(p_t, dim1=-2, dim2=-1).add_(chunk_decay)
 
     flat = batch * heads
     local_n = local.reshape(n_chunks, flat, d_k, d_v).unbind(0)
@@ -262,7 +260,6 @@ def _dplr_grads_span(
     d_u = _bmm(b_to_end, d_next, add=from_q)
     d_r = _bmm(t_inv.transpose(-1, -2), d_u)
     outer = torch.stack([do_c, d_r], dim=-2).reshape(*lead, 2 * chunk_size, d_v)  # dO, dR
-    values = torch.stack([v_c, u], dim=-2).reshape(outer.shape)  # V, U
     d_scores = _bmm(outer, values.transpose(-1, -2))
     d_scores = torch.where(_dplr_support(chunk_size, q_c.device), d_scores, 0.0)
     dv = _bmm(scores[..., :, 0::2].transpose(-1, -2), outer, add=_bmm(to_end[..., 0, :], d_next))
