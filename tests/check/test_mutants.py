@@ -272,8 +272,8 @@ MUTANTS = [
     (
         "rwkv7",
         "no decay from chunk to chunk",
-        ".add_(chunk_decay.reshape(*p.shape[:3], d_k))",
-        ".add_(torch.ones_like(chunk_decay).reshape(*p.shape[:3], d_k))",
+        "torch.addcmul(writes_n[n], decay_n[n], state, out=out)",
+        "torch.add(writes_n[n], state, out=out)",
         {"chunk"},
     ),
     (

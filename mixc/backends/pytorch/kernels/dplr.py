@@ -165,10 +165,9 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
     to kept if given. Guarded, the triangular products run over finite values and a token that
     had a non-finite one poisons its output, those after it and the state (see _guarded_spans).
 
-    The pseudo-values are U = W S_n + U'; a chunk acts on the state entering it as S_{n+1} = P
-    S_n + F, P = diag(exp(b_C)) + (exp(b_C - b) ⊙ B)^T W and F = (exp(b_C - b) ⊙ K)^T V +
-    (exp(b_C - b) ⊙ B)^T U' (the only sequential work: one matmul per chunk), and its outputs
-    are Y = (exp(b) ⊙ Q) S_n + qk V + qb U.
+    The pseudo-values are U = W S_n + U'; from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n +
+    (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U (the sequential work: two matmuls per
+    chunk), and the outputs are Y = (exp(b) ⊙ Q) S_n + qk V + qb U.
     """
     poison = None
     if guard:
@@ -184,23 +183,30 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
     d_v = v_c.shape[-1]
     scores, t_inv, rows, cols, w, u_own, chunk_decay = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c)
     k_to_end, b_to_end = cols.unbind(-2)
-    p = _bmm(b_to_end.transpose(-1, -2), w)
-    torch.diagonal(p, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*p.shape[:3], d_k))
-    f = _two_matmuls(k_to_end.transpose(-1, -2), v_c, b_to_end.transpose(-1, -2), u_own)
+    writes = _bmm(k_to_end.transpose(-1, -2), v_c)  # (exp(b_C - b) ⊙ K)^T V
     if poison is not None:
-        f = f + poison.sum(-1)[..., None, None]
+        writes = writes + poison.sum(-1)[..., None, None]
 
+    # sequential part, per chunk: U = W S_n + U', S_{n+1} = diag(exp(b_C)) S_n + (exp(b_C - b)
+    # ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U
     flat = batch * heads
-    p_n = p.reshape(n_chunks, flat, d_k, d_k).unbind(0)
-    f_n = f.reshape(n_chunks, flat, d_k, d_v).unbind(0)
-    tracked = _needs_grad(state, p, f)
+    w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
+    u_n = u_own.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
+    b_end_n = b_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
+    writes_n = writes.reshape(n_chunks, flat, d_k, d_v).unbind(0)
+    decay_n = chunk_decay.reshape(n_chunks, flat, d_k, 1).unbind(0)
+    tracked = _needs_grad(state, w, u_own, writes, chunk_decay, b_to_end)
+    pseudo = []
 
     def next_state(n, state, out):
-        return torch.baddbmm(f_n[n], p_n[n], state, out=out)
+        # without autograd U overwrites U' in place
+        u = torch.baddbmm(u_n[n], w_n[n], state, out=None if tracked else u_n[n])
+        pseudo.append(u)
+        return torch.addcmul(writes_n[n], decay_n[n], state, out=out).baddbmm_(b_end_n[n], u)
 
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
-    u = _bmm(w, states_in, add=u_own)  # the pseudo-values
+    u = torch.stack(pseudo).reshape(u_own.shape) if tracked else u_own  # the pseudo-values
     values = torch.stack([v_c, u], dim=-2).reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
     if kept is not None:
         kept.append([scores, t_inv, values, states_in])
