@@ -4,16 +4,14 @@ vectors a_t, b_t of the rank-one term (KDA, RWKV-7, the delta rule erasing along
 writing along another). The derivation is in docs/algorithms.md, section "Diagonal plus low
 rank".
 
-chunk_dplr runs the chunked form. Inside a chunk the rank-one terms read the state through the
-pseudo-values u_r = a_r^T S_{r-1}, which solve one unit lower-triangular system (in at least
-fp32); the four score matrices it needs (queries and the a's against keys and the b's) carry a
-decay per channel, built over aligned blocks of 2, 4, ..., C tokens with factors measured from
-each block's boundary, as the diagonal kernel's. A chunk then acts on the state entering it as
-an affine map S -> P S + F, and its outputs are Q' S + Y': the only sequential work is one
-matmul per chunk. Under autograd chunk_dplr has its own backward (common._OwnBackward), keeping
-only the states entering each chunk: the chunk maps are made again span by span, and the
-gradients of the state run back through P (in a compiled graph, autograd through the chunked
-form instead).
+chunk_dplr runs the chunked form. Inside a chunk the rank-one terms read the state through
+the pseudo-values u_r = a_r^T S_{r-1}, which solve one unit lower-triangular system (in at
+least fp32); the four score matrices it needs (queries and the a's against keys and the b's)
+carry a decay per channel and are built as one interleaved matrix over aligned blocks of 2, 4,
+..., C tokens, with factors measured from each block's boundary, as the diagonal kernel's. The
+state passes from chunk to chunk as the delta kernel's: two matmuls per chunk. Under autograd
+chunk_dplr has its own backward (common._OwnBackward), keeping the scores, the triangular
+inverse, the pseudo-values and the states entering each chunk.
 
 Uses the layout and numerical rules of common.py, and imports only torch and common, so the
 generated module can hold a copy of its source (see kernel_source in this package).
