@@ -19,6 +19,8 @@ from mixc.algebra.intervals import bounds
 from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Binary, Call, Expr, Transpose
 from mixc.transitions.base import (
+    CHUNK_MEASURED_ON,
+    ChunkSize,
     Condition,
     KernelArg,
     Maths,
@@ -299,6 +301,12 @@ class Dplr(TransitionClass):
         )
         verdict = "contractive" if unit and beta_ok else "contractive only if"
         return f"{verdict}: " + ", ".join(parts) + f" ({why})"
+
+    def chunk_size(self, tr):
+        return ChunkSize(
+            32,
+            f"32 ran faster than 16 and 64 for KDA, forward and forward+backward, {CHUNK_MEASURED_ON}",
+        )
 
     def random_forms(self) -> dict[str, RandomForm]:
         return {

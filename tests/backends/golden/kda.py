@@ -48,8 +48,9 @@ OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "diagonal times identity minus rank-1"}
 SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
-# chunk's default chunk size: not measured for this class: the kernels' default
-CHUNK_SIZE = 64
+# chunk's default chunk size: 32 ran faster than 16 and 64 for KDA, forward and forward+backward,
+# measured on CPU (2 threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+CHUNK_SIZE = 32
 
 
 # ---- runtime helpers (the same in every mixc module) --------------------------------------
@@ -936,9 +937,10 @@ def _dplr_grads_span(
     while block < chunk_size:
         row_decay, col_decay = levels[block.bit_length() - 1]
         n_pairs = chunk_size // (2 * block)
-        row_f, col_f = _dplr_pairs(row_decay, block)[..., 1, :, :, :], _dplr_pairs(
-            col_decay, block
-        )[..., 0, :, :, :]
+        row_f, col_f = (
+            _dplr_pairs(row_decay, block)[..., 1, :, :, :],
+            _dplr_pairs(col_decay, block)[..., 0, :, :, :],
+        )
         rows_right = _dplr_pairs(rows, block)[..., 1, :, :, :] * row_f
         cols_left = _dplr_pairs(cols, block)[..., 0, :, :, :] * col_f
         corner = _pair_blocks(d_scores, 2 * block)[..., 2 * block :, : 2 * block]

@@ -289,9 +289,10 @@ def _dplr_grads_span(
     while block < chunk_size:
         row_decay, col_decay = levels[block.bit_length() - 1]
         n_pairs = chunk_size // (2 * block)
-        row_f, col_f = _dplr_pairs(row_decay, block)[..., 1, :, :, :], _dplr_pairs(
-            col_decay, block
-        )[..., 0, :, :, :]
+        row_f, col_f = (
+            _dplr_pairs(row_decay, block)[..., 1, :, :, :],
+            _dplr_pairs(col_decay, block)[..., 0, :, :, :],
+        )
         rows_right = _dplr_pairs(rows, block)[..., 1, :, :, :] * row_f
         cols_left = _dplr_pairs(cols, block)[..., 0, :, :, :] * col_f
         corner = _pair_blocks(d_scores, 2 * block)[..., 2 * block :, : 2 * block]
