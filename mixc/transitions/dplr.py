@@ -19,7 +19,6 @@ from mixc.algebra.intervals import bounds
 from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Binary, Call, Expr, Transpose
 from mixc.transitions.base import (
-    CHUNK_MEASURED_ON,
     ChunkSize,
     Condition,
     KernelArg,
@@ -305,7 +304,10 @@ class Dplr(TransitionClass):
     def chunk_size(self, tr):
         return ChunkSize(
             32,
-            f"32 ran faster than 16 and 64 for KDA, forward and forward+backward, {CHUNK_MEASURED_ON}",
+            "32 ran 1.03-1.06x faster than 16 and 64 for the KDA chunk forward and 1.14-1.26x for "
+            "forward+backward, timed in alternation on a shared CPU (1 thread, fp32, B=1, NH=4, "
+            "d=64, T=4096); benchmarks/dplr.py records the three sizes (its 2-thread run, "
+            "oversubscribed, did not order them consistently)",
         )
 
     def random_forms(self) -> dict[str, RandomForm]:

@@ -56,8 +56,10 @@ OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "diagonal plus low rank"}
 SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
-# chunk's default chunk size: 32 ran faster than 16 and 64 for KDA, forward and forward+backward,
-# measured on CPU (2 threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
+# chunk's default chunk size: 32 ran 1.03-1.06x faster than 16 and 64 for the KDA chunk forward
+# and 1.14-1.26x for forward+backward, timed in alternation on a shared CPU (1 thread, fp32, B=1,
+# NH=4, d=64, T=4096); benchmarks/dplr.py records the three sizes (its 2-thread run,
+# oversubscribed, did not order them consistently)
 CHUNK_SIZE = 32
 
 
