@@ -31,12 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import _load_fla, time_alternating
 
 import mixc
+from mixc.analysis.plan import analyze
+from mixc.frontend.spec import load_spec
 from mixc.tools.bench import measure_peak_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 B, NH, D = 1, 4, 64
 T_PEER, T_RECURRENT, T_MEMORY = 4096, 8192, (8192, 32768)
+CHUNKS = (16, 32, 64)  # the chunk sizes compared
 RWKV_DECAY = math.exp(-0.5)  # as in specs/rwkv7.mix
 TARGETS = {
     "kda_vs_fla": 0.1,
@@ -140,29 +143,47 @@ def agree(chunk: int) -> dict:
     return out
 
 
+def _timed_call(fn, leaves, backward: bool):
+    """A call of fn(*leaves) to time: under no_grad, or forward and backward from a seeded
+    cotangent."""
+    if not backward:
+
+        def call():
+            with torch.no_grad():
+                fn(*leaves)
+
+        return call
+    leaves = [x.clone().requires_grad_(True) for x in leaves]
+    cot = torch.randn(fn(*leaves).shape, generator=torch.Generator().manual_seed(1))
+
+    def call():
+        for x in leaves:
+            x.grad = None
+        fn(*leaves).backward(cot)
+
+    return call
+
+
 def timed(names: list[str], T: int, chunk: int, repeats: dict, backward: bool) -> dict:
     every = calls(T, torch.float32, chunk)
-    run = {}
-    for name in names:
-        fn, leaves = every[name]
-        if backward:
-            leaves = [x.clone().requires_grad_(True) for x in leaves]
-            cot = torch.randn(fn(*leaves).shape, generator=torch.Generator().manual_seed(1))
-
-            def call(fn=fn, leaves=leaves, cot=cot):
-                for x in leaves:
-                    x.grad = None
-                fn(*leaves).backward(cot)
-
-        else:
-
-            def call(fn=fn, leaves=leaves):
-                with torch.no_grad():
-                    fn(*leaves)
-
-        run[name] = call
+    run = {name: _timed_call(*every[name], backward) for name in names}
     times = time_alternating(run, {n: repeats.get(n, repeats["default"]) for n in run})
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+def chunk_sizes(repeats: int) -> dict:
+    """The KDA chunk forward and forward+backward at each chunk size of CHUNKS, all timed in
+    alternation: {"fwd": {C: s}, "fwd_bwd": {C: s}}."""
+    run = {}
+    for chunk in CHUNKS:
+        fn, leaves = calls(T_PEER, torch.float32, chunk)["mixc kda"]
+        for way in ("fwd", "fwd_bwd"):
+            run[(way, chunk)] = _timed_call(fn, leaves, way == "fwd_bwd")
+    times = time_alternating(run, {n: repeats for n in run})
+    out = {"fwd": {}, "fwd_bwd": {}}
+    for (way, chunk), t in times.items():
+        out[way][str(chunk)] = statistics.median(t)
+    return out
 
 
 def memory(chunk: int) -> dict:
@@ -182,15 +203,15 @@ def memory(chunk: int) -> dict:
 
 def measure(args) -> dict:
     torch.set_num_threads(args.threads)
-    tune = timed(["mixc kda"], T_PEER, 32, {"default": args.repeats}, False)["mixc kda"]
-    tune64 = timed(["mixc kda"], T_PEER, 64, {"default": args.repeats}, False)["mixc kda"]
-    chunk = 32 if tune <= tune64 else 64
+    sizes = chunk_sizes(args.repeats)
+    # the chunk size the class compiles by default (TransitionClass.chunk_size)
+    chunk = analyze(load_spec(SPECS / "kda.mix")).chunk_size.size
     data = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "threads": args.threads,
         "load_start": os.getloadavg(),
         "chunk": chunk,
-        "tune_s": {"32": tune, "64": tune64},
+        "chunk_sizes": sizes,
         "agree": agree(chunk),
     }
     r = {"default": args.repeats}
@@ -265,8 +286,7 @@ def report(d: dict) -> str:
         "Regenerate with `python benchmarks/dplr.py --threads 2 --write` (run.sh runs it after "
         "peers.py). "
         f"Measured {d['date']}, {d['threads']} torch threads, fp32, B={B}, NH={NH}, "
-        f"d_k=d_v={D}, T={T_PEER}, mixc chunk size {d['chunk']} (the faster of 32 and 64 for the "
-        f"KDA chunk forward: {d['tune_s']['32'] * 1e3:.1f} and {d['tune_s']['64'] * 1e3:.1f} ms). "
+        f"d_k=d_v={D}, T={T_PEER}, mixc chunk size {d['chunk']} (the class's default). "
         "Load average (1/5/15 min) "
         f"{'/'.join(f'{x:.1f}' for x in d['load_start'])} at the start, "
         f"{'/'.join(f'{x:.1f}' for x in d['load_end'])} at the end. The machine may be shared "
@@ -291,6 +311,17 @@ def report(d: dict) -> str:
             "the alternated ratios are noisy; re-run on a quiet machine before reading a target "
             "that misses by a few percent as missed.\n",
         )
+    sizes = d["chunk_sizes"]
+    lines += [
+        "",
+        "Chunk size (the class's default, `TransitionClass.chunk_size`): the KDA chunk forward "
+        "and forward+backward at each size, timed in alternation: "
+        + "; ".join(
+            f"C={c}: {sizes['fwd'][str(c)] * 1e3:.1f} and {sizes['fwd_bwd'][str(c)] * 1e3:.1f} ms"
+            for c in CHUNKS
+        )
+        + ".",
+    ]
     a = d["agree"]
     lines += [
         "",

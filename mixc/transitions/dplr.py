@@ -19,6 +19,7 @@ from mixc.algebra.intervals import bounds
 from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Binary, Call, Expr, Transpose
 from mixc.transitions.base import (
+    ChunkSize,
     Condition,
     KernelArg,
     Maths,
@@ -300,6 +301,15 @@ class Dplr(TransitionClass):
         verdict = "contractive" if unit and beta_ok else "contractive only if"
         return f"{verdict}: " + ", ".join(parts) + f" ({why})"
 
+    def chunk_size(self, tr):
+        return ChunkSize(
+            32,
+            "32 ran 1.03-1.06x faster than 16 and 64 for the KDA chunk forward and 1.14-1.26x for "
+            "forward+backward, timed in alternation on a shared CPU (1 thread, fp32, B=1, NH=4, "
+            "d=64, T=4096); benchmarks/dplr.py records the three sizes (its 2-thread run, "
+            "oversubscribed, did not order them consistently)",
+        )
+
     def random_forms(self) -> dict[str, RandomForm]:
         return {
             "kda": _kda,
@@ -315,10 +325,11 @@ class Dplr(TransitionClass):
     def cost(self, tr: Transition, d: GroupDims) -> ClassCost:
         C, T, nq, dk, dv = d.C, d.T, d.nq, d.dk, d.dv
         # the four score matrices once per pair (aligned blocks), the solve, W and U', the
-        # chunk map P and F, and per query the outputs Q' S + [Q K] V + [Q B] U'
+        # writes K~^T V and from chunk to chunk U = W S + U' and B~^T U, and per query the
+        # outputs Q~ S + [qk qb] [V; U]
         scores = 4 * C * dk + C * C / 3 + C * dk + 2 * C * dv
-        chunk_map = 2 * dk * dk + 4 * d.kv + 2 * dk * d.kv / C
-        queries = nq * (C * dk + 2 * C * dv + 2 * d.kv)
+        chunk_map = 6 * d.kv
+        queries = nq * (4 * C * dv + 2 * d.kv)
         chunked = FormCost(
             scores + chunk_map + queries,
             d.state_bytes / C + 4 * ACC_BYTES * C + ACC_BYTES * (4 * dk + 2 * dv),
@@ -327,8 +338,8 @@ class Dplr(TransitionClass):
         quadratic = FormCost(whole, 4 * ACC_BYTES * T + ACC_BYTES * (4 * dk + 2 * dv))
         note = (
             "diagonal plus low rank: four decayed C x C score matrices (aligned blocks), a "
-            "C^3/3 triangular solve and a d_k x d_k chunk map per chunk; quadratic = one chunk "
-            "of T"
+            "C^3/3 triangular solve per chunk, the state passed as the delta rule's; quadratic "
+            "= one chunk of T"
         )
         return ClassCost(chunked, quadratic, note)
 

@@ -791,20 +791,24 @@ def test_copied_source_runs_standalone(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["chunk_scalar_decay", "chunk_diagonal", "chunk_delta", "parallel_scalar_decay"]
+    "name",
+    ["chunk_scalar_decay", "chunk_diagonal", "chunk_delta", "parallel_scalar_decay", "chunk_dplr"],
 )
 def test_torch_compile_fullgraph(name):
     """The kernels trace as one graph (forward and backward) under torch.compile."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    inputs = make_inputs(40, gate=None, delta=(name == "chunk_delta"), seed=12)
+    if name == "chunk_dplr":
+        inputs = dplr_inputs(40, seed=12)  # with its own per-channel gate
+    else:
+        inputs = make_inputs(40, gate=None, delta=(name == "chunk_delta"), seed=12)
     inputs = {n: x.float() for n, x in inputs.items()}
     kwargs = {}
     if name == "chunk_diagonal":
         inputs["gk"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40, DK))
         inputs["gv"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40, DV))
-    else:
+    elif name != "chunk_dplr":
         inputs["g"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40))
     if name == "parallel_scalar_decay":
         inputs.pop("initial_state")

@@ -272,8 +272,8 @@ MUTANTS = [
     (
         "rwkv7",
         "no decay from chunk to chunk",
-        "add=torch.diag_embed(from_start[..., -1, :])",
-        "add=torch.diag_embed(torch.ones_like(from_start[..., -1, :]))",
+        "torch.addcmul(writes_n[n], decay_n[n], state, out=out)",
+        "torch.add(writes_n[n], state, out=out)",
         {"chunk"},
     ),
     (
@@ -293,15 +293,15 @@ MUTANTS = [
     (
         "kda",
         "the rank-1 read of the incoming state decayed one token too far",
-        "w = _bmm(t_inv, (a_c * before)",
-        "w = _bmm(t_inv, (a_c * from_start)",
+        "w = _bmm(t_inv, a_before)",
+        "w = _bmm(t_inv, a_before * g_c.exp())",
         {"chunk"},
     ),
     (
         "rwkv7",
         "the first token of each chunk loses its own query-key pair",
-        "qk = torch.diag_embed((q_c * k_c).sum(-1))  # the pairs r = j",
-        "qk = torch.diag_embed((q_c * k_c).sum(-1))  # the pairs r = j\n    qk[..., 0, 0] = 0",
+        "own = torch.cat([own, torch.zeros_like(own)], dim=-2)",
+        "own = torch.cat([own, torch.zeros_like(own)], dim=-2)\n    own[:, :, :, 0, 0, 0] = 0",
         {"chunk"},
     ),
 ]

@@ -4,16 +4,14 @@ vectors a_t, b_t of the rank-one term (KDA, RWKV-7, the delta rule erasing along
 writing along another). The derivation is in docs/algorithms.md, section "Diagonal plus low
 rank".
 
-chunk_dplr runs the chunked form. Inside a chunk the rank-one terms read the state through the
-pseudo-values u_r = a_r^T S_{r-1}, which solve one unit lower-triangular system (in at least
-fp32); the four score matrices it needs (queries and the a's against keys and the b's) carry a
-decay per channel, built over aligned blocks of 2, 4, ..., C tokens with factors measured from
-each block's boundary, as the diagonal kernel's. A chunk then acts on the state entering it as
-an affine map S -> P S + F, and its outputs are Q' S + Y': the only sequential work is one
-matmul per chunk. Under autograd chunk_dplr has its own backward (common._OwnBackward), keeping
-only the states entering each chunk: the chunk maps are made again span by span, and the
-gradients of the state run back through P (in a compiled graph, autograd through the chunked
-form instead).
+chunk_dplr runs the chunked form. Inside a chunk the rank-one terms read the state through
+the pseudo-values u_r = a_r^T S_{r-1}, which solve one unit lower-triangular system (in at
+least fp32); the four score matrices it needs (queries and the a's against keys and the b's)
+carry a decay per channel and are built as one interleaved matrix over aligned blocks of 2, 4,
+..., C tokens, with factors measured from each block's boundary, as the diagonal kernel's. The
+state passes from chunk to chunk as the delta kernel's: two matmuls per chunk. Under autograd
+chunk_dplr has its own backward (common._OwnBackward), keeping the scores, the triangular
+inverse, the pseudo-values and the states entering each chunk.
 
 Uses the layout and numerical rules of common.py, and imports only torch and common, so the
 generated module can hold a copy of its source (see kernel_source in this package).
@@ -29,88 +27,145 @@ from mixc.backends.pytorch.kernels.common import (
     _needs_grad,
     _OwnBackward,
     _pair_blocks,
+    _two_matmuls,
     _unit_lower_inverse,
 )
 
 
-def _dplr_doubled(pre, pre_before, suf, block):
-    """The decays inside aligned blocks of 2 * block tokens from those inside blocks of `block`:
-    pre[r] = exp(g_s + ... + g_r), pre_before[r] = exp(g_s + ... + g_{r-1}) and
-    suf[j] = exp(g_{j+1} + ... + g_e) in the block [s, e] holding the token. The right half
-    continues the left half's products, and the left half's suffix runs on through the right
-    half: one multiply each by the other half's total (a product of factors <= 1)."""
-    shape = pre.shape
-    halves = (*shape[:3], shape[3] // (2 * block), 2, block, shape[-1])
-    pre, pre_before, suf = pre.reshape(halves), pre_before.reshape(halves), suf.reshape(halves)
-    left_total, right_total = pre[..., 0, -1:, :], pre[..., 1, -1:, :]
-    if not _needs_grad(pre, pre_before, suf):
-        # in place, only the halves that change (the suffix first: right_total is a view of
-        # the prefix's right half)
-        suf[..., 0, :, :].mul_(right_total)
-        pre_before[..., 1, :, :].mul_(left_total)
-        pre[..., 1, :, :].mul_(left_total)
-        return pre.reshape(shape), pre_before.reshape(shape), suf.reshape(shape)
-    ones = torch.ones_like(left_total)
-    onto_right = torch.stack([ones, left_total], dim=-3)
-    onto_left = torch.stack([right_total, ones], dim=-3)
-    return (
-        (pre * onto_right).reshape(shape),
-        (pre_before * onto_right).reshape(shape),
-        (suf * onto_left).reshape(shape),
-    )
+def _dplr_pairs(x, block):
+    """x [N, B, NH, C, m, d] as [N, B, NH, C / (2 * block), 2, block, m, d]: the two halves of
+    every aligned block of 2 * block tokens along dim -4 (a view, writable)."""
+    shape = x.shape
+    return x.reshape(*shape[:3], shape[3] // (2 * block), 2, block, *shape[-2:])
+
+
+def _dplr_levels(g_c):
+    """The decays of every level of the binary split of _dplr_scores, for the backward: for
+    blocks of 1, 2, ..., C tokens, exp(g_s + ... + g_r) and exp(g_s + ... + g_{r-1}) for the
+    query and the a of token r [N, B, NH, C, 2, K] and exp(g_{j+1} + ... + g_e) for the key and
+    the b of token j [N, B, NH, C, 1, K], in the block [s, e] holding the token. Going to
+    blocks of 2 * block, the right half continues the left half's products, and the left
+    half's suffix runs on through the right half: one multiply each by the other half's total
+    (a product of factors <= 1)."""
+    decay = g_c.exp()
+    row_decay = torch.stack([decay, torch.ones_like(decay)], dim=-2)
+    col_decay = torch.ones_like(decay).unsqueeze(-2)
+    levels = [(row_decay, col_decay)]
+    block = 1
+    while block < g_c.shape[3]:
+        rows, cols = _dplr_pairs(row_decay, block), _dplr_pairs(col_decay, block)
+        left_total, right_total = rows[..., 0, -1:, :1, :], rows[..., 1, -1:, :1, :]
+        ones = torch.ones_like(left_total)
+        row_decay = (rows * torch.stack([ones, left_total], dim=-4)).reshape(row_decay.shape)
+        col_decay = (cols * torch.stack([right_total, ones], dim=-4)).reshape(col_decay.shape)
+        levels.append((row_decay, col_decay))
+        block *= 2
+    return levels
 
 
 def _dplr_scores(q_c, k_c, a_c, b_c, g_c):
-    """The decayed scores of a span of chunks [N, B, NH, C, C], for rows r and columns j:
-    qk[r, j] = Σ_c q_rc exp(b_rc - b_jc) k_jc and qb (the same with b) for j <= r, ak[r, j] =
-    Σ_c a_rc exp(b_{r-1,c} - b_jc) k_jc and ab (the same with b) for j < r, 0 elsewhere
-    (b = cumsum(g) per channel); and exp(b_r), exp(b_{r-1}), exp(b_C - b_j) [N, B, NH, C, K].
+    """The decayed scores of a span of chunks [N, B, NH, C, K]: S [N, B, NH, 2C, 2C], row 2r + s
+    and column 2j + t holding the pair of (q_r, a_r)[s] and (k_j, b_j)[t]: qk[r, j] = Σ_c q_rc
+    exp(b_rc - b_jc) k_jc and qb for j <= r, ak[r, j] = Σ_c a_rc exp(b_{r-1,c} - b_jc) k_jc and
+    ab for j < r, 0 elsewhere (b = cumsum(g) per channel). Also returns the chunk's decayed
+    rows (exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A) and columns (exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B)
+    [N, B, NH, C, 2, K], and exp(b_C) [N, B, NH, 1, 1, K].
 
     Each pair j < r lies in exactly one aligned block of 2, 4, ..., C tokens with j in its left
     half and r in its right half; there the decay is split at the boundary between the halves,
     both factors products of per-token decays <= 1 (never exp(b_r) exp(-b_j)), and the block's
-    four corners are batched matmuls of the decayed rows (q, a) and columns (k, b).
+    corner, all four kinds of pairs at once, is one batched matmul of the rows decayed from the
+    boundary and the columns decayed to it. Going from blocks of `block` tokens to blocks of
+    2 * block, the right half's rows take on the left half's total decay and the left half's
+    columns the right half's: the decayed rows and columns are carried from level to level
+    (in place without autograd), with the totals of the blocks.
     """
-    chunk_size = q_c.shape[3]
-    pre = g_c.exp()  # inside blocks of one token: exp(g_r), the empty product 1, 1
-    pre_before = torch.ones_like(pre)
-    suf = torch.ones_like(pre)
-    qk = torch.diag_embed((q_c * k_c).sum(-1))  # the pairs r = j
-    qb = torch.diag_embed((q_c * b_c).sum(-1))
-    ak, ab = torch.zeros_like(qk), torch.zeros_like(qk)
-
-    def halves(x):
-        return x.reshape(*x.shape[:3], chunk_size // (2 * block), 2, block, x.shape[-1]).unbind(-3)
-
+    lead, chunk_size = q_c.shape[:3], q_c.shape[3]
+    pre = g_c.exp()  # inside blocks of one token
+    cols = torch.stack([k_c, b_c], dim=-2)  # decayed to the end of a block of one token: 1
+    rows = torch.stack([q_c * pre, a_c], dim=-2)  # from its start: exp(g_r) and 1
+    totals = pre.unsqueeze(-2)  # each block's total decay [N, B, NH, C / block, 1, K]
+    in_place = not _needs_grad(g_c, rows, cols)
+    # the pairs r = j: q_r . k_r and q_r . b_r (the a's only meet earlier tokens)
+    own = torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2))  # [N, B, NH, C, 1, 2]
+    own = torch.cat([own, torch.zeros_like(own)], dim=-2)
+    scores = torch.diag_embed(own.movedim(-3, -1), dim1=-4, dim2=-2)  # [..., C, 2, C, 2]
+    scores = scores.reshape(*lead, 2 * chunk_size, 2 * chunk_size)
     block = 1
     while block < chunk_size:
-        # the right halves' rows decayed from the boundary, the left halves' columns to it
-        pre_right, before_right, suf_left = halves(pre)[1], halves(pre_before)[1], halves(suf)[0]
-        q_right, a_right = halves(q_c)[1] * pre_right, halves(a_c)[1] * before_right
-        k_left, b_left = halves(k_c)[0] * suf_left, halves(b_c)[0] * suf_left
-        for scores, rows, cols in (
-            (qk, q_right, k_left),
-            (qb, q_right, b_left),
-            (ak, a_right, k_left),
-            (ab, a_right, b_left),
-        ):
-            corner = torch.matmul(rows, cols.transpose(-1, -2))  # [N, B, NH, n, block, block]
-            _pair_blocks(scores, block)[..., block:, :block] = corner
-        pre, pre_before, suf = _dplr_doubled(pre, pre_before, suf, block)
+        # the right halves' rows, decayed from the boundary, against the left halves' columns
+        n_pairs = chunk_size // (2 * block)
+        rows_pairs, cols_pairs = _dplr_pairs(rows, block), _dplr_pairs(cols, block)
+        corner = torch.matmul(
+            rows_pairs[..., 1, :, :, :].reshape(*lead, n_pairs, 2 * block, -1),
+            cols_pairs[..., 0, :, :, :].reshape(*lead, n_pairs, 2 * block, -1).transpose(-1, -2),
+        )
+        _pair_blocks(scores, 2 * block)[..., 2 * block :, : 2 * block] = corner
+        halves = totals.reshape(*lead, n_pairs, 2, 1, 1, -1)  # [..., n, 2, 1, 1, K]
+        left_total, right_total = halves[..., 0, :, :, :], halves[..., 1, :, :, :]
+        if in_place:
+            rows_pairs[..., 1, :, :, :].mul_(left_total)
+            cols_pairs[..., 0, :, :, :].mul_(right_total)
+        else:
+            ones = torch.ones_like(left_total)
+            rows = (rows_pairs * torch.stack([ones, left_total], dim=-4)).reshape(rows.shape)
+            cols = (cols_pairs * torch.stack([right_total, ones], dim=-4)).reshape(cols.shape)
+        totals = (left_total * right_total).reshape(*lead, n_pairs, 1, -1)
         block *= 2
-    return qk, qb, ak, ab, pre, pre_before, suf
+    return scores, rows, cols, totals.unsqueeze(-2)
 
 
-def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, guard):
-    """What each chunk of a span does, chunk-major: S_{n+1} = P S_n + F and Y = Q' S_n + Y', as
-    (P [N, B, NH, K, K], F [N, B, NH, K, V], Q' [N, B, NH, C, K], Y' [N, B, NH, C, V]). Guarded,
-    the triangular products run over finite values and a token that had a non-finite one
-    poisons its output, those after it and the state (see _guarded_spans).
+def _dplr_masks(block, like):
+    """For the gate's gradient over aligned runs of `block` tokens, what each token l of a run
+    sums of the interleaved rows and columns of the run ([block, 2 * block] each): the rows'
+    factors exp(b_r - b_s) and exp(b_{r-1} - b_s) (s before the run) hold g_l for l <= r and
+    l < r, the columns' exp(b_e - b_j) (e the run's last token) for l > j."""
+    token = torch.arange(block, device=like.device)
+    row = torch.arange(2 * block, device=like.device)
+    r, s = (row // 2)[None, :], (row % 2)[None, :]
+    rows = (r > token[:, None]) | ((r == token[:, None]) & (s == 0))
+    cols = r < token[:, None]
+    return rows.to(like.dtype), cols.to(like.dtype)
 
-    With T = (I - ab)^{-1} (unit lower-triangular, in at least fp32), the pseudo-values are
-    U = W S_n + U', W = T diag(exp(b_{r-1})) A and U' = T ak V; then Q' = diag(exp(b)) Q + qb W,
-    Y' = qk V + qb U', P = diag(exp(b_C)) + (diag(exp(b_C - b)) B)^T W and F =
-    (diag(exp(b_C - b)) K)^T V + (diag(exp(b_C - b)) B)^T U'.
+
+def _dplr_support(chunk_size, device):
+    """Where the interleaved scores [2C, 2C] (see _dplr_scores) are not 0: row 2r + s, column
+    2j + t for j < r, and for j = r in the rows of the queries (s = 0)."""
+    index = torch.arange(2 * chunk_size, device=device)
+    r, s, j = (index // 2)[:, None], (index % 2)[:, None], (index // 2)[None, :]
+    return (j < r) | ((j == r) & (s == 0))
+
+
+def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c):
+    """What the chunks of a span share before the state passes: the decayed scores, rows and
+    columns and exp(b_C) (see _dplr_scores), T = (I - ab)^{-1} (unit lower-triangular, in at
+    least fp32), W = T (exp(b_{r-1}) ⊙ A) and U' = T ak V."""
+    scores, rows, cols, chunk_decay = _dplr_scores(q_c, k_c, a_c, b_c, g_c)
+    chunk_size = q_c.shape[3]
+    pairs = scores.view(*scores.shape[:-2], chunk_size, 2, chunk_size, 2)
+    solve_dtype = torch.promote_types(q_c.dtype, torch.float32)
+    minus_ab = -pairs[..., 1, :, 1].to(solve_dtype)
+    t_inv = _unit_lower_inverse(minus_ab.detach())  # (I - ab)^{-1}
+    if minus_ab.requires_grad:
+        # d(I + L)^{-1} = -T dL T: attach that gradient (the added term is exactly zero)
+        t_inv = t_inv - _bmm(t_inv, _bmm(minus_ab - minus_ab.detach(), t_inv))
+    t_inv = t_inv.to(q_c.dtype)
+    a_before = rows[..., 1, :]
+    w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
+    u_own = _bmm(t_inv, _bmm(pairs[..., 1, :, 0], v_c))  # [N, B, NH, C, V]
+    return scores, t_inv, rows, cols, w, u_own, chunk_decay
+
+
+def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
+    """The diagonal-plus-low-rank recurrence on one span of chunks: q_c, k_c, a_c, b_c, g_c
+    [N, B, NH, C, K], v_c [N, B, NH, C, V]. Returns ([o [N, B, NH, C, V]], state after the
+    span); appends the decayed scores, T, the pseudo-values U and the states entering each chunk
+    to kept if given. Guarded, the triangular products run over finite values and a token that
+    had a non-finite one poisons its output, those after it and the state (see _guarded_spans).
+
+    The pseudo-values are U = W S_n + U'; from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n +
+    (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U (the sequential work: two matmuls per
+    chunk), and the outputs are Y = (exp(b) ⊙ Q) S_n + qk V + qb U.
     """
     poison = None
     if guard:
@@ -122,68 +177,82 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, guard):
         decay = g_c.detach().exp()
         g_c = torch.where(torch.isfinite(decay), g_c, 0.0)
         poison = poison + (decay * 0).sum(-1)
-    qk, qb, ak, ab, from_start, before, to_end = _dplr_scores(q_c, k_c, a_c, b_c, g_c)
-
-    solve_dtype = torch.promote_types(q_c.dtype, torch.float32)
-    minus_ab = -ab.to(solve_dtype)
-    t_inv = _unit_lower_inverse(minus_ab.detach())  # (I - ab)^{-1}
-    if minus_ab.requires_grad:
-        # d(I + L)^{-1} = -T dL T: attach that gradient (the added term is exactly zero)
-        t_inv = t_inv - _bmm(t_inv, _bmm(minus_ab - minus_ab.detach(), t_inv))
-    w = _bmm(t_inv, (a_c * before).to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
-    u = _bmm(t_inv, _bmm(ak, v_c).to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
-
-    q_eff = _bmm(qb, w, add=q_c * from_start)
-    y_own = _bmm(qb, u, add=_bmm(qk, v_c))
-    b_to_end = (b_c * to_end).transpose(-1, -2)
-    p = _bmm(b_to_end, w, add=torch.diag_embed(from_start[..., -1, :]))
-    f = _bmm(b_to_end, u, add=_bmm((k_c * to_end).transpose(-1, -2), v_c))
+    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
+    d_v = v_c.shape[-1]
+    scores, t_inv, rows, cols, w, u_own, chunk_decay = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c)
+    k_to_end, b_to_end = cols.unbind(-2)
+    writes = _bmm(k_to_end.transpose(-1, -2), v_c)  # (exp(b_C - b) ⊙ K)^T V
     if poison is not None:
-        y_own = y_own + torch.cumsum(poison, -1).unsqueeze(-1)
-        f = f + poison.sum(-1)[..., None, None]
-    return p, f, q_eff, y_own
+        writes = writes + poison.sum(-1)[..., None, None]
 
-
-def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
-    """The diagonal-plus-low-rank recurrence on one span of chunks: q_c, k_c, a_c, b_c, g_c
-    [N, B, NH, C, K], v_c [N, B, NH, C, V]. Returns ([o [N, B, NH, C, V]], state after the
-    span); appends the states entering each chunk to kept if given."""
-    p, f, q_eff, y_own = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, guard)
-    n_chunks, batch, heads, d_k, d_v = f.shape
+    # sequential part, per chunk: U = W S_n + U', S_{n+1} = diag(exp(b_C)) S_n + (exp(b_C - b)
+    # ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U
     flat = batch * heads
-    p_n = p.reshape(n_chunks, flat, d_k, d_k).unbind(0)
-    f_n = f.reshape(n_chunks, flat, d_k, d_v).unbind(0)
-    tracked = _needs_grad(state, p, f)
+    w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
+    u_n = u_own.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
+    b_end_n = b_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
+    writes_n = writes.reshape(n_chunks, flat, d_k, d_v).unbind(0)
+    decay_n = chunk_decay.reshape(n_chunks, flat, d_k, 1).unbind(0)
+    tracked = _needs_grad(state, w, u_own, writes, chunk_decay, b_to_end)
+    pseudo = []
 
     def next_state(n, state, out):
-        return torch.baddbmm(f_n[n], p_n[n], state, out=out)
+        # without autograd U overwrites U' in place
+        u = torch.baddbmm(u_n[n], w_n[n], state, out=None if tracked else u_n[n])
+        pseudo.append(u)
+        return torch.addcmul(writes_n[n], decay_n[n], state, out=out).baddbmm_(b_end_n[n], u)
 
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
+    u = torch.stack(pseudo).reshape(u_own.shape) if tracked else u_own  # the pseudo-values
+    values = torch.stack([v_c, u], dim=-2).reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
     if kept is not None:
-        kept.append([states_in])
-    return [_bmm(q_eff, states_in, add=y_own)], state.reshape(batch, heads, d_k, d_v)
+        kept.append([scores, t_inv, values, states_in])
+    # the rows of the queries: (qk, qb) against (V, U), interleaved
+    o = _two_matmuls(scores[..., 0::2, :], values, rows[..., 0, :], states_in)
+    if poison is not None:
+        o = o + torch.cumsum(poison, -1).unsqueeze(-1)
+    return [o], state.reshape(batch, heads, d_k, d_v)
 
 
-def _dplr_grads_span(q_c, k_c, v_c, g_c, a_c, b_c, do_c, states_in, d_state, gate_grad):
-    """Gradients of the diagonal-plus-low-rank recurrence on one span of chunks, from the states
-    entering each chunk S_n, the output gradient do_c and the gradient d_state of the state
-    leaving the span. Returns ([dq, dk, dv, dg (None unless gate_grad), da, db], the gradient
-    of the state entering the span).
+def _dplr_grads_span(
+    q_c, k_c, v_c, g_c, a_c, b_c, do_c, scores, t_inv, values, states_in, d_state, gate_grad
+):
+    """Gradients of the diagonal-plus-low-rank recurrence on one span of chunks, from the
+    forward's decayed scores, T, pseudo-values U and states entering each chunk S_n, the output
+    gradient do_c and the gradient d_state of the state leaving the span. Returns ([dq, dk, dv,
+    dg (None unless gate_grad), da, db], the gradient of the state entering the span).
 
-    The chunk maps (P, F, Q', Y') are made again under autograd; the state's gradient runs
-    from the last chunk, D_n = P^T D_{n+1} + Q'^T dO, and gives dP = D_{n+1} S_n^T, dF =
-    D_{n+1}, dQ' = dO S_n^T and dY' = dO, which autograd takes back to the inputs.
+    With R = exp(b_{r-1}) ⊙ A S_n + ak V the right side of (I - ab) U = R, the state's
+    gradient runs from the last chunk, D_n = P^T D_{n+1} + (exp(b) ⊙ Q)^T dO + W^T qb^T dO;
+    then dU = qb^T dO + (exp(b_C - b) ⊙ B) D_{n+1}, dR = T^T dU, and the scores get d(qk, qb) =
+    dO (V, U)^T, d(ak, ab) = dR (V, U)^T on their support, dV = qk^T dO + ak^T dR + (exp(b_C -
+    b) ⊙ K) D_{n+1}. The decayed rows get (dO, dR) S_n^T, the decayed columns (V, U)
+    D_{n+1}^T, and every level of the binary split of _dplr_scores hands its corner of the
+    scores' gradient back to that level's decayed rows and columns. The gate's gradient, per
+    channel, sums what each decay factor holding exp(g_l) passes on (its gradient times its
+    value, _dplr_masks), and exp(b_C) in P holds every g_l of the chunk.
     """
-    wanted = [q_c, k_c, v_c, g_c, a_c, b_c]
-    with torch.enable_grad():
-        leaves = [x.detach().requires_grad_() for x in wanted]
-        p, f, q_eff, y_own = _dplr_maps(*leaves, False)
-    n_chunks, batch, heads, d_k, d_v = f.shape
+    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
+    d_v = v_c.shape[-1]
+    lead = q_c.shape[:3]
+    rows, cols = torch.stack([q_c, a_c], dim=-2), torch.stack([k_c, b_c], dim=-2)
+    levels = _dplr_levels(g_c)
+    row_decay, col_decay = levels.pop()
+    decayed = rows * row_decay  # exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A
+    to_end = cols * col_decay  # exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B
+    b_to_end = to_end[..., 1, :]
+    chunk_decay = row_decay[..., -1, 0, :]
+    w = _bmm(t_inv, decayed[..., 1, :])
+    pairs = scores.view(*lead, chunk_size, 2, chunk_size, 2)
+    from_q = _bmm(pairs[..., 0, :, 1].transpose(-1, -2), do_c)  # qb^T dO
+    local = _two_matmuls(decayed[..., 0, :].transpose(-1, -2), do_c, w.transpose(-1, -2), from_q)
+    p_t = _bmm(w.transpose(-1, -2), b_to_end)  # P^T
+    torch.diagonal(p_t, dim1=-2, dim2=-1).add_(chunk_decay)
+
     flat = batch * heads
-    local = _bmm(q_eff.detach().transpose(-1, -2), do_c)  # Q'^T dO
     local_n = local.reshape(n_chunks, flat, d_k, d_v).unbind(0)
-    p_t_n = p.detach().reshape(n_chunks, flat, d_k, d_k).transpose(-1, -2).unbind(0)
+    p_t_n = p_t.reshape(n_chunks, flat, d_k, d_k).unbind(0)
 
     def next_grad(n, d_next, out):
         return torch.baddbmm(local_n[n], p_t_n[n], d_next, out=out)
@@ -191,16 +260,61 @@ def _dplr_grads_span(q_c, k_c, v_c, g_c, a_c, b_c, do_c, states_in, d_state, gat
     d_next, d_state = _chain(
         d_state.reshape(flat, d_k, d_v), n_chunks, next_grad, False, reverse=True
     )
-    d_next = d_next.reshape(n_chunks, batch, heads, d_k, d_v)
-    d_p = _bmm(d_next, states_in.transpose(-1, -2))
-    d_q_eff = _bmm(do_c, states_in.transpose(-1, -2))
-    if not gate_grad:
-        leaves[3] = None
-    inputs = [x for x in leaves if x is not None]
-    grads = iter(torch.autograd.grad((p, f, q_eff, y_own), inputs, (d_p, d_next, d_q_eff, do_c)))
-    return [None if x is None else next(grads) for x in leaves], d_state.reshape(
-        batch, heads, d_k, d_v
-    )
+    d_next = d_next.reshape(n_chunks, batch, heads, d_k, d_v)  # D_{n+1}
+    d_u = _bmm(b_to_end, d_next, add=from_q)
+    d_r = _bmm(t_inv.transpose(-1, -2), d_u)
+    outer = torch.stack([do_c, d_r], dim=-2).reshape(*lead, 2 * chunk_size, d_v)  # dO, dR
+    d_scores = _bmm(outer, values.transpose(-1, -2))
+    d_scores = torch.where(_dplr_support(chunk_size, q_c.device), d_scores, 0.0)
+    dv = _bmm(scores[..., :, 0::2].transpose(-1, -2), outer, add=_bmm(to_end[..., 0, :], d_next))
+    d_decayed = _bmm(outer, states_in.transpose(-1, -2)).reshape(rows.shape)
+    d_to_end = _bmm(values, d_next.transpose(-1, -2)).reshape(cols.shape)
+    d_rows, d_cols = d_decayed * row_decay, d_to_end * col_decay
+    dg = None
+    if gate_grad:
+        rows_mask, cols_mask = _dplr_masks(chunk_size, q_c)
+        dg = _two_matmuls(
+            rows_mask.expand(*lead, chunk_size, 2 * chunk_size),
+            (d_decayed * decayed).reshape(*lead, 2 * chunk_size, d_k),
+            cols_mask.expand(*lead, chunk_size, 2 * chunk_size),
+            (d_to_end * to_end).reshape(*lead, 2 * chunk_size, d_k),
+        )
+        dg = dg + ((states_in * d_next).sum(-1) * chunk_decay).unsqueeze(-2)
+
+    # the pairs r = j: q_r . k_r and q_r . b_r
+    own = torch.diagonal(d_scores.view(pairs.shape), dim1=-4, dim2=-2).movedim(-1, -3)[..., 0, :]
+    d_rows[..., 0, :] += torch.matmul(own.unsqueeze(-2), cols).squeeze(-2)
+    d_cols += own.unsqueeze(-1) * q_c.unsqueeze(-2)
+    block = 1
+    while block < chunk_size:
+        row_decay, col_decay = levels[block.bit_length() - 1]
+        n_pairs = chunk_size // (2 * block)
+        row_f, col_f = (
+            _dplr_pairs(row_decay, block)[..., 1, :, :, :],
+            _dplr_pairs(col_decay, block)[..., 0, :, :, :],
+        )
+        rows_right = _dplr_pairs(rows, block)[..., 1, :, :, :] * row_f
+        cols_left = _dplr_pairs(cols, block)[..., 0, :, :, :] * col_f
+        corner = _pair_blocks(d_scores, 2 * block)[..., 2 * block :, : 2 * block]
+        d_right = torch.matmul(corner, cols_left.reshape(*lead, n_pairs, 2 * block, d_k))
+        d_left = torch.matmul(
+            corner.transpose(-1, -2), rows_right.reshape(*lead, n_pairs, 2 * block, d_k)
+        )
+        if dg is not None:
+            rows_mask, cols_mask = _dplr_masks(block, q_c)
+            halves = _dplr_pairs(dg.unsqueeze(-2), block)
+            halves[..., 1, :, 0, :] += torch.matmul(
+                rows_mask, d_right * rows_right.reshape(d_right.shape)
+            )
+            halves[..., 0, :, 0, :] += torch.matmul(
+                cols_mask, d_left * cols_left.reshape(d_left.shape)
+            )
+        _dplr_pairs(d_rows, block)[..., 1, :, :, :] += d_right.reshape(rows_right.shape) * row_f
+        _dplr_pairs(d_cols, block)[..., 0, :, :, :] += d_left.reshape(cols_left.shape) * col_f
+        block *= 2
+    dq, da = d_rows.unbind(-2)
+    dk, db = d_cols.unbind(-2)
+    return [dq, dk, dv, dg, da, db], d_state.reshape(batch, heads, d_k, d_v)
 
 
 def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
@@ -210,10 +324,7 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
     every channel), None: no decay. Returns (o, final state).
     """
     gk = torch.zeros_like(k) if gk is None else gk.expand_as(k)
-    # the own backward remakes each span's chunk maps and differentiates them with
-    # torch.autograd.grad, which a compiled graph cannot trace: there autograd goes through
-    # the chunked form itself
-    if _needs_grad(q, k, v, a, b, gk, initial_state) and not torch.compiler.is_compiling():
+    if _needs_grad(q, k, v, a, b, gk, initial_state):
         return _OwnBackward.apply(
             _dplr_span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
         )
