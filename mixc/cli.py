@@ -229,6 +229,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         batch=args.batch,
         lr=args.lr,
         eval_examples=args.eval_examples,
+        eval_seq_len=args.eval_seq_len,
         chunk_size=args.chunk_size,
         seed=args.seed,
         device=args.device,
@@ -237,6 +238,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     for seq_len in settings.seq_len:  # a bad option is refused before any training
         for pairs in settings.pairs:
             make_task(args.task, seq_len, pairs, args.vocab)
+            if args.eval_seq_len is not None:
+                make_task(args.task, args.eval_seq_len, pairs, args.vocab)
     for path in args.specs:
         load_spec(path)
     if args.threads:
@@ -523,6 +526,12 @@ def _add_synth(sub: _Subparsers) -> None:
         default=256,
         metavar="N",
         help="held-out sequences scored (default 256)",
+    )
+    p.add_argument(
+        "--eval-seq-len",
+        type=_positive,
+        metavar="N",
+        help="also score the trained models on sequences N long (length generalisation)",
     )
     p.add_argument(
         "--chunk-size",

@@ -43,6 +43,7 @@ class Settings:
     lr: float = 3e-3
     weight_decay: float = 0.1
     eval_examples: int = 256
+    eval_seq_len: int | None = None  # also score at this length (length generalisation)
     chunk_size: int = 16  # at a small model's head sizes the smallest chunks run fastest
     seed: int = 0
     device: str = "cpu"
@@ -66,6 +67,8 @@ class SynthResult:
     final_loss: float
     steps: int
     losses: list[float] = field(default_factory=list)
+    eval_seq_len: int | None = None
+    eval_accuracy: float | None = None  # at eval_seq_len, when one was asked for
 
 
 def _label(entry) -> str:
@@ -128,6 +131,9 @@ def _train_one(entry, task, hidden: int, s: Settings, progress) -> SynthResult:
         if progress is not None:
             progress(label, step, s.steps, loss.item())
     accuracy = _evaluate(model, task, s, device)
+    longer = None
+    if s.eval_seq_len is not None:
+        longer = _evaluate(model, _at_length(task, s), s, device)
     return SynthResult(
         model=label,
         task=task.name,
@@ -142,7 +148,14 @@ def _train_one(entry, task, hidden: int, s: Settings, progress) -> SynthResult:
         final_loss=sum(losses[-20:]) / len(losses[-20:]),
         steps=s.steps,
         losses=losses[:: max(1, s.steps // 100)],
+        eval_seq_len=s.eval_seq_len,
+        eval_accuracy=longer,
     )
+
+
+def _at_length(task, s: Settings):
+    """The task the model was trained on, its sequences `eval_seq_len` long."""
+    return make_task(s.task, s.eval_seq_len, getattr(task, "pairs", None), s.vocab)
 
 
 @torch.no_grad()
@@ -175,7 +188,12 @@ def render(results: Sequence[SynthResult], settings: Settings, out=None) -> None
         f"(chance {first.chance:.3f})",
         file=out,
     )
-    rows = [("model", "seq_len", "pairs", "hidden", "accuracy", "state/layer", "params", "time")]
+    longer = first.eval_seq_len
+    rows = [
+        ("model", "seq_len", "pairs", "hidden", "accuracy")
+        + ((f"at {longer}",) if longer else ())
+        + ("state/layer", "params", "time")
+    ]
     for r in results:
         state = f"{r.state_per_layer}" + (" (KV)" if r.model.startswith("attention") else "")
         rows.append(
@@ -185,10 +203,9 @@ def render(results: Sequence[SynthResult], settings: Settings, out=None) -> None
                 "-" if r.pairs is None else str(r.pairs),
                 str(r.hidden),
                 f"{r.accuracy:.3f}",
-                state,
-                f"{r.params}",
-                f"{r.seconds:.0f}s",
             )
+            + ((f"{r.eval_accuracy:.3f}",) if longer else ())
+            + (state, f"{r.params}", f"{r.seconds:.0f}s")
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -96,3 +96,26 @@ def test_synth_state_tracking_and_errors(tmp_path):
     assert code == 1 and "unknown 'copy'; choose from mqar, parity, s3, s5" in err
     code, _, err = _synth("--no-baseline", "--task", "parity", "--steps", "1")
     assert code == 1 and "no spec to train" in err
+
+
+def test_synth_scores_at_a_second_length(monkeypatch, tmp_path):
+    import mixc.tools.synth as synth
+
+    lengths, evaluate = [], synth._evaluate
+    monkeypatch.setattr(
+        synth,
+        "_evaluate",
+        lambda model, task, *a: lengths.append(task.seq_len) or evaluate(model, task, *a),
+    )
+    code, out, err = _synth(
+        "--task", "parity", "--seq-len", "8", "--eval-seq-len", "24", "--hidden", "16",
+        "--heads", "2", "--layers", "1", "--steps", "2", "--batch", "2", "--eval-examples", "4",
+        "--json", str(tmp_path / "r.json"),
+    )  # fmt: skip
+    assert code == 0, err
+    assert lengths == [8, 24]  # the trained length, then the longer one
+    assert "at 24" in out.splitlines()[1]
+    (row,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert row["eval_seq_len"] == 24 and 0 <= row["eval_accuracy"] <= 1
+    code, _, err = _synth("--task", "mqar", "--pairs", "8", "--eval-seq-len", "10")
+    assert code == 1 and "need a sequence of at least" in err  # refused before training
