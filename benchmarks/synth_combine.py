@@ -4,6 +4,7 @@ and one of the training loss (OUT_loss.png beside OUT.png):
 The models keep the order of the files given; every file must hold the same settings but for
 `baseline` (only one process trains the attention baseline)."""
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -29,6 +30,9 @@ def plot_losses(results, settings, path: pathlib.Path) -> None:
 
 def main(txt: str, png: str, *files: str) -> None:
     data = [json.loads(pathlib.Path(f).read_text()) for f in files]
+    defaults = dataclasses.asdict(Settings())  # files written before a setting existed
+    for d in data:
+        d["settings"] = {**defaults, **d["settings"]}
     shared = [{k: v for k, v in d["settings"].items() if k != "baseline"} for d in data]
     if any(s != shared[0] for s in shared):
         sys.exit("synth_combine: the files were trained with different settings")
