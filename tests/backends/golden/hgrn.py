@@ -498,10 +498,26 @@ def summary(i, f, o, *, chunk_size=CHUNK_SIZE):
     SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,
     the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
-    _fail(
-        'NYI: no transition summary (c is read entry by entry (a column); the summary covers states'
-        ' as rows)'
+    _check_chunk_size(chunk_size)
+    i, f, o, _sizes, _dtype = _prepare(i, f, o, _sequence=True)
+    _device = i.device
+    # c: chunk_elementwise from zeros (F) and, with no writes, ones (G)
+    _k_c = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
+    _v_c = _seq_vector((1 - _torch.sigmoid(f)) * i, _sizes)
+    _g_c = _seq_matrix(_F.logsigmoid(f), _sizes)  # logsigmoid(f_t)
+    _o, _F0 = _chunk_elementwise(_torch.zeros_like(_k_c), _k_c, _v_c, g=_g_c, chunk_size=chunk_size)
+    _S1 = _torch.ones_like(_F0)
+    _o, _G = _chunk_elementwise(
+        _torch.zeros_like(_k_c),
+        _k_c,
+        _torch.zeros_like(_v_c),
+        g=_g_c,
+        initial_state=_S1,
+        chunk_size=chunk_size,
     )
+    c = _F0.mT
+    _G_c = _G.mT
+    return _G_c.squeeze(-1), c.squeeze(-1)
 
 
 def _recurrence(i, f, o, c, _sizes, _dtype, _device):
