@@ -297,6 +297,16 @@ def test_chunk_elementwise_factored_gate_near_0_and_1(shift):
     _check_elementwise(inputs, 16)
 
 
+@pytest.mark.parametrize("t_len", [7, 37])
+def test_chunk_elementwise_gate_constant_in_time(t_len):
+    """A gate constant in time (a T axis of 1, as a per-head parameter is) on a sequence that is
+    not whole chunks: the padding after the last token, where that gate is not zero, does not
+    reach the final state."""
+    inputs = make_inputs(t_len, gate="full", seed=6)
+    inputs["g"] = inputs["g"][:, :, :1].clone()
+    _check_elementwise(inputs, 16)
+
+
 def test_chunk_elementwise_hard_reset():
     """A decay of exactly 0 (log-gate -inf) forgets the state, with finite gradients."""
     inputs = make_inputs(30, gate="full", seed=4)

@@ -407,12 +407,12 @@ def _buffers(shape, like):
     )
 
 
-def _span_in_place(q, k, v, g, g_scale, state, buffers, out):
+def _span_in_place(q, k, v, g, g_scale, state, buffers, out, end):
     """One span without autograd: q [n, C, B, NH, 1, K] (a row), k [n, C, B, NH, K, 1] (a
     column), v [n, C, B, NH, 1, V], g and g_scale broadcastable to [n, C, B, NH, K, V] (g_scale
     may be None), all in _by_chunk's layout, from the state entering the span; buffers from
     _buffers, overwritten; the outputs q_i S_i go into out [n, C, B, NH, 1, V]. Returns the
-    state after the span."""
+    state after the span's token `end` (its last, or the sequence's last before padding)."""
     decays, writes, entering, a, w, decay, last, slots = buffers
     if g_scale is None:
         torch.exp(g.expand_as(decays), out=decays)
@@ -426,16 +426,15 @@ def _span_in_place(q, k, v, g, g_scale, state, buffers, out):
     slots[0].copy_(state)
     for n in range(1, len(slots)):
         torch.addcmul(last[n - 1], decay[n - 1], slots[n - 1], out=slots[n])
-    state = torch.addcmul(last[-1], decay[-1], slots[-1])
     writes.addcmul_(decays, entering)  # every token's state
     torch.matmul(q, writes, out=out)
-    return state
+    return writes[divmod(end, len(w))].clone()
 
 
-def _span_tracked(q, k, v, g, g_scale, state, shape):
+def _span_tracked(q, k, v, g, g_scale, state, shape, end):
     """_span_in_place's recurrence for autograd, shape = [n, C, B, NH, K, V]: new tensors, one
     position at a time, and the readout of each position as it comes (every token's state is
-    never stacked). Returns (o [n, C, B, NH, 1, V], the state after the span)."""
+    never stacked). Returns (o [n, C, B, NH, 1, V], the state after the span's token `end`)."""
     gate = g if g_scale is None else g * g_scale
     w = (k * v).expand(shape).unbind(1)
     a = torch.exp(gate.expand(shape)).unbind(1)
@@ -443,12 +442,14 @@ def _span_tracked(q, k, v, g, g_scale, state, shape):
     for i in range(1, len(w)):
         local.append(torch.addcmul(w[i], a[i], local[-1]))
         from_start.append(a[i] * from_start[-1])
-    entering, state = _chain(
+    entering, _ = _chain(
         state,
         shape[0],
         lambda n, s, slot: torch.addcmul(local[-1][n], from_start[-1][n], s),
         True,
     )
+    chunk, position = divmod(end, len(w))
+    state = torch.addcmul(local[position][chunk], from_start[position][chunk], entering[chunk])
     queries = q.expand(*shape[:-2], 1, shape[-2]).unbind(1)
     o = [
         torch.matmul(qi, torch.addcmul(li, fi, entering))
@@ -459,8 +460,8 @@ def _span_tracked(q, k, v, g, g_scale, state, shape):
 
 def _span_chunks(q, v, chunk_size):
     """Chunks per span: about 2^17 state entries on CPU (the span's buffers stay in a core's
-    cache; on one thread 2^17 measured 1.1x faster than 2^16 and 2^18), 2^24 elsewhere; never
-    the whole sequence's states at once."""
+    cache; on one thread 2^17 measured 1.1-1.2x faster than 2^16 and 2^18), 2^24 elsewhere;
+    never the whole sequence's states at once."""
     budget = (1 << 17) if q.device.type == "cpu" else (1 << 24)
     per_token = q.shape[0] * q.shape[1] * q.shape[-1] * v.shape[-1]
     return max(1, budget // (per_token * chunk_size))
@@ -500,20 +501,24 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
     rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)
     pieces = zip(*(spans(x) for x in rows))
     shape = (per_span, chunk_size, batch, heads, q.shape[-1], v.shape[-1])
+    # the state leaves each span after its last token, the last span after the sequence's last:
+    # the padding after it (where an input constant in time is not zero) is never read back
+    span_tokens = per_span * chunk_size
+    ends = [span_tokens - 1] * (n_spans - 1) + [span_tokens - 1 - n_pad]
     if tracked:
         outs = []
-        for inputs in pieces:
+        for inputs, end in zip(pieces, ends):
             # the span's states are made again in the backward, one span at a time
             o, state = torch.utils.checkpoint.checkpoint(
-                _span_tracked, *inputs, state, shape, use_reentrant=False
+                _span_tracked, *inputs, state, shape, end, use_reentrant=False
             )
             outs.append(o)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
     else:
         buffers = _buffers(shape, q)
         out = q.new_empty(n_spans * per_span, *shape[1:4], 1, v.shape[-1])
-        for inputs, o in zip(pieces, out.split(per_span)):
-            state = _span_in_place(*inputs, state, buffers, o)
+        for inputs, o, end in zip(pieces, out.split(per_span), ends):
+            state = _span_in_place(*inputs, state, buffers, o, end)
     # [N, C, B, NH, 1, V] -> [B, NH, T, V], a view of a [T, B, NH, V] tensor
     return out.flatten(0, 1).squeeze(-2).permute(1, 2, 0, 3)[:, :, :length], state
 
