@@ -1,13 +1,16 @@
 """Mamba-1's full elementwise gate: mixc's chunked form against its own recurrent form on CPU.
 
-    python benchmarks/elementwise.py [--threads 1] [--rounds 5]
+    python benchmarks/elementwise.py [--threads 1] [--rounds 5] [--clock cpu]
 
 Sizes: B=1, NH=4 heads of P=64 channels, N=16, fp32 (specs/mamba1.mix). The chunk and
 recurrent forms are timed in the same process in alternation (so both sample the same phases of
 a shared machine), medians over every timed call; forward under torch.no_grad(), forward+backward
-back-propagating a fixed random cotangent to every input. Peak memory is the tensor memory held
-during one forward+backward at several T (mixc.tools.bench.measure_peak_memory). The results
-replace the section between the markers in benchmarks/RESULTS.md.
+back-propagating a fixed random cotangent to every input; wall-clock time, or with `--clock cpu`
+the process's CPU time (on one thread of a shared machine that leaves out the time other
+processes hold the core; with more threads it would count their waiting too). Peak memory is
+the tensor memory held during one forward+backward at several T
+(mixc.tools.bench.measure_peak_memory). The results replace the section between the markers in
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -31,16 +34,15 @@ BEGIN, END = "<!-- elementwise: begin -->", "<!-- elementwise: end -->"
 B, NH, P, N = 1, 4, 64, 16
 T_SPEED = 4096
 T_MEMORY = (2048, 4096, 8192)
-CHUNKS = (16, 32, 64)
+CHUNKS = (4, 8, 16, 32, 64)
 NOTE = (
-    "Why the forward is far from the recurrence's cost per operation: with a gate per entry "
-    "nothing reduces to a matrix product, so the chunked form makes every token's state (P x N "
-    "per head) and streams it through memory about seven times (write, gate product, exp, the "
-    "scan, exp(b), the incoming state's term, the readout), the same elementwise work the "
-    "recurrence does in one fused step per token. What it saves is Python steps (T / C chunk "
-    "steps and C position steps per span instead of T), which is most of the recurrence's "
-    "time in the backward (autograd through T steps), less of it in the forward; on a loaded "
-    "machine the memory passes slow down the most."
+    "Where the time goes: with a gate per entry nothing reduces to a matrix product, so the "
+    "chunked form makes every token's state (P x N per head) and passes over all of them seven "
+    "times (the gate's product, its exp, the write, the scan with the running product of the "
+    "decays, the entering state's term, the readout), in place in buffers a span long (2^17 "
+    "state entries), each pass bound by memory; the recurrence does the same "
+    "elementwise work in T small steps, bound by their count. What the chunked form saves is "
+    "Python steps: T / C chunk steps and C position steps per span instead of T."
 )
 
 
@@ -57,13 +59,16 @@ def inputs(T: int, grad: bool) -> list[torch.Tensor]:
     return [t.requires_grad_(grad) for t in (x, dt, keys, queries, A, D)]
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def timed(fn, clock=time.perf_counter) -> float:
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def alternate(calls: dict, rounds: int, warmup: int = 1) -> dict[str, float]:
+def alternate(calls: dict, rounds: int, warmup: int = 1, clock=time.perf_counter) -> dict:
     """Median seconds of each call, the calls timed one after another in every round."""
     for fn in calls.values():
         for _ in range(warmup):
@@ -71,7 +76,7 @@ def alternate(calls: dict, rounds: int, warmup: int = 1) -> dict[str, float]:
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, fn in calls.items():
-            times[name].append(timed(fn))
+            times[name].append(timed(fn, clock))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -79,16 +84,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    clock = CLOCKS[args.clock]
     module = mixc.load(SPEC)
     load_start = os.getloadavg()
 
     with torch.no_grad():
         xs = inputs(T_SPEED, grad=False)
         best = alternate(
-            {C: lambda C=C: module.chunk(*xs, chunk_size=C) for C in CHUNKS}, args.rounds
+            {C: lambda C=C: module.chunk(*xs, chunk_size=C) for C in CHUNKS},
+            args.rounds,
+            clock=clock,
         )
         chunk = min(best, key=best.get)
         forward = alternate(
@@ -97,6 +106,7 @@ def main() -> None:
                 "recurrent": lambda: module.recurrent(*xs),
             },
             args.rounds,
+            clock=clock,
         )
 
     def backward(form):
@@ -114,6 +124,7 @@ def main() -> None:
             "recurrent": backward(module.recurrent),
         },
         max(2, args.rounds // 2),
+        clock=clock,
     )
 
     peaks = {}
@@ -141,8 +152,9 @@ def main() -> None:
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, mixc {mixc.__version__}, "
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}",
         f"- {args.threads} torch thread(s), load average {load_start[0]:.1f} at start, "
-        f"{os.getloadavg()[0]:.1f} at end (on a shared machine the absolute times are noisy; "
-        "the ratios, both forms timed in alternation in one process, are what to read)",
+        f"{os.getloadavg()[0]:.1f} at end, {args.clock} time (on a shared machine the absolute "
+        "times are noisy; the ratios, both forms timed in alternation in one process, are what "
+        "to read)",
         f"- Sizes: B={B}, NH={NH}, P={P}, N={N}, fp32, specs/mamba1.mix; chunk size {chunk}, the "
         "fastest of "
         + ", ".join(f"C={C} {1e3 * s:.0f} ms" for C, s in best.items())

@@ -1,6 +1,7 @@
 """Context parallelism on torch.distributed (gloo, CPU): 2 and 4 processes each hold a slice of
 one sequence; outputs, the final state and gradients equal one process over the whole sequence,
-for a scalar decay, a diagonal gate, the delta rule with a decay, and a normaliser."""
+for a scalar decay, a diagonal gate, the delta rule with a decay, a normaliser, and elementwise
+gates on a matrix state and on a vector state read entry by entry."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ CASES = [
     "linear_attention_normalized",
     "mamba2",
     "mamba1",  # an elementwise gate: its summary acts as P * S_0 + F
+    "hgrn",  # an elementwise gate on a vector state read entry by entry (a column)
     "kda",
 ]
 T = 45

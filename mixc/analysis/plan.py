@@ -238,7 +238,10 @@ def _groups(states, outputs) -> tuple[GroupPlan, ...]:
         tr = group[0].transition
         chunked = tr.chunkable and tr.kind.kernel is not None
         summary = tr.kind.summary_reason(tr) if chunked else None
-        if chunked and summary is None and group[0].column:
+        # a summary acting entry by entry covers a column as any matrix; one acting as S_0 @ P
+        # reads a vector state as a row
+        row_summary = tr.kind.summary_action != "elementwise"
+        if chunked and summary is None and group[0].column and row_summary:
             summary = "is read entry by entry (a column); the summary covers states as rows"
         out.append(
             GroupPlan(

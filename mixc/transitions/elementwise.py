@@ -12,6 +12,7 @@ from __future__ import annotations
 from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.frontend.ir import Binary, Expr, Timed, Transpose, walk
 from mixc.transitions.base import (
+    ChunkSize,
     Condition,
     KernelArg,
     Maths,
@@ -117,6 +118,13 @@ class Elementwise(TransitionClass):
                 "exp(b_i) as running products of the decays (never exp(-b))",
                 "S_C = exp(b_C) ⊙ S_0 + (the chunk's own last state)",
             ),
+        )
+
+    def chunk_size(self, tr):
+        return ChunkSize(
+            8,
+            "8 and 4 ran alike, 16 1.05x and 64 1.4x slower, for Mamba-1's chunk forward "
+            "(benchmarks/elementwise.py: CPU, 1 thread, fp32, B=1, NH=4, P=64, N=16, T=4096)",
         )
 
     def random_forms(self) -> dict[str, RandomForm]:

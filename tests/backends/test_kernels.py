@@ -264,12 +264,22 @@ def _elementwise_oracle(q, k, v, g, initial_state=None, g_scale=None):
     return oracle_elementwise(q, k, v, g, g_scale, initial_state)
 
 
+def _check_elementwise(inputs, chunk_size):
+    """Against the oracle with autograd (the checkpointed spans) and without it (the spans
+    written in place)."""
+    check_against_oracle(chunk_elementwise, _elementwise_oracle, inputs, chunk_size=chunk_size)
+    with torch.no_grad():
+        out = chunk_elementwise(**{n: x.float() for n, x in inputs.items()}, chunk_size=chunk_size)
+        ref = _elementwise_oracle(**inputs)
+    for o, r in zip(out, ref, strict=True):
+        assert o.dtype == torch.float32 and rel_err(o, r) <= TOL
+
+
 @pytest.mark.parametrize("init", [True, False])
 @pytest.mark.parametrize("chunk", [1, *CHUNKS])
 @pytest.mark.parametrize("t_len", T_VALUES)
 def test_chunk_elementwise(t_len, chunk, init):
-    inputs = make_inputs(t_len, gate="full", init=init)
-    check_against_oracle(chunk_elementwise, _elementwise_oracle, inputs, chunk_size=chunk)
+    _check_elementwise(make_inputs(t_len, gate="full", init=init), chunk)
 
 
 @pytest.mark.parametrize("shift", [-8.0, 0.0, 8.0, 25.0])
@@ -284,24 +294,34 @@ def test_chunk_elementwise_factored_gate_near_0_and_1(shift):
     )
     a = 0.5 + 4 * torch.rand(1, NH, 1, DK, DV, generator=gen, dtype=torch.float64)
     inputs.update(g=dt, g_scale=a)
-    check_against_oracle(chunk_elementwise, _elementwise_oracle, inputs, chunk_size=16)
+    _check_elementwise(inputs, 16)
+
+
+@pytest.mark.parametrize("t_len", [7, 37])
+def test_chunk_elementwise_gate_constant_in_time(t_len):
+    """A gate constant in time (a T axis of 1, as a per-head parameter is) on a sequence that is
+    not whole chunks: the padding after the last token, where that gate is not zero, does not
+    reach the final state."""
+    inputs = make_inputs(t_len, gate="full", seed=6)
+    inputs["g"] = inputs["g"][:, :, :1].clone()
+    _check_elementwise(inputs, 16)
 
 
 def test_chunk_elementwise_hard_reset():
     """A decay of exactly 0 (log-gate -inf) forgets the state, with finite gradients."""
     inputs = make_inputs(30, gate="full", seed=4)
     inputs["g"][:, :, 9] = -math.inf
-    check_against_oracle(chunk_elementwise, _elementwise_oracle, inputs, chunk_size=8)
+    _check_elementwise(inputs, 8)
 
 
 def test_chunk_elementwise_several_spans():
     """Wide states run in several spans: the state passes between them, the last one padded,
     and the gradients flow back through every span's checkpoint."""
-    from mixc.backends.pytorch.kernels.elementwise import _span_length
+    from mixc.backends.pytorch.kernels.elementwise import _span_chunks
 
     inputs = make_inputs(150, gate="full", b=2, nh=4, dk=32, dv=64, seed=13)
-    assert _span_length(inputs["q"], inputs["v"], 16) < 150
-    check_against_oracle(chunk_elementwise, _elementwise_oracle, inputs, chunk_size=16)
+    assert _span_chunks(inputs["q"], inputs["v"], 16) * 16 < 150
+    _check_elementwise(inputs, 16)
 
 
 @pytest.mark.parametrize("gate", [True, False])

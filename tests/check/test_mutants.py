@@ -243,8 +243,8 @@ MUTANTS = [
     (
         "mamba1",
         "gate applied one token late",
-        "    gate = positions(g) if g_scale",
-        "    g = g.roll(1, 2)\n    gate = positions(g) if g_scale",
+        "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)",
+        "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g.roll(1, 2), g_scale)",
         {"chunk"},
     ),
     (
@@ -257,8 +257,8 @@ MUTANTS = [
     (
         "hgrn",
         "gate applied one token late",
-        "    gate = positions(g) if g_scale",
-        "    g = g.roll(1, 2)\n    gate = positions(g) if g_scale",
+        "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)",
+        "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g.roll(1, 2), g_scale)",
         {"chunk"},
     ),
     # diagonal plus low rank (chunk_dplr): the gate, the triangular solve, the chunk boundary

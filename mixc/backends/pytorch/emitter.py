@@ -628,7 +628,8 @@ class _Module:
         self.emit_split_states(out, group, "_F0")
         self.emit_split_states(out, group, "_G", prefix="_G_")
         for s in group:
-            vector = self.facts.state(s).vector
+            # a vector state (a row or a column) in its own layout [B, NH, K]
+            vector = self.facts.state(s).shape[1] == "1"
             transitions[s] = f"_G_{s}" if not vector else f"_G_{s}.squeeze(-1)"
             finals[s] = s if not vector else f"{s}.squeeze(-1)"
 

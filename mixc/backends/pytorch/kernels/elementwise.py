@@ -3,14 +3,19 @@ a log-gate g_t [K, V] per token on every entry of the state (Mamba-1's selective
 outer product of dt_t and A; a vector state read entry by entry: one key channel). The
 derivation is in docs/algorithms.md, section "Full elementwise gates".
 
-chunk_elementwise runs the chunked form. Inside a chunk every token's state (from a zero
-state) comes from a log-depth scan over the chunk's tokens: at step s each token adds the
-state s tokens back, decayed by the product of the s gates between them, and that product
-doubles (a product of factors exp(g) <= 1, never exp(-b)). A chunk's states then meet the
-state entering it, exp(b_i) ⊙ S_0, and the chunks pass the state sequentially. Only the states
-of one span of chunks exist at a time; under autograd each span is checkpointed (its states
-are made again in the backward), so what the backward keeps is the inputs and one state per
-span.
+chunk_elementwise runs the chunked form. Inside a chunk every token's state from a zero state
+comes from the recurrence run one position at a time for all the chunks of a span at once, and
+beside it the decay from the chunk's start exp(b_i) = a_1 ⊙ ... ⊙ a_i, a running product of
+factors exp(g) <= 1 (never exp(-b)). A chunk's states then meet the state entering it,
+exp(b_i) ⊙ S_0, and the chunks pass the state sequentially.
+
+Every token's state is made, so the kernel's cost is the passes over them (on CPU it is bound
+by memory, not arithmetic): the decays (the gate's product and its exp), the writes, the scan
+with its running product, the entering state's term, the readout; seven passes in all. Without
+autograd each pass writes in place into two span-sized buffers allocated once per call (a
+freshly allocated tensor of a few MiB costs the OS's page faults on every touch) and the
+readout goes straight into the output. Under autograd each span is checkpointed (its states are
+made again in the backward), so what the backward keeps is the inputs and one state per span.
 
 Uses the layout of common.py, and imports only torch and common, so the generated module can
 hold a copy of its source (see kernel_source in this package).
@@ -18,75 +23,100 @@ hold a copy of its source (see kernel_source in this package).
 
 import torch
 
-from mixc.backends.pytorch.kernels.common import _chunk_size_for, _needs_grad
+from mixc.backends.pytorch.kernels.common import _chain, _chunk_size_for, _needs_grad
 
 
-def _scan_chunks(writes, decays):
-    """The scan x_i = a_i ⊙ x_{i-1} + w_i over the token positions i of every chunk at once,
-    from x_0 = 0: writes and decays [C, N, B, NH, K, V] (position-major: the tensors of one
-    position are contiguous). Returns (the states x_i, the decays from each chunk's start
-    exp(b_i) = a_1 ⊙ ... ⊙ a_i), both [C, N, B, NH, K, V].
-
-    One step per position, each on that position of every chunk of the span, without autograd
-    in place (the caller's fresh tensors); exp(b_i) as a cumulative product of factors <= 1
-    (never exp(-b)).
-    """
-    from_start = torch.cumprod(decays, 0)
-    if not _needs_grad(writes, decays):
-        for i in range(1, writes.shape[0]):
-            writes[i].addcmul_(decays[i], writes[i - 1])
-        return writes, from_start
-    w, a = writes.unbind(0), decays.unbind(0)
-    states = [w[0]]
-    for i in range(1, len(w)):
-        states.append(torch.addcmul(w[i], a[i], states[-1]))
-    return torch.stack(states), from_start
-
-
-def _elementwise_span(q, k, v, g, g_scale, state, chunk_size):
-    """The recurrence on one span of chunks: q, k [B, NH, L, K], v [B, NH, L, V], the log-gate
-    g (times g_scale, if given) broadcastable to [B, NH, L, K, V] (a T axis of 1: constant in
-    time), from the state [B, NH, K, V] entering it; the last chunk is padded with tokens that
-    leave the state unchanged (no write, a log-gate of 0). Returns (o [B, NH, L, V], the state
-    after the span)."""
-    batch, heads, length = q.shape[:3]
-    n_chunks = -(-length // chunk_size)
-    n_pad = n_chunks * chunk_size - length
-
-    def positions(x):
-        # [B, NH, L, ...] -> position-major [C, N, B, NH, ...], zero-padded (a copy of a small
-        # input: the products of these copies come out position-major and contiguous)
-        if x.shape[2] == 1 and length > 1:  # constant in time: broadcast
-            return x.movedim(2, 0).unsqueeze(0)
+def _by_chunk(x, chunk_size, n_pad):
+    """[B, NH, T, ...] -> [N, C, B, NH, ...]: chunk, then position inside it (so N and C
+    flatten to token order), zero-padded to whole chunks (a zero token leaves the state
+    unchanged: no write, a log-gate of 0); one contiguous copy (a small input: a vector per
+    token). An input constant in time (a T axis of 1) becomes [1, 1, B, NH, ...]."""
+    if x.shape[2] == 1:
+        return x.movedim(2, 0).unsqueeze(0).contiguous()
+    if n_pad:
         x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 3) + [0, n_pad])
-        x = x.reshape(*x.shape[:2], n_chunks, chunk_size, *x.shape[3:])
-        return x.permute(3, 2, 0, 1, *range(4, x.dim())).contiguous()
+    x = x.reshape(*x.shape[:2], -1, chunk_size, *x.shape[3:])
+    return x.permute(2, 3, 0, 1, *range(4, x.dim())).contiguous()
 
-    gate = positions(g) if g_scale is None else positions(g) * positions(g_scale)
-    shape = (chunk_size, n_chunks, batch, heads, k.shape[-1], v.shape[-1])
-    decays = torch.exp(gate.expand(shape))
-    writes = positions(k).unsqueeze(-1) * positions(v).unsqueeze(-2)  # k_i v_i^T
-    local, from_start = _scan_chunks(writes, decays)
-    entering = []
-    for n in range(n_chunks):  # S_C = exp(b_C) ⊙ S_0 + (the chunk's own last state)
-        entering.append(state)
-        state = torch.addcmul(local[-1, n], from_start[-1, n], state)
-    states_in = torch.stack(entering)  # [N, B, NH, K, V]
-    if _needs_grad(local, from_start, states_in):
-        states = torch.addcmul(local, from_start, states_in)  # every token's state
+
+def _buffers(shape, like):
+    """The buffers of _span_in_place for spans of shape [n, C, B, NH, K, V] (like: a tensor of
+    the dtype and device), with their views, made once for every span: (decays, writes,
+    entering [n, 1, B, NH, K, V], each position of decays and of writes [C of n, B, NH, K, V],
+    each chunk's last position of both and each slot of entering [n of B, NH, K, V])."""
+    decays, writes = like.new_empty(shape), like.new_empty(shape)
+    entering = like.new_empty(shape[0], 1, *shape[2:])
+    a, w = decays.unbind(1), writes.unbind(1)
+    return (
+        decays,
+        writes,
+        entering,
+        a,
+        w,
+        a[-1].unbind(0),
+        w[-1].unbind(0),
+        entering[:, 0].unbind(0),
+    )
+
+
+def _span_in_place(q, k, v, g, g_scale, state, buffers, out, end):
+    """One span without autograd: q [n, C, B, NH, 1, K] (a row), k [n, C, B, NH, K, 1] (a
+    column), v [n, C, B, NH, 1, V], g and g_scale broadcastable to [n, C, B, NH, K, V] (g_scale
+    may be None), all in _by_chunk's layout, from the state entering the span; buffers from
+    _buffers, overwritten; the outputs q_i S_i go into out [n, C, B, NH, 1, V]. Returns the
+    state after the span's token `end` (its last, or the sequence's last before padding)."""
+    decays, writes, entering, a, w, decay, last, slots = buffers
+    if g_scale is None:
+        torch.exp(g.expand_as(decays), out=decays)
     else:
-        states = local.addcmul_(from_start, states_in)
-    o = torch.matmul(positions(q).unsqueeze(-2), states).squeeze(-2)  # q_i S_i [C, N, B, NH, V]
-    o = o.permute(2, 3, 1, 0, 4).reshape(batch, heads, n_chunks * chunk_size, -1)
-    return o[:, :, :length], state
+        torch.exp_(torch.mul(g.expand_as(decays), g_scale, out=decays))
+    torch.mul(k, v, out=writes)  # k_i v_i^T
+    for i in range(1, len(w)):  # one position of every chunk at a time
+        w[i].addcmul_(a[i], w[i - 1])  # the state from the chunk's start, from zero
+        a[i].mul_(a[i - 1])  # the decay from the chunk's start
+    # the state entering each chunk: S_0 of the next = exp(b_C) ⊙ S_0 + the chunk's last state
+    slots[0].copy_(state)
+    for n in range(1, len(slots)):
+        torch.addcmul(last[n - 1], decay[n - 1], slots[n - 1], out=slots[n])
+    writes.addcmul_(decays, entering)  # every token's state
+    torch.matmul(q, writes, out=out)
+    return writes[divmod(end, len(w))].clone()
 
 
-def _span_length(q, v, chunk_size):
-    """Tokens per span: whole chunks holding about 2^18 state entries on CPU (cache-sized, and
-    recycled by the C allocator), 2^24 elsewhere; never the whole sequence's states at once."""
-    budget = (1 << 18) if q.device.type == "cpu" else (1 << 24)
+def _span_tracked(q, k, v, g, g_scale, state, shape, end):
+    """_span_in_place's recurrence for autograd, shape = [n, C, B, NH, K, V]: new tensors, one
+    position at a time, and the readout of each position as it comes (every token's state is
+    never stacked). Returns (o [n, C, B, NH, 1, V], the state after the span's token `end`)."""
+    gate = g if g_scale is None else g * g_scale
+    w = (k * v).expand(shape).unbind(1)
+    a = torch.exp(gate.expand(shape)).unbind(1)
+    local, from_start = [w[0]], [a[0]]
+    for i in range(1, len(w)):
+        local.append(torch.addcmul(w[i], a[i], local[-1]))
+        from_start.append(a[i] * from_start[-1])
+    entering, _ = _chain(
+        state,
+        shape[0],
+        lambda n, s, slot: torch.addcmul(local[-1][n], from_start[-1][n], s),
+        True,
+    )
+    chunk, position = divmod(end, len(w))
+    state = torch.addcmul(local[position][chunk], from_start[position][chunk], entering[chunk])
+    queries = q.expand(*shape[:-2], 1, shape[-2]).unbind(1)
+    o = [
+        torch.matmul(qi, torch.addcmul(li, fi, entering))
+        for qi, li, fi in zip(queries, local, from_start)
+    ]
+    return torch.stack(o, 1), state
+
+
+def _span_chunks(q, v, chunk_size):
+    """Chunks per span: about 2^17 state entries on CPU (the span's buffers stay in a core's
+    cache; on one thread 2^17 measured 1.1-1.2x faster than 2^16 and 2^18), 2^24 elsewhere;
+    never the whole sequence's states at once."""
+    budget = (1 << 17) if q.device.type == "cpu" else (1 << 24)
     per_token = q.shape[0] * q.shape[1] * q.shape[-1] * v.shape[-1]
-    return max(1, budget // (per_token * chunk_size)) * chunk_size
+    return max(1, budget // (per_token * chunk_size))
 
 
 def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=64):
@@ -105,26 +135,41 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     if length == 0:
         return q.new_zeros(batch, heads, 0, v.shape[-1]), state
-    span = _span_length(q, v, chunk_size)
+    per_span = min(_span_chunks(q, v, chunk_size), -(-length // chunk_size))
+    n_spans = -(-length // (per_span * chunk_size))
+    n_pad = n_spans * per_span * chunk_size - length  # every span whole
     tracked = _needs_grad(q, k, v, g, g_scale, state)
-    n_spans = -(-length // span)
 
     def spans(x):
         # split, not indexed: under autograd the backward of a split is one concatenation, of
         # an index a zero-filled gradient of the whole tensor per span; a gate constant in time
-        # (T axis of size 1) is the same for every span
-        if x is None or (x.shape[2] == 1 and length > 1):
-            return [x] * n_spans
-        return x.split(span, dim=2)
+        # is the same for every span
+        if x is None:
+            return [None] * n_spans
+        x = _by_chunk(x, chunk_size, n_pad)
+        return [x] * n_spans if x.shape[0] == 1 else x.split(per_span)
 
-    outs = []
-    for pieces in zip(*(spans(x) for x in (q, k, v, g, g_scale))):
-        if tracked:
+    # q a row, k a column, v a row of each token's matrices
+    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)
+    pieces = zip(*(spans(x) for x in rows))
+    shape = (per_span, chunk_size, batch, heads, q.shape[-1], v.shape[-1])
+    # the state leaves each span after its last token, the last span after the sequence's last:
+    # the padding after it (where an input constant in time is not zero) is never read back
+    span_tokens = per_span * chunk_size
+    ends = [span_tokens - 1] * (n_spans - 1) + [span_tokens - 1 - n_pad]
+    if tracked:
+        outs = []
+        for inputs, end in zip(pieces, ends):
             # the span's states are made again in the backward, one span at a time
             o, state = torch.utils.checkpoint.checkpoint(
-                _elementwise_span, *pieces, state, chunk_size, use_reentrant=False
+                _span_tracked, *inputs, state, shape, end, use_reentrant=False
             )
-        else:
-            o, state = _elementwise_span(*pieces, state, chunk_size)
-        outs.append(o)
-    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), state
+            outs.append(o)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    else:
+        buffers = _buffers(shape, q)
+        out = q.new_empty(n_spans * per_span, *shape[1:4], 1, v.shape[-1])
+        for inputs, o, end in zip(pieces, out.split(per_span), ends):
+            state = _span_in_place(*inputs, state, buffers, o, end)
+    # [N, C, B, NH, 1, V] -> [B, NH, T, V], a view of a [T, B, NH, V] tensor
+    return out.flatten(0, 1).squeeze(-2).permute(1, 2, 0, 3)[:, :, :length], state
