@@ -168,12 +168,26 @@ class PyExpr:
             return f"{left} @ {right}", _MUL
         if op == "@" and SCALAR not in (a, b):
             return f"{self._wrap(e.left, _MUL)} @ {self._wrap(e.right, _MUL + 1)}", _MUL
+        complement = self._complement(e)
+        if complement is not None:
+            return complement, _ATOM
         fused = self._addcmul(e)
         if fused is not None:
             return fused, _ATOM
         py = {"+": "+", "-": "-", "*": "*", "/": "/", "@": "*"}[op]
         level = _ADD if py in "+-" else _MUL
         return f"{self._wrap(e.left, level)} {py} {self._wrap(e.right, level + 1)}", level
+
+    def _complement(self, e: Binary) -> str | None:
+        """`1 - sigmoid(x)` as `sigmoid(-x)`: equal, but where sigmoid(x) is near 1 the
+        difference keeps few of its digits (in float32, 1 - sigmoid(5) has a relative error near
+        1e-5), while sigmoid(-x) keeps them all. None for anything else."""
+        right = e.right
+        if not (e.op == "-" and isinstance(right, Call) and right.func == "sigmoid"):
+            return None
+        if "sigmoid" in self.functions or constant(e.left) != 1.0:
+            return None
+        return f"{BUILTINS['sigmoid'].torch}(-{self._wrap(right.args[0], _UNARY)})"
 
     def _addcmul(self, e: Binary) -> str | None:
         """`a + b * c` (elementwise, or with a scalar factor) as torch.addcmul(a, b, c): one

@@ -551,7 +551,7 @@ def chunk(
     (c,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     # c: elementwise gate -> chunk_elementwise
     _k_c = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
-    _v_c = _seq_vector((1 - _torch.sigmoid(f)) * i, _sizes, cu_seqlens)
+    _v_c = _seq_vector(_torch.sigmoid(-f) * i, _sizes, cu_seqlens)
     _g_c = _seq_matrix(_F.logsigmoid(f), _sizes, cu_seqlens)  # logsigmoid(f_t)
     _S0_c = c.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
@@ -576,7 +576,7 @@ def summary(i, f, o, *, chunk_size=CHUNK_SIZE):
     _device = i.device
     # c: chunk_elementwise from zeros (F) and, with no writes, ones (G)
     _k_c = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
-    _v_c = _seq_vector((1 - _torch.sigmoid(f)) * i, _sizes)
+    _v_c = _seq_vector(_torch.sigmoid(-f) * i, _sizes)
     _g_c = _seq_matrix(_F.logsigmoid(f), _sizes)  # logsigmoid(f_t)
     _o, _F0 = _chunk_elementwise(_torch.zeros_like(_k_c), _k_c, _v_c, g=_g_c, chunk_size=chunk_size)
     _S1 = _torch.ones_like(_F0)
@@ -599,7 +599,7 @@ def _recurrence(i, f, o, c, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         i_t, f_t, o_t = i[:, _t], f[:, _t], o[:, _t]
         # sigmoid(f_t) * c_{t-1} + (1 - sigmoid(f_t)) * i_t
-        c_t = c * _torch.sigmoid(f_t) + ((1 - _torch.sigmoid(f_t)) * i_t)
+        c_t = c * _torch.sigmoid(f_t) + (_torch.sigmoid(-f_t) * i_t)
         _ys.append(o_t * c_t)  # y_t = o_t * c_t
         c = c_t
     return _torch.stack(_ys, 1), (c,)
