@@ -89,6 +89,18 @@ ROWS: dict[str, Row] = {
         "linear: _r0",
         DELTA,
     ),
+    "deltaproduct": Row(
+        "deltaproduct.mix",
+        {
+            "H": S(
+                "identity minus rank-1",
+                "delta",
+                "2 b1_t v1_t l2norm(k1_t)^T + 2 b2_t v2_t l2norm(k2_t)^T",
+            )
+        },
+        "linear: _r0",
+        DELTA,
+    ),
     "gated_deltanet": Row(
         "gated_deltanet.mix",
         {
