@@ -132,7 +132,7 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
         if not reads or any(len(where) > 1 for _, where in reads):
             return None
         tr = _canonical(classify([(t, w[0]) for t, w in reads], ctx), eq, canon)
-        write_terms, form = _writes(writes, shape, ex, canon, False)
+        write_terms, _ = _writes(writes, shape, ex, canon, False)
         if not tr.kind.sub_tokens or tr.reason is not None or len(write_terms) != 1:
             return None
         if tr.kind.chunk_reason(name, tr, write_terms[0].key) is not None:

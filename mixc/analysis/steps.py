@@ -68,7 +68,9 @@ def _substitute(e: Expr, old: Expr, new: Expr) -> Expr:
     if not children(e):
         return e
     if isinstance(e, Binary):
-        return Binary(e.op, _substitute(e.left, old, new), _substitute(e.right, old, new), span=e.span)
+        return Binary(
+            e.op, _substitute(e.left, old, new), _substitute(e.right, old, new), span=e.span
+        )
     if isinstance(e, Neg):
         return Neg(_substitute(e.operand, old, new), span=e.span)
     if isinstance(e, Transpose):

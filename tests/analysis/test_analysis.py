@@ -22,8 +22,8 @@ from mixc.analysis.cost import costs
 from mixc.analysis.formula import Formula
 from mixc.analysis.plan import Plan, analyze
 from mixc.errors import Source, SpecAnalysisError, SpecError
-from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
+from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import IDENTITY, SCALAR, typer_for
 from mixc.frontend.spec import Spec
 from mixc.frontend.verify import verify

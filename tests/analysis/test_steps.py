@@ -32,8 +32,7 @@ SPELLINGS = {
     "l2norm(k2_t) l2norm(k2_t)^T) + 2 b2_t v2_t l2norm(k2_t)^T\ny_t = H_t q_t\n",
     "through a value": HEAD.format(extra="")
     + f"U_t = {step('H_{t-1}', 1)}\nH_t = {step('U_t', 2)}\ny_t = H_t q_t\n",
-    "outer step distributed": HEAD.format(extra="")
-    + f"U_t = {step('H_{t-1}', 1)}\n"
+    "outer step distributed": HEAD.format(extra="") + f"U_t = {step('H_{t-1}', 1)}\n"
     "H_t = U_t - 2 b2_t U_t l2norm(k2_t) l2norm(k2_t)^T + 2 b2_t v2_t l2norm(k2_t)^T\n"
     "y_t = H_t q_t\n",
     "gated first step": HEAD.format(extra=", g")

@@ -479,7 +479,7 @@ class _Module:
         """Key, value and the class's arguments of a group that applies several steps a token:
         each step's, interleaved along time into sub-tokens (`_sub_tokens`), an argument a step
         lacks (no decay) as zeros."""
-        e, name, n = self.seq_expr(), group.name, len(group.sub_tokens)
+        name, n = group.name, len(group.sub_tokens)
         gate = PyExpr(self.typer, lambda x: x.name, {"log": "_log_gate"})  # see _log_gate
         parts: dict[str, list[str | None]] = {"k": [], "v": []}
         layouts = {"k": "vector", "v": "vector"}
