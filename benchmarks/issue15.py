@@ -1,12 +1,13 @@
-"""RWKV-6 and mLSTM (issue 15): agreement with flash-linear-attention's RWKV-6 references, and
-each spec's chunked forward against its recurrent form and against fla's references.
+"""RWKV-6, mLSTM and DeltaProduct (issue 15): agreement with flash-linear-attention's RWKV-6 and
+gated DeltaProduct references, and each spec's chunked forward against its recurrent form and
+against fla's references.
 
 Writes the section between the ISSUE15 markers of benchmarks/RESULTS.md. One command:
 
     python benchmarks/issue15.py            # a few minutes on 2 cores
 
-fla's references (`fla/ops/rwkv6/recurrent_naive.py`, `chunk_naive.py` of the fla-core package)
-are loaded by file path, in the benchmark's environment only (see README.md here). Outputs are
+fla's references (`fla/ops/rwkv6/recurrent_naive.py`, `chunk_naive.py` and
+`fla/ops/gated_delta_product/naive.py` of the fla-core package) are loaded by file path, in the benchmark's environment only (see README.md here). Outputs are
 compared in float64 before any timing; the two sides of each ratio are timed in alternation in
 one process (peers.time_alternating), medians over the timed calls.
 """
@@ -36,12 +37,12 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- ISSUE15 BEGIN -->", "<!-- ISSUE15 END -->"
 
 
-def _fla(file: str, function: str):
+def _fla(file: str, function: str, ops: str = "rwkv6"):
     spec = importlib.util.find_spec("fla")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("fla-core is not installed here: pip install --no-deps fla-core einops")
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / "rwkv6" / f"{file}.py"
-    loaded = importlib.util.spec_from_file_location(f"fla_rwkv6_{file}", path)
+    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / ops / f"{file}.py"
+    loaded = importlib.util.spec_from_file_location(f"fla_{ops}_{file}", path)
     module = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(module)
     return getattr(module, function)
@@ -93,6 +94,60 @@ def agreement() -> list[tuple[str, float]]:
     return rows
 
 
+#: DeltaProduct with a decay on each token's first step, as fla's gated_delta_product applies it.
+GATED_DELTAPRODUCT = (ROOT / "specs/deltaproduct.mix").read_text(encoding="utf-8").replace(
+    "in    q[K], k1[K], v1[V], b1, k2[K], v2[V], b2", "in    q[K], k1[K], v1[V], b1, k2[K], v2[V], b2, g"
+).replace("U_t = H_{t-1} (I", "U_t = exp(g_t) H_{t-1} (I")
+
+
+def _deltaproduct_inputs(T: int, dtype):
+    """q, k1, v1, k2, v2 [B, T, NH, D], erase strengths b1, b2 in (0, 1) (the spec's 2 b in
+    (0, 2)), log-decays g <= 0 [B, T, NH], state [B, NH, V, K]."""
+    gen = torch.Generator().manual_seed(0)
+    q, k1, v1, k2, v2 = (torch.randn(B, T, NH, D, generator=gen, dtype=torch.float64) for _ in range(5))
+    b1, b2 = (torch.rand(B, T, NH, generator=gen, dtype=torch.float64) for _ in range(2))
+    g = -torch.rand(B, T, NH, generator=gen, dtype=torch.float64) * 0.5
+    H0 = torch.randn(B, NH, D, D, generator=gen, dtype=torch.float64)
+    return [x.to(dtype) for x in (q, k1, v1, b1, k2, v2, b2)], g.to(dtype), H0.to(dtype)
+
+
+def _householder_layout(k1, v1, b1, k2, v2, b2):
+    """fla's num_householder=2 layout: each token's two steps at 2t and 2t + 1 along T, the
+    keys normalised (the spec normalises its own) and the erase strengths 2 b."""
+    unit = torch.nn.functional.normalize
+
+    def steps(a, b):
+        return torch.stack([a, b], 2).flatten(1, 2)
+
+    return steps(unit(k1, dim=-1), unit(k2, dim=-1)), steps(v1, v2), steps(2 * b1, 2 * b2)
+
+
+def deltaproduct_agreement() -> list[tuple[str, float]]:
+    """Relative errors, float64, of mixc's DeltaProduct forms against fla's
+    naive_recurrent_gated_delta_product (num_householder=2, scale 1), without and with a gate."""
+    reference = _fla("naive", "naive_recurrent_gated_delta_product", ops="gated_delta_product")
+    (q, k1, v1, b1, k2, v2, b2), g, H0 = _deltaproduct_inputs(256, torch.float64)
+    k, v, beta = _householder_layout(k1, v1, b1, k2, v2, b2)
+    rows = []
+    for label, module, gate in (
+        ("deltaproduct", mixc.load(ROOT / "specs/deltaproduct.mix"), None),
+        ("gated (g on the first step)", mixc.load(text=GATED_DELTAPRODUCT), g),
+    ):
+        args = [q, k1, v1, b1, k2, v2, b2] + ([] if gate is None else [gate])
+        theirs, final = reference(
+            q, k, v, gate, beta, 1.0, initial_state=H0.mT.clone(), output_final_state=True,
+            num_householder=2,
+        )
+        for form in ("chunk", "recurrent"):
+            options = {"chunk_size": 32} if form == "chunk" else {}
+            ours, ours_final = getattr(module, form)(
+                *args, initial_state=H0, output_final_state=True, **options
+            )
+            rows.append((f"{label}: {form} vs naive_recurrent_gated_delta_product", _rel(ours, theirs)))
+            rows.append((f"{label}: {form} final state", _rel(ours_final.mT, final)))
+    return rows
+
+
 def _median_ratio(times: dict, slow: str, fast: str) -> tuple[float, float, float]:
     a, b = statistics.median(times[slow]), statistics.median(times[fast])
     return a / b, a, b
@@ -139,13 +194,26 @@ def timings() -> list[tuple[str, float, float, float]]:
     rows.append(
         (f"mlstm T={RECURRENT_T}: recurrent / chunk", *_median_ratio(times, "recurrent", "chunk"))
     )
+    deltaproduct = mixc.load(ROOT / "specs/deltaproduct.mix")
+    args, _, _ = _deltaproduct_inputs(RECURRENT_T, torch.float32)
+    calls = {
+        "chunk": no_grad(lambda *a: deltaproduct.chunk(*a), *args),
+        "recurrent": no_grad(deltaproduct.recurrent, *args),
+    }
+    times = time_alternating(calls, {"chunk": 5, "recurrent": 2}, warmup=1)
+    rows.append(
+        (
+            f"deltaproduct T={RECURRENT_T}: recurrent / chunk",
+            *_median_ratio(times, "recurrent", "chunk"),
+        )
+    )
     return rows
 
 
-def report(agree, times) -> str:
+def report(agree, dp_agree, times) -> str:
     lines = [
         BEGIN,
-        "## RWKV-6 and mLSTM (issue 15)",
+        "## RWKV-6, mLSTM and DeltaProduct (issue 15)",
         "",
         f"`python benchmarks/issue15.py`, {datetime.date.today()}: CPU, 2 threads, fp32, B={B}, "
         f"NH={NH}, d_k=d_v={D}, forward only, load average {os.getloadavg()[0]:.1f} at the end. "
@@ -157,21 +225,28 @@ def report(agree, times) -> str:
         "| --- | --- |",
         *(f"| {what} | {err:.1e} |" for what, err in agree),
         "",
+        "| agreement (DeltaProduct, T=256, 2 steps a token as fla's num_householder=2 layout, "
+        "scale 1, from an initial state; float64 inputs, which fla's reference computes in "
+        "float32) | relative error |",
+        "| --- | --- |",
+        *(f"| {what} | {err:.1e} |" for what, err in dp_agree),
+        "",
         "| comparison | time ratio (other / chunk) | other (s) | chunk (s) |",
         "| --- | --- | --- | --- |",
         *(f"| {what} | {ratio:.1f}x | {a:.3f} | {b:.3f} |" for what, ratio, a, b in times),
         "",
         "mLSTM's chunked form runs the stabilised scalar-decay kernel (chunk by chunk through "
         "autograd, no own backward yet); RWKV-6's the diagonal kernel with each query moved one "
-        "token earlier.",
+        "token earlier; DeltaProduct's the delta kernel over 2 T sub-tokens (its default chunk "
+        "size, 32 sub-tokens).",
         END,
     ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    agree = agreement()
-    for what, err in agree:
+    agree, dp_agree = agreement(), deltaproduct_agreement()
+    for what, err in agree + dp_agree:
         print(f"{what}: {err:.1e}")
         if err > 1e-5:  # fla's references compute in float32 whatever they are given
             raise SystemExit(f"disagreement: {what}")
@@ -179,7 +254,7 @@ def main() -> None:
     for row in times:
         print(row)
     text = RESULTS.read_text(encoding="utf-8")
-    section = report(agree, times)
+    section = report(agree, dp_agree, times)
     if BEGIN in text:
         text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) + 1 :]
     else:

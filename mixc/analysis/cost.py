@@ -6,7 +6,7 @@ quadratic cost (`TransitionClass.cost`) from the dimensions of its group (`Group
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mixc.analysis.formula import IO_BYTES, FormCost, Formula, GroupDims
 from mixc.analysis.plan import GroupPlan, Plan
@@ -130,7 +130,11 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
     if "value" in tr.sides:
         dg = dg + dv
     d = GroupDims(dk, dv, max(1, lead.rank), len(group.queries), dg, C, T)
-    recurrent = FormCost(tr.kind.recurrent_flops(tr, d), d.state_bytes)
+    steps = len(tr.parts)  # several steps a token run as that many sub-tokens
+    if steps > 1:
+        d = GroupDims(dk, dv, 1, len(group.queries), dg, C, steps * T)
+        tr = tr.parts[0]
+    recurrent = FormCost(steps * tr.kind.recurrent_flops(tr, d), d.state_bytes)
     if not tr.kind.modelled:
         note = (
             "recurrent only; the transition itself is not modelled (no class), so its count is "
@@ -141,4 +145,11 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
         note = f"recurrent only: {tr.reason}"
         return GroupCost(group.states, tr.cls, recurrent, None, None, note)
     found = tr.kind.cost(tr, d)
+    if steps > 1:
+        per_token = [
+            None if f is None else FormCost(steps * f.flops, steps * f.bytes)
+            for f in (found.chunked, found.quadratic)
+        ]
+        note = f"{found.note}; {steps} sub-tokens a token (a quadratic form over {steps} T of them)"
+        found = replace(found, chunked=per_token[0], quadratic=per_token[1], note=note)
     return GroupCost(group.states, tr.cls, recurrent, found.chunked, found.quadratic, found.note)

@@ -16,7 +16,7 @@ import networkx as nx
 
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander
-from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts
+from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, WriteTerm
 from mixc.analysis.graph import dependency_graph
 from mixc.analysis.outputs import analyze_output, readout_name
 from mixc.analysis.scales import log_write_scale, scaled_output
@@ -28,7 +28,7 @@ from mixc.frontend.spec import Spec
 from mixc.frontend.verify import equation_order
 from mixc.transitions.base import ChunkSize, KernelArg, Transition, TransitionClass
 
-__all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "analyze"]
+__all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "SubToken", "analyze"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,15 @@ class Query:
 
 
 @dataclass(frozen=True)
+class SubToken:
+    """One of several steps a token applies (DeltaProduct), run as a sub-token of the group's
+    kernel: its write and the kernel's arguments for it."""
+
+    write: WriteTerm
+    args: tuple[KernelArg, ...]
+
+
+@dataclass(frozen=True)
 class GroupPlan:
     """States with the same transition and write key: one kernel pass (their values side by
     side). `kernel` is None when the group has no chunked form."""
@@ -80,6 +89,10 @@ class GroupPlan:
     #: s_t where the kernel carries the writes' scale exp(s_t) in log space (the class's
     #: stable_kernel, xLSTM's max-stabiliser); its outputs come scaled by `unscale`.
     log_scale: Expr | None = None
+    #: Several steps per token, in order: the kernel runs len(sub_tokens) sub-tokens a token
+    #: (each step's k, v and arguments interleaved along time, an argument a step lacks as 0),
+    #: and the queries read at each token's last sub-token. Empty: one step a token.
+    sub_tokens: tuple[SubToken, ...] = ()
 
     @property
     def unscale(self) -> Name:
@@ -212,7 +225,7 @@ def _columns(mixer: Mixer, outputs) -> set[str]:
 
 def _group_key(s: StateFacts) -> tuple:
     tr = s.transition
-    if not tr.chunkable or len(s.writes) != 1:
+    if not tr.chunkable or len(s.writes) != 1 or tr.steps:
         return ("alone", s.name)
     return (
         tr.kind.name,
@@ -243,17 +256,39 @@ def _groups(states, outputs) -> tuple[GroupPlan, ...]:
         row_summary = tr.kind.summary_action != "elementwise"
         if chunked and summary is None and group[0].column and row_summary:
             summary = "is read entry by entry (a column); the summary covers states as rows"
+        queries = _queries([r for r in readouts if r.state in names])
+        sub_tokens = ()
+        if chunked and tr.steps:
+            sub_tokens = _sub_tokens(group[0], queries)
         out.append(
             GroupPlan(
                 names,
                 tr,
                 tr.kind.kernel if chunked else None,
-                tr.kind.kernel_args(tr) if chunked else (),
-                _queries([r for r in readouts if r.state in names]),
+                tr.kind.kernel_args(tr) if chunked and not tr.steps else (),
+                queries,
                 None if summary is None else Missing("class", f"{names[0]} {summary}"),
+                sub_tokens=sub_tokens,
             )
         )
     return tuple(out)
+
+
+def _sub_tokens(state: StateFacts, queries: tuple[Query, ...]) -> tuple[SubToken, ...]:
+    """The sub-tokens of a state that applies several steps a token. Raises NYI for a readout
+    of the state before the token's update, which would read at the first sub-token."""
+    previous = next((q for q in queries if q.offset), None)
+    if previous is not None:
+        raise NotYetImplemented(
+            f"{state.name} applies {len(state.transition.steps)} steps a token and an output "
+            f"reads {state.name}_{{t-1}}; the chunked form reads each token's last sub-token only",
+            previous.readouts[0].query.span or state.span,
+            hint=f"read {state.name}_t",
+        )
+    return tuple(
+        SubToken(w, tr.kind.kernel_args(tr))
+        for tr, w in zip(state.transition.steps, state.writes, strict=True)
+    )
 
 
 def _stabilised(groups, outputs, states):

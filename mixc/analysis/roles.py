@@ -45,8 +45,9 @@ def read_roles(facts: Plan) -> dict[tuple[str, str], tuple[Role, ...]]:
             add("key", w.key, s.name)
             add("value", w.value, s.name)
             add("write scale", w.scale, s.name)
-        for role, e in s.transition.kind.roles(s.transition):
-            add(role, e, s.name)
+        for tr in s.transition.parts:
+            for role, e in tr.kind.roles(tr):
+                add(role, e, s.name)
     for o in facts.outputs:
         for r in o.readouts:
             add("read", Name(r.state), o.name)

@@ -8,6 +8,7 @@ from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, transpose_atom
 from mixc.algebra.intervals import constant
 from mixc.analysis.facts import StateFacts, WriteTerm
+from mixc.analysis.steps import split_steps
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr, Mixer, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
@@ -103,8 +104,60 @@ def _analyze_state(
             ):
                 state, chunk = replace(state, transition=other), None
         state = replace(state, transition=_with_reason(state.transition, chunk))
-    stability = state.transition.kind.stability(state.transition, params)
-    return replace(state, stability=stability)
+    if state.transition.reason is not None or state.transition.kind.kernel is None:
+        if coupled is None and reads:
+            state = _as_steps(state, mixer, eq, ex, params, canon)
+    stability = "; ".join(
+        note
+        for part in state.transition.parts
+        if (note := part.kind.stability(part, params)) is not None
+    )
+    return replace(state, stability=stability or None)
+
+
+def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: Canon):
+    """`state` as several steps per token of one sub-token class (`mixc.analysis.steps`), when
+    its update composes such steps; else `state` as it is."""
+    name, shape = state.name, state.shape
+    if shape[1] == "1":
+        return state  # a vector state's steps would read it as a row: not needed yet
+    ctx = RuleContext(name, shape, ex, params, eq.span, canon)
+
+    def one_step(expr):
+        try:
+            terms = canon.factor(canon.combine(list(ex.expand(expr))))
+        except NotAffine:
+            return None
+        reads, writes = _split_terms(terms, name)
+        if not reads or any(len(where) > 1 for _, where in reads):
+            return None
+        tr = _canonical(classify([(t, w[0]) for t, w in reads], ctx), eq, canon)
+        write_terms, _ = _writes(writes, shape, ex, canon, False)
+        if not tr.kind.sub_tokens or tr.reason is not None or len(write_terms) != 1:
+            return None
+        if tr.kind.chunk_reason(name, tr, write_terms[0].key) is not None:
+            return None
+        return tr, write_terms[0]
+
+    steps = split_steps(inline(mixer, eq.value), name, ex, one_step)
+    if steps is None:
+        return state
+    transitions = tuple(tr for tr, _ in steps)
+    shown = next((tr for tr in transitions if tr.gates), transitions[0])
+    matched = list(dict.fromkeys(tr.rule.split(": ", 1)[1] for tr in transitions))
+    each = f"each {matched[0]}" if len(matched) == 1 else " then ".join(matched)
+    transition = replace(
+        shown,
+        rule=f"{shown.rule_name}: {len(steps)} steps per token as sub-tokens, {each}",
+        gates=tuple(g for tr in transitions for g in tr.gates),
+        beta=None,
+        key=None,
+        steps=transitions,
+        span=eq.value.span,
+    )
+    return replace(
+        state, transition=transition, writes=tuple(w for _, w in steps), write_form="rank-1 outer products"
+    )
 
 
 def _split_terms(terms: list[Term], name: str):

@@ -202,12 +202,12 @@ def _transition_bounds(facts: Plan, names: _Names) -> tuple[list[Condition], dic
     conditions: list[Condition] = []
     unit_keys: dict[str, str] = {}
     for s in facts.states:
-        tr = s.transition
-        conditions += tr.kind.conditions(s.name, tr)
-        key = tr.kind.unit_key(tr)
-        if key is not None:
-            why = f"delta-rule key {tr.key} of {s.name}: norm <= 1 keeps it stable"
-            unit_keys.update(dict.fromkeys(_free(key, names.inputs, set()), why))
+        for tr in s.transition.parts:  # each step a token applies
+            conditions += tr.kind.conditions(s.name, tr)
+            key = tr.kind.unit_key(tr)
+            if key is not None:
+                why = f"delta-rule key {tr.key} of {s.name}: norm <= 1 keeps it stable"
+                unit_keys.update(dict.fromkeys(_free(key, names.inputs, set()), why))
     return conditions, unit_keys
 
 
@@ -300,7 +300,8 @@ def _wide_sizes(facts: Plan) -> frozenset[str]:
     exprs = [
         e
         for s in facts.states
-        for e in (s.transition.key, s.transition.beta, *(w.key for w in s.writes))
+        for tr in s.transition.parts
+        for e in (tr.key, tr.beta, *(w.key for w in s.writes))
     ]
     exprs += [r.query for o in facts.outputs for r in o.readouts]
     decls = {d.name: d for d in facts.mixer.inputs}

@@ -234,6 +234,8 @@ def _why(facts: Plan) -> list[str]:
         tr = s.transition
         line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
         line += f" -> {tr.kind.algorithm}" if tr.chunkable else f" -> recurrent only: {tr.reason}"
+        if tr.steps and tr.chunkable:
+            line += f", {len(tr.steps)} sub-tokens a token (one per step)"
         why.append(line)
     for g in facts.groups if facts.chunkable else ():
         if g.log_scale is not None:
@@ -349,8 +351,20 @@ def _sequential_group(lead: StateFacts, group: tuple[str, ...]) -> GroupInfo:
     )
 
 
+def _sub_token_line(plan: GroupPlan) -> str:
+    """How a group that applies several steps a token runs them: as sub-tokens."""
+    n = len(plan.sub_tokens)
+    return (
+        f"{n} sub-tokens a token (the sequence of T tokens is {n} T sub-tokens of the "
+        f"{plan.kernel} kernel): sub-token {n} t + i - 1 is step i of token t, a decay only "
+        f"where its step has one, Q rows zero but at each token's last sub-token, where Y is read"
+    )
+
+
 def _rows_legend(facts: Plan, plan: GroupPlan) -> list[str]:
     """What the rows of Q, K and V are in the spec's names (values concatenated over a group)."""
+    if plan.sub_tokens:
+        return _sub_token_legend(plan)
     group = plan.states
     states = [facts.state(n) for n in group]
     tr = states[0].transition
@@ -374,6 +388,17 @@ def _rows_legend(facts: Plan, plan: GroupPlan) -> list[str]:
     return legend
 
 
+def _sub_token_legend(plan: GroupPlan) -> list[str]:
+    """The rows of Q, K, V and the kernel's arguments for each step (sub-token) of a token."""
+    legend = [f"Q rows = {' | '.join(str(q.expr) for q in plan.queries) or '(unread)'} (last sub-token)"]
+    for i, sub in enumerate(plan.sub_tokens, 1):
+        w = sub.write
+        scale = "" if w.scale is None else (f"({w.scale}) " if " " in str(w.scale) else f"{w.scale} ")
+        args = "".join(f", {a.name} = {a.expr}" for a in sub.args if a.expr is not None)
+        legend.append(f"step {i}: K = {w.key}, V = {scale}{w.value}{args}")
+    return legend
+
+
 def _group_info(facts: Plan, plan: GroupPlan) -> GroupInfo:
     """A group of states that share one chunked pass: its legend and its class's maths."""
     group = plan.states
@@ -383,6 +408,9 @@ def _group_info(facts: Plan, plan: GroupPlan) -> GroupInfo:
         return _sequential_group(lead, group)
     maths = tr.kind.maths(tr)
     form = list(maths.form)
+    if tr.steps:  # the same kernel over sub-tokens: the maths of a step, the rows interleaved
+        maths = tr.kind.maths(next((p for p in tr.steps if p.gates), tr.steps[0]))
+        form = [_sub_token_line(plan), *maths.form]
     if len(group) == 1:
         state = lead.name
         form.append(f"S = {state}^T" if not lead.vector else f"S = {state} (a single value column)")
@@ -390,7 +418,7 @@ def _group_info(facts: Plan, plan: GroupPlan) -> GroupInfo:
         states=list(group),
         transition_class=tr.cls,
         algorithm=tr.kind.algorithm,
-        legend=",  ".join([*_rows_legend(facts, plan), *maths.legend]),
+        legend=",  ".join([*_rows_legend(facts, plan), *(() if tr.steps else maths.legend)]),
         parallel_form=form,
         quadratic_form=maths.quadratic,
     )

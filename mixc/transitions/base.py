@@ -57,6 +57,9 @@ class Transition:
     reason: str | None = None  # why there is no chunked form
     span: Span | None = None
     kind: TransitionClass | None = None  # set by the registry
+    #: Several steps per token (DeltaProduct), innermost first, each a transition of `kind`:
+    #: then this transition is their composition, its gates all theirs (mixc.analysis.steps).
+    steps: tuple[Transition, ...] = ()
 
     def log(self, side: str) -> Expr | None:
         """Sum of the log-gates on one side ("scalar", "key" or "value"), or None."""
@@ -75,6 +78,11 @@ class Transition:
     def rule_name(self) -> str:
         """The name of the rule that fired (`scalar_data`, `gated_delta`, `not_affine`, ...)."""
         return self.rule.split(":", 1)[0]
+
+    @property
+    def parts(self) -> tuple[Transition, ...]:
+        """The transitions a token applies, in order: its steps, or itself."""
+        return self.steps or (self,)
 
     @property
     def chunkable(self) -> bool:
@@ -190,6 +198,10 @@ class TransitionClass:
     #: How a sequence's summary (P, F) acts on a state S_0: "matmul" (S_0 P + F) or
     #: "elementwise" (P ⊙ S_0 + F, P the product of the gates), for context parallelism.
     summary_action: ClassVar[str] = "matmul"
+    #: Whether the kernel runs several steps a token as sub-tokens (DeltaProduct): each step's
+    #: k, v and arguments interleaved along time, an argument a step lacks (no decay) as 0, and
+    #: the queries read at each token's last sub-token (mixc.analysis.steps).
+    sub_tokens: ClassVar[bool] = False
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None
     #: The variants it reports as `Transition.cls`, and the names of the rules it fires.

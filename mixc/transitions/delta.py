@@ -139,6 +139,7 @@ class Delta(TransitionClass):
     rules = ("delta", "gated_delta")
     kernel = "delta"
     algorithm = "chunked delta rule (UT transform, fp32 triangular solve)"
+    sub_tokens = True  # a zero beta and a zero log-gate are a step that changes nothing
 
     def match(self, terms, ctx):
         """a S (I - beta k k^T): one term S times a scalar decay a (or none), one term S k k^T

@@ -304,6 +304,31 @@ MUTANTS = [
         "own = torch.cat([own, torch.zeros_like(own)], dim=-2)\n    own[:, :, :, 0, 0, 0] = 0",
         {"chunk"},
     ),
+    # several steps per token as sub-tokens (DeltaProduct)
+    (
+        "deltaproduct",
+        "the query read at each token's first sub-token",
+        "_q = _sub_tokens([_torch.zeros_like(_q), _q])",
+        "_q = _sub_tokens([_q, _torch.zeros_like(_q)])",
+        {"chunk"},
+    ),
+    (
+        "deltaproduct",
+        "the two steps of a token swapped (in chunk, where the initial state follows)",
+        "_beta_H = _sub_tokens([_beta1_H, _beta2_H])  # 2 sub-tokens a token, one per step\n"
+        "    _S0_H",
+        "_k_H, _v_H = _sub_tokens([_k2_H, _k1_H]), _sub_tokens([_v2_H, _v1_H])\n"
+        "    _beta_H = _sub_tokens([_beta2_H, _beta1_H])\n"
+        "    _S0_H",
+        {"chunk"},
+    ),
+    (
+        "deltaproduct",
+        "the output read at the first sub-token",
+        "_o = _o[:, :, 1::2]",
+        "_o = _o[:, :, 0::2]",
+        {"chunk"},
+    ),
 ]
 
 

@@ -124,6 +124,19 @@ def ref_deltanet_negeig(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_deltaproduct(x, p, s):
+    H, ys, us = s["H"], [], []
+    for t in range(len(x["q"])):
+        for n in ("1", "2"):  # two delta steps a token, each with erase strength 2 b
+            k = x["k" + n][t] / (x["k" + n][t].square().sum() + 1e-6).sqrt()  # l2norm, its eps
+            v, beta = x["v" + n][t], 2 * x["b" + n][t]
+            H = H - beta * outer(H @ k, k) + beta * outer(v, k)
+            if n == "1":
+                us.append(H)  # the per-token value U_t, the state after the first step
+        ys.append(H @ x["q"][t])
+    return {"y": ys, "U": us}, {"H": H}
+
+
 def ref_gated_deltanet(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["q"])):
@@ -256,6 +269,18 @@ CASES = {
     "deltanet_negeig": (
         ref_deltanet_negeig,
         lambda g: (unit_keys({**qkv(g), "beta": rand(g, *LEAD)}), {}),
+    ),
+    "deltaproduct": (
+        ref_deltaproduct,
+        lambda g: (
+            {
+                "q": randn(g, *LEAD, DK),
+                **{f"k{n}": randn(g, *LEAD, DK) for n in (1, 2)},
+                **{f"v{n}": randn(g, *LEAD, DV) for n in (1, 2)},
+                **{f"b{n}": rand(g, *LEAD) for n in (1, 2)},
+            },
+            {},
+        ),
     ),
     "gated_deltanet": (
         ref_gated_deltanet,

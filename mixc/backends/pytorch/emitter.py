@@ -270,6 +270,7 @@ class _Module:
             out("", 0)
             out("", 0)
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
+            shifts += ["_sub_tokens"] if any(g.sub_tokens for g in self.groups) else []
             out.lines.append(self.kernels.kernel_source(self.kernel_names() + shifts))
 
     def emit_mixer(self, out: Lines) -> None:
@@ -437,6 +438,8 @@ class _Module:
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one group;
         `stable`: the values without their write scale, which is passed as its log."""
+        if group.sub_tokens:
+            return self.emit_sub_token_args(out, group, packed)
         e = self.seq_expr()
         facts = [self.facts.state(s) for s in group.states]
         name = group.name
@@ -470,6 +473,42 @@ class _Module:
             note = _note(f"the write scale exp({scale}), as its log")
             out(f"_s_{name} = _seq_scalar({e(scale)}, _sizes{packed}){note}")
             kernel_args.append(f"log_scale=_s_{name}")
+        return kernel_args
+
+    def emit_sub_token_args(self, out: Lines, group: GroupPlan, packed: str) -> list[str]:
+        """Key, value and the class's arguments of a group that applies several steps a token:
+        each step's, interleaved along time into sub-tokens (`_sub_tokens`), an argument a step
+        lacks (no decay) as zeros."""
+        name, n = group.name, len(group.sub_tokens)
+        gate = PyExpr(self.typer, lambda x: x.name, {"log": "_log_gate"})  # see _log_gate
+        parts: dict[str, list[str | None]] = {"k": [], "v": []}
+        layouts = {"k": "vector", "v": "vector"}
+        for i, sub in enumerate(group.sub_tokens, 1):
+            w = sub.write
+            value = w.value if w.scale is None else Binary("@", w.scale, w.value)
+            for arg, expr, layout, how in (
+                ("k", w.key, "vector", None),
+                ("v", value, "vector", None),
+                *((a.name, a.expr, a.layout, gate) for a in sub.args),
+            ):
+                parts.setdefault(arg, [])
+                layouts[arg] = layout
+                if expr is None:
+                    parts[arg].append(None)
+                    continue
+                local = f"_{arg}{i}_{name}"
+                out(f"{local} = _seq_{layout}({self.tensor(expr, how)}, _sizes{packed}){_note(expr)}")
+                parts[arg].append(local)
+        kernel_args = []
+        for arg, locals_ in parts.items():
+            present = [p for p in locals_ if p is not None]
+            if not present:
+                continue
+            pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
+            note = _note(f"{n} sub-tokens a token, one per step")
+            out(f"_{arg}_{name} = _sub_tokens([{pieces}]){note}")
+            if arg not in ("k", "v"):
+                kernel_args.append(f"{arg}=_{arg}_{name}")
         return kernel_args
 
     def tensor(self, expr: Expr, e: PyExpr | None = None) -> str:
@@ -510,6 +549,10 @@ class _Module:
                     else f"_torch.zeros_like(_k_{name})"
                 )
                 out(f"_q = {q_text}")
+                steps = len(plan.sub_tokens)
+                if steps and query is not None:  # the query at each token's last sub-token
+                    zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
+                    out(f"_q = _sub_tokens([{zeros}, _q])")
                 previous = query is not None and query.offset == -1
                 if previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
                     out("_q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query")
@@ -521,6 +564,8 @@ class _Module:
                     init = f"initial_state=_S0_{name}, chunk_size=chunk_size"
                     found = "_o, _S" if not stable else "_o, _m, _S"
                     out(f"{found} = _{kernel}({args}, {init})")
+                if steps:
+                    out(f"_o = _o[:, :, {steps - 1}::{steps}]  # each token's last sub-token")
                 if stable and i == 0:  # the rows' scale, exp(-m_t)
                     unscale = plan.unscale.name
                     out(f"{unscale} = _from_seq(_torch.exp(-_m)[..., None]{packed})")

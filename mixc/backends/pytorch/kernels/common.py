@@ -157,6 +157,13 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
+def _sub_tokens(parts):
+    """Several steps a token as sub-tokens: the steps' tensors [B, NH, T, ...] (the kernels'
+    layout, packed or not) interleaved along time into [B, NH, n T, ...], token t's steps at
+    n t, ..., n t + n - 1. Padding after a packed sequence's end stays after it."""
+    return torch.stack(parts, 3).flatten(2, 3)
+
+
 def _shift_tokens(x, first, cu_seqlens=None):
     """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
     each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
