@@ -2,8 +2,8 @@
 benchmarks/gpu.sh.
 
 For each mixer (gated retention vs fla's chunk_simple_gla, Gated DeltaNet vs
-chunk_gated_delta_rule, DeltaNet vs chunk_delta_rule) at fla's benchmark shapes (bf16
-[B, T, H, d] inputs), it times the chunked forward and forward+backward of four
+chunk_gated_delta_rule, DeltaNet vs chunk_delta_rule, KDA vs chunk_kda) at fla's benchmark
+shapes (bf16 [B, T, H, d] inputs), it times the chunked forward and forward+backward of four
 implementations: mixc's PyTorch backend, the same under torch.compile, mixc's Triton backend,
 and fla. Outputs are compared with fla's before anything is timed. Each time is the median of
 CUDA-event timings of `--repeats` calls after warm-up calls; the implementations of one case
@@ -62,6 +62,7 @@ class Case:
     mixc_inputs: tuple[str, ...]  # the spec's inputs, in order, from the names below
     fla_inputs: tuple[str, ...]
     delta: bool  # keys L2-normalised (the delta rule needs |k| <= 1 for stability)
+    channel_gate: bool = False  # the log-gate g per key channel [B, T, H, d], not per token
 
 
 CASES = (
@@ -89,12 +90,22 @@ CASES = (
         ("q", "k", "v", "beta"),
         True,
     ),
+    Case(
+        "kda",
+        "chunk_kda",
+        "fla.ops.kda",
+        ("q", "k", "v", "g", "beta"),
+        ("q", "k", "v", "g", "beta"),
+        True,
+        channel_gate=True,
+    ),
 )
 
 
 def _inputs(case: Case, shape, device, dtype) -> dict:
-    """Seeded inputs in fla's layout [B, T, H, d] (per-token scalars [B, T, H]); q scaled by
-    1/sqrt(d) here, so that both sides compute the same function (fla would scale it itself)."""
+    """Seeded inputs in fla's layout [B, T, H, d] (per-token scalars [B, T, H], the gates
+    [B, T, H, d] for a case with a gate per channel); q scaled by 1/sqrt(d) here, so that both
+    sides compute the same function (fla would scale it itself)."""
     batch, length, heads, d = shape
     gen = torch.Generator().manual_seed(0)
 
@@ -105,7 +116,7 @@ def _inputs(case: Case, shape, device, dtype) -> dict:
     q = q * d**-0.5
     if case.delta:
         k = torch.nn.functional.normalize(k, dim=-1)
-    a = randn(batch, length, heads) + 3.0
+    a = randn(batch, length, heads, *((d,) if case.channel_gate else ())) + 3.0
     x = {
         "q": q,
         "k": k,

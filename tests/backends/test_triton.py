@@ -51,10 +51,10 @@ COVERED = [name for name, path in SPECS.items() if _covered(path)]
 FALLBACK = [name for name, path in SPECS.items() if not _covered(path)]
 
 
-def test_the_triton_kernels_cover_scalar_decay_and_delta():
-    assert set(KERNELS) == {"chunk_scalar_decay", "chunk_delta"}
+def test_the_triton_kernels_cover_scalar_decay_delta_and_dplr():
+    assert set(KERNELS) == {"chunk_scalar_decay", "chunk_delta", "chunk_dplr"}
     assert {"linear_attention", "retnet", "gated_retention", "mamba2", "deltanet"} <= set(COVERED)
-    assert "gated_deltanet" in COVERED and "gla" in FALLBACK
+    assert {"gated_deltanet", "kda", "rwkv7"} <= set(COVERED) and "gla" in FALLBACK
 
 
 @pytest.mark.parametrize("name", COVERED)
@@ -64,7 +64,7 @@ def test_every_form_matches_the_oracle_fp32(name):
     assert "chunk" in report.worst
 
 
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "kda"])
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
     report = fuzz(
@@ -107,14 +107,14 @@ def test_the_module_imports_torch_and_triton_only(name):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaNs
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "rwkv7"])
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     """The chunked form in chunks of 16 (the kernels' least; chunk_size 4 runs as 16): a later
     token inside the first chunk (t = 5) and one starting the second (t = 15)."""
     check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",))
 
 
-@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "kda"])
 def test_packed_sequences_equal_each_sequence_alone(name):
     check_packed(SPECS[name], "triton", "chunk")
 

@@ -108,9 +108,9 @@ def _tl_dplr_decays(g, rows):
     before = rows[None, :] < rows[:, None]
     after = rows[None, :] > rows[:, None]
     from_start = tl.exp(_tl_dplr_sums(up_to, g))
-    from_start_before = tl.exp(_tl_dplr_sums(before, g))
+    from_before = tl.exp(_tl_dplr_sums(before, g))
     to_end = tl.exp(_tl_dplr_sums(after, g))
-    return up_to, before, after, from_start, from_start_before, to_end, tl.exp(tl.sum(g, axis=0))
+    return up_to, before, after, from_start, from_before, to_end, tl.exp(tl.sum(g, axis=0))
 
 
 @triton.jit
