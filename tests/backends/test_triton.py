@@ -134,3 +134,45 @@ def test_a_missing_triton_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` fails as if absent
     with pytest.raises(MixcError, match=r"pip install 'mixc\[triton\]'"):
         mixc.load(text=text, backend="triton")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # exp(-1e30) * 0
+@pytest.mark.parametrize("gate", ["strong per channel", "per token", "none"])
+def test_the_dplr_kernel_in_fp32_matches_the_pytorch_kernel_in_fp64(gate):
+    """Per-channel decays down to exp(-30) a token beside ones near 1 and a hard reset (-inf),
+    where exp(c_r) exp(-c_j) would overflow; a per-token gate [B, NH, T, 1]; no gate. Outputs,
+    final state and every gradient, the float64 PyTorch kernel (checked against the oracle by
+    the fuzzer) as the reference."""
+    from mixc.backends.pytorch.kernels import dplr as torch_dplr
+    from mixc.backends.triton.kernels import dplr as triton_dplr
+
+    gen = torch.Generator().manual_seed(3)
+    shape = (1, 2, 37, 16)
+    q, k = torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+    k = torch.nn.functional.normalize(k, dim=-1).double()
+    v = torch.randn(*shape[:3], 8, generator=gen).double()
+    beta = torch.rand(*shape[:3], 1, generator=gen).double()
+    gk = None
+    if gate == "strong per channel":
+        gk = -30 * torch.rand(*shape, generator=gen).double()
+        gk[..., ::3] = -1e-3 * torch.rand(*shape[:3], 6, generator=gen).double()
+        gk[0, 0, 20, :4] = -float("inf")
+    elif gate == "per token":
+        gk = -torch.rand(*shape[:3], 1, generator=gen).double()
+    a = -beta * k * (1 if gk is None else gk.exp())
+    inputs = [q.double(), k, v, a, k.clone(), gk, torch.randn(1, 2, 16, 8, generator=gen).double()]
+    results = {}
+    for name, module, dtype in (
+        ("reference", torch_dplr, torch.float64),
+        ("triton", triton_dplr, torch.float32),
+    ):
+        leaves = [None if x is None else x.detach().to(dtype).requires_grad_() for x in inputs]
+        o, state = module.chunk_dplr(
+            *leaves[:5], gk=leaves[5], initial_state=leaves[6], chunk_size=16
+        )
+        weights = torch.linspace(-1, 1, o.numel(), dtype=dtype).reshape(o.shape)
+        ((o * weights).sum() + state.square().sum()).backward()
+        results[name] = [o, state] + [x.grad for x in leaves if x is not None]
+    for got, want in zip(results["triton"], results["reference"]):
+        err = (got.double() - want).norm() / want.norm()
+        assert err < 1e-5, err  # fp32 roundings (about 1e-7 each), not a wrong formula

@@ -328,7 +328,7 @@ def _tl_dplr_bwd(
         up_to, before, after, from_start, from_before, to_end, chunk_decay = _tl_dplr_decays(
             g_c, rows
         )
-        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
+        qk, qb, ak, _ = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)  # T is kept
         q_start, a_before = q_c * from_start, a_c * from_before
         k_end, b_end = k_c * to_end, b_c * to_end
         reads = tl.dot(a_before, state, input_precision="ieee")
@@ -514,6 +514,7 @@ class _TlDplr(torch.autograd.Function):
         )
         dq, dk, da, db = (x.sum(0) for x in parts)
         d_gate = dg.sum(0) if gate_grad else None
+        d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state
         return dq, dk, dv, da, db, d_gate, d_initial, None
 
 
