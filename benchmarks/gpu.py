@@ -2,8 +2,8 @@
 benchmarks/gpu.sh.
 
 For each mixer (gated retention vs fla's chunk_simple_gla, GLA vs chunk_gla, Gated DeltaNet
-vs chunk_gated_delta_rule, DeltaNet vs chunk_delta_rule) at fla's benchmark shapes (bf16
-[B, T, H, d] inputs), it times the chunked forward and forward+backward of four
+vs chunk_gated_delta_rule, DeltaNet vs chunk_delta_rule, KDA vs chunk_kda) at fla's benchmark
+shapes (bf16 [B, T, H, d] inputs), it times the chunked forward and forward+backward of four
 implementations: mixc's PyTorch backend, the same under torch.compile, mixc's Triton backend,
 and fla. Outputs are compared with fla's before anything is timed. Each time is the median of
 CUDA-event timings of `--repeats` calls after warm-up calls; the implementations of one case
@@ -98,6 +98,15 @@ CASES = (
         ("q", "k", "v", "beta"),
         ("q", "k", "v", "beta"),
         True,
+    ),
+    Case(
+        "kda",
+        "chunk_kda",
+        "fla.ops.kda",
+        ("q", "k", "v", "g", "beta"),
+        ("q", "k", "v", "g", "beta"),
+        True,
+        channel_gate=True,
     ),
 )
 

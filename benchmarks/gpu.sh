@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mixc on a CUDA GPU against flash-linear-attention's Triton kernels (chunk_simple_gla,
-# chunk_gla, chunk_gated_delta_rule, chunk_delta_rule): forward and forward+backward of mixc's
+# chunk_gla, chunk_gated_delta_rule, chunk_delta_rule, chunk_kda): forward and forward+backward of mixc's
 # PyTorch backend, the same under torch.compile, mixc's Triton backend, and fla, at fla's
 # benchmark shapes in bf16. Writes benchmarks/RESULTS-gpu.md. Without a CUDA device it reports
 # "no CUDA device", checks its own set-up on CPU (the Triton backend in triton's interpreter)

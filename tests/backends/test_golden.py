@@ -17,7 +17,7 @@ SPECS = sorted(ROOT.glob("specs/*.mix"))
 
 #: The specs whose Triton module is kept too, one per class with a Triton kernel (the rest of
 #: such a module is the PyTorch backend's, kept above).
-TRITON = ["gated_retention", "gated_deltanet", "gla"]
+TRITON = ["gated_retention", "gated_deltanet", "gla", "kda"]
 CASES = [pytest.param(p, "pytorch", id=p.stem) for p in SPECS] + [
     pytest.param(ROOT / "specs" / f"{name}.mix", "triton", id=f"triton-{name}") for name in TRITON
 ]

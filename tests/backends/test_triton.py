@@ -51,10 +51,11 @@ COVERED = [name for name, path in SPECS.items() if _covered(path)]
 FALLBACK = [name for name, path in SPECS.items() if not _covered(path)]
 
 
-def test_the_triton_kernels_cover_scalar_decay_delta_and_diagonal():
-    assert {"chunk_scalar_decay", "chunk_delta", "chunk_diagonal"} <= set(KERNELS)
+def test_the_triton_kernels_cover_scalar_decay_delta_diagonal_and_dplr():
+    assert set(KERNELS) == {"chunk_scalar_decay", "chunk_delta", "chunk_diagonal", "chunk_dplr"}
     assert {"linear_attention", "retnet", "gated_retention", "mamba2", "deltanet"} <= set(COVERED)
-    assert {"gated_deltanet", "gla", "rwkv6"} <= set(COVERED) and "gated_general" in FALLBACK
+    assert {"gated_deltanet", "gla", "rwkv6", "kda", "rwkv7"} <= set(COVERED)
+    assert "gated_general" in FALLBACK
 
 
 @pytest.mark.parametrize("name", COVERED)
@@ -64,7 +65,7 @@ def test_every_form_matches_the_oracle_fp32(name):
     assert "chunk" in report.worst
 
 
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla", "kda"])
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
     report = fuzz(
@@ -174,14 +175,14 @@ def test_the_module_imports_torch_and_triton_only(name):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaNs
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla"])
+@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla", "rwkv7"])
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     """The chunked form in chunks of 16 (the kernels' least; chunk_size 4 runs as 16): a later
     token inside the first chunk (t = 5) and one starting the second (t = 15)."""
     check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",))
 
 
-@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "gla"])
+@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "gla", "kda"])
 def test_packed_sequences_equal_each_sequence_alone(name):
     check_packed(SPECS[name], "triton", "chunk")
 
@@ -201,3 +202,45 @@ def test_a_missing_triton_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` fails as if absent
     with pytest.raises(MixcError, match=r"pip install 'mixc\[triton\]'"):
         mixc.load(text=text, backend="triton")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # exp(-1e30) * 0
+@pytest.mark.parametrize("gate", ["strong per channel", "per token", "none"])
+def test_the_dplr_kernel_in_fp32_matches_the_pytorch_kernel_in_fp64(gate):
+    """Per-channel decays down to exp(-30) a token beside ones near 1 and a hard reset (-inf),
+    where exp(c_r) exp(-c_j) would overflow; a per-token gate [B, NH, T, 1]; no gate. Outputs,
+    final state and every gradient, the float64 PyTorch kernel (checked against the oracle by
+    the fuzzer) as the reference."""
+    from mixc.backends.pytorch.kernels import dplr as torch_dplr
+    from mixc.backends.triton.kernels import dplr as triton_dplr
+
+    gen = torch.Generator().manual_seed(3)
+    shape = (1, 2, 37, 16)
+    q, k = torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+    k = torch.nn.functional.normalize(k, dim=-1).double()
+    v = torch.randn(*shape[:3], 8, generator=gen).double()
+    beta = torch.rand(*shape[:3], 1, generator=gen).double()
+    gk = None
+    if gate == "strong per channel":
+        gk = -30 * torch.rand(*shape, generator=gen).double()
+        gk[..., ::3] = -1e-3 * torch.rand(*shape[:3], 6, generator=gen).double()
+        gk[0, 0, 20, :4] = -float("inf")
+    elif gate == "per token":
+        gk = -torch.rand(*shape[:3], 1, generator=gen).double()
+    a = -beta * k * (1 if gk is None else gk.exp())
+    inputs = [q.double(), k, v, a, k.clone(), gk, torch.randn(1, 2, 16, 8, generator=gen).double()]
+    results = {}
+    for name, module, dtype in (
+        ("reference", torch_dplr, torch.float64),
+        ("triton", triton_dplr, torch.float32),
+    ):
+        leaves = [None if x is None else x.detach().to(dtype).requires_grad_() for x in inputs]
+        o, state = module.chunk_dplr(
+            *leaves[:5], gk=leaves[5], initial_state=leaves[6], chunk_size=16
+        )
+        weights = torch.linspace(-1, 1, o.numel(), dtype=dtype).reshape(o.shape)
+        ((o * weights).sum() + state.square().sum()).backward()
+        results[name] = [o, state] + [x.grad for x in leaves if x is not None]
+    for got, want in zip(results["triton"], results["reference"]):
+        err = (got.double() - want).norm() / want.norm()
+        assert err < 1e-5, err  # fp32 roundings (about 1e-7 each), not a wrong formula
