@@ -8,7 +8,8 @@
 # the command's optimiser defaults. Writes benchmarks/synth/mqar/*.json,
 # benchmarks/synth_mqar.txt and benchmarks/synth_mqar.png. A WIDTH other than 64 (4 heads of
 # WIDTH/4, a state of 4 (WIDTH/4)^2 per layer) writes benchmarks/synth/mqar-wWIDTH/ and
-# benchmarks/synth_mqar_wWIDTH.{txt,png}. Extra arguments after WIDTH go to every `mixc synth`
+# benchmarks/synth_mqar_wWIDTH.{txt,png}, and STEPS other than 1000 add -sSTEPS and _sSTEPS to
+# those names. Extra arguments after WIDTH go to every `mixc synth`
 # (e.g. --device cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,10 @@ name=synth_mqar
 if [ "$width" != 64 ]; then
   out=benchmarks/synth/mqar-w$width
   name=synth_mqar_w$width
+fi
+if [ "$steps" != 1000 ]; then
+  out=$out-s$steps
+  name=${name}_s$steps
 fi
 mkdir -p "$out"
 common=(--task mqar --seq-len 64 --pairs 16 --vocab 64 --hidden "$width" --steps "$steps" "$@")
