@@ -130,11 +130,11 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
     if "value" in tr.sides:
         dg = dg + dv
     d = GroupDims(dk, dv, max(1, lead.rank), len(group.queries), dg, C, T)
-    steps = len(tr.parts)  # several steps a token run as that many sub-tokens
-    if steps > 1:
-        d = GroupDims(dk, dv, 1, len(group.queries), dg, C, steps * T)
-        tr = tr.parts[0]
-    recurrent = FormCost(steps * tr.kind.recurrent_flops(tr, d), d.state_bytes)
+    parts = tr.parts  # several steps a token run as that many sub-tokens
+    if len(parts) > 1:
+        d = GroupDims(dk, dv, 1, len(group.queries), dg, C, len(parts) * T)
+    recurrent = FormCost(sum(p.kind.recurrent_flops(p, d) for p in parts), d.state_bytes)
+    tr = tr.lead_step
     if not tr.kind.modelled:
         note = (
             "recurrent only; the transition itself is not modelled (no class), so its count is "
@@ -145,6 +145,7 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
         note = f"recurrent only: {tr.reason}"
         return GroupCost(group.states, tr.cls, recurrent, None, None, note)
     found = tr.kind.cost(tr, d)
+    steps = len(parts)
     if steps > 1:
         per_token = [
             None if f is None else FormCost(steps * f.flops, steps * f.bytes)

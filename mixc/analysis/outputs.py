@@ -10,7 +10,7 @@ from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Number, Timed
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape
 
-__all__ = ["analyze_output", "readout_name"]
+__all__ = ["analyze_output", "has_readout", "readout_name"]
 
 
 _PREFIX = "_r"
@@ -85,8 +85,8 @@ def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) 
     elif (
         isinstance(expr, Binary)
         and expr.op == "/"
-        and _has_readout(expr.left)
-        and _has_readout(expr.right)
+        and has_readout(expr.left)
+        and has_readout(expr.right)
     ):
         form = "ratio"
     elif _linear_only(expr):
@@ -94,7 +94,7 @@ def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) 
     elif (
         isinstance(expr, Binary)
         and expr.op == "+"
-        and not _has_readout(expr.right)
+        and not has_readout(expr.right)
         and _linear_only(expr.left)
     ):
         form, skip = "linear + skip", expr.right
@@ -168,7 +168,7 @@ def _intern(readouts: list[Readout], state: str, offset: int, query: Expr, entry
     return Name(readout_name(len(readouts) - 1))
 
 
-def _has_readout(e: Expr) -> bool:
+def has_readout(e: Expr) -> bool:
     return any(isinstance(n, Name) and n.name.startswith(_PREFIX) for n in walk(e))
 
 
@@ -178,7 +178,7 @@ def _linear_only(e: Expr) -> bool:
     if isinstance(e, Binary) and e.op == "+":
         return _linear_only(e.left) and _linear_only(e.right)
     if isinstance(e, Binary) and e.op == "*":
-        return not _has_readout(e.left) and _linear_only(e.right) and isinstance(e.right, Name)
+        return not has_readout(e.left) and _linear_only(e.right) and isinstance(e.right, Name)
     return False
 
 

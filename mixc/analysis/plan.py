@@ -104,6 +104,11 @@ class GroupPlan:
         return self.transition.kind
 
     @property
+    def algorithm(self) -> str:
+        """The chunked pass's algorithm (a stabilised group's its own)."""
+        return self.kind.stable_algorithm if self.log_scale is not None else self.kind.algorithm
+
+    @property
     def name(self) -> str:
         """The group's name in generated code: its first state."""
         return self.states[0]
@@ -360,8 +365,7 @@ def _algorithm(groups: tuple[GroupPlan, ...], forms: Forms) -> str:
     """The algorithms of the groups' chunked passes (a stabilised group's its own)."""
     if forms.chunk is not None:
         return "recurrent only"
-    kinds = {(g.kind, g.log_scale is not None) for g in groups}
-    return "; ".join(sorted(k.stable_algorithm if stable else k.algorithm for k, stable in kinds))
+    return "; ".join(sorted({g.algorithm for g in groups}))
 
 
 def _warnings(spec, graph, states, outputs) -> tuple[SpecWarning, ...]:

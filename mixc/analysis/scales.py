@@ -12,20 +12,20 @@ rewrite, refused (None) where the output is not such a ratio.
 from __future__ import annotations
 
 from mixc.analysis.facts import OutputFacts, StateFacts
-from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, walk
+from mixc.analysis.outputs import has_readout
+from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number
 
 __all__ = ["log_write_scale", "scaled_output"]
-
-_READOUT = "_r"
 
 
 def log_write_scale(members: list[StateFacts]) -> Expr | None:
     """s_t when every state of a group writes once with the same scale exp(s_t), else None."""
-    scales = {str(s.writes[0].scale) for s in members if len(s.writes) == 1}
-    scale = members[0].writes[0].scale if len(scales) == 1 and members[0].writes else None
-    if len(members[0].writes) != 1 or not (isinstance(scale, Call) and scale.func == "exp"):
+    if any(len(s.writes) != 1 for s in members):
         return None
-    return scale.args[0]
+    if len({str(s.writes[0].scale) for s in members}) != 1:
+        return None
+    scale = members[0].writes[0].scale
+    return scale.args[0] if isinstance(scale, Call) and scale.func == "exp" else None
 
 
 def scaled_output(o: OutputFacts, unscale: Name) -> Expr | None:
@@ -33,20 +33,16 @@ def scaled_output(o: OutputFacts, unscale: Name) -> Expr | None:
     each of degree 1 in the readouts once their other terms are scaled (`r0 / max(|r1|, 1)` ->
     `r0 / max(|r1|, 1 * unscale)`); None for any other output."""
     e = o.expr
-    if not (isinstance(e, Binary) and e.op == "/" and _reads(e.left) and _reads(e.right)):
+    if not (isinstance(e, Binary) and e.op == "/" and has_readout(e.left) and has_readout(e.right)):
         return None
     num, den = _degree_one(e.left, unscale), _degree_one(e.right, unscale)
     return None if num is None or den is None else Binary("/", num, den)
 
 
-def _reads(e: Expr) -> bool:
-    return any(isinstance(n, Name) and n.name.startswith(_READOUT) for n in walk(e))
-
-
 def _degree_one(e: Expr, unscale: Name) -> Expr | None:
     """`e` times exp(-m_t), written over the scaled readouts (which already carry that factor);
     None where `e` is not positively homogeneous of degree 1 in its readouts and other terms."""
-    if not _reads(e):
+    if not has_readout(e):
         return unscale if isinstance(e, Number) and e.text == "1" else Binary("*", e, unscale)
     if isinstance(e, Name):
         return e
@@ -60,10 +56,10 @@ def _degree_one(e: Expr, unscale: Name) -> Expr | None:
         left, right = _degree_one(e.left, unscale), _degree_one(e.right, unscale)
         return None if left is None or right is None else Binary(e.op, left, right)
     if isinstance(e, Binary) and e.op in ("*", "@", ".", "/"):
-        if not _reads(e.left) and e.op != "/":
+        if not has_readout(e.left) and e.op != "/":
             right = _degree_one(e.right, unscale)
             return None if right is None else Binary(e.op, e.left, right)
-        if not _reads(e.right):
+        if not has_readout(e.right):
             left = _degree_one(e.left, unscale)
             return None if left is None else Binary(e.op, left, e.right)
     return None

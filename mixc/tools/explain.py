@@ -15,7 +15,7 @@ from mixc.analysis.formula import FormCost, Formula
 from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.analysis.roles import read_roles
 from mixc.errors import Span
-from mixc.frontend.ir import Binary, Expr, Name, Timed, walk
+from mixc.frontend.ir import Binary, Expr
 from mixc.frontend.spec import Spec
 from mixc.tools.report import (
     ChunkSizeInfo,
@@ -55,12 +55,6 @@ def _location(span: Span | None) -> Location | None:
 
 def _text(e: Expr | None) -> str | None:
     return None if e is None else str(e)
-
-
-def _names(e: Expr | None) -> set[str]:
-    if e is None:
-        return set()
-    return {n.name for n in walk(e) if isinstance(n, Timed | Name)}
 
 
 def _roles(facts: Plan) -> dict[str, list[str]]:
@@ -230,10 +224,15 @@ def _output_info(facts: Plan, o: OutputFacts) -> OutputInfo:
 def _why(facts: Plan) -> list[str]:
     """One line per state: its class, the rule that fired, and the algorithm it gets."""
     why = []
+    algorithms = {s: g.algorithm for g in facts.groups for s in g.states}
     for s in facts.states:
         tr = s.transition
         line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
-        line += f" -> {tr.kind.algorithm}" if tr.chunkable else f" -> recurrent only: {tr.reason}"
+        line += (
+            f" -> {algorithms.get(s.name, tr.kind.algorithm)}"
+            if tr.chunkable
+            else f" -> recurrent only: {tr.reason}"
+        )
         if tr.steps and tr.chunkable:
             line += f", {len(tr.steps)} sub-tokens a token (one per step)"
         why.append(line)
@@ -390,10 +389,14 @@ def _rows_legend(facts: Plan, plan: GroupPlan) -> list[str]:
 
 def _sub_token_legend(plan: GroupPlan) -> list[str]:
     """The rows of Q, K, V and the kernel's arguments for each step (sub-token) of a token."""
-    legend = [f"Q rows = {' | '.join(str(q.expr) for q in plan.queries) or '(unread)'} (last sub-token)"]
+    legend = [
+        f"Q rows = {' | '.join(str(q.expr) for q in plan.queries) or '(unread)'} (last sub-token)"
+    ]
     for i, sub in enumerate(plan.sub_tokens, 1):
         w = sub.write
-        scale = "" if w.scale is None else (f"({w.scale}) " if " " in str(w.scale) else f"{w.scale} ")
+        scale = (
+            "" if w.scale is None else (f"({w.scale}) " if " " in str(w.scale) else f"{w.scale} ")
+        )
         args = "".join(f", {a.name} = {a.expr}" for a in sub.args if a.expr is not None)
         legend.append(f"step {i}: K = {w.key}, V = {scale}{w.value}{args}")
     return legend
@@ -409,7 +412,7 @@ def _group_info(facts: Plan, plan: GroupPlan) -> GroupInfo:
     maths = tr.kind.maths(tr)
     form = list(maths.form)
     if tr.steps:  # the same kernel over sub-tokens: the maths of a step, the rows interleaved
-        maths = tr.kind.maths(next((p for p in tr.steps if p.gates), tr.steps[0]))
+        maths = tr.kind.maths(tr.lead_step)
         form = [_sub_token_line(plan), *maths.form]
     if len(group) == 1:
         state = lead.name
@@ -417,7 +420,7 @@ def _group_info(facts: Plan, plan: GroupPlan) -> GroupInfo:
     return GroupInfo(
         states=list(group),
         transition_class=tr.cls,
-        algorithm=tr.kind.algorithm,
+        algorithm=plan.algorithm,
         legend=",  ".join([*_rows_legend(facts, plan), *(() if tr.steps else maths.legend)]),
         parallel_form=form,
         quadratic_form=maths.quadratic,

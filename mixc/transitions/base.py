@@ -85,6 +85,12 @@ class Transition:
         return self.steps or (self,)
 
     @property
+    def lead_step(self) -> Transition:
+        """The step that stands for all of them where one is shown or costed (the first with a
+        decay: every step runs the kernel the decayed one needs), or itself."""
+        return next((p for p in self.parts if p.gates), self.parts[0])
+
+    @property
     def chunkable(self) -> bool:
         return self.reason is None
 
