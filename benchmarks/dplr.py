@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import _load_fla, time_alternating
+from peers import _load_fla, _rel, time_alternating
 
 import mixc
 from mixc.analysis.plan import analyze
@@ -117,11 +117,6 @@ def calls(T: int, dtype=torch.float32, chunk: int = 64) -> dict:
             [x["q"], x["k_unit"], x["v"], x["g"], x["beta"]],
         ),
     }
-
-
-def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def agree(chunk: int) -> dict:

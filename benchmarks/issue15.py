@@ -15,7 +15,6 @@ one process (peers.time_alternating), medians over the timed calls.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from peers import time_alternating  # noqa: E402
+from peers import _load_fla, _rel, time_alternating  # noqa: E402
 
 import mixc  # noqa: E402
 from mixc.check import sample_inputs  # noqa: E402
@@ -38,14 +37,7 @@ BEGIN, END = "<!-- ISSUE15 BEGIN -->", "<!-- ISSUE15 END -->"
 
 
 def _fla(file: str, function: str, ops: str = "rwkv6"):
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("fla-core is not installed here: pip install --no-deps fla-core einops")
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / ops / f"{file}.py"
-    loaded = importlib.util.spec_from_file_location(f"fla_{ops}_{file}", path)
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return getattr(module, function)
+    return getattr(_load_fla(ops, file), function)
 
 
 def _rwkv6_inputs(T: int, dtype):
@@ -60,10 +52,6 @@ def _rwkv6_inputs(T: int, dtype):
 
 def _head_major(*xs):
     return [x.transpose(1, 2).contiguous() for x in xs]
-
-
-def _rel(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def agreement() -> list[tuple[str, float]]:
@@ -95,16 +83,24 @@ def agreement() -> list[tuple[str, float]]:
 
 
 #: DeltaProduct with a decay on each token's first step, as fla's gated_delta_product applies it.
-GATED_DELTAPRODUCT = (ROOT / "specs/deltaproduct.mix").read_text(encoding="utf-8").replace(
-    "in    q[K], k1[K], v1[V], b1, k2[K], v2[V], b2", "in    q[K], k1[K], v1[V], b1, k2[K], v2[V], b2, g"
-).replace("U_t = H_{t-1} (I", "U_t = exp(g_t) H_{t-1} (I")
+GATED_DELTAPRODUCT = (
+    (ROOT / "specs/deltaproduct.mix")
+    .read_text(encoding="utf-8")
+    .replace(
+        "in    q[K], k1[K], v1[V], b1, k2[K], v2[V], b2",
+        "in    q[K], k1[K], v1[V], b1, k2[K], v2[V], b2, g",
+    )
+    .replace("U_t = H_{t-1} (I", "U_t = exp(g_t) H_{t-1} (I")
+)
 
 
 def _deltaproduct_inputs(T: int, dtype):
     """q, k1, v1, k2, v2 [B, T, NH, D], erase strengths b1, b2 in (0, 1) (the spec's 2 b in
     (0, 2)), log-decays g <= 0 [B, T, NH], state [B, NH, V, K]."""
     gen = torch.Generator().manual_seed(0)
-    q, k1, v1, k2, v2 = (torch.randn(B, T, NH, D, generator=gen, dtype=torch.float64) for _ in range(5))
+    q, k1, v1, k2, v2 = (
+        torch.randn(B, T, NH, D, generator=gen, dtype=torch.float64) for _ in range(5)
+    )
     b1, b2 = (torch.rand(B, T, NH, generator=gen, dtype=torch.float64) for _ in range(2))
     g = -torch.rand(B, T, NH, generator=gen, dtype=torch.float64) * 0.5
     H0 = torch.randn(B, NH, D, D, generator=gen, dtype=torch.float64)
@@ -135,7 +131,14 @@ def deltaproduct_agreement() -> list[tuple[str, float]]:
     ):
         args = [q, k1, v1, b1, k2, v2, b2] + ([] if gate is None else [gate])
         theirs, final = reference(
-            q, k, v, gate, beta, 1.0, initial_state=H0.mT.clone(), output_final_state=True,
+            q,
+            k,
+            v,
+            gate,
+            beta,
+            1.0,
+            initial_state=H0.mT.clone(),
+            output_final_state=True,
             num_householder=2,
         )
         for form in ("chunk", "recurrent"):
@@ -143,7 +146,9 @@ def deltaproduct_agreement() -> list[tuple[str, float]]:
             ours, ours_final = getattr(module, form)(
                 *args, initial_state=H0, output_final_state=True, **options
             )
-            rows.append((f"{label}: {form} vs naive_recurrent_gated_delta_product", _rel(ours, theirs)))
+            rows.append(
+                (f"{label}: {form} vs naive_recurrent_gated_delta_product", _rel(ours, theirs))
+            )
             rows.append((f"{label}: {form} final state", _rel(ours_final.mT, final)))
     return rows
 

@@ -85,16 +85,16 @@ TARGETS = {
 # ----------------------------------------------------------------------------- worker side
 
 
-def _load_fla(module: str):
-    """fla/ops/<module>/naive.py by file path (fla.ops itself needs triton)."""
+def _load_fla(module: str, file: str = "naive"):
+    """fla/ops/<module>/<file>.py by file path (fla.ops itself needs triton)."""
     spec = importlib.util.find_spec("fla")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(
             "flash-linear-attention is not installed in this environment: "
             "pip install --no-deps fla-core einops (see benchmarks/README.md)"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / module / "naive.py"
-    loaded = importlib.util.spec_from_file_location(f"fla_naive_{module}", path)
+    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / module / f"{file}.py"
+    loaded = importlib.util.spec_from_file_location(f"fla_{file}_{module}", path)
     mod = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(mod)
     return mod

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from mixc.errors import MixcError, Source
 from mixc.frontend.spec import load_spec, source_of
-from mixc.model import LanguageModel
+from mixc.model import LanguageModel, is_attention
 from mixc.nn import MixerLayer
 
 try:
@@ -52,10 +52,6 @@ __all__ = ["LAYER_OPTIONS", "MixcCache", "MixcConfig", "MixcForCausalLM"]
 
 #: The MixerLayer options a config may carry in `layer_kwargs`.
 LAYER_OPTIONS = tuple(inspect.signature(MixerLayer).parameters)[3:]
-
-
-def _is_attention(entry: str) -> bool:
-    return entry.split(":")[0] == "attention"
 
 
 class MixcConfig(PreTrainedConfig):
@@ -98,12 +94,12 @@ class MixcConfig(PreTrainedConfig):
             raise MixcError(f"pattern: expected a list of specs or 'attention', got {pattern!r}")
         entries, specs = [], {}
         for entry in pattern:
-            if isinstance(entry, str) and _is_attention(entry):
+            if is_attention(entry):
                 entries.append(entry)
                 continue
             spec = entry if hasattr(entry, "mixer") else load_spec(_source(entry))
             name = spec.mixer.name
-            if _is_attention(name):
+            if is_attention(name):
                 raise MixcError(
                     f"pattern: a spec names its mixer {name!r}, which the config would read as "
                     "an attention layer; rename the mixer"
@@ -141,7 +137,7 @@ class MixcConfig(PreTrainedConfig):
         for entry in pattern:
             if not isinstance(entry, str):
                 raise MixcError(f"config: pattern: expected layer names, got {entry!r}")
-            if _is_attention(entry):
+            if is_attention(entry):
                 out.append(entry)
             elif entry in specs:
                 text = specs[entry]

@@ -28,14 +28,19 @@ from mixc.errors import MixcError, Source
 from mixc.frontend.spec import Spec
 from mixc.nn import MixerLayer, _count
 
-__all__ = ["Block", "LanguageModel", "make_mixer"]
+__all__ = ["Block", "LanguageModel", "is_attention", "make_mixer"]
+
+
+def is_attention(entry) -> bool:
+    """Whether a pattern entry names softmax attention ("attention" or "attention:N")."""
+    return isinstance(entry, str) and entry.split(":")[0] == "attention"
 
 
 def make_mixer(entry, hidden_size: int, num_heads: int, **layer_kwargs) -> nn.Module:
     """The token mixer of one pattern entry: "attention", "attention:N" (a window of N
     tokens), or a spec (a path, a Source or a loaded Spec) for a MixerLayer with
     `layer_kwargs`."""
-    if isinstance(entry, str) and entry.split(":")[0] == "attention":
+    if is_attention(entry):
         _, colon, window = entry.partition(":")
         if colon and not window.isdigit():
             raise MixcError(f"pattern: {entry!r}: expected attention:N with N a window size")
