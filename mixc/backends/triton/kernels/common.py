@@ -216,3 +216,15 @@ def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
     up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
     d_g = tl.dot(tl.trans(up_to), d_up_to, input_precision="ieee")
     return d_g + tl.dot(tl.trans(after), d_after, input_precision="ieee")
+
+
+@triton.jit
+def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
+    """(I + a)^{-1} for a strictly lower-triangular a [BT, BT], by forward substitution: row i
+    of the inverse is e_i minus the earlier rows weighted by row i of a."""
+    inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(a.dtype)
+    for i in range(1, BT):
+        a_i = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # a[i, j], over j
+        row = tl.where(rows == i, 1.0, 0.0) - tl.sum(a_i[:, None] * inverse, axis=0)
+        inverse = tl.where(rows[:, None] == i, row[None, :], inverse)
+    return inverse

@@ -41,19 +41,8 @@ from mixc.backends.triton.kernels.common import (
     _tl_store_state,
     _tl_strides,
     _tl_tokens,
+    _tl_unit_lower_inverse,
 )
-
-
-@triton.jit
-def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
-    """(I + a)^{-1} for a strictly lower-triangular a [BT, BT], by forward substitution: row i
-    of the inverse is e_i minus the earlier rows weighted by row i of a."""
-    inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(a.dtype)
-    for i in range(1, BT):
-        a_i = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # a[i, j], over j
-        row = tl.where(rows == i, 1.0, 0.0) - tl.sum(a_i[:, None] * inverse, axis=0)
-        inverse = tl.where(rows[:, None] == i, row[None, :], inverse)
-    return inverse
 
 
 @triton.jit

@@ -45,6 +45,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_rows,
     _tl_sizes,
     _tl_strides,
+    _tl_unit_lower_inverse,
 )
 
 
@@ -115,18 +116,6 @@ def _tl_dplr_decays(g, rows):
     from_before = tl.exp(_tl_dplr_sums(before, g))
     to_end = tl.exp(_tl_dplr_sums(after, g))
     return up_to, before, after, from_start, from_before, to_end, tl.exp(tl.sum(g, axis=0))
-
-
-@triton.jit
-def _tl_dplr_lower_inverse(m, rows, BT: tl.constexpr):
-    """(I - m)^{-1} for a strictly lower-triangular m [BT, BT], by forward substitution: row i
-    of the inverse is e_i plus the earlier rows weighted by row i of m."""
-    inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(m.dtype)
-    for i in range(1, BT):
-        m_i = tl.sum(tl.where(rows[:, None] == i, m, 0.0), axis=0)  # m[i, j], over j
-        row = tl.where(rows == i, 1.0, 0.0) + tl.sum(m_i[:, None] * inverse, axis=0)
-        inverse = tl.where(rows[:, None] == i, row[None, :], inverse)
-    return inverse
 
 
 @triton.jit
@@ -218,7 +207,7 @@ def _tl_dplr_fwd(
         v_c = tl.where(v_c * 0.0 == 0.0, v_c, 0.0)
         _, _, _, from_start, from_before, to_end, chunk_decay = _tl_dplr_decays(g_c, rows)
         qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
-        inverse = _tl_dplr_lower_inverse(ab, rows, BT)
+        inverse = _tl_unit_lower_inverse(-ab, rows, BT)  # (I - ab)^{-1}
         if KEEP:
             tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
             if i_v == 0:
