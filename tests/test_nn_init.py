@@ -56,7 +56,9 @@ FORGETFUL = {
 @pytest.mark.parametrize(
     "path",
     [
-        pytest.param(p, marks=pytest.mark.xfail(reason=FORGETFUL[p.stem], strict=True))
+        pytest.param(
+            p, marks=pytest.mark.xfail(reason=FORGETFUL[p.stem], strict=True, raises=AssertionError)
+        )
         if p.stem in FORGETFUL
         else p
         for p in SPECS

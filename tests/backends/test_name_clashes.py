@@ -222,7 +222,7 @@ def test_specs_named_like_the_generated_code_agree_with_the_oracle(text):
     test_the_mixer_functions_read_globals_only_by_private_names(text)
 
 
-@pytest.mark.parametrize("size", ["torch", "gen", "F", "spec", "module", "drawn", "x"])
+@pytest.mark.parametrize("size", ["torch", "gen", "F", "spec", "module", "drawn", "x", "lambda"])
 def test_the_sampler_draws_for_sizes_named_like_its_own_names(size):
     from mixc.check import sample_inputs
 
@@ -230,4 +230,5 @@ def test_the_sampler_draws_for_sizes_named_like_its_own_names(size):
         text=f"mixer m\nin q[{size}], k[{size}], v[V]\nstate H[V, {size}]\n"
         "H_t = H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
     )
-    sample_inputs(spec, {size: 3, "V": 4}, 5)
+    draws = sample_inputs(spec, {size: 3, "V": 4}, 5)
+    assert draws[0].shape[-1] == 3  # q [B, T, NH, size]
