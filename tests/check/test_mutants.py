@@ -272,8 +272,8 @@ MUTANTS = [
     (
         "rwkv7",
         "no decay from chunk to chunk",
-        "torch.addcmul(writes_n[n], decay_n[n], state, out=out)",
-        "torch.add(writes_n[n], state, out=out)",
+        "torch.diagonal(moves, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*moves.shape[:-1]))",
+        "torch.diagonal(moves, dim1=-2, dim2=-1).add_(1.0)",
         {"chunk"},
     ),
     (
@@ -300,8 +300,9 @@ MUTANTS = [
     (
         "rwkv7",
         "the first token of each chunk loses its own query-key pair",
-        "own = torch.cat([own, torch.zeros_like(own)], dim=-2)",
-        "own = torch.cat([own, torch.zeros_like(own)], dim=-2)\n    own[:, :, :, 0, 0, 0] = 0",
+        "own.copy_(torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2)).squeeze(-2).mT)",
+        "own.copy_(torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2)).squeeze(-2).mT)\n"
+        "    own[..., 0, 0] = 0",
         {"chunk"},
     ),
     # several steps per token as sub-tokens (DeltaProduct)

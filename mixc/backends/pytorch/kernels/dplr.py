@@ -9,7 +9,7 @@ the pseudo-values u_r = a_r^T S_{r-1}, which solve one unit lower-triangular sys
 least fp32); the four score matrices it needs (queries and the a's against keys and the b's)
 carry a decay per channel and are built as one interleaved matrix over aligned blocks of 2, 4,
 ..., C tokens, with factors measured from each block's boundary, as the diagonal kernel's. The
-state passes from chunk to chunk as the delta kernel's: two matmuls per chunk. Under autograd
+state passes from chunk to chunk by one matmul per chunk, S_{n+1} = P_n S_n + F_n. Under autograd
 chunk_dplr has its own backward (common._OwnBackward), keeping the scores, the triangular
 inverse, the pseudo-values and the states entering each chunk.
 
@@ -86,11 +86,12 @@ def _dplr_scores(q_c, k_c, a_c, b_c, g_c):
     rows = torch.stack([q_c * pre, a_c], dim=-2)  # from its start: exp(g_r) and 1
     totals = pre.unsqueeze(-2)  # each block's total decay [N, B, NH, C / block, 1, K]
     in_place = not _needs_grad(g_c, rows, cols)
-    # the pairs r = j: q_r . k_r and q_r . b_r (the a's only meet earlier tokens)
-    own = torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2))  # [N, B, NH, C, 1, 2]
-    own = torch.cat([own, torch.zeros_like(own)], dim=-2)
-    scores = torch.diag_embed(own.movedim(-3, -1), dim1=-4, dim2=-2)  # [..., C, 2, C, 2]
-    scores = scores.reshape(*lead, 2 * chunk_size, 2 * chunk_size)
+    # the pairs r = j: q_r . k_r and q_r . b_r (the a's only meet earlier tokens), on the
+    # diagonal of the queries' rows [N, B, NH, 2, C] (a view)
+    scores = q_c.new_zeros(*lead, 2 * chunk_size, 2 * chunk_size)
+    pairs = scores.view(*lead, chunk_size, 2, chunk_size, 2)
+    own = torch.diagonal(pairs[..., 0, :, :], dim1=-3, dim2=-2)
+    own.copy_(torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2)).squeeze(-2).mT)
     block = 1
     while block < chunk_size:
         # the right halves' rows, decayed from the boundary, against the left halves' columns
@@ -163,9 +164,10 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
     to kept if given. Guarded, the triangular products run over finite values and a token that
     had a non-finite one poisons its output, those after it and the state (see _guarded_spans).
 
-    The pseudo-values are U = W S_n + U'; from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n +
-    (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U (the sequential work: two matmuls per
-    chunk), and the outputs are Y = (exp(b) ⊙ Q) S_n + qk V + qb U.
+    The pseudo-values are U = W S_n + U', so from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n
+    + (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U is P S_n + F with P and F built for
+    every chunk at once (the sequential work: one matmul per chunk), and the outputs are
+    Y = (exp(b) ⊙ Q) S_n + qk V + qb U.
     """
     poison = None
     if guard:
@@ -181,30 +183,27 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
     d_v = v_c.shape[-1]
     scores, t_inv, rows, cols, w, u_own, chunk_decay = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c)
     k_to_end, b_to_end = cols.unbind(-2)
-    writes = _bmm(k_to_end.transpose(-1, -2), v_c)  # (exp(b_C - b) ⊙ K)^T V
+    # the chunk's action on the state it enters: S_{n+1} = P S_n + F, with P = diag(exp(b_C)) +
+    # (exp(b_C - b) ⊙ B)^T W and F = (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U'
+    b_end_t = b_to_end.transpose(-1, -2)
+    moves = _bmm(b_end_t, w)  # [N, B, NH, K, K]
+    torch.diagonal(moves, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*moves.shape[:-1]))
+    writes = _bmm(b_end_t, u_own, add=_bmm(k_to_end.transpose(-1, -2), v_c))
     if poison is not None:
         writes = writes + poison.sum(-1)[..., None, None]
 
-    # sequential part, per chunk: U = W S_n + U', S_{n+1} = diag(exp(b_C)) S_n + (exp(b_C - b)
-    # ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U
+    # the sequential part: one matmul per chunk
     flat = batch * heads
-    w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
-    u_n = u_own.reshape(n_chunks, flat, chunk_size, d_v).unbind(0)
-    b_end_n = b_to_end.reshape(n_chunks, flat, chunk_size, d_k).transpose(-1, -2).unbind(0)
+    moves_n = moves.reshape(n_chunks, flat, d_k, d_k).unbind(0)
     writes_n = writes.reshape(n_chunks, flat, d_k, d_v).unbind(0)
-    decay_n = chunk_decay.reshape(n_chunks, flat, d_k, 1).unbind(0)
-    tracked = _needs_grad(state, w, u_own, writes, chunk_decay, b_to_end)
-    pseudo = []
+    tracked = _needs_grad(state, moves, writes)
 
     def next_state(n, state, out):
-        # without autograd U overwrites U' in place
-        u = torch.baddbmm(u_n[n], w_n[n], state, out=None if tracked else u_n[n])
-        pseudo.append(u)
-        return torch.addcmul(writes_n[n], decay_n[n], state, out=out).baddbmm_(b_end_n[n], u)
+        return torch.baddbmm(writes_n[n], moves_n[n], state, out=out)
 
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
-    u = torch.stack(pseudo).reshape(u_own.shape) if tracked else u_own  # the pseudo-values
+    u = _bmm(w, states_in, add=u_own)  # the pseudo-values U = W S_n + U'
     values = torch.stack([v_c, u], dim=-2).reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
     if kept is not None:
         kept.append([scores, t_inv, values, states_in])

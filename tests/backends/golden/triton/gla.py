@@ -299,8 +299,10 @@ def _pack(o, cu_seqlens):
 
 
 def _l2norm(x):
-    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries."""
-    return x * torch.rsqrt((x * x).sum((-2, -1), keepdim=True) + 1e-6)
+    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries. The sum of squares is the squared
+    norm: one fused reduction, where (x * x).sum() wrote x * x first (4x slower on CPU)."""
+    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    return x * torch.rsqrt(norm * norm + 1e-6)
 
 
 def _log_gate(x):
@@ -533,7 +535,11 @@ def _poison_rows(scores, poison):
 
 def _as_3d(x):
     """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
-    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied)."""
+    a chunk-major tensor does: torch.bmm then gets it as transposed, not copied). A matrix
+    with neither of its last two strides 1 (every other column of an interleaved matrix) is
+    copied first: torch.bmm would otherwise copy it matrix by matrix, several times slower."""
+    if x.stride(-1) != 1 and x.stride(-2) != 1:
+        x = x.contiguous()
     return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
