@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import _load_fla, _rel, time_alternating
+from peers import KEEP_MEMORY, _load_fla, _rel, time_alternating
 
 import mixc
 from mixc.analysis.plan import analyze
@@ -206,6 +206,7 @@ def measure(args) -> dict:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "threads": args.threads,
         "load_start": os.getloadavg(),
+        "malloc": {k: os.environ.get(k) for k in KEEP_MEMORY},
         "chunk": chunk,
         "chunk_sizes": sizes,
         "agree": agree(chunk),
@@ -282,8 +283,14 @@ def report(d: dict) -> str:
         "Regenerate with `python benchmarks/dplr.py --threads 2 --write` (run.sh runs it after "
         "peers.py). "
         f"Measured {d['date']}, {d['threads']} torch threads, fp32, B={B}, NH={NH}, "
-        f"d_k=d_v={D}, T={T_PEER}, mixc chunk size {d['chunk']} (the class's default). "
-        "Load average (1/5/15 min) "
+        f"d_k=d_v={D}, T={T_PEER}, mixc chunk size {d['chunk']} (the class's default), "
+        + (
+            "glibc's malloc keeping freed memory as in every benchmark here (`KEEP_MEMORY` in "
+            "peers.py; the script starts itself again with it). "
+            if d.get("malloc") == KEEP_MEMORY
+            else "glibc's default malloc (not this benchmark's setting: re-run it). "
+        )
+        + "Load average (1/5/15 min) "
         f"{'/'.join(f'{x:.1f}' for x in d['load_start'])} at the start, "
         f"{'/'.join(f'{x:.1f}' for x in d['load_end'])} at the end. The machine may be shared "
         "with other work, so only ratios of calls timed in alternation in one process are "
@@ -355,6 +362,10 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="rewrite its section of RESULTS.md")
     parser.add_argument("--from-json", type=Path, help="re-render from a saved run")
     args = parser.parse_args()
+    if not args.from_json and any(os.environ.get(k) != v for k, v in KEEP_MEMORY.items()):
+        # every benchmark process runs with glibc's malloc keeping freed memory (peers.py's
+        # KEEP_MEMORY): it must be set before the process starts, so start again with it
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **KEEP_MEMORY})
     if args.from_json:
         data = json.loads(args.from_json.read_text())
     else:

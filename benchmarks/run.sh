@@ -11,5 +11,4 @@ cd "$(dirname "$0")/.."
 python benchmarks/peers.py --threads 2 "$@"
 python benchmarks/issue15.py
 python benchmarks/elementwise.py --threads 2
-MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184 \
-    python benchmarks/dplr.py --threads 2 --write
+python benchmarks/dplr.py --threads 2 --write
