@@ -19,10 +19,14 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import time_alternating
 
 import mixc
 from mixc.tools.bench import measure_peak_memory
@@ -62,21 +66,15 @@ def inputs(T: int, grad: bool) -> list[torch.Tensor]:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def timed(fn, clock=time.perf_counter) -> float:
-    start = clock()
-    fn()
-    return clock() - start
-
-
 def alternate(calls: dict, rounds: int, warmup: int = 1, clock=time.perf_counter) -> dict:
     """Median seconds of each call, the calls timed one after another in every round."""
-    for fn in calls.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            times[name].append(timed(fn, clock))
+
+    def measure(call) -> float:
+        start = clock()
+        call()
+        return clock() - start
+
+    times = time_alternating(calls, {name: rounds for name in calls}, warmup, measure)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

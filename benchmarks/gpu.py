@@ -46,6 +46,9 @@ if not _cuda_device_present():
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import _rel, time_alternating, wall_time  # noqa: E402
+
 #: fla's benchmark shapes (B, T, H, d), bf16; and the dry run's.
 SHAPES = ((1, 8192, 96, 128), (8, 2048, 16, 128))
 DRY_SHAPES = ((1, 40, 2, 16),)
@@ -168,11 +171,6 @@ def _calls(case: Case, shape, device, dtype, chunk_size: int, dry: bool) -> dict
     return calls
 
 
-def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def _time(calls: dict, backward: bool, repeats: int, warmup: int, device) -> dict:
     """Median seconds per call of each implementation, timed in alternation."""
     runs = {}
@@ -188,25 +186,17 @@ def _time(calls: dict, backward: bool, repeats: int, warmup: int, device) -> dic
             return y
 
         runs[name] = run
-    for _ in range(warmup):
-        for run in runs.values():
-            run()
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
-                start.record()
-                run()
-                end.record()
-                torch.cuda.synchronize()
-                times[name].append(start.elapsed_time(end) / 1e3)
-            else:
-                import time
 
-                begin = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - begin)
+    def cuda_time(call) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    measure = cuda_time if device.type == "cuda" else wall_time
+    times = time_alternating(runs, {name: repeats for name in runs}, warmup, measure)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -165,8 +165,9 @@ def _calls(pair: Pair, T: int, dtype, chunk: int):
 
 
 def _rel(a, b) -> float:
+    """The relative error of a against b, in float64 (b of norm 0: against 1e-30)."""
     a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def task_agree(args: dict) -> dict:
@@ -189,11 +190,19 @@ def task_agree(args: dict) -> dict:
     return out
 
 
-def time_alternating(calls: dict, repeats: dict, warmup: int = 2) -> dict:
+def wall_time(call) -> float:
+    """Seconds one call takes by the wall clock (time.perf_counter)."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def time_alternating(calls: dict, repeats: dict, warmup: int = 2, measure=wall_time) -> dict:
     """Times (seconds) of several calls measured in alternation: after `warmup` untimed calls
     of each, rounds of repeats[name] timed calls of each in turn, so that every call samples
     the same phases of a machine whose speed drifts (a ratio of two of them is then not
-    decided by when each was measured)."""
+    decided by when each was measured). measure(call) times one call (the wall clock; a CPU
+    clock or CUDA events elsewhere)."""
     for call in calls.values():
         for _ in range(warmup):
             call()
@@ -203,9 +212,7 @@ def time_alternating(calls: dict, repeats: dict, warmup: int = 2) -> dict:
         for name, call in calls.items():
             # spread a call's repeats evenly over the rounds
             for _ in range(repeats[name] * (r + 1) // rounds - repeats[name] * r // rounds):
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
+                times[name].append(measure(call))
     return times
 
 
@@ -647,13 +654,12 @@ def measure(args) -> dict:
 def self_check(data: dict) -> dict[str, str]:
     """`mixc bench`'s rules on the recorded figures, by figure: repeats that spread beyond
     SPREAD_BOUND of their median, or a chunked form above 100% of the matmul reference."""
-    from mixc.tools.bench import SPREAD_BOUND
+    from mixc.tools.bench import SPREAD_BOUND, spread_of
 
     out: dict[str, str] = {}
 
     def spread(key: str, times: list[float]) -> None:
-        st = _stats(times)
-        wide = (st["q3"] - st["q1"]) / st["median"]
+        wide = spread_of(times)
         if len(times) >= 3 and wide > SPREAD_BOUND:
             out[key] = f"repeats spread {100 * wide:.0f}% of the median (bound {SPREAD_BOUND:.0%})"
 

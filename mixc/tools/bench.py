@@ -89,6 +89,21 @@ FORMS = ("chunk", "recurrent", "parallel")
 # ----------------------------------------------------------------------------- results
 
 
+def quartiles_of(times: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of repeated times (inclusive method; one time: itself)."""
+    if len(times) < 2:
+        return times[0], times[0]
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def spread_of(times: list[float]) -> float:
+    """The quartile range of repeated times over their median (0 for a median of 0)."""
+    q1, q3 = quartiles_of(times)
+    median = statistics.median(times)
+    return (q3 - q1) / median if median > 0 else 0.0
+
+
 @dataclass(eq=False)  # hashed by identity: suspect_points maps points to reasons
 class Point:
     """One (form, pass, T) measurement. Times in seconds, memory in bytes."""
@@ -108,10 +123,7 @@ class Point:
 
     @property
     def quartiles(self) -> tuple[float, float]:
-        if len(self.times) < 2:
-            return self.times[0], self.times[0]
-        q = statistics.quantiles(self.times, n=4, method="inclusive")
-        return q[0], q[2]
+        return quartiles_of(self.times)
 
     @property
     def gflops(self) -> float | None:
@@ -120,8 +132,7 @@ class Point:
     @property
     def spread(self) -> float:
         """Quartile range over the median."""
-        q1, q3 = self.quartiles
-        return (q3 - q1) / self.median if self.median > 0 else 0.0
+        return spread_of(self.times)
 
     def to_json(self) -> dict:
         q1, q3 = self.quartiles
