@@ -5,16 +5,25 @@ A chunked form multiplies whole chunks at once and a parallel form the whole seq
 later token meets every earlier one in a matrix product; a mask applied by multiplication
 (0 * inf = NaN) or a triangular product over a non-finite row then carries it backwards in time.
 The recurrent form cannot: it is the reference for what a non-finite token does (it makes its
-own output, and every one after it, non-finite)."""
+own output, and every one after it, non-finite).
+
+An input's delay is how many tokens its first effect on the output waits: 0 for an input read at
+its own token, 1 for one read only as `x_{t-1}` or only through a state read before the token's
+update (`H_{t-1} r_t`). It comes from the analysis, not from the spec's name: the fewest lags
+on a path from the input to the output in the plan's dependency graph (each read `n_{t-1}` an
+edge of lag 1). Tokens after t changed in an input of delay d leave the outputs up to t + d the
+same bits, and a NaN there reaches the output at exactly t + d + 1."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import networkx as nx
 import pytest
 import torch
 
 import mixc
+from mixc.analysis.plan import analyze
 from mixc.check import sample_inputs, sample_states
 from tests.mixers import SIZES, VARIANTS
 
@@ -55,6 +64,15 @@ def _bits(x):
     return x.view(torch.int32)
 
 
+def _delays(plan, output):
+    """Each input's delay to `output`: the fewest lags on a path of the dependency graph."""
+    delays = {}
+    for d in plan.mixer.inputs:
+        lags = nx.single_source_dijkstra_path_length(plan.graph, d.name, weight="lag")
+        delays[d.name] = lags[output]
+    return delays
+
+
 def _later(x, t, kind, generator):
     """x with every token after t replaced: by other random values, NaN or +-inf."""
     x = x.clone()
@@ -73,9 +91,11 @@ def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
 def check_causal(source, backend, length, tokens, forms=None):
     """Every form of the module `backend` compiles (or those named in `forms`), on `length`
     tokens: the outputs up to each of `tokens` do not change, bit for bit, whatever the later
-    tokens hold."""
+    tokens hold, nor (for an input of delay d) up to t + d; a NaN reaches token t + d + 1."""
     module = mixc.load(source, backend)
     spec = mixc.load_spec(source)
+    delays = _delays(analyze(spec), module.OUTPUT)
+    first = min(delays.values())  # the first token all inputs changed at once can reach
     args = sample_inputs(spec, SIZES, length, batch=B, heads=NH, seed=1)
     states = tuple(sample_states(spec, SIZES, batch=B, heads=NH, seed=2))
     states = states[0] if len(states) == 1 else states
@@ -92,11 +112,12 @@ def check_causal(source, backend, length, tokens, forms=None):
                     changed[i] = _later(args[i], t, kind, generator)
                     y = run(*changed)
                     where = f"{form}: {input_name} = {kind} after token {t}"
-                    assert torch.equal(_bits(y[:, : t + 1]), _bits(base[:, : t + 1])), where
-                    if kind == "nan":  # reaches the output of its token, or (an input
-                        # that acts only through a state read before the update) the next
-                        assert not torch.isfinite(y[:, t + 1 : t + 3]).all(), where
+                    kept = t + 1 + delays[input_name]  # the outputs before it stay the same
+                    assert torch.equal(_bits(y[:, :kept]), _bits(base[:, :kept])), where
+                    if kind == "nan":
+                        assert not torch.isfinite(y[:, kept]).all(), where
             everything = [_later(a, t, "nan", generator) for a in args[:n_in]] + args[n_in:]
             y = run(*everything)
-            assert torch.equal(_bits(y[:, : t + 1]), _bits(base[:, : t + 1])), form
-            assert torch.isnan(y[:, t + 1 :]).any(-1).all(), form
+            kept = t + 1 + first
+            assert torch.equal(_bits(y[:, :kept]), _bits(base[:, :kept])), form
+            assert torch.isnan(y[:, kept:]).any(-1).all(), form

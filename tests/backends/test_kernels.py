@@ -772,14 +772,24 @@ def test_kernel_source_rejects_unknown_names():
         kernel_source(["chunk_delta", "chunk_nothing"])
 
 
-STANDALONE_INPUTS = {
-    "chunk_scalar_decay": {"gate": "g"},
-    "parallel_scalar_decay": {"gate": "g", "init": False},
-    "chunk_scalar_decay_stable": {"gate": "g", "log_scale": True},
-    "chunk_diagonal": {"gate": "gk"},
-    "chunk_delta": {"gate": "g", "delta": True},
-    "chunk_elementwise": {"gate": "full"},
+# each kernel's inputs (float64) for T tokens: its gates and optional inputs
+KERNEL_INPUTS = {
+    "chunk_scalar_decay": lambda t, seed: make_inputs(t, gate="g", seed=seed),
+    "parallel_scalar_decay": lambda t, seed: make_inputs(t, gate="g", init=False, seed=seed),
+    "chunk_scalar_decay_stable": lambda t, seed: make_inputs(
+        t, gate="g", log_scale=True, seed=seed
+    ),
+    "chunk_diagonal": lambda t, seed: make_inputs(t, gate="gkgv", seed=seed),
+    "chunk_delta": lambda t, seed: make_inputs(t, gate="g", delta=True, seed=seed),
+    "chunk_elementwise": lambda t, seed: make_inputs(t, gate="full", seed=seed),
+    "chunk_dplr": lambda t, seed: dplr_inputs(t, seed=seed),  # with its own per-channel gate
 }
+
+
+def kernel_inputs(name, t_len, seed):
+    """KERNEL_INPUTS[name] in fp32, with the keyword arguments the kernel takes."""
+    inputs = {n: x.float() for n, x in KERNEL_INPUTS[name](t_len, seed).items()}
+    return inputs, ({} if name == "parallel_scalar_decay" else {"chunk_size": 8})
 
 
 @pytest.mark.parametrize("name", PUBLIC)
@@ -789,12 +799,7 @@ def test_copied_source_runs_standalone(name):
     header = "import math\nimport torch\nimport torch.nn.functional as F\n\n"
     namespace = {}
     exec(compile(header + kernel_source([name]), f"<generated {name}>", "exec"), namespace)
-    if name == "chunk_dplr":
-        inputs = dplr_inputs(20, seed=11)
-    else:
-        inputs = make_inputs(20, seed=11, **STANDALONE_INPUTS[name])
-    inputs = {n: x.float() for n, x in inputs.items()}
-    kwargs = {} if name == "parallel_scalar_decay" else {"chunk_size": 8}
+    inputs, kwargs = kernel_inputs(name, 20, seed=11)
 
     def results(kernel):
         with torch.no_grad():
@@ -810,30 +815,13 @@ def test_copied_source_runs_standalone(name):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["chunk_scalar_decay", "chunk_diagonal", "chunk_delta", "parallel_scalar_decay", "chunk_dplr"],
-)
+@pytest.mark.parametrize("name", PUBLIC)
 def test_torch_compile_fullgraph(name):
     """The kernels trace as one graph (forward and backward) under torch.compile."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    if name == "chunk_dplr":
-        inputs = dplr_inputs(40, seed=12)  # with its own per-channel gate
-    else:
-        inputs = make_inputs(40, gate=None, delta=(name == "chunk_delta"), seed=12)
-    inputs = {n: x.float() for n, x in inputs.items()}
-    kwargs = {}
-    if name == "chunk_diagonal":
-        inputs["gk"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40, DK))
-        inputs["gv"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40, DV))
-    elif name != "chunk_dplr":
-        inputs["g"] = torch.nn.functional.logsigmoid(torch.randn(B, NH, 40))
-    if name == "parallel_scalar_decay":
-        inputs.pop("initial_state")
-    else:
-        kwargs["chunk_size"] = 16
+    inputs, kwargs = kernel_inputs(name, 40, seed=12)
     fn = getattr(_kernel_file(KERNELS[name]), name)
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     leaves = {n: x.clone().requires_grad_(True) for n, x in inputs.items()}

@@ -201,6 +201,7 @@ def test_a_module_that_raises_is_a_failure(tmp_path: Path) -> None:
     report = fuzz(ROOT / "specs/linear_attention.mix", module, examples=3)
     assert not report.ok
     assert report.failure.form == "step" and report.failure.quantity == "call"
+    assert report.failure.kind == "crash"
     assert "RuntimeError: boom" in report.failure.summary()
 
 

@@ -5,7 +5,9 @@ off-by-one at a chunk boundary, a missing decay factor, a dropped initial state,
 state, a wrong sign in the delta rule, a readout from the previous state, a dropped gate or a
 wrong triangular solve in the diagonal-plus-low-rank kernel. Every edit asserts its
 target occurs exactly once, so a change in the generated code fails here loudly instead of
-silently leaving the module unmutated.
+silently leaving the module unmutated. Each mutant states how the fuzzer must catch it
+(`Failure.kind`): by its values (numerical, nearly all of them), or by a crash or a wrong shape,
+which any check would see.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from mixc.check.reproducer import reproducer
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# (spec, what breaks, target text, replacement, the forms that must notice)
+NUMERICAL, SHAPE, CRASH = "numerical", "shape", "crash"
+
+# (spec, what breaks, target text, replacement, the forms that must notice, how they notice:
+# Failure.kind). A mutant is NUMERICAL unless said otherwise: the fuzzer must see its values
+# differ from the oracle's. A crash (or a quantity of the wrong shape) would be caught whatever
+# the comparison did, so it shows nothing about the fuzzer's tolerances; the few that are kept
+# show that such a form is reported as a failure.
 MUTANTS = [
     # a scalar decay (Class 1): chunk_scalar_decay and parallel_scalar_decay
     (
@@ -32,6 +40,7 @@ MUTANTS = [
         "return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]",
         "return gamma[..., :, 0], gamma[..., -1, :]",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -39,6 +48,7 @@ MUTANTS = [
         "k_c * to_end, g_c.sum(-1)",
         "k_c, g_c.sum(-1)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -46,13 +56,15 @@ MUTANTS = [
         "else (x * gamma).tril_()",
         "else (x * gamma).tril_(-1)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
-        "output shifted by one token at the padding",
+        "output shifted by one token (the last shows the padding's, or the first's)",
         "[:, :length].transpose(1, 2)",
-        "[:, 1 : length + 1].transpose(1, 2)",
+        "[:, :length].roll(-1, 1).transpose(1, 2)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -60,6 +72,7 @@ MUTANTS = [
         "q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q",
         "q_from_start = q_c",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -67,6 +80,7 @@ MUTANTS = [
         "_scan_scalar(state, chunk_g, chunk_kv)",
         "_scan_scalar(state, None, chunk_kv)",
         {"chunk"},
+        NUMERICAL,
     ),
     # its own backward (chunk_scalar_decay's gradients): only gradients can notice
     (
@@ -75,6 +89,7 @@ MUTANTS = [
         "_scan_scalar(d_state, chunk_g, local, reverse=True)",
         "_scan_scalar(d_state, None, local, reverse=True)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -82,6 +97,7 @@ MUTANTS = [
         "q_c * from_start, v_c * to_end, do_c * from_start",
         "q_c * from_start, v_c, do_c * from_start",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -89,6 +105,7 @@ MUTANTS = [
         "(states_in * d_next).sum((-1, -2)) * chunk_g.exp(),",
         "0 * chunk_g,",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -96,6 +113,7 @@ MUTANTS = [
         "(q_c * from_q).sum(-1),  # exp(b_i) in Q's inter part",
         "(0 * from_q).sum(-1),",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "linear_attention",
@@ -103,15 +121,34 @@ MUTANTS = [
         "d_scores = _masked(d_probs, gamma)",
         "d_scores = d_probs",
         {"chunk"},
+        NUMERICAL,
     ),
-    ("gated_retention", "dropped initial state", "_S0_H = H.mT", "_S0_H = None", {"chunk"}),
-    ("gated_retention", "final state transposed", "H = _S.mT", "H = _S", {"chunk"}),
+    (
+        "gated_retention",
+        "dropped initial state",
+        "_S0_H = H.mT",
+        "_S0_H = None",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    # a transposed state of K != V channels comes back with the wrong shape; its entries in the
+    # wrong layout (reshaped, not transposed) keep the shape and must be seen by their values
+    ("gated_retention", "final state transposed", "H = _S.mT", "H = _S", {"chunk"}, SHAPE),
+    (
+        "gated_retention",
+        "final state in the wrong layout",
+        "H = _S.mT",
+        "H = _S.reshape(_S.mT.shape)",
+        {"chunk"},
+        NUMERICAL,
+    ),
     (
         "gated_retention",
         "readout from the previous state",
         "_ys.append(H_t @ q_t)",
         "_ys.append(H @ q_t)",
         {"recurrent"},
+        NUMERICAL,
     ),
     (
         "gated_retention",
@@ -119,6 +156,7 @@ MUTANTS = [
         "decay = None if g is None else _pair_decays(g)",
         "decay = None",
         {"parallel"},
+        NUMERICAL,
     ),
     # a key-side diagonal gate (Class 2): chunk_diagonal
     (
@@ -127,6 +165,7 @@ MUTANTS = [
         "k_left = k_left * _halves(suf_k, block)[0]  # exp(b_r - b_j)",
         "k_left = k_left",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gla",
@@ -134,6 +173,7 @@ MUTANTS = [
         "q_right = q_right * _halves(pre_k, block)[1]  # exp(b_i - b_r)",
         "q_right = q_right",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gla",
@@ -141,21 +181,31 @@ MUTANTS = [
         "q_from_start = q_c * pre_k",
         "q_from_start = q_c",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gla",
-        "chunk decay from the wrong token",
+        "chunk decay from the chunk's first token, not its last",
         "chunk_decay_k = pre_k[..., -1, :]",
-        "chunk_decay_k = pre_k[..., -2, :]",
+        "chunk_decay_k = pre_k[..., 0, :]",
         {"chunk"},
+        NUMERICAL,
     ),
-    ("gla", "dropped initial state", "_S0_H = H.mT", "_S0_H = torch.zeros_like(H.mT)", {"chunk"}),
     (
         "gla",
-        "output shifted by one token at the padding",
-        "[:, :length].transpose(1, 2)",
-        "[:, 1 : length + 1].transpose(1, 2)",
+        "dropped initial state",
+        "_S0_H = H.mT",
+        "_S0_H = torch.zeros_like(H.mT)",
         {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gla",
+        "output shifted by one token (the last shows the padding's, or the first's)",
+        "[:, :length].transpose(1, 2)",
+        "[:, :length].roll(-1, 1).transpose(1, 2)",
+        {"chunk"},
+        NUMERICAL,
     ),
     # its own backward (chunk_diagonal's gradients without value-side gates)
     (
@@ -164,6 +214,7 @@ MUTANTS = [
         "                d_k_left = d_k_left * _halves(suf_k, block)[0]",
         "                d_k_left = d_k_left",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gla",
@@ -171,6 +222,7 @@ MUTANTS = [
         "_halves(dg, block)[1].add_(_within(d_q_right * q_right, block, upper=True))",
         "_halves(dg, block)[1].add_(_within(d_q_right * q_right, block, upper=False))",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gla",
@@ -178,6 +230,7 @@ MUTANTS = [
         "        dg += whole.unsqueeze(-2)",
         "        dg += 0",
         {"chunk"},
+        NUMERICAL,
     ),
     # the delta rule (Class 3): chunk_delta
     (
@@ -186,6 +239,7 @@ MUTANTS = [
         "v = torch.baddbmm(u_n[n], w_n[n], state, alpha=-1.0,",
         "v = torch.baddbmm(u_n[n], w_n[n], state, alpha=1.0,",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "deltanet",
@@ -193,6 +247,7 @@ MUTANTS = [
         "(beta_c.unsqueeze(-1) * kk).tril_(-1)",
         "(-beta_c.unsqueeze(-1) * kk).tril_(-1)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "deltanet",
@@ -200,6 +255,7 @@ MUTANTS = [
         "(beta_c.unsqueeze(-1) * kk).tril_(-1)",
         "(beta_c.unsqueeze(-1) * kk).tril_(-2)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "deltanet",
@@ -207,6 +263,7 @@ MUTANTS = [
         "k_scaled = k_c * beta_c.unsqueeze(-1)",
         "k_scaled = k_c",
         {"chunk"},
+        NUMERICAL,
     ),
     # its own backward (chunk_delta's gradients; the gradient attached to the forward's inverse
     # serves double backward only: tests/backends/test_kernels.py checks it with gradgradcheck)
@@ -216,6 +273,7 @@ MUTANTS = [
         "d_kk = d_a * beta",
         "d_kk = d_a * 0",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "deltanet",
@@ -223,6 +281,7 @@ MUTANTS = [
         "return torch.baddbmm(y, w_t_n[n], dv, alpha=-1.0, out=out)",
         "return torch.baddbmm(y, w_t_n[n], dv, alpha=1.0, out=out)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "gated_deltanet",
@@ -230,6 +289,7 @@ MUTANTS = [
         "d_scores * scores + d_kk * kk,",
         "d_scores * scores,",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "deltanet",
@@ -237,8 +297,19 @@ MUTANTS = [
         "H_t = H - beta_t * (H @ k_t @ k_t.mT)",
         "H_t = H + beta_t * (H @ k_t @ k_t.mT)",
         {"recurrent"},
+        NUMERICAL,
     ),
-    ("deltanet", "initial state transposed", "_S0_H = H.mT", "_S0_H = H", {"chunk"}),
+    # a transposed initial state of K != V channels makes the kernel's backward raise: a crash
+    # is a failure of its form; the same state in the wrong layout keeps its shape
+    ("deltanet", "initial state transposed", "_S0_H = H.mT", "_S0_H = H", {"chunk"}, CRASH),
+    (
+        "deltanet",
+        "initial state in the wrong layout",
+        "_S0_H = H.mT",
+        "_S0_H = H.reshape(H.mT.shape)",
+        {"chunk"},
+        NUMERICAL,
+    ),
     # a full elementwise gate: chunk_elementwise (autograd through checkpointed spans)
     (
         "mamba1",
@@ -246,6 +317,7 @@ MUTANTS = [
         "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)",
         "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g.roll(1, 2), g_scale)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "mamba1",
@@ -253,6 +325,7 @@ MUTANTS = [
         "    state = initial_state\n",
         "    state = None\n",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "hgrn",
@@ -260,6 +333,7 @@ MUTANTS = [
         "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)",
         "    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g.roll(1, 2), g_scale)",
         {"chunk"},
+        NUMERICAL,
     ),
     # diagonal plus low rank (chunk_dplr): the gate, the triangular solve, the chunk boundary
     (
@@ -268,6 +342,7 @@ MUTANTS = [
         "pre = g_c.exp()  # inside blocks",
         "pre = torch.ones_like(g_c)  # inside blocks",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "rwkv7",
@@ -275,6 +350,7 @@ MUTANTS = [
         "torch.diagonal(moves, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*moves.shape[:-1]))",
         "torch.diagonal(moves, dim1=-2, dim2=-1).add_(1.0)",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "kda",
@@ -282,6 +358,7 @@ MUTANTS = [
         "t_inv = _unit_lower_inverse(minus_ab.detach())",
         "t_inv = _unit_lower_inverse(-minus_ab.detach())",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "rwkv7",
@@ -289,6 +366,7 @@ MUTANTS = [
         "t_inv = _unit_lower_inverse(minus_ab.detach())",
         "t_inv = _unit_lower_inverse(torch.zeros_like(minus_ab))",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "kda",
@@ -296,6 +374,7 @@ MUTANTS = [
         "w = _bmm(t_inv, a_before)",
         "w = _bmm(t_inv, a_before * g_c.exp())",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "rwkv7",
@@ -304,6 +383,7 @@ MUTANTS = [
         "own.copy_(torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2)).squeeze(-2).mT)\n"
         "    own[..., 0, 0] = 0",
         {"chunk"},
+        NUMERICAL,
     ),
     # several steps per token as sub-tokens (DeltaProduct)
     (
@@ -312,6 +392,7 @@ MUTANTS = [
         "_q = _sub_tokens([_torch.zeros_like(_q), _q])",
         "_q = _sub_tokens([_q, _torch.zeros_like(_q)])",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "deltaproduct",
@@ -322,6 +403,7 @@ MUTANTS = [
         "    _beta_H = _sub_tokens([_beta2_H, _beta1_H])\n"
         "    _S0_H",
         {"chunk"},
+        NUMERICAL,
     ),
     (
         "deltaproduct",
@@ -329,6 +411,7 @@ MUTANTS = [
         "_o = _o[:, :, 1::2]",
         "_o = _o[:, :, 0::2]",
         {"chunk"},
+        NUMERICAL,
     ),
 ]
 
@@ -341,15 +424,21 @@ def mutate(source: str, target: str, replacement: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "spec, what, target, replacement, forms", MUTANTS, ids=[f"{m[0]}: {m[1]}" for m in MUTANTS]
+    "spec, what, target, replacement, forms, kind",
+    MUTANTS,
+    ids=[f"{m[0]}: {m[1]}" for m in MUTANTS],
 )
-def test_every_mutant_is_caught(tmp_path: Path, spec, what, target, replacement, forms) -> None:
+def test_every_mutant_is_caught(
+    tmp_path: Path, spec, what, target, replacement, forms, kind
+) -> None:
+    """Caught by the form and in the way it states: a numerical mutant by its values."""
     path = ROOT / "specs" / f"{spec}.mix"
     module = tmp_path / f"{spec}_mutant.py"
     module.write_text(mutate(mixc.compile_source(path), target, replacement))
     report = fuzz(path, module, examples=40, shrink=False)
     assert not report.ok, f"{what}: survived {report.examples} examples"
     assert report.failure.form in forms, report.failure.summary()
+    assert report.failure.kind == kind, report.failure.summary()
 
 
 @pytest.mark.parametrize("spec", sorted({m[0] for m in MUTANTS}))
