@@ -541,6 +541,12 @@ def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
 
 
 @triton.jit
+def _tl_dplr_tile(x, i, rows):
+    """The entries of tile i of x [N, BT, BT] (contiguous; rows: 0, ..., BT - 1)."""
+    return x + (i * rows.shape[0] + rows[:, None]) * rows.shape[0] + rows[None, :]
+
+
+@triton.jit
 def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
     """The decays inside the aligned runs of RUN rows, from log-gates g [BT, BK]: the
     exponentials of the sums of g (_tl_run_sums) from the run's start to each row, the row
@@ -665,7 +671,8 @@ def _tl_dplr_fwd(
 ):
     """One (value block, batch x head) program: the chunks in order, the state in registers.
     h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk [B * NH, N, K, V]; ts
-    (KEEP): T of each chunk [B * NH, N, BT, BT], written by the first value block; contiguous.
+    (KEEP): T and the scores qk, qb, ak of each chunk [B * NH, N, 4, BT, BT], written by the
+    first value block; contiguous.
     HAS_G: whether there is a gate (without one, no decays)."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
@@ -704,9 +711,12 @@ def _tl_dplr_fwd(
         inverse = _tl_unit_lower_inverse(-ab, rows, BT)  # (I - ab)^{-1}
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-            if tl.program_id(0) == 0:
-                t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
-                tl.store(t_at, inverse)
+            if tl.program_id(0) == 0:  # the same for every value block
+                tiles = (i_bh * n_chunks + n) * 4
+                tl.store(_tl_dplr_tile(ts, tiles, rows), inverse)
+                tl.store(_tl_dplr_tile(ts, tiles + 1, rows), qk)
+                tl.store(_tl_dplr_tile(ts, tiles + 2, rows), qb)
+                tl.store(_tl_dplr_tile(ts, tiles + 3, rows), ak)
         reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
         reads += tl.dot(ak, v_c, input_precision="ieee")
         u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
@@ -782,8 +792,8 @@ def _tl_dplr_bwd(
     BV: tl.constexpr,
 ):
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers. dq, dk, da, db, dg: this block's parts [NV, B * NH, T, K]; dv
-    [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    state in registers. hs, ts: as _tl_dplr_fwd kept them; dq, dk, da, db, dg: this block's
+    parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -804,16 +814,17 @@ def _tl_dplr_bwd(
         b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols_k, at_k)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
-        inverse = tl.load(t_at)
+        tiles = (i_bh * n_chunks + n) * 4  # T and the scores, as the forward built them
+        inverse = tl.load(_tl_dplr_tile(ts, tiles, rows))
+        qk = tl.load(_tl_dplr_tile(ts, tiles + 1, rows))
+        qb = tl.load(_tl_dplr_tile(ts, tiles + 2, rows))
+        ak = tl.load(_tl_dplr_tile(ts, tiles + 3, rows))
         if HAS_G:
             g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-            qk, qb, ak, _ = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)  # T kept
             from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
             q_start, a_before = q_c * from_start, a_c * from_before
             k_end, b_end = k_c * to_end, b_c * to_end
         else:
-            qk, qb, ak, _ = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict)
             q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
         reads = tl.dot(a_before, state, input_precision="ieee")
         reads += tl.dot(ak, v_c, input_precision="ieee")
@@ -897,12 +908,13 @@ def _tl_dplr_bwd(
 
 def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
-    [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones)."""
+    [B, NH, N, K, V] and T and the scores qk, qb, ak of each chunk [B, NH, N, 4, C, C], else
+    Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    inverses = q.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
+    tiles = q.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
     _tl_dplr_fwd[(n_v, batch * heads)](
         q,
         k,
@@ -914,7 +926,7 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
         o,
         final,
         states,
-        inverses,
+        tiles,
         length,
         heads,
         d_k,
@@ -933,12 +945,12 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
         BK=block_k,
         BV=block_v,
     )
-    return o, final, (states, inverses) if keep else (None, None)
+    return o, final, (states, tiles) if keep else (None, None)
 
 
 class _TlDplr(torch.autograd.Function):
     """The fused kernel under autograd: the forward keeps the inputs, the states entering each
-    chunk and T; the backward is one launch of _tl_dplr_bwd."""
+    chunk, T and the scores; the backward is one launch of _tl_dplr_bwd."""
 
     @staticmethod
     def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size):
@@ -950,7 +962,7 @@ class _TlDplr(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
-        q, k, v, a, b, gk, states, inverses = ctx.saved_tensors
+        q, k, v, a, b, gk, states, tiles = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
@@ -967,7 +979,7 @@ class _TlDplr(torch.autograd.Function):
             q if gk is None else gk,
             d_o,
             states,
-            inverses,
+            tiles,
             d_final,
             dq,
             dk,
