@@ -133,6 +133,13 @@ def _tl_store_rows(x, i, T, d, t, cols, mask, rows):
 
 
 @triton.jit
+def _tl_tile(x, i, rows):
+    """The entries of tile i of x [N, BT, BT] (contiguous; rows: 0, ..., BT - 1): the [BT, BT]
+    matrices of a chunk that a forward keeps for its backward."""
+    return x + (i * rows.shape[0] + rows[:, None]) * rows.shape[0] + rows[None, :]
+
+
+@triton.jit
 def _tl_finite(x):
     """(x with its entries that are not finite read as 0, and its poison: 0 where x is finite,
     NaN where it is not). The products inside a chunk take the finite values; a kernel adds the

@@ -460,6 +460,13 @@ def _tl_store_rows(x, i, T, d, t, cols, mask, rows):
 
 
 @triton.jit
+def _tl_tile(x, i, rows):
+    """The entries of tile i of x [N, BT, BT] (contiguous; rows: 0, ..., BT - 1): the [BT, BT]
+    matrices of a chunk that a forward keeps for its backward."""
+    return x + (i * rows.shape[0] + rows[:, None]) * rows.shape[0] + rows[None, :]
+
+
+@triton.jit
 def _tl_finite(x):
     """(x with its entries that are not finite read as 0, and its poison: 0 where x is finite,
     NaN where it is not). The products inside a chunk take the finite values; a kernel adds the
@@ -538,12 +545,6 @@ def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
         row = tl.where(rows == i, 1.0, 0.0) - tl.sum(a_i[:, None] * inverse, axis=0)
         inverse = tl.where(rows[:, None] == i, row[None, :], inverse)
     return inverse
-
-
-@triton.jit
-def _tl_dplr_tile(x, i, rows):
-    """The entries of tile i of x [N, BT, BT] (contiguous; rows: 0, ..., BT - 1)."""
-    return x + (i * rows.shape[0] + rows[:, None]) * rows.shape[0] + rows[None, :]
 
 
 @triton.jit
@@ -713,10 +714,10 @@ def _tl_dplr_fwd(
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
             if tl.program_id(0) == 0:  # the same for every value block
                 tiles = (i_bh * n_chunks + n) * 4
-                tl.store(_tl_dplr_tile(ts, tiles, rows), inverse)
-                tl.store(_tl_dplr_tile(ts, tiles + 1, rows), qk)
-                tl.store(_tl_dplr_tile(ts, tiles + 2, rows), qb)
-                tl.store(_tl_dplr_tile(ts, tiles + 3, rows), ak)
+                tl.store(_tl_tile(ts, tiles, rows), inverse)
+                tl.store(_tl_tile(ts, tiles + 1, rows), qk)
+                tl.store(_tl_tile(ts, tiles + 2, rows), qb)
+                tl.store(_tl_tile(ts, tiles + 3, rows), ak)
         reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
         reads += tl.dot(ak, v_c, input_precision="ieee")
         u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
@@ -815,10 +816,10 @@ def _tl_dplr_bwd(
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         tiles = (i_bh * n_chunks + n) * 4  # T and the scores, as the forward built them
-        inverse = tl.load(_tl_dplr_tile(ts, tiles, rows))
-        qk = tl.load(_tl_dplr_tile(ts, tiles + 1, rows))
-        qb = tl.load(_tl_dplr_tile(ts, tiles + 2, rows))
-        ak = tl.load(_tl_dplr_tile(ts, tiles + 3, rows))
+        inverse = tl.load(_tl_tile(ts, tiles, rows))
+        qk = tl.load(_tl_tile(ts, tiles + 1, rows))
+        qb = tl.load(_tl_tile(ts, tiles + 2, rows))
+        ak = tl.load(_tl_tile(ts, tiles + 3, rows))
         if HAS_G:
             g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
             from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
