@@ -88,6 +88,11 @@ def _tl_gradients(q, v, d_o, d_final, n_v):
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
+def _tl_levels(block_t):
+    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
+    return block_t.bit_length() - 1
+
+
 @triton.jit
 def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
     """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
@@ -125,6 +130,13 @@ def _tl_store_rows(x, i, T, d, t, cols, mask, rows):
     """Write rows [len(t), len(cols)] at tokens t and columns cols of item i of x [N, T, d]
     (contiguous), where mask is True."""
     tl.store(x + (i * T + t[:, None]) * d + cols[None, :], rows, mask=mask)
+
+
+@triton.jit
+def _tl_tile(x, i, rows):
+    """The entries of tile i of x [N, BT, BT] (contiguous; rows: 0, ..., BT - 1): the [BT, BT]
+    matrices of a chunk that a forward keeps for its backward."""
+    return x + (i * rows.shape[0] + rows[:, None]) * rows.shape[0] + rows[None, :]
 
 
 @triton.jit
@@ -180,6 +192,14 @@ def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
 
 
 @triton.jit
+def _tl_key_gates(g, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
+    """The log-gates at tokens t and key columns cols of one (batch, head) of g [B, NH, T, K]
+    (strided), 0 where mask is False, a gate below -1e30 read as -1e30 (as in _tl_gates)."""
+    gates = _tl_rows(g, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask)
+    return tl.where(gates < -1e30, -1e30, gates)
+
+
+@triton.jit
 def _tl_chunk_decays(g, rows):
     """The decays of a chunk from its log-gates g [BT] (_tl_gate_sums): (Gamma [BT, BT],
     exp(b_i - b_j) on and below the diagonal and 1, an empty product, above it; exp(b) and
@@ -188,6 +208,14 @@ def _tl_chunk_decays(g, rows):
     gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
     from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
     return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))
+
+
+@triton.jit
+def _tl_pairs(rows, BLOCK: tl.constexpr):
+    """[i, j]: whether i is in the right half and j in the left half of one aligned block of
+    2 * BLOCK rows (the pairs measured from that block's boundary)."""
+    right, left = rows[:, None] // BLOCK, rows[None, :] // BLOCK
+    return (right == left + 1) & (left % 2 == 0)
 
 
 @triton.jit

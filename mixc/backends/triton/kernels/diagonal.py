@@ -38,8 +38,11 @@ from mixc.backends.triton.kernels.common import (
     _tl_columns,
     _tl_finite,
     _tl_gradients,
+    _tl_key_gates,
+    _tl_levels,
     _tl_load_state,
     _tl_outputs,
+    _tl_pairs,
     _tl_put_rows,
     _tl_rows,
     _tl_run_sums,
@@ -61,18 +64,9 @@ def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
     """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
     finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
     is still 0), and a token that is not finite reads zeros (see the module's docstring)."""
-    gates = _tl_rows(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-    gates = tl.where(gates < -1e30, -1e30, gates)
+    gates = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
     poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
     return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
-
-
-@triton.jit
-def _tl_pairs(rows, BLOCK: tl.constexpr):
-    """[i, j]: whether i is in the right half and j in the left half of one aligned block of
-    2 * BLOCK rows (the pairs measured from that block's boundary)."""
-    right, left = rows[:, None] // BLOCK, rows[None, :] // BLOCK
-    return (right == left + 1) & (left % 2 == 0)
 
 
 @triton.jit
@@ -267,11 +261,6 @@ def _tl_diagonal_bwd(
         d_state = d_state * chunk_decay
         d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
-
-
-def _tl_levels(block_t):
-    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
-    return block_t.bit_length() - 1
 
 
 def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):

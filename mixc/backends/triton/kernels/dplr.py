@@ -16,7 +16,8 @@ overflows for gates near 0): each pair j < r lies in one aligned block of 2, 4, 
 j in its left half and r in its right half, and the decay is split at the boundary between the
 halves, both factors <= 1 (one matmul of decayed rows and columns per block size and score).
 
-Backward, from the last chunk, with D the gradient of the state leaving the chunk:
+Backward, from the last chunk, with T and the scores as the forward kept them (as the PyTorch
+kernel keeps them: four [C, C] tiles a chunk) and D the gradient of the state leaving the chunk:
     dU = qb^T dO + (B ⊙ exp(c_C - c)) D,  dZ = T^T dU,  d(ab) = dZ U^T,  d(ak) = dZ V^T
     dV = qk^T dO + (K ⊙ exp(c_C - c)) D + ak^T dZ
     D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
@@ -24,6 +25,9 @@ and the scores' gradients go back to q, k, a, b through the same blocks. The gat
 is, for each decay, the input times its gradient, summed back over the gates in the decay's sum
 (the transposed mask). dQ, dK, dA, dB and dg sum over the value columns: each block of columns
 writes its part and the parts are added after the launch.
+
+Without a gate (gk=None) there are no decays: the scores are the causal products [Q K], [Q B],
+[A K]', [A B]', and the kernel neither reads a gate nor splits the pairs into blocks.
 
 A token whose key, value, a, b or gate is not finite poisons the outputs from it on (for a
 value, in its column) and the state, as the recurrence does; the products inside the chunk run
@@ -41,81 +45,98 @@ import triton.language as tl
 from mixc.backends.pytorch.kernels.common import _needs_grad
 from mixc.backends.triton.kernels.common import (
     _tl_check_device,
-    _tl_new_like_callers,
+    _tl_columns,
+    _tl_finite,
+    _tl_gradients,
+    _tl_key_gates,
+    _tl_levels,
+    _tl_load_state,
+    _tl_outputs,
+    _tl_pairs,
+    _tl_put_rows,
     _tl_rows,
+    _tl_run_masks,
+    _tl_run_sums,
+    _tl_run_sums_grad,
     _tl_sizes,
+    _tl_store_rows,
+    _tl_store_state,
     _tl_strides,
+    _tl_tile,
+    _tl_tokens,
     _tl_unit_lower_inverse,
 )
 
 
 @triton.jit
-def _tl_dplr_sums(mask, g):
-    """The sums Σ_l mask[i, l] g[l, :] of log-gates g [BT, BK] over a 0/1 mask [BT, BT]: each
-    one of gates of one sign (a matmul whose products are a gate times 1 or 0)."""
-    return tl.dot(mask.to(g.dtype), g, input_precision="ieee")
+def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
+    """The decays inside the aligned runs of RUN rows, from log-gates g [BT, BK]: the
+    exponentials of the sums of g (_tl_run_sums) from the run's start to each row, the row
+    included and not, and from after each row to the run's end [BT, BK]. For RUN = BT: exp(c_r),
+    exp(c_{r-1}) and exp(c_C - c_j)."""
+    up_to, after = _tl_run_sums(g, rows, RUN)
+    _, after_mask = _tl_run_masks(rows, RUN)  # transposed: [r, l] where l < r in r's run
+    before = tl.dot(tl.trans(after_mask.to(g.dtype)), g, input_precision="ieee")
+    return tl.exp(up_to), tl.exp(before), tl.exp(after)
 
 
 @triton.jit
-def _tl_dplr_level(g, rows, HALF: tl.constexpr):
-    """The aligned blocks of 2 * HALF tokens: (pairs [BT, BT], r in a block's right half and j
-    in its left half; the masks [BT, BT] of the gates in the rows' decays from the boundary,
-    exp(c_r - c_m) and exp(c_{r-1} - c_m), and in the columns' decays to it, exp(c_m - c_j),
-    with m the last token of the left half; and those decays [BT, BK], 1 outside the half they
-    belong to)."""
-    block = rows // (2 * HALF)
-    right = (rows % (2 * HALF)) >= HALF
-    left = (rows % (2 * HALF)) < HALF
-    same = block[:, None] == block[None, :]
-    in_right = same & right[:, None] & right[None, :]  # [r, l]: l in r's right half
-    in_left = same & left[:, None] & left[None, :]  # [j, l]: l in j's left half
-    row_mask = in_right & (rows[None, :] <= rows[:, None])
-    row_before_mask = in_right & (rows[None, :] < rows[:, None])
-    col_mask = in_left & (rows[None, :] > rows[:, None])
-    pairs = same & right[:, None] & left[None, :]
-    return (
-        pairs,
-        row_mask,
-        row_before_mask,
-        col_mask,
-        tl.exp(_tl_dplr_sums(row_mask, g)),
-        tl.exp(_tl_dplr_sums(row_before_mask, g)),
-        tl.exp(_tl_dplr_sums(col_mask, g)),
-    )
+def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
+    """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
+    _, after_mask = _tl_run_masks(rows, RUN)
+    d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
+    return d_g + tl.dot(after_mask.to(d_before.dtype), d_before, input_precision="ieee")
+
+
+@triton.jit
+def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs):
+    """The scores [BT, BT] of rows q and a with columns k and b: q k^T and q b^T where q_pairs,
+    a k^T and a b^T where a_pairs, 0 elsewhere."""
+    k_t, b_t = tl.trans(k), tl.trans(b)
+    qk = tl.where(q_pairs, tl.dot(q, k_t, input_precision="ieee"), 0.0)
+    qb = tl.where(q_pairs, tl.dot(q, b_t, input_precision="ieee"), 0.0)
+    ak = tl.where(a_pairs, tl.dot(a, k_t, input_precision="ieee"), 0.0)
+    ab = tl.where(a_pairs, tl.dot(a, b_t, input_precision="ieee"), 0.0)
+    return qk, qb, ak, ab
+
+
+@triton.jit
+def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b):
+    """The gradients for q, a, k and b of _tl_dplr_dots, from those of its scores (0 outside
+    their pairs)."""
+    dq = tl.dot(d_qk, k, input_precision="ieee") + tl.dot(d_qb, b, input_precision="ieee")
+    da = tl.dot(d_ak, k, input_precision="ieee") + tl.dot(d_ab, b, input_precision="ieee")
+    dk = tl.dot(tl.trans(d_qk), q, input_precision="ieee")
+    dk += tl.dot(tl.trans(d_ak), a, input_precision="ieee")
+    db = tl.dot(tl.trans(d_qb), q, input_precision="ieee")
+    db += tl.dot(tl.trans(d_ab), a, input_precision="ieee")
+    return dq, da, dk, db
 
 
 @triton.jit
 def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr):
     """The decayed scores of a chunk [BT, BT]: qk[r, j] = Σ_c q_rc exp(c_rc - c_jc) k_jc and qb
     (the same with b) for j <= r, ak[r, j] = Σ_c a_rc exp(c_{r-1,c} - c_jc) k_jc and ab (the
-    same with b) for j < r, 0 elsewhere; block by block (_tl_dplr_level), the pairs r = j
-    undecayed."""
+    same with b) for j < r, 0 elsewhere; the pairs r = j undecayed, the others block by block:
+    at each level, the rows decayed from the boundary of their block's halves and the columns to
+    it (_tl_dplr_decays over the halves: a left half's rows and a right half's columns are
+    decayed too, but outside the level's pairs)."""
     diagonal = rows[:, None] == rows[None, :]
     qk = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
     qb = tl.where(diagonal, tl.sum(q * b, axis=1)[:, None], 0.0)
     ak = tl.zeros([BT, BT], dtype=q.dtype)
     ab = tl.zeros([BT, BT], dtype=q.dtype)
     for level in tl.static_range(LEVELS):
-        pairs, _, _, _, row, row_before, col = _tl_dplr_level(g, rows, 1 << level)
-        q_row, a_row, k_col, b_col = q * row, a * row_before, tl.trans(k * col), tl.trans(b * col)
-        qk += tl.where(pairs, tl.dot(q_row, k_col, input_precision="ieee"), 0.0)
-        qb += tl.where(pairs, tl.dot(q_row, b_col, input_precision="ieee"), 0.0)
-        ak += tl.where(pairs, tl.dot(a_row, k_col, input_precision="ieee"), 0.0)
-        ab += tl.where(pairs, tl.dot(a_row, b_col, input_precision="ieee"), 0.0)
+        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
+        pairs = _tl_pairs(rows, 1 << level)
+        qk_l, qb_l, ak_l, ab_l = _tl_dplr_dots(
+            q * row, a * row_before, k * col, b * col, pairs, pairs
+        )
+        qk += qk_l
+        qb += qb_l
+        ak += ak_l
+        ab += ab_l
     return qk, qb, ak, ab
-
-
-@triton.jit
-def _tl_dplr_decays(g, rows):
-    """The decays of a chunk from its log-gates g [BT, BK]: (the masks [BT, BT] of l <= r, l < r
-    and l > j; exp(c_r), exp(c_{r-1}) and exp(c_C - c_j) [BT, BK]; the chunk's exp(c_C) [BK])."""
-    up_to = rows[None, :] <= rows[:, None]
-    before = rows[None, :] < rows[:, None]
-    after = rows[None, :] > rows[:, None]
-    from_start = tl.exp(_tl_dplr_sums(up_to, g))
-    from_before = tl.exp(_tl_dplr_sums(before, g))
-    to_end = tl.exp(_tl_dplr_sums(after, g))
-    return up_to, before, after, from_start, from_before, to_end, tl.exp(tl.sum(g, axis=0))
 
 
 @triton.jit
@@ -163,6 +184,7 @@ def _tl_dplr_fwd(
     so_h,
     so_t,
     so_d,
+    HAS_G: tl.constexpr,
     KEEP: tl.constexpr,
     BT: tl.constexpr,
     LEVELS: tl.constexpr,
@@ -171,62 +193,66 @@ def _tl_dplr_fwd(
 ):
     """One (value block, batch x head) program: the chunks in order, the state in registers.
     h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk [B * NH, N, K, V]; ts
-    (KEEP): T of each chunk [B * NH, N, BT, BT], written by the first value block; contiguous."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    (KEEP): T and the scores qk, qb, ak of each chunk [B * NH, N, 4, BT, BT], written by the
+    first value block; contiguous.
+    HAS_G: whether there is a gate (without one, no decays)."""
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
-    cols_k = tl.arange(0, BK)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    in_k, in_v = cols_k < K, cols_v < V
-    state_at = cols_k[:, None] * V + cols_v[None, :]
-    state_in = in_k[:, None] & in_v[None, :]
-    state = tl.load(h0 + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
+    causal = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
-        t = n * BT + rows
-        in_t = t < T
-        at_k = in_t[:, None] & in_k[None, :]
-        at_v = in_t[:, None] & in_v[None, :]
+        t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols_k, at_k)
         b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols_k, at_k)
-        g_c = _tl_rows(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-        # a gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still 0, and
-        # the sums of gates stay finite (a matmul's 0 times -inf would be NaN)
-        g_c = tl.where(g_c < -1e30, -1e30, g_c)
-        # 0 for a finite token, NaN from a non-finite key, a, b or gate (the whole row) or
-        # value (its column); the products inside the chunk take the finite values
-        poison = tl.sum(k_c + a_c + b_c + tl.exp(g_c), axis=1) * 0.0
-        poison = poison[:, None] + v_c * 0.0
-        k_c = tl.where(k_c * 0.0 == 0.0, k_c, 0.0)
-        a_c = tl.where(a_c * 0.0 == 0.0, a_c, 0.0)
-        b_c = tl.where(b_c * 0.0 == 0.0, b_c, 0.0)
-        g_c = tl.where(g_c * 0.0 == 0.0, g_c, 0.0)
-        v_c = tl.where(v_c * 0.0 == 0.0, v_c, 0.0)
-        _, _, _, from_start, from_before, to_end, chunk_decay = _tl_dplr_decays(g_c, rows)
-        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
+        # a non-finite key, a, b or gate poisons the whole row, a value its column; the
+        # products inside the chunk take the finite values
+        k_c, k_poison = _tl_finite(k_c)
+        a_c, a_poison = _tl_finite(a_c)
+        b_c, b_poison = _tl_finite(b_c)
+        v_c, poison = _tl_finite(v_c)
+        row_poison = k_poison + a_poison + b_poison
+        if HAS_G:
+            g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+            g_c, g_poison = _tl_finite(g_c)
+            row_poison += g_poison
+            qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
+            from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
+            q_start, a_before = q_c * from_start, a_c * from_before
+            k_end, b_end = k_c * to_end, b_c * to_end
+        else:
+            qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict)
+            q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
+        poison += tl.sum(row_poison, axis=1)[:, None]
         inverse = _tl_unit_lower_inverse(-ab, rows, BT)  # (I - ab)^{-1}
         if KEEP:
-            tl.store(hs + (i_bh * n_chunks + n) * K * V + state_at, state, mask=state_in)
-            if i_v == 0:
-                t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
-                tl.store(t_at, inverse)
-        reads = tl.dot(a_c * from_before, state.to(a_c.dtype), input_precision="ieee")
+            _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
+            if tl.program_id(0) == 0:  # the same for every value block
+                tiles = (i_bh * n_chunks + n) * 4
+                tl.store(_tl_tile(ts, tiles, rows), inverse)
+                tl.store(_tl_tile(ts, tiles + 1, rows), qk)
+                tl.store(_tl_tile(ts, tiles + 2, rows), qb)
+                tl.store(_tl_tile(ts, tiles + 3, rows), ak)
+        reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
         reads += tl.dot(ak, v_c, input_precision="ieee")
         u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
-        out = tl.dot(q_c * from_start, state.to(q_c.dtype), input_precision="ieee")
+        out = tl.dot(q_start, state.to(q_c.dtype), input_precision="ieee")
         out += tl.dot(qk, v_c, input_precision="ieee")
         out += tl.dot(qb, u, input_precision="ieee")
         out += tl.cumsum(poison, axis=0)
-        o_at = o + i_b * so_b + i_h * so_h + t[:, None] * so_t + cols_v[None, :] * so_d
-        tl.store(o_at, out, mask=at_v)
-        state = state * chunk_decay[:, None]
-        state += tl.dot(tl.trans(k_c * to_end), v_c, input_precision="ieee")
-        state += tl.dot(tl.trans(b_c * to_end), u, input_precision="ieee")
+        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
+        if HAS_G:
+            state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
+        state += tl.dot(tl.trans(k_end), v_c, input_precision="ieee")
+        state += tl.dot(tl.trans(b_end), u, input_precision="ieee")
         state += tl.sum(poison, axis=0)[None, :]
-    tl.store(ht + i_bh * K * V + state_at, state, mask=state_in)
+    _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
@@ -280,6 +306,7 @@ def _tl_dplr_bwd(
     sdo_h,
     sdo_t,
     sdo_d,
+    HAS_G: tl.constexpr,
     GATE_GRAD: tl.constexpr,
     BT: tl.constexpr,
     LEVELS: tl.constexpr,
@@ -287,43 +314,40 @@ def _tl_dplr_bwd(
     BV: tl.constexpr,
 ):
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers. dq, dk, da, db, dg: this block's parts [NV, B * NH, T, K]; dv
-    [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    state in registers. hs, ts: as _tl_dplr_fwd kept them; dq, dk, da, db, dg: this block's
+    parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
-    cols_k = tl.arange(0, BK)
-    cols_v = i_v * BV + tl.arange(0, BV)
-    in_k, in_v = cols_k < K, cols_v < V
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     diagonal = rows[:, None] == rows[None, :]
-    state_at = cols_k[:, None] * V + cols_v[None, :]
-    state_in = in_k[:, None] & in_v[None, :]
-    d_state = tl.load(dht + i_bh * K * V + state_at, mask=state_in, other=0.0)
+    causal = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
-    part = i_v * tl.num_programs(1) + i_bh  # this block's part of dq, dk, da, db, dg
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, ...
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
-        t = n * BT + rows
-        in_t = t < T
-        at_k = in_t[:, None] & in_k[None, :]
-        at_v = in_t[:, None] & in_v[None, :]
+        t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols_k, at_k)
         b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols_k, at_k)
-        g_c = _tl_rows(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-        g_c = tl.where(g_c < -1e30, -1e30, g_c)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        state = tl.load(hs + (i_bh * n_chunks + n) * K * V + state_at, mask=state_in, other=0.0)
-        t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
-        inverse = tl.load(t_at)
-        up_to, before, after, from_start, from_before, to_end, chunk_decay = _tl_dplr_decays(
-            g_c, rows
-        )
-        qk, qb, ak, _ = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)  # T is kept
-        q_start, a_before = q_c * from_start, a_c * from_before
-        k_end, b_end = k_c * to_end, b_c * to_end
+        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
+        tiles = (i_bh * n_chunks + n) * 4  # T and the scores, as the forward built them
+        inverse = tl.load(_tl_tile(ts, tiles, rows))
+        qk = tl.load(_tl_tile(ts, tiles + 1, rows))
+        qb = tl.load(_tl_tile(ts, tiles + 2, rows))
+        ak = tl.load(_tl_tile(ts, tiles + 3, rows))
+        if HAS_G:
+            g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+            from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
+            q_start, a_before = q_c * from_start, a_c * from_before
+            k_end, b_end = k_c * to_end, b_c * to_end
+        else:
+            q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
         reads = tl.dot(a_before, state, input_precision="ieee")
         reads += tl.dot(ak, v_c, input_precision="ieee")
         u = tl.dot(inverse, reads, input_precision="ieee")
@@ -331,102 +355,100 @@ def _tl_dplr_bwd(
         d_u = tl.dot(tl.trans(qb), do_c, input_precision="ieee")
         d_u += tl.dot(b_end, d_state, input_precision="ieee")
         d_reads = tl.dot(tl.trans(inverse), d_u, input_precision="ieee")
-        causal = rows[:, None] >= rows[None, :]
         d_qk = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
         d_qb = tl.where(causal, tl.dot(do_c, tl.trans(u), input_precision="ieee"), 0.0)
-        strict = rows[:, None] > rows[None, :]
         d_ak = tl.where(strict, tl.dot(d_reads, tl.trans(v_c), input_precision="ieee"), 0.0)
         d_ab = tl.where(strict, tl.dot(d_reads, tl.trans(u), input_precision="ieee"), 0.0)
         dv_c = tl.dot(tl.trans(qk), do_c, input_precision="ieee")
         dv_c += tl.dot(k_end, d_state, input_precision="ieee")
         dv_c += tl.dot(tl.trans(ak), d_reads, input_precision="ieee")
-        tl.store(dv + (i_bh * T + t[:, None]) * V + cols_v[None, :], dv_c, mask=at_v)
+        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         # through the decayed inputs: Q ⊙ exp(c), A ⊙ exp(c_{r-1}), K and B ⊙ exp(c_C - c)
-        dq_c = tl.dot(do_c, tl.trans(state), input_precision="ieee") * from_start
-        da_c = tl.dot(d_reads, tl.trans(state), input_precision="ieee") * from_before
-        dk_c = tl.dot(v_c, tl.trans(d_state), input_precision="ieee") * to_end
-        db_c = tl.dot(u, tl.trans(d_state), input_precision="ieee") * to_end
-        if GATE_GRAD:
-            # each decay's log is a sum of gates under a mask: its input times its gradient
-            # goes back to those gates through the transposed mask
-            dg_c = _tl_dplr_sums(tl.trans(up_to), q_c * dq_c)
-            dg_c += _tl_dplr_sums(tl.trans(before), a_c * da_c)
-            dg_c += _tl_dplr_sums(tl.trans(after), k_c * dk_c + b_c * db_c)
-            through_state = tl.sum(state * d_state, axis=1) * chunk_decay  # exp(c_C) [BK]
-            dg_c += through_state[None, :]
-        # the scores' pairs r = j, undecayed
-        d_qk_diag = tl.sum(tl.where(diagonal, d_qk, 0.0), axis=1)[:, None]
-        d_qb_diag = tl.sum(tl.where(diagonal, d_qb, 0.0), axis=1)[:, None]
-        dq_c += d_qk_diag * k_c + d_qb_diag * b_c
-        dk_c += d_qk_diag * q_c
-        db_c += d_qb_diag * q_c
-        # and block by block, as _tl_dplr_scores builds them
-        for level in tl.static_range(LEVELS):
-            pairs, row_mask, row_before_mask, col_mask, row, row_before, col = _tl_dplr_level(
-                g_c, rows, 1 << level
-            )
-            q_row, a_row, k_col, b_col = q_c * row, a_c * row_before, k_c * col, b_c * col
-            d_qk_l, d_qb_l = tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0)
-            d_ak_l, d_ab_l = tl.where(pairs, d_ak, 0.0), tl.where(pairs, d_ab, 0.0)
-            dq_l = tl.dot(d_qk_l, k_col, input_precision="ieee")
-            dq_l += tl.dot(d_qb_l, b_col, input_precision="ieee")
-            dq_l *= row
-            da_l = tl.dot(d_ak_l, k_col, input_precision="ieee")
-            da_l += tl.dot(d_ab_l, b_col, input_precision="ieee")
-            da_l *= row_before
-            dk_l = tl.dot(tl.trans(d_qk_l), q_row, input_precision="ieee")
-            dk_l += tl.dot(tl.trans(d_ak_l), a_row, input_precision="ieee")
-            dk_l *= col
-            db_l = tl.dot(tl.trans(d_qb_l), q_row, input_precision="ieee")
-            db_l += tl.dot(tl.trans(d_ab_l), a_row, input_precision="ieee")
-            db_l *= col
+        dq_c = tl.dot(do_c, tl.trans(state), input_precision="ieee")
+        da_c = tl.dot(d_reads, tl.trans(state), input_precision="ieee")
+        dk_c = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")
+        db_c = tl.dot(u, tl.trans(d_state), input_precision="ieee")
+        if HAS_G:
+            dq_c, da_c = dq_c * from_start, da_c * from_before
+            dk_c, db_c = dk_c * to_end, db_c * to_end
             if GATE_GRAD:
-                dg_c += _tl_dplr_sums(tl.trans(row_mask), q_c * dq_l)
-                dg_c += _tl_dplr_sums(tl.trans(row_before_mask), a_c * da_l)
-                dg_c += _tl_dplr_sums(tl.trans(col_mask), k_c * dk_l + b_c * db_l)
+                # each decay's log is a sum of gates under a mask: its input times its
+                # gradient goes back to those gates through the transposed mask
+                dg_c = _tl_dplr_decays_grad(
+                    q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT
+                )
+                through_state = tl.sum(state * d_state, axis=1) * tl.exp(tl.sum(g_c, axis=0))
+                dg_c += through_state[None, :]  # for exp(c_C)
+            # the scores' pairs r = j, undecayed
+            d_qk_diag = tl.sum(tl.where(diagonal, d_qk, 0.0), axis=1)[:, None]
+            d_qb_diag = tl.sum(tl.where(diagonal, d_qb, 0.0), axis=1)[:, None]
+            dq_c += d_qk_diag * k_c + d_qb_diag * b_c
+            dk_c += d_qk_diag * q_c
+            db_c += d_qb_diag * q_c
+            # and block by block, as _tl_dplr_scores builds them
+            for level in tl.static_range(LEVELS):
+                row, row_before, col = _tl_dplr_decays(g_c, rows, 1 << level)
+                pairs = _tl_pairs(rows, 1 << level)
+                dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
+                    tl.where(pairs, d_qk, 0.0),
+                    tl.where(pairs, d_qb, 0.0),
+                    tl.where(pairs, d_ak, 0.0),
+                    tl.where(pairs, d_ab, 0.0),
+                    q_c * row,
+                    a_c * row_before,
+                    k_c * col,
+                    b_c * col,
+                )
+                dq_l, da_l, dk_l, db_l = dq_l * row, da_l * row_before, dk_l * col, db_l * col
+                if GATE_GRAD:
+                    dg_c += _tl_dplr_decays_grad(
+                        q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
+                    )
+                dq_c += dq_l
+                da_c += da_l
+                dk_c += dk_l
+                db_c += db_l
+            if GATE_GRAD:
+                _tl_store_rows(dg, part, T, K, t, cols_k, at_k, dg_c)
+        else:
+            dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c)
             dq_c += dq_l
             da_c += da_l
             dk_c += dk_l
             db_c += db_l
-        at = (part * T + t[:, None]) * K + cols_k[None, :]
-        tl.store(dq + at, dq_c, mask=at_k)
-        tl.store(dk + at, dk_c, mask=at_k)
-        tl.store(da + at, da_c, mask=at_k)
-        tl.store(db + at, db_c, mask=at_k)
-        if GATE_GRAD:
-            tl.store(dg + at, dg_c, mask=at_k)
+        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
+        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
+        _tl_store_rows(da, part, T, K, t, cols_k, at_k, da_c)
+        _tl_store_rows(db, part, T, K, t, cols_k, at_k, db_c)
         # D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
-        d_state = d_state * chunk_decay[:, None]
+        if HAS_G:
+            d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
         d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
         d_state += tl.dot(tl.trans(a_before), d_reads, input_precision="ieee")
-    tl.store(dh0 + i_bh * K * V + state_at, d_state, mask=state_in)
+    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
 def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
-    [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones)."""
+    [B, NH, N, K, V] and T and the scores qk, qb, ak of each chunk [B, NH, N, 4, C, C], else
+    Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
-    if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
-    o = _tl_new_like_callers(q, d_v)
-    final = torch.empty_like(initial_state)
-    states = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
-    inverses = q.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
+    initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
+    tiles = q.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
     _tl_dplr_fwd[(n_v, batch * heads)](
         q,
         k,
         v,
         a,
         b,
-        gk,
+        q if gk is None else gk,
         initial_state,
         o,
         final,
         states,
-        inverses,
+        tiles,
         length,
         heads,
         d_k,
@@ -438,18 +460,19 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
         *_tl_strides(b, 4),
         *_tl_strides(gk, 4),
         *_tl_strides(o, 4),
+        HAS_G=gk is not None,
         KEEP=keep,
         BT=block_t,
-        LEVELS=block_t.bit_length() - 1,
+        LEVELS=_tl_levels(block_t),
         BK=block_k,
         BV=block_v,
     )
-    return o, final, (states, inverses) if keep else (None, None)
+    return o, final, (states, tiles) if keep else (None, None)
 
 
 class _TlDplr(torch.autograd.Function):
     """The fused kernel under autograd: the forward keeps the inputs, the states entering each
-    chunk and T; the backward is one launch of _tl_dplr_bwd."""
+    chunk, T and the scores; the backward is one launch of _tl_dplr_bwd."""
 
     @staticmethod
     def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size):
@@ -461,31 +484,30 @@ class _TlDplr(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
-        q, k, v, a, b, gk, states, inverses = ctx.saved_tensors
+        q, k, v, a, b, gk, states, tiles = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
-        d_final = d_final.to(q.dtype).contiguous()
-        d_o = d_o.to(q.dtype)
-        parts = [q.new_empty(n_v, batch, heads, length, d_k) for _ in range(4)]
-        gate_grad = ctx.needs_input_grad[5]
-        dg = q.new_empty(n_v, batch, heads, length, d_k) if gate_grad else parts[0]
-        dv = q.new_empty(batch, heads, length, d_v)
-        d_initial = torch.empty_like(d_final)
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
+        da, db = torch.empty_like(dq), torch.empty_like(dq)
+        gate_grad = gk is not None and ctx.needs_input_grad[5]
+        dg = torch.empty_like(dq) if gate_grad else dq
         _tl_dplr_bwd[(n_v, batch * heads)](
             q,
             k,
             v,
             a,
             b,
-            gk,
+            q if gk is None else gk,
             d_o,
             states,
-            inverses,
+            tiles,
             d_final,
-            *parts[:2],
+            dq,
+            dk,
             dv,
-            *parts[2:],
+            da,
+            db,
             dg,
             d_initial,
             length,
@@ -499,13 +521,14 @@ class _TlDplr(torch.autograd.Function):
             *_tl_strides(b, 4),
             *_tl_strides(gk, 4),
             *_tl_strides(d_o, 4),
+            HAS_G=gk is not None,
             GATE_GRAD=gate_grad,
             BT=block_t,
-            LEVELS=block_t.bit_length() - 1,
+            LEVELS=_tl_levels(block_t),
             BK=block_k,
             BV=block_v,
         )
-        dq, dk, da, db = (x.sum(0) for x in parts)
+        dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None
         d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state
         return dq, dk, dv, da, db, d_gate, d_initial, None
@@ -519,7 +542,7 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
     every channel), None: no decay. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_dplr_fwd, q)
-    gk = torch.zeros_like(k) if gk is None else gk.expand_as(k)
+    gk = None if gk is None else gk.expand_as(k)
     if _needs_grad(q, k, v, a, b, gk, initial_state):
         return _TlDplr.apply(q, k, v, a, b, gk, initial_state, chunk_size)
     o, final, _ = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, False)

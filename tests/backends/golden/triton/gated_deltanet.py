@@ -451,6 +451,13 @@ def _tl_store_rows(x, i, T, d, t, cols, mask, rows):
 
 
 @triton.jit
+def _tl_tile(x, i, rows):
+    """The entries of tile i of x [N, BT, BT] (contiguous; rows: 0, ..., BT - 1): the [BT, BT]
+    matrices of a chunk that a forward keeps for its backward."""
+    return x + (i * rows.shape[0] + rows[:, None]) * rows.shape[0] + rows[None, :]
+
+
+@triton.jit
 def _tl_finite(x):
     """(x with its entries that are not finite read as 0, and its poison: 0 where x is finite,
     NaN where it is not). The products inside a chunk take the finite values; a kernel adds the
@@ -614,8 +621,7 @@ def _tl_delta_fwd(
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
             if tl.program_id(0) == 0:
-                t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
-                tl.store(t_at, inverse)
+                tl.store(_tl_tile(ts, i_bh * n_chunks + n, rows), inverse)
         w = tl.dot(inverse, k_scaled, input_precision="ieee")
         v_new = tl.dot(inverse, v_c, input_precision="ieee")
         v_new -= tl.dot(w, state.to(w.dtype), input_precision="ieee")
@@ -701,8 +707,7 @@ def _tl_delta_bwd(
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
         beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        t_at = ts + (i_bh * n_chunks + n) * BT * BT + rows[:, None] * BT + rows[None, :]
-        inverse = tl.load(t_at)
+        inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
         kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
         scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:

@@ -791,6 +791,11 @@ def _tl_gradients(q, v, d_o, d_final, n_v):
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
+def _tl_levels(block_t):
+    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
+    return block_t.bit_length() - 1
+
+
 @triton.jit
 def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
     """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
@@ -856,6 +861,22 @@ def _tl_put_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, col
 
 
 @triton.jit
+def _tl_key_gates(g, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
+    """The log-gates at tokens t and key columns cols of one (batch, head) of g [B, NH, T, K]
+    (strided), 0 where mask is False, a gate below -1e30 read as -1e30 (as in _tl_gates)."""
+    gates = _tl_rows(g, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask)
+    return tl.where(gates < -1e30, -1e30, gates)
+
+
+@triton.jit
+def _tl_pairs(rows, BLOCK: tl.constexpr):
+    """[i, j]: whether i is in the right half and j in the left half of one aligned block of
+    2 * BLOCK rows (the pairs measured from that block's boundary)."""
+    right, left = rows[:, None] // BLOCK, rows[None, :] // BLOCK
+    return (right == left + 1) & (left % 2 == 0)
+
+
+@triton.jit
 def _tl_run_masks(rows, RUN: tl.constexpr):
     """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
     after [j, l], where l > j in j's run)."""
@@ -888,18 +909,9 @@ def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
     """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
     finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
     is still 0), and a token that is not finite reads zeros (see the module's docstring)."""
-    gates = _tl_rows(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-    gates = tl.where(gates < -1e30, -1e30, gates)
+    gates = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
     poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
     return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
-
-
-@triton.jit
-def _tl_pairs(rows, BLOCK: tl.constexpr):
-    """[i, j]: whether i is in the right half and j in the left half of one aligned block of
-    2 * BLOCK rows (the pairs measured from that block's boundary)."""
-    right, left = rows[:, None] // BLOCK, rows[None, :] // BLOCK
-    return (right == left + 1) & (left % 2 == 0)
 
 
 @triton.jit
@@ -1094,11 +1106,6 @@ def _tl_diagonal_bwd(
         d_state = d_state * chunk_decay
         d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
-
-
-def _tl_levels(block_t):
-    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
-    return block_t.bit_length() - 1
 
 
 def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
