@@ -128,7 +128,7 @@ class _Module:
 
     # -- pieces ------------------------------------------------------------------------------
 
-    def seq_expr(self) -> PyExpr:
+    def seq_expr(self, functions: dict[str, str] | None = None) -> PyExpr:
         """Expressions over whole sequences: spec names are the prepared tensors."""
 
         def names(e: Expr) -> str:
@@ -136,11 +136,11 @@ class _Module:
                 return _local("prev", e.name)
             return e.name
 
-        return PyExpr(self.typer, names, shared=self._point)
+        return PyExpr(self.typer, names, functions, self._point)
 
     def gate_expr(self) -> PyExpr:
         """Expressions of a kernel's gate arguments: a log-gate's log is `_log_gate`."""
-        return PyExpr(self.typer, lambda x: x.name, {"log": "_log_gate"}, self._point)
+        return self.seq_expr({"log": "_log_gate"})
 
     def step_expr(self) -> PyExpr:
         """Expressions inside the recurrence: q_t is a slice, H the previous state, H_t the new."""
@@ -632,7 +632,9 @@ class _Module:
                     out(f"{unscale} = _from_seq(_torch.exp(-_m)[..., None]{packed})")
                 if previous:
                     start = (
-                        "_torch.zeros_like(_o[:, :, :1])" if parallel else f"_q[:, :, :1] @ {initial}"
+                        "_torch.zeros_like(_o[:, :, :1])"
+                        if parallel
+                        else f"_q[:, :, :1] @ {initial}"
                     )
                     out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
                 if len(group) == 1:
