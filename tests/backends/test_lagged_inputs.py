@@ -115,3 +115,22 @@ def test_a_layer_caches_the_lagged_inputs():
         y_t, cache = layer(x[:, t : t + 1], state=cache, use_cache=True)
         ys.append(y_t)
     assert rel(torch.cat(ys, 1), y) <= 1e-12
+
+
+LAGGED_GATE = mixc.Source(
+    "mixer lagged_gate\nin q[K], k[K], v[V], a\nstate H[V, K]\n"
+    "H_t = sigmoid(a_{t-1}) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n"
+)
+
+
+@pytest.mark.parametrize("form", ["chunk", "parallel"])
+def test_a_gate_of_a_lagged_input_reads_it_one_token_back(form):
+    """The kernels' gate arguments read a_{t-1} as the other sequence expressions do (the
+    shifted input), not a_t."""
+    spec, module = mixc.load_spec(LAGGED_GATE), mixc.load(LAGGED_GATE)
+    gen = torch.Generator().manual_seed(7)
+    inputs, params = spec_inputs(spec, B=B, T=T, NH=NH, generator=gen)
+    out, _ = interpret(spec, inputs, params, None)
+    args = positional(spec, inputs, params)
+    y = module.chunk(*args, chunk_size=8)[0] if form == "chunk" else module.parallel(*args)[0]
+    assert rel(y, out["y"]) <= 1e-12

@@ -12,12 +12,16 @@ The spec's names are the arguments and locals of the mixer's own functions (`chu
 `_range`, `_chunk_delta`; see `_ALIASES`): no spec name starts with an underscore, so an input
 named `torch`, `range` or `chunk_delta` shadows nothing they call. Their other locals are
 private too, but a spec name's value at one token (`q_t`: no spec name ends in `_t`) and the
-forms' options (`initial_state`, `chunk_size`, ...), which the verifier reserves.
+forms' options (`initial_state`, `chunk_size`, ...), which the verifier reserves. A local that
+holds something of a spec name is named by `_local` (`_prev_x`, `_k_H`); one that holds a
+common subexpression (see `Shared`: computed once where it repeats, `_kk_kappa`) is named after
+what the spec calls it and kept apart from every other private name of the module.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import re
@@ -28,8 +32,8 @@ from mixc.algebra.expand import inline
 from mixc.analysis.plan import GroupPlan, Plan
 from mixc.backends.pytorch import kernels as _torch_kernels
 from mixc.backends.pytorch.lines import Lines, comment, string
-from mixc.backends.pytorch.pyexpr import PyExpr, constant
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
+from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Timed, walk
 from mixc.frontend.shapes import SCALAR
 from mixc.version import __version__
 
@@ -112,34 +116,71 @@ class _Module:
         self.lagged = [d.name for d in self.mixer.lagged]
         # the local names of what the forms carry from token to token: the states, then each
         # lagged input's previous token (`_prev_x`, x at t-1)
-        self.carried = self.states + [_previous(x) for x in self.lagged]
+        self.carried = self.states + [_local("prev", x) for x in self.lagged]
         self.output = self.mixer.outputs[0]
         self.groups = facts.groups if facts.chunkable else ()
         self.has_parallel = facts.forms.parallel is None
+        # the points of common subexpressions (see Shared): recorded by the first run of the
+        # mixer's functions, replayed with their locals by the second
+        self._points: list[Shared] = []
+        self._replay: list[Shared] | None = None
+        self._point: Shared | None = None
 
     # -- pieces ------------------------------------------------------------------------------
 
-    def seq_expr(self) -> PyExpr:
+    def seq_expr(self, functions: dict[str, str] | None = None) -> PyExpr:
         """Expressions over whole sequences: spec names are the prepared tensors."""
 
         def names(e: Expr) -> str:
             if isinstance(e, Timed) and e.offset == -1:  # a lagged input, shifted by a token
-                return _previous(e.name)
+                return _local("prev", e.name)
             return e.name
 
-        return PyExpr(self.typer, names)
+        return PyExpr(self.typer, names, functions, self._point)
+
+    def gate_expr(self) -> PyExpr:
+        """Expressions of a kernel's gate arguments: a log-gate's log is `_log_gate`."""
+        return self.seq_expr({"log": "_log_gate"})
 
     def step_expr(self) -> PyExpr:
         """Expressions inside the recurrence: q_t is a slice, H the previous state, H_t the new."""
 
         def names(e: Expr) -> str:
             if isinstance(e, Timed) and e.offset == -1:
-                return _previous(e.name) if e.name in self.lagged else e.name
+                return _local("prev", e.name) if e.name in self.lagged else e.name
             if isinstance(e, Timed):
                 return f"{e.name}_t"
             return e.name
 
-        return PyExpr(self.typer, names)
+        return PyExpr(self.typer, names, shared=self._point)
+
+    @contextlib.contextmanager
+    def point(self, out: Lines, indent: int):
+        """Expressions emitted inside share their common subexpressions (see Shared): lines at
+        `indent` of `out` where no name they read is rebound."""
+        if self._replay is None:
+            shared = Shared()
+            self._points.append(shared)
+        else:
+            shared = self._replay.pop(0)
+        shared.out = lambda line: out(line, indent)
+        outer, self._point = self._point, shared
+        try:
+            yield
+        finally:
+            self._point = outer
+
+    def share(self, taken: set[str]) -> None:
+        """After the first run: the locals of each point's common subexpressions, named so
+        that none is a name in `taken` (every private name of the module) or another local."""
+        spec_names = _spec_names(self.mixer)
+        for shared in self._points:  # one a function: its locals' names differ from each other
+            shared.recording = False
+            own = set(taken)
+            shared.locals = {
+                text: _fresh(_local_base(e, spec_names), own) for text, e in shared.choose().items()
+            }
+        self._replay = list(self._points)
 
     def state_tuple(self) -> str:
         """`(H,)` or `(H, z)`: the states (and lagged inputs) as a tuple expression or unpacking
@@ -171,10 +212,10 @@ class _Module:
     # -- the module --------------------------------------------------------------------------
 
     def source(self) -> str:
-        mixer = Lines()
-        self.emit_mixer(mixer)
         library = Lines()
         self.emit_library(library)
+        mixer = Lines()
+        self.emit_mixer(mixer, library.text())
         body = library.text() + "\n\n" + mixer.text()
         out = Lines()
         self.emit_header(out)
@@ -273,9 +314,23 @@ class _Module:
             shifts += ["_sub_tokens"] if any(g.sub_tokens for g in self.groups) else []
             out.lines.append(self.kernels.kernel_source(self.kernel_names() + shifts))
 
-    def emit_mixer(self, out: Lines) -> None:
+    def emit_mixer(self, out: Lines, library: str) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases
-        they read their globals by."""
+        they read their globals by. Emitted twice: the first run finds the common
+        subexpressions (see Shared), the second computes each once."""
+        first = self.emit_functions()
+        taken = {a for group in _ALIASES for a in group} | {f"_{k}" for k in self.kernel_names()}
+        taken |= set(re.findall(r"\b_\w+", library + "\n".join(first.lines)))
+        self.share(taken)
+        functions = self.emit_functions()
+        out("# ---- this mixer " + "-" * 74, 0)
+        out("", 0)
+        self.emit_aliases(out, "\n".join(functions.lines))
+        out("", 0)
+        out("", 0)
+        out.lines += functions.lines
+
+    def emit_functions(self) -> Lines:
         functions = Lines()
         self.emit_prepare(functions)
         if self.facts.chunkable:
@@ -289,12 +344,7 @@ class _Module:
         self.emit_recurrent(functions)
         self.emit_step(functions)
         functions.lines = _without_unread(functions.lines)
-        out("# ---- this mixer " + "-" * 74, 0)
-        out("", 0)
-        self.emit_aliases(out, "\n".join(functions.lines))
-        out("", 0)
-        out("", 0)
-        out.lines += functions.lines
+        return functions
 
     def emit_aliases(self, out: Lines, functions: str) -> None:
         """The private names `functions` read their globals by (those of `_ALIASES` they use,
@@ -349,9 +399,12 @@ class _Module:
             out(f"{self.state_tuple()} = _prepare_states(_STATES, {states_from}, {where})")
             for d in self.mixer.lagged:
                 if not d.shape:  # a scalar input's last token, laid out as its tokens are
-                    out(f"{_previous(d.name)} = {_previous(d.name)}[..., None, None]")
+                    prev = _local("prev", d.name)
+                    out(f"{prev} = {prev}[..., None, None]")
 
-    def finish(self, out: Lines, y: str, final: str) -> None:
+    def finish(self, out: Lines, y: str, final: list[str] | None, optional: bool = False) -> None:
+        """Return the output `y` in the module's layout and the final states `final` (None:
+        none), only where output_final_state asks for them if `optional`."""
         shape = self.spec.shapes[self.output.target]
         # squeeze, not [..., 0]: the backward of an index fills a zero tensor and copies into it
         index = (
@@ -364,23 +417,23 @@ class _Module:
         read = y != self.output.target and not y.startswith(self.output.target)
         note = _note(f"{self.output.target}_t = {self.output.value}") if read else ""
         out(f"{self.output.target} = {y}{index}.to(_out_dtype){note}")
-        if " if " in final:
-            kept, _, rest = final.partition(" if ")
-            if len(kept) > 60:  # a long tuple of final states: on lines of its own
-                _tuple_line(out, "_final = ", kept, "", 1)
-                final = f"_final if {rest}"
-        out(f"return {self.output.target}, {final if ' if ' not in final else f'({final})'}")
+        text = "None" if final is None else _tuple(final)
+        if optional:
+            if len(text) > 60:  # a long tuple of final states: on lines of its own
+                _tuple_line(out, "_final = ", final, "", 1)
+                text = "_final"
+            text = f"({text} if output_final_state else None)"
+        out(f"return {self.output.target}, {text}")
 
-    def final_states(self, lagged: str = "_prev_") -> str:
-        """The final states in the module's layout; each lagged input's last token from the
-        local named `lagged` + its name."""
-        names = self.states + [f"{lagged}{x}" for x in self.lagged]
+    def final_states(self, lagged: str = "prev") -> list[str]:
+        """The final states in the module's layout; each lagged input's last token from its
+        local `_local(lagged, x)`."""
+        names = self.states + [_local(lagged, x) for x in self.lagged]
         squeeze = {0: ".squeeze(-1).squeeze(-1)", 1: ".squeeze(-1)", 2: ""}
-        parts = [
+        return [
             f"{name}{squeeze[len(d.shape)]}"
             for name, d in zip(names, self.mixer.carried, strict=True)
         ]
-        return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
     def emit_shifts(self, out: Lines, packed: bool, carried: bool) -> None:
         """Each lagged input at t-1, `_prev_x`: x one token later, each sequence starting from
@@ -388,9 +441,10 @@ class _Module:
         `_last_x`."""
         seqlens = ", cu_seqlens" if packed else ""
         for x in self.lagged:
-            prev = _previous(x)
+            prev = _local("prev", x)
             if carried:
-                out(f"_last_{x} = _last_tokens({x}, {prev}{seqlens})  # carried to the next call")
+                last = _local("last", x)
+                out(f"{last} = _last_tokens({x}, {prev}{seqlens})  # carried to the next call")
             first = prev if carried else "None"
             out(f"{prev} = _shift_tokens({x}, {first}{seqlens})  # {x}_{{t-1}}")
 
@@ -406,10 +460,10 @@ class _Module:
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
         self.emit_shifts(out, packed=True, carried=True)
-        self.emit_groups(out, parallel=False)
-        y = self.emit_output(out, scaled=True)
-        final = self.final_states(lagged="_last_")
-        self.finish(out, y, f"{final} if output_final_state else None")
+        with self.point(out, 1):
+            self.emit_groups(out, parallel=False)
+            y = self.emit_output(out, scaled=True)
+        self.finish(out, y, self.final_states(lagged="last"), optional=True)
         out("", 0)
         out("", 0)
 
@@ -428,8 +482,10 @@ class _Module:
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, None)
         self.emit_shifts(out, packed=False, carried=False)
-        self.emit_groups(out, parallel=True)
-        self.finish(out, self.emit_output(out), "None")
+        with self.point(out, 1):
+            self.emit_groups(out, parallel=True)
+            y = self.emit_output(out)
+        self.finish(out, y, None)
         out("", 0)
         out("", 0)
 
@@ -443,7 +499,8 @@ class _Module:
         e = self.seq_expr()
         facts = [self.facts.state(s) for s in group.states]
         name = group.name
-        out(f"_k_{name} = _seq_vector({self.tensor(facts[0].writes[0].key)}, _sizes{packed})")
+        key = self.tensor(facts[0].writes[0].key)
+        out(f"{_local('k', name)} = _seq_vector({key}, _sizes{packed})")
         values = []
         if any(s.writes[0].value is None for s in facts):  # a vector state: a value of 1
             sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
@@ -459,20 +516,21 @@ class _Module:
                 value = e(w.value if scale is None else Binary("@", scale, w.value))
             values.append(value)
         value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
-        out(f"_v_{name} = _seq_vector({value}, _sizes{packed})")
+        out(f"{_local('v', name)} = _seq_vector({value}, _sizes{packed})")
         kernel_args = []
-        gate = PyExpr(self.typer, lambda x: x.name, {"log": "_log_gate"})  # see _log_gate
+        gate = self.gate_expr()
         for arg in group.args:
             if arg.expr is None:
                 continue
             value = self.tensor(arg.expr, gate)  # a constant gate, e.g. log(0.9), as a tensor
-            out(f"_{arg.name}_{name} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")
-            kernel_args.append(f"{arg.name}=_{arg.name}_{name}")
+            local = _local(arg.name, name)
+            out(f"{local} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")
+            kernel_args.append(f"{arg.name}={local}")
         if stable:
             scale = group.log_scale
             note = _note(f"the write scale exp({scale}), as its log")
-            out(f"_s_{name} = _seq_scalar({e(scale)}, _sizes{packed}){note}")
-            kernel_args.append(f"log_scale=_s_{name}")
+            out(f"{_local('s', name)} = _seq_scalar({e(scale)}, _sizes{packed}){note}")
+            kernel_args.append(f"log_scale={_local('s', name)}")
         return kernel_args
 
     def emit_sub_token_args(self, out: Lines, group: GroupPlan, packed: str) -> list[str]:
@@ -480,7 +538,7 @@ class _Module:
         each step's, interleaved along time into sub-tokens (`_sub_tokens`), an argument a step
         lacks (no decay) as zeros."""
         name, n = group.name, len(group.sub_tokens)
-        gate = PyExpr(self.typer, lambda x: x.name, {"log": "_log_gate"})  # see _log_gate
+        gate = self.gate_expr()
         parts: dict[str, list[str | None]] = {"k": [], "v": []}
         layouts = {"k": "vector", "v": "vector"}
         for i, sub in enumerate(group.sub_tokens, 1):
@@ -496,8 +554,10 @@ class _Module:
                 if expr is None:
                     parts[arg].append(None)
                     continue
-                local = f"_{arg}{i}_{name}"
-                out(f"{local} = _seq_{layout}({self.tensor(expr, how)}, _sizes{packed}){_note(expr)}")
+                local = _local(f"{arg}{i}", name)
+                out(
+                    f"{local} = _seq_{layout}({self.tensor(expr, how)}, _sizes{packed}){_note(expr)}"
+                )
                 parts[arg].append(local)
         kernel_args = []
         for arg, locals_ in parts.items():
@@ -506,9 +566,9 @@ class _Module:
                 continue
             pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
             note = _note(f"{n} sub-tokens a token, one per step")
-            out(f"_{arg}_{name} = _sub_tokens([{pieces}]){note}")
+            out(f"{_local(arg, name)} = _sub_tokens([{pieces}]){note}")
             if arg not in ("k", "v"):
-                kernel_args.append(f"{arg}=_{arg}_{name}")
+                kernel_args.append(f"{arg}={_local(arg, name)}")
         return kernel_args
 
     def tensor(self, expr: Expr, e: PyExpr | None = None) -> str:
@@ -531,6 +591,7 @@ class _Module:
             group = plan.states
             facts = [self.facts.state(s) for s in group]
             name = plan.name
+            k, v, initial = _local("k", name), _local("v", name), _local("S0", name)
             stable = plan.log_scale is not None and not parallel
             kernel = _parallel_kernel(plan) if parallel else _chunk_kernel(plan)
             kernel = _stable_kernel(plan) if stable else kernel
@@ -539,14 +600,14 @@ class _Module:
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
                 s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
-                out(f"_S0_{name} = {s0_text}")
+                out(f"{initial} = {s0_text}")
             queries = list(plan.queries) or ([] if parallel else [None])
             widths = self.widths(group)
             for i, query in enumerate(queries):
                 q_text = (
                     f"_seq_vector({self.tensor(query.expr)}, _sizes{packed})"
                     if query is not None
-                    else f"_torch.zeros_like(_k_{name})"
+                    else f"_torch.zeros_like({k})"
                 )
                 out(f"_q = {q_text}")
                 steps = len(plan.sub_tokens)
@@ -557,11 +618,11 @@ class _Module:
                 if previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
                     out("_q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query")
                 first = "_q_next" if previous else "_q"
-                args = ", ".join([first, f"_k_{name}", f"_v_{name}", *kernel_args])
+                args = ", ".join([first, f"{k}", f"{v}", *kernel_args])
                 if parallel:
                     out(f"_o = _{kernel}({args})")
                 else:
-                    init = f"initial_state=_S0_{name}, chunk_size=chunk_size"
+                    init = f"initial_state={initial}, chunk_size=chunk_size"
                     found = "_o, _S" if not stable else "_o, _m, _S"
                     out(f"{found} = _{kernel}({args}, {init})")
                 if steps:
@@ -573,13 +634,13 @@ class _Module:
                     start = (
                         "_torch.zeros_like(_o[:, :, :1])"
                         if parallel
-                        else f"_q[:, :, :1] @ _S0_{name}"
+                        else f"_q[:, :, :1] @ {initial}"
                     )
                     out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
                 if len(group) == 1:
                     parts = ["_o"]
                 else:
-                    parts = [f"_o_{s}" for s in group]
+                    parts = [_local("o", s) for s in group]
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
                 for r in query.readouts if query is not None else ():
                     read = Binary("." if self.facts.state(r.state).vector else "@", r.read, r.query)
@@ -588,11 +649,11 @@ class _Module:
                 if i == 0 and not parallel:
                     self.emit_split_states(out, group, "_S")
 
-    def emit_split_states(self, out: Lines, group, source: str, prefix: str = "") -> None:
+    def emit_split_states(self, out: Lines, group, source: str, role: str | None = None) -> None:
         """Kernel-layout [B, NH, K, width] -> each state of the group in its own layout, into
-        the state's name (after `prefix`)."""
+        the state's name (or with a `role`, its local `_local(role, name)`)."""
         facts = [self.facts.state(s) for s in group]
-        names = [prefix + s for s in group]
+        names = [s if role is None else _local(role, s) for s in group]
         if len(group) == 1:
             out(f"{names[0]} = {source}{'' if facts[0].vector else '.mT'}")
             return
@@ -626,27 +687,9 @@ class _Module:
         out("_check_chunk_size(chunk_size)")
         self.prologue(out, True, None)
         transitions, finals = {}, {}
-        for plan in self.groups:
-            group, name, kernel = plan.states, plan.name, _chunk_kernel(plan)
-            if plan.kind.summary_action == "elementwise":
-                self.emit_elementwise_summary(out, plan, transitions, finals)
-                continue
-            probing = "on probes: zero writes from an identity state"
-            out(comment(f"{' and '.join(group)}: {kernel} {probing}"))
-            kernel_args = self.emit_kernel_args(out, plan, "")
-            out(f"_K = _k_{name}.shape[-1]")
-            out(f"_width = _v_{name}.shape[-1]")
-            out(f"_v = _torch.cat([_v_{name}, _v_{name}.new_zeros(*_v_{name}.shape[:-1], _K)], -1)")
-            out("_S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)")
-            where = "dtype=_dtype, device=_device"
-            out(f"_S0 = _S0.to({where}).expand(*_k_{name}.shape[:2], _K, _width + _K)")
-            args = ", ".join([f"_torch.zeros_like(_k_{name})", f"_k_{name}", "_v", *kernel_args])
-            out(f"_o, _S = _{kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
-            out("_F0, _P = _S.split([_width, _K], -1)")
-            self.emit_split_states(out, group, "_F0")
-            for s in group:
-                transitions[s] = "_P.mT"
-                finals[s] = s if not self.facts.state(s).vector else f"{s}.squeeze(-1)"
+        with self.point(out, 1):
+            for plan in self.groups:
+                self.emit_group_summary(out, plan, transitions, finals)
         pieces = [transitions[s] for s in self.states]
         final_pieces = [finals[s] for s in self.states]
         if len(self.states) == 1:
@@ -656,26 +699,51 @@ class _Module:
         out("", 0)
         out("", 0)
 
+    def emit_group_summary(self, out: Lines, plan: GroupPlan, transitions, finals) -> None:
+        """One group's (P, F): its kernel run on probes."""
+        if plan.kind.summary_action == "elementwise":
+            self.emit_elementwise_summary(out, plan, transitions, finals)
+            return
+        group, name, kernel = plan.states, plan.name, _chunk_kernel(plan)
+        k, v = _local("k", name), _local("v", name)
+        probing = "on probes: zero writes from an identity state"
+        out(comment(f"{' and '.join(group)}: {kernel} {probing}"))
+        kernel_args = self.emit_kernel_args(out, plan, "")
+        out(f"_K = {k}.shape[-1]")
+        out(f"_width = {v}.shape[-1]")
+        out(f"_v = _torch.cat([{v}, {v}.new_zeros(*{v}.shape[:-1], _K)], -1)")
+        out("_S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)")
+        where = "dtype=_dtype, device=_device"
+        out(f"_S0 = _S0.to({where}).expand(*{k}.shape[:2], _K, _width + _K)")
+        args = ", ".join([f"_torch.zeros_like({k})", f"{k}", "_v", *kernel_args])
+        out(f"_o, _S = _{kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
+        out("_F0, _P = _S.split([_width, _K], -1)")
+        self.emit_split_states(out, group, "_F0")
+        for s in group:
+            transitions[s] = "_P.mT"
+            finals[s] = s if not self.facts.state(s).vector else f"{s}.squeeze(-1)"
+
     def emit_elementwise_summary(self, out: Lines, plan: GroupPlan, transitions, finals) -> None:
         """A group that acts on its state entry by entry, as G ⊙ S_0 + F: F from a zero state,
         G (the product of the gates) from a state of ones with no writes."""
         group, name, kernel = plan.states, plan.name, _chunk_kernel(plan)
+        k, v = _local("k", name), _local("v", name)
         out(
             comment(f"{' and '.join(group)}: {kernel} from zeros (F) and, with no writes, ones (G)")
         )
         kernel_args = self.emit_kernel_args(out, plan, "")
-        q0 = f"_torch.zeros_like(_k_{name})"
-        args = ", ".join([q0, f"_k_{name}", f"_v_{name}", *kernel_args])
+        q0 = f"_torch.zeros_like({k})"
+        args = ", ".join([q0, f"{k}", f"{v}", *kernel_args])
         out(f"_o, _F0 = _{kernel}({args}, chunk_size=chunk_size)")
         out("_S1 = _torch.ones_like(_F0)")
-        args = ", ".join([q0, f"_k_{name}", f"_torch.zeros_like(_v_{name})", *kernel_args])
+        args = ", ".join([q0, f"{k}", f"_torch.zeros_like({v})", *kernel_args])
         out(f"_o, _G = _{kernel}({args}, initial_state=_S1, chunk_size=chunk_size)")
         self.emit_split_states(out, group, "_F0")
-        self.emit_split_states(out, group, "_G", prefix="_G_")
+        self.emit_split_states(out, group, "_G", role="G")
         for s in group:
             # a vector state (a row or a column) in its own layout [B, NH, K]
             vector = self.facts.state(s).shape[1] == "1"
-            transitions[s] = f"_G_{s}" if not vector else f"_G_{s}.squeeze(-1)"
+            transitions[s] = _local("G", s) + ("" if not vector else ".squeeze(-1)")
             finals[s] = s if not vector else f"{s}.squeeze(-1)"
 
     def emit_output(self, out: Lines, scaled: bool = False) -> str:
@@ -707,19 +775,20 @@ class _Module:
         if sliced:
             names, slices = (", ".join(f"{i}{x}" for i in sliced) for x in ("_t", "[:, _t]"))
             out(f"{names} = {slices}", 2)
-        e = self.step_expr()
-        for name in self.facts.order:
-            if name not in self.states:
-                continue
-            eq = self.mixer.update(name)
-            state = self.facts.state(name)
-            if state.terms is None:  # not affine: the update as written
-                text = e(inline(self.mixer, eq.value))
-            else:
-                text = self.gated_update(name, e) or e.terms(list(state.terms))
-            out(f"{name}_t = {text}{_note(eq.value)}", 2)
-        y = inline(self.mixer, self.output.value)
-        out(f"_ys.append({e(y)}){_note(f'{self.output.target}_t = {self.output.value}')}", 2)
+        with self.point(out, 2):
+            e = self.step_expr()
+            for name in self.facts.order:
+                if name not in self.states:
+                    continue
+                eq = self.mixer.update(name)
+                state = self.facts.state(name)
+                if state.terms is None:  # not affine: the update as written
+                    text = e(inline(self.mixer, eq.value))
+                else:
+                    text = self.gated_update(name, e) or e.terms(list(state.terms))
+                out(f"{name}_t = {text}{_note(eq.value)}", 2)
+            y = e(inline(self.mixer, self.output.value))
+            out(f"_ys.append({y}){_note(f'{self.output.target}_t = {self.output.value}')}", 2)
         if self.carried:
             now = [f"{s}_t" for s in self.states] + [f"{x}_t" for x in self.lagged]
             out(f"{states} = {', '.join(now)}", 2)
@@ -739,7 +808,7 @@ class _Module:
         for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)
             log = g.log
             plain = isinstance(log, Call) and log.func == "log"
-            factor = e(log.args[0]) if plain else f"_torch.exp({e(log)})"
+            factor = e(log.args[0] if plain else Call("exp", (log,), span=log.span))
             if g.side == "scalar":
                 decayed = f"{factor} * {decayed}"
             elif g.side == "key" and not s.vector:
@@ -781,8 +850,7 @@ class _Module:
         )
         out("if _end == _start:  # an empty sequence keeps its initial state", 3)
         own = [f"{s}[_n : _n + 1]" for s in self.carried]
-        kept = f"({own[0]},)" if len(own) == 1 else f"({', '.join(own)})"
-        _tuple_line(out, "_finals.append(", kept, ")", 4)
+        _tuple_line(out, "_finals.append(", own, ")", 4, one=True)
         out("continue", 4)
         out("_piece = _dict(_sizes, T=_end - _start)", 3)
         own_states = ", ".join(f"{s}[_n : _n + 1]" for s in self.carried)
@@ -796,9 +864,7 @@ class _Module:
             else f"{states} = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))",
             2,
         )
-        self.finish(
-            out, self.output.target, f"{self.final_states()} if output_final_state else None"
-        )
+        self.finish(out, self.output.target, self.final_states(), optional=True)
         out("", 0)
         out("", 0)
 
@@ -833,21 +899,101 @@ def _without_unread(lines: list[str]) -> list[str]:
     return out
 
 
-def _tuple_line(out: Lines, head: str, items: str, tail: str, indent: int) -> None:
-    """`head + items + tail` for a tuple `items` ("(a, b)"): on one line where it fits, else
-    one item a line."""
-    if len(head + items + tail) + 4 * indent <= 100:
-        out(head + items + tail, indent)
+def _tuple(items: list[str], one: bool = False) -> str:
+    """`a`, or `(a, b)`, or with `one` a tuple even of one item, `(a,)`."""
+    if len(items) == 1:
+        return f"({items[0]},)" if one else items[0]
+    return f"({', '.join(items)})"
+
+
+def _tuple_line(
+    out: Lines, head: str, items: list[str], tail: str, indent: int, one: bool = False
+) -> None:
+    """`head + tuple + tail` for the tuple of `items` (see `_tuple`): on one line where it
+    fits, else one item a line."""
+    text = _tuple(items, one)
+    if len(head + text + tail) + 4 * indent <= 100:
+        out(head + text + tail, indent)
         return
     out(head + "(", indent)
-    for item in items[1:-1].split(", "):
+    for item in items:
         out(item + ",", indent + 1)
     out(")" + tail, indent)
 
 
-def _previous(name: str) -> str:
-    """The local that holds input `name` at t-1 (no spec name starts with an underscore)."""
-    return f"_prev_{name}"
+def _local(role: str, name: str) -> str:
+    """The local that holds what `role` says of spec name `name`: `_prev_x` (input x at t-1),
+    `_last_x` (its last token, carried to the next call), a group's kernel arguments (`_k_H`,
+    `_v_H`, `_S0_H`, `_beta_H`, `_k1_H` for its first sub-token). Every such name starts with
+    an underscore, which no spec name can. The role is written without its underscores
+    (`g_scale` as `gscale`), so it ends at the second underscore and two locals are the same
+    only for the same role and name (`_g_scale_H` would be g_scale of H and g of scale_H)."""
+    return f"_{role.replace('_', '')}_{name}"
+
+
+#: What an operation's local is called when it repeats (see `_local_base`).
+_OPERATIONS = {
+    "*": "product",
+    "@": "product",
+    ".": "dot",
+    "/": "ratio",
+    "+": "sum",
+    "-": "difference",
+    "^": "power",
+}
+
+
+def _spec_names(mixer) -> dict[Expr, str]:
+    """The names the spec gives computations: each per-token value's (`i_t = exp(...)`: `i`)
+    and each call of a let function (`kk(kappa_t)`: `kk_kappa`, its arguments' names after
+    the function's where all are names), keyed by the expression they inline to."""
+    states = {s.name for s in mixer.states}
+    lets = {fn.name for fn in mixer.lets}
+    names: dict[Expr, str] = {}
+    for eq in mixer.equations:
+        if eq.target not in states:
+            names.setdefault(inline(mixer, eq.value), eq.target)
+    for eq in mixer.equations:
+        for node in walk(eq.value):
+            if isinstance(node, Call) and node.func in lets:
+                names.setdefault(inline(mixer, node), _named(node.func, node.args))
+    return names
+
+
+def _named(base: str, operands) -> str:
+    """`base` followed by the names among `operands` where each is a name or a constant."""
+    names = [x.name for x in operands if isinstance(x, Name | Timed)]
+    if names and all(isinstance(x, Name | Timed) or constant(x) is not None for x in operands):
+        return "_".join([base, *names])
+    return base
+
+
+def _local_base(e: Expr, spec_names: dict[Expr, str]) -> str:
+    """What the local of a common subexpression is named after: the spec's name for it, else
+    its function or operation followed by its operands' names (`sigmoid_alpha`,
+    `product_beta_k`, `scaled_beta` for 2 * beta) or, for a function of one computation, that
+    computation's name (`exp_logsigmoid_f`)."""
+    if e in spec_names:
+        return spec_names[e]
+    if isinstance(e, Call):
+        if len(e.args) == 1 and isinstance(e.args[0], Call):
+            inner = f"{e.func}_{_local_base(e.args[0], spec_names)}"
+            return inner if len(inner) <= 24 else e.func
+        return _named(e.func, e.args)
+    if isinstance(e, Binary):
+        scaled = e.op in "*@" and sum(constant(x) is not None for x in (e.left, e.right)) == 1
+        return _named("scaled" if scaled else _OPERATIONS[e.op], (e.left, e.right))
+    return _named("negated" if isinstance(e, Neg) else "transposed", (e.operand,))
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    """`_base`, or `_base2`, `_base3`, ... : the first not in `taken` (which it joins). It
+    starts with an underscore, so it is no spec name."""
+    name, n = f"_{base}", 2
+    while name in taken:
+        name, n = f"_{base}{n}", n + 1
+    taken.add(name)
+    return name
 
 
 def _size(symbol: str) -> str:

@@ -20,6 +20,10 @@ from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
 # Python operator precedence, for minimal parentheses
 _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
 
+#: The built-ins of two arguments, each emitted as a clamp where one argument is a constant:
+#: max(x, c) is x.clamp(min=c) (torch's maximum takes tensors only), min(x, c) x.clamp(max=c).
+_CLAMPS = {"max": "min", "min": "max"}
+
 
 def constant(e: Expr) -> float | None:
     """The value of an expression made of numbers only, or None (also where the value is not
@@ -76,17 +80,120 @@ def literal(value: float) -> str:
     return repr(value)
 
 
+def computes(e: Expr) -> bool:
+    """Whether `e` is a computation worth a local when it repeats: a call or an operation, not
+    a name, a constant, a negated name or a transpose (a view: `x.mT` of a shared x reads as
+    well as a local would)."""
+    if isinstance(e, Name | Timed | Number | Identity | Transpose) or constant(e) is not None:
+        return False
+    if isinstance(e, Neg):
+        return computes(e.operand)
+    return True
+
+
+def _negated_product(e: Expr, shape: Callable[[Expr], Shape]) -> Expr | None:
+    """For -(a * b) (or a / b, or a product with a scalar written `@`): the same product with
+    one factor negated, the smaller one (the first on a tie): negation is exact, so (-a) * b
+    is -(a * b) to the bit, and negating a [.., 1, 1] gate costs less than negating the whole
+    product. None for anything else (a matrix product, whose factors may both be large)."""
+    if not isinstance(e, Binary) or e.op not in ("*", "/", "@"):
+        return None
+    left, right = shape(e.left), shape(e.right)
+    if IDENTITY in (left, right) or (e.op == "@" and SCALAR not in (left, right)):
+        return None
+
+    def size(x: Expr, s: Shape) -> tuple[int, int]:
+        return (0 if constant(x) is not None else 1, sum(d != "1" for d in s))
+
+    def negated(x: Expr) -> Expr:
+        return x.operand if isinstance(x, Neg) else Neg(x, span=x.span)
+
+    if size(e.right, right) < size(e.left, left):
+        return Binary(e.op, e.left, negated(e.right), span=e.span)
+    return Binary(e.op, negated(e.left), e.right, span=e.span)
+
+
+class Shared:
+    """The common subexpressions of one point of a generated function: a run of its lines at
+    one indent, where no name the expressions read is rebound (a function's body before its
+    return, a loop's body before its states move on). A computation (`computes`) that occurs
+    more than once among the expressions emitted there is computed once, into a local, on
+    the line before its first use; same text at the same point is the same value, so the
+    outputs are those of the code written out in full, to the bit.
+
+    The emitter runs twice. In the first run the point records the tree of computations each
+    expression emits (`trees`); `choose` then picks what to share: the longest repeated text,
+    then again on what is left, so `f(g(x))` twice is one local, and g(x) gets its own only
+    if it is used elsewhere too. In the second run the point emits with those locals."""
+
+    def __init__(self) -> None:
+        self.trees: list[tuple[str, Expr, list]] = []
+        self._open: list[list] = []
+        self.recording = True
+        self.locals: dict[str, str] = {}  # plain text -> local
+        self.out: Callable[[str], None] = lambda line: None
+        self._defined: set[str] = set()
+
+    def emit(self, py: PyExpr, e: Expr) -> tuple[str, int]:
+        if self.recording:
+            self._open.append([])
+            text, level = py._compute(e)
+            inner = self._open.pop()
+            (self._open[-1] if self._open else self.trees).append((text, e, inner))
+            return text, level
+        local = self.locals.get(py.plain(e))
+        if local is None:
+            return py._compute(e)
+        if local not in self._defined:
+            self._defined.add(local)
+            self.out(f"{local} = {py._compute(e)[0]}")
+        return local, _ATOM
+
+    def choose(self) -> dict[str, Expr]:
+        """The texts to share (in order of first occurrence), each with its expression."""
+        chosen: dict[str, Expr] = {}
+        while True:
+            counts: dict[str, list] = {}  # text -> [count, expression, computations inside]
+            for tree in self.trees:
+                _count(tree, counts, chosen)
+            for text in list(chosen):  # each local's own definition, once
+                for tree in counts[text][2]:
+                    _count(tree, counts, chosen)
+            repeated = [t for t, (n, _, _) in counts.items() if n > 1 and t not in chosen]
+            if not repeated:
+                order = list(counts)
+                return {t: chosen[t] for t in sorted(chosen, key=order.index)}
+            pick = max(repeated, key=len)  # the first of the longest: max keeps the first
+            chosen[pick] = counts[pick][1]
+
+
+def _count(tree: tuple[str, Expr, list], counts: dict[str, list], chosen: dict) -> None:
+    """Count the computations of `tree` as emitted once those `chosen` are locals: a local's
+    computations inside it are not emitted where it is used."""
+    text, e, inside = tree
+    counts.setdefault(text, [0, e, inside])[0] += 1
+    if text not in chosen:
+        for t in inside:
+            _count(t, counts, chosen)
+
+
 class PyExpr:
     """Emits expressions. `names` maps a spec reference to a Python variable: Timed refs by
     (name, offset), plain names by name; `functions` maps a built-in to the callable that
     computes it instead of its torch function (a log-gate's log: the runtime's _log_gate)."""
 
     def __init__(
-        self, typer: Typer, names: Callable[[Expr], str], functions: dict[str, str] | None = None
+        self,
+        typer: Typer,
+        names: Callable[[Expr], str],
+        functions: dict[str, str] | None = None,
+        shared: Shared | None = None,
     ) -> None:
         self.typer = typer
         self.names = names
         self.functions = functions or {}
+        self.shared = shared
+        self._plain: dict[int, tuple[Expr, str]] = {}
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
@@ -105,7 +212,25 @@ class PyExpr:
             return self.names(e), _ATOM
         if isinstance(e, Identity):
             raise ValueError("I is emitted by its parent")
+        if self.shared is not None and computes(e):
+            return self.shared.emit(self, e)
+        return self._compute(e)
+
+    def plain(self, e: Expr) -> str:
+        """`e` as it reads without common subexpressions bound to locals: what identifies it
+        among the expressions of one point (the same text there is the same value)."""
+        known = self._plain.get(id(e))
+        if known is None or known[0] is not e:
+            known = (e, PyExpr(self.typer, self.names, self.functions)(e))
+            self._plain[id(e)] = known
+        return known[1]
+
+    def _compute(self, e: Expr) -> tuple[str, int]:
+        """`e` from its operands (each of which may be a common subexpression's local)."""
         if isinstance(e, Neg):
+            first = _negated_product(e.operand, self.shape)
+            if first is not None:  # -(a * b) as (-a) * b: the same value, a smaller negation
+                return self._compute(first)
             return "-" + self._wrap(e.operand, _UNARY), _UNARY
         if isinstance(e, Transpose):
             if self.shape(e.operand) == SCALAR:
@@ -121,12 +246,17 @@ class PyExpr:
         return f"({text})" if own < level else text
 
     def _call(self, e: Call) -> str:
-        if len(e.args) == 2:  # max, min: of a constant, a clamp (torch's maximum takes tensors)
-            clamp = {"max": "min", "min": "max"}[e.func]
+        if e.func in _CLAMPS:
+            clamp = _CLAMPS[e.func]
             for x, c in (e.args, reversed(e.args)):
                 if constant(c) is not None:
                     return f"{self._wrap(x, _ATOM)}.clamp({clamp}={self(c)})"
             return f"{BUILTINS[e.func].torch}({self(e.args[0])}, {self(e.args[1])})"
+        if BUILTINS[e.func].arity != 1:
+            raise NotImplementedError(
+                f"the PyTorch emitter has no rule for {e.func}, a built-in of "
+                f"{BUILTINS[e.func].arity} arguments: add one to PyExpr._call"
+            )
         (arg,) = e.args
         if e.func == "sum":
             return f"{self._wrap(arg, _ATOM)}.sum((-2, -1), keepdim=True)"

@@ -986,8 +986,9 @@ def chunk(
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     # H: identity minus rank-1 -> chunk_delta
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
-    _v_H = _seq_vector(2 * beta * v, _sizes, cu_seqlens)
-    _beta_H = _seq_scalar(2 * beta, _sizes, cu_seqlens)  # 2 beta_t
+    _scaled_beta = 2 * beta
+    _v_H = _seq_vector(_scaled_beta * v, _sizes, cu_seqlens)
+    _beta_H = _seq_scalar(_scaled_beta, _sizes, cu_seqlens)  # 2 beta_t
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_delta(_q, _k_H, _v_H, beta=_beta_H, initial_state=_S0_H, chunk_size=chunk_size)
@@ -1010,8 +1011,9 @@ def summary(q, k, v, beta, *, chunk_size=CHUNK_SIZE):
     _device = q.device
     # H: chunk_delta on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
-    _v_H = _seq_vector(2 * beta * v, _sizes)
-    _beta_H = _seq_scalar(2 * beta, _sizes)  # 2 beta_t
+    _scaled_beta = 2 * beta
+    _v_H = _seq_vector(_scaled_beta * v, _sizes)
+    _beta_H = _seq_scalar(_scaled_beta, _sizes)  # 2 beta_t
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
     _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)

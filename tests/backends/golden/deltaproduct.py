@@ -1010,11 +1010,13 @@ def chunk(
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     # H: identity minus rank-1 -> chunk_delta
     _k1_H = _seq_vector(_l2norm(k1), _sizes, cu_seqlens)  # l2norm(k1_t)
-    _v1_H = _seq_vector(2 * b1 * v1, _sizes, cu_seqlens)  # 2 b1_t v1_t
-    _beta1_H = _seq_scalar(2 * b1, _sizes, cu_seqlens)  # 2 b1_t
+    _scaled_b1 = 2 * b1
+    _v1_H = _seq_vector(_scaled_b1 * v1, _sizes, cu_seqlens)  # 2 b1_t v1_t
+    _beta1_H = _seq_scalar(_scaled_b1, _sizes, cu_seqlens)  # 2 b1_t
     _k2_H = _seq_vector(_l2norm(k2), _sizes, cu_seqlens)  # l2norm(k2_t)
-    _v2_H = _seq_vector(2 * b2 * v2, _sizes, cu_seqlens)  # 2 b2_t v2_t
-    _beta2_H = _seq_scalar(2 * b2, _sizes, cu_seqlens)  # 2 b2_t
+    _scaled_b2 = 2 * b2
+    _v2_H = _seq_vector(_scaled_b2 * v2, _sizes, cu_seqlens)  # 2 b2_t v2_t
+    _beta2_H = _seq_scalar(_scaled_b2, _sizes, cu_seqlens)  # 2 b2_t
     _k_H = _sub_tokens([_k1_H, _k2_H])  # 2 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step
     _beta_H = _sub_tokens([_beta1_H, _beta2_H])  # 2 sub-tokens a token, one per step
@@ -1042,11 +1044,13 @@ def summary(q, k1, v1, b1, k2, v2, b2, *, chunk_size=CHUNK_SIZE):
     _device = q.device
     # H: chunk_delta on probes: zero writes from an identity state
     _k1_H = _seq_vector(_l2norm(k1), _sizes)  # l2norm(k1_t)
-    _v1_H = _seq_vector(2 * b1 * v1, _sizes)  # 2 b1_t v1_t
-    _beta1_H = _seq_scalar(2 * b1, _sizes)  # 2 b1_t
+    _scaled_b1 = 2 * b1
+    _v1_H = _seq_vector(_scaled_b1 * v1, _sizes)  # 2 b1_t v1_t
+    _beta1_H = _seq_scalar(_scaled_b1, _sizes)  # 2 b1_t
     _k2_H = _seq_vector(_l2norm(k2), _sizes)  # l2norm(k2_t)
-    _v2_H = _seq_vector(2 * b2 * v2, _sizes)  # 2 b2_t v2_t
-    _beta2_H = _seq_scalar(2 * b2, _sizes)  # 2 b2_t
+    _scaled_b2 = 2 * b2
+    _v2_H = _seq_vector(_scaled_b2 * v2, _sizes)  # 2 b2_t v2_t
+    _beta2_H = _seq_scalar(_scaled_b2, _sizes)  # 2 b2_t
     _k_H = _sub_tokens([_k1_H, _k2_H])  # 2 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step
     _beta_H = _sub_tokens([_beta1_H, _beta2_H])  # 2 sub-tokens a token, one per step
@@ -1068,15 +1072,17 @@ def _recurrence(q, k1, v1, b1, k2, v2, b2, H, _sizes, _dtype, _device):
     _ys = []
     for _t in _range(_sizes["T"]):
         q_t, k1_t, v1_t, b1_t, k2_t, v2_t, b2_t = q[:, _t], k1[:, _t], v1[:, _t], b1[:, _t], k2[:, _t], v2[:, _t], b2[:, _t]
+        _unit_k2 = _l2norm(k2_t)
+        _unit_k1 = _l2norm(k1_t)
         # U_t (I - 2 b2_t unit(k2_t) unit(k2_t)^T) + 2 b2_t v2_t unit(k2_t)^T
         H_t = (
             H
-            - 2 * b2_t * (H @ _l2norm(k2_t) @ _l2norm(k2_t).mT)
-            - 2 * b1_t * (H @ _l2norm(k1_t) @ _l2norm(k1_t).mT)
-            + 4 * b1_t * b2_t * (H @ _l2norm(k1_t) @ (_l2norm(k1_t).mT @ _l2norm(k2_t) @ _l2norm(k2_t).mT))
-            + 2 * b1_t * (v1_t @ _l2norm(k1_t).mT)
-            - 4 * b1_t * b2_t * (v1_t @ (_l2norm(k1_t).mT @ _l2norm(k2_t) @ _l2norm(k2_t).mT))
-            + 2 * b2_t * (v2_t @ _l2norm(k2_t).mT)
+            - 2 * b2_t * (H @ _unit_k2 @ _unit_k2.mT)
+            - 2 * b1_t * (H @ _unit_k1 @ _unit_k1.mT)
+            + 4 * b1_t * b2_t * (H @ _unit_k1 @ (_unit_k1.mT @ _unit_k2 @ _unit_k2.mT))
+            + 2 * b1_t * (v1_t @ _unit_k1.mT)
+            - 4 * b1_t * b2_t * (v1_t @ (_unit_k1.mT @ _unit_k2 @ _unit_k2.mT))
+            + 2 * b2_t * (v2_t @ _unit_k2.mT)
         )
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t

@@ -1037,12 +1037,9 @@ def _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device):
     _ys = []
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t, g_t, beta_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t], beta[:, _t]
+        _exp_g = _torch.exp(g_t)
         # exp(g_t) H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
-        H_t = (
-            _torch.exp(g_t) * H
-            - beta_t * _torch.exp(g_t) * (H @ k_t @ k_t.mT)
-            + beta_t * (v_t @ k_t.mT)
-        )
+        H_t = _exp_g * H - beta_t * _exp_g * (H @ k_t @ k_t.mT) + beta_t * (v_t @ k_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

@@ -942,10 +942,11 @@ def _recurrence(q, k, v, H, z, _sizes, _dtype, _device):
     _ys = []
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
-        H_t = H + (v_t @ (_F.elu(k_t) + 1).mT)  # H_{t-1} + v_t phi(k_t)^T
-        z_t = z + (_F.elu(k_t) + 1)  # z_{t-1} + phi(k_t)
-        # y_t = H_t phi(q_t) / (z_t . phi(q_t))
-        _ys.append(H_t @ (_F.elu(q_t) + 1) / (z_t.mT @ (_F.elu(q_t) + 1)))
+        _phi_k = _F.elu(k_t) + 1
+        H_t = H + (v_t @ _phi_k.mT)  # H_{t-1} + v_t phi(k_t)^T
+        z_t = z + _phi_k  # z_{t-1} + phi(k_t)
+        _phi_q = _F.elu(q_t) + 1
+        _ys.append(H_t @ _phi_q / (z_t.mT @ _phi_q))  # y_t = H_t phi(q_t) / (z_t . phi(q_t))
         H, z = H_t, z_t
     return _torch.stack(_ys, 1), (H, z)
 

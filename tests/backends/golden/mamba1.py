@@ -572,11 +572,11 @@ def chunk(
     _k_H = _seq_vector(B, _sizes, cu_seqlens)
     _v_H = _seq_vector(dt * x, _sizes, cu_seqlens)
     _g_H = _seq_matrix(dt, _sizes, cu_seqlens)  # dt_t
-    _g_scale_H = _seq_factor(A, _sizes, cu_seqlens)  # A
+    _gscale_H = _seq_factor(A, _sizes, cu_seqlens)  # A
     _S0_H = H.mT
     _q = _seq_vector(C, _sizes, cu_seqlens)
     _o, _S = _chunk_elementwise(
-        _q, _k_H, _v_H, g=_g_H, g_scale=_g_scale_H, initial_state=_S0_H, chunk_size=chunk_size
+        _q, _k_H, _v_H, g=_g_H, g_scale=_gscale_H, initial_state=_S0_H, chunk_size=chunk_size
     )
     _r0 = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
@@ -599,9 +599,9 @@ def summary(x, dt, B, C, A, D, *, chunk_size=CHUNK_SIZE):
     _k_H = _seq_vector(B, _sizes)
     _v_H = _seq_vector(dt * x, _sizes)
     _g_H = _seq_matrix(dt, _sizes)  # dt_t
-    _g_scale_H = _seq_factor(A, _sizes)  # A
+    _gscale_H = _seq_factor(A, _sizes)  # A
     _o, _F0 = _chunk_elementwise(
-        _torch.zeros_like(_k_H), _k_H, _v_H, g=_g_H, g_scale=_g_scale_H, chunk_size=chunk_size
+        _torch.zeros_like(_k_H), _k_H, _v_H, g=_g_H, g_scale=_gscale_H, chunk_size=chunk_size
     )
     _S1 = _torch.ones_like(_F0)
     _o, _G = _chunk_elementwise(
@@ -609,7 +609,7 @@ def summary(x, dt, B, C, A, D, *, chunk_size=CHUNK_SIZE):
         _k_H,
         _torch.zeros_like(_v_H),
         g=_g_H,
-        g_scale=_g_scale_H,
+        g_scale=_gscale_H,
         initial_state=_S1,
         chunk_size=chunk_size,
     )

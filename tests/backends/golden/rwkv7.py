@@ -1013,11 +1013,12 @@ def chunk(
     # H: diagonal plus low rank -> chunk_dplr
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
-    _a_H = _seq_vector(-_l2norm(kappa), _sizes, cu_seqlens)  # -l2norm(kappa_t)
+    _kk_kappa = _l2norm(kappa)
+    _a_H = _seq_vector(-_kk_kappa, _sizes, cu_seqlens)  # -l2norm(kappa_t)
     # l2norm(kappa_t) * sigmoid(alpha_t)
-    _b_H = _seq_vector(_l2norm(kappa) * _torch.sigmoid(alpha), _sizes, cu_seqlens)
+    _b_H = _seq_vector(_kk_kappa * _torch.sigmoid(alpha), _sizes, cu_seqlens)
     # -exp(-0.5) sigmoid(d_t)
-    _gk_H = _seq_vector(-(0.6065306597126334 * _torch.sigmoid(d)), _sizes, cu_seqlens)
+    _gk_H = _seq_vector(-0.6065306597126334 * _torch.sigmoid(d), _sizes, cu_seqlens)
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_dplr(
@@ -1043,11 +1044,11 @@ def summary(q, k, v, d, kappa, alpha, *, chunk_size=CHUNK_SIZE):
     # H: chunk_dplr on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)
-    _a_H = _seq_vector(-_l2norm(kappa), _sizes)  # -l2norm(kappa_t)
+    _kk_kappa = _l2norm(kappa)
+    _a_H = _seq_vector(-_kk_kappa, _sizes)  # -l2norm(kappa_t)
     # l2norm(kappa_t) * sigmoid(alpha_t)
-    _b_H = _seq_vector(_l2norm(kappa) * _torch.sigmoid(alpha), _sizes)
-    # -exp(-0.5) sigmoid(d_t)
-    _gk_H = _seq_vector(-(0.6065306597126334 * _torch.sigmoid(d)), _sizes)
+    _b_H = _seq_vector(_kk_kappa * _torch.sigmoid(alpha), _sizes)
+    _gk_H = _seq_vector(-0.6065306597126334 * _torch.sigmoid(d), _sizes)  # -exp(-0.5) sigmoid(d_t)
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
     _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
@@ -1073,10 +1074,11 @@ def _recurrence(q, k, v, d, kappa, alpha, H, _sizes, _dtype, _device):
     _ys = []
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t, d_t, kappa_t, alpha_t = q[:, _t], k[:, _t], v[:, _t], d[:, _t], kappa[:, _t], alpha[:, _t]
+        _kk_kappa = _l2norm(kappa_t)
         # H_{t-1} (diag(exp(-exp(-0.5) sigmoid(d_t))) - kk(kappa_t) (sigmoid(alpha_t) * kk(kappa_t))^T) + v_t k_t^T
         H_t = (
-            (H @ _torch.diag_embed(_torch.exp(-(0.6065306597126334 * _torch.sigmoid(d_t))).squeeze(-1)))
-            - (H @ _l2norm(kappa_t) @ (_torch.sigmoid(alpha_t) * _l2norm(kappa_t)).mT)
+            (H @ _torch.diag_embed(_torch.exp(-0.6065306597126334 * _torch.sigmoid(d_t)).squeeze(-1)))
+            - (H @ _kk_kappa @ (_torch.sigmoid(alpha_t) * _kk_kappa).mT)
             + (v_t @ k_t.mT)
         )
         _ys.append(H_t @ q_t)  # y_t = H_t q_t

@@ -1070,8 +1070,7 @@ def chunk(
     # H: diagonal times identity minus rank-1 -> chunk_dplr
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(beta * v, _sizes, cu_seqlens)
-    # -beta_t (exp(g_t) * k_t)
-    _a_H = _seq_vector(-(beta * (_torch.exp(g) * k)), _sizes, cu_seqlens)
+    _a_H = _seq_vector(-beta * (_torch.exp(g) * k), _sizes, cu_seqlens)  # -beta_t (exp(g_t) * k_t)
     _b_H = _seq_vector(k, _sizes, cu_seqlens)  # k_t
     _gk_H = _seq_vector(g, _sizes, cu_seqlens)  # g_t
     _S0_H = H.mT
@@ -1099,7 +1098,7 @@ def summary(q, k, v, g, beta, *, chunk_size=CHUNK_SIZE):
     # H: chunk_dplr on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(beta * v, _sizes)
-    _a_H = _seq_vector(-(beta * (_torch.exp(g) * k)), _sizes)  # -beta_t (exp(g_t) * k_t)
+    _a_H = _seq_vector(-beta * (_torch.exp(g) * k), _sizes)  # -beta_t (exp(g_t) * k_t)
     _b_H = _seq_vector(k, _sizes)  # k_t
     _gk_H = _seq_vector(g, _sizes)  # g_t
     _K = _k_H.shape[-1]
@@ -1127,10 +1126,11 @@ def _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device):
     _ys = []
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t, g_t, beta_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t], beta[:, _t]
+        _diag_exp_g = _torch.diag_embed(_torch.exp(g_t).squeeze(-1))
         # H_{t-1} diag(exp(g_t)) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
         H_t = (
-            (H @ _torch.diag_embed(_torch.exp(g_t).squeeze(-1)))
-            - beta_t * (H @ (_torch.diag_embed(_torch.exp(g_t).squeeze(-1)) @ k_t) @ k_t.mT)
+            (H @ _diag_exp_g)
+            - beta_t * (H @ (_diag_exp_g @ k_t) @ k_t.mT)
             + beta_t * (v_t @ k_t.mT)
         )
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
