@@ -1,6 +1,7 @@
 """The README's examples are what mixc prints: every `console` block whose commands are
 `mixc check` runs, in a folder holding the `mix` block written just before it (as the file the
-command names), and must print exactly the block's output."""
+command names), and must print exactly the block's output; the excerpt of generated code after
+the `mixc compile` example is what that command writes."""
 
 from __future__ import annotations
 
@@ -49,3 +50,22 @@ def test_readme_check_example(spec: str | None, block: str, tmp_path) -> None:
         timeout=120,
     )
     assert run.stdout + run.stderr == expected
+
+
+def test_readme_generated_code_excerpt_is_what_mixc_compile_writes() -> None:
+    """Each line of the python block after `mixc compile specs/X.mix` (but the `...` elisions
+    and the wrapped signature, shown on one line) is a line of the module mixc writes for X,
+    and the lines come in the module's order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"\$ mixc compile specs/(\w+)\.mix .*?```python\n(.*?)```", text, re.S)
+    assert found, "no `mixc compile` example followed by a python block in README.md"
+    import mixc
+
+    module_lines = mixc.compile_source(ROOT / "specs" / f"{found[1]}.mix").splitlines()
+    module_lines = [line.rstrip() for line in module_lines]
+    position = 0
+    for line in found[2].splitlines():
+        if not line.strip() or line.strip() == "..." or line.startswith("def chunk("):
+            continue
+        assert line in module_lines[position:], f"README excerpt line not in the module: {line!r}"
+        position = module_lines.index(line, position) + 1
