@@ -135,18 +135,21 @@ class Shared:
         self._defined: set[str] = set()
 
     def emit(self, py: PyExpr, e: Expr) -> tuple[str, int]:
+        # a call goes straight to PyExpr._call, as _compute would send it: a Python frame
+        # fewer for each level of a deep nest of calls (the parser allows MAX_DEPTH levels)
+        call = isinstance(e, Call)
         if self.recording:
             self._open.append([])
-            text, level = py._compute(e)
+            text, level = (py._call(e), _ATOM) if call else py._compute(e)
             inner = self._open.pop()
             (self._open[-1] if self._open else self.trees).append((text, e, inner))
             return text, level
         local = self.locals.get(py.plain(e))
         if local is None:
-            return py._compute(e)
+            return (py._call(e), _ATOM) if call else py._compute(e)
         if local not in self._defined:
             self._defined.add(local)
-            self.out(f"{local} = {py._compute(e)[0]}")
+            self.out(f"{local} = {py._call(e) if call else py._compute(e)[0]}")
         return local, _ATOM
 
     def choose(self) -> dict[str, Expr]:
@@ -214,6 +217,8 @@ class PyExpr:
             raise ValueError("I is emitted by its parent")
         if self.shared is not None and computes(e):
             return self.shared.emit(self, e)
+        if isinstance(e, Call):  # as _compute would, a frame fewer
+            return self._call(e), _ATOM
         return self._compute(e)
 
     def plain(self, e: Expr) -> str:
@@ -250,8 +255,9 @@ class PyExpr:
             clamp = _CLAMPS[e.func]
             for x, c in (e.args, reversed(e.args)):
                 if constant(c) is not None:
-                    return f"{self._wrap(x, _ATOM)}.clamp({clamp}={self(c)})"
-            return f"{BUILTINS[e.func].torch}({self(e.args[0])}, {self(e.args[1])})"
+                    return f"{self._wrap(x, _ATOM)}.clamp({clamp}={self._emit(c)[0]})"
+            first, second = (self._emit(x)[0] for x in e.args)
+            return f"{BUILTINS[e.func].torch}({first}, {second})"
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "
@@ -263,7 +269,9 @@ class PyExpr:
         if e.func == "diag":
             inner = ".squeeze(-1)" if self.shape(arg)[1] == "1" else ".squeeze(-2)"
             return f"{BUILTINS['diag'].torch}({self._wrap(arg, _ATOM)}{inner})"
-        return f"{self.functions.get(e.func, BUILTINS[e.func].torch)}({self(arg)})"
+        # the operand through _emit, not __call__: every level of a deep nest of calls costs
+        # as few Python frames as it can (the parser allows MAX_DEPTH levels)
+        return f"{self.functions.get(e.func, BUILTINS[e.func].torch)}({self._emit(arg)[0]})"
 
     def eye(self, shape: Shape) -> str:
         n = shape[0]
