@@ -64,6 +64,11 @@ def context_parallel(mixer, group=None) -> Callable:
         )
 
     default_chunk = getattr(mixer, "CHUNK_SIZE", 64)  # a module compiled before CHUNK_SIZE: 64
+    # how each state's summary acts on a state, in the order of STATES (the summary returns
+    # one P and one F per state)
+    actions = [
+        getattr(mixer, "SUMMARY_ACTIONS", {}).get(name, "matmul") for name, _ in mixer.STATES
+    ]
 
     def run(
         *args, initial_state=None, output_final_state=False, chunk_size=default_chunk, **params
@@ -80,9 +85,6 @@ def context_parallel(mixer, group=None) -> Callable:
         rank, world = dist.get_rank(group), gathered.shape[0]
         summaries = [_unflatten(gathered[r], pieces) for r in range(world)]
         n = len(pieces) // 2
-        actions = [
-            getattr(mixer, "SUMMARY_ACTIONS", {}).get(name, "matmul") for name, _ in mixer.STATES
-        ][:n]
         states = _initial(mixer, initial_state, pieces[n:])
         incoming = states
         for r in range(world):
@@ -91,7 +93,7 @@ def context_parallel(mixer, group=None) -> Callable:
             states = tuple(
                 _apply(s, p, f, action)
                 for s, p, f, action in zip(
-                    states, summaries[r][:n], summaries[r][n:], actions, strict=True
+                    states, summaries[r][:n], summaries[r][n:], actions[:n], strict=True
                 )
             )
         # every rank's graph reaches the exchange (rank 0's outputs do not depend on it), so
