@@ -194,9 +194,9 @@ def _finals(final, names: tuple[str, ...]) -> dict[str, Tensor] | None:
 
 @dataclass(frozen=True)
 class Failure:
-    """A disagreement (or a crash) of one form on one example. `kind` says how the form failed:
-    "numerical" (a quantity's values out of bounds, non-finite ones included), "shape" (a
-    quantity missing or of the wrong shape) or "crash" (the form raised; quantity "call")."""
+    """A disagreement (or a crash) of one form on one example: quantity "call" for a form that
+    raised (message: the exception), else the quantity out of bounds (message: what was wrong
+    with its shape, or "missing"; empty when only its values were)."""
 
     form: str
     chunk_size: int | None
@@ -207,14 +207,21 @@ class Failure:
     message: str
     example: Example
     dtype: torch.dtype
-    kind: str = "numerical"
+
+    @property
+    def kind(self) -> str:
+        """How the form failed: "crash" (it raised), "shape" (a quantity missing or of the
+        wrong shape) or "numerical" (a quantity's values out of bounds, non-finite included)."""
+        if self.quantity == "call":
+            return "crash"
+        return "shape" if self.message else "numerical"
 
     @property
     def label(self) -> str:
         return _label(self.form, self.chunk_size)
 
     def summary(self) -> str:
-        if self.kind == "crash":
+        if self.quantity == "call":
             return f"{self.label} raised {self.message}"
         tail = f"; vs recurrent {self.vs_recurrent:.2e}" if self.vs_recurrent is not None else ""
         return (
@@ -450,9 +457,7 @@ def _measure(
         floor, bound = limits[q]
         a = result.get(q)
         if a is None:
-            return Failure(
-                form, chunk_size, q, math.inf, bound, None, "missing", ex, dtype, "shape"
-            )
+            return Failure(form, chunk_size, q, math.inf, bound, None, "missing", ex, dtype)
         err = rel_error(a, want, floor)
         vs_rec = None
         if recurrent is not None and (q == "output" or form != "parallel"):
@@ -461,8 +466,7 @@ def _measure(
             "" if a.shape == want.shape else f"shape {list(a.shape)}, expected {list(want.shape)}"
         )
         if err > bound or (vs_rec is not None and vs_rec > 2 * bound):
-            kind = "shape" if shape else "numerical"
-            return Failure(form, chunk_size, q, err, bound, vs_rec, shape, ex, dtype, kind)
+            return Failure(form, chunk_size, q, err, bound, vs_rec, shape, ex, dtype)
         if q.startswith("gradient"):
             grad = max(grad, err)
         else:
@@ -481,8 +485,7 @@ def _check(r: InputRanges, module: types.ModuleType, ex: Example, dtype: torch.d
             result = _run_form(r, module, form, cs, leaves, x)
         except Exception as exc:  # a broken module may raise anything: that is a failure too
             msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            crash = Failure(form, cs, "call", math.inf, 0.0, None, msg, ex, dtype, "crash")
-            return worst, crash
+            return worst, Failure(form, cs, "call", math.inf, 0.0, None, msg, ex, dtype)
         if form == "parallel" and form not in targets:
             targets[form] = _parallel_targets(r, x, ex.seed, dtype)
         target = targets["parallel" if form == "parallel" else "from states"]

@@ -324,11 +324,12 @@ class Dplr(TransitionClass):
 
     def cost(self, tr: Transition, d: GroupDims) -> ClassCost:
         C, T, nq, dk, dv = d.C, d.T, d.nq, d.dk, d.dv
-        # the four score matrices once per pair (aligned blocks), the solve, W and U', the
-        # writes K~^T V and from chunk to chunk U = W S + U' and B~^T U, and per query the
-        # outputs Q~ S + [qk qb] [V; U]
+        # the four score matrices once per pair (aligned blocks), the solve, W and U'; the
+        # chunk's action on the state, P = diag + B~^T W and F = K~^T V + B~^T U'; from chunk
+        # to chunk S = P S + F (a d_k x d_k product per chunk) and then U = W S + U'; per query
+        # the outputs Q~ S + [qk qb] [V; U]
         scores = 4 * C * dk + C * C / 3 + C * dk + 2 * C * dv
-        chunk_map = 6 * d.kv
+        chunk_map = 6 * d.kv + 2 * dk * dk + 2 * dk * d.kv / C
         queries = nq * (4 * C * dv + 2 * d.kv)
         chunked = FormCost(
             scores + chunk_map + queries,
@@ -338,8 +339,8 @@ class Dplr(TransitionClass):
         quadratic = FormCost(whole, 4 * ACC_BYTES * T + ACC_BYTES * (4 * dk + 2 * dv))
         note = (
             "diagonal plus low rank: four decayed C x C score matrices (aligned blocks), a "
-            "C^3/3 triangular solve per chunk, the state passed as the delta rule's; quadratic "
-            "= one chunk of T"
+            "C^3/3 triangular solve per chunk, the state passed by one d_k x d_k product per "
+            "chunk; quadratic = one chunk of T"
         )
         return ClassCost(chunked, quadratic, note)
 
