@@ -156,7 +156,10 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
         span=eq.value.span,
     )
     return replace(
-        state, transition=transition, writes=tuple(w for _, w in steps), write_form="rank-1 outer products"
+        state,
+        transition=transition,
+        writes=tuple(w for _, w in steps),
+        write_form="rank-1 outer products",
     )
 
 

@@ -114,9 +114,11 @@ class RuleContext:
 
 @dataclass(frozen=True)
 class KernelArg:
-    """One per-token argument of a chunked kernel beyond q, k and v, as a spec expression
-    (None: the kernel's default, e.g. no gate). `layout` is "vector", "scalar", "matrix" (one
-    value per entry of the state) or "factor" (a matrix multiplying another argument)."""
+    """One argument of a chunked kernel beyond q, k and v, as a spec expression (None: the
+    kernel's default, e.g. no gate). `layout` is "vector", "scalar", "matrix" (one value per
+    entry of the state) or "factor" (a matrix multiplying another argument) for a per-token
+    tensor, or "bound" for a number the analysis proved about one (a Number, passed as a
+    float)."""
 
     name: str
     expr: Expr | None

@@ -13,11 +13,13 @@ from a boundary (as the diagonal gate's).
 
 from __future__ import annotations
 
+import math
+
 from mixc.algebra.canon import signed
 from mixc.algebra.expand import Term, transpose_atom
 from mixc.algebra.intervals import bounds
 from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
-from mixc.frontend.ir import Binary, Call, Expr, Transpose
+from mixc.frontend.ir import Binary, Call, Expr, Number, Transpose
 from mixc.transitions.base import (
     ChunkSize,
     Condition,
@@ -147,6 +149,32 @@ def _two_keys(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
     return Update(f"{c.prev} (I {w.minus} {beta} {kx} {kx}{T}) + {beta} {c.v}_t {u}_t{T}")
 
 
+#: log 2^-30: the least total decay of a chunk, per channel, for which the kernel splits
+#: exp(c_r - c_j) into exp(c_r) exp(-c_j) (both factors then within [2^-30, 2^30])
+_LEAST_CHUNK_LOG_DECAY = -30 * math.log(2)
+
+
+def _least_gate(gate: Expr | None) -> float:
+    """The least value the interval arithmetic proves for the log-gate (0 without one)."""
+    return 0.0 if gate is None else bounds(gate)[0]
+
+
+def _split_note(gate: Expr | None) -> str:
+    """How the chunk form measures the decays of its scores, for `explain`."""
+    blocks = "aligned blocks, factors measured from their boundary"
+    least = _least_gate(gate)
+    if least == 0.0:
+        return "no decay: the scores are one matmul a chunk"
+    if not _LEAST_CHUNK_LOG_DECAY <= least:  # unbounded, or too strong at a chunk of 1
+        return f"exp(c_r - c_j) is never split into exp(c_r) exp(-c_j): {blocks}"
+    largest = 1 << int(math.log2(_LEAST_CHUNK_LOG_DECAY / least))
+    return (
+        f"g >= {least:.4g} (proven): at chunk sizes up to {largest}, exp(c_r - c_j) = "
+        f"exp(c_r) exp(-c_j) with both factors in [2^-30, 2^30], one matmul a chunk; at larger "
+        f"ones {blocks}"
+    )
+
+
 class Dplr(TransitionClass):
     name = "dplr"
     variants = (GATED_ERASE, ERASE, GENERAL)
@@ -222,11 +250,16 @@ class Dplr(TransitionClass):
         )
 
     def kernel_args(self, tr):
+        """a, b and the log-gate, and the gate's lower bound where the interval arithmetic
+        proves one (RWKV-7's -exp(-0.5) sigmoid(d) >= -0.61): with it the kernel builds a
+        chunk's scores as one matmul when the chunk cannot decay below 2^-30."""
         gate = sum_of(tr.log("key"), tr.log("scalar"))
+        least = _least_gate(gate)
         return (
             KernelArg("a", tr.read, "vector"),
             KernelArg("b", tr.key, "vector"),
             KernelArg("gk", gate, "vector"),
+            KernelArg("gk_min", Number(repr(least)) if math.isfinite(least) else None, "bound"),
         )
 
     def maths(self, tr: Transition) -> Maths:
@@ -243,8 +276,7 @@ class Dplr(TransitionClass):
                 "Y = (Q ⊙ exp(c) + [Q B] W) S_0 + [Q K] V + [Q B] U'",
                 "S_C = (diag(exp(c_C)) + (B ⊙ exp(c_C - c))^T W) S_0 + (K ⊙ exp(c_C - c))^T V "
                 "+ (B ⊙ exp(c_C - c))^T U'",
-                "exp(c_r - c_j) is never split into exp(c_r) exp(-c_j): aligned blocks, "
-                "factors measured from their boundary",
+                _split_note(gate),
             ),
         )
 

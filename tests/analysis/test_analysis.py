@@ -166,7 +166,14 @@ ROWS: dict[str, Row] = {
     ),
     "ema": Row(
         "ema.mix",
-        {"m": S("scalar constant", "scalar_constant", "1 - a x_t 1^T", ("scalar: a -> log(a) proven",))},
+        {
+            "m": S(
+                "scalar constant",
+                "scalar_constant",
+                "1 - a x_t 1^T",
+                ("scalar: a -> log(a) proven",),
+            )
+        },
         "linear: _r0",
         SCALAR_DECAY,
     ),
@@ -1028,6 +1035,19 @@ def test_transition_and_write_pieces_the_backend_reads():
     assert safe.stability.startswith("stable:")
 
 
+@pytest.mark.parametrize(
+    ("row", "least"),
+    [("rwkv7", "-0.6065306597126334"), ("kda", None), ("kda_times_a_scalar_decay", None)],
+)
+def test_dplr_kernel_gets_the_gates_proven_lower_bound(row, least):
+    """The kernel is passed the least log-gate the interval arithmetic proves: RWKV-7's
+    -exp(-0.5) sigmoid(d_t) >= -exp(-0.5); none for KDA's g_t or a logsigmoid, unbounded."""
+    (group,) = analyze(load(ROWS[row].spec)).groups
+    bound = {a.name: a for a in group.args}["gk_min"]
+    assert bound.layout == "bound"
+    assert (None if bound.expr is None else bound.expr.text) == least
+
+
 def test_dependency_graph_labels_lags_and_kinds():
     facts = analyze(load("linear_attention_normalized.mix"))
     g = facts.graph
@@ -1082,7 +1102,9 @@ def test_a_vector_state_read_both_entrywise_and_by_a_dot_is_refused():
         "mixer both\nin i[V], f[V], o[V]\nstate c[V]\nc_t = sigmoid(f_t) * c_{t-1} + i_t\n"
         "y_t = c_t / (c_t . o_t)\n"
     )
-    with pytest.raises(SpecError, match="NYI: the vector state c is read both entry by entry") as info:
+    with pytest.raises(
+        SpecError, match="NYI: the vector state c is read both entry by entry"
+    ) as info:
         analyze(spec)
     assert "^" in str(info.value)
 

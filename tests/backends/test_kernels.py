@@ -337,6 +337,43 @@ def test_chunk_dplr(t_len, chunk, init, gate):
     check_against_oracle(chunk_dplr, oracle, inputs, chunk_size=chunk)
 
 
+RWKV7_LEAST_LOG_DECAY = -0.6065306597126334  # -exp(-0.5) sigmoid(d) >= -exp(-0.5)
+
+
+@pytest.mark.parametrize(("chunk", "direct"), [(4, True), (32, True), (64, False)])
+@pytest.mark.parametrize("t_len", [37, 100])  # both run C = 64 as asked
+def test_chunk_dplr_gate_bound(t_len, chunk, direct, monkeypatch):
+    """A gate with a proven lower bound (RWKV-7's): where a chunk cannot decay below 2^-30
+    (32 * 0.61 < log 2^30 < 64 * 0.61) its scores are one matmul, elsewhere the block split;
+    both against the oracle, with autograd and without."""
+    import mixc.backends.pytorch.kernels.dplr as dplr_kernels
+
+    inputs = dplr_inputs(t_len, seed=6)
+    gen = torch.Generator().manual_seed(7)
+    noise = torch.randn(inputs["gk"].shape, generator=gen, dtype=torch.float64)
+    inputs["gk"] = RWKV7_LEAST_LOG_DECAY * torch.sigmoid(noise)
+    calls = []
+    direct_scores = dplr_kernels._dplr_scores_direct
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return direct_scores(*args)
+
+    monkeypatch.setattr(dplr_kernels, "_dplr_scores_direct", counted)
+
+    def oracle(q, k, v, a, b, gk, initial_state):
+        return oracle_dplr(q, k, v, a, b, gk, initial_state)
+
+    kwargs = {"chunk_size": chunk, "gk_min": RWKV7_LEAST_LOG_DECAY}
+    check_against_oracle(chunk_dplr, oracle, inputs, **kwargs)
+    with torch.no_grad():
+        ref = oracle(**inputs)
+        out = chunk_dplr(**{n: x.float() for n, x in inputs.items()}, **kwargs)
+    for o, r in zip(out, ref, strict=True):
+        assert rel_err(o, r) <= TOL
+    assert bool(calls) == direct
+
+
 @pytest.mark.parametrize("chunk", [1, 2, 32, 128])
 def test_other_chunk_sizes(chunk):
     """Chunk sizes outside the main grid (several sub-chunks at 32/128, trivial chunks at 1/2)."""

@@ -378,6 +378,22 @@ MUTANTS = [
     ),
     (
         "rwkv7",
+        "a chunk's scores as one matmul read a's decay through its own token",
+        "torch.mul(a_c, decay_before, out=rows[..., 1, :])",
+        "torch.mul(a_c, decay, out=rows[..., 1, :])",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "rwkv7",
+        "a chunk's scores as one matmul keep the a row's pair with its own key",
+        "for column, offset in ((0, 0), (1, 0), (0, 1)):",
+        "for column, offset in ((1, 0), (0, 1)):",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "rwkv7",
         "the first token of each chunk loses its own query-key pair",
         "own.copy_(torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2)).squeeze(-2).mT)",
         "own.copy_(torch.matmul(q_c.unsqueeze(-2), cols.transpose(-1, -2)).squeeze(-2).mT)\n"

@@ -522,6 +522,9 @@ class _Module:
         for arg in group.args:
             if arg.expr is None:
                 continue
+            if arg.layout == "bound":
+                kernel_args.append(f"{arg.name}={float(arg.expr.text)!r}")
+                continue
             value = self.tensor(arg.expr, gate)  # a constant gate, e.g. log(0.9), as a tensor
             local = _local(arg.name, name)
             out(f"{local} = _seq_{arg.layout}({value}, _sizes{packed}){_note(arg.expr)}")
@@ -547,7 +550,8 @@ class _Module:
             for arg, expr, layout, how in (
                 ("k", w.key, "vector", None),
                 ("v", value, "vector", None),
-                *((a.name, a.expr, a.layout, gate) for a in sub.args),
+                # a step's bound would not hold for the other steps' sub-tokens
+                *((a.name, a.expr, a.layout, gate) for a in sub.args if a.layout != "bound"),
             ):
                 parts.setdefault(arg, [])
                 layouts[arg] = layout

@@ -340,7 +340,7 @@ def _needs_grad(*tensors):
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _chain(initial, n_steps, next_state, tracked, reverse=False):
+def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
     the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
@@ -348,7 +348,9 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
 
     Without autograd (tracked False) every state is written in place (out = its slot of one
     buffer: no per-step allocation, no stacking copy); with autograd out is None and
-    next_state returns a new tensor.
+    next_state returns a new tensor. The buffer [n_steps + 1, ...] may be given (untracked
+    only), its slots holding what next_state adds onto in place; slot 0 (reverse: the last)
+    gets initial.
     """
     steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
     if tracked:
@@ -358,7 +360,7 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
         if reverse:
             return torch.stack(states[-2::-1]), states[-1]
         return torch.stack(states[:-1]), states[-1]
-    states = initial.new_empty(n_steps + 1, *initial.shape)
+    states = initial.new_empty(n_steps + 1, *initial.shape) if out is None else out
     slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
     slots[n_steps if reverse else 0].copy_(initial)
     for n in steps:

@@ -342,19 +342,25 @@ def _needs_grad(*tensors):
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _split_chunks(x, chunk_size, n_pad=0):
+def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
     zero-padded at the end by n_pad tokens (None stays None).
 
     One contiguous copy, so batched matmuls need no hidden copies and each chunk is
-    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
-    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    contiguous; with `view` and no padding, a strided view of x instead (for an input only
+    read elementwise, whose first elementwise operation is then the copy). An input constant
+    in time (stride 0 on T, as a broadcast per-head constant is) stays a broadcast view when
+    no padding is needed: every chunk is the same.
     """
     if x is None:
         return None
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
+    if n_pad == 0 and view:
+        batch, heads, length = x.shape[:3]
+        chunks = x.reshape(batch, heads, length // chunk_size, chunk_size, *x.shape[3:])
+        return chunks.movedim(2, 0)
     # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
     # there, so that under autograd the gradient is copied straight into that layout
     x = x.transpose(1, 2)
@@ -376,11 +382,13 @@ def _span_tokens(q, v, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
-def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
+def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
     every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
     from span to span, first to last (reverse: last to first), and join each output over the
-    spans. A carry of None starts from zeros [B, NH, K, V] (a zero state).
+    spans. A carry of None starts from zeros [B, NH, K, V] (a zero state). `strided`: the
+    indices in seqs of inputs span_fn only reads elementwise (never in place), which it may
+    get as strided views instead of copies (_split_chunks).
 
     span_fn gets its inputs chunk-major, [N, B, NH, C, ...], zero-padded to whole chunks (a
     zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
@@ -408,7 +416,8 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
         tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
         pad = n_pad if n + per_span >= n_chunks else 0
         return [
-            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
+            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
+            for i, x in enumerate(seqs)
         ]
 
     if _needs_grad(*seqs, carry):
@@ -444,7 +453,7 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
-def _chain(initial, n_steps, next_state, tracked, reverse=False):
+def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
     the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
@@ -452,7 +461,9 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
 
     Without autograd (tracked False) every state is written in place (out = its slot of one
     buffer: no per-step allocation, no stacking copy); with autograd out is None and
-    next_state returns a new tensor.
+    next_state returns a new tensor. The buffer [n_steps + 1, ...] may be given (untracked
+    only), its slots holding what next_state adds onto in place; slot 0 (reverse: the last)
+    gets initial.
     """
     steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
     if tracked:
@@ -462,7 +473,7 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
         if reverse:
             return torch.stack(states[-2::-1]), states[-1]
         return torch.stack(states[:-1]), states[-1]
-    states = initial.new_empty(n_steps + 1, *initial.shape)
+    states = initial.new_empty(n_steps + 1, *initial.shape) if out is None else out
     slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
     slots[n_steps if reverse else 0].copy_(initial)
     for n in steps:
@@ -476,10 +487,10 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
     return states[:-1], slots[-1].clone()
 
 
-def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None):
+def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=()):
     """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
     spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
-    state, guard).
+    state, guard). strided: as _over_spans takes it.
 
     Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
     NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
@@ -499,7 +510,7 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None):
         def span(*chunks_and_state):
             return span_fn(*chunks_and_state, kept, guarded)
 
-        return _over_spans(span, seqs, carry, chunk_size)
+        return _over_spans(span, seqs, carry, chunk_size, strided=strided)
 
     if guard is None:
         if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
@@ -765,11 +776,65 @@ def _dplr_support(chunk_size, device):
     return (j < r) | ((j == r) & (s == 0))
 
 
-def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c):
+def _dplr_direct(gk_min, chunk_size, *tensors):
+    """Whether a span's scores can be built by _dplr_scores_direct: the gates' lower bound
+    gk_min (None: none known) keeps every chunk's total decay at least 2^-30 (log 2^-30 =
+    -20.79...), so that the factors 1 / exp(b_j) it divides by stay at most 2^30, and neither
+    autograd nor a graph being compiled records the span (the direct form writes into views
+    of preallocated tensors, which torch.compile does not trace)."""
+    if gk_min is None or gk_min * chunk_size < -20.79441541679836:
+        return False
+    return not _needs_grad(*tensors) and not torch.compiler.is_compiling()
+
+
+def _dplr_mask_(scores):
+    """Zero the interleaved scores [..., 2C, 2C] (see _dplr_scores) outside their support, in
+    place, by selection: row 2r (the query of token r) keeps the columns of tokens j <= r, a
+    lower triangle with one column above the diagonal; row 2r + 1 (its a) those of j < r, so
+    the three entries left of and above the diagonal that the triangle keeps are zeroed."""
+    scores.tril_(1)
+    chunk_size = scores.shape[-1] // 2
+    a_rows = scores.view(*scores.shape[:-2], chunk_size, 2, chunk_size, 2)[..., :, 1, :, :]
+    for column, offset in ((0, 0), (1, 0), (0, 1)):  # (j = r, k), (j = r, b), (j = r + 1, k)
+        torch.diagonal(a_rows[..., column], offset=offset, dim1=-2, dim2=-1).zero_()
+    return scores
+
+
+def _dplr_scores_direct(q_c, k_c, a_c, b_c, g_c):
+    """_dplr_scores for gates whose total decay over a chunk is known to be at least 2^-30 in
+    every channel (_dplr_direct), without autograd: the same scores, rows, columns and
+    exp(b_C), with each pair's decay exp(b_r - b_j) split at the chunk's start into exp(b_r)
+    and 1 / exp(b_j), both within [2^-30, 2^30], so that all four kinds of pairs of the whole
+    chunk are one batched matmul, masked by selection (_dplr_mask_). exp(b_r) is the running
+    product of the per-token decays (no exp of a summed exponent), so a factor's relative error
+    grows with the number of tokens, as the split form's does; the split form's factors are
+    needed only where a chunk's decay can be stronger."""
+    lead, chunk_size, d_k = q_c.shape[:3], q_c.shape[3], q_c.shape[-1]
+    # exp(b_0) = 1, exp(b_1), ..., exp(b_C) [N, B, NH, C + 1, K]
+    from_start = q_c.new_empty(*lead, chunk_size + 1, d_k)
+    from_start[..., 0, :] = 1
+    torch.cumprod(g_c.exp(), dim=3, out=from_start[..., 1:, :])
+    decay, decay_before = from_start[..., 1:, :], from_start[..., :-1, :]
+    rows = q_c.new_empty(*lead, chunk_size, 2, d_k)  # exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A
+    torch.mul(q_c, decay, out=rows[..., 0, :])
+    torch.mul(a_c, decay_before, out=rows[..., 1, :])
+    cols = q_c.new_empty(*lead, chunk_size, 2, d_k)  # exp(-b) ⊙ K, exp(-b) ⊙ B
+    torch.div(k_c, decay, out=cols[..., 0, :])
+    torch.div(b_c, decay, out=cols[..., 1, :])
+    pairs = rows.view(*lead, 2 * chunk_size, d_k), cols.view(*lead, 2 * chunk_size, d_k)
+    scores = _dplr_mask_(_bmm(pairs[0], pairs[1].transpose(-1, -2)))
+    chunk_decay = from_start[..., -1:, :].unsqueeze(-2)  # exp(b_C) [N, B, NH, 1, 1, K]
+    cols.mul_(chunk_decay)  # decayed to the chunk's end
+    return scores, rows, cols, chunk_decay
+
+
+def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False):
     """What the chunks of a span share before the state passes: the decayed scores, rows and
-    columns and exp(b_C) (see _dplr_scores), T = (I - ab)^{-1} (unit lower-triangular, in at
-    least fp32), W = T (exp(b_{r-1}) ⊙ A) and U' = T ak V."""
-    scores, rows, cols, chunk_decay = _dplr_scores(q_c, k_c, a_c, b_c, g_c)
+    columns and exp(b_C) (see _dplr_scores; _dplr_scores_direct where `direct`), T =
+    (I - ab)^{-1} (unit lower-triangular, in at least fp32), W = T (exp(b_{r-1}) ⊙ A) and
+    U' = T ak V."""
+    scores_of = _dplr_scores_direct if direct else _dplr_scores
+    scores, rows, cols, chunk_decay = scores_of(q_c, k_c, a_c, b_c, g_c)
     chunk_size = q_c.shape[3]
     pairs = scores.view(*scores.shape[:-2], chunk_size, 2, chunk_size, 2)
     solve_dtype = torch.promote_types(q_c.dtype, torch.float32)
@@ -785,12 +850,13 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c):
     return scores, t_inv, rows, cols, w, u_own, chunk_decay
 
 
-def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
+def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
     """The diagonal-plus-low-rank recurrence on one span of chunks: q_c, k_c, a_c, b_c, g_c
     [N, B, NH, C, K], v_c [N, B, NH, C, V]. Returns ([o [N, B, NH, C, V]], state after the
     span); appends the decayed scores, T, the pseudo-values U and the states entering each chunk
     to kept if given. Guarded, the triangular products run over finite values and a token that
     had a non-finite one poisons its output, those after it and the state (see _guarded_spans).
+    gk_min: a lower bound of every log-gate, or None (see _dplr_direct).
 
     The pseudo-values are U = W S_n + U', so from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n
     + (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U is P S_n + F with P and F built for
@@ -809,29 +875,45 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
         poison = poison + (decay * 0).sum(-1)
     n_chunks, batch, heads, chunk_size, d_k = q_c.shape
     d_v = v_c.shape[-1]
-    scores, t_inv, rows, cols, w, u_own, chunk_decay = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c)
-    k_to_end, b_to_end = cols.unbind(-2)
+    direct = _dplr_direct(gk_min, chunk_size, q_c, k_c, v_c, g_c, a_c, b_c)
+    maps = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct)
+    scores, t_inv, rows, cols, w, u_own, chunk_decay = maps
+    k_to_end_t, b_to_end_t = (x.transpose(-1, -2) for x in cols.unbind(-2))
     # the chunk's action on the state it enters: S_{n+1} = P S_n + F, with P = diag(exp(b_C)) +
     # (exp(b_C - b) ⊙ B)^T W and F = (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U'
-    b_end_t = b_to_end.transpose(-1, -2)
-    moves = _bmm(b_end_t, w)  # [N, B, NH, K, K]
+    moves = _bmm(b_to_end_t, w)  # [N, B, NH, K, K]
     torch.diagonal(moves, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*moves.shape[:-1]))
-    writes = _bmm(b_end_t, u_own, add=_bmm(k_to_end.transpose(-1, -2), v_c))
-    if poison is not None:
-        writes = writes + poison.sum(-1)[..., None, None]
-
-    # the sequential part: one matmul per chunk
     flat = batch * heads
     moves_n = moves.reshape(n_chunks, flat, d_k, d_k).unbind(0)
-    writes_n = writes.reshape(n_chunks, flat, d_k, d_v).unbind(0)
-    tracked = _needs_grad(state, moves, writes)
+    tracked = _needs_grad(state, moves, u_own, cols, v_c)
+    if tracked:
+        writes = _bmm(b_to_end_t, u_own, add=_bmm(k_to_end_t, v_c))
+        if poison is not None:
+            writes = writes + poison.sum(-1)[..., None, None]
+        writes_n, states = writes.reshape(n_chunks, flat, d_k, d_v).unbind(0), None
+    else:
+        # F is written into the slots of the states, which the chain then updates in place
+        states = v_c.new_empty(n_chunks + 1, flat, d_k, d_v)
+        writes = states[1:].view(-1, d_k, d_v)
+        torch.bmm(_as_3d(k_to_end_t), _as_3d(v_c), out=writes)
+        writes.baddbmm_(_as_3d(b_to_end_t), _as_3d(u_own))
+        if poison is not None:
+            writes.add_(poison.sum(-1).reshape(-1, 1, 1))
 
     def next_state(n, state, out):
-        return torch.baddbmm(writes_n[n], moves_n[n], state, out=out)
+        if out is None:
+            return torch.baddbmm(writes_n[n], moves_n[n], state)
+        return out.baddbmm_(moves_n[n], state)  # out holds F_n
 
-    states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
+    # the sequential part: one matmul per chunk
+    states_in, state = _chain(
+        state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked, out=states
+    )
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
-    u = _bmm(w, states_in, add=u_own)  # the pseudo-values U = W S_n + U'
+    if tracked:
+        u = _bmm(w, states_in, add=u_own)  # the pseudo-values U = W S_n + U'
+    else:
+        u = _as_3d(u_own).baddbmm_(_as_3d(w), _as_3d(states_in)).view(u_own.shape)
     values = torch.stack([v_c, u], dim=-2).reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
     if kept is not None:
         kept.append([scores, t_inv, values, states_in])
@@ -944,19 +1026,28 @@ def _dplr_grads_span(
     return [dq, dk, dv, dg, da, db], d_state.reshape(batch, heads, d_k, d_v)
 
 
-def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
+def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None):
     """Chunked S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t.
 
     a, b: [B, NH, T, K]; gk: the log-gate [B, NH, T, K] or [B, NH, T, 1] (one per token, for
-    every channel), None: no decay. Returns (o, final state).
+    every channel), None: no decay. gk_min: a number every entry of gk is known to be at least
+    (the generated modules pass the bound the spec's gate has), None: none known; where it
+    keeps a chunk's total decay at least 2^-30, a chunk's scores are one matmul. Returns (o,
+    final state).
     """
     gk = torch.zeros_like(k) if gk is None else gk.expand_as(k)
+
+    def span(*chunks_and_state):
+        return _dplr_span(*chunks_and_state, gk_min=gk_min)
+
     if _needs_grad(q, k, v, a, b, gk, initial_state):
         return _OwnBackward.apply(
-            _dplr_span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
+            span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
         )
     seqs = [q, k, v, gk, a, b]
-    (o,), state, _ = _guarded_spans(_dplr_span, seqs, initial_state, chunk_size)
+    # every input but v is only read elementwise (into the decayed rows and columns)
+    strided = (0, 1, 3, 4, 5)
+    (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
     return o, state
 
 

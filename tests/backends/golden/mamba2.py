@@ -342,19 +342,25 @@ def _needs_grad(*tensors):
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
-def _split_chunks(x, chunk_size, n_pad=0):
+def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """[B, NH, T, ...] -> chunk-major [N, B, NH, chunk_size, ...], N = (T + n_pad) / chunk_size,
     zero-padded at the end by n_pad tokens (None stays None).
 
     One contiguous copy, so batched matmuls need no hidden copies and each chunk is
-    contiguous. An input constant in time (stride 0 on T, as a broadcast per-head constant
-    is) stays a broadcast view when no padding is needed: every chunk is the same.
+    contiguous; with `view` and no padding, a strided view of x instead (for an input only
+    read elementwise, whose first elementwise operation is then the copy). An input constant
+    in time (stride 0 on T, as a broadcast per-head constant is) stays a broadcast view when
+    no padding is needed: every chunk is the same.
     """
     if x is None:
         return None
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
+    if n_pad == 0 and view:
+        batch, heads, length = x.shape[:3]
+        chunks = x.reshape(batch, heads, length // chunk_size, chunk_size, *x.shape[3:])
+        return chunks.movedim(2, 0)
     # [B, T, NH, ...]: the callers' layout, of which their inputs are transposed views; split
     # there, so that under autograd the gradient is copied straight into that layout
     x = x.transpose(1, 2)
@@ -376,11 +382,13 @@ def _span_tokens(q, v, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
-def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
+def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
     every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
     from span to span, first to last (reverse: last to first), and join each output over the
-    spans. A carry of None starts from zeros [B, NH, K, V] (a zero state).
+    spans. A carry of None starts from zeros [B, NH, K, V] (a zero state). `strided`: the
+    indices in seqs of inputs span_fn only reads elementwise (never in place), which it may
+    get as strided views instead of copies (_split_chunks).
 
     span_fn gets its inputs chunk-major, [N, B, NH, C, ...], zero-padded to whole chunks (a
     zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
@@ -408,7 +416,8 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
         tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
         pad = n_pad if n + per_span >= n_chunks else 0
         return [
-            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad) for x in seqs
+            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
+            for i, x in enumerate(seqs)
         ]
 
     if _needs_grad(*seqs, carry):
@@ -444,7 +453,7 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
-def _chain(initial, n_steps, next_state, tracked, reverse=False):
+def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
     the last step to the first): (the state entering each step, stacked [n_steps, ...], and the
@@ -452,7 +461,9 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
 
     Without autograd (tracked False) every state is written in place (out = its slot of one
     buffer: no per-step allocation, no stacking copy); with autograd out is None and
-    next_state returns a new tensor.
+    next_state returns a new tensor. The buffer [n_steps + 1, ...] may be given (untracked
+    only), its slots holding what next_state adds onto in place; slot 0 (reverse: the last)
+    gets initial.
     """
     steps = range(n_steps - 1, -1, -1) if reverse else range(n_steps)
     if tracked:
@@ -462,7 +473,7 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
         if reverse:
             return torch.stack(states[-2::-1]), states[-1]
         return torch.stack(states[:-1]), states[-1]
-    states = initial.new_empty(n_steps + 1, *initial.shape)
+    states = initial.new_empty(n_steps + 1, *initial.shape) if out is None else out
     slots = states.unbind(0)  # slot n holds the state between steps n - 1 and n
     slots[n_steps if reverse else 0].copy_(initial)
     for n in steps:
@@ -476,10 +487,10 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False):
     return states[:-1], slots[-1].clone()
 
 
-def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None):
+def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=()):
     """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
     spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
-    state, guard).
+    state, guard). strided: as _over_spans takes it.
 
     Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
     NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
@@ -499,7 +510,7 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None):
         def span(*chunks_and_state):
             return span_fn(*chunks_and_state, kept, guarded)
 
-        return _over_spans(span, seqs, carry, chunk_size)
+        return _over_spans(span, seqs, carry, chunk_size, strided=strided)
 
     if guard is None:
         if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():

@@ -8,8 +8,9 @@ chunk_dplr runs the chunked form. Inside a chunk the rank-one terms read the sta
 the pseudo-values u_r = a_r^T S_{r-1}, which solve one unit lower-triangular system (in at
 least fp32); the four score matrices it needs (queries and the a's against keys and the b's)
 carry a decay per channel and are built as one interleaved matrix over aligned blocks of 2, 4,
-..., C tokens, with factors measured from each block's boundary, as the diagonal kernel's. The
-state passes from chunk to chunk by one matmul per chunk, S_{n+1} = P_n S_n + F_n. Under autograd
+..., C tokens, with factors measured from each block's boundary, as the diagonal kernel's; where
+the gate has a known lower bound that keeps a chunk's total decay at least 2^-30 (RWKV-7's at
+C <= 32), as one matmul a chunk, its factors measured from the chunk's start. The state passes from chunk to chunk by one matmul per chunk, S_{n+1} = P_n S_n + F_n. Under autograd
 chunk_dplr has its own backward (common._OwnBackward), keeping the scores, the triangular
 inverse, the pseudo-values and the states entering each chunk.
 
@@ -20,6 +21,7 @@ generated module can hold a copy of its source (see kernel_source in this packag
 import torch
 
 from mixc.backends.pytorch.kernels.common import (
+    _as_3d,
     _bmm,
     _chain,
     _finite_rows,
@@ -137,11 +139,65 @@ def _dplr_support(chunk_size, device):
     return (j < r) | ((j == r) & (s == 0))
 
 
-def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c):
+def _dplr_direct(gk_min, chunk_size, *tensors):
+    """Whether a span's scores can be built by _dplr_scores_direct: the gates' lower bound
+    gk_min (None: none known) keeps every chunk's total decay at least 2^-30 (log 2^-30 =
+    -20.79...), so that the factors 1 / exp(b_j) it divides by stay at most 2^30, and neither
+    autograd nor a graph being compiled records the span (the direct form writes into views
+    of preallocated tensors, which torch.compile does not trace)."""
+    if gk_min is None or gk_min * chunk_size < -20.79441541679836:
+        return False
+    return not _needs_grad(*tensors) and not torch.compiler.is_compiling()
+
+
+def _dplr_mask_(scores):
+    """Zero the interleaved scores [..., 2C, 2C] (see _dplr_scores) outside their support, in
+    place, by selection: row 2r (the query of token r) keeps the columns of tokens j <= r, a
+    lower triangle with one column above the diagonal; row 2r + 1 (its a) those of j < r, so
+    the three entries left of and above the diagonal that the triangle keeps are zeroed."""
+    scores.tril_(1)
+    chunk_size = scores.shape[-1] // 2
+    a_rows = scores.view(*scores.shape[:-2], chunk_size, 2, chunk_size, 2)[..., :, 1, :, :]
+    for column, offset in ((0, 0), (1, 0), (0, 1)):  # (j = r, k), (j = r, b), (j = r + 1, k)
+        torch.diagonal(a_rows[..., column], offset=offset, dim1=-2, dim2=-1).zero_()
+    return scores
+
+
+def _dplr_scores_direct(q_c, k_c, a_c, b_c, g_c):
+    """_dplr_scores for gates whose total decay over a chunk is known to be at least 2^-30 in
+    every channel (_dplr_direct), without autograd: the same scores, rows, columns and
+    exp(b_C), with each pair's decay exp(b_r - b_j) split at the chunk's start into exp(b_r)
+    and 1 / exp(b_j), both within [2^-30, 2^30], so that all four kinds of pairs of the whole
+    chunk are one batched matmul, masked by selection (_dplr_mask_). exp(b_r) is the running
+    product of the per-token decays (no exp of a summed exponent), so a factor's relative error
+    grows with the number of tokens, as the split form's does; the split form's factors are
+    needed only where a chunk's decay can be stronger."""
+    lead, chunk_size, d_k = q_c.shape[:3], q_c.shape[3], q_c.shape[-1]
+    # exp(b_0) = 1, exp(b_1), ..., exp(b_C) [N, B, NH, C + 1, K]
+    from_start = q_c.new_empty(*lead, chunk_size + 1, d_k)
+    from_start[..., 0, :] = 1
+    torch.cumprod(g_c.exp(), dim=3, out=from_start[..., 1:, :])
+    decay, decay_before = from_start[..., 1:, :], from_start[..., :-1, :]
+    rows = q_c.new_empty(*lead, chunk_size, 2, d_k)  # exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A
+    torch.mul(q_c, decay, out=rows[..., 0, :])
+    torch.mul(a_c, decay_before, out=rows[..., 1, :])
+    cols = q_c.new_empty(*lead, chunk_size, 2, d_k)  # exp(-b) ⊙ K, exp(-b) ⊙ B
+    torch.div(k_c, decay, out=cols[..., 0, :])
+    torch.div(b_c, decay, out=cols[..., 1, :])
+    pairs = rows.view(*lead, 2 * chunk_size, d_k), cols.view(*lead, 2 * chunk_size, d_k)
+    scores = _dplr_mask_(_bmm(pairs[0], pairs[1].transpose(-1, -2)))
+    chunk_decay = from_start[..., -1:, :].unsqueeze(-2)  # exp(b_C) [N, B, NH, 1, 1, K]
+    cols.mul_(chunk_decay)  # decayed to the chunk's end
+    return scores, rows, cols, chunk_decay
+
+
+def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False):
     """What the chunks of a span share before the state passes: the decayed scores, rows and
-    columns and exp(b_C) (see _dplr_scores), T = (I - ab)^{-1} (unit lower-triangular, in at
-    least fp32), W = T (exp(b_{r-1}) ⊙ A) and U' = T ak V."""
-    scores, rows, cols, chunk_decay = _dplr_scores(q_c, k_c, a_c, b_c, g_c)
+    columns and exp(b_C) (see _dplr_scores; _dplr_scores_direct where `direct`), T =
+    (I - ab)^{-1} (unit lower-triangular, in at least fp32), W = T (exp(b_{r-1}) ⊙ A) and
+    U' = T ak V."""
+    scores_of = _dplr_scores_direct if direct else _dplr_scores
+    scores, rows, cols, chunk_decay = scores_of(q_c, k_c, a_c, b_c, g_c)
     chunk_size = q_c.shape[3]
     pairs = scores.view(*scores.shape[:-2], chunk_size, 2, chunk_size, 2)
     solve_dtype = torch.promote_types(q_c.dtype, torch.float32)
@@ -157,12 +213,13 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c):
     return scores, t_inv, rows, cols, w, u_own, chunk_decay
 
 
-def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
+def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
     """The diagonal-plus-low-rank recurrence on one span of chunks: q_c, k_c, a_c, b_c, g_c
     [N, B, NH, C, K], v_c [N, B, NH, C, V]. Returns ([o [N, B, NH, C, V]], state after the
     span); appends the decayed scores, T, the pseudo-values U and the states entering each chunk
     to kept if given. Guarded, the triangular products run over finite values and a token that
     had a non-finite one poisons its output, those after it and the state (see _guarded_spans).
+    gk_min: a lower bound of every log-gate, or None (see _dplr_direct).
 
     The pseudo-values are U = W S_n + U', so from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n
     + (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U is P S_n + F with P and F built for
@@ -181,29 +238,45 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard):
         poison = poison + (decay * 0).sum(-1)
     n_chunks, batch, heads, chunk_size, d_k = q_c.shape
     d_v = v_c.shape[-1]
-    scores, t_inv, rows, cols, w, u_own, chunk_decay = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c)
-    k_to_end, b_to_end = cols.unbind(-2)
+    direct = _dplr_direct(gk_min, chunk_size, q_c, k_c, v_c, g_c, a_c, b_c)
+    maps = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct)
+    scores, t_inv, rows, cols, w, u_own, chunk_decay = maps
+    k_to_end_t, b_to_end_t = (x.transpose(-1, -2) for x in cols.unbind(-2))
     # the chunk's action on the state it enters: S_{n+1} = P S_n + F, with P = diag(exp(b_C)) +
     # (exp(b_C - b) ⊙ B)^T W and F = (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U'
-    b_end_t = b_to_end.transpose(-1, -2)
-    moves = _bmm(b_end_t, w)  # [N, B, NH, K, K]
+    moves = _bmm(b_to_end_t, w)  # [N, B, NH, K, K]
     torch.diagonal(moves, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*moves.shape[:-1]))
-    writes = _bmm(b_end_t, u_own, add=_bmm(k_to_end.transpose(-1, -2), v_c))
-    if poison is not None:
-        writes = writes + poison.sum(-1)[..., None, None]
-
-    # the sequential part: one matmul per chunk
     flat = batch * heads
     moves_n = moves.reshape(n_chunks, flat, d_k, d_k).unbind(0)
-    writes_n = writes.reshape(n_chunks, flat, d_k, d_v).unbind(0)
-    tracked = _needs_grad(state, moves, writes)
+    tracked = _needs_grad(state, moves, u_own, cols, v_c)
+    if tracked:
+        writes = _bmm(b_to_end_t, u_own, add=_bmm(k_to_end_t, v_c))
+        if poison is not None:
+            writes = writes + poison.sum(-1)[..., None, None]
+        writes_n, states = writes.reshape(n_chunks, flat, d_k, d_v).unbind(0), None
+    else:
+        # F is written into the slots of the states, which the chain then updates in place
+        states = v_c.new_empty(n_chunks + 1, flat, d_k, d_v)
+        writes = states[1:].view(-1, d_k, d_v)
+        torch.bmm(_as_3d(k_to_end_t), _as_3d(v_c), out=writes)
+        writes.baddbmm_(_as_3d(b_to_end_t), _as_3d(u_own))
+        if poison is not None:
+            writes.add_(poison.sum(-1).reshape(-1, 1, 1))
 
     def next_state(n, state, out):
-        return torch.baddbmm(writes_n[n], moves_n[n], state, out=out)
+        if out is None:
+            return torch.baddbmm(writes_n[n], moves_n[n], state)
+        return out.baddbmm_(moves_n[n], state)  # out holds F_n
 
-    states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
+    # the sequential part: one matmul per chunk
+    states_in, state = _chain(
+        state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked, out=states
+    )
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
-    u = _bmm(w, states_in, add=u_own)  # the pseudo-values U = W S_n + U'
+    if tracked:
+        u = _bmm(w, states_in, add=u_own)  # the pseudo-values U = W S_n + U'
+    else:
+        u = _as_3d(u_own).baddbmm_(_as_3d(w), _as_3d(states_in)).view(u_own.shape)
     values = torch.stack([v_c, u], dim=-2).reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
     if kept is not None:
         kept.append([scores, t_inv, values, states_in])
@@ -316,17 +389,26 @@ def _dplr_grads_span(
     return [dq, dk, dv, dg, da, db], d_state.reshape(batch, heads, d_k, d_v)
 
 
-def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
+def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None):
     """Chunked S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t.
 
     a, b: [B, NH, T, K]; gk: the log-gate [B, NH, T, K] or [B, NH, T, 1] (one per token, for
-    every channel), None: no decay. Returns (o, final state).
+    every channel), None: no decay. gk_min: a number every entry of gk is known to be at least
+    (the generated modules pass the bound the spec's gate has), None: none known; where it
+    keeps a chunk's total decay at least 2^-30, a chunk's scores are one matmul. Returns (o,
+    final state).
     """
     gk = torch.zeros_like(k) if gk is None else gk.expand_as(k)
+
+    def span(*chunks_and_state):
+        return _dplr_span(*chunks_and_state, gk_min=gk_min)
+
     if _needs_grad(q, k, v, a, b, gk, initial_state):
         return _OwnBackward.apply(
-            _dplr_span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
+            span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
         )
     seqs = [q, k, v, gk, a, b]
-    (o,), state, _ = _guarded_spans(_dplr_span, seqs, initial_state, chunk_size)
+    # every input but v is only read elementwise (into the decayed rows and columns)
+    strided = (0, 1, 3, 4, 5)
+    (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
     return o, state

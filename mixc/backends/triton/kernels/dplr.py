@@ -534,12 +534,14 @@ class _TlDplr(torch.autograd.Function):
         return dq, dk, dv, da, db, d_gate, d_initial, None
 
 
-def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64):
+def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None):
     """Chunked S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
     Triton kernels, forward and backward.
 
     a, b: [B, NH, T, K]; gk: the log-gate [B, NH, T, K] or [B, NH, T, 1] (one per token, for
-    every channel), None: no decay. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    every channel), None: no decay. gk_min (a lower bound of gk, as the PyTorch kernel takes)
+    is not needed: the fused kernels' factors are measured from sub-chunk boundaries whatever
+    the gate. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_dplr_fwd, q)
     gk = None if gk is None else gk.expand_as(k)
