@@ -40,6 +40,9 @@ SPECS = ROOT / "specs"
 B, NH, D = 1, 4, 64
 T_PEER, T_RECURRENT, T_MEMORY = 4096, 8192, (8192, 32768)
 CHUNKS = (16, 32, 64)  # the chunk sizes compared
+PEER_CHUNK = (
+    16  # both fla references ran fastest here at 16 (C = 8 to 128 tried), not at their defaults
+)
 RWKV_DECAY = math.exp(-0.5)  # as in specs/rwkv7.mix
 TARGETS = {
     "kda_vs_fla": 0.1,
@@ -85,12 +88,12 @@ def calls(T: int, dtype=torch.float32, chunk: int = 64) -> dict:
         n: x[n].transpose(1, 2).contiguous() for n in ("q", "k", "v", "d", "kappa", "alpha")
     }
 
-    def fla_rwkv7(q, k, v, d, kappa, alpha):
+    def fla_rwkv7(q, k, v, d, kappa, alpha, chunk_size=32):
         # the same function of the same inputs as mixc's call: RWKV-7's a, b and log-decay
         # come from d, kappa and alpha inside the timed call (as in specs/rwkv7.mix)
         kk = l2norm(kappa)
         a, b, gk = -kk, kk * torch.sigmoid(alpha), -RWKV_DECAY * torch.sigmoid(d)
-        return fla_dplr(q, k, v, a, b, gk, chunk_size=32)[0].transpose(1, 2)
+        return fla_dplr(q, k, v, a, b, gk, chunk_size=chunk_size)[0].transpose(1, 2)
 
     return {
         "mixc kda": (
@@ -100,6 +103,14 @@ def calls(T: int, dtype=torch.float32, chunk: int = 64) -> dict:
         "fla kda": (
             lambda *a: fla_kda(*a)[0],
             [x["q"], x["k_unit"], x["v"], x["g"], x["beta"]],
+        ),
+        f"fla kda C={PEER_CHUNK}": (
+            lambda *a: fla_kda(*a, chunk_size=PEER_CHUNK)[0],
+            [x["q"], x["k_unit"], x["v"], x["g"], x["beta"]],
+        ),
+        f"fla rwkv7 C={PEER_CHUNK}": (
+            lambda *a: fla_rwkv7(*a, chunk_size=PEER_CHUNK),
+            [head_major[n] for n in ("q", "k", "v", "d", "kappa", "alpha")],
         ),
         "mixc rwkv7": (
             lambda q, *rest: rwkv7.chunk(q * scale, *rest, chunk_size=chunk)[0],
@@ -215,6 +226,13 @@ def measure(args) -> dict:
     data["peer_fwd"] = timed(
         ["mixc kda", "fla kda", "mixc rwkv7", "fla rwkv7"], T_PEER, chunk, r, False
     )
+    data["peer_fwd_own_chunk"] = timed(
+        ["mixc kda", f"fla kda C={PEER_CHUNK}", "mixc rwkv7", f"fla rwkv7 C={PEER_CHUNK}"],
+        T_PEER,
+        chunk,
+        r,
+        False,
+    )
     data["gdn_fwd"] = timed(["mixc kda", "mixc gated_deltanet"], T_PEER, chunk, r, False)
     data["gdn_fwd_bwd"] = timed(["mixc kda", "mixc gated_deltanet"], T_PEER, chunk, r, True)
     data["recurrent"] = timed(
@@ -314,6 +332,19 @@ def report(d: dict) -> str:
             "the alternated ratios are noisy; re-run on a quiet machine before reading a target "
             "that misses by a few percent as missed.\n",
         )
+    own = d.get("peer_fwd_own_chunk")
+    if own:
+        kda_peer, rwkv7_peer = own[f"fla kda C={PEER_CHUNK}"], own[f"fla rwkv7 C={PEER_CHUNK}"]
+        lines += [
+            "",
+            "The references at their own fastest chunk size: the targets above call them with "
+            "their defaults (`naive_chunk_kda` C=64, `dplr_chunkwise` C=32), as the issue's "
+            f"timings did, but here both run faster at C={PEER_CHUNK}: `naive_chunk_kda` "
+            f"{kda_peer * 1e3:.0f} ms, `dplr_chunkwise` {rwkv7_peer * 1e3:.0f} ms (timed in "
+            "alternation with mixc again). Against those, mixc's chunk forward is "
+            f"{own['mixc kda'] / kda_peer:.3g}x (KDA) and "
+            f"{own['mixc rwkv7'] / rwkv7_peer:.3g}x (RWKV-7) of the reference's time.",
+        ]
     sizes = d["chunk_sizes"]
     lines += [
         "",
