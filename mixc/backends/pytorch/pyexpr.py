@@ -14,7 +14,18 @@ from mixc.algebra.expand import Term
 from mixc.backends.pytorch.lines import string
 from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS
-from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.ir import (
+    Binary,
+    Call,
+    Expr,
+    Identity,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+    children,
+)
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
 
 # Python operator precedence, for minimal parentheses
@@ -28,30 +39,62 @@ _CLAMPS = {"max": "min", "min": "max"}
 def constant(e: Expr) -> float | None:
     """The value of an expression made of numbers only, or None (also where the value is not
     finite, as `1e300 * 1e300`: the generated code then computes it as written)."""
-    if not all(isinstance(n, Number | Neg | Binary | Call) for n in walk(e)):
+    return Constants().value(e)
+
+
+class Constants:
+    """constant() for the nodes of expressions, each node folded once from its operands' values
+    and remembered: an emitter asks at every level of an expression, and walking each level's
+    whole subtree again made a product of 40 sums take 5 s to compile. Iterative, so a deep
+    expression needs no deep recursion."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[Expr, float | None]] = {}  # id -> (node, raw value)
+
+    def _get(self, node: Expr) -> tuple[Expr, float | None] | None:
+        hit = self._known.get(id(node))
+        return hit if hit is not None and hit[0] is node else None
+
+    def value(self, e: Expr) -> float | None:
+        pending = [e]
+        while pending:
+            node = pending[-1]
+            if self._get(node) is not None:
+                pending.pop()
+                continue
+            kids = children(node)
+            missing = [k for k in kids if self._get(k) is None]
+            if missing:
+                pending.extend(missing)
+                continue
+            pending.pop()
+            values = [self._known[id(k)][1] for k in kids]
+            self._known[id(node)] = (node, _fold_node(node, values))
+        value = self._known[id(e)][1]
+        return value if value is not None and math.isfinite(value) else None
+
+
+def _fold_node(e: Expr, operands: list[float | None]) -> float | None:
+    """A number, negation, operation or built-in call at its operands' values (which may be
+    inf: only the whole expression's value must be finite); None for any other node, an
+    operand that is None, or what does not fold (1 / 0, a let function, exp(1000))."""
+    if not isinstance(e, Number | Neg | Binary | Call) or None in operands:
         return None
     try:
-        value = _fold(e)
+        if isinstance(e, Number):
+            return float(e.text)
+        if isinstance(e, Neg):
+            return -operands[0]
+        if isinstance(e, Call):
+            return _fold_call(e.func, *operands)
+        a, b = operands
+        ops = {"+": a + b, "-": a - b, "*": a * b, "@": a * b, ".": a * b}
+        if e.op in ops:
+            return ops[e.op]
+        value = a / b if e.op == "/" else a**b
     except (ArithmeticError, ValueError, KeyError):
         return None
-    return value if math.isfinite(value) else None
-
-
-def _fold(e: Expr) -> float:
-    if isinstance(e, Number):
-        return float(e.text)
-    if isinstance(e, Neg):
-        return -_fold(e.operand)
-    if isinstance(e, Call):
-        return _fold_call(e.func, *(_fold(a) for a in e.args))
-    assert isinstance(e, Binary)
-    a, b = _fold(e.left), _fold(e.right)
-    ops = {"+": a + b, "-": a - b, "*": a * b, "@": a * b, ".": a * b}
-    if e.op in ops:
-        return ops[e.op]
-    if e.op == "/":
-        return a / b
-    return a**b
+    return None if isinstance(value, complex) else value
 
 
 def _fold_call(func: str, *x: float) -> float:
@@ -80,15 +123,15 @@ def literal(value: float) -> str:
     return repr(value)
 
 
-def computes(e: Expr) -> bool:
+def computes(e: Expr, constant_of: Callable[[Expr], float | None] = constant) -> bool:
     """Whether `e` is a computation worth a local when it repeats: a call or an operation, not
     a name, a constant, a negated name or a transpose (a view: `x.mT` of a shared x reads as
-    well as a local would)."""
-    if isinstance(e, Name | Timed | Number | Identity | Transpose) or constant(e) is not None:
-        return False
-    if isinstance(e, Neg):
-        return computes(e.operand)
-    return True
+    well as a local would). constant_of: constant, or an emitter's remembering one."""
+    while isinstance(e, Neg) and constant_of(e) is None:
+        e = e.operand
+    return not (
+        isinstance(e, Name | Timed | Number | Identity | Transpose) or constant_of(e) is not None
+    )
 
 
 def _negated_product(e: Expr, shape: Callable[[Expr], Shape]) -> Expr | None:
@@ -197,6 +240,7 @@ class PyExpr:
         self.functions = functions or {}
         self.shared = shared
         self._plain: dict[int, tuple[Expr, str]] = {}
+        self.constant = Constants().value
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
@@ -205,7 +249,7 @@ class PyExpr:
         return self._emit(e)[0]
 
     def _emit(self, e: Expr) -> tuple[str, int]:
-        value = constant(e)
+        value = self.constant(e)
         if value is None and isinstance(e, Number):  # folded by the algebra past float64's range
             value = float(e.text)
         if value is not None:
@@ -215,7 +259,7 @@ class PyExpr:
             return self.names(e), _ATOM
         if isinstance(e, Identity):
             raise ValueError("I is emitted by its parent")
-        if self.shared is not None and computes(e):
+        if self.shared is not None and computes(e, self.constant):
             return self.shared.emit(self, e)
         if isinstance(e, Call):  # as _compute would, a frame fewer
             return self._call(e), _ATOM
@@ -254,7 +298,7 @@ class PyExpr:
         if e.func in _CLAMPS:
             clamp = _CLAMPS[e.func]
             for x, c in (e.args, reversed(e.args)):
-                if constant(c) is not None:
+                if self.constant(c) is not None:
                     return f"{self._wrap(x, _ATOM)}.clamp({clamp}={self._emit(c)[0]})"
             first, second = (self._emit(x)[0] for x in e.args)
             return f"{BUILTINS[e.func].torch}({first}, {second})"
@@ -323,7 +367,7 @@ class PyExpr:
         right = e.right
         if not (e.op == "-" and isinstance(right, Call) and right.func == "sigmoid"):
             return None
-        if "sigmoid" in self.functions or constant(e.left) != 1.0:
+        if "sigmoid" in self.functions or self.constant(e.left) != 1.0:
             return None
         return f"{BUILTINS['sigmoid'].torch}(-{self._wrap(right.args[0], _UNARY)})"
 
@@ -346,7 +390,7 @@ class PyExpr:
         if e.op == "+":
             pairs.append((e.right, product(e.left)))
         for base, factors in pairs:
-            if factors is None or any(constant(x) is not None for x in (base, *factors)):
+            if factors is None or any(self.constant(x) is not None for x in (base, *factors)):
                 continue
             value = ", value=-1" if e.op == "-" else ""
             return f"_torch.addcmul({self(base)}, {self(factors[0])}, {self(factors[1])}{value})"
