@@ -162,3 +162,20 @@ def _call(func: str, x: float) -> Call:
 )
 def test_constant_folding(func, x, want):
     assert constant(_call(func, x)) == want
+
+
+def test_constant_folds_through_infinite_intermediates_and_deep_expressions():
+    """Only the whole expression's value must be finite (1 / (1e300 * 1e300) is 0); what does
+    not fold (a division by zero, a time-indexed input anywhere) is None; and a nest deeper
+    than Python's recursion limit folds, each node once."""
+    from mixc.frontend.ir import Binary, Timed
+
+    huge = Binary("*", Number("1e300"), Number("1e300"))
+    assert constant(Binary("/", Number("1"), huge)) == 0.0
+    assert constant(huge) is None
+    assert constant(Binary("/", Number("1"), Number("0"))) is None
+    deep = Number("1")
+    for _ in range(sys.getrecursionlimit() * 2):
+        deep = Binary("+", deep, Number("1"))
+    assert constant(deep) == sys.getrecursionlimit() * 2 + 1
+    assert constant(Binary("*", deep, Timed("x", 0))) is None
