@@ -139,15 +139,15 @@ def _dplr_support(chunk_size, device):
     return (j < r) | ((j == r) & (s == 0))
 
 
-def _dplr_direct(gk_min, chunk_size, *tensors):
-    """Whether a span's scores can be built by _dplr_scores_direct: the gates' lower bound
-    gk_min (None: none known) keeps every chunk's total decay at least 2^-30 (log 2^-30 =
-    -20.79...), so that the factors 1 / exp(b_j) it divides by stay at most 2^30, and neither
-    autograd nor a graph being compiled records the span (the direct form writes into views
-    of preallocated tensors, which torch.compile does not trace)."""
+def _dplr_direct(gk_min, chunk_size):
+    """Whether an untracked span's scores can be built by _dplr_scores_direct: the gates'
+    lower bound gk_min (None: none known) keeps every chunk's total decay at least 2^-30 (log
+    2^-30 = -20.79...), so that the factors 1 / exp(b_j) it divides by stay at most 2^30, and
+    no graph is being compiled (the direct form writes into views of preallocated tensors,
+    which torch.compile does not trace; autograd does not record them either)."""
     if gk_min is None or gk_min * chunk_size < -20.79441541679836:
         return False
-    return not _needs_grad(*tensors) and not torch.compiler.is_compiling()
+    return not torch.compiler.is_compiling()
 
 
 def _dplr_mask_(scores):
@@ -244,7 +244,7 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
         values = v_c.new_empty(*v_c.shape[:-1], 2, d_v)
         values[..., 0, :] = v_c
         v_c = values[..., 0, :]
-    direct = _dplr_direct(gk_min, chunk_size, q_c, k_c, v_c, g_c, a_c, b_c)
+    direct = not tracked and _dplr_direct(gk_min, chunk_size)
     maps = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct)
     scores, t_inv, rows, cols, w, u_own, chunk_decay = maps
     k_to_end_t, b_to_end_t = (x.transpose(-1, -2) for x in cols.unbind(-2))
