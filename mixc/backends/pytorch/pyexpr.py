@@ -134,7 +134,9 @@ def computes(e: Expr, constant_of: Callable[[Expr], float | None] = constant) ->
     )
 
 
-def _negated_product(e: Expr, shape: Callable[[Expr], Shape]) -> Expr | None:
+def _negated_product(
+    e: Expr, shape: Callable[[Expr], Shape], constant_of: Callable[[Expr], float | None]
+) -> Expr | None:
     """For -(a * b) (or a / b, or a product with a scalar written `@`): the same product with
     one factor negated, the smaller one (the first on a tie): negation is exact, so (-a) * b
     is -(a * b) to the bit, and negating a [.., 1, 1] gate costs less than negating the whole
@@ -146,7 +148,7 @@ def _negated_product(e: Expr, shape: Callable[[Expr], Shape]) -> Expr | None:
         return None
 
     def size(x: Expr, s: Shape) -> tuple[int, int]:
-        return (0 if constant(x) is not None else 1, sum(d != "1" for d in s))
+        return (0 if constant_of(x) is not None else 1, sum(d != "1" for d in s))
 
     def negated(x: Expr) -> Expr:
         return x.operand if isinstance(x, Neg) else Neg(x, span=x.span)
@@ -277,7 +279,7 @@ class PyExpr:
     def _compute(self, e: Expr) -> tuple[str, int]:
         """`e` from its operands (each of which may be a common subexpression's local)."""
         if isinstance(e, Neg):
-            first = _negated_product(e.operand, self.shape)
+            first = _negated_product(e.operand, self.shape, self.constant)
             if first is not None:  # -(a * b) as (-a) * b: the same value, a smaller negation
                 return self._compute(first)
             return "-" + self._wrap(e.operand, _UNARY), _UNARY

@@ -774,14 +774,6 @@ def _dplr_masks(block, like):
     return rows.to(like.dtype), cols.to(like.dtype)
 
 
-def _dplr_support(chunk_size, device):
-    """Where the interleaved scores [2C, 2C] (see _dplr_scores) are not 0: row 2r + s, column
-    2j + t for j < r, and for j = r in the rows of the queries (s = 0)."""
-    index = torch.arange(2 * chunk_size, device=device)
-    r, s, j = (index // 2)[:, None], (index % 2)[:, None], (index // 2)[None, :]
-    return (j < r) | ((j == r) & (s == 0))
-
-
 def _dplr_direct(gk_min, chunk_size):
     """Whether an untracked span's scores can be built by _dplr_scores_direct: the gates'
     lower bound gk_min (None: none known) keeps every chunk's total decay at least 2^-30 (log
@@ -794,8 +786,8 @@ def _dplr_direct(gk_min, chunk_size):
 
 
 def _dplr_mask_(scores):
-    """Zero the interleaved scores [..., 2C, 2C] (see _dplr_scores) outside their support, in
-    place, by selection: row 2r (the query of token r) keeps the columns of tokens j <= r, a
+    """Zero the interleaved scores [..., 2C, 2C] (see _dplr_scores), or their gradient,
+    outside their support, in place, by selection: row 2r (the query of token r) keeps the columns of tokens j <= r, a
     lower triangle with one column above the diagonal; row 2r + 1 (its a) those of j < r, so
     the three entries left of and above the diagonal that the triangle keeps are zeroed."""
     scores.tril_(1)
@@ -987,7 +979,7 @@ def _dplr_grads_span(
     d_r = _bmm(t_inv.transpose(-1, -2), d_u)
     outer = torch.stack([do_c, d_r], dim=-2).reshape(*lead, 2 * chunk_size, d_v)  # dO, dR
     d_scores = _bmm(outer, values.transpose(-1, -2))
-    d_scores = torch.where(_dplr_support(chunk_size, q_c.device), d_scores, 0.0)
+    d_scores = _dplr_mask_(d_scores)  # on the scores' support only
     dv = _bmm(scores[..., :, 0::2].transpose(-1, -2), outer, add=_bmm(to_end[..., 0, :], d_next))
     d_decayed = _bmm(outer, states_in.transpose(-1, -2)).reshape(rows.shape)
     d_to_end = _bmm(values, d_next.transpose(-1, -2)).reshape(cols.shape)
