@@ -260,26 +260,42 @@ def _writes(
             return (), f"not an outer product ({show(shape)} from {product(list(t.chain))})"
     if not out:
         return (), "empty (no write)"
-    return _shared_values(out, canon), "rank-1 outer products"
+    return _shared_factors(out, canon), "rank-1 outer products"
 
 
-def _shared_values(writes: list[WriteTerm], canon: Canon) -> tuple[WriteTerm, ...]:
-    """Writes of one value joined into one write of the sum of their (scaled) keys:
-    `v (a k + b k')^T`, which the expansion split into `a v k^T + b v k'^T`, is one rank-1 write
-    (a token shift mixing a key with the previous token's)."""
-    by_value: dict[str, list[WriteTerm]] = {}
+def _shared_factors(writes: list[WriteTerm], canon: Canon) -> tuple[WriteTerm, ...]:
+    """Writes of one value joined into one write of the sum of their (scaled) keys, then writes
+    of one key joined into one write of the sum of their (scaled) values: `v (a k + b k')^T`,
+    which the expansion split into `a v k^T + b v k'^T`, is one rank-1 write (a token shift
+    mixing a key with the previous token's), and so is `((1 - g) ⊙ v) k^T`, split into
+    `v k^T - (g ⊙ v) k^T` (an input gate on the values)."""
+    by_value = _joined(writes, canon, sum_keys=True)
+    # a row-layout vector state's writes have no value (None): only their keys are joined
+    if any(w.value is None for w in by_value):
+        return by_value
+    return _joined(list(by_value), canon, sum_keys=False)
+
+
+def _joined(writes: list[WriteTerm], canon: Canon, sum_keys: bool) -> tuple[WriteTerm, ...]:
+    """The writes that share a value (sum_keys) or a key joined into one write each, whose other
+    factor is the sum of theirs times their scales; first appearances keep their order."""
+    groups: dict[str, list[WriteTerm]] = {}
     for w in writes:
-        by_value.setdefault(str(w.value), []).append(w)
+        groups.setdefault(str(w.value if sum_keys else w.key), []).append(w)
     out = []
-    for same in by_value.values():
+    for same in groups.values():
         if len(same) == 1:
             out.append(same[0])
             continue
-        keys = [w.key if w.scale is None else Binary("*", w.scale, w.key) for w in same]
-        total = keys[0]
-        for k in keys[1:]:
-            total = Binary("+", total, k)
-        out.append(WriteTerm(same[0].value, canon.column(total), None))
+        summed = [w.key if sum_keys else w.value for w in same]
+        scaled = [x if w.scale is None else Binary("*", w.scale, x) for w, x in zip(same, summed)]
+        total = scaled[0]
+        for x in scaled[1:]:
+            total = Binary("+", total, x)
+        if sum_keys:
+            out.append(WriteTerm(same[0].value, canon.column(total), None))
+        else:
+            out.append(WriteTerm(canon(total), same[0].key, None))
     return tuple(out)
 
 

@@ -903,6 +903,19 @@ y_t = G_t q_t
         chunkable=False,
         reason="has rank 2",
     ),
+    # writes that share a value or a key are one rank-1 write of the sum of the other factors
+    "writes_sharing_a_key": Row(
+        text("H_t = H_{t-1} + (v_t - g_t * v_t) k_t^T", "q[K], k[K], v[V], g[V]"),
+        {"H": S("identity", "identity", "-(g_t * v_t) + v_t k_t^T")},  # the value is the sum
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "writes_sharing_a_value": Row(
+        text("H_t = H_{t-1} + v_t k_t^T + 2 v_t w_t^T", "q[K], k[K], v[V], w[K]"),
+        {"H": S("identity", "identity", "v_t (k_t + 2 w_t)^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
     "full_matrix_write": Row(
         text("H_t = H_{t-1} + M_t", "q[K], M[V, K]"),
         {"H": S("identity", "identity", "")},
@@ -1139,12 +1152,19 @@ class Rewriter:
     def __init__(self, spec: Spec, states: set[str]) -> None:
         self.typer = typer_for(spec.mixer, spec.shapes)
         self.states = states
+        # node -> whether a state occurs in it, by identity: the pool of every site is asked
+        # about at every site, and hashing a deep node walks all of it
+        self._stateful: dict[int, tuple[Expr, bool]] = {}
 
     def shape(self, e: Expr):
         return self.typer.shape_of(e)
 
     def stateful(self, e: Expr) -> bool:
-        return any(isinstance(n, Timed) and n.name in self.states for n in walk(e))
+        known = self._stateful.get(id(e))
+        if known is None or known[0] is not e:
+            found = any(isinstance(n, Timed) and n.name in self.states for n in walk(e))
+            known = self._stateful[id(e)] = (e, found)
+        return known[1]
 
     def scalar(self, e: Expr) -> bool:
         return self.shape(e) == SCALAR
@@ -1269,7 +1289,8 @@ def rewrite(data, spec: Spec) -> tuple[Spec, list[str]]:
         ]
         if not choices:
             continue
-        path, name, new = data.draw(st.sampled_from(choices), label="rewrite")
+        # an index: sampled_from(choices) would hash every choice, a whole expression each
+        path, name, new = choices[data.draw(st.sampled_from(range(len(choices))), label="rewrite")]
         log.append(f"{name} at {path}")
         equations[i] = replace(equations[i], value=put(value, path, new))
     new_mixer = replace(mixer, equations=tuple(equations))
@@ -1283,7 +1304,7 @@ def rewrite(data, spec: Spec) -> tuple[Spec, list[str]]:
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_rewrites_of_updates_keep_the_facts(name, data):
     spec = load(name)
@@ -1292,6 +1313,22 @@ def test_rewrites_of_updates_keep_the_facts(name, data):
     note(str(new.mixer))
     note("; ".join(log))
     assert facts_summary(analyze(new)) == want
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Canon keeps an elementwise product of vectors as one atom, so like terms inside "
+    "atoms ((2 dt) * x and dt * x) do not meet: the write is chunked, but its text differs",
+)
+def test_like_terms_inside_elementwise_products_meet():
+    """Found by the rewrite test with other draws: Mamba-1 with its value written
+    (dt + dt) * x - dt * x."""
+    spec = load("mamba1.mix")
+    text = str(spec.mixer).replace("(dt_t * x_t) B_t^T", "((dt_t + dt_t) * x_t - dt_t * x_t) B_t^T")
+    assert text != str(spec.mixer)
+    rewritten = load(text)
+    assert analyze(rewritten).chunkable  # the writes along one key are joined
+    assert facts_summary(analyze(rewritten)) == facts_summary(analyze(spec))
 
 
 def test_rewriter_reaches_each_kind_of_rewrite():

@@ -220,6 +220,21 @@ y_t = H_t q_t
     assert report.discarded > 0 and report.examples == 10  # as many passed as were asked for
 
 
+def test_writes_that_share_a_key_run_chunked_as_one_write() -> None:
+    """`(v - g ⊙ v) k^T` expands into two writes along one key, v k^T - (g ⊙ v) k^T: the analysis
+    joins them into one rank-1 write (it was "rank 2: no chunked form"), and the chunked form
+    of the joined write computes what the spec wrote."""
+    text = """mixer input_gate "a scalar decay and an input gate on the values"
+in    q[K], k[K], v[V], a, g[V]
+state H[V, K]
+H_t = sigmoid(a_t) H_{t-1} + (v_t - g_t * v_t) k_t^T
+y_t = H_t q_t
+"""
+    report = fuzz(mixc.Source(text), examples=8, seed=3)
+    assert report.ok, report.failure.summary()
+    assert "chunk" in report.worst
+
+
 # ----------------------------------------------------------------------------- input ranges
 
 
