@@ -18,6 +18,7 @@ from mixc.frontend.ir import walk
 from mixc.frontend.limits import MAX_INLINED_NODES, InlinedSizes, SpecSizeError
 from mixc.frontend.verify import equation_order
 from tests.strategies import small_mixers
+from tests.test_hostile_specs import SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD = "mixer m\nin q[K], k[K], v[V], a\nstate H[V, K]\n"
@@ -77,10 +78,13 @@ def doubling(levels: int, call: str) -> str:
 
 
 def refused(text: str) -> SpecSizeError:
+    """The SpecSizeError load_spec raises, within the 5 s every hostile spec is answered in
+    (tests/test_hostile_specs.py): a bound that tells a refusal from a blow-up, not a speed
+    target (2 s, its old bound, failed once on a slow phase of a shared machine, at 2.1 s)."""
     start = time.perf_counter()
     with pytest.raises(SpecSizeError) as info:
         mixc.load_spec(text=text)
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < SECONDS
     return info.value
 
 

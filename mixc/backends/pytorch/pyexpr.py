@@ -241,7 +241,10 @@ class PyExpr:
         self.names = names
         self.functions = functions or {}
         self.shared = shared
-        self._plain: dict[int, tuple[Expr, str]] = {}
+        self._plain_emitter: PyExpr | None = None
+        # texts by the id of the expression (holding it, so that its id is not reused), where
+        # emitting has no side effects (no shared locals): each subtree is emitted once
+        self._texts: dict[int, tuple[Expr, tuple[str, int]]] | None = None
         self.constant = Constants().value
 
     def shape(self, e: Expr) -> Shape:
@@ -251,6 +254,14 @@ class PyExpr:
         return self._emit(e)[0]
 
     def _emit(self, e: Expr) -> tuple[str, int]:
+        if self._texts is not None:
+            known = self._texts.get(id(e))
+            if known is None or known[0] is not e:
+                known = self._texts[id(e)] = (e, self._emit_once(e))
+            return known[1]
+        return self._emit_once(e)
+
+    def _emit_once(self, e: Expr) -> tuple[str, int]:
         value = self.constant(e)
         if value is None and isinstance(e, Number):  # folded by the algebra past float64's range
             value = float(e.text)
@@ -270,11 +281,10 @@ class PyExpr:
     def plain(self, e: Expr) -> str:
         """`e` as it reads without common subexpressions bound to locals: what identifies it
         among the expressions of one point (the same text there is the same value)."""
-        known = self._plain.get(id(e))
-        if known is None or known[0] is not e:
-            known = (e, PyExpr(self.typer, self.names, self.functions)(e))
-            self._plain[id(e)] = known
-        return known[1]
+        if self._plain_emitter is None:
+            self._plain_emitter = PyExpr(self.typer, self.names, self.functions)
+            self._plain_emitter._texts = {}
+        return self._plain_emitter(e)
 
     def _compute(self, e: Expr) -> tuple[str, int]:
         """`e` from its operands (each of which may be a common subexpression's local)."""
