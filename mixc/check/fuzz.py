@@ -155,7 +155,13 @@ def reference(
 def _forms(r: InputRanges, module: types.ModuleType, ex: Example) -> list[tuple[str, int | None]]:
     forms: list[tuple[str, int | None]] = [("recurrent", None), ("step", None)]
     if r.facts.chunkable and callable(getattr(module, "chunk", None)):
-        forms += [("chunk", cs) for cs in ex.chunk_sizes]
+        # the Triton kernels run every request below 16 tokens as a chunk of 16: a chunk size
+        # is run once for each chunk the module runs it as
+        runs_as = getattr(module, "_tl_chunk", None)
+        chunks: dict[int, int] = {}
+        for cs in ex.chunk_sizes:
+            chunks.setdefault(cs if runs_as is None else runs_as(cs, ex.T), cs)
+        forms += [("chunk", cs) for cs in chunks.values()]
     if callable(getattr(module, "parallel", None)) and not ex.initial_state:
         forms.append(("parallel", None))
     return forms

@@ -14,13 +14,14 @@ import ast
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import mixc
 from mixc.analysis.plan import analyze
-from mixc.check.fuzz import fuzz
+from mixc.check.fuzz import _forms, fuzz
 from mixc.driver import compile_source
 from mixc.errors import MixcError
 from tests.backends.test_causality import check_causal
@@ -63,6 +64,21 @@ def test_every_form_matches_the_oracle_fp32(name):
     report = fuzz(SPECS[name], backend="triton", examples=4, seed=1, shrink=False, max_T=40)
     assert report.ok, report.failure.summary()
     assert "chunk" in report.worst
+
+
+def test_fuzz_runs_each_chunk_the_kernels_run_once():
+    """The Triton kernels run any chunk size under 16 as 16 (and cap one past the sequence):
+    fuzz runs a chunk size only where the module's own _tl_chunk gives a new chunk, the PyTorch
+    module every size it was drawn."""
+    facts = SimpleNamespace(facts=SimpleNamespace(chunkable=True))
+    example = SimpleNamespace(chunk_sizes=(4, 1, 16, 32, 64), T=24, initial_state=True)
+    triton_module = mixc.load(SPECS["gla"], backend="triton")
+    torch_module = mixc.load(SPECS["gla"])
+    chunks = [cs for form, cs in _forms(facts, triton_module, example) if form == "chunk"]
+    assert chunks == [4, 32]  # 4, 1 and 16 run as 16; 32 and 64 as 32 (24 tokens)
+    assert [triton_module._tl_chunk(cs, 24) for cs in chunks] == [16, 32]
+    chunks = [cs for form, cs in _forms(facts, torch_module, example) if form == "chunk"]
+    assert chunks == [4, 1, 16, 32, 64]
 
 
 @pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla", "kda"])
