@@ -155,12 +155,12 @@ def reference(
 def _forms(r: InputRanges, module: types.ModuleType, ex: Example) -> list[tuple[str, int | None]]:
     forms: list[tuple[str, int | None]] = [("recurrent", None), ("step", None)]
     if r.facts.chunkable and callable(getattr(module, "chunk", None)):
-        # the Triton kernels run every request below 16 tokens as a chunk of 16: a chunk size
-        # is run once for each chunk the module runs it as
-        runs_as = getattr(module, "_tl_chunk", None)
+        # a Triton module's blocks are at least 16 tokens (_tl_block): every chunk size up to 16
+        # runs as 16, at any length, so those draws are one computation and run once
+        block = getattr(module, "_tl_block", None)
         chunks: dict[int, int] = {}
         for cs in ex.chunk_sizes:
-            chunks.setdefault(cs if runs_as is None else runs_as(cs, ex.T), cs)
+            chunks.setdefault(cs if block is None else block(cs), cs)
         forms += [("chunk", cs) for cs in chunks.values()]
     if callable(getattr(module, "parallel", None)) and not ex.initial_state:
         forms.append(("parallel", None))

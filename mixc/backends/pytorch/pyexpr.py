@@ -241,10 +241,7 @@ class PyExpr:
         self.names = names
         self.functions = functions or {}
         self.shared = shared
-        self._plain_emitter: PyExpr | None = None
-        # texts by the id of the expression (holding it, so that its id is not reused), where
-        # emitting has no side effects (no shared locals): each subtree is emitted once
-        self._texts: dict[int, tuple[Expr, tuple[str, int]]] | None = None
+        self._plain_emitter: _PlainExpr | None = None
         self.constant = Constants().value
 
     def shape(self, e: Expr) -> Shape:
@@ -254,14 +251,6 @@ class PyExpr:
         return self._emit(e)[0]
 
     def _emit(self, e: Expr) -> tuple[str, int]:
-        if self._texts is not None:
-            known = self._texts.get(id(e))
-            if known is None or known[0] is not e:
-                known = self._texts[id(e)] = (e, self._emit_once(e))
-            return known[1]
-        return self._emit_once(e)
-
-    def _emit_once(self, e: Expr) -> tuple[str, int]:
         value = self.constant(e)
         if value is None and isinstance(e, Number):  # folded by the algebra past float64's range
             value = float(e.text)
@@ -282,8 +271,7 @@ class PyExpr:
         """`e` as it reads without common subexpressions bound to locals: what identifies it
         among the expressions of one point (the same text there is the same value)."""
         if self._plain_emitter is None:
-            self._plain_emitter = PyExpr(self.typer, self.names, self.functions)
-            self._plain_emitter._texts = {}
+            self._plain_emitter = _PlainExpr(self.typer, self.names, self.functions)
         return self._plain_emitter(e)
 
     def _compute(self, e: Expr) -> tuple[str, int]:
@@ -460,3 +448,19 @@ class PyExpr:
             return text if top else f"({text})"
 
         return f"({build(0, len(chain) - 1, True)})"
+
+
+class _PlainExpr(PyExpr):
+    """A PyExpr without common subexpressions that remembers each node's text (by identity,
+    holding the node so that its id is not reused): emitting has no side effects there, so the
+    texts PyExpr.plain asks for cost one emission of each subtree, not one for each level."""
+
+    def __init__(self, typer: Typer, names: Callable[[Expr], str], functions: dict) -> None:
+        super().__init__(typer, names, functions)
+        self._texts: dict[int, tuple[Expr, tuple[str, int]]] = {}
+
+    def _emit(self, e: Expr) -> tuple[str, int]:
+        known = self._texts.get(id(e))
+        if known is None or known[0] is not e:
+            known = self._texts[id(e)] = (e, super()._emit(e))
+        return known[1]

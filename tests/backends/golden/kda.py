@@ -787,9 +787,10 @@ def _dplr_direct(gk_min, chunk_size):
 
 def _dplr_mask_(scores):
     """Zero the interleaved scores [..., 2C, 2C] (see _dplr_scores), or their gradient,
-    outside their support, in place, by selection: row 2r (the query of token r) keeps the columns of tokens j <= r, a
-    lower triangle with one column above the diagonal; row 2r + 1 (its a) those of j < r, so
-    the three entries left of and above the diagonal that the triangle keeps are zeroed."""
+    outside their support, in place, by selection: row 2r (the query of token r) keeps the
+    columns of tokens j <= r, a lower triangle with one column above the diagonal; row 2r + 1
+    (its a) those of j < r, so the three entries left of and above the diagonal that the
+    triangle keeps are zeroed."""
     scores.tril_(1)
     chunk_size = scores.shape[-1] // 2
     a_rows = scores.view(*scores.shape[:-2], chunk_size, 2, chunk_size, 2)[..., :, 1, :, :]

@@ -737,18 +737,13 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_chunk(chunk_size, length):
-    """The chunk a sequence of `length` tokens runs with: chunk_size tokens (capped as the
-    PyTorch kernels cap it), at least 16. Requests that give the same chunk compute the same."""
-    return _tl_block(_chunk_size_for(chunk_size, length))
-
-
 def _tl_sizes(q, v, chunk_size):
     """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
-    block sizes, the number of value blocks, the number of chunks). A chunk is _tl_chunk's;
-    value columns go in blocks of at most 64, one program each."""
+    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
+    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
+    at most 64, one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
-    block_t = _tl_chunk(chunk_size, length)
+    block_t = _tl_block(_chunk_size_for(chunk_size, length))
     block_v = min(_tl_block(d_v), 64)
     return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
