@@ -40,9 +40,8 @@ SPECS = ROOT / "specs"
 B, NH, D = 1, 4, 64
 T_PEER, T_RECURRENT, T_MEMORY = 4096, 8192, (8192, 32768)
 CHUNKS = (16, 32, 64)  # the chunk sizes compared
-PEER_CHUNK = (
-    16  # both fla references ran fastest here at 16 (C = 8 to 128 tried), not at their defaults
-)
+# both fla references ran fastest here at 16 (C = 8 to 128 tried), not at their defaults
+PEER_CHUNK = 16
 RWKV_DECAY = math.exp(-0.5)  # as in specs/rwkv7.mix
 TARGETS = {
     "kda_vs_fla": 0.1,

@@ -12,7 +12,7 @@ import torch
 
 from mixc.backends.pytorch.pyexpr import constant
 from mixc.frontend.builtins import BUILTINS, bounds
-from mixc.frontend.ir import FUNCTIONS, Call, Neg, Number
+from mixc.frontend.ir import FUNCTIONS, Binary, Call, Neg, Number, Timed
 from mixc.oracle.interpret import FUNCTIONS as ORACLE_FUNCTIONS
 from tests.mixers import ROOT
 
@@ -168,8 +168,6 @@ def test_constant_folds_through_infinite_intermediates_and_deep_expressions():
     """Only the whole expression's value must be finite (1 / (1e300 * 1e300) is 0); what does
     not fold (a division by zero, a time-indexed input anywhere) is None; and a nest deeper
     than Python's recursion limit folds, each node once."""
-    from mixc.frontend.ir import Binary, Timed
-
     huge = Binary("*", Number("1e300"), Number("1e300"))
     assert constant(Binary("/", Number("1"), huge)) == 0.0
     assert constant(huge) is None
