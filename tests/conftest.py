@@ -1,14 +1,26 @@
-"""Hypothesis profiles: "ci" (the default) is derandomized, so every run tries the same examples;
-"dev" tries ten times as many, with fresh randomness. Choose with HYPOTHESIS_PROFILE=dev."""
+"""Test settings shared by every test module.
+
+Hypothesis profiles: "ci" (the default) is derandomized and keeps no example database, so every
+run, serial or split over pytest-xdist workers, tries the same examples; "dev" tries ten times as
+many, with fresh randomness. Choose with HYPOTHESIS_PROFILE=dev.
+
+Under pytest-xdist (`-n auto`, as the README's test command runs) each worker gets its share of
+the machine's cores as torch threads (`tests.mixers.THREADS`), so that no worker's thread pool
+starves another's.
+"""
 
 import os
 
+# The Triton backend's tests run its kernels in triton's interpreter, which is chosen when triton
+# is first imported (torch may import it too): so before any test module runs, and before torch.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
 from hypothesis import settings
 
-# The Triton backend's tests run its kernels in triton's interpreter, which is chosen when triton
-# is first imported (torch may import it too): so before any test module runs.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.mixers import THREADS
 
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, max_examples=200)
 settings.register_profile("dev", deadline=None, max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+torch.set_num_threads(THREADS)

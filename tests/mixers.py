@@ -3,9 +3,11 @@ running the `mixc` command."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -13,6 +15,34 @@ import torch
 from mixc.check.sampling import sample_inputs, sample_states
 
 SIZES = {"K": 8, "V": 6, "P": 6, "N": 8}
+
+
+def _threads_per_worker() -> int:
+    """This process's share of the cores for torch's threads: all of them when pytest runs
+    alone, cores / workers (at least one) under pytest-xdist, so no worker starves another."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (cores or 1) // workers)
+
+
+#: Torch threads for this test process (conftest.py sets them; a test that changes them resets).
+THREADS = _threads_per_worker()
+
+#: Every answer about a spec (check, explain, compile, a refusal) takes less CPU time than this.
+#: A bound that tells a refusal from a blow-up, not a speed target.
+ANSWER_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def answered_within(seconds: float = ANSWER_SECONDS, what: str = "the call"):
+    """Asserts the block used less than `seconds` of this process's CPU time. CPU time, not
+    wall time: another process on a loaded machine (a parallel test worker) does not count, a
+    blow-up in the compiler does."""
+    start = time.process_time()
+    yield
+    used = time.process_time() - start
+    assert used < seconds, f"{what} used {used:.1f} s of CPU time (bound: {seconds} s)"
+
 
 # Variant specs written only for the tests: one per class the shipped specs leave out, and new
 # spellings. Each spec keeps itself stable (sigmoid, l2norm, -softplus) for plain N(0, 1) inputs.

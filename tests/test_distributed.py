@@ -105,7 +105,9 @@ def _reference(name):
     )
 
 
-@pytest.mark.parametrize("world", [2, 4])
+# four ranks: a summary passes through middle ranks too; two ranks (only a first and a last) with
+# -m slow
+@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.slow), 4])
 def test_context_parallel_matches_one_process(world):
     from tests.mixers import rel
 

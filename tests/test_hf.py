@@ -121,7 +121,11 @@ def test_save_and_load_give_identical_logits_without_the_spec_files(spec_copies,
     assert all(torch.equal(state[k], again[k]) for k in state)
     tokens = torch.randint(0, VOCAB, (2, 21))
     with torch.no_grad():
-        assert torch.equal(loaded(tokens).logits, model(tokens).logits)
+        got, want = loaded(tokens).logits, model(tokens).logits
+    # the same float64 weights, but not always the same bits out: a BLAS may take another path
+    # for tensors at other addresses. A few hundred float64 roundings (2^-53 each) stay far below
+    # 1e-12; a weight lost or misplaced in saving moves the logits by their own size.
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 @needs_hf

@@ -9,15 +9,14 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mixc.frontend.parser import MAX_SPEC_BYTES
+from tests.mixers import answered_within
 from tests.test_agreement import _run
 
-SECONDS = 5.0
 HEAD = "mixer hostile\nin q[K], k[K], v[V], a, b\nstate H[V, K]\n"
 OUT = "y_t = H_t q_t\n"
 WRITE = " + v_t k_t^T\n"
@@ -237,11 +236,8 @@ LOCATED = re.compile(r"^\S+:(\d+):(\d+): error: .+\n  \d+ \| .*\n  +\| *\^+$", r
 
 
 def _timed(*argv: str) -> tuple[int, str, str]:
-    start = time.perf_counter()
-    code, out, err = _run(*argv)
-    elapsed = time.perf_counter() - start
-    assert elapsed < SECONDS, f"mixc {argv[0]} took {elapsed:.1f} s"
-    return code, out, err
+    with answered_within(what=f"mixc {argv[0]}"):
+        return _run(*argv)
 
 
 def _imports(path: Path) -> None:

@@ -47,7 +47,9 @@ def test_state_dict_round_trip_and_dtype_moves():
     other = MixerLayer(ROOT / "specs/mamba2.mix", 32, 4)
     other.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
     x = torch.randn(1, 9, 32)
-    assert torch.equal(layer(x)[0], other(x)[0])
+    # the same weights, not always the same bits (a BLAS may take another path for tensors at
+    # other addresses): within a few hundred float32 roundings; a lost weight moves y by its size
+    torch.testing.assert_close(layer(x)[0], other(x)[0], rtol=1e-5, atol=1e-6)
     y16, _ = layer.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert y16.dtype == torch.bfloat16 and torch.isfinite(y16).all()
 

@@ -1303,16 +1303,22 @@ def rewrite(data, spec: Spec) -> tuple[Spec, list[str]]:
     return Spec(new_mixer, Source(str(new_mixer)), shapes), log
 
 
+@pytest.mark.parametrize("examples", [10, pytest.param(50, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", SHIPPED)
-@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_rewrites_of_updates_keep_the_facts(name, data):
+def test_rewrites_of_updates_keep_the_facts(name, examples):
+    """Ten rewritten spellings of every shipped spec by default, fifty with -m slow."""
     spec = load(name)
     want = facts_summary(analyze(spec))
-    new, log = rewrite(data, spec)
-    note(str(new.mixer))
-    note("; ".join(log))
-    assert facts_summary(analyze(new)) == want
+
+    @settings(max_examples=examples, suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data())
+    def spelled_otherwise(data):
+        new, log = rewrite(data, spec)
+        note(str(new.mixer))
+        note("; ".join(log))
+        assert facts_summary(analyze(new)) == want
+
+    spelled_otherwise()
 
 
 @pytest.mark.xfail(

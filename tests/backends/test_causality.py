@@ -88,10 +88,16 @@ def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     check_causal(SOURCES[name], "pytorch", T, (5, 7))  # inside a chunk of 4, and starting one
 
 
-def check_causal(source, backend, length, tokens, forms=None):
+#: What the tokens after t are replaced with: other values, NaN and infinities.
+KINDS = ("random", "nan", "inf", "-inf")
+
+
+def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS):
     """Every form of the module `backend` compiles (or those named in `forms`), on `length`
     tokens: the outputs up to each of `tokens` do not change, bit for bit, whatever the later
-    tokens hold, nor (for an input of delay d) up to t + d; a NaN reaches token t + d + 1."""
+    tokens hold, nor (for an input of delay d) up to t + d; a NaN reaches token t + d + 1.
+    Each input's later tokens are replaced by each of `kinds` in turn, and every input's at
+    once by NaN and by each infinity."""
     module = mixc.load(source, backend)
     spec = mixc.load_spec(source)
     delays = _delays(analyze(spec), module.OUTPUT)
@@ -107,7 +113,7 @@ def check_causal(source, backend, length, tokens, forms=None):
         base = run(*args)
         for t in tokens:
             for i, (input_name, _) in enumerate(module.INPUTS):
-                for kind in ("random", "nan", "inf", "-inf"):
+                for kind in kinds:
                     changed = list(args)
                     changed[i] = _later(args[i], t, kind, generator)
                     y = run(*changed)
@@ -116,8 +122,11 @@ def check_causal(source, backend, length, tokens, forms=None):
                     assert torch.equal(_bits(y[:, :kept]), _bits(base[:, :kept])), where
                     if kind == "nan":
                         assert not torch.isfinite(y[:, kept]).all(), where
-            everything = [_later(a, t, "nan", generator) for a in args[:n_in]] + args[n_in:]
-            y = run(*everything)
             kept = t + 1 + first
-            assert torch.equal(_bits(y[:, :kept]), _bits(base[:, :kept])), form
-            assert torch.isnan(y[:, kept:]).any(-1).all(), form
+            for kind in ("nan", "inf", "-inf"):
+                everything = [_later(a, t, kind, generator) for a in args[:n_in]] + args[n_in:]
+                y = run(*everything)
+                where = f"{form}: every input = {kind} after token {t}"
+                assert torch.equal(_bits(y[:, :kept]), _bits(base[:, :kept])), where
+                if kind == "nan":
+                    assert torch.isnan(y[:, kept:]).any(-1).all(), where

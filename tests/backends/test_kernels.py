@@ -23,6 +23,7 @@ from mixc.backends.pytorch.kernels.diagonal import chunk_diagonal
 from mixc.backends.pytorch.kernels.dplr import chunk_dplr
 from mixc.backends.pytorch.kernels.elementwise import chunk_elementwise
 from mixc.backends.pytorch.kernels.scalar_decay import chunk_scalar_decay, parallel_scalar_decay
+from tests.mixers import THREADS
 
 B, NH, DK, DV = 2, 3, 8, 6
 
@@ -32,7 +33,7 @@ ABS_FLOOR = 1e-10
 
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)  # this worker's share (a test before may have changed it)
 
 
 # ---------------------------------------------------------------------------

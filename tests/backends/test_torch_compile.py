@@ -1,9 +1,12 @@
 """The generated forms run under torch.compile(fullgraph=True) and, compiled or eager, match the
 float64 oracle to the float32 bound.
 
-Every shipped spec's chunk, recurrent and step are captured as one full graph with the
-aot_eager backend (graph capture and autograd, no code generation: fast). The inductor CPU
-backend compiles one spec per chunked kernel here; `-m slow` compiles every spec with it.
+Chunk, recurrent and step are captured as one full graph with the aot_eager backend (graph
+capture and autograd, no code generation): by default for one spec of every code path the
+generated modules take (each kernel, the normaliser, the log-space write scale, sub-tokens, a
+lagged query, the elementwise classes); `-m slow` captures every shipped spec. The inductor CPU
+backend compiles one chunked form by default (its first compile alone takes 15 s or more on two
+cores) and, with `-m slow`, one spec per kernel and then every form of every spec.
 """
 
 from __future__ import annotations
@@ -20,6 +23,22 @@ from tests.mixers import positional, rel, spec_inputs
 ROOT = Path(__file__).parents[2]
 SPECS = sorted(ROOT.glob("specs/*.mix"))
 ONE_PER_KERNEL = ["gated_retention", "gla", "gated_deltanet"]
+#: One spec for each code path of the generated modules: scalar decay (constant and per token),
+#: the normaliser, the stabilised write scale, the delta rule, sub-tokens, diagonal gates with a
+#: lagged query, DPLR (with and without a proven gate bound) and the elementwise classes.
+EVERY_PATH = {
+    "retnet", "mamba2", "linear_attention_normalized", "mlstm", "gated_deltanet", "deltaproduct",
+    "rwkv6", "kda", "rwkv7", "mamba1", "hgrn",
+}  # fmt: skip
+
+
+def _by_default(names):
+    """pytest params of every shipped spec; those not in `names` run with `-m slow` only."""
+    return [
+        pytest.param(p, id=p.stem, marks=() if p.stem in names else pytest.mark.slow) for p in SPECS
+    ]
+
+
 #: The project's float32 bound against the float64 oracle (relative RMS error of outputs).
 FP32 = 1e-5
 
@@ -46,12 +65,18 @@ def _check(path, backend, forms=("chunk", "recurrent", "step")):
         assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves), form
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+@pytest.mark.parametrize("path", _by_default(EVERY_PATH))
 def test_full_graph_capture(path):
     _check(path, "aot_eager")
 
 
-@pytest.mark.parametrize("name", ONE_PER_KERNEL)
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if n == "gated_deltanet" else pytest.param(n, marks=pytest.mark.slow)
+        for n in ONE_PER_KERNEL
+    ],
+)
 def test_inductor_chunk(name):
     _check(ROOT / f"specs/{name}.mix", "inductor", forms=("chunk",))
 

@@ -24,7 +24,7 @@ from mixc.analysis.plan import analyze
 from mixc.check.fuzz import _forms, fuzz
 from mixc.driver import compile_source
 from mixc.errors import MixcError
-from tests.backends.test_causality import check_causal
+from tests.backends.test_causality import KINDS, check_causal
 from tests.backends.test_varlen import check_packed
 
 triton = pytest.importorskip("triton", reason="the Triton backend needs triton (mixc[triton])")
@@ -59,9 +59,12 @@ def test_the_triton_kernels_cover_scalar_decay_delta_diagonal_and_dplr():
     assert "gated_general" in FALLBACK
 
 
+@pytest.mark.parametrize("examples", [2, pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", COVERED)
-def test_every_form_matches_the_oracle_fp32(name):
-    report = fuzz(SPECS[name], backend="triton", examples=4, seed=1, shrink=False, max_T=40)
+def test_every_form_matches_the_oracle_fp32(name, examples):
+    """Two examples a spec in the interpreter by default (each runs every form, several chunk
+    sizes and the gradients); eight with -m slow."""
+    report = fuzz(SPECS[name], backend="triton", examples=examples, seed=1, shrink=False, max_T=40)
     assert report.ok, report.failure.summary()
     assert "chunk" in report.worst
 
@@ -191,11 +194,18 @@ def test_the_module_imports_torch_and_triton_only(name):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaNs
+@pytest.mark.parametrize(
+    "kinds",
+    [("random", "nan"), pytest.param(KINDS, marks=pytest.mark.slow)],
+    ids=["random-nan", "all"],
+)
 @pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla", "rwkv7"])
-def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
+def test_outputs_up_to_t_do_not_depend_on_later_tokens(name, kinds):
     """The chunked form in chunks of 16 (the kernels' least; chunk_size 4 runs as 16): a later
-    token inside the first chunk (t = 5) and one starting the second (t = 15)."""
-    check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",))
+    token inside the first chunk (t = 5) and one starting the second (t = 15). Each input's
+    later tokens other values or NaN by default (every input at once also each infinity), and
+    each infinity too with -m slow."""
+    check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",), kinds=kinds)
 
 
 @pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "gla", "kda"])

@@ -110,7 +110,18 @@ def test_decays_near_one_are_near_one(path: Path) -> None:
             assert bounds(s.transition.gate, env, defaults)[0] > 0.5, path.stem
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+#: The quickstart by default with one spec of each kind of module: a quadratic form too, the
+#: README's spec, the elementwise class, DPLR; every shipped spec with -m slow.
+QUICKSTART = {"linear_attention", "gated_deltanet", "mamba1", "rwkv7"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, id=p.stem, marks=() if p.stem in QUICKSTART else pytest.mark.slow)
+        for p in SPECS
+    ],
+)
 def test_quickstart_prints_finite_agreeing_forms(path: Path, tmp_path: Path, capsys) -> None:
     import importlib.util
 
