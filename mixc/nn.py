@@ -704,7 +704,7 @@ class MixerLayer(nn.Module):
                 f"{self.num_heads} heads, sizes {self.sizes}, conv_size {self.conv_size})"
             )
         held = {x.shape[0] for x in (*states, *cache.conv.values())}
-        if held != {batch}:
+        if held and held != {batch}:  # a stateless mixer without a convolution holds nothing
             raise MixcError(
                 f"state: the cache holds {', '.join(map(str, sorted(held)))} sequences, "
                 f"x has B = {batch}"

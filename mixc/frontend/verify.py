@@ -208,6 +208,9 @@ class _Verifier:
         for fn in mixer.lets:  # a let that nobody calls is still type-checked, with scalar args
             if fn.name not in called and fn.name not in self.failed:
                 self.attempt(fn.name, typer.shape_of, fn.body, dict.fromkeys(fn.args, SCALAR))
+        for eq in mixer.outputs:
+            if eq.target not in self.failed:
+                self._unless_failed(eq.target, eq.value, _check_output_reads, mixer, eq)
 
     def _default(self, typer: Typer, p: Param) -> None:
         self.sizes.check(p.default, "lets")
@@ -627,6 +630,29 @@ def _check_output(mixer: Mixer, states: set[str]) -> None:
             mixer.span,
             expected="an output equation such as y_t = H_t q_t",
         )
+
+
+def _check_output_reads(mixer: Mixer, eq: Equation) -> None:
+    """An output reads some input or state (directly, or through per-token values): one that
+    reads neither is the same at every token, and would have no token axis."""
+    states = {s.name for s in mixer.states}
+    values = {e.target: e.value for e in mixer.equations if e.target not in states}
+    seen, todo = set(), [eq.value]
+    while todo:
+        for n in walk(todo.pop()):
+            if not isinstance(n, Timed) or n.name in seen:
+                continue
+            seen.add(n.name)
+            if n.name not in values:
+                return  # an input (at t or t-1) or a state
+            todo.append(values[n.name])
+    raise SpecAnalysisError(
+        f"the output {eq.target}_t reads no input and no state, so it is the same at every token",
+        eq.value.span,
+        expected="an output that reads an input or a state, such as y_t = H_t q_t or "
+        "y_t = sigmoid(g_t) * x_t",
+        hint="multiply it by an input (declare one with `in`), or read a state",
+    )
 
 
 def equation_order(mixer: Mixer) -> list[Equation]:
