@@ -15,6 +15,7 @@ from pathlib import Path
 from mixc.analysis.plan import Plan, analyze
 from mixc.backends import get as get_backend
 from mixc.errors import MixcError, NotYetImplemented, SpecError
+from mixc.files import kind as _kind
 from mixc.frontend.spec import Spec, load_spec, source_of
 
 _CACHE: dict[tuple[str, str, str], types.ModuleType] = {}
@@ -49,7 +50,8 @@ def output_file(path: str | os.PathLike, keep: Iterable[str | os.PathLike] = ())
     will not write there. A symbolic link is followed (the link stays and its target gets the
     new contents); a directory, a device (/dev/full, /dev/stdout's terminal), a pipe or a
     socket is refused, since the rename that makes the write atomic would put a regular file
-    in its place; so is any of the files in `keep` (the input spec), under any name."""
+    in its place; so is any of the files in `keep` (the input spec), under any name, and a
+    read-only file."""
     path = Path(path)
     try:
         target = path.resolve(strict=True) if path.is_symlink() else path
@@ -67,21 +69,17 @@ def output_file(path: str | os.PathLike, keep: Iterable[str | os.PathLike] = ())
     for spec in keep:
         if found is not None and os.path.lexists(spec) and os.path.samefile(target, spec):
             raise MixcError(f"{path}: is the input spec {spec}; give another output file")
+    # the rename would replace a read-only file as if it were writable (root's access() says
+    # every file is, so its mode's write bits decide too)
+    if found is not None and (not found.st_mode & 0o222 or not os.access(target, os.W_OK)):
+        raise MixcError(
+            f"{path}: the file is read-only; make it writable (chmod u+w) or give another "
+            "output file"
+        )
     directory = target.parent
     if not directory.is_dir():
         raise MixcError(f"{path}: directory {directory} does not exist")
     return target
-
-
-def _kind(mode: int) -> str:
-    """What a file that is neither regular nor a directory is, for a message."""
-    kinds = (
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
 def write_atomically(
