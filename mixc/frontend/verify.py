@@ -222,6 +222,7 @@ class _Verifier:
                 p.default.span,
             )
         self.constants.check(p.default)
+        self.constants.check_heads(p.default, p.name)
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
         size = self.sizes.check(eq.value, "lets and per-token values")
