@@ -223,6 +223,7 @@ class _Verifier:
             )
         self.constants.check(p.default)
         self.constants.check_heads(p.default, p.name)
+        _check_default_sizes(self.mixer, p)
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
         size = self.sizes.check(eq.value, "lets and per-token values")
@@ -246,6 +247,25 @@ class _Verifier:
             self.sizes.add_value(eq.target, size)
             self.value_depth[eq.target] = depth
         self.shapes[eq.target] = got
+
+
+def _check_default_sizes(mixer: Mixer, p: Param) -> None:
+    """A shaped parameter's default (one value per head, broadcast over the parameter's entries)
+    takes its sizes from the inputs and the parameters without a default: each size must be
+    one of theirs."""
+    given = {d for decl in mixer.inputs for d in decl.shape}
+    given |= {d for q in mixer.params if q.default is None for d in q.shape}
+    unknown = [d for d in p.shape if not d.isdigit() and d not in given]
+    if unknown:
+        raise SpecShapeError(
+            f"the size {unknown[0]} of {p.name} is unknown where its default is used: no input "
+            "and no parameter without a default has it",
+            p.default.span,
+            expected=f"a size of an input or of a parameter without a default (or a number, "
+            f"{p.name}[4])",
+            hint=f"declare {p.name} without a default, so that the caller's tensor gives "
+            f"{unknown[0]}",
+        )
 
 
 def _update_hint(got: Shape, want: Shape, name: str) -> str | None:

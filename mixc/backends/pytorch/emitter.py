@@ -372,10 +372,19 @@ class _Module:
             return "_h" if isinstance(e, Name) and e.name == "h" else e.name
 
         scalar_typer = PyExpr(self.typer, default_names)
-        for p in self.mixer.params:
+        # a shaped parameter's default takes its sizes from the inputs and the other parameters
+        # (the verifier makes sure they give them), so it is filled after them
+        shaped = [p for p in self.mixer.params if p.default is not None and p.shape]
+        for p in [p for p in self.mixer.params if p not in shaped] + shaped:
             if p.default is not None:
                 out(f"if {p.name} is None:")
                 out(f"{p.name} = {scalar_typer(defaults[p.name])}{_note(p.default)}", 2)
+                if p.shape:  # one value per head (h), the same in every entry of the head
+                    ones = ", ".join(["1"] * len(p.shape))
+                    sizes = ", ".join(_size(d) for d in p.shape)
+                    where = "dtype=_dtype, device=_device"
+                    out(f"{p.name} = _torch.as_tensor({p.name}, {where}).reshape(-1, {ones})", 2)
+                    out(f'{p.name} = {p.name}.expand(_sizes["NH"], {sizes})', 2)
             dims = "".join(f"{string(d)}, " for d in p.shape).rstrip(" ")
             where = "_sizes, _dtype, _device"
             out(f"{p.name} = _prepare_param({string(p.name)}, {p.name}, ({dims}), {where})")
