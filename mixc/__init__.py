@@ -6,7 +6,7 @@
 """
 
 from mixc.analysis.plan import analyze
-from mixc.driver import compile_source, load
+from mixc.driver import clear_cache, compile_source, load
 from mixc.errors import MixcError, NotYetImplemented, Source, SpecError
 from mixc.frontend.parser import parse
 from mixc.frontend.spec import Spec, load_spec
@@ -21,6 +21,7 @@ __all__ = [
     "SpecError",
     "__version__",
     "analyze",
+    "clear_cache",
     "compile_source",
     "load",
     "load_spec",

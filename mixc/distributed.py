@@ -77,6 +77,15 @@ def context_parallel(mixer, group=None) -> Callable:
             raise MixcError(
                 "context_parallel: torch.distributed is not initialised (call init_process_group)"
             )
+        if not mixer.STATES:  # a stateless mixer: a slice's outputs read only its own tokens
+            y, final = mixer.chunk(
+                *args,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                chunk_size=chunk_size,
+                **params,
+            )
+            return y, final
         P, F = mixer.summary(*args, chunk_size=chunk_size, **params)
         pieces = _as_tuple(P) + _as_tuple(F)
         # one collective per call, so every rank's backward runs the same sequence of them

@@ -9,15 +9,23 @@ import secrets
 import stat
 import sys
 import types
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
 from mixc.analysis.plan import Plan, analyze
 from mixc.backends import get as get_backend
 from mixc.errors import MixcError, NotYetImplemented, SpecError
+from mixc.files import kind as _kind
 from mixc.frontend.spec import Spec, load_spec, source_of
 
-_CACHE: dict[tuple[str, str, str], types.ModuleType] = {}
+#: How many modules `load` keeps (least recently used first out). A cached module is
+#: registered in sys.modules (torch.compile looks its functions' module up by name) and its
+#: source in linecache (tracebacks show the generated lines); one evicted, or cleared by
+#: `clear_cache`, is unregistered from both, and a later `load` of its spec compiles it again.
+CACHE_SIZE = 128
+
+_CACHE: OrderedDict[tuple[str, str, str], types.ModuleType] = OrderedDict()
 
 
 def plan(spec=None, backend: str = "pytorch", *, text: str | None = None) -> Plan:
@@ -49,7 +57,8 @@ def output_file(path: str | os.PathLike, keep: Iterable[str | os.PathLike] = ())
     will not write there. A symbolic link is followed (the link stays and its target gets the
     new contents); a directory, a device (/dev/full, /dev/stdout's terminal), a pipe or a
     socket is refused, since the rename that makes the write atomic would put a regular file
-    in its place; so is any of the files in `keep` (the input spec), under any name."""
+    in its place; so is any of the files in `keep` (the input spec), under any name, and a
+    read-only file."""
     path = Path(path)
     try:
         target = path.resolve(strict=True) if path.is_symlink() else path
@@ -67,21 +76,17 @@ def output_file(path: str | os.PathLike, keep: Iterable[str | os.PathLike] = ())
     for spec in keep:
         if found is not None and os.path.lexists(spec) and os.path.samefile(target, spec):
             raise MixcError(f"{path}: is the input spec {spec}; give another output file")
+    # the rename would replace a read-only file as if it were writable (root's access() says
+    # every file is, so its mode's write bits decide too)
+    if found is not None and (not found.st_mode & 0o222 or not os.access(target, os.W_OK)):
+        raise MixcError(
+            f"{path}: the file is read-only; make it writable (chmod u+w) or give another "
+            "output file"
+        )
     directory = target.parent
     if not directory.is_dir():
         raise MixcError(f"{path}: directory {directory} does not exist")
     return target
-
-
-def _kind(mode: int) -> str:
-    """What a file that is neither regular nor a directory is, for a message."""
-    kinds = (
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
 def write_atomically(
@@ -118,10 +123,12 @@ def load(spec=None, backend: str = "pytorch", *, text: str | None = None) -> typ
     """Compile in-process and return the module (chunk, recurrent, step, and parallel where the
     class has one). `spec` is a path (str or os.PathLike), a Source or a loaded Spec; spec text
     is given as `text=`. Cached by spec text, file name and backend; the source is registered
-    with linecache so tracebacks show the generated lines."""
+    with linecache so tracebacks show the generated lines. The cache keeps the CACHE_SIZE
+    modules used last; `clear_cache` empties it."""
     source = spec.source if isinstance(spec, Spec) else source_of(spec, text=text)
     key = (source.text, source.filename, backend)
     if key in _CACHE:
+        _CACHE.move_to_end(key)
         return _CACHE[key]
     text = compile_source(source, backend)
     name = load_spec(source).mixer.name
@@ -133,10 +140,33 @@ def load(spec=None, backend: str = "pytorch", *, text: str | None = None) -> typ
     try:
         exec(compile(text, filename, "exec"), module.__dict__)
     except ModuleNotFoundError as exc:  # a backend's optional package (triton) is missing
+        _forget(module)
         raise MixcError(
             f"the {backend} backend's modules import {exc.name}, which is not installed: "
             f"pip install 'mixc[{backend}]'"
         ) from None
+    except BaseException:
+        _forget(module)
+        raise
     sys.modules[module.__name__] = module  # torch.compile looks modules up by name
     _CACHE[key] = module
+    while len(_CACHE) > max(CACHE_SIZE, 1):
+        _forget(_CACHE.popitem(last=False)[1])
     return module
+
+
+def clear_cache() -> None:
+    """Forget every module `load` compiled: the cache empties, and each module leaves sys.modules
+    and linecache. Modules already returned keep working; a later `load` compiles again."""
+    while _CACHE:
+        _forget(_CACHE.popitem(last=False)[1])
+
+
+def _forget(module: types.ModuleType) -> None:
+    """Unregister a module `load` made (no longer cached) from sys.modules and linecache, unless
+    a cached module still holds the same name (the same generated text)."""
+    if any(m.__name__ == module.__name__ for m in _CACHE.values()):
+        return
+    if sys.modules.get(module.__name__) is module:
+        del sys.modules[module.__name__]
+    linecache.cache.pop(module.__file__, None)

@@ -501,11 +501,30 @@ class MixerLayer(nn.Module):
             }
         )
 
+    def _check_defaults(self) -> None:
+        """Each default that reads the head index h is finite at every head of this layer
+        (`check` proves it for the first HEADS_CHECKED heads; a layer may have more)."""
+        h = torch.arange(self.num_heads, dtype=torch.float64)
+        for p in self.spec.mixer.params:
+            if p.default is None or "h" not in _reads(p.default, {"h"}):
+                continue
+            try:
+                value = _evaluate(inline(self.spec.mixer, p.default), {"h": h})
+            except _UnsolvableError:
+                continue
+            bad = (~torch.isfinite(value.expand_as(h))).nonzero()
+            if len(bad):
+                raise MixcError(
+                    f"param {p.name}: its default {p.default} is not finite at head "
+                    f"h = {bad[0].item()} (of num_heads = {self.num_heads})"
+                )
+
     def _build_params(self) -> None:
         """The learnable per-head parameters (those without a default), stored so that they
         stay in their domain (`PARAM_DOMAINS`), starting by their role (`PARAM_INITS`; a
         parameter that sets a decay alone is solved by `_start_decays`)."""
         mixer, roles = self.spec.mixer, self.roles
+        self._check_defaults()
         self.learned = [p.name for p in mixer.params if p.default is None]
         self.stored: dict[str, tuple[str, Callable]] = {}
         self.params = nn.ParameterDict()
@@ -704,7 +723,7 @@ class MixerLayer(nn.Module):
                 f"{self.num_heads} heads, sizes {self.sizes}, conv_size {self.conv_size})"
             )
         held = {x.shape[0] for x in (*states, *cache.conv.values())}
-        if held != {batch}:
+        if held and held != {batch}:  # a stateless mixer without a convolution holds nothing
             raise MixcError(
                 f"state: the cache holds {', '.join(map(str, sorted(held)))} sequences, "
                 f"x has B = {batch}"

@@ -332,8 +332,10 @@ def _queries(readouts: list[Readout]) -> tuple[Query, ...]:
 def _forms(mixer: Mixer, states, groups) -> Forms:
     reasons = [f"{s.name}: {s.transition.reason}" for s in states if s.transition.reason]
     if not states:
-        chunk = Missing("no state", "the mixer has no state")
-    elif reasons:
+        # every token's output reads only that token's values (and inputs at t-1): chunk and
+        # parallel compute it over the whole sequence at once; there is no state to summarise
+        return Forms(None, None, _lagged(mixer) or Missing("no state", "the mixer has no state"))
+    if reasons:
         chunk = Missing("sequential", "; ".join(reasons))
     else:
         chunk = None
@@ -351,20 +353,27 @@ def _forms(mixer: Mixer, states, groups) -> Forms:
         else None
     )
     summary = next((g.summary for g in groups if g.summary is not None), None)
-    if mixer.lagged and summary is None:
-        lagged = ", ".join(f"{d.name}_{{t-1}}" for d in mixer.lagged)
-        summary = Missing(
-            "lagged",
-            f"the spec reads {lagged}: a slice's first token needs the previous slice's last, "
-            "which the summary does not carry",
-        )
-    return Forms(None, parallel, summary)
+    return Forms(None, parallel, summary or _lagged(mixer))
+
+
+def _lagged(mixer: Mixer) -> Missing | None:
+    """Why a spec that reads inputs at t-1 has no summary (None for one that reads none)."""
+    if not mixer.lagged:
+        return None
+    lagged = ", ".join(f"{d.name}_{{t-1}}" for d in mixer.lagged)
+    return Missing(
+        "lagged",
+        f"the spec reads {lagged}: a slice's first token needs the previous slice's last, "
+        "which the summary does not carry",
+    )
 
 
 def _algorithm(groups: tuple[GroupPlan, ...], forms: Forms) -> str:
     """The algorithms of the groups' chunked passes (a stabilised group's its own)."""
     if forms.chunk is not None:
         return "recurrent only"
+    if not groups:
+        return "no state: the output of every token at once, elementwise"
     return "; ".join(sorted({g.algorithm for g in groups}))
 
 

@@ -16,10 +16,24 @@ import math
 
 from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS
-from mixc.frontend.ir import Binary, Call, Expr, LetFn, Name, Neg, Number, Transpose
+from mixc.frontend.ir import (
+    Binary,
+    Call,
+    Expr,
+    LetFn,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+    walk,
+)
 from mixc.frontend.limits import brief
 
-__all__ = ["Constants", "refuse_undefined"]
+__all__ = ["HEADS_CHECKED", "Constants", "refuse_undefined"]
+
+#: A parameter default that reads the head index h is checked at heads 0 to HEADS_CHECKED - 1.
+HEADS_CHECKED = 64
 
 _HINT = "constants are computed in float64, whose numbers are finite and at most about 1.8e308"
 
@@ -38,6 +52,27 @@ class Constants:
     def check(self, e: Expr) -> Value:
         """Fold `e` (a let's body, a default or an equation's value); its value, or None."""
         return self._fold(e, {}, None)
+
+    def check_heads(self, e: Expr, name: str, heads: int = HEADS_CHECKED) -> None:
+        """A parameter's default `e` that reads the head index h, folded at each head
+        h = 0, ..., heads - 1 (every module has head 0, most have several): raises at the first
+        head where its value is not a finite real (`1 / h`, `sqrt(h - 1)`)."""
+        if not any(isinstance(n, Name) and n.name == "h" for n in walk(e)):
+            return
+        for head in range(heads):
+            try:
+                self._fold(e, {"h": float(head)}, None)
+            except _UndefinedError as exc:
+                inside = exc.span.line != e.span.line  # in a let the default calls
+                where = f"in the default {brief(e)} at line {e.span.line}: " if inside else ""
+                raise SpecAnalysisError(
+                    f"the default of {name} is not finite at head h = {head}: {exc.message}",
+                    exc.span,
+                    expected=f"a default finite at every head h = 0, 1, ... (checked up to "
+                    f"h = {heads - 1})",
+                    hint=f"{where}every head computes the default with its own h, starting at "
+                    "0; shift or bound h (1 / (h + 1), sqrt(h + 1), log(h + 2))",
+                ) from None
 
     def _fold(self, e: Expr, env: dict[str, Value], call: Call | None) -> Value:
         """`e` folded with let arguments bound by `env`; `call` is the let call whose arguments
@@ -85,10 +120,20 @@ class Constants:
 
     def _binary(self, e: Binary, left: Value, right: Value, call: Call | None) -> Value:
         if e.op == "/" and right == 0:
+            if any(isinstance(n, Timed) for n in walk(e.right)):  # a product with 0
+                raise _UndefinedError(
+                    f"divides by zero: {brief(e.right)} is 0 whatever the inputs and states",
+                    e,
+                    "a product with 0 is 0 in every entry, at every token",
+                )
             raise _error("divides by zero", e, call)
         if e.op == "^" and left == 0 and right is not None and right < 0:
             raise _error("divides by zero (0 to a negative power)", e, call)
         if left is None or right is None:
+            # a product with a 0 (or 0 divided by anything) is 0 in every entry, whatever the
+            # other operand: `1 / (0 H_{t-1})` divides by zero at every token
+            if (e.op in "*@." and 0 in (left, right)) or (e.op == "/" and left == 0):
+                return 0.0
             return None
         if e.op == "^":
             if left < 0 and not right.is_integer():

@@ -241,11 +241,10 @@ class _ToIR:
 def decode(data: bytes, filename: str = "<string>") -> Source:
     """Bytes of a spec file -> Source, refusing what is not UTF-8 text."""
     if len(data) > MAX_SPEC_BYTES:
-        raise SpecSyntaxError(
-            f"spec is longer than {MAX_SPEC_BYTES:,} bytes",
-            source=Source("", filename),
-            hint="is this the right file? a spec is a few lines of text",
-        )
+        text = data.decode("utf-8", "replace")  # the text to show the line from
+        raise _too_long(
+            _offset_span(text, len(data[:MAX_SPEC_BYTES].decode("utf-8", "replace")))
+        ).located(Source(text, filename))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -274,7 +273,11 @@ def parse(source: Source | str) -> Mixer:
 def _parse(source: Source) -> Mixer:
     text = source.text
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
-        raise SpecSyntaxError(f"spec is longer than {MAX_SPEC_BYTES:,} bytes")
+        size = 0
+        for offset, ch in enumerate(text):  # the first character past the limit
+            size += len(ch.encode("utf-8", "surrogatepass"))
+            if size > MAX_SPEC_BYTES:
+                raise _too_long(_offset_span(text, offset))
     if not text.strip() or not re.sub(r"#[^\n]*", "", text).strip():
         raise SpecSyntaxError(
             "empty spec",
@@ -288,6 +291,23 @@ def _parse(source: Source) -> Mixer:
             _offset_span(text, bad.start()),
             hint="is this the right file? specs are plain text",
         )
+    # shown raw by a terminal (check reprints the description; the module's header comments
+    # hold every line), these would make the text display otherwise than it reads
+    shown = re.search(r"\r(?!\n)|[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", text)
+    if shown:
+        ch = shown.group()
+        lone_cr = ch == "\r"
+        raise SpecSyntaxError(
+            "a carriage return (U+000D) not followed by a line feed"
+            if lone_cr
+            else f"bidirectional control character U+{ord(ch):04X} in the spec",
+            _offset_span(text, shown.start()),
+            hint="lines end with \\n or \\r\\n; a lone \\r sends a terminal back to the start "
+            "of the line"
+            if lone_cr
+            else "it makes a terminal or an editor show the text in another order than it "
+            "reads; delete it",
+        )
     try:
         tree = _lark().parse(text)
     except lark.exceptions.UnexpectedCharacters as exc:
@@ -297,6 +317,15 @@ def _parse(source: Source) -> Mixer:
     except lark.exceptions.UnexpectedEOF as exc:
         raise _unexpected_token(exc, text) from None
     return _ToIR().convert(tree)
+
+
+def _too_long(where: Span) -> SpecSyntaxError:
+    """The error for a spec over MAX_SPEC_BYTES, at the first character past the limit."""
+    return SpecSyntaxError(
+        f"spec is longer than {MAX_SPEC_BYTES:,} bytes",
+        where,
+        hint="is this the right file? a spec is a few lines of text",
+    )
 
 
 def _offset_span(text: str, offset: int) -> Span:

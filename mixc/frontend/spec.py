@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from mixc.errors import MixcError, Source, SpecError
+from mixc.files import read_regular
 from mixc.frontend.ir import Mixer
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
 from mixc.frontend.shapes import Shape
@@ -26,12 +26,11 @@ def read_source(path: str | os.PathLike) -> Source:
     """The spec file at `path`. A str is always a path, never spec text: the caller says which
     it gives (`source_of`), so that no file name is taken for text or text for a file name."""
     try:
-        with Path(path).open("rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)  # enough to refuse a huge file without reading it all
+        # enough to refuse a huge file without reading it all; a pipe, a device or a directory
+        # is refused before it is read (a pipe would block until a writer came)
+        data = read_regular(path, MAX_SPEC_BYTES + 1, "spec file")
     except FileNotFoundError:
         raise MixcError(f"{path}: no such spec file{_text_hint(path)}") from None
-    except IsADirectoryError:
-        raise MixcError(f"{path}: is a directory, not a spec file") from None
     except OSError as exc:
         raise MixcError(f"{path}: cannot read: {exc.strerror}{_text_hint(path)}") from None
     except ValueError:  # a NUL in the path

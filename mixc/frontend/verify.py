@@ -208,6 +208,9 @@ class _Verifier:
         for fn in mixer.lets:  # a let that nobody calls is still type-checked, with scalar args
             if fn.name not in called and fn.name not in self.failed:
                 self.attempt(fn.name, typer.shape_of, fn.body, dict.fromkeys(fn.args, SCALAR))
+        for eq in mixer.outputs:
+            if eq.target not in self.failed:
+                self._unless_failed(eq.target, eq.value, _check_output_reads, mixer, eq)
 
     def _default(self, typer: Typer, p: Param) -> None:
         self.sizes.check(p.default, "lets")
@@ -219,6 +222,8 @@ class _Verifier:
                 p.default.span,
             )
         self.constants.check(p.default)
+        self.constants.check_heads(p.default, p.name)
+        _check_default_sizes(self.mixer, p)
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
         size = self.sizes.check(eq.value, "lets and per-token values")
@@ -242,6 +247,25 @@ class _Verifier:
             self.sizes.add_value(eq.target, size)
             self.value_depth[eq.target] = depth
         self.shapes[eq.target] = got
+
+
+def _check_default_sizes(mixer: Mixer, p: Param) -> None:
+    """A shaped parameter's default (one value per head, broadcast over the parameter's entries)
+    takes its sizes from the inputs and the parameters without a default: each size must be
+    one of theirs."""
+    given = {d for decl in mixer.inputs for d in decl.shape}
+    given |= {d for q in mixer.params if q.default is None for d in q.shape}
+    unknown = [d for d in p.shape if not d.isdigit() and d not in given]
+    if unknown:
+        raise SpecShapeError(
+            f"the size {unknown[0]} of {p.name} is unknown where its default is used: no input "
+            "and no parameter without a default has it",
+            p.default.span,
+            expected=f"a size of an input or of a parameter without a default (or a number, "
+            f"{p.name}[4])",
+            hint=f"declare {p.name} without a default, so that the caller's tensor gives "
+            f"{unknown[0]}",
+        )
 
 
 def _update_hint(got: Shape, want: Shape, name: str) -> str | None:
@@ -627,6 +651,29 @@ def _check_output(mixer: Mixer, states: set[str]) -> None:
             mixer.span,
             expected="an output equation such as y_t = H_t q_t",
         )
+
+
+def _check_output_reads(mixer: Mixer, eq: Equation) -> None:
+    """An output reads some input or state (directly, or through per-token values): one that
+    reads neither is the same at every token, and would have no token axis."""
+    states = {s.name for s in mixer.states}
+    values = {e.target: e.value for e in mixer.equations if e.target not in states}
+    seen, todo = set(), [eq.value]
+    while todo:
+        for n in walk(todo.pop()):
+            if not isinstance(n, Timed) or n.name in seen:
+                continue
+            seen.add(n.name)
+            if n.name not in values:
+                return  # an input (at t or t-1) or a state
+            todo.append(values[n.name])
+    raise SpecAnalysisError(
+        f"the output {eq.target}_t reads no input and no state, so it is the same at every token",
+        eq.value.span,
+        expected="an output that reads an input or a state, such as y_t = H_t q_t or "
+        "y_t = sigmoid(g_t) * x_t",
+        hint="multiply it by an input (declare one with `in`), or read a state",
+    )
 
 
 def equation_order(mixer: Mixer) -> list[Equation]:

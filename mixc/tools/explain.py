@@ -259,10 +259,7 @@ def _stabiliser(facts: Plan, g: GroupPlan) -> str:
 
 
 def _not_supported(facts: Plan) -> list[str]:
-    out = [f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason]
-    if not facts.states:
-        out.append("the mixer has no state")
-    return out
+    return [f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason]
 
 
 def _form_infos(facts: Plan) -> list[FormInfo]:

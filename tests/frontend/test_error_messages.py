@@ -526,12 +526,15 @@ bad.mix:2:7: error: spec is not UTF-8 text (byte 0xff at offset 14)
 
 
 def test_too_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Located at the first character past the limit (the file is read no further)."""
     (tmp_path / "big.mix").write_text(HEAD + "# padding\n" * 10_000, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     assert (
         str(error_of(Path("big.mix")))
         == """\
-big.mix:1:1: error: spec is longer than 64,000 bytes
+big.mix:6399:3: error: spec is longer than 64,000 bytes
+  6399 | # p
+       |   ^
   hint: is this the right file? a spec is a few lines of text"""
     )
 

@@ -304,7 +304,7 @@ class _Module:
         out("", 0)
         out("", 0)
         out.lines.append(_runtime_source())  # as written, not re-wrapped
-        if self.groups:
+        if self.groups or self.lagged:
             out("", 0)
             out("", 0)
             out("# ---- kernels, one per transition class " + "-" * 51, 0)
@@ -372,10 +372,19 @@ class _Module:
             return "_h" if isinstance(e, Name) and e.name == "h" else e.name
 
         scalar_typer = PyExpr(self.typer, default_names)
-        for p in self.mixer.params:
+        # a shaped parameter's default takes its sizes from the inputs and the other parameters
+        # (the verifier makes sure they give them), so it is filled after them
+        shaped = [p for p in self.mixer.params if p.default is not None and p.shape]
+        for p in [p for p in self.mixer.params if p not in shaped] + shaped:
             if p.default is not None:
                 out(f"if {p.name} is None:")
                 out(f"{p.name} = {scalar_typer(defaults[p.name])}{_note(p.default)}", 2)
+                if p.shape:  # one value per head (h), the same in every entry of the head
+                    ones = ", ".join(["1"] * len(p.shape))
+                    sizes = ", ".join(_size(d) for d in p.shape)
+                    where = "dtype=_dtype, device=_device"
+                    out(f"{p.name} = _torch.as_tensor({p.name}, {where}).reshape(-1, {ones})", 2)
+                    out(f'{p.name} = {p.name}.expand(_sizes["NH"], {sizes})', 2)
             dims = "".join(f"{string(d)}, " for d in p.shape).rstrip(" ")
             where = "_sizes, _dtype, _device"
             out(f"{p.name} = _prepare_param({string(p.name)}, {p.name}, ({dims}), {where})")
@@ -396,7 +405,11 @@ class _Module:
             batch = "_batch"
         if states_from is not None:
             where = f"_sizes, _dtype, _device, {batch}, {string(states_from)}"
-            out(f"{self.state_tuple()} = _prepare_states(_STATES, {states_from}, {where})")
+            call = f"_prepare_states(_STATES, {states_from}, {where})"
+            if self.carried:
+                out(f"{self.state_tuple()} = {call}")
+            else:  # a stateless mixer: checks that no state is given (None or ())
+                out(call)
             for d in self.mixer.lagged:
                 if not d.shape:  # a scalar input's last token, laid out as its tokens are
                     prev = _local("prev", d.name)
@@ -765,7 +778,8 @@ class _Module:
 
     def emit_recurrence(self, out: Lines) -> None:
         states = ", ".join(self.carried)
-        out(f"def _recurrence({self.args()}, {states}, _sizes, _dtype, _device):", 0)
+        params = ", ".join([self.args(), *self.carried, "_sizes, _dtype, _device"])
+        out(f"def _recurrence({params}):", 0)
         out('"""Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""')
         out("_ys = []")
         out('for _t in _range(_sizes["T"]):')
@@ -826,7 +840,9 @@ class _Module:
         return f"{decayed} + {e.terms(writes)}" if writes else decayed
 
     def recurrence_call(self, states: str) -> str:
-        return f"_recurrence({self.args()}, {states}, _sizes, _dtype, _device)"
+        """The call of `_recurrence` with the carried `states` (empty for a stateless mixer)."""
+        args = ", ".join([self.args(), *([states] if states else []), "_sizes, _dtype, _device"])
+        return f"_recurrence({args})"
 
     def emit_recurrent(self, out: Lines) -> None:
         options = ("initial_state=None", "output_final_state=False", "cu_seqlens=None")
@@ -857,17 +873,19 @@ class _Module:
         _tuple_line(out, "_finals.append(", own, ")", 4, one=True)
         out("continue", 4)
         out("_piece = _dict(_sizes, T=_end - _start)", 3)
-        own_states = ", ".join(f"{s}[_n : _n + 1]" for s in self.carried)
-        out(f"_y, _s = _recurrence({sliced}, {own_states}, _piece, _dtype, _device)", 3)
+        own_states = [f"{s}[_n : _n + 1]" for s in self.carried]
+        args = ", ".join([sliced, *own_states, "_piece, _dtype, _device"])
+        out(f"_y, _s = _recurrence({args})", 3)
         out("_outputs.append(_y)", 3)
         out("_finals.append(_s)", 3)
         out(f"{self.output.target} = _torch.cat(_outputs, 1)", 2)
-        out(
-            f"{states}, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))"
-            if len(self.carried) == 1
-            else f"{states} = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))",
-            2,
-        )
+        if self.carried:  # a stateless mixer has no final states to join
+            out(
+                f"{states}, = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))"
+                if len(self.carried) == 1
+                else f"{states} = (_torch.cat(_parts, 0) for _parts in _zip(*_finals))",
+                2,
+            )
         self.finish(out, self.output.target, self.final_states(), optional=True)
         out("", 0)
         out("", 0)

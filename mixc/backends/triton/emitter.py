@@ -27,6 +27,8 @@ def kernel_notes(plan: Plan) -> tuple[str, ...]:
     group that falls back to the PyTorch kernel, why. The other forms are PyTorch throughout."""
     if not plan.chunkable:
         return ("no chunked form: every form is PyTorch (recurrent and step loops)",)
+    if not plan.groups:
+        return ("no state: every form is PyTorch (the output, token by token or all at once)",)
     lines = []
     for group in plan.groups:
         stable = group.log_scale is not None  # a write scale carried in log space
