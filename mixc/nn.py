@@ -31,7 +31,7 @@ from torch import nn
 
 from mixc.algebra.expand import inline
 from mixc.driver import load
-from mixc.errors import MixcError
+from mixc.errors import MixcError, Source
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.spec import load_spec
@@ -83,6 +83,7 @@ PARAM_DOMAINS: dict[str, tuple[str, Callable, Callable]] = {
     "positive": ("_log", torch.exp, torch.log),
     "unit interval": ("_logit", torch.sigmoid, torch.logit),
 }
+_PLAIN = ("", lambda s: s, lambda p: p)  # a parameter of any value, stored as it is
 
 
 #: Initial values of learnable parameters by role, as functions of the shape [NH, *shape]:
@@ -507,14 +508,12 @@ class MixerLayer(nn.Module):
         parameter that sets a decay alone is solved by `_start_decays`)."""
         mixer, roles = self.spec.mixer, self.roles
         self.learned = [p.name for p in mixer.params if p.default is None]
-        self.stored: dict[str, tuple[str, Callable]] = {}
+        self.stored = self._stored_names()
         self.params = nn.ParameterDict()
         for param in mixer.params:
             if param.default is not None:
                 continue
-            suffix, to_value, to_stored = PARAM_DOMAINS.get(
-                roles.domains[param.name], ("", lambda s: s, lambda p: p)
-            )
+            _, _, to_stored = PARAM_DOMAINS.get(roles.domains[param.name], _PLAIN)
             shape = (self.num_heads, *(self._size(s) for s in param.shape))
             domain, role = roles.domains[param.name], roles.inits[param.name]
             if role == "decay" or domain == "unit interval":
@@ -522,8 +521,34 @@ class MixerLayer(nn.Module):
             else:
                 sign = -1 if domain == "negative" else 1
                 start = to_stored(sign * PARAM_INITS[role](*shape))
-            self.stored[param.name] = (param.name + suffix, to_value)
-            self.params[param.name + suffix] = nn.Parameter(start)
+            self.params[self.stored[param.name][0]] = nn.Parameter(start)
+
+    def _stored_names(self) -> dict[str, tuple[str, Callable]]:
+        """Each learnable parameter's stored name and its stored -> value map (PARAM_DOMAINS)."""
+        out = {}
+        for name in self.learned:
+            suffix, to_value, _ = PARAM_DOMAINS.get(self.roles.domains[name], _PLAIN)
+            out[name] = (name + suffix, to_value)
+        return out
+
+    def __getstate__(self) -> dict:
+        """What pickling (and copy.deepcopy, torch.save, AveragedModel, DataLoader workers)
+        keeps: everything but the compiled module and what is derived from the spec, which
+        `__setstate__` rebuilds from the spec's text; so a checkpoint holds no compiled code."""
+        state = dict(super().__getstate__())
+        for derived in ("spec", "mixer", "roles", "stored"):
+            state.pop(derived, None)
+        state["_spec_source"] = (self.spec.source.text, self.spec.source.filename)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        text, filename = state.pop("_spec_source")
+        super().__setstate__(state)
+        self.spec = load_spec(Source(text, filename))
+        self.mixer = load(self.spec.source)
+        self.roles = roles(self.spec)
+        self.stored = self._stored_names()
 
     def _start_decays(self) -> None:
         """Set every decay to start near 1 (`DECAY_INIT`): the bias of the inputs a decay reads

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import io
+import pickle
 import sys
 from pathlib import Path
 
@@ -236,3 +238,20 @@ def test_an_input_named_like_a_torch_container_attribute_is_a_clear_error(name):
     )
     with pytest.raises(mixc.MixcError, match=f"cannot hold '{name}'.*rename it"):
         MixerLayer(mixc.Source(text), hidden_size=32, num_heads=2)
+
+
+@pytest.mark.parametrize("name", ["mamba2", "rwkv7"])  # learnable parameters stored by domain
+def test_a_layer_copies_and_pickles(name):
+    """deepcopy and pickle raised `cannot pickle 'module' object` (the compiled module): the
+    copy is rebuilt from the spec's text and computes the same function with its own weights."""
+    torch.manual_seed(0)
+    layer = MixerLayer(ROOT / f"specs/{name}.mix", 32, 2, chunk_size=8)
+    x = torch.randn(2, 5, 32)
+    y = layer(x)[0]
+    for copied in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        torch.testing.assert_close(copied(x)[0], y)
+        assert copied.mixer is layer.mixer  # the compiled module comes from load()'s cache
+        assert copied.out_proj.weight is not layer.out_proj.weight
+        assert set(copied.param_values()) == set(layer.param_values())
+    state = layer.__getstate__()
+    assert "mixer" not in state and "spec" not in state  # no compiled code, no IR pickled
