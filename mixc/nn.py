@@ -680,7 +680,7 @@ class MixerLayer(nn.Module):
         y = y.reshape(B, T, self.num_heads, self.head_out)
         if self.norm is not None:
             y = self.norm(y)
-        y = y.reshape(B, T, -1)
+        y = y.reshape(B, T, self.num_heads * self.head_out)
         if self.gate is not None:
             y = y * F.silu(self.gate(x))
         y = self.out_proj(y)

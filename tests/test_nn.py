@@ -255,3 +255,16 @@ def test_a_layer_copies_and_pickles(name):
         assert set(copied.param_values()) == set(layer.param_values())
     state = layer.__getstate__()
     assert "mixer" not in state and "spec" not in state  # no compiled code, no IR pickled
+
+
+def test_an_empty_batch_runs_and_continues():
+    """B = 0 divided by zero in the chunked form (and the layer's reshape could not infer a
+    size from no elements): the layer returns [0, T, hidden] and a cache that continues."""
+    layer = MixerLayer(ROOT / "specs/gated_deltanet.mix", 32, 2)
+    x = torch.randn(0, 5, 32, requires_grad=True)
+    y, cache = layer(x, use_cache=True)
+    assert y.shape == (0, 5, 32)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    y, cache = layer(torch.randn(0, 1, 32), state=cache, use_cache=True)
+    assert y.shape == (0, 1, 32) and cache.states.shape[0] == 0

@@ -35,6 +35,18 @@ def _output_dtype(layout, first):
     return first.dtype
 
 
+def _empty_batch(x):
+    """Whether the first input `x` holds no sequence (B = 0), which some forms answer apart."""
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 0
+
+
+def _no_sequences(result):
+    """A form's result (a tensor, None, or tuples of them) cut to an empty batch, B = 0."""
+    if isinstance(result, tuple):
+        return tuple(_no_sequences(x) for x in result)
+    return None if result is None else result[:0]
+
+
 def _check_chunk_size(chunk_size):
     """A chunk size is a positive power of two, given as an int (a bool or a float is refused
     rather than rounded or read as 1)."""
@@ -45,6 +57,11 @@ def _check_chunk_size(chunk_size):
 
 
 def _bind_size(sizes, symbol, got, name, shape_text):
+    """Bind a size symbol of `name`'s shape to `got`, which every argument must agree on. A size
+    of 0 is refused but for B (an empty batch) and T (refused with its own message): no form
+    computes anything over zero heads or zero-width vectors."""
+    if got == 0 and symbol not in ("B", "T"):
+        _fail(f"{name}: expected {symbol} >= 1 in {shape_text}, got {symbol} = 0")
     if symbol.isdigit():
         if got != int(symbol):
             _fail(f"{name}: expected size {symbol} in {shape_text}, got {got}")
@@ -87,6 +104,8 @@ def _prepare_inputs(layout, values, sequence):
         ):
             _bind_size(sizes, symbol, got, name, shape_text)
         heads.append(x.shape[len(lead) - 1])
+        if heads[-1] == 0:
+            _fail(f"{name}: expected NH >= 1 in {shape_text}, got NH = 0")
     n_heads = max(heads)
     for (name, dims), x, h in zip(layout, values, heads):
         if n_heads % h:

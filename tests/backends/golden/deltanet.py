@@ -82,6 +82,18 @@ def _output_dtype(layout, first):
     return first.dtype
 
 
+def _empty_batch(x):
+    """Whether the first input `x` holds no sequence (B = 0), which some forms answer apart."""
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 0
+
+
+def _no_sequences(result):
+    """A form's result (a tensor, None, or tuples of them) cut to an empty batch, B = 0."""
+    if isinstance(result, tuple):
+        return tuple(_no_sequences(x) for x in result)
+    return None if result is None else result[:0]
+
+
 def _check_chunk_size(chunk_size):
     """A chunk size is a positive power of two, given as an int (a bool or a float is refused
     rather than rounded or read as 1)."""
@@ -92,6 +104,11 @@ def _check_chunk_size(chunk_size):
 
 
 def _bind_size(sizes, symbol, got, name, shape_text):
+    """Bind a size symbol of `name`'s shape to `got`, which every argument must agree on. A size
+    of 0 is refused but for B (an empty batch) and T (refused with its own message): no form
+    computes anything over zero heads or zero-width vectors."""
+    if got == 0 and symbol not in ("B", "T"):
+        _fail(f"{name}: expected {symbol} >= 1 in {shape_text}, got {symbol} = 0")
     if symbol.isdigit():
         if got != int(symbol):
             _fail(f"{name}: expected size {symbol} in {shape_text}, got {got}")
@@ -134,6 +151,8 @@ def _prepare_inputs(layout, values, sequence):
         ):
             _bind_size(sizes, symbol, got, name, shape_text)
         heads.append(x.shape[len(lead) - 1])
+        if heads[-1] == 0:
+            _fail(f"{name}: expected NH >= 1 in {shape_text}, got NH = 0")
     n_heads = max(heads)
     for (name, dims), x, h in zip(layout, values, heads):
         if n_heads % h:
@@ -997,6 +1016,10 @@ def chunk(
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
+    if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty
+        y, (H,) = _recurrence(q, k, v, beta, H, _sizes, _dtype, _device)
+        y = y.squeeze(-1).to(_out_dtype)
+        return y, (H if output_final_state else None)
     # H: identity minus rank-1 -> chunk_delta
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(beta * v, _sizes, cu_seqlens)
@@ -1019,6 +1042,10 @@ def summary(q, k, v, beta, *, chunk_size=CHUNK_SIZE):
     the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
     _check_chunk_size(chunk_size)
+    if _empty_batch(q):  # B = 0: checked, then one zero token's summary, emptied
+        _prepare(q, k, v, beta, _sequence=True)
+        _one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in (q, k, v, beta)]
+        return _no_sequences(_summary(*_one, chunk_size=chunk_size))
     q, k, v, beta, _sizes, _dtype = _prepare(q, k, v, beta, _sequence=True)
     _device = q.device
     # H: chunk_delta on probes: zero writes from an identity state
@@ -1098,3 +1125,6 @@ def step(q, k, v, beta, *, state=None):
     y, (H,) = _recurrence(q, k, v, beta, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H
+
+
+_summary = summary  # what summary calls itself by (an input may be `summary`)
