@@ -180,3 +180,63 @@ def test_zero_heads_or_widths_are_refused_by_every_form(axis, message):
     for call in calls:
         with pytest.raises(mixc.MixcError, match=r"^v: expected V >= 1 in \[B, T, NH, V\], got V"):
             call(*v_zero)
+
+
+def test_inputs_on_the_meta_device_give_shapes_in_every_form():
+    """chunk raised `range() arg 3 must not be zero` where recurrent ran: a span of no chunk
+    off the CPU for a sequence shorter than a chunk. Every form now gives the shapes."""
+    module, args = _module_and_args("gated_retention", T=5)
+    meta = [a.to("meta") for a in args]
+    want = module.recurrent(*args, output_final_state=True)
+    for form in (module.chunk, module.recurrent):
+        y, s = form(*meta, output_final_state=True)
+        assert y.device.type == "meta" and (y.shape, s.shape) == (want[0].shape, want[1].shape)
+    assert module.parallel(*meta)[0].shape == want[0].shape
+    assert [x.shape for x in module.summary(*meta)] == [x.shape for x in module.summary(*args)]
+
+
+@pytest.mark.parametrize(
+    "cu_seqlens,message",
+    [
+        (
+            torch.tensor([False, True, True]),
+            r"expected a 1-D integer tensor \[0, end_1, \.\.\., T\], got torch\.bool",
+        ),
+        (
+            torch.tensor([0, 2, 5]).to(torch.complex64),
+            r"expected a 1-D integer tensor .*, got torch\.complex64",
+        ),
+        (torch.tensor([0.0, 2.0, 5.0]), r"expected a 1-D integer tensor .*, got torch\.float32"),
+        (torch.tensor([0, 2, 5], device="meta"), r"expected a tensor on cpu \(like the inputs\)"),
+    ],
+    ids=["bool", "complex", "float", "meta"],
+)
+def test_cu_seqlens_of_a_wrong_dtype_or_device_is_named(cu_seqlens, message):
+    """A bool cu_seqlens was read as offsets [False, True, True]; a complex one raised a
+    TypeError in a comparison, a meta one NotImplementedError: each is named, in both forms."""
+    module, args = _module_and_args("gla", T=5)
+    packed = [a[:1] for a in args]
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match="^cu_seqlens: " + message):
+            form(*packed, cu_seqlens=cu_seqlens)
+
+
+def test_cu_seqlens_on_the_meta_device_is_named():
+    """Offsets on the meta device cannot be read: named, not NotImplementedError."""
+    module, args = _module_and_args("gla", T=5)
+    meta = [a[:1].to("meta") for a in args]
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match=r"^cu_seqlens: a tensor on the meta device"):
+            form(*meta, cu_seqlens=torch.tensor([0, 2, 5], device="meta"))
+
+
+@pytest.mark.parametrize(
+    "flag", [torch.tensor([1, 1]), torch.tensor(True), "no", 1, None], ids=repr
+)
+def test_output_final_state_must_be_a_bool(flag):
+    """A tensor of two entries raised `Boolean value of Tensor ... is ambiguous`; "no" was read
+    as True: chunk and recurrent take True or False only."""
+    module, args = _module_and_args("gla", T=5)
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match=r"^output_final_state: expected True or False"):
+            form(*args, output_final_state=flag)

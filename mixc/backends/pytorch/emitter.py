@@ -395,7 +395,7 @@ class _Module:
         out(f"_device = {self.inputs[0]}.device")
         batch = '_sizes["B"]'
         if packed:
-            packed_batch = "_check_cu_seqlens(cu_seqlens, _sizes)"
+            packed_batch = "_check_cu_seqlens(cu_seqlens, _sizes, _device)"
             out(f'_batch = _sizes["B"] if cu_seqlens is None else {packed_batch}')
             batch = "_batch"
         if states_from is not None:
@@ -468,6 +468,7 @@ class _Module:
         out("initial state (one per sequence) and returns one final state per sequence.")
         out('"""')
         out("_check_chunk_size(chunk_size)")
+        out('_check_flag("output_final_state", output_final_state)')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
         out('if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty')
@@ -862,6 +863,7 @@ class _Module:
         )
         out("initial state (one per sequence); one final state per sequence is returned.")
         out('"""')
+        out('_check_flag("output_final_state", output_final_state)')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
         states = ", ".join(self.carried)

@@ -47,6 +47,13 @@ def _no_sequences(result):
     return None if result is None else result[:0]
 
 
+def _check_flag(name, value):
+    """A yes-or-no option is True or False: a tensor, a string ("no" is true) or a number is
+    refused rather than read by its truth."""
+    if not isinstance(value, bool):
+        _fail(f"{name}: expected True or False, got {type(value).__name__}")
+
+
 def _check_chunk_size(chunk_size):
     """A chunk size is a positive power of two, given as an int (a bool or a float is refused
     rather than rounded or read as 1)."""
@@ -228,14 +235,19 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
-def _check_cu_seqlens(cu_seqlens, sizes):
-    """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing."""
-    if (
-        not isinstance(cu_seqlens, torch.Tensor)
-        or cu_seqlens.dim() != 1
-        or cu_seqlens.is_floating_point()
-    ):
-        _fail("cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]")
+def _check_cu_seqlens(cu_seqlens, sizes, device):
+    """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
+    the inputs' device (not on the meta device, where no offsets can be read)."""
+    expected = "cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]"
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+        _fail(expected)
+    dtype, where = cu_seqlens.dtype, cu_seqlens.device
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        _fail(f"{expected}, got {dtype}")
+    if where != device:
+        _fail(f"cu_seqlens: expected a tensor on {device} (like the inputs), got one on {where}")
+    if where.type == "meta":
+        _fail("cu_seqlens: a tensor on the meta device holds no offsets to split sequences by")
     if sizes["B"] != 1:
         _fail(f"cu_seqlens: packed sequences need B = 1, got B = {sizes['B']}")
     if cu_seqlens.numel() < 2:

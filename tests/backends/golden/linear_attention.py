@@ -96,6 +96,13 @@ def _no_sequences(result):
     return None if result is None else result[:0]
 
 
+def _check_flag(name, value):
+    """A yes-or-no option is True or False: a tensor, a string ("no" is true) or a number is
+    refused rather than read by its truth."""
+    if not isinstance(value, bool):
+        _fail(f"{name}: expected True or False, got {type(value).__name__}")
+
+
 def _check_chunk_size(chunk_size):
     """A chunk size is a positive power of two, given as an int (a bool or a float is refused
     rather than rounded or read as 1)."""
@@ -277,14 +284,19 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
-def _check_cu_seqlens(cu_seqlens, sizes):
-    """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing."""
-    if (
-        not isinstance(cu_seqlens, torch.Tensor)
-        or cu_seqlens.dim() != 1
-        or cu_seqlens.is_floating_point()
-    ):
-        _fail("cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]")
+def _check_cu_seqlens(cu_seqlens, sizes, device):
+    """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
+    the inputs' device (not on the meta device, where no offsets can be read)."""
+    expected = "cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]"
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+        _fail(expected)
+    dtype, where = cu_seqlens.dtype, cu_seqlens.device
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        _fail(f"{expected}, got {dtype}")
+    if where != device:
+        _fail(f"cu_seqlens: expected a tensor on {device} (like the inputs), got one on {where}")
+    if where.type == "meta":
+        _fail("cu_seqlens: a tensor on the meta device holds no offsets to split sequences by")
     if sizes["B"] != 1:
         _fail(f"cu_seqlens: packed sequences need B = 1, got B = {sizes['B']}")
     if cu_seqlens.numel() < 2:
@@ -392,9 +404,9 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
 def _span_tokens(q, v, chunk_size):
     """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
     on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
-    elsewhere."""
+    elsewhere (every chunk, the last one padded: a sequence shorter than a chunk is one)."""
     if q.device.type != "cpu":
-        return max(q.shape[2], 1)
+        return max(-(-q.shape[2] // chunk_size), 1) * chunk_size
     per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
@@ -890,10 +902,11 @@ def chunk(
     initial state (one per sequence) and returns one final state per sequence.
     """
     _check_chunk_size(chunk_size)
+    _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
-    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
+    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes, _device)
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty
         y, (H,) = _recurrence(q, k, v, H, _sizes, _dtype, _device)
@@ -973,10 +986,11 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
+    _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
-    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
+    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes, _device)
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     if cu_seqlens is None:
         y, (H,) = _recurrence(q, k, v, H, _sizes, _dtype, _device)
