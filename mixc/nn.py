@@ -34,7 +34,8 @@ from mixc.driver import load
 from mixc.errors import MixcError, Source
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
-from mixc.frontend.spec import load_spec
+from mixc.frontend.spec import Spec, load_spec
+from mixc.resources import check_bytes
 
 __all__ = [
     "DECAY_INIT",
@@ -376,9 +377,13 @@ class MixerLayer(nn.Module):
         chunk_size: int = 64,
     ) -> None:
         super().__init__()
+        if not isinstance(spec, str | os.PathLike | Source | Spec):
+            raise MixcError(
+                f"spec: expected a spec path, a Source or a loaded Spec, got {type(spec).__name__}"
+            )
         self.spec = (
             spec
-            if hasattr(spec, "mixer")
+            if isinstance(spec, Spec)
             else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
         )
         self.mixer = load(self.spec.source)
@@ -391,11 +396,30 @@ class MixerLayer(nn.Module):
         self.sizes = self._sizes_per_head({} if sizes is None else sizes)
         self.roles = roles(self.spec)
         self.transforms = self._transforms({} if transforms is None else transforms)
-        self._build_inputs(_count("conv_size", conv_size, least=0), conv_inputs)
+        conv_size = _count("conv_size", conv_size, least=0)
+        self._check_memory(conv_size, sizes is not None)
+        self._build_inputs(conv_size, conv_inputs)
         self._build_params()
         self._build_output(output_gate, norm)
         with torch.no_grad():
             self._start_decays()
+
+    def _check_memory(self, conv_size: int, sized: bool) -> None:
+        """The layer's parameters (projections, convolutions, gate and output) fit in this
+        machine's memory: checked before any is allocated, naming the option that asks most."""
+        mixer, heads, hidden = self.spec.mixer, self.num_heads, self.hidden_size
+        widths = {d.name: heads * math.prod(self._size(s) for s in d.shape) for d in mixer.inputs}
+        out_shape = self.spec.shapes[mixer.outputs[0].target]
+        out_width = heads * (1 if out_shape == ("1", "1") else self._size(out_shape[0]))
+        linear = hidden * (sum(widths.values()) + 2 * out_width)
+        conv = conv_size * sum(widths[d.name] for d in mixer.inputs if len(d.shape) == 1)
+        params = {"hidden_size": linear, "conv_size": conv}
+        if sized:
+            params["sizes"] = params.pop("hidden_size")
+        option = max(params, key=params.get)
+        value = {"hidden_size": hidden, "conv_size": conv_size, "sizes": self.sizes}[option]
+        size = torch.tensor([], dtype=torch.get_default_dtype()).element_size()
+        check_bytes(option, value, (linear + conv) * size, "the layer's parameters")
 
     def _sizes_per_head(self, given: Mapping[str, int]) -> dict[str, int]:
         """Every size symbol of the spec: as given, else the head width hidden_size / num_heads
@@ -652,6 +676,8 @@ class MixerLayer(nn.Module):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
         call continues that sequence exactly (prefill, then decode token by token)."""
         self._check_x(x)
+        if not isinstance(use_cache, bool):
+            raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
         if state is not None:
             self._check_cache(state, B)

@@ -124,3 +124,26 @@ def test_a_model_saves_whole_copies_and_averages():
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
     ema.update_parameters(model)
     torch.testing.assert_close(ema(tokens)[0], logits)
+
+
+def test_bad_model_arguments_and_tokens_are_named():
+    """A window '²' (a digit to str.isdigit, not to int), hidden_size -32 or '32' (as a
+    config.json may hold them), a huge hidden_size and ids outside the vocabulary raised
+    ValueError, RuntimeError or IndexError: each is a MixcError naming the argument."""
+    with pytest.raises(mixc.MixcError, match=r"^pattern: 'attention:²': expected attention:N"):
+        LanguageModel(["attention:²"], vocab_size=10)
+    for bad in (-32, "32", 32.0):
+        with pytest.raises(mixc.MixcError, match=r"^hidden_size: expected a positive int, got"):
+            LanguageModel(["attention"], vocab_size=10, hidden_size=bad)
+    with pytest.raises(mixc.MixcError, match=r"^hidden_size: 10000000000000 would need .*memory$"):
+        LanguageModel(["attention"], vocab_size=10, hidden_size=10**13)
+    with pytest.raises(mixc.MixcError, match=r"^vocab_size: 1000000000000 would need "):
+        LanguageModel(["attention"], vocab_size=10**12, hidden_size=16)
+    model = LanguageModel(["attention"], vocab_size=10, hidden_size=16, num_heads=2)
+    for bad in (10, 99, -1):
+        with pytest.raises(
+            mixc.MixcError, match=rf"^tokens: expected ids in \[0, 10\), got {bad}$"
+        ):
+            model(torch.tensor([[1, bad]]))
+    with pytest.raises(mixc.MixcError, match=r"^use_cache: expected True or False"):
+        model(torch.tensor([[1, 2]]), use_cache="no")

@@ -268,3 +268,28 @@ def test_an_empty_batch_runs_and_continues():
     assert x.grad.shape == x.shape
     y, cache = layer(torch.randn(0, 1, 32), state=cache, use_cache=True)
     assert y.shape == (0, 1, 32) and cache.states.shape[0] == 0
+
+
+@pytest.mark.parametrize(
+    "spec,change,message",
+    [
+        (5, {}, r"^spec: expected a spec path, a Source or a loaded Spec, got int$"),
+        (None, {"hidden_size": 10**13}, r"^hidden_size: 10000000000000 would need .* memory$"),
+        (None, {"conv_size": 10**9}, r"^conv_size: 1000000000 would need .* of memory$"),
+        (None, {"sizes": {"K": 10**12}}, r"^sizes: \{'K': 1000000000000, 'V': 16\} would need"),
+    ],
+    ids=["int spec", "hidden_size", "conv_size", "sizes"],
+)
+def test_absurd_layer_arguments_are_named_before_allocating(spec, change, message):
+    """MixerLayer(5, ...) raised a TypeError; a huge hidden_size overflowed inside torch and a
+    huge conv_size tried to allocate 128 GB: named, checked against the machine's memory."""
+    args = {"hidden_size": 32, "num_heads": 2} | change
+    size, heads = args.pop("hidden_size"), args.pop("num_heads")
+    with pytest.raises(mixc.MixcError, match=message):
+        MixerLayer(DELTANET if spec is None else spec, size, heads, **args)
+
+
+def test_use_cache_must_be_a_bool():
+    layer = MixerLayer(DELTANET, 32, 2)
+    with pytest.raises(mixc.MixcError, match=r"^use_cache: expected True or False, got str$"):
+        layer(torch.randn(1, 3, 32), use_cache="no")
