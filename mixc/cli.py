@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -172,6 +173,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from mixc.driver import output_file
     from mixc.tools import bench, bench_report
 
+    _check_machine(args.device, args.threads)
     for path in (args.json, args.plot):  # refuse a file mixc will not write before the sweep
         if path is not None:
             output_file(path, keep=[args.spec])
@@ -210,6 +212,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from mixc.tools import synth
     from mixc.tools.tasks import make_task
 
+    _check_machine(args.device, args.threads)
     for path in (args.json, args.plot):  # refuse a file mixc will not write before training
         if path is not None:
             output_file(path, keep=args.specs)
@@ -292,6 +295,40 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    """A finite number above 0 (a learning rate): nan, inf, 0 and negatives are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text}")
+    return value
+
+
+def _check_machine(device: str, threads: int | None) -> None:
+    """--device names a device torch can allocate on here, and --threads at most this machine's
+    CPU threads: checked before any spec is compiled or tensor allocated."""
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise MixcError(
+            f"--device: {device!r} is not a torch device (cpu, cuda, cuda:1, ...)"
+        ) from None
+    if where.type == "meta":
+        raise MixcError("--device: meta holds no values to run; give cpu or an accelerator")
+    try:
+        torch.empty(0, device=where)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        reason = (str(exc).strip().splitlines() or ["unavailable"])[0]
+        raise MixcError(f"--device: {device} is not usable on this machine ({reason})") from None
+    cpus = os.cpu_count() or 1
+    if threads is not None and threads > cpus:
+        raise MixcError(f"--threads: {threads} is more than this machine's {cpus} CPU threads")
 
 
 #: What ArgumentParser.add_subparsers returns: the object each command is added to.
@@ -519,7 +556,9 @@ def _add_synth(sub: _Subparsers) -> None:
         "--steps", type=_positive, default=300, metavar="N", help="AdamW steps (default 300)"
     )
     p.add_argument("--batch", type=_positive, default=32, metavar="N", help="batch (default 32)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    p.add_argument(
+        "--lr", type=_positive_float, default=3e-3, help="peak learning rate (default 3e-3)"
+    )
     p.add_argument(
         "--eval-examples",
         type=_positive,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ArgumentError",
     "InputError",
     "MixcError",
     "NotYetImplemented",
@@ -146,3 +147,7 @@ class NotYetImplemented(SpecError):  # noqa: N818 (a public name)
 
 class InputError(MixcError, ValueError):
     """A compiled mixer was called with a wrong argument (shape, dtype, device)."""
+
+
+class ArgumentError(MixcError, TypeError):
+    """A public function was given an argument of the wrong kind (a number for a spec path)."""

@@ -27,6 +27,7 @@ from mixc.attention import Attention
 from mixc.errors import MixcError, Source
 from mixc.frontend.spec import Spec
 from mixc.nn import MixerLayer, _count
+from mixc.resources import check_bytes
 
 __all__ = ["Block", "LanguageModel", "is_attention", "make_mixer"]
 
@@ -42,7 +43,7 @@ def make_mixer(entry, hidden_size: int, num_heads: int, **layer_kwargs) -> nn.Mo
     `layer_kwargs`."""
     if is_attention(entry):
         _, colon, window = entry.partition(":")
-        if colon and not window.isdigit():
+        if colon and not (window.isascii() and window.isdigit()):
             raise MixcError(f"pattern: {entry!r}: expected attention:N with N a window size")
         return Attention(hidden_size, num_heads, window=int(window) if colon else None)
     if not isinstance(entry, str | os.PathLike | Source | Spec):
@@ -95,6 +96,16 @@ class LanguageModel(nn.Module):
         if not pattern:
             raise MixcError("pattern: expected at least one layer")
         self.vocab_size = _count("vocab_size", vocab_size)
+        hidden_size = _count("hidden_size", hidden_size)
+        _count("num_heads", num_heads)
+        mlp_ratio = _count("mlp_ratio", mlp_ratio, least=0)
+        embed = vocab_size * hidden_size
+        per_block = (2 * mlp_ratio + 4) * hidden_size**2  # an MLP and at most attention's 4
+        option = "vocab_size" if embed >= len(pattern) * per_block else "hidden_size"
+        value = vocab_size if option == "vocab_size" else hidden_size
+        size = torch.tensor([], dtype=torch.get_default_dtype()).element_size()
+        total = (embed + len(pattern) * per_block) * size
+        check_bytes(option, value, total, "the model's embedding and blocks")
         self.pattern = list(pattern)
         self.embed = nn.Embedding(vocab_size, hidden_size)
         nn.init.normal_(self.embed.weight, std=hidden_size**-0.5)
@@ -112,6 +123,17 @@ class LanguageModel(nn.Module):
         an earlier call continue those sequences."""
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
             raise MixcError("tokens: expected an integer tensor [B, T]")
+        if tokens.dtype == torch.bool or tokens.is_complex():
+            raise MixcError(f"tokens: expected an integer tensor [B, T], got {tokens.dtype}")
+        if not isinstance(use_cache, bool):
+            raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
+        if tokens.device.type == "cpu" and tokens.numel() and not torch.compiler.is_compiling():
+            # on the CPU the check is one pass over the ids, no wait for a device: elsewhere the
+            # embedding's own bounds check reports it
+            low, high = (int(x) for x in torch.aminmax(tokens))
+            if low < 0 or high >= self.vocab_size:
+                bad = low if low < 0 else high
+                raise MixcError(f"tokens: expected ids in [0, {self.vocab_size}), got {bad}")
         if caches is not None and len(caches) != len(self.blocks):
             raise MixcError(
                 f"caches: expected {len(self.blocks)} (one per layer), got {len(caches)}"

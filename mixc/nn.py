@@ -31,10 +31,11 @@ from torch import nn
 
 from mixc.algebra.expand import inline
 from mixc.driver import load
-from mixc.errors import MixcError
+from mixc.errors import MixcError, Source
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
-from mixc.frontend.spec import load_spec
+from mixc.frontend.spec import Spec, load_spec
+from mixc.resources import check_bytes
 
 __all__ = [
     "DECAY_INIT",
@@ -83,6 +84,7 @@ PARAM_DOMAINS: dict[str, tuple[str, Callable, Callable]] = {
     "positive": ("_log", torch.exp, torch.log),
     "unit interval": ("_logit", torch.sigmoid, torch.logit),
 }
+_PLAIN = ("", lambda s: s, lambda p: p)  # a parameter of any value, stored as it is
 
 
 #: Initial values of learnable parameters by role, as functions of the shape [NH, *shape]:
@@ -375,9 +377,13 @@ class MixerLayer(nn.Module):
         chunk_size: int = 64,
     ) -> None:
         super().__init__()
+        if not isinstance(spec, str | os.PathLike | Source | Spec):
+            raise MixcError(
+                f"spec: expected a spec path, a Source or a loaded Spec, got {type(spec).__name__}"
+            )
         self.spec = (
             spec
-            if hasattr(spec, "mixer")
+            if isinstance(spec, Spec)
             else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
         )
         self.mixer = load(self.spec.source)
@@ -390,11 +396,30 @@ class MixerLayer(nn.Module):
         self.sizes = self._sizes_per_head({} if sizes is None else sizes)
         self.roles = roles(self.spec)
         self.transforms = self._transforms({} if transforms is None else transforms)
-        self._build_inputs(_count("conv_size", conv_size, least=0), conv_inputs)
+        conv_size = _count("conv_size", conv_size, least=0)
+        self._check_memory(conv_size, sizes is not None)
+        self._build_inputs(conv_size, conv_inputs)
         self._build_params()
         self._build_output(output_gate, norm)
         with torch.no_grad():
             self._start_decays()
+
+    def _check_memory(self, conv_size: int, sized: bool) -> None:
+        """The layer's parameters (projections, convolutions, gate and output) fit in this
+        machine's memory: checked before any is allocated, naming the option that asks most."""
+        mixer, heads, hidden = self.spec.mixer, self.num_heads, self.hidden_size
+        widths = {d.name: heads * math.prod(self._size(s) for s in d.shape) for d in mixer.inputs}
+        out_shape = self.spec.shapes[mixer.outputs[0].target]
+        out_width = heads * (1 if out_shape == ("1", "1") else self._size(out_shape[0]))
+        linear = hidden * (sum(widths.values()) + 2 * out_width)
+        conv = conv_size * sum(widths[d.name] for d in mixer.inputs if len(d.shape) == 1)
+        params = {"hidden_size": linear, "conv_size": conv}
+        if sized:
+            params["sizes"] = params.pop("hidden_size")
+        option = max(params, key=params.get)
+        value = {"hidden_size": hidden, "conv_size": conv_size, "sizes": self.sizes}[option]
+        size = torch.tensor([], dtype=torch.get_default_dtype()).element_size()
+        check_bytes(option, value, (linear + conv) * size, "the layer's parameters")
 
     def _sizes_per_head(self, given: Mapping[str, int]) -> dict[str, int]:
         """Every size symbol of the spec: as given, else the head width hidden_size / num_heads
@@ -526,14 +551,12 @@ class MixerLayer(nn.Module):
         mixer, roles = self.spec.mixer, self.roles
         self._check_defaults()
         self.learned = [p.name for p in mixer.params if p.default is None]
-        self.stored: dict[str, tuple[str, Callable]] = {}
+        self.stored = self._stored_names()
         self.params = nn.ParameterDict()
         for param in mixer.params:
             if param.default is not None:
                 continue
-            suffix, to_value, to_stored = PARAM_DOMAINS.get(
-                roles.domains[param.name], ("", lambda s: s, lambda p: p)
-            )
+            _, _, to_stored = PARAM_DOMAINS.get(roles.domains[param.name], _PLAIN)
             shape = (self.num_heads, *(self._size(s) for s in param.shape))
             domain, role = roles.domains[param.name], roles.inits[param.name]
             if role == "decay" or domain == "unit interval":
@@ -541,8 +564,34 @@ class MixerLayer(nn.Module):
             else:
                 sign = -1 if domain == "negative" else 1
                 start = to_stored(sign * PARAM_INITS[role](*shape))
-            self.stored[param.name] = (param.name + suffix, to_value)
-            self.params[param.name + suffix] = nn.Parameter(start)
+            self.params[self.stored[param.name][0]] = nn.Parameter(start)
+
+    def _stored_names(self) -> dict[str, tuple[str, Callable]]:
+        """Each learnable parameter's stored name and its stored -> value map (PARAM_DOMAINS)."""
+        out = {}
+        for name in self.learned:
+            suffix, to_value, _ = PARAM_DOMAINS.get(self.roles.domains[name], _PLAIN)
+            out[name] = (name + suffix, to_value)
+        return out
+
+    def __getstate__(self) -> dict:
+        """What pickling (and copy.deepcopy, torch.save, AveragedModel, DataLoader workers)
+        keeps: everything but the compiled module and what is derived from the spec, which
+        `__setstate__` rebuilds from the spec's text; so a checkpoint holds no compiled code."""
+        state = dict(super().__getstate__())
+        for derived in ("spec", "mixer", "roles", "stored"):
+            state.pop(derived, None)
+        state["_spec_source"] = (self.spec.source.text, self.spec.source.filename)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        text, filename = state.pop("_spec_source")
+        super().__setstate__(state)
+        self.spec = load_spec(Source(text, filename))
+        self.mixer = load(self.spec.source)
+        self.roles = roles(self.spec)
+        self.stored = self._stored_names()
 
     def _start_decays(self) -> None:
         """Set every decay to start near 1 (`DECAY_INIT`): the bias of the inputs a decay reads
@@ -646,6 +695,8 @@ class MixerLayer(nn.Module):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
         call continues that sequence exactly (prefill, then decode token by token)."""
         self._check_x(x)
+        if not isinstance(use_cache, bool):
+            raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
         if state is not None:
             self._check_cache(state, B)
@@ -674,7 +725,7 @@ class MixerLayer(nn.Module):
         y = y.reshape(B, T, self.num_heads, self.head_out)
         if self.norm is not None:
             y = self.norm(y)
-        y = y.reshape(B, T, -1)
+        y = y.reshape(B, T, self.num_heads * self.head_out)
         if self.gate is not None:
             y = y * F.silu(self.gate(x))
         y = self.out_proj(y)

@@ -4,11 +4,14 @@ is the greedy continuation a full pass predicts."""
 
 from __future__ import annotations
 
+import copy
+import io
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import mixc
 from mixc.attention import Attention, _rotate
@@ -102,3 +105,45 @@ def test_tied_embeddings_and_bad_patterns():
         LanguageModel(["attention:x"], vocab_size=10)
     with pytest.raises(mixc.MixcError, match="pattern: expected a spec"):
         LanguageModel([3], vocab_size=10)
+
+
+def test_a_model_saves_whole_copies_and_averages():
+    """torch.save of a whole model, deepcopy and AveragedModel (EMA weights) raised `cannot
+    pickle 'module' object`; each copy computes the same logits."""
+    torch.manual_seed(0)
+    specs = [ROOT / "specs/gated_deltanet.mix", ROOT / "specs/mamba2.mix", "attention:4"]
+    model = LanguageModel(specs, vocab_size=11, hidden_size=16, num_heads=2)
+    tokens = torch.randint(0, 11, (2, 6))
+    logits = model(tokens)[0]
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    torch.testing.assert_close(loaded(tokens)[0], logits)
+    torch.testing.assert_close(copy.deepcopy(model)(tokens)[0], logits)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    ema.update_parameters(model)
+    torch.testing.assert_close(ema(tokens)[0], logits)
+
+
+def test_bad_model_arguments_and_tokens_are_named():
+    """A window '²' (a digit to str.isdigit, not to int), hidden_size -32 or '32' (as a
+    config.json may hold them), a huge hidden_size and ids outside the vocabulary raised
+    ValueError, RuntimeError or IndexError: each is a MixcError naming the argument."""
+    with pytest.raises(mixc.MixcError, match=r"^pattern: 'attention:²': expected attention:N"):
+        LanguageModel(["attention:²"], vocab_size=10)
+    for bad in (-32, "32", 32.0):
+        with pytest.raises(mixc.MixcError, match=r"^hidden_size: expected a positive int, got"):
+            LanguageModel(["attention"], vocab_size=10, hidden_size=bad)
+    with pytest.raises(mixc.MixcError, match=r"^hidden_size: 10000000000000 would need .*memory$"):
+        LanguageModel(["attention"], vocab_size=10, hidden_size=10**13)
+    with pytest.raises(mixc.MixcError, match=r"^vocab_size: 1000000000000 would need "):
+        LanguageModel(["attention"], vocab_size=10**12, hidden_size=16)
+    model = LanguageModel(["attention"], vocab_size=10, hidden_size=16, num_heads=2)
+    for bad in (10, 99, -1):
+        with pytest.raises(
+            mixc.MixcError, match=rf"^tokens: expected ids in \[0, 10\), got {bad}$"
+        ):
+            model(torch.tensor([[1, bad]]))
+    with pytest.raises(mixc.MixcError, match=r"^use_cache: expected True or False"):
+        model(torch.tensor([[1, 2]]), use_cache="no")

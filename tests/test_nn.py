@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import io
+import pickle
 import sys
 from pathlib import Path
 
@@ -238,3 +240,58 @@ def test_an_input_named_like_a_torch_container_attribute_is_a_clear_error(name):
     )
     with pytest.raises(mixc.MixcError, match=f"cannot hold '{name}'.*rename it"):
         MixerLayer(mixc.Source(text), hidden_size=32, num_heads=2)
+
+
+@pytest.mark.parametrize("name", ["mamba2", "rwkv7"])  # learnable parameters stored by domain
+def test_a_layer_copies_and_pickles(name):
+    """deepcopy and pickle raised `cannot pickle 'module' object` (the compiled module): the
+    copy is rebuilt from the spec's text and computes the same function with its own weights."""
+    torch.manual_seed(0)
+    layer = MixerLayer(ROOT / f"specs/{name}.mix", 32, 2, chunk_size=8)
+    x = torch.randn(2, 5, 32)
+    y = layer(x)[0]
+    for copied in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        torch.testing.assert_close(copied(x)[0], y)
+        assert copied.mixer is layer.mixer  # the compiled module comes from load()'s cache
+        assert copied.out_proj.weight is not layer.out_proj.weight
+        assert set(copied.param_values()) == set(layer.param_values())
+    state = layer.__getstate__()
+    assert "mixer" not in state and "spec" not in state  # no compiled code, no IR pickled
+
+
+def test_an_empty_batch_runs_and_continues():
+    """B = 0 divided by zero in the chunked form (and the layer's reshape could not infer a
+    size from no elements): the layer returns [0, T, hidden] and a cache that continues."""
+    layer = MixerLayer(ROOT / "specs/gated_deltanet.mix", 32, 2)
+    x = torch.randn(0, 5, 32, requires_grad=True)
+    y, cache = layer(x, use_cache=True)
+    assert y.shape == (0, 5, 32)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    y, cache = layer(torch.randn(0, 1, 32), state=cache, use_cache=True)
+    assert y.shape == (0, 1, 32) and cache.states.shape[0] == 0
+
+
+@pytest.mark.parametrize(
+    "spec,change,message",
+    [
+        (5, {}, r"^spec: expected a spec path, a Source or a loaded Spec, got int$"),
+        (None, {"hidden_size": 10**13}, r"^hidden_size: 10000000000000 would need .* memory$"),
+        (None, {"conv_size": 10**9}, r"^conv_size: 1000000000 would need .* of memory$"),
+        (None, {"sizes": {"K": 10**12}}, r"^sizes: \{'K': 1000000000000, 'V': 16\} would need"),
+    ],
+    ids=["int spec", "hidden_size", "conv_size", "sizes"],
+)
+def test_absurd_layer_arguments_are_named_before_allocating(spec, change, message):
+    """MixerLayer(5, ...) raised a TypeError; a huge hidden_size overflowed inside torch and a
+    huge conv_size tried to allocate 128 GB: named, checked against the machine's memory."""
+    args = {"hidden_size": 32, "num_heads": 2} | change
+    size, heads = args.pop("hidden_size"), args.pop("num_heads")
+    with pytest.raises(mixc.MixcError, match=message):
+        MixerLayer(DELTANET if spec is None else spec, size, heads, **args)
+
+
+def test_use_cache_must_be_a_bool():
+    layer = MixerLayer(DELTANET, 32, 2)
+    with pytest.raises(mixc.MixcError, match=r"^use_cache: expected True or False, got str$"):
+        layer(torch.randn(1, 3, 32), use_cache="no")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from mixc.errors import MixcError, Source, SpecError
+from mixc.errors import ArgumentError, MixcError, Source, SpecError
 from mixc.files import read_regular
 from mixc.frontend.ir import Mixer
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
@@ -50,15 +50,17 @@ def source_of(spec: str | os.PathLike | Source | None = None, *, text: str | Non
     """The spec a caller gives, as a Source: a path (str or os.PathLike) names a file to read,
     `text=` is spec text itself, and a Source passes through. Exactly one of `spec` and `text`."""
     if (spec is None) == (text is None):
-        raise TypeError("give a spec path or Source, or text=..., and not both")
+        raise ArgumentError("spec: give a spec path or Source, or text=..., and not both")
     if text is not None:
         if not isinstance(text, str):
-            raise TypeError(f"text: expected spec text as a str, got {type(text).__name__}")
+            raise ArgumentError(f"text: expected spec text as a str, got {type(text).__name__}")
         return Source(text)
     if isinstance(spec, Source):
         return spec
     if not isinstance(spec, str | os.PathLike):
-        raise TypeError(f"expected a spec path, a Source or text=..., got {type(spec).__name__}")
+        raise ArgumentError(
+            f"spec: expected a spec path, a Source or text=..., got {type(spec).__name__}"
+        )
     return read_source(spec)
 
 

@@ -353,6 +353,12 @@ def _reserved_why(name: str) -> str:
     return "a keyword argument of the compiled forms"
 
 
+#: The largest size a spec may write as a number (`q[64]`): far above a head's width, and small
+#: enough that the fuzzer, bench, synth and a layer can allocate what a spec declares.
+MAX_LITERAL_SIZE = 65_536
+_MAX_TEXT = str(MAX_LITERAL_SIZE)
+
+
 def _check_sizes(d: Decl | Param) -> None:
     """Sizes are names or whole numbers of at least 1, not I or a layout dimension; at most two."""
     for size in d.shape:
@@ -364,6 +370,15 @@ def _check_sizes(d: Decl | Param) -> None:
             )
         if size.isdigit() and not size.strip("0"):
             raise SpecShapeError(f"size {size} of {d.name} must be at least 1", d.span)
+        digits = size.lstrip("0")  # compared as text: int() refuses 4,300 digits and more
+        if size.isdigit() and (len(digits), digits) > (len(_MAX_TEXT), _MAX_TEXT):
+            shown = size if len(size) <= 24 else f"{size[:20]}... ({len(size):,} digits)"
+            raise SpecShapeError(
+                f"size {shown} of {d.name} is too large",
+                d.span,
+                expected=f"a size from 1 to {MAX_LITERAL_SIZE:,} (per head)",
+                hint="name the size (q[K]) and give it when the module is called",
+            )
         if size == "I":
             raise SpecNameError(
                 f"size I of {d.name}: I is the identity matrix",

@@ -120,3 +120,123 @@ def test_initial_states_must_be_in_the_dtype_states_are_kept_in(inputs, state):
             form(*args, initial_state=given)
     with pytest.raises(mixc.MixcError, match="^state" + message):  # the step's argument
         module.step(*[a[:, 0] for a in args], state=given)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "mamba2", "linear_attention_normalized"])
+def test_an_empty_batch_runs_in_every_form(name):
+    """B = 0: chunk and summary divided by zero (recurrent and parallel ran); every form returns
+    empty outputs and final states of the shapes a batch of two has, and gradients flow."""
+    module, args = _module_and_args(name, T=5)
+    empty = [a[:0].clone().requires_grad_() if a.dim() > 2 else a for a in args]
+    n = len(module.INPUTS)
+    y_full, s_full = module.recurrent(*args, output_final_state=True)
+    s_full = s_full if isinstance(s_full, tuple) else (s_full,)
+    states = tuple(s[:0] for s in s_full)
+    initial = states if len(states) > 1 else states[0]
+    results = {
+        form: getattr(module, form)(*empty, initial_state=initial, output_final_state=True)
+        for form in ("chunk", "recurrent")
+    }
+    if "parallel" in module.FORMS:
+        results["parallel"] = (module.parallel(*empty)[0], initial)
+    for form, (y, s) in results.items():
+        assert y.shape == (0, *y_full.shape[1:]), form
+        s = s if isinstance(s, tuple) else (s,)
+        assert [x.shape for x in s] == [x.shape for x in states], form
+        y.sum().backward()
+    y, s = module.step(*[a[:, 0] for a in empty[:n]], *empty[n:], state=initial)
+    assert y.shape == (0, *y_full.shape[2:])
+    p, f = module.summary(*empty)
+    p_full, f_full = module.summary(*args)
+    assert _shapes(p) == [(0, *x[1:]) for x in _shapes(p_full)]
+    assert _shapes(f) == [(0, *x[1:]) for x in _shapes(f_full)]
+
+
+def _shapes(x):
+    return [tuple(t.shape) for t in (x if isinstance(x, tuple) else (x,))]
+
+
+@pytest.mark.parametrize(
+    "axis,message",
+    [
+        (2, r"^q: expected NH >= 1 in \[B, T, NH, K\], got NH = 0$"),
+        (3, r"^q: expected K >= 1 in \[B, T, NH, K\], got K = 0$"),
+    ],
+    ids=["NH", "K"],
+)
+def test_zero_heads_or_widths_are_refused_by_every_form(axis, message):
+    """NH = 0 divided by zero in every form and K = 0 (or V = 0) failed in a reshape of chunk
+    while recurrent ran: every form refuses them alike, naming the argument and the size."""
+    module, args = _module_and_args("linear_attention", T=5)
+    index = [slice(None)] * axis + [slice(0, 0)]
+    zero = [a[tuple(index)] for a in args]
+    calls = [module.chunk, module.recurrent, module.parallel, module.summary]
+    for call in calls:
+        with pytest.raises(mixc.MixcError, match=message):
+            call(*zero)
+    with pytest.raises(mixc.MixcError, match=message.replace("T, ", "")):
+        module.step(*[a[:, 0] for a in zero])
+    v_zero = [*args[:2], args[2][..., :0]]
+    for call in calls:
+        with pytest.raises(mixc.MixcError, match=r"^v: expected V >= 1 in \[B, T, NH, V\], got V"):
+            call(*v_zero)
+
+
+def test_inputs_on_the_meta_device_give_shapes_in_every_form():
+    """chunk raised `range() arg 3 must not be zero` where recurrent ran: a span of no chunk
+    off the CPU for a sequence shorter than a chunk. Every form now gives the shapes."""
+    module, args = _module_and_args("gated_retention", T=5)
+    meta = [a.to("meta") for a in args]
+    want = module.recurrent(*args, output_final_state=True)
+    for form in (module.chunk, module.recurrent):
+        y, s = form(*meta, output_final_state=True)
+        assert y.device.type == "meta" and (y.shape, s.shape) == (want[0].shape, want[1].shape)
+    assert module.parallel(*meta)[0].shape == want[0].shape
+    assert [x.shape for x in module.summary(*meta)] == [x.shape for x in module.summary(*args)]
+
+
+@pytest.mark.parametrize(
+    "cu_seqlens,message",
+    [
+        (
+            torch.tensor([False, True, True]),
+            r"expected a 1-D integer tensor \[0, end_1, \.\.\., T\], got torch\.bool",
+        ),
+        (
+            torch.tensor([0, 2, 5]).to(torch.complex64),
+            r"expected a 1-D integer tensor .*, got torch\.complex64",
+        ),
+        (torch.tensor([0.0, 2.0, 5.0]), r"expected a 1-D integer tensor .*, got torch\.float32"),
+        (torch.tensor([0, 2, 5], device="meta"), r"expected a tensor on cpu \(like the inputs\)"),
+    ],
+    ids=["bool", "complex", "float", "meta"],
+)
+def test_cu_seqlens_of_a_wrong_dtype_or_device_is_named(cu_seqlens, message):
+    """A bool cu_seqlens was read as offsets [False, True, True]; a complex one raised a
+    TypeError in a comparison, a meta one NotImplementedError: each is named, in both forms."""
+    module, args = _module_and_args("gla", T=5)
+    packed = [a[:1] for a in args]
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match="^cu_seqlens: " + message):
+            form(*packed, cu_seqlens=cu_seqlens)
+
+
+def test_cu_seqlens_on_the_meta_device_is_named():
+    """Offsets on the meta device cannot be read: named, not NotImplementedError."""
+    module, args = _module_and_args("gla", T=5)
+    meta = [a[:1].to("meta") for a in args]
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match=r"^cu_seqlens: a tensor on the meta device"):
+            form(*meta, cu_seqlens=torch.tensor([0, 2, 5], device="meta"))
+
+
+@pytest.mark.parametrize(
+    "flag", [torch.tensor([1, 1]), torch.tensor(True), "no", 1, None], ids=repr
+)
+def test_output_final_state_must_be_a_bool(flag):
+    """A tensor of two entries raised `Boolean value of Tensor ... is ambiguous`; "no" was read
+    as True: chunk and recurrent take True or False only."""
+    module, args = _module_and_args("gla", T=5)
+    for form in (module.chunk, module.recurrent):
+        with pytest.raises(mixc.MixcError, match=r"^output_final_state: expected True or False"):
+            form(*args, output_final_state=flag)

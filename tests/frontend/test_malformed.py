@@ -341,8 +341,9 @@ def test_huge_time_offset(text: str) -> None:
 
 
 def test_huge_size() -> None:
-    spec = load_quickly("mixer m\nin q[" + "9" * 5_000 + "]\ny_t = q_t\n")
-    assert isinstance(spec, mixc.Spec)
+    err = load_quickly("mixer m\nin q[" + "9" * 5_000 + "]\ny_t = q_t\n")
+    assert isinstance(err, SpecError)  # quickly: compared as text, never converted
+    assert err.message == "size 99999999999999999999... (5,000 digits) of q is too large"
     err = load_quickly("mixer m\nin q[000]\ny_t = q_t\n")
     assert isinstance(err, SpecError)
     assert err.message == "size 000 of q must be at least 1"
@@ -351,3 +352,14 @@ def test_huge_size() -> None:
 def test_names_that_start_like_keywords() -> None:
     spec = load_quickly("mixer m\nin q, inq\nparam g, paramx\nparamy_t = g paramx q_t inq_t\n")
     assert isinstance(spec, mixc.Spec)
+
+
+@pytest.mark.parametrize("size", ["99999999999999999999999", "65537", "0065537"])
+def test_a_literal_size_out_of_range_is_located(size):
+    """q[99999999999999999999999] passed check and then crashed fuzz, bench, synth and
+    MixerLayer allocating it: refused where it is declared, with the largest size allowed."""
+    head = "mixer m\nin q[{}], k[4], v[4]\nstate H[4, 4]\n"
+    text = head.format(size) + "H_t = H_{t-1} + v_t k_t^T\ny_t = H_t k_t\n"
+    with pytest.raises(mixc.MixcError, match=rf"^<string>:2:4: error: size {size} of q is too"):
+        mixc.load_spec(text=text)
+    mixc.load_spec(text=text.replace(f"q[{size}]", "q[65536]"))  # the largest is fine

@@ -180,3 +180,29 @@ def test_make_inputs_draw_the_sampling_ranges_with_decays_near_one():
     q, k, v, g = bench.make_inputs(spec, sizes, 33)
     assert q.shape == k.shape == g.shape == (2, 33, 3, 4) and v.shape == (2, 33, 3, 5)
     assert (g <= 0).all() and (g > -1e-3).all()
+
+
+@pytest.mark.parametrize(
+    "command,option",
+    [
+        (["bench", "specs/gla.mix", "--device", "nosuch"], "--device: 'nosuch' is not a torch"),
+        (["bench", "specs/gla.mix", "--device", "meta"], "--device: meta holds no values"),
+        (["bench", "specs/gla.mix", "--threads", "100000"], "--threads: 100000 is more than"),
+        (["synth", "specs/gla.mix", "--threads", "100000"], "--threads: 100000 is more than"),
+        (["synth", "specs/gla.mix", "--device", "nosuch"], "--device: 'nosuch' is not a torch"),
+    ],
+    ids=["bench device", "bench meta", "bench threads", "synth threads", "synth device"],
+)
+def test_absurd_devices_and_threads_are_one_line_errors(command, option, capsys):
+    """--device nosuch printed a traceback and --threads 100000 was taken: each is refused on
+    one line, naming the option, before anything is compiled or allocated."""
+    assert main([*command, "--json", "/nonexistent/x.json"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(option) and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("lr", ["nan", "inf", "0", "-1e-3"])
+def test_a_learning_rate_that_is_not_finite_and_positive_is_refused(lr, capsys):
+    with pytest.raises(SystemExit):
+        main(["synth", "specs/gla.mix", f"--lr={lr}"])
+    assert "argument --lr: expected a finite positive number" in capsys.readouterr().err

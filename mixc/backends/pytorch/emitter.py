@@ -329,6 +329,10 @@ class _Module:
         out("", 0)
         out("", 0)
         out.lines += functions.lines
+        if any(re.search(r"\b_summary\(", line) for line in functions.lines):
+            out("", 0)
+            out("", 0)
+            out("_summary = summary  # what summary calls itself by (an input may be `summary`)", 0)
 
     def emit_functions(self) -> Lines:
         functions = Lines()
@@ -400,7 +404,7 @@ class _Module:
         out(f"_device = {self.inputs[0]}.device")
         batch = '_sizes["B"]'
         if packed:
-            packed_batch = "_check_cu_seqlens(cu_seqlens, _sizes)"
+            packed_batch = "_check_cu_seqlens(cu_seqlens, _sizes, _device)"
             out(f'_batch = _sizes["B"] if cu_seqlens is None else {packed_batch}')
             batch = "_batch"
         if states_from is not None:
@@ -415,9 +419,16 @@ class _Module:
                     prev = _local("prev", d.name)
                     out(f"{prev} = {prev}[..., None, None]")
 
-    def finish(self, out: Lines, y: str, final: list[str] | None, optional: bool = False) -> None:
+    def finish(
+        self,
+        out: Lines,
+        y: str,
+        final: list[str] | None,
+        optional: bool = False,
+        indent: int = 1,
+    ) -> None:
         """Return the output `y` in the module's layout and the final states `final` (None:
-        none), only where output_final_state asks for them if `optional`."""
+        none), only where output_final_state asks for them if `optional`; at `indent`."""
         shape = self.spec.shapes[self.output.target]
         # squeeze, not [..., 0]: the backward of an index fills a zero tensor and copies into it
         index = (
@@ -429,14 +440,14 @@ class _Module:
         )
         read = y != self.output.target and not y.startswith(self.output.target)
         note = _note(f"{self.output.target}_t = {self.output.value}") if read else ""
-        out(f"{self.output.target} = {y}{index}.to(_out_dtype){note}")
+        out(f"{self.output.target} = {y}{index}.to(_out_dtype){note}", indent)
         text = "None" if final is None else _tuple(final)
         if optional:
             if len(text) > 60:  # a long tuple of final states: on lines of its own
-                _tuple_line(out, "_final = ", final, "", 1)
+                _tuple_line(out, "_final = ", final, "", indent)
                 text = "_final"
             text = f"({text} if output_final_state else None)"
-        out(f"return {self.output.target}, {text}")
+        out(f"return {self.output.target}, {text}", indent)
 
     def final_states(self, lagged: str = "prev") -> list[str]:
         """The final states in the module's layout; each lagged input's last token from its
@@ -470,8 +481,13 @@ class _Module:
         out("initial state (one per sequence) and returns one final state per sequence.")
         out('"""')
         out("_check_chunk_size(chunk_size)")
+        out('_check_flag("output_final_state", output_final_state)')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
+        out('if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty')
+        states = ", ".join(self.carried)
+        out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
+        self.finish(out, self.output.target, self.final_states(), optional=True, indent=2)
         self.emit_shifts(out, packed=True, carried=True)
         with self.point(out, 1):
             self.emit_groups(out, parallel=False)
@@ -702,6 +718,15 @@ class _Module:
             out("", 0)
             return
         out("_check_chunk_size(chunk_size)")
+        first = self.inputs[0]
+        out(f"if _empty_batch({first}):  # B = 0: checked, then one zero token's summary, emptied")
+        call = ", ".join(self.inputs + self.required + [f"{p}={p}" for p in self.defaulted])
+        out(f"_prepare({call}, _sequence=True)", 2)
+        each = _tuple(self.inputs, one=True)
+        out(f"_one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in {each}]", 2)
+        rest = "".join(f", {p}" for p in self.required)
+        rest += "".join(f", {p}={p}" for p in self.defaulted)
+        out(f"return _no_sequences(_summary(*_one{rest}, chunk_size=chunk_size))", 2)
         self.prologue(out, True, None)
         transitions, finals = {}, {}
         with self.point(out, 1):
@@ -854,6 +879,7 @@ class _Module:
         )
         out("initial state (one per sequence); one final state per sequence is returned.")
         out('"""')
+        out('_check_flag("output_final_state", output_final_state)')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
         states = ", ".join(self.carried)

@@ -84,6 +84,25 @@ def _output_dtype(layout, first):
     return first.dtype
 
 
+def _empty_batch(x):
+    """Whether the first input `x` holds no sequence (B = 0), which some forms answer apart."""
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 0
+
+
+def _no_sequences(result):
+    """A form's result (a tensor, None, or tuples of them) cut to an empty batch, B = 0."""
+    if isinstance(result, tuple):
+        return tuple(_no_sequences(x) for x in result)
+    return None if result is None else result[:0]
+
+
+def _check_flag(name, value):
+    """A yes-or-no option is True or False: a tensor, a string ("no" is true) or a number is
+    refused rather than read by its truth."""
+    if not isinstance(value, bool):
+        _fail(f"{name}: expected True or False, got {type(value).__name__}")
+
+
 def _check_chunk_size(chunk_size):
     """A chunk size is a positive power of two, given as an int (a bool or a float is refused
     rather than rounded or read as 1)."""
@@ -94,6 +113,11 @@ def _check_chunk_size(chunk_size):
 
 
 def _bind_size(sizes, symbol, got, name, shape_text):
+    """Bind a size symbol of `name`'s shape to `got`, which every argument must agree on. A size
+    of 0 is refused but for B (an empty batch) and T (refused with its own message): no form
+    computes anything over zero heads or zero-width vectors."""
+    if got == 0 and symbol not in ("B", "T"):
+        _fail(f"{name}: expected {symbol} >= 1 in {shape_text}, got {symbol} = 0")
     if symbol.isdigit():
         if got != int(symbol):
             _fail(f"{name}: expected size {symbol} in {shape_text}, got {got}")
@@ -136,6 +160,8 @@ def _prepare_inputs(layout, values, sequence):
         ):
             _bind_size(sizes, symbol, got, name, shape_text)
         heads.append(x.shape[len(lead) - 1])
+        if heads[-1] == 0:
+            _fail(f"{name}: expected NH >= 1 in {shape_text}, got NH = 0")
     n_heads = max(heads)
     for (name, dims), x, h in zip(layout, values, heads):
         if n_heads % h:
@@ -258,14 +284,19 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
-def _check_cu_seqlens(cu_seqlens, sizes):
-    """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing."""
-    if (
-        not isinstance(cu_seqlens, torch.Tensor)
-        or cu_seqlens.dim() != 1
-        or cu_seqlens.is_floating_point()
-    ):
-        _fail("cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]")
+def _check_cu_seqlens(cu_seqlens, sizes, device):
+    """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
+    the inputs' device (not on the meta device, where no offsets can be read)."""
+    expected = "cu_seqlens: expected a 1-D integer tensor [0, end_1, ..., T]"
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+        _fail(expected)
+    dtype, where = cu_seqlens.dtype, cu_seqlens.device
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        _fail(f"{expected}, got {dtype}")
+    if where != device:
+        _fail(f"cu_seqlens: expected a tensor on {device} (like the inputs), got one on {where}")
+    if where.type == "meta":
+        _fail("cu_seqlens: a tensor on the meta device holds no offsets to split sequences by")
     if sizes["B"] != 1:
         _fail(f"cu_seqlens: packed sequences need B = 1, got B = {sizes['B']}")
     if cu_seqlens.numel() < 2:
@@ -373,9 +404,9 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
 def _span_tokens(q, v, chunk_size):
     """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
     on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
-    elsewhere."""
+    elsewhere (every chunk, the last one padded: a sequence shorter than a chunk is one)."""
     if q.device.type != "cpu":
-        return max(q.shape[2], 1)
+        return max(-(-q.shape[2] // chunk_size), 1) * chunk_size
     per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
@@ -871,11 +902,16 @@ def chunk(
     initial state (one per sequence) and returns one final state per sequence.
     """
     _check_chunk_size(chunk_size)
+    _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
-    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
+    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes, _device)
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
+    if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty
+        y, (H,) = _recurrence(q, k, v, H, _sizes, _dtype, _device)
+        y = y.squeeze(-1).to(_out_dtype)
+        return y, (H if output_final_state else None)
     # H: identity -> chunk_scalar_decay
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
@@ -911,6 +947,10 @@ def summary(q, k, v, *, chunk_size=CHUNK_SIZE):
     the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
     _check_chunk_size(chunk_size)
+    if _empty_batch(q):  # B = 0: checked, then one zero token's summary, emptied
+        _prepare(q, k, v, _sequence=True)
+        _one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in (q, k, v)]
+        return _no_sequences(_summary(*_one, chunk_size=chunk_size))
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
     # H: chunk_scalar_decay on probes: zero writes from an identity state
@@ -946,10 +986,11 @@ def recurrent(q, k, v, *, initial_state=None, output_final_state=False, cu_seqle
     With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
     initial state (one per sequence); one final state per sequence is returned.
     """
+    _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
-    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes)
+    _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes, _device)
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
     if cu_seqlens is None:
         y, (H,) = _recurrence(q, k, v, H, _sizes, _dtype, _device)
@@ -987,3 +1028,6 @@ def step(q, k, v, *, state=None):
     y, (H,) = _recurrence(q, k, v, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H
+
+
+_summary = summary  # what summary calls itself by (an input may be `summary`)

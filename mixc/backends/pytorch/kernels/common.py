@@ -90,9 +90,9 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
 def _span_tokens(q, v, chunk_size):
     """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
     on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
-    elsewhere."""
+    elsewhere (every chunk, the last one padded: a sequence shorter than a chunk is one)."""
     if q.device.type != "cpu":
-        return max(q.shape[2], 1)
+        return max(-(-q.shape[2] // chunk_size), 1) * chunk_size
     per_chunk = q.shape[0] * q.shape[1] * (q.shape[-1] + v.shape[-1] + chunk_size) * chunk_size
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
