@@ -1,6 +1,7 @@
 """Causality, bit for bit: the output at token t depends on nothing after t, in every form.
 
-Whatever the tokens after t hold (other values, NaN, inf), the outputs up to t are the same bits.
+Whatever the tokens after t hold (other values, NaN, inf, finite values that overflow inside a
+chunk), the outputs up to t are the same bits.
 A chunked form multiplies whole chunks at once and a parallel form the whole sequence, so a
 later token meets every earlier one in a matrix product; a mask applied by multiplication
 (0 * inf = NaN) or a triangular product over a non-finite row then carries it backwards in time.
@@ -74,7 +75,8 @@ def _delays(plan, output):
 
 
 def _later(x, t, kind, generator):
-    """x with every token after t replaced: by other random values, NaN or +-inf."""
+    """x with every token after t replaced: by other random values, or by the number `kind`
+    names (NaN, +-inf, a large finite value)."""
     x = x.clone()
     if kind == "random":
         x[:, t + 1 :] = 3 * torch.randn(x[:, t + 1 :].shape, generator=generator)
@@ -88,8 +90,9 @@ def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     check_causal(SOURCES[name], "pytorch", T, (5, 7))  # inside a chunk of 4, and starting one
 
 
-#: What the tokens after t are replaced with: other values, NaN and infinities.
-KINDS = ("random", "nan", "inf", "-inf")
+#: What the tokens after t are replaced with: other values, NaN, infinities, and finite values
+#: large enough to overflow inside a chunk's products (a chunk's triangular inverse times them).
+KINDS = ("random", "nan", "inf", "-inf", "1000", "1e30", "-1e30", "3e38")
 
 
 def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS):

@@ -194,17 +194,18 @@ def test_the_module_imports_torch_and_triton_only(name):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaNs
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # and the overflows
 @pytest.mark.parametrize(
     "kinds",
-    [("random", "nan"), pytest.param(KINDS, marks=pytest.mark.slow)],
-    ids=["random-nan", "all"],
+    [("random", "nan", "3e38"), pytest.param(KINDS, marks=pytest.mark.slow)],
+    ids=["random-nan-3e38", "all"],
 )
 @pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla", "rwkv7"])
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name, kinds):
     """The chunked form in chunks of 16 (the kernels' least; chunk_size 4 runs as 16): a later
     token inside the first chunk (t = 5) and one starting the second (t = 15). Each input's
-    later tokens other values or NaN by default (every input at once also each infinity), and
-    each infinity too with -m slow."""
+    later tokens other values, NaN or 3e38 (which overflows inside a chunk) by default (every
+    input at once also each infinity), and every kind of KINDS with -m slow."""
     check_causal(SPECS[name], "triton", 24, (5, 15), forms=("chunk16",), kinds=kinds)
 
 

@@ -828,6 +828,9 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
         # d(I + A)^{-1} = -T dA T: attach that gradient (the value is unchanged, the added
         # term is exactly zero) instead of differentiating through the recursion
         t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
+    if guard:  # finite inputs can overflow in a later token's row, which T would carry back
+        k_scaled, poison_k = _finite_rows(k_scaled)
+        scores = _poison_rows(scores, poison_k)
     w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
     u = _bmm(t_inv, v_c.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
 
@@ -851,13 +854,18 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
         return torch.baddbmm(state, k_end_n[n], v, out=out)
 
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
-    v_new = torch.stack(v_new) if tracked else u
+    v_new = (torch.stack(v_new) if tracked else u).reshape(u.shape)
+    if guard:
+        # finite inputs can still overflow in a token's pseudo-value (U = T V, V_new = U - W S):
+        # made finite, it poisons its output and those after it, as a non-finite input does
+        v_new, poison_new = _finite_rows(v_new)
+        scores = _poison_rows(scores, poison_new)
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
     if kept is not None:
         kept.append([scores, t_inv, states_in])
 
     # Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
-    o = _two_matmuls(scores, v_new.reshape(u.shape), q_from_start, states_in)
+    o = _two_matmuls(scores, v_new, q_from_start, states_in)
     return [o], state.reshape(batch, heads, d_k, d_v)
 
 

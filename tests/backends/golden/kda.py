@@ -858,11 +858,11 @@ def _dplr_scores_direct(q_c, k_c, a_c, b_c, g_c):
     return scores, rows, cols, chunk_decay
 
 
-def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False):
+def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
     """What the chunks of a span share before the state passes: the decayed scores, rows and
     columns and exp(b_C) (see _dplr_scores; _dplr_scores_direct where `direct`), T =
-    (I - ab)^{-1} (unit lower-triangular, in at least fp32), W = T (exp(b_{r-1}) ⊙ A) and
-    U' = T ak V."""
+    (I - ab)^{-1} (unit lower-triangular, in at least fp32), W = T (exp(b_{r-1}) ⊙ A), U' =
+    T ak V and, `guard`ed, the poison of the tokens whose ak V overflowed (else None)."""
     scores_of = _dplr_scores_direct if direct else _dplr_scores
     scores, rows, cols, chunk_decay = scores_of(q_c, k_c, a_c, b_c, g_c)
     chunk_size = q_c.shape[3]
@@ -876,8 +876,11 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False):
     t_inv = t_inv.to(q_c.dtype)
     a_before = rows[..., 1, :]
     w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
-    u_own = _bmm(t_inv, _bmm(pairs[..., 1, :, 0], v_c))  # [N, B, NH, C, V]
-    return scores, t_inv, rows, cols, w, u_own, chunk_decay
+    ak_v, poison = _bmm(pairs[..., 1, :, 0], v_c), None
+    if guard:  # finite inputs can overflow in a later token's row, which T would carry back
+        ak_v, poison = _finite_rows(ak_v)
+    u_own = _bmm(t_inv, ak_v)  # [N, B, NH, C, V]
+    return scores, t_inv, rows, cols, w, u_own, chunk_decay, poison
 
 
 def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
@@ -912,8 +915,10 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
         values[..., 0, :] = v_c
         v_c = values[..., 0, :]
     direct = not tracked and _dplr_direct(gk_min, chunk_size)
-    maps = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct)
-    scores, t_inv, rows, cols, w, u_own, chunk_decay = maps
+    maps = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct, guard)
+    scores, t_inv, rows, cols, w, u_own, chunk_decay, poison_maps = maps
+    if poison_maps is not None:
+        poison = poison + poison_maps
     k_to_end_t, b_to_end_t = (x.transpose(-1, -2) for x in cols.unbind(-2))
     # the chunk's action on the state it enters: S_{n+1} = P S_n + F, with P = diag(exp(b_C)) +
     # (exp(b_C - b) ⊙ B)^T W and F = (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U'
@@ -952,6 +957,11 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
     else:
         values[..., 1, :] = _as_3d(u_own).baddbmm_(_as_3d(w), _as_3d(states_in)).view(u_own.shape)
     values = values.reshape(*v_c.shape[:3], 2 * chunk_size, d_v)
+    if guard:
+        # finite inputs can still overflow in a token's pseudo-value U: made finite, it poisons
+        # its output and those after it, as a non-finite input does
+        values, poison_u = _finite_rows(values)
+        poison = poison + poison_u.view(*poison.shape, 2).sum(-1)
     if kept is not None:
         kept.append([scores, t_inv, values, states_in])
     # the rows of the queries: (qk, qb) against (V, U), interleaved

@@ -241,7 +241,12 @@ def _tl_dplr_fwd(
                 tl.store(_tl_tile(ts, tiles + 3, rows), ak)
         reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
         reads += tl.dot(ak, v_c, input_precision="ieee")
+        # finite inputs can still overflow in a later token's row, which a product with the
+        # inverse or the scores would carry back to the earlier ones: such a row poisons too
+        reads, reads_poison = _tl_finite(reads)
         u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
+        u, u_poison = _tl_finite(u)
+        poison += reads_poison + u_poison
         out = tl.dot(q_start, state.to(q_c.dtype), input_precision="ieee")
         out += tl.dot(qk, v_c, input_precision="ieee")
         out += tl.dot(qb, u, input_precision="ieee")

@@ -653,9 +653,15 @@ def _tl_delta_fwd(
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
             if tl.program_id(0) == 0:
                 tl.store(_tl_tile(ts, i_bh * n_chunks + n, rows), inverse)
+        # finite inputs can still overflow in a later token's row, which a product with the
+        # inverse or the scores would carry back to the earlier ones: such a row poisons too
+        k_scaled, k_scaled_poison = _tl_finite(k_scaled)
+        poison += tl.sum(k_scaled_poison, axis=1)[:, None]
         w = tl.dot(inverse, k_scaled, input_precision="ieee")
         v_new = tl.dot(inverse, v_c, input_precision="ieee")
         v_new -= tl.dot(w, state.to(w.dtype), input_precision="ieee")
+        v_new, v_new_poison = _tl_finite(v_new)
+        poison += v_new_poison
         out = tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
         out += tl.dot(scores, v_new, input_precision="ieee")
         out += tl.cumsum(poison, axis=0)
