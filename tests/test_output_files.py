@@ -156,9 +156,7 @@ def test_a_read_only_directory_is_one_line_naming_the_file(tmp_path, spec, capsy
         locked.chmod(0o700)
 
 
-@pytest.mark.parametrize(
-    "code", [errno.ENOSPC, errno.EROFS, errno.EACCES], ids=errno.errorcode.get
-)
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES], ids=errno.errorcode.get)
 def test_an_os_error_while_writing_is_one_line_and_leaves_no_trace(
     tmp_path, spec, capsys, monkeypatch, code
 ):

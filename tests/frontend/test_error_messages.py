@@ -135,8 +135,7 @@ dt_t x_t^T (an outer product, [P, P])?""",
         id="two_vectors_of_one_size",
     ),
     pytest.param(
-        "mixer m\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t^T\n"
-        "y_t = H_t v_t\n",
+        "mixer m\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t^T\ny_t = H_t v_t\n",
         SpecShapeError,
         """\
 <string>:5:7: error: cannot multiply H_t [V, K] by v_t [V]
