@@ -349,6 +349,9 @@ class PyExpr:
             right = f"{right}.mT" if rrow else right
             return f"{left} @ {right}", _MUL
         if op == "@" and SCALAR not in (a, b):
+            scaled = self._diagonal_product(e.left, e.right)
+            if scaled is not None:
+                return scaled, _MUL
             return f"{self._wrap(e.left, _MUL)} @ {self._wrap(e.right, _MUL + 1)}", _MUL
         complement = self._complement(e)
         if complement is not None:
@@ -359,6 +362,29 @@ class PyExpr:
         py = {"+": "+", "-": "-", "*": "*", "/": "/", "@": "*"}[op]
         level = _ADD if py in "+-" else _MUL
         return f"{self._wrap(e.left, level)} {py} {self._wrap(e.right, level + 1)}", level
+
+    def _diagonal(self, e: Expr, side: str) -> str | None:
+        """For a factor diag(d) of a matrix product, d as the column (`side` "left": it scales
+        the rows of what follows) or the row ("right": the columns of what precedes) that
+        multiplies elementwise; None for any other factor. A product by diag(d) is then O(n m),
+        not a [n, n] matrix built and multiplied by every token (the recurrent and step forms of
+        a diagonal gate)."""
+        if not (isinstance(e, Call) and e.func == "diag"):
+            return None
+        (d,) = e.args
+        column = self.shape(d)[1] == "1"
+        text = self._wrap(d, _ATOM)
+        return text if column == (side == "left") else f"{text}.mT"
+
+    def _diagonal_product(self, left: Expr, right: Expr) -> str | None:
+        """`diag(d) @ B` as `d * B` and `A @ diag(d)` as `A * d^T` (see _diagonal), or None."""
+        rows = self._diagonal(left, "left")
+        if rows is not None:
+            return f"{rows} * {self._wrap(right, _MUL + 1)}"
+        columns = self._diagonal(right, "right")
+        if columns is not None:
+            return f"{self._wrap(left, _MUL)} * {columns}"
+        return None
 
     def _complement(self, e: Binary) -> str | None:
         """`1 - sigmoid(x)` as `sigmoid(-x)`: equal, but where sigmoid(x) is near 1 the
@@ -430,12 +456,19 @@ class PyExpr:
         def n(d: str) -> int:
             return 1 if d == "1" else 64
 
+        diagonal = [isinstance(x, Call) and x.func == "diag" for x in chain]  # not emitted
+
+        def scales(i: int, s: int, j: int) -> bool:
+            """Whether the product of [i, s] and [s + 1, j] is one by a lone diag(d)."""
+            return (i == s and diagonal[i]) or (s + 1 == j and diagonal[j])
+
         for length in range(2, len(chain) + 1):
             for i in range(len(chain) - length + 1):
                 j = i + length - 1
                 cost[i][j] = math.inf
                 for s in range(i, j):
-                    c = cost[i][s] + cost[s + 1][j] + n(dims[i]) * n(dims[s + 1]) * n(dims[j + 1])
+                    inner = 1 if scales(i, s, j) else n(dims[s + 1])  # elementwise: no sum
+                    c = cost[i][s] + cost[s + 1][j] + n(dims[i]) * inner * n(dims[j + 1])
                     if c < cost[i][j]:
                         cost[i][j], split[i][j] = c, s
 
@@ -443,8 +476,12 @@ class PyExpr:
             if i == j:
                 return self._wrap(chain[i], _MUL + 1)
             s = split[i][j]
-            left = build(i, s, True)
-            text = f"{left} @ {build(s + 1, j, False)}"
+            if i == s and diagonal[i]:
+                text = f"{self._diagonal(chain[i], 'left')} * {build(s + 1, j, False)}"
+            elif s + 1 == j and diagonal[j]:
+                text = f"{build(i, s, False)} * {self._diagonal(chain[j], 'right')}"
+            else:
+                text = f"{build(i, s, True)} @ {build(s + 1, j, False)}"
             return text if top else f"({text})"
 
         return f"({build(0, len(chain) - 1, True)})"

@@ -1205,13 +1205,9 @@ def _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device):
     _ys = []
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t, g_t, beta_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t], beta[:, _t]
-        _diag_exp_g = _torch.diag_embed(_torch.exp(g_t).squeeze(-1))
+        _exp_g = _torch.exp(g_t)
         # H_{t-1} diag(exp(g_t)) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
-        H_t = (
-            (H @ _diag_exp_g)
-            - beta_t * (H @ (_diag_exp_g @ k_t) @ k_t.mT)
-            + beta_t * (v_t @ k_t.mT)
-        )
+        H_t = (H * _exp_g.mT) - beta_t * (H @ (_exp_g * k_t) @ k_t.mT) + beta_t * (v_t @ k_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

@@ -1233,7 +1233,7 @@ def _recurrence(q, k, v, d, kappa, alpha, H, _sizes, _dtype, _device):
         _kk_kappa = _l2norm(kappa_t)
         # H_{t-1} (diag(exp(-exp(-0.5) sigmoid(d_t))) - kk(kappa_t) (sigmoid(alpha_t) * kk(kappa_t))^T) + v_t k_t^T
         H_t = (
-            (H @ _torch.diag_embed(_torch.exp(-0.6065306597126334 * _torch.sigmoid(d_t)).squeeze(-1)))
+            (H * _torch.exp(-0.6065306597126334 * _torch.sigmoid(d_t)).mT)
             - (H @ _kk_kappa @ (_torch.sigmoid(alpha_t) * _kk_kappa).mT)
             + (v_t @ k_t.mT)
         )
