@@ -31,6 +31,7 @@ from pathlib import Path
 from mixc.algebra.expand import inline
 from mixc.analysis.plan import GroupPlan, Plan
 from mixc.backends.pytorch import kernels as _torch_kernels
+from mixc.backends.pytorch.docstrings import FormDocs
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Timed, walk
@@ -118,6 +119,7 @@ class _Module:
         # lagged input's previous token (`_prev_x`, x at t-1)
         self.carried = self.states + [_local("prev", x) for x in self.lagged]
         self.output = self.mixer.outputs[0]
+        self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target])
         self.groups = facts.groups if facts.chunkable else ()
         self.has_parallel = facts.forms.parallel is None
         # the points of common subexpressions (see Shared): recorded by the first run of the
@@ -181,6 +183,14 @@ class _Module:
                 text: _fresh(_local_base(e, spec_names), own) for text, e in shared.choose().items()
             }
         self._replay = list(self._points)
+
+    def docstring(self, out: Lines, form: str) -> None:
+        """The docstring of `form`: its arguments' shapes and dtypes, what it returns."""
+        first, *rest = self.docs.lines(form)
+        out(f'"""{first}')
+        for line in rest:
+            out(line)
+        out('"""')
 
     def state_tuple(self) -> str:
         """`(H,)` or `(H, z)`: the states (and lagged inputs) as a tuple expression or unpacking
@@ -475,11 +485,7 @@ class _Module:
     def emit_chunk(self, out: Lines) -> None:
         options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
         out(f"def chunk({self.signature(*options, 'cu_seqlens=None')}):", 0)
-        out('"""Chunked parallel form. Returns (output, final state or None).')
-        out("")
-        out("With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own")
-        out("initial state (one per sequence) and returns one final state per sequence.")
-        out('"""')
+        self.docstring(out, "chunk")
         out("_check_chunk_size(chunk_size)")
         out('_check_flag("output_final_state", output_final_state)')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
@@ -507,7 +513,7 @@ class _Module:
 
     def emit_parallel(self, out: Lines) -> None:
         out(f"def parallel({self.signature()}):", 0)
-        out('"""Quadratic masked form, from a zero state. Returns (output, None)."""')
+        self.docstring(out, "parallel")
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, None)
         self.emit_shifts(out, packed=False, carried=False)
@@ -697,20 +703,7 @@ class _Module:
 
     def emit_summary(self, out: Lines) -> None:
         out(f"def summary({self.signature('chunk_size=CHUNK_SIZE')}):", 0)
-        out(
-            '"""The action of the sequence on the state, for context parallelism: '
-            "returns (P, F), one of"
-        )
-        out(
-            "each per state, such that the final state is `initial @ P + F` for every initial state"
-        )
-        out("(P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose")
-        out("associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose")
-        out('SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,')
-        out(
-            "the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2)."
-        )
-        out('"""')
+        self.docstring(out, "summary")
         missing = self.facts.forms.summary
         if missing is not None:
             out(f"_fail({string(f'NYI: no transition summary ({missing.text})')})")
@@ -872,13 +865,7 @@ class _Module:
     def emit_recurrent(self, out: Lines) -> None:
         options = ("initial_state=None", "output_final_state=False", "cu_seqlens=None")
         out(f"def recurrent({self.signature(*options)}):", 0)
-        out('"""Token-by-token form. Returns (output, final state or None).')
-        out("")
-        out(
-            "With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own"
-        )
-        out("initial state (one per sequence); one final state per sequence is returned.")
-        out('"""')
+        self.docstring(out, "recurrent")
         out('_check_flag("output_final_state", output_final_state)')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
@@ -918,7 +905,7 @@ class _Module:
 
     def emit_step(self, out: Lines) -> None:
         out(f"def step({self.signature('state=None')}):", 0)
-        out('"""One token: inputs [B, NH, ..] without T. Returns (output, new state)."""')
+        self.docstring(out, "step")
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, False, "state")
         states = ", ".join(self.carried)

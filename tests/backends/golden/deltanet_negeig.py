@@ -1029,10 +1029,25 @@ def chunk(
     chunk_size=CHUNK_SIZE,
     cu_seqlens=None,
 ):
-    """Chunked parallel form. Returns (output, final state or None).
+    """Chunked parallel form, for training and prefill.
 
-    With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own
-    initial state (one per sequence) and returns one final state per sequence.
+    Args:
+        q: [B, T, NH, K]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        k: [B, T, NH, K]
+        v: [B, T, NH, V]
+        beta: [B, T, NH]
+        initial_state: H [B, NH, V, K] in the compute dtype (float32, float64 for float64
+            inputs), or None for zeros; with cu_seqlens, one per sequence (N in place of B)
+        output_final_state: True to return the final state
+        chunk_size: tokens per chunk (default: CHUNK_SIZE)
+        cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
+            T (B = 1), each run from its own initial state
+
+    Returns:
+        (y, final state): [B, T, NH, V] in the inputs' dtype; H [B, NH, V, K] in the compute
+            dtype (N of each with cu_seqlens) if output_final_state, else None
     """
     _check_chunk_size(chunk_size)
     _check_flag("output_final_state", output_final_state)
@@ -1060,12 +1075,24 @@ def chunk(
 
 
 def summary(q, k, v, beta, *, chunk_size=CHUNK_SIZE):
-    """The action of the sequence on the state, for context parallelism: returns (P, F), one of
-    each per state, such that the final state is `initial @ P + F` for every initial state
-    (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
-    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose
-    SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,
-    the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
+    """The action of the sequence on each state, for context parallelism.
+
+    Args:
+        q: [B, T, NH, K]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        k: [B, T, NH, K]
+        v: [B, T, NH, V]
+        beta: [B, T, NH]
+        chunk_size: tokens per chunk (default: CHUNK_SIZE)
+
+    Returns:
+        (P, F): (P, F), one of each per state, such that the final state is `initial @ P + F`
+            for every initial state (P: [B, NH, K, K] for a state [B, NH, V, K]; F: the final
+            state from a zero initial state). Summaries compose associatively: (P1, F1) then
+            (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose SUMMARY_ACTIONS entry is
+            \"elementwise\" is acted on entry by entry: P has its shape, the final state is P *
+            initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
     _check_chunk_size(chunk_size)
     if _empty_batch(q):  # B = 0: checked, then one zero token's summary, emptied
@@ -1105,10 +1132,24 @@ def _recurrence(q, k, v, beta, H, _sizes, _dtype, _device):
 
 
 def recurrent(q, k, v, beta, *, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """Token-by-token form. Returns (output, final state or None).
+    """Token-by-token form.
 
-    With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
-    initial state (one per sequence); one final state per sequence is returned.
+    Args:
+        q: [B, T, NH, K]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        k: [B, T, NH, K]
+        v: [B, T, NH, V]
+        beta: [B, T, NH]
+        initial_state: H [B, NH, V, K] in the compute dtype (float32, float64 for float64
+            inputs), or None for zeros; with cu_seqlens, one per sequence (N in place of B)
+        output_final_state: True to return the final state
+        cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
+            T (B = 1), each run from its own initial state
+
+    Returns:
+        (y, final state): [B, T, NH, V] in the inputs' dtype; H [B, NH, V, K] in the compute
+            dtype (N of each with cu_seqlens) if output_final_state, else None
     """
     _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, q)
@@ -1145,7 +1186,20 @@ def recurrent(q, k, v, beta, *, initial_state=None, output_final_state=False, cu
 
 
 def step(q, k, v, beta, *, state=None):
-    """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
+    """One token, for decoding: the inputs have no T axis.
+
+    Args:
+        q: [B, NH, K]. Every input shares one floating dtype; float64 computes in float64, the
+            others (float32, bfloat16, float16) in float32. An input may also have one head, or
+            NH / g heads shared by groups of g consecutive heads.
+        k: [B, NH, K]
+        v: [B, NH, V]
+        beta: [B, NH]
+        state: H [B, NH, V, K] (what the last step returned), or None for zeros
+
+    Returns:
+        (y, new state): [B, NH, V] in the inputs' dtype; the states as `state`
+    """
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, beta, _sizes, _dtype = _prepare(q, k, v, beta, _sequence=False)
     _device = q.device

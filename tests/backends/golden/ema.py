@@ -909,10 +909,24 @@ def chunk(
     chunk_size=CHUNK_SIZE,
     cu_seqlens=None,
 ):
-    """Chunked parallel form. Returns (output, final state or None).
+    """Chunked parallel form, for training and prefill.
 
-    With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own
-    initial state (one per sequence) and returns one final state per sequence.
+    Args:
+        x: [B, T, NH, V]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        a: [NH], or a number; None (the default) is 0.9, h the head index; any floating dtype up
+            to the compute precision
+        initial_state: m [B, NH, V] in the compute dtype (float32, float64 for float64 inputs),
+            or None for zeros; with cu_seqlens, one per sequence (N in place of B)
+        output_final_state: True to return the final state
+        chunk_size: tokens per chunk (default: CHUNK_SIZE)
+        cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
+            T (B = 1), each run from its own initial state
+
+    Returns:
+        (y, final state): [B, T, NH, V] in the inputs' dtype; m [B, NH, V] in the compute dtype
+            (N of each with cu_seqlens) if output_final_state, else None
     """
     _check_chunk_size(chunk_size)
     _check_flag("output_final_state", output_final_state)
@@ -939,7 +953,18 @@ def chunk(
 
 
 def parallel(x, *, a=None):
-    """Quadratic masked form, from a zero state. Returns (output, None)."""
+    """Quadratic masked form (attention-like), from a zero state, for short sequences.
+
+    Args:
+        x: [B, T, NH, V]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        a: [NH], or a number; None (the default) is 0.9, h the head index; any floating dtype up
+            to the compute precision
+
+    Returns:
+        (y, None): [B, T, NH, V] in the inputs' dtype
+    """
     _out_dtype = _output_dtype(_INPUTS, x)
     x, a, _sizes, _dtype = _prepare(x, a=a, _sequence=True)
     _device = x.device
@@ -955,12 +980,23 @@ def parallel(x, *, a=None):
 
 
 def summary(x, *, a=None, chunk_size=CHUNK_SIZE):
-    """The action of the sequence on the state, for context parallelism: returns (P, F), one of
-    each per state, such that the final state is `initial @ P + F` for every initial state
-    (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
-    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose
-    SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,
-    the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
+    """The action of the sequence on each state, for context parallelism.
+
+    Args:
+        x: [B, T, NH, V]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        a: [NH], or a number; None (the default) is 0.9, h the head index; any floating dtype up
+            to the compute precision
+        chunk_size: tokens per chunk (default: CHUNK_SIZE)
+
+    Returns:
+        (P, F): (P, F), one of each per state, such that the final state is `initial @ P + F`
+            for every initial state (P: [B, NH, K, K] for a state [B, NH, V, K]; F: the final
+            state from a zero initial state). Summaries compose associatively: (P1, F1) then
+            (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose SUMMARY_ACTIONS entry is
+            \"elementwise\" is acted on entry by entry: P has its shape, the final state is P *
+            initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
     _fail(
         'NYI: no transition summary (m is read entry by entry (a column); the summary covers states'
@@ -980,10 +1016,23 @@ def _recurrence(x, a, m, _sizes, _dtype, _device):
 
 
 def recurrent(x, *, a=None, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """Token-by-token form. Returns (output, final state or None).
+    """Token-by-token form.
 
-    With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
-    initial state (one per sequence); one final state per sequence is returned.
+    Args:
+        x: [B, T, NH, V]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        a: [NH], or a number; None (the default) is 0.9, h the head index; any floating dtype up
+            to the compute precision
+        initial_state: m [B, NH, V] in the compute dtype (float32, float64 for float64 inputs),
+            or None for zeros; with cu_seqlens, one per sequence (N in place of B)
+        output_final_state: True to return the final state
+        cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
+            T (B = 1), each run from its own initial state
+
+    Returns:
+        (y, final state): [B, T, NH, V] in the inputs' dtype; m [B, NH, V] in the compute dtype
+            (N of each with cu_seqlens) if output_final_state, else None
     """
     _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, x)
@@ -1011,7 +1060,19 @@ def recurrent(x, *, a=None, initial_state=None, output_final_state=False, cu_seq
 
 
 def step(x, *, a=None, state=None):
-    """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
+    """One token, for decoding: the inputs have no T axis.
+
+    Args:
+        x: [B, NH, V]. Every input shares one floating dtype; float64 computes in float64, the
+            others (float32, bfloat16, float16) in float32. An input may also have one head, or
+            NH / g heads shared by groups of g consecutive heads.
+        a: [NH], or a number; None (the default) is 0.9, h the head index; any floating dtype up
+            to the compute precision
+        state: m [B, NH, V] (what the last step returned), or None for zeros
+
+    Returns:
+        (y, new state): [B, NH, V] in the inputs' dtype; the states as `state`
+    """
     _out_dtype = _output_dtype(_INPUTS, x)
     x, a, _sizes, _dtype = _prepare(x, a=a, _sequence=False)
     _device = x.device

@@ -911,10 +911,27 @@ def chunk(
     chunk_size=CHUNK_SIZE,
     cu_seqlens=None,
 ):
-    """Chunked parallel form. Returns (output, final state or None).
+    """Chunked parallel form, for training and prefill.
 
-    With cu_seqlens = [0, end_1, ..., T] (B = 1), runs each packed sequence from its own
-    initial state (one per sequence) and returns one final state per sequence.
+    Args:
+        x: [B, T, NH, P]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        dt: [B, T, NH]
+        B: [B, T, NH, N]
+        C: [B, T, NH, N]
+        A: [NH], or a number; any floating dtype up to the compute precision
+        D: [NH], or a number; any floating dtype up to the compute precision
+        initial_state: H [B, NH, P, N] in the compute dtype (float32, float64 for float64
+            inputs), or None for zeros; with cu_seqlens, one per sequence (N in place of B)
+        output_final_state: True to return the final state
+        chunk_size: tokens per chunk (default: CHUNK_SIZE)
+        cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
+            T (B = 1), each run from its own initial state
+
+    Returns:
+        (y, final state): [B, T, NH, P] in the inputs' dtype; H [B, NH, P, N] in the compute
+            dtype (N of each with cu_seqlens) if output_final_state, else None
     """
     _check_chunk_size(chunk_size)
     _check_flag("output_final_state", output_final_state)
@@ -942,7 +959,21 @@ def chunk(
 
 
 def parallel(x, dt, B, C, A, D):
-    """Quadratic masked form, from a zero state. Returns (output, None)."""
+    """Quadratic masked form (attention-like), from a zero state, for short sequences.
+
+    Args:
+        x: [B, T, NH, P]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        dt: [B, T, NH]
+        B: [B, T, NH, N]
+        C: [B, T, NH, N]
+        A: [NH], or a number; any floating dtype up to the compute precision
+        D: [NH], or a number; any floating dtype up to the compute precision
+
+    Returns:
+        (y, None): [B, T, NH, P] in the inputs' dtype
+    """
     _out_dtype = _output_dtype(_INPUTS, x)
     x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=True)
     # H: scalar data-dependent -> parallel_scalar_decay
@@ -958,12 +989,26 @@ def parallel(x, dt, B, C, A, D):
 
 
 def summary(x, dt, B, C, A, D, *, chunk_size=CHUNK_SIZE):
-    """The action of the sequence on the state, for context parallelism: returns (P, F), one of
-    each per state, such that the final state is `initial @ P + F` for every initial state
-    (P: [B, NH, K, K]; F: the final state from a zero initial state). Summaries compose
-    associatively: (P1, F1) then (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose
-    SUMMARY_ACTIONS entry is "elementwise" is acted on entry by entry: P has its shape,
-    the final state is P * initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
+    """The action of the sequence on each state, for context parallelism.
+
+    Args:
+        x: [B, T, NH, P]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        dt: [B, T, NH]
+        B: [B, T, NH, N]
+        C: [B, T, NH, N]
+        A: [NH], or a number; any floating dtype up to the compute precision
+        D: [NH], or a number; any floating dtype up to the compute precision
+        chunk_size: tokens per chunk (default: CHUNK_SIZE)
+
+    Returns:
+        (P, F): (P, F), one of each per state, such that the final state is `initial @ P + F`
+            for every initial state (P: [B, NH, K, K] for a state [B, NH, V, K]; F: the final
+            state from a zero initial state). Summaries compose associatively: (P1, F1) then
+            (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose SUMMARY_ACTIONS entry is
+            \"elementwise\" is acted on entry by entry: P has its shape, the final state is P *
+            initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
     _check_chunk_size(chunk_size)
     if _empty_batch(x):  # B = 0: checked, then one zero token's summary, emptied
@@ -1002,10 +1047,26 @@ def _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device):
 
 
 def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """Token-by-token form. Returns (output, final state or None).
+    """Token-by-token form.
 
-    With cu_seqlens = [0, end_1, ..., T] (B = 1), each packed sequence starts from its own
-    initial state (one per sequence); one final state per sequence is returned.
+    Args:
+        x: [B, T, NH, P]. Every input shares one floating dtype; float64 computes in float64,
+            the others (float32, bfloat16, float16) in float32. An input may also have one head,
+            or NH / g heads shared by groups of g consecutive heads.
+        dt: [B, T, NH]
+        B: [B, T, NH, N]
+        C: [B, T, NH, N]
+        A: [NH], or a number; any floating dtype up to the compute precision
+        D: [NH], or a number; any floating dtype up to the compute precision
+        initial_state: H [B, NH, P, N] in the compute dtype (float32, float64 for float64
+            inputs), or None for zeros; with cu_seqlens, one per sequence (N in place of B)
+        output_final_state: True to return the final state
+        cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
+            T (B = 1), each run from its own initial state
+
+    Returns:
+        (y, final state): [B, T, NH, P] in the inputs' dtype; H [B, NH, P, N] in the compute
+            dtype (N of each with cu_seqlens) if output_final_state, else None
     """
     _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, x)
@@ -1044,7 +1105,22 @@ def recurrent(x, dt, B, C, A, D, *, initial_state=None, output_final_state=False
 
 
 def step(x, dt, B, C, A, D, *, state=None):
-    """One token: inputs [B, NH, ..] without T. Returns (output, new state)."""
+    """One token, for decoding: the inputs have no T axis.
+
+    Args:
+        x: [B, NH, P]. Every input shares one floating dtype; float64 computes in float64, the
+            others (float32, bfloat16, float16) in float32. An input may also have one head, or
+            NH / g heads shared by groups of g consecutive heads.
+        dt: [B, NH]
+        B: [B, NH, N]
+        C: [B, NH, N]
+        A: [NH], or a number; any floating dtype up to the compute precision
+        D: [NH], or a number; any floating dtype up to the compute precision
+        state: H [B, NH, P, N] (what the last step returned), or None for zeros
+
+    Returns:
+        (y, new state): [B, NH, P] in the inputs' dtype; the states as `state`
+    """
     _out_dtype = _output_dtype(_INPUTS, x)
     x, dt, B, C, A, D, _sizes, _dtype = _prepare(x, dt, B, C, A, D, _sequence=False)
     _device = x.device
