@@ -102,6 +102,10 @@ class _Verifier:
         self.sizes = InlinedSizes()
         self.constants = Constants(mixer.lets)
         self.known = _Known(mixer, self.symbols)
+        self.given_sizes = frozenset(
+            [d for decl in mixer.inputs for d in decl.shape]
+            + [d for q in mixer.params if q.default is None for d in q.shape]
+        )
         if self._declarations():
             self._names()
             self._types()
@@ -140,6 +144,7 @@ class _Verifier:
         for eq in mixer.equations:
             self.attempt(None, _check_target, mixer, names, targets, eq)
         self.attempt(None, _check_some_equation, mixer)
+        self.attempt(None, _check_defaults_count, mixer)
         return not self.errors
 
     def _names(self) -> None:
@@ -225,7 +230,7 @@ class _Verifier:
             )
         self.constants.check(p.default)
         self.constants.check_heads(p.default, p.name)
-        _check_default_sizes(self.mixer, p)
+        _check_default_sizes(self.mixer, p, self.given_sizes)
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
         size = self.sizes.check(eq.value, "lets and per-token values")
@@ -251,12 +256,10 @@ class _Verifier:
         self.shapes[eq.target] = got
 
 
-def _check_default_sizes(mixer: Mixer, p: Param) -> None:
+def _check_default_sizes(mixer: Mixer, p: Param, given: frozenset[str]) -> None:
     """A shaped parameter's default (one value per head, broadcast over the parameter's entries)
-    takes its sizes from the inputs and the parameters without a default: each size must be
-    one of theirs."""
-    given = {d for decl in mixer.inputs for d in decl.shape}
-    given |= {d for q in mixer.params if q.default is None for d in q.shape}
+    takes its sizes from the inputs and the parameters without a default (`given`): each size
+    must be one of theirs."""
     unknown = [d for d in p.shape if not d.isdigit() and d not in given]
     if unknown:
         raise SpecShapeError(
@@ -309,6 +312,23 @@ def _declare(names: _Names, d: Decl | Param, kind: str) -> None:
 def _declare_let(names: _Names, fn: LetFn) -> None:
     names.claim(fn.name, "a let function", fn.span)
     _check_let_arguments(fn)
+
+
+#: The most parameters with a default a spec may declare. Each is a keyword argument of the
+#: calls the compiled module makes between its functions, and Python compiles a call in time
+#: quadratic in its keyword arguments (thousands take seconds). Real mixers have a handful.
+MAX_DEFAULTED_PARAMS = 1_000
+
+
+def _check_defaults_count(mixer: Mixer) -> None:
+    defaulted = [p for p in mixer.params if p.default is not None]
+    if len(defaulted) > MAX_DEFAULTED_PARAMS:
+        raise SpecAnalysisError(
+            f"too many parameters with a default: {len(defaulted):,} (at most "
+            f"{MAX_DEFAULTED_PARAMS:,})",
+            defaulted[MAX_DEFAULTED_PARAMS].span,
+            hint="declare parameters without a default (the caller gives them), or fewer",
+        )
 
 
 def _check_some_equation(mixer: Mixer) -> None:
