@@ -26,12 +26,20 @@ def _head(inputs: list[str] = ()) -> str:
     return HEAD.format(inputs="".join(f", {x}" for x in inputs))
 
 
+def balanced(leaves: list[str], op: str) -> str:
+    """`leaves` joined by `op` as a balanced tree: log2(n) deep, under the parser's depth limit."""
+    while len(leaves) > 1:
+        pairs = [f"({leaves[i]}{op}{leaves[i + 1]})" for i in range(0, len(leaves) - 1, 2)]
+        leaves = pairs + ([leaves[-1]] if len(leaves) % 2 else [])
+    return leaves[0]
+
+
 def wide_let() -> str:
-    """A let of 5,200 arguments, called: sized once per argument, it was quadratic."""
-    n = 5_200
-    params = ",".join(f"x{i}" for i in range(n))
-    args = ",".join("a_t" for _ in range(n))
-    return _head() + f"let f({params})=x0+x{n - 1}\n" + BODY.replace("a_t H", f"f({args}) H")
+    """A let of 3,600 arguments, each read, called: sized once per argument, it was quadratic."""
+    params = [f"x{i}" for i in range(3_600)]
+    call = f"f({','.join('a_t' for _ in params)})"
+    let = f"let f({','.join(params)})={balanced(params, '+')}\n"
+    return _head() + let + BODY.replace("a_t H", f"{call} H")
 
 
 def misspelt_names() -> str:
@@ -112,7 +120,7 @@ def test_a_large_spec_is_answered_in_seconds(name: str, tmp_path: Path) -> None:
             assert err.count("\n") == 1 and "too many to draw" in err, err
 
 
-@pytest.mark.parametrize("name", ["wide_let", "long_name"])
+@pytest.mark.parametrize("name", ["wide_let", "unused_inputs"])
 def test_a_layer_of_a_large_spec_is_built_in_seconds(name: str, tmp_path: Path) -> None:
     from mixc.driver import clear_cache
     from mixc.nn import MixerLayer
@@ -131,3 +139,24 @@ def test_misspelt_names_still_get_suggestions(others: int) -> None:
     text = _head(["gate", *(f"x{i}" for i in range(others))]) + BODY.replace("a_t H", "gaet_t H")
     with pytest.raises(SpecError, match=r"undefined name gaet[\s\S]*did you mean gate_t\?"):
         load_spec(text=text)
+
+
+def test_a_thousand_defaults_compile_and_more_are_refused_located() -> None:
+    """Each default is a keyword argument of the module's calls, which Python compiles in time
+    quadratic in their number: past MAX_DEFAULTED_PARAMS the spec is refused, at the first
+    parameter over."""
+    from mixc.frontend.verify import MAX_DEFAULTED_PARAMS
+
+    def spec(n: int) -> str:
+        params = ",".join(f"p{i}=1" for i in range(n))
+        return _head().replace("state", f"param {params}\nstate") + BODY
+
+    load_spec(text=spec(MAX_DEFAULTED_PARAMS))
+    with pytest.raises(SpecError, match="too many parameters with a default") as caught:
+        load_spec(text=spec(MAX_DEFAULTED_PARAMS + 1))
+    assert caught.value.span.line == 3
+    assert (
+        spec(MAX_DEFAULTED_PARAMS + 1)[:-1]
+        .split("\n")[2][caught.value.span.column - 1 :]
+        .startswith(f"p{MAX_DEFAULTED_PARAMS}=1")
+    )
