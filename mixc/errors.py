@@ -11,6 +11,7 @@ A located message reads like a compiler's::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 __all__ = [
@@ -51,8 +52,14 @@ class Source:
 
     def line(self, number: int) -> str:
         """Line `number` (1-based) without its ending. Lines end at '\n' only, as in the lexer."""
-        lines = self.text.split("\n")
+        lines = _lines(self.text)
         return lines[number - 1].removesuffix("\r") if 0 < number <= len(lines) else ""
+
+
+@functools.lru_cache(maxsize=4)
+def _lines(text: str) -> tuple[str, ...]:
+    """`text` split at '\n', once for all the errors of one spec (a spec may have thousands)."""
+    return tuple(text.split("\n"))
 
 
 class MixcError(Exception):
@@ -92,7 +99,8 @@ class SpecError(MixcError):
         filename = self.source.filename if self.source else "<spec>"
         out = [f"{filename}:{span.line}:{span.column}: {self.kind}: {self.message}"]
         if self.source is not None and self.source.text:
-            text, column = _window(_printable(self.source.line(span.line)), span.column)
+            text, column = _window(self.source.line(span.line), span.column)
+            text = _printable(text)  # one character for one: the column stays
             width = (span.end_column - span.column + 1) if span.end_line == span.line else 1
             width = max(1, min(width, len(text) - column + 1))
             pad = "".join("\t" if ch == "\t" else " " for ch in text[: column - 1])

@@ -28,6 +28,7 @@ from mixc.frontend.ir import (
     Call,
     Expr,
     Identity,
+    LetFn,
     Mixer,
     Name,
     Neg,
@@ -370,11 +371,25 @@ _BINARY: dict[str, Callable[[Expander, Binary, bool], list[Term]]] = {
 }
 
 
+#: The lets and per-token values of the mixer `inline` was last given, by name: it is called
+#: once per equation, and building them anew each time is quadratic in a spec's equations.
+_last_tables: tuple[Mixer, dict[str, LetFn], dict[str, Expr]] | None = None
+
+
+def _tables(mixer: Mixer) -> tuple[dict[str, LetFn], dict[str, Expr]]:
+    global _last_tables
+    tables = _last_tables
+    if tables is None or tables[0] is not mixer:
+        lets = {fn.name: fn for fn in mixer.lets}
+        states = {s.name for s in mixer.states}
+        values = {eq.target: eq.value for eq in mixer.equations if eq.target not in states}
+        tables = _last_tables = (mixer, lets, values)
+    return tables[1], tables[2]
+
+
 def inline(mixer: Mixer, e: Expr) -> Expr:
     """Substitute let functions and per-token values (equations that are not state updates)."""
-    lets = {fn.name: fn for fn in mixer.lets}
-    states = {s.name for s in mixer.states}
-    values = {eq.target: eq.value for eq in mixer.equations if eq.target not in states}
+    lets, values = _tables(mixer)
     cache: dict[str, Expr] = {}
 
     def go(e: Expr, env: dict[str, Expr]) -> Expr:

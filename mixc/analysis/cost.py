@@ -94,23 +94,18 @@ def costs(plan: Plan) -> Costs:
     chunk = "C" if "C" not in dims else "C_chunk"
     seq = "T" if "T" not in dims else "T_seq"
     C, T = Formula.size(chunk), Formula.size(seq)
-    io = Formula()
-    for d in mixer.inputs:
-        io = io + IO_BYTES * _numel(d.shape)
-    for o in plan.outputs:
-        io = io + IO_BYTES * _numel(tuple(x for x in o.shape if x != "1"))
-    groups = []
-    for group in plan.groups:
-        groups.append(_group_cost(plan, group, C, T))
-    recurrent = FormCost(Formula(), io)
-    chunked: FormCost | None = FormCost(Formula(), io)
-    quadratic: FormCost | None = FormCost(Formula(), io)
-    for g in groups:
-        recurrent = recurrent + g.recurrent
-        chunked = chunked + g.chunked if chunked is not None and g.chunked is not None else None
-        quadratic = (
-            quadratic + g.quadratic if quadratic is not None and g.quadratic is not None else None
-        )
+    io = Formula.total(
+        [IO_BYTES * _numel(d.shape) for d in mixer.inputs]
+        + [IO_BYTES * _numel(tuple(x for x in o.shape if x != "1")) for o in plan.outputs]
+    )
+    groups = [_group_cost(plan, group, C, T) for group in plan.groups]
+    base = FormCost(Formula(), io)
+    recurrent = FormCost.total([base, *(g.recurrent for g in groups)])
+    chunked = quadratic = None
+    if all(g.chunked is not None for g in groups):
+        chunked = FormCost.total([base, *(g.chunked for g in groups)])
+    if all(g.quadratic is not None for g in groups):
+        quadratic = FormCost.total([base, *(g.quadratic for g in groups)])
     if not groups:
         chunked = quadratic = None
     return Costs(chunk, seq, io, tuple(groups), recurrent, chunked, quadratic)
@@ -120,9 +115,7 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
     states = [plan.state(n) for n in group.states]
     lead = states[0]
     tr = lead.transition
-    dv = Formula()
-    for s in states:
-        dv = dv + Formula.size(s.width)
+    dv = Formula.total(Formula.size(s.width) for s in states)
     dk = Formula.size(lead.key_size)
     dg = Formula()
     if "key" in tr.sides:

@@ -51,6 +51,12 @@ class Formula:
         other = other if isinstance(other, Formula) else Formula.const(other)
         return self._combine(self.terms + other.terms)
 
+    @staticmethod
+    def total(formulas) -> Formula:
+        """The sum of `formulas`, combined once: adding n formulas one by one re-sorts the
+        growing sum n times (a spec may declare thousands of inputs, each with its own size)."""
+        return Formula()._combine(item for f in formulas for item in f.terms)
+
     __radd__ = __add__
 
     def __mul__(self, other: Formula | int | Fraction) -> Formula:
@@ -127,6 +133,14 @@ class FormCost:
 
     def __add__(self, other: FormCost) -> FormCost:
         return FormCost(self.flops + other.flops, self.bytes + other.bytes)
+
+    @staticmethod
+    def total(costs) -> FormCost:
+        """The sum of `costs` (see Formula.total)."""
+        costs = list(costs)
+        return FormCost(
+            Formula.total(c.flops for c in costs), Formula.total(c.bytes for c in costs)
+        )
 
 
 @dataclass(frozen=True)

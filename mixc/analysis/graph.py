@@ -26,8 +26,9 @@ def dependency_graph(mixer: Mixer) -> nx.DiGraph:
     for eq in mixer.equations:
         if eq.target not in states:
             g.add_node(eq.target, kind="output" if eq.target in outputs else "value")
+    lets_only = _lets_only(mixer)
     for eq in mixer.equations:
-        body = inline_lets_only(mixer, eq.value)
+        body = inline(lets_only, eq.value) if mixer.lets else eq.value
         for n in walk(body):
             if isinstance(n, Timed):
                 lag = -n.offset
@@ -42,5 +43,10 @@ def dependency_graph(mixer: Mixer) -> nx.DiGraph:
 def inline_lets_only(mixer: Mixer, e: Expr) -> Expr:
     if not mixer.lets:
         return e
-    stripped = Mixer(mixer.name, lets=mixer.lets, states=mixer.states)
-    return inline(stripped, e)
+    return inline(_lets_only(mixer), e)
+
+
+def _lets_only(mixer: Mixer) -> Mixer:
+    """`mixer` without its equations: what inlining its lets, and not its values, reads. One
+    for all the equations of a spec (`inline` tables the lets of the mixer it is given)."""
+    return Mixer(mixer.name, lets=mixer.lets, states=mixer.states)

@@ -76,10 +76,10 @@ class InlinedSizes:
         self.values: dict[str, int] = {}  # per-token value -> its inlined size
 
     def add_let(self, name: str, args: tuple[str, ...], body: Expr) -> None:
-        """Reduce a let (whose callees were added before it) to its linear form."""
-        base = self.size(body, dict.fromkeys(args, 0))
-        counts = tuple(self.size(body, {b: int(a == b) for b in args}) - base for a in args)
-        self.lets[name] = (base, counts)
+        """Reduce a let (whose callees were added before it) to its linear form, in one walk of
+        its body however many arguments it has."""
+        base, counts = self._linear(body, dict.fromkeys(args))
+        self.lets[name] = (base, tuple(counts.get(a, 0) for a in args))
 
     def add_value(self, name: str, size: int) -> None:
         self.values[name] = size
@@ -88,22 +88,30 @@ class InlinedSizes:
         """Nodes of `e` inlined; `env` gives the size of each let argument in scope. A let or
         value not added yet counts as one node."""
         env = env or {}
-        total, stack = 0, [e]
+        base, counts = self._linear(e, env)
+        return base + sum(n * env[a] for a, n in counts.items())
+
+    def _linear(self, e: Expr, args) -> tuple[int, dict[str, int]]:
+        """`e`'s inlined size as `base + sum(counts[a] * size(a))` over the names `a` in `args`:
+        each node of `e` is visited once, with how many copies of it inlining makes."""
+        base, counts = 0, {}
+        stack = [(e, 1)]
         while stack:
-            node = stack.pop()
-            if isinstance(node, Name) and node.name in env:
-                total += env[node.name]
+            node, copies = stack.pop()
+            if isinstance(node, Name) and node.name in args:
+                counts[node.name] = counts.get(node.name, 0) + copies
             elif isinstance(node, Timed) and node.offset == 0 and node.name in self.values:
-                total += self.values[node.name]
+                base += copies * self.values[node.name]
             elif isinstance(node, Call) and node.func in self.lets:
-                base, counts = self.lets[node.func]
-                total += base + sum(
-                    c * self.size(a, env) for c, a in zip(counts, node.args, strict=False) if c
+                let_base, let_counts = self.lets[node.func]
+                base += copies * let_base
+                stack.extend(
+                    (a, copies * c) for c, a in zip(let_counts, node.args, strict=False) if c
                 )
             else:
-                total += 1
-                stack.extend(children(node))
-        return total
+                base += copies
+                stack.extend((c, copies) for c in children(node))
+        return base, counts
 
     def check(self, e: Expr, what: str, env: dict[str, int] | None = None) -> int:
         """The inlined size of `e`; raises SpecSizeError at the smallest part of `e` over the

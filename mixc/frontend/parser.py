@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import unicodedata
+from collections import OrderedDict
 from functools import cache
 from pathlib import Path
 
@@ -261,13 +263,31 @@ def decode(data: bytes, filename: str = "<string>") -> Source:
 
 
 def parse(source: Source | str) -> Mixer:
-    """Parse spec text into an (unverified) Mixer. Raises SpecSyntaxError on malformed input."""
+    """Parse spec text into an (unverified) Mixer. Raises SpecSyntaxError on malformed input.
+
+    The Mixers of the texts parsed last are kept (`_PARSED`): loading a layer parses its spec
+    for the layer, the plan and the module, and a spec of 64 KB takes a second to parse. A
+    Mixer is immutable, so one can be shared."""
     if isinstance(source, str):
         source = Source(source)
+    with _PARSED_LOCK:
+        mixer = _PARSED.get(source.text)
+        if mixer is not None:
+            _PARSED.move_to_end(source.text)
+            return mixer
     try:
-        return _parse(source)
+        mixer = _parse(source)
     except SpecSyntaxError as exc:
         raise exc.located(source) from None
+    with _PARSED_LOCK:
+        _PARSED[source.text] = mixer
+        while len(_PARSED) > 8:
+            _PARSED.popitem(last=False)
+    return mixer
+
+
+_PARSED: OrderedDict[str, Mixer] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
 
 
 def _parse(source: Source) -> Mixer:

@@ -5,7 +5,6 @@ Shapes and their rules live in `mixc.frontend.shapes`; this module checks a whol
 
 from __future__ import annotations
 
-import difflib
 import keyword
 import re
 
@@ -37,6 +36,7 @@ from mixc.frontend.ir import (
 from mixc.frontend.limits import InlinedSizes
 from mixc.frontend.parser import DEPTH_HINT, MAX_DEPTH
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer, declared, show, symbols_of
+from mixc.frontend.suggest import Suggestions
 
 __all__ = [
     "FORM_OPTIONS",
@@ -101,6 +101,11 @@ class _Verifier:
         self.value_depth: dict[str, int] = {}
         self.sizes = InlinedSizes()
         self.constants = Constants(mixer.lets)
+        self.known = _Known(mixer, self.symbols)
+        self.given_sizes = frozenset(
+            [d for decl in mixer.inputs for d in decl.shape]
+            + [d for q in mixer.params if q.default is None for d in q.shape]
+        )
         if self._declarations():
             self._names()
             self._types()
@@ -139,6 +144,7 @@ class _Verifier:
         for eq in mixer.equations:
             self.attempt(None, _check_target, mixer, names, targets, eq)
         self.attempt(None, _check_some_equation, mixer)
+        self.attempt(None, _check_defaults_count, mixer)
         return not self.errors
 
     def _names(self) -> None:
@@ -172,19 +178,19 @@ class _Verifier:
             self.attempt(owner, check, *args)
 
     def _let(self, fn: LetFn, above: set[str]) -> None:
-        _check_let_calls(self.mixer, fn, above)
+        _check_let_calls(self.known.lets, fn, above)
         self.let_depth[fn.name] = _check_depth(fn.body, self.let_depth)
-        _check_names(self.mixer, fn.body, self.symbols, set(fn.args), "let", fn.name)
+        _check_names(self.known, fn.body, set(fn.args), "let", fn.name)
         self.sizes.check(fn.body, "lets", dict.fromkeys(fn.args, 1))
         self.sizes.add_let(fn.name, fn.args, fn.body)
         self.constants.check(fn.body)
 
     def _default_names(self, p: Param) -> None:
-        _check_names(self.mixer, p.default, self.symbols, {"h"}, "param", p.name)
+        _check_names(self.known, p.default, {"h"}, "param", p.name)
         _check_depth(p.default, self.let_depth)
 
     def _equation_names(self, eq: Equation) -> None:
-        _check_names(self.mixer, eq.value, self.symbols, set(), "equation", eq.target)
+        _check_names(self.known, eq.value, set(), "equation", eq.target)
         _check_times(self.mixer, eq, self.states)
         _check_depth(eq.value, self.let_depth)
 
@@ -208,9 +214,10 @@ class _Verifier:
         for fn in mixer.lets:  # a let that nobody calls is still type-checked, with scalar args
             if fn.name not in called and fn.name not in self.failed:
                 self.attempt(fn.name, typer.shape_of, fn.body, dict.fromkeys(fn.args, SCALAR))
+        values = {e.target: e.value for e in mixer.equations if e.target not in self.states}
         for eq in mixer.outputs:
             if eq.target not in self.failed:
-                self._unless_failed(eq.target, eq.value, _check_output_reads, mixer, eq)
+                self._unless_failed(eq.target, eq.value, _check_output_reads, values, eq)
 
     def _default(self, typer: Typer, p: Param) -> None:
         self.sizes.check(p.default, "lets")
@@ -223,7 +230,7 @@ class _Verifier:
             )
         self.constants.check(p.default)
         self.constants.check_heads(p.default, p.name)
-        _check_default_sizes(self.mixer, p)
+        _check_default_sizes(self.mixer, p, self.given_sizes)
 
     def _equation(self, typer: Typer, eq: Equation) -> None:
         size = self.sizes.check(eq.value, "lets and per-token values")
@@ -249,12 +256,10 @@ class _Verifier:
         self.shapes[eq.target] = got
 
 
-def _check_default_sizes(mixer: Mixer, p: Param) -> None:
+def _check_default_sizes(mixer: Mixer, p: Param, given: frozenset[str]) -> None:
     """A shaped parameter's default (one value per head, broadcast over the parameter's entries)
-    takes its sizes from the inputs and the parameters without a default: each size must be
-    one of theirs."""
-    given = {d for decl in mixer.inputs for d in decl.shape}
-    given |= {d for q in mixer.params if q.default is None for d in q.shape}
+    takes its sizes from the inputs and the parameters without a default (`given`): each size
+    must be one of theirs."""
     unknown = [d for d in p.shape if not d.isdigit() and d not in given]
     if unknown:
         raise SpecShapeError(
@@ -307,6 +312,23 @@ def _declare(names: _Names, d: Decl | Param, kind: str) -> None:
 def _declare_let(names: _Names, fn: LetFn) -> None:
     names.claim(fn.name, "a let function", fn.span)
     _check_let_arguments(fn)
+
+
+#: The most parameters with a default a spec may declare. Each is a keyword argument of the
+#: calls the compiled module makes between its functions, and Python compiles a call in time
+#: quadratic in its keyword arguments (thousands take seconds). Real mixers have a handful.
+MAX_DEFAULTED_PARAMS = 1_000
+
+
+def _check_defaults_count(mixer: Mixer) -> None:
+    defaulted = [p for p in mixer.params if p.default is not None]
+    if len(defaulted) > MAX_DEFAULTED_PARAMS:
+        raise SpecAnalysisError(
+            f"too many parameters with a default: {len(defaulted):,} (at most "
+            f"{MAX_DEFAULTED_PARAMS:,})",
+            defaulted[MAX_DEFAULTED_PARAMS].span,
+            hint="declare parameters without a default (the caller gives them), or fewer",
+        )
 
 
 def _check_some_equation(mixer: Mixer) -> None:
@@ -434,9 +456,9 @@ def _check_target(
         names.claim(eq.target, "a per-token value", eq.span)
 
 
-def _check_let_calls(mixer: Mixer, fn: LetFn, above: set[str]) -> None:
-    """A let calls only lets defined `above` it, so there is no recursion."""
-    lets = {f.name for f in mixer.lets}
+def _check_let_calls(lets: frozenset[str], fn: LetFn, above: set[str]) -> None:
+    """A let calls only lets defined `above` it (of the mixer's `lets`), so there is no
+    recursion."""
     for node in walk(fn.body):
         if isinstance(node, Call) and node.func in lets and node.func not in above:
             if node.func == fn.name:
@@ -485,28 +507,51 @@ def _callee_span(call: Call) -> Span | None:
     )
 
 
-def _check_names(mixer: Mixer, expr: Expr, symbols, args: set[str], where: str, owner: str) -> None:
+class _Known:
+    """A mixer's names (`symbols`, its lets) and the closest of them to a misspelt one."""
+
+    def __init__(self, mixer: Mixer, symbols: dict[str, Symbol]) -> None:
+        self.symbols = symbols
+        self.lets = frozenset(fn.name for fn in mixer.lets)
+        self.suggestions = Suggestions()
+
+    def function(self, name: str) -> str | None:
+        """The built-in or let closest to the unknown function `name`."""
+        return self.suggestions.closest(name, "function", lambda: [*FUNCTIONS, *self.lets])
+
+    def untimed(self, name: str) -> str | None:
+        """The declared name but a let closest to `name`."""
+        symbols = self.symbols
+        return self.suggestions.closest(
+            name, "untimed", lambda: [n for n, s in symbols.items() if s.kind != "let"]
+        )
+
+    def timed(self, name: str) -> str | None:
+        """The declared name or per-token value closest to `name`."""
+        return self.suggestions.closest(name, "timed", lambda: list(self.symbols))
+
+
+def _check_names(known: _Known, expr: Expr, args: set[str], where: str, owner: str) -> None:
     """`where` is "let", "param" or "equation"; `owner` names the let, parameter or target."""
-    lets = {fn.name for fn in mixer.lets}
     for node in walk(expr):
         if isinstance(node, Call):
-            if node.func not in FUNCTIONS and node.func not in lets:
-                close = difflib.get_close_matches(node.func, list(FUNCTIONS) + sorted(lets), n=1)
+            if node.func not in FUNCTIONS and node.func not in known.lets:
+                close = known.function(node.func)
                 raise SpecNameError(
                     f"unknown function {node.func}",
                     _callee_span(node),
                     expected="a built-in (" + ", ".join(FUNCTIONS) + ") or a let function",
-                    hint=f"did you mean {close[0]}?" if close else None,
+                    hint=f"did you mean {close}?" if close else None,
                 )
         elif isinstance(node, Name):
-            _check_untimed(node, symbols, args, where, owner)
+            _check_untimed(node, known, args, where, owner)
         elif isinstance(node, Timed):
-            _check_timed(node, symbols, args, where, owner)
+            _check_timed(node, known, args, where, owner)
         elif isinstance(node, Identity) and where == "param":
             raise SpecShapeError("I cannot appear in a parameter default", node.span)
 
 
-def _check_untimed(node: Name, symbols, args: set[str], where: str, owner: str) -> None:
+def _check_untimed(node: Name, known: _Known, args: set[str], where: str, owner: str) -> None:
     if node.name in args:
         return
     if node.name == "h":
@@ -515,11 +560,9 @@ def _check_untimed(node: Name, symbols, args: set[str], where: str, owner: str) 
             node.span,
             hint="declare a parameter: param gamma = ... h ...",
         )
-    sym = symbols.get(node.name)
+    sym = known.symbols.get(node.name)
     if sym is None:
-        close = difflib.get_close_matches(
-            node.name, [n for n, s in symbols.items() if s.kind != "let"], n=1
-        )
+        close = known.untimed(node.name)
         raise SpecNameError(
             f"undefined name {node.name}",
             node.span,
@@ -549,9 +592,9 @@ def _check_untimed(node: Name, symbols, args: set[str], where: str, owner: str) 
         )
 
 
-def _undefined_hint(name: str, close: list[str]) -> str:
+def _undefined_hint(name: str, close: str | None) -> str:
     if close:
-        return f"did you mean {close[0]}?"
+        return f"did you mean {close}?"
     if name in ("mixer", "in", "param", "state", "let"):
         return f"`{name}` is a keyword that starts a line"
     if name in RESERVED:
@@ -567,21 +610,21 @@ def _per_token_in_param(node: Name | Timed) -> None:
     )
 
 
-def _check_timed(node: Timed, symbols, args: set[str], where: str, owner: str) -> None:
+def _check_timed(node: Timed, known: _Known, args: set[str], where: str, owner: str) -> None:
     if node.name in args:
         raise SpecNameError(
             f"{node.name} is an argument of {owner} and has no time index",
             node.span,
             hint=f"write {node.name}",
         )
-    sym = symbols.get(node.name)
+    sym = known.symbols.get(node.name)
     if sym is None:
-        close = difflib.get_close_matches(node.name, list(symbols), n=1)
+        close = known.timed(node.name)
         raise SpecNameError(
             f"undefined name {node.name}",
             node.span,
             expected="a declared input or state, or a per-token value defined by an equation",
-            hint=f"did you mean {close[0]}_t?" if close else f"declare it: `in {node.name}`",
+            hint=f"did you mean {close}_t?" if close else f"declare it: `in {node.name}`",
         )
     if sym.kind == "param":
         raise SpecNameError(
@@ -668,11 +711,9 @@ def _check_output(mixer: Mixer, states: set[str]) -> None:
         )
 
 
-def _check_output_reads(mixer: Mixer, eq: Equation) -> None:
-    """An output reads some input or state (directly, or through per-token values): one that
-    reads neither is the same at every token, and would have no token axis."""
-    states = {s.name for s in mixer.states}
-    values = {e.target: e.value for e in mixer.equations if e.target not in states}
+def _check_output_reads(values: dict[str, Expr], eq: Equation) -> None:
+    """An output reads some input or state (directly, or through the per-token `values`, by
+    name): one that reads neither is the same at every token, and would have no token axis."""
     seen, todo = set(), [eq.value]
     while todo:
         for n in walk(todo.pop()):

@@ -20,7 +20,7 @@ from mixc.analysis.roles import read_roles
 from mixc.driver import output_file, write_atomically
 from mixc.errors import MixcError
 
-__all__ = ["FORMATS", "draw", "edge_roles", "write_graph"]
+__all__ = ["FORMATS", "MAX_EDGES", "MAX_NODES", "draw", "edge_roles", "write_graph"]
 
 #: File suffixes mixc graph writes.
 FORMATS = (".png", ".svg")
@@ -34,6 +34,18 @@ STYLES = {
     "output": (3, "o", "#c3e6cb", "output"),
 }
 
+
+#: The most nodes and edges a picture holds: a column of nodes is SPACING * 1.2 inches a node,
+#: so a spec of thousands of names would be a picture of gigabytes, drawn for minutes. A real
+#: spec has a few dozen of each; a larger one is refused before anything is drawn.
+MAX_NODES = 100
+MAX_EDGES = 300
+
+#: The most characters of a name or shape in a node, of an edge's label and of the title: a
+#: longer one is cut, and ends in "…" (a name may be 63,000 characters, a picture as wide).
+NAME_WIDTH = 32
+LABEL_WIDTH = 60
+TITLE_WIDTH = 120
 
 #: Vertical distance between nodes of one column (room for a t-1 loop and a shape label).
 SPACING = 1.5
@@ -93,6 +105,7 @@ def _positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
 
 def draw(facts: Plan, fmt: str) -> bytes:
     """The dependency graph of `facts` as PNG or SVG bytes (deterministic for SVG)."""
+    _check_drawable(facts)
     matplotlib, Figure = _matplotlib()
     g = facts.graph
     pos = _positions(g)
@@ -112,7 +125,12 @@ def draw(facts: Plan, fmt: str) -> bytes:
             label = ", ".join((("t-1",) if lag else ()) + roles.get((a, b), ()))
             if label:
                 _draw_edge_label(
-                    ax, pos[a], pos[b], bend, label, LAG_COLOUR if lag else SAME_COLOUR
+                    ax,
+                    pos[a],
+                    pos[b],
+                    bend,
+                    _clip(label, LABEL_WIDTH),
+                    LAG_COLOUR if lag else SAME_COLOUR,
                 )
         _draw_nodes(ax, facts, pos)
         _draw_legend(ax, g)
@@ -216,8 +234,16 @@ def _draw_nodes(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
         )
         for n in nodes:
             x, y = pos[n]
-            shape = _shape_text(facts, n)  # inside the node, under its name: no arrow ends on it
-            ax.text(x, y, n, ha="center", va="bottom" if shape else "center", fontsize=10, zorder=4)
+            shape = _clip(_shape_text(facts, n), NAME_WIDTH)  # inside the node, under its name
+            ax.text(
+                x,
+                y,
+                _clip(n, NAME_WIDTH),
+                ha="center",
+                va="bottom" if shape else "center",
+                fontsize=10,
+                zorder=4,
+            )
             if shape:
                 ax.text(x, y, shape, ha="center", va="top", fontsize=7, color="#444444", zorder=4)
 
@@ -259,7 +285,12 @@ def _fit(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
     ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
     ax.set_ylim(min(ys) - 0.8, max(ys) + 1.0)
     title = facts.mixer.name + (f": {facts.mixer.description}" if facts.mixer.description else "")
-    ax.set_title(title, fontsize=11)
+    ax.set_title(_clip(title, TITLE_WIDTH), fontsize=11)
+
+
+def _clip(text: str, width: int) -> str:
+    """`text`, cut to `width` characters where it is longer (the last one then "…")."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _shape_text(facts: Plan, name: str) -> str:
@@ -273,6 +304,20 @@ def _shape_text(facts: Plan, name: str) -> str:
     return "[" + ", ".join(d for d in shape if d != "1") + "]"
 
 
+def _check_drawable(facts: Plan) -> None:
+    """Refuses a graph with more than MAX_NODES nodes or MAX_EDGES edges, in one line."""
+    g = facts.graph
+    for what, count, most in (
+        ("nodes", g.number_of_nodes(), MAX_NODES),
+        ("edges", g.number_of_edges(), MAX_EDGES),
+    ):
+        if count > most:
+            raise MixcError(
+                f"{facts.spec.source.filename}: the dependency graph has {count:,} {what}, too "
+                f"many to draw (at most {most}); `mixc explain` describes the spec in text"
+            )
+
+
 def write_graph(facts: Plan, path: str | os.PathLike) -> None:
     """Draw the graph into `path` (.png or .svg), atomically: never a partial file, and never
     over the spec it draws (`write_atomically`, whose refusals come before the drawing)."""
@@ -280,6 +325,7 @@ def write_graph(facts: Plan, path: str | os.PathLike) -> None:
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise MixcError(f"{path}: unknown picture format {suffix or '(none)'}; use .png or .svg")
+    _check_drawable(facts)
     keep = [facts.spec.source.filename]
     output_file(path, keep)
     write_atomically(path, draw(facts, suffix[1:]), keep)

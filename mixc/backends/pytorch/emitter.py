@@ -328,7 +328,7 @@ class _Module:
         """This mixer's functions, each without assignments it never reads, after the aliases
         they read their globals by. Emitted twice: the first run finds the common
         subexpressions (see Shared), the second computes each once."""
-        first = self.emit_functions()
+        first = self.emit_functions(wrapped=False)  # its names are those of the wrapped lines
         taken = {a for group in _ALIASES for a in group} | {f"_{k}" for k in self.kernel_names()}
         taken |= set(re.findall(r"\b_\w+", library + "\n".join(first.lines)))
         self.share(taken)
@@ -344,8 +344,8 @@ class _Module:
             out("", 0)
             out("_summary = summary  # what summary calls itself by (an input may be `summary`)", 0)
 
-    def emit_functions(self) -> Lines:
-        functions = Lines()
+    def emit_functions(self, wrapped: bool = True) -> Lines:
+        functions = Lines(wrapped)
         self.emit_prepare(functions)
         if self.facts.chunkable:
             self.emit_chunk(functions)
@@ -876,7 +876,7 @@ class _Module:
         out("_outputs, _finals = [], []", 2)
         out("_bounds = _zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())", 2)
         out("for _n, (_start, _end) in _enumerate(_bounds):", 2)
-        per_token = self.inputs
+        per_token = set(self.inputs)
         sliced = ", ".join(
             f"{a}[:, _start:_end]" if a in per_token else a
             for a in self.inputs + self.required + self.defaulted
@@ -915,23 +915,28 @@ class _Module:
 
 #: Assignments the emitter writes in every function, dropped where the function never reads them.
 _OPTIONAL = re.compile(r"^\s+(_device|_batch|_out_dtype) = ")
+_READ = {name: re.compile(rf"\b{name}\b") for name in ("_device", "_batch", "_out_dtype")}
 
 
 def _without_unread(lines: list[str]) -> list[str]:
     """`lines` without optional assignments (`_OPTIONAL`) their function never reads again."""
+    text = "\n".join(lines)
+    starts, at = [], 0  # where each line starts in `text`
+    for line in lines:
+        starts.append(at)
+        at += len(line) + 1
+    starts.append(at)
     out: list[str] = []
-    for i, line in enumerate(lines):
+    end = len(lines)  # the line that ends the function of the lines below it
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
         found = _OPTIONAL.match(line)
-        if found:
-            rest = []
-            for later in lines[i + 1 :]:
-                if later.startswith("def "):
-                    break
-                rest.append(later)
-            if not re.search(rf"\b{found.group(1)}\b", "\n".join(rest)):
-                continue
-        out.append(line)
-    return out
+        read = found and _READ[found.group(1)].search(text, starts[i + 1], starts[end] - 1)
+        if not found or read:  # an optional assignment is kept where the function reads it
+            out.append(line)
+        if line.startswith("def "):
+            end = i
+    return out[::-1]
 
 
 def _tuple(items: list[str], one: bool = False) -> str:

@@ -14,6 +14,8 @@ the rest of the text run as code. `Lines` refuses a line that holds a line break
 from __future__ import annotations
 
 import ast
+import functools
+import re
 import textwrap
 
 WIDTH = 100
@@ -21,8 +23,12 @@ _INDENT = "    "
 
 
 class Lines:
-    def __init__(self) -> None:
+    """Lines of code; `wrapped=False` leaves long lines as they are (the same code, and the same
+    names in it, for a run of the emitter that only reads them)."""
+
+    def __init__(self, wrapped: bool = True) -> None:
         self.lines: list[str] = []
+        self.wrapped = wrapped
 
     def __call__(self, text: str = "", indent: int = 1) -> None:
         """Add one line of code at `indent` levels (wrapped to WIDTH): never several, since a
@@ -33,7 +39,11 @@ class Lines:
         if not text:
             self.lines.append("")
             return
-        self.lines.extend(wrap(_INDENT * indent + text))
+        line = _INDENT * indent + text
+        if self.wrapped:
+            self.lines.extend(wrap(line))
+        else:
+            self.lines.append(line)
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -83,33 +93,46 @@ def _statement(code: str) -> bool:
     return True
 
 
-def _outside_strings(code: str, start: int = 0, end: int | None = None):
-    """(position, bracket depth there) of every character of code[start:end] outside string
-    literals; the depth counts the brackets opened since `start` and not yet closed."""
-    depth, quote, escaped = 0, None, False
-    for i in range(start, len(code) if end is None else end):
-        c = code[i]
-        if quote:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == quote:
-                quote = None
+#: A string literal from its opening quote to the closing one (or the end of the code), or a
+#: bracket: what a scan of a line outside string literals must see. Ordinary characters between
+#: them are skipped at C speed, so a scan is linear in the line with a small constant (a line may
+#: hold a 63,000-character name, a call of 9,000 arguments).
+_STRING_OR_BRACKET = r"""("[^"\\]*(?:\\.?[^"\\]*)*"?|'[^'\\]*(?:\\.?[^'\\]*)*'?)|([()\[\]{}])"""
+
+
+@functools.cache
+def _scanner(seps: tuple[str, ...]) -> re.Pattern:
+    """A pattern whose matches are, in order: string literals (group 1), brackets (group 2) and
+    the empty match before each separator of `seps` (group 3 empty), overlapping ones included."""
+    found = "|".join(re.escape(s) for s in seps)
+    return re.compile(_STRING_OR_BRACKET + (f"|(?=(?:{found}))()" if seps else ""), re.DOTALL)
+
+
+def _outside_strings(code: str, start: int = 0, end: int | None = None, seps=()):
+    """(position, bracket depth there) of each bracket of code[start:end] outside string
+    literals, and of each place a separator of `seps` starts there; the depth counts the
+    brackets opened since `start` and not yet closed (a closing bracket is at the depth it
+    closes to)."""
+    depth = 0
+    for m in _scanner(tuple(seps)).finditer(code, start, len(code) if end is None else end):
+        if m.group(1) is not None:
             continue
-        if c in "\"'":
-            quote = c
-            continue
-        if c in ")]}":
+        c = m.group(2)
+        if c is None:
+            yield m.start(), depth
+        elif c in ")]}":
             depth -= 1
-        yield i, depth
-        if c in "([{":
+            yield m.start(), depth
+        else:
+            yield m.start(), depth
             depth += 1
 
 
 def _split_comment(code: str) -> tuple[str, str | None]:
     """(code, comment) for a line ending in `  # comment` outside any string."""
-    for i, _ in _outside_strings(code):
+    if "  # " not in code:
+        return code, None
+    for i, _ in _outside_strings(code, seps=("  # ",)):
         if code.startswith("  # ", i):
             return code[:i], code[i + 4 :]
     return code, None
@@ -119,8 +142,8 @@ def _top_level(code: str, start: int, end: int, seps: tuple[str, ...]) -> list[i
     """Positions in code[start:end] of separators outside brackets and strings."""
     return [
         i
-        for i, depth in _outside_strings(code, start, end)
-        if depth == 0 and any(code.startswith(s, i) for s in seps)
+        for i, depth in _outside_strings(code, start, end, seps)
+        if depth == 0 and code[i] not in "()[]{}"
     ]
 
 
@@ -132,14 +155,18 @@ def _matching(code: str, open_at: int) -> int:
     return -1
 
 
+_OPENING = re.compile(r"[(\[]")
+
+
 def _wrap_call(indent: str, code: str) -> list[str] | None:
     """`f(a, b, c)` (the last bracket of the line closing the first one opened after any
     assignment) with one argument per line and a trailing comma."""
     eq = _top_level(code, 0, len(code), (" = ",))
     begin = eq[0] + 3 if eq else 0
-    open_at = next((i for i in range(begin, len(code)) if code[i] in "(["), -1)
-    if open_at < 0:
+    found = _OPENING.search(code, begin)
+    if found is None:
         return None
+    open_at = found.start()
     close = _matching(code, open_at)
     tail = code[close + 1 :]
     if close < 0 or tail not in ("", ":", ")", "):"):
@@ -177,8 +204,8 @@ def _wrap_sum(indent: str, code: str) -> list[str] | None:
 def _wrap_string(indent: str, code: str) -> list[str] | None:
     """`f("a long message")` as `f(` then the message in adjacent literals, split at spaces."""
     open_at = code.find("(")
-    if open_at < 0 or not code.endswith(")"):
-        return None
+    if open_at < 0 or not code.endswith(")") or code[open_at + 1 : open_at + 2] not in "\"'":
+        return None  # the argument is not one string literal (read as Python, it could be long)
     try:
         text = ast.literal_eval(code[open_at + 1 : -1])
     except (ValueError, SyntaxError):
