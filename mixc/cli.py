@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mixc.errors import MixcError, SpecError
-from mixc.frontend.spec import Spec, load_spec, read_source, spec_errors
+from mixc.frontend.spec import load_spec, read_source, spec_errors
 from mixc.version import __version__
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -27,7 +27,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Parse, verify and analyse specs, as compile does; print each in normal form."""
     status = 0
     for path in args.specs:
-        spec, errors = _checked(path)
+        facts, errors = _checked(path)
         if errors:
             print("\n\n".join(map(str, errors)), file=sys.stderr)
             if len(errors) > 1:
@@ -35,13 +35,32 @@ def cmd_check(args: argparse.Namespace) -> int:
             status = 1
         elif not args.quiet:
             print(f"# {path}: ok")
-            print(spec.mixer, end="")
+            for note in _form_notes(facts):
+                print(f"# {note}")
+            print(facts.spec.mixer, end="")
     return status
 
 
-def _checked(path: str) -> tuple[Spec | None, list[MixcError]]:
-    """The spec at `path` after every check `compile` makes (`mixc.driver.plan`), or what is
-    wrong with it: where the front end finds several independent errors, all of them, the one
+def _form_notes(facts) -> list[str]:
+    """What `check` says of the forms, as `explain` does, where a decay's sign is not proven:
+    the chunked forms missing, or checking the decay at run time."""
+    chunk = facts.forms.chunk
+    if chunk is not None and chunk.kind == "sign":
+        forms = ", ".join(facts.forms.names())
+        return [f"forms: {forms}; no chunk or parallel: {chunk.text}"]
+    if facts.sign_checks:
+        signs = "; ".join(c.describe() for c in facts.sign_checks)
+        chunked = [f for f in facts.forms.names() if f in ("chunk", "parallel")]
+        return [
+            f"{' and '.join(chunked)} check{'s' if len(chunked) == 1 else ''} at run time that {signs} has no negative entry "
+            "(they take the log of the decay)"
+        ]
+    return []
+
+
+def _checked(path: str):
+    """The plan of the spec at `path` after every check `compile` makes (`mixc.driver.plan`),
+    or what is wrong with it: where the front end finds several independent errors, all of them, the one
     `compile` reports first."""
     from mixc.driver import plan
 
@@ -50,7 +69,7 @@ def _checked(path: str) -> tuple[Spec | None, list[MixcError]]:
     except MixcError as exc:  # no such file, not UTF-8 text, too long
         return None, [exc]
     try:
-        return plan(source).spec, []
+        return plan(source), []
     except SpecError as exc:
         return None, spec_errors(source) or [exc]
     except MixcError as exc:

@@ -127,7 +127,16 @@ def _divide(x: Interval, y: Interval) -> Interval:
 def _power(x: Interval, y: Interval) -> Interval:
     """Interval of x^y for a base that is always positive: x^y = exp(y log x) is monotone in
     each of y and log x, so its extremes are at the corners (inf^0, which has no limit, left
-    out: x^0 = 1 at the finite bases)."""
+    out: x^0 = 1 at the finite bases). An even whole exponent n >= 2 takes any base: x^n =
+    |x|^n >= 0."""
+    n = y[0]
+    if y[0] == y[1] and math.isfinite(n) and n >= 2 and n == int(n) and int(n) % 2 == 0:
+        low = 0.0 if x[0] <= 0 <= x[1] else min(abs(x[0]), abs(x[1]))
+        high = max(abs(x[0]), abs(x[1]))
+        try:
+            return low**n, high**n
+        except OverflowError:
+            return low**n if low < 1 else _INF, _INF
     if x[0] <= 0:
         return _WHOLE_LINE
     try:

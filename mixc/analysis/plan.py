@@ -22,20 +22,20 @@ from mixc.analysis.outputs import analyze_output, readout_name
 from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
 from mixc.errors import NotYetImplemented, SpecError
-from mixc.frontend.ir import Expr, Mixer, Name
+from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Timed, Transpose
 from mixc.frontend.shapes import SCALAR, Symbol, Typer, typer_for
 from mixc.frontend.spec import Spec
 from mixc.frontend.verify import equation_order
 from mixc.transitions.base import ChunkSize, KernelArg, Transition, TransitionClass
 
-__all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "SubToken", "analyze"]
+__all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "SignCheck", "SubToken", "analyze"]
 
 
 @dataclass(frozen=True)
 class Missing:
     """Why a form is missing. `kind`: "sequential" (some state has no chunked form), "class" (the
-    transition class's kernel cannot do it), "lagged" (a summary of a spec that reads inputs at
-    t-1), or "no state"."""
+    transition class's kernel cannot do it), "sign" (a decay the chunked forms take the log of
+    can be negative), "lagged" (a summary of a spec that reads inputs at t-1), or "no state"."""
 
     kind: str
     text: str
@@ -54,6 +54,21 @@ class Forms:
         """The forms that compute, in the order the module lists them."""
         have = [("chunk", self.chunk), ("parallel", self.parallel)]
         return (*(n for n, m in have if m is None), "recurrent", "step")
+
+
+@dataclass(frozen=True)
+class SignCheck:
+    """A decay factor that is an input or a parameter as the caller passes it (`a_t`, `G_t`,
+    `diag(a_t)`, `lam` without a default), whose sign the spec cannot prove: the chunked forms
+    take its log, so chunk, parallel and summary check at run time that it has no negative
+    entry (recurrent and step, which multiply by it, do not need to)."""
+
+    name: str  # the input or parameter
+    decay: Expr  # the decay as written
+    state: str
+
+    def describe(self) -> str:
+        return f"{self.name} (the decay {self.decay} of {self.state})"
 
 
 @dataclass(frozen=True)
@@ -130,6 +145,9 @@ class Plan:
     #: once here, read (never changed) by the backends.
     typer: Typer = field(repr=False, compare=False)
     expander: Expander = field(repr=False, compare=False)
+    #: Decays passed in by the caller whose sign is not proven: checked at run time by the
+    #: chunked forms (one comparison over the input, and a device sync, per call).
+    sign_checks: tuple[SignCheck, ...] = ()
 
     @property
     def mixer(self) -> Mixer:
@@ -199,7 +217,52 @@ def _analyze(spec: Spec) -> Plan:
         _chunk_size(groups),
         typer,
         ex,
+        _sign_checks(mixer, states) if forms.chunk is None else (),
     )
+
+
+def _caller_value(mixer: Mixer, e: Expr) -> str | None:
+    """The input or parameter (without a default) that `e` is, as the caller passes it (through
+    a transpose or a diag), or None for anything the spec computes."""
+    while isinstance(e, Transpose) or (isinstance(e, Call) and e.func == "diag"):
+        e = e.operand if isinstance(e, Transpose) else e.args[0]
+    if isinstance(e, Timed) and any(d.name == e.name for d in mixer.inputs):
+        return e.name
+    if isinstance(e, Name) and any(p.name == e.name and p.default is None for p in mixer.params):
+        return e.name
+    return None
+
+
+def _sign_checks(mixer: Mixer, states) -> tuple[SignCheck, ...]:
+    """The decay factors the caller passes whose sign is not proven, one check per name."""
+    checks: dict[str, SignCheck] = {}
+    for s in states:
+        for g in s.transition.gates:
+            for factor in g.unsigned:
+                name = _caller_value(mixer, factor)
+                if name is not None and name not in checks:
+                    checks[name] = SignCheck(name, g.decay, s.name)
+    return tuple(checks.values())
+
+
+def _unsigned(mixer: Mixer, states) -> Missing | None:
+    """Why there is no chunked form when a decay the spec computes can be negative (its sign
+    not proven by interval arithmetic): the chunked forms take its log, NaN at a negative
+    decay, where the recurrence multiplies by it."""
+    for s in states:
+        for g in s.transition.gates:
+            computed = [f for f in g.unsigned if _caller_value(mixer, f) is None]
+            if computed:
+                inner = g.decay.operand if isinstance(g.decay, Transpose) else g.decay
+                product = isinstance(inner, Binary) and inner.op in ("*", "@")
+                factor = f" (its factor {computed[0]})" if product else ""
+                return Missing(
+                    "sign",
+                    f"{s.name}: the decay {g.decay}{factor} can be negative (its sign is not "
+                    "proven) and the chunked forms work with log(decay); for them, write it "
+                    "provably positive: sigmoid(x), exp(-softplus(x)), exp(dt A)",
+                )
+    return None
 
 
 def _chunk_size(groups: tuple[GroupPlan, ...]) -> ChunkSize:
@@ -338,7 +401,7 @@ def _forms(mixer: Mixer, states, groups) -> Forms:
     if reasons:
         chunk = Missing("sequential", "; ".join(reasons))
     else:
-        chunk = None
+        chunk = _unsigned(mixer, states)
     if chunk is not None:
         sequential = Missing(chunk.kind, chunk.text.replace("NYI: ", ""))
         return Forms(chunk, chunk, sequential)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import platform
 import statistics
@@ -524,6 +525,7 @@ def run(
     )
     caps = {"recurrent": recurrent_max_T, "parallel": parallel_max_T}
     sweep = _sweep(result, module, facts, forms, T, caps, backward)
+    _check_memory(facts, sizes or {}, full_sizes, sweep, T, caps, chunk_size, device)
     chunk_ts = sorted({t for form, t, _ in sweep if form == "chunk"})
     d_k, d_v = chunk_shapes(facts, full_sizes)
 
@@ -538,7 +540,8 @@ def run(
 
     with _progress(progress, len(sweep) + len(chunk_ts) + 1) as advance:
         advance("warming up")
-        _warm_up(module, sweep, make_inputs(spec, full_sizes, min(T), device=device), result)
+        if sweep:  # nothing to time (no form the module has): no inputs to draw
+            _warm_up(module, sweep, make_inputs(spec, full_sizes, min(T), device=device), result)
         for t in chunk_ts:
             advance(f"matmul reference, T = {t}")
             result.matmul[t] = reference(t, max(3, repeats))
@@ -594,6 +597,71 @@ def suspect_points(result: BenchResult) -> dict[Point, list[str]]:
                 flag(p, f"faster than at a shorter T ({ms})")
                 flag(q, f"slower than at a longer T ({ms})")
     return out
+
+
+#: Bytes of a number in the timed calls (fp32), and how many copies of every argument and
+#: output a call holds at once (drawn in float64, converted, laid out for the kernels).
+_BYTES, _COPIES = 4, 4
+
+
+def _point_bytes(facts, sizes: dict[str, int], form: str, T: int, bwd: bool, chunk: int) -> int:
+    """Rough peak bytes of one timed call: its arguments and output in a few copies, the states,
+    and what the form adds (the chunked form a state and a C x C block per chunk, and the
+    matmul reference as much; the parallel form T x T matrices); x3 with the backward pass."""
+    mixer = facts.mixer
+
+    def width(shape) -> int:
+        return math.prod(int(d) if d.isdigit() else sizes[d] for d in shape)
+
+    heads = sizes["B"] * sizes["NH"]
+    out = width(facts.spec.shapes[mixer.outputs[0].target])
+    io = heads * T * (sum(width(d.shape) for d in mixer.inputs) + out)
+    state = heads * sum(width(d.shape) for d in mixer.states)
+    extra = 2 * state
+    if form == "chunk":
+        d_k, d_v = chunk_shapes(facts, sizes)
+        extra += 2 * heads * -(-T // chunk) * (state // heads + chunk * (chunk + d_k + d_v))
+    elif form == "parallel":
+        extra += 3 * heads * T * T * max(1, len(facts.groups))
+    return _BYTES * (_COPIES * io + extra) * (3 if bwd else 1)
+
+
+def _check_memory(
+    facts,
+    given: dict[str, int],
+    sizes: dict[str, int],
+    sweep: list[tuple[str, int, bool]],
+    T: Sequence[int],
+    caps: dict[str, int],
+    chunk: int,
+    device: str,
+) -> None:
+    """The sweep's largest call fits in the device's memory: checked before anything is
+    allocated, naming the option (--T, --sizes, --parallel-max-T, --recurrent-max-T) that,
+    set back to its default, shrinks it most."""
+    from mixc.resources import check_bytes, device_memory
+
+    def peak(sizes, points) -> int:
+        return max((_point_bytes(facts, sizes, f, t, b, chunk) for f, t, b in points), default=0)
+
+    need, limit = peak(sizes, sweep), device_memory(device)
+    if need <= limit:
+        return
+    defaults = default_sizes(facts.spec)
+    capped = {"recurrent": RECURRENT_MAX_T, "parallel": PARALLEL_MAX_T}
+    shorter = [(f, min(t, max(DEFAULT_T)), b) for f, t, b in sweep]
+    candidates = {("--T", ",".join(map(str, T))): (sizes, shorter)}
+    for name, value in given.items():
+        if value > defaults[name]:
+            candidates[("--sizes", f"{name}={value}")] = (sizes | {name: defaults[name]}, sweep)
+    for form, cap in caps.items():
+        if cap > capped[form]:
+            kept = [p for p in sweep if p[0] != form or p[1] <= capped[form]]
+            candidates[(f"--{form}-max-T", cap)] = (sizes, kept)
+    option, value = min(candidates, key=lambda c: peak(*candidates[c]))
+    form, t, bwd = max(sweep, key=lambda p: _point_bytes(facts, sizes, *p, chunk))
+    what = f"{form}{' with its backward pass' if bwd else ''} at T = {t}"
+    check_bytes(option, value, need, what, limit)
 
 
 def _check_options(forms: Sequence[str], chunk_size: int, repeats: int) -> None:

@@ -259,7 +259,9 @@ def _stabiliser(facts: Plan, g: GroupPlan) -> str:
 
 
 def _not_supported(facts: Plan) -> list[str]:
-    return [f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason]
+    reasons = [f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason]
+    sign = facts.forms.chunk
+    return reasons + ([sign.text] if sign is not None and sign.kind == "sign" else [])
 
 
 def _form_infos(facts: Plan) -> list[FormInfo]:
@@ -267,8 +269,20 @@ def _form_infos(facts: Plan) -> list[FormInfo]:
     forms = facts.forms
     missing = {"chunk": forms.chunk, "parallel": forms.parallel, "summary": forms.summary}
     missing |= {"recurrent": None, "step": forms.step}
+    signs = "; ".join(c.describe() for c in facts.sign_checks)
+    checks = (
+        f"that {signs} has no negative entry (they take the log of the decay; recurrent and "
+        "step need not)"
+        if signs
+        else None
+    )
     return [
-        FormInfo(name=name, available=m is None, reason=None if m is None else m.text)
+        FormInfo(
+            name=name,
+            available=m is None,
+            reason=None if m is None else m.text,
+            checks=checks if m is None and name in ("chunk", "parallel", "summary") else None,
+        )
         for name, m in missing.items()
     ]
 

@@ -174,6 +174,10 @@ def _render_plan(out: _Printer, report: Explanation) -> None:
     for f in report.forms:
         if not f.available and report.chunkable:  # else the reason is the one below
             out.line(f"no {f.name}: {f.reason}", indent=4)
+    checked = [f.name for f in report.forms if f.checks]
+    if checked:
+        check = next(f.checks for f in report.forms if f.checks)
+        out.line(f"{', '.join(checked)} check at run time {check}", style="yellow", indent=4)
     out.line("not supported: nothing" if not report.not_supported else "not supported:")
     for n in report.not_supported:
         out.line(n, style="red", indent=4)

@@ -182,6 +182,11 @@ class FormInfo(_Model):
     )
     available: bool = Field(description="True when the compiled module computes it.")
     reason: str | None = Field(description="Why it is missing (null when available).")
+    checks: str | None = Field(
+        default=None,
+        description="What it checks of its arguments' values at run time beyond their shapes "
+        "(a decay passed in whose sign is not proven: no negative entry); null when nothing.",
+    )
 
 
 class ChunkSizeInfo(_Model):

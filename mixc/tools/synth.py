@@ -15,7 +15,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from mixc.errors import MixcError
 from mixc.model import LanguageModel
 from mixc.tools.tasks import IGNORE, make_task
 
-__all__ = ["Settings", "SynthResult", "plot", "render", "run", "write_json"]
+__all__ = ["Settings", "SynthResult", "check_memory", "plot", "render", "run", "write_json"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ def run(
     entries = ["attention", *specs] if settings.baseline else list(specs)
     if not entries:
         raise MixcError("synth: no spec to train (give SPEC..., or keep the attention baseline)")
+    check_memory(settings)
     results = []
     for seq_len, pairs, hidden in itertools.product(
         settings.seq_len, settings.pairs, settings.hidden
@@ -92,6 +93,74 @@ def run(
         for entry in entries:
             results.append(_train_one(entry, task, hidden, settings, progress))
     return results
+
+
+#: Bytes of a number (fp32); numbers a block keeps per token and unit of width while training
+#: (the mixer's projections and states, the MLP at 4x, norms, and their gradients).
+_BYTES, _PER_WIDTH = 4, 40
+
+
+def _bytes(s: Settings, seq_len: int, vocab: int, hidden: int, eval_seq_len: int | None) -> int:
+    """Rough peak bytes of training one model of `s`: its parameters with their gradients and
+    AdamW's two moments, and the activations of a batch (logits, every block, attention's
+    T x T scores, the chunked form's state per chunk); scoring at eval_seq_len, without
+    gradients, where it is longer."""
+    params = vocab * hidden + s.layers * 12 * hidden**2  # embedding; MLP (8 h^2) + at most 4 h^2
+
+    def activations(length: int) -> int:
+        head = max(1, hidden // s.heads)
+        blocks = s.layers * (
+            _PER_WIDTH * hidden * length
+            + 2 * s.heads * length * length * s.baseline
+            + 2 * s.heads * -(-length // s.chunk_size) * head * head
+        )
+        return s.batch * (blocks + 3 * length * vocab)
+
+    train = 4 * params + activations(seq_len)
+    longer = params + activations(eval_seq_len) // 3 if eval_seq_len else 0
+    return _BYTES * max(train, longer)
+
+
+def check_memory(settings: Settings) -> None:
+    """Every model of the run fits in the device's memory: checked before any is built. A run
+    that does not is refused naming the option (--seq-len, --batch, --hidden, --vocab,
+    --layers, --heads, --eval-seq-len) that, set back to its default, shrinks it most."""
+    from mixc.resources import check_bytes, device_memory
+
+    def peak(s: Settings) -> int:
+        need = 0
+        for seq_len, pairs, hidden in itertools.product(s.seq_len, s.pairs, s.hidden):
+            task = make_task(s.task, seq_len, pairs, s.vocab)
+            need = max(need, _bytes(s, task.seq_len, task.vocab_size, hidden, s.eval_seq_len))
+        return need
+
+    need, limit = peak(settings), device_memory(settings.device)
+    if need <= limit:
+        return
+    default = Settings()
+    options = {
+        "--seq-len": ("seq_len", (None,)),
+        "--batch": ("batch", default.batch),
+        "--hidden": ("hidden", default.hidden),
+        "--vocab": ("vocab", None),
+        "--layers": ("layers", default.layers),
+        "--heads": ("heads", default.heads),
+        "--eval-seq-len": ("eval_seq_len", None),
+    }
+    shrunk = {}
+    for option, (name, value) in options.items():
+        if getattr(settings, name) != value:
+            try:
+                shrunk[option] = peak(replace(settings, **{name: value}))
+            except MixcError:  # a default the other options do not admit (mqar's pairs)
+                continue
+    if not shrunk:
+        shrunk = {"--hidden": 0}
+    option = min(shrunk, key=shrunk.get)
+    value = getattr(settings, options[option][0])
+    if isinstance(value, tuple):
+        value = ",".join(str(v) for v in value)
+    check_bytes(option, value, need, "training and scoring a model", limit)
 
 
 def _train_one(entry, task, hidden: int, s: Settings, progress) -> SynthResult:

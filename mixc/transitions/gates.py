@@ -2,7 +2,9 @@
 
 A decay written `sigmoid(a)` has the log `logsigmoid(a)` (never log(sigmoid(a)), which underflows),
 `exp(dt A)` has `dt A`, a constant gamma has log(gamma). Each log-gate records whether the decay
-is proven to lie in (0, 1].
+is proven to lie in (0, 1], and the factors it takes the log of whose sign is not proven >= 0
+(`unsigned`): the chunked and parallel forms, which work in log space, are NaN where one of them
+is negative (a decay of exactly 0 is handled: the runtime's `_log_gate`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ class LogGate:
     log: Expr  # log of the decay, safe to evaluate (logsigmoid(a), dt A, log(gamma)); canonical
     proven: bool  # provably in (0, 1]
     note: str
+    #: The factors of the decay whose log `log` takes and that interval arithmetic does not
+    #: prove >= 0 (`q_t . k_t`, `tanh(a_t)`, a raw input `a_t`): where one is negative, the log is
+    #: NaN. Empty for a sigmoid, an exp, a relu, a constant >= 0, and products of them.
+    unsigned: tuple[Expr, ...] = ()
 
 
 def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
@@ -58,7 +64,14 @@ def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
     if isinstance(inner, Binary) and inner.op in ("*", "@"):
         a, b = log_gate(inner.left, side, params), log_gate(inner.right, side, params)
         notes = a.note if a.note == b.note else f"{a.note}; {b.note}"
-        return LogGate(side, decay, Binary("+", a.log, b.log), a.proven and b.proven, notes)
+        return LogGate(
+            side,
+            decay,
+            Binary("+", a.log, b.log),
+            a.proven and b.proven,
+            notes,
+            a.unsigned + b.unsigned,
+        )
     value = constant(inner)
     if value is not None:
         ok = 0 < value <= 1
@@ -68,6 +81,7 @@ def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
             Call("log", (inner,)),
             ok,
             "a constant in (0, 1]" if ok else f"the constant {value:g} is not in (0, 1]",
+            () if value >= 0 else (inner,),
         )
     if (
         isinstance(inner, Binary)
@@ -83,8 +97,9 @@ def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
             Neg(sub.log),
             lo >= 1,
             f"1/x with x >= 1 {'always' if lo >= 1 else 'not proven'}",
+            sub.unsigned,
         )
     lo, hi = bounds(inner, defaults=params)
     ok = lo > 0 and hi <= 1
     note = f"in [{lo:.6g}, {hi:.6g}] for every head" if ok else "not provably in (0, 1]"
-    return LogGate(side, decay, Call("log", (inner,)), ok, note)
+    return LogGate(side, decay, Call("log", (inner,)), ok, note, () if lo >= 0 else (inner,))

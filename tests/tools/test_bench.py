@@ -206,3 +206,49 @@ def test_a_learning_rate_that_is_not_finite_and_positive_is_refused(lr, capsys):
     with pytest.raises(SystemExit):
         main(["synth", "specs/gla.mix", f"--lr={lr}"])
     assert "argument --lr: expected a finite positive number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "options,refused",
+    [
+        (["--T", "1000000000"], "--T: 1000000000 would need "),
+        (["--sizes", "B=100000000"], "--sizes: B=100000000 would need "),
+        (["--sizes", "NH=2,N=100000000"], "--sizes: N=100000000 would need "),
+        (["--T", "100000", "--sizes", "B=100000"], "--sizes: B=100000 would need "),
+        (
+            ["--forms", "parallel", "--T", "1000000", "--parallel-max-T", "1000000"],
+            "--parallel-max-T: 1000000 would need ",
+        ),
+    ],
+    ids=["T", "batch", "size", "both", "parallel"],
+)
+def test_absurd_sizes_are_refused_before_anything_is_allocated(
+    options, refused, monkeypatch, capsys
+):
+    """Whole-number sizes that need terabytes were allocated and died with a traceback: the
+    sweep's largest call is estimated first and refused on one line naming the option."""
+
+    def allocate(*args, **kwargs):
+        raise AssertionError("allocated before refusing")
+
+    monkeypatch.setattr(bench, "make_inputs", allocate)
+    monkeypatch.setattr(bench, "matmul_throughput", allocate)
+    assert main(["bench", "specs/mamba2.mix", "--no-memory", *options]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(refused) and len(err.strip().splitlines()) == 1
+    assert "more than this machine's" in err and "Traceback" not in err
+
+
+def test_ordinary_sizes_pass_the_memory_check():
+    facts = bench.analyze(bench.load_spec(ROOT / "specs" / "mamba2.mix"))
+    sizes = bench.default_sizes(facts.spec)
+    caps = {"recurrent": bench.RECURRENT_MAX_T, "parallel": bench.PARALLEL_MAX_T}
+    sweep = [
+        (f, t, b)
+        for f in bench.FORMS
+        for t in bench.FULL_T
+        for b in (False, True)
+        if t <= caps.get(f, t)
+    ]
+    bench._check_memory(facts, {}, sizes, sweep, bench.FULL_T, caps, 64, "cpu")
+    assert bench._point_bytes(facts, sizes, "chunk", 16384, True, 64) < 2**31

@@ -119,3 +119,39 @@ def test_synth_scores_at_a_second_length(monkeypatch, tmp_path):
     assert row["eval_seq_len"] == 24 and 0 <= row["eval_accuracy"] <= 1
     code, _, err = _synth("--task", "mqar", "--pairs", "8", "--eval-seq-len", "10")
     assert code == 1 and "need a sequence of at least" in err  # refused before training
+
+
+@pytest.mark.parametrize(
+    "options,refused",
+    [
+        (["--hidden", "100000000"], "--hidden: 100000000 would need "),
+        (["--hidden", "64,1000000"], "--hidden: 64,1000000 would need "),
+        (["--batch", "100000000"], "--batch: 100000000 would need "),
+        (["--seq-len", "1000000000"], "--seq-len: 1000000000 would need "),
+        (["--vocab", "1000000000"], "--vocab: 1000000000 would need "),
+        (["--layers", "100000000"], "--layers: 100000000 would need "),
+        (["--eval-seq-len", "100000000"], "--eval-seq-len: 100000000 would need "),
+        (["--seq-len", "100000", "--batch", "1000"], "--seq-len: 100000 would need "),
+    ],
+    ids=["hidden", "hidden list", "batch", "seq-len", "vocab", "layers", "eval", "two"],
+)
+def test_absurd_sizes_are_refused_before_any_model_is_built(options, refused, monkeypatch, capsys):
+    """--hidden 100000000 was refused by the model as hidden_size (and --batch, --seq-len died
+    allocating): the run's memory is estimated first and refused naming the option."""
+    from mixc.tools import synth
+
+    def build(*args, **kwargs):
+        raise AssertionError("a model was built before refusing")
+
+    monkeypatch.setattr(synth, "LanguageModel", build)
+    assert main(["synth", "specs/gla.mix", "--steps", "1", *options]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(refused) and len(err.strip().splitlines()) == 1
+    assert "hidden_size" not in err and "Traceback" not in err
+
+
+def test_the_default_run_passes_the_memory_check():
+    from mixc.tools import synth
+
+    synth.check_memory(synth.Settings())
+    synth.check_memory(synth.Settings(seq_len=(512,), hidden=(256,), batch=64))

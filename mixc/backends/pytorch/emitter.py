@@ -429,6 +429,15 @@ class _Module:
                     prev = _local("prev", d.name)
                     out(f"{prev} = {prev}[..., None, None]")
 
+    def emit_sign_checks(self, out: Lines) -> None:
+        """The chunked forms' run-time check of each decay the caller passes whose sign the spec
+        cannot prove (`Plan.sign_checks`): none for a decay written provably positive."""
+        for c in self.facts.sign_checks:
+            decay = str(c.decay)
+            out(
+                f"_check_decay_sign({c.name}, {string(c.name)}, {string(decay)}, {string(c.state)})"
+            )
+
     def finish(
         self,
         out: Lines,
@@ -490,6 +499,7 @@ class _Module:
         out('_check_flag("output_final_state", output_final_state)')
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, "initial_state", packed=True)
+        self.emit_sign_checks(out)
         out('if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty')
         states = ", ".join(self.carried)
         out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
@@ -516,6 +526,7 @@ class _Module:
         self.docstring(out, "parallel")
         out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
         self.prologue(out, True, None)
+        self.emit_sign_checks(out)
         self.emit_shifts(out, packed=False, carried=False)
         with self.point(out, 1):
             self.emit_groups(out, parallel=True)
@@ -721,6 +732,7 @@ class _Module:
         rest += "".join(f", {p}={p}" for p in self.defaulted)
         out(f"return _no_sequences(_summary(*_one{rest}, chunk_size=chunk_size))", 2)
         self.prologue(out, True, None)
+        self.emit_sign_checks(out)
         transitions, finals = {}, {}
         with self.point(out, 1):
             for plan in self.groups:

@@ -351,6 +351,22 @@ def _log_gate(x):
     return torch.log(x + (lifted - x).detach())
 
 
+def _check_decay_sign(x, name, decay, state):
+    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
+    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
+    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
+    call; a decay written provably positive (sigmoid, exp) is never checked. Under
+    torch.compile, which cannot branch on a tensor's values, it is not checked."""
+    if torch.compiler.is_compiling():
+        return
+    if bool((x < 0).any()):
+        _fail(
+            f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
+            "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
+            "make the decay provably positive in the spec (sigmoid(x), exp(x))"
+        )
+
+
 # ---- kernels, one per transition class ---------------------------------------------------
 
 
@@ -608,6 +624,7 @@ def chunk(
     _device = q.device
     _batch = _sizes["B"] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, _sizes, _device)
     (H,) = _prepare_states(_STATES, initial_state, _sizes, _dtype, _device, _batch, "initial_state")
+    _check_decay_sign(G, "G", "G_t", "H")
     if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty
         y, (H,) = _recurrence(q, k, v, G, H, _sizes, _dtype, _device)
         y = y.squeeze(-1).to(_out_dtype)
@@ -651,6 +668,7 @@ def summary(q, k, v, G, *, chunk_size=CHUNK_SIZE):
         _one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in (q, k, v, G)]
         return _no_sequences(_summary(*_one, chunk_size=chunk_size))
     q, k, v, G, _sizes, _dtype = _prepare(q, k, v, G, _sequence=True)
+    _check_decay_sign(G, "G", "G_t", "H")
     # H: chunk_elementwise from zeros (F) and, with no writes, ones (G)
     _k_H = _seq_vector(k, _sizes)
     _v_H = _seq_vector(v, _sizes)

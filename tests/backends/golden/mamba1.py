@@ -355,6 +355,22 @@ def _log_gate(x):
     return torch.log(x + (lifted - x).detach())
 
 
+def _check_decay_sign(x, name, decay, state):
+    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
+    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
+    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
+    call; a decay written provably positive (sigmoid, exp) is never checked. Under
+    torch.compile, which cannot branch on a tensor's values, it is not checked."""
+    if torch.compiler.is_compiling():
+        return
+    if bool((x < 0).any()):
+        _fail(
+            f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
+            "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
+            "make the decay provably positive in the spec (sigmoid(x), exp(x))"
+        )
+
+
 # ---- kernels, one per transition class ---------------------------------------------------
 
 
