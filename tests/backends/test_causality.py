@@ -95,6 +95,19 @@ def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
 KINDS = ("random", "nan", "inf", "-inf", "1000", "1e30", "-1e30", "3e38")
 
 
+def _run_or_refuse(run, args, where):
+    """The form's outputs on `args`, or None where it refuses them as the module promises: a
+    chunked form whose decay is an input it cannot prove positive checks that input at run
+    time, so later tokens that make it negative are an InputError naming the decay (an answer
+    about the input, not an output that depends on later tokens)."""
+    try:
+        return run(*args)
+    except mixc.MixcError as err:
+        assert "has negative entries" in str(err), (where, str(err))
+        assert any((a < 0).any() for a in args if isinstance(a, torch.Tensor)), where
+        return None
+
+
 def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS):
     """Every form of the module `backend` compiles (or those named in `forms`), on `length`
     tokens: the outputs up to each of `tokens` do not change, bit for bit, whatever the later
@@ -119,8 +132,10 @@ def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS):
                 for kind in kinds:
                     changed = list(args)
                     changed[i] = _later(args[i], t, kind, generator)
-                    y = run(*changed)
                     where = f"{form}: {input_name} = {kind} after token {t}"
+                    y = _run_or_refuse(run, changed, where)
+                    if y is None:
+                        continue
                     kept = t + 1 + delays[input_name]  # the outputs before it stay the same
                     assert torch.equal(_bits(y[:, :kept]), _bits(base[:, :kept])), where
                     if kind == "nan":
@@ -128,8 +143,10 @@ def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS):
             kept = t + 1 + first
             for kind in ("nan", "inf", "-inf"):
                 everything = [_later(a, t, kind, generator) for a in args[:n_in]] + args[n_in:]
-                y = run(*everything)
                 where = f"{form}: every input = {kind} after token {t}"
+                y = _run_or_refuse(run, everything, where)
+                if y is None:
+                    continue
                 assert torch.equal(_bits(y[:, :kept]), _bits(base[:, :kept])), where
                 if kind == "nan":
                     assert torch.isnan(y[:, kept:]).any(-1).all(), where
