@@ -853,7 +853,12 @@ def test_copied_source_runs_standalone(name):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name", PUBLIC)
+@pytest.mark.parametrize(
+    "name",
+    # the chunked kernels are captured by default inside the generated modules
+    # (tests/backends/test_torch_compile.py), so alone with -m slow; the quadratic one here
+    [n if n.startswith("parallel") else pytest.param(n, marks=pytest.mark.slow) for n in PUBLIC],
+)
 def test_torch_compile_fullgraph(name):
     """The kernels trace as one graph (forward and backward) under torch.compile."""
     import torch._dynamo

@@ -21,7 +21,8 @@ import torch
 
 import mixc
 from mixc.analysis.plan import analyze
-from mixc.check.fuzz import _forms, fuzz
+from mixc.check import Example, check, input_ranges
+from mixc.check.fuzz import DTYPES, _forms, fuzz
 from mixc.driver import compile_source
 from mixc.errors import MixcError
 from tests.backends.test_causality import KINDS, check_causal
@@ -87,10 +88,23 @@ def test_fuzz_runs_each_chunk_the_kernels_run_once():
 @pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla", "kda"])
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
+    """Two drawn examples, and one that carries a state through three chunks of 16 from an
+    initial state (the drawn ones may be shorter than a chunk, where a wrong state passed
+    between chunks cannot show)."""
     report = fuzz(
         SPECS[name], backend="triton", examples=2, seed=2, dtype=dtype, shrink=False, max_T=40
     )
     assert report.ok, report.failure.summary()
+    spec = mixc.load_spec(SPECS[name])
+    ranges = input_ranges(spec)
+    mixer = spec.mixer
+    symbols = {d for x in (*mixer.inputs, *mixer.states) for d in x.shape if not d.isdigit()}
+    sizes = tuple((symbol, 8) for symbol in sorted(symbols))
+    inputs = tuple((d.name, 2) for d in spec.mixer.inputs)
+    across = Example(1, 2, 37, sizes, (16,), True, inputs, (), False, seed=7)
+    module = mixc.load(SPECS[name], backend="triton")
+    _, failure = check(ranges, module, across, dtype=DTYPES[dtype])
+    assert failure is None, failure.summary()
 
 
 def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():

@@ -45,8 +45,10 @@ def test_random_specs_compile_and_every_form_agrees(data) -> None:
     _fuzz_one(data, text, 3, max_T=48, max_size=8, max_batch=2, max_heads=4)
 
 
+@pytest.mark.slow
 def test_random_specs_cover_every_class() -> None:
-    """The generator reaches every transition class, the normaliser, skips and feature maps."""
+    """The generator reaches every transition class, the normaliser, skips and feature maps (a
+    check of the test generator itself, 800 specs analysed: with -m slow)."""
     seen: set[str] = set()
 
     @settings(
