@@ -675,6 +675,15 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
+def _finite_rows_(x):
+    """_finite_rows of an intermediate the kernel owns: in place where autograd does not track
+    it (one pass fewer and no new tensor), else as _finite_rows."""
+    if x.requires_grad:
+        return _finite_rows(x)
+    poison = x.sum(-1) * 0
+    return torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0), poison
+
+
 def _finite_gates(g):
     """(log-gates g [..., C] with those whose decay exp(g) is not finite set to 0, and their
     poison [..., C], as _finite_rows). A gate of -inf, a hard reset, decays by 0 and stays."""
@@ -845,7 +854,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
         # term is exactly zero) instead of differentiating through the recursion
         t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
     if guard:  # finite inputs can overflow in a later token's row, which T would carry back
-        k_scaled, poison_k = _finite_rows(k_scaled)
+        k_scaled, poison_k = _finite_rows_(k_scaled)
         scores = _poison_rows(scores, poison_k)
     w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
     u = _bmm(t_inv, v_c.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
@@ -874,7 +883,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
     if guard:
         # finite inputs can still overflow in a token's pseudo-value (U = T V, V_new = U - W S):
         # made finite, it poisons its output and those after it, as a non-finite input does
-        v_new, poison_new = _finite_rows(v_new)
+        v_new, poison_new = _finite_rows_(v_new)
         scores = _poison_rows(scores, poison_new)
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
     if kept is not None:

@@ -629,6 +629,15 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
+def _finite_rows_(x):
+    """_finite_rows of an intermediate the kernel owns: in place where autograd does not track
+    it (one pass fewer and no new tensor), else as _finite_rows."""
+    if x.requires_grad:
+        return _finite_rows(x)
+    poison = x.sum(-1) * 0
+    return torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0), poison
+
+
 def _as_3d(x):
     """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
     a chunk-major tensor does: torch.bmm then gets it as transposed, not copied). A matrix
@@ -894,7 +903,7 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
     w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
     ak_v, poison = _bmm(pairs[..., 1, :, 0], v_c), None
     if guard:  # finite inputs can overflow in a later token's row, which T would carry back
-        ak_v, poison = _finite_rows(ak_v)
+        ak_v, poison = _finite_rows_(ak_v)
     u_own = _bmm(t_inv, ak_v)  # [N, B, NH, C, V]
     return scores, t_inv, rows, cols, w, u_own, chunk_decay, poison
 
@@ -976,7 +985,7 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
     if guard:
         # finite inputs can still overflow in a token's pseudo-value U: made finite, it poisons
         # its output and those after it, as a non-finite input does
-        values, poison_u = _finite_rows(values)
+        values, poison_u = _finite_rows_(values)
         poison = poison + poison_u.view(*poison.shape, 2).sum(-1)
     if kept is not None:
         kept.append([scores, t_inv, values, states_in])

@@ -379,6 +379,15 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
+def _finite_rows_(x):
+    """_finite_rows of an intermediate the kernel owns: in place where autograd does not track
+    it (one pass fewer and no new tensor), else as _finite_rows."""
+    if x.requires_grad:
+        return _finite_rows(x)
+    poison = x.sum(-1) * 0
+    return torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0), poison
+
+
 def _finite_gates(g):
     """(log-gates g [..., C] with those whose decay exp(g) is not finite set to 0, and their
     poison [..., C], as _finite_rows). A gate of -inf, a hard reset, decays by 0 and stays."""

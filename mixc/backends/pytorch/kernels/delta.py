@@ -21,6 +21,7 @@ from mixc.backends.pytorch.kernels.common import (
     _chain,
     _finite_gates,
     _finite_rows,
+    _finite_rows_,
     _gate_grads,
     _guarded_spans,
     _masked,
@@ -78,7 +79,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
         # term is exactly zero) instead of differentiating through the recursion
         t_inv = t_inv - _bmm(t_inv, _bmm(a_strict - a_strict.detach(), t_inv))
     if guard:  # finite inputs can overflow in a later token's row, which T would carry back
-        k_scaled, poison_k = _finite_rows(k_scaled)
+        k_scaled, poison_k = _finite_rows_(k_scaled)
         scores = _poison_rows(scores, poison_k)
     w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
     u = _bmm(t_inv, v_c.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
@@ -107,7 +108,7 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
     if guard:
         # finite inputs can still overflow in a token's pseudo-value (U = T V, V_new = U - W S):
         # made finite, it poisons its output and those after it, as a non-finite input does
-        v_new, poison_new = _finite_rows(v_new)
+        v_new, poison_new = _finite_rows_(v_new)
         scores = _poison_rows(scores, poison_new)
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
     if kept is not None:

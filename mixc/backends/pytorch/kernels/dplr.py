@@ -25,6 +25,7 @@ from mixc.backends.pytorch.kernels.common import (
     _bmm,
     _chain,
     _finite_rows,
+    _finite_rows_,
     _guarded_spans,
     _needs_grad,
     _OwnBackward,
@@ -204,7 +205,7 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
     w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
     ak_v, poison = _bmm(pairs[..., 1, :, 0], v_c), None
     if guard:  # finite inputs can overflow in a later token's row, which T would carry back
-        ak_v, poison = _finite_rows(ak_v)
+        ak_v, poison = _finite_rows_(ak_v)
     u_own = _bmm(t_inv, ak_v)  # [N, B, NH, C, V]
     return scores, t_inv, rows, cols, w, u_own, chunk_decay, poison
 
@@ -286,7 +287,7 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
     if guard:
         # finite inputs can still overflow in a token's pseudo-value U: made finite, it poisons
         # its output and those after it, as a non-finite input does
-        values, poison_u = _finite_rows(values)
+        values, poison_u = _finite_rows_(values)
         poison = poison + poison_u.view(*poison.shape, 2).sum(-1)
     if kept is not None:
         kept.append([scores, t_inv, values, states_in])
