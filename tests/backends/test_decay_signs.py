@@ -149,3 +149,17 @@ def test_explain_and_check_say_what_the_module_does(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "# forms: recurrent, step; no chunk or parallel: H: the decay q_t . k_t can be" in out
     assert "# chunk and parallel check at run time that a (the decay a_t of H) has no neg" in out
+
+
+def test_the_check_holds_in_a_compiled_graph_too() -> None:
+    """torch.compile cannot branch on a tensor's values: there the check is an assertion in the
+    graph, so a negative decay is an error with the same message, never a silent NaN."""
+    update, name = next(iter(PASSED.values()))
+    spec = _spec(update)
+    module = mixc.load(spec)
+    torch._dynamo.reset()
+    compiled = torch.compile(module.chunk, fullgraph=True, backend="aot_eager")
+    good = _args(spec, positive=True)
+    torch.testing.assert_close(compiled(*good)[0], module.recurrent(*good)[0])
+    with pytest.raises(RuntimeError, match=rf"{name}: the decay .* has negative entries"):
+        compiled(*_args(spec))

@@ -354,15 +354,17 @@ def _check_decay_sign(x, name, decay, state):
     chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
     it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
     call; a decay written provably positive (sigmoid, exp) is never checked. Under
-    torch.compile, which cannot branch on a tensor's values, it is not checked."""
+    torch.compile, which cannot branch on a tensor's values, the check is an assertion in the
+    graph (a RuntimeError with the same message when the compiled call runs)."""
+    message = (
+        f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
+        "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
+        "make the decay provably positive in the spec (sigmoid(x), exp(x))"
+    )
     if torch.compiler.is_compiling():
-        return
-    if bool((x < 0).any()):
-        _fail(
-            f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
-            "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
-            "make the decay provably positive in the spec (sigmoid(x), exp(x))"
-        )
+        torch._assert_async(~(x < 0).any(), message)
+    elif bool((x < 0).any()):
+        _fail(message)
 
 
 # ---- kernels, one per transition class ---------------------------------------------------
