@@ -1,4 +1,4 @@
-"""Backends: a name, `supports(facts) -> reason | None` and `emit(facts) -> source`.
+"""Backends: a name, `supports(plan) -> reason | None` and `emit(plan) -> source`.
 
 Backends are imported lazily, so one that needs an optional package costs nothing until used.
 """
@@ -10,8 +10,8 @@ from types import ModuleType
 
 from mixc.errors import MixcError
 
-#: Backend name -> module path. Each module defines NAME, supports(facts) and emit(facts); one
-#: whose kernels differ by class also defines kernel_notes(facts), the lines `explain` prints.
+#: Backend name -> module path. Each module defines NAME, supports(plan) and emit(plan); one
+#: whose kernels differ by class also defines kernel_notes(plan), the lines `explain` prints.
 REGISTRY = {"pytorch": "mixc.backends.pytorch", "triton": "mixc.backends.triton"}
 
 

@@ -93,10 +93,10 @@ def _runtime_source() -> str:
     return "\n\n\n".join("\n".join(lines[n.lineno - 1 : n.end_lineno]) for n in helpers)
 
 
-def emit(facts: Plan) -> str:
+def emit(plan: Plan) -> str:
     """The generated module's source text (deterministic: same spec, same bytes), for a plan
     this backend `supports`."""
-    return _Module(facts).source()
+    return _Module(plan).source()
 
 
 class _Module:
@@ -105,11 +105,11 @@ class _Module:
     kernels = _torch_kernels
     imports: tuple[str, ...] = ("torch",)
 
-    def __init__(self, facts: Plan) -> None:
-        self.facts = facts
-        self.mixer = facts.mixer
-        self.spec = facts.spec
-        self.typer = facts.typer
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.mixer = plan.mixer
+        self.spec = plan.spec
+        self.typer = plan.typer
         self.inputs = [d.name for d in self.mixer.inputs]
         self.required = [p.name for p in self.mixer.params if p.default is None]
         self.defaulted = [p.name for p in self.mixer.params if p.default is not None]
@@ -120,8 +120,8 @@ class _Module:
         self.carried = self.states + [_local("prev", x) for x in self.lagged]
         self.output = self.mixer.outputs[0]
         self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target])
-        self.groups = facts.groups if facts.chunkable else ()
-        self.has_parallel = facts.forms.parallel is None
+        self.groups = plan.groups if plan.chunkable else ()
+        self.has_parallel = plan.forms.parallel is None
         # the points of common subexpressions (see Shared): recorded by the first run of the
         # mixer's functions, replayed with their locals by the second
         self._points: list[Shared] = []
@@ -247,16 +247,16 @@ class _Module:
         out(f'"""{_doc(title)} (compiled by mixc).', 0)
         out("", 0)
         out("Forms, all computing the same function:", 0)
-        if self.facts.chunkable:
+        if self.plan.chunkable:
             out("  chunk      chunked parallel form, for training and prefill", 0)
         if self.has_parallel:
             out("  parallel   quadratic masked form (attention-like), for short sequences", 0)
         out("  recurrent  token by token", 0)
         out("  step       one token, for decoding", 0)
-        for s in self.facts.states:
+        for s in self.plan.states:
             out(_doc(f"State {s.name}: {s.transition.cls} ({s.transition.rule_name})."), 0)
-        if not self.facts.chunkable:
-            for line in textwrap.wrap(f"No chunked form: {self.facts.reason}", 100):
+        if not self.plan.chunkable:
+            for line in textwrap.wrap(f"No chunked form: {self.plan.reason}", 100):
                 out(_doc(line), 0)
         out('"""', 0)
         out("", 0)
@@ -292,18 +292,18 @@ class _Module:
         out(f"PARAM_DEFAULTS = {defaults}", 0)
         out(f"STATES = {self.layout(self.mixer.carried)}", 0)
         out(f"OUTPUT = {string(self.output.target)}", 0)
-        forms = ", ".join(string(f) for f in self.facts.forms.names())
+        forms = ", ".join(string(f) for f in self.plan.forms.names())
         out(f"FORMS = ({forms},)  # the forms that compute (chunk raises NYI otherwise)", 0)
         classes = ", ".join(
-            f"{string(s.name)}: {string(s.transition.cls)}" for s in self.facts.states
+            f"{string(s.name)}: {string(s.transition.cls)}" for s in self.plan.states
         )
         out(f"CLASSES = {{{classes}}}", 0)
         actions = ", ".join(
             f"{string(s.name)}: {string(s.transition.kind.summary_action)}"
-            for s in self.facts.states
+            for s in self.plan.states
         )
         out(f"SUMMARY_ACTIONS = {{{actions}}}  # how summary()'s P acts: S_0 @ P or P * S_0", 0)
-        chunk = self.facts.chunk_size
+        chunk = self.plan.chunk_size
         for line in textwrap.wrap(f"chunk's default chunk size: {chunk.why}", 96):
             out.lines.append(comment(line))
         out(f"CHUNK_SIZE = {chunk.size}", 0)
@@ -347,7 +347,7 @@ class _Module:
     def emit_functions(self, wrapped: bool = True) -> Lines:
         functions = Lines(wrapped)
         self.emit_prepare(functions)
-        if self.facts.chunkable:
+        if self.plan.chunkable:
             self.emit_chunk(functions)
         else:
             self.emit_no_chunk(functions)
@@ -432,7 +432,7 @@ class _Module:
     def emit_sign_checks(self, out: Lines) -> None:
         """The chunked forms' run-time check of each decay the caller passes whose sign the spec
         cannot prove (`Plan.sign_checks`): none for a decay written provably positive."""
-        for c in self.facts.sign_checks:
+        for c in self.plan.sign_checks:
             decay = str(c.decay)
             out(
                 f"_check_decay_sign({c.name}, {string(c.name)}, {string(decay)}, {string(c.state)})"
@@ -516,7 +516,7 @@ class _Module:
         options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
         out(f"def chunk({self.signature(*options)}):", 0)
         out('"""No chunked form exists for this spec: use recurrent or step."""')
-        reason = self.facts.reason.replace("NYI: ", "")
+        reason = self.plan.reason.replace("NYI: ", "")
         out(f"_fail({string(f'NYI: no chunked form ({reason}). Use recurrent() or step().')})")
         out("", 0)
         out("", 0)
@@ -543,15 +543,15 @@ class _Module:
         if group.sub_tokens:
             return self.emit_sub_token_args(out, group, packed)
         e = self.seq_expr()
-        facts = [self.facts.state(s) for s in group.states]
+        state_facts = [self.plan.state(s) for s in group.states]
         name = group.name
-        key = self.tensor(facts[0].writes[0].key)
+        key = self.tensor(state_facts[0].writes[0].key)
         out(f"{_local('k', name)} = _seq_vector({key}, _sizes{packed})")
         values = []
-        if any(s.writes[0].value is None for s in facts):  # a vector state: a value of 1
+        if any(s.writes[0].value is None for s in state_facts):  # a vector state: a value of 1
             sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
             out(f"_ones = _torch.ones({sizes}, dtype=_dtype, device=_device)")
-        for s in facts:
+        for s in state_facts:
             w = s.writes[0]
             scale = None if stable else w.scale
             if w.value is None:
@@ -630,29 +630,29 @@ class _Module:
 
     def widths(self, group) -> list[str]:
         return [
-            ("1" if self.facts.state(s).vector else _size(self.facts.state(s).shape[0]))
+            ("1" if self.plan.state(s).vector else _size(self.plan.state(s).shape[0]))
             for s in group
         ]
 
     def emit_groups(self, out: Lines, parallel: bool) -> None:
         """One kernel call per (group, query), each readout into its variable `_r<index>`."""
         packed = "" if parallel else ", cu_seqlens"
-        for plan in self.groups:
-            group = plan.states
-            facts = [self.facts.state(s) for s in group]
-            name = plan.name
+        for group in self.groups:
+            states = group.states
+            state_facts = [self.plan.state(s) for s in states]
+            name = group.name
             k, v, initial = _local("k", name), _local("v", name), _local("S0", name)
-            stable = plan.log_scale is not None and not parallel
-            kernel = _parallel_kernel(plan) if parallel else _chunk_kernel(plan)
-            kernel = _stable_kernel(plan) if stable else kernel
-            out(comment(f"{' and '.join(group)}: {plan.transition.cls} -> {kernel}"))
-            kernel_args = self.emit_kernel_args(out, plan, packed, stable)
+            stable = group.log_scale is not None and not parallel
+            kernel = _parallel_kernel(group) if parallel else _chunk_kernel(group)
+            kernel = _stable_kernel(group) if stable else kernel
+            out(comment(f"{' and '.join(states)}: {group.transition.cls} -> {kernel}"))
+            kernel_args = self.emit_kernel_args(out, group, packed, stable)
             if not parallel:
-                s0 = [f"{s.name}.mT" if not s.vector else s.name for s in facts]
+                s0 = [f"{s.name}.mT" if not s.vector else s.name for s in state_facts]
                 s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
                 out(f"{initial} = {s0_text}")
-            queries = list(plan.queries) or ([] if parallel else [None])
-            widths = self.widths(group)
+            queries = list(group.queries) or ([] if parallel else [None])
+            widths = self.widths(states)
             for i, query in enumerate(queries):
                 q_text = (
                     f"_seq_vector({self.tensor(query.expr)}, _sizes{packed})"
@@ -660,7 +660,7 @@ class _Module:
                     else f"_torch.zeros_like({k})"
                 )
                 out(f"_q = {q_text}")
-                steps = len(plan.sub_tokens)
+                steps = len(group.sub_tokens)
                 if steps and query is not None:  # the query at each token's last sub-token
                     zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
                     out(f"_q = _sub_tokens([{zeros}, _q])")
@@ -678,7 +678,7 @@ class _Module:
                 if steps:
                     out(f"_o = _o[:, :, {steps - 1}::{steps}]  # each token's last sub-token")
                 if stable and i == 0:  # the rows' scale, exp(-m_t)
-                    unscale = plan.unscale.name
+                    unscale = group.unscale.name
                     out(f"{unscale} = _from_seq(_torch.exp(-_m)[..., None]{packed})")
                 if previous:
                     start = (
@@ -687,35 +687,35 @@ class _Module:
                         else f"_q[:, :, :1] @ {initial}"
                     )
                     out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
-                if len(group) == 1:
+                if len(states) == 1:
                     parts = ["_o"]
                 else:
-                    parts = [_local("o", s) for s in group]
+                    parts = [_local("o", s) for s in states]
                     out(f"{', '.join(parts)} = _o.split([{', '.join(widths)}], -1)")
                 for r in query.readouts if query is not None else ():
-                    read = Binary("." if self.facts.state(r.state).vector else "@", r.read, r.query)
-                    part = parts[group.index(r.state)]
+                    read = Binary("." if self.plan.state(r.state).vector else "@", r.read, r.query)
+                    part = parts[states.index(r.state)]
                     out(f"_r{r.index} = _from_seq({part}{packed}){_note(read)}")
                 if i == 0 and not parallel:
-                    self.emit_split_states(out, group, "_S")
+                    self.emit_split_states(out, states, "_S")
 
     def emit_split_states(self, out: Lines, group, source: str, role: str | None = None) -> None:
         """Kernel-layout [B, NH, K, width] -> each state of the group in its own layout, into
         the state's name (or with a `role`, its local `_local(role, name)`)."""
-        facts = [self.facts.state(s) for s in group]
+        state_facts = [self.plan.state(s) for s in group]
         names = [s if role is None else _local(role, s) for s in group]
         if len(group) == 1:
-            out(f"{names[0]} = {source}{'' if facts[0].vector else '.mT'}")
+            out(f"{names[0]} = {source}{'' if state_facts[0].vector else '.mT'}")
             return
         out(f"{', '.join(names)} = {source}.split([{', '.join(self.widths(group))}], -1)")
-        for s, name in zip(facts, names, strict=True):
+        for s, name in zip(state_facts, names, strict=True):
             if not s.vector:
                 out(f"{name} = {name}.mT")
 
     def emit_summary(self, out: Lines) -> None:
         out(f"def summary({self.signature('chunk_size=CHUNK_SIZE')}):", 0)
         self.docstring(out, "summary")
-        missing = self.facts.forms.summary
+        missing = self.plan.forms.summary
         if missing is not None:
             out(f"_fail({string(f'NYI: no transition summary ({missing.text})')})")
             out("", 0)
@@ -768,7 +768,7 @@ class _Module:
         self.emit_split_states(out, group, "_F0")
         for s in group:
             transitions[s] = "_P.mT"
-            finals[s] = s if not self.facts.state(s).vector else f"{s}.squeeze(-1)"
+            finals[s] = s if not self.plan.state(s).vector else f"{s}.squeeze(-1)"
 
     def emit_elementwise_summary(self, out: Lines, plan: GroupPlan, transitions, finals) -> None:
         """A group that acts on its state entry by entry, as G ⊙ S_0 + F: F from a zero state,
@@ -789,7 +789,7 @@ class _Module:
         self.emit_split_states(out, group, "_G", role="G")
         for s in group:
             # a vector state (a row or a column) in its own layout [B, NH, K]
-            vector = self.facts.state(s).shape[1] == "1"
+            vector = self.plan.state(s).shape[1] == "1"
             transitions[s] = _local("G", s) + ("" if not vector else ".squeeze(-1)")
             finals[s] = s if not vector else f"{s}.squeeze(-1)"
 
@@ -797,7 +797,7 @@ class _Module:
         """The output from its readouts (`scaled`: from the chunked form's readouts, scaled
         where a group carries its write scale in log space); returns the variable that holds
         it."""
-        o = self.facts.outputs[0]
+        o = self.plan.outputs[0]
         expr = o.scaled if scaled and o.scaled is not None else o.expr
         if isinstance(expr, Name):
             return expr.name
@@ -825,11 +825,11 @@ class _Module:
             out(f"{names} = {slices}", 2)
         with self.point(out, 2):
             e = self.step_expr()
-            for name in self.facts.order:
+            for name in self.plan.order:
                 if name not in self.states:
                     continue
                 eq = self.mixer.update(name)
-                state = self.facts.state(name)
+                state = self.plan.state(name)
                 if state.terms is None:  # not affine: the update as written
                     text = e(inline(self.mixer, eq.value))
                 else:
@@ -848,7 +848,7 @@ class _Module:
         """A decaying update as `exp(log-gate) * state + writes`: the decay comes from its
         log-gate, as in the chunked form, so a decay near 1 (sigmoid(10), 1 - sigmoid(-10))
         keeps accurate gradients. None for other classes (emitted from the expanded terms)."""
-        s = self.facts.state(name)
+        s = self.plan.state(name)
         tr = s.transition
         if not tr.kind.step_decays(tr) or tr.gate is not None or not s.writes:
             return None
@@ -863,7 +863,7 @@ class _Module:
                 decayed = f"{decayed} * ({factor}).mT" if plain else f"{decayed} * {factor}.mT"
             else:  # value side, or the only axis of a vector state
                 decayed = f"{factor} * {decayed}"
-        ex = self.facts.expander
+        ex = self.plan.expander
         writes = [
             t for t in s.terms if not any(ex.has_state(a) for a in t.chain + t.scalars + t.gates)
         ]

@@ -52,9 +52,9 @@ def kernel_notes(plan: Plan) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def emit(facts: Plan) -> str:
+def emit(plan: Plan) -> str:
     """The generated module's source text (deterministic), for a plan this backend `supports`."""
-    return _Module(facts).source()
+    return _Module(plan).source()
 
 
 class _Module(_torch_emitter._Module):
