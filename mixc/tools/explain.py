@@ -42,7 +42,7 @@ from mixc.tools.report import (
 __all__ = ["explain", "parallel_form"]
 
 
-# ----------------------------------------------------------------------------- facts -> model
+# ----------------------------------------------------------------------------- plan -> model
 
 
 def _location(span: Span | None) -> Location | None:
@@ -57,16 +57,16 @@ def _text(e: Expr | None) -> str | None:
     return None if e is None else str(e)
 
 
-def _roles(facts: Plan) -> dict[str, list[str]]:
+def _roles(plan: Plan) -> dict[str, list[str]]:
     """Each name's roles, as "key of H" (`mixc.analysis.roles.read_roles`)."""
     roles: dict[str, list[str]] = {}
-    for (name, _), found in read_roles(facts).items():
+    for (name, _), found in read_roles(plan).items():
         roles.setdefault(name, []).extend(str(r) for r in found if r.role != "read")
     return roles
 
 
-def _readout_text(facts: Plan, r: Readout) -> str:
-    op = "." if facts.state(r.state).vector else "@"
+def _readout_text(plan: Plan, r: Readout) -> str:
+    op = "." if plan.state(r.state).vector else "@"
     return str(Binary(op, r.read, r.query))
 
 
@@ -123,9 +123,9 @@ def _cost_info(c: Costs, sizes: dict[str, int]) -> CostInfo:
     )
 
 
-def _state_info(s: StateFacts, facts: Plan) -> StateInfo:
+def _state_info(s: StateFacts, plan: Plan) -> StateInfo:
     tr = s.transition
-    eq = facts.mixer.update(s.name)
+    eq = plan.mixer.update(s.name)
     rule, _, what = tr.rule.partition(":")
     return StateInfo(
         name=s.name,
@@ -159,8 +159,8 @@ def _state_info(s: StateFacts, facts: Plan) -> StateInfo:
     )
 
 
-def _input_infos(facts: Plan) -> list[InputInfo]:
-    roles = _roles(facts)
+def _input_infos(plan: Plan) -> list[InputInfo]:
+    roles = _roles(plan)
     return [
         InputInfo(
             name=d.name,
@@ -169,11 +169,11 @@ def _input_infos(facts: Plan) -> list[InputInfo]:
             layout="[B, T, NH" + "".join(f", {x}" for x in d.shape) + "]",
             roles=roles.get(d.name, []),
         )
-        for d in facts.mixer.inputs
+        for d in plan.mixer.inputs
     ]
 
 
-def _param_infos(facts: Plan) -> list[ParamInfo]:
+def _param_infos(plan: Plan) -> list[ParamInfo]:
     return [
         ParamInfo(
             name=p.name,
@@ -181,31 +181,31 @@ def _param_infos(facts: Plan) -> list[ParamInfo]:
             default=_text(p.default),
             layout="[NH" + "".join(f", {x}" for x in p.shape) + "]",
         )
-        for p in facts.mixer.params
+        for p in plan.mixer.params
     ]
 
 
-def _value_infos(facts: Plan) -> list[ValueInfo]:
+def _value_infos(plan: Plan) -> list[ValueInfo]:
     """Every equation that is not a state update: derived values and outputs."""
-    states = {s.name for s in facts.mixer.states}
-    outputs = {o.name for o in facts.outputs}
+    states = {s.name for s in plan.mixer.states}
+    outputs = {o.name for o in plan.outputs}
     return [
         ValueInfo(
             name=eq.target,
-            shape=_dims(facts.spec.shapes[eq.target]),
+            shape=_dims(plan.spec.shapes[eq.target]),
             expr=str(eq.value),
             is_output=eq.target in outputs,
         )
-        for eq in facts.mixer.equations
+        for eq in plan.mixer.equations
         if eq.target not in states
     ]
 
 
-def _output_info(facts: Plan, o: OutputFacts) -> OutputInfo:
+def _output_info(plan: Plan, o: OutputFacts) -> OutputInfo:
     return OutputInfo(
         name=o.name,
         shape=_dims(o.shape),
-        equation=str(facts.mixer.update(o.name)),
+        equation=str(plan.mixer.update(o.name)),
         form=o.form,
         expr=str(o.expr),
         readouts=[
@@ -213,7 +213,7 @@ def _output_info(facts: Plan, o: OutputFacts) -> OutputInfo:
                 index=r.index,
                 state=r.state,
                 query=str(r.query),
-                expr=_readout_text(facts, r),
+                expr=_readout_text(plan, r),
             )
             for r in o.readouts
         ],
@@ -221,11 +221,11 @@ def _output_info(facts: Plan, o: OutputFacts) -> OutputInfo:
     )
 
 
-def _why(facts: Plan) -> list[str]:
+def _why(plan: Plan) -> list[str]:
     """One line per state: its class, the rule that fired, and the algorithm it gets."""
     why = []
-    algorithms = {s: g.algorithm for g in facts.groups for s in g.states}
-    for s in facts.states:
+    algorithms = {s: g.algorithm for g in plan.groups for s in g.states}
+    for s in plan.states:
         tr = s.transition
         line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
         line += (
@@ -236,16 +236,16 @@ def _why(facts: Plan) -> list[str]:
         if tr.steps and tr.chunkable:
             line += f", {len(tr.steps)} sub-tokens a token (one per step)"
         why.append(line)
-    for g in facts.groups if facts.chunkable else ():
+    for g in plan.groups if plan.chunkable else ():
         if g.log_scale is not None:
-            why.append(_stabiliser(facts, g))
+            why.append(_stabiliser(plan, g))
     return why
 
 
-def _stabiliser(facts: Plan, g: GroupPlan) -> str:
+def _stabiliser(plan: Plan, g: GroupPlan) -> str:
     """What the chunked form does with a write scale exp(s_t) it carries in log space."""
     states = ", ".join(g.states)
-    outputs = "; ".join(f"{o.name} = {o.scaled}" for o in facts.outputs if o.scaled is not None)
+    outputs = "; ".join(f"{o.name} = {o.scaled}" for o in plan.outputs if o.scaled is not None)
     return (
         f"{states}: the write scale exp({g.log_scale}) is carried in log space (xLSTM's "
         f"max-stabiliser, kernel {g.kind.stable_kernel}): each output row t is computed scaled "
@@ -258,18 +258,18 @@ def _stabiliser(facts: Plan, g: GroupPlan) -> str:
     )
 
 
-def _not_supported(facts: Plan) -> list[str]:
-    reasons = [f"{s.name}: {s.transition.reason}" for s in facts.states if s.transition.reason]
-    sign = facts.forms.chunk
+def _not_supported(plan: Plan) -> list[str]:
+    reasons = [f"{s.name}: {s.transition.reason}" for s in plan.states if s.transition.reason]
+    sign = plan.forms.chunk
     return reasons + ([sign.text] if sign is not None and sign.kind == "sign" else [])
 
 
-def _form_infos(facts: Plan) -> list[FormInfo]:
+def _form_infos(plan: Plan) -> list[FormInfo]:
     """Each form of the compiled module, with the plan's reason where it is missing."""
-    forms = facts.forms
+    forms = plan.forms
     missing = {"chunk": forms.chunk, "parallel": forms.parallel, "summary": forms.summary}
     missing |= {"recurrent": None, "step": forms.step}
-    signs = "; ".join(c.describe() for c in facts.sign_checks)
+    signs = "; ".join(c.describe() for c in plan.sign_checks)
     checks = (
         f"that {signs} has no negative entry (they take the log of the decay; recurrent and "
         "step need not)"
@@ -290,39 +290,39 @@ def _form_infos(facts: Plan) -> list[FormInfo]:
 def explain(
     spec: Spec,
     sizes: dict[str, int] | None = None,
-    facts: Plan | None = None,
+    plan: Plan | None = None,
     backend: str = "pytorch",
 ) -> Explanation:
     """The report of one verified spec. `sizes` (e.g. {"K": 64, "T": 4096, "C": 64}) fill in the
     cost formulas; `backend` says which kernels the notes describe."""
     from mixc.backends import get as get_backend
 
-    facts = facts or analyze(spec)
+    plan = plan or analyze(spec)
     sizes = dict(sizes or {})
-    mixer = facts.mixer
-    groups = [_group_info(facts, g) for g in facts.groups]
+    mixer = plan.mixer
+    groups = [_group_info(plan, g) for g in plan.groups]
     return Explanation(
         mixer=mixer.name,
         description=mixer.description,
-        source=facts.spec.source.filename,
-        inputs=_input_infos(facts),
-        params=_param_infos(facts),
-        values=_value_infos(facts),
-        states=[_state_info(s, facts) for s in facts.states],
-        outputs=[_output_info(facts, o) for o in facts.outputs],
-        order=list(facts.order),
+        source=plan.spec.source.filename,
+        inputs=_input_infos(plan),
+        params=_param_infos(plan),
+        values=_value_infos(plan),
+        states=[_state_info(s, plan) for s in plan.states],
+        outputs=[_output_info(plan, o) for o in plan.outputs],
+        order=list(plan.order),
         groups=groups,
-        chunkable=facts.chunkable,
-        forms=_form_infos(facts),
-        algorithm=facts.algorithm,
-        why=_why(facts),
+        chunkable=plan.chunkable,
+        forms=_form_infos(plan),
+        algorithm=plan.algorithm,
+        why=_why(plan),
         chunk_size=(
-            ChunkSizeInfo(size=facts.chunk_size.size, why=facts.chunk_size.why)
-            if facts.chunkable
+            ChunkSizeInfo(size=plan.chunk_size.size, why=plan.chunk_size.why)
+            if plan.chunkable
             else None
         ),
-        not_supported=_not_supported(facts),
-        parallel_form=parallel_form(facts, groups),
+        not_supported=_not_supported(plan),
+        parallel_form=parallel_form(plan, groups),
         warnings=[
             WarningInfo(
                 message=w.message,
@@ -330,11 +330,11 @@ def explain(
                 location=_location(w.span),
                 rendered=w.render(),
             )
-            for w in facts.warnings
+            for w in plan.warnings
         ],
-        costs=_cost_info(costs(facts), sizes),
+        costs=_cost_info(costs(plan), sizes),
         backend=backend,
-        backend_notes=list(getattr(get_backend(backend), "kernel_notes", lambda _: ())(facts)),
+        backend_notes=list(getattr(get_backend(backend), "kernel_notes", lambda _: ())(plan)),
     )
 
 
@@ -361,24 +361,24 @@ def _sequential_group(lead: StateFacts, group: tuple[str, ...]) -> GroupInfo:
     )
 
 
-def _sub_token_line(plan: GroupPlan) -> str:
+def _sub_token_line(group: GroupPlan) -> str:
     """How a group that applies several steps a token runs them: as sub-tokens."""
-    n = len(plan.sub_tokens)
+    n = len(group.sub_tokens)
     return (
         f"{n} sub-tokens a token (the sequence of T tokens is {n} T sub-tokens of the "
-        f"{plan.kernel} kernel): sub-token {n} t + i - 1 is step i of token t, a decay only "
+        f"{group.kernel} kernel): sub-token {n} t + i - 1 is step i of token t, a decay only "
         f"where its step has one, Q rows zero but at each token's last sub-token, where Y is read"
     )
 
 
-def _rows_legend(facts: Plan, plan: GroupPlan) -> list[str]:
+def _rows_legend(plan: Plan, group: GroupPlan) -> list[str]:
     """What the rows of Q, K and V are in the spec's names (values concatenated over a group)."""
-    if plan.sub_tokens:
-        return _sub_token_legend(plan)
-    group = plan.states
-    states = [facts.state(n) for n in group]
+    if group.sub_tokens:
+        return _sub_token_legend(group)
+    names = group.states
+    states = [plan.state(n) for n in names]
     tr = states[0].transition
-    queries = [str(q.expr) for q in plan.queries]
+    queries = [str(q.expr) for q in group.queries]
     values = []
     for s in states:
         sw = s.writes[0]
@@ -393,17 +393,17 @@ def _rows_legend(facts: Plan, plan: GroupPlan) -> list[str]:
         f"K rows = {states[0].writes[0].key}",
         f"V rows = {value}",
     ]
-    if len(group) > 1:
-        legend.append(f"one pass for {', '.join(group)} (values concatenated)")
+    if len(names) > 1:
+        legend.append(f"one pass for {', '.join(names)} (values concatenated)")
     return legend
 
 
-def _sub_token_legend(plan: GroupPlan) -> list[str]:
+def _sub_token_legend(group: GroupPlan) -> list[str]:
     """The rows of Q, K, V and the kernel's arguments for each step (sub-token) of a token."""
     legend = [
-        f"Q rows = {' | '.join(str(q.expr) for q in plan.queries) or '(unread)'} (last sub-token)"
+        f"Q rows = {' | '.join(str(q.expr) for q in group.queries) or '(unread)'} (last sub-token)"
     ]
-    for i, sub in enumerate(plan.sub_tokens, 1):
+    for i, sub in enumerate(group.sub_tokens, 1):
         w = sub.write
         scale = (
             "" if w.scale is None else (f"({w.scale}) " if " " in str(w.scale) else f"{w.scale} ")
@@ -413,44 +413,44 @@ def _sub_token_legend(plan: GroupPlan) -> list[str]:
     return legend
 
 
-def _group_info(facts: Plan, plan: GroupPlan) -> GroupInfo:
+def _group_info(plan: Plan, group: GroupPlan) -> GroupInfo:
     """A group of states that share one chunked pass: its legend and its class's maths."""
-    group = plan.states
-    lead = facts.state(group[0])
+    names = group.states
+    lead = plan.state(names[0])
     tr = lead.transition
     if not tr.chunkable:
-        return _sequential_group(lead, group)
+        return _sequential_group(lead, names)
     maths = tr.kind.maths(tr)
     form = list(maths.form)
     if tr.steps:  # the same kernel over sub-tokens: the maths of a step, the rows interleaved
         maths = tr.kind.maths(tr.lead_step)
-        form = [_sub_token_line(plan), *maths.form]
-    if len(group) == 1:
+        form = [_sub_token_line(group), *maths.form]
+    if len(names) == 1:
         state = lead.name
         form.append(f"S = {state}^T" if not lead.vector else f"S = {state} (a single value column)")
     return GroupInfo(
-        states=list(group),
+        states=list(names),
         transition_class=tr.cls,
-        algorithm=plan.algorithm,
-        legend=",  ".join([*_rows_legend(facts, plan), *(() if tr.steps else maths.legend)]),
+        algorithm=group.algorithm,
+        legend=",  ".join([*_rows_legend(plan, group), *(() if tr.steps else maths.legend)]),
         parallel_form=form,
         quadratic_form=maths.quadratic,
     )
 
 
-def parallel_form(facts: Plan, groups: list[GroupInfo] | None = None) -> list[str]:
+def parallel_form(plan: Plan, groups: list[GroupInfo] | None = None) -> list[str]:
     """The derived parallel form of the whole mixer, as lines of math in the spec's own names."""
-    groups = groups if groups is not None else [_group_info(facts, g) for g in facts.groups]
+    groups = groups if groups is not None else [_group_info(plan, g) for g in plan.groups]
     lines: list[str] = []
-    if not facts.chunkable:
-        lines.append(f"sequential only: {facts.reason}")
+    if not plan.chunkable:
+        lines.append(f"sequential only: {plan.reason}")
     for g in groups:
         tag = ", ".join(g.states)
         lines.append(f"[{tag}] {g.legend}")
         lines += [f"    {line}" for line in g.parallel_form]
-    for o in facts.outputs:
-        if not facts.chunkable:
-            lines.append(f"{facts.mixer.update(o.name)}   (read token by token)")
+    for o in plan.outputs:
+        if not plan.chunkable:
+            lines.append(f"{plan.mixer.update(o.name)}   (read token by token)")
             continue
         expr = str(o.expr)
         for r in sorted(o.readouts, key=lambda r: -r.index):  # _r10 before _r1

@@ -74,12 +74,12 @@ def _matplotlib():
     return matplotlib, Figure
 
 
-def edge_roles(facts: Plan) -> dict[tuple[str, str], tuple[str, ...]]:
+def edge_roles(plan: Plan) -> dict[tuple[str, str], tuple[str, ...]]:
     """The roles of each edge's read (`mixc.analysis.roles.read_roles`), as its label says
     them: "key" for a role for the edge's end, "query of H, z" for roles for other nodes."""
     out = {}
-    for edge, roles in read_roles(facts).items():
-        if facts.graph.has_edge(*edge):
+    for edge, roles in read_roles(plan).items():
+        if plan.graph.has_edge(*edge):
             of: dict[str, list[str]] = {}
             for r in roles:
                 of.setdefault(r.role, []).append(r.of)
@@ -103,18 +103,18 @@ def _positions(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def draw(facts: Plan, fmt: str) -> bytes:
-    """The dependency graph of `facts` as PNG or SVG bytes (deterministic for SVG)."""
-    _check_drawable(facts)
+def draw(plan: Plan, fmt: str) -> bytes:
+    """The dependency graph of `plan` as PNG or SVG bytes (deterministic for SVG)."""
+    _check_drawable(plan)
     matplotlib, Figure = _matplotlib()
-    g = facts.graph
+    g = plan.graph
     pos = _positions(g)
-    roles = edge_roles(facts)
+    roles = edge_roles(plan)
     with matplotlib.rc_context({"svg.hashsalt": "mixc", "svg.fonttype": "none"}):
         fig = Figure(figsize=_figure_size(pos))
         ax = fig.add_subplot()
         ax.set_axis_off()
-        _fit(ax, facts, pos)  # first: the edge labels are placed in display coordinates
+        _fit(ax, plan, pos)  # first: the edge labels are placed in display coordinates
         for a, b, data in g.edges(data=True):
             if a == b:
                 _draw_loop(ax, pos[a])
@@ -132,7 +132,7 @@ def draw(facts: Plan, fmt: str) -> bytes:
                     _clip(label, LABEL_WIDTH),
                     LAG_COLOUR if lag else SAME_COLOUR,
                 )
-        _draw_nodes(ax, facts, pos)
+        _draw_nodes(ax, plan, pos)
         _draw_legend(ax, g)
         buf = io.BytesIO()
         meta = {"Date": None} if fmt == "svg" else {}
@@ -214,10 +214,10 @@ def _draw_edge_label(ax, start, end, bend: float, label: str, colour: str) -> No
     )
 
 
-def _draw_nodes(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
+def _draw_nodes(ax, plan: Plan, pos: dict[str, tuple[float, float]]) -> None:
     """Each kind's nodes in its shape and colour (states larger, with a thicker edge), each
     labelled with its name and, below it, its shape."""
-    g = facts.graph
+    g = plan.graph
     for kind, (_, marker, face, _label) in STYLES.items():
         nodes = [n for n, d in g.nodes(data=True) if d["kind"] == kind]
         if not nodes:
@@ -234,7 +234,7 @@ def _draw_nodes(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
         )
         for n in nodes:
             x, y = pos[n]
-            shape = _clip(_shape_text(facts, n), NAME_WIDTH)  # inside the node, under its name
+            shape = _clip(_shape_text(plan, n), NAME_WIDTH)  # inside the node, under its name
             ax.text(
                 x,
                 y,
@@ -278,13 +278,13 @@ def _draw_legend(ax, g: nx.DiGraph) -> None:
     )
 
 
-def _fit(ax, facts: Plan, pos: dict[str, tuple[float, float]]) -> None:
+def _fit(ax, plan: Plan, pos: dict[str, tuple[float, float]]) -> None:
     """Limits with room for the loops and labels around the nodes, and the mixer as title."""
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
     ax.set_ylim(min(ys) - 0.8, max(ys) + 1.0)
-    title = facts.mixer.name + (f": {facts.mixer.description}" if facts.mixer.description else "")
+    title = plan.mixer.name + (f": {plan.mixer.description}" if plan.mixer.description else "")
     ax.set_title(_clip(title, TITLE_WIDTH), fontsize=11)
 
 
@@ -293,39 +293,39 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _shape_text(facts: Plan, name: str) -> str:
-    m = facts.mixer
+def _shape_text(plan: Plan, name: str) -> str:
+    m = plan.mixer
     for decl in (*m.inputs, *m.params, *m.states):
         if decl.name == name:
             return "[" + ", ".join(decl.shape) + "]" if decl.shape else ""
-    shape = facts.spec.shapes.get(name)
+    shape = plan.spec.shapes.get(name)
     if shape is None or shape == ("1", "1"):
         return ""
     return "[" + ", ".join(d for d in shape if d != "1") + "]"
 
 
-def _check_drawable(facts: Plan) -> None:
+def _check_drawable(plan: Plan) -> None:
     """Refuses a graph with more than MAX_NODES nodes or MAX_EDGES edges, in one line."""
-    g = facts.graph
+    g = plan.graph
     for what, count, most in (
         ("nodes", g.number_of_nodes(), MAX_NODES),
         ("edges", g.number_of_edges(), MAX_EDGES),
     ):
         if count > most:
             raise MixcError(
-                f"{facts.spec.source.filename}: the dependency graph has {count:,} {what}, too "
+                f"{plan.spec.source.filename}: the dependency graph has {count:,} {what}, too "
                 f"many to draw (at most {most}); `mixc explain` describes the spec in text"
             )
 
 
-def write_graph(facts: Plan, path: str | os.PathLike) -> None:
+def write_graph(plan: Plan, path: str | os.PathLike) -> None:
     """Draw the graph into `path` (.png or .svg), atomically: never a partial file, and never
     over the spec it draws (`write_atomically`, whose refusals come before the drawing)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise MixcError(f"{path}: unknown picture format {suffix or '(none)'}; use .png or .svg")
-    _check_drawable(facts)
-    keep = [facts.spec.source.filename]
+    _check_drawable(plan)
+    keep = [plan.spec.source.filename]
     output_file(path, keep)
-    write_atomically(path, draw(facts, suffix[1:]), keep)
+    write_atomically(path, draw(plan, suffix[1:]), keep)
