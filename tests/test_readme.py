@@ -69,3 +69,12 @@ def test_readme_generated_code_excerpt_is_what_mixc_compile_writes() -> None:
             continue
         assert line in module_lines[position:], f"README excerpt line not in the module: {line!r}"
         position = module_lines.index(line, position) + 1
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    """What a new user is told to run is what CI runs: the block after "Run the tests:" is a
+    line of .ci/run, as written."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = readme.split("\nRun the tests:\n", 1)[1]
+    (command,) = BLOCK.findall(after)[0][1].strip().splitlines()
+    assert command in (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
