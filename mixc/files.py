@@ -9,7 +9,7 @@ import stat
 
 from mixc.errors import MixcError
 
-__all__ = ["kind", "read_regular"]
+__all__ = ["kind", "read_regular", "require_regular"]
 
 
 def kind(mode: int) -> str:
@@ -24,14 +24,21 @@ def kind(mode: int) -> str:
     return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
+def require_regular(path: str | os.PathLike, what: str) -> None:
+    """Refuse anything at `path` but a regular file (a link to one is followed), `what` naming
+    the file the caller expected ("module file"). OSError (none there) and ValueError (a NUL
+    in the path) are the caller's to word."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        _refuse(path, mode, what)
+
+
 def read_regular(path: str | os.PathLike, limit: int, what: str) -> bytes:
     """At most `limit` bytes of the regular file at `path` (a link to one is followed). Anything
     else, `what` naming the file the caller expected ("spec file"), is refused before a byte
     is read: its kind is checked before it is opened, and again on the open descriptor, which
     is opened without blocking (a pipe replaced for the file in between cannot hang)."""
-    mode = os.stat(path).st_mode  # OSError, ValueError (a NUL): the caller's to word
-    if not stat.S_ISREG(mode):
-        _refuse(path, mode, what)
+    require_regular(path, what)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     try:

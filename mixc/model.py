@@ -103,7 +103,7 @@ class LanguageModel(nn.Module):
         per_block = (2 * mlp_ratio + 4) * hidden_size**2  # an MLP and at most attention's 4
         option = "vocab_size" if embed >= len(pattern) * per_block else "hidden_size"
         value = vocab_size if option == "vocab_size" else hidden_size
-        size = torch.tensor([], dtype=torch.get_default_dtype()).element_size()
+        size = torch.get_default_dtype().itemsize
         total = (embed + len(pattern) * per_block) * size
         check_bytes(option, value, total, "the model's embedding and blocks")
         self.pattern = list(pattern)

@@ -418,7 +418,7 @@ class MixerLayer(nn.Module):
             params["sizes"] = params.pop("hidden_size")
         option = max(params, key=params.get)
         value = {"hidden_size": hidden, "conv_size": conv_size, "sizes": self.sizes}[option]
-        size = torch.tensor([], dtype=torch.get_default_dtype()).element_size()
+        size = torch.get_default_dtype().itemsize
         check_bytes(option, value, (linear + conv) * size, "the layer's parameters")
 
     def _sizes_per_head(self, given: Mapping[str, int]) -> dict[str, int]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import stat
 import time
 import types
 from collections.abc import Callable
@@ -50,7 +49,7 @@ from torch import Tensor
 from mixc.check.ranges import InputRanges, input_ranges
 from mixc.check.sampling import Case, Example, examples, make_case
 from mixc.errors import MixcError
-from mixc.files import kind as file_kind
+from mixc.files import require_regular
 from mixc.frontend.spec import Spec, load_spec
 from mixc.oracle.interpret import interpret
 
@@ -517,16 +516,14 @@ class Invalid(Exception):  # noqa: N818 - the example is outside what the spec c
 def load_module(path: str | os.PathLike) -> types.ModuleType:
     """Import a module file by path (a compiled module, or any file with the same contract)."""
     path = Path(path)
-    try:
-        mode = path.stat().st_mode
+    try:  # a directory, a device, a pipe (which would block the import) is refused
+        require_regular(path, "module file")
     except FileNotFoundError:
         raise MixcError(f"{path}: no such module file") from None
     except OSError as exc:
         raise MixcError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except ValueError:  # a NUL in the path
         raise MixcError(f"{str(path)!r}: not a module file name") from None
-    if not stat.S_ISREG(mode):  # a directory, a device, a pipe (which would block the import)
-        raise MixcError(f"{path}: is {file_kind(mode)}, not a module file")
     name = f"mixc_fuzz_target_{abs(hash(str(path.resolve()))) & 0xFFFFFFFF:08x}"
     loader_spec = importlib.util.spec_from_file_location(name, path)
     if loader_spec is None or loader_spec.loader is None:

@@ -3,7 +3,7 @@ and what the form returns, as the documentation of a public op gives them.
 
 Shapes are written with the spec's size symbols and the axes every form adds: B (batch), T
 (tokens; not in `step`), NH (heads). Text from the spec (names, a default's expression) is
-escaped by `_doc`, so it cannot end the docstring.
+escaped by `doc_line`, so it cannot end the docstring.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from mixc.backends.pytorch.lines import string
+from mixc.backends.pytorch.lines import doc_line
 from mixc.frontend.ir import Decl, Mixer
 from mixc.frontend.shapes import SCALAR, Shape
 
@@ -41,11 +41,6 @@ _SUMMARY = (
     "by entry: P has its shape, the final state is P * initial + F, and (P1, F1) then (P2, F2) "
     "is (P1 * P2, F1 * P2 + F2)."
 )
-
-
-def _doc(text: str) -> str:
-    """`text` for a line of a docstring: escaped as in a string literal."""
-    return string(text)[1:-1]
 
 
 def _shape(lead: Sequence[str], dims: Sequence[str]) -> str:
@@ -94,7 +89,7 @@ class FormDocs:
     def lines(self, form: str) -> list[str]:
         """The docstring of `form` ("chunk", "parallel", "recurrent", "step", "summary"), each
         line escaped for a string literal."""
-        return [_doc(line) for line in self._lines(form)]
+        return [doc_line(line) for line in self._lines(form)]
 
     def _lines(self, form: str) -> list[str]:
         sequence = form != "step"

@@ -32,7 +32,7 @@ from mixc.algebra.expand import inline
 from mixc.analysis.plan import GroupPlan, Plan
 from mixc.backends.pytorch import kernels as _torch_kernels
 from mixc.backends.pytorch.docstrings import FormDocs
-from mixc.backends.pytorch.lines import Lines, comment, string
+from mixc.backends.pytorch.lines import Lines, comment, doc_line, string
 from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Timed, walk
 from mixc.frontend.shapes import SCALAR
@@ -244,7 +244,7 @@ class _Module:
         for line in text.rstrip("\n").split("\n"):  # the lexer's lines: a \r shows as such
             out(comment(f"  {line.removesuffix(chr(13))}").rstrip(), 0)
         title = self.mixer.description or self.mixer.name
-        out(f'"""{_doc(title)} (compiled by mixc).', 0)
+        out(f'"""{doc_line(title)} (compiled by mixc).', 0)
         out("", 0)
         out("Forms, all computing the same function:", 0)
         if self.plan.chunkable:
@@ -254,10 +254,10 @@ class _Module:
         out("  recurrent  token by token", 0)
         out("  step       one token, for decoding", 0)
         for s in self.plan.states:
-            out(_doc(f"State {s.name}: {s.transition.cls} ({s.transition.rule_name})."), 0)
+            out(doc_line(f"State {s.name}: {s.transition.cls} ({s.transition.rule_name})."), 0)
         if not self.plan.chunkable:
             for line in textwrap.wrap(f"No chunked form: {self.plan.reason}", 100):
-                out(_doc(line), 0)
+                out(doc_line(line), 0)
         out('"""', 0)
         out("", 0)
 
@@ -1050,12 +1050,6 @@ def _fresh(base: str, taken: set[str]) -> str:
 
 def _size(symbol: str) -> str:
     return symbol if symbol.isdigit() else f"_sizes[{string(symbol)}]"
-
-
-def _doc(text: str) -> str:
-    """`text` for a line of a docstring: escaped as in a string literal, so that no quote,
-    backslash or line break in it ends the docstring or the line."""
-    return string(text)[1:-1]
 
 
 def _note(what: object) -> str:

@@ -62,6 +62,12 @@ def string(text: str) -> str:
     return f'"{body}"'
 
 
+def doc_line(text: str) -> str:
+    """`text` for a line of a docstring: escaped as in a string literal (`string`), so that no
+    quote, backslash or line break in it ends the docstring or the line."""
+    return string(text)[1:-1]
+
+
 def comment(text: str) -> str:
     """`# text` as a comment that ends where its line does: every character that is not
     printable but a tab is shown as its escape (a carriage return reads `\\r`)."""
