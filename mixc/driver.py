@@ -18,6 +18,7 @@ from mixc.backends import get as get_backend
 from mixc.errors import MixcError, NotYetImplemented, SpecError
 from mixc.files import kind as _kind
 from mixc.frontend.spec import Spec, load_spec, source_of
+from mixc.lowering import lower
 
 #: How many modules `load` keeps (least recently used first out). A cached module is
 #: registered in sys.modules (torch.compile looks its functions' module up by name) and its
@@ -35,7 +36,7 @@ def plan(spec=None, backend: str = "pytorch", *, text: str | None = None) -> Pla
     the same specs."""
     loaded = spec if isinstance(spec, Spec) else load_spec(spec, text=text)
     result = analyze(loaded)
-    reason = get_backend(backend).supports(result)
+    reason = get_backend(backend).supports(lower(result))
     if reason is not None:
         outputs = loaded.mixer.outputs
         where = outputs[-1].span if outputs else None
@@ -47,7 +48,7 @@ def compile_source(spec=None, backend: str = "pytorch", *, text: str | None = No
     """A spec (as `plan` takes it) -> the generated module's source."""
     result = plan(spec, backend, text=text)
     try:
-        return get_backend(backend).emit(result)
+        return get_backend(backend).render(lower(result))
     except SpecError as exc:
         raise exc.located(result.spec.source) from None
 

@@ -1,21 +1,22 @@
-"""Backends: a name, `supports(plan) -> reason | None` and `emit(plan) -> source`.
+"""Backends: objects of type `Backend` (mixc.backends.base), each rendering a lowered program.
 
-Backends are imported lazily, so one that needs an optional package costs nothing until used.
+`BACKENDS` names every backend; `get(name)` is the one `--backend name` asks for. Neither
+backend imports torch or triton to render: their kernels are read as text.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
+from mixc.backends.base import Backend
+from mixc.backends.pytorch import BACKEND as PYTORCH
+from mixc.backends.triton import BACKEND as TRITON
 from mixc.errors import MixcError
 
-#: Backend name -> module path. Each module defines NAME, supports(plan) and emit(plan); one
-#: whose kernels differ by class also defines kernel_notes(plan), the lines `explain` prints.
-REGISTRY = {"pytorch": "mixc.backends.pytorch", "triton": "mixc.backends.triton"}
+__all__ = ["BACKENDS", "Backend", "get"]
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (PYTORCH, TRITON)}
 
 
-def get(name: str) -> ModuleType:
-    if name not in REGISTRY:
-        raise MixcError(f"unknown backend {name!r}; available: {', '.join(sorted(REGISTRY))}")
-    return importlib.import_module(REGISTRY[name])
+def get(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise MixcError(f"unknown backend {name!r}; available: {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[name]

@@ -296,6 +296,7 @@ def explain(
     """The report of one verified spec. `sizes` (e.g. {"K": 64, "T": 4096, "C": 64}) fill in the
     cost formulas; `backend` says which kernels the notes describe."""
     from mixc.backends import get as get_backend
+    from mixc.lowering import lower
 
     plan = plan or analyze(spec)
     sizes = dict(sizes or {})
@@ -334,7 +335,7 @@ def explain(
         ],
         costs=_cost_info(costs(plan), sizes),
         backend=backend,
-        backend_notes=list(getattr(get_backend(backend), "kernel_notes", lambda _: ())(plan)),
+        backend_notes=list(get_backend(backend).kernel_notes(lower(plan))),
     )
 
 

@@ -34,7 +34,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - set by tests
         "the Triton kernels run on CPU only in triton's interpreter", allow_module_level=True
     )
 
-from mixc.backends.triton import kernel_notes  # noqa: E402
+from mixc.backends.triton import BACKEND as TRITON  # noqa: E402
+from mixc.lowering import lower  # noqa: E402
 from mixc.backends.triton.kernels import KERNELS  # noqa: E402
 
 pytestmark = pytest.mark.triton
@@ -110,7 +111,7 @@ def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
 def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():
     source = compile_source(SPECS["gated_general"], backend="triton")
     assert "def chunk_elementwise(" in source and "@triton.jit" not in source
-    (note,) = kernel_notes(analyze(mixc.load_spec(SPECS["gated_general"])))
+    (note,) = TRITON.kernel_notes(lower(analyze(mixc.load_spec(SPECS["gated_general"]))))
     assert "falls back to the PyTorch kernel chunk_elementwise" in note
     report = fuzz(SPECS["gated_general"], backend="triton", examples=2, shrink=False, max_T=40)
     assert report.ok, report.failure.summary()
@@ -172,7 +173,7 @@ y_t = H_t q_t
 
 def test_value_side_gates_run_the_pytorch_chunked_form_and_say_so():
     spec = mixc.load_spec(text=VALUE_SIDE)
-    (note,) = kernel_notes(analyze(spec))
+    (note,) = TRITON.kernel_notes(lower(analyze(spec)))
     assert "chunk_diagonal runs the PyTorch kernel's chunked form" in note
     assert "no value-side gates yet" in note
     report = fuzz(spec, backend="triton", examples=2, seed=3, shrink=False, max_T=40)

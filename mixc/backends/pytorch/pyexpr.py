@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from mixc.algebra.expand import Term
 from mixc.backends.pytorch.lines import string
 from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS
@@ -27,6 +26,7 @@ from mixc.frontend.ir import (
     children,
 )
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
+from mixc.lowering.program import Product
 
 # Python operator precedence, for minimal parentheses
 _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
@@ -424,7 +424,7 @@ class PyExpr:
 
     # -- sums of terms (affine updates), with products associated cheaply -------------------
 
-    def terms(self, terms: list[Term]) -> str:
+    def terms(self, terms: list[Product]) -> str:
         out = ""
         for t in terms:
             text = self.term(t, abs_coeff=True)
@@ -434,7 +434,7 @@ class PyExpr:
                 out += f" - {text}" if t.coeff < 0 else f" + {text}"
         return out or "0"
 
-    def term(self, t: Term, abs_coeff: bool = False) -> str:
+    def term(self, t: Product, abs_coeff: bool = False) -> str:
         coeff = abs(t.coeff) if abs_coeff else t.coeff
         factors = []
         if coeff != 1:

@@ -1,6 +1,70 @@
-"""The Triton backend: a plan -> a standalone module that imports torch and triton, whose chunked
-forms run fused Triton kernels where the class has one (see emitter.py)."""
+"""The Triton backend: the PyTorch backend's module around a kernel library in which a class
+that has a fused Triton kernel (`kernels/X.py` defines `chunk_X`) runs it instead of the PyTorch
+one.
 
-from mixc.backends.triton.emitter import NAME, emit, kernel_notes, supports
+The module is the PyTorch backend's (the same functions, layout, dtypes, states, varlen and
+errors; the spec-specific part, its gates, betas and feature maps, stays PyTorch), rendered
+through the PyTorch backend's public `render_module` with this library. Every other kernel, the
+quadratic forms and the recurrence stay PyTorch; `kernel_notes` says which calls those are and
+why, for `explain`. The module imports torch and triton.
+"""
 
-__all__ = ["NAME", "emit", "kernel_notes", "supports"]
+from mixc.backends.pytorch import LIBRARY as PYTORCH_LIBRARY
+from mixc.backends.pytorch import KernelLibrary, refusal, render_module
+from mixc.backends.triton import kernels
+from mixc.lowering.program import Program
+
+__all__ = ["BACKEND", "LIBRARY", "TritonBackend"]
+
+#: The PyTorch kernels, those with a Triton kernel replaced by it.
+LIBRARY = KernelLibrary(
+    PYTORCH_LIBRARY.kernels,
+    kernels.kernel_source,
+    ("torch", "triton", "triton.language as tl"),
+)
+
+
+class TritonBackend:
+    """Renders the PyTorch backend's module with the fused Triton kernels where a class has one."""
+
+    name = "triton"
+
+    def supports(self, program: Program) -> str | None:
+        """Whatever the PyTorch backend renders: a class without a Triton kernel runs the
+        PyTorch one."""
+        return refusal(program, LIBRARY, "Triton")
+
+    def render(self, program: Program) -> str:
+        return render_module(program, LIBRARY)
+
+    def kernel_notes(self, program: Program) -> tuple[str, ...]:
+        """One line per call of the chunked form saying which kernel it runs, and for a call
+        that falls back to the PyTorch kernel, why. The other forms are PyTorch throughout."""
+        if program.chunk is None:
+            return ("no chunked form: every form is PyTorch (recurrent and step loops)",)
+        if not program.chunk.calls:
+            return ("no state: every form is PyTorch (the output, token by token or all at once)",)
+        return tuple(_note(call) for call in program.chunk.calls)
+
+
+def _note(call) -> str:
+    what = f"{' and '.join(call.states)} ({call.label})"
+    kernel = call.kernel
+    pytorch_args = kernels.PYTORCH_ARGS.get(kernel, {})
+    passed = dict.fromkeys(a.name for step in call.steps for a in step.args if a.expr is not None)
+    left = [pytorch_args[a] for a in passed if a in pytorch_args]
+    if left:
+        return (
+            f"{what}: {kernel} runs the PyTorch kernel's chunked form: its Triton kernel "
+            f"has no {' and '.join(left)} yet"
+        )
+    if kernel in kernels.KERNELS:
+        return f"{what}: {kernel} runs fused Triton kernels, forward and backward"
+    have = ", ".join(kernels.KERNELS)
+    return (
+        f"{what}: falls back to the PyTorch kernel {kernel}: the Triton backend has no such "
+        f"kernel yet (it has {have})"
+    )
+
+
+BACKEND = TritonBackend()

@@ -35,7 +35,7 @@ def _free_names(node: ast.FunctionDef | ast.ClassDef) -> frozenset[str]:
     return frozenset(loaded - bound)
 
 
-def _definitions(
+def definitions(
     files: Iterable[str], directory: Path = _HERE
 ) -> dict[str, tuple[str, str, frozenset[str]]]:
     """Every top-level function and class of the files (in `directory`) by name, with its file,
@@ -58,17 +58,17 @@ def _definitions(
     return found
 
 
-_DEFINITIONS = _definitions(("common", *CLASS_FILES))
+DEFINITIONS = definitions(("common", *CLASS_FILES))
 
 KERNELS: dict[str, str] = {
     name: file
-    for name, (file, _, _) in _DEFINITIONS.items()
+    for name, (file, _, _) in DEFINITIONS.items()
     if file != "common" and not name.startswith("_")
 }
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 
 
-def _closure(names: Iterable[str], definitions=_DEFINITIONS) -> set[str]:
+def _closure(names: Iterable[str], definitions=DEFINITIONS) -> set[str]:
     """The named definitions and every definition they use, directly or through others."""
     wanted = list(names)
     unknown = sorted(set(wanted) - definitions.keys())
@@ -86,7 +86,7 @@ def _closure(names: Iterable[str], definitions=_DEFINITIONS) -> set[str]:
     return needed
 
 
-def kernel_source(names: Iterable[str], definitions=_DEFINITIONS) -> str:
+def kernel_source(names: Iterable[str], definitions=DEFINITIONS) -> str:
     """The source text a generated module needs to call the named kernels (helpers may be named
     too): their definitions and every definition they reach, each once, in a fixed order (common
     first, then the class files in the order of CLASS_FILES, each in its source order), separated

@@ -20,7 +20,7 @@ CLASS_FILES = tuple(
     sorted(p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", "common"))
 )
 
-_OWN = _torch_kernels._definitions(("common", *CLASS_FILES), _HERE)
+_OWN = _torch_kernels.definitions(("common", *CLASS_FILES), _HERE)
 
 KERNELS: dict[str, str] = {
     name: file
@@ -45,10 +45,10 @@ PYTORCH_ARGS: dict[str, dict[str, str]] = {name: _pytorch_args(f) for name, f in
 #: The PyTorch kernels' definitions, those of KERNELS replaced by the Triton ones (the others of
 #: this package added after them).
 DEFINITIONS = {
-    **{n: d for n, d in _torch_kernels._DEFINITIONS.items() if n not in _OWN},
+    **{n: d for n, d in _torch_kernels.DEFINITIONS.items() if n not in _OWN},
     **_OWN,
 }
-_clashes = sorted(set(_OWN) & set(_torch_kernels._DEFINITIONS) - set(KERNELS))
+_clashes = sorted(set(_OWN) & set(_torch_kernels.DEFINITIONS) - set(KERNELS))
 if _clashes:  # a helper of both backends: a generated module would keep only one of them
     raise RuntimeError(f"{', '.join(_clashes)}: defined by both the PyTorch and Triton kernels")
 

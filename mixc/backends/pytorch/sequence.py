@@ -1,0 +1,285 @@
+"""The forms over whole sequences, rendered from the program: `chunk` (and its stand-in where
+there is no chunked form), `parallel` and `summary`, each a run of kernel calls."""
+
+from __future__ import annotations
+
+from mixc.backends.pytorch.context import Context
+from mixc.backends.pytorch.lines import Lines, comment, string
+from mixc.backends.pytorch.names import local, note, tuple_text
+from mixc.frontend.ir import Binary
+from mixc.lowering.program import Call, QueryRead, SequenceForm, Step, SummaryCall
+
+
+class SequenceForms(Context):
+    """Renders `chunk`, `parallel` and `summary`."""
+
+    def emit_chunk(self, out: Lines, form: SequenceForm) -> None:
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
+        out(f"def chunk({self.signature(*options, 'cu_seqlens=None')}):", 0)
+        self.docstring(out, "chunk")
+        out("_check_chunk_size(chunk_size)")
+        out('_check_flag("output_final_state", output_final_state)')
+        out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
+        self.prologue(out, True, "initial_state", packed=True)
+        self.emit_sign_checks(out, form.sign_checks)
+        out('if _sizes["B"] == 0:  # an empty batch: no chunk to run, every step is empty')
+        states = ", ".join(self.carried)
+        out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
+        self.finish(out, self.output.target, self.final_states(), optional=True, indent=2)
+        self.emit_shifts(out, packed=True, carried=True)
+        with self.point(out, 1):
+            for call in form.calls:
+                self.emit_call(out, call, packed=True)
+            y = self.emit_output(out, form)
+        self.finish(out, y, self.final_states(lagged="last"), optional=True)
+        out("", 0)
+        out("", 0)
+
+    def emit_no_chunk(self, out: Lines) -> None:
+        options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
+        out(f"def chunk({self.signature(*options)}):", 0)
+        out('"""No chunked form exists for this spec: use recurrent or step."""')
+        reason = self.program.no_chunk.replace("NYI: ", "")
+        out(f"_fail({string(f'NYI: no chunked form ({reason}). Use recurrent() or step().')})")
+        out("", 0)
+        out("", 0)
+
+    def emit_parallel(self, out: Lines, form: SequenceForm) -> None:
+        out(f"def parallel({self.signature()}):", 0)
+        self.docstring(out, "parallel")
+        out(f"_out_dtype = _output_dtype(_INPUTS, {self.inputs[0]})")
+        self.prologue(out, True, None)
+        self.emit_sign_checks(out, form.sign_checks)
+        self.emit_shifts(out, packed=False, carried=False)
+        with self.point(out, 1):
+            for call in form.calls:
+                self.emit_call(out, call, packed=False)
+            y = self.emit_output(out, form)
+        self.finish(out, y, None)
+        out("", 0)
+        out("", 0)
+
+    # -- a kernel call -----------------------------------------------------------------------
+
+    def emit_inputs(
+        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str, log_scale=None
+    ) -> list[str]:
+        """Key, value (the group's values side by side) and the class's arguments of one call,
+        as locals; returns the class's arguments as the call passes them. `log_scale`: the write
+        scale, passed as its log."""
+        if len(steps) > 1:
+            return self.emit_sub_token_inputs(out, group, steps, packed)
+        (step,) = steps
+        e = self.seq_expr()
+        out(f"{local('k', group)} = _seq_vector({self.tensor(step.key)}, _sizes{packed})")
+        values = []
+        if any(v.expr is None for v in step.values):  # a vector state: a value of 1
+            sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
+            out(f"_ones = _torch.ones({sizes}, dtype=_dtype, device=_device)")
+        for v in step.values:
+            if v.expr is None:
+                value = "_ones" if v.scale is None else f"{e(v.scale)} * _ones"
+            else:
+                value = e(v.expr if v.scale is None else Binary("@", v.scale, v.expr))
+            values.append(value)
+        value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
+        out(f"{local('v', group)} = _seq_vector({value}, _sizes{packed})")
+        kernel_args = []
+        gate = self.gate_expr()
+        for arg in step.args:
+            if arg.expr is None:
+                continue
+            if arg.layout == "bound":
+                kernel_args.append(f"{arg.name}={float(arg.expr.text)!r}")
+                continue
+            value = self.tensor(arg.expr, gate)  # a constant gate, e.g. log(0.9), as a tensor
+            name = local(arg.name, group)
+            out(f"{name} = _seq_{arg.layout}({value}, _sizes{packed}){note(arg.expr)}")
+            kernel_args.append(f"{arg.name}={name}")
+        if log_scale is not None:
+            shown = note(f"the write scale exp({log_scale}), as its log")
+            out(f"{local('s', group)} = _seq_scalar({e(log_scale)}, _sizes{packed}){shown}")
+            kernel_args.append(f"log_scale={local('s', group)}")
+        return kernel_args
+
+    def emit_sub_token_inputs(
+        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str
+    ) -> list[str]:
+        """Key, value and the class's arguments of a call that applies several steps a token:
+        each step's, interleaved along time into sub-tokens (`_sub_tokens`), an argument a step
+        lacks (no decay) as zeros."""
+        gate = self.gate_expr()
+        parts: dict[str, list[str | None]] = {"k": [], "v": []}
+        for i, step in enumerate(steps, 1):
+            (v,) = step.values
+            value = v.expr if v.scale is None else Binary("@", v.scale, v.expr)
+            for arg, expr, layout, how in (
+                ("k", step.key, "vector", None),
+                ("v", value, "vector", None),
+                *((a.name, a.expr, a.layout, gate) for a in step.args),
+            ):
+                parts.setdefault(arg, [])
+                if expr is None:
+                    parts[arg].append(None)
+                    continue
+                name = local(f"{arg}{i}", group)
+                text = self.tensor(expr, how)
+                out(f"{name} = _seq_{layout}({text}, _sizes{packed}){note(expr)}")
+                parts[arg].append(name)
+        kernel_args = []
+        for arg, locals_ in parts.items():
+            present = [p for p in locals_ if p is not None]
+            if not present:
+                continue
+            pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
+            shown = note(f"{len(steps)} sub-tokens a token, one per step")
+            out(f"{local(arg, group)} = _sub_tokens([{pieces}]){shown}")
+            if arg not in ("k", "v"):
+                kernel_args.append(f"{arg}={local(arg, group)}")
+        return kernel_args
+
+    def emit_call(self, out: Lines, call: Call, packed: bool) -> None:
+        """One kernel call, each of its queries' readouts into its local, and (from the first
+        query's call) the final states in their own layouts."""
+        seqlens = ", cu_seqlens" if packed else ""
+        initial = local("S0", call.group)
+        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}"))
+        kernel_args = self.emit_inputs(out, call.group, call.steps, seqlens, call.log_scale)
+        if call.initial:
+            s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
+            s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
+            out(f"{initial} = {s0_text}")
+        for i, query in enumerate(call.queries):
+            self.emit_query(out, call, query, kernel_args, seqlens)
+            if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
+                out(f"{call.unscale} = _from_seq(_torch.exp(-_m)[..., None]{seqlens})")
+            if query.previous:
+                start = (
+                    f"_q[:, :, :1] @ {initial}"
+                    if call.initial
+                    else "_torch.zeros_like(_o[:, :, :1])"
+                )
+                out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
+            if len(call.slots) == 1:
+                parts = ["_o"]
+            else:
+                parts = [local("o", s) for s in call.states]
+                out(f"{', '.join(parts)} = _o.split([{', '.join(self.widths(call.slots))}], -1)")
+            for r in query.readouts:
+                part = parts[call.states.index(r.state)]
+                out(f"{r.name} = _from_seq({part}{seqlens}){note(r.shown)}")
+            if i == 0 and call.initial:
+                self.emit_split_states(out, call.slots, "_S")
+
+    def emit_query(
+        self, out: Lines, call: Call, query: QueryRead, kernel_args: list[str], seqlens: str
+    ) -> None:
+        """The kernel run with one query (zeros for none), its output `_o` at each token."""
+        k, v = local("k", call.group), local("v", call.group)
+        if query.query is None:
+            out(f"_q = _torch.zeros_like({k})")
+        else:
+            out(f"_q = _seq_vector({self.tensor(query.query)}, _sizes{seqlens})")
+        steps = len(call.steps) if len(call.steps) > 1 else 0
+        if steps and query.query is not None:  # the query at each token's last sub-token
+            zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
+            out(f"_q = _sub_tokens([{zeros}, _q])")
+        if query.previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
+            out("_q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query")
+        first = "_q_next" if query.previous else "_q"
+        args = ", ".join([first, k, v, *kernel_args])
+        if not call.initial:
+            out(f"_o = _{call.kernel}({args})")
+        else:
+            init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size"
+            found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
+            out(f"{found} = _{call.kernel}({args}, {init})")
+        if steps:
+            out(f"_o = _o[:, :, {steps - 1}::{steps}]  # each token's last sub-token")
+
+    def emit_output(self, out: Lines, form: SequenceForm) -> str:
+        """The output from its readouts; returns the variable that holds it."""
+        o = form.output
+        if o.expr is None:
+            return o.name
+        out(f"{o.name} = {self.seq_expr()(o.expr)}{note(o.shown)}")
+        return o.name
+
+    # -- the summary -------------------------------------------------------------------------
+
+    def emit_summary(self, out: Lines) -> None:
+        summary = self.program.summary
+        out(f"def summary({self.signature('chunk_size=CHUNK_SIZE')}):", 0)
+        self.docstring(out, "summary")
+        if summary.missing is not None:
+            out(f"_fail({string(f'NYI: no transition summary ({summary.missing})')})")
+            out("", 0)
+            out("", 0)
+            return
+        out("_check_chunk_size(chunk_size)")
+        first = self.inputs[0]
+        out(f"if _empty_batch({first}):  # B = 0: checked, then one zero token's summary, emptied")
+        out(f"_prepare({self.call_args()}, _sequence=True)", 2)
+        each = tuple_text(self.inputs, one=True)
+        out(f"_one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in {each}]", 2)
+        rest = "".join(f", {p}" for p in self.required)
+        rest += "".join(f", {p}={p}" for p in self.defaulted)
+        out(f"return _no_sequences(_summary(*_one{rest}, chunk_size=chunk_size))", 2)
+        self.prologue(out, True, None)
+        self.emit_sign_checks(out, summary.sign_checks)
+        transitions, finals = {}, {}
+        with self.point(out, 1):
+            for call in summary.calls:
+                if call.action == "elementwise":
+                    self.emit_elementwise_summary(out, call, transitions, finals)
+                else:
+                    self.emit_probed_summary(out, call, transitions, finals)
+        pieces = [transitions[s] for s in self.states]
+        final_pieces = [finals[s] for s in self.states]
+        if len(self.states) == 1:
+            out(f"return {pieces[0]}, {final_pieces[0]}")
+        else:
+            out(f"return ({', '.join(pieces)}), ({', '.join(final_pieces)})")
+        out("", 0)
+        out("", 0)
+
+    def emit_probed_summary(self, out: Lines, call: SummaryCall, transitions, finals) -> None:
+        """One group's (P, F) as S_0 P + F: its kernel run on probes."""
+        k, v = local("k", call.group), local("v", call.group)
+        probing = "on probes: zero writes from an identity state"
+        out(comment(f"{' and '.join(s.state for s in call.slots)}: {call.kernel} {probing}"))
+        kernel_args = self.emit_inputs(out, call.group, call.steps, "")
+        out(f"_K = {k}.shape[-1]")
+        out(f"_width = {v}.shape[-1]")
+        out(f"_v = _torch.cat([{v}, {v}.new_zeros(*{v}.shape[:-1], _K)], -1)")
+        out("_S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)")
+        where = "dtype=_dtype, device=_device"
+        out(f"_S0 = _S0.to({where}).expand(*{k}.shape[:2], _K, _width + _K)")
+        args = ", ".join([f"_torch.zeros_like({k})", f"{k}", "_v", *kernel_args])
+        out(f"_o, _S = _{call.kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
+        out("_F0, _P = _S.split([_width, _K], -1)")
+        self.emit_split_states(out, call.slots, "_F0")
+        for s in call.slots:
+            transitions[s.state] = "_P.mT"
+            finals[s.state] = s.state if not s.vector else f"{s.state}.squeeze(-1)"
+
+    def emit_elementwise_summary(self, out: Lines, call: SummaryCall, transitions, finals) -> None:
+        """A group that acts on its state entry by entry, as G ⊙ S_0 + F: F from a zero state,
+        G (the product of the gates) from a state of ones with no writes."""
+        k, v = local("k", call.group), local("v", call.group)
+        states = " and ".join(s.state for s in call.slots)
+        out(comment(f"{states}: {call.kernel} from zeros (F) and, with no writes, ones (G)"))
+        kernel_args = self.emit_inputs(out, call.group, call.steps, "")
+        q0 = f"_torch.zeros_like({k})"
+        args = ", ".join([q0, f"{k}", f"{v}", *kernel_args])
+        out(f"_o, _F0 = _{call.kernel}({args}, chunk_size=chunk_size)")
+        out("_S1 = _torch.ones_like(_F0)")
+        args = ", ".join([q0, f"{k}", f"_torch.zeros_like({v})", *kernel_args])
+        out(f"_o, _G = _{call.kernel}({args}, initial_state=_S1, chunk_size=chunk_size)")
+        self.emit_split_states(out, call.slots, "_F0")
+        self.emit_split_states(out, call.slots, "_G", role="G")
+        for s in call.slots:
+            # a vector state (a row or a column) in its own layout [B, NH, K]
+            vector = s.shape[1] == "1"
+            transitions[s.state] = local("G", s.state) + ("" if not vector else ".squeeze(-1)")
+            finals[s.state] = s.state if not vector else f"{s.state}.squeeze(-1)"

@@ -1,0 +1,233 @@
+"""Plan -> program: each form of a mixer as the kernel calls it makes (`mixc.lowering.program`).
+
+Every choice of how a form runs is made here, once for every backend: the kernel and its
+variant (chunked, quadratic, stabilised), the values side by side in a group's call, the write
+scale multiplied in or passed as its log, several steps a token as interleaved sub-tokens, a
+query read a token early, the summary's probes, and each recurrent update's shape (decayed from
+its log-gates, a sum of products, or as written).
+"""
+
+from __future__ import annotations
+
+from mixc.algebra.expand import Term, inline
+from mixc.algebra.intervals import constant
+from mixc.analysis.outputs import readout_name
+from mixc.analysis.plan import GroupPlan, Plan
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.lowering.program import (
+    Call as KernelCall,
+)
+from mixc.lowering.program import (
+    Decay,
+    Output,
+    Product,
+    Program,
+    QueryRead,
+    Readout,
+    Recurrence,
+    SequenceForm,
+    Slot,
+    StateNote,
+    Step,
+    Summary,
+    SummaryCall,
+    Update,
+    Value,
+)
+
+__all__ = ["lower"]
+
+
+def lower(plan: Plan) -> Program:
+    """The program of every form of `plan`."""
+    groups = plan.groups if plan.chunkable else ()
+    return Program(
+        spec=plan.spec,
+        typer=plan.typer,
+        states=tuple(
+            StateNote(
+                s.name,
+                s.transition.cls,
+                s.transition.rule_name,
+                s.transition.kind.summary_action,
+            )
+            for s in plan.states
+        ),
+        forms=plan.forms.names(),
+        chunk=_sequence_form(plan, groups, "chunk") if plan.chunkable else None,
+        parallel=_sequence_form(plan, groups, "parallel") if plan.forms.parallel is None else None,
+        summary=_summary(plan, groups),
+        recurrence=_recurrence(plan),
+        chunk_size=plan.chunk_size,
+        no_chunk=plan.reason,
+        names=tuple(_spec_names(plan.mixer).items()),
+    )
+
+
+# ----------------------------------------------------------------------------- sequence forms
+
+
+def _sequence_form(plan: Plan, groups: tuple[GroupPlan, ...], form: str) -> SequenceForm:
+    """`chunk` (from the carried states, packed sequences allowed, a write scale that would
+    overflow carried in log space) or `parallel` (from zero, the quadratic kernels)."""
+    chunked = form == "chunk"
+    calls = tuple(_call(plan, g, chunked) for g in groups)
+    o = plan.outputs[0]
+    expr = o.scaled if chunked and o.scaled is not None else o.expr
+    shown = plan.mixer.outputs[0].value
+    output = (
+        Output(expr.name, None, shown) if isinstance(expr, Name) else Output(o.name, expr, shown)
+    )
+    return SequenceForm(form, calls, output, packed=chunked, sign_checks=plan.sign_checks)
+
+
+def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
+    stable = chunked and group.log_scale is not None
+    if stable:
+        kernel = f"chunk_{group.kind.stable_kernel}"
+    else:
+        kernel = f"{'chunk' if chunked else 'parallel'}_{group.kernel}"
+    queries = [_query(plan, q.expr, q.offset, q.readouts) for q in group.queries]
+    if not queries and chunked:  # no readout: the pass still runs for the final states
+        queries = [QueryRead(None, False, ())]
+    return KernelCall(
+        group=group.name,
+        label=group.transition.cls,
+        slots=_slots(plan, group),
+        kernel=kernel,
+        steps=_steps(plan, group, scaled=not stable),
+        queries=tuple(queries),
+        initial=chunked,
+        log_scale=group.log_scale if stable else None,
+        unscale=group.unscale.name if stable else None,
+    )
+
+
+def _slots(plan: Plan, group: GroupPlan) -> tuple[Slot, ...]:
+    states = [plan.state(s) for s in group.states]
+    return tuple(Slot(s.name, tuple(s.shape), s.width, s.vector) for s in states)
+
+
+def _steps(plan: Plan, group: GroupPlan, scaled: bool) -> tuple[Step, ...]:
+    """The group's steps a token. One: its first write's key, every state's value (times its
+    write scale where `scaled`) and the class's arguments. Several (sub-tokens): each step's
+    write, its scale multiplied in, and its arguments but the proven bounds, which hold for
+    that step only."""
+    if group.sub_tokens:
+        (state,) = group.states
+        return tuple(
+            Step(
+                sub.write.key,
+                (Value(state, sub.write.value, sub.write.scale),),
+                tuple(a for a in sub.args if a.layout != "bound"),
+            )
+            for sub in group.sub_tokens
+        )
+    facts = [plan.state(s) for s in group.states]
+    values = tuple(
+        Value(s.name, s.writes[0].value, s.writes[0].scale if scaled else None) for s in facts
+    )
+    return (Step(facts[0].writes[0].key, values, group.args),)
+
+
+def _query(plan: Plan, query: Expr, offset: int, readouts) -> QueryRead:
+    found = []
+    for r in readouts:
+        op = "." if plan.state(r.state).vector else "@"
+        found.append(Readout(readout_name(r.index), r.state, Binary(op, r.read, r.query)))
+    return QueryRead(query, offset == -1, tuple(found))
+
+
+def _summary(plan: Plan, groups: tuple[GroupPlan, ...]) -> Summary:
+    missing = plan.forms.summary
+    if missing is not None:
+        return Summary((), (), missing.text)
+    calls = tuple(
+        SummaryCall(
+            g.name,
+            _slots(plan, g),
+            f"chunk_{g.kernel}",
+            _steps(plan, g, scaled=True),
+            g.kind.summary_action,
+        )
+        for g in groups
+    )
+    return Summary(calls, plan.sign_checks)
+
+
+# ----------------------------------------------------------------------------- the recurrence
+
+
+def _recurrence(plan: Plan) -> Recurrence:
+    mixer = plan.mixer
+    used = {
+        n.name
+        for eq in mixer.equations
+        for n in walk(inline(mixer, eq.value))
+        if isinstance(n, Timed)
+    }
+    states = {s.name for s in mixer.states}
+    updates = tuple(_update(plan, name) for name in plan.order if name in states)
+    output = mixer.outputs[0]
+    return Recurrence(
+        tuple(d.name for d in mixer.inputs if d.name in used),
+        updates,
+        inline(mixer, output.value),
+        output.value,
+    )
+
+
+def _update(plan: Plan, name: str) -> Update:
+    """A state's update: decayed from its log-gates where the class decays it so (a decay near
+    1, sigmoid(10), keeps accurate gradients, as in the chunked form), else its expanded
+    products, else (not affine) as written."""
+    eq = plan.mixer.update(name)
+    s = plan.state(name)
+    if s.terms is None:
+        return Update(name, eq.value, expr=inline(plan.mixer, eq.value))
+    tr = s.transition
+    if not tr.kind.step_decays(tr) or tr.gate is not None or not s.writes:
+        return Update(name, eq.value, writes=tuple(_product(t) for t in s.terms))
+    decays = []
+    for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)
+        log = g.log
+        plain = isinstance(log, Call) and log.func == "log"
+        factor = log.args[0] if plain else Call("exp", (log,), span=log.span)
+        side = "key" if g.side == "key" and not s.vector else "left"
+        decays.append(Decay(factor, side, from_log=not plain))
+    ex = plan.expander
+    writes = [t for t in s.terms if not any(ex.has_state(a) for a in t.chain + t.scalars + t.gates)]
+    return Update(name, eq.value, writes=tuple(map(_product, writes)), decays=tuple(decays))
+
+
+def _product(t: Term) -> Product:
+    return Product(t.coeff, t.scalars, t.chain, t.gates)
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def _spec_names(mixer) -> dict[Expr, str]:
+    """The names the spec gives computations: each per-token value's (`i_t = exp(...)`: `i`)
+    and each call of a let function (`kk(kappa_t)`: `kk_kappa`, its arguments' names after
+    the function's where all are names), keyed by the expression they inline to."""
+    states = {s.name for s in mixer.states}
+    lets = {fn.name for fn in mixer.lets}
+    names: dict[Expr, str] = {}
+    for eq in mixer.equations:
+        if eq.target not in states:
+            names.setdefault(inline(mixer, eq.value), eq.target)
+    for eq in mixer.equations:
+        for node in walk(eq.value):
+            if isinstance(node, Call) and node.func in lets:
+                names.setdefault(inline(mixer, node), called(node.func, node.args))
+    return names
+
+
+def called(base: str, operands) -> str:
+    """`base` followed by the names among `operands` where each is a name or a constant
+    (`kk_kappa` for kk(kappa_t)); `base` alone otherwise."""
+    names = [x.name for x in operands if isinstance(x, Name | Timed)]
+    if names and all(isinstance(x, Name | Timed) or constant(x) is not None for x in operands):
+        return "_".join([base, *names])
+    return base
