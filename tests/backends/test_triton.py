@@ -35,8 +35,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - set by tests
     )
 
 from mixc.backends.triton import BACKEND as TRITON  # noqa: E402
-from mixc.lowering import lower  # noqa: E402
 from mixc.backends.triton.kernels import KERNELS  # noqa: E402
+from mixc.lowering import lower  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
