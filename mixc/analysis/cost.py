@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from mixc.analysis.formula import IO_BYTES, FormCost, Formula, GroupDims
+from mixc.algebra.formula import Formula
 from mixc.analysis.plan import GroupPlan, Plan
+from mixc.transitions.cost import IO_BYTES, FormCost, GroupDims
 
 __all__ = ["Costs", "GroupCost", "costs"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from mixc.algebra.formula import Formula
 from mixc.analysis.cost import Costs, costs
 from mixc.analysis.facts import OutputFacts, Readout, StateFacts
-from mixc.analysis.formula import FormCost, Formula
 from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.analysis.roles import read_roles
 from mixc.errors import Span
@@ -38,6 +38,7 @@ from mixc.tools.report import (
     WarningInfo,
     WriteInfo,
 )
+from mixc.transitions.cost import FormCost
 
 __all__ = ["explain", "parallel_form"]
 

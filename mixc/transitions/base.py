@@ -16,10 +16,11 @@ from typing import ClassVar
 
 from mixc.algebra.canon import Canon, signed
 from mixc.algebra.expand import Expander, Term
-from mixc.analysis.formula import ClassCost, Formula, GroupDims
+from mixc.algebra.formula import Formula
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr
 from mixc.frontend.shapes import Shape
+from mixc.transitions.cost import ClassCost, GroupDims
 from mixc.transitions.gates import LogGate, log_gate
 from mixc.transitions.writing import RandomForm
 

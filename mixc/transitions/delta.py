@@ -10,8 +10,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from mixc.algebra.expand import Term, transpose_atom
+from mixc.algebra.formula import Formula
 from mixc.algebra.intervals import bounds
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Call, Expr, Transpose
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
@@ -24,6 +24,7 @@ from mixc.transitions.base import (
     TransitionClass,
     scalar_gates,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.scalar_decay import scalar_gate
 from mixc.transitions.writing import Core, RandomForm, Update, Writer
 

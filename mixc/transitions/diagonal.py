@@ -7,7 +7,6 @@ measured from each block's middle, so that no factor exp(-b) can overflow.
 
 from __future__ import annotations
 
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.frontend.ir import Call, Expr
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
@@ -23,6 +22,7 @@ from mixc.transitions.base import (
     scalar_gates,
     sum_of,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.gates import LogGate
 from mixc.transitions.writing import Core, RandomForm, Update, Writer, decayed_update
 

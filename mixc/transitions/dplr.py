@@ -17,8 +17,8 @@ import math
 
 from mixc.algebra.canon import signed
 from mixc.algebra.expand import Term, transpose_atom
+from mixc.algebra.formula import Formula
 from mixc.algebra.intervals import bounds
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Binary, Call, Expr, Number, Transpose
 from mixc.transitions.base import (
     ChunkSize,
@@ -31,6 +31,7 @@ from mixc.transitions.base import (
     TransitionClass,
     sum_of,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.diagonal import gates_of
 from mixc.transitions.writing import Core, RandomForm, Update, Writer
 

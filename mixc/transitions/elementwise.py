@@ -9,7 +9,6 @@ no quadratic form (the decay between two tokens is a matrix per pair).
 
 from __future__ import annotations
 
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.frontend.ir import Binary, Expr, Timed, Transpose, walk
 from mixc.transitions.base import (
     ChunkSize,
@@ -20,6 +19,7 @@ from mixc.transitions.base import (
     TransitionClass,
     sum_of,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.diagonal import _vector_gate, gates_of
 from mixc.transitions.writing import Core, RandomForm, Update, decayed_update
 

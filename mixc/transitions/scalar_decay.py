@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
+from mixc.algebra.formula import Formula
 from mixc.frontend.ir import Timed, walk
 from mixc.transitions.base import (
     CHUNK_MEASURED_ON,
@@ -21,6 +21,7 @@ from mixc.transitions.base import (
     plain,
     scalar_gates,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.writing import Core, RandomForm, Update, Writer, decayed_update
 
 # ----------------------------------------------------------------------------- random specs

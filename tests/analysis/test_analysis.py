@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, note, reject, settings
 from hypothesis import strategies as st
 
 from mixc import load_spec
+from mixc.algebra.formula import Formula
 from mixc.analysis.cost import costs
-from mixc.analysis.formula import Formula
 from mixc.analysis.plan import Plan, analyze
 from mixc.errors import Source, SpecAnalysisError, SpecError
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
