@@ -94,23 +94,25 @@ def _analyze_state(
     )
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
-        chunk = transition.kind.chunk_reason(name, transition, write_terms[0].key)
+        chunk = transition.transition_class.chunk_reason(name, transition, write_terms[0].key)
         if chunk is not None:
             # a later, more general class may chunk what this one cannot (the delta rule
             # writing along another key than it erases along is diagonal plus low rank)
-            other = _canonical(classify(read_terms, ctx, after=transition.kind), eq, canon)
-            if other.reason is None and not other.kind.chunk_reason(
+            other = _canonical(
+                classify(read_terms, ctx, after=transition.transition_class), eq, canon
+            )
+            if other.reason is None and not other.transition_class.chunk_reason(
                 name, other, write_terms[0].key
             ):
                 state, chunk = replace(state, transition=other), None
         state = replace(state, transition=_with_reason(state.transition, chunk))
-    if state.transition.reason is not None or state.transition.kind.kernel is None:
+    if state.transition.reason is not None or state.transition.transition_class.kernel is None:
         if coupled is None and reads:
             state = _as_steps(state, mixer, eq, ex, params, canon)
     stability = "; ".join(
         note
         for part in state.transition.parts
-        if (note := part.kind.stability(part, params)) is not None
+        if (note := part.transition_class.stability(part, params)) is not None
     )
     return replace(state, stability=stability or None)
 
@@ -133,9 +135,9 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
             return None
         tr = _canonical(classify([(t, w[0]) for t, w in reads], ctx), eq, canon)
         write_terms, _ = _writes(writes, shape, ex, canon, False)
-        if not tr.kind.sub_tokens or tr.reason is not None or len(write_terms) != 1:
+        if not tr.transition_class.sub_tokens or tr.reason is not None or len(write_terms) != 1:
             return None
-        if tr.kind.chunk_reason(name, tr, write_terms[0].key) is not None:
+        if tr.transition_class.chunk_reason(name, tr, write_terms[0].key) is not None:
             return None
         return tr, write_terms[0]
 

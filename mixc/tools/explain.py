@@ -98,7 +98,7 @@ def _cost_info(c: Costs, sizes: dict[str, int]) -> CostInfo:
     groups = [
         GroupCostInfo(
             states=list(g.states),
-            transition_class=g.cls,
+            transition_class=g.label,
             recurrent=_form(g.recurrent, sizes),
             chunked=_form(g.chunked, sizes),
             quadratic=_form(g.quadratic, sizes),
@@ -133,7 +133,7 @@ def _state_info(s: StateFacts, plan: Plan) -> StateInfo:
         shape=[d for d in s.shape if not (s.shape[1] == "1" and d == "1")],
         update=str(eq),
         affine=s.affine,
-        transition_class=tr.cls,
+        transition_class=tr.label,
         rule=rule,
         rule_description=what.strip(),
         chunkable=tr.chunkable,
@@ -228,9 +228,9 @@ def _why(plan: Plan) -> list[str]:
     algorithms = {s: g.algorithm for g in plan.groups for s in g.states}
     for s in plan.states:
         tr = s.transition
-        line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
+        line = f"{s.name}: {tr.label} (rule {tr.rule_name})"
         line += (
-            f" -> {algorithms.get(s.name, tr.kind.algorithm)}"
+            f" -> {algorithms.get(s.name, tr.transition_class.algorithm)}"
             if tr.chunkable
             else f" -> recurrent only: {tr.reason}"
         )
@@ -249,7 +249,7 @@ def _stabiliser(plan: Plan, g: GroupPlan) -> str:
     outputs = "; ".join(f"{o.name} = {o.scaled}" for o in plan.outputs if o.scaled is not None)
     return (
         f"{states}: the write scale exp({g.log_scale}) is carried in log space (xLSTM's "
-        f"max-stabiliser, kernel {g.kind.stable_kernel}): each output row t is computed scaled "
+        f"max-stabiliser, kernel {g.transition_class.stable_kernel}): each output row t is computed scaled "
         f"by {g.unscale.name} = exp(-m_t), m_t the largest exponent it sums, so no exponential "
         f"exceeds 1 and the chunked form stays finite however large {g.log_scale} is; the ratio "
         f"cancels the scale once every term that reads no state is scaled too ({outputs}). The "
@@ -354,8 +354,8 @@ def _sequential_group(lead: StateFacts, group: tuple[str, ...]) -> GroupInfo:
         form = [f"none: {tr.reason}"]
     return GroupInfo(
         states=list(group),
-        transition_class=tr.cls,
-        algorithm=tr.kind.algorithm,
+        transition_class=tr.label,
+        algorithm=tr.transition_class.algorithm,
         legend=f"S_t = G_t(S_{{t-1}}) + W_t, evaluated for t = 1..T in order ({lead.name} = S^T)",
         parallel_form=form,
         quadratic_form=None,
@@ -421,17 +421,17 @@ def _group_info(plan: Plan, group: GroupPlan) -> GroupInfo:
     tr = lead.transition
     if not tr.chunkable:
         return _sequential_group(lead, names)
-    maths = tr.kind.maths(tr)
+    maths = tr.transition_class.maths(tr)
     form = list(maths.form)
     if tr.steps:  # the same kernel over sub-tokens: the maths of a step, the rows interleaved
-        maths = tr.kind.maths(tr.lead_step)
+        maths = tr.transition_class.maths(tr.lead_step)
         form = [_sub_token_line(group), *maths.form]
     if len(names) == 1:
         state = lead.name
         form.append(f"S = {state}^T" if not lead.vector else f"S = {state} (a single value column)")
     return GroupInfo(
         states=list(names),
-        transition_class=tr.cls,
+        transition_class=tr.label,
         algorithm=group.algorithm,
         legend=",  ".join([*_rows_legend(plan, group), *(() if tr.steps else maths.legend)]),
         parallel_form=form,

@@ -43,5 +43,5 @@ def classify(
     for cls in REGISTRY[start:]:
         found = cls.match(terms, ctx)
         if found is not None:
-            return replace(found, kind=cls)
+            return replace(found, transition_class=cls)
     raise AssertionError("the last rule matches every linear transition")

@@ -43,12 +43,12 @@ StateTerms = list[tuple[Term, int]]
 class Transition:
     """What a class's rule found in one state's transition G_t.
 
-    `kind` is the transition class (an object of the registry in `mixc.transitions`); `cls` the
-    variant it names in reports ("scalar data-dependent"); `rule` the rule that fired and what
-    it matched.
+    `transition_class` is the class (an object of the registry in `mixc.transitions`); `label`
+    the variant it names in reports ("scalar data-dependent"); `rule` the rule that fired and
+    what it matched.
     """
 
-    cls: str
+    label: str
     rule: str  # "<rule name>: <what it matched>", e.g. "delta: S_{t-1} (I - beta_t k_t k_t^T)"
     gates: tuple[LogGate, ...] = ()
     beta: Expr | None = None  # identity minus rank-1: I - beta k k^T
@@ -57,8 +57,8 @@ class Transition:
     gate: Expr | None = None  # a full elementwise gate (recurrent only)
     reason: str | None = None  # why there is no chunked form
     span: Span | None = None
-    kind: TransitionClass | None = None  # set by the registry
-    #: Several steps per token (DeltaProduct), innermost first, each a transition of `kind`:
+    transition_class: TransitionClass | None = None  # set by the registry
+    #: Several steps per token (DeltaProduct), innermost first, each a transition of its class:
     #: then this transition is their composition, its gates all theirs (mixc.analysis.steps).
     steps: tuple[Transition, ...] = ()
 
@@ -213,7 +213,7 @@ class TransitionClass:
     sub_tokens: ClassVar[bool] = False
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None
-    #: The variants it reports as `Transition.cls`, and the names of the rules it fires.
+    #: The variants it reports as `Transition.label`, and the names of the rules it fires.
     variants: ClassVar[tuple[str, ...]] = ()
     rules: ClassVar[tuple[str, ...]] = ()
     #: One line: the algorithm of the chunked form, or why there is none.

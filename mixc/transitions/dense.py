@@ -31,7 +31,7 @@ class Dense(TransitionClass):
             reason=f"NYI: the update of {state} reads another state ({other}{where}); "
             "coupled states run step by step",
             span=other.span,
-            kind=self,
+            transition_class=self,
         )
 
     def no_recurrence(self, state: str, span: Span | None) -> Transition:
@@ -41,7 +41,7 @@ class Dense(TransitionClass):
             reason=f"NYI: {state}_t does not depend on {state}_{{t-1}}; write it as a per-token "
             "value instead",
             span=span,
-            kind=self,
+            transition_class=self,
         )
 
 
@@ -58,7 +58,7 @@ class NotAffine(TransitionClass):
             "not_affine: the update is not affine in S_{t-1}",
             reason=f"not affine: {why}",
             span=span,
-            kind=self,
+            transition_class=self,
         )
 
 

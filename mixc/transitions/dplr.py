@@ -286,7 +286,7 @@ class Dplr(TransitionClass):
         contractive with |b| = 1: [0, 2] for D (I - beta b b^T), [0, 1] for D - beta b b^T."""
         out = self.decay_conditions(state, tr)
         if tr.beta is not None:
-            hi = 2.0 if tr.cls == GATED_ERASE else 1.0
+            hi = 2.0 if tr.label == GATED_ERASE else 1.0
             out.append(
                 Condition(tr.beta, 0.0, hi, f"erase strength {tr.beta} of {state} in [0, {hi:g}]")
             )
@@ -314,7 +314,7 @@ class Dplr(TransitionClass):
                 "1 - Σ alpha kk^2 in [0, 1])"
             )
         unit = isinstance(tr.key, Call) and tr.key.func == "l2norm"
-        hi = 2.0 if tr.cls == GATED_ERASE else 1.0
+        hi = 2.0 if tr.label == GATED_ERASE else 1.0
         lo_b, hi_b = bounds(tr.beta, defaults=params)
         beta_ok = lo_b >= 0 and hi_b <= hi
         parts = [
@@ -327,7 +327,7 @@ class Dplr(TransitionClass):
         ]
         why = (
             "|D| <= 1 and I - beta k k^T has eigenvalues 1 and 1 - beta |k|^2"
-            if tr.cls == GATED_ERASE
+            if tr.label == GATED_ERASE
             else "D - beta k k^T is symmetric with eigenvalues in [-beta, 1], and "
             "D (a I - beta k k^T) for a scalar decay a has norm at most 1"
         )

@@ -190,7 +190,7 @@ class ScalarDecay(TransitionClass):
             "L_ij = exp(b_i - b_j) (i >= j, else 0),  b = cumsum(g)"
         )
         const = [x for x in tr.gates if x.side == "scalar"]
-        if tr.cls == "scalar constant" and len(const) == 1:
+        if tr.label == "scalar constant" and len(const) == 1:
             y += f"  (so L_ij = ({const[0].decay})^(i - j))"
         return Maths(
             (f"g = {tr.log('scalar')}",),

@@ -39,7 +39,7 @@ SPECS = Path(__file__).parents[2] / "specs"
 class S:
     """What one state must get: class, rule name, write, log-gates and (delta rule) erase."""
 
-    cls: str
+    label: str
     rule: str
     write: str
     gates: tuple[str, ...] = ()
@@ -996,7 +996,7 @@ def test_table_covers_every_shipped_spec_and_enough_variants():
     assert sorted(r.spec for r in ROWS.values() if r.spec.endswith(".mix")) == SHIPPED
     assert len(VARIANT_ROWS) >= 24
     # every transition class and every rule of the table shows up in some row
-    seen_classes = {st.cls for r in ROWS.values() for st in r.states.values()}
+    seen_classes = {st.label for r in ROWS.values() for st in r.states.values()}
     assert seen_classes == {v for c in CLASSES for v in c.variants}
     seen_rules = {st.rule for r in ROWS.values() for st in r.states.values()}
     assert seen_rules == {rule for c in CLASSES for rule in c.rules}
@@ -1008,7 +1008,7 @@ def test_row(name):
     facts = analyze(load(row.spec))
     got = {
         s.name: S(
-            s.transition.cls,
+            s.transition.label,
             s.transition.rule_name,
             write_text(s),
             tuple(gate_text(g) for g in s.transition.gates),
@@ -1129,7 +1129,7 @@ def facts_summary(facts: Plan) -> tuple:
     states = tuple(
         (
             s.name,
-            s.transition.cls,
+            s.transition.label,
             s.transition.rule_name,
             tuple((g.side, str(g.log), g.proven) for g in s.transition.gates),
             str(s.transition.beta),

@@ -57,7 +57,7 @@ def _chunk_kernel(group: GroupPlan) -> str:
 
 def _stable_kernel(group: GroupPlan) -> str:
     """The kernel that carries the group's write scale in log space (`GroupPlan.log_scale`)."""
-    return f"chunk_{group.kind.stable_kernel}"
+    return f"chunk_{group.transition_class.stable_kernel}"
 
 
 def _parallel_kernel(group: GroupPlan) -> str:
@@ -72,7 +72,7 @@ def supports(plan: Plan) -> str | None:
         return f"NYI: a compiled module returns one output; this spec has {len(outputs)} ({names})"
     for group in plan.groups:
         if group.kernel is not None and _chunk_kernel(group) not in _torch_kernels.KERNELS:
-            return f"NYI: the PyTorch backend has no kernel {_chunk_kernel(group)} ({group.kind})"
+            return f"NYI: the PyTorch backend has no kernel {_chunk_kernel(group)} ({group.transition_class})"
     return None
 
 
@@ -254,7 +254,7 @@ class _Module:
         out("  recurrent  token by token", 0)
         out("  step       one token, for decoding", 0)
         for s in self.plan.states:
-            out(doc_line(f"State {s.name}: {s.transition.cls} ({s.transition.rule_name})."), 0)
+            out(doc_line(f"State {s.name}: {s.transition.label} ({s.transition.rule_name})."), 0)
         if not self.plan.chunkable:
             for line in textwrap.wrap(f"No chunked form: {self.plan.reason}", 100):
                 out(doc_line(line), 0)
@@ -295,11 +295,11 @@ class _Module:
         forms = ", ".join(string(f) for f in self.plan.forms.names())
         out(f"FORMS = ({forms},)  # the forms that compute (chunk raises NYI otherwise)", 0)
         classes = ", ".join(
-            f"{string(s.name)}: {string(s.transition.cls)}" for s in self.plan.states
+            f"{string(s.name)}: {string(s.transition.label)}" for s in self.plan.states
         )
         out(f"CLASSES = {{{classes}}}", 0)
         actions = ", ".join(
-            f"{string(s.name)}: {string(s.transition.kind.summary_action)}"
+            f"{string(s.name)}: {string(s.transition.transition_class.summary_action)}"
             for s in self.plan.states
         )
         out(f"SUMMARY_ACTIONS = {{{actions}}}  # how summary()'s P acts: S_0 @ P or P * S_0", 0)
@@ -645,7 +645,7 @@ class _Module:
             stable = group.log_scale is not None and not parallel
             kernel = _parallel_kernel(group) if parallel else _chunk_kernel(group)
             kernel = _stable_kernel(group) if stable else kernel
-            out(comment(f"{' and '.join(states)}: {group.transition.cls} -> {kernel}"))
+            out(comment(f"{' and '.join(states)}: {group.transition.label} -> {kernel}"))
             kernel_args = self.emit_kernel_args(out, group, packed, stable)
             if not parallel:
                 s0 = [f"{s.name}.mT" if not s.vector else s.name for s in state_facts]
@@ -748,7 +748,7 @@ class _Module:
 
     def emit_group_summary(self, out: Lines, plan: GroupPlan, transitions, finals) -> None:
         """One group's (P, F): its kernel run on probes."""
-        if plan.kind.summary_action == "elementwise":
+        if plan.transition_class.summary_action == "elementwise":
             self.emit_elementwise_summary(out, plan, transitions, finals)
             return
         group, name, kernel = plan.states, plan.name, _chunk_kernel(plan)
@@ -850,7 +850,7 @@ class _Module:
         keeps accurate gradients. None for other classes (emitted from the expanded terms)."""
         s = self.plan.state(name)
         tr = s.transition
-        if not tr.kind.step_decays(tr) or tr.gate is not None or not s.writes:
+        if not tr.transition_class.step_decays(tr) or tr.gate is not None or not s.writes:
             return None
         decayed = name
         for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)

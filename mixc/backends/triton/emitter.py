@@ -33,7 +33,7 @@ def kernel_notes(plan: Plan) -> tuple[str, ...]:
     for group in plan.groups:
         stable = group.log_scale is not None  # a write scale carried in log space
         kernel = _torch_emitter._stable_kernel(group) if stable else f"chunk_{group.kernel}"
-        what = f"{' and '.join(group.states)} ({group.transition.cls})"
+        what = f"{' and '.join(group.states)} ({group.transition.label})"
         left = _triton_kernels.PYTORCH_ARGS.get(kernel, {})
         left = [left[a.name] for a in group.args if a.expr is not None and a.name in left]
         if left:
