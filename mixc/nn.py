@@ -175,7 +175,8 @@ def roles(spec) -> Roles:
     unit_states = {
         s.name
         for s in facts.states
-        if s.transition.transition_class.unit_key(s.transition) is not None
+        for part in s.transition.parts  # each step a token applies
+        if part.transition_class.unit_key(s.name, part) is not None
     }
     for o in facts.outputs:  # queries: silu, and l2norm where they read a state of unit keys
         for r in o.readouts:

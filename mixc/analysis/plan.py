@@ -303,9 +303,7 @@ def _group_key(s: StateFacts) -> tuple:
         tr.transition_class.name,
         tr.label,
         tuple((g.side, str(g.log)) for g in tr.gates),
-        str(tr.beta),
-        str(tr.key),
-        str(tr.read),
+        tr.args.signature(),
         str(s.writes[0].key),
     )
 

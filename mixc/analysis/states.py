@@ -14,7 +14,7 @@ from mixc.frontend.ir import Binary, Expr, Mixer, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape, show
 from mixc.transitions import DENSE, NOT_AFFINE, classify
-from mixc.transitions.base import RuleContext, Transition
+from mixc.transitions.base import NO_ARGS, RuleContext, Transition
 from mixc.transitions.gates import LogGate
 
 __all__ = ["analyze_state"]
@@ -146,14 +146,13 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
         return state
     transitions = tuple(tr for tr, _ in steps)
     shown = next((tr for tr in transitions if tr.gates), transitions[0])
-    matched = list(dict.fromkeys(tr.rule.split(": ", 1)[1] for tr in transitions))
+    matched = list(dict.fromkeys(tr.rule.matched for tr in transitions))
     each = f"each {matched[0]}" if len(matched) == 1 else " then ".join(matched)
     transition = replace(
         shown,
-        rule=f"{shown.rule_name}: {len(steps)} steps per token as sub-tokens, {each}",
+        rule=replace(shown.rule, matched=f"{len(steps)} steps per token as sub-tokens, {each}"),
         gates=tuple(g for tr in transitions for g in tr.gates),
-        beta=None,
-        key=None,
+        args=NO_ARGS,  # each step's are its own
         steps=transitions,
         span=eq.value.span,
     )
@@ -192,10 +191,7 @@ def _canonical(transition: Transition, eq, canon: Canon) -> Transition:
     transition = replace(
         transition,
         span=eq.value.span,
-        beta=canon(transition.beta),
-        key=canon.column(transition.key),
-        read=canon.column(transition.read),
-        gate=canon(transition.gate),
+        args=transition.args.canonical(canon),
         gates=tuple(_canonical_gate(g, canon) for g in transition.gates),
     )
     negative = [g for g in transition.gates if (v := constant(g.decay)) is not None and v <= 0]

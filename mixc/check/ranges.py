@@ -204,10 +204,9 @@ def _transition_bounds(facts: Plan, names: _Names) -> tuple[list[Condition], dic
     for s in facts.states:
         for tr in s.transition.parts:  # each step a token applies
             conditions += tr.transition_class.conditions(s.name, tr)
-            key = tr.transition_class.unit_key(tr)
+            key = tr.transition_class.unit_key(s.name, tr)
             if key is not None:
-                why = f"delta-rule key {tr.key} of {s.name}: norm <= 1 keeps it stable"
-                unit_keys.update(dict.fromkeys(_free(key, names.inputs, set()), why))
+                unit_keys.update(dict.fromkeys(_free(key.expr, names.inputs, set()), key.why))
     return conditions, unit_keys
 
 
@@ -301,7 +300,7 @@ def _wide_sizes(facts: Plan) -> frozenset[str]:
         e
         for s in facts.states
         for tr in s.transition.parts
-        for e in (tr.key, tr.beta, *(w.key for w in s.writes))
+        for e in (*tr.args.exprs(), *(w.key for w in s.writes))
     ]
     exprs += [r.query for o in facts.outputs for r in o.readouts]
     decls = {d.name: d for d in facts.mixer.inputs}

@@ -8,8 +8,6 @@ each backend that runs it chunked, and one line here (see docs/adding-a-class.md
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from mixc.transitions.base import RuleContext, StateTerms, Transition, TransitionClass
 from mixc.transitions.delta import DELTA
 from mixc.transitions.dense import DENSE, NOT_AFFINE
@@ -18,7 +16,15 @@ from mixc.transitions.dplr import DPLR
 from mixc.transitions.elementwise import ELEMENTWISE
 from mixc.transitions.scalar_decay import SCALAR_DECAY
 
-__all__ = ["CLASSES", "DENSE", "NOT_AFFINE", "REGISTRY", "TransitionClass", "classify"]
+__all__ = [
+    "CLASSES",
+    "DENSE",
+    "NOT_AFFINE",
+    "REGISTRY",
+    "TransitionClass",
+    "classify",
+]
+
 
 #: The rule table, in match order; the last rule matches any linear transition.
 REGISTRY: tuple[TransitionClass, ...] = (
@@ -43,5 +49,5 @@ def classify(
     for cls in REGISTRY[start:]:
         found = cls.match(terms, ctx)
         if found is not None:
-            return replace(found, transition_class=cls)
+            return found
     raise AssertionError("the last rule matches every linear transition")

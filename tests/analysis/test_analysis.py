@@ -996,10 +996,10 @@ def test_table_covers_every_shipped_spec_and_enough_variants():
     assert sorted(r.spec for r in ROWS.values() if r.spec.endswith(".mix")) == SHIPPED
     assert len(VARIANT_ROWS) >= 24
     # every transition class and every rule of the table shows up in some row
-    seen_classes = {st.label for r in ROWS.values() for st in r.states.values()}
-    assert seen_classes == {v for c in CLASSES for v in c.variants}
+    seen_labels = {st.label for r in ROWS.values() for st in r.states.values()}
+    assert seen_labels == {rule.label for c in CLASSES for rule in c.rules}
     seen_rules = {st.rule for r in ROWS.values() for st in r.states.values()}
-    assert seen_rules == {rule for c in CLASSES for rule in c.rules}
+    assert seen_rules == {rule.name for c in CLASSES for rule in c.rules}
 
 
 @pytest.mark.parametrize("name", list(ROWS))
@@ -1009,10 +1009,10 @@ def test_row(name):
     got = {
         s.name: S(
             s.transition.label,
-            s.transition.rule_name,
+            s.transition.rule.name,
             write_text(s),
             tuple(gate_text(g) for g in s.transition.gates),
-            None if s.transition.beta is None else f"{s.transition.beta}, {s.transition.key}",
+            None if (erase := s.transition.args.erase()) is None else f"{erase.beta}, {erase.key}",
         )
         for s in facts.states
     }
@@ -1042,7 +1042,7 @@ def test_transition_and_write_pieces_the_backend_reads():
     assert [str(r.query) for r in facts.outputs[0].readouts] == ["C_t"]
     assert str(facts.outputs[0].skip) == "D x_t"
     gdn = analyze(load("gated_deltanet.mix")).state("H")
-    assert (str(gdn.transition.beta), str(gdn.transition.key)) == ("beta_t", "k_t")
+    assert (str(gdn.transition.args.beta), str(gdn.transition.args.key)) == ("beta_t", "k_t")
     assert "stable only if" in gdn.stability
     safe = analyze(load(ROWS["deltanet_derived_key_and_beta"].spec)).state("H")
     assert safe.stability.startswith("stable:")
@@ -1130,10 +1130,9 @@ def facts_summary(facts: Plan) -> tuple:
         (
             s.name,
             s.transition.label,
-            s.transition.rule_name,
+            s.transition.rule.name,
             tuple((g.side, str(g.log), g.proven) for g in s.transition.gates),
-            str(s.transition.beta),
-            str(s.transition.key),
+            s.transition.args.signature(),
             write_text(s),
             s.transition.chunkable,
         )

@@ -143,6 +143,6 @@ def test_compound_decay_times_delta() -> None:
     assert facts.chunkable, facts.reason
     (state,) = facts.states
     assert state.transition.label == "scalar decay times identity minus rank-1"
-    assert str(state.transition.beta) == "sigmoid(b_t)"
+    assert str(state.transition.args.beta) == "sigmoid(b_t)"
     report = fuzz(mixc.load_spec(text=text), examples=4, shrink=False)
     assert report.ok, report.failure.summary()

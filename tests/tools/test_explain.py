@@ -65,7 +65,7 @@ def test_text_report_of_each_shipped_spec(capsys, name):
     facts = analyze(load_spec(SPECS / name))
     assert facts.mixer.name in out and facts.mixer.description in out
     for s in facts.states:
-        assert f": {s.transition.label}  (rule {s.transition.rule_name}:" in out
+        assert f": {s.transition.label}  (rule {s.transition.rule.name}:" in out
         assert MATH[s.transition.label] in out
     assert f"algorithm: {facts.algorithm}" in out
     assert "Parallel form" in out and "Cost per token and head" in out
@@ -168,7 +168,7 @@ def test_json_validates_and_round_trips(capsys, name):
     assert report == explain(load_spec(SPECS / name))
     facts = analyze(load_spec(SPECS / name))
     assert [s.transition_class for s in report.states] == [s.transition.label for s in facts.states]
-    assert [s.rule for s in report.states] == [s.transition.rule_name for s in facts.states]
+    assert [s.rule for s in report.states] == [s.transition.rule.name for s in facts.states]
     assert report.chunkable is facts.chunkable and report.algorithm == facts.algorithm
     assert [g.states for g in report.groups] == [list(g.states) for g in facts.groups]
 

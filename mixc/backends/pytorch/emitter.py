@@ -254,7 +254,7 @@ class _Module:
         out("  recurrent  token by token", 0)
         out("  step       one token, for decoding", 0)
         for s in self.plan.states:
-            out(doc_line(f"State {s.name}: {s.transition.label} ({s.transition.rule_name})."), 0)
+            out(doc_line(f"State {s.name}: {s.transition.label} ({s.transition.rule.name})."), 0)
         if not self.plan.chunkable:
             for line in textwrap.wrap(f"No chunked form: {self.plan.reason}", 100):
                 out(doc_line(line), 0)
@@ -850,7 +850,7 @@ class _Module:
         keeps accurate gradients. None for other classes (emitted from the expanded terms)."""
         s = self.plan.state(name)
         tr = s.transition
-        if not tr.transition_class.step_decays(tr) or tr.gate is not None or not s.writes:
+        if not tr.transition_class.step_decays(tr) or not s.writes:
             return None
         decayed = name
         for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)
