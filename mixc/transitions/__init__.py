@@ -23,18 +23,24 @@ __all__ = [
     "REGISTRY",
     "TransitionClass",
     "classify",
+    "rule_table",
 ]
 
 
+def rule_table(*classes: TransitionClass) -> tuple[TransitionClass, ...]:
+    """The classes as a rule table, in match order. Raises TypeError for a class that inherits
+    what it must define (`TransitionClass.missing`), naming the class and what it lacks, so that
+    a class without its maths or its cost is refused here rather than explained as nothing."""
+    for c in classes:
+        missing = c.missing()
+        if missing:
+            name = c.name or type(c).__name__
+            raise TypeError(f"transition class {name} does not define {', '.join(missing)}")
+    return classes
+
+
 #: The rule table, in match order; the last rule matches any linear transition.
-REGISTRY: tuple[TransitionClass, ...] = (
-    SCALAR_DECAY,
-    DIAGONAL,
-    ELEMENTWISE,
-    DELTA,
-    DPLR,
-    DENSE,
-)
+REGISTRY = rule_table(SCALAR_DECAY, DIAGONAL, ELEMENTWISE, DELTA, DPLR, DENSE)
 
 #: Every class a state can be in: the registry, and updates that are not affine.
 CLASSES: tuple[TransitionClass, ...] = (*REGISTRY, NOT_AFFINE)

@@ -260,7 +260,8 @@ def sum_of(a: Expr | None, b: Expr | None) -> Expr | None:
 
 class TransitionClass:
     """One transition class. Subclasses override what their class has; the defaults describe a
-    class with no chunked form."""
+    class with no chunked form, and `missing` says what a class must define (the registry
+    refuses a class that lacks it)."""
 
     #: The class's name in the registry (also its module's name).
     name: ClassVar[str] = ""
@@ -337,8 +338,8 @@ class TransitionClass:
         return None
 
     def maths(self, tr: Transition) -> Maths:
-        """The chunked form as math in the spec's names (for a class with a kernel)."""
-        return Maths((), (f"none: {tr.reason}",))
+        """The chunked form as math in the spec's names (a class with a kernel defines it)."""
+        raise NotImplementedError(f"{self.name} has no chunked form")
 
     def roles(self, tr: Transition) -> list[tuple[str, Expr]]:
         """What each expression of the transition does ("decay", "erase", ...), for the edge
@@ -350,9 +351,10 @@ class TransitionClass:
         beyond the proven decays."""
         return None
 
-    def cost(self, tr: Transition, d: GroupDims) -> ClassCost | None:
-        """FLOPs and bytes per token of the chunked and quadratic forms; None: not modelled."""
-        return None
+    def cost(self, tr: Transition, d: GroupDims) -> ClassCost:
+        """FLOPs and bytes per token of the chunked and quadratic forms (a class with a kernel
+        defines it)."""
+        raise NotImplementedError(f"{self.name} has no chunked form")
 
     def decays(self, tr: Transition) -> bool:
         """Whether a recurrent step decays the state (elementwise work on every entry)."""
@@ -362,6 +364,19 @@ class TransitionClass:
         """FLOPs per token of one recurrent step: the decay, the writes and the readouts."""
         decay = d.kv * (2 if {"key", "value"} <= tr.sides else 1) if self.decays(tr) else 0
         return decay + 2 * d.r * d.kv + 2 * d.nq * d.kv
+
+    def missing(self) -> list[str]:
+        """What a class of the rule table must define but inherits: its name, its rule table
+        and its rule (`match`); with a kernel, the algorithm, maths and cost of its chunked form
+        (`explain` and the cost model describe every chunked form, and the defaults are those of
+        a class without one); with a stable kernel, that kernel's algorithm. A class without a
+        kernel runs token by token only and needs none of them."""
+        needed = ["name", "rules", "match"]
+        if self.kernel is not None:
+            needed += ["algorithm", "maths", "cost"]
+        if self.stable_kernel is not None:
+            needed.append("stable_algorithm")
+        return [m for m in needed if getattr(type(self), m) is getattr(TransitionClass, m)]
 
     def __repr__(self) -> str:
         return f"<transition class {self.name}>"
