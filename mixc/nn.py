@@ -173,7 +173,10 @@ def roles(spec) -> Roles:
 
     transforms: dict[str, list[str]] = {}
     unit_states = {
-        s.name for s in facts.states if s.transition.kind.unit_key(s.transition) is not None
+        s.name
+        for s in facts.states
+        for part in s.transition.parts  # each step a token applies
+        if part.transition_class.unit_key(s.name, part) is not None
     }
     for o in facts.outputs:  # queries: silu, and l2norm where they read a state of unit keys
         for r in o.readouts:
@@ -191,7 +194,9 @@ def roles(spec) -> Roles:
 
     decays = []
     for s in facts.states:
-        logs = [_as_log(c) for c in s.transition.kind.decay_conditions(s.name, s.transition)]
+        logs = [
+            _as_log(c) for c in s.transition.transition_class.decay_conditions(s.name, s.transition)
+        ]
         logs = [inline(mixer, lg) for lg in logs if lg is not None]
         decays += [Decay(s.name, lg, 1 / len(logs)) for lg in logs]
 

@@ -51,6 +51,16 @@ def test_no_module_imports_itself_through_others():
         visit(module, ())
 
 
+def test_transition_classes_sit_below_the_analysis():
+    """The classes are what the analysis consults, so they import only the language, the
+    algebra and the errors (and each other): never the analysis, the backends or the tools."""
+    below = ("mixc.transitions", "mixc.frontend", "mixc.algebra", "mixc.errors")
+    for name, path in MODULES.items():
+        if name.startswith("mixc.transitions"):
+            above = sorted(m for m in _imports(path) if not m.startswith(below))
+            assert not above, f"{name} imports {', '.join(above)}"
+
+
 def test_commands_that_need_no_torch_do_not_import_it(tmp_path):
     spec = str(ROOT / "specs" / "deltanet.mix")
     commands = [

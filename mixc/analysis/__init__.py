@@ -7,8 +7,8 @@ readouts; and groups the states into chunked passes (`mixc.analysis.plan`). `cos
 cost model.
 
 Import from the modules: `mixc.analysis.plan` (analyze, Plan), `mixc.analysis.facts`,
-`mixc.analysis.cost`; this package imports nothing, so the transition classes can use the facts
-without an import cycle.
+`mixc.analysis.cost`. The transition classes (`mixc.transitions`) sit below the analysis: it
+imports them, never the other way round.
 
 Expressions in the facts are canonical (`mixc.algebra.canon`): equal math gives equal text, and
 the rules compare canonical text, never the spelling.

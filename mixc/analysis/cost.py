@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from mixc.analysis.formula import IO_BYTES, FormCost, Formula, GroupDims
+from mixc.algebra.formula import Formula
 from mixc.analysis.plan import GroupPlan, Plan
+from mixc.transitions.cost import IO_BYTES, FormCost, GroupDims
 
 __all__ = ["Costs", "GroupCost", "costs"]
 
@@ -17,7 +18,7 @@ __all__ = ["Costs", "GroupCost", "costs"]
 @dataclass(frozen=True)
 class GroupCost:
     states: tuple[str, ...]
-    cls: str
+    label: str
     recurrent: FormCost
     chunked: FormCost | None  # None: no chunked form
     quadratic: FormCost | None  # None: no quadratic form
@@ -126,18 +127,20 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
     parts = tr.parts  # several steps a token run as that many sub-tokens
     if len(parts) > 1:
         d = GroupDims(dk, dv, 1, len(group.queries), dg, C, len(parts) * T)
-    recurrent = FormCost(sum(p.kind.recurrent_flops(p, d) for p in parts), d.state_bytes)
+    recurrent = FormCost(
+        sum(p.transition_class.recurrent_flops(p, d) for p in parts), d.state_bytes
+    )
     tr = tr.lead_step
-    if not tr.kind.modelled:
+    if not tr.transition_class.modelled:
         note = (
             "recurrent only; the transition itself is not modelled (no class), so its count is "
             "a lower bound"
         )
-        return GroupCost(group.states, tr.cls, recurrent, None, None, note)
+        return GroupCost(group.states, tr.label, recurrent, None, None, note)
     if not tr.chunkable:
         note = f"recurrent only: {tr.reason}"
-        return GroupCost(group.states, tr.cls, recurrent, None, None, note)
-    found = tr.kind.cost(tr, d)
+        return GroupCost(group.states, tr.label, recurrent, None, None, note)
+    found = tr.transition_class.cost(tr, d)
     steps = len(parts)
     if steps > 1:
         per_token = [
@@ -146,4 +149,4 @@ def _group_cost(plan: Plan, group: GroupPlan, C: Formula, T: Formula) -> GroupCo
         ]
         note = f"{found.note}; {steps} sub-tokens a token (a quadratic form over {steps} T of them)"
         found = replace(found, chunked=per_token[0], quadratic=per_token[1], note=note)
-    return GroupCost(group.states, tr.cls, recurrent, found.chunked, found.quadratic, found.note)
+    return GroupCost(group.states, tr.label, recurrent, found.chunked, found.quadratic, found.note)

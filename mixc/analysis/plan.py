@@ -115,13 +115,17 @@ class GroupPlan:
         return Name(f"_unscale_{self.name}")
 
     @property
-    def kind(self) -> TransitionClass:
-        return self.transition.kind
+    def transition_class(self) -> TransitionClass:
+        return self.transition.transition_class
 
     @property
     def algorithm(self) -> str:
         """The chunked pass's algorithm (a stabilised group's its own)."""
-        return self.kind.stable_algorithm if self.log_scale is not None else self.kind.algorithm
+        return (
+            self.transition_class.stable_algorithm
+            if self.log_scale is not None
+            else self.transition_class.algorithm
+        )
 
     @property
     def name(self) -> str:
@@ -267,7 +271,7 @@ def _unsigned(mixer: Mixer, states) -> Missing | None:
 
 def _chunk_size(groups: tuple[GroupPlan, ...]) -> ChunkSize:
     """The default chunk size of the groups' classes; with several, the smallest."""
-    sizes = [g.transition.kind.chunk_size(g.transition) for g in groups if g.kernel]
+    sizes = [g.transition_class.chunk_size(g.transition) for g in groups if g.kernel]
     if not sizes:
         return ChunkSize(64, "no chunked form: unused")
     best = min(sizes, key=lambda c: c.size)
@@ -296,12 +300,10 @@ def _group_key(s: StateFacts) -> tuple:
     if not tr.chunkable or len(s.writes) != 1 or tr.steps:
         return ("alone", s.name)
     return (
-        tr.kind.name,
-        tr.cls,
+        tr.transition_class.name,
+        tr.label,
         tuple((g.side, str(g.log)) for g in tr.gates),
-        str(tr.beta),
-        str(tr.key),
-        str(tr.read),
+        tr.args.signature(),
         str(s.writes[0].key),
     )
 
@@ -317,11 +319,11 @@ def _groups(states, outputs) -> tuple[GroupPlan, ...]:
     for group in members.values():
         names = tuple(s.name for s in group)
         tr = group[0].transition
-        chunked = tr.chunkable and tr.kind.kernel is not None
-        summary = tr.kind.summary_reason(tr) if chunked else None
+        chunked = tr.chunkable and tr.transition_class.kernel is not None
+        summary = tr.transition_class.summary_reason(tr) if chunked else None
         # a summary acting entry by entry covers a column as any matrix; one acting as S_0 @ P
         # reads a vector state as a row
-        row_summary = tr.kind.summary_action != "elementwise"
+        row_summary = tr.transition_class.summary_action != "elementwise"
         if chunked and summary is None and group[0].column and row_summary:
             summary = "is read entry by entry (a column); the summary covers states as rows"
         queries = _queries([r for r in readouts if r.state in names])
@@ -332,8 +334,8 @@ def _groups(states, outputs) -> tuple[GroupPlan, ...]:
             GroupPlan(
                 names,
                 tr,
-                tr.kind.kernel if chunked else None,
-                tr.kind.kernel_args(tr) if chunked and not tr.steps else (),
+                tr.transition_class.kernel if chunked else None,
+                tr.transition_class.kernel_args(tr) if chunked and not tr.steps else (),
                 queries,
                 None if summary is None else Missing("class", f"{names[0]} {summary}"),
                 sub_tokens=sub_tokens,
@@ -354,7 +356,7 @@ def _sub_tokens(state: StateFacts, queries: tuple[Query, ...]) -> tuple[SubToken
             hint=f"read {state.name}_t",
         )
     return tuple(
-        SubToken(w, tr.kind.kernel_args(tr))
+        SubToken(w, tr.transition_class.kernel_args(tr))
         for tr, w in zip(state.transition.steps, state.writes, strict=True)
     )
 
@@ -367,7 +369,7 @@ def _stabilised(groups, outputs, states):
     for n, g in enumerate(groups):
         members = [next(s for s in states if s.name == name) for name in g.states]
         scale = log_write_scale(members)
-        if g.kernel is None or g.kind.stable_kernel is None or scale is None:
+        if g.kernel is None or g.transition_class.stable_kernel is None or scale is None:
             continue
         if any(q.offset for q in g.queries):
             continue
@@ -405,12 +407,13 @@ def _forms(mixer: Mixer, states, groups) -> Forms:
     if chunk is not None:
         sequential = Missing(chunk.kind, chunk.text.replace("NYI: ", ""))
         return Forms(chunk, chunk, sequential)
-    no_parallel = [g for g in groups if not g.kind.parallel or g.log_scale is not None]
+    no_parallel = [g for g in groups if not g.transition_class.parallel or g.log_scale is not None]
     parallel = (
         Missing(
             "class",
-            f"{no_parallel[0].name}: the {no_parallel[0].kind.name} kernel has no "
-            "quadratic form" + (" with a stabiliser" if no_parallel[0].kind.parallel else ""),
+            f"{no_parallel[0].name}: the {no_parallel[0].transition_class.name} kernel has no "
+            "quadratic form"
+            + (" with a stabiliser" if no_parallel[0].transition_class.parallel else ""),
         )
         if no_parallel
         else None

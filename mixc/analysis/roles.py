@@ -46,7 +46,7 @@ def read_roles(facts: Plan) -> dict[tuple[str, str], tuple[Role, ...]]:
             add("value", w.value, s.name)
             add("write scale", w.scale, s.name)
         for tr in s.transition.parts:
-            for role, e in tr.kind.roles(tr):
+            for role, e in tr.transition_class.roles(tr):
                 add(role, e, s.name)
     for o in facts.outputs:
         for r in o.readouts:

@@ -14,7 +14,7 @@ from mixc.frontend.ir import Binary, Expr, Mixer, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape, show
 from mixc.transitions import DENSE, NOT_AFFINE, classify
-from mixc.transitions.base import RuleContext, Transition
+from mixc.transitions.base import NO_ARGS, RuleContext, Transition
 from mixc.transitions.gates import LogGate
 
 __all__ = ["analyze_state"]
@@ -94,23 +94,25 @@ def _analyze_state(
     )
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
-        chunk = transition.kind.chunk_reason(name, transition, write_terms[0].key)
+        chunk = transition.transition_class.chunk_reason(name, transition, write_terms[0].key)
         if chunk is not None:
             # a later, more general class may chunk what this one cannot (the delta rule
             # writing along another key than it erases along is diagonal plus low rank)
-            other = _canonical(classify(read_terms, ctx, after=transition.kind), eq, canon)
-            if other.reason is None and not other.kind.chunk_reason(
+            other = _canonical(
+                classify(read_terms, ctx, after=transition.transition_class), eq, canon
+            )
+            if other.reason is None and not other.transition_class.chunk_reason(
                 name, other, write_terms[0].key
             ):
                 state, chunk = replace(state, transition=other), None
         state = replace(state, transition=_with_reason(state.transition, chunk))
-    if state.transition.reason is not None or state.transition.kind.kernel is None:
+    if state.transition.reason is not None or state.transition.transition_class.kernel is None:
         if coupled is None and reads:
             state = _as_steps(state, mixer, eq, ex, params, canon)
     stability = "; ".join(
         note
         for part in state.transition.parts
-        if (note := part.kind.stability(part, params)) is not None
+        if (note := part.transition_class.stability(part, params)) is not None
     )
     return replace(state, stability=stability or None)
 
@@ -133,9 +135,9 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
             return None
         tr = _canonical(classify([(t, w[0]) for t, w in reads], ctx), eq, canon)
         write_terms, _ = _writes(writes, shape, ex, canon, False)
-        if not tr.kind.sub_tokens or tr.reason is not None or len(write_terms) != 1:
+        if not tr.transition_class.sub_tokens or tr.reason is not None or len(write_terms) != 1:
             return None
-        if tr.kind.chunk_reason(name, tr, write_terms[0].key) is not None:
+        if tr.transition_class.chunk_reason(name, tr, write_terms[0].key) is not None:
             return None
         return tr, write_terms[0]
 
@@ -144,14 +146,13 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
         return state
     transitions = tuple(tr for tr, _ in steps)
     shown = next((tr for tr in transitions if tr.gates), transitions[0])
-    matched = list(dict.fromkeys(tr.rule.split(": ", 1)[1] for tr in transitions))
+    matched = list(dict.fromkeys(tr.rule.matched for tr in transitions))
     each = f"each {matched[0]}" if len(matched) == 1 else " then ".join(matched)
     transition = replace(
         shown,
-        rule=f"{shown.rule_name}: {len(steps)} steps per token as sub-tokens, {each}",
+        rule=replace(shown.rule, matched=f"{len(steps)} steps per token as sub-tokens, {each}"),
         gates=tuple(g for tr in transitions for g in tr.gates),
-        beta=None,
-        key=None,
+        args=NO_ARGS,  # each step's are its own
         steps=transitions,
         span=eq.value.span,
     )
@@ -190,10 +191,7 @@ def _canonical(transition: Transition, eq, canon: Canon) -> Transition:
     transition = replace(
         transition,
         span=eq.value.span,
-        beta=canon(transition.beta),
-        key=canon.column(transition.key),
-        read=canon.column(transition.read),
-        gate=canon(transition.gate),
+        args=transition.args.canonical(canon),
         gates=tuple(_canonical_gate(g, canon) for g in transition.gates),
     )
     negative = [g for g in transition.gates if (v := constant(g.decay)) is not None and v <= 0]

@@ -41,7 +41,7 @@ def split_steps(update: Expr, state: str, ex: Expander, analyze: StepAnalysis) -
             continue
         first = analyze(inner)
         steps = [first] if first is not None else split_steps(inner, state, ex, analyze)
-        if steps and all(tr.kind is outer[0].kind for tr, _ in steps):
+        if steps and all(tr.transition_class is outer[0].transition_class for tr, _ in steps):
             return [*steps, outer]
     return None
 

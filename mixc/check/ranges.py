@@ -203,11 +203,10 @@ def _transition_bounds(facts: Plan, names: _Names) -> tuple[list[Condition], dic
     unit_keys: dict[str, str] = {}
     for s in facts.states:
         for tr in s.transition.parts:  # each step a token applies
-            conditions += tr.kind.conditions(s.name, tr)
-            key = tr.kind.unit_key(tr)
+            conditions += tr.transition_class.conditions(s.name, tr)
+            key = tr.transition_class.unit_key(s.name, tr)
             if key is not None:
-                why = f"delta-rule key {tr.key} of {s.name}: norm <= 1 keeps it stable"
-                unit_keys.update(dict.fromkeys(_free(key, names.inputs, set()), why))
+                unit_keys.update(dict.fromkeys(_free(key.expr, names.inputs, set()), key.why))
     return conditions, unit_keys
 
 
@@ -301,7 +300,7 @@ def _wide_sizes(facts: Plan) -> frozenset[str]:
         e
         for s in facts.states
         for tr in s.transition.parts
-        for e in (tr.key, tr.beta, *(w.key for w in s.writes))
+        for e in (*tr.args.exprs(), *(w.key for w in s.writes))
     ]
     exprs += [r.query for o in facts.outputs for r in o.readouts]
     decls = {d.name: d for d in facts.mixer.inputs}
@@ -364,7 +363,7 @@ def decays_near_one(r: InputRanges) -> dict[str, str]:
     drawn = {x.name: x for x in r.ranges if x.domain in _DOMAINS}
     modes: dict[str, str] = {}
     for s in r.facts.states:
-        for c in s.transition.kind.decay_conditions(s.name, s.transition):
+        for c in s.transition.transition_class.decay_conditions(s.name, s.transition):
             variables = [n for n in _free(c.expr, names.inputs, names.params) if n in drawn]
             modes.update(_modes_near_one(c, [drawn[n] for n in variables], names.defaults))
     return modes

@@ -47,9 +47,9 @@ def lower(plan: Plan) -> Program:
         states=tuple(
             StateNote(
                 s.name,
-                s.transition.cls,
-                s.transition.rule_name,
-                s.transition.kind.summary_action,
+                s.transition.label,
+                s.transition.rule.name,
+                s.transition.transition_class.summary_action,
             )
             for s in plan.states
         ),
@@ -84,7 +84,7 @@ def _sequence_form(plan: Plan, groups: tuple[GroupPlan, ...], form: str) -> Sequ
 def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
     stable = chunked and group.log_scale is not None
     if stable:
-        kernel = f"chunk_{group.kind.stable_kernel}"
+        kernel = f"chunk_{group.transition_class.stable_kernel}"
     else:
         kernel = f"{'chunk' if chunked else 'parallel'}_{group.kernel}"
     queries = [_query(plan, q.expr, q.offset, q.readouts) for q in group.queries]
@@ -92,7 +92,7 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         queries = [QueryRead(None, False, ())]
     return KernelCall(
         group=group.name,
-        label=group.transition.cls,
+        label=group.transition.label,
         slots=_slots(plan, group),
         kernel=kernel,
         steps=_steps(plan, group, scaled=not stable),
@@ -148,7 +148,7 @@ def _summary(plan: Plan, groups: tuple[GroupPlan, ...]) -> Summary:
             _slots(plan, g),
             f"chunk_{g.kernel}",
             _steps(plan, g, scaled=True),
-            g.kind.summary_action,
+            g.transition_class.summary_action,
         )
         for g in groups
     )
@@ -186,7 +186,7 @@ def _update(plan: Plan, name: str) -> Update:
     if s.terms is None:
         return Update(name, eq.value, expr=inline(plan.mixer, eq.value))
     tr = s.transition
-    if not tr.kind.step_decays(tr) or tr.gate is not None or not s.writes:
+    if not tr.transition_class.step_decays(tr) or not s.writes:
         return Update(name, eq.value, writes=tuple(_product(t) for t in s.terms))
     decays = []
     for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)

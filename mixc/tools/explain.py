@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from mixc.algebra.formula import Formula
 from mixc.analysis.cost import Costs, costs
 from mixc.analysis.facts import OutputFacts, Readout, StateFacts
-from mixc.analysis.formula import FormCost, Formula
 from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.analysis.roles import read_roles
 from mixc.errors import Span
@@ -38,6 +38,8 @@ from mixc.tools.report import (
     WarningInfo,
     WriteInfo,
 )
+from mixc.transitions.base import Maths
+from mixc.transitions.cost import FormCost
 
 __all__ = ["explain", "parallel_form"]
 
@@ -97,7 +99,7 @@ def _cost_info(c: Costs, sizes: dict[str, int]) -> CostInfo:
     groups = [
         GroupCostInfo(
             states=list(g.states),
-            transition_class=g.cls,
+            transition_class=g.label,
             recurrent=_form(g.recurrent, sizes),
             chunked=_form(g.chunked, sizes),
             quadratic=_form(g.quadratic, sizes),
@@ -126,15 +128,15 @@ def _cost_info(c: Costs, sizes: dict[str, int]) -> CostInfo:
 def _state_info(s: StateFacts, plan: Plan) -> StateInfo:
     tr = s.transition
     eq = plan.mixer.update(s.name)
-    rule, _, what = tr.rule.partition(":")
+    erase = tr.args.erase()
     return StateInfo(
         name=s.name,
         shape=[d for d in s.shape if not (s.shape[1] == "1" and d == "1")],
         update=str(eq),
         affine=s.affine,
-        transition_class=tr.cls,
-        rule=rule,
-        rule_description=what.strip(),
+        transition_class=tr.label,
+        rule=tr.rule.name,
+        rule_description=tr.rule.matched,
         chunkable=tr.chunkable,
         reason=tr.reason,
         gates=[
@@ -148,8 +150,8 @@ def _state_info(s: StateFacts, plan: Plan) -> StateInfo:
             )
             for g in tr.gates
         ],
-        beta=_text(tr.beta),
-        erase_key=_text(tr.key),
+        beta=None if erase is None else str(erase.beta),
+        erase_key=None if erase is None else str(erase.key),
         stability=s.stability,
         write_form=s.write_form,
         write_rank=s.rank,
@@ -227,9 +229,9 @@ def _why(plan: Plan) -> list[str]:
     algorithms = {s: g.algorithm for g in plan.groups for s in g.states}
     for s in plan.states:
         tr = s.transition
-        line = f"{s.name}: {tr.cls} (rule {tr.rule_name})"
+        line = f"{s.name}: {tr.label} (rule {tr.rule.name})"
         line += (
-            f" -> {algorithms.get(s.name, tr.kind.algorithm)}"
+            f" -> {algorithms.get(s.name, tr.transition_class.algorithm)}"
             if tr.chunkable
             else f" -> recurrent only: {tr.reason}"
         )
@@ -248,7 +250,7 @@ def _stabiliser(plan: Plan, g: GroupPlan) -> str:
     outputs = "; ".join(f"{o.name} = {o.scaled}" for o in plan.outputs if o.scaled is not None)
     return (
         f"{states}: the write scale exp({g.log_scale}) is carried in log space (xLSTM's "
-        f"max-stabiliser, kernel {g.kind.stable_kernel}): each output row t is computed scaled "
+        f"max-stabiliser, kernel {g.transition_class.stable_kernel}): each output row t is computed scaled "
         f"by {g.unscale.name} = exp(-m_t), m_t the largest exponent it sums, so no exponential "
         f"exceeds 1 and the chunked form stays finite however large {g.log_scale} is; the ratio "
         f"cancels the scale once every term that reads no state is scaled too ({outputs}). The "
@@ -354,8 +356,8 @@ def _sequential_group(lead: StateFacts, group: tuple[str, ...]) -> GroupInfo:
         form = [f"none: {tr.reason}"]
     return GroupInfo(
         states=list(group),
-        transition_class=tr.cls,
-        algorithm=tr.kind.algorithm,
+        transition_class=tr.label,
+        algorithm=tr.transition_class.algorithm,
         legend=f"S_t = G_t(S_{{t-1}}) + W_t, evaluated for t = 1..T in order ({lead.name} = S^T)",
         parallel_form=form,
         quadratic_form=None,
@@ -372,19 +374,19 @@ def _sub_token_line(group: GroupPlan) -> str:
     )
 
 
-def _rows_legend(plan: Plan, group: GroupPlan) -> list[str]:
-    """What the rows of Q, K and V are in the spec's names (values concatenated over a group)."""
+def _rows_legend(plan: Plan, group: GroupPlan, maths: Maths) -> list[str]:
+    """What the rows of Q, K and V are in the spec's names (values concatenated over a group;
+    without their scale where the class's maths apply it)."""
     if group.sub_tokens:
         return _sub_token_legend(group)
     names = group.states
     states = [plan.state(n) for n in names]
-    tr = states[0].transition
     queries = [str(q.expr) for q in group.queries]
     values = []
     for s in states:
         sw = s.writes[0]
         v = "1" if sw.value is None else str(sw.value)
-        if sw.scale is not None and tr.beta is None:
+        if sw.scale is not None and not maths.scales_writes:
             scale = f"({sw.scale})" if " " in str(sw.scale) else str(sw.scale)
             v = f"{scale} {v}" if v != "1" else str(sw.scale)
         values.append(v)
@@ -421,19 +423,18 @@ def _group_info(plan: Plan, group: GroupPlan) -> GroupInfo:
     tr = lead.transition
     if not tr.chunkable:
         return _sequential_group(lead, names)
-    maths = tr.kind.maths(tr)
-    form = list(maths.form)
-    if tr.steps:  # the same kernel over sub-tokens: the maths of a step, the rows interleaved
-        maths = tr.kind.maths(tr.lead_step)
-        form = [_sub_token_line(group), *maths.form]
+    # several steps a token run the same kernel over sub-tokens: the maths of a step, the rows
+    # interleaved
+    maths = tr.transition_class.maths(tr.lead_step)
+    form = [_sub_token_line(group), *maths.form] if tr.steps else list(maths.form)
     if len(names) == 1:
         state = lead.name
         form.append(f"S = {state}^T" if not lead.vector else f"S = {state} (a single value column)")
     return GroupInfo(
         states=list(names),
-        transition_class=tr.cls,
+        transition_class=tr.label,
         algorithm=group.algorithm,
-        legend=",  ".join([*_rows_legend(plan, group), *(() if tr.steps else maths.legend)]),
+        legend=",  ".join([*_rows_legend(plan, group, maths), *(() if tr.steps else maths.legend)]),
         parallel_form=form,
         quadratic_form=maths.quadratic,
     )

@@ -8,8 +8,6 @@ each backend that runs it chunked, and one line here (see docs/adding-a-class.md
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from mixc.transitions.base import RuleContext, StateTerms, Transition, TransitionClass
 from mixc.transitions.delta import DELTA
 from mixc.transitions.dense import DENSE, NOT_AFFINE
@@ -18,17 +16,31 @@ from mixc.transitions.dplr import DPLR
 from mixc.transitions.elementwise import ELEMENTWISE
 from mixc.transitions.scalar_decay import SCALAR_DECAY
 
-__all__ = ["CLASSES", "DENSE", "NOT_AFFINE", "REGISTRY", "TransitionClass", "classify"]
+__all__ = [
+    "CLASSES",
+    "DENSE",
+    "NOT_AFFINE",
+    "REGISTRY",
+    "TransitionClass",
+    "classify",
+    "rule_table",
+]
+
+
+def rule_table(*classes: TransitionClass) -> tuple[TransitionClass, ...]:
+    """The classes as a rule table, in match order. Raises TypeError for a class that inherits
+    what it must define (`TransitionClass.missing`), naming the class and what it lacks, so that
+    a class without its maths or its cost is refused here rather than explained as nothing."""
+    for c in classes:
+        missing = c.missing()
+        if missing:
+            name = c.name or type(c).__name__
+            raise TypeError(f"transition class {name} does not define {', '.join(missing)}")
+    return classes
+
 
 #: The rule table, in match order; the last rule matches any linear transition.
-REGISTRY: tuple[TransitionClass, ...] = (
-    SCALAR_DECAY,
-    DIAGONAL,
-    ELEMENTWISE,
-    DELTA,
-    DPLR,
-    DENSE,
-)
+REGISTRY = rule_table(SCALAR_DECAY, DIAGONAL, ELEMENTWISE, DELTA, DPLR, DENSE)
 
 #: Every class a state can be in: the registry, and updates that are not affine.
 CLASSES: tuple[TransitionClass, ...] = (*REGISTRY, NOT_AFFINE)
@@ -43,5 +55,5 @@ def classify(
     for cls in REGISTRY[start:]:
         found = cls.match(terms, ctx)
         if found is not None:
-            return replace(found, kind=cls)
+            return found
     raise AssertionError("the last rule matches every linear transition")

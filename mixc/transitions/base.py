@@ -11,25 +11,32 @@ keep it stable, and the pieces of random specs that exercise it. The registry
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import ClassVar
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar, Self
 
 from mixc.algebra.canon import Canon, signed
 from mixc.algebra.expand import Expander, Term
-from mixc.analysis.formula import ClassCost, Formula, GroupDims
+from mixc.algebra.formula import Formula
 from mixc.errors import Span
 from mixc.frontend.ir import Binary, Expr
 from mixc.frontend.shapes import Shape
+from mixc.transitions.cost import ClassCost, GroupDims
 from mixc.transitions.gates import LogGate, log_gate
 from mixc.transitions.writing import RandomForm
 
 __all__ = [
+    "NO_ARGS",
     "ChunkSize",
     "Condition",
+    "Erase",
     "KernelArg",
     "Maths",
+    "Rule",
     "RuleContext",
+    "Transition",
+    "TransitionArgs",
     "TransitionClass",
+    "UnitKey",
     "plain",
     "scalar_gates",
 ]
@@ -39,27 +46,83 @@ StateTerms = list[tuple[Term, int]]
 
 
 @dataclass(frozen=True)
+class Rule:
+    """One entry of a class's rule table: the rule's name (`explain` and the generated modules
+    print it), the label of the variant it finds ("scalar data-dependent") and what it matches.
+    A class lists its entries once, in `TransitionClass.rules`, and builds its transitions from
+    them, so that no name is written twice."""
+
+    name: str
+    label: str
+    matched: str
+
+
+@dataclass(frozen=True)
+class Erase:
+    """An erase `I - beta k k^T` a transition applies, for the report of `mixc explain`."""
+
+    beta: Expr
+    key: Expr
+
+
+@dataclass(frozen=True)
+class TransitionArgs:
+    """What a class's rule finds in G_t besides its log-gates (the delta rule's beta and key, a
+    full elementwise gate, ...). A class that finds some declares its own record, a frozen
+    subclass in its module whose every field is an expression (or None) with the role it plays
+    for the state in its metadata (`field(metadata={"role": "erase"})`: `mixc graph` labels the
+    edges of the inputs it reads with it), so that a new argument touches that module only: the
+    analysis canonicalises, compares and groups the records field by field, never by name. This
+    base, with no fields, is the record of a class that finds none."""
+
+    def exprs(self) -> tuple[Expr | None, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def canonical(self, canon: Canon) -> Self:
+        """The record with every expression canonical (a vector as a column)."""
+        return replace(self, **{f.name: canon.column(getattr(self, f.name)) for f in fields(self)})
+
+    def signature(self) -> tuple[str, ...]:
+        """The record as text, field by field: equal signatures are equal arguments (the
+        expressions are canonical), so the states that share them can share a kernel pass."""
+        return tuple(str(e) for e in self.exprs())
+
+    def roles(self) -> list[tuple[str, Expr]]:
+        """Each expression with the role its field declares."""
+        return [
+            (f.metadata["role"], e)
+            for f in fields(self)
+            if (e := getattr(self, f.name)) is not None
+        ]
+
+    def erase(self) -> Erase | None:
+        """The erase the transition applies, or None (`explain` reports it)."""
+        return None
+
+
+#: The record of a transition whose rule finds nothing besides its log-gates.
+NO_ARGS = TransitionArgs()
+
+
+@dataclass(frozen=True)
 class Transition:
-    """What a class's rule found in one state's transition G_t.
+    """What a class's rule found in one state's transition G_t: the rule (an entry of its
+    class's table), the class, the log-gates and the class's own arguments."""
 
-    `kind` is the transition class (an object of the registry in `mixc.transitions`); `cls` the
-    variant it names in reports ("scalar data-dependent"); `rule` the rule that fired and what
-    it matched.
-    """
-
-    cls: str
-    rule: str  # "<rule name>: <what it matched>", e.g. "delta: S_{t-1} (I - beta_t k_t k_t^T)"
+    rule: Rule
+    transition_class: TransitionClass
     gates: tuple[LogGate, ...] = ()
-    beta: Expr | None = None  # identity minus rank-1: I - beta k k^T
-    key: Expr | None = None
-    read: Expr | None = None  # diagonal plus low rank S (D + a b^T): a (key: b)
-    gate: Expr | None = None  # a full elementwise gate (recurrent only)
+    args: TransitionArgs = NO_ARGS
     reason: str | None = None  # why there is no chunked form
     span: Span | None = None
-    kind: TransitionClass | None = None  # set by the registry
-    #: Several steps per token (DeltaProduct), innermost first, each a transition of `kind`:
+    #: Several steps per token (DeltaProduct), innermost first, each a transition of its class:
     #: then this transition is their composition, its gates all theirs (mixc.analysis.steps).
     steps: tuple[Transition, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The variant it names in reports ("scalar data-dependent")."""
+        return self.rule.label
 
     def log(self, side: str) -> Expr | None:
         """Sum of the log-gates on one side ("scalar", "key" or "value"), or None."""
@@ -73,11 +136,6 @@ class Transition:
     def sides(self) -> frozenset[str]:
         """The sides that carry a decay ("scalar", "key", "value")."""
         return frozenset(g.side for g in self.gates)
-
-    @property
-    def rule_name(self) -> str:
-        """The name of the rule that fired (`scalar_data`, `gated_delta`, `not_affine`, ...)."""
-        return self.rule.split(":", 1)[0]
 
     @property
     def parts(self) -> tuple[Transition, ...]:
@@ -137,6 +195,15 @@ class Condition:
     why: str
 
 
+@dataclass(frozen=True)
+class UnitKey:
+    """A key whose norm must be at most 1 for stability and that is not normalised: the inputs
+    it reads are drawn as keys of norm <= 1 (`mixc.check.ranges`), and why."""
+
+    expr: Expr
+    why: str
+
+
 #: Where the classes' default chunk sizes were measured: `benchmarks/run.sh` times each shipped
 #: spec's chunk forward at C = 32 and 64 and keeps the faster (benchmarks/RESULTS.md).
 CHUNK_MEASURED_ON = (
@@ -164,6 +231,9 @@ class Maths:
     legend: tuple[str, ...]
     form: tuple[str, ...]
     quadratic: str | None = None
+    #: Whether the form applies the writes' scale itself (the delta rule's T = (...)^{-1}
+    #: diag(β)): then the rows of V are the values without it.
+    scales_writes: bool = False
 
 
 def plain(terms: StateTerms) -> tuple[Term, tuple[Expr, ...], tuple[Expr, ...]] | None:
@@ -190,7 +260,8 @@ def sum_of(a: Expr | None, b: Expr | None) -> Expr | None:
 
 class TransitionClass:
     """One transition class. Subclasses override what their class has; the defaults describe a
-    class with no chunked form."""
+    class with no chunked form, and `missing` says what a class must define (the registry
+    refuses a class that lacks it)."""
 
     #: The class's name in the registry (also its module's name).
     name: ClassVar[str] = ""
@@ -212,9 +283,8 @@ class TransitionClass:
     sub_tokens: ClassVar[bool] = False
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None
-    #: The variants it reports as `Transition.cls`, and the names of the rules it fires.
-    variants: ClassVar[tuple[str, ...]] = ()
-    rules: ClassVar[tuple[str, ...]] = ()
+    #: The rule table: every rule it fires, each with the variant it finds.
+    rules: ClassVar[tuple[Rule, ...]] = ()
     #: One line: the algorithm of the chunked form, or why there is none.
     algorithm: ClassVar[str] = "recurrent only (no chunked form)"
     #: Whether the cost model counts its recurrent step (False: a lower bound only).
@@ -263,29 +333,28 @@ class TransitionClass:
         """Every bound on the inputs that keeps the transition stable."""
         return self.decay_conditions(state, tr)
 
-    def unit_key(self, tr: Transition) -> Expr | None:
-        """A key whose norm must be at most 1 for stability (and that is not normalised)."""
+    def unit_key(self, state: str, tr: Transition) -> UnitKey | None:
+        """A key of `state` whose norm must be at most 1 for stability, if there is one."""
         return None
 
     def maths(self, tr: Transition) -> Maths:
-        """The chunked form as math in the spec's names (for a class with a kernel)."""
-        return Maths((), (f"none: {tr.reason}",))
+        """The chunked form as math in the spec's names (a class with a kernel defines it)."""
+        raise NotImplementedError(f"{self.name} has no chunked form")
 
     def roles(self, tr: Transition) -> list[tuple[str, Expr]]:
         """What each expression of the transition does ("decay", "erase", ...), for the edge
         labels of `mixc graph`: the inputs an expression reads play that role for the state."""
-        out = [("decay", g.log) for g in tr.gates]
-        out += [(role, e) for role, e in (("erase", tr.beta), ("key", tr.key)) if e is not None]
-        return out + ([("gate", tr.gate)] if tr.gate is not None else [])
+        return [("decay", g.log) for g in tr.gates] + tr.args.roles()
 
     def stability(self, tr: Transition, params: dict[str, Expr]) -> str | None:
         """A note on what keeps the transition stable, for `mixc explain`; None when nothing
         beyond the proven decays."""
         return None
 
-    def cost(self, tr: Transition, d: GroupDims) -> ClassCost | None:
-        """FLOPs and bytes per token of the chunked and quadratic forms; None: not modelled."""
-        return None
+    def cost(self, tr: Transition, d: GroupDims) -> ClassCost:
+        """FLOPs and bytes per token of the chunked and quadratic forms (a class with a kernel
+        defines it)."""
+        raise NotImplementedError(f"{self.name} has no chunked form")
 
     def decays(self, tr: Transition) -> bool:
         """Whether a recurrent step decays the state (elementwise work on every entry)."""
@@ -295,6 +364,19 @@ class TransitionClass:
         """FLOPs per token of one recurrent step: the decay, the writes and the readouts."""
         decay = d.kv * (2 if {"key", "value"} <= tr.sides else 1) if self.decays(tr) else 0
         return decay + 2 * d.r * d.kv + 2 * d.nq * d.kv
+
+    def missing(self) -> list[str]:
+        """What a class of the rule table must define but inherits: its name, its rule table
+        and its rule (`match`); with a kernel, the algorithm, maths and cost of its chunked form
+        (`explain` and the cost model describe every chunked form, and the defaults are those of
+        a class without one); with a stable kernel, that kernel's algorithm. A class without a
+        kernel runs token by token only and needs none of them."""
+        needed = ["name", "rules", "match"]
+        if self.kernel is not None:
+            needed += ["algorithm", "maths", "cost"]
+        if self.stable_kernel is not None:
+            needed.append("stable_algorithm")
+        return [m for m in needed if getattr(type(self), m) is getattr(TransitionClass, m)]
 
     def __repr__(self) -> str:
         return f"<transition class {self.name}>"

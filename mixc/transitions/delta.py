@@ -7,23 +7,29 @@ Chunked form: the kernel `delta`, the UT transform: per chunk T = (I + tril(diag
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from mixc.algebra.expand import Term, transpose_atom
+from mixc.algebra.formula import Formula
 from mixc.algebra.intervals import bounds
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
 from mixc.frontend.ir import Call, Expr, Transpose
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
     CHUNK_MEASURED_ON,
     ChunkSize,
     Condition,
+    Erase,
     KernelArg,
     Maths,
+    Rule,
     Transition,
+    TransitionArgs,
     TransitionClass,
+    UnitKey,
     scalar_gates,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.scalar_decay import scalar_gate
 from mixc.transitions.writing import Core, RandomForm, Update, Writer
 
@@ -133,10 +139,34 @@ def _update_gated_delta(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
     return Update(_delta_spelling(w, c, decay, beta, kx))
 
 
+DELTA_RULE = Rule("delta", "identity minus rank-1", "S_{t-1} (I - beta_t k_t k_t^T)")
+GATED_DELTA = Rule(
+    "gated_delta",
+    "scalar decay times identity minus rank-1",
+    "a_t S_{t-1} (I - beta_t k_t k_t^T)",
+)
+
+
+@dataclass(frozen=True)
+class DeltaArgs(TransitionArgs):
+    """The erase `I - beta k k^T`: its strength beta and its key k."""
+
+    beta: Expr = field(metadata={"role": "erase"})
+    key: Expr = field(metadata={"role": "key"})
+
+    def erase(self) -> Erase:
+        return Erase(self.beta, self.key)
+
+
+def unnormalised_key(key: Expr) -> Expr | None:
+    """The key without its transpose, unless it is an l2norm (then None: its norm is 1)."""
+    key = key.operand if isinstance(key, Transpose) else key
+    return None if isinstance(key, Call) and key.func == "l2norm" else key
+
+
 class Delta(TransitionClass):
     name = "delta"
-    variants = ("identity minus rank-1", "scalar decay times identity minus rank-1")
-    rules = ("delta", "gated_delta")
+    rules = (DELTA_RULE, GATED_DELTA)
     kernel = "delta"
     algorithm = "chunked delta rule (UT transform, fp32 triangular solve)"
     sub_tokens = True  # a zero beta and a zero log-gate are a step that changes nothing
@@ -167,45 +197,40 @@ class Delta(TransitionClass):
                     for atoms, c in quotient.items()
                 ]
             )
-            decay = scalar_gates(t0, ctx)
-            if decay:
-                return Transition(
-                    "scalar decay times identity minus rank-1",
-                    "gated_delta: a_t S_{t-1} (I - beta_t k_t k_t^T)",
-                    tuple(decay),
-                    beta=beta,
-                    key=k,
-                )
-            return Transition(
-                "identity minus rank-1", "delta: S_{t-1} (I - beta_t k_t k_t^T)", beta=beta, key=k
-            )
+            decay = tuple(scalar_gates(t0, ctx))
+            return Transition(GATED_DELTA if decay else DELTA_RULE, self, decay, DeltaArgs(beta, k))
         return None
 
     def kernel_args(self, tr):
-        return (KernelArg("beta", tr.beta, "scalar"), KernelArg("g", tr.log("scalar"), "scalar"))
+        return (
+            KernelArg("beta", tr.args.beta, "scalar"),
+            KernelArg("g", tr.log("scalar"), "scalar"),
+        )
 
     def chunk_reason(self, state, tr, write_key):
-        if str(tr.key) != str(write_key):
+        if str(tr.args.key) != str(write_key):
             return (
-                f"NYI: the delta rule of {state} erases along {tr.key} but writes along "
+                f"NYI: the delta rule of {state} erases along {tr.args.key} but writes along "
                 f"{write_key}; the chunked form needs the same key in both"
             )
         return None
 
     def maths(self, tr: Transition) -> Maths:
         """The UT transform of a chunk (with the decay mask Γ when there is a decay)."""
+        beta = tr.args.beta
         if not tr.gates:
             return Maths(
-                (f"β rows = {tr.beta}",),
+                (f"β rows = {beta}",),
                 (
                     "T = (I + tril(diag(β) K K^T, -1))^{-1} diag(β),  W = T K,  U = T V",
                     "Y = Q S_0 + (Q K^T ⊙ M) (U - W S_0)",
                     "S_C = S_0 + K^T (U - W S_0)",
                 ),
                 "the chunked form with one chunk of T tokens (S_0 = 0)",
+                scales_writes=True,
             )
         return Maths(
-            (f"β rows = {tr.beta}", f"g = {tr.log('scalar')}"),
+            (f"β rows = {beta}", f"g = {tr.log('scalar')}"),
             (
                 "T = (I + tril(diag(β) (K K^T ⊙ Γ), -1))^{-1},  U = T diag(β) V,  "
                 "W = T diag(β) diag(exp(b)) K",
@@ -214,16 +239,20 @@ class Delta(TransitionClass):
                 "S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T (U - W S_0)",
             ),
             "the chunked form with one chunk of T tokens (S_0 = 0)",
+            scales_writes=True,
         )
 
     def conditions(self, state, tr):
         """Decays in (0, 1], and beta in [0, 2]: the eigenvalue 1 - beta |k|^2 in [-1, 1]."""
-        why = f"delta-rule beta {tr.beta} of {state} in [0, 2]"
-        return [*self.decay_conditions(state, tr), Condition(tr.beta, 0.0, 2.0, why)]
+        beta = tr.args.beta
+        why = f"delta-rule beta {beta} of {state} in [0, 2]"
+        return [*self.decay_conditions(state, tr), Condition(beta, 0.0, 2.0, why)]
 
-    def unit_key(self, tr):
-        key = tr.key.operand if isinstance(tr.key, Transpose) else tr.key
-        return None if isinstance(key, Call) and key.func == "l2norm" else key
+    def unit_key(self, state, tr):
+        key = unnormalised_key(tr.args.key)
+        if key is None:
+            return None
+        return UnitKey(key, f"delta-rule key {tr.args.key} of {state}: norm <= 1 keeps it stable")
 
     def chunk_size(self, tr):
         return ChunkSize(
@@ -239,14 +268,13 @@ class Delta(TransitionClass):
 
     def stability(self, tr, params):
         """Stable when |k| = 1 and beta is in [0, 2] (eigenvalues 1 and 1 - beta)."""
-        unit = isinstance(tr.key, Call) and tr.key.func == "l2norm"
-        lo, hi = bounds(tr.beta, defaults=params)
+        beta, key = tr.args.beta, tr.args.key
+        unit = isinstance(key, Call) and key.func == "l2norm"
+        lo, hi = bounds(beta, defaults=params)
         beta_ok = lo >= 0 and hi <= 2
         parts = [
-            f"|{tr.key}| = 1 (l2norm)"
-            if unit
-            else f"|{tr.key}| = 1 not proven (write l2norm({tr.key}))",
-            f"{tr.beta} in [{lo:g}, {hi:g}]" if beta_ok else f"{tr.beta} in [0, 2] not proven",
+            f"|{key}| = 1 (l2norm)" if unit else f"|{key}| = 1 not proven (write l2norm({key}))",
+            f"{beta} in [{lo:g}, {hi:g}]" if beta_ok else f"{beta} in [0, 2] not proven",
         ]
         verdict = "stable" if unit and beta_ok else "stable only if"
         return (

@@ -5,19 +5,23 @@ state at all (`tanh(H_{t-1})`). They run in the recurrent form and step only."""
 from __future__ import annotations
 
 from mixc.errors import Span
-from mixc.transitions.base import Transition, TransitionClass
+from mixc.transitions.base import Rule, Transition, TransitionClass
+
+GENERAL = Rule("general_dense", "general dense", "any other linear map of S_{t-1}")
+COUPLED = Rule("coupled_states", "general dense", "the update reads another state")
+NO_RECURRENCE = Rule("no_recurrence", "general dense", "S_t does not read S_{t-1}")
+NOT_AFFINE_RULE = Rule("not_affine", "not affine", "the update is not affine in S_{t-1}")
 
 
 class Dense(TransitionClass):
     name = "dense"
-    variants = ("general dense",)
-    rules = ("general_dense", "coupled_states", "no_recurrence")
+    rules = (GENERAL, COUPLED, NO_RECURRENCE)
     modelled = False
 
     def match(self, terms, ctx):
         return Transition(
-            "general dense",
-            "general_dense: any other linear map of S_{t-1}",
+            GENERAL,
+            self,
             reason="NYI: this transition is linear but in no class with a chunked form "
             "(scalar, diagonal, outer-product gate, identity minus rank-1, diagonal plus rank-1, "
             "or those times a scalar decay)",
@@ -26,40 +30,31 @@ class Dense(TransitionClass):
     def coupled(self, state: str, other, where: str) -> Transition:
         """The update of `state` reads another state (`other`, an expression)."""
         return Transition(
-            "general dense",
-            "coupled_states: the update reads another state",
+            COUPLED,
+            self,
             reason=f"NYI: the update of {state} reads another state ({other}{where}); "
             "coupled states run step by step",
             span=other.span,
-            kind=self,
         )
 
     def no_recurrence(self, state: str, span: Span | None) -> Transition:
         return Transition(
-            "general dense",
-            "no_recurrence: S_t does not read S_{t-1}",
+            NO_RECURRENCE,
+            self,
             reason=f"NYI: {state}_t does not depend on {state}_{{t-1}}; write it as a per-token "
             "value instead",
             span=span,
-            kind=self,
         )
 
 
 class NotAffine(TransitionClass):
     name = "not_affine"
-    variants = ("not affine",)
-    rules = ("not_affine",)
+    rules = (NOT_AFFINE_RULE,)
     algorithm = "recurrent only (the update is not affine in the state: no chunked form exists)"
     modelled = False
 
     def transition(self, why: str, span: Span | None) -> Transition:
-        return Transition(
-            "not affine",
-            "not_affine: the update is not affine in S_{t-1}",
-            reason=f"not affine: {why}",
-            span=span,
-            kind=self,
-        )
+        return Transition(NOT_AFFINE_RULE, self, reason=f"not affine: {why}", span=span)
 
 
 DENSE = Dense()

@@ -7,7 +7,6 @@ measured from each block's middle, so that no factor exp(-b) can overflow.
 
 from __future__ import annotations
 
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.frontend.ir import Call, Expr
 from mixc.frontend.shapes import SCALAR
 from mixc.transitions.base import (
@@ -15,6 +14,7 @@ from mixc.transitions.base import (
     ChunkSize,
     KernelArg,
     Maths,
+    Rule,
     RuleContext,
     StateTerms,
     Transition,
@@ -23,6 +23,7 @@ from mixc.transitions.base import (
     scalar_gates,
     sum_of,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.gates import LogGate
 from mixc.transitions.writing import Core, RandomForm, Update, Writer, decayed_update
 
@@ -104,10 +105,14 @@ def _outer(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
     return decayed_update(w, c, f"({gv} {gk}{w.T}) {w.had} {c.prev}")
 
 
+KEY_SIDE = Rule("diagonal_key", "diagonal key-side", "S_{t-1} diag(a_t)")
+VALUE_SIDE = Rule("diagonal_value", "diagonal value-side", "diag(a_t) S_{t-1}")
+OUTER = Rule("outer_product_gate", "elementwise gate", "(a_t b_t^T) ⊙ S_{t-1}")
+
+
 class Diagonal(TransitionClass):
     name = "diagonal"
-    variants = ("diagonal key-side", "diagonal value-side", "elementwise gate")
-    rules = ("diagonal_key", "diagonal_value", "outer_product_gate")
+    rules = (KEY_SIDE, VALUE_SIDE, OUTER)
     kernel = "diagonal"
     algorithm = "chunked diagonal gate (sub-chunks, factors measured from a boundary)"
 
@@ -120,12 +125,12 @@ class Diagonal(TransitionClass):
         if not sides:
             return None
         if sides == {"key"}:
-            return Transition("diagonal key-side", "diagonal_key: S_{t-1} diag(a_t)", gates)
+            return Transition(KEY_SIDE, self, gates)
         if sides == {"value"}:
             if ctx.shape[1] == "1":
                 return None  # a vector state read entry by entry (a column): the elementwise class
-            return Transition("diagonal value-side", "diagonal_value: diag(a_t) S_{t-1}", gates)
-        return Transition("elementwise gate", "outer_product_gate: (a_t b_t^T) ⊙ S_{t-1}", gates)
+            return Transition(VALUE_SIDE, self, gates)
+        return Transition(OUTER, self, gates)
 
     def kernel_args(self, tr):
         scalar, key, value = tr.log("scalar"), tr.log("key"), tr.log("value")

@@ -14,30 +14,67 @@ from a boundary (as the diagonal gate's).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from mixc.algebra.canon import signed
 from mixc.algebra.expand import Term, transpose_atom
+from mixc.algebra.formula import Formula
 from mixc.algebra.intervals import bounds
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
-from mixc.frontend.ir import Binary, Call, Expr, Number, Transpose
+from mixc.frontend.ir import Binary, Call, Expr, Number
 from mixc.transitions.base import (
     ChunkSize,
     Condition,
+    Erase,
     KernelArg,
     Maths,
+    Rule,
     RuleContext,
     StateTerms,
     Transition,
+    TransitionArgs,
     TransitionClass,
+    UnitKey,
     sum_of,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
+from mixc.transitions.delta import unnormalised_key
 from mixc.transitions.diagonal import gates_of
+from mixc.transitions.gates import LogGate
 from mixc.transitions.writing import Core, RandomForm, Update, Writer
 
-#: The variants, by how the rank-1 term relates to the diagonal (see Dplr.conditions).
-GATED_ERASE = "diagonal times identity minus rank-1"  # S D (I - beta k k^T)
-ERASE = "diagonal minus rank-1"  # S (D - beta k k^T)
-GENERAL = "diagonal plus low rank"  # S (D + a b^T)
+#: The rule, one for every variant, which it tells apart by how the rank-1 term relates to the
+#: diagonal (see `_variant` and Dplr.conditions).
+_RULE = "diagonal_plus_low_rank"
+GATED_ERASE = Rule(
+    _RULE, "diagonal times identity minus rank-1", "S_{t-1} D_t (I - beta_t k_t k_t^T)"
+)
+ERASE = Rule(_RULE, "diagonal minus rank-1", "S_{t-1} (D_t - beta_t k_t k_t^T)")
+GENERAL = Rule(_RULE, "diagonal plus low rank", "S_{t-1} (D_t + a_t b_t^T)")
+
+
+@dataclass(frozen=True)
+class DplrArgs(TransitionArgs):
+    """The rank-1 term a b^T of S (D + a b^T): b, the key it writes along, and a, the direction
+    along which it reads the state; for an erase along b (a = -beta D b or a = -beta b) its
+    strength beta, else None."""
+
+    beta: Expr | None = field(metadata={"role": "erase"})
+    key: Expr = field(metadata={"role": "key"})
+    read: Expr = field(metadata={"role": "rank-1 read"})
+
+    def erase(self) -> Erase | None:
+        return None if self.beta is None else Erase(self.beta, self.key)
+
+
+@dataclass(frozen=True)
+class _RankOne:
+    """A term `scale S_{t-1} diag(x)... core r^T diag(y)...`: its scale, the diag arguments x on
+    a's side, a's core and b = y ⊙ ... ⊙ r."""
+
+    scale: Term
+    diags: list[Expr]
+    core: Expr
+    b: Expr
 
 
 def _is_diag(e: Expr) -> bool:
@@ -48,9 +85,9 @@ def _column(e: Expr, ctx: RuleContext) -> Expr:
     return transpose_atom(e, ctx.expander.shape(e)) if ctx.expander.shape(e)[0] == "1" else e
 
 
-def _rank_one(t: Term, at: int, ctx: RuleContext):
-    """A term `scale S_{t-1} diag(x)... c r^T diag(y)...` as (scale term, the diag arguments on
-    a's side, a's core c, b = y ⊙ ... ⊙ r), or None for another shape."""
+def _rank_one(t: Term, at: int, ctx: RuleContext) -> _RankOne | None:
+    """A term `scale S_{t-1} diag(x)... c r^T diag(y)...` as a _RankOne, or None for another
+    shape."""
     right = t.chain[at + 1 :]
     ex = ctx.expander
     cols = [i for i, f in enumerate(right) if ex.shape(f)[1] == "1" and ex.shape(f)[0] != "1"]
@@ -63,7 +100,9 @@ def _rank_one(t: Term, at: int, ctx: RuleContext):
     b = _column(row, ctx)
     for f in after:
         b = Binary("*", _column(f.args[0], ctx), b)
-    return Term(coeff=t.coeff, scalars=t.scalars), [f.args[0] for f in before], right[i], b
+    return _RankOne(
+        Term(coeff=t.coeff, scalars=t.scalars), [f.args[0] for f in before], right[i], b
+    )
 
 
 def _vector(scale: Term, diags: list[Expr], core: Expr, ctx: RuleContext) -> Expr:
@@ -175,10 +214,44 @@ def _split_note(gate: Expr | None) -> str:
     )
 
 
+def _diagonal_gates(diagonal: StateTerms, ctx: RuleContext) -> tuple[LogGate, ...] | None:
+    """The log-gates of the term `S_{t-1} D` (scalar decays and key-side diag(..) factors), or
+    None when D is no such diagonal (a full gate, a value-side gate, another shape)."""
+    found = gates_of(diagonal, ctx)
+    if found is None or found[1] is not None:
+        return None
+    gates = tuple(found[0])
+    return None if any(g.side == "value" for g in gates) else gates
+
+
+def _variant(
+    low: list[_RankOne], gates: tuple[LogGate, ...], ctx: RuleContext
+) -> tuple[Rule, Expr | None]:
+    """The rule of the rank-1 terms (all along one b), classed by the algebra, and the erase
+    strength beta when they are an erase: a = -beta D b (`S D (I - beta b b^T)`), a = -beta b
+    (`S (D - beta b b^T)`), or any other a (beta None)."""
+    key, b = ctx.canon.key, low[0].b
+    diag_sets = {tuple(sorted(key(_column(x, ctx)) for x in r.diags)) for r in low}
+    if {key(r.core) for r in low} != {key(b)} or len(diag_sets) != 1:
+        return GENERAL, None
+    beta = ctx.canon.terms([Term(coeff=-r.scale.coeff, scalars=r.scale.scalars) for r in low])
+    own = tuple(
+        sorted(
+            key(_column(g.decay.args[0] if _is_diag(g.decay) else g.decay, ctx))
+            for g in gates
+            if g.side == "key"
+        )
+    )
+    if diag_sets == {own} and not any(g.side == "scalar" for g in gates):
+        return GATED_ERASE, beta
+    if diag_sets in ({()}, {own}):
+        return ERASE, beta
+    return GENERAL, None
+
+
 class Dplr(TransitionClass):
     name = "dplr"
-    variants = (GATED_ERASE, ERASE, GENERAL)
-    rules = ("diagonal_plus_low_rank",)
+    rules = (GATED_ERASE, ERASE, GENERAL)
     kernel = "dplr"
     algorithm = (
         "chunked diagonal plus low rank (generalised UT transform, fp32 triangular solve, "
@@ -188,66 +261,27 @@ class Dplr(TransitionClass):
     def match(self, terms: StateTerms, ctx: RuleContext):
         """One term `S_{t-1} D` (D: diag(..) factors and scalar decays, or nothing) and one or
         more rank-1 terms `scale S_{t-1} diag(..) a b^T diag(..)` sharing b: the transition
-        S (D + a b^T) however it is written. The rank-1 term is classed by the algebra: a =
-        -beta D b (`S D (I - beta b b^T)`), a = -beta b, or any other a."""
+        S (D + a b^T) however it is written, its variant by how a relates to b (`_variant`)."""
         if ctx.shape[1] == "1" or len(terms) < 2:
             return None
         low, diagonal = [], []
         for t, at in terms:
             found = _rank_one(t, at, ctx)
-            (low if found else diagonal).append(found or (t, at))
+            if found:
+                low.append(found)
+            else:
+                diagonal.append((t, at))
         if len(diagonal) != 1 or not low:
             return None
-        gates_found = gates_of(diagonal, ctx)
-        if gates_found is None or gates_found[1] is not None:
-            return None
-        gates = tuple(gates_found[0])
-        if any(g.side == "value" for g in gates):
-            return None
-        key = ctx.canon.key
-        b = low[0][3]
-        if any(key(x[3]) != key(b) for x in low):
-            return None  # rank 2 or more
+        gates = _diagonal_gates(diagonal, ctx)
+        key, b = ctx.canon.key, low[0].b
+        if gates is None or any(key(r.b) != key(b) for r in low):
+            return None  # no such diagonal, or a rank of 2 or more
         a = None
-        for scale, diags, core, _ in low:
-            a = sum_of(a, _vector(scale, diags, core, ctx))
-        cores = {key(core) for _, _, core, _ in low}
-        diag_sets = {tuple(sorted(key(_column(x, ctx)) for x in diags)) for _, diags, _, _ in low}
-        if cores != {key(b)} or len(diag_sets) != 1:
-            return Transition(
-                GENERAL, "diagonal_plus_low_rank: S_{t-1} (D_t + a_t b_t^T)", gates, key=b, read=a
-            )
-        beta = ctx.canon.terms(
-            [Term(coeff=-scale.coeff, scalars=scale.scalars) for scale, _, _, _ in low]
-        )
-        own = tuple(
-            sorted(
-                key(_column(g.decay.args[0] if _is_diag(g.decay) else g.decay, ctx))
-                for g in gates
-                if g.side == "key"
-            )
-        )
-        if diag_sets == {own} and not any(g.side == "scalar" for g in gates):
-            return Transition(
-                GATED_ERASE,
-                "diagonal_plus_low_rank: S_{t-1} D_t (I - beta_t k_t k_t^T)",
-                gates,
-                beta=beta,
-                key=b,
-                read=a,
-            )
-        if diag_sets in ({()}, {own}):
-            return Transition(
-                ERASE,
-                "diagonal_plus_low_rank: S_{t-1} (D_t - beta_t k_t k_t^T)",
-                gates,
-                beta=beta,
-                key=b,
-                read=a,
-            )
-        return Transition(
-            GENERAL, "diagonal_plus_low_rank: S_{t-1} (D_t + a_t b_t^T)", gates, key=b, read=a
-        )
+        for r in low:
+            a = sum_of(a, _vector(r.scale, r.diags, r.core, ctx))
+        rule, beta = _variant(low, gates, ctx)
+        return Transition(rule, self, gates, DplrArgs(beta, b, a))
 
     def kernel_args(self, tr):
         """a, b and the log-gate, and the gate's lower bound where the interval arithmetic
@@ -256,8 +290,8 @@ class Dplr(TransitionClass):
         gate = sum_of(tr.log("key"), tr.log("scalar"))
         least = _least_gate(gate)
         return (
-            KernelArg("a", tr.read, "vector"),
-            KernelArg("b", tr.key, "vector"),
+            KernelArg("a", tr.args.read, "vector"),
+            KernelArg("b", tr.args.key, "vector"),
             KernelArg("gk", gate, "vector"),
             KernelArg("gk_min", Number(repr(least)) if math.isfinite(least) else None, "bound"),
         )
@@ -265,7 +299,7 @@ class Dplr(TransitionClass):
     def maths(self, tr: Transition) -> Maths:
         """The generalised UT transform of a chunk (S = H^T: S_t = (D_t + b_t a_t^T) S_{t-1})."""
         gate = sum_of(tr.log("key"), tr.log("scalar"))
-        legend = [f"a rows = {tr.read}", f"b rows = {tr.key}"]
+        legend = [f"a rows = {tr.args.read}", f"b rows = {tr.args.key}"]
         legend.append(f"g = {gate} (one log-gate per key channel)" if gate else "g = 0 (no decay)")
         return Maths(
             tuple(legend),
@@ -284,49 +318,45 @@ class Dplr(TransitionClass):
         """Decays in (0, 1], and for an erase along the key b a beta that keeps D + a b^T
         contractive with |b| = 1: [0, 2] for D (I - beta b b^T), [0, 1] for D - beta b b^T."""
         out = self.decay_conditions(state, tr)
-        if tr.beta is not None:
-            hi = 2.0 if tr.cls == GATED_ERASE else 1.0
-            out.append(
-                Condition(tr.beta, 0.0, hi, f"erase strength {tr.beta} of {state} in [0, {hi:g}]")
-            )
+        beta = tr.args.beta
+        if beta is not None:
+            hi = 2.0 if tr.rule == GATED_ERASE else 1.0
+            out.append(Condition(beta, 0.0, hi, f"erase strength {beta} of {state} in [0, {hi:g}]"))
         return out
 
-    def unit_key(self, tr):
+    def unit_key(self, state, tr):
         """The erase key (drawn with norm <= 1 unless it is an l2norm); for another rank-1 term,
         the inputs of a and b."""
-        if tr.beta is not None:
-            key = tr.key.operand if isinstance(tr.key, Transpose) else tr.key
-            return None if isinstance(key, Call) and key.func == "l2norm" else key
-        return Binary("*", tr.read, tr.key)
-
-    def roles(self, tr):
-        """The base roles (decays, erase scale, the key b the rank-1 term writes along), and a,
-        the direction along which it reads the state."""
-        return [*super().roles(tr), ("rank-1 read", tr.read)]
+        beta, key, read = tr.args.beta, tr.args.key, tr.args.read
+        if beta is None:
+            why = (
+                f"rank-1 term a b^T of {state} (a = {read}, b = {key}): norms <= 1 keep it bounded"
+            )
+            return UnitKey(Binary("*", read, key), why)
+        plain = unnormalised_key(key)
+        why = f"erase key {key} of {state}: norm <= 1 keeps it stable"
+        return None if plain is None else UnitKey(plain, why)
 
     def stability(self, tr, params):
-        if tr.beta is None:
+        beta, key = tr.args.beta, tr.args.key
+        if beta is None:
             return (
-                f"not proven: D_t + a_t b_t^T with a = {tr.read}, b = {tr.key} has no proven "
+                f"not proven: D_t + a_t b_t^T with a = {tr.args.read}, b = {key} has no proven "
                 "norm bound (RWKV-7 keeps it near contractive with a = -kk, b = kk ⊙ alpha, "
                 "|kk| = 1, alpha in (0, 1): then I + a b^T has eigenvalues 1 and "
                 "1 - Σ alpha kk^2 in [0, 1])"
             )
-        unit = isinstance(tr.key, Call) and tr.key.func == "l2norm"
-        hi = 2.0 if tr.cls == GATED_ERASE else 1.0
-        lo_b, hi_b = bounds(tr.beta, defaults=params)
+        unit = isinstance(key, Call) and key.func == "l2norm"
+        hi = 2.0 if tr.rule == GATED_ERASE else 1.0
+        lo_b, hi_b = bounds(beta, defaults=params)
         beta_ok = lo_b >= 0 and hi_b <= hi
         parts = [
-            f"|{tr.key}| = 1 (l2norm)"
-            if unit
-            else f"|{tr.key}| = 1 not proven (write l2norm({tr.key}))",
-            f"{tr.beta} in [{lo_b:g}, {hi_b:g}]"
-            if beta_ok
-            else f"{tr.beta} in [0, {hi:g}] not proven",
+            f"|{key}| = 1 (l2norm)" if unit else f"|{key}| = 1 not proven (write l2norm({key}))",
+            f"{beta} in [{lo_b:g}, {hi_b:g}]" if beta_ok else f"{beta} in [0, {hi:g}] not proven",
         ]
         why = (
             "|D| <= 1 and I - beta k k^T has eigenvalues 1 and 1 - beta |k|^2"
-            if tr.cls == GATED_ERASE
+            if tr.rule == GATED_ERASE
             else "D - beta k k^T is symmetric with eigenvalues in [-beta, 1], and "
             "D (a I - beta k k^T) for a scalar decay a has norm at most 1"
         )

@@ -9,17 +9,21 @@ no quadratic form (the decay between two tokens is a matrix per pair).
 
 from __future__ import annotations
 
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, GroupDims
+from dataclasses import dataclass, field
+
 from mixc.frontend.ir import Binary, Expr, Timed, Transpose, walk
 from mixc.transitions.base import (
     ChunkSize,
     Condition,
     KernelArg,
     Maths,
+    Rule,
     Transition,
+    TransitionArgs,
     TransitionClass,
     sum_of,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.diagonal import _vector_gate, gates_of
 from mixc.transitions.writing import Core, RandomForm, Update, decayed_update
 
@@ -48,10 +52,23 @@ def _per_token(e: Expr) -> bool:
     return any(isinstance(n, Timed) for n in walk(e))
 
 
+FULL = Rule("full_elementwise_gate", "elementwise gate", "G_t ⊙ S_{t-1}, G_t a full matrix")
+COLUMN = Rule(
+    "column_gate", "elementwise gate", "a_t ⊙ s_{t-1}, a vector state read entry by entry"
+)
+
+
+@dataclass(frozen=True)
+class ElementwiseArgs(TransitionArgs):
+    """The full gate G_t of `G_t ⊙ S_{t-1}` (its log is among the log-gates, side "full"), which
+    must lie in [0, 1]; None for a column's gate, a vector of decays among the log-gates."""
+
+    gate: Expr | None = field(metadata={"role": "gate"})
+
+
 class Elementwise(TransitionClass):
     name = "elementwise"
-    variants = ("elementwise gate",)
-    rules = ("full_elementwise_gate", "column_gate")
+    rules = (FULL, COLUMN)
     kernel = "elementwise"
     algorithm = "chunked elementwise scan (running products of the decays inside each chunk)"
     summary_action = "elementwise"  # a sequence acts on the state as G ⊙ S_0 + F
@@ -62,20 +79,11 @@ class Elementwise(TransitionClass):
             return None
         gates, full = found
         if full is not None:
-            return Transition(
-                "elementwise gate",
-                "full_elementwise_gate: G_t ⊙ S_{t-1}, G_t a full matrix",
-                (*gates, ctx.gate(full, "full")),
-                gate=full,
-            )
+            return Transition(FULL, self, (*gates, ctx.gate(full, "full")), ElementwiseArgs(full))
         # a vector state read entry by entry is a column (one key channel): its gate is on the
         # value side, one decay per entry
         if ctx.shape[1] == "1" and {g.side for g in gates} - {"scalar"} == {"value"}:
-            return Transition(
-                "elementwise gate",
-                "column_gate: a_t ⊙ s_{t-1}, a vector state read entry by entry",
-                tuple(gates),
-            )
+            return Transition(COLUMN, self, tuple(gates), ElementwiseArgs(None))
         return None
 
     def log_gate(self, tr: Transition) -> Expr:
@@ -103,10 +111,11 @@ class Elementwise(TransitionClass):
     def decay_conditions(self, state, tr):
         """The log-gates <= 0, and a full gate G_t in [0, 1]."""
         conditions = super().decay_conditions(state, tr)
-        if tr.gate is None:
+        gate = tr.args.gate
+        if gate is None:
             return conditions
-        why = f"elementwise gate {tr.gate} of {state} in [0, 1]"
-        return [*conditions, Condition(tr.gate, 0.0, 1.0, why)]
+        why = f"elementwise gate {gate} of {state} in [0, 1]"
+        return [*conditions, Condition(gate, 0.0, 1.0, why)]
 
     def maths(self, tr: Transition) -> Maths:
         return Maths(

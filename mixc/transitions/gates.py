@@ -33,11 +33,19 @@ class LogGate:
 
 
 def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
-    """The log of one decay factor, in a form that never computes log(sigmoid(.))."""
+    """The log of one decay factor, in a form that never computes log(sigmoid(.)): the safe log
+    its form has (`_log_of_form`), else its plain log, proven by the values it takes
+    (`_log_of_values`)."""
     inner = decay.operand if isinstance(decay, Transpose) else decay
     if isinstance(inner, Call) and inner.func == "diag":
         inner = inner.args[0]
         inner = inner.operand if isinstance(inner, Transpose) else inner
+    return _log_of_form(inner, decay, side, params) or _log_of_values(inner, decay, side, params)
+
+
+def _log_of_form(inner: Expr, decay: Expr, side: str, params: dict[str, Expr]) -> LogGate | None:
+    """The log of a decay (`inner`, its entries) whose form has one: a sigmoid's logsigmoid,
+    1 - sigmoid(x) = sigmoid(-x), an exp's argument, a product's sum; None for another form."""
     if isinstance(inner, Call) and inner.func == "sigmoid":
         return LogGate(side, decay, Call("logsigmoid", inner.args), True, "sigmoid(x) is in (0, 1)")
     if (
@@ -72,6 +80,12 @@ def log_gate(decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
             notes,
             a.unsigned + b.unsigned,
         )
+    return None
+
+
+def _log_of_values(inner: Expr, decay: Expr, side: str, params: dict[str, Expr]) -> LogGate:
+    """The log of a decay (`inner`, its entries) as log(decay), in (0, 1] where the values it
+    takes are: a constant, 1/x with x >= 1, or any expression by interval arithmetic."""
     value = constant(inner)
     if value is not None:
         ok = 0 < value <= 1

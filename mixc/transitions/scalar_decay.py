@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mixc.analysis.formula import ACC_BYTES, ClassCost, FormCost, Formula, GroupDims
+from mixc.algebra.formula import Formula
 from mixc.frontend.ir import Timed, walk
 from mixc.transitions.base import (
     CHUNK_MEASURED_ON,
     ChunkSize,
     KernelArg,
     Maths,
+    Rule,
     Transition,
     TransitionClass,
     plain,
     scalar_gates,
 )
+from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.writing import Core, RandomForm, Update, Writer, decayed_update
 
 # ----------------------------------------------------------------------------- random specs
@@ -143,10 +145,14 @@ def _scalar_form(kind: str) -> RandomForm:
     return write
 
 
+IDENTITY = Rule("identity", "identity", "S_{t-1} alone")
+CONSTANT = Rule("scalar_constant", "scalar constant", "a per-head constant times S_{t-1}")
+DATA = Rule("scalar_data", "scalar data-dependent", "a per-token scalar times S_{t-1}")
+
+
 class ScalarDecay(TransitionClass):
     name = "scalar_decay"
-    variants = ("identity", "scalar constant", "scalar data-dependent")
-    rules = ("identity", "scalar_constant", "scalar_data")
+    rules = (IDENTITY, CONSTANT, DATA)
     kernel = "scalar_decay"
     parallel = True
     stable_kernel = "scalar_decay_stable"
@@ -162,15 +168,10 @@ class ScalarDecay(TransitionClass):
             return None
         t = p[0]
         if not t.scalars and t.coeff == 1:
-            return Transition("identity", "identity: S_{t-1} alone")
+            return Transition(IDENTITY, self)
         gates = tuple(scalar_gates(t, ctx))
-        if any(isinstance(n, Timed) for s in t.scalars for n in walk(s)):
-            return Transition(
-                "scalar data-dependent", "scalar_data: a per-token scalar times S_{t-1}", gates
-            )
-        return Transition(
-            "scalar constant", "scalar_constant: a per-head constant times S_{t-1}", gates
-        )
+        per_token = any(isinstance(n, Timed) for s in t.scalars for n in walk(s))
+        return Transition(DATA if per_token else CONSTANT, self, gates)
 
     def kernel_args(self, tr):
         return (KernelArg("g", tr.log("scalar"), "scalar"),)
@@ -189,7 +190,7 @@ class ScalarDecay(TransitionClass):
             "L_ij = exp(b_i - b_j) (i >= j, else 0),  b = cumsum(g)"
         )
         const = [x for x in tr.gates if x.side == "scalar"]
-        if tr.cls == "scalar constant" and len(const) == 1:
+        if tr.rule == CONSTANT and len(const) == 1:
             y += f"  (so L_ij = ({const[0].decay})^(i - j))"
         return Maths(
             (f"g = {tr.log('scalar')}",),

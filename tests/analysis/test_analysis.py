@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, note, reject, settings
 from hypothesis import strategies as st
 
 from mixc import load_spec
+from mixc.algebra.formula import Formula
 from mixc.analysis.cost import costs
-from mixc.analysis.formula import Formula
 from mixc.analysis.plan import Plan, analyze
 from mixc.errors import Source, SpecAnalysisError, SpecError
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
@@ -39,7 +39,7 @@ SPECS = Path(__file__).parents[2] / "specs"
 class S:
     """What one state must get: class, rule name, write, log-gates and (delta rule) erase."""
 
-    cls: str
+    label: str
     rule: str
     write: str
     gates: tuple[str, ...] = ()
@@ -996,10 +996,10 @@ def test_table_covers_every_shipped_spec_and_enough_variants():
     assert sorted(r.spec for r in ROWS.values() if r.spec.endswith(".mix")) == SHIPPED
     assert len(VARIANT_ROWS) >= 24
     # every transition class and every rule of the table shows up in some row
-    seen_classes = {st.cls for r in ROWS.values() for st in r.states.values()}
-    assert seen_classes == {v for c in CLASSES for v in c.variants}
+    seen_labels = {st.label for r in ROWS.values() for st in r.states.values()}
+    assert seen_labels == {rule.label for c in CLASSES for rule in c.rules}
     seen_rules = {st.rule for r in ROWS.values() for st in r.states.values()}
-    assert seen_rules == {rule for c in CLASSES for rule in c.rules}
+    assert seen_rules == {rule.name for c in CLASSES for rule in c.rules}
 
 
 @pytest.mark.parametrize("name", list(ROWS))
@@ -1008,11 +1008,11 @@ def test_row(name):
     facts = analyze(load(row.spec))
     got = {
         s.name: S(
-            s.transition.cls,
-            s.transition.rule_name,
+            s.transition.label,
+            s.transition.rule.name,
             write_text(s),
             tuple(gate_text(g) for g in s.transition.gates),
-            None if s.transition.beta is None else f"{s.transition.beta}, {s.transition.key}",
+            None if (erase := s.transition.args.erase()) is None else f"{erase.beta}, {erase.key}",
         )
         for s in facts.states
     }
@@ -1042,7 +1042,7 @@ def test_transition_and_write_pieces_the_backend_reads():
     assert [str(r.query) for r in facts.outputs[0].readouts] == ["C_t"]
     assert str(facts.outputs[0].skip) == "D x_t"
     gdn = analyze(load("gated_deltanet.mix")).state("H")
-    assert (str(gdn.transition.beta), str(gdn.transition.key)) == ("beta_t", "k_t")
+    assert (str(gdn.transition.args.beta), str(gdn.transition.args.key)) == ("beta_t", "k_t")
     assert "stable only if" in gdn.stability
     safe = analyze(load(ROWS["deltanet_derived_key_and_beta"].spec)).state("H")
     assert safe.stability.startswith("stable:")
@@ -1129,11 +1129,10 @@ def facts_summary(facts: Plan) -> tuple:
     states = tuple(
         (
             s.name,
-            s.transition.cls,
-            s.transition.rule_name,
+            s.transition.label,
+            s.transition.rule.name,
             tuple((g.side, str(g.log), g.proven) for g in s.transition.gates),
-            str(s.transition.beta),
-            str(s.transition.key),
+            s.transition.args.signature(),
             write_text(s),
             s.transition.chunkable,
         )

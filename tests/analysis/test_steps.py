@@ -50,20 +50,20 @@ def test_the_steps_are_found_and_run_as_sub_tokens(name):
     steps = state.transition.steps
     n = 3 if name == "three steps" else 2
     assert plan.chunkable and len(steps) == n
-    assert [str(tr.beta) for tr in steps] == [f"2 b{i}_t" for i in range(1, n + 1)]
-    assert [str(tr.key) for tr in steps] == [f"l2norm(k{i}_t)" for i in range(1, n + 1)]
+    assert [str(tr.args.beta) for tr in steps] == [f"2 b{i}_t" for i in range(1, n + 1)]
+    assert [str(tr.args.key) for tr in steps] == [f"l2norm(k{i}_t)" for i in range(1, n + 1)]
     assert [str(w.value) for w in state.writes] == [f"v{i}_t" for i in range(1, n + 1)]
     gated = [bool(tr.gates) for tr in steps]
     assert gated == [name == "gated first step"] + [False] * (n - 1)
     (group,) = plan.groups
     assert group.kernel == "delta" and len(group.sub_tokens) == n
-    assert f"{n} steps per token as sub-tokens" in state.transition.rule
+    assert f"{n} steps per token as sub-tokens" in state.transition.rule.matched
 
 
 def test_steps_written_in_the_other_order_are_other_steps():
     spec = HEAD.format(extra="") + f"U_t = {step('H_{t-1}', 2)}\nH_t = {step('U_t', 1)}\n"
     plan = analyze(load_spec(text=spec + "y_t = H_t q_t\n"))
-    assert [str(tr.key) for tr in plan.states[0].transition.steps] == [
+    assert [str(tr.args.key) for tr in plan.states[0].transition.steps] == [
         "l2norm(k2_t)",
         "l2norm(k1_t)",
     ]

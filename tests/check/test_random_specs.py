@@ -57,7 +57,7 @@ def test_random_specs_cover_every_class() -> None:
     @given(random_specs())
     def draw(text: str) -> None:
         facts = mixc.analyze(mixc.load_spec(text=text))
-        seen.update(s.transition.cls for s in facts.states)
+        seen.update(s.transition.label for s in facts.states)
         seen.update(f"output: {o.form}" for o in facts.outputs)
         seen.update(f"let {fn.name}" for fn in facts.mixer.lets if "elu" in str(fn.body))
 
@@ -142,7 +142,7 @@ def test_compound_decay_times_delta() -> None:
     facts = mixc.analyze(mixc.load_spec(text=text))
     assert facts.chunkable, facts.reason
     (state,) = facts.states
-    assert state.transition.cls == "scalar decay times identity minus rank-1"
-    assert str(state.transition.beta) == "sigmoid(b_t)"
+    assert state.transition.label == "scalar decay times identity minus rank-1"
+    assert str(state.transition.args.beta) == "sigmoid(b_t)"
     report = fuzz(mixc.load_spec(text=text), examples=4, shrink=False)
     assert report.ok, report.failure.summary()

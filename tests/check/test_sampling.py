@@ -104,10 +104,9 @@ def test_decays_near_one_are_near_one(path: Path) -> None:
     }
     defaults = {p.name: p.default for p in r.mixer.params if p.default is not None}
     for s in r.facts.states:
-        for g in s.transition.gates:
-            assert bounds(g.log, env, defaults)[0] > -0.5, (path.stem, str(g.log))
-        if s.transition.gate is not None:
-            assert bounds(s.transition.gate, env, defaults)[0] > 0.5, path.stem
+        # each log-gate (<= 0) within 0.5 of 0, each elementwise gate (in [0, 1]) of 1
+        for c in s.transition.transition_class.decay_conditions(s.name, s.transition):
+            assert bounds(c.expr, env, defaults)[0] > c.hi - 0.5, (path.stem, c.why)
 
 
 #: The quickstart by default with one spec of each kind of module: a quadratic form too, the

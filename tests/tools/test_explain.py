@@ -65,8 +65,8 @@ def test_text_report_of_each_shipped_spec(capsys, name):
     facts = analyze(load_spec(SPECS / name))
     assert facts.mixer.name in out and facts.mixer.description in out
     for s in facts.states:
-        assert f": {s.transition.cls}  (rule {s.transition.rule_name}:" in out
-        assert MATH[s.transition.cls] in out
+        assert f": {s.transition.label}  (rule {s.transition.rule.name}:" in out
+        assert MATH[s.transition.label] in out
     assert f"algorithm: {facts.algorithm}" in out
     assert "Parallel form" in out and "Cost per token and head" in out
     for w in facts.warnings:
@@ -100,7 +100,7 @@ def test_report_of_every_variant(capsys, tmp_path, name):
     code, out, err = run(capsys, "explain", path)
     assert code == 0, err
     for state, want in row.states.items():
-        assert f"  {state} " in out and f": {want.cls}  (rule {want.rule}:" in out
+        assert f"  {state} " in out and f": {want.label}  (rule {want.rule}:" in out
         for gate in want.gates:
             side, rest = gate.split(": ", 1)
             decay_log = rest.rsplit(" ", 1)[0]
@@ -108,7 +108,7 @@ def test_report_of_every_variant(capsys, tmp_path, name):
     assert ("algorithm: recurrent only" in out) is not row.chunkable
     code, out, _ = run(capsys, "explain", path, "--json")
     report = Explanation.model_validate_json(out)
-    assert [s.transition_class for s in report.states] == [w.cls for w in row.states.values()]
+    assert [s.transition_class for s in report.states] == [w.label for w in row.states.values()]
     assert len(report.warnings) == len(row.warnings)
 
 
@@ -167,8 +167,8 @@ def test_json_validates_and_round_trips(capsys, name):
     assert Explanation.model_validate_json(report.model_dump_json()) == report
     assert report == explain(load_spec(SPECS / name))
     facts = analyze(load_spec(SPECS / name))
-    assert [s.transition_class for s in report.states] == [s.transition.cls for s in facts.states]
-    assert [s.rule for s in report.states] == [s.transition.rule_name for s in facts.states]
+    assert [s.transition_class for s in report.states] == [s.transition.label for s in facts.states]
+    assert [s.rule for s in report.states] == [s.transition.rule.name for s in facts.states]
     assert report.chunkable is facts.chunkable and report.algorithm == facts.algorithm
     assert [g.states for g in report.groups] == [list(g.states) for g in facts.groups]
 
