@@ -3,40 +3,16 @@ only read a spec or write code (check, explain, graph, compile) run without impo
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
 
 from tests.mixers import ROOT
-
-PACKAGE = ROOT / "mixc"
-
-
-def _module_name(path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-
-
-def _imports(path) -> set[str]:
-    """The mixc modules `path` imports anywhere, at the top or inside a function (`from a import
-    b` imports the module a.b where there is one, else a), imports for type checkers included."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in MODULES else node.module)
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-    return {name for name in found if name in MODULES}
+from tests.sources import MODULES, imports
 
 
 def test_no_module_imports_itself_through_others():
-    graph = {name: _imports(path) - {name} for name, path in MODULES.items()}
+    graph = {name: imports(path) - {name} for name, path in MODULES.items()}
     done: set[str] = set()
 
     def visit(module: str, path: tuple[str, ...]) -> None:
