@@ -48,7 +48,6 @@ TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "elu_plus_one": lambda x: F.elu(x) + 1,
 }
 
-
 #: The transform that puts a projected input in the domain a stability condition needs, by the
 #: domain `mixc.check.ranges` derives for it ("unit ball": a delta-rule key of norm <= 1).
 DOMAIN_TRANSFORMS: dict[str, list[str]] = {
@@ -58,7 +57,6 @@ DOMAIN_TRANSFORMS: dict[str, list[str]] = {
     "unit ball": ["silu", "l2norm"],
 }
 
-
 #: How a learnable parameter is stored so that training keeps it in its domain: (suffix of the
 #: stored name, stored -> value, value -> stored). A is stored as A_log with A = -exp(A_log).
 PARAM_DOMAINS: dict[str, tuple[str, Callable, Callable]] = {
@@ -66,8 +64,6 @@ PARAM_DOMAINS: dict[str, tuple[str, Callable, Callable]] = {
     "positive": ("_log", torch.exp, torch.log),
     "unit interval": ("_logit", torch.sigmoid, torch.logit),
 }
-
-
 _PLAIN = ("", lambda s: s, lambda p: p)  # a parameter of any value, stored as it is
 
 
@@ -99,7 +95,6 @@ PARAM_INITS: dict[str, Callable[..., torch.Tensor]] = {
     "multiplier": torch.ones,
     "offset": torch.zeros,
 }
-
 
 #: Per-token decays at initialisation: each state's log-decay -w starts with w log-uniform in
 #: this range, drawn per head and channel, so memories span 16 to 512 tokens (half-lives of 11

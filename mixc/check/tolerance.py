@@ -41,14 +41,10 @@ __all__ = [
 
 #: Bounds on the relative RMS error: (outputs and final states, gradients).
 TOLERANCE = {torch.float64: (1e-10, 1e-10), torch.float32: (1e-5, 1e-4)}
-
-
 #: A form may be this many times worse than the oracle's own error in the precision under test:
 #: bf16, its result rounded to bf16; fp32, its change when every input moves by one fp32 rounding
 #: (an ill-conditioned example, such as an output that cancels, gets a bound above the fixed one).
 FACTOR = 4.0
-
-
 #: A reference whose RMS is below this fraction of the largest RMS among the example's references
 #: of the same kind (outputs and states, or gradients) counts as near zero: its error is measured
 #: against that floor (a gradient that cancels to zero still has fp32 rounding of its terms).
