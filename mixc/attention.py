@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mixc.errors import MixcError
-from mixc.nn import _count
+from mixc.layer_checks import count
 
 __all__ = ["Attention", "AttentionCache"]
 
@@ -67,14 +67,14 @@ class Attention(nn.Module):
         rope_base: float = 10000.0,
     ) -> None:
         super().__init__()
-        self.hidden_size = _count("hidden_size", hidden_size)
-        self.num_heads = _count("num_heads", num_heads)
+        self.hidden_size = count("hidden_size", hidden_size)
+        self.num_heads = count("num_heads", num_heads)
         if hidden_size % num_heads:
             raise MixcError(
                 f"hidden_size: {hidden_size} is not a multiple of num_heads = {num_heads}"
             )
         self.head_size = hidden_size // num_heads
-        self.window = None if window is None else _count("window", window)
+        self.window = None if window is None else count("window", window)
         self.rope_base = rope_base
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=False)

@@ -86,28 +86,8 @@ def context_parallel(mixer, group=None) -> Callable:
                 **params,
             )
             return y, final
-        P, F = mixer.summary(*args, chunk_size=chunk_size, **params)
-        pieces = _as_tuple(P) + _as_tuple(F)
-        # one collective per call, so every rank's backward runs the same sequence of them
-        flat = torch.cat([x.reshape(-1) for x in pieces])
-        gathered = _AllGather.apply(flat, group)  # [ranks, numel]
-        rank, world = dist.get_rank(group), gathered.shape[0]
-        summaries = [_unflatten(gathered[r], pieces) for r in range(world)]
-        n = len(pieces) // 2
-        states = _initial(mixer, initial_state, pieces[n:])
-        incoming = states
-        for r in range(world):
-            if r == rank:
-                incoming = states
-            states = tuple(
-                _apply(s, p, f, action)
-                for s, p, f, action in zip(
-                    states, summaries[r][:n], summaries[r][n:], actions[:n], strict=True
-                )
-            )
-        # every rank's graph reaches the exchange (rank 0's outputs do not depend on it), so
-        # every rank joins the backward collective
-        incoming = tuple(s + 0 * gathered.sum() for s in incoming)
+        summary = mixer.summary(*args, chunk_size=chunk_size, **params)
+        incoming, states = _exchange(summary, initial_state, actions, group)
         init = incoming[0] if len(incoming) == 1 else incoming
         y, _ = mixer.chunk(*args, initial_state=init, chunk_size=chunk_size, **params)
         if not output_final_state:
@@ -115,6 +95,35 @@ def context_parallel(mixer, group=None) -> Callable:
         return y, (states[0] if len(states) == 1 else states)
 
     return run
+
+
+def _exchange(summary, initial_state, actions: list[str], group) -> tuple[tuple, tuple]:
+    """(this rank's incoming states, the whole sequence's final states) from this rank's
+    `summary` (P, F) of its slice: every rank's summary is gathered, and the states are carried
+    from `initial_state` (zero where None) through the ranks' slices in order."""
+    P, F = summary
+    pieces = _as_tuple(P) + _as_tuple(F)
+    # one collective per call, so every rank's backward runs the same sequence of them
+    flat = torch.cat([x.reshape(-1) for x in pieces])
+    gathered = _AllGather.apply(flat, group)  # [ranks, numel]
+    rank, world = dist.get_rank(group), gathered.shape[0]
+    summaries = [_unflatten(gathered[r], pieces) for r in range(world)]
+    n = len(pieces) // 2
+    states = _initial(initial_state, pieces[n:])
+    incoming = states
+    for r in range(world):
+        if r == rank:
+            incoming = states
+        states = tuple(
+            _apply(s, p, f, action)
+            for s, p, f, action in zip(
+                states, summaries[r][:n], summaries[r][n:], actions[:n], strict=True
+            )
+        )
+    # every rank's graph reaches the exchange (rank 0's outputs do not depend on it), so
+    # every rank joins the backward collective
+    incoming = tuple(s + 0 * gathered.sum() for s in incoming)
+    return incoming, states
 
 
 def _unflatten(flat, like):
@@ -125,7 +134,7 @@ def _unflatten(flat, like):
     return tuple(out)
 
 
-def _initial(mixer, initial_state, finals):
+def _initial(initial_state, finals):
     if initial_state is None:
         return tuple(torch.zeros_like(f) for f in finals)
     return tuple(s.to(f.dtype) for s, f in zip(_as_tuple(initial_state), finals, strict=True))

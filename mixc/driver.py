@@ -35,22 +35,26 @@ def plan(spec=None, backend: str = "pytorch", *, text: str | None = None) -> Pla
     `mixc check`, `mixc explain` and `mixc compile` all start here, so they accept and refuse
     the same specs."""
     loaded = spec if isinstance(spec, Spec) else load_spec(spec, text=text)
-    result = analyze(loaded)
-    reason = get_backend(backend).supports(lower(result))
+    plan = analyze(loaded)
+    reason = get_backend(backend).supports(lower(plan))
     if reason is not None:
         outputs = loaded.mixer.outputs
         where = outputs[-1].span if outputs else None
         raise NotYetImplemented(reason, where).located(loaded.source)
-    return result
+    return plan
 
 
 def compile_source(spec=None, backend: str = "pytorch", *, text: str | None = None) -> str:
     """A spec (as `plan` takes it) -> the generated module's source."""
-    result = plan(spec, backend, text=text)
+    return _emit(plan(spec, backend, text=text), backend)
+
+
+def _emit(plan: Plan, backend: str) -> str:
+    """The source `backend` generates for `plan`; an error it raises is located in the spec."""
     try:
-        return get_backend(backend).render(lower(result))
+        return get_backend(backend).render(lower(plan))
     except SpecError as exc:
-        raise exc.located(result.spec.source) from None
+        raise exc.located(plan.spec.source) from None
 
 
 def output_file(path: str | os.PathLike, keep: Iterable[str | os.PathLike] = ()) -> Path:

@@ -26,7 +26,8 @@ from torch import nn
 from mixc.attention import Attention
 from mixc.errors import MixcError, Source
 from mixc.frontend.spec import Spec
-from mixc.nn import MixerLayer, _count
+from mixc.layer_checks import count
+from mixc.nn import MixerLayer
 from mixc.resources import check_bytes
 
 __all__ = ["Block", "LanguageModel", "is_attention", "make_mixer"]
@@ -95,10 +96,10 @@ class LanguageModel(nn.Module):
             raise MixcError(f"pattern: expected a list of specs or 'attention', got {pattern!r}")
         if not pattern:
             raise MixcError("pattern: expected at least one layer")
-        self.vocab_size = _count("vocab_size", vocab_size)
-        hidden_size = _count("hidden_size", hidden_size)
-        _count("num_heads", num_heads)
-        mlp_ratio = _count("mlp_ratio", mlp_ratio, least=0)
+        self.vocab_size = count("vocab_size", vocab_size)
+        hidden_size = count("hidden_size", hidden_size)
+        count("num_heads", num_heads)
+        mlp_ratio = count("mlp_ratio", mlp_ratio, least=0)
         embed = vocab_size * hidden_size
         per_block = (2 * mlp_ratio + 4) * hidden_size**2  # an MLP and at most attention's 4
         option = "vocab_size" if embed >= len(pattern) * per_block else "hidden_size"
@@ -157,7 +158,7 @@ class LanguageModel(nn.Module):
     ) -> torch.Tensor:
         """The prompt [B, T] followed by `max_new_tokens` tokens, greedy (temperature 0) or
         sampled: one pass over the prompt, then one token a step from every layer's cache."""
-        n = _count("max_new_tokens", max_new_tokens, least=0)
+        n = count("max_new_tokens", max_new_tokens, least=0)
         out = [prompt]
         if n == 0:
             return prompt

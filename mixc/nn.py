@@ -12,18 +12,16 @@ optional RMSNorm and an optional output gate, then an output projection.
 
 Nothing here depends on which mixer the spec is or what its inputs are called: the defaults
 (transforms, biases, how parameters are stored and start) come from the roles the analysis
-gives each input and parameter (`roles`): the domains the transition classes need for
-stability, and the decays of every state, which start near 1 (`DECAY_INIT`).
-docs/layers.md compares them with flash-linear-attention's layers.
+gives each input and parameter (`roles`, in `mixc.layer_roles`): the domains the transition
+classes need for stability, and the decays of every state, which start near 1 (`DECAY_INIT`,
+solved here). docs/layers.md compares them with flash-linear-attention's layers. What the layer
+checks of its arguments is in `mixc.layer_checks`, its decoding cache in `mixc.layer_cache`.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +31,35 @@ from mixc.algebra.expand import inline
 from mixc.driver import load
 from mixc.errors import MixcError, Source
 from mixc.frontend.builtins import BUILTINS
-from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose, walk
-from mixc.frontend.spec import Spec, load_spec
-from mixc.resources import check_bytes
+from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose
+from mixc.frontend.spec import load_spec
+from mixc.layer_cache import MixerCache, check_cache
+from mixc.layer_checks import (
+    check_container_names,
+    check_memory,
+    check_x,
+    chosen_conv_inputs,
+    chosen_transforms,
+    count,
+    layer_spec,
+    size_of,
+    sizes_per_head,
+)
+from mixc.layer_roles import (
+    DECAY_INIT,
+    DOMAIN_TRANSFORMS,
+    PARAM_DOMAINS,
+    PARAM_INITS,
+    TRANSFORMS,
+    Roles,
+    default_transforms,
+    roles,
+    stored_as,
+)
+from mixc.layer_roles import reads as _reads  # a helper here, not one of the exports below
 
+#: The layer's defaults (`mixc.layer_roles`) and its cache (`mixc.layer_cache`) are exported
+#: here too, where the layer's users find them.
 __all__ = [
     "DECAY_INIT",
     "DOMAIN_TRANSFORMS",
@@ -49,228 +72,6 @@ __all__ = [
     "default_transforms",
     "roles",
 ]
-
-
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
-#: Transforms applied to a projected input, by name (applied in order).
-TRANSFORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "identity": lambda x: x,
-    "silu": F.silu,
-    "relu": F.relu,
-    "sigmoid": torch.sigmoid,
-    "softplus": F.softplus,
-    "logsigmoid": F.logsigmoid,  # a log-decay in (-inf, 0)
-    "l2norm": _l2norm,  # over the vector's entries
-    "elu_plus_one": lambda x: F.elu(x) + 1,
-}
-
-
-#: The transform that puts a projected input in the domain a stability condition needs, by the
-#: domain `mixc.check.ranges` derives for it ("unit ball": a delta-rule key of norm <= 1).
-DOMAIN_TRANSFORMS: dict[str, list[str]] = {
-    "positive": ["softplus"],
-    "negative": ["logsigmoid"],
-    "unit interval": ["sigmoid"],
-    "unit ball": ["silu", "l2norm"],
-}
-
-#: How a learnable parameter is stored so that training keeps it in its domain: (suffix of the
-#: stored name, stored -> value, value -> stored). A is stored as A_log with A = -exp(A_log).
-PARAM_DOMAINS: dict[str, tuple[str, Callable, Callable]] = {
-    "negative": ("_log", lambda s: -torch.exp(s), lambda p: torch.log(-p)),
-    "positive": ("_log", torch.exp, torch.log),
-    "unit interval": ("_logit", torch.sigmoid, torch.logit),
-}
-_PLAIN = ("", lambda s: s, lambda p: p)  # a parameter of any value, stored as it is
-
-
-#: Initial values of learnable parameters by role, as functions of the shape [NH, *shape]:
-#: - "rate": the magnitude of a parameter that multiplies an input inside a decay (Mamba-2's A
-#:   in exp(dt_t A)): U(1, 16) as Mamba-2 draws it, or for a matrix [P, N] 1, 2, ..., N along
-#:   every row (Mamba-1's S4D-real start, its N channels decaying at N rates); the input's bias
-#:   then sets the decay;
-#: - "multiplier": a parameter that only multiplies or divides (a write scale, a skip D, a
-#:   temperature): 1, which neither silences the state nor divides by 0;
-#: - "offset": a parameter that is added somewhere: 0.
-def _rate_init(*shape: int) -> torch.Tensor:
-    """A "rate" parameter [NH, *shape]: S4D-real rows for a matrix, else U(1, 16)."""
-    if len(shape) == 3:
-        return (
-            torch.arange(1, shape[-1] + 1, dtype=torch.get_default_dtype()).expand(*shape).clone()
-        )
-    return torch.empty(*shape).uniform_(1, 16)
-
-
-PARAM_INITS: dict[str, Callable[..., torch.Tensor]] = {
-    "rate": _rate_init,
-    "multiplier": torch.ones,
-    "offset": torch.zeros,
-}
-
-#: Per-token decays at initialisation: each state's log-decay -w starts with w log-uniform in
-#: this range, drawn per head and channel, so memories span 16 to 512 tokens (half-lives of 11
-#: to 355) before training; a state with several decays (an outer-product gate) splits w
-#: between them.
-DECAY_INIT = (2.0**-9, 2.0**-4)
-
-
-@dataclass(frozen=True)
-class Decay:
-    """One decay of a state, as the log it starts at: `log` (an expression of inputs and
-    parameters, let functions inlined, <= 0 for a stable state) and the share of the state's
-    log-decay it carries."""
-
-    state: str
-    log: Expr
-    share: float
-
-
-@dataclass(frozen=True)
-class Roles:
-    """What the analysis says each input and parameter of a spec is for, which is all the
-    layer's defaults depend on (never a name):
-
-    - `transforms`: the chain each projected input goes through;
-    - `domains`: the domain each learnable parameter must stay in (stored per PARAM_DOMAINS);
-    - `inits`: the role each learnable parameter starts by (PARAM_INITS), or "decay" for one
-      solved to start a decay at its target;
-    - `decays`: every decay of every state, solved at initialisation (`MixerLayer`): the inputs
-      in it get a learnable bias, set so the decay starts near 1 (DECAY_INIT); a decay of
-      parameters only sets those parameters instead;
-    - `conditioned`: the inputs a stability condition bounds (decays and beta), which are not
-      convolved by default.
-    """
-
-    transforms: dict[str, list[str]]
-    domains: dict[str, str]
-    inits: dict[str, str]
-    decays: tuple[Decay, ...]
-    conditioned: frozenset[str]  # inputs a stability condition bounds (decays, beta)
-
-    def biased(self, mixer) -> list[str]:
-        """The inputs that get a learnable bias: every input read by a decay."""
-        inputs = {d.name for d in mixer.inputs}
-        return [
-            d.name
-            for d in mixer.inputs
-            if any(d.name in _reads(x.log, inputs) for x in self.decays)
-        ]
-
-
-def roles(spec) -> Roles:
-    """The roles of a spec's inputs and parameters, from its plan and the input ranges the
-    transition classes declare (`TransitionClass.conditions`, `unit_key`): see `Roles`."""
-    from mixc.check.ranges import input_ranges
-
-    ranges = input_ranges(spec)
-    facts, mixer = ranges.facts, spec.mixer
-    inputs = {d.name for d in mixer.inputs}
-    learned = [p.name for p in mixer.params if p.default is None]
-    domain = {r.name: r.domain for r in ranges.ranges}
-
-    transforms: dict[str, list[str]] = {}
-    unit_states = {
-        s.name
-        for s in facts.states
-        for part in s.transition.parts  # each step a token applies
-        if part.transition_class.unit_key(s.name, part) is not None
-    }
-    for o in facts.outputs:  # queries: silu, and l2norm where they read a state of unit keys
-        for r in o.readouts:
-            chain = ["silu", "l2norm"] if r.state in unit_states else ["silu"]
-            for name in _reads(r.query, inputs):
-                transforms.setdefault(name, chain)
-    for s in facts.states:  # write keys: silu
-        for w in s.writes:
-            for name in _reads(w.key, inputs):
-                transforms.setdefault(name, ["silu"])
-    for name in inputs:
-        if domain[name] in DOMAIN_TRANSFORMS:
-            transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
-    transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
-
-    decays = []
-    for s in facts.states:
-        logs = [
-            _as_log(c) for c in s.transition.transition_class.decay_conditions(s.name, s.transition)
-        ]
-        logs = [inline(mixer, lg) for lg in logs if lg is not None]
-        decays += [Decay(s.name, lg, 1 / len(logs)) for lg in logs]
-
-    divisors = _divisors(mixer)
-    domains = {p: domain[p] for p in learned}  # "plain" or "real": any value
-    domains.update(
-        {p: "positive" for p in divisors & set(learned) if domains[p] in ("plain", "real")}
-    )
-    inits = {p: _param_role(mixer, p) for p in learned}
-    for d in decays:
-        params = _reads(d.log, set(learned))
-        for p in params:
-            if _reads(d.log, inputs):
-                inits[p] = "rate" if domains[p] in ("negative", "positive") else "offset"
-            else:
-                inits[p] = "decay"
-    bounded = {"positive", "negative", "unit interval", "real"}
-    conditioned = frozenset(n for n in inputs if domain[n] in bounded)
-    return Roles(transforms, domains, inits, tuple(decays), conditioned)
-
-
-def default_transforms(spec) -> dict[str, list[str]]:
-    """The transforms of every input, from the analysis of the spec (`roles`), never its names:
-    - an input a decay or beta needs in a domain gets the transform into it (`DOMAIN_TRANSFORMS`:
-      softplus for a positive dt_t in exp(dt_t A), logsigmoid for a g_t in exp(g_t), sigmoid for
-      a beta in (0, 1); an input that may be any real, as a_t in sigmoid(a_t), stays as it is);
-    - a delta-rule key that is a plain input, and every query reading its state: silu then
-      l2norm (the recurrence needs |k| <= 1);
-    - other write keys and readout queries: silu; everything else unchanged.
-    """
-    return roles(spec).transforms
-
-
-def _as_log(c) -> Expr | None:
-    """The log-decay a decay condition bounds: its expression for a log-gate (<= 0), the log of
-    it for a decay in [0, 1] (a full elementwise gate); None for any other condition."""
-    if c.lo == -math.inf and c.hi == 0:
-        return c.expr
-    if c.lo == 0 and c.hi == 1:
-        return Call("log", (c.expr,))
-    return None
-
-
-def _reads(e: Expr, names: set[str]) -> list[str]:
-    """The names of `names` that `e` reads (inputs as `x_t`, parameters as `x`), in order."""
-    out = []
-    for n in walk(e):
-        if isinstance(n, Timed | Name) and n.name in names and n.name not in out:
-            out.append(n.name)
-    return out
-
-
-def _param_role(mixer, name: str) -> str:
-    """How a parameter outside decays starts (PARAM_INITS): as an "offset" where the spec adds
-    it to something, else as a "multiplier"."""
-    for eq in mixer.equations:
-        for e in walk(inline(mixer, eq.value)):
-            if isinstance(e, Binary) and e.op in ("+", "-"):
-                sides = (e.left, e.right)
-                if any(isinstance(x, Name) and x.name == name for x in sides):
-                    return "offset"
-    return "multiplier"
-
-
-def _divisors(mixer) -> set[str]:
-    """The parameters the spec divides by (under a `/`, let functions inlined): starting them at
-    0 would make the first step divide by 0."""
-    params = {p.name for p in mixer.params}
-    found = set()
-    for eq in mixer.equations:
-        for e in walk(inline(mixer, eq.value)):
-            if isinstance(e, Binary) and e.op == "/":
-                found |= {n.name for n in walk(e.right) if isinstance(n, Name)} & params
-    return found
 
 
 class _UnsolvableError(Exception):
@@ -307,6 +108,7 @@ _ELEMENTWISE = {
     "^": torch.pow,
 }
 
+
 #: The grid a decay's bias (or parameter) is chosen from: the value whose decay is nearest its
 #: target wins.
 _GRID = torch.linspace(-24, 24, 1921, dtype=torch.float64)
@@ -319,34 +121,6 @@ def _solve(f: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor) -> t
     flat = target.reshape(target.shape[0], -1, 1)  # [NH, E, 1]
     best = (got[:, None, :] - flat).abs().argmin(-1)  # [NH, E]
     return _GRID[best].reshape(target.shape).to(torch.float32)
-
-
-def _count(name: str, value, least: int = 1) -> int:
-    """value as an int of at least `least`, or a MixcError naming the argument (a bool or a
-    float is refused, not read as a number of things)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        kind = "a positive int" if least == 1 else f"an int >= {least}"
-        raise MixcError(f"{name}: expected {kind}, got {value!r}")
-    return int(value)
-
-
-def _names(name: str, value) -> list[str]:
-    """A list or tuple of names (a bare string would be read letter by letter)."""
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        raise MixcError(f"{name}: expected a list of names, got {value!r}")
-    return list(value)
-
-
-@dataclass
-class MixerCache:
-    """What decoding needs to continue exactly: the mixer's states and each convolution's last
-    inputs (`conv_size - 1` tokens per convolved input). `layer` is the id of the layer whose
-    call made it, which refuses it elsewhere (layers of one model have caches of one shape); a
-    cache built by hand leaves it None and is checked for its shapes only."""
-
-    states: object
-    conv: dict[str, torch.Tensor]
-    layer: int | None = None
 
 
 class MixerLayer(nn.Module):
@@ -382,111 +156,28 @@ class MixerLayer(nn.Module):
         chunk_size: int = 64,
     ) -> None:
         super().__init__()
-        if not isinstance(spec, str | os.PathLike | Source | Spec):
-            raise MixcError(
-                f"spec: expected a spec path, a Source or a loaded Spec, got {type(spec).__name__}"
-            )
-        self.spec = (
-            spec
-            if isinstance(spec, Spec)
-            else load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
-        )
+        self.spec = layer_spec(spec)
         self.mixer = load(self.spec.source)
-        self.hidden_size = _count("hidden_size", hidden_size)
-        self.num_heads = _count("num_heads", num_heads)
-        self.chunk_size = _count("chunk_size", chunk_size)
+        self.hidden_size = count("hidden_size", hidden_size)
+        self.num_heads = count("num_heads", num_heads)
+        self.chunk_size = count("chunk_size", chunk_size)
         if self.chunk_size & (self.chunk_size - 1):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
-        self._check_names()
-        self.sizes = self._sizes_per_head({} if sizes is None else sizes)
+        check_container_names(self.spec)
+        given = {} if sizes is None else sizes
+        self.sizes = sizes_per_head(self.spec, self.hidden_size, self.num_heads, given)
         self.roles = roles(self.spec)
-        self.transforms = self._transforms({} if transforms is None else transforms)
-        conv_size = _count("conv_size", conv_size, least=0)
-        self._check_memory(conv_size, sizes is not None)
+        overrides = {} if transforms is None else transforms
+        self.transforms = chosen_transforms(self.spec, self.roles.transforms, overrides)
+        conv_size = count("conv_size", conv_size, least=0)
+        check_memory(
+            self.spec, self.num_heads, self.hidden_size, self.sizes, conv_size, sizes is not None
+        )
         self._build_inputs(conv_size, conv_inputs)
         self._build_params()
         self._build_output(output_gate, norm)
         with torch.no_grad():
             self._start_decays()
-
-    def _check_memory(self, conv_size: int, sized: bool) -> None:
-        """The layer's parameters (projections, convolutions, gate and output) fit in this
-        machine's memory: checked before any is allocated, naming the option that asks most."""
-        mixer, heads, hidden = self.spec.mixer, self.num_heads, self.hidden_size
-        widths = {d.name: heads * math.prod(self._size(s) for s in d.shape) for d in mixer.inputs}
-        out_shape = self.spec.shapes[mixer.outputs[0].target]
-        out_width = heads * (1 if out_shape == ("1", "1") else self._size(out_shape[0]))
-        linear = hidden * (sum(widths.values()) + 2 * out_width)
-        conv = conv_size * sum(widths[d.name] for d in mixer.inputs if len(d.shape) == 1)
-        params = {"hidden_size": linear, "conv_size": conv}
-        if sized:
-            params["sizes"] = params.pop("hidden_size")
-        option = max(params, key=params.get)
-        value = {"hidden_size": hidden, "conv_size": conv_size, "sizes": self.sizes}[option]
-        size = torch.get_default_dtype().itemsize
-        check_bytes(option, value, (linear + conv) * size, "the layer's parameters")
-
-    def _sizes_per_head(self, given: Mapping[str, int]) -> dict[str, int]:
-        """Every size symbol of the spec: as given, else the head width hidden_size / num_heads
-        (which must then be a whole, positive number)."""
-        mixer = self.spec.mixer
-        symbols = {
-            s
-            for d in (*mixer.inputs, *mixer.states, *mixer.params)
-            for s in d.shape
-            if not s.isdigit()
-        }
-        if not isinstance(given, Mapping):
-            raise MixcError(f"sizes: expected a dict of sizes by symbol, got {given!r}")
-        unknown = set(given) - symbols
-        if unknown:
-            raise MixcError(
-                f"sizes: {', '.join(sorted(unknown))} not in the spec "
-                f"(it has {', '.join(sorted(symbols))})"
-            )
-        out = {s: _count(f"sizes: {s}", given[s]) for s in sorted(given)}
-        defaulted = sorted(symbols - set(given))
-        hidden, heads = self.hidden_size, self.num_heads
-        if defaulted and hidden % heads:
-            what = ", ".join(defaulted)
-            problem = (
-                f"is smaller than num_heads = {heads}: {what} would be 0"
-                if hidden < heads
-                else f"is not a multiple of num_heads = {heads}: {what} would be {hidden / heads:g}"
-            )
-            raise MixcError(f"hidden_size: {hidden} {problem}; pass sizes={{...}} for {what}")
-        return {s: out.get(s, hidden // heads) for s in sorted(symbols)}
-
-    def _transforms(self, overrides: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-        """The default transforms of every input, with the user's overrides checked in."""
-        out = {name: list(chain) for name, chain in self.roles.transforms.items()}
-        if not isinstance(overrides, Mapping):
-            raise MixcError(f"transforms: expected a dict of lists by input, got {overrides!r}")
-        for name, given in overrides.items():
-            if name not in out:
-                raise MixcError(f"transforms: {name} is not an input of {self.spec.mixer.name}")
-            chain = _names(f"transforms: {name}", given)
-            bad = [t for t in chain if t not in TRANSFORMS]
-            if bad:
-                raise MixcError(
-                    f"transforms: unknown {bad[0]!r}; choose from {', '.join(TRANSFORMS)}"
-                )
-            out[name] = list(chain)
-        return out
-
-    def _check_names(self) -> None:
-        """The layer keeps a projection per input and a value per parameter in torch containers
-        (nn.ModuleDict, nn.ParameterDict) by the spec's names, which torch refuses for the
-        names of their own attributes (`keys`, `update`, `training`, ...)."""
-        mixer = self.spec.mixer
-        containers = (nn.ModuleDict(), nn.ParameterDict())
-        for decl in (*mixer.inputs, *mixer.params):
-            if any(hasattr(c, decl.name) for c in containers):
-                raise MixcError(
-                    f"{self.spec.source.filename}: MixerLayer cannot hold {decl.name!r}, a name "
-                    "torch's containers keep for themselves; rename it in the spec "
-                    f"(e.g. {decl.name}1)"
-                )
 
     def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
         """A projection per input, a short causal convolution per convolved vector input, and
@@ -499,17 +190,8 @@ class MixerLayer(nn.Module):
                 for name, dims in self.dims.items()
             }
         )
-        vectors = [d.name for d in mixer.inputs if len(d.shape) == 1]
-        free = [n for n in vectors if n not in self.roles.conditioned]
-        chosen = free if conv_inputs is None else _names("conv_inputs", conv_inputs)
-        for name in chosen:
-            if name not in vectors:
-                what = "a per-token scalar" if name in self.dims else "not an input"
-                raise MixcError(
-                    f"conv_inputs: {name} is {what} of {mixer.name}; only vector inputs are "
-                    f"convolved ({', '.join(vectors) or 'it has none'})"
-                )
-        self.conv_inputs = list(chosen) if conv_size > 1 else []
+        chosen = chosen_conv_inputs(self.spec, self.roles, conv_inputs)
+        self.conv_inputs = chosen if conv_size > 1 else []
         self.conv_size = conv_size
         self.conv = nn.ModuleDict(
             {
@@ -561,7 +243,7 @@ class MixerLayer(nn.Module):
         for param in mixer.params:
             if param.default is not None:
                 continue
-            _, _, to_stored = PARAM_DOMAINS.get(roles.domains[param.name], _PLAIN)
+            _, _, to_stored = stored_as(roles.domains[param.name])
             shape = (self.num_heads, *(self._size(s) for s in param.shape))
             domain, role = roles.domains[param.name], roles.inits[param.name]
             if role == "decay" or domain == "unit interval":
@@ -575,7 +257,7 @@ class MixerLayer(nn.Module):
         """Each learnable parameter's stored name and its stored -> value map (PARAM_DOMAINS)."""
         out = {}
         for name in self.learned:
-            suffix, to_value, _ = PARAM_DOMAINS.get(self.roles.domains[name], _PLAIN)
+            suffix, to_value, _ = stored_as(self.roles.domains[name])
             out[name] = (name + suffix, to_value)
         return out
 
@@ -676,7 +358,7 @@ class MixerLayer(nn.Module):
         self.out_proj = nn.Linear(width, self.hidden_size, bias=False)
 
     def _size(self, symbol: str) -> int:
-        return int(symbol) if symbol.isdigit() else self.sizes[symbol]
+        return size_of(symbol, self.sizes)
 
     def param_values(self) -> dict[str, torch.Tensor]:
         """Every learnable parameter's value (from what is stored), by its name in the spec."""
@@ -699,12 +381,12 @@ class MixerLayer(nn.Module):
     def forward(self, x: torch.Tensor, state: MixerCache | None = None, use_cache: bool = False):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
         call continues that sequence exactly (prefill, then decode token by token)."""
-        self._check_x(x)
+        check_x(x, self.hidden_size, self.out_proj.weight.dtype)
         if not isinstance(use_cache, bool):
             raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
         if state is not None:
-            self._check_cache(state, B)
+            check_cache(state, B, self)
         inputs, tails = [], {}
         for name, dims in self.dims.items():
             h = self.proj[name](x)
@@ -735,52 +417,3 @@ class MixerLayer(nn.Module):
             y = y * F.silu(self.gate(x))
         y = self.out_proj(y)
         return y, (MixerCache(new_states, tails, id(self)) if use_cache else None)
-
-    def _check_x(self, x) -> None:
-        """x is a [B, T, hidden] tensor with T >= 1, in the dtype of the layer's parameters."""
-        if not isinstance(x, torch.Tensor):
-            raise MixcError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
-            raise MixcError(f"x: expected [B, T, {self.hidden_size}], got {list(x.shape)}")
-        dtype = self.out_proj.weight.dtype
-        if x.dtype != dtype:
-            raise MixcError(
-                f"x: expected {dtype} like the layer's parameters, got {x.dtype} "
-                "(convert x, or the layer with .to(dtype))"
-            )
-        if x.shape[1] == 0:
-            raise MixcError("x: the sequence is empty (T = 0); a call needs at least one token")
-
-    def _check_cache(self, cache, batch: int) -> None:
-        """cache is a MixerCache of this layer's structure for `batch` sequences."""
-        if not isinstance(cache, MixerCache):
-            raise MixcError(f"state: expected the MixerCache of an earlier call, got {cache!r}")
-        if cache.layer is not None and cache.layer != id(self):
-            raise MixcError("state: the cache is another layer's (each layer continues its own)")
-        states = cache.states if isinstance(cache.states, tuple) else (cache.states,)
-        shapes = [
-            (self.num_heads, *(self._size(s) for s in d.shape)) for d in self.spec.mixer.carried
-        ]
-        tails = {name: self.conv_size - 1 for name in self.conv_inputs}
-        fits = (
-            len(states) == len(shapes)
-            and all(isinstance(x, torch.Tensor) and x.dim() >= 1 for x in states)
-            and set(cache.conv) == set(tails)
-            and all(isinstance(x, torch.Tensor) and x.dim() == 3 for x in cache.conv.values())
-        )
-        if fits:
-            fits = all(tuple(x.shape[1:]) == shape for x, shape in zip(states, shapes)) and all(
-                tuple(cache.conv[n].shape[1:]) == (tails[n], self.proj[n].out_features)
-                for n in tails
-            )
-        if not fits:
-            raise MixcError(
-                f"state: the cache is not one of this layer's ({self.spec.mixer.name} with "
-                f"{self.num_heads} heads, sizes {self.sizes}, conv_size {self.conv_size})"
-            )
-        held = {x.shape[0] for x in (*states, *cache.conv.values())}
-        if held and held != {batch}:  # a stateless mixer without a convolution holds nothing
-            raise MixcError(
-                f"state: the cache holds {', '.join(map(str, sorted(held)))} sequences, "
-                f"x has B = {batch}"
-            )

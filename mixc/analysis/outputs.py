@@ -35,35 +35,12 @@ def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) 
     readouts: list[Readout] = []
 
     def read(e: Expr) -> Expr:
+        """`e` with every linear read of a state replaced by its readout's name."""
         if not ex.has_state(e):
             return canon(e)
-        try:
-            terms = canon.combine(ex.expand(e))
-        except NotAffine:
-            terms = None
-        if terms is not None and all(
-            _readout_term(t, states, ex) is not None or not _touches(t, ex) for t in terms
-        ):
-            pieces: list[Expr] = []
-            skips = [t for t in terms if not _touches(t, ex)]
-            reads = []
-            for t in terms:
-                if _touches(t, ex):
-                    state, offset, query, scale, entrywise = _readout_term(t, states, ex)
-                    name = _intern(readouts, state, offset, canon(query), entrywise)
-                    reads.append((name, scale, t))
-            for r, _, t in sorted(reads, key=lambda x: x[0].name):
-                factors = [canon.terms([Term(coeff=t.coeff, scalars=t.scalars)])]
-                if not (t.coeff != 1 or t.scalars):
-                    factors = []
-                factors += [canon(g) for g in t.gates]  # an entrywise read's vector factors
-                pieces.append(r if not factors else Binary("*", product_of(factors), r))
-            out = pieces[0]
-            for p in pieces[1:]:
-                out = Binary("+", out, p)
-            if skips:
-                out = Binary("+", out, canon.terms(skips))
-            return out
+        linear = _linear_reads(e, states, ex, canon, readouts)
+        if linear is not None:
+            return linear
         if isinstance(e, Binary):
             return Binary(e.op, read(e.left), read(e.right), span=e.span)
         if isinstance(e, Neg):
@@ -77,30 +54,67 @@ def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) 
             "vector state s_t itself (a_t * s_t)",
         )
 
-    body = inline(mixer, eq.value)
-    expr = read(body)
-    skip = None
+    expr = read(inline(mixer, eq.value))
+    form, skip = _output_form(expr, readouts)
+    return OutputFacts(eq.target, shape, form, expr, tuple(readouts), skip)
+
+
+def _linear_reads(
+    e: Expr, states: set[str], ex: Expander, canon: Canon, readouts: list[Readout]
+) -> Expr | None:
+    """`e` as a sum of readouts, each times its term's coefficient, scalars and gates, plus the
+    terms that read no state; None unless every term of `e` that reads a state reads one state
+    linearly. The readouts it names are added to `readouts` (once each)."""
+    try:
+        terms = canon.combine(ex.expand(e))
+    except NotAffine:
+        return None
+    if not all(_readout_term(t, states, ex) is not None or not _touches(t, ex) for t in terms):
+        return None
+    pieces: list[Expr] = []
+    skips = [t for t in terms if not _touches(t, ex)]
+    reads = []
+    for t in terms:
+        if _touches(t, ex):
+            state, offset, query, scale, entrywise = _readout_term(t, states, ex)
+            name = _intern(readouts, state, offset, canon(query), entrywise)
+            reads.append((name, scale, t))
+    for r, _, t in sorted(reads, key=lambda x: x[0].name):
+        factors = [canon.terms([Term(coeff=t.coeff, scalars=t.scalars)])]
+        if not (t.coeff != 1 or t.scalars):
+            factors = []
+        factors += [canon(g) for g in t.gates]  # an entrywise read's vector factors
+        pieces.append(r if not factors else Binary("*", product_of(factors), r))
+    out = pieces[0]
+    for p in pieces[1:]:
+        out = Binary("+", out, p)
+    if skips:
+        out = Binary("+", out, canon.terms(skips))
+    return out
+
+
+def _output_form(expr: Expr, readouts: list[Readout]) -> tuple[str, Expr | None]:
+    """What an output does with its readouts ("no state", "ratio", "linear", "linear + skip" or
+    "function of readouts"), and its skip term where it is linear plus one."""
     if not readouts:
-        form = "no state"
-    elif (
+        return "no state", None
+    if (
         isinstance(expr, Binary)
         and expr.op == "/"
         and has_readout(expr.left)
         and has_readout(expr.right)
     ):
-        form = "ratio"
-    elif _linear_only(expr):
-        form = "linear"
-    elif (
+        return "ratio", None
+    if _linear_only(expr):
+        return "linear", None
+    if (
         isinstance(expr, Binary)
         and expr.op == "+"
         and not has_readout(expr.right)
         and _linear_only(expr.left)
     ):
-        form, skip = "linear + skip", expr.right
-    else:
-        form = "function of readouts"
-    return OutputFacts(eq.target, shape, form, expr, tuple(readouts), skip)
+        return "linear + skip", expr.right
+    return "function of readouts", None
 
 
 def _touches(t: Term, ex: Expander) -> bool:

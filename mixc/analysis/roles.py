@@ -27,7 +27,7 @@ class Role:
         return f"{self.role} of {self.of}"
 
 
-def read_roles(facts: Plan) -> dict[tuple[str, str], tuple[Role, ...]]:
+def read_roles(plan: Plan) -> dict[tuple[str, str], tuple[Role, ...]]:
     """(name read, the state or output reading it) -> its roles there, in a fixed order: a
     state's key, value and write scale, then its transition's roles (its class's `roles`:
     decay, erase, ...); an output's state reads ("read"), queries, readout scales and skip."""
@@ -40,7 +40,7 @@ def read_roles(facts: Plan) -> dict[tuple[str, str], tuple[Role, ...]]:
             if Role(role, of or reader) not in roles:
                 roles.append(Role(role, of or reader))
 
-    for s in facts.states:
+    for s in plan.states:
         for w in s.writes:
             add("key", w.key, s.name)
             add("value", w.value, s.name)
@@ -48,7 +48,7 @@ def read_roles(facts: Plan) -> dict[tuple[str, str], tuple[Role, ...]]:
         for tr in s.transition.parts:
             for role, e in tr.transition_class.roles(tr):
                 add(role, e, s.name)
-    for o in facts.outputs:
+    for o in plan.outputs:
         for r in o.readouts:
             add("read", Name(r.state), o.name)
             add("query", r.query, o.name, r.state)

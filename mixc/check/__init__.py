@@ -1,8 +1,11 @@
 """Checking compiled modules against the float64 oracle, by stage.
 
-- `ranges`: how to draw every argument (input ranges from the analysis facts, stress modes);
+- `ranges`: how to draw every argument (input ranges from the analysis' plan, stress modes);
 - `sampling`: what to draw (examples, their tensors, any-size draws);
-- `fuzz`: the oracle, every form, the comparison and the hypothesis search;
+- `tolerance`: the oracle's result and how close a form must come to it;
+- `forms`: every form of a module run on one example and measured;
+- `contract`: the module under test (compiled, or a file) and what it must define;
+- `fuzz`: the hypothesis search over examples;
 - `reproducer`: the runnable script that replays a failure;
 - `random_specs`: random valid specs, to fuzz the compiler itself;
 - `command`: `mixc fuzz` on the command line.

@@ -10,7 +10,7 @@ its variables, so an input named like one of them (Mamba-2's B, the batch size) 
 from __future__ import annotations
 
 from mixc.backends.pytorch.lines import comment, string
-from mixc.check.fuzz import Failure
+from mixc.check.forms import Failure
 from mixc.check.ranges import InputRanges
 from mixc.check.sampling import draws
 

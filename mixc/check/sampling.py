@@ -316,14 +316,14 @@ def sample_inputs(
     seed: int = 0,
     modes: Mapping[str, str] | None = None,
     input_heads: Mapping[str, int] | None = None,
-    facts: Plan | None = None,
+    plan: Plan | None = None,
 ) -> list[Tensor]:
     """Random arguments for the compiled module of `spec`, in its argument order and layout:
     every input [batch, T, heads, *shape] (or `input_heads[name]` heads, shared across groups),
     then every parameter without a default [heads, *shape]. Drawn from the fuzzer's input ranges
     (each range's plain mode, or `modes[name]`, e.g. `decays_near_one`) with a generator seeded
     by `seed`, at the sizes of `sizes` (every size symbol), in `dtype` on `device`."""
-    r = input_ranges(spec, facts)
+    r = input_ranges(spec, plan)
     tensors = _sample(
         r, ("input", "param"), sizes, T, batch, heads, seed, modes or {}, input_heads or {}
     )
@@ -339,10 +339,10 @@ def sample_states(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     seed: int = 0,
-    facts: Plan | None = None,
+    plan: Plan | None = None,
 ) -> list[Tensor]:
     """Random initial states [batch, heads, *shape] for the compiled module of `spec`, in its
     state order, drawn as the fuzzer draws them (a denominator's state positive)."""
-    r = input_ranges(spec, facts)
+    r = input_ranges(spec, plan)
     tensors = _sample(r, ("state",), sizes, 1, batch, heads, seed, {}, {})
     return [x.to(dtype=dtype, device=device) for x in tensors]

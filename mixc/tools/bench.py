@@ -33,27 +33,36 @@ time that falls as T grows (by more than `MONOTONE_SLACK`) is measured again wit
 unreliable, with the reason, in the table and the JSON. A matmul reference with too wide a
 spread is measured again the same way.
 
-`mixc.tools.bench_report` shows a result: as a table, a JSON file or a plot.
+The figures are kept in `mixc.tools.bench_result`, the measurements of one call are made by
+`mixc.tools.bench_measure`, and `mixc.tools.bench_report` shows a result: as a table, a JSON
+file or a plot. This module runs the sweep.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
-import os
-import platform
-import statistics
 import time
+import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from mixc.analysis.cost import costs
-from mixc.analysis.plan import analyze
+from mixc.analysis.plan import Plan, analyze
 from mixc.errors import MixcError
-from mixc.frontend.spec import load_spec
+from mixc.frontend.spec import Spec, load_spec
+from mixc.tools.bench_measure import (
+    chunk_shapes,
+    matmul_calls,
+    matmul_summary,
+    matmul_throughput,
+    measure_peak_memory,
+    runner,
+    time_call,
+)
+from mixc.tools.bench_result import BenchResult, Point, machine
 
+#: The whole tool is found here, its results and measurements included.
 __all__ = [
     "BenchResult",
     "Point",
@@ -85,156 +94,6 @@ RECURRENT_MAX_T = 4096
 #: The parallel form holds T x T matrices (O(T^2) memory): by default it stops here.
 PARALLEL_MAX_T = 2048
 FORMS = ("chunk", "recurrent", "parallel")
-
-
-# ----------------------------------------------------------------------------- results
-
-
-def quartiles_of(times: list[float]) -> tuple[float, float]:
-    """The first and third quartiles of repeated times (inclusive method; one time: itself)."""
-    if len(times) < 2:
-        return times[0], times[0]
-    q = statistics.quantiles(times, n=4, method="inclusive")
-    return q[0], q[2]
-
-
-def spread_of(times: list[float]) -> float:
-    """The quartile range of repeated times over their median (0 for a median of 0)."""
-    q1, q3 = quartiles_of(times)
-    median = statistics.median(times)
-    return (q3 - q1) / median if median > 0 else 0.0
-
-
-@dataclass(eq=False)  # hashed by identity: suspect_points maps points to reasons
-class Point:
-    """One (form, pass, T) measurement. Times in seconds, memory in bytes."""
-
-    form: str
-    backward: bool
-    T: int
-    times: list[float]
-    peak_bytes: int | None = None
-    flops: float | None = None  # per call (forward + backward counted as 3x forward)
-    unreliable: str | None = None  # why the figure is suspect after it was measured again
-    remeasured: bool = False
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-    @property
-    def quartiles(self) -> tuple[float, float]:
-        return quartiles_of(self.times)
-
-    @property
-    def gflops(self) -> float | None:
-        return None if self.flops is None else self.flops / self.median / 1e9
-
-    @property
-    def spread(self) -> float:
-        """Quartile range over the median."""
-        return spread_of(self.times)
-
-    def to_json(self) -> dict:
-        q1, q3 = self.quartiles
-        return {
-            "form": self.form,
-            "pass": "forward+backward" if self.backward else "forward",
-            "T": self.T,
-            "median_s": self.median,
-            "q1_s": q1,
-            "q3_s": q3,
-            "min_s": min(self.times),
-            "max_s": max(self.times),
-            "times_s": self.times,
-            "peak_bytes": self.peak_bytes,
-            "flops": self.flops,
-            "gflops": self.gflops,
-            "remeasured": self.remeasured,
-            "unreliable": self.unreliable,
-        }
-
-
-@dataclass
-class BenchResult:
-    spec: str
-    name: str
-    sizes: dict[str, int]
-    chunk_size: int
-    threads: int
-    device: str
-    repeats: int
-    points: list[Point] = field(default_factory=list)
-    matmul: dict[int, dict] = field(default_factory=dict)  # T -> matmul reference
-    notes: list[str] = field(default_factory=list)
-
-    def point(self, form: str, T: int, backward: bool = False) -> Point | None:
-        for p in self.points:
-            if p.form == form and p.T == T and p.backward == backward:
-                return p
-        return None
-
-    def matmul_fraction(self, p: Point) -> float | None:
-        """Achieved GFLOP/s of a chunk-form point over the matmul reference at its T."""
-        ref = self.matmul.get(p.T)
-        if p.form != "chunk" or p.backward or ref is None or p.gflops is None:
-            return None
-        return p.gflops / ref["gflops"]
-
-    def to_json(self) -> dict:
-        points = []
-        for p in self.points:
-            d = p.to_json()
-            d["matmul_fraction"] = self.matmul_fraction(p)
-            points.append(d)
-        return {
-            "spec": self.spec,
-            "mixer": self.name,
-            "sizes": self.sizes,
-            "chunk_size": self.chunk_size,
-            "threads": self.threads,
-            "device": self.device,
-            "repeats": self.repeats,
-            "machine": machine(self.device),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "matmul": {str(t): v for t, v in self.matmul.items()},
-            "points": points,
-            "notes": self.notes,
-            "method": {
-                "time": "wall clock (time.perf_counter) per call after warm-up; "
-                "median, quartiles, min, max",
-                "memory": "peak of tensor memory held during one call beyond its inputs, "
-                "from torch's allocator records (torch.profiler profile_memory) on CPU; "
-                "torch.cuda.max_memory_allocated on CUDA",
-                "flops": "mixc.analysis.costs per token and head x B x NH x T; "
-                "forward+backward counted as 3x forward",
-            },
-        }
-
-
-# ----------------------------------------------------------------------------- machine
-
-
-def machine(device: str = "cpu") -> dict[str, str | int]:
-    """What the numbers were measured on: CPU model, cores, torch version, threads."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info: dict[str, str | int] = {
-        "cpu": cpu,
-        "cores": os.cpu_count() or 0,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
-    }
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return info
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -279,205 +138,8 @@ def make_inputs(spec, sizes: dict[str, int], T: int, *, device="cpu", seed: int 
         device=device,
         seed=seed,
         modes=decays_near_one(ranges),
-        facts=ranges.facts,
+        plan=ranges.facts,
     )
-
-
-# ----------------------------------------------------------------------------- measuring
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def _runner(fn: Callable, args: list, backward: bool, device: str) -> Callable[[], None]:
-    """A closure doing one forward (or forward + backward) call."""
-    import torch
-
-    if not backward:
-
-        def forward() -> None:
-            with torch.no_grad():
-                fn(*args)
-
-        return forward
-    leaves = [a.detach().clone().requires_grad_(True) for a in args]
-    with torch.no_grad():
-        y = fn(*args)
-    cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(device)
-
-    def forward_backward() -> None:
-        for x in leaves:
-            x.grad = None
-        y = fn(*leaves)
-        y.backward(cot)
-
-    return forward_backward
-
-
-def time_call(
-    call: Callable[[], None],
-    repeats: int,
-    warmup: int = 1,
-    device="cpu",
-    clock: Callable[[], float] = time.perf_counter,
-) -> list[float]:
-    """Wall times (seconds, read from `clock`) of `repeats` calls after `warmup` untimed ones."""
-    for _ in range(warmup):
-        call()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        call()
-        _sync(device)
-        times.append(clock() - start)
-    return times
-
-
-def measure_peak_memory(call: Callable[[], None], device: str = "cpu") -> int:
-    """Peak tensor memory (bytes) held during one call beyond what existed before it."""
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        call()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile
-
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        call()
-    events = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and "CPU" in str(e.device_type())
-    )
-    held = peak = 0
-    for _, nbytes in events:
-        held += nbytes
-        peak = max(peak, held)
-    return peak
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence file descriptor 2 (the profiler's C++ start/stop log lines) for a moment."""
-    import sys
-
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # no real stderr (e.g. captured by pytest)
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(fd)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), fd)
-            yield
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
-
-
-def chunk_shapes(facts, sizes: dict[str, int]) -> tuple[int, int]:
-    """(d_k, d_v) of the first chunked state group (the sizes the chunked form multiplies)."""
-    if not facts.groups:
-        return 64, 64
-
-    def size(s: str) -> int:
-        return int(s) if s.isdigit() else sizes[s]
-
-    group = [facts.state(n) for n in facts.groups[0].states]
-    lead = group[0]
-    d_k = size(lead.shape[0] if lead.vector else lead.shape[1])
-    d_v = sum(1 if s.vector else size(s.shape[0]) for s in group)
-    return d_k, d_v
-
-
-def matmul_calls(
-    batch: int, chunk: int, d_k: int, d_v: int, device: str = "cpu"
-) -> dict[str, tuple[float, Callable[[], object]]]:
-    """The chunked form's four batched-matmul shapes, for `batch` chunks, as {name: (FLOPs,
-    call)}: fp32 torch.bmm on seeded operands."""
-    import torch
-
-    gen = torch.Generator().manual_seed(2)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(device)
-
-    operands = {
-        "QK^T (C x d_k x C)": (rand(batch, chunk, d_k), rand(batch, d_k, chunk)),
-        "PV (C x C x d_v)": (rand(batch, chunk, chunk), rand(batch, chunk, d_v)),
-        "QS (C x d_k x d_v)": (rand(batch, chunk, d_k), rand(batch, d_k, d_v)),
-        "K^T V (d_k x C x d_v)": (rand(batch, d_k, chunk), rand(batch, chunk, d_v)),
-    }
-    return {
-        name: (
-            2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
-            lambda a=a, b=b: torch.bmm(a, b),
-        )
-        for name, (a, b) in operands.items()
-    }
-
-
-def matmul_summary(
-    calls: dict[str, tuple[float, Callable[[], object]]],
-    seconds: dict[str, float],
-    batch: int,
-    chunk: int,
-    d_k: int,
-    d_v: int,
-    spread: float = 0.0,
-) -> dict:
-    """Throughput per shape and over all four, from each shape's time (seconds per call);
-    `spread` is the widest quartile range over the median of a shape's repeats."""
-    out: dict = {"batch": batch, "C": chunk, "d_k": d_k, "d_v": d_v, "spread": spread}
-    out["shapes"] = {}
-    for name, (flops, _) in calls.items():
-        out["shapes"][name] = {"seconds": seconds[name], "gflops": flops / seconds[name] / 1e9}
-    total_flops = sum(flops for flops, _ in calls.values())
-    out["gflops"] = total_flops / sum(seconds.values()) / 1e9
-    return out
-
-
-def matmul_throughput(
-    batch: int,
-    chunk: int,
-    d_k: int,
-    d_v: int,
-    repeats: int = 5,
-    device: str = "cpu",
-    clock: Callable[[], float] = time.perf_counter,
-) -> dict:
-    """fp32 batched-matmul throughput at the chunked form's shapes, for `batch` chunks."""
-    calls = matmul_calls(batch, chunk, d_k, d_v, device)
-    times = {
-        name: Point("bmm", False, 0, time_call(call, repeats, 2, device, clock))
-        for name, (_, call) in calls.items()
-    }
-    seconds = {name: p.median for name, p in times.items()}
-    spread = max(p.spread for p in times.values())
-    return matmul_summary(calls, seconds, batch, chunk, d_k, d_v, spread)
-
-
-def _flops_per_token(facts, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:
-    """Per token and head, from the analysis' cost model (None when it has no count)."""
-    c = costs(facts)
-    cost = {"chunk": c.chunked, "recurrent": c.recurrent, "parallel": c.quadratic}[form]
-    if cost is None:
-        return None
-    values = {k: v for k, v in sizes.items() if k not in ("B", "NH")}
-    values[c.chunk] = chunk
-    values[c.seq] = T
-    return cost.flops.value(values)
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -510,7 +172,7 @@ def run(
         torch.set_num_threads(threads)
     _check_options(forms, chunk_size, repeats)
     spec = load_spec(spec_path)
-    facts = analyze(spec)
+    plan = analyze(spec)
     module = load(spec_path)
     chunk_size = chunk_size or module.CHUNK_SIZE
     full_sizes = default_sizes(spec, sizes)
@@ -524,49 +186,100 @@ def run(
         repeats=repeats,
     )
     caps = {"recurrent": recurrent_max_T, "parallel": parallel_max_T}
-    sweep = _sweep(result, module, facts, forms, T, caps, backward)
-    _check_memory(facts, sizes or {}, full_sizes, sweep, T, caps, chunk_size, device)
+    sweep = _sweep(result, module, plan, forms, T, caps, backward)
+    _check_memory(plan, sizes or {}, full_sizes, sweep, T, caps, chunk_size, device)
+    bench = _Bench(spec, plan, module, result, *chunk_shapes(plan, full_sizes), clock)
     chunk_ts = sorted({t for form, t, _ in sweep if form == "chunk"})
-    d_k, d_v = chunk_shapes(facts, full_sizes)
-
-    def reference(t: int, repeats: int) -> dict:
-        batch = full_sizes["B"] * full_sizes["NH"] * -(-t // chunk_size)
-        return matmul_throughput(batch, chunk_size, d_k, d_v, repeats, device, clock)
-
-    def times(form: str, t: int, bwd: bool, repeats: int, warmup: int) -> tuple[list, Callable]:
-        args = make_inputs(spec, full_sizes, t, device=device)
-        call = _runner(_form_call(module, form, chunk_size), args, bwd, device)
-        return time_call(call, repeats, warmup, device, clock), call
-
     with _progress(progress, len(sweep) + len(chunk_ts) + 1) as advance:
-        advance("warming up")
-        if sweep:  # nothing to time (no form the module has): no inputs to draw
-            _warm_up(module, sweep, make_inputs(spec, full_sizes, min(T), device=device), result)
-        for t in chunk_ts:
-            advance(f"matmul reference, T = {t}")
-            result.matmul[t] = reference(t, max(3, repeats))
-        for form, t, bwd in sweep:
-            advance(f"{form} {'fwd+bwd' if bwd else 'fwd'} T = {t}")
-            measured, call = times(form, t, bwd, repeats, warmup)
-            peak = measure_peak_memory(call, device) if memory else None
-            flops = _flops(facts, result, form, t, bwd)
-            result.points.append(Point(form, bwd, t, measured, peak, flops))
-        again = REMEASURE_FACTOR * max(3, repeats)
-        for t, ref in result.matmul.items():
-            if ref["spread"] > SPREAD_BOUND:
-                advance(f"matmul reference again, T = {t}")
-                result.matmul[t] = reference(t, again)
-        for p in suspect_points(result):
-            advance(f"{p.form} {'fwd+bwd' if p.backward else 'fwd'} T = {p.T} again")
-            p.times, _ = times(p.form, p.T, p.backward, again, max(2, warmup))
-            p.remeasured = True
+        _measure(bench, sweep, chunk_ts, min(T, default=0), warmup, memory, advance)
+        _measure_again(bench, warmup, advance)
+    _mark_unreliable(result)
+    return result
+
+
+@dataclass
+class _Bench:
+    """A sweep under way: what timing a point or the matmul reference needs (the spec, its
+    plan and module, the shapes the chunked form multiplies, the clock), and the result that
+    gets the figures, with the sizes, chunk size, device and repeats they are taken at."""
+
+    spec: Spec
+    plan: Plan
+    module: types.ModuleType
+    result: BenchResult
+    d_k: int
+    d_v: int
+    clock: Callable[[], float]
+
+    def reference(self, t: int, repeats: int) -> dict:
+        """The matmul reference at sequence length t: as many chunks as the chunked form runs."""
+        r = self.result
+        batch = r.sizes["B"] * r.sizes["NH"] * -(-t // r.chunk_size)
+        return matmul_throughput(
+            batch, r.chunk_size, self.d_k, self.d_v, repeats, r.device, self.clock
+        )
+
+    def times(
+        self, form: str, t: int, bwd: bool, repeats: int, warmup: int
+    ) -> tuple[list[float], Callable[[], None]]:
+        """The times of one point on fresh inputs, and the call they timed."""
+        r = self.result
+        args = make_inputs(self.spec, r.sizes, t, device=r.device)
+        call = runner(_form_call(self.module, form, r.chunk_size), args, bwd, r.device)
+        return time_call(call, repeats, warmup, r.device, self.clock), call
+
+
+def _measure(
+    bench: _Bench,
+    sweep: list[tuple[str, int, bool]],
+    chunk_ts: list[int],
+    shortest: int,
+    warmup: int,
+    memory: bool,
+    advance: Callable[[str], None],
+) -> None:
+    """One untimed pass over every form, the matmul reference at every T in `chunk_ts`, then
+    every point of the sweep: its times, peak memory (where `memory`) and FLOPs."""
+    result = bench.result
+    advance("warming up")
+    if sweep:  # nothing to time (no form the module has): no inputs to draw
+        args = make_inputs(bench.spec, result.sizes, shortest, device=result.device)
+        _warm_up(bench.module, sweep, args, result)
+    for t in chunk_ts:
+        advance(f"matmul reference, T = {t}")
+        result.matmul[t] = bench.reference(t, max(3, result.repeats))
+    for form, t, bwd in sweep:
+        advance(f"{form} {'fwd+bwd' if bwd else 'fwd'} T = {t}")
+        measured, call = bench.times(form, t, bwd, result.repeats, warmup)
+        peak = measure_peak_memory(call, result.device) if memory else None
+        flops = _flops(bench.plan, result, form, t, bwd)
+        result.points.append(Point(form, bwd, t, measured, peak, flops))
+
+
+def _measure_again(bench: _Bench, warmup: int, advance: Callable[[str], None]) -> None:
+    """Every figure that contradicts itself, measured again with REMEASURE_FACTOR times the
+    repeats: a matmul reference spread beyond SPREAD_BOUND, and each suspect point (after a
+    fresh warm-up)."""
+    result = bench.result
+    again = REMEASURE_FACTOR * max(3, result.repeats)
+    for t, ref in result.matmul.items():
+        if ref["spread"] > SPREAD_BOUND:
+            advance(f"matmul reference again, T = {t}")
+            result.matmul[t] = bench.reference(t, again)
+    for p in suspect_points(result):
+        advance(f"{p.form} {'fwd+bwd' if p.backward else 'fwd'} T = {p.T} again")
+        p.times, _ = bench.times(p.form, p.T, p.backward, again, max(2, warmup))
+        p.remeasured = True
+
+
+def _mark_unreliable(result: BenchResult) -> None:
+    """What is still suspect after it was measured again is marked unreliable, with why."""
     for p, reasons in suspect_points(result).items():
         p.unreliable = "; ".join(reasons)
     for t, ref in sorted(result.matmul.items()):
         if ref["spread"] > SPREAD_BOUND:
             ref["unreliable"] = f"repeats spread {100 * ref['spread']:.0f}% of the median"
             result.notes.append(f"matmul reference at T = {t}: unreliable, {ref['unreliable']}")
-    return result
 
 
 def suspect_points(result: BenchResult) -> dict[Point, list[str]]:
@@ -599,35 +312,38 @@ def suspect_points(result: BenchResult) -> dict[Point, list[str]]:
     return out
 
 
+# ----------------------------------------------------------------------------- memory
+
+
 #: Bytes of a number in the timed calls (fp32), and how many copies of every argument and
 #: output a call holds at once (drawn in float64, converted, laid out for the kernels).
 _BYTES, _COPIES = 4, 4
 
 
-def _point_bytes(facts, sizes: dict[str, int], form: str, T: int, bwd: bool, chunk: int) -> int:
+def _point_bytes(plan, sizes: dict[str, int], form: str, T: int, bwd: bool, chunk: int) -> int:
     """Rough peak bytes of one timed call: its arguments and output in a few copies, the states,
     and what the form adds (the chunked form a state and a C x C block per chunk, and the
     matmul reference as much; the parallel form T x T matrices); x3 with the backward pass."""
-    mixer = facts.mixer
+    mixer = plan.mixer
 
     def width(shape) -> int:
         return math.prod(int(d) if d.isdigit() else sizes[d] for d in shape)
 
     heads = sizes["B"] * sizes["NH"]
-    out = width(facts.spec.shapes[mixer.outputs[0].target])
+    out = width(plan.spec.shapes[mixer.outputs[0].target])
     io = heads * T * (sum(width(d.shape) for d in mixer.inputs) + out)
     state = heads * sum(width(d.shape) for d in mixer.states)
     extra = 2 * state
     if form == "chunk":
-        d_k, d_v = chunk_shapes(facts, sizes)
+        d_k, d_v = chunk_shapes(plan, sizes)
         extra += 2 * heads * -(-T // chunk) * (state // heads + chunk * (chunk + d_k + d_v))
     elif form == "parallel":
-        extra += 3 * heads * T * T * max(1, len(facts.groups))
+        extra += 3 * heads * T * T * max(1, len(plan.groups))
     return _BYTES * (_COPIES * io + extra) * (3 if bwd else 1)
 
 
 def _check_memory(
-    facts,
+    plan,
     given: dict[str, int],
     sizes: dict[str, int],
     sweep: list[tuple[str, int, bool]],
@@ -642,12 +358,12 @@ def _check_memory(
     from mixc.resources import check_bytes, device_memory
 
     def peak(sizes, points) -> int:
-        return max((_point_bytes(facts, sizes, f, t, b, chunk) for f, t, b in points), default=0)
+        return max((_point_bytes(plan, sizes, f, t, b, chunk) for f, t, b in points), default=0)
 
     need, limit = peak(sizes, sweep), device_memory(device)
     if need <= limit:
         return
-    defaults = default_sizes(facts.spec)
+    defaults = default_sizes(plan.spec)
     capped = {"recurrent": RECURRENT_MAX_T, "parallel": PARALLEL_MAX_T}
     shorter = [(f, min(t, max(DEFAULT_T)), b) for f, t, b in sweep]
     candidates = {("--T", ",".join(map(str, T))): (sizes, shorter)}
@@ -659,9 +375,12 @@ def _check_memory(
             kept = [p for p in sweep if p[0] != form or p[1] <= capped[form]]
             candidates[(f"--{form}-max-T", cap)] = (sizes, kept)
     option, value = min(candidates, key=lambda c: peak(*candidates[c]))
-    form, t, bwd = max(sweep, key=lambda p: _point_bytes(facts, sizes, *p, chunk))
+    form, t, bwd = max(sweep, key=lambda p: _point_bytes(plan, sizes, *p, chunk))
     what = f"{form}{' with its backward pass' if bwd else ''} at T = {t}"
     check_bytes(option, value, need, what, limit)
+
+
+# ----------------------------------------------------------------------------- points
 
 
 def _check_options(forms: Sequence[str], chunk_size: int, repeats: int) -> None:
@@ -678,7 +397,7 @@ def _check_options(forms: Sequence[str], chunk_size: int, repeats: int) -> None:
 def _sweep(
     result: BenchResult,
     module,
-    facts,
+    plan,
     forms: Sequence[str],
     T: Sequence[int],
     caps: dict[str, int],
@@ -691,7 +410,7 @@ def _sweep(
     for form in forms:
         if form not in available:
             result.notes.append(
-                f"{form}: not available for {result.name} ({facts.reason or 'no such form'})"
+                f"{form}: not available for {result.name} ({plan.reason or 'no such form'})"
             )
             continue
         cap = caps.get(form)
@@ -712,16 +431,28 @@ def _warm_up(module, sweep: list[tuple[str, int, bool]], args: list, result: Ben
     imports."""
     for form in {form for form, _, _ in sweep}:
         for bwd in {b for f, _, b in sweep if f == form}:
-            call = _runner(_form_call(module, form, result.chunk_size), args, bwd, result.device)
+            call = runner(_form_call(module, form, result.chunk_size), args, bwd, result.device)
             time_call(call, 0, warmup=2, device=result.device)
 
 
-def _flops(facts, result: BenchResult, form: str, T: int, backward: bool) -> float | None:
+def _flops(plan, result: BenchResult, form: str, T: int, backward: bool) -> float | None:
     """FLOPs of one call (forward + backward counted as 3x the forward), or None."""
-    per_token = _flops_per_token(facts, form, result.sizes, result.chunk_size, T)
+    per_token = _flops_per_token(plan, form, result.sizes, result.chunk_size, T)
     if per_token is None:
         return None
     return per_token * result.sizes["B"] * result.sizes["NH"] * T * (3 if backward else 1)
+
+
+def _flops_per_token(plan, form: str, sizes: dict[str, int], chunk: int, T: int) -> float | None:
+    """Per token and head, from the analysis' cost model (None when it has no count)."""
+    c = costs(plan)
+    cost = {"chunk": c.chunked, "recurrent": c.recurrent, "parallel": c.quadratic}[form]
+    if cost is None:
+        return None
+    values = {k: v for k, v in sizes.items() if k not in ("B", "NH")}
+    values[c.chunk] = chunk
+    values[c.seq] = T
+    return cost.flops.value(values)
 
 
 def _form_call(module, form: str, chunk_size: int) -> Callable:

@@ -10,7 +10,8 @@ import os
 from collections.abc import Sequence
 
 from mixc.errors import MixcError
-from mixc.tools.bench import FORMS, BenchResult, machine
+from mixc.tools.bench import FORMS
+from mixc.tools.bench_result import BenchResult, machine
 
 __all__ = ["matplotlib_figure", "plot", "render", "write_json"]
 

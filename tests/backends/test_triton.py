@@ -22,7 +22,8 @@ import torch
 import mixc
 from mixc.analysis.plan import analyze
 from mixc.check import Example, check, input_ranges
-from mixc.check.fuzz import DTYPES, _forms, fuzz
+from mixc.check.forms import _forms
+from mixc.check.fuzz import DTYPES, fuzz
 from mixc.driver import compile_source
 from mixc.errors import MixcError
 from tests.backends.test_causality import KINDS, check_causal

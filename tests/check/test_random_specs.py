@@ -27,10 +27,10 @@ N_SPECS = max(100, settings.default.max_examples // 2)  # ci: 100; dev: 1000
 
 def _fuzz_one(data, text: str, n_examples: int, **limits) -> None:
     spec = mixc.load_spec(text=text)
-    facts = mixc.analyze(spec)
-    assert facts.chunkable, f"{facts.reason}\n{text}"
+    plan = mixc.analyze(spec)
+    assert plan.chunkable, f"{plan.reason}\n{text}"
     module = mixc.load(spec)
-    p = input_ranges(spec, facts)
+    p = input_ranges(spec, plan)
     assert not p.notes, f"{p.notes}\n{text}"
     for _ in range(n_examples):
         ex = data.draw(examples(p, **limits))
@@ -56,10 +56,10 @@ def test_random_specs_cover_every_class() -> None:
     )
     @given(random_specs())
     def draw(text: str) -> None:
-        facts = mixc.analyze(mixc.load_spec(text=text))
-        seen.update(s.transition.label for s in facts.states)
-        seen.update(f"output: {o.form}" for o in facts.outputs)
-        seen.update(f"let {fn.name}" for fn in facts.mixer.lets if "elu" in str(fn.body))
+        plan = mixc.analyze(mixc.load_spec(text=text))
+        seen.update(s.transition.label for s in plan.states)
+        seen.update(f"output: {o.form}" for o in plan.outputs)
+        seen.update(f"let {fn.name}" for fn in plan.mixer.lets if "elu" in str(fn.body))
 
     draw()
     classes = {
@@ -139,9 +139,9 @@ def test_compound_decay_times_delta() -> None:
         "H_t = (1 - sigmoid(g_t)) H_{t-1} (I - sigmoid(b_t) l2norm(k_t) l2norm(k_t)^T)"
         " + sigmoid(b_t) v_t l2norm(k_t)^T\ny_t = H_t q_t\n"
     )
-    facts = mixc.analyze(mixc.load_spec(text=text))
-    assert facts.chunkable, facts.reason
-    (state,) = facts.states
+    plan = mixc.analyze(mixc.load_spec(text=text))
+    assert plan.chunkable, plan.reason
+    (state,) = plan.states
     assert state.transition.label == "scalar decay times identity minus rank-1"
     assert str(state.transition.args.beta) == "sigmoid(b_t)"
     report = fuzz(mixc.load_spec(text=text), examples=4, shrink=False)

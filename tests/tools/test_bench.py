@@ -240,8 +240,8 @@ def test_absurd_sizes_are_refused_before_anything_is_allocated(
 
 
 def test_ordinary_sizes_pass_the_memory_check():
-    facts = bench.analyze(bench.load_spec(ROOT / "specs" / "mamba2.mix"))
-    sizes = bench.default_sizes(facts.spec)
+    plan = bench.analyze(bench.load_spec(ROOT / "specs" / "mamba2.mix"))
+    sizes = bench.default_sizes(plan.spec)
     caps = {"recurrent": bench.RECURRENT_MAX_T, "parallel": bench.PARALLEL_MAX_T}
     sweep = [
         (f, t, b)
@@ -250,5 +250,5 @@ def test_ordinary_sizes_pass_the_memory_check():
         for b in (False, True)
         if t <= caps.get(f, t)
     ]
-    bench._check_memory(facts, {}, sizes, sweep, bench.FULL_T, caps, 64, "cpu")
-    assert bench._point_bytes(facts, sizes, "chunk", 16384, True, 64) < 2**31
+    bench._check_memory(plan, {}, sizes, sweep, bench.FULL_T, caps, 64, "cpu")
+    assert bench._point_bytes(plan, sizes, "chunk", 16384, True, 64) < 2**31
