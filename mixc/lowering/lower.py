@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mixc.algebra.expand import Term, inline
 from mixc.algebra.intervals import constant
+from mixc.analysis.facts import Readout as ReadoutFacts
 from mixc.analysis.outputs import readout_name
 from mixc.analysis.plan import GroupPlan, Plan
 from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
@@ -61,6 +62,9 @@ def lower(plan: Plan) -> Program:
         chunk_size=plan.chunk_size,
         no_chunk=plan.reason,
         names=tuple(_spec_names(plan.mixer).items()),
+        readouts=tuple(
+            (readout_name(r.index), readout_local(r, readouts_of(plan))) for r in readouts_of(plan)
+        ),
     )
 
 
@@ -134,7 +138,9 @@ def _query(plan: Plan, query: Expr, offset: int, readouts) -> QueryRead:
     found = []
     for r in readouts:
         op = "." if plan.state(r.state).vector else "@"
-        found.append(Readout(readout_name(r.index), r.state, Binary(op, r.read, r.query)))
+        found.append(
+            Readout(readout_local(r, readouts_of(plan)), r.state, Binary(op, r.read, r.query))
+        )
     return QueryRead(query, offset == -1, tuple(found))
 
 
@@ -205,6 +211,18 @@ def _product(t: Term) -> Product:
 
 
 # ----------------------------------------------------------------------------- names
+
+
+def readouts_of(plan: Plan) -> tuple[ReadoutFacts, ...]:
+    """The readouts of the output the forms compute."""
+    return plan.outputs[0].readouts if plan.outputs else ()
+
+
+def readout_local(r: ReadoutFacts, readouts: tuple[ReadoutFacts, ...]) -> str:
+    """The local that holds a readout in generated code, named after the state it reads:
+    `_read_H`, then `_read2_H`, ... for further reads of H (other queries, or H_{t-1})."""
+    n = 1 + sum(1 for x in readouts if x.state == r.state and x.index < r.index)
+    return f"_read_{r.state}" if n == 1 else f"_read{n}_{r.state}"
 
 
 def _spec_names(mixer) -> dict[Expr, str]:

@@ -230,6 +230,8 @@ class Program:
     `chunk` and `parallel` are None where the form is missing (`no_chunk` says why there is no
     chunked form). `names` gives the spec's name of each computation it names (a per-token
     value, a let function's call), so a backend can name a repeated subexpression after it.
+    `readouts` pairs each readout's name in the output's expressions (`_r0`) with the local a
+    backend holds it in (`_read_H`, after the state it reads).
     `typer` answers the shape of every expression of the program (readouts included)."""
 
     spec: Spec
@@ -243,6 +245,7 @@ class Program:
     chunk_size: ChunkSize
     no_chunk: str | None
     names: tuple[tuple[Expr, str], ...]
+    readouts: tuple[tuple[str, str], ...]
 
     @property
     def mixer(self) -> Mixer:

@@ -32,6 +32,7 @@ class Context:
         # lagged input's previous token (`_prev_x`, x at t-1)
         self.carried = self.states + [local("prev", x) for x in self.lagged]
         self.output = self.mixer.outputs[0]
+        self.readouts = dict(program.readouts)
         self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target])
         # the points of common subexpressions (see Shared): recorded by the first run of the
         # mixer's functions, replayed with their locals by the second
@@ -47,7 +48,7 @@ class Context:
         def names(e: Expr) -> str:
             if isinstance(e, Timed) and e.offset == -1:  # a lagged input, shifted by a token
                 return local("prev", e.name)
-            return e.name
+            return self.readouts.get(e.name, e.name)  # a readout by its local
 
         return PyExpr(self.typer, names, functions, self._point)
 

@@ -964,7 +964,7 @@ def chunk(
     _S0_m = m.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_m, _v_m, g=_g_m, initial_state=_S0_m, chunk_size=chunk_size)
-    _r0 = _from_seq(_o, cu_seqlens)  # m_t 1
+    _read_m = _from_seq(_o, cu_seqlens)  # m_t 1
     m = _S.mT
     y = _r0.squeeze(-1).to(_out_dtype)  # y_t = m_t
     return y, (m.squeeze(-1) if output_final_state else None)
@@ -992,7 +992,7 @@ def parallel(x, *, a=None):
     _g_m = _seq_scalar(_log_gate(a), _sizes)  # log(a)
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
     _o = _parallel_scalar_decay(_q, _k_m, _v_m, g=_g_m)
-    _r0 = _from_seq(_o)  # m_t 1
+    _read_m = _from_seq(_o)  # m_t 1
     y = _r0.squeeze(-1).to(_out_dtype)  # y_t = m_t
     return y, None
 

@@ -960,7 +960,7 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
-    _r0 = _from_seq(_o, cu_seqlens)  # H_t q_t
+    _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, (H if output_final_state else None)
@@ -988,7 +988,7 @@ def parallel(q, k, v, a):
     _g_H = _seq_scalar(_F.logsigmoid(a), _sizes)  # logsigmoid(a_t)
     _q = _seq_vector(q, _sizes)
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
-    _r0 = _from_seq(_o)  # H_t q_t
+    _read_H = _from_seq(_o)  # H_t q_t
     y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, None
 

@@ -628,9 +628,9 @@ def chunk(
     _S0_c = c.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
     _o, _S = _chunk_elementwise(_q, _k_c, _v_c, g=_g_c, initial_state=_S0_c, chunk_size=chunk_size)
-    _r0 = _from_seq(_o, cu_seqlens)  # c_t 1
+    _read_c = _from_seq(_o, cu_seqlens)  # c_t 1
     c = _S.mT
-    y = o * _r0  # o_t * c_t
+    y = o * _read_c  # o_t * c_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, (c.squeeze(-1) if output_final_state else None)
 

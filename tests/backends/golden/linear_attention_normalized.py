@@ -961,11 +961,11 @@ def chunk(
     _q = _seq_vector(_F.elu(q) + 1, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
-    _r0 = _from_seq(_o_H, cu_seqlens)  # H_t (elu(q_t) + 1)
-    _r1 = _from_seq(_o_z, cu_seqlens)  # z_t . (elu(q_t) + 1)
+    _read_H = _from_seq(_o_H, cu_seqlens)  # H_t (elu(q_t) + 1)
+    _read_z = _from_seq(_o_z, cu_seqlens)  # z_t . (elu(q_t) + 1)
     H, z = _S.split([_sizes["V"], 1], -1)
     H = H.mT
-    y = _r0 / _r1  # H_t phi(q_t) / (z_t . phi(q_t))
+    y = _read_H / _read_z  # H_t phi(q_t) / (z_t . phi(q_t))
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, z.squeeze(-1)) if output_final_state else None)
 
@@ -993,9 +993,9 @@ def parallel(q, k, v):
     _q = _seq_vector(_F.elu(q) + 1, _sizes)
     _o = _parallel_scalar_decay(_q, _k_H, _v_H)
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
-    _r0 = _from_seq(_o_H)  # H_t (elu(q_t) + 1)
-    _r1 = _from_seq(_o_z)  # z_t . (elu(q_t) + 1)
-    y = _r0 / _r1  # H_t phi(q_t) / (z_t . phi(q_t))
+    _read_H = _from_seq(_o_H)  # H_t (elu(q_t) + 1)
+    _read_z = _from_seq(_o_z)  # z_t . (elu(q_t) + 1)
+    y = _read_H / _read_z  # H_t phi(q_t) / (z_t . phi(q_t))
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 

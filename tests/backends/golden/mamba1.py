@@ -651,9 +651,9 @@ def chunk(
     _o, _S = _chunk_elementwise(
         _q, _k_H, _v_H, g=_g_H, g_scale=_gscale_H, initial_state=_S0_H, chunk_size=chunk_size
     )
-    _r0 = _from_seq(_o, cu_seqlens)  # H_t C_t
+    _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
-    y = _torch.addcmul(_r0, x, D)  # H_t C_t + D * x_t
+    y = _torch.addcmul(_read_H, x, D)  # H_t C_t + D * x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 

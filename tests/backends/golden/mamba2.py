@@ -969,9 +969,9 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(C, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
-    _r0 = _from_seq(_o, cu_seqlens)  # H_t C_t
+    _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
-    y = _torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
+    y = _torch.addcmul(_read_H, D, x)  # H_t C_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
@@ -1000,8 +1000,8 @@ def parallel(x, dt, B, C, A, D):
     _g_H = _seq_scalar(dt * A, _sizes)  # dt_t A
     _q = _seq_vector(C, _sizes)
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
-    _r0 = _from_seq(_o)  # H_t C_t
-    y = _torch.addcmul(_r0, D, x)  # H_t C_t + D x_t
+    _read_H = _from_seq(_o)  # H_t C_t
+    y = _torch.addcmul(_read_H, D, x)  # H_t C_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 

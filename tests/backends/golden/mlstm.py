@@ -1015,11 +1015,12 @@ def chunk(
     )
     _unscale_H = _from_seq(_torch.exp(-_m)[..., None], cu_seqlens)
     _o_H, _o_n = _o.split([_sizes["V"], 1], -1)
-    _r0 = _from_seq(_o_H, cu_seqlens)  # H_t q_t
-    _r1 = _from_seq(_o_n, cu_seqlens)  # n_t . q_t
+    _read_H = _from_seq(_o_H, cu_seqlens)  # H_t q_t
+    _read_n = _from_seq(_o_n, cu_seqlens)  # n_t . q_t
     H, n = _S.split([_sizes["V"], 1], -1)
     H = H.mT
-    y = _r0 / _torch.maximum(_torch.abs(_r1), _unscale_H)  # H_t q_t / max(abs(n_t . q_t), 1)
+    # H_t q_t / max(abs(n_t . q_t), 1)
+    y = _read_H / _torch.maximum(_torch.abs(_read_n), _unscale_H)
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, n.squeeze(-1)) if output_final_state else None)
 

@@ -1026,9 +1026,9 @@ def chunk(
         _q_next, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size
     )
     _o = _torch.cat([_q[:, :, :1] @ _S0_H, _o[:, :, :-1]], 2)  # S_{t-1} q_t
-    _r0 = _from_seq(_o, cu_seqlens)  # H_{t-1} r_t
+    _read_H = _from_seq(_o, cu_seqlens)  # H_{t-1} r_t
     H = _S.mT
-    y = _torch.addcmul(_r0, (k * u).mT @ r, v)  # H_{t-1} r_t + (r_t . (u * k_t)) v_t
+    y = _torch.addcmul(_read_H, (k * u).mT @ r, v)  # H_{t-1} r_t + (r_t . (u * k_t)) v_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 
