@@ -79,9 +79,11 @@ def _sequence_form(plan: Plan, groups: tuple[GroupPlan, ...], form: str) -> Sequ
     o = plan.outputs[0]
     expr = o.scaled if chunked and o.scaled is not None else o.expr
     shown = plan.mixer.outputs[0].value
-    output = (
-        Output(expr.name, None, shown) if isinstance(expr, Name) else Output(o.name, expr, shown)
-    )
+    if isinstance(expr, Name):  # the output is one readout, held in its local
+        (read,) = (r for r in o.readouts if readout_name(r.index) == expr.name)
+        output = Output(readout_local(read, o.readouts), None, shown)
+    else:
+        output = Output(o.name, expr, shown)
     return SequenceForm(form, calls, output, packed=chunked, sign_checks=plan.sign_checks)
 
 

@@ -1133,7 +1133,7 @@ def chunk(
     _o = _o[:, :, 1::2]  # each token's last sub-token
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
-    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
+    y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, (H if output_final_state else None)
 
 

@@ -966,7 +966,7 @@ def chunk(
     _o, _S = _chunk_scalar_decay(_q, _k_m, _v_m, g=_g_m, initial_state=_S0_m, chunk_size=chunk_size)
     _read_m = _from_seq(_o, cu_seqlens)  # m_t 1
     m = _S.mT
-    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = m_t
+    y = _read_m.squeeze(-1).to(_out_dtype)  # y_t = m_t
     return y, (m.squeeze(-1) if output_final_state else None)
 
 
@@ -993,7 +993,7 @@ def parallel(x, *, a=None):
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
     _o = _parallel_scalar_decay(_q, _k_m, _v_m, g=_g_m)
     _read_m = _from_seq(_o)  # m_t 1
-    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = m_t
+    y = _read_m.squeeze(-1).to(_out_dtype)  # y_t = m_t
     return y, None
 
 

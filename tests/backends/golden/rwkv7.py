@@ -1221,7 +1221,7 @@ def chunk(
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
-    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
+    y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, (H if output_final_state else None)
 
 

@@ -1343,7 +1343,7 @@ def chunk(
     _o, _S = _chunk_diagonal(_q, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size)
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
-    y = _r0.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
+    y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
     return y, (H if output_final_state else None)
 
 
