@@ -107,6 +107,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print("mixc explain: error: the following arguments are required: SPEC", file=sys.stderr)
         return 2
     plan = driver.plan(args.spec, args.backend)
+    if args.program:
+        from mixc.lowering import dump, lower
+
+        print(dump(lower(plan)))
+        return 0
     spec = plan.spec
     sizes = args.sizes or {}
     known = set(costs(plan).symbols)

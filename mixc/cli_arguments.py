@@ -78,6 +78,12 @@ def _add_explain(sub: _Subparsers) -> None:
         default="pytorch",
         help="say which kernels the chunked forms run on this backend (default: pytorch)",
     )
+    p.add_argument(
+        "--program",
+        action="store_true",
+        help="print the lowered program instead: each form's kernel calls, as every backend "
+        "renders them",
+    )
 
 
 def _add_graph(sub: _Subparsers) -> None:

@@ -272,8 +272,8 @@ def dump(program: Program) -> str:
                 at = f" (step {i})" if len(c.steps) > 1 else ""
                 lines.append(f"    k{at} = {step.key}")
                 for v in step.values:
-                    scale = f" times {v.scale}" if v.scale is not None else ""
-                    lines.append(f"    v{at} {v.state} = {v.expr or 'ones'}{scale}")
+                    scale = f" (times {v.scale})" if v.scale is not None else ""
+                    lines.append(f"    v[{v.state}]{at} = {v.expr or 'ones'}{scale}")
                 lines += [f"    {a.name}{at} = {a.expr} [{a.layout}]" for a in step.args if a.expr]
             if c.log_scale is not None:
                 lines.append(f"    log_scale = {c.log_scale} (outputs times {c.unscale})")

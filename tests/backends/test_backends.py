@@ -108,3 +108,12 @@ def test_the_dump_shows_each_forms_kernel_calls(spec, says):
     text = dump(lower(plan(ROOT / "specs" / f"{spec}.mix")))
     for line in says:
         assert line in text, text
+
+
+def test_explain_prints_the_program(capsys):
+    from mixc.cli import main
+
+    assert main(["explain", str(ROOT / "specs" / "gated_deltanet.mix"), "--program"]) == 0
+    out = capsys.readouterr().out
+    assert "H: chunk_delta from the carried states" in out
+    assert "v[H] = v_t (times beta_t)" in out
