@@ -150,7 +150,7 @@ def roles(spec) -> Roles:
     from mixc.check.ranges import input_ranges
 
     ranges = input_ranges(spec)
-    plan, mixer = ranges.facts, spec.mixer
+    plan, mixer = ranges.plan, spec.mixer
     inputs = {d.name for d in mixer.inputs}
     learned = [p.name for p in mixer.params if p.default is None]
     domain = {r.name: r.domain for r in ranges.ranges}

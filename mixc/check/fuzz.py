@@ -202,7 +202,7 @@ def _run_search(search: _Search, *, seed: int, shrink: bool, max_T: int, max_siz
         print_blob=False,
     )
     @hypothesis_seed(seed)
-    @given(examples(r, max_T=max_T, max_size=max_size, chunked=r.facts.chunkable))
+    @given(examples(r, max_T=max_T, max_size=max_size, chunked=r.plan.chunkable))
     def run(ex: Example) -> None:
         search.test(ex)
 

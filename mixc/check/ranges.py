@@ -1,6 +1,6 @@
-"""Input ranges: how the fuzzer draws every argument of a spec, derived from its analysis facts.
+"""Input ranges: how the fuzzer draws every argument of a spec, derived from its analysis plan.
 
-The ranges are derived from the facts, not from input names, so that every drawn example is one
+The ranges are derived from the plan, not from input names, so that every drawn example is one
 the spec is meant to handle:
 
 - a decay must be in (0, 1]: for every log-gate that the analysis cannot prove <= 0 (`g_t`,
@@ -113,10 +113,10 @@ class Range:
 
 @dataclass(frozen=True)
 class InputRanges:
-    """What the fuzzer needs to know about a spec: its facts and how to draw each argument."""
+    """What the fuzzer needs to know about a spec: its plan and how to draw each argument."""
 
     spec: Spec
-    facts: Plan
+    plan: Plan
     ranges: tuple[Range, ...]
     notes: tuple[str, ...]
     wide: frozenset[str] = frozenset()  # size symbols drawn >= 2 (l2norm over one entry is a sign)
@@ -197,11 +197,11 @@ class _Names:
         )
 
 
-def _transition_bounds(facts: Plan, names: _Names) -> tuple[list[Condition], dict[str, str]]:
+def _transition_bounds(plan: Plan, names: _Names) -> tuple[list[Condition], dict[str, str]]:
     """Every state's conditions on its transition, and the inputs drawn as keys of norm <= 1."""
     conditions: list[Condition] = []
     unit_keys: dict[str, str] = {}
-    for s in facts.states:
+    for s in plan.states:
         for tr in s.transition.parts:  # each step a token applies
             conditions += tr.transition_class.conditions(s.name, tr)
             key = tr.transition_class.unit_key(s.name, tr)
@@ -210,10 +210,10 @@ def _transition_bounds(facts: Plan, names: _Names) -> tuple[list[Condition], dic
     return conditions, unit_keys
 
 
-def _write_keys(facts: Plan, inputs: set[str]) -> dict[str, str]:
+def _write_keys(plan: Plan, inputs: set[str]) -> dict[str, str]:
     """Inputs that are the key of a write (or its l2norm): their norm is what the key's is."""
     keys: dict[str, str] = {}
-    for s in facts.states:
+    for s in plan.states:
         for w in s.writes:
             inner = w.key.args[0] if isinstance(w.key, Call) and w.key.func == "l2norm" else w.key
             if isinstance(inner, Timed) and inner.name in inputs:
@@ -221,10 +221,10 @@ def _write_keys(facts: Plan, inputs: set[str]) -> dict[str, str]:
     return keys
 
 
-def _positive_states(facts: Plan) -> dict[str, str]:
+def _positive_states(plan: Plan) -> dict[str, str]:
     """States read in the denominator of a ratio output: they start positive."""
     out: dict[str, str] = {}
-    for o in facts.outputs:
+    for o in plan.outputs:
         if o.form == "ratio" and isinstance(o.expr, Binary):
             for n in walk(o.expr.right):
                 if isinstance(n, Name) and n.name.startswith("_r"):
@@ -293,17 +293,17 @@ def _search_domains(
     return None
 
 
-def _wide_sizes(facts: Plan) -> frozenset[str]:
+def _wide_sizes(plan: Plan) -> frozenset[str]:
     """Size symbols an l2norm runs over: drawn >= 2 (the l2norm of one entry is its sign, so
     its gradient is all cancellation)."""
     exprs = [
         e
-        for s in facts.states
+        for s in plan.states
         for tr in s.transition.parts
         for e in (*tr.args.exprs(), *(w.key for w in s.writes))
     ]
-    exprs += [r.query for o in facts.outputs for r in o.readouts]
-    decls = {d.name: d for d in facts.mixer.inputs}
+    exprs += [r.query for o in plan.outputs for r in o.readouts]
+    decls = {d.name: d for d in plan.mixer.inputs}
     return frozenset(
         size
         for e in exprs
@@ -317,16 +317,16 @@ def _wide_sizes(facts: Plan) -> frozenset[str]:
     )
 
 
-def input_ranges(spec: Spec | str | os.PathLike, facts: Plan | None = None) -> InputRanges:
-    """Derive how to draw every argument of `spec` from its analysis facts (see the module doc)."""
+def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> InputRanges:
+    """Derive how to draw every argument of `spec` from its analysis plan (see the module doc)."""
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
-    facts = facts or analyze(spec)
+    plan = plan or analyze(spec)
     mixer = spec.mixer
     names = _Names.of(mixer)
-    conditions, unit_keys = _transition_bounds(facts, names)
+    conditions, unit_keys = _transition_bounds(plan, names)
     domains, why, notes = _domains(conditions, unit_keys, names)
-    keys = _write_keys(facts, names.inputs)
-    positive = _positive_states(facts)
+    keys = _write_keys(plan, names.inputs)
+    positive = _positive_states(plan)
 
     ranges: list[Range] = []
     for d in mixer.inputs:
@@ -351,7 +351,7 @@ def input_ranges(spec: Spec | str | os.PathLike, facts: Plan | None = None) -> I
     for d, last in zip(mixer.lagged, mixer.carried[len(mixer.states) :], strict=True):
         drawn = next(x for x in ranges if x.name == d.name)
         ranges.append(Range(last.name, "state", drawn.domain, f"a token of {d.name}: {drawn.why}"))
-    return InputRanges(spec, facts, tuple(ranges), tuple(notes), _wide_sizes(facts))
+    return InputRanges(spec, plan, tuple(ranges), tuple(notes), _wide_sizes(plan))
 
 
 def decays_near_one(r: InputRanges) -> dict[str, str]:
@@ -362,7 +362,7 @@ def decays_near_one(r: InputRanges) -> dict[str, str]:
     names = _Names.of(r.mixer)
     drawn = {x.name: x for x in r.ranges if x.domain in _DOMAINS}
     modes: dict[str, str] = {}
-    for s in r.facts.states:
+    for s in r.plan.states:
         for c in s.transition.transition_class.decay_conditions(s.name, s.transition):
             variables = [n for n in _free(c.expr, names.inputs, names.params) if n in drawn]
             modes.update(_modes_near_one(c, [drawn[n] for n in variables], names.defaults))

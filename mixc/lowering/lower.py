@@ -129,11 +129,11 @@ def _steps(plan: Plan, group: GroupPlan, scaled: bool) -> tuple[Step, ...]:
             )
             for sub in group.sub_tokens
         )
-    facts = [plan.state(s) for s in group.states]
+    states = [plan.state(s) for s in group.states]
     values = tuple(
-        Value(s.name, s.writes[0].value, s.writes[0].scale if scaled else None) for s in facts
+        Value(s.name, s.writes[0].value, s.writes[0].scale if scaled else None) for s in states
     )
-    return (Step(facts[0].writes[0].key, values, group.args),)
+    return (Step(states[0].writes[0].key, values, group.args),)
 
 
 def _query(plan: Plan, query: Expr, offset: int, readouts) -> QueryRead:

@@ -138,7 +138,7 @@ def make_inputs(spec, sizes: dict[str, int], T: int, *, device="cpu", seed: int 
         device=device,
         seed=seed,
         modes=decays_near_one(ranges),
-        plan=ranges.facts,
+        plan=ranges.plan,
     )
 
 

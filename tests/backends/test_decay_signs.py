@@ -77,10 +77,10 @@ def _args(spec, seed: int = 0, positive: bool = False):
 @pytest.mark.parametrize("update", COMPUTED.values(), ids=COMPUTED.keys())
 def test_a_computed_decay_of_unproven_sign_has_no_chunked_form(update: str) -> None:
     spec = _spec(update)
-    facts = mixc.analyze(spec)
-    assert facts.forms.names() == ("recurrent", "step")
+    plan = mixc.analyze(spec)
+    assert plan.forms.names() == ("recurrent", "step")
     # a negative constant factor (-1, -0.5) was refused before, as not positive
-    assert re.search("can be negative|is not positive", facts.reason)
+    assert re.search("can be negative|is not positive", plan.reason)
     module = mixc.load(spec)
     assert module.FORMS == ("recurrent", "step") and not hasattr(module, "parallel")
     args = _args(spec)
@@ -95,8 +95,8 @@ def test_a_computed_decay_of_unproven_sign_has_no_chunked_form(update: str) -> N
 @pytest.mark.parametrize(("update", "name"), PASSED.values(), ids=PASSED.keys())
 def test_a_decay_passed_in_is_checked_by_the_chunked_forms(update: str, name: str) -> None:
     spec = _spec(update)
-    facts = mixc.analyze(spec)
-    assert [c.name for c in facts.sign_checks] == [name]
+    plan = mixc.analyze(spec)
+    assert [c.name for c in plan.sign_checks] == [name]
     module = mixc.load(spec)
     chunked = [f for f in ("chunk", "parallel") if f in module.FORMS]
     assert chunked
@@ -116,8 +116,8 @@ def test_a_decay_passed_in_is_checked_by_the_chunked_forms(update: str, name: st
 @pytest.mark.parametrize("update", NONNEGATIVE.values(), ids=NONNEGATIVE.keys())
 def test_a_decay_proven_nonnegative_runs_chunked_unchecked(update: str) -> None:
     spec = _spec(update)
-    facts = mixc.analyze(spec)
-    assert facts.chunkable and facts.sign_checks == ()
+    plan = mixc.analyze(spec)
+    assert plan.chunkable and plan.sign_checks == ()
     module = mixc.load(spec)
     args = _args(spec)
     ref, _ = module.recurrent(*args)

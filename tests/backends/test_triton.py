@@ -77,13 +77,13 @@ def test_fuzz_runs_each_chunk_the_kernels_run_once():
     module runs a longer sequence than the example's T): fuzz runs those draws once and every
     longer one (where those are capped depends on the length); a PyTorch module every size
     drawn."""
-    facts = SimpleNamespace(facts=SimpleNamespace(chunkable=True))
+    ranges = SimpleNamespace(plan=SimpleNamespace(chunkable=True))
     example = SimpleNamespace(chunk_sizes=(4, 1, 16, 32, 64), T=24, initial_state=True)
     triton_module = mixc.load(SPECS["gla"], backend="triton")
     torch_module = mixc.load(SPECS["gla"])
-    chunks = [cs for form, cs in _forms(facts, triton_module, example) if form == "chunk"]
+    chunks = [cs for form, cs in _forms(ranges, triton_module, example) if form == "chunk"]
     assert chunks == [4, 32, 64]
-    chunks = [cs for form, cs in _forms(facts, torch_module, example) if form == "chunk"]
+    chunks = [cs for form, cs in _forms(ranges, torch_module, example) if form == "chunk"]
     assert chunks == [4, 1, 16, 32, 64]
 
 

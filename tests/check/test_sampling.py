@@ -103,7 +103,7 @@ def test_decays_near_one_are_near_one(path: Path) -> None:
         for n, x in zip((*r.inputs, *r.params), args, strict=True)
     }
     defaults = {p.name: p.default for p in r.mixer.params if p.default is not None}
-    for s in r.facts.states:
+    for s in r.plan.states:
         # each log-gate (<= 0) within 0.5 of 0, each elementwise gate (in [0, 1]) of 1
         for c in s.transition.transition_class.decay_conditions(s.name, s.transition):
             assert bounds(c.expr, env, defaults)[0] > c.hi - 0.5, (path.stem, c.why)

@@ -62,14 +62,14 @@ def test_text_report_of_each_shipped_spec(capsys, name):
     code, out, err = run(capsys, "explain", SPECS / name)
     assert code == 0, err
     assert not ANSI.search(out)  # piped: plain text
-    facts = analyze(load_spec(SPECS / name))
-    assert facts.mixer.name in out and facts.mixer.description in out
-    for s in facts.states:
+    plan = analyze(load_spec(SPECS / name))
+    assert plan.mixer.name in out and plan.mixer.description in out
+    for s in plan.states:
         assert f": {s.transition.label}  (rule {s.transition.rule.name}:" in out
         assert MATH[s.transition.label] in out
-    assert f"algorithm: {facts.algorithm}" in out
+    assert f"algorithm: {plan.algorithm}" in out
     assert "Parallel form" in out and "Cost per token and head" in out
-    for w in facts.warnings:
+    for w in plan.warnings:
         assert w.render() in out
 
 
@@ -166,11 +166,11 @@ def test_json_validates_and_round_trips(capsys, name):
     report = Explanation.model_validate(data)
     assert Explanation.model_validate_json(report.model_dump_json()) == report
     assert report == explain(load_spec(SPECS / name))
-    facts = analyze(load_spec(SPECS / name))
-    assert [s.transition_class for s in report.states] == [s.transition.label for s in facts.states]
-    assert [s.rule for s in report.states] == [s.transition.rule.name for s in facts.states]
-    assert report.chunkable is facts.chunkable and report.algorithm == facts.algorithm
-    assert [g.states for g in report.groups] == [list(g.states) for g in facts.groups]
+    plan = analyze(load_spec(SPECS / name))
+    assert [s.transition_class for s in report.states] == [s.transition.label for s in plan.states]
+    assert [s.rule for s in report.states] == [s.transition.rule.name for s in plan.states]
+    assert report.chunkable is plan.chunkable and report.algorithm == plan.algorithm
+    assert [g.states for g in report.groups] == [list(g.states) for g in plan.groups]
 
 
 def test_json_fields_are_stable_and_documented(capsys):
@@ -334,8 +334,8 @@ def test_graph_writes_png_and_svg(capsys, tmp_path, name):
 def test_graph_labels_every_edge_with_its_role(capsys, tmp_path, name, roles):
     from mixc.tools.graph import edge_roles
 
-    facts = analyze(load_spec(SPECS / f"{name}.mix"))
-    assert edge_roles(facts) == roles
+    plan = analyze(load_spec(SPECS / f"{name}.mix"))
+    assert edge_roles(plan) == roles
     out = tmp_path / "g.svg"
     assert run(capsys, "graph", SPECS / f"{name}.mix", "-o", out)[0] == 0
     text = out.read_text()
