@@ -32,7 +32,6 @@ __all__ = [
     "declared",
     "show",
     "symbols_of",
-    "typer_for",
 ]
 
 Shape = tuple[str, str]
@@ -282,11 +281,3 @@ def symbols_of(mixer: Mixer) -> dict[str, Symbol]:
     for fn in mixer.lets:
         symbols[fn.name] = Symbol("let", SCALAR)
     return symbols
-
-
-def typer_for(mixer: Mixer, shapes: dict[str, Shape]) -> Typer:
-    """A Typer that knows every declared name and every equation's target (after `verify`)."""
-    symbols = symbols_of(mixer)
-    for target, shape in shapes.items():
-        symbols.setdefault(target, Symbol("value", shape))
-    return Typer(mixer, symbols)
