@@ -207,6 +207,8 @@ def _analyze(spec: Spec) -> Plan:
         if g.log_scale is not None:
             typer.symbols[g.unscale.name] = Symbol("readout", SCALAR)
     forms = _forms(mixer, states, groups)
+    # the plan is read, never changed: its Typer first types what the backends will ask about
+    ex.freeze(mixer.params, mixer.equations, states, outputs, groups)
     return Plan(
         spec,
         graph,
