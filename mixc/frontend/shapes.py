@@ -6,6 +6,7 @@ Shapes are two-dimensional: a scalar is (1, 1), a vector x[K] is the column (K, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, is_dataclass
 from types import MappingProxyType
@@ -169,21 +170,24 @@ class Typer:
 
 def _expressions(held: object) -> Iterator[Expr]:
     """The expressions in `held`, found through the fields of dataclasses and the items of
-    tuples, lists, sets and dicts (their values), each once."""
-    stack, seen = [held], set()
+    tuples, lists, sets and dicts (their values); one held in two places is found twice."""
+    stack = [held]
     while stack:
         x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
         if isinstance(x, Expr):
             yield x
-        elif is_dataclass(x) and not isinstance(x, type):
-            stack.extend(getattr(x, f.name) for f in fields(x))
         elif isinstance(x, tuple | list | set | frozenset):
             stack.extend(x)
         elif isinstance(x, dict):
             stack.extend(x.values())
+        else:
+            stack.extend([getattr(x, name) for name in _field_names(type(x))])
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass; none for any other type."""
+    return tuple(f.name for f in fields(cls)) if is_dataclass(cls) else ()
 
 
 def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:

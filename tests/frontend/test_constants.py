@@ -160,7 +160,8 @@ class _Counting:
 
 def test_a_folder_folds_each_node_once_however_often_it_is_asked() -> None:
     """The emitter asks at every level of an expression: each node is folded once, or a
-    product of 40 sums takes seconds to compile."""
+    product of 40 sums takes seconds to compile; a node shared by inlining a let is folded
+    once too, however many paths reach it."""
     counting = _Counting()
     folder = Folder(counting)
     e = Number("1")
@@ -172,6 +173,11 @@ def test_a_folder_folds_each_node_once_however_often_it_is_asked() -> None:
         folder.value(level)
     assert folder.value(e) == 201.0
     assert counting.binaries == 200
+    shared = Number("1")  # f(f(...f(1))) with f(x) = x + x, inlined: 2^60 paths, 61 nodes
+    for _ in range(60):
+        shared = Binary("+", shared, shared)
+    assert folder.value(shared) == 2.0**60
+    assert counting.binaries == 260
 
 
 def test_the_verifier_and_the_folder_agree_on_a_value() -> None:
