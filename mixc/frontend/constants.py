@@ -125,28 +125,27 @@ class Folder(Generic[V]):
         """`e` folded bottom up, left operands first (so the first undefined node a person reads
         is the one refused), every node's value kept in `known`. `call` is the let call whose
         arguments `env` binds, named by an error that depends on them."""
-        pending = [e]
+        # (node, None) to fold, (node, its operands) once they are folded
+        pending: list[tuple[Expr, tuple[Expr, ...] | None]] = [(e, None)]
         while pending:
-            node = pending[-1]
-            hit = known.get(id(node))
-            if hit is not None and hit[0] is node:
-                pending.pop()
-                continue
-            kids = children(node)
-            missing = [k for k in kids if (h := known.get(id(k))) is None or h[0] is not k]
-            if missing:
-                pending.extend(reversed(missing))
-                continue
-            pending.pop()
-            operands = tuple(known[id(k)][1] for k in kids)
+            node, kids = pending.pop()
+            if kids is None:
+                hit = known.get(id(node))
+                if hit is not None and hit[0] is node:
+                    continue
+                kids = children(node)
+                if kids:  # its operands first, the left ones first
+                    pending.append((node, kids))
+                    pending.extend((k, None) for k in reversed(kids))
+                    continue
             try:
-                value = self._node(node, operands, env)
+                value = self._node(node, [known[id(k)][1] for k in kids], env)
             except Undefined as exc:
                 raise _UndefinedError(exc.why, node, exc.hint or _call_hint(call)) from None
             known[id(node)] = (node, value)
         return known[id(e)][1]
 
-    def _node(self, e: Expr, operands: tuple[V | None, ...], env: Mapping[str, V]) -> V | None:
+    def _node(self, e: Expr, operands: list[V | None], env: Mapping[str, V]) -> V | None:
         """The value of `e` from its operands' values."""
         if isinstance(e, Number):
             return self.arithmetic.number(e)
@@ -158,8 +157,8 @@ class Folder(Generic[V]):
             return operands[0]
         if isinstance(e, Call):
             if e.func in self.lets:
-                return self._let(e, operands)
-            return self.arithmetic.call(e, operands)
+                return self._let(e, tuple(operands))
+            return self.arithmetic.call(e, tuple(operands))
         if isinstance(e, Binary):
             return self.arithmetic.binary(e, *operands)
         return None  # I: its size, and so its value, comes from where it is used
