@@ -31,7 +31,8 @@ from mixc.algebra.expand import inline
 from mixc.driver import load
 from mixc.errors import MixcError, Source
 from mixc.frontend.builtins import BUILTINS
-from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Number, Timed, Transpose
+from mixc.frontend.constants import Folder
+from mixc.frontend.ir import Binary, Call, Expr, Number
 from mixc.frontend.spec import load_spec
 from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
@@ -79,25 +80,41 @@ class _UnsolvableError(Exception):
 
 
 def _evaluate(e: Expr, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """An elementwise expression (let functions inlined) on tensors that broadcast: enough for
-    the log of a decay (`dt_t A`, `logsigmoid(a_t)`, `log(sigmoid(w_t) sigmoid(f_t))`)."""
-    if isinstance(e, Number):
-        return torch.tensor(float(e.text), dtype=torch.float64)
-    if isinstance(e, Timed | Name):
-        if e.name not in values:
-            raise _UnsolvableError(e.name)
-        return values[e.name]
-    if isinstance(e, Neg):
-        return -_evaluate(e.operand, values)
-    if isinstance(e, Transpose):
-        return _evaluate(e.operand, values)
-    if isinstance(e, Call) and (e.func == "diag" or BUILTINS[e.func].elementwise):
-        x = _evaluate(e.args[0], values)
-        return x if e.func == "diag" else BUILTINS[e.func].tensor(x)
-    if isinstance(e, Binary) and e.op in _ELEMENTWISE:
-        return _ELEMENTWISE[e.op](_evaluate(e.left, values), _evaluate(e.right, values))
-    raise _UnsolvableError(str(e))
+    """An elementwise expression (let functions inlined) on tensors that broadcast, `values`
+    giving the inputs, parameters and h it reads: enough for the log of a decay (`dt_t A`,
+    `logsigmoid(a_t)`, `log(sigmoid(w_t) sigmoid(f_t))`). Raises _UnsolvableError where it
+    reads anything else or is not elementwise."""
+    value = Folder(_TENSORS).value(e, values)
+    if value is None:
+        raise _UnsolvableError(str(e))
+    return value
 
+
+class _Tensors:
+    """The constant folder's arithmetic (`mixc.frontend.constants.Folder`) on float64 tensors:
+    elementwise built-ins and operations, diag(x) read as its diagonal x. Nothing is refused:
+    a value that is not finite stays in the tensor, where the caller looks for it."""
+
+    def number(self, e: Number) -> torch.Tensor:
+        return torch.tensor(float(e.text), dtype=torch.float64)
+
+    def call(self, e: Call, args: tuple[torch.Tensor | None, ...]) -> torch.Tensor | None:
+        builtin = BUILTINS.get(e.func)
+        if builtin is None or any(a is None for a in args):
+            return None
+        if e.func == "diag":
+            return args[0]
+        return builtin.tensor(*args) if builtin.elementwise else None
+
+    def binary(
+        self, e: Binary, left: torch.Tensor | None, right: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        if left is None or right is None or e.op not in _ELEMENTWISE:
+            return None
+        return _ELEMENTWISE[e.op](left, right)
+
+
+_TENSORS = _Tensors()
 
 _ELEMENTWISE = {
     "+": torch.add,

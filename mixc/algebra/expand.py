@@ -107,7 +107,10 @@ def transpose_atom(e: Expr, shape: Shape) -> Expr:
 
 
 class Expander:
-    """Expands expressions of one mixer. `states` are the names treated as linear unknowns."""
+    """Expands expressions of one mixer. `states` are the names treated as linear unknowns.
+
+    A plan's Expander is frozen once the analysis has built it (`freeze`), with its Typer: the
+    backends and tools that read the plan leave it as they found it."""
 
     def __init__(self, mixer: Mixer, typer: Typer, states: set[str]) -> None:
         self.mixer = mixer
@@ -116,6 +119,14 @@ class Expander:
         # keyed by id, holding the node itself so that its id is never reused for another node
         self._stateful: dict[int, tuple[Expr, bool]] = {}
         self._depths: dict[int, tuple[Expr, int]] = {}
+        self._frozen = False
+
+    def freeze(self, *held: object) -> None:
+        """Keep what is known so far, and no more, here and in the Typer (which types what
+        `held` holds first, `Typer.freeze`): what is not known yet is found each time it is
+        asked for."""
+        self.typer.freeze(*held)
+        self._frozen = True
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
@@ -128,11 +139,14 @@ class Expander:
             lambda node, below: (
                 (isinstance(node, Timed) and node.name in self.states) or any(below)
             ),
+            keep=not self._frozen,
         )
 
     def depth(self, e: Expr) -> int:
         """How many levels `e` nests (a name is one)."""
-        return _bottom_up(self._depths, e, lambda node, below: 1 + max(below, default=0))
+        return _bottom_up(
+            self._depths, e, lambda node, below: 1 + max(below, default=0), keep=not self._frozen
+        )
 
     def expand(self, e: Expr, transposed: bool = False) -> list[Term]:
         """`e` as a sum of terms, like terms collected. Raises NotAffine, and SpecSizeError (placed
@@ -266,14 +280,20 @@ class Expander:
         return self._atom(e, tr)
 
 
-def _bottom_up(known: dict[int, tuple[Expr, T]], e: Expr, value: Callable[[Expr, list[T]], T]) -> T:
+def _bottom_up(
+    known: dict[int, tuple[Expr, T]],
+    e: Expr,
+    value: Callable[[Expr, list[T]], T],
+    keep: bool = True,
+) -> T:
     """`value(node, values of its children)` at `e`, with `known` holding it by id for every node
     found so far. Found bottom up for every node below `e` at once, without recursion, so that
     asking it of each node of a tree, as expanding does, costs the tree's size, not its size
-    times its depth."""
+    times its depth. Unless `keep`, what is found is not added to `known`."""
     got = known.get(id(e))
     if got is not None and got[0] is e:
         return got[1]
+    found = known if keep else {}
     order, stack = [], [e]
     while stack:  # the nodes not known yet, each after its parent
         node = stack.pop()
@@ -282,8 +302,9 @@ def _bottom_up(known: dict[int, tuple[Expr, T]], e: Expr, value: Callable[[Expr,
             order.append(node)
             stack.extend(children(node))
     for node in reversed(order):
-        known[id(node)] = (node, value(node, [known[id(c)][1] for c in children(node)]))
-    return known[id(e)][1]
+        below = [(found.get(id(c)) or known[id(c)])[1] for c in children(node)]
+        found[id(node)] = (node, value(node, below))
+    return found[id(e)][1]
 
 
 def _product(xs: list[Term], ys: list[Term], where: Expr) -> list[Term]:

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 
 from mixc.frontend.builtins import BUILTINS, Interval
 from mixc.frontend.builtins import bounds as builtin_bounds
-from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose, walk
+from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose
 
-__all__ = ["bounds", "constant", "nonpositive"]
+__all__ = ["bounds", "nonpositive"]
 
 _INF = math.inf
 _WHOLE_LINE: Interval = (-_INF, _INF)
@@ -149,11 +149,3 @@ def _power(x: Interval, y: Interval) -> Interval:
 def nonpositive(e: Expr, params: Mapping[str, Expr | None]) -> bool:
     """Whether `e` is <= 0 for every head and any inputs, parameters taking their defaults."""
     return bounds(e, defaults=params)[1] <= 0
-
-
-def constant(e: Expr) -> float | None:
-    """The value of an expression of numbers only (no names, no head index), else None."""
-    if any(isinstance(n, Name | Timed) for n in walk(e)):
-        return None
-    lo, hi = bounds(e)
-    return lo if lo == hi else None

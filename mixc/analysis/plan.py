@@ -23,9 +23,8 @@ from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
 from mixc.errors import NotYetImplemented, SpecError
 from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Timed, Transpose
-from mixc.frontend.shapes import SCALAR, Symbol, Typer, typer_for
+from mixc.frontend.shapes import SCALAR, Symbol, Typer
 from mixc.frontend.spec import Spec
-from mixc.frontend.verify import equation_order
 from mixc.transitions.base import ChunkSize, KernelArg, Transition, TransitionClass
 
 __all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "SignCheck", "SubToken", "analyze"]
@@ -182,8 +181,8 @@ def analyze(spec: Spec) -> Plan:
 def _analyze(spec: Spec) -> Plan:
     mixer = spec.mixer
     graph = dependency_graph(mixer)
-    order = tuple(eq.target for eq in equation_order(mixer))
-    typer = typer_for(mixer, spec.shapes)
+    order = tuple(eq.target for eq in spec.order)
+    typer = Typer(mixer, dict(spec.symbols))  # a copy: the readouts' symbols join it below
     ex = Expander(mixer, typer, {s.name for s in mixer.states})
     canon = Canon(ex)
     params = {p.name: p.default for p in mixer.params}
@@ -208,6 +207,8 @@ def _analyze(spec: Spec) -> Plan:
         if g.log_scale is not None:
             typer.symbols[g.unscale.name] = Symbol("readout", SCALAR)
     forms = _forms(mixer, states, groups)
+    # the plan is read, never changed: its Typer first types what the backends will ask about
+    ex.freeze(mixer.params, mixer.equations, states, outputs, groups)
     return Plan(
         spec,
         graph,

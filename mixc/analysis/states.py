@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, transpose_atom
-from mixc.algebra.intervals import constant
 from mixc.analysis.facts import StateFacts, WriteTerm
 from mixc.analysis.steps import split_steps
 from mixc.errors import Span
+from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Expr, Mixer, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
 from mixc.frontend.shapes import Shape, show

@@ -6,7 +6,10 @@ Shapes are two-dimensional: a scalar is (1, 1), a vector x[K] is the column (K, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, is_dataclass
+from types import MappingProxyType
 
 from mixc.errors import SpecShapeError
 from mixc.frontend.ir import (
@@ -32,7 +35,6 @@ __all__ = [
     "declared",
     "show",
     "symbols_of",
-    "typer_for",
 ]
 
 Shape = tuple[str, str]
@@ -68,7 +70,10 @@ class Symbol:
 
 
 class Typer:
-    """Shapes of expressions in one mixer. `shape_of` raises located errors on mismatches."""
+    """Shapes of expressions in one mixer. `shape_of` raises located errors on mismatches.
+
+    A plan's Typer is frozen once the analysis has built it (`freeze`): the backends and tools
+    that read the plan, perhaps several at once, leave it as they found it."""
 
     def __init__(self, mixer: Mixer, symbols: dict[str, Symbol]) -> None:
         self.mixer = mixer
@@ -78,6 +83,20 @@ class Typer:
         # reused). The analysis and the code generator ask for the shape of every node of a
         # tree, which without this costs its size times its depth.
         self._known: dict[int, tuple[Expr, Shape]] = {}
+        self._frozen = False
+
+    def freeze(self, *held: object) -> None:
+        """Type every expression `held` holds, then keep the symbols and the shapes found, and
+        no more: a shape not found yet is computed each time it is asked for.
+
+        `held` is what the backends will ask the shapes of: expressions, in dataclasses,
+        tuples, lists and dicts (a plan's facts). Typed here, each node once, asking at every
+        level of a large one costs nothing later; the code generator's own nodes, built over
+        these, cost a step or two each."""
+        for e in _expressions(held):
+            self.shape_of(e)
+        self.symbols = MappingProxyType(dict(self.symbols))
+        self._frozen = True
 
     def shape_of(self, e: Expr, env: dict[str, Shape] | None = None) -> Shape:
         if not env:
@@ -85,7 +104,7 @@ class Typer:
             if known is not None and known[0] is e:
                 return known[1]
         shape = self._shape(e, env or {})
-        if not env:
+        if not env and not self._frozen:
             self._known[id(e)] = (e, shape)
         return shape
 
@@ -147,6 +166,28 @@ class Typer:
         if a == IDENTITY:
             raise SpecShapeError(f"{e.func}(I) is not defined", e.span, hint="write I on its own")
         return SCALAR if e.func == "sum" else a
+
+
+def _expressions(held: object) -> Iterator[Expr]:
+    """The expressions in `held`, found through the fields of dataclasses and the items of
+    tuples, lists, sets and dicts (their values); one held in two places is found twice."""
+    stack = [held]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Expr):
+            yield x
+        elif isinstance(x, tuple | list | set | frozenset):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        else:
+            stack.extend([getattr(x, name) for name in _field_names(type(x))])
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass; none for any other type."""
+    return tuple(f.name for f in fields(cls)) if is_dataclass(cls) else ()
 
 
 def _same_or_broadcast(e: Binary, a: Shape, b: Shape, what: str) -> Shape:
@@ -282,11 +323,3 @@ def symbols_of(mixer: Mixer) -> dict[str, Symbol]:
     for fn in mixer.lets:
         symbols[fn.name] = Symbol("let", SCALAR)
     return symbols
-
-
-def typer_for(mixer: Mixer, shapes: dict[str, Shape]) -> Typer:
-    """A Typer that knows every declared name and every equation's target (after `verify`)."""
-    symbols = symbols_of(mixer)
-    for target, shape in shapes.items():
-        symbols.setdefault(target, Symbol("value", shape))
-    return Typer(mixer, symbols)

@@ -7,19 +7,24 @@ from dataclasses import dataclass
 
 from mixc.errors import ArgumentError, MixcError, Source, SpecError
 from mixc.files import read_regular
-from mixc.frontend.ir import Mixer
+from mixc.frontend.ir import Equation, Mixer
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
-from mixc.frontend.shapes import Shape
+from mixc.frontend.shapes import Shape, Symbol
 from mixc.frontend.verify import errors, verify
 
 
 @dataclass(frozen=True)
 class Spec:
-    """A parsed and verified spec: its IR, its source text, and the shape of every equation."""
+    """A parsed and verified spec: its IR, its source text, and what the verifier computed
+    (`mixc.frontend.verify.Verified`), which the analysis and the oracle read rather than
+    compute again: the shape of every equation's target, every name's symbol, and the
+    equations in the order one time step computes them."""
 
     mixer: Mixer
     source: Source
     shapes: dict[str, Shape]
+    symbols: dict[str, Symbol]
+    order: tuple[Equation, ...]
 
 
 def read_source(path: str | os.PathLike) -> Source:
@@ -70,10 +75,10 @@ def load_spec(spec: str | os.PathLike | Source | None = None, *, text: str | Non
     source = source_of(spec, text=text)
     try:
         mixer = parse(source)
-        shapes = verify(mixer)
+        verified = verify(mixer)
     except SpecError as exc:
         raise exc.located(source) from None
-    return Spec(mixer, source, shapes)
+    return Spec(mixer, source, verified.shapes, verified.symbols, verified.order)
 
 
 def spec_errors(source: Source) -> list[SpecError]:

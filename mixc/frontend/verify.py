@@ -7,6 +7,8 @@ order one time step computes its equations in (`equation_order`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mixc.errors import (
     SpecAnalysisError,
     SpecError,
@@ -53,19 +55,32 @@ __all__ = [
     "LANGUAGE_WORDS",
     "LAYOUT_SIZES",
     "RESERVED",
+    "Verified",
     "equation_order",
     "errors",
     "verify",
 ]
 
 
-def verify(mixer: Mixer) -> dict[str, Shape]:
-    """Check names, time indices, shapes, sizes and constants. Returns the shape of every
-    equation's target; raises the first error `errors` finds."""
+@dataclass(frozen=True)
+class Verified:
+    """What verifying a mixer computed, kept for every later stage to read rather than compute
+    again: the shape of every equation's target, every name's symbol (inputs, parameters,
+    states, lets and per-token values, each with its kind and shape), and the equations in the
+    order one time step computes them (`equation_order`)."""
+
+    shapes: dict[str, Shape]
+    symbols: dict[str, Symbol]
+    order: tuple[Equation, ...]
+
+
+def verify(mixer: Mixer) -> Verified:
+    """Check names, time indices, shapes, sizes and constants. Returns what the checks computed;
+    raises the first error `errors` finds."""
     checked = _Verifier(mixer)
     if checked.errors:
         raise checked.errors[0]
-    return checked.shapes
+    return Verified(checked.shapes, checked.symbols, checked.order)
 
 
 def errors(mixer: Mixer) -> list[SpecError]:
@@ -88,6 +103,7 @@ class _Verifier:
         self.errors: list[SpecError] = []
         self.failed: set[str] = set()  # lets, defaults and targets with an error, or skipped
         self.shapes: dict[str, Shape] = {}
+        self.order: tuple[Equation, ...] = ()
         self.let_depth: dict[str, int] = {}
         self.value_depth: dict[str, int] = {}
         self.sizes = InlinedSizes()
@@ -194,11 +210,11 @@ class _Verifier:
             if p.default is not None and p.name not in self.failed:
                 self.attempt(p.name, self._default, typer, p)
         try:
-            order = equation_order(mixer)
+            self.order = tuple(equation_order(mixer))
         except SpecError as exc:  # a cycle: there is no order to type the equations in
             self.errors.append(exc)
             return
-        for eq in order:
+        for eq in self.order:
             if eq.target not in self.failed:
                 self._unless_failed(eq.target, eq.value, self._equation, typer, eq)
         called = {n.func for e in mixer.equations for n in walk(e.value) if isinstance(n, Call)}
@@ -364,8 +380,9 @@ def _check_output_reads(values: dict[str, Expr], eq: Equation) -> None:
 
 def equation_order(mixer: Mixer) -> list[Equation]:
     """The equations in the order one time step computes them: each after every equation whose
-    value at t it reads. The one evaluation order of a mixer, for the analysis, the backends and
-    the oracle. Raises a located error where a value depends on itself at the same step."""
+    value at t it reads. The one evaluation order of a mixer: a verified Spec carries it
+    (`Spec.order`) for the analysis, the backends and the oracle. Raises a located error where a
+    value depends on itself at the same step."""
     by_target = {e.target: e for e in mixer.equations}
     order, state_of = [], {}
     for start in by_target:

@@ -10,10 +10,10 @@ its log-gates, a sum of products, or as written).
 from __future__ import annotations
 
 from mixc.algebra.expand import Term, inline
-from mixc.algebra.intervals import constant
 from mixc.analysis.facts import Readout as ReadoutFacts
 from mixc.analysis.outputs import readout_name
 from mixc.analysis.plan import GroupPlan, Plan
+from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
 from mixc.lowering.program import (
     Call as KernelCall,

@@ -37,6 +37,7 @@ from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
     Binary,
     Call,
+    Equation,
     Expr,
     Identity,
     Mixer,
@@ -49,7 +50,6 @@ from mixc.frontend.ir import (
 )
 from mixc.frontend.shapes import declared
 from mixc.frontend.spec import Spec, load_spec
-from mixc.frontend.verify import equation_order
 
 __all__ = ["interpret"]
 
@@ -238,7 +238,7 @@ def interpret(
     evaluator = _Evaluator(mixer, _param_values(mixer, params, sizes, NH, device), device)
     evaluator.prev = _start_states(mixer, initial_state, sizes, B, NH, device)
     outputs = _output_buffers(spec, sizes, B, T, NH, device)
-    _run(evaluator, xs, outputs, B, T, NH)
+    _run(evaluator, spec.order, xs, outputs, B, T, NH)
 
     finals = {s.name: _unpack(evaluator.prev[s.name], 2, len(s.shape)) for s in mixer.carried}
     results = {name: _unpack(x, 3, _rank(spec.shapes[name])) for name, x in outputs.items()}
@@ -422,15 +422,15 @@ def _output_buffers(
 
 def _run(
     evaluator: _Evaluator,
+    order: tuple[Equation, ...],
     xs: dict[str, Tensor],
     outputs: dict[str, Tensor],
     B: int,
     T: int,
     NH: int,
 ) -> None:
-    """Every time step: the equations in dependency order, then outputs stored and states
-    advanced (evaluator.prev ends holding the final states)."""
-    order = equation_order(evaluator.mixer)
+    """Every time step: the equations in `order` (the verifier's dependency order), then outputs
+    stored and states advanced (evaluator.prev ends holding the final states)."""
     shapes = {n: x.shape[-2:] for n, x in (*evaluator.prev.items(), *outputs.items())}
     lagged = [d.name for d in evaluator.mixer.lagged]
     for t in range(T):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mixc.algebra.intervals import bounds, constant, nonpositive
+from mixc.algebra.intervals import bounds, nonpositive
+from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Number, Transpose
 
 __all__ = ["LogGate", "log_gate"]

@@ -17,7 +17,7 @@ from mixc.frontend import ir
 from mixc.frontend.ir import walk
 from mixc.frontend.limits import MAX_FACTORS, MAX_TERMS, SpecSizeError
 from mixc.frontend.parser import MAX_DEPTH
-from mixc.frontend.shapes import Typer, typer_for
+from mixc.frontend.shapes import Typer
 
 HEAD = "mixer m\nin q[K], k[K], v[V], a, b, b0, b1, b2, b3, b4, b5, b6\nstate H[V, K]\n"
 OUT = "y_t = H_t q_t\n"
@@ -29,7 +29,7 @@ def spec_of(update: str, head: str = HEAD):
 
 def expander(spec) -> Expander:
     mixer = spec.mixer
-    return Expander(mixer, typer_for(mixer, spec.shapes), {s.name for s in mixer.states})
+    return Expander(mixer, Typer(mixer, dict(spec.symbols)), {s.name for s in mixer.states})
 
 
 def update_terms(spec):
@@ -120,7 +120,7 @@ class Counting(Typer):
 
 def test_the_shape_of_every_node_of_a_tree_costs_the_tree() -> None:
     spec = spec_of("exp(" * 190 + "a_t" + ")" * 190 + " H_{t-1}")
-    typer = Counting(spec.mixer, typer_for(spec.mixer, spec.shapes).symbols)
+    typer = Counting(spec.mixer, dict(spec.symbols))
     nodes = list(walk(spec.mixer.update("H").value))
     Counting.asked = 0
     # Counting's own frame at each of the 190 levels is not the compiler's: room for it, however

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mixc.algebra.intervals import bounds, constant, nonpositive
+from mixc.algebra.intervals import bounds, nonpositive
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose
 
@@ -70,12 +70,6 @@ def test_names_read_the_head_index_the_environment_and_the_defaults() -> None:
     assert bounds(x("A"), defaults=defaults) == WHOLE  # a default is a parameter's, not an input's
     assert nonpositive(Call("log", (Name("gamma"),)), defaults)
     assert not nonpositive(Name("A"), defaults)
-
-
-def test_constant() -> None:
-    assert constant(Transpose(Call("log", (num(1.0),)))) == 0.0
-    assert constant(Binary("+", num(1.0), Name("h"))) is None
-    assert constant(Identity()) is None
 
 
 @st.composite

@@ -24,7 +24,7 @@ from mixc.analysis.plan import Plan, analyze
 from mixc.errors import Source, SpecAnalysisError, SpecError
 from mixc.frontend.ir import Binary, Call, Expr, Neg, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
-from mixc.frontend.shapes import IDENTITY, SCALAR, typer_for
+from mixc.frontend.shapes import IDENTITY, SCALAR, Typer
 from mixc.frontend.spec import Spec
 from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
@@ -1099,15 +1099,15 @@ def test_non_causal_specs_get_a_located_error(name):
     assert re.search(r"\n +\| +\^+", text_)  # a caret line under the spec line
 
 
-def test_analysis_order_rejects_a_cycle_the_verifier_did_not_see():
-    # analysis does not trust the verifier: a lag-0 cycle handed to it directly is refused
-    spec = load(text("a_t = x_t\nH_t = sigmoid(a_t) H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], x"))
-    eqs = list(spec.mixer.equations)
-    eqs[0] = replace(eqs[0], value=Timed("H", 0, span=eqs[0].value.span))
-    shapes = dict(spec.shapes, a=SCALAR)
-    broken = Spec(replace(spec.mixer, equations=tuple(eqs)), spec.source, shapes)
-    with pytest.raises(SpecAnalysisError, match="depends on itself at the same time step"):
-        analyze(broken)
+def test_the_plan_keeps_the_order_the_verifier_computed():
+    """The analysis reads the verified spec's order rather than computing one of its own: given
+    another order that is as good (a_t and b_t read neither), the plan follows it."""
+    spec = load(
+        text("a_t = x_t\nb_t = 2 x_t\nH_t = a_t b_t H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], x")
+    )
+    assert analyze(spec).order == ("a", "b", "H", "y")
+    swapped = (spec.order[1], spec.order[0], *spec.order[2:])
+    assert analyze(replace(spec, order=swapped)).order == ("b", "a", "H", "y")
 
 
 def test_a_vector_state_read_both_entrywise_and_by_a_dot_is_refused():
@@ -1149,7 +1149,7 @@ class Rewriter:
     """Algebraic identities applied to one node of an expression; each returns an equal node."""
 
     def __init__(self, spec: Spec, states: set[str]) -> None:
-        self.typer = typer_for(spec.mixer, spec.shapes)
+        self.typer = Typer(spec.mixer, dict(spec.symbols))
         self.states = states
         # node -> whether a state occurs in it, by identity: the pool of every site is asked
         # about at every site, and hashing a deep node walks all of it
@@ -1294,12 +1294,15 @@ def rewrite(data, spec: Spec) -> tuple[Spec, list[str]]:
         equations[i] = replace(equations[i], value=put(value, path, new))
     new_mixer = replace(mixer, equations=tuple(equations))
     try:
-        shapes = verify(new_mixer)  # every rewrite keeps the spec well-typed
+        verified = verify(new_mixer)  # every rewrite keeps the spec well-typed
     except SpecSizeError:
         # adding and subtracting whole subexpressions grows an update threefold a rewrite:
         # past the size limit (a spec with per-token values, DeltaProduct's) it is no test
         reject()
-    return Spec(new_mixer, Source(str(new_mixer)), shapes), log
+    rewritten = Spec(
+        new_mixer, Source(str(new_mixer)), verified.shapes, verified.symbols, verified.order
+    )
+    return rewritten, log
 
 
 @pytest.mark.parametrize("examples", [5, pytest.param(50, marks=pytest.mark.slow)])

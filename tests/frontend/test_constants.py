@@ -9,7 +9,8 @@ import pytest
 
 import mixc
 from mixc.errors import SpecAnalysisError, SpecError, SpecSyntaxError
-from mixc.frontend.constants import Constants
+from mixc.frontend.constants import FLOATS, Constants, Folder, constant
+from mixc.frontend.ir import Binary, Call, Identity, Name, Number, Timed, Transpose
 from mixc.frontend.parser import parse
 
 HEAD = "mixer m\nin q[K], k[K], v[V], a\nstate H[V, K]\n"  # lines 1-3
@@ -130,3 +131,57 @@ def test_folding_reads_let_arguments_and_leaves_the_rest() -> None:
     f3 = mixer.update("H").value.left.left  # f(3, a_t)
     assert constants.check(f3) is None  # a_t is known only when the module runs
     assert constants.check(parse(HEAD + "z_t = exp(0) + 2^3\n" + OUT).equations[0].value) == 9.0
+
+
+def test_constant_is_an_expression_of_numbers_only() -> None:
+    assert constant(Transpose(Call("log", (Number("1"),)))) == 0.0
+    assert constant(Binary("^", Number("-2"), Number("3"))) == -8.0
+    assert constant(Binary("+", Number("1"), Name("h"))) is None
+    assert constant(Binary("*", Number("0"), Timed("a", 0))) is None  # a tensor of zeros
+    assert constant(Identity()) is None
+
+
+class _Counting:
+    """FLOATS, counting the operations it is asked to fold."""
+
+    def __init__(self) -> None:
+        self.binaries = 0
+
+    def number(self, e):
+        return FLOATS.number(e)
+
+    def call(self, e, args):
+        return FLOATS.call(e, args)
+
+    def binary(self, e, left, right):
+        self.binaries += 1
+        return FLOATS.binary(e, left, right)
+
+
+def test_a_folder_folds_each_node_once_however_often_it_is_asked() -> None:
+    """The emitter asks at every level of an expression: each node is folded once, or a
+    product of 40 sums takes seconds to compile; a node shared by inlining a let is folded
+    once too, however many paths reach it."""
+    counting = _Counting()
+    folder = Folder(counting)
+    e = Number("1")
+    levels = [e]
+    for _ in range(200):
+        e = Binary("+", e, Number("1"))
+        levels.append(e)
+    for level in reversed(levels):
+        folder.value(level)
+    assert folder.value(e) == 201.0
+    assert counting.binaries == 200
+    shared = Number("1")  # f(f(...f(1))) with f(x) = x + x, inlined: 2^60 paths, 61 nodes
+    for _ in range(60):
+        shared = Binary("+", shared, shared)
+    assert folder.value(shared) == 2.0**60
+    assert counting.binaries == 260
+
+
+def test_the_verifier_and_the_folder_agree_on_a_value() -> None:
+    text = HEAD + "let f(x) = 2 x + 1\nz_t = f(3) / 7 + 2^2\nH_t = H_{t-1}" + WRITE + OUT
+    mixer = parse(text)
+    e = mixer.equations[0].value
+    assert Constants(mixer.lets).check(e) == Folder(FLOATS, mixer.lets).value(e) == 5.0

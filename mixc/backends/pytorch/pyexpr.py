@@ -13,6 +13,7 @@ from collections.abc import Callable
 from mixc.backends.pytorch.lines import string
 from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.constants import FLOATS, Folder, constant
 from mixc.frontend.ir import (
     Binary,
     Call,
@@ -23,7 +24,6 @@ from mixc.frontend.ir import (
     Number,
     Timed,
     Transpose,
-    children,
 )
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
 from mixc.lowering.program import Product
@@ -34,80 +34,6 @@ _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
 #: The built-ins of two arguments, each emitted as a clamp where one argument is a constant:
 #: max(x, c) is x.clamp(min=c) (torch's maximum takes tensors only), min(x, c) x.clamp(max=c).
 _CLAMPS = {"max": "min", "min": "max"}
-
-
-def constant(e: Expr) -> float | None:
-    """The value of an expression made of numbers only, or None (also where the value is not
-    finite, as `1e300 * 1e300`: the generated code then computes it as written)."""
-    return Constants().value(e)
-
-
-class Constants:
-    """constant() for the nodes of expressions, each node folded once from its operands' values
-    and remembered: an emitter asks at every level of an expression, and walking each level's
-    whole subtree again made a product of 40 sums take 5 s to compile. Iterative, so a deep
-    expression needs no deep recursion."""
-
-    def __init__(self) -> None:
-        self._known: dict[int, tuple[Expr, float | None]] = {}  # id -> (node, raw value)
-
-    def _get(self, node: Expr) -> tuple[Expr, float | None] | None:
-        hit = self._known.get(id(node))
-        return hit if hit is not None and hit[0] is node else None
-
-    def value(self, e: Expr) -> float | None:
-        pending = [e]
-        while pending:
-            node = pending[-1]
-            if self._get(node) is not None:
-                pending.pop()
-                continue
-            kids = children(node)
-            missing = [k for k in kids if self._get(k) is None]
-            if missing:
-                pending.extend(missing)
-                continue
-            pending.pop()
-            values = [self._known[id(k)][1] for k in kids]
-            self._known[id(node)] = (node, _fold_node(node, values))
-        value = self._known[id(e)][1]
-        return value if value is not None and math.isfinite(value) else None
-
-
-def _fold_node(e: Expr, operands: list[float | None]) -> float | None:
-    """A number, negation, operation or built-in call at its operands' values (which may be
-    inf: only the whole expression's value must be finite); None for any other node, an
-    operand that is None, or what does not fold (1 / 0, a let function, exp(1000))."""
-    if not isinstance(e, Number | Neg | Binary | Call) or None in operands:
-        return None
-    try:
-        if isinstance(e, Number):
-            return float(e.text)
-        if isinstance(e, Neg):
-            return -operands[0]
-        if isinstance(e, Call):
-            return _fold_call(e.func, *operands)
-        a, b = operands
-        ops = {"+": a + b, "-": a - b, "*": a * b, "@": a * b, ".": a * b}
-        if e.op in ops:
-            return ops[e.op]
-        value = a / b if e.op == "/" else a**b
-    except (ArithmeticError, ValueError, KeyError):
-        return None
-    return None if isinstance(value, complex) else value
-
-
-def _fold_call(func: str, *x: float) -> float:
-    """A built-in at a number. Raises KeyError for a let function and ValueError where nothing
-    is folded: l2norm and diag (not functions of a number) and results that are not finite
-    (exp(1000), log(0)), which are left to the generated code."""
-    evaluate = BUILTINS[func].evaluate
-    if evaluate is None:
-        raise ValueError(f"{func} is not a function of a number")
-    value = evaluate(*x)
-    if not math.isfinite(value):
-        raise ValueError(f"{func}{x!r} = {value} is not folded")
-    return value
 
 
 def literal(value: float) -> str:
@@ -242,7 +168,7 @@ class PyExpr:
         self.functions = functions or {}
         self.shared = shared
         self._plain_emitter: _PlainExpr | None = None
-        self.constant = Constants().value
+        self.constant = Folder(FLOATS).value
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
