@@ -167,6 +167,24 @@ def _tl_gate_sums(g, rows):
 
 
 @triton.jit
+def _tl_gate_grads(pairs, starts, ends, whole, rows):
+    """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
+    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
+    [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
+    g_l for l <= i; ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for
+    exp(b_C), holding every g_l. Each is a sum of the contributions themselves, so a hard reset
+    (every factor holding it 0) gets exactly 0."""
+    causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
+    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
+    below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
+    dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
+    dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+    dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
+    dg += whole
+    return dg
+
+
+@triton.jit
 def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
     """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
     mask is False."""
