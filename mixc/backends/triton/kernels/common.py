@@ -8,6 +8,15 @@ Layout and numerics follow the PyTorch kernels (mixc/backends/pytorch/kernels/co
 g <= 0, inputs already in the compute dtype (fp32, or fp64), every matmul accumulating in it
 (``input_precision="ieee"``: no TF32 rounding of fp32 operands). The kernels read their inputs
 through strides, so the transposed and broadcast views the callers pass are not copied.
+
+A kernel is one program's walk over the chunks (its addressing, loads and stores, the state or its
+gradient carried in registers); the arithmetic of one chunk is in @triton.jit helpers
+(``_tl_<class>_chunk``, ``_tl_<class>_chunk_grad``), which Triton inlines. Without a gate the
+kernels pass zeros for the gates: the diagonal kernels then decay by exp(0) = 1, the others'
+helpers read them only under HAS_G (the compiler drops what is left unread). A kernel's parameters
+are grouped by hand, ``# fmt: skip``: the tensors it reads, those it writes, the sizes, then one
+line per tensor's strides (one a line, as the formatter puts them, the dplr backward's would take
+57 lines).
 """
 
 import torch

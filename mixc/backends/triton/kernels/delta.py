@@ -206,7 +206,7 @@ def _tl_delta_key_grads(
 
 
 @triton.jit
-def _tl_delta_chunk_grads(
+def _tl_delta_chunk_grad(
     q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr,
 ):  # fmt: skip
@@ -280,7 +280,7 @@ def _tl_delta_bwd(
     BV: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers (_tl_delta_chunk_grads). dq, dk: this block's parts [NV, B * NH, T, K];
+    state in registers (_tl_delta_chunk_grad). dq, dk: this block's parts [NV, B * NH, T, K];
     dbeta, dg: parts [NV, B * NH, T]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all
     contiguous."""
     i_bh = tl.program_id(1)
@@ -304,7 +304,7 @@ def _tl_delta_bwd(
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
-        dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grads(
+        dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grad(
             q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)

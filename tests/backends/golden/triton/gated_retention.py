@@ -716,9 +716,10 @@ def _tl_scalar_decay_fwd(
 
 
 @triton.jit
-def _tl_scalar_decay_chunk_grads(
-    q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr
-):
+def _tl_scalar_decay_chunk_grad(
+    q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
     """One chunk of the backward, from its inputs, the output gradient do_c, the state S
     entering it (kept by the forward) and the gradient D of the state leaving it: (dQ, dK, dV,
     the gate's gradient dg [BT] (zeros unless GATE_GRAD), the gradient of the state entering
@@ -745,7 +746,7 @@ def _tl_scalar_decay_chunk_grads(
     from_k = tl.dot(v_end, tl.trans(d_state), input_precision="ieee")  # diag(..) V D^T
     dq_c = tl.dot(d_scores, k_c, input_precision="ieee") + from_q
     dk_c = tl.dot(tl.trans(d_scores), q_c, input_precision="ieee") + from_k
-    dg_c = tl.zeros((rows.shape[0],), dtype=q_c.dtype)
+    dg_c = tl.zeros((BT,), dtype=q_c.dtype)
     if HAS_G:
         if GATE_GRAD:
             # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i, in exp(b_C - b_j)
@@ -773,7 +774,7 @@ def _tl_scalar_decay_bwd(
     BV: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers (_tl_scalar_decay_chunk_grads). dq, dk: this block's parts [NV, B * NH,
+    state in registers (_tl_scalar_decay_chunk_grad). dq, dk: this block's parts [NV, B * NH,
     T, K]; dv [B * NH, T, V]; dg: parts [NV, B * NH, T]; dht, dh0 [B * NH, K, V]; all
     contiguous."""
     i_bh = tl.program_id(1)
@@ -795,8 +796,8 @@ def _tl_scalar_decay_bwd(
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
-        dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grads(
-            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD
+        dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grad(
+            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
