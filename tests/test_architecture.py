@@ -20,27 +20,9 @@ from tests.sources import MODULES, imports
 #: The most lines (docstring included; ast's end_lineno - lineno + 1) of each kind of piece.
 LIMITS = {"module": 600, "class": 300, "function": 60}
 
-#: Why a piece is in PENDING_SIZES: the work under way (on other branches) that splits it.
-_KERNELS = "the kernels' long functions are being split (issue 29)"
-
 #: Pieces over their limit that are being split now: "path" for a module, "path:Qual.name" for a
-#: class or function, each with the work that splits it.
-PENDING_SIZES = {
-    "mixc/backends/pytorch/kernels/common.py:_over_spans": _KERNELS,
-    "mixc/backends/pytorch/kernels/delta.py:_delta_span": _KERNELS,
-    "mixc/backends/pytorch/kernels/diagonal.py:_diagonal_span": _KERNELS,
-    "mixc/backends/pytorch/kernels/diagonal.py:_diagonal_grads_span": _KERNELS,
-    "mixc/backends/pytorch/kernels/dplr.py:_dplr_span": _KERNELS,
-    "mixc/backends/pytorch/kernels/dplr.py:_dplr_grads_span": _KERNELS,
-    "mixc/backends/triton/kernels/delta.py:_tl_delta_fwd": _KERNELS,
-    "mixc/backends/triton/kernels/delta.py:_tl_delta_bwd": _KERNELS,
-    "mixc/backends/triton/kernels/diagonal.py:_tl_diagonal_fwd": _KERNELS,
-    "mixc/backends/triton/kernels/diagonal.py:_tl_diagonal_bwd": _KERNELS,
-    "mixc/backends/triton/kernels/dplr.py:_tl_dplr_fwd": _KERNELS,
-    "mixc/backends/triton/kernels/dplr.py:_tl_dplr_bwd": _KERNELS,
-    "mixc/backends/triton/kernels/scalar_decay.py:_tl_scalar_decay_fwd": _KERNELS,
-    "mixc/backends/triton/kernels/scalar_decay.py:_tl_scalar_decay_bwd": _KERNELS,
-}
+#: class or function, each with the work that splits it. Empty: every piece is within its limit.
+PENDING_SIZES: dict[str, str] = {}
 
 
 def _pieces(tree: ast.Module) -> Iterator[tuple[str, str, int]]:

@@ -443,6 +443,40 @@ def _span_tokens(q, v, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
+def _span_inputs(seqs, chunk_size, n_chunks, first, per_span, strided):
+    """The inputs of the span of per_span chunks starting at chunk `first`, each copied into the
+    chunk layout (_split_chunks; those of `strided` may stay strided views), the last span
+    zero-padded to whole chunks."""
+    length = seqs[0].shape[2]
+    tokens = slice(first * chunk_size, (first + per_span) * chunk_size)
+    pad = n_chunks * chunk_size - length if first + per_span >= n_chunks else 0
+    return [
+        None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
+        for i, x in enumerate(seqs)
+    ]
+
+
+def _tracked_spans(seqs, chunk_size, n_chunks, per_span):
+    """Under autograd, the inputs of every span: each input copied into the chunk layout once
+    (so that its backward is one copy) and split into spans of per_span chunks, span by span."""
+    n_pad = n_chunks * chunk_size - seqs[0].shape[2]
+    whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
+    n_spans = -(-n_chunks // per_span)
+    return list(zip(*[[None] * n_spans if x is None else x.split(per_span) for x in whole]))
+
+
+def _join_span(joined, outs, first, lead):
+    """Copy a span's untracked outputs (chunk-major [n, B, NH, C, d]) into the joined outputs
+    [*lead, d], lead = [B, N, C, NH] (the callers' layout), from chunk `first` on; the first
+    span to come allocates them (joined None). Returns the joined outputs."""
+    if joined is None:
+        joined = [None if o is None else o.new_empty(*lead, o.shape[-1]) for o in outs]
+    for whole_out, o in zip(joined, outs):
+        if o is not None:
+            whole_out[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    return joined
+
+
 def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
     every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
@@ -455,9 +489,10 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
     of chunk-major outputs [N, B, NH, C, d] (None entries stay None). Without autograd each
     span's inputs are copied into the chunk layout as the span comes (cache-sized temporaries
-    the C allocator recycles) and its outputs are copied into one tensor each; with autograd
-    each input is copied into the chunk layout once and split into spans, and the outputs
-    are concatenated (each backward is then one copy per input).
+    the C allocator recycles, _span_inputs) and its outputs are copied into one tensor each
+    (_join_span); with autograd each input is copied into the chunk layout once and split into
+    spans (_tracked_spans), and the outputs are concatenated (each backward is then one copy
+    per input).
 
     Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
     callers' layout, so that their transpose back is contiguous; the final carry).
@@ -468,42 +503,22 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     if carry is None:
         carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
-    n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-
-    def span_inputs(n):
-        """The inputs of the span starting at chunk n, copied into the chunk layout."""
-        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
-        pad = n_pad if n + per_span >= n_chunks else 0
-        return [
-            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
-            for i, x in enumerate(seqs)
-        ]
-
     if _needs_grad(*seqs, carry):
-        whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
-        spans = list(
-            zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
-        )
+        spans = _tracked_spans(seqs, chunk_size, n_chunks, per_span)
     else:
         spans = [None] * len(starts)
     order = range(len(starts) - 1, -1, -1) if reverse else range(len(starts))
     pieces, joined = {}, None
     for i in order:
         n = starts[i]
-        outs, carry = span_fn(*(spans[i] or span_inputs(n)), carry)
+        inputs = spans[i] or _span_inputs(seqs, chunk_size, n_chunks, n, per_span, strided)
+        outs, carry = span_fn(*inputs, carry)
         if any(o is not None and o.requires_grad for o in outs):
             pieces[i] = [None if o is None else o.permute(1, 0, 3, 2, 4) for o in outs]
-            continue
-        if joined is None:
-            joined = [
-                None if o is None else o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
-                for o in outs
-            ]
-        for whole_out, o in zip(joined, outs):
-            if o is not None:
-                whole_out[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+        else:
+            joined = _join_span(joined, outs, n, (batch, n_chunks, chunk_size, heads))
     if pieces:
         parts = zip(*[pieces[i] for i in sorted(pieces)])
         joined = [None if p[0] is None else torch.cat(p, dim=1) for p in parts]
@@ -834,28 +849,32 @@ class _OwnBackward(torch.autograd.Function):
         return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
 
 
-def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
-    """The delta rule on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V],
-    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay); guarded against non-finite
-    values of k, v, beta and g (see _guarded_spans). Returns ([o [N, B, NH, C, V]], state after
-    the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
-    entering each chunk to kept if given."""
-    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
-    d_v = v_c.shape[-1]
+def _delta_finite_inputs(k_c, v_c, beta_c, g_c):
+    """The guard of a span's inputs (see _guarded_spans): (k, v, beta and g with their
+    non-finite values set to 0, and the poison [N, B, NH, C]: 0, or NaN for a token that had
+    one). Every product of the span is triangular over the tokens of a chunk (the inverse, W,
+    U, the masked scores times V_new): they run over the finite values, and a token that had a
+    non-finite one poisons its output and those after it, and through its write the state."""
+    k_c, poison = _finite_rows(k_c)
+    v_c, poison_v = _finite_rows(v_c)
+    beta_c, poison_beta = _finite_rows(beta_c.unsqueeze(-1))
+    beta_c, poison = beta_c.squeeze(-1), poison + poison_v + poison_beta
+    if g_c is not None:
+        g_c, poison_g = _finite_gates(g_c)
+        poison = poison + poison_g
+    return k_c, v_c, beta_c, g_c, poison
 
-    poison = None
-    if guard:
-        # every product below is triangular over the tokens of a chunk (the inverse, W, U, the
-        # masked scores times V_new): they run over finite values, and a token that had a
-        # non-finite one poisons its output and those after it, and through its write the state
-        k_c, poison = _finite_rows(k_c)
-        v_c, poison_v = _finite_rows(v_c)
-        beta_c, poison_beta = _finite_rows(beta_c.unsqueeze(-1))
-        beta_c, poison = beta_c.squeeze(-1), poison + poison_v + poison_beta
-        if g_c is not None:
-            g_c, poison_g = _finite_gates(g_c)
-            poison = poison + poison_g
 
+def _delta_solve(q_c, k_c, v_c, beta_c, g_c, poison, guard):
+    """The intra-chunk WY solve on a span of chunks, all chunks at once: the decayed products,
+    T = (I + A)^{-1} for A = tril(diag(beta) (K K^T ⊙ Gamma), -1) in at least fp32, whatever
+    the inputs' dtype, and from it W = T diag(beta exp(b)) K and U = T V (v pre-scaled by beta).
+
+    Returns (the masked scores M = Q K^T ⊙ Gamma, diag(exp(b)) Q, diag(exp(b_C - b)) K, the
+    chunks' log-decays G = b_C [N, B, NH] (None: no decay), T, W [N, B, NH, C, K], U [N, B, NH,
+    C, V]). A token's poison (None: unguarded) reaches the scores' rows from it on and the keys
+    that write the state; guarded, a row of diag(beta exp(b)) K that overflows poisons too.
+    """
     gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
     scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma)  # M
@@ -883,9 +902,16 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
         scores = _poison_rows(scores, poison_k)
     w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
     u = _bmm(t_inv, v_c.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
+    return scores, q_from_start, k_to_end, chunk_g, t_inv, w, u
 
-    # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
-    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
+
+def _delta_states(state, w, u, k_to_end, chunk_g):
+    """The inter-chunk state pass over a span, from the state entering it [B, NH, K, V], two
+    fused matmuls per chunk: V_new = U - W S_n, S_{n+1} = exp(G_n) S_n + (diag(exp(b_C - b))
+    K)^T V_new. Returns (V_new [N, B, NH, C, V], written over U in place without autograd; the
+    states entering each chunk [N, B, NH, K, V]; the state after the span)."""
+    n_chunks, batch, heads, chunk_size, d_k = w.shape
+    d_v = u.shape[-1]
     flat = batch * heads
     # per-chunk views by unbind, not indexing: under autograd its backward is one stack
     w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
@@ -905,18 +931,37 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
 
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
     v_new = (torch.stack(v_new) if tracked else u).reshape(u.shape)
+    states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
+    return v_new, states_in, state.reshape(batch, heads, d_k, d_v)
+
+
+def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
+    """The delta rule on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V],
+    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay); guarded against non-finite
+    values of k, v, beta and g (see _guarded_spans). Returns ([o [N, B, NH, C, V]], state after
+    the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
+    entering each chunk to kept if given.
+
+    The intra-chunk WY solve (_delta_solve) and the state pass (_delta_states) give V_new and
+    the states, and the outputs are Y = diag(exp(b)) Q S_n + (Q K^T ⊙ Gamma) V_new.
+    """
+    poison = None
+    if guard:
+        k_c, v_c, beta_c, g_c, poison = _delta_finite_inputs(k_c, v_c, beta_c, g_c)
+    solved = _delta_solve(q_c, k_c, v_c, beta_c, g_c, poison, guard)
+    scores, q_from_start, k_to_end, chunk_g, t_inv, w, u = solved
+    v_new, states_in, state = _delta_states(state, w, u, k_to_end, chunk_g)
     if guard:
         # finite inputs can still overflow in a token's pseudo-value (U = T V, V_new = U - W S):
         # made finite, it poisons its output and those after it, as a non-finite input does
         v_new, poison_new = _finite_rows_(v_new)
         scores = _poison_rows(scores, poison_new)
-    states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
     if kept is not None:
         kept.append([scores, t_inv, states_in])
 
     # Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
     o = _two_matmuls(scores, v_new, q_from_start, states_in)
-    return [o], state.reshape(batch, heads, d_k, d_v)
+    return [o], state
 
 
 def _delta_state_grads(do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state):

@@ -429,6 +429,40 @@ def _span_tokens(q, v, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
+def _span_inputs(seqs, chunk_size, n_chunks, first, per_span, strided):
+    """The inputs of the span of per_span chunks starting at chunk `first`, each copied into the
+    chunk layout (_split_chunks; those of `strided` may stay strided views), the last span
+    zero-padded to whole chunks."""
+    length = seqs[0].shape[2]
+    tokens = slice(first * chunk_size, (first + per_span) * chunk_size)
+    pad = n_chunks * chunk_size - length if first + per_span >= n_chunks else 0
+    return [
+        None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
+        for i, x in enumerate(seqs)
+    ]
+
+
+def _tracked_spans(seqs, chunk_size, n_chunks, per_span):
+    """Under autograd, the inputs of every span: each input copied into the chunk layout once
+    (so that its backward is one copy) and split into spans of per_span chunks, span by span."""
+    n_pad = n_chunks * chunk_size - seqs[0].shape[2]
+    whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
+    n_spans = -(-n_chunks // per_span)
+    return list(zip(*[[None] * n_spans if x is None else x.split(per_span) for x in whole]))
+
+
+def _join_span(joined, outs, first, lead):
+    """Copy a span's untracked outputs (chunk-major [n, B, NH, C, d]) into the joined outputs
+    [*lead, d], lead = [B, N, C, NH] (the callers' layout), from chunk `first` on; the first
+    span to come allocates them (joined None). Returns the joined outputs."""
+    if joined is None:
+        joined = [None if o is None else o.new_empty(*lead, o.shape[-1]) for o in outs]
+    for whole_out, o in zip(joined, outs):
+        if o is not None:
+            whole_out[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    return joined
+
+
 def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
     every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
@@ -441,9 +475,10 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
     of chunk-major outputs [N, B, NH, C, d] (None entries stay None). Without autograd each
     span's inputs are copied into the chunk layout as the span comes (cache-sized temporaries
-    the C allocator recycles) and its outputs are copied into one tensor each; with autograd
-    each input is copied into the chunk layout once and split into spans, and the outputs
-    are concatenated (each backward is then one copy per input).
+    the C allocator recycles, _span_inputs) and its outputs are copied into one tensor each
+    (_join_span); with autograd each input is copied into the chunk layout once and split into
+    spans (_tracked_spans), and the outputs are concatenated (each backward is then one copy
+    per input).
 
     Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
     callers' layout, so that their transpose back is contiguous; the final carry).
@@ -454,42 +489,22 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     if carry is None:
         carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
-    n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-
-    def span_inputs(n):
-        """The inputs of the span starting at chunk n, copied into the chunk layout."""
-        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
-        pad = n_pad if n + per_span >= n_chunks else 0
-        return [
-            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
-            for i, x in enumerate(seqs)
-        ]
-
     if _needs_grad(*seqs, carry):
-        whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
-        spans = list(
-            zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
-        )
+        spans = _tracked_spans(seqs, chunk_size, n_chunks, per_span)
     else:
         spans = [None] * len(starts)
     order = range(len(starts) - 1, -1, -1) if reverse else range(len(starts))
     pieces, joined = {}, None
     for i in order:
         n = starts[i]
-        outs, carry = span_fn(*(spans[i] or span_inputs(n)), carry)
+        inputs = spans[i] or _span_inputs(seqs, chunk_size, n_chunks, n, per_span, strided)
+        outs, carry = span_fn(*inputs, carry)
         if any(o is not None and o.requires_grad for o in outs):
             pieces[i] = [None if o is None else o.permute(1, 0, 3, 2, 4) for o in outs]
-            continue
-        if joined is None:
-            joined = [
-                None if o is None else o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
-                for o in outs
-            ]
-        for whole_out, o in zip(joined, outs):
-            if o is not None:
-                whole_out[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+        else:
+            joined = _join_span(joined, outs, n, (batch, n_chunks, chunk_size, heads))
     if pieces:
         parts = zip(*[pieces[i] for i in sorted(pieces)])
         joined = [None if p[0] is None else torch.cat(p, dim=1) for p in parts]

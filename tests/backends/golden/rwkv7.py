@@ -439,6 +439,40 @@ def _span_tokens(q, v, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
+def _span_inputs(seqs, chunk_size, n_chunks, first, per_span, strided):
+    """The inputs of the span of per_span chunks starting at chunk `first`, each copied into the
+    chunk layout (_split_chunks; those of `strided` may stay strided views), the last span
+    zero-padded to whole chunks."""
+    length = seqs[0].shape[2]
+    tokens = slice(first * chunk_size, (first + per_span) * chunk_size)
+    pad = n_chunks * chunk_size - length if first + per_span >= n_chunks else 0
+    return [
+        None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
+        for i, x in enumerate(seqs)
+    ]
+
+
+def _tracked_spans(seqs, chunk_size, n_chunks, per_span):
+    """Under autograd, the inputs of every span: each input copied into the chunk layout once
+    (so that its backward is one copy) and split into spans of per_span chunks, span by span."""
+    n_pad = n_chunks * chunk_size - seqs[0].shape[2]
+    whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
+    n_spans = -(-n_chunks // per_span)
+    return list(zip(*[[None] * n_spans if x is None else x.split(per_span) for x in whole]))
+
+
+def _join_span(joined, outs, first, lead):
+    """Copy a span's untracked outputs (chunk-major [n, B, NH, C, d]) into the joined outputs
+    [*lead, d], lead = [B, N, C, NH] (the callers' layout), from chunk `first` on; the first
+    span to come allocates them (joined None). Returns the joined outputs."""
+    if joined is None:
+        joined = [None if o is None else o.new_empty(*lead, o.shape[-1]) for o in outs]
+    for whole_out, o in zip(joined, outs):
+        if o is not None:
+            whole_out[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    return joined
+
+
 def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
     every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
@@ -451,9 +485,10 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
     of chunk-major outputs [N, B, NH, C, d] (None entries stay None). Without autograd each
     span's inputs are copied into the chunk layout as the span comes (cache-sized temporaries
-    the C allocator recycles) and its outputs are copied into one tensor each; with autograd
-    each input is copied into the chunk layout once and split into spans, and the outputs
-    are concatenated (each backward is then one copy per input).
+    the C allocator recycles, _span_inputs) and its outputs are copied into one tensor each
+    (_join_span); with autograd each input is copied into the chunk layout once and split into
+    spans (_tracked_spans), and the outputs are concatenated (each backward is then one copy
+    per input).
 
     Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
     callers' layout, so that their transpose back is contiguous; the final carry).
@@ -464,42 +499,22 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     if carry is None:
         carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
-    n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-
-    def span_inputs(n):
-        """The inputs of the span starting at chunk n, copied into the chunk layout."""
-        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
-        pad = n_pad if n + per_span >= n_chunks else 0
-        return [
-            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
-            for i, x in enumerate(seqs)
-        ]
-
     if _needs_grad(*seqs, carry):
-        whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
-        spans = list(
-            zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
-        )
+        spans = _tracked_spans(seqs, chunk_size, n_chunks, per_span)
     else:
         spans = [None] * len(starts)
     order = range(len(starts) - 1, -1, -1) if reverse else range(len(starts))
     pieces, joined = {}, None
     for i in order:
         n = starts[i]
-        outs, carry = span_fn(*(spans[i] or span_inputs(n)), carry)
+        inputs = spans[i] or _span_inputs(seqs, chunk_size, n_chunks, n, per_span, strided)
+        outs, carry = span_fn(*inputs, carry)
         if any(o is not None and o.requires_grad for o in outs):
             pieces[i] = [None if o is None else o.permute(1, 0, 3, 2, 4) for o in outs]
-            continue
-        if joined is None:
-            joined = [
-                None if o is None else o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
-                for o in outs
-            ]
-        for whole_out, o in zip(joined, outs):
-            if o is not None:
-                whole_out[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+        else:
+            joined = _join_span(joined, outs, n, (batch, n_chunks, chunk_size, heads))
     if pieces:
         parts = zip(*[pieces[i] for i in sorted(pieces)])
         joined = [None if p[0] is None else torch.cat(p, dim=1) for p in parts]
@@ -918,46 +933,33 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
     return scores, t_inv, rows, cols, w, u_own, chunk_decay, poison
 
 
-def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
-    """The diagonal-plus-low-rank recurrence on one span of chunks: q_c, k_c, a_c, b_c, g_c
-    [N, B, NH, C, K], v_c [N, B, NH, C, V]. Returns ([o [N, B, NH, C, V]], state after the
-    span); appends the decayed scores, T, the pseudo-values U and the states entering each chunk
-    to kept if given. Guarded, the triangular products run over finite values and a token that
-    had a non-finite one poisons its output, those after it and the state (see _guarded_spans).
-    gk_min: a lower bound of every log-gate, or None (see _dplr_direct).
+def _dplr_finite_inputs(k_c, v_c, g_c, a_c, b_c):
+    """The guard of a span's inputs (see _guarded_spans): (k, v, g, a and b with their
+    non-finite values set to 0, a gate whose decay is not finite included, and the poison
+    [N, B, NH, C]: 0, or NaN for a token that had one)."""
+    k_c, poison = _finite_rows(k_c)
+    v_c, poison_v = _finite_rows(v_c)
+    a_c, poison_a = _finite_rows(a_c)
+    b_c, poison_b = _finite_rows(b_c)
+    poison = poison + poison_v + poison_a + poison_b
+    decay = g_c.detach().exp()
+    g_c = torch.where(torch.isfinite(decay), g_c, 0.0)
+    poison = poison + (decay * 0).sum(-1)
+    return k_c, v_c, g_c, a_c, b_c, poison
 
-    The pseudo-values are U = W S_n + U', so from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n
-    + (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U is P S_n + F with P and F built for
-    every chunk at once (the sequential work: one matmul per chunk), and the outputs are
-    Y = (exp(b) ⊙ Q) S_n + qk V + qb U.
-    """
-    poison = None
-    if guard:
-        k_c, poison = _finite_rows(k_c)
-        v_c, poison_v = _finite_rows(v_c)
-        a_c, poison_a = _finite_rows(a_c)
-        b_c, poison_b = _finite_rows(b_c)
-        poison = poison + poison_v + poison_a + poison_b
-        decay = g_c.detach().exp()
-        g_c = torch.where(torch.isfinite(decay), g_c, 0.0)
-        poison = poison + (decay * 0).sum(-1)
-    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
+
+def _dplr_states(state, cols, w, u_own, v_c, chunk_decay, poison, tracked):
+    """The inter-chunk state pass over a span, from the state entering it [B, NH, K, V]: each
+    chunk's action on the state it enters, S_{n+1} = P S_n + F with P = diag(exp(b_C)) +
+    (exp(b_C - b) ⊙ B)^T W and F = (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U' (plus
+    the poison of the chunk's tokens, None: unguarded), built for every chunk at once, then
+    one matmul per chunk (in place without autograd: tracked False). cols: the columns
+    decayed to the chunk's end (see _dplr_scores). Returns (the states entering each chunk
+    [N, B, NH, K, V], the state after the span)."""
+    n_chunks, batch, heads, _, d_k = w.shape
     d_v = v_c.shape[-1]
-    tracked = _needs_grad(q_c, k_c, v_c, g_c, a_c, b_c, state)
-    if not tracked:
-        # the values (V, U) interleaved [N, B, NH, C, 2, V]: V now, U once the states are known
-        values = v_c.new_empty(*v_c.shape[:-1], 2, d_v)
-        values[..., 0, :] = v_c
-        v_c = values[..., 0, :]
-    direct = not tracked and _dplr_direct(gk_min, chunk_size)
-    maps = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct, guard)
-    scores, t_inv, rows, cols, w, u_own, chunk_decay, poison_maps = maps
-    if poison_maps is not None:
-        poison = poison + poison_maps
     k_to_end_t, b_to_end_t = (x.transpose(-1, -2) for x in cols.unbind(-2))
-    # the chunk's action on the state it enters: S_{n+1} = P S_n + F, with P = diag(exp(b_C)) +
-    # (exp(b_C - b) ⊙ B)^T W and F = (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U'
-    moves = _bmm(b_to_end_t, w)  # [N, B, NH, K, K]
+    moves = _bmm(b_to_end_t, w)  # P [N, B, NH, K, K]
     torch.diagonal(moves, dim1=-2, dim2=-1).add_(chunk_decay.reshape(*moves.shape[:-1]))
     flat = batch * heads
     moves_n = moves.reshape(n_chunks, flat, d_k, d_k).unbind(0)
@@ -986,6 +988,38 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
         state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked, out=states
     )
     states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
+    return states_in, state.reshape(batch, heads, d_k, d_v)
+
+
+def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
+    """The diagonal-plus-low-rank recurrence on one span of chunks: q_c, k_c, a_c, b_c, g_c
+    [N, B, NH, C, K], v_c [N, B, NH, C, V]. Returns ([o [N, B, NH, C, V]], state after the
+    span); appends the decayed scores, T, the pseudo-values U and the states entering each chunk
+    to kept if given. Guarded, the triangular products run over finite values and a token that
+    had a non-finite one poisons its output, those after it and the state (see _guarded_spans).
+    gk_min: a lower bound of every log-gate, or None (see _dplr_direct).
+
+    The pseudo-values are U = W S_n + U', so from chunk to chunk S_{n+1} = diag(exp(b_C)) S_n
+    + (exp(b_C - b) ⊙ K)^T V + (exp(b_C - b) ⊙ B)^T U is P S_n + F with P and F built for
+    every chunk at once (the sequential work: one matmul per chunk, _dplr_states), and the
+    outputs are Y = (exp(b) ⊙ Q) S_n + qk V + qb U.
+    """
+    poison = None
+    if guard:
+        k_c, v_c, g_c, a_c, b_c, poison = _dplr_finite_inputs(k_c, v_c, g_c, a_c, b_c)
+    chunk_size, d_v = q_c.shape[3], v_c.shape[-1]
+    tracked = _needs_grad(q_c, k_c, v_c, g_c, a_c, b_c, state)
+    if not tracked:
+        # the values (V, U) interleaved [N, B, NH, C, 2, V]: V now, U once the states are known
+        values = v_c.new_empty(*v_c.shape[:-1], 2, d_v)
+        values[..., 0, :] = v_c
+        v_c = values[..., 0, :]
+    direct = not tracked and _dplr_direct(gk_min, chunk_size)
+    maps = _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct, guard)
+    scores, t_inv, rows, cols, w, u_own, chunk_decay, poison_maps = maps
+    if poison_maps is not None:
+        poison = poison + poison_maps
+    states_in, state = _dplr_states(state, cols, w, u_own, v_c, chunk_decay, poison, tracked)
     # the pseudo-values U = W S_n + U'
     if tracked:
         values = torch.stack([v_c, _bmm(w, states_in, add=u_own)], dim=-2)
@@ -1003,42 +1037,21 @@ def _dplr_span(q_c, k_c, v_c, g_c, a_c, b_c, state, kept, guard, gk_min=None):
     o = _two_matmuls(scores[..., 0::2, :], values, rows[..., 0, :], states_in)
     if poison is not None:
         o = o + torch.cumsum(poison, -1).unsqueeze(-1)
-    return [o], state.reshape(batch, heads, d_k, d_v)
+    return [o], state
 
 
-def _dplr_grads_span(
-    q_c, k_c, v_c, g_c, a_c, b_c, do_c, scores, t_inv, values, states_in, d_state, gate_grad
-):
-    """Gradients of the diagonal-plus-low-rank recurrence on one span of chunks, from the
-    forward's decayed scores, T, pseudo-values U and states entering each chunk S_n, the output
-    gradient do_c and the gradient d_state of the state leaving the span. Returns ([dq, dk, dv,
-    dg (None unless gate_grad), da, db], the gradient of the state entering the span).
-
-    With R = exp(b_{r-1}) ⊙ A S_n + ak V the right side of (I - ab) U = R, the state's
-    gradient runs from the last chunk, D_n = P^T D_{n+1} + (exp(b) ⊙ Q)^T dO + W^T qb^T dO;
-    then dU = qb^T dO + (exp(b_C - b) ⊙ B) D_{n+1}, dR = T^T dU, and the scores get d(qk, qb) =
-    dO (V, U)^T, d(ak, ab) = dR (V, U)^T on their support, dV = qk^T dO + ak^T dR + (exp(b_C -
-    b) ⊙ K) D_{n+1}. The decayed rows get (dO, dR) S_n^T, the decayed columns (V, U)
-    D_{n+1}^T, and every level of the binary split of _dplr_scores hands its corner of the
-    scores' gradient back to that level's decayed rows and columns. The gate's gradient, per
-    channel, sums what each decay factor holding exp(g_l) passes on (its gradient times its
-    value, _dplr_masks), and exp(b_C) in P holds every g_l of the chunk.
-    """
-    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
-    d_v = v_c.shape[-1]
-    lead = q_c.shape[:3]
-    rows, cols = torch.stack([q_c, a_c], dim=-2), torch.stack([k_c, b_c], dim=-2)
-    levels = _dplr_levels(g_c)
-    row_decay, col_decay = levels.pop()
-    decayed = rows * row_decay  # exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A
-    to_end = cols * col_decay  # exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B
-    b_to_end = to_end[..., 1, :]
-    chunk_decay = row_decay[..., -1, 0, :]
+def _dplr_state_grads(t_inv, decayed, to_end, chunk_decay, do_c, from_q, d_state):
+    """The gradient of the state from the last chunk of a span to the first: D_n = P^T D_{n+1}
+    + (exp(b) ⊙ Q)^T dO + W^T qb^T dO, with P = diag(exp(b_C)) + (exp(b_C - b) ⊙ B)^T W and
+    W = T (exp(b_{r-1}) ⊙ A), from T, the decayed rows (exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A) and
+    columns (exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B) [N, B, NH, C, 2, K], exp(b_C), the output
+    gradient, qb^T dO and the gradient d_state of the state leaving the span. Returns (D_{n+1}
+    for every chunk [N, B, NH, K, V], D_0 [B, NH, K, V])."""
+    n_chunks, batch, heads = do_c.shape[:3]
+    d_k, d_v = decayed.shape[-1], do_c.shape[-1]
     w = _bmm(t_inv, decayed[..., 1, :])
-    pairs = scores.view(*lead, chunk_size, 2, chunk_size, 2)
-    from_q = _bmm(pairs[..., 0, :, 1].transpose(-1, -2), do_c)  # qb^T dO
     local = _two_matmuls(decayed[..., 0, :].transpose(-1, -2), do_c, w.transpose(-1, -2), from_q)
-    p_t = _bmm(w.transpose(-1, -2), b_to_end)  # P^T
+    p_t = _bmm(w.transpose(-1, -2), to_end[..., 1, :])  # P^T
     torch.diagonal(p_t, dim1=-2, dim2=-1).add_(chunk_decay)
 
     flat = batch * heads
@@ -1052,30 +1065,37 @@ def _dplr_grads_span(
         d_state.reshape(flat, d_k, d_v), n_chunks, next_grad, False, reverse=True
     )
     d_next = d_next.reshape(n_chunks, batch, heads, d_k, d_v)  # D_{n+1}
-    d_u = _bmm(b_to_end, d_next, add=from_q)
-    d_r = _bmm(t_inv.transpose(-1, -2), d_u)
-    outer = torch.stack([do_c, d_r], dim=-2).reshape(*lead, 2 * chunk_size, d_v)  # dO, dR
-    d_scores = _bmm(outer, values.transpose(-1, -2))
-    d_scores = _dplr_mask_(d_scores)  # on the scores' support only
-    dv = _bmm(scores[..., :, 0::2].transpose(-1, -2), outer, add=_bmm(to_end[..., 0, :], d_next))
-    d_decayed = _bmm(outer, states_in.transpose(-1, -2)).reshape(rows.shape)
-    d_to_end = _bmm(values, d_next.transpose(-1, -2)).reshape(cols.shape)
-    d_rows, d_cols = d_decayed * row_decay, d_to_end * col_decay
-    dg = None
-    if gate_grad:
-        rows_mask, cols_mask = _dplr_masks(chunk_size, q_c)
-        dg = _two_matmuls(
-            rows_mask.expand(*lead, chunk_size, 2 * chunk_size),
-            (d_decayed * decayed).reshape(*lead, 2 * chunk_size, d_k),
-            cols_mask.expand(*lead, chunk_size, 2 * chunk_size),
-            (d_to_end * to_end).reshape(*lead, 2 * chunk_size, d_k),
-        )
-        dg = dg + ((states_in * d_next).sum(-1) * chunk_decay).unsqueeze(-2)
+    return d_next, d_state.reshape(batch, heads, d_k, d_v)
 
+
+def _dplr_chunk_gate_grads(d_decayed, decayed, d_to_end, to_end, states_in, d_next, chunk_decay):
+    """The gate's gradient [N, B, NH, C, K] from the chunk level's decays: what each decayed row
+    and column passes on (its gradient times its value) goes back to the gates its factor holds
+    (_dplr_masks: exp(b_r) and exp(b_{r-1}) hold g_l for l <= r and l < r, exp(b_C - b_j) for
+    l > j), and exp(b_C) in P, <S_n, D_{n+1}> exp(b_C) per channel, to every gate of the chunk."""
+    lead, chunk_size, d_k = decayed.shape[:3], decayed.shape[3], decayed.shape[-1]
+    rows_mask, cols_mask = _dplr_masks(chunk_size, decayed)
+    dg = _two_matmuls(
+        rows_mask.expand(*lead, chunk_size, 2 * chunk_size),
+        (d_decayed * decayed).reshape(*lead, 2 * chunk_size, d_k),
+        cols_mask.expand(*lead, chunk_size, 2 * chunk_size),
+        (d_to_end * to_end).reshape(*lead, 2 * chunk_size, d_k),
+    )
+    return dg + ((states_in * d_next).sum(-1) * chunk_decay).unsqueeze(-2)
+
+
+def _dplr_blocks_grads(d_scores, rows, cols, levels, d_rows, d_cols, dg):
+    """The gradient through the scores' pairs, as _dplr_scores builds them: the pairs r = j
+    undecayed, then every level of the binary split hands its corner of the scores' gradient
+    d_scores [N, B, NH, 2C, 2C] back to that level's decayed rows and columns (levels, from
+    _dplr_levels). Adds into the gradients of the rows (q, a) and columns (k, b) [N, B, NH, C,
+    2, K] and, unless None, into the gate's dg [N, B, NH, C, K], in place."""
+    lead, chunk_size, d_k = rows.shape[:3], rows.shape[3], rows.shape[-1]
+    pairs_shape = (*lead, chunk_size, 2, chunk_size, 2)
     # the pairs r = j: q_r . k_r and q_r . b_r
-    own = torch.diagonal(d_scores.view(pairs.shape), dim1=-4, dim2=-2).movedim(-1, -3)[..., 0, :]
+    own = torch.diagonal(d_scores.view(pairs_shape), dim1=-4, dim2=-2).movedim(-1, -3)[..., 0, :]
     d_rows[..., 0, :] += torch.matmul(own.unsqueeze(-2), cols).squeeze(-2)
-    d_cols += own.unsqueeze(-1) * q_c.unsqueeze(-2)
+    d_cols += own.unsqueeze(-1) * rows[..., 0, :].unsqueeze(-2)
     block = 1
     while block < chunk_size:
         row_decay, col_decay = levels[block.bit_length() - 1]
@@ -1092,7 +1112,7 @@ def _dplr_grads_span(
             corner.transpose(-1, -2), rows_right.reshape(*lead, n_pairs, 2 * block, d_k)
         )
         if dg is not None:
-            rows_mask, cols_mask = _dplr_masks(block, q_c)
+            rows_mask, cols_mask = _dplr_masks(block, rows)
             halves = _dplr_pairs(dg.unsqueeze(-2), block)
             halves[..., 1, :, 0, :] += torch.matmul(
                 rows_mask, d_right * rows_right.reshape(d_right.shape)
@@ -1103,9 +1123,56 @@ def _dplr_grads_span(
         _dplr_pairs(d_rows, block)[..., 1, :, :, :] += d_right.reshape(rows_right.shape) * row_f
         _dplr_pairs(d_cols, block)[..., 0, :, :, :] += d_left.reshape(cols_left.shape) * col_f
         block *= 2
+
+
+def _dplr_grads_span(
+    q_c, k_c, v_c, g_c, a_c, b_c, do_c, scores, t_inv, values, states_in, d_state, gate_grad
+):
+    """Gradients of the diagonal-plus-low-rank recurrence on one span of chunks, from the
+    forward's decayed scores, T, pseudo-values U and states entering each chunk S_n, the output
+    gradient do_c and the gradient d_state of the state leaving the span. Returns ([dq, dk, dv,
+    dg (None unless gate_grad), da, db], the gradient of the state entering the span).
+
+    With R = exp(b_{r-1}) ⊙ A S_n + ak V the right side of (I - ab) U = R, the state's
+    gradient runs from the last chunk, D_n = P^T D_{n+1} + (exp(b) ⊙ Q)^T dO + W^T qb^T dO
+    (_dplr_state_grads); then dU = qb^T dO + (exp(b_C - b) ⊙ B) D_{n+1}, dR = T^T dU, and the
+    scores get d(qk, qb) = dO (V, U)^T, d(ak, ab) = dR (V, U)^T on their support, dV = qk^T dO
+    + ak^T dR + (exp(b_C - b) ⊙ K) D_{n+1}. The decayed rows get (dO, dR) S_n^T, the decayed
+    columns (V, U) D_{n+1}^T, and every level of the binary split of _dplr_scores hands its
+    corner of the scores' gradient back to that level's decayed rows and columns
+    (_dplr_blocks_grads). The gate's gradient, per channel, sums what each decay factor
+    holding exp(g_l) passes on (its gradient times its value, _dplr_masks), and exp(b_C) in P
+    holds every g_l of the chunk (_dplr_chunk_gate_grads).
+    """
+    lead, chunk_size, d_v = q_c.shape[:3], q_c.shape[3], v_c.shape[-1]
+    rows, cols = torch.stack([q_c, a_c], dim=-2), torch.stack([k_c, b_c], dim=-2)
+    levels = _dplr_levels(g_c)
+    row_decay, col_decay = levels.pop()
+    decayed = rows * row_decay  # exp(b) ⊙ Q, exp(b_{r-1}) ⊙ A
+    to_end = cols * col_decay  # exp(b_C - b) ⊙ K, exp(b_C - b) ⊙ B
+    chunk_decay = row_decay[..., -1, 0, :]
+    pairs = scores.view(*lead, chunk_size, 2, chunk_size, 2)
+    from_q = _bmm(pairs[..., 0, :, 1].transpose(-1, -2), do_c)  # qb^T dO
+    # D_{n+1} for every chunk, and D_0
+    d_next, d_state = _dplr_state_grads(t_inv, decayed, to_end, chunk_decay, do_c, from_q, d_state)
+    d_u = _bmm(to_end[..., 1, :], d_next, add=from_q)
+    d_r = _bmm(t_inv.transpose(-1, -2), d_u)
+    outer = torch.stack([do_c, d_r], dim=-2).reshape(*lead, 2 * chunk_size, d_v)  # dO, dR
+    d_scores = _bmm(outer, values.transpose(-1, -2))
+    d_scores = _dplr_mask_(d_scores)  # on the scores' support only
+    dv = _bmm(scores[..., :, 0::2].transpose(-1, -2), outer, add=_bmm(to_end[..., 0, :], d_next))
+    d_decayed = _bmm(outer, states_in.transpose(-1, -2)).reshape(rows.shape)
+    d_to_end = _bmm(values, d_next.transpose(-1, -2)).reshape(cols.shape)
+    d_rows, d_cols = d_decayed * row_decay, d_to_end * col_decay
+    dg = None
+    if gate_grad:
+        dg = _dplr_chunk_gate_grads(
+            d_decayed, decayed, d_to_end, to_end, states_in, d_next, chunk_decay
+        )
+    _dplr_blocks_grads(d_scores, rows, cols, levels, d_rows, d_cols, dg)
     dq, da = d_rows.unbind(-2)
     dk, db = d_cols.unbind(-2)
-    return [dq, dk, dv, dg, da, db], d_state.reshape(batch, heads, d_k, d_v)
+    return [dq, dk, dv, dg, da, db], d_state
 
 
 def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None):

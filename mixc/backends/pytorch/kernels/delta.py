@@ -34,28 +34,32 @@ from mixc.backends.pytorch.kernels.common import (
 )
 
 
-def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
-    """The delta rule on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V],
-    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay); guarded against non-finite
-    values of k, v, beta and g (see _guarded_spans). Returns ([o [N, B, NH, C, V]], state after
-    the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
-    entering each chunk to kept if given."""
-    n_chunks, batch, heads, chunk_size, d_k = q_c.shape
-    d_v = v_c.shape[-1]
+def _delta_finite_inputs(k_c, v_c, beta_c, g_c):
+    """The guard of a span's inputs (see _guarded_spans): (k, v, beta and g with their
+    non-finite values set to 0, and the poison [N, B, NH, C]: 0, or NaN for a token that had
+    one). Every product of the span is triangular over the tokens of a chunk (the inverse, W,
+    U, the masked scores times V_new): they run over the finite values, and a token that had a
+    non-finite one poisons its output and those after it, and through its write the state."""
+    k_c, poison = _finite_rows(k_c)
+    v_c, poison_v = _finite_rows(v_c)
+    beta_c, poison_beta = _finite_rows(beta_c.unsqueeze(-1))
+    beta_c, poison = beta_c.squeeze(-1), poison + poison_v + poison_beta
+    if g_c is not None:
+        g_c, poison_g = _finite_gates(g_c)
+        poison = poison + poison_g
+    return k_c, v_c, beta_c, g_c, poison
 
-    poison = None
-    if guard:
-        # every product below is triangular over the tokens of a chunk (the inverse, W, U, the
-        # masked scores times V_new): they run over finite values, and a token that had a
-        # non-finite one poisons its output and those after it, and through its write the state
-        k_c, poison = _finite_rows(k_c)
-        v_c, poison_v = _finite_rows(v_c)
-        beta_c, poison_beta = _finite_rows(beta_c.unsqueeze(-1))
-        beta_c, poison = beta_c.squeeze(-1), poison + poison_v + poison_beta
-        if g_c is not None:
-            g_c, poison_g = _finite_gates(g_c)
-            poison = poison + poison_g
 
+def _delta_solve(q_c, k_c, v_c, beta_c, g_c, poison, guard):
+    """The intra-chunk WY solve on a span of chunks, all chunks at once: the decayed products,
+    T = (I + A)^{-1} for A = tril(diag(beta) (K K^T ⊙ Gamma), -1) in at least fp32, whatever
+    the inputs' dtype, and from it W = T diag(beta exp(b)) K and U = T V (v pre-scaled by beta).
+
+    Returns (the masked scores M = Q K^T ⊙ Gamma, diag(exp(b)) Q, diag(exp(b_C - b)) K, the
+    chunks' log-decays G = b_C [N, B, NH] (None: no decay), T, W [N, B, NH, C, K], U [N, B, NH,
+    C, V]). A token's poison (None: unguarded) reaches the scores' rows from it on and the keys
+    that write the state; guarded, a row of diag(beta exp(b)) K that overflows poisons too.
+    """
     gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
     kk = _bmm(k_c, k_c.transpose(-1, -2))  # K K^T [N, B, NH, C, C]
     scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma)  # M
@@ -83,9 +87,16 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
         scores = _poison_rows(scores, poison_k)
     w = _bmm(t_inv, k_scaled.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, K]
     u = _bmm(t_inv, v_c.to(solve_dtype)).to(q_c.dtype)  # [N, B, NH, C, V]
+    return scores, q_from_start, k_to_end, chunk_g, t_inv, w, u
 
-    # sequential part, two fused matmuls per chunk: V_new = U - W S_0,
-    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V_new
+
+def _delta_states(state, w, u, k_to_end, chunk_g):
+    """The inter-chunk state pass over a span, from the state entering it [B, NH, K, V], two
+    fused matmuls per chunk: V_new = U - W S_n, S_{n+1} = exp(G_n) S_n + (diag(exp(b_C - b))
+    K)^T V_new. Returns (V_new [N, B, NH, C, V], written over U in place without autograd; the
+    states entering each chunk [N, B, NH, K, V]; the state after the span)."""
+    n_chunks, batch, heads, chunk_size, d_k = w.shape
+    d_v = u.shape[-1]
     flat = batch * heads
     # per-chunk views by unbind, not indexing: under autograd its backward is one stack
     w_n = w.reshape(n_chunks, flat, chunk_size, d_k).unbind(0)
@@ -105,18 +116,37 @@ def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
 
     states_in, state = _chain(state.reshape(flat, d_k, d_v), n_chunks, next_state, tracked)
     v_new = (torch.stack(v_new) if tracked else u).reshape(u.shape)
+    states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
+    return v_new, states_in, state.reshape(batch, heads, d_k, d_v)
+
+
+def _delta_span(q_c, k_c, v_c, beta_c, g_c, state, kept, guard):
+    """The delta rule on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c [N, B, NH, C, V],
+    beta_c and log-gates g_c [N, B, NH, C] (g_c None: no decay); guarded against non-finite
+    values of k, v, beta and g (see _guarded_spans). Returns ([o [N, B, NH, C, V]], state after
+    the span); appends the masked scores Q K^T ⊙ Gamma, T = (I + A)^{-1} and the states
+    entering each chunk to kept if given.
+
+    The intra-chunk WY solve (_delta_solve) and the state pass (_delta_states) give V_new and
+    the states, and the outputs are Y = diag(exp(b)) Q S_n + (Q K^T ⊙ Gamma) V_new.
+    """
+    poison = None
+    if guard:
+        k_c, v_c, beta_c, g_c, poison = _delta_finite_inputs(k_c, v_c, beta_c, g_c)
+    solved = _delta_solve(q_c, k_c, v_c, beta_c, g_c, poison, guard)
+    scores, q_from_start, k_to_end, chunk_g, t_inv, w, u = solved
+    v_new, states_in, state = _delta_states(state, w, u, k_to_end, chunk_g)
     if guard:
         # finite inputs can still overflow in a token's pseudo-value (U = T V, V_new = U - W S):
         # made finite, it poisons its output and those after it, as a non-finite input does
         v_new, poison_new = _finite_rows_(v_new)
         scores = _poison_rows(scores, poison_new)
-    states_in = states_in.reshape(n_chunks, batch, heads, d_k, d_v)
     if kept is not None:
         kept.append([scores, t_inv, states_in])
 
     # Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Gamma) V_new, all chunks at once
     o = _two_matmuls(scores, v_new, q_from_start, states_in)
-    return [o], state.reshape(batch, heads, d_k, d_v)
+    return [o], state
 
 
 def _delta_state_grads(do_c, scores, q_from_start, w, k_to_end, chunk_g, d_state):

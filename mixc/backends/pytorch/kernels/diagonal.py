@@ -99,40 +99,22 @@ def _decayed_halves(q_c, k_c, pre_k, suf_k, block):
     return q_right, k_left
 
 
-def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
-    """The diagonal-gate recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
-    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None);
-    guarded against non-finite values of v (see _guarded_spans). Returns ([o [N, B, NH, C, V]],
-    state after the span); without value-side gates, appends the decayed scores A and the
-    states entering each chunk to kept if given.
+def _diagonal_blocks(q_c, k_c, v_c, pre_k, pre_v, scores, out):
+    """The pairs j < i inside the chunks of a span, block by block: for the aligned blocks of 2,
+    4, ..., C tokens, the queries of each right half against the keys of its left half, both
+    decayed to the boundary between the halves (_decayed_halves). Without value-side gates
+    (pre_v None) each block's scores are written into `scores` [N, B, NH, C, C], in place;
+    with them, a block's contribution differs per value channel and is added into the outputs
+    `out` [N, B, NH, C, V] at once.
 
-    Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
-    each pair belongs to exactly one block in which j is in the left half and i in the right
-    half. For that block the decay exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) is measured
-    from the boundary r (the last token of the left half): q_i ⊙ exp(b_i - b_r) and
-    k_j ⊙ exp(b_r - b_j), both factors <= 1, built as products of per-token decays inside
-    the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul. The
-    pairs i = j need no decay. The same factors at the chunk level carry the state.
+    pre_k, pre_v: the decays exp(g) of every token [N, B, NH, C, d] (None: no decay on that
+    side), the segment decays of blocks of one token. Returns the segment decays of the whole
+    chunk (_double_decays): (pre_k, suf_k, pre_v, suf_v), the prefixes exp(b_i) and the
+    suffixes exp(b_C - b_j) of both sides.
     """
-    chunk_size = q_c.shape[3]
-    # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
-    pre_k = None if gk_c is None else torch.exp(gk_c)
-    pre_v = None if gv_c is None else torch.exp(gv_c)
     suf_k = suf_v = None
-
-    # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
-    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
-    v_scored = v_c  # what A multiplies, the state's writes taking the values as they are
-    if pre_v is None:
-        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
-        scores = torch.diag_embed(diag)
-        if guard:
-            v_scored, poison = _finite_rows(v_c)
-            scores = _poison_rows(scores, poison)
-    else:
-        out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
     block = 1
-    while block < chunk_size:
+    while block < q_c.shape[3]:
         q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
         corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [N, B, NH, n, b, b]
         if pre_v is None:
@@ -148,10 +130,15 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
         if pre_k is not None:
             pre_k, suf_k = _double_decays(pre_k, suf_k, block)
         block *= 2
+    return pre_k, suf_k, pre_v, suf_v
 
-    # --- inter-chunk: the chunk-level factors are the last level's ---------------------
-    # S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
-    # and y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
+
+def _diagonal_states(q_c, k_c, v_c, pre_k, suf_k, pre_v, suf_v, state):
+    """The inter-chunk state pass over a span, with the chunk-level factors the last level of
+    _diagonal_blocks gives, exp(b_i) and exp(b_C - b_j) of either side (None: no decay):
+    S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv)).
+    Returns (Q ⊙ exp(bk), which reads the state entering its chunk, the states entering each
+    chunk [N, B, NH, K, V], the state after the span)."""
     k_to_end, v_to_end, q_from_start = k_c, v_c, q_c
     chunk_decay_k = chunk_decay_v = None
     if pre_k is not None:
@@ -165,6 +152,47 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
         chunk_decay_v = pre_v[..., -1, :]
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
     states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    return q_from_start, states_in, state
+
+
+def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
+    """The diagonal-gate recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
+    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None);
+    guarded against non-finite values of v (see _guarded_spans). Returns ([o [N, B, NH, C, V]],
+    state after the span); without value-side gates, appends the decayed scores A and the
+    states entering each chunk to kept if given.
+
+    Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
+    each pair belongs to exactly one block in which j is in the left half and i in the right
+    half. For that block the decay exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) is measured
+    from the boundary r (the last token of the left half): q_i ⊙ exp(b_i - b_r) and
+    k_j ⊙ exp(b_r - b_j), both factors <= 1, built as products of per-token decays inside
+    the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul
+    (_diagonal_blocks). The pairs i = j need no decay. The same factors at the chunk level
+    carry the state (_diagonal_states).
+    """
+    # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
+    pre_k = None if gk_c is None else torch.exp(gk_c)
+    pre_v = None if gv_c is None else torch.exp(gv_c)
+
+    # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
+    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
+    v_scored = v_c  # what A multiplies, the state's writes taking the values as they are
+    scores = out = None
+    if pre_v is None:
+        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
+        scores = torch.diag_embed(diag)
+        if guard:
+            v_scored, poison = _finite_rows(v_c)
+            scores = _poison_rows(scores, poison)
+    else:
+        out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
+    pre_k, suf_k, pre_v, suf_v = _diagonal_blocks(q_c, k_c, v_c, pre_k, pre_v, scores, out)
+
+    # --- inter-chunk: the chunk-level factors are the last level's ---------------------
+    # the state passes (_diagonal_states), and y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
+    decays = (pre_k, suf_k, pre_v, suf_v)
+    q_from_start, states_in, state = _diagonal_states(q_c, k_c, v_c, *decays, state)
     if pre_v is None:
         if kept is not None:
             kept.append([scores, states_in])
@@ -184,30 +212,16 @@ def _within(x, block, upper):
     return torch.matmul(sums, runs).reshape(x.shape)
 
 
-def _diagonal_grads_span(q_c, k_c, v_c, gk_c, gv_c, do_c, scores, states_in, d_state, gate_grad):
-    """Gradients of the diagonal-gate recurrence without value-side gates (gv_c None) on one span
-    of chunks, from the forward's decayed scores A [N, B, NH, C, C] and states entering each
-    chunk S_n, the output gradient do_c and the gradient d_state of the state leaving the span.
-
-    Returns ([dq, dk, dv, dgk (None unless gate_grad), None], the gradient of the state
-    entering the span). dA = dO V^T on A's support, dV = A^T dO + diag(exp(bk_C - bk)) K
-    D_{n+1}; the diagonal, then every level of the binary split of _diagonal_span, hands
-    dA's corner blocks back to the decayed queries and keys of that level; the chunk level
-    carries the state's gradient D_n = (Q ⊙ exp(bk))^T dO + diag(exp(bk_C)) D_{n+1}. The gate's
-    gradient, per channel, sums what each decay factor holding exp(g_l) passes on (its
-    gradient times its value): a right half's exp(b_i - b_r) holds g_l for the l <= i of that
-    half, a left half's exp(b_r - b_j) the l > j of that half, and at the chunk level exp(b_i),
-    exp(b_C - b_j) and exp(b_C) hold l <= i, l > j and every l.
-    """
-    chunk_size = q_c.shape[3]
-    pre_k = None if gk_c is None else torch.exp(gk_c)
+def _diagonal_blocks_grads(q_c, k_c, pre_k, d_scores, dq, dk, dg):
+    """The gradient through the binary split of _diagonal_blocks (key-side gates only): every
+    level hands its corner blocks of dA [N, B, NH, C, C] back to that level's decayed queries
+    and keys, added into dq and dk [N, B, NH, C, K] in place, and, into dg (None: not asked
+    for), what each factor passes on to the gates: a right half's exp(b_i - b_r) holds g_l for
+    the l <= i of that half, a left half's exp(b_r - b_j) the l > j of that half. pre_k: exp(g)
+    per token (None: no decay). Returns the chunk-level (pre_k, suf_k), as _diagonal_blocks."""
     suf_k = None
-    d_scores = _bmm(do_c, v_c.transpose(-1, -2)).tril_()  # dA on A's support
-    dq = k_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)  # i = j
-    dk = q_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)
-    dg = None if pre_k is None or not gate_grad else torch.zeros_like(q_c)
     block = 1
-    while block < chunk_size:
+    while block < q_c.shape[3]:
         q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
         d_corner = _pair_blocks(d_scores, block)[..., block:, :block]  # [N, B, NH, n, b, b]
         d_q_right = torch.matmul(d_corner, k_left)  # for the decayed queries
@@ -224,6 +238,32 @@ def _diagonal_grads_span(q_c, k_c, v_c, gk_c, gv_c, do_c, scores, states_in, d_s
         if pre_k is not None:
             pre_k, suf_k = _double_decays(pre_k, suf_k, block)
         block *= 2
+    return pre_k, suf_k
+
+
+def _diagonal_grads_span(q_c, k_c, v_c, gk_c, gv_c, do_c, scores, states_in, d_state, gate_grad):
+    """Gradients of the diagonal-gate recurrence without value-side gates (gv_c None) on one span
+    of chunks, from the forward's decayed scores A [N, B, NH, C, C] and states entering each
+    chunk S_n, the output gradient do_c and the gradient d_state of the state leaving the span.
+
+    Returns ([dq, dk, dv, dgk (None unless gate_grad), None], the gradient of the state
+    entering the span). dA = dO V^T on A's support, dV = A^T dO + diag(exp(bk_C - bk)) K
+    D_{n+1}; the diagonal, then every level of the binary split of _diagonal_span, hands
+    dA's corner blocks back to the decayed queries and keys of that level
+    (_diagonal_blocks_grads); the chunk level carries the state's gradient D_n = (Q ⊙
+    exp(bk))^T dO + diag(exp(bk_C)) D_{n+1}. The gate's gradient, per channel, sums what each
+    decay factor holding exp(g_l) passes on (its gradient times its value): a right half's
+    exp(b_i - b_r) holds g_l for the l <= i of that half, a left half's exp(b_r - b_j) the
+    l > j of that half, and at the chunk level exp(b_i), exp(b_C - b_j) and exp(b_C) hold
+    l <= i, l > j and every l.
+    """
+    chunk_size = q_c.shape[3]
+    pre_k = None if gk_c is None else torch.exp(gk_c)
+    d_scores = _bmm(do_c, v_c.transpose(-1, -2)).tril_()  # dA on A's support
+    dq = k_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)  # i = j
+    dk = q_c * torch.diagonal(d_scores, dim1=-2, dim2=-1).unsqueeze(-1)
+    dg = None if pre_k is None or not gate_grad else torch.zeros_like(q_c)
+    pre_k, suf_k = _diagonal_blocks_grads(q_c, k_c, pre_k, d_scores, dq, dk, dg)
 
     # --- the chunk level: the state and its gradient ---------------------------------------
     q_from_start, k_to_end, v_to_end, decay_k = q_c, k_c, v_c, None

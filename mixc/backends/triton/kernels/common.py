@@ -8,6 +8,15 @@ Layout and numerics follow the PyTorch kernels (mixc/backends/pytorch/kernels/co
 g <= 0, inputs already in the compute dtype (fp32, or fp64), every matmul accumulating in it
 (``input_precision="ieee"``: no TF32 rounding of fp32 operands). The kernels read their inputs
 through strides, so the transposed and broadcast views the callers pass are not copied.
+
+A kernel is one program's walk over the chunks (its addressing, loads and stores, the state or its
+gradient carried in registers); the arithmetic of one chunk is in @triton.jit helpers
+(``_tl_<class>_chunk``, ``_tl_<class>_chunk_grad``), which Triton inlines. Without a gate the
+kernels pass zeros for the gates: the diagonal kernels then decay by exp(0) = 1, the others'
+helpers read them only under HAS_G (the compiler drops what is left unread). A kernel's parameters
+are grouped by hand, ``# fmt: skip``: the tensors it reads, those it writes, the sizes, then one
+line per tensor's strides (one a line, as the formatter puts them, the dplr backward's would take
+57 lines).
 """
 
 import torch
@@ -164,6 +173,24 @@ def _tl_gate_sums(g, rows):
     pairs = tl.dot(up_to, after, input_precision="ieee")
     to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
     return pairs, to_end
+
+
+@triton.jit
+def _tl_gate_grads(pairs, starts, ends, whole, rows):
+    """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
+    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
+    [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
+    g_l for l <= i; ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for
+    exp(b_C), holding every g_l. Each is a sum of the contributions themselves, so a hard reset
+    (every factor holding it 0) gets exactly 0."""
+    causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
+    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
+    below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
+    dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
+    dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+    dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
+    dg += whole
+    return dg
 
 
 @triton.jit

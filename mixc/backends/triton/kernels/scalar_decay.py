@@ -28,6 +28,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_chunk_decays,
     _tl_columns,
     _tl_finite,
+    _tl_gate_grads,
     _tl_gates,
     _tl_gradients,
     _tl_load_state,
@@ -43,52 +44,50 @@ from mixc.backends.triton.kernels.common import (
 
 
 @triton.jit
+def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr):
+    """One chunk of the forward: (its outputs O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S, the
+    state leaving it exp(b_C) S + (diag(exp(b_C - b)) K)^T V), from its queries, keys and values,
+    its log-gates g_c [BT] (read only if HAS_G) and the state S entering it. A value that is not
+    finite poisons its column's outputs from its token on and the state."""
+    causal = rows[:, None] >= rows[None, :]
+    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    if HAS_G:
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+        scores = scores * gamma
+        q_c = q_c * from_start
+        k_c = k_c * to_end
+    scores = tl.where(causal, scores, 0.0)
+    v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
+    out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
+    out += tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
+    out += tl.cumsum(poison, axis=0)
+    if HAS_G:
+        state = state * chunk_decay
+    state += tl.dot(tl.trans(k_c), v_c, input_precision="ieee")
+    state += tl.sum(poison, axis=0)[None, :]
+    return out, state
+
+
+@triton.jit
 def _tl_scalar_decay_fwd(
-    q,
-    k,
-    v,
-    g,
-    h0,
-    o,
-    ht,
-    hs,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sg_b,
-    sg_h,
-    sg_t,
-    so_b,
-    so_h,
-    so_t,
-    so_d,
-    HAS_G: tl.constexpr,
-    KEEP: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
+    q, k, v, g, h0,  # read
+    o, ht, hs,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sg_b, sg_h, sg_t,
+    so_b, so_h, so_t, so_d,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
-):
-    """One (value block, batch x head) program: the chunks in order, the state in registers.
-    h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
-    [B * NH, N, K, V]."""
+):  # fmt: skip
+    """One (value block, batch x head) program: the chunks in order, the state in registers
+    (_tl_scalar_decay_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states
+    entering each chunk, [B * NH, N, K, V]."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    causal = rows[:, None] >= rows[None, :]
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
@@ -96,80 +95,83 @@ def _tl_scalar_decay_fwd(
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        if KEEP:
-            _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-        scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-            scores = scores * gamma
-            q_c = q_c * from_start
-            k_c = k_c * to_end
-        scores = tl.where(causal, scores, 0.0)
-        v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
-        out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
-        out += tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
-        out += tl.cumsum(poison, axis=0)
+        else:
+            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+        if KEEP:
+            _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
+        out, state = _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G)
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
-        if HAS_G:
-            state = state * chunk_decay
-        state += tl.dot(tl.trans(k_c), v_c, input_precision="ieee")
-        state += tl.sum(poison, axis=0)[None, :]
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
+def _tl_scalar_decay_chunk_grad(
+    q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """One chunk of the backward, from its inputs, the output gradient do_c, the state S
+    entering it (kept by the forward) and the gradient D of the state leaving it: (dQ, dK, dV,
+    the gate's gradient dg [BT] (zeros unless GATE_GRAD), the gradient of the state entering
+    the chunk). With P = Q K^T ⊙ Gamma and dA = (dO V^T) ⊙ Gamma:
+        dV = P^T dO + diag(exp(b_C - b)) K D        dQ = dA K + diag(exp(b)) dO S^T
+        dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
+    """
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
+    d_probs = tl.dot(do_c, tl.trans(v_c), input_precision="ieee")  # dP = dO V^T
+    probs = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    if HAS_G:
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+        probs = probs * gamma
+        d_scores = tl.where(causal, d_probs * gamma, 0.0)
+        q_start, do_start = q_c * from_start, do_c * from_start
+        k_end, v_end = k_c * to_end, v_c * to_end
+    else:
+        d_scores = tl.where(causal, d_probs, 0.0)
+        q_start, do_start, k_end, v_end = q_c, do_c, k_c, v_c
+    probs = tl.where(causal, probs, 0.0)
+    dv_c = tl.dot(tl.trans(probs), do_c, input_precision="ieee")
+    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+    from_q = tl.dot(do_start, tl.trans(state), input_precision="ieee")  # diag(exp(b)) dO S^T
+    from_k = tl.dot(v_end, tl.trans(d_state), input_precision="ieee")  # diag(..) V D^T
+    dq_c = tl.dot(d_scores, k_c, input_precision="ieee") + from_q
+    dk_c = tl.dot(tl.trans(d_scores), q_c, input_precision="ieee") + from_k
+    dg_c = tl.zeros((BT,), dtype=q_c.dtype)
+    if HAS_G:
+        if GATE_GRAD:
+            # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i, in exp(b_C - b_j)
+            # for j < l, and in exp(b_C) for every l
+            starts = tl.sum(q_c * from_q, axis=1)
+            ends = tl.sum(k_c * from_k, axis=1)
+            whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
+            dg_c = _tl_gate_grads(d_probs * probs, starts, ends, whole, rows)
+        d_state = d_state * chunk_decay
+    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    return dq_c, dk_c, dv_c, dg_c, d_state
+
+
+@triton.jit
 def _tl_scalar_decay_bwd(
-    q,
-    k,
-    v,
-    g,
-    do,
-    hs,
-    dht,
-    dq,
-    dk,
-    dv,
-    dg,
-    dh0,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sg_b,
-    sg_h,
-    sg_t,
-    sdo_b,
-    sdo_h,
-    sdo_t,
-    sdo_d,
-    HAS_G: tl.constexpr,
-    GATE_GRAD: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
+    q, k, v, g, do, hs, dht,  # read
+    dq, dk, dv, dg, dh0,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sg_b, sg_h, sg_t,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
-):
+):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers. dq, dk: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dg:
-    parts [NV, B * NH, T]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    state in registers (_tl_scalar_decay_chunk_grad). dq, dk: this block's parts [NV, B * NH,
+    T, K]; dv [B * NH, T, V]; dg: parts [NV, B * NH, T]; dht, dh0 [B * NH, K, V]; all
+    contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
-    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
@@ -181,43 +183,19 @@ def _tl_scalar_decay_bwd(
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        d_probs = tl.dot(do_c, tl.trans(v_c), input_precision="ieee")  # dP = dO V^T
-        probs = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-            probs = probs * gamma
-            d_scores = tl.where(causal, d_probs * gamma, 0.0)
-            q_start, do_start = q_c * from_start, do_c * from_start
-            k_end, v_end = k_c * to_end, v_c * to_end
         else:
-            d_scores = tl.where(causal, d_probs, 0.0)
-            q_start, do_start, k_end, v_end = q_c, do_c, k_c, v_c
-        probs = tl.where(causal, probs, 0.0)
-        dv_c = tl.dot(tl.trans(probs), do_c, input_precision="ieee")
-        dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+        dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grad(
+            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT
+        )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
-        from_q = tl.dot(do_start, tl.trans(state), input_precision="ieee")  # diag(exp(b)) dO S^T
-        from_k = tl.dot(v_end, tl.trans(d_state), input_precision="ieee")  # diag(..) V D^T
-        dq_c = tl.dot(d_scores, k_c, input_precision="ieee") + from_q
-        dk_c = tl.dot(tl.trans(d_scores), q_c, input_precision="ieee") + from_k
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         if HAS_G:
             if GATE_GRAD:
-                # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i, in exp(b_C - b_j)
-                # for j < l, and in exp(b_C) for every l
-                pairs = d_probs * probs
-                below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
-                dg_c = tl.sum(tl.where(causal, below, 0.0), axis=0)
-                starts = tl.sum(q_c * from_q, axis=1)
-                ends = tl.sum(k_c * from_k, axis=1)
-                dg_c += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
-                dg_c += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-                dg_c += tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
                 tl.store(dg + part * T + t, dg_c, mask=in_t)
-            d_state = d_state * chunk_decay
-        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 

@@ -534,6 +534,24 @@ def _tl_gate_sums(g, rows):
 
 
 @triton.jit
+def _tl_gate_grads(pairs, starts, ends, whole, rows):
+    """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
+    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
+    [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
+    g_l for l <= i; ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for
+    exp(b_C), holding every g_l. Each is a sum of the contributions themselves, so a hard reset
+    (every factor holding it 0) gets exactly 0."""
+    causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
+    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
+    below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
+    dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
+    dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+    dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
+    dg += whole
+    return dg
+
+
+@triton.jit
 def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
     """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
     mask is False."""
@@ -582,58 +600,96 @@ def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
 
 
 @triton.jit
+def _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G: tl.constexpr):
+    """The guard of a chunk's inputs: (k, v, beta and g (read only if HAS_G) with their entries
+    that are not finite read as 0, and the poison [BT, BV]: 0 for a finite token, NaN from a
+    non-finite key, beta or gate (the whole row) or value (its column)). The products inside
+    the chunk take the finite values; the poison reaches the outputs from its token on and the
+    state."""
+    poison = (tl.sum(k_c, axis=1) + beta_c) * 0.0
+    if HAS_G:
+        poison += tl.exp(g_c) * 0.0
+        g_c = tl.where(poison == 0.0, g_c, 0.0)
+    poison = poison[:, None] + v_c * 0.0
+    k_c, _ = _tl_finite(k_c)
+    beta_c, _ = _tl_finite(beta_c)
+    v_c, _ = _tl_finite(v_c)
+    return k_c, v_c, beta_c, g_c, poison
+
+
+@triton.jit
+def _tl_delta_chunk(
+    q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """One chunk of the forward, from its inputs (g_c read only if HAS_G) and the state S
+    entering it: (its outputs, the state leaving it); KEEP, the first value block writes T at
+    ts_at, the entries of its tile (_tl_tile), as soon as it is known. The intra-chunk WY solve
+    A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} (forward substitution),
+    W = T diag(beta exp(b)) K and V_new = T V - W S, then O = diag(exp(b)) Q S +
+    (Q K^T ⊙ Gamma) V_new and S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V_new; guarded by
+    _tl_delta_finite."""
+    causal = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    k_c, v_c, beta_c, g_c, poison = _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G)
+    kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
+    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    k_scaled = k_c * beta_c[:, None]
+    if HAS_G:
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+        kk = kk * gamma
+        scores = scores * gamma
+        k_scaled = k_scaled * from_start
+        q_c = q_c * from_start
+        k_end = k_c * to_end
+    else:
+        k_end = k_c
+    scores = tl.where(causal, scores, 0.0)
+    inverse = _tl_unit_lower_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT)
+    if KEEP:
+        if tl.program_id(0) == 0:
+            tl.store(ts_at, inverse)
+    # finite inputs can still overflow in a later token's row, which a product with the
+    # inverse or the scores would carry back to the earlier ones: such a row poisons too
+    k_scaled, k_scaled_poison = _tl_finite(k_scaled)
+    poison += tl.sum(k_scaled_poison, axis=1)[:, None]
+    w = tl.dot(inverse, k_scaled, input_precision="ieee")
+    v_new = tl.dot(inverse, v_c, input_precision="ieee")
+    v_new -= tl.dot(w, state.to(w.dtype), input_precision="ieee")
+    v_new, v_new_poison = _tl_finite(v_new)
+    poison += v_new_poison
+    out = tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
+    out += tl.dot(scores, v_new, input_precision="ieee")
+    out += tl.cumsum(poison, axis=0)
+    if HAS_G:
+        state = state * chunk_decay
+    state += tl.dot(tl.trans(k_end), v_new, input_precision="ieee")
+    state += tl.sum(poison, axis=0)[None, :]
+    return out, state
+
+
+@triton.jit
 def _tl_delta_fwd(
-    q,
-    k,
-    v,
-    beta,
-    g,
-    h0,
-    o,
-    ht,
-    hs,
-    ts,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sb_b,
-    sb_h,
-    sb_t,
-    sg_b,
-    sg_h,
-    sg_t,
-    so_b,
-    so_h,
-    so_t,
-    so_d,
-    HAS_G: tl.constexpr,
-    KEEP: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
+    q, k, v, beta, g, h0,  # read
+    o, ht, hs, ts,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sb_b, sb_h, sb_t,
+    sg_b, sg_h, sg_t,
+    so_b, so_h, so_t, so_d,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
-):
-    """One (value block, batch x head) program: the chunks in order, the state in registers.
-    h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk [B * NH, N, K, V]; ts
-    (KEEP): T of each chunk [B * NH, N, BT, BT], written by the first value block; contiguous."""
+):  # fmt: skip
+    """One (value block, batch x head) program: the chunks in order, the state in registers
+    (_tl_delta_chunk). h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk
+    [B * NH, N, K, V]; ts (KEEP): T of each chunk [B * NH, N, BT, BT], written by the first
+    value block; contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    causal = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
@@ -642,114 +698,147 @@ def _tl_delta_fwd(
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
-        # 0 for a finite token, NaN from a non-finite key, beta or gate (the whole row) or value
-        # (its column); the products inside the chunk take the finite values
-        poison = (tl.sum(k_c, axis=1) + beta_c) * 0.0
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-            poison += tl.exp(g_c) * 0.0
-            g_c = tl.where(poison == 0.0, g_c, 0.0)
-        poison = poison[:, None] + v_c * 0.0
-        k_c, _ = _tl_finite(k_c)
-        beta_c, _ = _tl_finite(beta_c)
-        v_c, _ = _tl_finite(v_c)
-        kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
-        scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
-        k_scaled = k_c * beta_c[:, None]
-        if HAS_G:
-            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-            kk = kk * gamma
-            scores = scores * gamma
-            k_scaled = k_scaled * from_start
-            q_c = q_c * from_start
-            k_end = k_c * to_end
         else:
-            k_end = k_c
-        scores = tl.where(causal, scores, 0.0)
-        inverse = _tl_unit_lower_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT)
+            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-            if tl.program_id(0) == 0:
-                tl.store(_tl_tile(ts, i_bh * n_chunks + n, rows), inverse)
-        # finite inputs can still overflow in a later token's row, which a product with the
-        # inverse or the scores would carry back to the earlier ones: such a row poisons too
-        k_scaled, k_scaled_poison = _tl_finite(k_scaled)
-        poison += tl.sum(k_scaled_poison, axis=1)[:, None]
-        w = tl.dot(inverse, k_scaled, input_precision="ieee")
-        v_new = tl.dot(inverse, v_c, input_precision="ieee")
-        v_new -= tl.dot(w, state.to(w.dtype), input_precision="ieee")
-        v_new, v_new_poison = _tl_finite(v_new)
-        poison += v_new_poison
-        out = tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
-        out += tl.dot(scores, v_new, input_precision="ieee")
-        out += tl.cumsum(poison, axis=0)
+        ts_at = _tl_tile(ts, i_bh * n_chunks + n, rows)
+        out, state = _tl_delta_chunk(
+            q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at, HAS_G, KEEP, BT
+        )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
-        if HAS_G:
-            state = state * chunk_decay
-        state += tl.dot(tl.trans(k_end), v_new, input_precision="ieee")
-        state += tl.sum(poison, axis=0)[None, :]
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
-def _tl_delta_bwd(
-    q,
-    k,
-    v,
-    beta,
-    g,
-    do,
-    hs,
-    ts,
-    dht,
-    dq,
-    dk,
-    dv,
-    dbeta,
-    dg,
-    dh0,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sb_b,
-    sb_h,
-    sb_t,
-    sg_b,
-    sg_h,
-    sg_t,
-    sdo_b,
-    sdo_h,
-    sdo_t,
-    sdo_d,
+def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows):
+    """The gradients through V_new = T V - W S, W = T diag(beta exp(b)) K and T = (I + A)^{-1},
+    from dV_new: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support),
+    as the PyTorch kernel's _delta_solve_grads: dW = -dV_new S^T, dT = dW (diag(beta exp(b))
+    K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T."""
+    strict = rows[:, None] > rows[None, :]
+    d_w = -tl.dot(d_v_new, tl.trans(state), input_precision="ieee")
+    inverse_t = tl.trans(inverse)
+    d_k_scaled = tl.dot(inverse_t, d_w, input_precision="ieee")
+    dv_c = tl.dot(inverse_t, d_v_new, input_precision="ieee")
+    d_t = tl.dot(d_w, tl.trans(k_scaled), input_precision="ieee")
+    d_t += tl.dot(d_v_new, tl.trans(v_c), input_precision="ieee")
+    d_a = -tl.dot(inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), input_precision="ieee")
+    d_a = tl.where(strict, d_a, 0.0)
+    return dv_c, d_k_scaled, d_a
+
+
+@triton.jit
+def _tl_delta_key_grads(
+    q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
     HAS_G: tl.constexpr,
-    GATE_GRAD: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
+):  # fmt: skip
+    """The gradient of the keys: through the masked scores (d_qk, dM on M's support with the
+    decays), the state's writes diag(exp(b_C - b)) K, W's diag(beta exp(b)) K (from
+    d_k_scaled) and A = tril(diag(beta) (K K^T ⊙ Gamma), -1) (from dA); the decays are read
+    only if HAS_G. Returns (dK, the gradient of K K^T ⊙ Gamma, V_new D^T decayed to the chunk's
+    end)."""
+    d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
+    if HAS_G:
+        d_kk_raw = d_kk * gamma
+    else:
+        d_kk_raw = d_kk
+    from_k = tl.dot(v_new, tl.trans(d_state), input_precision="ieee")  # V_new D^T
+    if HAS_G:
+        from_k = from_k * to_end
+    dk_c = tl.dot(tl.trans(d_qk), q_c, input_precision="ieee") + from_k
+    d_k_own = d_k_scaled * beta_c[:, None]  # through diag(beta exp(b)) K
+    if HAS_G:
+        d_k_own = d_k_own * from_start
+    dk_c += d_k_own
+    dk_c += tl.dot(d_kk_raw + tl.trans(d_kk_raw), k_c, input_precision="ieee")
+    return dk_c, d_kk, from_k
+
+
+@triton.jit
+def _tl_delta_chunk_grad(
+    q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr,
+):  # fmt: skip
+    """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
+    do_c, the state S entering it and T (kept by the forward) and the gradient D of the state
+    leaving it: (dQ, dK, dV, dbeta, dg (zeros unless GATE_GRAD), the gradient of the state
+    entering the chunk). W and V_new are made again; dV_new = M^T dO + diag(exp(b_C - b)) K D,
+    the gradients through T (_tl_delta_solve_grads) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
+    - W^T dV_new."""
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
+    # without a gate the decays of zero gates stand in, never read (the compiler drops them)
+    gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+    kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
+    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    if HAS_G:
+        kk = kk * gamma
+        scores = scores * gamma
+        k_start, q_start, k_end = k_c * from_start, q_c * from_start, k_c * to_end
+    else:
+        k_start, q_start, k_end = k_c, q_c, k_c
+    scores = tl.where(causal, scores, 0.0)  # M
+    k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
+    w = tl.dot(inverse, k_scaled, input_precision="ieee")
+    v_new = tl.dot(inverse, v_c, input_precision="ieee")
+    v_new -= tl.dot(w, state, input_precision="ieee")
+    # dV_new = M^T dO + diag(exp(b_C - b)) K D
+    d_v_new = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
+    d_v_new += tl.dot(k_end, d_state, input_precision="ieee")
+    d_scores = tl.dot(do_c, tl.trans(v_new), input_precision="ieee")  # dM = dO V_new^T
+    if HAS_G:
+        d_qk = tl.where(causal, d_scores * gamma, 0.0)
+    else:
+        d_qk = tl.where(causal, d_scores, 0.0)
+    from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # dO S^T
+    if HAS_G:
+        from_q = from_q * from_start
+    dq_c = tl.dot(d_qk, k_c, input_precision="ieee") + from_q
+    dv_c, d_k_scaled, d_a = _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows)
+    dk_c, d_kk, from_k = _tl_delta_key_grads(
+        q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end, HAS_G
+    )
+    beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
+    dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
+    dg_c = tl.zeros_like(dbeta_c)
+    if HAS_G:
+        if GATE_GRAD:
+            # g_l is in Gamma_ij for j < l <= i (in M and A), in exp(b_i) for l <= i (in Q
+            # and W), in exp(b_C - b_j) for j < l, and in exp(b_C) for every l
+            starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
+            ends = tl.sum(k_c * from_k, axis=1)
+            whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
+            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows)
+        d_state = d_state * chunk_decay
+    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    d_state -= tl.dot(tl.trans(w), d_v_new, input_precision="ieee")
+    return dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state
+
+
+@triton.jit
+def _tl_delta_bwd(
+    q, k, v, beta, g, do, hs, ts, dht,  # read
+    dq, dk, dv, dbeta, dg, dh0,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sb_b, sb_h, sb_t,
+    sg_b, sg_h, sg_t,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
-):
+):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers. dq, dk: this block's parts [NV, B * NH, T, K]; dbeta, dg: parts
-    [NV, B * NH, T]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    state in registers (_tl_delta_chunk_grad). dq, dk: this block's parts [NV, B * NH, T, K];
+    dbeta, dg: parts [NV, B * NH, T]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all
+    contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
-    strict = rows[:, None] > rows[None, :]
-    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dbeta, dg
@@ -761,82 +850,22 @@ def _tl_delta_bwd(
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
         beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
-        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
-        kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
-        scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-            gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-            kk = kk * gamma
-            scores = scores * gamma
-            k_start, q_start, k_end = k_c * from_start, q_c * from_start, k_c * to_end
         else:
-            k_start, q_start, k_end = k_c, q_c, k_c
-        scores = tl.where(causal, scores, 0.0)  # M
-        k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
-        w = tl.dot(inverse, k_scaled, input_precision="ieee")
-        v_new = tl.dot(inverse, v_c, input_precision="ieee")
-        v_new -= tl.dot(w, state, input_precision="ieee")
-        # dV_new = M^T dO + diag(exp(b_C - b)) K D
-        d_v_new = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
-        d_v_new += tl.dot(k_end, d_state, input_precision="ieee")
-        d_scores = tl.dot(do_c, tl.trans(v_new), input_precision="ieee")  # dM = dO V_new^T
-        if HAS_G:
-            d_qk = tl.where(causal, d_scores * gamma, 0.0)
-        else:
-            d_qk = tl.where(causal, d_scores, 0.0)
-        from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # dO S^T
-        if HAS_G:
-            from_q = from_q * from_start
-        dq_c = tl.dot(d_qk, k_c, input_precision="ieee") + from_q
-        # through V_new = T V - W S, W = T diag(beta exp(b)) K, T = (I + A)^{-1}
-        d_w = -tl.dot(d_v_new, tl.trans(state), input_precision="ieee")
-        inverse_t = tl.trans(inverse)
-        d_k_scaled = tl.dot(inverse_t, d_w, input_precision="ieee")
-        dv_c = tl.dot(inverse_t, d_v_new, input_precision="ieee")
-        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
-        d_t = tl.dot(d_w, tl.trans(k_scaled), input_precision="ieee")
-        d_t += tl.dot(d_v_new, tl.trans(v_c), input_precision="ieee")
-        d_a = -tl.dot(
-            inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), input_precision="ieee"
+            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
+        inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
+        dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grad(
+            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD
         )
-        d_a = tl.where(strict, d_a, 0.0)
-        d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
-        if HAS_G:
-            d_kk_raw = d_kk * gamma
-        else:
-            d_kk_raw = d_kk
-        from_k = tl.dot(v_new, tl.trans(d_state), input_precision="ieee")  # V_new D^T
-        if HAS_G:
-            from_k = from_k * to_end
-        dk_c = tl.dot(tl.trans(d_qk), q_c, input_precision="ieee") + from_k
-        d_k_own = d_k_scaled * beta_c[:, None]  # through diag(beta exp(b)) K
-        if HAS_G:
-            d_k_own = d_k_own * from_start
-        dk_c += d_k_own
-        dk_c += tl.dot(d_kk_raw + tl.trans(d_kk_raw), k_c, input_precision="ieee")
-        beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
-        dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
+        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         tl.store(dbeta + part * T + t, dbeta_c, mask=in_t)
         if HAS_G:
             if GATE_GRAD:
-                # g_l is in Gamma_ij for j < l <= i (in M and A), in exp(b_i) for l <= i (in Q
-                # and W), in exp(b_C - b_j) for j < l, and in exp(b_C) for every l
-                decays = d_scores * scores + d_kk * kk
-                below = tl.dot(decays, before.to(decays.dtype), input_precision="ieee")
-                dg_c = tl.sum(tl.where(causal, below, 0.0), axis=0)
-                starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
-                ends = tl.sum(k_c * from_k, axis=1)
-                dg_c += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
-                dg_c += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-                dg_c += tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
                 tl.store(dg + part * T + t, dg_c, mask=in_t)
-            d_state = d_state * chunk_decay
-        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
-        d_state -= tl.dot(tl.trans(w), d_v_new, input_precision="ieee")
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 

@@ -429,6 +429,40 @@ def _span_tokens(q, v, chunk_size):
     return max(1, (1 << 19) // per_chunk) * chunk_size
 
 
+def _span_inputs(seqs, chunk_size, n_chunks, first, per_span, strided):
+    """The inputs of the span of per_span chunks starting at chunk `first`, each copied into the
+    chunk layout (_split_chunks; those of `strided` may stay strided views), the last span
+    zero-padded to whole chunks."""
+    length = seqs[0].shape[2]
+    tokens = slice(first * chunk_size, (first + per_span) * chunk_size)
+    pad = n_chunks * chunk_size - length if first + per_span >= n_chunks else 0
+    return [
+        None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
+        for i, x in enumerate(seqs)
+    ]
+
+
+def _tracked_spans(seqs, chunk_size, n_chunks, per_span):
+    """Under autograd, the inputs of every span: each input copied into the chunk layout once
+    (so that its backward is one copy) and split into spans of per_span chunks, span by span."""
+    n_pad = n_chunks * chunk_size - seqs[0].shape[2]
+    whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
+    n_spans = -(-n_chunks // per_span)
+    return list(zip(*[[None] * n_spans if x is None else x.split(per_span) for x in whole]))
+
+
+def _join_span(joined, outs, first, lead):
+    """Copy a span's untracked outputs (chunk-major [n, B, NH, C, d]) into the joined outputs
+    [*lead, d], lead = [B, N, C, NH] (the callers' layout), from chunk `first` on; the first
+    span to come allocates them (joined None). Returns the joined outputs."""
+    if joined is None:
+        joined = [None if o is None else o.new_empty(*lead, o.shape[-1]) for o in outs]
+    for whole_out, o in zip(joined, outs):
+        if o is not None:
+            whole_out[:, first : first + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+    return joined
+
+
 def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     """Run span_fn(*chunks, carry) -> (outputs, carry) over consecutive spans of whole chunks of
     every tensor in seqs = [q, k, v, ...] ([B, NH, T, ...]; None stays None), passing the carry
@@ -441,9 +475,10 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     zero token leaves the state unchanged: k = v = 0, and every gate 0), and returns a list
     of chunk-major outputs [N, B, NH, C, d] (None entries stay None). Without autograd each
     span's inputs are copied into the chunk layout as the span comes (cache-sized temporaries
-    the C allocator recycles) and its outputs are copied into one tensor each; with autograd
-    each input is copied into the chunk layout once and split into spans, and the outputs
-    are concatenated (each backward is then one copy per input).
+    the C allocator recycles, _span_inputs) and its outputs are copied into one tensor each
+    (_join_span); with autograd each input is copied into the chunk layout once and split into
+    spans (_tracked_spans), and the outputs are concatenated (each backward is then one copy
+    per input).
 
     Returns (the joined outputs, each [B, NH, T, d] as a view of a [B, T, NH, d] tensor, the
     callers' layout, so that their transpose back is contiguous; the final carry).
@@ -454,42 +489,22 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     if carry is None:
         carry = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     n_chunks = -(-length // chunk_size)
-    n_pad = n_chunks * chunk_size - length
     per_span = _span_tokens(q, v, chunk_size) // chunk_size
     starts = range(0, n_chunks, per_span)
-
-    def span_inputs(n):
-        """The inputs of the span starting at chunk n, copied into the chunk layout."""
-        tokens = slice(n * chunk_size, (n + per_span) * chunk_size)
-        pad = n_pad if n + per_span >= n_chunks else 0
-        return [
-            None if x is None else _split_chunks(x[:, :, tokens], chunk_size, pad, i in strided)
-            for i, x in enumerate(seqs)
-        ]
-
     if _needs_grad(*seqs, carry):
-        whole = [_split_chunks(x, chunk_size, n_pad) for x in seqs]
-        spans = list(
-            zip(*[[None] * len(starts) if x is None else x.split(per_span) for x in whole])
-        )
+        spans = _tracked_spans(seqs, chunk_size, n_chunks, per_span)
     else:
         spans = [None] * len(starts)
     order = range(len(starts) - 1, -1, -1) if reverse else range(len(starts))
     pieces, joined = {}, None
     for i in order:
         n = starts[i]
-        outs, carry = span_fn(*(spans[i] or span_inputs(n)), carry)
+        inputs = spans[i] or _span_inputs(seqs, chunk_size, n_chunks, n, per_span, strided)
+        outs, carry = span_fn(*inputs, carry)
         if any(o is not None and o.requires_grad for o in outs):
             pieces[i] = [None if o is None else o.permute(1, 0, 3, 2, 4) for o in outs]
-            continue
-        if joined is None:
-            joined = [
-                None if o is None else o.new_empty(batch, n_chunks, chunk_size, heads, o.shape[-1])
-                for o in outs
-            ]
-        for whole_out, o in zip(joined, outs):
-            if o is not None:
-                whole_out[:, n : n + o.shape[0]].copy_(o.permute(1, 0, 3, 2, 4))
+        else:
+            joined = _join_span(joined, outs, n, (batch, n_chunks, chunk_size, heads))
     if pieces:
         parts = zip(*[pieces[i] for i in sorted(pieces)])
         joined = [None if p[0] is None else torch.cat(p, dim=1) for p in parts]
@@ -704,40 +719,22 @@ def _decayed_halves(q_c, k_c, pre_k, suf_k, block):
     return q_right, k_left
 
 
-def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
-    """The diagonal-gate recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
-    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None);
-    guarded against non-finite values of v (see _guarded_spans). Returns ([o [N, B, NH, C, V]],
-    state after the span); without value-side gates, appends the decayed scores A and the
-    states entering each chunk to kept if given.
+def _diagonal_blocks(q_c, k_c, v_c, pre_k, pre_v, scores, out):
+    """The pairs j < i inside the chunks of a span, block by block: for the aligned blocks of 2,
+    4, ..., C tokens, the queries of each right half against the keys of its left half, both
+    decayed to the boundary between the halves (_decayed_halves). Without value-side gates
+    (pre_v None) each block's scores are written into `scores` [N, B, NH, C, C], in place;
+    with them, a block's contribution differs per value channel and is added into the outputs
+    `out` [N, B, NH, C, V] at once.
 
-    Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
-    each pair belongs to exactly one block in which j is in the left half and i in the right
-    half. For that block the decay exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) is measured
-    from the boundary r (the last token of the left half): q_i ⊙ exp(b_i - b_r) and
-    k_j ⊙ exp(b_r - b_j), both factors <= 1, built as products of per-token decays inside
-    the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul. The
-    pairs i = j need no decay. The same factors at the chunk level carry the state.
+    pre_k, pre_v: the decays exp(g) of every token [N, B, NH, C, d] (None: no decay on that
+    side), the segment decays of blocks of one token. Returns the segment decays of the whole
+    chunk (_double_decays): (pre_k, suf_k, pre_v, suf_v), the prefixes exp(b_i) and the
+    suffixes exp(b_C - b_j) of both sides.
     """
-    chunk_size = q_c.shape[3]
-    # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
-    pre_k = None if gk_c is None else torch.exp(gk_c)
-    pre_v = None if gv_c is None else torch.exp(gv_c)
     suf_k = suf_v = None
-
-    # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
-    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
-    v_scored = v_c  # what A multiplies, the state's writes taking the values as they are
-    if pre_v is None:
-        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
-        scores = torch.diag_embed(diag)
-        if guard:
-            v_scored, poison = _finite_rows(v_c)
-            scores = _poison_rows(scores, poison)
-    else:
-        out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
     block = 1
-    while block < chunk_size:
+    while block < q_c.shape[3]:
         q_right, k_left = _decayed_halves(q_c, k_c, pre_k, suf_k, block)
         corner = torch.matmul(q_right, k_left.transpose(-1, -2))  # [N, B, NH, n, b, b]
         if pre_v is None:
@@ -753,10 +750,15 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
         if pre_k is not None:
             pre_k, suf_k = _double_decays(pre_k, suf_k, block)
         block *= 2
+    return pre_k, suf_k, pre_v, suf_v
 
-    # --- inter-chunk: the chunk-level factors are the last level's ---------------------
-    # S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv))
-    # and y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
+
+def _diagonal_states(q_c, k_c, v_c, pre_k, suf_k, pre_v, suf_v, state):
+    """The inter-chunk state pass over a span, with the chunk-level factors the last level of
+    _diagonal_blocks gives, exp(b_i) and exp(b_C - b_j) of either side (None: no decay):
+    S_C = diag(exp(bk_C)) S_0 diag(exp(bv_C)) + (K ⊙ exp(bk_C - bk))^T (V ⊙ exp(bv_C - bv)).
+    Returns (Q ⊙ exp(bk), which reads the state entering its chunk, the states entering each
+    chunk [N, B, NH, K, V], the state after the span)."""
     k_to_end, v_to_end, q_from_start = k_c, v_c, q_c
     chunk_decay_k = chunk_decay_v = None
     if pre_k is not None:
@@ -770,6 +772,47 @@ def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
         chunk_decay_v = pre_v[..., -1, :]
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_to_end)  # [N, B, NH, K, V]
     states_in, state = _scan_states(state, chunk_decay_k, chunk_decay_v, chunk_kv)
+    return q_from_start, states_in, state
+
+
+def _diagonal_span(q_c, k_c, v_c, gk_c, gv_c, state, kept, guard):
+    """The diagonal-gate recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
+    [N, B, NH, C, V], log-gates gk_c [N, B, NH, C, K] and gv_c [N, B, NH, C, V] (either None);
+    guarded against non-finite values of v (see _guarded_spans). Returns ([o [N, B, NH, C, V]],
+    state after the span); without value-side gates, appends the decayed scores A and the
+    states entering each chunk to kept if given.
+
+    Inside a chunk, the pairs j < i are split by the aligned blocks of 2, 4, ..., C tokens:
+    each pair belongs to exactly one block in which j is in the left half and i in the right
+    half. For that block the decay exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) is measured
+    from the boundary r (the last token of the left half): q_i ⊙ exp(b_i - b_r) and
+    k_j ⊙ exp(b_r - b_j), both factors <= 1, built as products of per-token decays inside
+    the halves (never exp(b_i) exp(-b_j)); the block's scores are one batched matmul
+    (_diagonal_blocks). The pairs i = j need no decay. The same factors at the chunk level
+    carry the state (_diagonal_states).
+    """
+    # per-level segment decays (see _double_decays); at block size 1: exp(g_i) and 1
+    pre_k = None if gk_c is None else torch.exp(gk_c)
+    pre_v = None if gv_c is None else torch.exp(gv_c)
+
+    # --- intra-chunk: the diagonal, then blocks of 2, 4, ..., C tokens -------------------
+    diag = (q_c * k_c).sum(dim=-1)  # i = j: q_i . k_i  [N, B, NH, C]
+    v_scored = v_c  # what A multiplies, the state's writes taking the values as they are
+    scores = out = None
+    if pre_v is None:
+        # one score matrix per chunk, filled block by block in place: A [N, B, NH, C, C]
+        scores = torch.diag_embed(diag)
+        if guard:
+            v_scored, poison = _finite_rows(v_c)
+            scores = _poison_rows(scores, poison)
+    else:
+        out = diag.unsqueeze(-1) * v_c  # outputs from inside blocks of 1 token
+    pre_k, suf_k, pre_v, suf_v = _diagonal_blocks(q_c, k_c, v_c, pre_k, pre_v, scores, out)
+
+    # --- inter-chunk: the chunk-level factors are the last level's ---------------------
+    # the state passes (_diagonal_states), and y_i += ((q_i ⊙ exp(bk_i)) S_0) ⊙ exp(bv_i)
+    decays = (pre_k, suf_k, pre_v, suf_v)
+    q_from_start, states_in, state = _diagonal_states(q_c, k_c, v_c, *decays, state)
     if pre_v is None:
         if kept is not None:
             kept.append([scores, states_in])
@@ -975,54 +1018,61 @@ def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
 
 
 @triton.jit
-def _tl_diagonal_fwd(
-    q,
-    k,
-    v,
-    g,
-    h0,
-    o,
-    ht,
-    hs,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sg_b,
-    sg_h,
-    sg_t,
-    sg_d,
-    so_b,
-    so_h,
-    so_t,
-    so_d,
-    HAS_G: tl.constexpr,
-    KEEP: tl.constexpr,
-    LEVELS: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
+def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr):
+    """The decayed scores A [BT, BT] of a chunk from its queries, keys and log-gates g_c
+    [BT, BK]: the pairs i = j undecayed, then at each level of blocks of 2, 4, ..., BT tokens
+    one matmul of the queries decayed from the boundary of their block's halves, exp(b_i -
+    b_r), and the keys decayed to it, exp(b_r - b_j), kept where the pairs are that level's."""
+    same = rows[:, None] == rows[None, :]
+    scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)  # i = j
+    for level in tl.static_range(LEVELS):
+        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
+        q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
+        k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
+        corner = tl.dot(q_l, tl.trans(k_l), input_precision="ieee")
+        scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
+    return scores
+
+
+@triton.jit
+def _tl_diagonal_chunk(
+    q_c, k_c, v_c, g_c, poison, state, rows, LEVELS: tl.constexpr, BT: tl.constexpr
 ):
-    """One (value block, batch x head) program: the chunks in order, the state in registers.
-    h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
-    [B * NH, N, K, V]; LEVELS = log2(BT), the levels of blocks inside a chunk."""
+    """One chunk of the forward, from its queries, keys, finite values, log-gates g_c [BT, BK]
+    (zeros without a gate), the poison of its tokens and the state S entering it: (its outputs
+    O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V),
+    the poison reaching the outputs from its token on and the state."""
+    scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS)
+    from_start, to_end = _tl_run_sums(g_c, rows, BT)
+    out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
+    out += tl.dot(q_c * tl.exp(from_start), state.to(q_c.dtype), input_precision="ieee")
+    out += tl.cumsum(poison, axis=0)
+    state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
+    state += tl.dot(tl.trans(k_c * tl.exp(to_end)), v_c, input_precision="ieee")
+    state += tl.sum(poison, axis=0)[None, :]
+    return out, state
+
+
+@triton.jit
+def _tl_diagonal_fwd(
+    q, k, v, g, h0,  # read
+    o, ht, hs,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sg_b, sg_h, sg_t, sg_d,
+    so_b, so_h, so_t, so_d,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """One (value block, batch x head) program: the chunks in order, the state in registers
+    (_tl_diagonal_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering
+    each chunk, [B * NH, N, K, V]; LEVELS = log2(BT), the levels of blocks inside a chunk."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    same = rows[:, None] == rows[None, :]
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
@@ -1040,78 +1090,96 @@ def _tl_diagonal_fwd(
             poison += gate_poison[:, None]
         else:
             g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
-        scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)  # i = j
-        for level in tl.static_range(LEVELS):
-            from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
-            q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
-            k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
-            corner = tl.dot(q_l, tl.trans(k_l), input_precision="ieee")
-            scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
-        from_start, to_end = _tl_run_sums(g_c, rows, BT)
-        out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
-        out += tl.dot(q_c * tl.exp(from_start), state.to(q_c.dtype), input_precision="ieee")
-        out += tl.cumsum(poison, axis=0)
+        out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT)
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
-        state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-        state += tl.dot(tl.trans(k_c * tl.exp(to_end)), v_c, input_precision="ieee")
-        state += tl.sum(poison, axis=0)[None, :]
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
-def _tl_diagonal_bwd(
-    q,
-    k,
-    v,
-    g,
-    do,
-    hs,
-    dht,
-    dq,
-    dk,
-    dv,
-    dg,
-    dh0,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sg_b,
-    sg_h,
-    sg_t,
-    sg_d,
-    sdo_b,
-    sdo_h,
-    sdo_t,
-    sdo_d,
-    HAS_G: tl.constexpr,
-    GATE_GRAD: tl.constexpr,
-    LEVELS: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
+def _tl_diagonal_scores_grad(
+    q_c, k_c, g_c, d_scores, rows, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr
 ):
+    """The scores A made again (_tl_diagonal_scores) and the gradient through them, from dA
+    [BT, BT] on A's support: the pairs i = j, then each level hands its corner of dA back to
+    its decayed queries and keys, and (GATE_GRAD) what their decays pass on back to the gates
+    of their sums (_tl_run_sums_grad). Returns (A, dQ, dK, dg [BT, BK], zeros unless
+    GATE_GRAD)."""
+    same = rows[:, None] == rows[None, :]
+    d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
+    scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)
+    dq_c, dk_c = d_same * k_c, d_same * q_c
+    dg_c = tl.zeros_like(q_c)
+    for level in tl.static_range(LEVELS):
+        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
+        left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
+        q_l, k_l = q_c * left_decay, k_c * right_decay
+        pairs = _tl_pairs(rows, 2**level)
+        scores += tl.where(pairs, tl.dot(q_l, tl.trans(k_l), input_precision="ieee"), 0.0)
+        d_corner = tl.where(pairs, d_scores, 0.0)
+        d_q_l = tl.dot(d_corner, k_l, input_precision="ieee")  # for the decayed queries
+        d_k_l = tl.dot(tl.trans(d_corner), q_l, input_precision="ieee")  # and keys
+        dq_c += d_q_l * left_decay
+        dk_c += d_k_l * right_decay
+        if GATE_GRAD:
+            dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
+    return scores, dq_c, dk_c, dg_c
+
+
+@triton.jit
+def _tl_diagonal_chunk_grad(
+    q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
+    GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """One chunk of the backward, from its inputs (g_c: zeros without a gate), the output
+    gradient do_c, the state S entering it (kept by the forward) and the gradient D of the
+    state leaving it: (dQ, dK, dV, dg (zeros unless GATE_GRAD), the gradient of the state
+    entering the chunk). dA = dO V^T on A's support goes back through the binary split
+    (_tl_diagonal_scores_grad); dV = A^T dO + (K ⊙ exp(b_C - b)) D and D <- diag(exp(b_C)) D
+    + (Q ⊙ exp(b))^T dO; the gate's gradient, per channel, sums what each decay passes on."""
+    causal = rows[:, None] >= rows[None, :]
+    d_scores = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
+    scores, dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
+        q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS
+    )
+    from_start, to_end = _tl_run_sums(g_c, rows, BT)
+    start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
+    chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
+    q_start, k_end = q_c * start_decay, k_c * end_decay
+    dv_c = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
+    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+    from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # for Q ⊙ exp(b)
+    from_k = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")  # for K ⊙ exp(b_C - b)
+    dq_c += from_q * start_decay
+    dk_c += from_k * end_decay
+    if GATE_GRAD:
+        dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT)
+        whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
+        dg_c += tl.trans(whole)
+    d_state = d_state * chunk_decay
+    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    return dq_c, dk_c, dv_c, dg_c, d_state
+
+
+@triton.jit
+def _tl_diagonal_bwd(
+    q, k, v, g, do, hs, dht,  # read
+    dq, dk, dv, dg, dh0,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sg_b, sg_h, sg_t, sg_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers. dq, dk, dg: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V];
-    dht, dh0 [B * NH, K, V]; all contiguous."""
+    state in registers (_tl_diagonal_chunk_grad). dq, dk, dg: this block's parts [NV, B * NH,
+    T, K]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    causal = rows[:, None] >= rows[None, :]
-    same = rows[:, None] == rows[None, :]
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
@@ -1127,44 +1195,14 @@ def _tl_diagonal_bwd(
             g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
         else:
             g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
-        d_scores = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
-        d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
-        scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)
-        dq_c, dk_c = d_same * k_c, d_same * q_c
-        dg_c = tl.zeros((BT, BK), dtype=q_c.dtype)
-        for level in tl.static_range(LEVELS):
-            from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
-            left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
-            q_l, k_l = q_c * left_decay, k_c * right_decay
-            pairs = _tl_pairs(rows, 2**level)
-            scores += tl.where(pairs, tl.dot(q_l, tl.trans(k_l), input_precision="ieee"), 0.0)
-            d_corner = tl.where(pairs, d_scores, 0.0)
-            d_q_l = tl.dot(d_corner, k_l, input_precision="ieee")  # for the decayed queries
-            d_k_l = tl.dot(tl.trans(d_corner), q_l, input_precision="ieee")  # and keys
-            dq_c += d_q_l * left_decay
-            dk_c += d_k_l * right_decay
-            if GATE_GRAD:
-                dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
-        from_start, to_end = _tl_run_sums(g_c, rows, BT)
-        start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
-        chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
-        q_start, k_end = q_c * start_decay, k_c * end_decay
-        dv_c = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
-        dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+        dq_c, dk_c, dv_c, dg_c, d_state = _tl_diagonal_chunk_grad(
+            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, GATE_GRAD, LEVELS, BT
+        )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
-        from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # for Q ⊙ exp(b)
-        from_k = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")  # for K ⊙ exp(b_C - b)
-        dq_c += from_q * start_decay
-        dk_c += from_k * end_decay
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         if GATE_GRAD:
-            dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT)
-            whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
-            dg_c += tl.trans(whole)
             _tl_store_rows(dg, part, T, K, t, cols_k, at_k, dg_c)
-        d_state = d_state * chunk_decay
-        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 

@@ -668,68 +668,110 @@ def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr)
 
 
 @triton.jit
-def _tl_dplr_fwd(
-    q,
-    k,
-    v,
-    a,
-    b,
-    g,
-    h0,
-    o,
-    ht,
-    hs,
-    ts,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sa_b,
-    sa_h,
-    sa_t,
-    sa_d,
-    sb_b,
-    sb_h,
-    sb_t,
-    sb_d,
-    sg_b,
-    sg_h,
-    sg_t,
-    sg_d,
-    so_b,
-    so_h,
-    so_t,
-    so_d,
-    HAS_G: tl.constexpr,
-    KEEP: tl.constexpr,
-    BT: tl.constexpr,
-    LEVELS: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
+def _tl_dplr_finite(k_c, v_c, a_c, b_c, g_c, HAS_G: tl.constexpr):
+    """The guard of a chunk's inputs: (k, v, a, b and g (read only if HAS_G) with their entries
+    that are not finite read as 0, the poison of the values [BT, BV] and that of the rows of
+    the keys, a, b and gates [BT, BK]: 0 where finite, NaN where not). The products inside the
+    chunk take the finite values; the poison, a non-finite value's in its column and the
+    others' in the whole row, reaches the outputs from its token on and the state."""
+    k_c, k_poison = _tl_finite(k_c)
+    a_c, a_poison = _tl_finite(a_c)
+    b_c, b_poison = _tl_finite(b_c)
+    v_c, poison = _tl_finite(v_c)
+    row_poison = k_poison + a_poison + b_poison
+    if HAS_G:
+        g_c, g_poison = _tl_finite(g_c)
+        row_poison += g_poison
+    return k_c, v_c, a_c, b_c, g_c, poison, row_poison
+
+
+@triton.jit
+def _tl_dplr_decayed(
+    q_c, k_c, a_c, b_c, g_c, rows, HAS_G: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr
 ):
-    """One (value block, batch x head) program: the chunks in order, the state in registers.
-    h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk [B * NH, N, K, V]; ts
-    (KEEP): T and the scores qk, qb, ak of each chunk [B * NH, N, 4, BT, BT], written by the
-    first value block; contiguous.
+    """What a chunk's products read, from its inputs and log-gates g_c [BT, BK] (read only if
+    HAS_G): (the decayed scores qk, qb, ak, ab (_tl_dplr_scores; without a gate the causal
+    products), and the rows and columns that meet the state, Q ⊙ exp(c), A ⊙ exp(c_{r-1}) and
+    K, B ⊙ exp(c_C - c))."""
+    if HAS_G:
+        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
+        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
+        q_start, a_before = q_c * from_start, a_c * from_before
+        k_end, b_end = k_c * to_end, b_c * to_end
+    else:
+        causal = rows[:, None] >= rows[None, :]
+        strict = rows[:, None] > rows[None, :]
+        qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict)
+        q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
+    return qk, qb, ak, ab, q_start, a_before, k_end, b_end
+
+
+@triton.jit
+def _tl_dplr_chunk(
+    q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+):  # fmt: skip
+    """One chunk of the forward, from its inputs (g_c read only if HAS_G) and the state S
+    entering it: (its outputs O = (Q ⊙ exp(c)) S + qk V + qb U, the state leaving it exp(c_C)
+    ⊙ S + (K ⊙ exp(c_C - c))^T V + (B ⊙ exp(c_C - c))^T U), with U = T Z, T = (I - ab)^{-1}
+    and Z = (A ⊙ exp(c_{r-1})) S + ak V; guarded by _tl_dplr_finite. KEEP, the first value
+    block writes T, qk, qb and ak into tiles tiles, ..., tiles + 3 of ts (_tl_tile) as soon as
+    T is known."""
+    k_c, v_c, a_c, b_c, g_c, poison, row_poison = _tl_dplr_finite(k_c, v_c, a_c, b_c, g_c, HAS_G)
+    decayed = _tl_dplr_decayed(q_c, k_c, a_c, b_c, g_c, rows, HAS_G, BT, LEVELS)
+    qk, qb, ak, ab, q_start, a_before, k_end, b_end = decayed
+    poison += tl.sum(row_poison, axis=1)[:, None]
+    inverse = _tl_unit_lower_inverse(-ab, rows, BT)  # (I - ab)^{-1}
+    if KEEP:
+        if tl.program_id(0) == 0:  # the same for every value block
+            tl.store(_tl_tile(ts, tiles, rows), inverse)
+            tl.store(_tl_tile(ts, tiles + 1, rows), qk)
+            tl.store(_tl_tile(ts, tiles + 2, rows), qb)
+            tl.store(_tl_tile(ts, tiles + 3, rows), ak)
+    reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
+    reads += tl.dot(ak, v_c, input_precision="ieee")
+    # finite inputs can still overflow in a later token's row, which a product with the
+    # inverse or the scores would carry back to the earlier ones: such a row poisons too
+    reads, reads_poison = _tl_finite(reads)
+    u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
+    u, u_poison = _tl_finite(u)
+    poison += reads_poison + u_poison
+    out = tl.dot(q_start, state.to(q_c.dtype), input_precision="ieee")
+    out += tl.dot(qk, v_c, input_precision="ieee")
+    out += tl.dot(qb, u, input_precision="ieee")
+    out += tl.cumsum(poison, axis=0)
+    if HAS_G:
+        state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
+    state += tl.dot(tl.trans(k_end), v_c, input_precision="ieee")
+    state += tl.dot(tl.trans(b_end), u, input_precision="ieee")
+    state += tl.sum(poison, axis=0)[None, :]
+    return out, state
+
+
+@triton.jit
+def _tl_dplr_fwd(
+    q, k, v, a, b, g, h0,  # read
+    o, ht, hs, ts,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sa_b, sa_h, sa_t, sa_d,
+    sb_b, sb_h, sb_t, sb_d,
+    sg_b, sg_h, sg_t, sg_d,
+    so_b, so_h, so_t, so_d,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    """One (value block, batch x head) program: the chunks in order, the state in registers
+    (_tl_dplr_chunk). h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk
+    [B * NH, N, K, V]; ts (KEEP): T and the scores qk, qb, ak of each chunk [B * NH, N, 4, BT,
+    BT], written by the first value block; contiguous.
     HAS_G: whether there is a gate (without one, no decays)."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    causal = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
@@ -739,123 +781,187 @@ def _tl_dplr_fwd(
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols_k, at_k)
         b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols_k, at_k)
-        # a non-finite key, a, b or gate poisons the whole row, a value its column; the
-        # products inside the chunk take the finite values
-        k_c, k_poison = _tl_finite(k_c)
-        a_c, a_poison = _tl_finite(a_c)
-        b_c, b_poison = _tl_finite(b_c)
-        v_c, poison = _tl_finite(v_c)
-        row_poison = k_poison + a_poison + b_poison
         if HAS_G:
             g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-            g_c, g_poison = _tl_finite(g_c)
-            row_poison += g_poison
-            qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
-            from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
-            q_start, a_before = q_c * from_start, a_c * from_before
-            k_end, b_end = k_c * to_end, b_c * to_end
         else:
-            qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict)
-            q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
-        poison += tl.sum(row_poison, axis=1)[:, None]
-        inverse = _tl_unit_lower_inverse(-ab, rows, BT)  # (I - ab)^{-1}
+            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-            if tl.program_id(0) == 0:  # the same for every value block
-                tiles = (i_bh * n_chunks + n) * 4
-                tl.store(_tl_tile(ts, tiles, rows), inverse)
-                tl.store(_tl_tile(ts, tiles + 1, rows), qk)
-                tl.store(_tl_tile(ts, tiles + 2, rows), qb)
-                tl.store(_tl_tile(ts, tiles + 3, rows), ak)
-        reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
-        reads += tl.dot(ak, v_c, input_precision="ieee")
-        # finite inputs can still overflow in a later token's row, which a product with the
-        # inverse or the scores would carry back to the earlier ones: such a row poisons too
-        reads, reads_poison = _tl_finite(reads)
-        u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
-        u, u_poison = _tl_finite(u)
-        poison += reads_poison + u_poison
-        out = tl.dot(q_start, state.to(q_c.dtype), input_precision="ieee")
-        out += tl.dot(qk, v_c, input_precision="ieee")
-        out += tl.dot(qb, u, input_precision="ieee")
-        out += tl.cumsum(poison, axis=0)
+        tiles = (i_bh * n_chunks + n) * 4  # where this chunk's T and scores are kept
+        out, state = _tl_dplr_chunk(
+            q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles, HAS_G, KEEP, BT, LEVELS
+        )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
-        if HAS_G:
-            state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-        state += tl.dot(tl.trans(k_end), v_c, input_precision="ieee")
-        state += tl.dot(tl.trans(b_end), u, input_precision="ieee")
-        state += tl.sum(poison, axis=0)[None, :]
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
+def _tl_dplr_kept(ts, tiles, rows):
+    """T and the scores qk, qb, ak of a chunk, as the forward kept them in tiles tiles, ...,
+    tiles + 3 of ts (_tl_tile)."""
+    inverse = tl.load(_tl_tile(ts, tiles, rows))
+    qk = tl.load(_tl_tile(ts, tiles + 1, rows))
+    qb = tl.load(_tl_tile(ts, tiles + 2, rows))
+    ak = tl.load(_tl_tile(ts, tiles + 3, rows))
+    return inverse, qk, qb, ak
+
+
+@triton.jit
+def _tl_dplr_level_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr):
+    """The gradients for q, a, k and b of one level of _tl_dplr_scores' blocks, RUN tokens a
+    half, from those of the scores (0 outside their pairs): through that level's products of
+    the rows decayed from the boundary of their block's halves and the columns decayed to it,
+    and through those decays."""
+    row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
+    pairs = _tl_pairs(rows, RUN)
+    dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
+        tl.where(pairs, d_qk, 0.0),
+        tl.where(pairs, d_qb, 0.0),
+        tl.where(pairs, d_ak, 0.0),
+        tl.where(pairs, d_ab, 0.0),
+        q_c * row,
+        a_c * row_before,
+        k_c * col,
+        b_c * col,
+    )
+    return dq_l * row, da_l * row_before, dk_l * col, db_l * col
+
+
+@triton.jit
+def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows):
+    """The gradients of a chunk's scores on their support, from those of the outputs and of Z
+    (the right side of (I - ab) U = Z): (d(qk), d(qb)) = dO (V, U)^T for j <= r and (d(ak),
+    d(ab)) = dZ (V, U)^T for j < r, 0 elsewhere."""
+    causal = rows[:, None] >= rows[None, :]
+    strict = rows[:, None] > rows[None, :]
+    d_qk = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
+    d_qb = tl.where(causal, tl.dot(do_c, tl.trans(u), input_precision="ieee"), 0.0)
+    d_ak = tl.where(strict, tl.dot(d_reads, tl.trans(v_c), input_precision="ieee"), 0.0)
+    d_ab = tl.where(strict, tl.dot(d_reads, tl.trans(u), input_precision="ieee"), 0.0)
+    return d_qk, d_qb, d_ak, d_ab
+
+
+@triton.jit
+def _tl_dplr_scores_grad(
+    dq_c, da_c, dk_c, db_c, dg_c,
+    d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr,
+):  # fmt: skip
+    """The gradient through a chunk's scores, from theirs on their support, added to the
+    gradients of q, a, k, b and (if GATE_GRAD) the gate so far: it goes back as
+    _tl_dplr_scores built them (the pairs r = j undecayed, then level by level,
+    _tl_dplr_level_grad, each level's decays passing on to the gates of their sums) or,
+    without a gate (g_c never read), as the causal products."""
+    if HAS_G:
+        # the scores' pairs r = j, undecayed
+        diagonal = rows[:, None] == rows[None, :]
+        d_qk_diag = tl.sum(tl.where(diagonal, d_qk, 0.0), axis=1)[:, None]
+        d_qb_diag = tl.sum(tl.where(diagonal, d_qb, 0.0), axis=1)[:, None]
+        dq_c += d_qk_diag * k_c + d_qb_diag * b_c
+        dk_c += d_qk_diag * q_c
+        db_c += d_qb_diag * q_c
+        # and block by block, as _tl_dplr_scores builds them
+        for level in tl.static_range(LEVELS):
+            dq_l, da_l, dk_l, db_l = _tl_dplr_level_grad(
+                d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, 1 << level
+            )
+            if GATE_GRAD:
+                dg_c += _tl_dplr_decays_grad(
+                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
+                )
+            dq_c += dq_l
+            da_c += da_l
+            dk_c += dk_l
+            db_c += db_l
+    else:
+        dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c)
+        dq_c += dq_l
+        da_c += da_l
+        dk_c += dk_l
+        db_c += db_l
+    return dq_c, da_c, dk_c, db_c, dg_c
+
+
+@triton.jit
+def _tl_dplr_chunk_grad(
+    q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+):  # fmt: skip
+    """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
+    do_c, the state S entering it, T and the scores qk, qb, ak (kept by the forward) and the
+    gradient D of the state leaving it: (dQ, dK, dV, dA, dB, dg (zeros unless GATE_GRAD), the
+    gradient of the state entering the chunk). U is made again; dU = qb^T dO + (B ⊙ exp(c_C -
+    c)) D, dZ = T^T dU, dV = qk^T dO + (K ⊙ exp(c_C - c)) D + ak^T dZ, the decayed inputs get
+    dO S^T, dZ S^T, V D^T and U D^T, the scores d(qk, qb) = dO (V, U)^T and d(ak, ab) = dZ (V,
+    U)^T, which go back to the inputs (_tl_dplr_scores_grad), and
+    D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ."""
+    if HAS_G:
+        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
+        q_start, a_before = q_c * from_start, a_c * from_before
+        k_end, b_end = k_c * to_end, b_c * to_end
+    else:
+        q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
+    reads = tl.dot(a_before, state, input_precision="ieee")
+    reads += tl.dot(ak, v_c, input_precision="ieee")
+    u = tl.dot(inverse, reads, input_precision="ieee")
+    # dU = qb^T dO + (B ⊙ exp(c_C - c)) D, dZ = T^T dU
+    d_u = tl.dot(tl.trans(qb), do_c, input_precision="ieee")
+    d_u += tl.dot(b_end, d_state, input_precision="ieee")
+    d_reads = tl.dot(tl.trans(inverse), d_u, input_precision="ieee")
+    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows)
+    dv_c = tl.dot(tl.trans(qk), do_c, input_precision="ieee")
+    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
+    dv_c += tl.dot(tl.trans(ak), d_reads, input_precision="ieee")
+    # through the decayed inputs: Q ⊙ exp(c), A ⊙ exp(c_{r-1}), K and B ⊙ exp(c_C - c)
+    dq_c = tl.dot(do_c, tl.trans(state), input_precision="ieee")
+    da_c = tl.dot(d_reads, tl.trans(state), input_precision="ieee")
+    dk_c = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")
+    db_c = tl.dot(u, tl.trans(d_state), input_precision="ieee")
+    dg_c = tl.zeros_like(dq_c)
+    if HAS_G:
+        dq_c, da_c = dq_c * from_start, da_c * from_before
+        dk_c, db_c = dk_c * to_end, db_c * to_end
+        if GATE_GRAD:
+            # each decay's log is a sum of gates under a mask: its input times its
+            # gradient goes back to those gates through the transposed mask
+            dg_c = _tl_dplr_decays_grad(q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT)
+            through_state = tl.sum(state * d_state, axis=1) * tl.exp(tl.sum(g_c, axis=0))
+            dg_c += through_state[None, :]  # for exp(c_C)
+    dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
+        dq_c, da_c, dk_c, db_c, dg_c, d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
+        HAS_G, GATE_GRAD, LEVELS,
+    )  # fmt: skip
+    # D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
+    if HAS_G:
+        d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
+    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    d_state += tl.dot(tl.trans(a_before), d_reads, input_precision="ieee")
+    return dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state
+
+
+@triton.jit
 def _tl_dplr_bwd(
-    q,
-    k,
-    v,
-    a,
-    b,
-    g,
-    do,
-    hs,
-    ts,
-    dht,
-    dq,
-    dk,
-    dv,
-    da,
-    db,
-    dg,
-    dh0,
-    T,
-    NH,
-    K,
-    V,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sa_b,
-    sa_h,
-    sa_t,
-    sa_d,
-    sb_b,
-    sb_h,
-    sb_t,
-    sb_d,
-    sg_b,
-    sg_h,
-    sg_t,
-    sg_d,
-    sdo_b,
-    sdo_h,
-    sdo_t,
-    sdo_d,
-    HAS_G: tl.constexpr,
-    GATE_GRAD: tl.constexpr,
-    BT: tl.constexpr,
-    LEVELS: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-):
+    q, k, v, a, b, g, do, hs, ts, dht,  # read
+    dq, dk, dv, da, db, dg, dh0,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sa_b, sa_h, sa_t, sa_d,
+    sb_b, sb_h, sb_t, sb_d,
+    sg_b, sg_h, sg_t, sg_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers. hs, ts: as _tl_dplr_fwd kept them; dq, dk, da, db, dg: this block's
-    parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    state in registers (_tl_dplr_chunk_grad). hs, ts: as _tl_dplr_fwd kept them; dq, dk, da,
+    db, dg: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V];
+    all contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    diagonal = rows[:, None] == rows[None, :]
-    causal = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
     part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, ...
@@ -868,96 +974,24 @@ def _tl_dplr_bwd(
         a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols_k, at_k)
         b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols_k, at_k)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        tiles = (i_bh * n_chunks + n) * 4  # T and the scores, as the forward built them
-        inverse = tl.load(_tl_tile(ts, tiles, rows))
-        qk = tl.load(_tl_tile(ts, tiles + 1, rows))
-        qb = tl.load(_tl_tile(ts, tiles + 2, rows))
-        ak = tl.load(_tl_tile(ts, tiles + 3, rows))
         if HAS_G:
             g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-            from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
-            q_start, a_before = q_c * from_start, a_c * from_before
-            k_end, b_end = k_c * to_end, b_c * to_end
         else:
-            q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
-        reads = tl.dot(a_before, state, input_precision="ieee")
-        reads += tl.dot(ak, v_c, input_precision="ieee")
-        u = tl.dot(inverse, reads, input_precision="ieee")
-        # dU = qb^T dO + (B ⊙ exp(c_C - c)) D, dZ = T^T dU
-        d_u = tl.dot(tl.trans(qb), do_c, input_precision="ieee")
-        d_u += tl.dot(b_end, d_state, input_precision="ieee")
-        d_reads = tl.dot(tl.trans(inverse), d_u, input_precision="ieee")
-        d_qk = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
-        d_qb = tl.where(causal, tl.dot(do_c, tl.trans(u), input_precision="ieee"), 0.0)
-        d_ak = tl.where(strict, tl.dot(d_reads, tl.trans(v_c), input_precision="ieee"), 0.0)
-        d_ab = tl.where(strict, tl.dot(d_reads, tl.trans(u), input_precision="ieee"), 0.0)
-        dv_c = tl.dot(tl.trans(qk), do_c, input_precision="ieee")
-        dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-        dv_c += tl.dot(tl.trans(ak), d_reads, input_precision="ieee")
+            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)  # never read
+        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
+        inverse, qk, qb, ak = _tl_dplr_kept(ts, (i_bh * n_chunks + n) * 4, rows)
+        dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state = _tl_dplr_chunk_grad(
+            q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
+            HAS_G, GATE_GRAD, BT, LEVELS,
+        )  # fmt: skip
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
-        # through the decayed inputs: Q ⊙ exp(c), A ⊙ exp(c_{r-1}), K and B ⊙ exp(c_C - c)
-        dq_c = tl.dot(do_c, tl.trans(state), input_precision="ieee")
-        da_c = tl.dot(d_reads, tl.trans(state), input_precision="ieee")
-        dk_c = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")
-        db_c = tl.dot(u, tl.trans(d_state), input_precision="ieee")
-        if HAS_G:
-            dq_c, da_c = dq_c * from_start, da_c * from_before
-            dk_c, db_c = dk_c * to_end, db_c * to_end
-            if GATE_GRAD:
-                # each decay's log is a sum of gates under a mask: its input times its
-                # gradient goes back to those gates through the transposed mask
-                dg_c = _tl_dplr_decays_grad(
-                    q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT
-                )
-                through_state = tl.sum(state * d_state, axis=1) * tl.exp(tl.sum(g_c, axis=0))
-                dg_c += through_state[None, :]  # for exp(c_C)
-            # the scores' pairs r = j, undecayed
-            d_qk_diag = tl.sum(tl.where(diagonal, d_qk, 0.0), axis=1)[:, None]
-            d_qb_diag = tl.sum(tl.where(diagonal, d_qb, 0.0), axis=1)[:, None]
-            dq_c += d_qk_diag * k_c + d_qb_diag * b_c
-            dk_c += d_qk_diag * q_c
-            db_c += d_qb_diag * q_c
-            # and block by block, as _tl_dplr_scores builds them
-            for level in tl.static_range(LEVELS):
-                row, row_before, col = _tl_dplr_decays(g_c, rows, 1 << level)
-                pairs = _tl_pairs(rows, 1 << level)
-                dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
-                    tl.where(pairs, d_qk, 0.0),
-                    tl.where(pairs, d_qb, 0.0),
-                    tl.where(pairs, d_ak, 0.0),
-                    tl.where(pairs, d_ab, 0.0),
-                    q_c * row,
-                    a_c * row_before,
-                    k_c * col,
-                    b_c * col,
-                )
-                dq_l, da_l, dk_l, db_l = dq_l * row, da_l * row_before, dk_l * col, db_l * col
-                if GATE_GRAD:
-                    dg_c += _tl_dplr_decays_grad(
-                        q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
-                    )
-                dq_c += dq_l
-                da_c += da_l
-                dk_c += dk_l
-                db_c += db_l
-            if GATE_GRAD:
-                _tl_store_rows(dg, part, T, K, t, cols_k, at_k, dg_c)
-        else:
-            dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c)
-            dq_c += dq_l
-            da_c += da_l
-            dk_c += dk_l
-            db_c += db_l
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         _tl_store_rows(da, part, T, K, t, cols_k, at_k, da_c)
         _tl_store_rows(db, part, T, K, t, cols_k, at_k, db_c)
-        # D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
         if HAS_G:
-            d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-        d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
-        d_state += tl.dot(tl.trans(a_before), d_reads, input_precision="ieee")
+            if GATE_GRAD:
+                _tl_store_rows(dg, part, T, K, t, cols_k, at_k, dg_c)
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
