@@ -50,7 +50,12 @@ def _add_compile(sub: _Subparsers) -> None:
     p.add_argument(
         "-o", "--output", metavar="FILE", help="write here (atomically); default: stdout"
     )
-    p.add_argument("--backend", default="pytorch", help="code generator (default: pytorch)")
+    p.add_argument(
+        "--backend",
+        default="pytorch",
+        help="code generator: pytorch (default) or triton, whose modules need triton to run: "
+        "pip install 'mixc[triton]'",
+    )
 
 
 def _add_explain(sub: _Subparsers) -> None:
@@ -128,8 +133,8 @@ def _add_fuzz(sub: _Subparsers) -> None:
     p.add_argument(
         "--backend",
         default="pytorch",
-        help="code generator of the module under test (default: pytorch; triton on CPU needs "
-        "TRITON_INTERPRET=1)",
+        help="code generator of the module under test: pytorch (default) or triton, which "
+        "needs pip install 'mixc[triton]' (on CPU it runs in triton's interpreter)",
     )
 
 
@@ -149,7 +154,9 @@ def _add_bench(sub: _Subparsers) -> None:
     _add_bench_runs(p)
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument(
-        "--plot", metavar="FILE", help="write time and memory versus T (needs matplotlib)"
+        "--plot",
+        metavar="FILE",
+        help="write time and memory versus T (the suffix chooses the format: .png, .svg, ...)",
     )
 
 
@@ -238,7 +245,11 @@ def _add_synth(sub: _Subparsers) -> None:
     p.add_argument("--threads", type=_positive, metavar="N", help="torch CPU threads")
     p.add_argument("--no-baseline", action="store_true", help="skip the softmax-attention baseline")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--plot", metavar="FILE", help="write accuracy per model (needs matplotlib)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write accuracy per model (the suffix chooses the format: .png, .svg, ...)",
+    )
 
 
 def _add_synth_task(p: argparse.ArgumentParser) -> None:

@@ -82,7 +82,9 @@ def run_command(
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise MixcError("mixc fuzz needs hypothesis: pip install 'mixc[fuzz]'") from None
+        raise MixcError(
+            "mixc fuzz needs hypothesis, a dependency of mixc missing here: pip install hypothesis"
+        ) from None
     if backend == "triton" and module_path is None:
         _triton_on(device)
     spec = load_spec(spec_path)

@@ -105,7 +105,7 @@ def matplotlib_figure():
         from matplotlib.figure import Figure
     except ImportError:
         raise MixcError(
-            "--plot needs matplotlib, which is not installed: pip install 'mixc[plot]'"
+            "--plot needs matplotlib, a dependency of mixc missing here: pip install matplotlib"
         ) from None
     return Figure
 

@@ -4,7 +4,7 @@ Columns from left to right: inputs and parameters, derived values, states, outpu
 its own shape and colour; a read of the previous token (a lag-1 edge, always a state reading its
 own previous value) is a dashed loop labelled "t-1". Each read is labelled with its role (key,
 value, decay, erase, query, skip, ...: `edge_roles`), and a node shows its shape inside it, where
-no arrow ends. Needs matplotlib (`pip install mixc[plot]`).
+no arrow ends. Drawn with matplotlib, a dependency of mixc.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _matplotlib():
         from matplotlib.figure import Figure
     except ImportError:
         raise MixcError(
-            "mixc graph needs matplotlib, which is not installed: pip install mixc[plot]"
+            "mixc graph needs matplotlib, a dependency of mixc missing here: pip install matplotlib"
         ) from None
     return matplotlib, Figure
 
