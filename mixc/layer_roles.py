@@ -159,7 +159,7 @@ def roles(spec) -> Roles:
     unit_states = {
         s.name
         for s in plan.states
-        for part in s.transition.parts  # each step a token applies
+        for part in s.transition.acting  # each step a token applies
         if part.transition_class.unit_key(s.name, part) is not None
     }
     for o in plan.outputs:  # queries: silu, and l2norm where they read a state of unit keys

@@ -154,6 +154,7 @@ class ScalarDecay(TransitionClass):
     name = "scalar_decay"
     rules = (IDENTITY, CONSTANT, DATA)
     kernel = "scalar_decay"
+    sub_tokens = True  # a zero log-gate is a step that changes nothing
     parallel = True
     stable_kernel = "scalar_decay_stable"
     algorithm = "chunked scalar decay (log-space decay masks), or the quadratic masked form"
