@@ -127,9 +127,15 @@ class SequenceForms(Context):
                 out(f"{name} = _seq_{layout}({text}, _sizes{packed}){note(expr)}")
                 parts[arg].append(name)
         kernel_args = []
+        factors = {a.name for step in steps for a in step.args if a.layout == "factor"}
         for arg, locals_ in parts.items():
             present = [p for p in locals_ if p is not None]
             if not present:
+                continue
+            if arg in factors:  # one factor for every step: a step without a gate has 0
+                shown = note(f"shared by the {len(steps)} sub-tokens of a token")
+                out(f"{local(arg, group)} = _sub_token_factor({present[0]}, {len(steps)}){shown}")
+                kernel_args.append(f"{arg}={local(arg, group)}")
                 continue
             pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
             shown = note(f"{len(steps)} sub-tokens a token, one per step")
