@@ -294,6 +294,11 @@ class TransitionClass:
     #: k, v and arguments interleaved along time, an argument a step lacks (no decay) as 0, and
     #: the queries read at each token's last sub-token (mixc.analysis.steps).
     sub_tokens: ClassVar[bool] = False
+    #: The kernel that takes several writes a token joined along the key and value axes
+    #: (k [.., rank K], v [.., rank V]) with the transition applied once, where that measures
+    #: faster than as many sub-tokens (benchmarks/RESULTS.md); None: several writes run as
+    #: sub-tokens of `kernel`.
+    joined_kernel: ClassVar[str | None] = None
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None
     #: The rule table: every rule it fires, each with the variant it finds.
