@@ -178,7 +178,6 @@ def _write_steps(state: StateFacts) -> StateFacts:
     transition = replace(
         tr,
         rule=replace(tr.rule, matched=matched),
-        args=NO_ARGS,  # each step's are its own
         steps=(tr, *(cls.identity_step(tr) for _ in rest)),
     )
     return replace(state, transition=transition, writes=(first, *rest))

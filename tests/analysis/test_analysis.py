@@ -895,13 +895,38 @@ y_t = G_t q_t
         chunkable=False,
         reason="does not depend on H_{t-1}",
     ),
+    # several rank-1 writes a token: the transition on the first, the others as sub-tokens
+    # that only write (or joined, where the class has a joined kernel)
     "rank_2_write": Row(
         text("H_t = H_{t-1} + v_t k_t^T + u_t w_t^T", "q[K], k[K], v[V], u[V], w[K]"),
         {"H": S("identity", "identity", "v_t k_t^T + u_t w_t^T")},
         "linear: _r0",
-        SEQUENTIAL,
-        chunkable=False,
-        reason="has rank 2",
+        SCALAR_DECAY,
+    ),
+    "rank_2_write_diagonal": Row(
+        text(
+            "H_t = H_{t-1} diag(a_t) + v_t k_t^T + u_t w_t^T", "q[K], k[K], v[V], u[V], w[K], a[K]"
+        ),
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T + u_t w_t^T",
+                ("key: diag(a_t) -> log(a_t) unproven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(a_t)",),
+    ),
+    "rank_2_write_delta": Row(  # the write along the erase key goes with the erase, first
+        text(
+            "H_t = H_{t-1} (I - b_t k_t k_t^T) + u_t w_t^T + b_t v_t k_t^T",
+            "q[K], k[K], v[V], u[V], w[K], b",
+        ),
+        {"H": S("identity minus rank-1", "delta", "b_t v_t k_t^T + u_t w_t^T", (), "b_t, k_t")},
+        "linear: _r0",
+        DELTA,
     ),
     # writes that share a value or a key are one rank-1 write of the sum of the other factors
     "writes_sharing_a_key": Row(
