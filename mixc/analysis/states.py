@@ -174,7 +174,8 @@ def _write_steps(state: StateFacts) -> StateFacts:
         return state  # a vector state's sub-tokens would read it as a row: not needed yet
     first = next((w for w in writes if not cls.chunk_reason(state.name, tr, w.key)), writes[0])
     rest = tuple(w for w in writes if w is not first)
-    matched = f"{tr.rule.matched}; {len(writes)} writes a token as sub-tokens, the first with it"
+    how = "joined, the transition once" if cls.joined_kernel else "as sub-tokens, the first with it"
+    matched = f"{tr.rule.matched}; {len(writes)} writes a token {how}"
     transition = replace(
         tr,
         rule=replace(tr.rule, matched=matched),

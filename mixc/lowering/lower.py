@@ -89,7 +89,7 @@ def _sequence_form(plan: Plan, groups: tuple[GroupPlan, ...], form: str) -> Sequ
 
 def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
     stable = chunked and group.log_scale is not None
-    joined = chunked and not stable and _joined(group)
+    joined = chunked and not stable and group.joined
     if stable:
         kernel = f"chunk_{group.transition_class.stable_kernel}"
     elif joined:
@@ -110,17 +110,6 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         log_scale=group.log_scale if stable else None,
         unscale=group.unscale.name if stable else None,
         joined=joined,
-    )
-
-
-def _joined(group: GroupPlan) -> bool:
-    """Whether the group's several steps a token are one transition and writes only, which its
-    class's joined kernel takes joined along the key and value axes (one step a token)."""
-    steps = group.transition.steps
-    return (
-        len(steps) > 1
-        and group.transition_class.joined_kernel is not None
-        and all(s.writes_only for s in steps[1:])
     )
 
 

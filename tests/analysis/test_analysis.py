@@ -268,6 +268,35 @@ ROWS: dict[str, Row] = {
         SCALAR_DECAY,
         warnings=("cannot prove the decay exp(dt_t A)",),
     ),
+    "mamba3_trapezoid": Row(
+        "mamba3_trapezoid.mix",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t exp(dt_t A) - dt_t exp(dt_t A) sigmoid(l_t) x_{t-1} B_{t-1}^T"
+                " + dt_t sigmoid(l_t) x_t B_t^T",
+                ("scalar: exp(dt_t A) -> dt_t A unproven",),
+            )
+        },
+        "linear + skip: _r0 + D x_t",
+        SCALAR_DECAY,
+        warnings=("cannot prove the decay exp(dt_t A)",),
+    ),
+    "gla_rank2": Row(
+        "gla_rank2.mix",
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v1_t k1_t^T + v2_t k2_t^T",
+                ("key: diag(exp(g_t)) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(exp(g_t))",),
+    ),
     "retnet": Row(
         "retnet.mix",
         {

@@ -96,7 +96,8 @@ def test_the_scalar_decay_joins_its_writes_and_other_classes_interleave_them():
 def test_explain_names_the_writes_and_gives_no_split_hint():
     out = io.StringIO()
     render(explain(mixc.load_spec(ROOT / "specs" / "mamba3_trapezoid.mix")), file=out)
-    assert "2 writes a token as sub-tokens, the first with it" in out.getvalue()
+    assert "2 writes a token joined, the transition once" in out.getvalue()
+    assert "chunked: the 2 writes joined, K = [K_1 ... K_2]" in out.getvalue()
     assert "split" not in out.getvalue()
 
 
