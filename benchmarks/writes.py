@@ -115,6 +115,7 @@ def measure(rounds: int) -> dict:
         }
         times = time_alternating(calls, dict.fromkeys(calls, rounds))
         out["fwd+bwd" if backward else "fwd"] = {k: statistics.median(v) for k, v in times.items()}
+        print(f"measured the chunk forms ({'fwd+bwd' if backward else 'fwd'})", file=sys.stderr)
     calls = {
         f"{form}, {label}": call(mods[label], form, names[spec_of[label]], T_RECURRENT, False)
         for label in ("trapezoid, joined", "rank 2, joined")

@@ -163,3 +163,18 @@ def test_packed_sequences_shift_within_each_sequence_as_the_oracle_does():
     assert rel(y, torch.cat([o["y"] for o, _ in outs], 1)) <= 1e-12
     for i, c in enumerate(spec.mixer.carried):
         assert rel(final[i], torch.cat([f[c.name] for _, f in outs])) <= 1e-12, c.name
+
+
+@pytest.mark.parametrize("name", ["diagonal", "delta rule, the erase's write second"])
+def test_the_summary_acts_on_a_state_as_the_recurrence_does(name):
+    """Context parallelism: a slice's summary (P, F) takes any state H_0 to H_0 P + F, the final
+    state of the recurrence from H_0 (which the oracle checks above)."""
+    source = mixc.Source(CLASSES[name])
+    spec, module = mixc.load_spec(source), mixc.load(source)
+    gen = torch.Generator().manual_seed(8)
+    inputs, params = spec_inputs(spec, B=2, T=13, NH=2, generator=gen)
+    H0 = random_states(spec, B=2, NH=2, generator=gen)["H"]
+    args = positional(spec, inputs, params)
+    P, F = module.summary(*args, chunk_size=4)
+    _, H = module.recurrent(*args, initial_state=H0, output_final_state=True)
+    assert rel(H0 @ P + F, H) <= 1e-12
