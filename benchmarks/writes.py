@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mixc
 from peers import KEEP_MEMORY, time_alternating
 
 import mixc
@@ -76,7 +77,11 @@ def inputs(name: str, T: int, grad: bool) -> tuple[list[torch.Tensor], dict]:
     x, dt = randn(D), (0.001 + 0.099 * torch.rand(B, T, NH, generator=gen)).requires_grad_(grad)
     keys, queries = randn(D, scale=D**-0.5), randn(D, scale=D**-0.5)
     params = {"A": -torch.rand(NH, generator=gen), "D": torch.ones(NH)}
-    extra = {"mamba2": [], "mamba3_trapezoid": [randn()], "rank2": [randn(D), randn(D, scale=D**-0.5)]}
+    extra = {
+        "mamba2": [],
+        "mamba3_trapezoid": [randn()],
+        "rank2": [randn(D), randn(D, scale=D**-0.5)],
+    }
     return [x, dt, keys, queries, *extra[name]], params
 
 
