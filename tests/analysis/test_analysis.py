@@ -862,13 +862,52 @@ y_t = H_t q_t / (z_t . q_t + 1e-6)
         chunkable=False,
         reason="quadratic in the state (H_{t-1} * H_{t-1} at line 4, column 7)",
     ),
+    "vector_erase_strength_written_with_star": Row(
+        text(
+            "H_t = H_{t-1} - (b_t * (H_{t-1} k_t)) k_t^T + (b_t * v_t) k_t^T",
+            "q[K], k[K], v[V], b[V]",
+        ),
+        {"H": S("general dense", "general_dense", "b_t * v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="multiplies H_{t-1} on both sides: diag(b_t) on the value side",
+    ),
+    "vector_erase_strength_written_with_diag": Row(
+        text(
+            "H_t = H_{t-1} - diag(b_t) (H_{t-1} k_t) k_t^T + diag(b_t) v_t k_t^T",
+            "q[K], k[K], v[V], b[V]",
+        ),
+        {"H": S("general dense", "general_dense", "diag(b_t) v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="multiplies H_{t-1} on both sides: diag(b_t) on the value side",
+    ),
+    "value_side_householder": Row(
+        text(
+            "H_t = (I - beta_t v_t v_t^T) diag(exp(gv_t)) H_{t-1} + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], gv[V], beta",
+        ),
+        {"H": S("general dense", "general_dense", "beta_t v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="acts on the value side (from the left) with v_t v_t^T diag(exp(gv_t))",
+    ),
+    "vector_write_scale_with_star": Row(
+        text("H_t = H_{t-1} + (beta_t * v_t) k_t^T", "q[K], k[K], v[V], beta[V]"),
+        {"H": S("identity", "identity", "beta_t * v_t k_t^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
     "general_dense": Row(
         text("H_t = M_t H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], M[V, V]"),
         {"H": S("general dense", "general_dense", "v_t k_t^T")},
         "linear: _r0",
         SEQUENTIAL,
         chunkable=False,
-        reason="in no class with a chunked form",
+        reason="acts on the value side (from the left) with M_t:",
     ),
     "coupled_states": Row(
         """mixer m
