@@ -30,6 +30,8 @@ from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
 
 SPECS = Path(__file__).parents[2] / "specs"
+#: Specs of mixers that are not shipped yet (examples/specs/README.md says why), checked here too.
+EXAMPLES = Path(__file__).parents[2] / "examples" / "specs"
 
 
 # ----------------------------------------------------------------------------- the table
@@ -627,6 +629,42 @@ y_t = H_t C_t + D x_t
         },
         "linear: _r0",
         DPLR,
+    ),
+    "comba": Row(
+        (EXAMPLES / "comba.mix").read_text(encoding="utf-8"),
+        {
+            "H": S(
+                "diagonal plus low rank",
+                "diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DPLR,
+        warnings=("cannot prove the decay exp(g_t) of H is in (0, 1]",),
+    ),
+    "gdn2": Row(
+        (EXAMPLES / "gdn2.mix").read_text(encoding="utf-8"),
+        {
+            "H": S(
+                "diagonal plus low rank",
+                "diagonal_plus_low_rank",
+                "v_t * w_t k_t^T",
+                ("key: diag(exp(g_t)) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DPLR,
+        warnings=("cannot prove the decay diag(exp(g_t)) of H is in (0, 1]",),
+    ),
+    "gated_oja": Row(
+        (EXAMPLES / "gated_oja.mix").read_text(encoding="utf-8"),
+        {"H": S("general dense", "general_dense", "beta_t l2norm(v_t) k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="acts on the value side (from the left) with l2norm(v_t) l2norm(v_t)^T",
     ),
     "rwkv7_any_rank_one_term": Row(
         text(

@@ -17,7 +17,10 @@ from mixc import MixcError, load_spec
 from mixc.frontend.ir import FUNCTIONS as IR_FUNCTIONS
 from mixc.oracle.interpret import FUNCTIONS, interpret
 
-SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix"))
+#: The shipped specs, then the examples' (mixers not shipped yet): each has a reference below.
+SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix")) + sorted(
+    (Path(__file__).parents[2] / "examples" / "specs").glob("*.mix")
+)
 BATCH, STEPS, HEADS, DK, DV = 2, 9, 3, 4, 5
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 f64 = torch.float64
@@ -153,6 +156,41 @@ def ref_kda(x, p, s):
         k, v, beta = x["k"][t], x["v"][t], x["beta"][t]
         H = H * torch.exp(x["g"][t])[None, :]
         H = H - beta * outer(H @ k, k) + beta * outer(v, k)
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_comba(x, p, s):
+    """Comba's procedure: decay, then correct the value by the state read with p, then write."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = math.exp(float(x["g"][t])) * H
+        correction = x["beta"][t] * (x["v"][t] - H @ x["p"][t])
+        H = H + outer(correction, x["k"][t])
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gdn2(x, p, s):
+    """GDN-2's procedure: decay each key channel, read at the gated key b * k, write w * v minus
+    what was read."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        k = x["k"][t]
+        H = H * torch.exp(x["g"][t])[None, :]
+        H = H + outer(x["w"][t] * x["v"][t] - H @ (x["b"][t] * k), k)
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gated_oja(x, p, s):
+    """The gated Oja rule: decay each value channel, then correct the key by the state read with
+    v (Oja's rule, on the value side), then write."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        v = x["v"][t] / (x["v"][t].square().sum() + 1e-6).sqrt()  # l2norm, its eps
+        H = torch.exp(x["gv"][t])[:, None] * H
+        H = H + outer(v, x["beta"][t] * (x["k"][t] - H.T @ v))
         ys.append(H @ x["q"][t])
     return {"y": ys}, {"H": H}
 
@@ -293,6 +331,42 @@ CASES = {
         ref_kda,
         lambda g: (
             unit_keys({**qkv(g), "beta": rand(g, *LEAD), "g": F.logsigmoid(randn(g, *LEAD, DK))}),
+            {},
+        ),
+    ),
+    "comba": (
+        ref_comba,
+        lambda g: (
+            {
+                **unit_keys(qkv(g)),
+                "p": F.normalize(randn(g, *LEAD, DK), dim=-1),
+                "beta": rand(g, *LEAD),
+                "g": F.logsigmoid(randn(g, *LEAD)),
+            },
+            {},
+        ),
+    ),
+    "gdn2": (
+        ref_gdn2,
+        lambda g: (
+            {
+                **unit_keys(qkv(g)),
+                "g": F.logsigmoid(randn(g, *LEAD, DK)),
+                "b": rand(g, *LEAD, DK),
+                "w": rand(g, *LEAD, DV),
+            },
+            {},
+        ),
+    ),
+    "gated_oja": (
+        ref_gated_oja,
+        lambda g: (
+            {
+                **qkv(g),
+                "v": F.normalize(randn(g, *LEAD, DV), dim=-1),
+                "gv": F.logsigmoid(randn(g, *LEAD, DV)),
+                "beta": rand(g, *LEAD),
+            },
             {},
         ),
     ),
