@@ -127,7 +127,9 @@ class Roles:
       in it get a learnable bias, set so the decay starts near 1 (DECAY_INIT); a decay of
       parameters only sets those parameters instead;
     - `conditioned`: the inputs a stability condition bounds (decays and beta), which are not
-      convolved by default.
+      convolved by default;
+    - `keys`: the inputs read only as queries of a readout or keys of a write (no value, no
+      decay), which a group of value heads may share (`MixerLayer(num_v_heads=...)`).
     """
 
     transforms: dict[str, list[str]]
@@ -135,6 +137,7 @@ class Roles:
     inits: dict[str, str]
     decays: tuple[Decay, ...]
     conditioned: frozenset[str]  # inputs a stability condition bounds (decays, beta)
+    keys: frozenset[str] = frozenset()  # queries and keys a group of value heads may share
 
     def biased(self, mixer) -> list[str]:
         """The inputs that get a learnable bias: every input read by a decay."""
@@ -145,10 +148,13 @@ class Roles:
 
 
 def roles(spec) -> Roles:
-    """The roles of a spec's inputs and parameters, from its plan and the input ranges the
-    transition classes declare (`TransitionClass.conditions`, `unit_key`): see `Roles`."""
+    """The roles of a spec's inputs and parameters (a spec path, str or os.PathLike, a Source or
+    a loaded Spec), from its plan and the input ranges the transition classes declare
+    (`TransitionClass.conditions`, `unit_key`): see `Roles`."""
     from mixc.check.ranges import input_ranges
+    from mixc.layer_checks import layer_spec  # which imports this module
 
+    spec = layer_spec(spec)
     ranges = input_ranges(spec)
     plan, mixer = ranges.plan, spec.mixer
     inputs = {d.name for d in mixer.inputs}
@@ -156,6 +162,7 @@ def roles(spec) -> Roles:
     domain = {r.name: r.domain for r in ranges.ranges}
 
     transforms: dict[str, list[str]] = {}
+    keys, values = set(), set()
     unit_states = {
         s.name
         for s in plan.states
@@ -167,10 +174,13 @@ def roles(spec) -> Roles:
             chain = ["silu", "l2norm"] if r.state in unit_states else ["silu"]
             for name in reads(r.query, inputs):
                 transforms.setdefault(name, chain)
+                keys.add(name)
     for s in plan.states:  # write keys: silu
         for w in s.writes:
             for name in reads(w.key, inputs):
                 transforms.setdefault(name, ["silu"])
+                keys.add(name)
+            values.update(reads(w.value, inputs))
     for name in inputs:
         if domain[name] in DOMAIN_TRANSFORMS:
             transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
@@ -199,11 +209,12 @@ def roles(spec) -> Roles:
                 inits[p] = "decay"
     bounded = {"positive", "negative", "unit interval", "real"}
     conditioned = frozenset(n for n in inputs if domain[n] in bounded)
-    return Roles(transforms, domains, inits, tuple(decays), conditioned)
+    keys -= values | conditioned | {n for d in decays for n in reads(d.log, inputs)}
+    return Roles(transforms, domains, inits, tuple(decays), conditioned, frozenset(keys))
 
 
 def default_transforms(spec) -> dict[str, list[str]]:
-    """The transforms of every input, from the analysis of the spec (`roles`), never its names:
+    """The transforms of every input (of a spec as `roles` takes it), from the analysis of the spec (`roles`), never its names:
     - an input a decay or beta needs in a domain gets the transform into it (`DOMAIN_TRANSFORMS`:
       softplus for a positive dt_t in exp(dt_t A), logsigmoid for a g_t in exp(g_t), sigmoid for
       a beta in (0, 1); an input that may be any real, as a_t in sigmoid(a_t), stays as it is);

@@ -40,12 +40,16 @@ from mixc.layer_checks import (
     check_memory,
     check_x,
     chosen_conv_inputs,
+    chosen_mode,
     chosen_transforms,
     count,
+    expanded_sizes,
     layer_spec,
     size_of,
     sizes_per_head,
+    value_heads,
 )
+from mixc.layer_padding import Packing, check_mask, packing
 from mixc.layer_roles import (
     DECAY_INIT,
     DOMAIN_TRANSFORMS,
@@ -145,7 +149,11 @@ class MixerLayer(nn.Module):
 
     Args:
         spec: a spec path, a Source or a loaded Spec (for spec text, load_spec(text=...)).
-        hidden_size, num_heads: model width and number of heads.
+        hidden_size, num_heads: model width and number of (query and key) heads.
+        num_v_heads: number of value heads, each with its own state, a multiple of num_heads:
+            each query and key head (the inputs `roles` finds read only as queries or keys) is
+            shared by num_v_heads / num_heads consecutive value heads; default num_heads.
+        expand_v: the value sizes (the output's, V in y[V]) are expand_v times the default.
         sizes: the spec's size symbols per head, e.g. {"K": 64, "V": 64}; default
             hidden_size // num_heads for every symbol.
         transforms: input name -> list of TRANSFORMS names, overriding `default_transforms`.
@@ -156,6 +164,9 @@ class MixerLayer(nn.Module):
         output_gate: multiply by silu(Linear(x)) before the output projection.
         norm: RMSNorm over each head's output.
         chunk_size: chunk size of the chunked form.
+        mode: "chunk" (the chunked form; refused for a spec that has none), "recurrent" (the
+            token loop) or "auto" (the chunked form where there is one, else the token loop,
+            with a warning).
     """
 
     def __init__(
@@ -164,6 +175,8 @@ class MixerLayer(nn.Module):
         hidden_size: int,
         num_heads: int,
         *,
+        num_v_heads: int | None = None,
+        expand_v: float = 1,
         sizes: dict[str, int] | None = None,
         transforms: dict[str, Sequence[str]] | None = None,
         conv_size: int = 4,
@@ -171,24 +184,38 @@ class MixerLayer(nn.Module):
         output_gate: bool = True,
         norm: bool = True,
         chunk_size: int = 64,
+        mode: str = "auto",
     ) -> None:
         super().__init__()
         self.spec = layer_spec(spec)
         self.mixer = load(self.spec.source)
         self.hidden_size = count("hidden_size", hidden_size)
         self.num_heads = count("num_heads", num_heads)
+        self.num_v_heads = value_heads(self.num_heads, num_v_heads)
         self.chunk_size = count("chunk_size", chunk_size)
         if self.chunk_size & (self.chunk_size - 1):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
+        self.mode = chosen_mode(self.spec, self.mixer, mode)
         check_container_names(self.spec)
         given = {} if sizes is None else sizes
         self.sizes = sizes_per_head(self.spec, self.hidden_size, self.num_heads, given)
+        self.sizes = expanded_sizes(self.spec, self.sizes, given, expand_v)
         self.roles = roles(self.spec)
+        self.heads = {
+            d.name: self.num_heads if d.name in self.roles.keys else self.num_v_heads
+            for d in self.spec.mixer.inputs
+        }
         overrides = {} if transforms is None else transforms
         self.transforms = chosen_transforms(self.spec, self.roles.transforms, overrides)
         conv_size = count("conv_size", conv_size, least=0)
+        out_heads = {self.spec.mixer.outputs[0].target: self.num_v_heads}
         check_memory(
-            self.spec, self.num_heads, self.hidden_size, self.sizes, conv_size, sizes is not None
+            self.spec,
+            self.heads | out_heads,
+            self.hidden_size,
+            self.sizes,
+            conv_size,
+            sizes is not None,
         )
         self._build_inputs(conv_size, conv_inputs)
         self._build_params()
@@ -199,11 +226,11 @@ class MixerLayer(nn.Module):
     def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
         """A projection per input, a short causal convolution per convolved vector input, and
         a learnable bias (per head and entry) for every input a decay reads."""
-        mixer, heads = self.spec.mixer, self.num_heads
+        mixer, heads = self.spec.mixer, self.heads
         self.dims = {d.name: [self._size(s) for s in d.shape] for d in mixer.inputs}
         self.proj = nn.ModuleDict(
             {
-                name: nn.Linear(self.hidden_size, heads * math.prod(dims), bias=False)
+                name: nn.Linear(self.hidden_size, heads[name] * math.prod(dims), bias=False)
                 for name, dims in self.dims.items()
             }
         )
@@ -213,10 +240,10 @@ class MixerLayer(nn.Module):
         self.conv = nn.ModuleDict(
             {
                 name: nn.Conv1d(
-                    heads * self.dims[name][0],
-                    heads * self.dims[name][0],
+                    heads[name] * self.dims[name][0],
+                    heads[name] * self.dims[name][0],
                     conv_size,
-                    groups=heads * self.dims[name][0],
+                    groups=heads[name] * self.dims[name][0],
                     padding=0,
                     bias=False,
                 )
@@ -225,7 +252,7 @@ class MixerLayer(nn.Module):
         )
         self.bias = nn.ParameterDict(
             {
-                name: nn.Parameter(torch.zeros(heads, *self.dims[name]))
+                name: nn.Parameter(torch.zeros(heads[name], *self.dims[name]))
                 for name in self.roles.biased(mixer)
             }
         )
@@ -233,7 +260,7 @@ class MixerLayer(nn.Module):
     def _check_defaults(self) -> None:
         """Each default that reads the head index h is finite at every head of this layer
         (`check` proves it for the first HEADS_CHECKED heads; a layer may have more)."""
-        h = torch.arange(self.num_heads, dtype=torch.float64)
+        h = torch.arange(self.num_v_heads, dtype=torch.float64)
         for p in self.spec.mixer.params:
             if p.default is None or "h" not in _reads(p.default, {"h"}):
                 continue
@@ -245,7 +272,7 @@ class MixerLayer(nn.Module):
             if len(bad):
                 raise MixcError(
                     f"param {p.name}: its default {p.default} is not finite at head "
-                    f"h = {bad[0].item()} (of num_heads = {self.num_heads})"
+                    f"h = {bad[0].item()} (of num_v_heads = {self.num_v_heads})"
                 )
 
     def _build_params(self) -> None:
@@ -261,7 +288,7 @@ class MixerLayer(nn.Module):
             if param.default is not None:
                 continue
             _, _, to_stored = stored_as(roles.domains[param.name])
-            shape = (self.num_heads, *(self._size(s) for s in param.shape))
+            shape = (self.num_v_heads, *(self._size(s) for s in param.shape))
             domain, role = roles.domains[param.name], roles.inits[param.name]
             if role == "decay" or domain == "unit interval":
                 start = torch.zeros(shape)  # solved, or 1/2 in the unit interval (as beta)
@@ -303,7 +330,7 @@ class MixerLayer(nn.Module):
         grid value whose log-decay is nearest -w, w drawn per head and entry. The parameters
         beside an input (A in exp(dt_t A)) keep their start, and each head is solved with their
         mean there. A decay whose log is not elementwise keeps bias 0."""
-        heads = self.num_heads
+        heads = self.num_v_heads
         lo, hi = (math.log(x) for x in DECAY_INIT)
         solved_alone = {p for p in self.learned if self.roles.inits[p] == "decay"}
         done: set[str] = set()
@@ -340,7 +367,7 @@ class MixerLayer(nn.Module):
     def _per_head_values(self, e: Expr, exclude: set[str]) -> dict[str, torch.Tensor]:
         """The value per head ([NH, 1], the mean over a head's entries) of every parameter and
         transformed bias `e` reads outside `exclude`, and the head index h."""
-        heads = self.num_heads
+        heads = self.num_v_heads
         h = torch.arange(heads, dtype=torch.float64)[:, None]
         out = {"h": h}
         for p in self.spec.mixer.params:
@@ -369,7 +396,7 @@ class MixerLayer(nn.Module):
         mixer = self.spec.mixer
         out_shape = self.spec.shapes[mixer.outputs[0].target]
         self.head_out = 1 if out_shape == ("1", "1") else self._size(out_shape[0])
-        width = self.num_heads * self.head_out
+        width = self.num_v_heads * self.head_out
         self.norm = nn.RMSNorm(self.head_out, eps=1e-6) if norm else None
         self.gate = nn.Linear(self.hidden_size, width, bias=False) if output_gate else None
         self.out_proj = nn.Linear(width, self.hidden_size, bias=False)
@@ -391,46 +418,91 @@ class MixerLayer(nn.Module):
         """Numbers per sequence the mixer's states hold (whatever the sequence's length), the last
         token of each input read at t-1 included; the convolution's last inputs not counted."""
         return sum(
-            self.num_heads * math.prod(self._size(s) for s in d.shape)
+            self.num_v_heads * math.prod(self._size(s) for s in d.shape)
             for d in self.spec.mixer.carried
         )
 
-    def forward(self, x: torch.Tensor, state: MixerCache | None = None, use_cache: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: MixerCache | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+    ):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
-        call continues that sequence exactly (prefill, then decode token by token)."""
+        call continues that sequence exactly (prefill, then decode token by token).
+        attention_mask [B, T] (1: a token, 0: padding, anywhere in a row): each row is computed
+        as the sequence of its tokens alone (continuing the cache), y is 0 at padding."""
         check_x(x, self.hidden_size, self.out_proj.weight.dtype)
         if not isinstance(use_cache, bool):
             raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
         if state is not None:
             check_cache(state, B, self)
+        mask = check_mask(attention_mask, B, T, x.device)
+        packed = None if mask is None else packing(mask)
+        if packed is not None:
+            x = packed.compact(x)  # each row's tokens first: the convolution sees only them
+        inputs, tails = self._inputs(x, state, packed)
+        if packed is not None and packed.total == 0:  # padding only: nothing changes
+            y, states = x.new_zeros(1, 0, self.num_v_heads, self.head_out), self._states(state, x)
+        else:
+            y, states = self._mix(inputs, state, use_cache, packed)
+        y = y.reshape(*y.shape[:2], self.num_v_heads, self.head_out)
+        if self.norm is not None:
+            y = self.norm(y)
+        y = y.reshape(*y.shape[:2], self.num_v_heads * self.head_out)
+        if self.gate is not None:
+            y = y * F.silu(self.gate(x if packed is None else packed.pack_compacted(x)))
+        y = self.out_proj(y)
+        if packed is not None:
+            y = packed.unpack(y)
+        return y, (MixerCache(states, tails, id(self)) if use_cache else None)
+
+    def _inputs(self, x: torch.Tensor, state: MixerCache | None, packed: Packing | None):
+        """Each input of the spec from x [B, T, hidden]: projected, convolved with the cache's
+        last inputs before it, biased and transformed ([B, T, heads, *dims], or the real tokens
+        packed [1, total, ...] when `packed`, x then compacted); and each convolution's last
+        conv_size - 1 inputs, for the cache."""
+        B, T, _ = x.shape
         inputs, tails = [], {}
         for name, dims in self.dims.items():
             h = self.proj[name](x)
             if name in self.conv:
-                past = (
-                    state.conv[name]
-                    if state is not None
-                    else h.new_zeros(B, self.conv_size - 1, h.shape[-1])
-                )
+                n = self.conv_size - 1
+                past = state.conv[name] if state is not None else h.new_zeros(B, n, h.shape[-1])
                 h_full = torch.cat([past.to(h.dtype), h], 1)
-                tails[name] = h_full[:, -(self.conv_size - 1) :]
+                tails[name] = h_full[:, -n:] if packed is None else packed.last(h_full, n)
                 h = F.silu(self.conv[name](h_full.transpose(1, 2)).transpose(1, 2))
-            h = h.view(B, T, self.num_heads, *dims)
+            h = h.view(B, T, self.heads[name], *dims)
+            if packed is not None:
+                h = packed.pack_compacted(h)
             if name in self.bias:
                 h = h + self.bias[name]
             inputs.append(self._transformed(name, h))
+        return inputs, tails
+
+    def _mix(self, inputs, state: MixerCache | None, use_cache: bool, packed: Packing | None):
+        """The compiled mixer's form (`mode`) on the inputs, from the cache's states."""
+        kw = {"chunk_size": self.chunk_size} if self.mode == "chunk" else {}
+        if packed is not None:
+            kw["cu_seqlens"] = packed.cu_seqlens
+        form = getattr(self.mixer, self.mode)
         states = state.states if state is not None else None
-        form = self.mixer.chunk if "chunk" in self.mixer.FORMS else self.mixer.recurrent
-        kw = {"chunk_size": self.chunk_size} if "chunk" in self.mixer.FORMS else {}
-        y, new_states = form(
+        return form(
             *inputs, *self._params(), initial_state=states, output_final_state=use_cache, **kw
         )
-        y = y.reshape(B, T, self.num_heads, self.head_out)
-        if self.norm is not None:
-            y = self.norm(y)
-        y = y.reshape(B, T, self.num_heads * self.head_out)
-        if self.gate is not None:
-            y = y * F.silu(self.gate(x))
-        y = self.out_proj(y)
-        return y, (MixerCache(new_states, tails, id(self)) if use_cache else None)
+
+    def _states(self, state: MixerCache | None, x: torch.Tensor):
+        """The states a call of padding only leaves: the cache's, else zeros (in the compiled
+        module's compute dtype: float64 for float64, else float32)."""
+        if state is not None:
+            return state.states
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        zeros = tuple(
+            x.new_zeros(
+                x.shape[0], self.num_v_heads, *(self._size(s) for s in d.shape), dtype=dtype
+            )
+            for d in self.spec.mixer.carried
+        )
+        return zeros[0] if len(zeros) == 1 else zeros
