@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import mixc
+from mixc.attention import Attention
 from mixc.model import LanguageModel
 from mixc.nn import MixerLayer
 from tests.mixers import rel
@@ -37,9 +38,9 @@ def _states(cache) -> tuple[torch.Tensor, ...]:
 def padded(seqs: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows [T_i, ...] as one batch [B, T, ...] padded with noise on `side`, and its mask."""
     T = max(len(s) for s in seqs)
-    x = torch.randn(len(seqs), T, *seqs[0].shape[1:], dtype=seqs[0].dtype)
-    if not seqs[0].is_floating_point():
-        x = torch.randint(0, 50, x.shape)
+    shape = (len(seqs), T, *seqs[0].shape[1:])
+    floating = seqs[0].is_floating_point()
+    x = torch.randn(shape, dtype=seqs[0].dtype) if floating else torch.randint(0, 50, shape)
     mask = torch.zeros(len(seqs), T, dtype=torch.long)
     for b, s in enumerate(seqs):
         where = slice(T - len(s), T) if side == "left" else slice(0, len(s))
@@ -133,14 +134,37 @@ def test_a_bad_attention_mask_is_named(mask, message):
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_language_model_padded_batch_and_generate(side):
     torch.manual_seed(0)
-    pattern = [ROOT / "specs/gated_deltanet.mix", ROOT / "specs/mlstm.mix"]
+    pattern = [
+        ROOT / "specs/gated_deltanet.mix",
+        "attention",
+        ROOT / "specs/mlstm.mix",
+        "attention:4",
+    ]
     model = LanguageModel(pattern, 50, 16, 2, chunk_size=4).double()
     seqs = [torch.randint(0, 50, (n,)) for n in LENGTHS]
     tokens, mask = padded(seqs, side)
     logits, _ = model(tokens, attention_mask=mask)
     for b, s in enumerate(seqs):
         assert rel(real(logits, mask, b), model(s[None])[0][0]) <= 1e-12
-    if side == "left":  # generation continues every row from its last real token
-        out = model.generate(tokens, 4, attention_mask=mask)
-        for b, s in enumerate(seqs):
-            assert torch.equal(out[b, -4:], model.generate(s[None], 4)[0, -4:])
+    out = model.generate(tokens, 4, attention_mask=mask)  # from each row's last token
+    for b, s in enumerate(seqs):
+        assert torch.equal(out[b, -4:], model.generate(s[None], 4)[0, -4:])
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_attention_padded_then_decoding_is_each_sequence_alone(window):
+    torch.manual_seed(0)
+    layer = Attention(16, 2, window=window).double()
+    seqs = [torch.randn(n, 16, dtype=torch.float64) for n in LENGTHS]
+    x, mask = padded(seqs, "left")
+    y, cache = layer(x, use_cache=True, attention_mask=mask)
+    assert (y[~mask.bool()] == 0).all()
+    nxt = torch.randn(len(seqs), 3, 16, dtype=torch.float64)
+    steps = []
+    for t in range(3):
+        y_t, cache = layer(nxt[:, t : t + 1], state=cache, use_cache=True)
+        steps.append(y_t)
+    for b, s in enumerate(seqs):
+        whole, _ = layer(torch.cat([s, nxt[b]])[None])
+        assert rel(real(y, mask, b), whole[0, : len(s)]) <= 1e-12
+        assert rel(torch.cat([st[b] for st in steps]), whole[0, -3:]) <= 1e-12
