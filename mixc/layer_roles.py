@@ -161,30 +161,7 @@ def roles(spec) -> Roles:
     learned = [p.name for p in mixer.params if p.default is None]
     domain = {r.name: r.domain for r in ranges.ranges}
 
-    transforms: dict[str, list[str]] = {}
-    keys, values = set(), set()
-    unit_states = {
-        s.name
-        for s in plan.states
-        for part in s.transition.parts  # each step a token applies
-        if part.transition_class.unit_key(s.name, part) is not None
-    }
-    for o in plan.outputs:  # queries: silu, and l2norm where they read a state of unit keys
-        for r in o.readouts:
-            chain = ["silu", "l2norm"] if r.state in unit_states else ["silu"]
-            for name in reads(r.query, inputs):
-                transforms.setdefault(name, chain)
-                keys.add(name)
-    for s in plan.states:  # write keys: silu
-        for w in s.writes:
-            for name in reads(w.key, inputs):
-                transforms.setdefault(name, ["silu"])
-                keys.add(name)
-            values.update(reads(w.value, inputs))
-    for name in inputs:
-        if domain[name] in DOMAIN_TRANSFORMS:
-            transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
-    transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
+    transforms, keys = _transforms_and_keys(plan, mixer, domain)
 
     decays = []
     for s in plan.states:
@@ -209,8 +186,39 @@ def roles(spec) -> Roles:
                 inits[p] = "decay"
     bounded = {"positive", "negative", "unit interval", "real"}
     conditioned = frozenset(n for n in inputs if domain[n] in bounded)
-    keys -= values | conditioned | {n for d in decays for n in reads(d.log, inputs)}
+    keys -= conditioned | {n for d in decays for n in reads(d.log, inputs)}
     return Roles(transforms, domains, inits, tuple(decays), conditioned, frozenset(keys))
+
+
+def _transforms_and_keys(plan, mixer, domain: dict[str, str]) -> tuple[dict, set[str]]:
+    """Each input's transforms (see `default_transforms`), and the inputs read as queries or
+    write keys and never as a write's value."""
+    inputs = {d.name for d in mixer.inputs}
+    transforms: dict[str, list[str]] = {}
+    keys, values = set(), set()
+    unit_states = {
+        s.name
+        for s in plan.states
+        for part in s.transition.parts  # each step a token applies
+        if part.transition_class.unit_key(s.name, part) is not None
+    }
+    for o in plan.outputs:  # queries: silu, and l2norm where they read a state of unit keys
+        for r in o.readouts:
+            chain = ["silu", "l2norm"] if r.state in unit_states else ["silu"]
+            for name in reads(r.query, inputs):
+                transforms.setdefault(name, chain)
+                keys.add(name)
+    for s in plan.states:  # write keys: silu
+        for w in s.writes:
+            for name in reads(w.key, inputs):
+                transforms.setdefault(name, ["silu"])
+                keys.add(name)
+            values.update(reads(w.value, inputs))
+    for name in inputs:
+        if domain[name] in DOMAIN_TRANSFORMS:
+            transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
+    transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
+    return transforms, keys - values
 
 
 def default_transforms(spec) -> dict[str, list[str]]:

@@ -14,25 +14,22 @@ Nothing here depends on which mixer the spec is or what its inputs are called: t
 (transforms, biases, how parameters are stored and start) come from the roles the analysis
 gives each input and parameter (`roles`, in `mixc.layer_roles`): the domains the transition
 classes need for stability, and the decays of every state, which start near 1 (`DECAY_INIT`,
-solved here). docs/layers.md compares them with flash-linear-attention's layers. What the layer
-checks of its arguments is in `mixc.layer_checks`, its decoding cache in `mixc.layer_cache`.
+solved in `mixc.layer_init`). docs/layers.md compares them with flash-linear-attention's layers.
+What the layer checks of its arguments is in `mixc.layer_checks`, its decoding cache in
+`mixc.layer_cache`, how it runs a padded batch in `mixc.layer_padding`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixc.algebra.expand import inline
 from mixc.driver import load
 from mixc.errors import MixcError, Source
-from mixc.frontend.builtins import BUILTINS
-from mixc.frontend.constants import Folder
-from mixc.frontend.ir import Binary, Call, Expr, Number
 from mixc.frontend.spec import load_spec
 from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
@@ -49,6 +46,7 @@ from mixc.layer_checks import (
     sizes_per_head,
     value_heads,
 )
+from mixc.layer_init import check_defaults, start_decays
 from mixc.layer_padding import Packing, check_mask, packing
 from mixc.layer_roles import (
     DECAY_INIT,
@@ -61,7 +59,6 @@ from mixc.layer_roles import (
     roles,
     stored_as,
 )
-from mixc.layer_roles import reads as _reads  # a helper here, not one of the exports below
 
 #: The layer's defaults (`mixc.layer_roles`) and its cache (`mixc.layer_cache`) are exported
 #: here too, where the layer's users find them.
@@ -77,71 +74,6 @@ __all__ = [
     "default_transforms",
     "roles",
 ]
-
-
-class _UnsolvableError(Exception):
-    """A decay whose log is not an elementwise expression (a dot product, an l2norm)."""
-
-
-def _evaluate(e: Expr, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """An elementwise expression (let functions inlined) on tensors that broadcast, `values`
-    giving the inputs, parameters and h it reads: enough for the log of a decay (`dt_t A`,
-    `logsigmoid(a_t)`, `log(sigmoid(w_t) sigmoid(f_t))`). Raises _UnsolvableError where it
-    reads anything else or is not elementwise."""
-    value = Folder(_TENSORS).value(e, values)
-    if value is None:
-        raise _UnsolvableError(str(e))
-    return value
-
-
-class _Tensors:
-    """The constant folder's arithmetic (`mixc.frontend.constants.Folder`) on float64 tensors:
-    elementwise built-ins and operations, diag(x) read as its diagonal x. Nothing is refused:
-    a value that is not finite stays in the tensor, where the caller looks for it."""
-
-    def number(self, e: Number) -> torch.Tensor:
-        return torch.tensor(float(e.text), dtype=torch.float64)
-
-    def call(self, e: Call, args: tuple[torch.Tensor | None, ...]) -> torch.Tensor | None:
-        builtin = BUILTINS.get(e.func)
-        if builtin is None or any(a is None for a in args):
-            return None
-        if e.func == "diag":
-            return args[0]
-        return builtin.tensor(*args) if builtin.elementwise else None
-
-    def binary(
-        self, e: Binary, left: torch.Tensor | None, right: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        if left is None or right is None or e.op not in _ELEMENTWISE:
-            return None
-        return _ELEMENTWISE[e.op](left, right)
-
-
-_TENSORS = _Tensors()
-
-_ELEMENTWISE = {
-    "+": torch.add,
-    "-": torch.sub,
-    "*": torch.mul,
-    "@": torch.mul,  # a product of scalars and diagonals, entry by entry
-    "/": torch.div,
-    "^": torch.pow,
-}
-
-
-#: The grid a decay's bias (or parameter) is chosen from: the value whose decay is nearest its
-#: target wins.
-_GRID = torch.linspace(-24, 24, 1921, dtype=torch.float64)
-
-
-def _solve(f: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor) -> torch.Tensor:
-    """For each head h (the first dim of `target`), the grid value b whose f(b)[h] (a [NH, G]
-    tensor) is nearest each entry of target[h]: the decay needs no monotone or invertible form."""
-    got = f(_GRID).nan_to_num(nan=math.inf)  # [NH, G]
-    flat = target.reshape(target.shape[0], -1, 1)  # [NH, E, 1]
-    best = (got[:, None, :] - flat).abs().argmin(-1)  # [NH, E]
-    return _GRID[best].reshape(target.shape).to(torch.float32)
 
 
 class MixerLayer(nn.Module):
@@ -221,7 +153,7 @@ class MixerLayer(nn.Module):
         self._build_params()
         self._build_output(output_gate, norm)
         with torch.no_grad():
-            self._start_decays()
+            start_decays(self)
 
     def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
         """A projection per input, a short causal convolution per convolved vector input, and
@@ -257,30 +189,12 @@ class MixerLayer(nn.Module):
             }
         )
 
-    def _check_defaults(self) -> None:
-        """Each default that reads the head index h is finite at every head of this layer
-        (`check` proves it for the first HEADS_CHECKED heads; a layer may have more)."""
-        h = torch.arange(self.num_v_heads, dtype=torch.float64)
-        for p in self.spec.mixer.params:
-            if p.default is None or "h" not in _reads(p.default, {"h"}):
-                continue
-            try:
-                value = _evaluate(inline(self.spec.mixer, p.default), {"h": h})
-            except _UnsolvableError:
-                continue
-            bad = (~torch.isfinite(value.expand_as(h))).nonzero()
-            if len(bad):
-                raise MixcError(
-                    f"param {p.name}: its default {p.default} is not finite at head "
-                    f"h = {bad[0].item()} (of num_v_heads = {self.num_v_heads})"
-                )
-
     def _build_params(self) -> None:
         """The learnable per-head parameters (those without a default), stored so that they
         stay in their domain (`PARAM_DOMAINS`), starting by their role (`PARAM_INITS`; a
-        parameter that sets a decay alone is solved by `_start_decays`)."""
+        parameter that sets a decay alone is solved by `start_decays`)."""
         mixer, roles = self.spec.mixer, self.roles
-        self._check_defaults()
+        check_defaults(self.spec, self.num_v_heads)
         self.learned = [p.name for p in mixer.params if p.default is None]
         self.stored = self._stored_names()
         self.params = nn.ParameterDict()
@@ -323,65 +237,6 @@ class MixerLayer(nn.Module):
         self.mixer = load(self.spec.source)
         self.roles = roles(self.spec)
         self.stored = self._stored_names()
-
-    def _start_decays(self) -> None:
-        """Set every decay to start near 1 (`DECAY_INIT`): the bias of the inputs a decay reads
-        (one value shared by them), or the parameters of a decay that reads no input, is the
-        grid value whose log-decay is nearest -w, w drawn per head and entry. The parameters
-        beside an input (A in exp(dt_t A)) keep their start, and each head is solved with their
-        mean there. A decay whose log is not elementwise keeps bias 0."""
-        heads = self.num_v_heads
-        lo, hi = (math.log(x) for x in DECAY_INIT)
-        solved_alone = {p for p in self.learned if self.roles.inits[p] == "decay"}
-        done: set[str] = set()
-        for d in self.roles.decays:
-            solving = [n for n in _reads(d.log, set(self.bias)) if n not in done]
-            solving = solving or [n for n in _reads(d.log, solved_alone) if n not in done]
-            if not solving:
-                continue
-            tensors = [self.bias[n] if n in self.bias else self._stored(n) for n in solving]
-            shapes = {tuple(t.shape) for t in tensors}
-            shape = shapes.pop() if len(shapes) == 1 else (heads,)
-            w = torch.exp(lo + (hi - lo) * torch.rand(shape, dtype=torch.float64)) * d.share
-            fixed = self._per_head_values(d.log, exclude=set(solving))
-
-            def log_decay(grid: torch.Tensor, d=d, solving=solving, fixed=fixed) -> torch.Tensor:
-                row, values = grid.expand(heads, -1), dict(fixed)
-                for name in solving:
-                    biased = name in self.bias
-                    values[name] = (
-                        self._transformed(name, row) if biased else self.stored[name][1](row)
-                    )
-                return _evaluate(d.log, values).expand(heads, -1)
-
-            try:
-                start = _solve(log_decay, -w)
-            except _UnsolvableError:
-                continue
-            for t in tensors:
-                t.copy_(
-                    start if start.shape == t.shape else start.view(heads, *[1] * (t.dim() - 1))
-                )
-            done |= set(solving)
-
-    def _per_head_values(self, e: Expr, exclude: set[str]) -> dict[str, torch.Tensor]:
-        """The value per head ([NH, 1], the mean over a head's entries) of every parameter and
-        transformed bias `e` reads outside `exclude`, and the head index h."""
-        heads = self.num_v_heads
-        h = torch.arange(heads, dtype=torch.float64)[:, None]
-        out = {"h": h}
-        for p in self.spec.mixer.params:
-            if p.default is not None and p.name in _reads(e, {p.name}):
-                out[p.name] = _evaluate(inline(self.spec.mixer, p.default), {"h": h}).expand(
-                    heads, 1
-                )
-        params = self.param_values()
-        for name in _reads(e, set(self.learned) - exclude):
-            out[name] = params[name].double().reshape(heads, -1).mean(-1, keepdim=True)
-        for name in _reads(e, set(self.bias) - exclude):
-            biased = self._transformed(name, self.bias[name].double())
-            out[name] = biased.reshape(heads, -1).mean(-1, keepdim=True)
-        return out
 
     def _stored(self, name: str) -> torch.Tensor:
         return self.params[self.stored[name][0]]
