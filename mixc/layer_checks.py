@@ -253,8 +253,10 @@ def chosen_mode(spec: Spec, module, mode) -> str:
     there is one, else the token loop, with a warning (once per spec in a process)."""
     if mode not in MODES:
         raise MixcError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
-    if mode == "recurrent" or (mode == "auto" and "chunk" in module.FORMS):
-        return "recurrent" if mode == "recurrent" else "chunk"
+    if mode == "recurrent":
+        return mode
+    if "chunk" in module.FORMS:
+        return "chunk"
     from mixc.driver import plan  # the reason the analysis gives; only where it is needed
 
     reason = plan(spec).reason

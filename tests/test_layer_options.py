@@ -127,7 +127,7 @@ def test_mode_chunk_is_refused_with_the_reason_and_auto_warns_once():
 
 def test_mode_recurrent_equals_chunk_for_a_chunked_spec():
     torch.manual_seed(0)
-    layer = MixerLayer(ROOT / "specs/kda.mix", 16, 2, chunk_size=4).double()
+    layer = MixerLayer(ROOT / "specs/kda.mix", 16, 2, chunk_size=4, mode="chunk").double()
     loop = MixerLayer(ROOT / "specs/kda.mix", 16, 2, mode="recurrent").double()
     loop.load_state_dict(layer.state_dict())
     x = torch.randn(2, 9, 16, dtype=torch.float64)

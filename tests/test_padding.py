@@ -52,11 +52,22 @@ def real(y: torch.Tensor, mask: torch.Tensor, b: int) -> torch.Tensor:
     return y[b][mask[b].bool()]
 
 
+OTHERS = sorted(p.stem for p in ROOT.glob("specs/*.mix") if p.stem not in CLASSES)
+SWEEP = [
+    *[pytest.param(n, {}, id=n) for n in CLASSES],
+    *[pytest.param(n, {}, id=n, marks=pytest.mark.slow) for n in OTHERS],
+    *[
+        pytest.param(n, {"num_v_heads": 4, "mode": mode}, id=f"{n}-grouped-{mode}")
+        for n, mode in [("gated_deltanet", "chunk"), ("mamba2", "recurrent")]
+    ],
+]
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("name", list(CLASSES))
-def test_a_padded_batch_is_each_sequence_alone(name, side):
+@pytest.mark.parametrize("name,options", SWEEP)
+def test_a_padded_batch_is_each_sequence_alone(name, options, side):
     torch.manual_seed(0)
-    layer = MixerLayer(ROOT / f"specs/{name}.mix", 16, 2, chunk_size=4).double()
+    layer = MixerLayer(ROOT / f"specs/{name}.mix", 16, 2, chunk_size=4, **options).double()
     seqs = [torch.randn(n, 16, dtype=torch.float64) for n in LENGTHS]
     x, mask = padded(seqs, side)
     y, cache = layer(x, use_cache=True, attention_mask=mask)
