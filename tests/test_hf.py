@@ -261,3 +261,29 @@ def test_the_docs_example_runs(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(code, "docs/layers.md", "exec"), scope)
     assert scope["out"].shape == (1, 24)
+
+
+@needs_hf
+def test_value_heads_and_mode_go_through_the_config(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from mixc.hf import MixcConfig, MixcForCausalLM
+
+    config = MixcConfig.from_pattern(
+        [ROOT / "specs/gated_deltanet.mix"],
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_heads=2,
+        num_v_heads=4,
+        expand_v=2,
+        mode="recurrent",
+    )
+    torch.manual_seed(0)
+    model = MixcForCausalLM(config).double().eval()
+    layer = model.model.blocks[0].mixer
+    assert (layer.num_v_heads, layer.sizes["V"], layer.mode) == (4, 16, "recurrent")
+    model.save_pretrained(tmp_path / "saved")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").double().eval()
+    assert loaded.model.blocks[0].mixer.mode == "recurrent"
+    tokens = torch.randint(0, VOCAB, (2, 6))
+    torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits, rtol=1e-12, atol=1e-12)
