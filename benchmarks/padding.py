@@ -2,13 +2,16 @@
 
     python benchmarks/padding.py [--spec specs/gated_deltanet.mix] [--threads 1]
 
-Packing moves each row's real tokens to its front (for the convolution) and runs them as packed
-sequences (cu_seqlens). Masking, the other way, is prototyped here only: it zeroes every input
+The layer moves each row's real tokens to its front (for the convolution); without a cache to
+return it runs those compacted rows as they are (causal forms: the padding after a row's tokens
+cannot reach them), and with one it packs them into sequences (cu_seqlens) whose final states
+are exact. Masking, the other way, is prototyped here only: it zeroes every input
 at padding (before the convolution and after the transforms) and runs the whole padded batch.
 That is exact only for left padding from a zero state and for a spec whose zero inputs make an
 identity transition with no write (gated_deltanet: g = 0, beta = 0), so the layer packs; this
 script checks the two agree on such a spec, then times both (B=4, T=512, 25% padding on the
-left), with the unpadded batch (every token real) for scale. Medians of interleaved calls,
+left), with the unpadded batch (every token real)
+for scale. Medians of interleaved calls,
 in CPU time of the process.
 """
 
@@ -78,7 +81,8 @@ def main() -> None:
     print(f"packing vs masking: relative difference {err:.1e}")
     ways = {
         "unpadded (every token real)": lambda: layer(x)[0],
-        "packing (cu_seqlens)": lambda: layer(x, attention_mask=mask)[0],
+        "compacted rows (no cache)": lambda: layer(x, attention_mask=mask)[0],
+        "packed (cu_seqlens, cache)": lambda: layer(x, attention_mask=mask, use_cache=True)[0],
         "masking (zero inputs)": lambda: masked(layer, x, mask),
     }
     for backward in (False, True):

@@ -57,7 +57,8 @@ class Packing:
     """Where each row's real tokens are: `order` [B, T] lists a row's positions, its real
     tokens first (in order), `lengths` [B] counts them, `valid` [B, T] marks the first
     `lengths` positions of the compacted rows, `cu_seqlens` [B + 1] are the offsets of the
-    packed sequences, `total` their sum."""
+    packed sequences, `total` their sum. `tokens` and `firsts` index the real tokens in the
+    flattened [B * T] rows, original and compacted (found once, not at every input)."""
 
     mask: torch.Tensor
     order: torch.Tensor
@@ -65,24 +66,28 @@ class Packing:
     valid: torch.Tensor
     cu_seqlens: torch.Tensor
     total: int
+    tokens: torch.Tensor
+    firsts: torch.Tensor
 
     def compact(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, ...] with each row's real tokens moved to its front, in order."""
+        """x [B, T, ...] with each row's real tokens moved to its front, in order, and zeros
+        after them."""
         index = self.order.view(*self.order.shape, *[1] * (x.dim() - 2))
-        return x.gather(1, index.expand(x.shape))
+        valid = self.valid.view(index.shape)
+        return torch.where(valid, x.gather(1, index.expand(x.shape)), x.new_zeros(()))
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, ...] in the original layout -> the real tokens as one row [1, total, ...]."""
-        return x[self.mask][None]
+        return x.flatten(0, 1).index_select(0, self.tokens)[None]
 
     def pack_compacted(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, ...] compacted (`compact`) -> the real tokens as one row [1, total, ...]."""
-        return x[self.valid][None]
+        return x.flatten(0, 1).index_select(0, self.firsts)[None]
 
     def unpack(self, y: torch.Tensor) -> torch.Tensor:
         """y [1, total, ...] -> [B, T, ...] in the original layout, zeros at padding."""
-        out = y.new_zeros(*self.mask.shape, *y.shape[2:])
-        return out.index_put((self.mask,), y[0])
+        out = y.new_zeros(self.mask.numel(), *y.shape[2:])
+        return out.index_copy(0, self.tokens, y[0]).unflatten(0, self.mask.shape)
 
     def last(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """The last n rows of each sequence in x [B, n + T, ...] (n earlier inputs, then the
@@ -98,4 +103,5 @@ def packing(mask: torch.Tensor) -> Packing:
     lengths = mask.sum(1)
     valid = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
     cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    return Packing(mask, order, lengths, valid, cu_seqlens, int(cu_seqlens[-1]))
+    tokens, firsts = mask.flatten().nonzero()[:, 0], valid.flatten().nonzero()[:, 0]
+    return Packing(mask, order, lengths, valid, cu_seqlens, len(tokens), tokens, firsts)

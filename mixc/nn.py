@@ -296,13 +296,19 @@ class MixerLayer(nn.Module):
             check_cache(state, B, self)
         mask = check_mask(attention_mask, B, T, x.device)
         packed = None if mask is None else packing(mask)
+        # The rows' tokens are packed into sequences (cu_seqlens) where their final states are
+        # kept; otherwise each compacted row runs as it is (its tokens first, padding zeroed
+        # after them), whose outputs at its tokens are the sequence's alone: the forms are causal.
+        split = packed if use_cache else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
-        inputs, tails = self._inputs(x, state, packed)
+        inputs, tails = self._inputs(x, state, split)
         if packed is not None and packed.total == 0:  # padding only: nothing changes
             y, states = x.new_zeros(1, 0, self.num_v_heads, self.head_out), self._states(state, x)
         else:
-            y, states = self._mix(inputs, state, use_cache, packed)
+            y, states = self._mix(inputs, state, use_cache, split)
+        if packed is not None and split is None:
+            y = packed.pack_compacted(y)
         y = y.reshape(*y.shape[:2], self.num_v_heads, self.head_out)
         if self.norm is not None:
             y = self.norm(y)

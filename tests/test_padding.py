@@ -70,8 +70,9 @@ def test_a_padded_batch_is_each_sequence_alone(name, options, side):
     layer = MixerLayer(ROOT / f"specs/{name}.mix", 16, 2, chunk_size=4, **options).double()
     seqs = [torch.randn(n, 16, dtype=torch.float64) for n in LENGTHS]
     x, mask = padded(seqs, side)
-    y, cache = layer(x, use_cache=True, attention_mask=mask)
-    assert (y[~mask.bool()] == 0).all()
+    y, cache = layer(x, use_cache=True, attention_mask=mask)  # packed: exact final states
+    y_rows, _ = layer(x, attention_mask=mask)  # no cache: each row's tokens first, as they are
+    assert (y[~mask.bool()] == 0).all() and (y_rows[~mask.bool()] == 0).all()
     nxt = torch.randn(len(seqs), 2, 16, dtype=torch.float64)
     steps = []  # then decode two tokens per row from the padded prefill's cache
     state = cache
@@ -81,6 +82,7 @@ def test_a_padded_batch_is_each_sequence_alone(name, options, side):
     for b, s in enumerate(seqs):
         y_b, cache_b = layer(s[None], use_cache=True)
         assert rel(real(y, mask, b), y_b[0]) <= 1e-12
+        assert rel(real(y_rows, mask, b), y_b[0]) <= 1e-12
         assert all(rel(a[b], r[0]) <= 1e-12 for a, r in zip(_states(cache), _states(cache_b)))
         whole, _ = layer(torch.cat([s, nxt[b]])[None])
         assert rel(torch.cat([st[b] for st in steps]), whole[0, -2:]) <= 1e-12
@@ -168,8 +170,9 @@ def test_attention_padded_then_decoding_is_each_sequence_alone(window):
     layer = Attention(16, 2, window=window).double()
     seqs = [torch.randn(n, 16, dtype=torch.float64) for n in LENGTHS]
     x, mask = padded(seqs, "left")
-    y, cache = layer(x, use_cache=True, attention_mask=mask)
-    assert (y[~mask.bool()] == 0).all()
+    y, cache = layer(x, use_cache=True, attention_mask=mask)  # packed: exact final states
+    y_rows, _ = layer(x, attention_mask=mask)  # no cache: each row's tokens first, as they are
+    assert (y[~mask.bool()] == 0).all() and (y_rows[~mask.bool()] == 0).all()
     nxt = torch.randn(len(seqs), 3, 16, dtype=torch.float64)
     steps = []
     for t in range(3):
