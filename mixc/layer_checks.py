@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
-from mixc.errors import MixcError, Source
-from mixc.frontend.spec import Spec, load_spec
-from mixc.layer_roles import TRANSFORMS, Roles
+from mixc.driver import plan
+from mixc.errors import MixcError
+from mixc.frontend.spec import Spec
+from mixc.layer_roles import TRANSFORMS, Roles, layer_spec  # layer_spec: exported here too
 from mixc.resources import check_bytes
 
 __all__ = [
@@ -60,17 +60,6 @@ def _names(name: str, value) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise MixcError(f"{name}: expected a list of names, got {value!r}")
     return list(value)
-
-
-def layer_spec(spec) -> Spec:
-    """The spec a layer is given as a path (str or os.PathLike), a Source or a loaded Spec."""
-    if not isinstance(spec, str | os.PathLike | Source | Spec):
-        raise MixcError(
-            f"spec: expected a spec path, a Source or a loaded Spec, got {type(spec).__name__}"
-        )
-    if isinstance(spec, Spec):
-        return spec
-    return load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
 
 
 def check_container_names(spec: Spec) -> None:
@@ -257,9 +246,7 @@ def chosen_mode(spec: Spec, module, mode) -> str:
         return mode
     if "chunk" in module.FORMS:
         return "chunk"
-    from mixc.driver import plan  # the reason the analysis gives; only where it is needed
-
-    reason = plan(spec).reason
+    reason = plan(spec).reason  # the analysis's, which `mixc explain` prints
     where = f"{spec.source.filename}: {spec.mixer.name} has no chunked form ({reason})"
     if mode == "chunk":
         raise MixcError(
@@ -271,6 +258,6 @@ def chosen_mode(spec: Spec, module, mode) -> str:
         warnings.warn(
             f"{where}: MixerLayer runs the token loop, much slower to train; pass "
             "mode='recurrent' to say so and silence this, or see `mixc explain` on the spec",
-            stacklevel=4,
+            stacklevel=3,  # the caller of MixerLayer(...)
         )
     return "recurrent"

@@ -8,6 +8,7 @@ layers.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from mixc.algebra.expand import inline
+from mixc.errors import MixcError, Source
 from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.spec import Spec, load_spec
 
 __all__ = [
     "DECAY_INIT",
@@ -26,6 +29,7 @@ __all__ = [
     "Decay",
     "Roles",
     "default_transforms",
+    "layer_spec",
     "reads",
     "roles",
     "stored_as",
@@ -147,12 +151,22 @@ class Roles:
         ]
 
 
+def layer_spec(spec) -> Spec:
+    """The spec a layer is given as a path (str or os.PathLike), a Source or a loaded Spec."""
+    if not isinstance(spec, str | os.PathLike | Source | Spec):
+        raise MixcError(
+            f"spec: expected a spec path, a Source or a loaded Spec, got {type(spec).__name__}"
+        )
+    if isinstance(spec, Spec):
+        return spec
+    return load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
+
+
 def roles(spec) -> Roles:
     """The roles of a spec's inputs and parameters (a spec path, str or os.PathLike, a Source or
     a loaded Spec), from its plan and the input ranges the transition classes declare
     (`TransitionClass.conditions`, `unit_key`): see `Roles`."""
     from mixc.check.ranges import input_ranges
-    from mixc.layer_checks import layer_spec  # which imports this module
 
     spec = layer_spec(spec)
     ranges = input_ranges(spec)
