@@ -182,3 +182,17 @@ def test_attention_padded_then_decoding_is_each_sequence_alone(window):
         whole, _ = layer(torch.cat([s, nxt[b]])[None])
         assert rel(real(y, mask, b), whole[0, : len(s)]) <= 1e-12
         assert rel(torch.cat([st[b] for st in steps]), whole[0, -3:]) <= 1e-12
+
+
+def test_padding_inside_a_row_is_skipped_as_well():
+    """A mask with holes: each row is still the sequence of its tokens, and the convolution
+    reads across a hole from the token before it."""
+    torch.manual_seed(0)
+    layer = MixerLayer(ROOT / "specs/gla.mix", 16, 2, chunk_size=4).double()
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 1], [0, 1, 1, 0, 1, 0, 0, 1]])
+    for use_cache in (False, True):
+        y, _ = layer(x, use_cache=use_cache, attention_mask=mask)
+        for b in range(2):
+            alone, _ = layer(x[b][mask[b].bool()][None])
+            assert rel(real(y, mask, b), alone[0]) <= 1e-12
