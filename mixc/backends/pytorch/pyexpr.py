@@ -15,6 +15,7 @@ from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.constants import FLOATS, Folder, constant
 from mixc.frontend.ir import (
+    POSITION,
     Binary,
     Call,
     Expr,
@@ -24,8 +25,9 @@ from mixc.frontend.ir import (
     Number,
     Timed,
     Transpose,
+    angle_reads,
 )
-from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
+from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer
 from mixc.lowering.program import Product
 
 # Python operator precedence, for minimal parentheses
@@ -34,6 +36,12 @@ _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
 #: The built-ins of two arguments, each emitted as a clamp where one argument is a constant:
 #: max(x, c) is x.clamp(min=c) (torch's maximum takes tensors only), min(x, c) x.clamp(max=c).
 _CLAMPS = {"max": "min", "min": "max"}
+
+#: The built-ins whose helper takes the compute dtype, which their angle (float64 where it
+#: reads a position) is reduced into.
+_ANGLED = ("cos", "sin")
+
+_NOT_SIZE = Symbol("input", SCALAR)
 
 
 def literal(value: float) -> str:
@@ -169,12 +177,16 @@ class PyExpr:
         self.shared = shared
         self._plain_emitter: _PlainExpr | None = None
         self.constant = Folder(FLOATS).value
+        self.positioned = typer.mixer.positioned
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
 
     def __call__(self, e: Expr) -> str:
-        return self._emit(e)[0]
+        text = self._emit(e)[0]
+        if self.positioned and POSITION in angle_reads(self.typer.mixer, e)[1]:
+            return f"({text}).to(_dtype)"  # a position read outside an angle: float64 until here
+        return text
 
     def _emit(self, e: Expr) -> tuple[str, int]:
         value = self.constant(e)
@@ -183,6 +195,8 @@ class PyExpr:
         if value is not None:
             text = literal(value)
             return text, (_UNARY if text.startswith("-") else _ATOM)
+        if isinstance(e, Name) and self.typer.symbols.get(e.name, _NOT_SIZE).kind == "size":
+            return f"_torch.full((), _sizes[{string(e.name)}], dtype=_dtype, device=_device)", _ATOM
         if isinstance(e, Timed | Name):
             return self.names(e), _ATOM
         if isinstance(e, Identity):
@@ -228,6 +242,11 @@ class PyExpr:
                     return f"{self._wrap(x, _ATOM)}.clamp({clamp}={self._emit(c)[0]})"
             first, second = (self._emit(x)[0] for x in e.args)
             return f"{BUILTINS[e.func].torch}({first}, {second})"
+        if e.func in _ANGLED:  # the angle may be float64 (a position): see _cos
+            return f"{BUILTINS[e.func].torch}({self._emit(e.args[0])[0]}, _dtype)"
+        if e.func in ("rotate", "rotate_interleaved"):
+            x, theta = (self._emit(a)[0] for a in e.args)
+            return f"{BUILTINS[e.func].torch}({x}, {theta})"
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "

@@ -1,0 +1,93 @@
+"""The spec language's functions that are more than one torch call, and the token positions.
+
+A generated module copies the definitions it uses (see ``kernel_source``), so this file, like
+the kernels, imports only torch. Layout: a vector is a column [..., d, 1].
+
+Angles. A position (``pos_t``) is a float64 tensor, and an angle argument (of cos, sin and the
+rotations) that reads one is computed in float64: at position 10^6 a float32 product
+position * frequency is off by up to 0.06 rad (its ulp there is 0.0625). The angle is reduced
+modulo 2 pi in float64, then cos and sin run in the compute dtype on a value in [0, 2 pi),
+where float32's error is about 1e-7.
+"""
+
+import torch
+
+
+def _turns(theta, dtype):
+    """`theta` reduced modulo 2 pi (in its own precision), in `dtype`."""
+    if theta.dtype != dtype:
+        theta = torch.remainder(theta, 2 * torch.pi).to(dtype)
+    return theta
+
+
+def _cos(x, dtype):
+    """cos(x) in `dtype`, from an angle that may be float64 (see the module's docstring)."""
+    return torch.cos(_turns(x, dtype))
+
+
+def _sin(x, dtype):
+    """sin(x) in `dtype`, from an angle that may be float64 (see the module's docstring)."""
+    return torch.sin(_turns(x, dtype))
+
+
+def _softmax(x):
+    """exp(x - max x) / sum: every entry of a vector at once (the max taken out first)."""
+    return torch.softmax(x.flatten(-2), -1).reshape(x.shape)
+
+
+def _onehot_argmax(x):
+    """1 at the (first) largest entry of a vector, 0 elsewhere. Its gradient is softmax(x)'s
+    (the straight-through estimator): hard + (soft - soft), with the second soft detached, is
+    the one-hot exactly and passes the softmax's gradient."""
+    flat = x.flatten(-2)
+    hard = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)
+    soft = torch.softmax(flat, -1)
+    return (hard + (soft - soft.detach())).reshape(x.shape)
+
+
+def _pair_count(d, p):
+    """How many pairs of a vector of `d` entries `p` angles turn: p, or d / 2 when p = d."""
+    n = d // 2 if p == d else p
+    if 2 * n > d:
+        _fail(  # noqa: F821 - defined by the compiled module
+            f"rotate: {p} angles for a vector of {d} entries; give at most {d // 2} (one a pair"
+            f" of the leading channels), or {d} (the first {d // 2} are read)"
+        )
+    return n
+
+
+def _rotate(x, theta):
+    """Half-split pairs (GPT-NeoX, Mamba-3): entry i and entry i + n turned by theta_i, for
+    the n pairs theta gives; the entries past 2n are kept."""
+    n = _pair_count(x.shape[-2], theta.shape[-2])
+    cos, sin = _cos(theta[..., :n, :], x.dtype), _sin(theta[..., :n, :], x.dtype)
+    a, b, rest = x[..., :n, :], x[..., n : 2 * n, :], x[..., 2 * n :, :]
+    first, second = a * cos - b * sin, a * sin + b * cos
+    return torch.cat((first, second, rest.expand(*first.shape[:-2], *rest.shape[-2:])), -2)
+
+
+def _rotate_interleaved(x, theta):
+    """Interleaved pairs (RoFormer, torchscale): entries 2i and 2i + 1 turned by theta_i, for
+    the n pairs theta gives; the entries past 2n are kept."""
+    n = _pair_count(x.shape[-2], theta.shape[-2])
+    cos, sin = _cos(theta[..., :n, :], x.dtype), _sin(theta[..., :n, :], x.dtype)
+    a, b, rest = x[..., 0 : 2 * n : 2, :], x[..., 1 : 2 * n : 2, :], x[..., 2 * n :, :]
+    turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -2).flatten(-3, -2)
+    return torch.cat((turned, rest.expand(*turned.shape[:-2], *rest.shape[-2:])), -2)
+
+
+def _positions(start, sizes, device, cu_seqlens=None):
+    """Each token's position, [B, T, NH, 1, 1] in float64, counted from the carried `start`
+    [B, NH, 1, 1] (None: 0; with cu_seqlens, [N, NH, 1, 1]: each sequence from its first
+    token), and the position after the last token of each sequence, in start's dtype."""
+    if start is None:
+        start = torch.zeros(sizes["B"], sizes["NH"], 1, 1, dtype=torch.float64, device=device)
+    steps = torch.arange(sizes["T"], dtype=torch.float64, device=device)
+    begin = start.to(torch.float64)[:, None]  # [B, 1, NH, 1, 1]
+    if cu_seqlens is None:
+        return begin + steps[None, :, None, None, None], start + sizes["T"]
+    tokens = torch.arange(sizes["T"], device=device)
+    seq = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
+    within = steps - cu_seqlens[seq].to(torch.float64)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(start.dtype)
+    return (begin[seq, 0] + within[:, None, None, None])[None], start + lengths[:, None, None, None]
