@@ -138,6 +138,14 @@ def _relu(x: float) -> float:
     return max(x, 0.0)
 
 
+def _cos(x: float) -> float:
+    return math.nan if math.isinf(x) else math.cos(x)
+
+
+def _sin(x: float) -> float:
+    return math.nan if math.isinf(x) else math.sin(x)
+
+
 def _floor(x: float) -> float:
     return x if math.isinf(x) or math.isnan(x) else float(math.floor(x))
 
@@ -319,7 +327,8 @@ def _sum_bounds(lo: float, hi: float) -> Interval:
 
 
 def _trig_bounds(lo: float, hi: float) -> Interval:
-    return -1.0, 1.0
+    """cos and sin lie in [-1, 1]; at an infinite end they are NaN (no limit)."""
+    return _WHOLE_LINE if math.isinf(lo) or math.isinf(hi) else (-1.0, 1.0)
 
 
 def _unit_bounds(lo: float, hi: float) -> Interval:
@@ -367,8 +376,8 @@ _TABLE = (
     Builtin("l2norm", 1, False, "_l2norm", None, _l2norm_tensor, _l2norm_bounds),
     Builtin("diag", 1, False, "_torch.diag_embed", None, _diag_tensor, _diag_bounds),
     _monotone("floor", "_torch.floor", _floor, _torch_function("torch.floor")),
-    Builtin("cos", 1, True, "_cos", math.cos, _torch_function("torch.cos"), _trig_bounds),
-    Builtin("sin", 1, True, "_sin", math.sin, _torch_function("torch.sin"), _trig_bounds),
+    Builtin("cos", 1, True, "_cos", _cos, _torch_function("torch.cos"), _trig_bounds),
+    Builtin("sin", 1, True, "_sin", _sin, _torch_function("torch.sin"), _trig_bounds),
     Builtin("softmax", 1, False, "_softmax", None, _softmax_tensor, _unit_bounds),
     Builtin("onehot_argmax", 1, False, "_onehot_argmax", None, _onehot_argmax_tensor, _unit_bounds),
     _monotone("stop_gradient", "_torch.detach", lambda x: x, _torch_function("torch.detach")),
