@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mixc.algebra.expand import inline
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, angle_only, walk
 
 __all__ = [
     "DECAY_INIT",
@@ -126,8 +126,9 @@ class Roles:
     - `decays`: every decay of every state, solved at initialisation (`MixerLayer`): the inputs
       in it get a learnable bias, set so the decay starts near 1 (DECAY_INIT); a decay of
       parameters only sets those parameters instead;
-    - `conditioned`: the inputs a stability condition bounds (decays and beta), which are not
-      convolved by default.
+    - `conditioned`: the inputs a stability condition bounds (decays and beta), and the angles
+      (inputs read only inside cos, sin and the rotations' angles), which are not convolved by
+      default.
     """
 
     transforms: dict[str, list[str]]
@@ -174,7 +175,11 @@ def roles(spec) -> Roles:
     for name in inputs:
         if domain[name] in DOMAIN_TRANSFORMS:
             transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
-    transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
+    angles = _angle_inputs(mixer)  # an angle is used as given: no silu, no convolution
+    transforms = {
+        d.name: ["identity"] if d.name in angles else transforms.get(d.name, ["identity"])
+        for d in mixer.inputs
+    }
 
     decays = []
     for s in plan.states:
@@ -198,8 +203,14 @@ def roles(spec) -> Roles:
             else:
                 inits[p] = "decay"
     bounded = {"positive", "negative", "unit interval", "real"}
-    conditioned = frozenset(n for n in inputs if domain[n] in bounded)
+    conditioned = frozenset(n for n in inputs if domain[n] in bounded or n in angles)
     return Roles(transforms, domains, inits, tuple(decays), conditioned)
+
+
+def _angle_inputs(mixer) -> set[str]:
+    """The inputs every read of which lies inside an angle (`angle_only`): they pass as given,
+    neither convolved nor put through silu."""
+    return {d.name for d in mixer.inputs} & angle_only(mixer)
 
 
 def default_transforms(spec) -> dict[str, list[str]]:

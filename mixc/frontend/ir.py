@@ -257,17 +257,22 @@ def angle_reads(mixer: Mixer, e: Expr) -> tuple[set[str], set[str]]:
     return inside, outside
 
 
-def angle_params(mixer: Mixer) -> frozenset[str]:
-    """The parameters every read of which lies inside an angle argument: the forms keep them
-    in float64, as the positions (a frequency rounded to float32 turns position 10^6 by up to
-    0.06 rad more or less)."""
+def angle_only(mixer: Mixer) -> frozenset[str]:
+    """The names every read of which (in the equations) lies inside an angle argument."""
     inside: set[str] = set()
     outside: set[str] = set()
     for eq in mixer.equations:
         i, o = angle_reads(mixer, eq.value)
         inside |= i
         outside |= o
-    return frozenset(p.name for p in mixer.params if p.name in inside - outside)
+    return frozenset(inside - outside)
+
+
+def angle_params(mixer: Mixer) -> frozenset[str]:
+    """The parameters every read of which lies inside an angle argument: the forms keep them
+    in float64, as the positions (a frequency rounded to float32 turns position 10^6 by up to
+    0.06 rad more or less)."""
+    return frozenset(p.name for p in mixer.params) & angle_only(mixer)
 
 
 def children(expr: Expr) -> tuple[Expr, ...]:
