@@ -5,7 +5,7 @@ the kernels, imports only torch. Layout: a vector is a column [..., d, 1].
 
 Angles. A position (``pos_t``) is a float64 tensor, and an angle argument (of cos, sin and the
 rotations) that reads one is computed in float64: at position 10^6 a float32 product
-position * frequency is off by up to 0.06 rad (its ulp there is 0.0625). The angle is reduced
+position * frequency is off by up to 0.03 rad (its ulp there is 0.0625). The angle is reduced
 modulo 2 pi in float64, then cos and sin run in the compute dtype on a value in [0, 2 pi),
 where float32's error is about 1e-7.
 """
