@@ -199,6 +199,7 @@ class _Module(SequenceForms, RecurrentForms):
             if isinstance(n, Call) and n.func in BUILTINS
         }
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
+        helpers |= {"_turning"} if called & {"rotate", "rotate_interleaved"} else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))
 
     def emit_mixer(self, out: Lines, library: str) -> None:

@@ -43,6 +43,11 @@ _ANGLED = ("cos", "sin")
 
 _NOT_SIZE = Symbol("input", SCALAR)
 
+#: The emitter's call of a rotation's turn e^(i theta) (computed by `_turning`): made by the
+#: emitter, never by a spec (a spec's calls are to built-ins, its lets inlined before), so that
+#: rotations by the same angles share one turn.
+TURNING = "turn"
+
 
 def literal(value: float) -> str:
     """A number as a Python literal. Refuses inf and nan, which have none (their repr would
@@ -212,7 +217,7 @@ class PyExpr:
         among the expressions of one point (the same text there is the same value)."""
         if self._plain_emitter is None:
             self._plain_emitter = _PlainExpr(self.typer, self.names, self.functions)
-        return self._plain_emitter(e)
+        return self._plain_emitter._emit(e)[0]
 
     def _compute(self, e: Expr) -> tuple[str, int]:
         """`e` from its operands (each of which may be a common subexpression's local)."""
@@ -245,8 +250,15 @@ class PyExpr:
         if e.func in _ANGLED:  # the angle may be float64 (a position): see _cos
             return f"{BUILTINS[e.func].torch}({self._emit(e.args[0])[0]}, _dtype)"
         if e.func in ("rotate", "rotate_interleaved"):
-            x, theta = (self._emit(a)[0] for a in e.args)
-            return f"{BUILTINS[e.func].torch}({x}, {theta})"
+            # the turn e^(i theta) of each pair, a call of its own: q's and k's share it
+            x, theta = e.args
+            d = self.shape(x)[0]
+            turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
+            return f"{BUILTINS[e.func].torch}({self._emit(x)[0]}, {self._emit(turning)[0]})"
+        if e.func == TURNING:
+            theta, d = e.args
+            size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
+            return f"_turning({self._emit(theta)[0]}, {size}, _dtype)"
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "

@@ -755,35 +755,33 @@ def _turns(theta, dtype):
     return theta
 
 
-def _cos(x, dtype):
-    """cos(x) in `dtype`, from an angle that may be float64 (see the module's docstring)."""
-    return torch.cos(_turns(x, dtype))
-
-
-def _sin(x, dtype):
-    """sin(x) in `dtype`, from an angle that may be float64 (see the module's docstring)."""
-    return torch.sin(_turns(x, dtype))
-
-
-def _pair_count(d, p):
-    """How many pairs of a vector of `d` entries `p` angles turn: p, or d / 2 when p = d."""
+def _turning(theta, d, dtype):
+    """The turn e^(i theta) of each pair of a vector of `d` entries by the angles theta
+    [..., p, 1]: complex [..., n], n = p pairs, or d / 2 when p = d (the first d / 2 read)."""
+    p = theta.shape[-2]
     n = d // 2 if p == d else p
     if 2 * n > d:
         _fail(  # noqa: F821 - defined by the compiled module
             f"rotate: {p} angles for a vector of {d} entries; give at most {d // 2} (one a pair"
             f" of the leading channels), or {d} (the first {d // 2} are read)"
         )
-    return n
+    angle = _turns(theta[..., :n, 0], dtype)
+    return torch.polar(torch.ones_like(angle), angle)
 
 
-def _rotate_interleaved(x, theta):
-    """Interleaved pairs (RoFormer, torchscale): entries 2i and 2i + 1 turned by theta_i, for
-    the n pairs theta gives; the entries past 2n are kept."""
-    n = _pair_count(x.shape[-2], theta.shape[-2])
-    cos, sin = _cos(theta[..., :n, :], x.dtype), _sin(theta[..., :n, :], x.dtype)
-    a, b, rest = x[..., 0 : 2 * n : 2, :], x[..., 1 : 2 * n : 2, :], x[..., 2 * n :, :]
-    turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -2).flatten(-3, -2)
-    return torch.cat((turned, rest.expand(*turned.shape[:-2], *rest.shape[-2:])), -2)
+def _rotate_interleaved(x, turning):
+    """Interleaved pairs (RoFormer, torchscale): entries 2i and 2i + 1, for the n pairs of
+    `turning` (see _turning), as the complex number x_2i + i x_(2i+1) times it; the entries
+    past 2n are kept."""
+    n = turning.shape[-1]
+    pairs = x[..., : 2 * n, 0].unflatten(-1, (n, 2))
+    if pairs.stride(-1) != 1 or any(s % 2 for s in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()
+    turned = torch.view_as_real(torch.view_as_complex(pairs) * turning).flatten(-2)
+    if 2 * n == x.shape[-2]:
+        return turned[..., None]
+    rest = x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1)
+    return torch.cat((turned, rest), -1)[..., None]
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
@@ -1172,8 +1170,9 @@ def chunk(
     # each token's position, and the next token's, carried on
     pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens)
     # H: diagonal key-side -> chunk_diagonal
+    _turn = _turning(pos * theta, _sizes["K"], _dtype)
     _k_H = _seq_vector(
-        _rotate_interleaved(1 / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)) * k, pos * theta),
+        _rotate_interleaved(1 / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)) * k, _turn),
         _sizes,
         cu_seqlens,
     )
@@ -1181,7 +1180,7 @@ def chunk(
     # log(zeta^0.001953125) + log(gamma)
     _gk_H = _seq_vector(_log_gate(zeta ** 0.001953125) + _log_gate(gamma), _sizes, cu_seqlens)
     _S0_H = H.mT
-    _q = _seq_vector(_rotate_interleaved(q, pos * theta), _sizes, cu_seqlens)
+    _q = _seq_vector(_rotate_interleaved(q, _turn), _sizes, cu_seqlens)
     _o, _S = _chunk_diagonal(_q, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size)
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(q_t, pos_t theta)
     H = _S.mT
@@ -1226,13 +1225,14 @@ def _recurrence(q, k, v, gamma, theta, zeta, H, _pos, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
+        _turn = _turning(pos_t * theta, _sizes["K"], _dtype)
         # gamma H_{t-1} diag(zeta^(1 / 512)) + v_t rotate_interleaved(k_t / sqrt(K), pos_t theta)^T
         H_t = (
             gamma * H * (zeta ** 0.001953125).mT
-            + (v_t @ _rotate_interleaved(k_t / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)), pos_t * theta).mT)
+            + (v_t @ _rotate_interleaved(k_t / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)), _turn).mT)
         )
         # y_t = H_t rotate_interleaved(q_t, pos_t theta)
-        _ys.append(H_t @ _rotate_interleaved(q_t, pos_t * theta))
+        _ys.append(H_t @ _rotate_interleaved(q_t, _turn))
         H, _pos = H_t, _pos + 1
     return _torch.stack(_ys, 1), (H, _pos)
 

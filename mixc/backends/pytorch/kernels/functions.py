@@ -45,35 +45,43 @@ def _onehot_argmax(x):
     return (hard + (soft - soft.detach())).reshape(x.shape)
 
 
-def _pair_count(d, p):
-    """How many pairs of a vector of `d` entries `p` angles turn: p, or d / 2 when p = d."""
+def _turning(theta, d, dtype):
+    """The turn e^(i theta) of each pair of a vector of `d` entries by the angles theta
+    [..., p, 1]: complex [..., n], n = p pairs, or d / 2 when p = d (the first d / 2 read)."""
+    p = theta.shape[-2]
     n = d // 2 if p == d else p
     if 2 * n > d:
         _fail(  # noqa: F821 - defined by the compiled module
             f"rotate: {p} angles for a vector of {d} entries; give at most {d // 2} (one a pair"
             f" of the leading channels), or {d} (the first {d // 2} are read)"
         )
-    return n
+    angle = _turns(theta[..., :n, 0], dtype)
+    return torch.polar(torch.ones_like(angle), angle)
 
 
-def _rotate(x, theta):
-    """Half-split pairs (GPT-NeoX, Mamba-3): entry i and entry i + n turned by theta_i, for
-    the n pairs theta gives; the entries past 2n are kept."""
-    n = _pair_count(x.shape[-2], theta.shape[-2])
-    cos, sin = _cos(theta[..., :n, :], x.dtype), _sin(theta[..., :n, :], x.dtype)
-    a, b, rest = x[..., :n, :], x[..., n : 2 * n, :], x[..., 2 * n :, :]
-    first, second = a * cos - b * sin, a * sin + b * cos
-    return torch.cat((first, second, rest.expand(*first.shape[:-2], *rest.shape[-2:])), -2)
+def _rotate(x, turning):
+    """Half-split pairs (GPT-NeoX, Mamba-3): entries i and i + n, for the n pairs of
+    `turning` (see _turning), as the complex number x_i + i x_(i+n) times it; the entries past
+    2n are kept."""
+    n = turning.shape[-1]
+    turned = torch.complex(x[..., :n, 0], x[..., n : 2 * n, 0]) * turning
+    parts = (turned.real, turned.imag, x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1))
+    return torch.cat(parts, -1)[..., None]
 
 
-def _rotate_interleaved(x, theta):
-    """Interleaved pairs (RoFormer, torchscale): entries 2i and 2i + 1 turned by theta_i, for
-    the n pairs theta gives; the entries past 2n are kept."""
-    n = _pair_count(x.shape[-2], theta.shape[-2])
-    cos, sin = _cos(theta[..., :n, :], x.dtype), _sin(theta[..., :n, :], x.dtype)
-    a, b, rest = x[..., 0 : 2 * n : 2, :], x[..., 1 : 2 * n : 2, :], x[..., 2 * n :, :]
-    turned = torch.stack((a * cos - b * sin, a * sin + b * cos), -2).flatten(-3, -2)
-    return torch.cat((turned, rest.expand(*turned.shape[:-2], *rest.shape[-2:])), -2)
+def _rotate_interleaved(x, turning):
+    """Interleaved pairs (RoFormer, torchscale): entries 2i and 2i + 1, for the n pairs of
+    `turning` (see _turning), as the complex number x_2i + i x_(2i+1) times it; the entries
+    past 2n are kept."""
+    n = turning.shape[-1]
+    pairs = x[..., : 2 * n, 0].unflatten(-1, (n, 2))
+    if pairs.stride(-1) != 1 or any(s % 2 for s in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()
+    turned = torch.view_as_real(torch.view_as_complex(pairs) * turning).flatten(-2)
+    if 2 * n == x.shape[-2]:
+        return turned[..., None]
+    rest = x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1)
+    return torch.cat((turned, rest), -1)[..., None]
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
