@@ -394,10 +394,7 @@ def _check_timed(node: Timed, known: Known, args: set[str], where: str, owner: s
         )
     if sym.kind == "let":
         raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
-    if sym.kind == "size":
-        raise SpecNameError(
-            f"{node.name} is a size and has no time index", node.span, hint=f"write {node.name}"
-        )
+    _check_size_or_position(node, sym)
     if where == "param":
         _per_token_in_param(node)
     if where == "let":
@@ -405,13 +402,6 @@ def _check_timed(node: Timed, known: Known, args: set[str], where: str, owner: s
             f"let {owner} cannot read {node}: a let sees only its arguments and parameters",
             node.span,
             hint=f"pass {node} to {owner} as an argument",
-        )
-    if sym.kind == "position" and node.offset != 0:
-        raise SpecNameError(
-            f"{node}: the position is read at t only",
-            node.span,
-            hint=f"the position of token t{node.offset:+d} is "
-            f"{POSITION}_t {'-' if node.offset < 0 else '+'} {abs(node.offset)}",
         )
     if node.offset > 0:
         raise SpecAnalysisError(
@@ -434,6 +424,21 @@ def _check_timed(node: Timed, known: Known, args: set[str], where: str, owner: s
     if sym.kind == "state" and node.offset < -1:
         raise NotYetImplemented(
             f"{node.name} at t{node.offset:+d}: a state is read at t or t-1", node.span
+        )
+
+
+def _check_size_or_position(node: Timed, sym: Symbol) -> None:
+    """A size has no time index; the position is read at t only."""
+    if sym.kind == "size":
+        raise SpecNameError(
+            f"{node.name} is a size and has no time index", node.span, hint=f"write {node.name}"
+        )
+    if sym.kind == "position" and node.offset != 0:
+        raise SpecNameError(
+            f"{node}: the position is read at t only",
+            node.span,
+            hint=f"the position of token t{node.offset:+d} is "
+            f"{POSITION}_t {'-' if node.offset < 0 else '+'} {abs(node.offset)}",
         )
 
 
