@@ -254,7 +254,7 @@ def _rotations(plan: Plan) -> list[str]:
         if isinstance(n, Call)
     }
     out = []
-    if calls & {"rotate", "rotate_interleaved"}:
+    if plan.chunkable and calls & {"rotate", "rotate_interleaved"}:
         out.append(
             "rotations: each vector is turned by its own token's angles before the kernel (a "
             "per-token transform): exact for every class, the state kept in the turned "
