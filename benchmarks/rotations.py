@@ -74,10 +74,10 @@ def accuracy() -> None:
         "float64 product of float32 frequencies, mod 2 pi, float32 cos": torch.cos(
             torch.remainder(positions[:, None] * freq32.double(), 2 * math.pi).float()
         ),
-        "float64 product, mod 2 pi, float32 cos (mixc)": torch.cos(
+        "float64 product, mod 2 pi, float32 cos": torch.cos(
             torch.remainder(positions[:, None] * freq64, 2 * math.pi).float()
         ),
-        "float64 product, float64 cos, rounded to float32": torch.cos(
+        "float64 product, float64 cos, rounded to float32 (mixc)": torch.cos(
             positions[:, None] * freq64
         ).float(),
     }

@@ -266,8 +266,8 @@ def _rotations(plan: Plan) -> list[str]:
     if mixer.positioned:
         out.append(
             "positions: pos_t counts tokens from the carried state's pos (0 by default; each "
-            "packed sequence from its own); angles that read it are computed in float64 and "
-            "reduced modulo 2 pi before cos and sin"
+            "packed sequence from its own); angles that read it, and their cos and sin, are "
+            "computed in float64"
         )
     return out
 

@@ -801,13 +801,6 @@ class _OwnBackward(torch.autograd.Function):
         return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
 
 
-def _turns(theta, dtype):
-    """`theta` reduced modulo 2 pi (in its own precision), in `dtype`."""
-    if theta.dtype != dtype:
-        theta = torch.remainder(theta, 2 * torch.pi).to(dtype)
-    return theta
-
-
 def _turning(theta, d, dtype):
     """The turn e^(i theta) of each pair of a vector of `d` entries by the angles theta
     [..., p, 1]: complex [..., n], n = p pairs, or d / 2 when p = d (the first d / 2 read)."""
@@ -818,8 +811,15 @@ def _turning(theta, d, dtype):
             f"rotate: {p} angles for a vector of {d} entries; give at most {d // 2} (one a pair"
             f" of the leading channels), or {d} (the first {d // 2} are read)"
         )
-    angle = _turns(theta[..., :n, 0], dtype)
-    return torch.polar(torch.ones_like(angle), angle)
+    angle = theta[..., :n, 0]
+    # cos and sin in the angle's precision (float64 from a position: exact at 10^6, and on CPU
+    # cheaper than reducing it modulo 2 pi), written into the turn's real and imaginary parts
+    # (on CPU, torch.polar is 10x slower and stacking them 3x)
+    complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+    turn = torch.empty(angle.shape, dtype=complex_dtype, device=angle.device)
+    parts = torch.view_as_real(turn)
+    parts[..., 0], parts[..., 1] = torch.cos(angle), torch.sin(angle)
+    return turn
 
 
 def _rotate_interleaved(x, turning):
