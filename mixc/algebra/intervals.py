@@ -64,8 +64,10 @@ def _bounds(e: Expr, env: Mapping[str, Interval], defaults: Mapping[str, Expr | 
     if isinstance(e, Identity):  # its entries are 0 and 1
         return 0.0, 1.0
     if isinstance(e, Name):
-        if e.name in ("h", CHANNEL):
+        if e.name == "h":
             return 0.0, _INF
+        if e.name == CHANNEL:  # a vector's channel index, or where env bounds it
+            return env.get(CHANNEL, (0.0, _INF))
         default = defaults.get(e.name)
         if default is not None:
             return _bounds(default, env, defaults)

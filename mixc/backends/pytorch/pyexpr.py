@@ -182,7 +182,7 @@ class PyExpr:
         self.shared = shared
         self._plain_emitter: _PlainExpr | None = None
         self.constant = Folder(FLOATS).value
-        self.positioned = typer.mixer.positioned
+        self.positioned = typer is not None and typer.mixer.positioned
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
@@ -200,7 +200,7 @@ class PyExpr:
         if value is not None:
             text = literal(value)
             return text, (_UNARY if text.startswith("-") else _ATOM)
-        if isinstance(e, Name) and self.typer.symbols.get(e.name, _NOT_SIZE).kind == "size":
+        if isinstance(e, Name) and self._size(e.name):
             return f"_torch.full((), _sizes[{string(e.name)}], dtype=_dtype, device=_device)", _ATOM
         if isinstance(e, Timed | Name):
             return self.names(e), _ATOM
@@ -211,6 +211,10 @@ class PyExpr:
         if isinstance(e, Call):  # as _compute would, a frame fewer
             return self._call(e), _ATOM
         return self._compute(e)
+
+    def _size(self, name: str) -> bool:
+        """Whether `name` is a size read as a number."""
+        return self.typer is not None and self.typer.symbols.get(name, _NOT_SIZE).kind == "size"
 
     def plain(self, e: Expr) -> str:
         """`e` as it reads without common subexpressions bound to locals: what identifies it
