@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from mixc.algebra.expand import inline
 from mixc.errors import MixcError, Source
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, angle_only, walk
 from mixc.frontend.spec import Spec, load_spec
 
 __all__ = [
@@ -130,8 +130,9 @@ class Roles:
     - `decays`: every decay of every state, solved at initialisation (`MixerLayer`): the inputs
       in it get a learnable bias, set so the decay starts near 1 (DECAY_INIT); a decay of
       parameters only sets those parameters instead;
-    - `conditioned`: the inputs a stability condition bounds (decays and beta), which are not
-      convolved by default;
+    - `conditioned`: the inputs a stability condition bounds (decays and beta), and the angles
+      (inputs read only inside cos, sin and the rotations' angles), which are not convolved by
+      default;
     - `keys`: the inputs read only as queries of a readout or keys of a write (no value, no
       decay), which a group of value heads may share (`MixerLayer(num_v_heads=...)`).
     """
@@ -176,6 +177,8 @@ def roles(spec) -> Roles:
     domain = {r.name: r.domain for r in ranges.ranges}
 
     transforms, keys = _transforms_and_keys(plan, mixer, domain)
+    angles = _angle_inputs(mixer)  # an angle is used as given: no silu, no convolution
+    transforms = {n: ["identity"] if n in angles else chain for n, chain in transforms.items()}
 
     decays = []
     for s in plan.states:
@@ -199,7 +202,7 @@ def roles(spec) -> Roles:
             else:
                 inits[p] = "decay"
     bounded = {"positive", "negative", "unit interval", "real"}
-    conditioned = frozenset(n for n in inputs if domain[n] in bounded)
+    conditioned = frozenset(n for n in inputs if domain[n] in bounded or n in angles)
     keys -= conditioned | {n for d in decays for n in reads(d.log, inputs)}
     return Roles(transforms, domains, inits, tuple(decays), conditioned, frozenset(keys))
 
@@ -233,6 +236,12 @@ def _transforms_and_keys(plan, mixer, domain: dict[str, str]) -> tuple[dict, set
             transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
     transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
     return transforms, keys - values
+
+
+def _angle_inputs(mixer) -> set[str]:
+    """The inputs every read of which lies inside an angle (`angle_only`): they pass as given,
+    neither convolved nor put through silu."""
+    return {d.name for d in mixer.inputs} & angle_only(mixer)
 
 
 def default_transforms(spec) -> dict[str, list[str]]:

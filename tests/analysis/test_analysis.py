@@ -283,6 +283,39 @@ ROWS: dict[str, Row] = {
         "linear: _r0",
         SCALAR_DECAY,
     ),
+    "linear_attention_rope": Row(
+        "linear_attention_rope.mix",
+        {"H": S("identity", "identity", "v_t (rotate_interleaved(k_t, pos_t theta))^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "retnet_xpos": Row(
+        "retnet_xpos.mix",
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t (rotate_interleaved((1 / sqrt(K)) k_t, pos_t theta))^T",
+                (
+                    "scalar: gamma -> log(gamma) proven",
+                    "key: diag(zeta^(1 / 512)) -> log(zeta^0.001953125) unproven",
+                ),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(zeta^(1 / 512))",),
+    ),
+    "transformer_vq": Row(
+        "transformer_vq.mix",
+        {
+            "H": S("identity", "identity", "v_t (onehot_argmax(C k_t - 0.5 (C * C) ones))^T"),
+            "n": S("identity", "identity", "onehot_argmax(C k_t - 0.5 (C * C) ones)"),
+        },
+        "ratio: _r0 / _r1",
+        SCALAR_DECAY,
+        groups=(("H", "n"),),
+    ),
     # ---- the same mixers, spelled differently
     "retnet_scalar_on_the_right": Row(
         text("H_t = H_{t-1} gamma + v_t k_t^T", extra="param gamma = 1 - 2^(-5 - h)\n"),
