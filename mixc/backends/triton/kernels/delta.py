@@ -366,7 +366,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q),
+        DOT=_tl_dot_precision(q, _tl_delta_fwd),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -424,7 +424,7 @@ class _TlDelta(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q),
+            DOT=_tl_dot_precision(q, _tl_delta_bwd),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient

@@ -300,7 +300,7 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q),
+        DOT=_tl_dot_precision(q, _tl_diagonal_fwd),
     )
     return o, final, kept if keep else None
 
@@ -354,7 +354,7 @@ class _TlDiagonal(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q),
+            DOT=_tl_dot_precision(q, _tl_diagonal_bwd),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -522,7 +522,7 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
         LEVELS=_tl_levels(block_t),
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q),
+        DOT=_tl_dot_precision(q, _tl_dplr_fwd),
     )
     return o, final, (states, tiles) if keep else (None, None)
 
@@ -584,7 +584,7 @@ class _TlDplr(torch.autograd.Function):
             LEVELS=_tl_levels(block_t),
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q),
+            DOT=_tl_dot_precision(q, _tl_dplr_bwd),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None

@@ -231,7 +231,7 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q),
+        DOT=_tl_dot_precision(q, _tl_scalar_decay_fwd),
     )
     return o, final, kept if keep else None
 
@@ -284,7 +284,7 @@ class _TlScalarDecay(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q),
+            DOT=_tl_dot_precision(q, _tl_scalar_decay_bwd),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -395,12 +395,16 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_dot_precision(x):
-    """How a kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
+def _tl_dot_precision(x, kernel):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
     float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
-    "bf16" and "fp16" for those dtypes."""
+    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
+    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
+    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
+    the tensor cores do up to the order of the sums."""
     if x.dtype == torch.bfloat16:
-        return "bf16"
+        interpreted = type(kernel).__name__ == "InterpretedFunction"
+        return "bf16 emulated" if interpreted else "bf16"
     if x.dtype == torch.float16:
         return "fp16"
     if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
@@ -487,6 +491,8 @@ def _tl_dot(a, b, DOT: tl.constexpr):
     (see the module's docstring): "bf16" and "fp16" round the operands to that dtype."""
     if DOT == "bf16":
         product = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        product = tl.dot(_tl_round_bf16(a), _tl_round_bf16(b), input_precision="ieee")
     elif DOT == "fp16":
         product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
     elif DOT == "tf32":
@@ -494,6 +500,15 @@ def _tl_dot(a, b, DOT: tl.constexpr):
     else:
         product = tl.dot(a, b, input_precision="ieee")
     return product
+
+
+@triton.jit
+def _tl_round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
+    conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -973,7 +988,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q),
+        DOT=_tl_dot_precision(q, _tl_delta_fwd),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -1031,7 +1046,7 @@ class _TlDelta(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q),
+            DOT=_tl_dot_precision(q, _tl_delta_bwd),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient
