@@ -120,7 +120,9 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, w
     ptx = kernel.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
-    usage = subprocess.run([_bin("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True)
+    usage = subprocess.run(
+        [_bin("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True
+    )
     sass = subprocess.run([_bin("cuobjdump"), "-sass", f.name], capture_output=True, text=True)
     os.unlink(f.name)
     ptxas = log.getvalue()
@@ -199,7 +201,7 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
 def _write(rows, command: str) -> None:
     import triton
 
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = [
         "# Triton kernels: static resource report (no GPU)",
         "",
@@ -248,7 +250,9 @@ def main(argv=None) -> int:
                 rows.append((row, result))
                 print(_table([(row, result)])[-1], flush=True)
     if not args.no_write:
-        _write(rows, "python benchmarks/" + " ".join([Path(__file__).name, *(argv or sys.argv[1:])]))
+        _write(
+            rows, "python benchmarks/" + " ".join([Path(__file__).name, *(argv or sys.argv[1:])])
+        )
     return 0
 
 
