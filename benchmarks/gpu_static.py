@@ -12,10 +12,12 @@ stack frame and shared memory (cuobjdump -res-usage), the tensor-core instructio
     python benchmarks/gpu_static.py                 # every kernel, sm_90, bf16 and fp32
     python benchmarks/gpu_static.py --arch 90 100   # and sm_100
     python benchmarks/gpu_static.py --only scalar_decay --dtype bf16 --no-write
+    python benchmarks/gpu_static.py --only delta --dtype fp32 --append  # add or replace rows
 
 Each compile runs in its own process, niced, under --timeout seconds (a compile that runs out
 is reported as such), one at a time. The table goes to benchmarks/RESULTS-gpu-static.md with
-triton's version, unless --no-write. Targets: no spills, tensor-core instructions in every
+triton's version, and the rows to benchmarks/RESULTS-gpu-static.json, unless --no-write;
+--append keeps the rows of earlier runs that this run does not redo. Targets: no spills, tensor-core instructions in every
 bf16 kernel, each compile under two minutes.
 """
 
@@ -35,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "RESULTS-gpu-static.md"
+#: Every row written so far, so that --append can add rows from another run.
+ROWS = ROOT / "benchmarks" / "RESULTS-gpu-static.json"
 sys.path.insert(0, str(ROOT))  # this checkout's mixc, whichever is installed
 
 #: The kernels: (class file, direction, the @triton.jit function).
@@ -88,7 +92,7 @@ def _signature(fn, dtype: str, consts: dict):
 
 
 def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, warps: int,
-                stages: int) -> dict:  # fmt: skip
+                stages: int, gate: bool = True) -> dict:  # fmt: skip
     """Compile one kernel in this process; the figures of its report row."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixc-static-")
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
@@ -103,7 +107,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, w
 
     module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
     fn = getattr(module, f"_tl_{cls}_{direction}")
-    consts = {"HAS_G": True, "BT": CHUNK, "BK": D_K, "BV": block_v,
+    consts = {"HAS_G": gate, "BT": CHUNK, "BK": D_K, "BV": block_v,
               "DOT": "bf16" if dtype == "bf16" else "ieee"}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     if "LEVELS" in fn.arg_names:
@@ -198,14 +202,25 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     return lines
 
 
-def _write(rows, command: str) -> None:
+def _write(rows, command: str, append: bool) -> None:
     import triton
 
+    def key(row):
+        return tuple(row[k] for k in ("cls", "direction", "dtype", "arch"))
+
+    if append and ROWS.exists():
+        new = {key(row) for row, _ in rows}
+        old = [tuple(pair) for pair in json.loads(ROWS.read_text(encoding="utf-8"))["rows"]]
+        rows = [pair for pair in old if key(pair[0]) not in new] + rows
+    order = {kernel[:2]: i for i, kernel in enumerate(KERNELS)}
+    rows.sort(key=lambda p: (order[p[0]["cls"], p[0]["direction"]], p[0]["dtype"], p[0]["arch"]))
+    ROWS.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1) + "\n")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = [
         "# Triton kernels: static resource report (no GPU)",
         "",
-        f"Written by `{command}` on {now}: triton {triton.__version__}, "
+        f"Last written by `{command}` on {now} (rows of earlier runs kept by --append): "
+        f"triton {triton.__version__}, "
         f"{platform.machine()} host with {os.cpu_count()} CPUs shared with other work (compile "
         "times are this machine's, niced). Shapes: d_k = d_v = 128, 64-token chunks, "
         "gates on, the forward keeping what the backward reads, the backward with the gates' "
@@ -230,7 +245,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--block-v", type=int, help="override BV of every kernel")
     parser.add_argument("--warps", type=int, help="override num_warps of every kernel")
+    parser.add_argument("--no-gate", action="store_true", help="compile without gates")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--append", action="store_true", help="keep earlier runs' other rows")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -245,7 +262,7 @@ def main(argv=None) -> int:
             for arch in args.arch:
                 row = {"cls": cls, "direction": direction, "dtype": dtype, "arch": arch,
                        "block_v": args.block_v or block_v, "warps": args.warps or warps,
-                       "stages": stages}  # fmt: skip
+                       "stages": stages, "gate": not args.no_gate}  # fmt: skip
                 result = _run_child(row, args.timeout)
                 rows.append((row, result))
                 print(_table([(row, result)])[-1], flush=True)

@@ -87,7 +87,7 @@ def _tl_delta_chunk(
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     k_scaled = k_c * beta_c[:, None]
     if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         kk = kk * gamma
         scores = scores * gamma
         k_scaled = k_scaled * from_start
@@ -221,7 +221,7 @@ def _tl_delta_chunk_grad(
     - W^T dV_new."""
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     # without a gate the decays of zero gates stand in, never read (the compiler drops them)
-    gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
+    gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
     kk = _tl_dot(k_c, tl.trans(k_c), DOT)
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:

@@ -53,19 +53,21 @@ def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr,
     finite poisons its column's outputs from its token on and the state."""
     causal = rows[:, None] >= rows[None, :]
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
-    if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
-        scores = scores * gamma
-        q_c = q_c * from_start
-        k_c = k_c * to_end
-    scores = tl.where(causal, scores, 0.0)
     v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
-    out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
-    out += _tl_dot(q_c, state.to(q_c.dtype), DOT)
-    out += tl.cumsum(poison, axis=0)
+    from_state = _tl_dot(q_c, state, DOT)  # Q S
+    written = v_c
     if HAS_G:
+        # the decays scale the rows of the products (diag(exp(b)) (Q S), K^T (diag(exp(b_C -
+        # b)) V)), not the [BT, BK] queries and keys: fewer registers, the same sums
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+        scores = scores * gamma
+        from_state = from_state * from_start
+        written = v_c * to_end
         state = state * chunk_decay
-    state += _tl_dot(tl.trans(k_c), v_c, DOT)
+    scores = tl.where(causal, scores, 0.0)
+    out = _tl_dot(scores, v_c, DOT) + from_state
+    out += tl.cumsum(poison, axis=0)
+    state += _tl_dot(tl.trans(k_c), written, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -124,7 +126,7 @@ def _tl_scalar_decay_chunk_grad(
     d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
     probs = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         probs = probs * gamma
         d_scores = tl.where(causal, d_probs * gamma, 0.0)
         q_start, do_start = q_c * from_start, do_c * from_start

@@ -588,19 +588,22 @@ def _tl_finite(x):
 
 
 @triton.jit
-def _tl_gate_sums(g, rows, DOT: tl.constexpr):
+def _tl_gate_sums(g, rows):
     """The sums of a chunk's log-gates g [BT] that its decays need, each summed from its own
     terms: (b_i - b_j = g_{j+1} + ... + g_i for i >= j (0 above the diagonal) [BT, BT], and
     b_C - b_j = g_{j+1} + ... + g_C [BT]).
 
     Not differences of running sums: where b is large the difference of two of them loses
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
-    needs its own small sum exactly. The pair sums are one matmul of the gates below the
-    diagonal with a mask, every product a gate times 1 or 0, every sum one of gates of one sign.
+    needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
+    the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
+    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
+    operands, and few registers).
     """
-    up_to = tl.where(rows[None, :] <= rows[:, None], g[None, :], 0.0)  # [i, l]: g_l for l <= i
-    after = (rows[:, None] > rows[None, :]).to(g.dtype)  # [l, j]: l > j
-    pairs = _tl_gate_dot(up_to, after, DOT)
+    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
+    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
+    pairs = tl.cumsum(terms, axis=1, reverse=True)
     to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
     return pairs, to_end
 
@@ -650,11 +653,11 @@ def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
 
 
 @triton.jit
-def _tl_chunk_decays(g, rows, DOT: tl.constexpr):
+def _tl_chunk_decays(g, rows):
     """The decays of a chunk from its log-gates g [BT] (_tl_gate_sums): (Gamma [BT, BT],
     exp(b_i - b_j) on and below the diagonal and 1, an empty product, above it; exp(b) and
     exp(b_C - b) [BT, 1]; the whole chunk's exp(b_C))."""
-    pairs, to_end = _tl_gate_sums(g, rows, DOT)
+    pairs, to_end = _tl_gate_sums(g, rows)
     gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
     from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
     return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))
@@ -709,7 +712,7 @@ def _tl_delta_chunk(
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     k_scaled = k_c * beta_c[:, None]
     if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         kk = kk * gamma
         scores = scores * gamma
         k_scaled = k_scaled * from_start
@@ -843,7 +846,7 @@ def _tl_delta_chunk_grad(
     - W^T dV_new."""
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     # without a gate the decays of zero gates stand in, never read (the compiler drops them)
-    gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
+    gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
     kk = _tl_dot(k_c, tl.trans(k_c), DOT)
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:

@@ -653,19 +653,22 @@ def _tl_finite(x):
 
 
 @triton.jit
-def _tl_gate_sums(g, rows, DOT: tl.constexpr):
+def _tl_gate_sums(g, rows):
     """The sums of a chunk's log-gates g [BT] that its decays need, each summed from its own
     terms: (b_i - b_j = g_{j+1} + ... + g_i for i >= j (0 above the diagonal) [BT, BT], and
     b_C - b_j = g_{j+1} + ... + g_C [BT]).
 
     Not differences of running sums: where b is large the difference of two of them loses
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
-    needs its own small sum exactly. The pair sums are one matmul of the gates below the
-    diagonal with a mask, every product a gate times 1 or 0, every sum one of gates of one sign.
+    needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
+    the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
+    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
+    operands, and few registers).
     """
-    up_to = tl.where(rows[None, :] <= rows[:, None], g[None, :], 0.0)  # [i, l]: g_l for l <= i
-    after = (rows[:, None] > rows[None, :]).to(g.dtype)  # [l, j]: l > j
-    pairs = _tl_gate_dot(up_to, after, DOT)
+    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
+    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
+    pairs = tl.cumsum(terms, axis=1, reverse=True)
     to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
     return pairs, to_end
 
@@ -715,11 +718,11 @@ def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
 
 
 @triton.jit
-def _tl_chunk_decays(g, rows, DOT: tl.constexpr):
+def _tl_chunk_decays(g, rows):
     """The decays of a chunk from its log-gates g [BT] (_tl_gate_sums): (Gamma [BT, BT],
     exp(b_i - b_j) on and below the diagonal and 1, an empty product, above it; exp(b) and
     exp(b_C - b) [BT, 1]; the whole chunk's exp(b_C))."""
-    pairs, to_end = _tl_gate_sums(g, rows, DOT)
+    pairs, to_end = _tl_gate_sums(g, rows)
     gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
     from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
     return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))
@@ -733,19 +736,21 @@ def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr,
     finite poisons its column's outputs from its token on and the state."""
     causal = rows[:, None] >= rows[None, :]
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
-    if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
-        scores = scores * gamma
-        q_c = q_c * from_start
-        k_c = k_c * to_end
-    scores = tl.where(causal, scores, 0.0)
     v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
-    out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
-    out += _tl_dot(q_c, state.to(q_c.dtype), DOT)
-    out += tl.cumsum(poison, axis=0)
+    from_state = _tl_dot(q_c, state, DOT)  # Q S
+    written = v_c
     if HAS_G:
+        # the decays scale the rows of the products (diag(exp(b)) (Q S), K^T (diag(exp(b_C -
+        # b)) V)), not the [BT, BK] queries and keys: fewer registers, the same sums
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+        scores = scores * gamma
+        from_state = from_state * from_start
+        written = v_c * to_end
         state = state * chunk_decay
-    state += _tl_dot(tl.trans(k_c), v_c, DOT)
+    scores = tl.where(causal, scores, 0.0)
+    out = _tl_dot(scores, v_c, DOT) + from_state
+    out += tl.cumsum(poison, axis=0)
+    state += _tl_dot(tl.trans(k_c), written, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -804,7 +809,7 @@ def _tl_scalar_decay_chunk_grad(
     d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
     probs = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows, DOT)
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         probs = probs * gamma
         d_scores = tl.where(causal, d_probs * gamma, 0.0)
         q_start, do_start = q_c * from_start, do_c * from_start
