@@ -44,27 +44,22 @@ sys.path.insert(0, str(ROOT))  # this checkout's mixc, whichever is installed
 #: The kernels: (class file, direction, the @triton.jit function).
 KERNELS = tuple(
     (cls, direction, f"_tl_{cls}_{direction}")
-    for cls in ("scalar_decay", "delta", "diagonal", "dplr")
+    for cls in ("scalar_decay", "delta", "diagonal", "dplr", "elementwise")
     for direction in ("fwd", "bwd")
 )
+#: The elementwise class (a scan, no matmuls) at Mamba-1's shapes: a state of 16 rows (d_state)
+#: per value column, the gate dt_t ⊗ A (g_scale given).
+ELEMENTWISE_D_K = 16
 #: The pointers that hold 16-bit data on the bf16 path (the inputs, the output and its
 #: gradient); every other pointer (gates, betas, states, kept tiles, gradients) is float32.
 SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o"}
 #: fla's benchmark shapes: key and value width, chunk.
 D_K, D_V, CHUNK = 128, 128, 64
-#: Launch configurations: the value block (BV: the value columns of one program) and
-#: (num_warps, num_stages) per class and direction; the first GPU run's autotune set is
-#: CONFIGS[...] too. Chosen so that every kernel compiles without spills (see the report).
-CONFIGS = {
-    ("scalar_decay", "fwd"): (64, 4, 1),
-    ("scalar_decay", "bwd"): (64, 4, 1),
-    ("delta", "fwd"): (64, 4, 1),
-    ("delta", "bwd"): (64, 4, 1),
-    ("diagonal", "fwd"): (64, 4, 1),
-    ("diagonal", "bwd"): (64, 4, 1),
-    ("dplr", "fwd"): (64, 4, 1),
-    ("dplr", "bwd"): (64, 4, 1),
-}
+#: The launch configuration of every kernel: value columns a program (BV), warps and pipeline
+#: stages, as the kernels launch (kernels/common.py).
+from mixc.backends.triton.kernels.common import _tl_launch, _tl_value_block  # noqa: E402
+
+CONFIG = (_tl_value_block(D_V), _tl_launch()["num_warps"], _tl_launch()["num_stages"])
 
 
 def _bin(tool: str) -> str:
@@ -85,6 +80,8 @@ def _signature(fn, dtype: str, consts: dict):
             sig[name], constexprs[name] = "constexpr", 1
         elif name in ("T", "NH", "K", "V") or re.fullmatch(r"s\w+_[bht]", name):
             sig[name], attrs[(i,)] = "i32", [["tt.divisibility", 16]]
+        elif re.fullmatch(r"s\w+_[kv]", name):  # a broadcast gate's strides: 0, 1 or more
+            sig[name] = "i32"
         else:
             sig[name] = "*bf16" if dtype == "bf16" and name in SIXTEEN_BIT else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -107,11 +104,11 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, w
 
     module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
     fn = getattr(module, f"_tl_{cls}_{direction}")
-    consts = {"HAS_G": gate, "BT": CHUNK, "BK": D_K, "BV": block_v,
-              "DOT": "bf16" if dtype == "bf16" else "ieee"}  # fmt: skip
+    consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": CHUNK, "C": CHUNK, "BV": block_v,
+              "BK": ELEMENTWISE_D_K if cls == "elementwise" else D_K,
+              "DOT": "bf16" if dtype == "bf16" else "ieee", "LEVELS": CHUNK.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
-    if "LEVELS" in fn.arg_names:
-        consts["LEVELS"] = CHUNK.bit_length() - 1
+    consts = {name: value for name, value in consts.items() if name in fn.arg_names}
     sig, constexprs, attrs = _signature(fn, dtype, consts)
     source = ASTSource(fn, sig, constexprs, attrs)
     log = io.StringIO()
@@ -171,7 +168,8 @@ def _verdict(row: dict, result: dict) -> str:
     misses = []
     if (result["spill_stores"] or 0) + (result["spill_loads"] or 0) + result["local"] > 0:
         misses.append("spills")
-    if row["dtype"] == "bf16" and result["ptx_mma"] + result["ptx_wgmma"] == 0:
+    matmuls = row["cls"] != "elementwise"  # a scan: no matmul to put on the tensor cores
+    if matmuls and row["dtype"] == "bf16" and result["ptx_mma"] + result["ptx_wgmma"] == 0:
         misses.append("no tensor-core instructions")
     if result["seconds"] > 120:
         misses.append("compile over 2 min")
@@ -257,7 +255,7 @@ def main(argv=None) -> int:
     for cls, direction, _ in KERNELS:
         if (args.only and cls not in args.only) or direction not in args.direction:
             continue
-        block_v, warps, stages = CONFIGS[(cls, direction)]
+        block_v, warps, stages = CONFIG
         for dtype in args.dtype:
             for arch in args.arch:
                 row = {"cls": cls, "direction": direction, "dtype": dtype, "arch": arch,

@@ -35,6 +35,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_gate_grads,
     _tl_gates,
     _tl_gradients,
+    _tl_launch,
     _tl_load_state,
     _tl_outputs,
     _tl_put_rows,
@@ -249,20 +250,9 @@ def _tl_delta_chunk_grad(
     dq_c = _tl_dot(d_qk, k_c, DOT) + from_q
     dv_c, d_k_scaled, d_a = _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT)
     dk_c, d_kk, from_k = _tl_delta_key_grads(
-        q_c,
-        k_c,
-        beta_c,
-        d_qk,
-        d_a,
-        d_k_scaled,
-        v_new,
-        d_state,
-        gamma,
-        from_start,
-        to_end,
-        HAS_G,
-        DOT,
-    )
+        q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
+        HAS_G, DOT,
+    )  # fmt: skip
     beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
     dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
     dg_c = tl.zeros_like(dbeta_c)
@@ -367,6 +357,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BK=block_k,
         BV=block_v,
         DOT=_tl_dot_precision(q, _tl_delta_fwd),
+        **_tl_launch(),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -425,6 +416,7 @@ class _TlDelta(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=_tl_dot_precision(q, _tl_delta_bwd),
+            **_tl_launch(),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient

@@ -41,6 +41,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_finite,
     _tl_gradients,
     _tl_key_gates,
+    _tl_launch,
     _tl_levels,
     _tl_load_state,
     _tl_outputs,
@@ -301,6 +302,7 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
         BK=block_k,
         BV=block_v,
         DOT=_tl_dot_precision(q, _tl_diagonal_fwd),
+        **_tl_launch(),
     )
     return o, final, kept if keep else None
 
@@ -355,6 +357,7 @@ class _TlDiagonal(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=_tl_dot_precision(q, _tl_diagonal_bwd),
+            **_tl_launch(),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -52,6 +52,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_gate_dot,
     _tl_gradients,
     _tl_key_gates,
+    _tl_launch,
     _tl_levels,
     _tl_load_state,
     _tl_outputs,
@@ -301,16 +302,10 @@ def _tl_dplr_level_grad(
     row, row_before, col = _tl_dplr_decays(g_c, rows, RUN, DOT)
     pairs = _tl_pairs(rows, RUN)
     dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
-        tl.where(pairs, d_qk, 0.0),
-        tl.where(pairs, d_qb, 0.0),
-        tl.where(pairs, d_ak, 0.0),
-        tl.where(pairs, d_ab, 0.0),
-        q_c * row,
-        a_c * row_before,
-        k_c * col,
-        b_c * col,
-        DOT,
-    )
+        tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
+        tl.where(pairs, d_ak, 0.0), tl.where(pairs, d_ab, 0.0),
+        q_c * row, a_c * row_before, k_c * col, b_c * col, DOT,
+    )  # fmt: skip
     return dq_l * row, da_l * row_before, dk_l * col, db_l * col
 
 
@@ -494,36 +489,13 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
     _tl_dplr_fwd[(n_v, batch * heads)](
-        q,
-        k,
-        v,
-        a,
-        b,
-        q if gk is None else gk,
-        initial_state,
-        o,
-        final,
-        states,
-        tiles,
-        length,
-        heads,
-        d_k,
-        d_v,
-        *_tl_strides(q, 4),
-        *_tl_strides(k, 4),
-        *_tl_strides(v, 4),
-        *_tl_strides(a, 4),
-        *_tl_strides(b, 4),
-        *_tl_strides(gk, 4),
-        *_tl_strides(o, 4),
-        HAS_G=gk is not None,
-        KEEP=keep,
-        BT=block_t,
-        LEVELS=_tl_levels(block_t),
-        BK=block_k,
-        BV=block_v,
-        DOT=_tl_dot_precision(q, _tl_dplr_fwd),
-    )
+        q, k, v, a, b, q if gk is None else gk, initial_state,  # read
+        o, final, states, tiles,  # written
+        length, heads, d_k, d_v,
+        *(stride for x in (q, k, v, a, b, gk, o) for stride in _tl_strides(x, 4)),
+        HAS_G=gk is not None, KEEP=keep, BT=block_t, LEVELS=_tl_levels(block_t), BK=block_k,
+        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(),
+    )  # fmt: skip
     return o, final, (states, tiles) if keep else (None, None)
 
 
@@ -585,6 +557,7 @@ class _TlDplr(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=_tl_dot_precision(q, _tl_dplr_bwd),
+            **_tl_launch(),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None

@@ -33,6 +33,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_gate_grads,
     _tl_gates,
     _tl_gradients,
+    _tl_launch,
     _tl_load_state,
     _tl_outputs,
     _tl_put_rows,
@@ -234,6 +235,7 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
         BK=block_k,
         BV=block_v,
         DOT=_tl_dot_precision(q, _tl_scalar_decay_fwd),
+        **_tl_launch(),
     )
     return o, final, kept if keep else None
 
@@ -287,6 +289,7 @@ class _TlScalarDecay(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=_tl_dot_precision(q, _tl_scalar_decay_bwd),
+            **_tl_launch(),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -399,6 +399,20 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
+def _tl_value_block(d_v):
+    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
+    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
+    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
+    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return min(_tl_block(d_v), 32)
+
+
+def _tl_launch():
+    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
+    registers, not loads, are what a program runs short of); see _tl_value_block."""
+    return {"num_warps": 8, "num_stages": 1}
+
+
 def _tl_dot_precision(x, kernel):
     """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
     float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
@@ -426,10 +440,10 @@ def _tl_sizes(q, v, chunk_size):
     """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
     block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
     tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    at most 64, one program each."""
+    _tl_value_block, one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = min(_tl_block(d_v), 64)
+    block_v = _tl_value_block(d_v)
     return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
@@ -898,16 +912,10 @@ def _tl_dplr_level_grad(
     row, row_before, col = _tl_dplr_decays(g_c, rows, RUN, DOT)
     pairs = _tl_pairs(rows, RUN)
     dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
-        tl.where(pairs, d_qk, 0.0),
-        tl.where(pairs, d_qb, 0.0),
-        tl.where(pairs, d_ak, 0.0),
-        tl.where(pairs, d_ab, 0.0),
-        q_c * row,
-        a_c * row_before,
-        k_c * col,
-        b_c * col,
-        DOT,
-    )
+        tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
+        tl.where(pairs, d_ak, 0.0), tl.where(pairs, d_ab, 0.0),
+        q_c * row, a_c * row_before, k_c * col, b_c * col, DOT,
+    )  # fmt: skip
     return dq_l * row, da_l * row_before, dk_l * col, db_l * col
 
 
@@ -1091,36 +1099,13 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
     _tl_dplr_fwd[(n_v, batch * heads)](
-        q,
-        k,
-        v,
-        a,
-        b,
-        q if gk is None else gk,
-        initial_state,
-        o,
-        final,
-        states,
-        tiles,
-        length,
-        heads,
-        d_k,
-        d_v,
-        *_tl_strides(q, 4),
-        *_tl_strides(k, 4),
-        *_tl_strides(v, 4),
-        *_tl_strides(a, 4),
-        *_tl_strides(b, 4),
-        *_tl_strides(gk, 4),
-        *_tl_strides(o, 4),
-        HAS_G=gk is not None,
-        KEEP=keep,
-        BT=block_t,
-        LEVELS=_tl_levels(block_t),
-        BK=block_k,
-        BV=block_v,
-        DOT=_tl_dot_precision(q, _tl_dplr_fwd),
-    )
+        q, k, v, a, b, q if gk is None else gk, initial_state,  # read
+        o, final, states, tiles,  # written
+        length, heads, d_k, d_v,
+        *(stride for x in (q, k, v, a, b, gk, o) for stride in _tl_strides(x, 4)),
+        HAS_G=gk is not None, KEEP=keep, BT=block_t, LEVELS=_tl_levels(block_t), BK=block_k,
+        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(),
+    )  # fmt: skip
     return o, final, (states, tiles) if keep else (None, None)
 
 
@@ -1182,6 +1167,7 @@ class _TlDplr(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=_tl_dot_precision(q, _tl_dplr_bwd),
+            **_tl_launch(),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None
