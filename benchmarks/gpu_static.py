@@ -143,8 +143,10 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, w
         "shared": kernel.metadata.shared,
         "ptx_mma": len(re.findall(r"^\s*mma\.", ptx, re.M)),
         "ptx_wgmma": len(re.findall(r"^\s*wgmma\.mma_async", ptx, re.M)),
+        "ptx_tcgen05": len(re.findall(r"^\s*(?:@\S+\s+)?tcgen05\.mma", ptx, re.M)),
         "sass_hmma": len(re.findall(r"\bHMMA\b", sass.stdout)),
         "sass_hgmma": len(re.findall(r"\bHGMMA\b", sass.stdout)),
+        "sass_utcmma": len(re.findall(r"\bUTC\w*MMA\b", sass.stdout)),
     }
 
 
@@ -169,7 +171,11 @@ def _verdict(row: dict, result: dict) -> str:
     if (result["spill_stores"] or 0) + (result["spill_loads"] or 0) + result["local"] > 0:
         misses.append("spills")
     matmuls = row["cls"] != "elementwise"  # a scan: no matmul to put on the tensor cores
-    if matmuls and row["dtype"] == "bf16" and result["ptx_mma"] + result["ptx_wgmma"] == 0:
+    if (
+        matmuls
+        and row["dtype"] == "bf16"
+        and result["ptx_mma"] + result["ptx_wgmma"] + result.get("ptx_tcgen05", 0) == 0
+    ):
         misses.append("no tensor-core instructions")
     if result["seconds"] > 120:
         misses.append("compile over 2 min")
@@ -179,7 +185,7 @@ def _verdict(row: dict, result: dict) -> str:
 def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     head = (
         "| kernel | dtype | sm | BV, warps, stages | regs | spill st/ld (B) | stack | shared (B) "
-        "| mma / wgmma (PTX) | HMMA / HGMMA (SASS) | compile (s) | verdict |"
+        "| mma / wgmma / tcgen05.mma (PTX) | HMMA / HGMMA / UTC*MMA (SASS) | compile (s) | verdict |"
     )
     lines = [head, "|" + " --- |" * 12]
     for row, r in rows:
@@ -194,7 +200,8 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
         lines.append(
             f"| {name} | {row['dtype']} | {row['arch']} | {conf} | {r['registers']} | "
             f"{r['spill_stores']} / {r['spill_loads']} | {r['stack']} | {r['shared']} | "
-            f"{r['ptx_mma']} / {r['ptx_wgmma']} | {r['sass_hmma']} / {r['sass_hgmma']} | "
+            f"{r['ptx_mma']} / {r['ptx_wgmma']} / {r.get('ptx_tcgen05', 0)} | "
+            f"{r['sass_hmma']} / {r['sass_hgmma']} / {r.get('sass_utcmma', 0)} | "
             f"{r['seconds']} | {_verdict(row, r)} |"
         )
     return lines

@@ -81,7 +81,7 @@ def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.const
     same = rows[:, None] == rows[None, :]
     scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)  # i = j
     for level in tl.static_range(LEVELS):
-        from_left, to_right = _tl_run_sums(g_c, rows, 2**level, DOT)
+        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
         k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
         corner = _tl_dot(q_l, tl.trans(k_l), DOT)
@@ -107,7 +107,7 @@ def _tl_diagonal_chunk(
     O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V),
     the poison reaching the outputs from its token on and the state."""
     scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT)
-    from_start, to_end = _tl_run_sums(g_c, rows, BT, DOT)
+    from_start, to_end = _tl_run_sums(g_c, rows, BT)
     out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
     out += _tl_dot(q_c * tl.exp(from_start), state.to(q_c.dtype), DOT)
     out += tl.cumsum(poison, axis=0)
@@ -174,7 +174,7 @@ def _tl_diagonal_scores_grad(
     dq_c, dk_c = d_same * k_c, d_same * q_c
     dg_c = tl.zeros_like(q_c)
     for level in tl.static_range(LEVELS):
-        from_left, to_right = _tl_run_sums(g_c, rows, 2**level, DOT)
+        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
         q_l, k_l = q_c * left_decay, k_c * right_decay
         pairs = _tl_pairs(rows, 2**level)
@@ -185,7 +185,7 @@ def _tl_diagonal_scores_grad(
         dq_c += d_q_l * left_decay
         dk_c += d_k_l * right_decay
         if GATE_GRAD:
-            dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level, DOT)
+            dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
     return scores, dq_c, dk_c, dg_c
 
 
@@ -205,7 +205,7 @@ def _tl_diagonal_chunk_grad(
     scores, dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
         q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS, DOT
     )
-    from_start, to_end = _tl_run_sums(g_c, rows, BT, DOT)
+    from_start, to_end = _tl_run_sums(g_c, rows, BT)
     start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
     chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
     q_start, k_end = q_c * start_decay, k_c * end_decay
@@ -216,7 +216,7 @@ def _tl_diagonal_chunk_grad(
     dq_c += from_q * start_decay
     dk_c += from_k * end_decay
     if GATE_GRAD:
-        dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT, DOT)
+        dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT)
         whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
         dg_c += tl.trans(whole)
     d_state = d_state * chunk_decay

@@ -49,7 +49,6 @@ from mixc.backends.triton.kernels.common import (
     _tl_dot,
     _tl_dot_precision,
     _tl_finite,
-    _tl_gate_dot,
     _tl_gradients,
     _tl_key_gates,
     _tl_launch,
@@ -59,7 +58,8 @@ from mixc.backends.triton.kernels.common import (
     _tl_pairs,
     _tl_put_rows,
     _tl_rows,
-    _tl_run_masks,
+    _tl_run_scan,
+    _tl_run_shift,
     _tl_run_sums,
     _tl_run_sums_grad,
     _tl_sizes,
@@ -73,23 +73,21 @@ from mixc.backends.triton.kernels.common import (
 
 
 @triton.jit
-def _tl_dplr_decays(g, rows, RUN: tl.constexpr, DOT: tl.constexpr):
+def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
     """The decays inside the aligned runs of RUN rows, from log-gates g [BT, BK]: the
     exponentials of the sums of g (_tl_run_sums) from the run's start to each row, the row
     included and not, and from after each row to the run's end [BT, BK]. For RUN = BT: exp(c_r),
     exp(c_{r-1}) and exp(c_C - c_j)."""
-    up_to, after = _tl_run_sums(g, rows, RUN, DOT)
-    _, after_mask = _tl_run_masks(rows, RUN)  # transposed: [r, l] where l < r in r's run
-    before = _tl_gate_dot(tl.trans(after_mask.to(g.dtype)), g, DOT)
+    up_to, after = _tl_run_sums(g, rows, RUN)
+    before = _tl_run_scan(_tl_run_shift(g, rows, RUN, False), RUN, False)  # l < r in r's run
     return tl.exp(up_to), tl.exp(before), tl.exp(after)
 
 
 @triton.jit
-def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr, DOT: tl.constexpr):
-    """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN, DOT), from theirs."""
-    _, after_mask = _tl_run_masks(rows, RUN)
-    d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN, DOT)
-    return d_g + _tl_gate_dot(after_mask.to(d_before.dtype), d_before, DOT)
+def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
+    """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
+    d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
+    return d_g + _tl_run_scan(_tl_run_shift(d_before, rows, RUN, True), RUN, True)
 
 
 @triton.jit
@@ -131,7 +129,7 @@ def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr,
     ak = tl.zeros([BT, BT], dtype=q.dtype)
     ab = tl.zeros([BT, BT], dtype=q.dtype)
     for level in tl.static_range(LEVELS):
-        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level, DOT)
+        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
         pairs = _tl_pairs(rows, 1 << level)
         qk_l, qb_l, ak_l, ab_l = _tl_dplr_dots(
             q * row, a * row_before, k * col, b * col, pairs, pairs, DOT
@@ -180,7 +178,7 @@ def _tl_dplr_decayed(
     K, B ⊙ exp(c_C - c))."""
     if HAS_G:
         qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS, DOT)
-        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT, DOT)
+        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
         q_start, a_before = q_c * from_start, a_c * from_before
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
@@ -299,7 +297,7 @@ def _tl_dplr_level_grad(
     half, from those of the scores (0 outside their pairs): through that level's products of
     the rows decayed from the boundary of their block's halves and the columns decayed to it,
     and through those decays."""
-    row, row_before, col = _tl_dplr_decays(g_c, rows, RUN, DOT)
+    row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
     pairs = _tl_pairs(rows, RUN)
     dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
         tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
@@ -349,7 +347,7 @@ def _tl_dplr_scores_grad(
             )
             if GATE_GRAD:
                 dg_c += _tl_dplr_decays_grad(
-                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level, DOT
+                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
                 )
             dq_c += dq_l
             da_c += da_l
@@ -378,7 +376,7 @@ def _tl_dplr_chunk_grad(
     U)^T, which go back to the inputs (_tl_dplr_scores_grad), and
     D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ."""
     if HAS_G:
-        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT, DOT)
+        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
         q_start, a_before = q_c * from_start, a_c * from_before
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
@@ -406,9 +404,7 @@ def _tl_dplr_chunk_grad(
         if GATE_GRAD:
             # each decay's log is a sum of gates under a mask: its input times its
             # gradient goes back to those gates through the transposed mask
-            dg_c = _tl_dplr_decays_grad(
-                q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT, DOT
-            )
+            dg_c = _tl_dplr_decays_grad(q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT)
             through_state = tl.sum(state * d_state, axis=1) * tl.exp(tl.sum(g_c, axis=0))
             dg_c += through_state[None, :]  # for exp(c_C)
     dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(

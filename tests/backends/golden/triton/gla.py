@@ -965,18 +965,6 @@ def _tl_round_bf16(x):
 
 
 @triton.jit
-def _tl_gate_dot(a, b, DOT: tl.constexpr):
-    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
-    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
-    accuracy)."""
-    if DOT == "ieee":
-        product = tl.dot(a, b, input_precision="ieee")
-    else:
-        product = tl.dot(a, b, input_precision="tf32x3")
-    return product
-
-
-@triton.jit
 def _tl_wide(x):
     """x, widened to float32 if it is a 16-bit float (every elementwise step computes in float32
     or float64)."""
@@ -1066,31 +1054,42 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_masks(rows, RUN: tl.constexpr):
-    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
-    after [j, l], where l > j in j's run)."""
-    same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
-    return same & (rows[None, :] <= rows[:, None]), same & (rows[None, :] > rows[:, None])
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
+    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
 
 
 @triton.jit
-def _tl_run_sums(g, rows, RUN: tl.constexpr, DOT: tl.constexpr):
+def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
+    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
+    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
+    if UP:
+        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+    else:
+        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
+    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
+    return tl.where(inside[:, None], moved, 0.0)
+
+
+@triton.jit
+def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
-    sums; g must be finite (a 0 times a NaN would reach every row)."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(g.dtype), after.to(g.dtype)
-    return _tl_gate_dot(up_to, g, DOT), _tl_gate_dot(after, g, DOT)
+    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
+    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
+    rounding to tensor-core operands."""
+    up_to = _tl_run_scan(g, RUN, False)
+    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
 
 
 @triton.jit
-def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr, DOT: tl.constexpr):
-    """The gradient for g of _tl_run_sums(g, rows, RUN, DOT), from those of its two sums."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
-    d_g = _tl_gate_dot(tl.trans(up_to), d_up_to, DOT)
-    return d_g + _tl_gate_dot(tl.trans(after), d_after, DOT)
+def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
+    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
+    the first sum of the rows from l to its run's end and in the second of the rows before l."""
+    d_g = _tl_run_scan(d_up_to, RUN, True)
+    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
 
 
 @triton.jit
@@ -1112,7 +1111,7 @@ def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.const
     same = rows[:, None] == rows[None, :]
     scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)  # i = j
     for level in tl.static_range(LEVELS):
-        from_left, to_right = _tl_run_sums(g_c, rows, 2**level, DOT)
+        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
         k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
         corner = _tl_dot(q_l, tl.trans(k_l), DOT)
@@ -1138,7 +1137,7 @@ def _tl_diagonal_chunk(
     O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V),
     the poison reaching the outputs from its token on and the state."""
     scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT)
-    from_start, to_end = _tl_run_sums(g_c, rows, BT, DOT)
+    from_start, to_end = _tl_run_sums(g_c, rows, BT)
     out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
     out += _tl_dot(q_c * tl.exp(from_start), state.to(q_c.dtype), DOT)
     out += tl.cumsum(poison, axis=0)
@@ -1205,7 +1204,7 @@ def _tl_diagonal_scores_grad(
     dq_c, dk_c = d_same * k_c, d_same * q_c
     dg_c = tl.zeros_like(q_c)
     for level in tl.static_range(LEVELS):
-        from_left, to_right = _tl_run_sums(g_c, rows, 2**level, DOT)
+        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
         q_l, k_l = q_c * left_decay, k_c * right_decay
         pairs = _tl_pairs(rows, 2**level)
@@ -1216,7 +1215,7 @@ def _tl_diagonal_scores_grad(
         dq_c += d_q_l * left_decay
         dk_c += d_k_l * right_decay
         if GATE_GRAD:
-            dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level, DOT)
+            dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
     return scores, dq_c, dk_c, dg_c
 
 
@@ -1236,7 +1235,7 @@ def _tl_diagonal_chunk_grad(
     scores, dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
         q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS, DOT
     )
-    from_start, to_end = _tl_run_sums(g_c, rows, BT, DOT)
+    from_start, to_end = _tl_run_sums(g_c, rows, BT)
     start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
     chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
     q_start, k_end = q_c * start_decay, k_c * end_decay
@@ -1247,7 +1246,7 @@ def _tl_diagonal_chunk_grad(
     dq_c += from_q * start_decay
     dk_c += from_k * end_decay
     if GATE_GRAD:
-        dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT, DOT)
+        dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT)
         whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
         dg_c += tl.trans(whole)
     d_state = d_state * chunk_decay

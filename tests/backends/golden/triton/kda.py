@@ -535,18 +535,6 @@ def _tl_round_bf16(x):
 
 
 @triton.jit
-def _tl_gate_dot(a, b, DOT: tl.constexpr):
-    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
-    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
-    accuracy)."""
-    if DOT == "ieee":
-        product = tl.dot(a, b, input_precision="ieee")
-    else:
-        product = tl.dot(a, b, input_precision="tf32x3")
-    return product
-
-
-@triton.jit
 def _tl_wide(x):
     """x, widened to float32 if it is a 16-bit float (every elementwise step computes in float32
     or float64)."""
@@ -643,31 +631,42 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_masks(rows, RUN: tl.constexpr):
-    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
-    after [j, l], where l > j in j's run)."""
-    same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
-    return same & (rows[None, :] <= rows[:, None]), same & (rows[None, :] > rows[:, None])
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
+    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
 
 
 @triton.jit
-def _tl_run_sums(g, rows, RUN: tl.constexpr, DOT: tl.constexpr):
+def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
+    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
+    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
+    if UP:
+        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+    else:
+        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
+    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
+    return tl.where(inside[:, None], moved, 0.0)
+
+
+@triton.jit
+def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
-    sums; g must be finite (a 0 times a NaN would reach every row)."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(g.dtype), after.to(g.dtype)
-    return _tl_gate_dot(up_to, g, DOT), _tl_gate_dot(after, g, DOT)
+    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
+    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
+    rounding to tensor-core operands."""
+    up_to = _tl_run_scan(g, RUN, False)
+    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
 
 
 @triton.jit
-def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr, DOT: tl.constexpr):
-    """The gradient for g of _tl_run_sums(g, rows, RUN, DOT), from those of its two sums."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
-    d_g = _tl_gate_dot(tl.trans(up_to), d_up_to, DOT)
-    return d_g + _tl_gate_dot(tl.trans(after), d_after, DOT)
+def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
+    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
+    the first sum of the rows from l to its run's end and in the second of the rows before l."""
+    d_g = _tl_run_scan(d_up_to, RUN, True)
+    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
 
 
 @triton.jit
@@ -683,23 +682,21 @@ def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_decays(g, rows, RUN: tl.constexpr, DOT: tl.constexpr):
+def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
     """The decays inside the aligned runs of RUN rows, from log-gates g [BT, BK]: the
     exponentials of the sums of g (_tl_run_sums) from the run's start to each row, the row
     included and not, and from after each row to the run's end [BT, BK]. For RUN = BT: exp(c_r),
     exp(c_{r-1}) and exp(c_C - c_j)."""
-    up_to, after = _tl_run_sums(g, rows, RUN, DOT)
-    _, after_mask = _tl_run_masks(rows, RUN)  # transposed: [r, l] where l < r in r's run
-    before = _tl_gate_dot(tl.trans(after_mask.to(g.dtype)), g, DOT)
+    up_to, after = _tl_run_sums(g, rows, RUN)
+    before = _tl_run_scan(_tl_run_shift(g, rows, RUN, False), RUN, False)  # l < r in r's run
     return tl.exp(up_to), tl.exp(before), tl.exp(after)
 
 
 @triton.jit
-def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr, DOT: tl.constexpr):
-    """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN, DOT), from theirs."""
-    _, after_mask = _tl_run_masks(rows, RUN)
-    d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN, DOT)
-    return d_g + _tl_gate_dot(after_mask.to(d_before.dtype), d_before, DOT)
+def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
+    """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
+    d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
+    return d_g + _tl_run_scan(_tl_run_shift(d_before, rows, RUN, True), RUN, True)
 
 
 @triton.jit
@@ -741,7 +738,7 @@ def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr,
     ak = tl.zeros([BT, BT], dtype=q.dtype)
     ab = tl.zeros([BT, BT], dtype=q.dtype)
     for level in tl.static_range(LEVELS):
-        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level, DOT)
+        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
         pairs = _tl_pairs(rows, 1 << level)
         qk_l, qb_l, ak_l, ab_l = _tl_dplr_dots(
             q * row, a * row_before, k * col, b * col, pairs, pairs, DOT
@@ -790,7 +787,7 @@ def _tl_dplr_decayed(
     K, B ⊙ exp(c_C - c))."""
     if HAS_G:
         qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS, DOT)
-        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT, DOT)
+        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
         q_start, a_before = q_c * from_start, a_c * from_before
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
@@ -909,7 +906,7 @@ def _tl_dplr_level_grad(
     half, from those of the scores (0 outside their pairs): through that level's products of
     the rows decayed from the boundary of their block's halves and the columns decayed to it,
     and through those decays."""
-    row, row_before, col = _tl_dplr_decays(g_c, rows, RUN, DOT)
+    row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
     pairs = _tl_pairs(rows, RUN)
     dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
         tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
@@ -959,7 +956,7 @@ def _tl_dplr_scores_grad(
             )
             if GATE_GRAD:
                 dg_c += _tl_dplr_decays_grad(
-                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level, DOT
+                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
                 )
             dq_c += dq_l
             da_c += da_l
@@ -988,7 +985,7 @@ def _tl_dplr_chunk_grad(
     U)^T, which go back to the inputs (_tl_dplr_scores_grad), and
     D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ."""
     if HAS_G:
-        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT, DOT)
+        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
         q_start, a_before = q_c * from_start, a_c * from_before
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
@@ -1016,9 +1013,7 @@ def _tl_dplr_chunk_grad(
         if GATE_GRAD:
             # each decay's log is a sum of gates under a mask: its input times its
             # gradient goes back to those gates through the transposed mask
-            dg_c = _tl_dplr_decays_grad(
-                q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT, DOT
-            )
+            dg_c = _tl_dplr_decays_grad(q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT)
             through_state = tl.sum(state * d_state, axis=1) * tl.exp(tl.sum(g_c, axis=0))
             dg_c += through_state[None, :]  # for exp(c_C)
     dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
