@@ -15,9 +15,10 @@ the inputs, scores and states (``_tl_dot``) multiply float64 or IEEE float32 ope
 the default for float32 inputs), TF32 operands ("tf32", for float32 inputs once
 ``torch.set_float32_matmul_precision("high")`` or ``"medium"`` allows TF32), or the inputs'
 bfloat16 or float16 ("bf16", "fp16", for such inputs, as flash-linear-attention multiplies),
-always accumulating in float32 or float64. The sums of gates under 0/1 masks
-(``_tl_gate_dot``) are never rounded to 16 bits: IEEE float32 with IEEE operands, else three
-TF32 passes ("tf32x3", about float32's accuracy, on the tensor cores).
+always accumulating in float32 or float64. The sums of gates are scans in float32 (float64)
+(``_tl_gate_sums``, ``_tl_run_sums``), no matmul; the one masked matmul left on gate
+quantities, the scalar gates' gradient (``_tl_gate_dot``), is never rounded to 16 bits: IEEE
+float32 with IEEE operands, else three TF32 passes ("tf32x3", about float32's accuracy).
 
 A kernel is one program's walk over the chunks (its addressing, loads and stores, the state or its
 gradient carried in registers); the arithmetic of one chunk is in @triton.jit helpers

@@ -10,8 +10,8 @@ Forward, per chunk, with c the gates' running sum inside the chunk (per channel)
     O = (Q ⊙ exp(c)) S + qk V + qb U
     S <- exp(c_C) ⊙ S + (K ⊙ exp(c_C - c))^T V + (B ⊙ exp(c_C - c))^T U
 U holds the state's reads u_r = a_r^T S_{r-1}. Every decay is the exponential of a sum of gates
-of one sign, each sum one matmul of the gates with a 0/1 mask, never a difference of running
-sums. A score's decay exp(c_r - c_j) per channel is never split into exp(c_r) exp(-c_j) (which
+of one sign, each sum a scan of its own terms inside an aligned run of rows, never a difference
+of running sums. A score's decay exp(c_r - c_j) per channel is never split into exp(c_r) exp(-c_j) (which
 overflows for gates near 0): each pair j < r lies in one aligned block of 2, 4, ..., C tokens with
 j in its left half and r in its right half, and the decay is split at the boundary between the
 halves, both factors <= 1 (one matmul of decayed rows and columns per block size and score).
