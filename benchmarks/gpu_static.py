@@ -272,9 +272,8 @@ def main(argv=None) -> int:
                 rows.append((row, result))
                 print(_table([(row, result)])[-1], flush=True)
     if not args.no_write:
-        _write(
-            rows, "python benchmarks/" + " ".join([Path(__file__).name, *(argv or sys.argv[1:])])
-        )
+        command = " ".join(["python benchmarks/gpu_static.py", *(argv or sys.argv[1:])])
+        _write(rows, command, args.append)
     return 0
 
 
