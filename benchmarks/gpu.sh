@@ -8,8 +8,14 @@
 # --only SPEC, --dry).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# what it needs, installed only where missing: mixc with its Triton extra, and fla (fla-core
-# and einops; --no-deps, so that the installed torch and triton stay as they are)
+# A machine without a network (this workplace's GPU machines) takes its missing packages from
+# wheels carried in .whl/ (lark for mixc, fla-core and einops for the comparison; --no-deps,
+# so that the installed torch and triton stay as they are), installed into /tmp/site.
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# what it needs, installed only where missing: mixc with its Triton extra, and fla
 python -c "import mixc, triton" 2>/dev/null || python -m pip install -q -e ".[triton]"
 python -c "import fla, einops" 2>/dev/null || python -m pip install -q --no-deps fla-core einops
 exec python benchmarks/gpu.py "$@"

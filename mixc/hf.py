@@ -185,6 +185,22 @@ def _map_tensors(x, f: Callable[[torch.Tensor], torch.Tensor]):
     return x
 
 
+def _this_call(mask, seen: int, shape) -> torch.Tensor | None:
+    """The attention mask's columns for this call's tokens: all of a [B, T] mask, the last T
+    of a [B, seen + T] one (transformers' generate passes the mask of every token so far)."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return mask  # None, or refused with its shape by the layers
+    B, T = shape
+    if seen and mask.shape == (B, seen + T):
+        return mask[:, seen:]
+    if mask.shape != (B, T):
+        also = f" or [{B}, {seen + T}] (cached and new tokens)" if seen else ""
+        raise MixcError(
+            f"attention_mask: expected [B, T] = [{B}, {T}]{also}, got {list(mask.shape)}"
+        )
+    return mask
+
+
 class MixcCache:
     """What decoding continues from: each layer's own cache (MixerCache or AttentionCache) and
     how many tokens it has seen. `generate` passes it back to the model as `cache`."""
@@ -260,31 +276,32 @@ class MixcForCausalLM(PreTrainedModel, GenerationMixin):
         **unused,
     ) -> CausalLMOutputWithPast:
         """input_ids [B, T]; `cache` (or the older name `past_key_values`) continues the
-        sequences of an earlier call; `attention_mask` must be all ones and `position_ids`,
-        where given, the positions that follow the cache (mixc's mixers take no padding);
-        `labels` [B, T] give the next-token cross-entropy (-100: ignored). Other keyword
-        arguments of transformers' models (output_attentions, ...) are accepted and unused."""
+        sequences of an earlier call; `attention_mask` ([B, T], or [B, cached + T] as
+        `generate` passes it; 1: a token, 0: padding) makes each row the sequence of its tokens
+        alone, which numbers them from its own first token: `position_ids` are then not read
+        (without a mask they must be the positions that follow the cache); `labels` [B, T] give
+        the next-token cross-entropy (-100: ignored). Other keyword arguments of transformers'
+        models (output_attentions, ...) are accepted and unused."""
         cache = cache if cache is not None else past_key_values
         if input_ids is None or inputs_embeds is not None:
             raise MixcError("input_ids: required (mixc's model takes tokens, not embeddings)")
         if cache is not None and not isinstance(cache, MixcCache):
             raise MixcError(f"cache: expected the MixcCache of an earlier call, got {cache!r}")
         seen = 0 if cache is None else cache.seen
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise MixcError(
-                "attention_mask: padding is not supported (mixc's mixers carry state through "
-                "every token); batch sequences of one length, or generate them one at a time"
-            )
-        if position_ids is not None:
+        attention_mask = _this_call(attention_mask, seen, input_ids.shape)
+        if position_ids is not None and attention_mask is None:
             expected = torch.arange(seen, seen + input_ids.shape[1], device=position_ids.device)
             if not bool((position_ids == expected).all()):
                 raise MixcError(
                     f"position_ids: expected {seen} to {seen + input_ids.shape[1] - 1} in every "
-                    "row (the positions after the cache; mixc's model takes no padding)"
+                    "row (the positions after the cache; for padding, pass attention_mask)"
                 )
         use_cache = self.config.use_cache if use_cache is None else use_cache
         logits, layers = self.model(
-            input_ids, None if cache is None else cache.layers, use_cache=use_cache
+            input_ids,
+            None if cache is None else cache.layers,
+            use_cache=use_cache,
+            attention_mask=attention_mask,
         )
         loss = None
         if labels is not None:

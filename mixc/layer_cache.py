@@ -35,7 +35,7 @@ def check_cache(cache, batch: int, layer) -> None:
         raise MixcError("state: the cache is another layer's (each layer continues its own)")
     states = cache.states if isinstance(cache.states, tuple) else (cache.states,)
     shapes = [
-        (layer.num_heads, *(size_of(s, layer.sizes) for s in d.shape))
+        (layer.num_v_heads, *(size_of(s, layer.sizes) for s in d.shape))
         for d in layer.spec.mixer.carried
     ]
     tails = {name: layer.conv_size - 1 for name in layer.conv_inputs}
@@ -52,7 +52,7 @@ def check_cache(cache, batch: int, layer) -> None:
     if not fits:
         raise MixcError(
             f"state: the cache is not one of this layer's ({layer.spec.mixer.name} with "
-            f"{layer.num_heads} heads, sizes {layer.sizes}, conv_size {layer.conv_size})"
+            f"{layer.num_v_heads} value heads, sizes {layer.sizes}, conv_size {layer.conv_size})"
         )
     held = {x.shape[0] for x in (*states, *cache.conv.values())}
     if held and held != {batch}:  # a stateless mixer without a convolution holds nothing

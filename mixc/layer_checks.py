@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
-from mixc.errors import MixcError, Source
-from mixc.frontend.spec import Spec, load_spec
-from mixc.layer_roles import TRANSFORMS, Roles
+from mixc.driver import plan
+from mixc.errors import MixcError
+from mixc.frontend.spec import Spec
+from mixc.layer_roles import TRANSFORMS, Roles, layer_spec  # layer_spec: exported here too
 from mixc.resources import check_bytes
 
 __all__ = [
@@ -26,12 +27,23 @@ __all__ = [
     "check_memory",
     "check_x",
     "chosen_conv_inputs",
+    "chosen_mode",
     "chosen_transforms",
     "count",
+    "expanded_sizes",
     "layer_spec",
     "size_of",
     "sizes_per_head",
+    "value_heads",
+    "value_symbols",
 ]
+
+#: The layer's modes: the compiled form each runs ("auto" picks one).
+MODES = ("auto", "chunk", "recurrent")
+
+#: The specs (by their text) whose fall-back to the token loop was warned about in this
+#: process: once each, however many layers use them.
+_WARNED: set[str] = set()
 
 
 def count(name: str, value, least: int = 1) -> int:
@@ -48,17 +60,6 @@ def _names(name: str, value) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise MixcError(f"{name}: expected a list of names, got {value!r}")
     return list(value)
-
-
-def layer_spec(spec) -> Spec:
-    """The spec a layer is given as a path (str or os.PathLike), a Source or a loaded Spec."""
-    if not isinstance(spec, str | os.PathLike | Source | Spec):
-        raise MixcError(
-            f"spec: expected a spec path, a Source or a loaded Spec, got {type(spec).__name__}"
-        )
-    if isinstance(spec, Spec):
-        return spec
-    return load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
 
 
 def check_container_names(spec: Spec) -> None:
@@ -104,6 +105,37 @@ def sizes_per_head(spec: Spec, hidden: int, heads: int, given: Mapping[str, int]
     return {s: out.get(s, hidden // heads) for s in sorted(symbols)}
 
 
+def value_symbols(spec: Spec) -> list[str]:
+    """The size symbols of the mixer's output per head (V in y[V]): what `expand_v` widens."""
+    shape = spec.shapes[spec.mixer.outputs[0].target]
+    return [s for s in shape if not s.isdigit()]
+
+
+def expanded_sizes(spec: Spec, sizes: dict[str, int], given, expand_v) -> dict[str, int]:
+    """`sizes` with each value symbol not in `given` times `expand_v` (fla's value expansion:
+    a value head expand_v times as wide as a key head), a whole number."""
+    if isinstance(expand_v, bool) or not isinstance(expand_v, numbers.Real) or expand_v <= 0:
+        raise MixcError(f"expand_v: expected a positive number, got {expand_v!r}")
+    if expand_v == 1:
+        return sizes
+    symbols = [s for s in value_symbols(spec) if s not in given]
+    if not symbols:
+        what = ", ".join(value_symbols(spec)) or "none: its output is a scalar"
+        raise MixcError(
+            f"expand_v: {spec.mixer.name}'s value sizes ({what}) are all given in sizes; "
+            "give their widths there, or drop expand_v"
+        )
+    out = dict(sizes)
+    for s in symbols:
+        wide = sizes[s] * expand_v
+        if wide != int(wide):
+            raise MixcError(
+                f"expand_v: {s} = {sizes[s]} x {expand_v:g} = {wide:g} is not a whole number"
+            )
+        out[s] = int(wide)
+    return out
+
+
 def size_of(symbol: str, sizes: Mapping[str, int]) -> int:
     """A size of the spec per head: a number as written, a symbol from `sizes`."""
     return int(symbol) if symbol.isdigit() else sizes[symbol]
@@ -146,15 +178,24 @@ def chosen_conv_inputs(spec: Spec, roles: Roles, given: Sequence[str] | None) ->
 
 
 def check_memory(
-    spec: Spec, heads: int, hidden: int, sizes: Mapping[str, int], conv_size: int, sized: bool
+    spec: Spec,
+    heads: Mapping[str, int],
+    hidden: int,
+    sizes: Mapping[str, int],
+    conv_size: int,
+    sized: bool,
 ) -> None:
     """A layer's parameters (projections, convolutions, gate and output) fit in this machine's
     memory: checked before any is allocated, naming the option that asks most (`sizes` where
-    the user gave them, `sized`, else hidden_size, or conv_size)."""
+    the user gave them, `sized`, else hidden_size, or conv_size). `heads`: the heads of each
+    input, and of the output under the mixer's output name."""
     mixer = spec.mixer
-    widths = {d.name: heads * math.prod(size_of(s, sizes) for s in d.shape) for d in mixer.inputs}
-    out_shape = spec.shapes[mixer.outputs[0].target]
-    out_width = heads * (1 if out_shape == ("1", "1") else size_of(out_shape[0], sizes))
+    widths = {
+        d.name: heads[d.name] * math.prod(size_of(s, sizes) for s in d.shape) for d in mixer.inputs
+    }
+    out = mixer.outputs[0].target
+    out_shape = spec.shapes[out]
+    out_width = heads[out] * (1 if out_shape == ("1", "1") else size_of(out_shape[0], sizes))
     linear = hidden * (sum(widths.values()) + 2 * out_width)
     conv = conv_size * sum(widths[d.name] for d in mixer.inputs if len(d.shape) == 1)
     params = {"hidden_size": linear, "conv_size": conv}
@@ -179,3 +220,44 @@ def check_x(x, hidden: int, dtype: torch.dtype) -> None:
         )
     if x.shape[1] == 0:
         raise MixcError("x: the sequence is empty (T = 0); a call needs at least one token")
+
+
+def value_heads(num_heads: int, num_v_heads) -> int:
+    """The number of value heads: num_heads by default, else a multiple of it (each query and
+    key head shared by a group of consecutive value heads)."""
+    if num_v_heads is None:
+        return num_heads
+    num_v_heads = count("num_v_heads", num_v_heads)
+    if num_v_heads % num_heads:
+        raise MixcError(
+            f"num_v_heads: expected a multiple of num_heads = {num_heads} (each query and key "
+            f"head is shared by a group of value heads), got {num_v_heads}"
+        )
+    return num_v_heads
+
+
+def chosen_mode(spec: Spec, module, mode) -> str:
+    """The compiled form a layer runs: "chunk" or "recurrent" as asked ("chunk" refused, with
+    the analysis's reason, for a spec without a chunked form); "auto": the chunked form where
+    there is one, else the token loop, with a warning (once per spec in a process)."""
+    if mode not in MODES:
+        raise MixcError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    if mode == "recurrent":
+        return mode
+    if "chunk" in module.FORMS:
+        return "chunk"
+    reason = plan(spec).reason  # the analysis's, which `mixc explain` prints
+    where = f"{spec.source.filename}: {spec.mixer.name} has no chunked form ({reason})"
+    if mode == "chunk":
+        raise MixcError(
+            f"mode='chunk': {where}; use mode='recurrent' (the token loop), or see "
+            "`mixc explain` on the spec"
+        )
+    if spec.source.text not in _WARNED:
+        _WARNED.add(spec.source.text)
+        warnings.warn(
+            f"{where}: MixerLayer runs the token loop, much slower to train; pass "
+            "mode='recurrent' to say so and silence this, or see `mixc explain` on the spec",
+            stacklevel=3,  # the caller of MixerLayer(...)
+        )
+    return "recurrent"

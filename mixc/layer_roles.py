@@ -8,6 +8,7 @@ layers.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from mixc.algebra.expand import inline
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.errors import MixcError, Source
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, angle_only, walk
+from mixc.frontend.spec import Spec, load_spec
 
 __all__ = [
     "DECAY_INIT",
@@ -26,6 +29,7 @@ __all__ = [
     "Decay",
     "Roles",
     "default_transforms",
+    "layer_spec",
     "reads",
     "roles",
     "stored_as",
@@ -126,8 +130,11 @@ class Roles:
     - `decays`: every decay of every state, solved at initialisation (`MixerLayer`): the inputs
       in it get a learnable bias, set so the decay starts near 1 (DECAY_INIT); a decay of
       parameters only sets those parameters instead;
-    - `conditioned`: the inputs a stability condition bounds (decays and beta), which are not
-      convolved by default.
+    - `conditioned`: the inputs a stability condition bounds (decays and beta), and the angles
+      (inputs read only inside cos, sin and the rotations' angles), which are not convolved by
+      default;
+    - `keys`: the inputs read only as queries of a readout or keys of a write (no value, no
+      decay), which a group of value heads may share (`MixerLayer(num_v_heads=...)`).
     """
 
     transforms: dict[str, list[str]]
@@ -135,6 +142,7 @@ class Roles:
     inits: dict[str, str]
     decays: tuple[Decay, ...]
     conditioned: frozenset[str]  # inputs a stability condition bounds (decays, beta)
+    keys: frozenset[str] = frozenset()  # queries and keys a group of value heads may share
 
     def biased(self, mixer) -> list[str]:
         """The inputs that get a learnable bias: every input read by a decay."""
@@ -144,37 +152,33 @@ class Roles:
         ]
 
 
+def layer_spec(spec) -> Spec:
+    """The spec a layer is given as a path (str or os.PathLike), a Source or a loaded Spec."""
+    if not isinstance(spec, str | os.PathLike | Source | Spec):
+        raise MixcError(
+            f"spec: expected a spec path, a Source or a loaded Spec, got {type(spec).__name__}"
+        )
+    if isinstance(spec, Spec):
+        return spec
+    return load_spec(os.fspath(spec) if isinstance(spec, os.PathLike) else spec)
+
+
 def roles(spec) -> Roles:
-    """The roles of a spec's inputs and parameters, from its plan and the input ranges the
-    transition classes declare (`TransitionClass.conditions`, `unit_key`): see `Roles`."""
+    """The roles of a spec's inputs and parameters (a spec path, str or os.PathLike, a Source or
+    a loaded Spec), from its plan and the input ranges the transition classes declare
+    (`TransitionClass.conditions`, `unit_key`): see `Roles`."""
     from mixc.check.ranges import input_ranges
 
+    spec = layer_spec(spec)
     ranges = input_ranges(spec)
     plan, mixer = ranges.plan, spec.mixer
     inputs = {d.name for d in mixer.inputs}
     learned = [p.name for p in mixer.params if p.default is None]
     domain = {r.name: r.domain for r in ranges.ranges}
 
-    transforms: dict[str, list[str]] = {}
-    unit_states = {
-        s.name
-        for s in plan.states
-        for part in s.transition.acting  # each step a token applies
-        if part.transition_class.unit_key(s.name, part) is not None
-    }
-    for o in plan.outputs:  # queries: silu, and l2norm where they read a state of unit keys
-        for r in o.readouts:
-            chain = ["silu", "l2norm"] if r.state in unit_states else ["silu"]
-            for name in reads(r.query, inputs):
-                transforms.setdefault(name, chain)
-    for s in plan.states:  # write keys: silu
-        for w in s.writes:
-            for name in reads(w.key, inputs):
-                transforms.setdefault(name, ["silu"])
-    for name in inputs:
-        if domain[name] in DOMAIN_TRANSFORMS:
-            transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
-    transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
+    transforms, keys = _transforms_and_keys(plan, mixer, domain)
+    angles = _angle_inputs(mixer)  # an angle is used as given: no silu, no convolution
+    transforms = {n: ["identity"] if n in angles else chain for n, chain in transforms.items()}
 
     decays = []
     for s in plan.states:
@@ -198,12 +202,50 @@ def roles(spec) -> Roles:
             else:
                 inits[p] = "decay"
     bounded = {"positive", "negative", "unit interval", "real"}
-    conditioned = frozenset(n for n in inputs if domain[n] in bounded)
-    return Roles(transforms, domains, inits, tuple(decays), conditioned)
+    conditioned = frozenset(n for n in inputs if domain[n] in bounded or n in angles)
+    keys -= conditioned | {n for d in decays for n in reads(d.log, inputs)}
+    return Roles(transforms, domains, inits, tuple(decays), conditioned, frozenset(keys))
+
+
+def _transforms_and_keys(plan, mixer, domain: dict[str, str]) -> tuple[dict, set[str]]:
+    """Each input's transforms (see `default_transforms`), and the inputs read as queries or
+    write keys and never as a write's value."""
+    inputs = {d.name for d in mixer.inputs}
+    transforms: dict[str, list[str]] = {}
+    keys, values = set(), set()
+    unit_states = {
+        s.name
+        for s in plan.states
+        for part in s.transition.acting  # each step a token applies (not those that only write)
+        if part.transition_class.unit_key(s.name, part) is not None
+    }
+    for o in plan.outputs:  # queries: silu, and l2norm where they read a state of unit keys
+        for r in o.readouts:
+            chain = ["silu", "l2norm"] if r.state in unit_states else ["silu"]
+            for name in reads(r.query, inputs):
+                transforms.setdefault(name, chain)
+                keys.add(name)
+    for s in plan.states:  # write keys: silu
+        for w in s.writes:
+            for name in reads(w.key, inputs):
+                transforms.setdefault(name, ["silu"])
+                keys.add(name)
+            values.update(reads(w.value, inputs))
+    for name in inputs:
+        if domain[name] in DOMAIN_TRANSFORMS:
+            transforms[name] = list(DOMAIN_TRANSFORMS[domain[name]])
+    transforms = {d.name: transforms.get(d.name, ["identity"]) for d in mixer.inputs}
+    return transforms, keys - values
+
+
+def _angle_inputs(mixer) -> set[str]:
+    """The inputs every read of which lies inside an angle (`angle_only`): they pass as given,
+    neither convolved nor put through silu."""
+    return {d.name for d in mixer.inputs} & angle_only(mixer)
 
 
 def default_transforms(spec) -> dict[str, list[str]]:
-    """The transforms of every input, from the analysis of the spec (`roles`), never its names:
+    """The transforms of every input (of a spec as `roles` takes it), from the analysis of the spec (`roles`), never its names:
     - an input a decay or beta needs in a domain gets the transform into it (`DOMAIN_TRANSFORMS`:
       softplus for a positive dt_t in exp(dt_t A), logsigmoid for a g_t in exp(g_t), sigmoid for
       a beta in (0, 1); an input that may be any real, as a_t in sigmoid(a_t), stays as it is);

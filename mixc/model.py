@@ -65,8 +65,10 @@ class Block(nn.Module):
             nn.Linear(mlp_ratio * hidden_size, hidden_size),
         )
 
-    def forward(self, x: torch.Tensor, cache=None, use_cache: bool = False):
-        y, cache = self.mixer(self.norm1(x), state=cache, use_cache=use_cache)
+    def forward(self, x: torch.Tensor, cache=None, use_cache: bool = False, attention_mask=None):
+        y, cache = self.mixer(
+            self.norm1(x), state=cache, use_cache=use_cache, attention_mask=attention_mask
+        )
         x = x + y
         return x + self.mlp(self.norm2(x)), cache
 
@@ -119,9 +121,17 @@ class LanguageModel(nn.Module):
                 block.mlp = nn.Identity()
         self.norm = nn.RMSNorm(hidden_size)
 
-    def forward(self, tokens: torch.Tensor, caches: list | None = None, use_cache: bool = False):
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        caches: list | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+    ):
         """tokens: [B, T] int64. Returns (logits [B, T, vocab], caches or None); caches from
-        an earlier call continue those sequences."""
+        an earlier call continue those sequences. attention_mask [B, T] (1: a token, 0:
+        padding, e.g. on the left of shorter prompts): each row is computed as its tokens
+        alone; the logits at padding are meaningless."""
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
             raise MixcError("tokens: expected an integer tensor [B, T]")
         if tokens.dtype == torch.bool or tokens.is_complex():
@@ -142,7 +152,7 @@ class LanguageModel(nn.Module):
         x = self.embed(tokens)
         new = []
         for block, cache in zip(self.blocks, caches or [None] * len(self.blocks), strict=True):
-            x, cache = block(x, cache, use_cache=use_cache)
+            x, cache = block(x, cache, use_cache=use_cache, attention_mask=attention_mask)
             new.append(cache)
         logits = F.linear(self.norm(x), self.embed.weight)
         return logits, (new if use_cache else None)
@@ -155,14 +165,21 @@ class LanguageModel(nn.Module):
         *,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The prompt [B, T] followed by `max_new_tokens` tokens, greedy (temperature 0) or
-        sampled: one pass over the prompt, then one token a step from every layer's cache."""
+        sampled: one pass over the prompt, then one token a step from every layer's cache.
+        attention_mask [B, T] marks the prompts' padding (0) for prompts of several lengths
+        (padded on the left, as transformers does, or on the right): each row continues from
+        its last prompt token."""
         n = count("max_new_tokens", max_new_tokens, least=0)
         out = [prompt]
         if n == 0:
             return prompt
-        logits, caches = self(prompt, use_cache=True)
+        logits, caches = self(prompt, use_cache=True, attention_mask=attention_mask)
+        if attention_mask is not None:  # each row's last token: T - 1 less the padding after it
+            ends = prompt.shape[1] - 1 - attention_mask.flip(1).to(torch.int8).argmax(1)
+            logits = logits[torch.arange(len(ends), device=ends.device), ends][:, None]
         for i in range(n):
             last = logits[:, -1].float()
             if temperature > 0:

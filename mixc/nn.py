@@ -14,25 +14,22 @@ Nothing here depends on which mixer the spec is or what its inputs are called: t
 (transforms, biases, how parameters are stored and start) come from the roles the analysis
 gives each input and parameter (`roles`, in `mixc.layer_roles`): the domains the transition
 classes need for stability, and the decays of every state, which start near 1 (`DECAY_INIT`,
-solved here). docs/layers.md compares them with flash-linear-attention's layers. What the layer
-checks of its arguments is in `mixc.layer_checks`, its decoding cache in `mixc.layer_cache`.
+solved in `mixc.layer_init`). docs/layers.md compares them with flash-linear-attention's layers.
+What the layer checks of its arguments is in `mixc.layer_checks`, its decoding cache in
+`mixc.layer_cache`, how it runs a padded batch in `mixc.layer_padding`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixc.algebra.expand import inline
 from mixc.driver import load
 from mixc.errors import MixcError, Source
-from mixc.frontend.builtins import BUILTINS
-from mixc.frontend.constants import Folder
-from mixc.frontend.ir import Binary, Call, Expr, Number
 from mixc.frontend.spec import load_spec
 from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
@@ -40,12 +37,17 @@ from mixc.layer_checks import (
     check_memory,
     check_x,
     chosen_conv_inputs,
+    chosen_mode,
     chosen_transforms,
     count,
+    expanded_sizes,
     layer_spec,
     size_of,
     sizes_per_head,
+    value_heads,
 )
+from mixc.layer_init import check_defaults, start_decays
+from mixc.layer_padding import Packing, check_mask, packing
 from mixc.layer_roles import (
     DECAY_INIT,
     DOMAIN_TRANSFORMS,
@@ -57,7 +59,6 @@ from mixc.layer_roles import (
     roles,
     stored_as,
 )
-from mixc.layer_roles import reads as _reads  # a helper here, not one of the exports below
 
 #: The layer's defaults (`mixc.layer_roles`) and its cache (`mixc.layer_cache`) are exported
 #: here too, where the layer's users find them.
@@ -75,77 +76,16 @@ __all__ = [
 ]
 
 
-class _UnsolvableError(Exception):
-    """A decay whose log is not an elementwise expression (a dot product, an l2norm)."""
-
-
-def _evaluate(e: Expr, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """An elementwise expression (let functions inlined) on tensors that broadcast, `values`
-    giving the inputs, parameters and h it reads: enough for the log of a decay (`dt_t A`,
-    `logsigmoid(a_t)`, `log(sigmoid(w_t) sigmoid(f_t))`). Raises _UnsolvableError where it
-    reads anything else or is not elementwise."""
-    value = Folder(_TENSORS).value(e, values)
-    if value is None:
-        raise _UnsolvableError(str(e))
-    return value
-
-
-class _Tensors:
-    """The constant folder's arithmetic (`mixc.frontend.constants.Folder`) on float64 tensors:
-    elementwise built-ins and operations, diag(x) read as its diagonal x. Nothing is refused:
-    a value that is not finite stays in the tensor, where the caller looks for it."""
-
-    def number(self, e: Number) -> torch.Tensor:
-        return torch.tensor(float(e.text), dtype=torch.float64)
-
-    def call(self, e: Call, args: tuple[torch.Tensor | None, ...]) -> torch.Tensor | None:
-        builtin = BUILTINS.get(e.func)
-        if builtin is None or any(a is None for a in args):
-            return None
-        if e.func == "diag":
-            return args[0]
-        return builtin.tensor(*args) if builtin.elementwise else None
-
-    def binary(
-        self, e: Binary, left: torch.Tensor | None, right: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        if left is None or right is None or e.op not in _ELEMENTWISE:
-            return None
-        return _ELEMENTWISE[e.op](left, right)
-
-
-_TENSORS = _Tensors()
-
-_ELEMENTWISE = {
-    "+": torch.add,
-    "-": torch.sub,
-    "*": torch.mul,
-    "@": torch.mul,  # a product of scalars and diagonals, entry by entry
-    "/": torch.div,
-    "^": torch.pow,
-}
-
-
-#: The grid a decay's bias (or parameter) is chosen from: the value whose decay is nearest its
-#: target wins.
-_GRID = torch.linspace(-24, 24, 1921, dtype=torch.float64)
-
-
-def _solve(f: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor) -> torch.Tensor:
-    """For each head h (the first dim of `target`), the grid value b whose f(b)[h] (a [NH, G]
-    tensor) is nearest each entry of target[h]: the decay needs no monotone or invertible form."""
-    got = f(_GRID).nan_to_num(nan=math.inf)  # [NH, G]
-    flat = target.reshape(target.shape[0], -1, 1)  # [NH, E, 1]
-    best = (got[:, None, :] - flat).abs().argmin(-1)  # [NH, E]
-    return _GRID[best].reshape(target.shape).to(torch.float32)
-
-
 class MixerLayer(nn.Module):
     """A token mixer from a spec: projections in, the compiled recurrence, projection out.
 
     Args:
         spec: a spec path, a Source or a loaded Spec (for spec text, load_spec(text=...)).
-        hidden_size, num_heads: model width and number of heads.
+        hidden_size, num_heads: model width and number of (query and key) heads.
+        num_v_heads: number of value heads, each with its own state, a multiple of num_heads:
+            each query and key head (the inputs `roles` finds read only as queries or keys) is
+            shared by num_v_heads / num_heads consecutive value heads; default num_heads.
+        expand_v: the value sizes (the output's, V in y[V]) are expand_v times the default.
         sizes: the spec's size symbols per head, e.g. {"K": 64, "V": 64}; default
             hidden_size // num_heads for every symbol.
         transforms: input name -> list of TRANSFORMS names, overriding `default_transforms`.
@@ -156,6 +96,9 @@ class MixerLayer(nn.Module):
         output_gate: multiply by silu(Linear(x)) before the output projection.
         norm: RMSNorm over each head's output.
         chunk_size: chunk size of the chunked form.
+        mode: "chunk" (the chunked form; refused for a spec that has none), "recurrent" (the
+            token loop) or "auto" (the chunked form where there is one, else the token loop,
+            with a warning).
     """
 
     def __init__(
@@ -164,6 +107,8 @@ class MixerLayer(nn.Module):
         hidden_size: int,
         num_heads: int,
         *,
+        num_v_heads: int | None = None,
+        expand_v: float = 1,
         sizes: dict[str, int] | None = None,
         transforms: dict[str, Sequence[str]] | None = None,
         conv_size: int = 4,
@@ -171,39 +116,53 @@ class MixerLayer(nn.Module):
         output_gate: bool = True,
         norm: bool = True,
         chunk_size: int = 64,
+        mode: str = "auto",
     ) -> None:
         super().__init__()
         self.spec = layer_spec(spec)
         self.mixer = load(self.spec.source)
         self.hidden_size = count("hidden_size", hidden_size)
         self.num_heads = count("num_heads", num_heads)
+        self.num_v_heads = value_heads(self.num_heads, num_v_heads)
         self.chunk_size = count("chunk_size", chunk_size)
         if self.chunk_size & (self.chunk_size - 1):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
+        self.mode = chosen_mode(self.spec, self.mixer, mode)
         check_container_names(self.spec)
         given = {} if sizes is None else sizes
         self.sizes = sizes_per_head(self.spec, self.hidden_size, self.num_heads, given)
+        self.sizes = expanded_sizes(self.spec, self.sizes, given, expand_v)
         self.roles = roles(self.spec)
+        self.heads = {
+            d.name: self.num_heads if d.name in self.roles.keys else self.num_v_heads
+            for d in self.spec.mixer.inputs
+        }
         overrides = {} if transforms is None else transforms
         self.transforms = chosen_transforms(self.spec, self.roles.transforms, overrides)
         conv_size = count("conv_size", conv_size, least=0)
+        out_heads = {self.spec.mixer.outputs[0].target: self.num_v_heads}
         check_memory(
-            self.spec, self.num_heads, self.hidden_size, self.sizes, conv_size, sizes is not None
+            self.spec,
+            self.heads | out_heads,
+            self.hidden_size,
+            self.sizes,
+            conv_size,
+            sizes is not None,
         )
         self._build_inputs(conv_size, conv_inputs)
         self._build_params()
         self._build_output(output_gate, norm)
         with torch.no_grad():
-            self._start_decays()
+            start_decays(self)
 
     def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
         """A projection per input, a short causal convolution per convolved vector input, and
         a learnable bias (per head and entry) for every input a decay reads."""
-        mixer, heads = self.spec.mixer, self.num_heads
+        mixer, heads = self.spec.mixer, self.heads
         self.dims = {d.name: [self._size(s) for s in d.shape] for d in mixer.inputs}
         self.proj = nn.ModuleDict(
             {
-                name: nn.Linear(self.hidden_size, heads * math.prod(dims), bias=False)
+                name: nn.Linear(self.hidden_size, heads[name] * math.prod(dims), bias=False)
                 for name, dims in self.dims.items()
             }
         )
@@ -213,10 +172,10 @@ class MixerLayer(nn.Module):
         self.conv = nn.ModuleDict(
             {
                 name: nn.Conv1d(
-                    heads * self.dims[name][0],
-                    heads * self.dims[name][0],
+                    heads[name] * self.dims[name][0],
+                    heads[name] * self.dims[name][0],
                     conv_size,
-                    groups=heads * self.dims[name][0],
+                    groups=heads[name] * self.dims[name][0],
                     padding=0,
                     bias=False,
                 )
@@ -225,35 +184,17 @@ class MixerLayer(nn.Module):
         )
         self.bias = nn.ParameterDict(
             {
-                name: nn.Parameter(torch.zeros(heads, *self.dims[name]))
+                name: nn.Parameter(torch.zeros(heads[name], *self.dims[name]))
                 for name in self.roles.biased(mixer)
             }
         )
 
-    def _check_defaults(self) -> None:
-        """Each default that reads the head index h is finite at every head of this layer
-        (`check` proves it for the first HEADS_CHECKED heads; a layer may have more)."""
-        h = torch.arange(self.num_heads, dtype=torch.float64)
-        for p in self.spec.mixer.params:
-            if p.default is None or "h" not in _reads(p.default, {"h"}):
-                continue
-            try:
-                value = _evaluate(inline(self.spec.mixer, p.default), {"h": h})
-            except _UnsolvableError:
-                continue
-            bad = (~torch.isfinite(value.expand_as(h))).nonzero()
-            if len(bad):
-                raise MixcError(
-                    f"param {p.name}: its default {p.default} is not finite at head "
-                    f"h = {bad[0].item()} (of num_heads = {self.num_heads})"
-                )
-
     def _build_params(self) -> None:
         """The learnable per-head parameters (those without a default), stored so that they
         stay in their domain (`PARAM_DOMAINS`), starting by their role (`PARAM_INITS`; a
-        parameter that sets a decay alone is solved by `_start_decays`)."""
+        parameter that sets a decay alone is solved by `start_decays`)."""
         mixer, roles = self.spec.mixer, self.roles
-        self._check_defaults()
+        check_defaults(self.spec, self.num_v_heads)
         self.learned = [p.name for p in mixer.params if p.default is None]
         self.stored = self._stored_names()
         self.params = nn.ParameterDict()
@@ -261,7 +202,7 @@ class MixerLayer(nn.Module):
             if param.default is not None:
                 continue
             _, _, to_stored = stored_as(roles.domains[param.name])
-            shape = (self.num_heads, *(self._size(s) for s in param.shape))
+            shape = (self.num_v_heads, *(self._size(s) for s in param.shape))
             domain, role = roles.domains[param.name], roles.inits[param.name]
             if role == "decay" or domain == "unit interval":
                 start = torch.zeros(shape)  # solved, or 1/2 in the unit interval (as beta)
@@ -297,65 +238,6 @@ class MixerLayer(nn.Module):
         self.roles = roles(self.spec)
         self.stored = self._stored_names()
 
-    def _start_decays(self) -> None:
-        """Set every decay to start near 1 (`DECAY_INIT`): the bias of the inputs a decay reads
-        (one value shared by them), or the parameters of a decay that reads no input, is the
-        grid value whose log-decay is nearest -w, w drawn per head and entry. The parameters
-        beside an input (A in exp(dt_t A)) keep their start, and each head is solved with their
-        mean there. A decay whose log is not elementwise keeps bias 0."""
-        heads = self.num_heads
-        lo, hi = (math.log(x) for x in DECAY_INIT)
-        solved_alone = {p for p in self.learned if self.roles.inits[p] == "decay"}
-        done: set[str] = set()
-        for d in self.roles.decays:
-            solving = [n for n in _reads(d.log, set(self.bias)) if n not in done]
-            solving = solving or [n for n in _reads(d.log, solved_alone) if n not in done]
-            if not solving:
-                continue
-            tensors = [self.bias[n] if n in self.bias else self._stored(n) for n in solving]
-            shapes = {tuple(t.shape) for t in tensors}
-            shape = shapes.pop() if len(shapes) == 1 else (heads,)
-            w = torch.exp(lo + (hi - lo) * torch.rand(shape, dtype=torch.float64)) * d.share
-            fixed = self._per_head_values(d.log, exclude=set(solving))
-
-            def log_decay(grid: torch.Tensor, d=d, solving=solving, fixed=fixed) -> torch.Tensor:
-                row, values = grid.expand(heads, -1), dict(fixed)
-                for name in solving:
-                    biased = name in self.bias
-                    values[name] = (
-                        self._transformed(name, row) if biased else self.stored[name][1](row)
-                    )
-                return _evaluate(d.log, values).expand(heads, -1)
-
-            try:
-                start = _solve(log_decay, -w)
-            except _UnsolvableError:
-                continue
-            for t in tensors:
-                t.copy_(
-                    start if start.shape == t.shape else start.view(heads, *[1] * (t.dim() - 1))
-                )
-            done |= set(solving)
-
-    def _per_head_values(self, e: Expr, exclude: set[str]) -> dict[str, torch.Tensor]:
-        """The value per head ([NH, 1], the mean over a head's entries) of every parameter and
-        transformed bias `e` reads outside `exclude`, and the head index h."""
-        heads = self.num_heads
-        h = torch.arange(heads, dtype=torch.float64)[:, None]
-        out = {"h": h}
-        for p in self.spec.mixer.params:
-            if p.default is not None and p.name in _reads(e, {p.name}):
-                out[p.name] = _evaluate(inline(self.spec.mixer, p.default), {"h": h}).expand(
-                    heads, 1
-                )
-        params = self.param_values()
-        for name in _reads(e, set(self.learned) - exclude):
-            out[name] = params[name].double().reshape(heads, -1).mean(-1, keepdim=True)
-        for name in _reads(e, set(self.bias) - exclude):
-            biased = self._transformed(name, self.bias[name].double())
-            out[name] = biased.reshape(heads, -1).mean(-1, keepdim=True)
-        return out
-
     def _stored(self, name: str) -> torch.Tensor:
         return self.params[self.stored[name][0]]
 
@@ -369,7 +251,7 @@ class MixerLayer(nn.Module):
         mixer = self.spec.mixer
         out_shape = self.spec.shapes[mixer.outputs[0].target]
         self.head_out = 1 if out_shape == ("1", "1") else self._size(out_shape[0])
-        width = self.num_heads * self.head_out
+        width = self.num_v_heads * self.head_out
         self.norm = nn.RMSNorm(self.head_out, eps=1e-6) if norm else None
         self.gate = nn.Linear(self.hidden_size, width, bias=False) if output_gate else None
         self.out_proj = nn.Linear(width, self.hidden_size, bias=False)
@@ -391,46 +273,101 @@ class MixerLayer(nn.Module):
         """Numbers per sequence the mixer's states hold (whatever the sequence's length), the last
         token of each input read at t-1 included; the convolution's last inputs not counted."""
         return sum(
-            self.num_heads * math.prod(self._size(s) for s in d.shape)
+            self.num_v_heads * math.prod(self._size(s) for s in d.shape)
             for d in self.spec.mixer.carried
         )
 
-    def forward(self, x: torch.Tensor, state: MixerCache | None = None, use_cache: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: MixerCache | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+    ):
         """x: [B, T, hidden]. Returns (y [B, T, hidden], cache or None). A cache from an earlier
-        call continues that sequence exactly (prefill, then decode token by token)."""
+        call continues that sequence exactly (prefill, then decode token by token).
+        attention_mask [B, T] (1: a token, 0: padding, anywhere in a row): each row is computed
+        as the sequence of its tokens alone (continuing the cache), y is 0 at padding."""
         check_x(x, self.hidden_size, self.out_proj.weight.dtype)
         if not isinstance(use_cache, bool):
             raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
         if state is not None:
             check_cache(state, B, self)
+        mask = check_mask(attention_mask, B, T, x.device)
+        packed = None if mask is None else packing(mask)
+        # The rows' tokens are packed into sequences (cu_seqlens) where their final states are
+        # kept; otherwise each compacted row runs as it is (its tokens first, padding zeroed
+        # after them), whose outputs at its tokens are the sequence's alone: the forms are causal.
+        split = packed if use_cache else None
+        if packed is not None:
+            x = packed.compact(x)  # each row's tokens first: the convolution sees only them
+        inputs, tails = self._inputs(x, state, split)
+        if packed is not None and packed.total == 0:  # padding only: nothing changes
+            y, states = x.new_zeros(1, 0, self.num_v_heads, self.head_out), self._states(state, x)
+        else:
+            y, states = self._mix(inputs, state, use_cache, split)
+        if packed is not None and split is None:
+            y = packed.pack_compacted(y)
+        y = y.reshape(*y.shape[:2], self.num_v_heads, self.head_out)
+        if self.norm is not None:
+            y = self.norm(y)
+        y = y.reshape(*y.shape[:2], self.num_v_heads * self.head_out)
+        if self.gate is not None:
+            y = y * F.silu(self.gate(x if packed is None else packed.pack_compacted(x)))
+        y = self.out_proj(y)
+        if packed is not None:
+            y = packed.unpack(y)
+        return y, (MixerCache(states, tails, id(self)) if use_cache else None)
+
+    def _inputs(self, x: torch.Tensor, state: MixerCache | None, packed: Packing | None):
+        """Each input of the spec from x [B, T, hidden]: projected, convolved with the cache's
+        last inputs before it, biased and transformed ([B, T, heads, *dims], or the real tokens
+        packed [1, total, ...] when `packed`, x then compacted); and each convolution's last
+        conv_size - 1 inputs, for the cache."""
+        B, T, _ = x.shape
         inputs, tails = [], {}
         for name, dims in self.dims.items():
             h = self.proj[name](x)
             if name in self.conv:
-                past = (
-                    state.conv[name]
-                    if state is not None
-                    else h.new_zeros(B, self.conv_size - 1, h.shape[-1])
-                )
+                n = self.conv_size - 1
+                past = state.conv[name] if state is not None else h.new_zeros(B, n, h.shape[-1])
                 h_full = torch.cat([past.to(h.dtype), h], 1)
-                tails[name] = h_full[:, -(self.conv_size - 1) :]
+                tails[name] = h_full[:, -n:] if packed is None else packed.last(h_full, n)
                 h = F.silu(self.conv[name](h_full.transpose(1, 2)).transpose(1, 2))
-            h = h.view(B, T, self.num_heads, *dims)
+            h = h.view(B, T, self.heads[name], *dims)
+            if packed is not None:
+                h = packed.pack_compacted(h)
             if name in self.bias:
                 h = h + self.bias[name]
             inputs.append(self._transformed(name, h))
+        return inputs, tails
+
+    def _mix(self, inputs, state: MixerCache | None, use_cache: bool, packed: Packing | None):
+        """The compiled mixer's form (`mode`) on the inputs, from the cache's states; one token
+        of every row (decoding) runs the step form, a few times faster there than the others."""
         states = state.states if state is not None else None
-        form = self.mixer.chunk if "chunk" in self.mixer.FORMS else self.mixer.recurrent
-        kw = {"chunk_size": self.chunk_size} if "chunk" in self.mixer.FORMS else {}
-        y, new_states = form(
+        if packed is None and inputs[0].shape[1] == 1:
+            y, states = self.mixer.step(*(x[:, 0] for x in inputs), *self._params(), state=states)
+            return y[:, None], (states if use_cache else None)
+        kw = {"chunk_size": self.chunk_size} if self.mode == "chunk" else {}
+        if packed is not None:
+            kw["cu_seqlens"] = packed.cu_seqlens
+        form = getattr(self.mixer, self.mode)
+        return form(
             *inputs, *self._params(), initial_state=states, output_final_state=use_cache, **kw
         )
-        y = y.reshape(B, T, self.num_heads, self.head_out)
-        if self.norm is not None:
-            y = self.norm(y)
-        y = y.reshape(B, T, self.num_heads * self.head_out)
-        if self.gate is not None:
-            y = y * F.silu(self.gate(x))
-        y = self.out_proj(y)
-        return y, (MixerCache(new_states, tails, id(self)) if use_cache else None)
+
+    def _states(self, state: MixerCache | None, x: torch.Tensor):
+        """The states a call of padding only leaves: the cache's, else zeros (in the compiled
+        module's compute dtype: float64 for float64, else float32)."""
+        if state is not None:
+            return state.states
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        zeros = tuple(
+            x.new_zeros(
+                x.shape[0], self.num_v_heads, *(self._size(s) for s in d.shape), dtype=dtype
+            )
+            for d in self.spec.mixer.carried
+        )
+        return zeros[0] if len(zeros) == 1 else zeros

@@ -99,6 +99,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "mixc.layer_roles",
         "mixc.layer_checks",
         "mixc.layer_cache",
+        "mixc.layer_padding",
+        "mixc.layer_init",
         "mixc.attention",
         "mixc.model",
         "mixc.hf",

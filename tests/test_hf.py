@@ -214,18 +214,41 @@ def test_from_pattern_refuses_what_a_config_cannot_hold(spec_copies):
 
 
 @needs_hf
-def test_padding_and_foreign_caches_are_refused(spec_copies):
+def test_foreign_caches_and_positions_are_refused(spec_copies):
     model = _model(spec_copies)
     tokens = torch.randint(0, VOCAB, (2, 5))
     mask = torch.ones_like(tokens)
     assert model(tokens, attention_mask=mask).logits.shape == (2, 5, VOCAB)
-    mask[1, 0] = 0
-    with pytest.raises(MixcError, match="padding is not supported"):
-        model(tokens, attention_mask=mask)
+    with pytest.raises(MixcError, match=r"attention_mask: expected \[B, T\] = \[2, 5\], got"):
+        model(tokens, attention_mask=mask[:, :3])
     with pytest.raises(MixcError, match="position_ids: expected 0 to 4"):
         model(tokens, position_ids=torch.arange(1, 6)[None])
     with pytest.raises(MixcError, match="cache: expected the MixcCache"):
         model(tokens, cache=[None] * 4)
+
+
+@needs_hf
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_batch_is_each_sequence_alone(spec_copies, side):
+    """The forward pass of a padded batch equals each row run alone at its tokens; generate
+    with left padding (as transformers pads prompts) continues each row as it alone would."""
+    model = _model(spec_copies)
+    lengths = (7, 4, 1)
+    rows = [torch.randint(1, VOCAB, (n,)) for n in lengths]
+    tokens = torch.zeros(3, 7, dtype=torch.long)  # padding: token 0
+    mask = torch.zeros(3, 7, dtype=torch.long)
+    for b, row in enumerate(rows):
+        where = slice(7 - len(row), 7) if side == "left" else slice(0, len(row))
+        tokens[b, where], mask[b, where] = row, 1
+    logits = model(tokens, attention_mask=mask).logits
+    for b, row in enumerate(rows):
+        alone = model(row[None]).logits[0]
+        torch.testing.assert_close(logits[b][mask[b].bool()], alone, rtol=1e-12, atol=1e-12)
+    if side == "left":
+        out = model.generate(tokens, attention_mask=mask, max_new_tokens=5, do_sample=False)
+        for b, row in enumerate(rows):
+            alone = model.generate(row[None], max_new_tokens=5, do_sample=False)
+            assert torch.equal(out[b, -5:], alone[0, -5:])
 
 
 @needs_hf
@@ -238,3 +261,29 @@ def test_the_docs_example_runs(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(code, "docs/layers.md", "exec"), scope)
     assert scope["out"].shape == (1, 24)
+
+
+@needs_hf
+def test_value_heads_and_mode_go_through_the_config(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from mixc.hf import MixcConfig, MixcForCausalLM
+
+    config = MixcConfig.from_pattern(
+        [ROOT / "specs/gated_deltanet.mix"],
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_heads=2,
+        num_v_heads=4,
+        expand_v=2,
+        mode="recurrent",
+    )
+    torch.manual_seed(0)
+    model = MixcForCausalLM(config).double().eval()
+    layer = model.model.blocks[0].mixer
+    assert (layer.num_v_heads, layer.sizes["V"], layer.mode) == (4, 16, "recurrent")
+    model.save_pretrained(tmp_path / "saved")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").double().eval()
+    assert loaded.model.blocks[0].mixer.mode == "recurrent"
+    tokens = torch.randint(0, VOCAB, (2, 6))
+    torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits, rtol=1e-12, atol=1e-12)

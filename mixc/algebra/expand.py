@@ -243,10 +243,13 @@ class Expander:
         if not (sl or sr):
             return self._atom(e, tr)
         gate_side, state_side = (e.right, e.left) if sl else (e.left, e.right)
+        terms = self._expand(state_side, tr)
+        if a == b and "1" in a and any(len(t.chain) > 1 for t in terms):
+            # a vector read from a state (`b * (H k)`): a gate on it is a diagonal factor
+            return self._matmul(_as_diagonal(gate_side, state_side, a, e), tr)
         gate = gate_side
         if tr:
             gate = transpose_atom(gate, self.shape(gate))
-        terms = self._expand(state_side, tr)
         return [replace(t, gates=_sorted((*t.gates, gate))) for t in terms]
 
     def _div(self, e: Binary, tr: bool) -> list[Term]:
@@ -305,6 +308,16 @@ def _bottom_up(
         below = [(found.get(id(c)) or known[id(c)])[1] for c in children(node)]
         found[id(node)] = (node, value(node, below))
     return found[id(e)][1]
+
+
+def _as_diagonal(gate: Expr, vector: Expr, shape: Shape, where: Binary) -> Binary:
+    """`gate * vector` for two vectors of one shape, as the matrix product it is: `diag(gate)
+    vector` for columns, `vector diag(gate^T)` for rows, so that `b * (H k)` and `diag(b) H k`
+    reach the same terms."""
+    if shape[1] == "1":
+        return Binary("@", Call("diag", (gate,), span=gate.span), vector, span=where.span)
+    column = Transpose(gate, span=gate.span)
+    return Binary("@", vector, Call("diag", (column,), span=gate.span), span=where.span)
 
 
 def _product(xs: list[Term], ys: list[Term], where: Expr) -> list[Term]:

@@ -18,7 +18,18 @@ from collections.abc import Mapping
 
 from mixc.frontend.builtins import BUILTINS, Interval
 from mixc.frontend.builtins import bounds as builtin_bounds
-from mixc.frontend.ir import Binary, Call, Expr, Identity, Name, Neg, Number, Timed, Transpose
+from mixc.frontend.ir import (
+    CHANNEL,
+    Binary,
+    Call,
+    Expr,
+    Identity,
+    Name,
+    Neg,
+    Number,
+    Timed,
+    Transpose,
+)
 
 __all__ = ["bounds", "nonpositive"]
 
@@ -55,6 +66,8 @@ def _bounds(e: Expr, env: Mapping[str, Interval], defaults: Mapping[str, Expr | 
     if isinstance(e, Name):
         if e.name == "h":
             return 0.0, _INF
+        if e.name == CHANNEL:  # a vector's channel index, or where env bounds it
+            return env.get(CHANNEL, (0.0, _INF))
         default = defaults.get(e.name)
         if default is not None:
             return _bounds(default, env, defaults)
@@ -125,7 +138,7 @@ def _divide(x: Interval, y: Interval) -> Interval:
 
 
 def _power(x: Interval, y: Interval) -> Interval:
-    """Interval of x^y for a base that is always positive: x^y = exp(y log x) is monotone in
+    """Interval of x^y for a base that is always positive (or 0, to a positive power): x^y = exp(y log x) is monotone in
     each of y and log x, so its extremes are at the corners (inf^0, which has no limit, left
     out: x^0 = 1 at the finite bases). An even whole exponent n >= 2 takes any base: x^n =
     |x|^n >= 0."""
@@ -137,7 +150,7 @@ def _power(x: Interval, y: Interval) -> Interval:
             return low**n, high**n
         except OverflowError:
             return low**n if low < 1 else _INF, _INF
-    if x[0] <= 0:
+    if x[0] < 0 or (x[0] == 0 and y[0] <= 0):  # a base of 0 only to a positive power: 0
         return _WHOLE_LINE
     try:
         vals = [a**b for a in x for b in y if not (math.isinf(a) and b == 0)]

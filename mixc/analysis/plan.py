@@ -22,7 +22,7 @@ from mixc.analysis.outputs import analyze_output, readout_name
 from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
 from mixc.errors import NotYetImplemented, SpecError
-from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Timed, Transpose
+from mixc.frontend.ir import CHANNEL, Binary, Call, Expr, Mixer, Name, Number, Timed, Transpose
 from mixc.frontend.shapes import SCALAR, Symbol, Typer
 from mixc.frontend.spec import Spec
 from mixc.transitions.base import ChunkSize, KernelArg, Transition, TransitionClass
@@ -190,6 +190,10 @@ def analyze(spec: Spec) -> Plan:
         raise exc.located(spec.source) from None
 
 
+#: How the bounds of a gate see a size read as a number: as 1 + idx, in [1, inf).
+SIZE_BOUND = Binary("+", Number("1"), Name(CHANNEL))
+
+
 def _analyze(spec: Spec) -> Plan:
     mixer = spec.mixer
     graph = dependency_graph(mixer)
@@ -197,7 +201,10 @@ def _analyze(spec: Spec) -> Plan:
     typer = Typer(mixer, dict(spec.symbols))  # a copy: the readouts' symbols join it below
     ex = Expander(mixer, typer, {s.name for s in mixer.states})
     canon = Canon(ex)
+    # what the bounds of gates read a name by: a parameter's default, and a size (a whole
+    # number >= 1) bounded as 1 + idx is, by [1, inf)
     params = {p.name: p.default for p in mixer.params}
+    params |= {n: SIZE_BOUND for n, s in spec.symbols.items() if s.kind == "size"}
     states = tuple(analyze_state(mixer, s.name, ex, params, canon) for s in mixer.states)
     outputs = tuple(
         analyze_output(mixer, eq, ex, spec.shapes[eq.target], canon) for eq in mixer.outputs
@@ -436,7 +443,14 @@ def _forms(mixer: Mixer, states, groups) -> Forms:
 
 
 def _lagged(mixer: Mixer) -> Missing | None:
-    """Why a spec that reads inputs at t-1 has no summary (None for one that reads none)."""
+    """Why a spec that reads inputs at t-1, or the position, has no summary (None for one that
+    reads neither)."""
+    if mixer.positioned:
+        return Missing(
+            "lagged",
+            "the spec reads pos_t: a slice's transition depends on where the slice starts, "
+            "which the summary does not know",
+        )
     if not mixer.lagged:
         return None
     lagged = ", ".join(f"{d.name}_{{t-1}}" for d in mixer.lagged)

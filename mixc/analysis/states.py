@@ -280,15 +280,23 @@ def _writes(
             return (), "an elementwise product"
         if len(t.chain) == 1 and shape[1] == "1":
             out.append(WriteTerm(None, canon.column(t.chain[0]), scale))
-        elif (
-            len(t.chain) == 2 and ex.shape(t.chain[0])[1] == "1" and ex.shape(t.chain[1])[0] == "1"
-        ):
-            out.append(WriteTerm(canon(t.chain[0]), canon.column(t.chain[1]), scale))
+        elif (split := _outer_split(t.chain, ex)) is not None:
+            value, key = product(list(t.chain[:split])), product(list(t.chain[split:]))
+            out.append(WriteTerm(canon(value), canon.column(key), scale))
         else:
             return (), f"not an outer product ({show(shape)} from {product(list(t.chain))})"
     if not out:
         return (), "empty (no write)"
     return _shared_factors(out, canon), "rank-1 outer products"
+
+
+def _outer_split(chain: tuple[Expr, ...], ex: Expander) -> int | None:
+    """Where a chain of factors is a column times a row (`diag(b) v k^T` at 2, `v k^T` at 1),
+    None if it is no outer product."""
+    for i in range(1, len(chain)):
+        if ex.shape(chain[i - 1])[1] == "1" and ex.shape(chain[i])[0] == "1":
+            return i
+    return None
 
 
 def _shared_factors(writes: list[WriteTerm], canon: Canon) -> tuple[WriteTerm, ...]:

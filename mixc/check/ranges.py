@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from mixc.algebra.intervals import bounds
 from mixc.analysis.plan import Plan, analyze
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.ir import POSITION, Binary, Call, Expr, Name, Timed, walk
 from mixc.frontend.spec import Spec, load_spec
 from mixc.transitions.base import Condition
 
@@ -81,6 +81,11 @@ SAMPLERS: dict[str, dict[str, str]] = {
     },
     "state": {"normal": f"0.5 * {_RANDN}"},
     "positive state": {"normal": f"0.5 * {_RANDN}.abs()"},
+    # the position a call starts at: whole numbers, near 0 or far from it (angles of 10^6 rad)
+    "position": {
+        "far": "torch.randint(0, 10**6, ({shape},), generator=gen).to(torch.float64)",
+        "near": "torch.randint(0, 100, ({shape},), generator=gen).to(torch.float64)",
+    },
 }
 
 #: Where the bounded stress modes of SAMPLERS draw (a normal draw within 4 standard deviations);
@@ -348,9 +353,12 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
             ranges.append(Range(s.name, "state", "positive state", positive[s.name]))
         else:
             ranges.append(Range(s.name, "state", "state", "no constraint"))
-    for d, last in zip(mixer.lagged, mixer.carried[len(mixer.states) :], strict=True):
+    lagged = mixer.carried[len(mixer.states) : len(mixer.states) + len(mixer.lagged)]
+    for d, last in zip(mixer.lagged, lagged, strict=True):
         drawn = next(x for x in ranges if x.name == d.name)
         ranges.append(Range(last.name, "state", drawn.domain, f"a token of {d.name}: {drawn.why}"))
+    if mixer.positioned:
+        ranges.append(Range(POSITION, "state", "position", "the position of the first token"))
     return InputRanges(spec, plan, tuple(ranges), tuple(notes), _wide_sizes(plan))
 
 

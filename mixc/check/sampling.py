@@ -23,6 +23,7 @@ from torch import Tensor
 
 from mixc.analysis.plan import Plan
 from mixc.check.ranges import SAMPLERS, InputRanges, Range, input_ranges
+from mixc.frontend.ir import CHANNEL
 from mixc.frontend.spec import Spec
 
 __all__ = [
@@ -165,14 +166,15 @@ def _default_values(r: InputRanges, heads: int, sizes: dict[str, int]) -> dict[s
     """Parameter defaults as explicit values [NH, *shape], evaluated as the oracle does."""
     from mixc.oracle.interpret import _Evaluator
 
-    ev = _Evaluator(r.mixer, {}, torch.device("cpu"))
+    ev = _Evaluator(r.mixer, {}, torch.device("cpu"), sizes)
     h = torch.arange(heads, dtype=torch.float64).reshape(1, heads, 1, 1)
     out = {}
     for prm in r.mixer.params:
         if prm.default is None:
             continue
         dims = _dims(prm.shape, sizes)
-        value = ev.eval(prm.default, {"h": h})
+        channel = torch.arange(dims[0] if dims else 1, dtype=torch.float64).reshape(1, 1, -1, 1)
+        value = ev.eval(prm.default, {"h": h, CHANNEL: channel})
         value = value.expand(1, heads, *([*dims, 1, 1][:2] if len(dims) < 2 else dims))
         out[prm.name] = value.reshape(heads, *dims).tolist()
     return out

@@ -138,6 +138,18 @@ def _relu(x: float) -> float:
     return max(x, 0.0)
 
 
+def _cos(x: float) -> float:
+    return math.nan if math.isinf(x) else math.cos(x)
+
+
+def _sin(x: float) -> float:
+    return math.nan if math.isinf(x) else math.sin(x)
+
+
+def _floor(x: float) -> float:
+    return x if math.isinf(x) or math.isnan(x) else float(math.floor(x))
+
+
 def _max(x: float, y: float) -> float:
     return math.nan if math.isnan(x) or math.isnan(y) else max(x, y)
 
@@ -208,6 +220,53 @@ def _sum_tensor(x):
     return x.sum(dim=(-2, -1), keepdim=True)
 
 
+def _softmax_tensor(x):
+    """exp(x - max x) over every entry of a vector, normalised to sum 1."""
+    import torch
+
+    e = torch.exp(x - x.amax(dim=(-2, -1), keepdim=True))
+    return e / e.sum(dim=(-2, -1), keepdim=True)
+
+
+def _onehot_argmax_tensor(x):
+    """1 at the first largest entry of a vector, 0 elsewhere; the gradient of softmax(x)."""
+    import torch
+
+    flat = x.flatten(-2)
+    hard = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)
+    soft = _softmax_tensor(x)
+    return hard.reshape(x.shape) + (soft - soft.detach())
+
+
+def _rotate_pairs(x, theta, interleaved):
+    """Each pair (a, b) of a column [..., d, 1] turned by its angle: (a cos - b sin,
+    a sin + b cos). Pair i is (i, i + n) (half-split) or (2i, 2i + 1) (interleaved), where n
+    is the number of angles theta [..., p, 1] gives, or d / 2 when p = d."""
+    import torch
+
+    d, p = x.shape[-2], theta.shape[-2]
+    n = d // 2 if p == d else p
+    if 2 * n > d:
+        raise ValueError(f"rotate: {p} angles for a vector of {d} entries")
+    first = [2 * i for i in range(n)] if interleaved else list(range(n))
+    second = [2 * i + 1 for i in range(n)] if interleaved else list(range(n, 2 * n))
+    angle = theta[..., :n, :]
+    a, b = x[..., first, :], x[..., second, :]
+    shape = torch.broadcast_shapes(x.shape, (*theta.shape[:-2], d, 1))
+    out = x.expand(shape).clone()
+    out[..., first, :] = a * torch.cos(angle) - b * torch.sin(angle)
+    out[..., second, :] = a * torch.sin(angle) + b * torch.cos(angle)
+    return out
+
+
+def _rotate_tensor(x, theta):
+    return _rotate_pairs(x, theta, interleaved=False)
+
+
+def _rotate_interleaved_tensor(x, theta):
+    return _rotate_pairs(x, theta, interleaved=True)
+
+
 def _diag_tensor(x):
     """A vector (column or row) to the diagonal matrix [..., d, d]."""
     import torch
@@ -267,6 +326,22 @@ def _sum_bounds(lo: float, hi: float) -> Interval:
     return low, high
 
 
+def _trig_bounds(lo: float, hi: float) -> Interval:
+    """cos and sin lie in [-1, 1]; at an infinite end they are NaN (no limit)."""
+    return _WHOLE_LINE if math.isinf(lo) or math.isinf(hi) else (-1.0, 1.0)
+
+
+def _unit_bounds(lo: float, hi: float) -> Interval:
+    """softmax and onehot_argmax: every entry lies in [0, 1]."""
+    return 0.0, 1.0
+
+
+def _rotate_bounds(lo: float, hi: float, lo2: float, hi2: float) -> Interval:
+    """An entry a cos - b sin of a turned pair is at most sqrt(2) max(|a|, |b|) in size."""
+    size = math.sqrt(2.0) * max(abs(lo), abs(hi))
+    return -size, size
+
+
 def _diag_bounds(lo: float, hi: float) -> Interval:
     """The diagonal holds the vector's entries, every other entry is 0."""
     return min(lo, 0.0), max(hi, 0.0)
@@ -300,6 +375,22 @@ _TABLE = (
     Builtin("sum", 1, False, "_torch.sum", lambda x: x, _sum_tensor, _sum_bounds),
     Builtin("l2norm", 1, False, "_l2norm", None, _l2norm_tensor, _l2norm_bounds),
     Builtin("diag", 1, False, "_torch.diag_embed", None, _diag_tensor, _diag_bounds),
+    _monotone("floor", "_torch.floor", _floor, _torch_function("torch.floor")),
+    Builtin("cos", 1, True, "_cos", _cos, _torch_function("torch.cos"), _trig_bounds),
+    Builtin("sin", 1, True, "_sin", _sin, _torch_function("torch.sin"), _trig_bounds),
+    Builtin("softmax", 1, False, "_softmax", None, _softmax_tensor, _unit_bounds),
+    Builtin("onehot_argmax", 1, False, "_onehot_argmax", None, _onehot_argmax_tensor, _unit_bounds),
+    _monotone("stop_gradient", "_torch.detach", lambda x: x, _torch_function("torch.detach")),
+    Builtin("rotate", 2, False, "_rotate", None, _rotate_tensor, _rotate_bounds),
+    Builtin(
+        "rotate_interleaved",
+        2,
+        False,
+        "_rotate_interleaved",
+        None,
+        _rotate_interleaved_tensor,
+        _rotate_bounds,
+    ),
 )
 
 #: Every built-in by name, in the order error messages list them.

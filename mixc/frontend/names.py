@@ -11,7 +11,9 @@ import re
 
 from mixc.errors import NotYetImplemented, Span, SpecAnalysisError, SpecNameError, SpecShapeError
 from mixc.frontend.ir import (
+    CHANNEL,
     FUNCTIONS,
+    POSITION,
     Call,
     Decl,
     Equation,
@@ -51,7 +53,9 @@ LAYOUT_SIZES = frozenset({"B", "T", "NH"})
 
 #: Words of the spec language: the keywords that start its lines, the time index t, the head
 #: index h of parameter defaults and the identity I.
-LANGUAGE_WORDS = frozenset({"mixer", "in", "param", "state", "let", "t", "h", "I"})
+LANGUAGE_WORDS = frozenset(
+    {"mixer", "in", "param", "state", "let", "t", "h", "I", POSITION, CHANNEL}
+)
 
 #: The keyword arguments of a compiled module's forms, beside the spec's names in their
 #: signatures (`chunk(q, k, v, *, initial_state=None, ...)`).
@@ -302,6 +306,18 @@ def _check_untimed(node: Name, known: Known, args: set[str], where: str, owner: 
             node.span,
             hint="declare a parameter: param gamma = ... h ...",
         )
+    if node.name == CHANNEL:
+        raise SpecNameError(
+            f"{CHANNEL} (the channel index) can only be used in the default of a vector parameter",
+            node.span,
+            hint=f"declare one: param w[K] = 10000^(-2 {CHANNEL} / K)",
+        )
+    if node.name == POSITION:
+        raise SpecNameError(
+            f"{POSITION} is the token's position and needs the time index: {POSITION}_t",
+            node.span,
+            hint=f"did you mean {POSITION}_t?",
+        )
     sym = known.symbols.get(node.name)
     if sym is None:
         close = known.untimed(node.name)
@@ -313,6 +329,8 @@ def _check_untimed(node: Name, known: Known, args: set[str], where: str, owner: 
         )
     if sym.kind == "let":
         raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
+    if sym.kind == "size":
+        return
     if where == "param":
         if sym.kind == "param":
             raise SpecNameError(
@@ -376,6 +394,7 @@ def _check_timed(node: Timed, known: Known, args: set[str], where: str, owner: s
         )
     if sym.kind == "let":
         raise SpecNameError(f"{node.name} is a function; call it: {node.name}(...)", node.span)
+    _check_size_or_position(node, sym)
     if where == "param":
         _per_token_in_param(node)
     if where == "let":
@@ -405,6 +424,21 @@ def _check_timed(node: Timed, known: Known, args: set[str], where: str, owner: s
     if sym.kind == "state" and node.offset < -1:
         raise NotYetImplemented(
             f"{node.name} at t{node.offset:+d}: a state is read at t or t-1", node.span
+        )
+
+
+def _check_size_or_position(node: Timed, sym: Symbol) -> None:
+    """A size has no time index; the position is read at t only."""
+    if sym.kind == "size":
+        raise SpecNameError(
+            f"{node.name} is a size and has no time index", node.span, hint=f"write {node.name}"
+        )
+    if sym.kind == "position" and node.offset != 0:
+        raise SpecNameError(
+            f"{node}: the position is read at t only",
+            node.span,
+            hint=f"the position of token t{node.offset:+d} is "
+            f"{POSITION}_t {'-' if node.offset < 0 else '+'} {abs(node.offset)}",
         )
 
 

@@ -13,7 +13,9 @@ from types import MappingProxyType
 
 from mixc.errors import SpecShapeError
 from mixc.frontend.ir import (
+    CHANNEL,
     FUNCTIONS,
+    POSITION,
     Binary,
     Call,
     Expr,
@@ -116,7 +118,7 @@ class Typer:
         if isinstance(e, Name):
             if e.name in env:
                 return env[e.name]
-            if e.name == "h":
+            if e.name in ("h", CHANNEL):
                 return SCALAR
             return self.symbols[e.name].shape
         if isinstance(e, Timed):
@@ -150,6 +152,8 @@ class Typer:
                 e.span,
                 expected=f"{e.func}({', '.join('xyz'[:arity])})",
             )
+        if e.func in ("rotate", "rotate_interleaved"):
+            return _rotation(e, args[0], args[1])
         if arity == 2:  # max, min: elementwise, broadcasting as * does
             pair = Binary("*", e.args[0], e.args[1], span=e.span)
             return _same_or_broadcast(pair, args[0], args[1], f"take the {e.func} of")
@@ -161,11 +165,33 @@ class Typer:
                 )
             n = a[0] if a[1] == "1" else a[1]
             return (n, n)
-        if e.func == "l2norm" and ("1" not in a or a == SCALAR):
-            raise SpecShapeError(f"l2norm needs a vector, got {show(a)}", e.span)
+        if e.func in ("l2norm", "softmax", "onehot_argmax") and ("1" not in a or a == SCALAR):
+            raise SpecShapeError(f"{e.func} needs a vector, got {show(a)}", e.span)
         if a == IDENTITY:
             raise SpecShapeError(f"{e.func}(I) is not defined", e.span, hint="write I on its own")
         return SCALAR if e.func == "sum" else a
+
+
+def _rotation(e: Call, x: Shape, theta: Shape) -> Shape:
+    """rotate(x, theta): x a column [d], theta a column of angles [p], p <= d / 2 (the leading
+    2p entries turn) or p = d (the first d / 2 angles are read)."""
+    column = "a column vector"
+    for arg, shape in zip(e.args, (x, theta), strict=True):
+        if shape[1] != "1" or shape in (SCALAR, IDENTITY) or shape[0] == "1":
+            raise SpecShapeError(
+                f"{e.func} needs two column vectors, got {arg} {show(shape)}",
+                arg.span or e.span,
+                expected=f"{e.func}(x, theta): x {column} [K], theta the angles [P] of its pairs",
+                hint=f"turn the column and transpose after: {e.func}(k_t, theta)^T",
+            )
+    d, p = x[0], theta[0]
+    if d.isdigit() and p.isdigit() and p != d and 2 * int(p) > int(d):
+        raise SpecShapeError(
+            f"{e.func} of a vector [{d}] by {p} angles: a pair takes one angle",
+            e.args[1].span or e.span,
+            expected=f"at most {int(d) // 2} angles (the leading pairs turn), or {d}",
+        )
+    return x
 
 
 def _expressions(held: object) -> Iterator[Expr]:
@@ -322,4 +348,9 @@ def symbols_of(mixer: Mixer) -> dict[str, Symbol]:
             symbols[d.name] = Symbol(kind, declared(d.shape))
     for fn in mixer.lets:
         symbols[fn.name] = Symbol("let", SCALAR)
+    for d in (*mixer.inputs, *mixer.params, *mixer.states):
+        for size in d.shape:  # a size read as a number: sum(o_t^2) / V
+            if not size.isdigit() and size not in symbols:
+                symbols[size] = Symbol("size", SCALAR)
+    symbols[POSITION] = Symbol("position", SCALAR)
     return symbols

@@ -18,6 +18,7 @@ from mixc.errors import (
 )
 from mixc.frontend.constants import Constants
 from mixc.frontend.ir import (
+    CHANNEL,
     Call,
     Decl,
     Equation,
@@ -193,7 +194,9 @@ class _Verifier:
         self.constants.check(fn.body)
 
     def _default_names(self, p: Param) -> None:
-        check_names(self.known, p.default, {"h"}, "param", p.name)
+        check_names(
+            self.known, p.default, {"h", CHANNEL} if len(p.shape) == 1 else {"h"}, "param", p.name
+        )
         _check_depth(p.default, self.let_depth)
 
     def _equation_names(self, eq: Equation) -> None:

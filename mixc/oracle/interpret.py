@@ -35,6 +35,8 @@ from torch import Tensor
 from mixc.errors import InputError, MixcError
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
+    CHANNEL,
+    POSITION,
     Binary,
     Call,
     Equation,
@@ -112,8 +114,15 @@ class _Evaluator:
     """Evaluates expressions of one mixer. `now` holds values at t, `prev` states at t-1 and
     `earlier` the lagged inputs at t-1."""
 
-    def __init__(self, mixer: Mixer, params: dict[str, Tensor], device: torch.device) -> None:
+    def __init__(
+        self,
+        mixer: Mixer,
+        params: dict[str, Tensor],
+        device: torch.device,
+        sizes: dict[str, int] | None = None,
+    ) -> None:
         self.mixer = mixer
+        self.sizes = sizes or {}
         self.lets = {fn.name: fn for fn in mixer.lets}
         self.params = params
         self.device = device
@@ -131,6 +140,9 @@ class _Evaluator:
                 return args[e.name]
             if e.name in self.params:
                 return self.params[e.name]
+            if e.name in self.sizes:  # a size read as a number
+                size = float(self.sizes[e.name])
+                return torch.tensor(size, dtype=DTYPE, device=self.device).reshape(1, 1, 1, 1)
             raise MixcError(f"no value for {e.name}")
         if isinstance(e, Timed):
             if e.offset == -1 and e.name in self.earlier:
@@ -235,7 +247,8 @@ def interpret(
     NH = _head_count(raw, params, initial_state)
 
     xs = _spread_heads(mixer, raw, sizes, NH)
-    evaluator = _Evaluator(mixer, _param_values(mixer, params, sizes, NH, device), device)
+    values = _param_values(mixer, params, sizes, NH, device)
+    evaluator = _Evaluator(mixer, values, device, sizes.sizes)
     evaluator.prev = _start_states(mixer, initial_state, sizes, B, NH, device)
     outputs = _output_buffers(spec, sizes, B, T, NH, device)
     _run(evaluator, spec.order, xs, outputs, B, T, NH)
@@ -369,7 +382,7 @@ def _param_values(
     mixer: Mixer, params: dict, sizes: _Sizes, NH: int, device: torch.device
 ) -> dict[str, Tensor]:
     """Every param as [1, NH, rows, cols]: as given, or its default with h = 0..NH-1."""
-    defaults = _Evaluator(mixer, {}, device)
+    defaults = _Evaluator(mixer, {}, device, sizes.sizes)
     h = torch.arange(NH, dtype=DTYPE, device=device).reshape(1, NH, 1, 1)
     out: dict[str, Tensor] = {}
     for p in mixer.params:
@@ -380,7 +393,9 @@ def _param_values(
                 raise InputError(f"param {p.name} has {x.shape[0]} heads, the call has {NH}")
             out[p.name] = x.reshape(1, NH, r, c)
         else:
-            out[p.name] = defaults.eval(p.default, {"h": h}).expand(1, NH, r, c)
+            channel = torch.arange(r, dtype=DTYPE, device=device).reshape(1, 1, r, 1)
+            value = defaults.eval(p.default, {"h": h, CHANNEL: channel})
+            out[p.name] = value.expand(1, NH, r, c)
     return out
 
 
@@ -435,6 +450,8 @@ def _run(
     lagged = [d.name for d in evaluator.mixer.lagged]
     for t in range(T):
         evaluator.now = {name: x[:, t] for name, x in xs.items()}
+        if POSITION in evaluator.prev:  # the carried position is this token's
+            evaluator.now[POSITION] = evaluator.prev[POSITION]
         evaluator.earlier = {name: evaluator.prev[f"{name}_{{t-1}}"] for name in lagged}
         for eq in order:
             r, c = shapes[eq.target]
@@ -453,6 +470,8 @@ def _run(
                 evaluator.prev[eq.target] = evaluator.now[eq.target]
         for name in lagged:
             evaluator.prev[f"{name}_{{t-1}}"] = evaluator.now[name]
+        if POSITION in evaluator.prev:
+            evaluator.prev[POSITION] = evaluator.now[POSITION] + 1
 
 
 def _unpack(x: Tensor, lead: int, ndim: int) -> Tensor:

@@ -15,7 +15,7 @@ from mixc.analysis.facts import OutputFacts, Readout, StateFacts
 from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.analysis.roles import read_roles
 from mixc.errors import Span
-from mixc.frontend.ir import Binary, Expr
+from mixc.frontend.ir import Binary, Call, Expr, walk
 from mixc.frontend.spec import Spec
 from mixc.tools.report import (
     ChunkSizeInfo,
@@ -247,7 +247,35 @@ def _why(plan: Plan) -> list[str]:
     for g in plan.groups if plan.chunkable else ():
         if g.log_scale is not None:
             why.append(_stabiliser(plan, g))
-    return why
+    return why + _rotations(plan)
+
+
+def _rotations(plan: Plan) -> list[str]:
+    """What the forms do with rotations (`rotate`, `rotate_interleaved`) and positions."""
+    mixer = plan.spec.mixer
+    calls = {
+        n.func
+        for e in (*(eq.value for eq in mixer.equations), *(fn.body for fn in mixer.lets))
+        for n in walk(e)
+        if isinstance(n, Call)
+    }
+    out = []
+    if plan.chunkable and calls & {"rotate", "rotate_interleaved"}:
+        out.append(
+            "rotations: each vector is turned by its own token's angles before the kernel (a "
+            "per-token transform): exact for every class, the state kept in the turned "
+            "coordinates, a gate acting on the turned channels. A rotation inside the "
+            "transition (H_{t-1} R(w_t)) would equal the turn of q and k by the summed angles "
+            "only where the gate is equal on both entries of each pair; it needs a state of "
+            "angles (pipelines), not built here"
+        )
+    if mixer.positioned:
+        out.append(
+            "positions: pos_t counts tokens from the carried state's pos (0 by default; each "
+            "packed sequence from its own); angles that read it, and their cos and sin, are "
+            "computed in float64"
+        )
+    return out
 
 
 def _stabiliser(plan: Plan, g: GroupPlan) -> str:

@@ -30,6 +30,8 @@ from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
 
 SPECS = Path(__file__).parents[2] / "specs"
+#: Specs of mixers that are not shipped yet (examples/specs/README.md says why), checked here too.
+EXAMPLES = Path(__file__).parents[2] / "examples" / "specs"
 
 
 # ----------------------------------------------------------------------------- the table
@@ -309,6 +311,39 @@ ROWS: dict[str, Row] = {
         },
         "linear: _r0",
         SCALAR_DECAY,
+    ),
+    "linear_attention_rope": Row(
+        "linear_attention_rope.mix",
+        {"H": S("identity", "identity", "v_t (rotate_interleaved(k_t, pos_t theta))^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
+    "retnet_xpos": Row(
+        "retnet_xpos.mix",
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t (rotate_interleaved((1 / sqrt(K)) k_t, pos_t theta))^T",
+                (
+                    "scalar: gamma -> log(gamma) proven",
+                    "key: diag(zeta^(1 / 512)) -> log(zeta^0.001953125) unproven",
+                ),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(zeta^(1 / 512))",),
+    ),
+    "transformer_vq": Row(
+        "transformer_vq.mix",
+        {
+            "H": S("identity", "identity", "v_t (onehot_argmax(C k_t - 0.5 (C * C) ones))^T"),
+            "n": S("identity", "identity", "onehot_argmax(C k_t - 0.5 (C * C) ones)"),
+        },
+        "ratio: _r0 / _r1",
+        SCALAR_DECAY,
+        groups=(("H", "n"),),
     ),
     # ---- the same mixers, spelled differently
     "retnet_scalar_on_the_right": Row(
@@ -657,6 +692,42 @@ y_t = H_t C_t + D x_t
         "linear: _r0",
         DPLR,
     ),
+    "comba": Row(
+        (EXAMPLES / "comba.mix").read_text(encoding="utf-8"),
+        {
+            "H": S(
+                "diagonal plus low rank",
+                "diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DPLR,
+        warnings=("cannot prove the decay exp(g_t) of H is in (0, 1]",),
+    ),
+    "gdn2": Row(
+        (EXAMPLES / "gdn2.mix").read_text(encoding="utf-8"),
+        {
+            "H": S(
+                "diagonal plus low rank",
+                "diagonal_plus_low_rank",
+                "v_t * w_t k_t^T",
+                ("key: diag(exp(g_t)) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DPLR,
+        warnings=("cannot prove the decay diag(exp(g_t)) of H is in (0, 1]",),
+    ),
+    "gated_oja": Row(
+        (EXAMPLES / "gated_oja.mix").read_text(encoding="utf-8"),
+        {"H": S("general dense", "general_dense", "beta_t l2norm(v_t) k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="acts on the value side (from the left) with l2norm(v_t) l2norm(v_t)^T",
+    ),
     "rwkv7_any_rank_one_term": Row(
         text(
             "H_t = H_{t-1} (diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T",
@@ -891,13 +962,52 @@ y_t = H_t q_t / (z_t . q_t + 1e-6)
         chunkable=False,
         reason="quadratic in the state (H_{t-1} * H_{t-1} at line 4, column 7)",
     ),
+    "vector_erase_strength_written_with_star": Row(
+        text(
+            "H_t = H_{t-1} - (b_t * (H_{t-1} k_t)) k_t^T + (b_t * v_t) k_t^T",
+            "q[K], k[K], v[V], b[V]",
+        ),
+        {"H": S("general dense", "general_dense", "b_t * v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="multiplies H_{t-1} on both sides: diag(b_t) on the value side",
+    ),
+    "vector_erase_strength_written_with_diag": Row(
+        text(
+            "H_t = H_{t-1} - diag(b_t) (H_{t-1} k_t) k_t^T + diag(b_t) v_t k_t^T",
+            "q[K], k[K], v[V], b[V]",
+        ),
+        {"H": S("general dense", "general_dense", "diag(b_t) v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="multiplies H_{t-1} on both sides: diag(b_t) on the value side",
+    ),
+    "value_side_householder": Row(
+        text(
+            "H_t = (I - beta_t v_t v_t^T) diag(exp(gv_t)) H_{t-1} + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], gv[V], beta",
+        ),
+        {"H": S("general dense", "general_dense", "beta_t v_t k_t^T")},
+        "linear: _r0",
+        SEQUENTIAL,
+        chunkable=False,
+        reason="acts on the value side (from the left) with v_t v_t^T diag(exp(gv_t))",
+    ),
+    "vector_write_scale_with_star": Row(
+        text("H_t = H_{t-1} + (beta_t * v_t) k_t^T", "q[K], k[K], v[V], beta[V]"),
+        {"H": S("identity", "identity", "beta_t * v_t k_t^T")},
+        "linear: _r0",
+        SCALAR_DECAY,
+    ),
     "general_dense": Row(
         text("H_t = M_t H_{t-1} + v_t k_t^T", "q[K], k[K], v[V], M[V, V]"),
         {"H": S("general dense", "general_dense", "v_t k_t^T")},
         "linear: _r0",
         SEQUENTIAL,
         chunkable=False,
-        reason="in no class with a chunked form",
+        reason="acts on the value side (from the left) with M_t:",
     ),
     "coupled_states": Row(
         """mixer m

@@ -1,9 +1,9 @@
 """The Triton backend, its kernels run by triton's interpreter on CPU (tests/conftest.py sets
 TRITON_INTERPRET=1 before anything imports triton). Skipped, with the reason, without triton.
 
-Every form of every shipped spec against the float64 oracle (the fuzzer, gradients included),
-for the specs whose chunked form runs a Triton kernel and for one that falls back to the PyTorch
-kernel; causality with non-finite later tokens, packed sequences, 16-bit inputs, and the module
+Every form of every shipped spec against the float64 oracle (the fuzzer, gradients included):
+every shipped spec's chunked form runs a Triton kernel (what explain says where one would fall
+back to the PyTorch kernel); causality with non-finite later tokens, packed sequences, 16-bit inputs, and the module
 the backend writes (imports, fallback notes, the refusal to run on a CPU tensor outside the
 interpreter).
 """
@@ -55,11 +55,18 @@ COVERED = [name for name, path in SPECS.items() if _covered(path)]
 FALLBACK = [name for name, path in SPECS.items() if not _covered(path)]
 
 
-def test_the_triton_kernels_cover_scalar_decay_delta_diagonal_and_dplr():
-    assert set(KERNELS) == {"chunk_scalar_decay", "chunk_delta", "chunk_diagonal", "chunk_dplr"}
+def test_the_triton_kernels_cover_every_class_with_a_chunked_form():
+    assert set(KERNELS) == {
+        "chunk_scalar_decay",
+        "chunk_delta",
+        "chunk_diagonal",
+        "chunk_dplr",
+        "chunk_elementwise",
+    }
     assert {"linear_attention", "retnet", "gated_retention", "mamba2", "deltanet"} <= set(COVERED)
     assert {"gated_deltanet", "gla", "rwkv6", "kda", "rwkv7"} <= set(COVERED)
-    assert "gated_general" in FALLBACK
+    assert {"mamba1", "hgrn", "gated_general"} <= set(COVERED)
+    assert FALLBACK == []
 
 
 @pytest.mark.parametrize("examples", [2, pytest.param(8, marks=pytest.mark.slow)])
@@ -87,7 +94,14 @@ def test_fuzz_runs_each_chunk_the_kernels_run_once():
     assert chunks == [4, 1, 16, 32, 64]
 
 
-@pytest.mark.parametrize("name", ["gated_retention", "gated_deltanet", "gla", "kda"])
+OTHER_DTYPES = ["gated_retention", "gated_deltanet", "gla", "kda", "mamba1", "hgrn"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    OTHER_DTYPES
+    + [pytest.param(n, marks=pytest.mark.slow) for n in COVERED if n not in OTHER_DTYPES],
+)
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
     """Two drawn examples, and one that carries a state through three chunks of 16 from an
@@ -109,13 +123,24 @@ def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
     assert failure is None, failure.summary()
 
 
-def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel():
-    source = compile_source(SPECS["gated_general"], backend="triton")
-    assert "def chunk_elementwise(" in source and "@triton.jit" not in source
-    (note,) = TRITON.kernel_notes(lower(analyze(mixc.load_spec(SPECS["gated_general"]))))
+def test_a_class_without_a_triton_kernel_runs_the_pytorch_kernel(monkeypatch):
+    """Every shipped class with a chunked form has a Triton kernel: without one (here the
+    elementwise kernel taken away) the module carries the PyTorch kernel and explain says so."""
+    from mixc.backends.triton import kernels
+
+    monkeypatch.delitem(kernels.KERNELS, "chunk_elementwise")
+    monkeypatch.setattr(kernels, "DEFINITIONS", dict(kernels.DEFINITIONS))
+    kernels.DEFINITIONS["chunk_elementwise"] = torch_definitions()["chunk_elementwise"]
+    (note,) = TRITON.kernel_notes(lower(analyze(mixc.load_spec(SPECS["mamba1"]))))
     assert "falls back to the PyTorch kernel chunk_elementwise" in note
-    report = fuzz(SPECS["gated_general"], backend="triton", examples=2, shrink=False, max_T=40)
-    assert report.ok, report.failure.summary()
+    source = kernels.kernel_source(["chunk_elementwise"])
+    assert "def chunk_elementwise(" in source and "@triton.jit" not in source
+
+
+def torch_definitions():
+    from mixc.backends.pytorch import kernels as torch_kernels
+
+    return torch_kernels.DEFINITIONS
 
 
 def test_per_channel_gates_near_0_stay_finite_and_exact():
@@ -191,8 +216,9 @@ def test_explain_names_the_kernel_of_each_group(capsys):
     assert (
         "chunk_diagonal runs fused Triton kernels, forward and backward" in capsys.readouterr().out
     )
-    assert main(["explain", str(SPECS["gated_general"]), "--backend", "triton"]) == 0
-    assert "falls back to the PyTorch kernel chunk_elementwise" in capsys.readouterr().out
+    assert main(["explain", str(SPECS["mamba1"]), "--backend", "triton"]) == 0
+    out = capsys.readouterr().out
+    assert "chunk_elementwise runs fused Triton kernels, forward and backward" in out
 
 
 @pytest.mark.parametrize("name", ["retnet", "gated_deltanet"])

@@ -22,10 +22,11 @@ from mixc.check import (
     sample_states,
 )
 from mixc.cli import main as cli_main
+from mixc.frontend.ir import CHANNEL
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
-SIZES = {"K": 5, "V": 3, "P": 3, "N": 5}
+SIZES = {"K": 5, "V": 3, "P": 3, "N": 5, "S": 4}
 
 
 def _example(r, batch: int, heads: int, T: int, seed: int, modes=()) -> Example:
@@ -102,6 +103,9 @@ def test_decays_near_one_are_near_one(path: Path) -> None:
         n: (x.double().min().item(), x.double().max().item())
         for n, x in zip((*r.inputs, *r.params), args, strict=True)
     }
+    # a default may read the sizes drawn and a channel index below the largest of them
+    env |= {s: (float(n), float(n)) for s, n in SIZES.items()}
+    env[CHANNEL] = (0.0, max(SIZES.values()) - 1.0)
     defaults = {p.name: p.default for p in r.mixer.params if p.default is not None}
     for s in r.plan.states:
         # each log-gate (<= 0) within 0.5 of 0, each elementwise gate (in [0, 1]) of 1

@@ -18,7 +18,7 @@ from tests.mixers import ROOT
 
 INF = math.inf
 ELEMENTWISE = [name for name, b in BUILTINS.items() if b.elementwise and b.arity == 1]
-BINARY = [name for name, b in BUILTINS.items() if b.arity == 2]
+BINARY = [name for name, b in BUILTINS.items() if b.arity == 2 and b.elementwise]
 #: Points that reach every branch: both infinities, overflow of exp either way, silu's minimum.
 POINTS = [-INF, -800.0, -705.0, -50.0, -2.0, -1.2785, -0.5, 0.0, 0.5, 2.0, 50.0, 705.0, 800.0, INF]
 #: Every interval between two points, but the single points at infinity.
@@ -27,11 +27,16 @@ INTERVALS = [(lo, hi) for lo in POINTS for hi in POINTS if lo < hi or (lo == hi 
 
 def test_the_views_list_every_builtin_in_order():
     names = ["exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh"]
-    assert list(BUILTINS) == [*names, "sqrt", "abs", "max", "min", "sum", "l2norm", "diag"]
+    names += ["sqrt", "abs", "max", "min", "sum", "l2norm", "diag", "floor", "cos", "sin"]
+    names += ["softmax", "onehot_argmax", "stop_gradient", "rotate", "rotate_interleaved"]
+    assert list(BUILTINS) == names
     assert list(FUNCTIONS) == list(BUILTINS) and set(FUNCTIONS.values()) == {1, 2}
-    assert [n for n, arity in FUNCTIONS.items() if arity == 2] == BINARY == ["max", "min"]
+    rotations = ["rotate", "rotate_interleaved"]
+    assert [n for n, arity in FUNCTIONS.items() if arity == 2] == ["max", "min", *rotations]
+    assert BINARY == ["max", "min"]
     assert list(ORACLE_FUNCTIONS) == list(BUILTINS)
-    assert [n for n, b in BUILTINS.items() if not b.elementwise] == ["sum", "l2norm", "diag"]
+    vectors = ["sum", "l2norm", "diag", "softmax", "onehot_argmax", *rotations]
+    assert [n for n, b in BUILTINS.items() if not b.elementwise] == vectors
 
 
 def test_importing_the_frontend_does_not_import_torch():

@@ -17,8 +17,11 @@ from mixc import MixcError, load_spec
 from mixc.frontend.ir import FUNCTIONS as IR_FUNCTIONS
 from mixc.oracle.interpret import FUNCTIONS, interpret
 
-SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix"))
-BATCH, STEPS, HEADS, DK, DV = 2, 9, 3, 4, 5
+#: The shipped specs, then the examples' (mixers not shipped yet): each has a reference below.
+SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix")) + sorted(
+    (Path(__file__).parents[2] / "examples" / "specs").glob("*.mix")
+)
+BATCH, STEPS, HEADS, DK, DV, CODES = 2, 9, 3, 4, 5, 3
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 f64 = torch.float64
 
@@ -157,6 +160,41 @@ def ref_kda(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_comba(x, p, s):
+    """Comba's procedure: decay, then correct the value by the state read with p, then write."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = math.exp(float(x["g"][t])) * H
+        correction = x["beta"][t] * (x["v"][t] - H @ x["p"][t])
+        H = H + outer(correction, x["k"][t])
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gdn2(x, p, s):
+    """GDN-2's procedure: decay each key channel, read at the gated key b * k, write w * v minus
+    what was read."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        k = x["k"][t]
+        H = H * torch.exp(x["g"][t])[None, :]
+        H = H + outer(x["w"][t] * x["v"][t] - H @ (x["b"][t] * k), k)
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
+def ref_gated_oja(x, p, s):
+    """The gated Oja rule: decay each value channel, then correct the key by the state read with
+    v (Oja's rule, on the value side), then write."""
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        v = x["v"][t] / (x["v"][t].square().sum() + 1e-6).sqrt()  # l2norm, its eps
+        H = torch.exp(x["gv"][t])[:, None] * H
+        H = H + outer(v, x["beta"][t] * (x["k"][t] - H.T @ v))
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
 def ref_rwkv7(x, p, s):
     """RWKV-7's form: S (diag(w) - kk^T (a * kk)) + v k^T, in the spec's H layout."""
     H, ys = s["H"], []
@@ -234,6 +272,64 @@ def ref_ema(x, p, s):
 
 
 # --- inputs: names, shapes and ranges that keep each recurrence stable ---
+
+
+def turn_pairs(u, angles, first, second):
+    """u with each pair (first[i], second[i]) of entries turned by angles[i]."""
+    out = u.clone()
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        c, s = math.cos(angles[i]), math.sin(angles[i])
+        out[a], out[b] = c * u[a] - s * u[b], s * u[a] + c * u[b]
+    return out
+
+
+def roformer(u, t):
+    """RoFormer's rotation (arXiv 2104.09864, eq. 34): pairs (2i, 2i + 1), angle t 10000^(-2i/d)."""
+    d = len(u)
+    pairs = range(d // 2)
+    angles = [t * 10000 ** (-2 * i / d) for i in pairs]
+    return turn_pairs(u, angles, [2 * i for i in pairs], [2 * i + 1 for i in pairs])
+
+
+def ref_linear_attention_rope(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = H + outer(x["v"][t], roformer(x["k"][t], t))
+        ys.append(H @ roformer(x["q"][t], t))
+    return {"y": ys}, {"H": H, "pos": torch.tensor(float(len(ys)), dtype=f64)}
+
+
+def ref_retnet_xpos(x, p, s):
+    """Retention with xPos as its paper writes it: the query scaled by zeta^(t/512), the key by
+    zeta^(-t/512) (per pair), after their rotations; S_t = gamma S_{t-1} + v_t k~_t^T,
+    y_t = S_t q~_t. The spec's state is S_t diag(zeta^(t/512)), so S starts from H diag(zeta^(1/512))."""
+    d = len(x["q"][0])
+    gamma = 1 - 2 ** (-5 - p["h"])
+    zeta = torch.tensor([(2 * (c // 2) + 0.4 * d) / (1.4 * d) for c in range(d)], dtype=f64)
+    S, ys = s["H"] * zeta ** (1 / 512), []
+    for t in range(len(x["q"])):
+        key = zeta ** (-t / 512) * roformer(x["k"][t] / math.sqrt(d), t)
+        S = gamma * S + outer(x["v"][t], key)
+        ys.append(S @ (zeta ** (t / 512) * roformer(x["q"][t], t)))
+    final = {"H": S * zeta ** (t / 512), "pos": torch.tensor(float(t + 1), dtype=f64)}
+    return {"y": ys}, final
+
+
+def ref_transformer_vq(x, p, s):
+    """Each key replaced by its nearest code (Lingle 2023, arXiv 2309.16354); softmax attention
+    over the quantised keys kept as sums of values and counts per code."""
+    C, d = p["C"], len(x["q"][0])
+    H, n, out = s["H"], s["n"], {"z": [], "p": [], "y": []}
+    for t in range(len(x["q"])):
+        code = int(((x["k"][t][None, :] - C) ** 2).sum(-1).argmin())
+        H, n = H.clone(), n.clone()
+        H[:, code] += x["v"][t]
+        n[code] += 1
+        weights = torch.exp(C @ x["q"][t] / math.sqrt(d))
+        out["z"].append(torch.eye(len(C), dtype=f64)[code])
+        out["p"].append(weights / weights.sum())
+        out["y"].append(H @ weights / (n @ weights))
+    return out, {"H": H, "n": n}
 
 
 def randn(g, *shape):
@@ -324,6 +420,42 @@ CASES = {
             {},
         ),
     ),
+    "comba": (
+        ref_comba,
+        lambda g: (
+            {
+                **unit_keys(qkv(g)),
+                "p": F.normalize(randn(g, *LEAD, DK), dim=-1),
+                "beta": rand(g, *LEAD),
+                "g": F.logsigmoid(randn(g, *LEAD)),
+            },
+            {},
+        ),
+    ),
+    "gdn2": (
+        ref_gdn2,
+        lambda g: (
+            {
+                **unit_keys(qkv(g)),
+                "g": F.logsigmoid(randn(g, *LEAD, DK)),
+                "b": rand(g, *LEAD, DK),
+                "w": rand(g, *LEAD, DV),
+            },
+            {},
+        ),
+    ),
+    "gated_oja": (
+        ref_gated_oja,
+        lambda g: (
+            {
+                **qkv(g),
+                "v": F.normalize(randn(g, *LEAD, DV), dim=-1),
+                "gv": F.logsigmoid(randn(g, *LEAD, DV)),
+                "beta": rand(g, *LEAD),
+            },
+            {},
+        ),
+    ),
     "rwkv7": (
         ref_rwkv7,
         lambda g: (
@@ -395,8 +527,11 @@ CASES = {
         ),
     ),
     "ema": (ref_ema, lambda g: ({"x": randn(g, *LEAD, DV)}, {})),
+    "linear_attention_rope": (ref_linear_attention_rope, lambda g: (qkv(g), {})),
+    "retnet_xpos": (ref_retnet_xpos, lambda g: (qkv(g), {})),
+    "transformer_vq": (ref_transformer_vq, lambda g: (qkv(g), {"C": randn(g, HEADS, CODES, DK)})),
 }
-SIZES = {"K": DK, "V": DV, "P": DV, "N": DK}
+SIZES = {"K": DK, "V": DV, "P": DV, "N": DK, "S": CODES}
 
 
 def initial_states(spec, g):
@@ -419,7 +554,7 @@ def run_reference(ref, inputs, params, state0, spec):
     for b in range(batch):
         for h in range(heads):
             x = {n: v[b, :, h] for n, v in inputs.items()}
-            p = {n: v[h] for n, v in params.items()}
+            p = {"h": h} | {n: v[h] for n, v in params.items()}
             s = {}
             for d in spec.mixer.states:
                 shape = [SIZES[n] for n in d.shape]

@@ -36,6 +36,7 @@ MATH = {
     "elementwise gate": "S_i = exp(b_i) ⊙ S_0 + Σ_{j<=i} exp(b_i - b_j) ⊙ k_j v_j^T,  y_i = q_i S_i",
     "diagonal times identity minus rank-1": "T = (I - [A B]')^{-1},  W = T (A ⊙ exp(c_{r-1}))",
     "diagonal plus low rank": "Y = (Q ⊙ exp(c) + [Q B] W) S_0 + [Q K] V + [Q B] U'",
+    "general dense": "S_t = G_t(S_{t-1}) + W_t, evaluated for t = 1..T in order",
 }
 
 

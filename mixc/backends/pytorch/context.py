@@ -10,7 +10,7 @@ from mixc.backends.pytorch.docstrings import FormDocs
 from mixc.backends.pytorch.lines import Lines, string
 from mixc.backends.pytorch.names import fresh, local, local_base, note, size, tuple_line, tuple_text
 from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
-from mixc.frontend.ir import Expr, Timed
+from mixc.frontend.ir import Expr, Timed, angle_params
 from mixc.frontend.shapes import SCALAR
 from mixc.lowering.program import Program, Slot
 
@@ -30,7 +30,11 @@ class Context:
         self.lagged = [d.name for d in self.mixer.lagged]
         # the local names of what the forms carry from token to token: the states, then each
         # lagged input's previous token (`_prev_x`, x at t-1)
+        # and `_pos`, the position of the next token, where the spec reads pos_t
+        self.positioned = self.mixer.positioned
+        self.angle_params = angle_params(self.mixer)
         self.carried = self.states + [local("prev", x) for x in self.lagged]
+        self.carried += ["_pos"] if self.positioned else []
         self.output = self.mixer.outputs[0]
         self.readouts = dict(program.readouts)
         self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target])
@@ -158,6 +162,8 @@ class Context:
                 if not d.shape:  # a scalar input's last token, laid out as its tokens are
                     prev = local("prev", d.name)
                     out(f"{prev} = {prev}[..., None, None]")
+            if self.positioned:  # laid out as a scalar per token
+                out("_pos = _pos[..., None, None]")
 
     def emit_sign_checks(self, out: Lines, checks) -> None:
         """The run-time check of each decay the caller passes whose sign the spec cannot prove,
@@ -202,6 +208,7 @@ class Context:
         """The final states in the module's layout; each lagged input's last token from its
         local `local(lagged, x)`."""
         names = self.states + [local(lagged, x) for x in self.lagged]
+        names += ["_pos"] if self.positioned else []
         squeeze = {0: ".squeeze(-1).squeeze(-1)", 1: ".squeeze(-1)", 2: ""}
         return [
             f"{name}{squeeze[len(d.shape)]}"

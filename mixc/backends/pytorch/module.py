@@ -12,12 +12,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from mixc.backends.pytorch.kernels import FUNCTION_HELPERS
 from mixc.backends.pytorch.lines import Lines, comment, doc_line, string
 from mixc.backends.pytorch.names import note, size, without_unread
 from mixc.backends.pytorch.pyexpr import PyExpr
 from mixc.backends.pytorch.recurrence import RecurrentForms
 from mixc.backends.pytorch.sequence import SequenceForms
-from mixc.frontend.ir import Expr, Name
+from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.ir import CHANNEL, Call, Expr, Name, walk
 from mixc.lowering.program import Program
 from mixc.version import __version__
 
@@ -175,7 +177,8 @@ class _Module(SequenceForms, RecurrentForms):
         out("", 0)
         out("", 0)
         out.lines.append(_runtime_source())  # as written, not re-wrapped
-        if self.kernels or self.lagged:
+        helpers = self.function_helpers()
+        if self.kernels or self.lagged or helpers:
             out("", 0)
             out("", 0)
             out("# ---- kernels, one per transition class " + "-" * 51, 0)
@@ -186,7 +189,21 @@ class _Module(SequenceForms, RecurrentForms):
             shifts += ["_sub_tokens"] if several else []
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
-            out.lines.append(self.library.source(self.kernels + shifts))
+            out.lines.append(self.library.source(self.kernels + shifts + helpers))
+
+    def function_helpers(self) -> list[str]:
+        """The helpers of the language's functions that the spec calls (`_rotate`, ...), and
+        `_positions` where it reads the position."""
+        m = self.mixer
+        called = {
+            n.func
+            for e in (*(eq.value for eq in m.equations), *(fn.body for fn in m.lets))
+            for n in walk(e)
+            if isinstance(n, Call) and n.func in BUILTINS
+        }
+        helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
+        helpers |= {"_turning"} if called & {"rotate", "rotate_interleaved"} else set()
+        return sorted(helpers | ({"_positions"} if self.positioned else set()))
 
     def emit_mixer(self, out: Lines, library: str) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases
@@ -233,30 +250,50 @@ class _Module(SequenceForms, RecurrentForms):
         out(f"_device = {self.inputs[0]}.device")
         if self.defaulted:
             out('_h = _torch.arange(_sizes["NH"], dtype=_dtype, device=_device)')
-
-        def default_names(e: Expr) -> str:
-            return "_h" if isinstance(e, Name) and e.name == "h" else e.name
-
-        scalar_typer = PyExpr(self.typer, default_names)
         # a shaped parameter's default takes its sizes from the inputs and the other parameters
         # (the verifier makes sure they give them), so it is filled after them
         shaped = [p for p in self.mixer.params if p.default is not None and p.shape]
         for p in [p for p in self.mixer.params if p not in shaped] + shaped:
             if p.default is not None:
-                out(f"if {p.name} is None:")
-                out(f"{p.name} = {scalar_typer(p.default)}{note(p.default)}", 2)
-                if p.shape:  # one value per head (h), the same in every entry of the head
-                    ones = ", ".join(["1"] * len(p.shape))
-                    sizes = ", ".join(size(d) for d in p.shape)
-                    where = "dtype=_dtype, device=_device"
-                    out(f"{p.name} = _torch.as_tensor({p.name}, {where}).reshape(-1, {ones})", 2)
-                    out(f'{p.name} = {p.name}.expand(_sizes["NH"], {sizes})', 2)
+                self.emit_default(out, p)
             dims = "".join(f"{string(d)}, " for d in p.shape).rstrip(" ")
-            where = "_sizes, _dtype, _device"
+            dtype = "_torch.float64" if p.name in self.angle_params else "_dtype"
+            where = f"_sizes, {dtype}, _device"
             out(f"{p.name} = _prepare_param({string(p.name)}, {p.name}, ({dims}), {where})")
         out(f"return {self.args()}, _sizes, _dtype")
         out("", 0)
         out("", 0)
+
+    def emit_default(self, out: Lines, p) -> None:
+        """Fill the parameter `p` from its default where the caller gives none: one value per
+        head (h), the same in every entry of the head, or one per channel (idx) of a vector. An
+        angle parameter (see `angle_params`) is computed in float64."""
+        angle = p.name in self.angle_params
+        channel = any(isinstance(n, Name) and n.name == CHANNEL for n in walk(p.default))
+        dtype = "_torch.float64" if angle else "_dtype"
+        where = f"dtype={dtype}, device=_device"
+        head = "_h"
+        if angle:
+            out(f'_h64 = _torch.arange(_sizes["NH"], {where})')
+            head = "_h64"
+        if channel:
+            out(f"_idx = _torch.arange({size(p.shape[0])}, {where})")
+            head = f"{head}[:, None]"
+
+        def default_names(e: Expr) -> str:
+            if isinstance(e, Name) and e.name == "h":
+                return head
+            return "_idx" if isinstance(e, Name) and e.name == CHANNEL else e.name
+
+        value = PyExpr(self.typer, default_names)(p.default)
+        out(f"if {p.name} is None:")
+        out(f"{p.name} = {value}{note(p.default)}", 2)
+        if p.shape:
+            ones = ", ".join(["1"] * len(p.shape))
+            sizes = ", ".join(size(d) for d in p.shape)
+            shaped = f"_torch.as_tensor({p.name}, {where})"
+            out(f"{p.name} = {shaped}{'' if channel else f'.reshape(-1, {ones})'}", 2)
+            out(f'{p.name} = {p.name}.expand(_sizes["NH"], {sizes})', 2)
 
     def emit_aliases(self, out: Lines, functions: str) -> None:
         """The private names `functions` read their globals by (those of `_ALIASES` they use,

@@ -15,6 +15,7 @@ from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.constants import FLOATS, Folder, constant
 from mixc.frontend.ir import (
+    POSITION,
     Binary,
     Call,
     Expr,
@@ -24,8 +25,9 @@ from mixc.frontend.ir import (
     Number,
     Timed,
     Transpose,
+    angle_reads,
 )
-from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Typer
+from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer
 from mixc.lowering.program import Product
 
 # Python operator precedence, for minimal parentheses
@@ -34,6 +36,17 @@ _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
 #: The built-ins of two arguments, each emitted as a clamp where one argument is a constant:
 #: max(x, c) is x.clamp(min=c) (torch's maximum takes tensors only), min(x, c) x.clamp(max=c).
 _CLAMPS = {"max": "min", "min": "max"}
+
+#: The built-ins whose helper takes the compute dtype, which their angle (float64 where it
+#: reads a position) is reduced into.
+_ANGLED = ("cos", "sin")
+
+_NOT_SIZE = Symbol("input", SCALAR)
+
+#: The emitter's call of a rotation's turn e^(i theta) (computed by `_turning`): made by the
+#: emitter, never by a spec (a spec's calls are to built-ins, its lets inlined before), so that
+#: rotations by the same angles share one turn.
+TURNING = "turn"
 
 
 def literal(value: float) -> str:
@@ -169,12 +182,16 @@ class PyExpr:
         self.shared = shared
         self._plain_emitter: _PlainExpr | None = None
         self.constant = Folder(FLOATS).value
+        self.positioned = typer is not None and typer.mixer.positioned
 
     def shape(self, e: Expr) -> Shape:
         return self.typer.shape_of(e)
 
     def __call__(self, e: Expr) -> str:
-        return self._emit(e)[0]
+        text = self._emit(e)[0]
+        if self.positioned and POSITION in angle_reads(self.typer.mixer, e)[1]:
+            return f"({text}).to(_dtype)"  # a position read outside an angle: float64 until here
+        return text
 
     def _emit(self, e: Expr) -> tuple[str, int]:
         value = self.constant(e)
@@ -183,6 +200,8 @@ class PyExpr:
         if value is not None:
             text = literal(value)
             return text, (_UNARY if text.startswith("-") else _ATOM)
+        if isinstance(e, Name) and self._size(e.name):
+            return f"_torch.full((), _sizes[{string(e.name)}], dtype=_dtype, device=_device)", _ATOM
         if isinstance(e, Timed | Name):
             return self.names(e), _ATOM
         if isinstance(e, Identity):
@@ -193,12 +212,16 @@ class PyExpr:
             return self._call(e), _ATOM
         return self._compute(e)
 
+    def _size(self, name: str) -> bool:
+        """Whether `name` is a size read as a number."""
+        return self.typer is not None and self.typer.symbols.get(name, _NOT_SIZE).kind == "size"
+
     def plain(self, e: Expr) -> str:
         """`e` as it reads without common subexpressions bound to locals: what identifies it
         among the expressions of one point (the same text there is the same value)."""
         if self._plain_emitter is None:
             self._plain_emitter = _PlainExpr(self.typer, self.names, self.functions)
-        return self._plain_emitter(e)
+        return self._plain_emitter._emit(e)[0]
 
     def _compute(self, e: Expr) -> tuple[str, int]:
         """`e` from its operands (each of which may be a common subexpression's local)."""
@@ -228,6 +251,18 @@ class PyExpr:
                     return f"{self._wrap(x, _ATOM)}.clamp({clamp}={self._emit(c)[0]})"
             first, second = (self._emit(x)[0] for x in e.args)
             return f"{BUILTINS[e.func].torch}({first}, {second})"
+        if e.func in _ANGLED:  # the angle may be float64 (a position): see _cos
+            return f"{BUILTINS[e.func].torch}({self._emit(e.args[0])[0]}, _dtype)"
+        if e.func in ("rotate", "rotate_interleaved"):
+            # the turn e^(i theta) of each pair, a call of its own: q's and k's share it
+            x, theta = e.args
+            d = self.shape(x)[0]
+            turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
+            return f"{BUILTINS[e.func].torch}({self._emit(x)[0]}, {self._emit(turning)[0]})"
+        if e.func == TURNING:
+            theta, d = e.args
+            size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
+            return f"_turning({self._emit(theta)[0]}, {size}, _dtype)"
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "

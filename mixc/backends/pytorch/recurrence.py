@@ -25,6 +25,8 @@ class RecurrentForms(Context):
         if sliced:
             names, slices = (", ".join(f"{i}{x}" for i in sliced) for x in ("_t", "[:, _t]"))
             out(f"{names} = {slices}", 2)
+        if self.positioned:
+            out(f"pos_t = _pos.to(_torch.float64){note('the position, in float64')}", 2)
         with self.point(out, 2):
             e = self.step_expr()
             for update in recurrence.updates:
@@ -33,6 +35,7 @@ class RecurrentForms(Context):
             out(f"_ys.append({y}){note(f'{self.output.target}_t = {recurrence.shown}')}", 2)
         if self.carried:
             now = [f"{s}_t" for s in self.states] + [f"{x}_t" for x in self.lagged]
+            now += ["_pos + 1"] if self.positioned else []
             out(f"{states} = {', '.join(now)}", 2)
         out(f"return _torch.stack(_ys, 1), {self.state_tuple()}")
         out("", 0)

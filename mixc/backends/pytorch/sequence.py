@@ -27,6 +27,9 @@ class SequenceForms(Context):
         out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
         self.finish(out, self.output.target, self.final_states(), optional=True, indent=2)
         self.emit_shifts(out, packed=True, carried=True)
+        if self.positioned:
+            shown = note("each token's position, and the next token's, carried on")
+            out(f"pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens){shown}")
         with self.point(out, 1):
             for call in form.calls:
                 self.emit_call(out, call, packed=True)
@@ -51,6 +54,8 @@ class SequenceForms(Context):
         self.prologue(out, True, None)
         self.emit_sign_checks(out, form.sign_checks)
         self.emit_shifts(out, packed=False, carried=False)
+        if self.positioned:
+            out(f"pos, _ = _positions(None, _sizes, _device){note('from 0')}")
         with self.point(out, 1):
             for call in form.calls:
                 self.emit_call(out, call, packed=False)

@@ -16,7 +16,7 @@ _HERE = Path(__file__).parent
 
 #: The class files: every module of this package but common, in name order.
 CLASS_FILES = tuple(
-    sorted(p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", "common"))
+    sorted(p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", "common", "functions"))
 )
 
 
@@ -58,12 +58,16 @@ def definitions(
     return found
 
 
-DEFINITIONS = definitions(("common", *CLASS_FILES))
+DEFINITIONS = definitions(("common", "functions", *CLASS_FILES))
+
+#: The helpers of the language's functions (functions.py), which a module carries only where
+#: its spec calls them.
+FUNCTION_HELPERS = tuple(name for name, (file, _, _) in DEFINITIONS.items() if file == "functions")
 
 KERNELS: dict[str, str] = {
     name: file
     for name, (file, _, _) in DEFINITIONS.items()
-    if file != "common" and not name.startswith("_")
+    if file not in ("common", "functions") and not name.startswith("_")
 }
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 

@@ -5,9 +5,20 @@ Like the PyTorch kernels, this file's definitions are copied into the generated 
 
 Layout and numerics follow the PyTorch kernels (mixc/backends/pytorch/kernels/common.py): q, k
 [B, NH, T, K], v [B, NH, T, V], per-token gates [B, NH, T], states [B, NH, K, V], log-gates
-g <= 0, inputs already in the compute dtype (fp32, or fp64), every matmul accumulating in it
-(``input_precision="ieee"``: no TF32 rounding of fp32 operands). The kernels read their inputs
-through strides, so the transposed and broadcast views the callers pass are not copied.
+g <= 0. The kernels read their inputs through strides, so the transposed and broadcast views the
+callers pass are not copied.
+
+Precision: every kernel takes DOT (``_tl_dot_precision``), how its matmuls multiply. Elementwise
+arithmetic, gates, decays, the triangular inverses and the states are float32 (float64 for
+float64 inputs) whatever the inputs: a 16-bit tile is widened as it is loaded. The products of
+the inputs, scores and states (``_tl_dot``) multiply float64 or IEEE float32 operands ("ieee",
+the default for float32 inputs), TF32 operands ("tf32", for float32 inputs once
+``torch.set_float32_matmul_precision("high")`` or ``"medium"`` allows TF32), or the inputs'
+bfloat16 or float16 ("bf16", "fp16", for such inputs, as flash-linear-attention multiplies),
+always accumulating in float32 or float64. The sums of gates are scans in float32 (float64)
+(``_tl_gate_sums``, ``_tl_run_sums``), no matmul; the one masked matmul left on gate
+quantities, the scalar gates' gradient (``_tl_gate_dot``), is never rounded to 16 bits: IEEE
+float32 with IEEE operands, else three TF32 passes ("tf32x3", about float32's accuracy).
 
 A kernel is one program's walk over the chunks (its addressing, loads and stores, the state or its
 gradient carried in registers); the arithmetic of one chunk is in @triton.jit helpers
@@ -32,14 +43,51 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
+def _tl_value_block(d_v):
+    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
+    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
+    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
+    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return min(_tl_block(d_v), 32)
+
+
+def _tl_launch():
+    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
+    registers, not loads, are what a program runs short of); see _tl_value_block."""
+    return {"num_warps": 8, "num_stages": 1}
+
+
+def _tl_dot_precision(x, kernel):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
+    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
+    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
+    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
+    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
+    the tensor cores do up to the order of the sums."""
+    if x.dtype == torch.bfloat16:
+        interpreted = type(kernel).__name__ == "InterpretedFunction"
+        return "bf16 emulated" if interpreted else "bf16"
+    if x.dtype == torch.float16:
+        return "fp16"
+    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def _tl_compute_dtype(x):
+    """The dtype of the states, decays and gradients a kernel keeps for inputs like x: float64
+    for float64, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _tl_sizes(q, v, chunk_size):
     """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
     block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
     tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    at most 64, one program each."""
+    _tl_value_block, one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = min(_tl_block(d_v), 64)
+    block_v = _tl_value_block(d_v)
     return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
@@ -74,32 +122,81 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
+        initial_state = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
-    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
     return initial_state, _tl_new_like_callers(q, d_v), final, kept
 
 
 def _tl_gradients(q, v, d_o, d_final, n_v):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
     state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state)."""
+    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if d_final is None:
-        d_final = q.new_zeros(batch, heads, d_k, d_v)
-    d_final = d_final.to(q.dtype).contiguous()
-    dq = q.new_empty(n_v, batch, heads, length, d_k)
-    dk = q.new_empty(n_v, batch, heads, length, d_k)
-    dv = q.new_empty(batch, heads, length, d_v)
+        d_final = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    d_final = d_final.to(dtype).contiguous()
+    dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
 def _tl_levels(block_t):
     """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
     return block_t.bit_length() - 1
+
+
+@triton.jit
+def _tl_dot(a, b, DOT: tl.constexpr):
+    """a @ b, accumulated in float32 (float64 for float64 operands), its products as DOT says
+    (see the module's docstring): "bf16" and "fp16" round the operands to that dtype."""
+    if DOT == "bf16":
+        product = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        product = tl.dot(_tl_round_bf16(a), _tl_round_bf16(b), input_precision="ieee")
+    elif DOT == "fp16":
+        product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
+    elif DOT == "tf32":
+        product = tl.dot(a, b, input_precision="tf32")
+    else:
+        product = tl.dot(a, b, input_precision="ieee")
+    return product
+
+
+@triton.jit
+def _tl_round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
+    conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tl_gate_dot(a, b, DOT: tl.constexpr):
+    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
+    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
+    accuracy)."""
+    if DOT == "ieee":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a, b, input_precision="tf32x3")
+    return product
+
+
+@triton.jit
+def _tl_wide(x):
+    """x, widened to float32 if it is a 16-bit float (every elementwise step computes in float32
+    or float64)."""
+    if x.dtype.is_bf16() or x.dtype.is_fp16():
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -165,18 +262,21 @@ def _tl_gate_sums(g, rows):
 
     Not differences of running sums: where b is large the difference of two of them loses
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
-    needs its own small sum exactly. The pair sums are one matmul of the gates below the
-    diagonal with a mask, every product a gate times 1 or 0, every sum one of gates of one sign.
+    needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
+    the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
+    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
+    operands, and few registers).
     """
-    up_to = tl.where(rows[None, :] <= rows[:, None], g[None, :], 0.0)  # [i, l]: g_l for l <= i
-    after = (rows[:, None] > rows[None, :]).to(g.dtype)  # [l, j]: l > j
-    pairs = tl.dot(up_to, after, input_precision="ieee")
+    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
+    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
+    pairs = tl.cumsum(terms, axis=1, reverse=True)
     to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
     return pairs, to_end
 
 
 @triton.jit
-def _tl_gate_grads(pairs, starts, ends, whole, rows):
+def _tl_gate_grads(pairs, starts, ends, whole, rows, DOT: tl.constexpr):
     """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
     passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
     [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
@@ -185,7 +285,7 @@ def _tl_gate_grads(pairs, starts, ends, whole, rows):
     (every factor holding it 0) gets exactly 0."""
     causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
+    below = _tl_gate_dot(pairs, before.to(pairs.dtype), DOT)
     dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
     dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
     dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
@@ -196,9 +296,9 @@ def _tl_gate_grads(pairs, starts, ends, whole, rows):
 @triton.jit
 def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
     """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
-    mask is False."""
+    mask is False, widened to float32 if 16-bit (_tl_wide)."""
     at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
-    return tl.load(at, mask=mask, other=0.0)
+    return _tl_wide(tl.load(at, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -215,6 +315,7 @@ def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
     False. A gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still exactly
     0, and the sums of gates stay finite (a matmul's 0 times -inf would be NaN)."""
     gates = tl.load(g + i_b * strides_b + i_h * strides_h + t * strides_t, mask=mask, other=0.0)
+    gates = _tl_wide(gates)
     return tl.where(gates < -1e30, -1e30, gates)
 
 
@@ -246,31 +347,42 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_masks(rows, RUN: tl.constexpr):
-    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
-    after [j, l], where l > j in j's run)."""
-    same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
-    return same & (rows[None, :] <= rows[:, None]), same & (rows[None, :] > rows[:, None])
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
+    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
+
+
+@triton.jit
+def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
+    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
+    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
+    if UP:
+        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+    else:
+        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
+    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
+    return tl.where(inside[:, None], moved, 0.0)
 
 
 @triton.jit
 def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
-    sums; g must be finite (a 0 times a NaN would reach every row)."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(g.dtype), after.to(g.dtype)
-    return tl.dot(up_to, g, input_precision="ieee"), tl.dot(after, g, input_precision="ieee")
+    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
+    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
+    rounding to tensor-core operands."""
+    up_to = _tl_run_scan(g, RUN, False)
+    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
 
 
 @triton.jit
 def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
-    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
-    d_g = tl.dot(tl.trans(up_to), d_up_to, input_precision="ieee")
-    return d_g + tl.dot(tl.trans(after), d_after, input_precision="ieee")
+    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
+    the first sum of the rows from l to its run's end and in the second of the rows before l."""
+    d_g = _tl_run_scan(d_up_to, RUN, True)
+    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
 
 
 @triton.jit

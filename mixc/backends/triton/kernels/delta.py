@@ -29,10 +29,13 @@ from mixc.backends.triton.kernels.common import (
     _tl_check_device,
     _tl_chunk_decays,
     _tl_columns,
+    _tl_dot,
+    _tl_dot_precision,
     _tl_finite,
     _tl_gate_grads,
     _tl_gates,
     _tl_gradients,
+    _tl_launch,
     _tl_load_state,
     _tl_outputs,
     _tl_put_rows,
@@ -44,6 +47,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_tile,
     _tl_tokens,
     _tl_unit_lower_inverse,
+    _tl_wide,
 )
 
 
@@ -68,7 +72,7 @@ def _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G: tl.constexpr):
 @triton.jit
 def _tl_delta_chunk(
     q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at,
-    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the forward, from its inputs (g_c read only if HAS_G) and the state S
     entering it: (its outputs, the state leaving it); KEEP, the first value block writes T at
@@ -80,8 +84,8 @@ def _tl_delta_chunk(
     causal = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
     k_c, v_c, beta_c, g_c, poison = _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G)
-    kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
-    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     k_scaled = k_c * beta_c[:, None]
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
@@ -101,17 +105,17 @@ def _tl_delta_chunk(
     # inverse or the scores would carry back to the earlier ones: such a row poisons too
     k_scaled, k_scaled_poison = _tl_finite(k_scaled)
     poison += tl.sum(k_scaled_poison, axis=1)[:, None]
-    w = tl.dot(inverse, k_scaled, input_precision="ieee")
-    v_new = tl.dot(inverse, v_c, input_precision="ieee")
-    v_new -= tl.dot(w, state.to(w.dtype), input_precision="ieee")
+    w = _tl_dot(inverse, k_scaled, DOT)
+    v_new = _tl_dot(inverse, v_c, DOT)
+    v_new -= _tl_dot(w, state.to(w.dtype), DOT)
     v_new, v_new_poison = _tl_finite(v_new)
     poison += v_new_poison
-    out = tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
-    out += tl.dot(scores, v_new, input_precision="ieee")
+    out = _tl_dot(q_c, state.to(q_c.dtype), DOT)
+    out += _tl_dot(scores, v_new, DOT)
     out += tl.cumsum(poison, axis=0)
     if HAS_G:
         state = state * chunk_decay
-    state += tl.dot(tl.trans(k_end), v_new, input_precision="ieee")
+    state += _tl_dot(tl.trans(k_end), v_new, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -128,7 +132,7 @@ def _tl_delta_fwd(
     sg_b, sg_h, sg_t,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_delta_chunk). h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk
@@ -145,7 +149,7 @@ def _tl_delta_fwd(
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
+        beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
@@ -154,26 +158,26 @@ def _tl_delta_fwd(
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         ts_at = _tl_tile(ts, i_bh * n_chunks + n, rows)
         out, state = _tl_delta_chunk(
-            q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at, HAS_G, KEEP, BT
+            q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at, HAS_G, KEEP, BT, DOT
         )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
-def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows):
+def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT: tl.constexpr):
     """The gradients through V_new = T V - W S, W = T diag(beta exp(b)) K and T = (I + A)^{-1},
     from dV_new: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support),
     as the PyTorch kernel's _delta_solve_grads: dW = -dV_new S^T, dT = dW (diag(beta exp(b))
     K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T."""
     strict = rows[:, None] > rows[None, :]
-    d_w = -tl.dot(d_v_new, tl.trans(state), input_precision="ieee")
+    d_w = -_tl_dot(d_v_new, tl.trans(state), DOT)
     inverse_t = tl.trans(inverse)
-    d_k_scaled = tl.dot(inverse_t, d_w, input_precision="ieee")
-    dv_c = tl.dot(inverse_t, d_v_new, input_precision="ieee")
-    d_t = tl.dot(d_w, tl.trans(k_scaled), input_precision="ieee")
-    d_t += tl.dot(d_v_new, tl.trans(v_c), input_precision="ieee")
-    d_a = -tl.dot(inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), input_precision="ieee")
+    d_k_scaled = _tl_dot(inverse_t, d_w, DOT)
+    dv_c = _tl_dot(inverse_t, d_v_new, DOT)
+    d_t = _tl_dot(d_w, tl.trans(k_scaled), DOT)
+    d_t += _tl_dot(d_v_new, tl.trans(v_c), DOT)
+    d_a = -_tl_dot(inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), DOT)
     d_a = tl.where(strict, d_a, 0.0)
     return dv_c, d_k_scaled, d_a
 
@@ -181,7 +185,7 @@ def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows):
 @triton.jit
 def _tl_delta_key_grads(
     q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
-    HAS_G: tl.constexpr,
+    HAS_G: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """The gradient of the keys: through the masked scores (d_qk, dM on M's support with the
     decays), the state's writes diag(exp(b_C - b)) K, W's diag(beta exp(b)) K (from
@@ -193,22 +197,22 @@ def _tl_delta_key_grads(
         d_kk_raw = d_kk * gamma
     else:
         d_kk_raw = d_kk
-    from_k = tl.dot(v_new, tl.trans(d_state), input_precision="ieee")  # V_new D^T
+    from_k = _tl_dot(v_new, tl.trans(d_state), DOT)  # V_new D^T
     if HAS_G:
         from_k = from_k * to_end
-    dk_c = tl.dot(tl.trans(d_qk), q_c, input_precision="ieee") + from_k
+    dk_c = _tl_dot(tl.trans(d_qk), q_c, DOT) + from_k
     d_k_own = d_k_scaled * beta_c[:, None]  # through diag(beta exp(b)) K
     if HAS_G:
         d_k_own = d_k_own * from_start
     dk_c += d_k_own
-    dk_c += tl.dot(d_kk_raw + tl.trans(d_kk_raw), k_c, input_precision="ieee")
+    dk_c += _tl_dot(d_kk_raw + tl.trans(d_kk_raw), k_c, DOT)
     return dk_c, d_kk, from_k
 
 
 @triton.jit
 def _tl_delta_chunk_grad(
     q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
     do_c, the state S entering it and T (kept by the forward) and the gradient D of the state
@@ -219,8 +223,8 @@ def _tl_delta_chunk_grad(
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     # without a gate the decays of zero gates stand in, never read (the compiler drops them)
     gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-    kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
-    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:
         kk = kk * gamma
         scores = scores * gamma
@@ -229,25 +233,26 @@ def _tl_delta_chunk_grad(
         k_start, q_start, k_end = k_c, q_c, k_c
     scores = tl.where(causal, scores, 0.0)  # M
     k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
-    w = tl.dot(inverse, k_scaled, input_precision="ieee")
-    v_new = tl.dot(inverse, v_c, input_precision="ieee")
-    v_new -= tl.dot(w, state, input_precision="ieee")
+    w = _tl_dot(inverse, k_scaled, DOT)
+    v_new = _tl_dot(inverse, v_c, DOT)
+    v_new -= _tl_dot(w, state, DOT)
     # dV_new = M^T dO + diag(exp(b_C - b)) K D
-    d_v_new = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
-    d_v_new += tl.dot(k_end, d_state, input_precision="ieee")
-    d_scores = tl.dot(do_c, tl.trans(v_new), input_precision="ieee")  # dM = dO V_new^T
+    d_v_new = _tl_dot(tl.trans(scores), do_c, DOT)
+    d_v_new += _tl_dot(k_end, d_state, DOT)
+    d_scores = _tl_dot(do_c, tl.trans(v_new), DOT)  # dM = dO V_new^T
     if HAS_G:
         d_qk = tl.where(causal, d_scores * gamma, 0.0)
     else:
         d_qk = tl.where(causal, d_scores, 0.0)
-    from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # dO S^T
+    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
     if HAS_G:
         from_q = from_q * from_start
-    dq_c = tl.dot(d_qk, k_c, input_precision="ieee") + from_q
-    dv_c, d_k_scaled, d_a = _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows)
+    dq_c = _tl_dot(d_qk, k_c, DOT) + from_q
+    dv_c, d_k_scaled, d_a = _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT)
     dk_c, d_kk, from_k = _tl_delta_key_grads(
-        q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end, HAS_G
-    )
+        q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
+        HAS_G, DOT,
+    )  # fmt: skip
     beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
     dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
     dg_c = tl.zeros_like(dbeta_c)
@@ -258,10 +263,10 @@ def _tl_delta_chunk_grad(
             starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows)
+            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows, DOT)
         d_state = d_state * chunk_decay
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
-    d_state -= tl.dot(tl.trans(w), d_v_new, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+    d_state -= _tl_dot(tl.trans(w), d_v_new, DOT)
     return dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state
 
 
@@ -277,7 +282,7 @@ def _tl_delta_bwd(
     sg_b, sg_h, sg_t,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_delta_chunk_grad). dq, dk: this block's parts [NV, B * NH, T, K];
@@ -297,7 +302,7 @@ def _tl_delta_bwd(
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
+        beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
@@ -305,7 +310,7 @@ def _tl_delta_bwd(
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
         dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grad(
-            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD
+            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD, DOT
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
@@ -324,7 +329,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    inverses = q.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
+    inverses = final.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
     _tl_delta_fwd[(n_v, batch * heads)](
         q,
         k,
@@ -351,6 +356,8 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
+        DOT=_tl_dot_precision(q, _tl_delta_fwd),
+        **_tl_launch(),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -374,9 +381,9 @@ class _TlDelta(torch.autograd.Function):
         d_v = v.shape[-1]
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
-        dbeta = q.new_empty(n_v, batch, heads, length)
+        dbeta = dv.new_empty(n_v, batch, heads, length)
         gate_grad = g is not None and ctx.needs_input_grad[4]
-        dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dbeta
+        dg = torch.empty_like(dbeta) if gate_grad else dbeta
         _tl_delta_bwd[(n_v, batch * heads)](
             q,
             k,
@@ -408,6 +415,8 @@ class _TlDelta(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_delta_bwd),
+            **_tl_launch(),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient

@@ -36,9 +36,12 @@ from mixc.backends.pytorch.kernels.diagonal import _diagonal_span
 from mixc.backends.triton.kernels.common import (
     _tl_check_device,
     _tl_columns,
+    _tl_dot,
+    _tl_dot_precision,
     _tl_finite,
     _tl_gradients,
     _tl_key_gates,
+    _tl_launch,
     _tl_levels,
     _tl_load_state,
     _tl_outputs,
@@ -70,7 +73,7 @@ def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
 
 
 @triton.jit
-def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr):
+def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.constexpr):
     """The decayed scores A [BT, BT] of a chunk from its queries, keys and log-gates g_c
     [BT, BK]: the pairs i = j undecayed, then at each level of blocks of 2, 4, ..., BT tokens
     one matmul of the queries decayed from the boundary of their block's halves, exp(b_i -
@@ -81,26 +84,35 @@ def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr):
         from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
         k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
-        corner = tl.dot(q_l, tl.trans(k_l), input_precision="ieee")
+        corner = _tl_dot(q_l, tl.trans(k_l), DOT)
         scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
     return scores
 
 
 @triton.jit
 def _tl_diagonal_chunk(
-    q_c, k_c, v_c, g_c, poison, state, rows, LEVELS: tl.constexpr, BT: tl.constexpr
+    q_c,
+    k_c,
+    v_c,
+    g_c,
+    poison,
+    state,
+    rows,
+    LEVELS: tl.constexpr,
+    BT: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     """One chunk of the forward, from its queries, keys, finite values, log-gates g_c [BT, BK]
     (zeros without a gate), the poison of its tokens and the state S entering it: (its outputs
     O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V),
     the poison reaching the outputs from its token on and the state."""
-    scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS)
+    scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT)
     from_start, to_end = _tl_run_sums(g_c, rows, BT)
-    out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
-    out += tl.dot(q_c * tl.exp(from_start), state.to(q_c.dtype), input_precision="ieee")
+    out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
+    out += _tl_dot(q_c * tl.exp(from_start), state.to(q_c.dtype), DOT)
     out += tl.cumsum(poison, axis=0)
     state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    state += tl.dot(tl.trans(k_c * tl.exp(to_end)), v_c, input_precision="ieee")
+    state += _tl_dot(tl.trans(k_c * tl.exp(to_end)), v_c, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -116,7 +128,7 @@ def _tl_diagonal_fwd(
     sg_b, sg_h, sg_t, sg_d,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_diagonal_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering
@@ -142,14 +154,14 @@ def _tl_diagonal_fwd(
             poison += gate_poison[:, None]
         else:
             g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
-        out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT)
+        out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT, DOT)
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
 def _tl_diagonal_scores_grad(
-    q_c, k_c, g_c, d_scores, rows, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr
+    q_c, k_c, g_c, d_scores, rows, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr
 ):
     """The scores A made again (_tl_diagonal_scores) and the gradient through them, from dA
     [BT, BT] on A's support: the pairs i = j, then each level hands its corner of dA back to
@@ -166,10 +178,10 @@ def _tl_diagonal_scores_grad(
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
         q_l, k_l = q_c * left_decay, k_c * right_decay
         pairs = _tl_pairs(rows, 2**level)
-        scores += tl.where(pairs, tl.dot(q_l, tl.trans(k_l), input_precision="ieee"), 0.0)
+        scores += tl.where(pairs, _tl_dot(q_l, tl.trans(k_l), DOT), 0.0)
         d_corner = tl.where(pairs, d_scores, 0.0)
-        d_q_l = tl.dot(d_corner, k_l, input_precision="ieee")  # for the decayed queries
-        d_k_l = tl.dot(tl.trans(d_corner), q_l, input_precision="ieee")  # and keys
+        d_q_l = _tl_dot(d_corner, k_l, DOT)  # for the decayed queries
+        d_k_l = _tl_dot(tl.trans(d_corner), q_l, DOT)  # and keys
         dq_c += d_q_l * left_decay
         dk_c += d_k_l * right_decay
         if GATE_GRAD:
@@ -180,7 +192,7 @@ def _tl_diagonal_scores_grad(
 @triton.jit
 def _tl_diagonal_chunk_grad(
     q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
-    GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
+    GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c: zeros without a gate), the output
     gradient do_c, the state S entering it (kept by the forward) and the gradient D of the
@@ -189,18 +201,18 @@ def _tl_diagonal_chunk_grad(
     (_tl_diagonal_scores_grad); dV = A^T dO + (K ⊙ exp(b_C - b)) D and D <- diag(exp(b_C)) D
     + (Q ⊙ exp(b))^T dO; the gate's gradient, per channel, sums what each decay passes on."""
     causal = rows[:, None] >= rows[None, :]
-    d_scores = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
+    d_scores = tl.where(causal, _tl_dot(do_c, tl.trans(v_c), DOT), 0.0)
     scores, dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
-        q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS
+        q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS, DOT
     )
     from_start, to_end = _tl_run_sums(g_c, rows, BT)
     start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
     chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
     q_start, k_end = q_c * start_decay, k_c * end_decay
-    dv_c = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
-    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-    from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # for Q ⊙ exp(b)
-    from_k = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")  # for K ⊙ exp(b_C - b)
+    dv_c = _tl_dot(tl.trans(scores), do_c, DOT)
+    dv_c += _tl_dot(k_end, d_state, DOT)
+    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # for Q ⊙ exp(b)
+    from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # for K ⊙ exp(b_C - b)
     dq_c += from_q * start_decay
     dk_c += from_k * end_decay
     if GATE_GRAD:
@@ -208,7 +220,7 @@ def _tl_diagonal_chunk_grad(
         whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
         dg_c += tl.trans(whole)
     d_state = d_state * chunk_decay
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
     return dq_c, dk_c, dv_c, dg_c, d_state
 
 
@@ -223,7 +235,7 @@ def _tl_diagonal_bwd(
     sg_b, sg_h, sg_t, sg_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_diagonal_chunk_grad). dq, dk, dg: this block's parts [NV, B * NH,
@@ -248,7 +260,7 @@ def _tl_diagonal_bwd(
         else:
             g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
         dq_c, dk_c, dv_c, dg_c, d_state = _tl_diagonal_chunk_grad(
-            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, GATE_GRAD, LEVELS, BT
+            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, GATE_GRAD, LEVELS, BT, DOT
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -289,6 +301,8 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
+        DOT=_tl_dot_precision(q, _tl_diagonal_fwd),
+        **_tl_launch(),
     )
     return o, final, kept if keep else None
 
@@ -342,6 +356,8 @@ class _TlDiagonal(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_diagonal_bwd),
+            **_tl_launch(),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -10,8 +10,8 @@ Forward, per chunk, with c the gates' running sum inside the chunk (per channel)
     O = (Q ⊙ exp(c)) S + qk V + qb U
     S <- exp(c_C) ⊙ S + (K ⊙ exp(c_C - c))^T V + (B ⊙ exp(c_C - c))^T U
 U holds the state's reads u_r = a_r^T S_{r-1}. Every decay is the exponential of a sum of gates
-of one sign, each sum one matmul of the gates with a 0/1 mask, never a difference of running
-sums. A score's decay exp(c_r - c_j) per channel is never split into exp(c_r) exp(-c_j) (which
+of one sign, each sum a scan of its own terms inside an aligned run of rows, never a difference
+of running sums. A score's decay exp(c_r - c_j) per channel is never split into exp(c_r) exp(-c_j) (which
 overflows for gates near 0): each pair j < r lies in one aligned block of 2, 4, ..., C tokens with
 j in its left half and r in its right half, and the decay is split at the boundary between the
 halves, both factors <= 1 (one matmul of decayed rows and columns per block size and score).
@@ -46,16 +46,20 @@ from mixc.backends.pytorch.kernels.common import _needs_grad
 from mixc.backends.triton.kernels.common import (
     _tl_check_device,
     _tl_columns,
+    _tl_dot,
+    _tl_dot_precision,
     _tl_finite,
     _tl_gradients,
     _tl_key_gates,
+    _tl_launch,
     _tl_levels,
     _tl_load_state,
     _tl_outputs,
     _tl_pairs,
     _tl_put_rows,
     _tl_rows,
-    _tl_run_masks,
+    _tl_run_scan,
+    _tl_run_shift,
     _tl_run_sums,
     _tl_run_sums_grad,
     _tl_sizes,
@@ -75,46 +79,44 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
     included and not, and from after each row to the run's end [BT, BK]. For RUN = BT: exp(c_r),
     exp(c_{r-1}) and exp(c_C - c_j)."""
     up_to, after = _tl_run_sums(g, rows, RUN)
-    _, after_mask = _tl_run_masks(rows, RUN)  # transposed: [r, l] where l < r in r's run
-    before = tl.dot(tl.trans(after_mask.to(g.dtype)), g, input_precision="ieee")
+    before = _tl_run_scan(_tl_run_shift(g, rows, RUN, False), RUN, False)  # l < r in r's run
     return tl.exp(up_to), tl.exp(before), tl.exp(after)
 
 
 @triton.jit
 def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
-    _, after_mask = _tl_run_masks(rows, RUN)
     d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
-    return d_g + tl.dot(after_mask.to(d_before.dtype), d_before, input_precision="ieee")
+    return d_g + _tl_run_scan(_tl_run_shift(d_before, rows, RUN, True), RUN, True)
 
 
 @triton.jit
-def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs):
+def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs, DOT: tl.constexpr):
     """The scores [BT, BT] of rows q and a with columns k and b: q k^T and q b^T where q_pairs,
     a k^T and a b^T where a_pairs, 0 elsewhere."""
     k_t, b_t = tl.trans(k), tl.trans(b)
-    qk = tl.where(q_pairs, tl.dot(q, k_t, input_precision="ieee"), 0.0)
-    qb = tl.where(q_pairs, tl.dot(q, b_t, input_precision="ieee"), 0.0)
-    ak = tl.where(a_pairs, tl.dot(a, k_t, input_precision="ieee"), 0.0)
-    ab = tl.where(a_pairs, tl.dot(a, b_t, input_precision="ieee"), 0.0)
+    qk = tl.where(q_pairs, _tl_dot(q, k_t, DOT), 0.0)
+    qb = tl.where(q_pairs, _tl_dot(q, b_t, DOT), 0.0)
+    ak = tl.where(a_pairs, _tl_dot(a, k_t, DOT), 0.0)
+    ab = tl.where(a_pairs, _tl_dot(a, b_t, DOT), 0.0)
     return qk, qb, ak, ab
 
 
 @triton.jit
-def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b):
+def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b, DOT: tl.constexpr):
     """The gradients for q, a, k and b of _tl_dplr_dots, from those of its scores (0 outside
     their pairs)."""
-    dq = tl.dot(d_qk, k, input_precision="ieee") + tl.dot(d_qb, b, input_precision="ieee")
-    da = tl.dot(d_ak, k, input_precision="ieee") + tl.dot(d_ab, b, input_precision="ieee")
-    dk = tl.dot(tl.trans(d_qk), q, input_precision="ieee")
-    dk += tl.dot(tl.trans(d_ak), a, input_precision="ieee")
-    db = tl.dot(tl.trans(d_qb), q, input_precision="ieee")
-    db += tl.dot(tl.trans(d_ab), a, input_precision="ieee")
+    dq = _tl_dot(d_qk, k, DOT) + _tl_dot(d_qb, b, DOT)
+    da = _tl_dot(d_ak, k, DOT) + _tl_dot(d_ab, b, DOT)
+    dk = _tl_dot(tl.trans(d_qk), q, DOT)
+    dk += _tl_dot(tl.trans(d_ak), a, DOT)
+    db = _tl_dot(tl.trans(d_qb), q, DOT)
+    db += _tl_dot(tl.trans(d_ab), a, DOT)
     return dq, da, dk, db
 
 
 @triton.jit
-def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr):
+def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr):
     """The decayed scores of a chunk [BT, BT]: qk[r, j] = Σ_c q_rc exp(c_rc - c_jc) k_jc and qb
     (the same with b) for j <= r, ak[r, j] = Σ_c a_rc exp(c_{r-1,c} - c_jc) k_jc and ab (the
     same with b) for j < r, 0 elsewhere; the pairs r = j undecayed, the others block by block:
@@ -130,7 +132,7 @@ def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr)
         row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
         pairs = _tl_pairs(rows, 1 << level)
         qk_l, qb_l, ak_l, ab_l = _tl_dplr_dots(
-            q * row, a * row_before, k * col, b * col, pairs, pairs
+            q * row, a * row_before, k * col, b * col, pairs, pairs, DOT
         )
         qk += qk_l
         qb += qb_l
@@ -159,21 +161,30 @@ def _tl_dplr_finite(k_c, v_c, a_c, b_c, g_c, HAS_G: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_decayed(
-    q_c, k_c, a_c, b_c, g_c, rows, HAS_G: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr
+    q_c,
+    k_c,
+    a_c,
+    b_c,
+    g_c,
+    rows,
+    HAS_G: tl.constexpr,
+    BT: tl.constexpr,
+    LEVELS: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     """What a chunk's products read, from its inputs and log-gates g_c [BT, BK] (read only if
     HAS_G): (the decayed scores qk, qb, ak, ab (_tl_dplr_scores; without a gate the causal
     products), and the rows and columns that meet the state, Q ⊙ exp(c), A ⊙ exp(c_{r-1}) and
     K, B ⊙ exp(c_C - c))."""
     if HAS_G:
-        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
+        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS, DOT)
         from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
         q_start, a_before = q_c * from_start, a_c * from_before
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
         causal = rows[:, None] >= rows[None, :]
         strict = rows[:, None] > rows[None, :]
-        qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict)
+        qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict, DOT)
         q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
     return qk, qb, ak, ab, q_start, a_before, k_end, b_end
 
@@ -181,7 +192,7 @@ def _tl_dplr_decayed(
 @triton.jit
 def _tl_dplr_chunk(
     q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles,
-    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the forward, from its inputs (g_c read only if HAS_G) and the state S
     entering it: (its outputs O = (Q ⊙ exp(c)) S + qk V + qb U, the state leaving it exp(c_C)
@@ -190,7 +201,7 @@ def _tl_dplr_chunk(
     block writes T, qk, qb and ak into tiles tiles, ..., tiles + 3 of ts (_tl_tile) as soon as
     T is known."""
     k_c, v_c, a_c, b_c, g_c, poison, row_poison = _tl_dplr_finite(k_c, v_c, a_c, b_c, g_c, HAS_G)
-    decayed = _tl_dplr_decayed(q_c, k_c, a_c, b_c, g_c, rows, HAS_G, BT, LEVELS)
+    decayed = _tl_dplr_decayed(q_c, k_c, a_c, b_c, g_c, rows, HAS_G, BT, LEVELS, DOT)
     qk, qb, ak, ab, q_start, a_before, k_end, b_end = decayed
     poison += tl.sum(row_poison, axis=1)[:, None]
     inverse = _tl_unit_lower_inverse(-ab, rows, BT)  # (I - ab)^{-1}
@@ -200,22 +211,22 @@ def _tl_dplr_chunk(
             tl.store(_tl_tile(ts, tiles + 1, rows), qk)
             tl.store(_tl_tile(ts, tiles + 2, rows), qb)
             tl.store(_tl_tile(ts, tiles + 3, rows), ak)
-    reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
-    reads += tl.dot(ak, v_c, input_precision="ieee")
+    reads = _tl_dot(a_before, state.to(a_c.dtype), DOT)
+    reads += _tl_dot(ak, v_c, DOT)
     # finite inputs can still overflow in a later token's row, which a product with the
     # inverse or the scores would carry back to the earlier ones: such a row poisons too
     reads, reads_poison = _tl_finite(reads)
-    u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
+    u = _tl_dot(inverse, reads, DOT)  # u_r = a_r^T S_{r-1}
     u, u_poison = _tl_finite(u)
     poison += reads_poison + u_poison
-    out = tl.dot(q_start, state.to(q_c.dtype), input_precision="ieee")
-    out += tl.dot(qk, v_c, input_precision="ieee")
-    out += tl.dot(qb, u, input_precision="ieee")
+    out = _tl_dot(q_start, state.to(q_c.dtype), DOT)
+    out += _tl_dot(qk, v_c, DOT)
+    out += _tl_dot(qb, u, DOT)
     out += tl.cumsum(poison, axis=0)
     if HAS_G:
         state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    state += tl.dot(tl.trans(k_end), v_c, input_precision="ieee")
-    state += tl.dot(tl.trans(b_end), u, input_precision="ieee")
+    state += _tl_dot(tl.trans(k_end), v_c, DOT)
+    state += _tl_dot(tl.trans(b_end), u, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -233,7 +244,7 @@ def _tl_dplr_fwd(
     sg_b, sg_h, sg_t, sg_d,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_dplr_chunk). h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk
@@ -261,7 +272,7 @@ def _tl_dplr_fwd(
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         tiles = (i_bh * n_chunks + n) * 4  # where this chunk's T and scores are kept
         out, state = _tl_dplr_chunk(
-            q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles, HAS_G, KEEP, BT, LEVELS
+            q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles, HAS_G, KEEP, BT, LEVELS, DOT
         )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
@@ -279,7 +290,9 @@ def _tl_dplr_kept(ts, tiles, rows):
 
 
 @triton.jit
-def _tl_dplr_level_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr):
+def _tl_dplr_level_grad(
+    d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr, DOT: tl.constexpr
+):
     """The gradients for q, a, k and b of one level of _tl_dplr_scores' blocks, RUN tokens a
     half, from those of the scores (0 outside their pairs): through that level's products of
     the rows decayed from the boundary of their block's halves and the columns decayed to it,
@@ -287,29 +300,24 @@ def _tl_dplr_level_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, R
     row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
     pairs = _tl_pairs(rows, RUN)
     dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
-        tl.where(pairs, d_qk, 0.0),
-        tl.where(pairs, d_qb, 0.0),
-        tl.where(pairs, d_ak, 0.0),
-        tl.where(pairs, d_ab, 0.0),
-        q_c * row,
-        a_c * row_before,
-        k_c * col,
-        b_c * col,
-    )
+        tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
+        tl.where(pairs, d_ak, 0.0), tl.where(pairs, d_ab, 0.0),
+        q_c * row, a_c * row_before, k_c * col, b_c * col, DOT,
+    )  # fmt: skip
     return dq_l * row, da_l * row_before, dk_l * col, db_l * col
 
 
 @triton.jit
-def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows):
+def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
     """The gradients of a chunk's scores on their support, from those of the outputs and of Z
     (the right side of (I - ab) U = Z): (d(qk), d(qb)) = dO (V, U)^T for j <= r and (d(ak),
     d(ab)) = dZ (V, U)^T for j < r, 0 elsewhere."""
     causal = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
-    d_qk = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
-    d_qb = tl.where(causal, tl.dot(do_c, tl.trans(u), input_precision="ieee"), 0.0)
-    d_ak = tl.where(strict, tl.dot(d_reads, tl.trans(v_c), input_precision="ieee"), 0.0)
-    d_ab = tl.where(strict, tl.dot(d_reads, tl.trans(u), input_precision="ieee"), 0.0)
+    d_qk = tl.where(causal, _tl_dot(do_c, tl.trans(v_c), DOT), 0.0)
+    d_qb = tl.where(causal, _tl_dot(do_c, tl.trans(u), DOT), 0.0)
+    d_ak = tl.where(strict, _tl_dot(d_reads, tl.trans(v_c), DOT), 0.0)
+    d_ab = tl.where(strict, _tl_dot(d_reads, tl.trans(u), DOT), 0.0)
     return d_qk, d_qb, d_ak, d_ab
 
 
@@ -317,7 +325,7 @@ def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows):
 def _tl_dplr_scores_grad(
     dq_c, da_c, dk_c, db_c, dg_c,
     d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """The gradient through a chunk's scores, from theirs on their support, added to the
     gradients of q, a, k, b and (if GATE_GRAD) the gate so far: it goes back as
@@ -335,7 +343,7 @@ def _tl_dplr_scores_grad(
         # and block by block, as _tl_dplr_scores builds them
         for level in tl.static_range(LEVELS):
             dq_l, da_l, dk_l, db_l = _tl_dplr_level_grad(
-                d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, 1 << level
+                d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, 1 << level, DOT
             )
             if GATE_GRAD:
                 dg_c += _tl_dplr_decays_grad(
@@ -346,7 +354,7 @@ def _tl_dplr_scores_grad(
             dk_c += dk_l
             db_c += db_l
     else:
-        dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c)
+        dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, DOT)
         dq_c += dq_l
         da_c += da_l
         dk_c += dk_l
@@ -357,7 +365,7 @@ def _tl_dplr_scores_grad(
 @triton.jit
 def _tl_dplr_chunk_grad(
     q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
     do_c, the state S entering it, T and the scores qk, qb, ak (kept by the forward) and the
@@ -373,22 +381,22 @@ def _tl_dplr_chunk_grad(
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
         q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
-    reads = tl.dot(a_before, state, input_precision="ieee")
-    reads += tl.dot(ak, v_c, input_precision="ieee")
-    u = tl.dot(inverse, reads, input_precision="ieee")
+    reads = _tl_dot(a_before, state, DOT)
+    reads += _tl_dot(ak, v_c, DOT)
+    u = _tl_dot(inverse, reads, DOT)
     # dU = qb^T dO + (B ⊙ exp(c_C - c)) D, dZ = T^T dU
-    d_u = tl.dot(tl.trans(qb), do_c, input_precision="ieee")
-    d_u += tl.dot(b_end, d_state, input_precision="ieee")
-    d_reads = tl.dot(tl.trans(inverse), d_u, input_precision="ieee")
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows)
-    dv_c = tl.dot(tl.trans(qk), do_c, input_precision="ieee")
-    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-    dv_c += tl.dot(tl.trans(ak), d_reads, input_precision="ieee")
+    d_u = _tl_dot(tl.trans(qb), do_c, DOT)
+    d_u += _tl_dot(b_end, d_state, DOT)
+    d_reads = _tl_dot(tl.trans(inverse), d_u, DOT)
+    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT)
+    dv_c = _tl_dot(tl.trans(qk), do_c, DOT)
+    dv_c += _tl_dot(k_end, d_state, DOT)
+    dv_c += _tl_dot(tl.trans(ak), d_reads, DOT)
     # through the decayed inputs: Q ⊙ exp(c), A ⊙ exp(c_{r-1}), K and B ⊙ exp(c_C - c)
-    dq_c = tl.dot(do_c, tl.trans(state), input_precision="ieee")
-    da_c = tl.dot(d_reads, tl.trans(state), input_precision="ieee")
-    dk_c = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")
-    db_c = tl.dot(u, tl.trans(d_state), input_precision="ieee")
+    dq_c = _tl_dot(do_c, tl.trans(state), DOT)
+    da_c = _tl_dot(d_reads, tl.trans(state), DOT)
+    dk_c = _tl_dot(v_c, tl.trans(d_state), DOT)
+    db_c = _tl_dot(u, tl.trans(d_state), DOT)
     dg_c = tl.zeros_like(dq_c)
     if HAS_G:
         dq_c, da_c = dq_c * from_start, da_c * from_before
@@ -401,13 +409,13 @@ def _tl_dplr_chunk_grad(
             dg_c += through_state[None, :]  # for exp(c_C)
     dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
         dq_c, da_c, dk_c, db_c, dg_c, d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
-        HAS_G, GATE_GRAD, LEVELS,
+        HAS_G, GATE_GRAD, LEVELS, DOT,
     )  # fmt: skip
     # D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
     if HAS_G:
         d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
-    d_state += tl.dot(tl.trans(a_before), d_reads, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+    d_state += _tl_dot(tl.trans(a_before), d_reads, DOT)
     return dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state
 
 
@@ -424,7 +432,7 @@ def _tl_dplr_bwd(
     sg_b, sg_h, sg_t, sg_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_dplr_chunk_grad). hs, ts: as _tl_dplr_fwd kept them; dq, dk, da,
@@ -454,7 +462,7 @@ def _tl_dplr_bwd(
         inverse, qk, qb, ak = _tl_dplr_kept(ts, (i_bh * n_chunks + n) * 4, rows)
         dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state = _tl_dplr_chunk_grad(
             q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
-            HAS_G, GATE_GRAD, BT, LEVELS,
+            HAS_G, GATE_GRAD, BT, LEVELS, DOT,
         )  # fmt: skip
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -475,37 +483,15 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    tiles = q.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
+    tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
     _tl_dplr_fwd[(n_v, batch * heads)](
-        q,
-        k,
-        v,
-        a,
-        b,
-        q if gk is None else gk,
-        initial_state,
-        o,
-        final,
-        states,
-        tiles,
-        length,
-        heads,
-        d_k,
-        d_v,
-        *_tl_strides(q, 4),
-        *_tl_strides(k, 4),
-        *_tl_strides(v, 4),
-        *_tl_strides(a, 4),
-        *_tl_strides(b, 4),
-        *_tl_strides(gk, 4),
-        *_tl_strides(o, 4),
-        HAS_G=gk is not None,
-        KEEP=keep,
-        BT=block_t,
-        LEVELS=_tl_levels(block_t),
-        BK=block_k,
-        BV=block_v,
-    )
+        q, k, v, a, b, q if gk is None else gk, initial_state,  # read
+        o, final, states, tiles,  # written
+        length, heads, d_k, d_v,
+        *(stride for x in (q, k, v, a, b, gk, o) for stride in _tl_strides(x, 4)),
+        HAS_G=gk is not None, KEEP=keep, BT=block_t, LEVELS=_tl_levels(block_t), BK=block_k,
+        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(),
+    )  # fmt: skip
     return o, final, (states, tiles) if keep else (None, None)
 
 
@@ -566,6 +552,8 @@ class _TlDplr(torch.autograd.Function):
             LEVELS=_tl_levels(block_t),
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_dplr_bwd),
+            **_tl_launch(),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None

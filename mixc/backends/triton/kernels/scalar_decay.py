@@ -27,10 +27,13 @@ from mixc.backends.triton.kernels.common import (
     _tl_check_device,
     _tl_chunk_decays,
     _tl_columns,
+    _tl_dot,
+    _tl_dot_precision,
     _tl_finite,
     _tl_gate_grads,
     _tl_gates,
     _tl_gradients,
+    _tl_launch,
     _tl_load_state,
     _tl_outputs,
     _tl_put_rows,
@@ -44,26 +47,28 @@ from mixc.backends.triton.kernels.common import (
 
 
 @triton.jit
-def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr):
+def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr, DOT: tl.constexpr):
     """One chunk of the forward: (its outputs O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S, the
     state leaving it exp(b_C) S + (diag(exp(b_C - b)) K)^T V), from its queries, keys and values,
     its log-gates g_c [BT] (read only if HAS_G) and the state S entering it. A value that is not
     finite poisons its column's outputs from its token on and the state."""
     causal = rows[:, None] >= rows[None, :]
-    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
+    v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
+    from_state = _tl_dot(q_c, state, DOT)  # Q S
+    written = v_c
     if HAS_G:
+        # the decays scale the rows of the products (diag(exp(b)) (Q S), K^T (diag(exp(b_C -
+        # b)) V)), not the [BT, BK] queries and keys: fewer registers, the same sums
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         scores = scores * gamma
-        q_c = q_c * from_start
-        k_c = k_c * to_end
-    scores = tl.where(causal, scores, 0.0)
-    v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
-    out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
-    out += tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
-    out += tl.cumsum(poison, axis=0)
-    if HAS_G:
+        from_state = from_state * from_start
+        written = v_c * to_end
         state = state * chunk_decay
-    state += tl.dot(tl.trans(k_c), v_c, input_precision="ieee")
+    scores = tl.where(causal, scores, 0.0)
+    out = _tl_dot(scores, v_c, DOT) + from_state
+    out += tl.cumsum(poison, axis=0)
+    state += _tl_dot(tl.trans(k_c), written, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -79,7 +84,7 @@ def _tl_scalar_decay_fwd(
     sg_b, sg_h, sg_t,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_scalar_decay_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states
@@ -101,7 +106,7 @@ def _tl_scalar_decay_fwd(
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-        out, state = _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G)
+        out, state = _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G, DOT)
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
@@ -109,7 +114,7 @@ def _tl_scalar_decay_fwd(
 @triton.jit
 def _tl_scalar_decay_chunk_grad(
     q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs, the output gradient do_c, the state S
     entering it (kept by the forward) and the gradient D of the state leaving it: (dQ, dK, dV,
@@ -119,8 +124,8 @@ def _tl_scalar_decay_chunk_grad(
         dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
     """
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
-    d_probs = tl.dot(do_c, tl.trans(v_c), input_precision="ieee")  # dP = dO V^T
-    probs = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
+    probs = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         probs = probs * gamma
@@ -131,12 +136,12 @@ def _tl_scalar_decay_chunk_grad(
         d_scores = tl.where(causal, d_probs, 0.0)
         q_start, do_start, k_end, v_end = q_c, do_c, k_c, v_c
     probs = tl.where(causal, probs, 0.0)
-    dv_c = tl.dot(tl.trans(probs), do_c, input_precision="ieee")
-    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-    from_q = tl.dot(do_start, tl.trans(state), input_precision="ieee")  # diag(exp(b)) dO S^T
-    from_k = tl.dot(v_end, tl.trans(d_state), input_precision="ieee")  # diag(..) V D^T
-    dq_c = tl.dot(d_scores, k_c, input_precision="ieee") + from_q
-    dk_c = tl.dot(tl.trans(d_scores), q_c, input_precision="ieee") + from_k
+    dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
+    dv_c += _tl_dot(k_end, d_state, DOT)
+    from_q = _tl_dot(do_start, tl.trans(state), DOT)  # diag(exp(b)) dO S^T
+    from_k = _tl_dot(v_end, tl.trans(d_state), DOT)  # diag(..) V D^T
+    dq_c = _tl_dot(d_scores, k_c, DOT) + from_q
+    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT) + from_k
     dg_c = tl.zeros((BT,), dtype=q_c.dtype)
     if HAS_G:
         if GATE_GRAD:
@@ -145,9 +150,9 @@ def _tl_scalar_decay_chunk_grad(
             starts = tl.sum(q_c * from_q, axis=1)
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_probs * probs, starts, ends, whole, rows)
+            dg_c = _tl_gate_grads(d_probs * probs, starts, ends, whole, rows, DOT)
         d_state = d_state * chunk_decay
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
     return dq_c, dk_c, dv_c, dg_c, d_state
 
 
@@ -162,7 +167,7 @@ def _tl_scalar_decay_bwd(
     sg_b, sg_h, sg_t,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_scalar_decay_chunk_grad). dq, dk: this block's parts [NV, B * NH,
@@ -188,7 +193,7 @@ def _tl_scalar_decay_bwd(
         else:
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grad(
-            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT
+            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT, DOT
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -229,6 +234,8 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
+        DOT=_tl_dot_precision(q, _tl_scalar_decay_fwd),
+        **_tl_launch(),
     )
     return o, final, kept if keep else None
 
@@ -253,7 +260,7 @@ class _TlScalarDecay(torch.autograd.Function):
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         gate_grad = g is not None and ctx.needs_input_grad[3]
-        dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dv
+        dg = dv.new_empty(n_v, batch, heads, length) if gate_grad else dv
         _tl_scalar_decay_bwd[(n_v, batch * heads)](
             q,
             k,
@@ -281,6 +288,8 @@ class _TlScalarDecay(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_scalar_decay_bwd),
+            **_tl_launch(),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

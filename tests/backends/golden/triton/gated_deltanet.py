@@ -395,14 +395,51 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
+def _tl_value_block(d_v):
+    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
+    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
+    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
+    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return min(_tl_block(d_v), 32)
+
+
+def _tl_launch():
+    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
+    registers, not loads, are what a program runs short of); see _tl_value_block."""
+    return {"num_warps": 8, "num_stages": 1}
+
+
+def _tl_dot_precision(x, kernel):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
+    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
+    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
+    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
+    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
+    the tensor cores do up to the order of the sums."""
+    if x.dtype == torch.bfloat16:
+        interpreted = type(kernel).__name__ == "InterpretedFunction"
+        return "bf16 emulated" if interpreted else "bf16"
+    if x.dtype == torch.float16:
+        return "fp16"
+    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def _tl_compute_dtype(x):
+    """The dtype of the states, decays and gradients a kernel keeps for inputs like x: float64
+    for float64, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _tl_sizes(q, v, chunk_size):
     """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
     block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
     tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    at most 64, one program each."""
+    _tl_value_block, one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = min(_tl_block(d_v), 64)
+    block_v = _tl_value_block(d_v)
     return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
@@ -437,27 +474,76 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
+        initial_state = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
-    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
     return initial_state, _tl_new_like_callers(q, d_v), final, kept
 
 
 def _tl_gradients(q, v, d_o, d_final, n_v):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
     state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state)."""
+    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if d_final is None:
-        d_final = q.new_zeros(batch, heads, d_k, d_v)
-    d_final = d_final.to(q.dtype).contiguous()
-    dq = q.new_empty(n_v, batch, heads, length, d_k)
-    dk = q.new_empty(n_v, batch, heads, length, d_k)
-    dv = q.new_empty(batch, heads, length, d_v)
+        d_final = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    d_final = d_final.to(dtype).contiguous()
+    dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
+
+
+@triton.jit
+def _tl_dot(a, b, DOT: tl.constexpr):
+    """a @ b, accumulated in float32 (float64 for float64 operands), its products as DOT says
+    (see the module's docstring): "bf16" and "fp16" round the operands to that dtype."""
+    if DOT == "bf16":
+        product = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        product = tl.dot(_tl_round_bf16(a), _tl_round_bf16(b), input_precision="ieee")
+    elif DOT == "fp16":
+        product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
+    elif DOT == "tf32":
+        product = tl.dot(a, b, input_precision="tf32")
+    else:
+        product = tl.dot(a, b, input_precision="ieee")
+    return product
+
+
+@triton.jit
+def _tl_round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
+    conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tl_gate_dot(a, b, DOT: tl.constexpr):
+    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
+    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
+    accuracy)."""
+    if DOT == "ieee":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a, b, input_precision="tf32x3")
+    return product
+
+
+@triton.jit
+def _tl_wide(x):
+    """x, widened to float32 if it is a 16-bit float (every elementwise step computes in float32
+    or float64)."""
+    if x.dtype.is_bf16() or x.dtype.is_fp16():
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -523,18 +609,21 @@ def _tl_gate_sums(g, rows):
 
     Not differences of running sums: where b is large the difference of two of them loses
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
-    needs its own small sum exactly. The pair sums are one matmul of the gates below the
-    diagonal with a mask, every product a gate times 1 or 0, every sum one of gates of one sign.
+    needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
+    the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
+    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
+    operands, and few registers).
     """
-    up_to = tl.where(rows[None, :] <= rows[:, None], g[None, :], 0.0)  # [i, l]: g_l for l <= i
-    after = (rows[:, None] > rows[None, :]).to(g.dtype)  # [l, j]: l > j
-    pairs = tl.dot(up_to, after, input_precision="ieee")
+    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
+    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
+    pairs = tl.cumsum(terms, axis=1, reverse=True)
     to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
     return pairs, to_end
 
 
 @triton.jit
-def _tl_gate_grads(pairs, starts, ends, whole, rows):
+def _tl_gate_grads(pairs, starts, ends, whole, rows, DOT: tl.constexpr):
     """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
     passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
     [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
@@ -543,7 +632,7 @@ def _tl_gate_grads(pairs, starts, ends, whole, rows):
     (every factor holding it 0) gets exactly 0."""
     causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
+    below = _tl_gate_dot(pairs, before.to(pairs.dtype), DOT)
     dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
     dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
     dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
@@ -554,9 +643,9 @@ def _tl_gate_grads(pairs, starts, ends, whole, rows):
 @triton.jit
 def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
     """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
-    mask is False."""
+    mask is False, widened to float32 if 16-bit (_tl_wide)."""
     at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
-    return tl.load(at, mask=mask, other=0.0)
+    return _tl_wide(tl.load(at, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -573,6 +662,7 @@ def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
     False. A gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still exactly
     0, and the sums of gates stay finite (a matmul's 0 times -inf would be NaN)."""
     gates = tl.load(g + i_b * strides_b + i_h * strides_h + t * strides_t, mask=mask, other=0.0)
+    gates = _tl_wide(gates)
     return tl.where(gates < -1e30, -1e30, gates)
 
 
@@ -620,7 +710,7 @@ def _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G: tl.constexpr):
 @triton.jit
 def _tl_delta_chunk(
     q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at,
-    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the forward, from its inputs (g_c read only if HAS_G) and the state S
     entering it: (its outputs, the state leaving it); KEEP, the first value block writes T at
@@ -632,8 +722,8 @@ def _tl_delta_chunk(
     causal = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
     k_c, v_c, beta_c, g_c, poison = _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G)
-    kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
-    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     k_scaled = k_c * beta_c[:, None]
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
@@ -653,17 +743,17 @@ def _tl_delta_chunk(
     # inverse or the scores would carry back to the earlier ones: such a row poisons too
     k_scaled, k_scaled_poison = _tl_finite(k_scaled)
     poison += tl.sum(k_scaled_poison, axis=1)[:, None]
-    w = tl.dot(inverse, k_scaled, input_precision="ieee")
-    v_new = tl.dot(inverse, v_c, input_precision="ieee")
-    v_new -= tl.dot(w, state.to(w.dtype), input_precision="ieee")
+    w = _tl_dot(inverse, k_scaled, DOT)
+    v_new = _tl_dot(inverse, v_c, DOT)
+    v_new -= _tl_dot(w, state.to(w.dtype), DOT)
     v_new, v_new_poison = _tl_finite(v_new)
     poison += v_new_poison
-    out = tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
-    out += tl.dot(scores, v_new, input_precision="ieee")
+    out = _tl_dot(q_c, state.to(q_c.dtype), DOT)
+    out += _tl_dot(scores, v_new, DOT)
     out += tl.cumsum(poison, axis=0)
     if HAS_G:
         state = state * chunk_decay
-    state += tl.dot(tl.trans(k_end), v_new, input_precision="ieee")
+    state += _tl_dot(tl.trans(k_end), v_new, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -680,7 +770,7 @@ def _tl_delta_fwd(
     sg_b, sg_h, sg_t,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_delta_chunk). h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk
@@ -697,7 +787,7 @@ def _tl_delta_fwd(
         q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
+        beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
@@ -706,26 +796,26 @@ def _tl_delta_fwd(
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         ts_at = _tl_tile(ts, i_bh * n_chunks + n, rows)
         out, state = _tl_delta_chunk(
-            q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at, HAS_G, KEEP, BT
+            q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at, HAS_G, KEEP, BT, DOT
         )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
-def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows):
+def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT: tl.constexpr):
     """The gradients through V_new = T V - W S, W = T diag(beta exp(b)) K and T = (I + A)^{-1},
     from dV_new: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support),
     as the PyTorch kernel's _delta_solve_grads: dW = -dV_new S^T, dT = dW (diag(beta exp(b))
     K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T."""
     strict = rows[:, None] > rows[None, :]
-    d_w = -tl.dot(d_v_new, tl.trans(state), input_precision="ieee")
+    d_w = -_tl_dot(d_v_new, tl.trans(state), DOT)
     inverse_t = tl.trans(inverse)
-    d_k_scaled = tl.dot(inverse_t, d_w, input_precision="ieee")
-    dv_c = tl.dot(inverse_t, d_v_new, input_precision="ieee")
-    d_t = tl.dot(d_w, tl.trans(k_scaled), input_precision="ieee")
-    d_t += tl.dot(d_v_new, tl.trans(v_c), input_precision="ieee")
-    d_a = -tl.dot(inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), input_precision="ieee")
+    d_k_scaled = _tl_dot(inverse_t, d_w, DOT)
+    dv_c = _tl_dot(inverse_t, d_v_new, DOT)
+    d_t = _tl_dot(d_w, tl.trans(k_scaled), DOT)
+    d_t += _tl_dot(d_v_new, tl.trans(v_c), DOT)
+    d_a = -_tl_dot(inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), DOT)
     d_a = tl.where(strict, d_a, 0.0)
     return dv_c, d_k_scaled, d_a
 
@@ -733,7 +823,7 @@ def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows):
 @triton.jit
 def _tl_delta_key_grads(
     q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
-    HAS_G: tl.constexpr,
+    HAS_G: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """The gradient of the keys: through the masked scores (d_qk, dM on M's support with the
     decays), the state's writes diag(exp(b_C - b)) K, W's diag(beta exp(b)) K (from
@@ -745,22 +835,22 @@ def _tl_delta_key_grads(
         d_kk_raw = d_kk * gamma
     else:
         d_kk_raw = d_kk
-    from_k = tl.dot(v_new, tl.trans(d_state), input_precision="ieee")  # V_new D^T
+    from_k = _tl_dot(v_new, tl.trans(d_state), DOT)  # V_new D^T
     if HAS_G:
         from_k = from_k * to_end
-    dk_c = tl.dot(tl.trans(d_qk), q_c, input_precision="ieee") + from_k
+    dk_c = _tl_dot(tl.trans(d_qk), q_c, DOT) + from_k
     d_k_own = d_k_scaled * beta_c[:, None]  # through diag(beta exp(b)) K
     if HAS_G:
         d_k_own = d_k_own * from_start
     dk_c += d_k_own
-    dk_c += tl.dot(d_kk_raw + tl.trans(d_kk_raw), k_c, input_precision="ieee")
+    dk_c += _tl_dot(d_kk_raw + tl.trans(d_kk_raw), k_c, DOT)
     return dk_c, d_kk, from_k
 
 
 @triton.jit
 def _tl_delta_chunk_grad(
     q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
     do_c, the state S entering it and T (kept by the forward) and the gradient D of the state
@@ -771,8 +861,8 @@ def _tl_delta_chunk_grad(
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     # without a gate the decays of zero gates stand in, never read (the compiler drops them)
     gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-    kk = tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
-    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:
         kk = kk * gamma
         scores = scores * gamma
@@ -781,25 +871,26 @@ def _tl_delta_chunk_grad(
         k_start, q_start, k_end = k_c, q_c, k_c
     scores = tl.where(causal, scores, 0.0)  # M
     k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
-    w = tl.dot(inverse, k_scaled, input_precision="ieee")
-    v_new = tl.dot(inverse, v_c, input_precision="ieee")
-    v_new -= tl.dot(w, state, input_precision="ieee")
+    w = _tl_dot(inverse, k_scaled, DOT)
+    v_new = _tl_dot(inverse, v_c, DOT)
+    v_new -= _tl_dot(w, state, DOT)
     # dV_new = M^T dO + diag(exp(b_C - b)) K D
-    d_v_new = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
-    d_v_new += tl.dot(k_end, d_state, input_precision="ieee")
-    d_scores = tl.dot(do_c, tl.trans(v_new), input_precision="ieee")  # dM = dO V_new^T
+    d_v_new = _tl_dot(tl.trans(scores), do_c, DOT)
+    d_v_new += _tl_dot(k_end, d_state, DOT)
+    d_scores = _tl_dot(do_c, tl.trans(v_new), DOT)  # dM = dO V_new^T
     if HAS_G:
         d_qk = tl.where(causal, d_scores * gamma, 0.0)
     else:
         d_qk = tl.where(causal, d_scores, 0.0)
-    from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # dO S^T
+    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
     if HAS_G:
         from_q = from_q * from_start
-    dq_c = tl.dot(d_qk, k_c, input_precision="ieee") + from_q
-    dv_c, d_k_scaled, d_a = _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows)
+    dq_c = _tl_dot(d_qk, k_c, DOT) + from_q
+    dv_c, d_k_scaled, d_a = _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT)
     dk_c, d_kk, from_k = _tl_delta_key_grads(
-        q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end, HAS_G
-    )
+        q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
+        HAS_G, DOT,
+    )  # fmt: skip
     beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
     dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
     dg_c = tl.zeros_like(dbeta_c)
@@ -810,10 +901,10 @@ def _tl_delta_chunk_grad(
             starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows)
+            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows, DOT)
         d_state = d_state * chunk_decay
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
-    d_state -= tl.dot(tl.trans(w), d_v_new, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+    d_state -= _tl_dot(tl.trans(w), d_v_new, DOT)
     return dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state
 
 
@@ -829,7 +920,7 @@ def _tl_delta_bwd(
     sg_b, sg_h, sg_t,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_delta_chunk_grad). dq, dk: this block's parts [NV, B * NH, T, K];
@@ -849,7 +940,7 @@ def _tl_delta_bwd(
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        beta_c = tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0)
+        beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
@@ -857,7 +948,7 @@ def _tl_delta_bwd(
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
         dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grad(
-            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD
+            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD, DOT
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
@@ -876,7 +967,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    inverses = q.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
+    inverses = final.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
     _tl_delta_fwd[(n_v, batch * heads)](
         q,
         k,
@@ -903,6 +994,8 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
+        DOT=_tl_dot_precision(q, _tl_delta_fwd),
+        **_tl_launch(),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -926,9 +1019,9 @@ class _TlDelta(torch.autograd.Function):
         d_v = v.shape[-1]
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
-        dbeta = q.new_empty(n_v, batch, heads, length)
+        dbeta = dv.new_empty(n_v, batch, heads, length)
         gate_grad = g is not None and ctx.needs_input_grad[4]
-        dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dbeta
+        dg = torch.empty_like(dbeta) if gate_grad else dbeta
         _tl_delta_bwd[(n_v, batch * heads)](
             q,
             k,
@@ -960,6 +1053,8 @@ class _TlDelta(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_delta_bwd),
+            **_tl_launch(),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient

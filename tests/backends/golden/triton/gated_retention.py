@@ -467,14 +467,51 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
+def _tl_value_block(d_v):
+    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
+    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
+    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
+    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return min(_tl_block(d_v), 32)
+
+
+def _tl_launch():
+    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
+    registers, not loads, are what a program runs short of); see _tl_value_block."""
+    return {"num_warps": 8, "num_stages": 1}
+
+
+def _tl_dot_precision(x, kernel):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
+    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
+    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
+    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
+    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
+    the tensor cores do up to the order of the sums."""
+    if x.dtype == torch.bfloat16:
+        interpreted = type(kernel).__name__ == "InterpretedFunction"
+        return "bf16 emulated" if interpreted else "bf16"
+    if x.dtype == torch.float16:
+        return "fp16"
+    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def _tl_compute_dtype(x):
+    """The dtype of the states, decays and gradients a kernel keeps for inputs like x: float64
+    for float64, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _tl_sizes(q, v, chunk_size):
     """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
     block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
     tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    at most 64, one program each."""
+    _tl_value_block, one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = min(_tl_block(d_v), 64)
+    block_v = _tl_value_block(d_v)
     return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
@@ -509,27 +546,76 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
+        initial_state = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
-    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
     return initial_state, _tl_new_like_callers(q, d_v), final, kept
 
 
 def _tl_gradients(q, v, d_o, d_final, n_v):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
     state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state)."""
+    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if d_final is None:
-        d_final = q.new_zeros(batch, heads, d_k, d_v)
-    d_final = d_final.to(q.dtype).contiguous()
-    dq = q.new_empty(n_v, batch, heads, length, d_k)
-    dk = q.new_empty(n_v, batch, heads, length, d_k)
-    dv = q.new_empty(batch, heads, length, d_v)
+        d_final = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    d_final = d_final.to(dtype).contiguous()
+    dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
+
+
+@triton.jit
+def _tl_dot(a, b, DOT: tl.constexpr):
+    """a @ b, accumulated in float32 (float64 for float64 operands), its products as DOT says
+    (see the module's docstring): "bf16" and "fp16" round the operands to that dtype."""
+    if DOT == "bf16":
+        product = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        product = tl.dot(_tl_round_bf16(a), _tl_round_bf16(b), input_precision="ieee")
+    elif DOT == "fp16":
+        product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
+    elif DOT == "tf32":
+        product = tl.dot(a, b, input_precision="tf32")
+    else:
+        product = tl.dot(a, b, input_precision="ieee")
+    return product
+
+
+@triton.jit
+def _tl_round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
+    conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tl_gate_dot(a, b, DOT: tl.constexpr):
+    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
+    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
+    accuracy)."""
+    if DOT == "ieee":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a, b, input_precision="tf32x3")
+    return product
+
+
+@triton.jit
+def _tl_wide(x):
+    """x, widened to float32 if it is a 16-bit float (every elementwise step computes in float32
+    or float64)."""
+    if x.dtype.is_bf16() or x.dtype.is_fp16():
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -588,18 +674,21 @@ def _tl_gate_sums(g, rows):
 
     Not differences of running sums: where b is large the difference of two of them loses
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
-    needs its own small sum exactly. The pair sums are one matmul of the gates below the
-    diagonal with a mask, every product a gate times 1 or 0, every sum one of gates of one sign.
+    needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
+    the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
+    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
+    operands, and few registers).
     """
-    up_to = tl.where(rows[None, :] <= rows[:, None], g[None, :], 0.0)  # [i, l]: g_l for l <= i
-    after = (rows[:, None] > rows[None, :]).to(g.dtype)  # [l, j]: l > j
-    pairs = tl.dot(up_to, after, input_precision="ieee")
+    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
+    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
+    pairs = tl.cumsum(terms, axis=1, reverse=True)
     to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
     return pairs, to_end
 
 
 @triton.jit
-def _tl_gate_grads(pairs, starts, ends, whole, rows):
+def _tl_gate_grads(pairs, starts, ends, whole, rows, DOT: tl.constexpr):
     """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
     passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
     [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
@@ -608,7 +697,7 @@ def _tl_gate_grads(pairs, starts, ends, whole, rows):
     (every factor holding it 0) gets exactly 0."""
     causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    below = tl.dot(pairs, before.to(pairs.dtype), input_precision="ieee")
+    below = _tl_gate_dot(pairs, before.to(pairs.dtype), DOT)
     dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
     dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
     dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
@@ -619,9 +708,9 @@ def _tl_gate_grads(pairs, starts, ends, whole, rows):
 @triton.jit
 def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
     """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
-    mask is False."""
+    mask is False, widened to float32 if 16-bit (_tl_wide)."""
     at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
-    return tl.load(at, mask=mask, other=0.0)
+    return _tl_wide(tl.load(at, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -638,6 +727,7 @@ def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
     False. A gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still exactly
     0, and the sums of gates stay finite (a matmul's 0 times -inf would be NaN)."""
     gates = tl.load(g + i_b * strides_b + i_h * strides_h + t * strides_t, mask=mask, other=0.0)
+    gates = _tl_wide(gates)
     return tl.where(gates < -1e30, -1e30, gates)
 
 
@@ -653,26 +743,28 @@ def _tl_chunk_decays(g, rows):
 
 
 @triton.jit
-def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr):
+def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr, DOT: tl.constexpr):
     """One chunk of the forward: (its outputs O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S, the
     state leaving it exp(b_C) S + (diag(exp(b_C - b)) K)^T V), from its queries, keys and values,
     its log-gates g_c [BT] (read only if HAS_G) and the state S entering it. A value that is not
     finite poisons its column's outputs from its token on and the state."""
     causal = rows[:, None] >= rows[None, :]
-    scores = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
+    v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
+    from_state = _tl_dot(q_c, state, DOT)  # Q S
+    written = v_c
     if HAS_G:
+        # the decays scale the rows of the products (diag(exp(b)) (Q S), K^T (diag(exp(b_C -
+        # b)) V)), not the [BT, BK] queries and keys: fewer registers, the same sums
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         scores = scores * gamma
-        q_c = q_c * from_start
-        k_c = k_c * to_end
-    scores = tl.where(causal, scores, 0.0)
-    v_c, poison = _tl_finite(v_c)  # the poison reaches the outputs from its token on
-    out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
-    out += tl.dot(q_c, state.to(q_c.dtype), input_precision="ieee")
-    out += tl.cumsum(poison, axis=0)
-    if HAS_G:
+        from_state = from_state * from_start
+        written = v_c * to_end
         state = state * chunk_decay
-    state += tl.dot(tl.trans(k_c), v_c, input_precision="ieee")
+    scores = tl.where(causal, scores, 0.0)
+    out = _tl_dot(scores, v_c, DOT) + from_state
+    out += tl.cumsum(poison, axis=0)
+    state += _tl_dot(tl.trans(k_c), written, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -688,7 +780,7 @@ def _tl_scalar_decay_fwd(
     sg_b, sg_h, sg_t,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_scalar_decay_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states
@@ -710,7 +802,7 @@ def _tl_scalar_decay_fwd(
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-        out, state = _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G)
+        out, state = _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G, DOT)
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
@@ -718,7 +810,7 @@ def _tl_scalar_decay_fwd(
 @triton.jit
 def _tl_scalar_decay_chunk_grad(
     q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs, the output gradient do_c, the state S
     entering it (kept by the forward) and the gradient D of the state leaving it: (dQ, dK, dV,
@@ -728,8 +820,8 @@ def _tl_scalar_decay_chunk_grad(
         dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
     """
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
-    d_probs = tl.dot(do_c, tl.trans(v_c), input_precision="ieee")  # dP = dO V^T
-    probs = tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+    d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
+    probs = _tl_dot(q_c, tl.trans(k_c), DOT)
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         probs = probs * gamma
@@ -740,12 +832,12 @@ def _tl_scalar_decay_chunk_grad(
         d_scores = tl.where(causal, d_probs, 0.0)
         q_start, do_start, k_end, v_end = q_c, do_c, k_c, v_c
     probs = tl.where(causal, probs, 0.0)
-    dv_c = tl.dot(tl.trans(probs), do_c, input_precision="ieee")
-    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-    from_q = tl.dot(do_start, tl.trans(state), input_precision="ieee")  # diag(exp(b)) dO S^T
-    from_k = tl.dot(v_end, tl.trans(d_state), input_precision="ieee")  # diag(..) V D^T
-    dq_c = tl.dot(d_scores, k_c, input_precision="ieee") + from_q
-    dk_c = tl.dot(tl.trans(d_scores), q_c, input_precision="ieee") + from_k
+    dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
+    dv_c += _tl_dot(k_end, d_state, DOT)
+    from_q = _tl_dot(do_start, tl.trans(state), DOT)  # diag(exp(b)) dO S^T
+    from_k = _tl_dot(v_end, tl.trans(d_state), DOT)  # diag(..) V D^T
+    dq_c = _tl_dot(d_scores, k_c, DOT) + from_q
+    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT) + from_k
     dg_c = tl.zeros((BT,), dtype=q_c.dtype)
     if HAS_G:
         if GATE_GRAD:
@@ -754,9 +846,9 @@ def _tl_scalar_decay_chunk_grad(
             starts = tl.sum(q_c * from_q, axis=1)
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_probs * probs, starts, ends, whole, rows)
+            dg_c = _tl_gate_grads(d_probs * probs, starts, ends, whole, rows, DOT)
         d_state = d_state * chunk_decay
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
     return dq_c, dk_c, dv_c, dg_c, d_state
 
 
@@ -771,7 +863,7 @@ def _tl_scalar_decay_bwd(
     sg_b, sg_h, sg_t,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_scalar_decay_chunk_grad). dq, dk: this block's parts [NV, B * NH,
@@ -797,7 +889,7 @@ def _tl_scalar_decay_bwd(
         else:
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grad(
-            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT
+            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT, DOT
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -838,6 +930,8 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
+        DOT=_tl_dot_precision(q, _tl_scalar_decay_fwd),
+        **_tl_launch(),
     )
     return o, final, kept if keep else None
 
@@ -862,7 +956,7 @@ class _TlScalarDecay(torch.autograd.Function):
         block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         gate_grad = g is not None and ctx.needs_input_grad[3]
-        dg = q.new_empty(n_v, batch, heads, length) if gate_grad else dv
+        dg = dv.new_empty(n_v, batch, heads, length) if gate_grad else dv
         _tl_scalar_decay_bwd[(n_v, batch * heads)](
             q,
             k,
@@ -890,6 +984,8 @@ class _TlScalarDecay(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_scalar_decay_bwd),
+            **_tl_launch(),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -829,14 +829,51 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
+def _tl_value_block(d_v):
+    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
+    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
+    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
+    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return min(_tl_block(d_v), 32)
+
+
+def _tl_launch():
+    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
+    registers, not loads, are what a program runs short of); see _tl_value_block."""
+    return {"num_warps": 8, "num_stages": 1}
+
+
+def _tl_dot_precision(x, kernel):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
+    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
+    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
+    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
+    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
+    the tensor cores do up to the order of the sums."""
+    if x.dtype == torch.bfloat16:
+        interpreted = type(kernel).__name__ == "InterpretedFunction"
+        return "bf16 emulated" if interpreted else "bf16"
+    if x.dtype == torch.float16:
+        return "fp16"
+    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def _tl_compute_dtype(x):
+    """The dtype of the states, decays and gradients a kernel keeps for inputs like x: float64
+    for float64, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _tl_sizes(q, v, chunk_size):
     """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
     block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
     tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    at most 64, one program each."""
+    _tl_value_block, one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = min(_tl_block(d_v), 64)
+    block_v = _tl_value_block(d_v)
     return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
@@ -871,32 +908,69 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
+        initial_state = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
-    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
     return initial_state, _tl_new_like_callers(q, d_v), final, kept
 
 
 def _tl_gradients(q, v, d_o, d_final, n_v):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
     state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state)."""
+    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if d_final is None:
-        d_final = q.new_zeros(batch, heads, d_k, d_v)
-    d_final = d_final.to(q.dtype).contiguous()
-    dq = q.new_empty(n_v, batch, heads, length, d_k)
-    dk = q.new_empty(n_v, batch, heads, length, d_k)
-    dv = q.new_empty(batch, heads, length, d_v)
+        d_final = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    d_final = d_final.to(dtype).contiguous()
+    dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
 def _tl_levels(block_t):
     """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
     return block_t.bit_length() - 1
+
+
+@triton.jit
+def _tl_dot(a, b, DOT: tl.constexpr):
+    """a @ b, accumulated in float32 (float64 for float64 operands), its products as DOT says
+    (see the module's docstring): "bf16" and "fp16" round the operands to that dtype."""
+    if DOT == "bf16":
+        product = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        product = tl.dot(_tl_round_bf16(a), _tl_round_bf16(b), input_precision="ieee")
+    elif DOT == "fp16":
+        product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
+    elif DOT == "tf32":
+        product = tl.dot(a, b, input_precision="tf32")
+    else:
+        product = tl.dot(a, b, input_precision="ieee")
+    return product
+
+
+@triton.jit
+def _tl_round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
+    conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tl_wide(x):
+    """x, widened to float32 if it is a 16-bit float (every elementwise step computes in float32
+    or float64)."""
+    if x.dtype.is_bf16() or x.dtype.is_fp16():
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -950,9 +1024,9 @@ def _tl_finite(x):
 @triton.jit
 def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
     """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
-    mask is False."""
+    mask is False, widened to float32 if 16-bit (_tl_wide)."""
     at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
-    return tl.load(at, mask=mask, other=0.0)
+    return _tl_wide(tl.load(at, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -980,31 +1054,42 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_masks(rows, RUN: tl.constexpr):
-    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
-    after [j, l], where l > j in j's run)."""
-    same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
-    return same & (rows[None, :] <= rows[:, None]), same & (rows[None, :] > rows[:, None])
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
+    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
+
+
+@triton.jit
+def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
+    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
+    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
+    if UP:
+        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+    else:
+        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
+    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
+    return tl.where(inside[:, None], moved, 0.0)
 
 
 @triton.jit
 def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
-    sums; g must be finite (a 0 times a NaN would reach every row)."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(g.dtype), after.to(g.dtype)
-    return tl.dot(up_to, g, input_precision="ieee"), tl.dot(after, g, input_precision="ieee")
+    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
+    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
+    rounding to tensor-core operands."""
+    up_to = _tl_run_scan(g, RUN, False)
+    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
 
 
 @triton.jit
 def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
-    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
-    d_g = tl.dot(tl.trans(up_to), d_up_to, input_precision="ieee")
-    return d_g + tl.dot(tl.trans(after), d_after, input_precision="ieee")
+    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
+    the first sum of the rows from l to its run's end and in the second of the rows before l."""
+    d_g = _tl_run_scan(d_up_to, RUN, True)
+    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
 
 
 @triton.jit
@@ -1018,7 +1103,7 @@ def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
 
 
 @triton.jit
-def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr):
+def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.constexpr):
     """The decayed scores A [BT, BT] of a chunk from its queries, keys and log-gates g_c
     [BT, BK]: the pairs i = j undecayed, then at each level of blocks of 2, 4, ..., BT tokens
     one matmul of the queries decayed from the boundary of their block's halves, exp(b_i -
@@ -1029,26 +1114,35 @@ def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr):
         from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
         k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
-        corner = tl.dot(q_l, tl.trans(k_l), input_precision="ieee")
+        corner = _tl_dot(q_l, tl.trans(k_l), DOT)
         scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
     return scores
 
 
 @triton.jit
 def _tl_diagonal_chunk(
-    q_c, k_c, v_c, g_c, poison, state, rows, LEVELS: tl.constexpr, BT: tl.constexpr
+    q_c,
+    k_c,
+    v_c,
+    g_c,
+    poison,
+    state,
+    rows,
+    LEVELS: tl.constexpr,
+    BT: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     """One chunk of the forward, from its queries, keys, finite values, log-gates g_c [BT, BK]
     (zeros without a gate), the poison of its tokens and the state S entering it: (its outputs
     O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V),
     the poison reaching the outputs from its token on and the state."""
-    scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS)
+    scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT)
     from_start, to_end = _tl_run_sums(g_c, rows, BT)
-    out = tl.dot(scores.to(v_c.dtype), v_c, input_precision="ieee")
-    out += tl.dot(q_c * tl.exp(from_start), state.to(q_c.dtype), input_precision="ieee")
+    out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
+    out += _tl_dot(q_c * tl.exp(from_start), state.to(q_c.dtype), DOT)
     out += tl.cumsum(poison, axis=0)
     state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    state += tl.dot(tl.trans(k_c * tl.exp(to_end)), v_c, input_precision="ieee")
+    state += _tl_dot(tl.trans(k_c * tl.exp(to_end)), v_c, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -1064,7 +1158,7 @@ def _tl_diagonal_fwd(
     sg_b, sg_h, sg_t, sg_d,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_diagonal_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering
@@ -1090,14 +1184,14 @@ def _tl_diagonal_fwd(
             poison += gate_poison[:, None]
         else:
             g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
-        out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT)
+        out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT, DOT)
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
 @triton.jit
 def _tl_diagonal_scores_grad(
-    q_c, k_c, g_c, d_scores, rows, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr
+    q_c, k_c, g_c, d_scores, rows, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr
 ):
     """The scores A made again (_tl_diagonal_scores) and the gradient through them, from dA
     [BT, BT] on A's support: the pairs i = j, then each level hands its corner of dA back to
@@ -1114,10 +1208,10 @@ def _tl_diagonal_scores_grad(
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
         q_l, k_l = q_c * left_decay, k_c * right_decay
         pairs = _tl_pairs(rows, 2**level)
-        scores += tl.where(pairs, tl.dot(q_l, tl.trans(k_l), input_precision="ieee"), 0.0)
+        scores += tl.where(pairs, _tl_dot(q_l, tl.trans(k_l), DOT), 0.0)
         d_corner = tl.where(pairs, d_scores, 0.0)
-        d_q_l = tl.dot(d_corner, k_l, input_precision="ieee")  # for the decayed queries
-        d_k_l = tl.dot(tl.trans(d_corner), q_l, input_precision="ieee")  # and keys
+        d_q_l = _tl_dot(d_corner, k_l, DOT)  # for the decayed queries
+        d_k_l = _tl_dot(tl.trans(d_corner), q_l, DOT)  # and keys
         dq_c += d_q_l * left_decay
         dk_c += d_k_l * right_decay
         if GATE_GRAD:
@@ -1128,7 +1222,7 @@ def _tl_diagonal_scores_grad(
 @triton.jit
 def _tl_diagonal_chunk_grad(
     q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
-    GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
+    GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c: zeros without a gate), the output
     gradient do_c, the state S entering it (kept by the forward) and the gradient D of the
@@ -1137,18 +1231,18 @@ def _tl_diagonal_chunk_grad(
     (_tl_diagonal_scores_grad); dV = A^T dO + (K ⊙ exp(b_C - b)) D and D <- diag(exp(b_C)) D
     + (Q ⊙ exp(b))^T dO; the gate's gradient, per channel, sums what each decay passes on."""
     causal = rows[:, None] >= rows[None, :]
-    d_scores = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
+    d_scores = tl.where(causal, _tl_dot(do_c, tl.trans(v_c), DOT), 0.0)
     scores, dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
-        q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS
+        q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS, DOT
     )
     from_start, to_end = _tl_run_sums(g_c, rows, BT)
     start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
     chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
     q_start, k_end = q_c * start_decay, k_c * end_decay
-    dv_c = tl.dot(tl.trans(scores), do_c, input_precision="ieee")
-    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-    from_q = tl.dot(do_c, tl.trans(state), input_precision="ieee")  # for Q ⊙ exp(b)
-    from_k = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")  # for K ⊙ exp(b_C - b)
+    dv_c = _tl_dot(tl.trans(scores), do_c, DOT)
+    dv_c += _tl_dot(k_end, d_state, DOT)
+    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # for Q ⊙ exp(b)
+    from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # for K ⊙ exp(b_C - b)
     dq_c += from_q * start_decay
     dk_c += from_k * end_decay
     if GATE_GRAD:
@@ -1156,7 +1250,7 @@ def _tl_diagonal_chunk_grad(
         whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
         dg_c += tl.trans(whole)
     d_state = d_state * chunk_decay
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
     return dq_c, dk_c, dv_c, dg_c, d_state
 
 
@@ -1171,7 +1265,7 @@ def _tl_diagonal_bwd(
     sg_b, sg_h, sg_t, sg_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_diagonal_chunk_grad). dq, dk, dg: this block's parts [NV, B * NH,
@@ -1196,7 +1290,7 @@ def _tl_diagonal_bwd(
         else:
             g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
         dq_c, dk_c, dv_c, dg_c, d_state = _tl_diagonal_chunk_grad(
-            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, GATE_GRAD, LEVELS, BT
+            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, GATE_GRAD, LEVELS, BT, DOT
         )
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -1237,6 +1331,8 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
+        DOT=_tl_dot_precision(q, _tl_diagonal_fwd),
+        **_tl_launch(),
     )
     return o, final, kept if keep else None
 
@@ -1290,6 +1386,8 @@ class _TlDiagonal(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_diagonal_bwd),
+            **_tl_launch(),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -399,14 +399,51 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
+def _tl_value_block(d_v):
+    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
+    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
+    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
+    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return min(_tl_block(d_v), 32)
+
+
+def _tl_launch():
+    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
+    registers, not loads, are what a program runs short of); see _tl_value_block."""
+    return {"num_warps": 8, "num_stages": 1}
+
+
+def _tl_dot_precision(x, kernel):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
+    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
+    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
+    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
+    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
+    the tensor cores do up to the order of the sums."""
+    if x.dtype == torch.bfloat16:
+        interpreted = type(kernel).__name__ == "InterpretedFunction"
+        return "bf16 emulated" if interpreted else "bf16"
+    if x.dtype == torch.float16:
+        return "fp16"
+    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def _tl_compute_dtype(x):
+    """The dtype of the states, decays and gradients a kernel keeps for inputs like x: float64
+    for float64, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _tl_sizes(q, v, chunk_size):
     """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
     block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
     tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    at most 64, one program each."""
+    _tl_value_block, one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = min(_tl_block(d_v), 64)
+    block_v = _tl_value_block(d_v)
     return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
 
 
@@ -441,32 +478,69 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if initial_state is None:
-        initial_state = q.new_zeros(batch, heads, d_k, d_v)
-    initial_state = initial_state.to(q.dtype).contiguous()
+        initial_state = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
-    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v) if keep else final
+    kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
     return initial_state, _tl_new_like_callers(q, d_v), final, kept
 
 
 def _tl_gradients(q, v, d_o, d_final, n_v):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
     state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state)."""
+    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
+    dtype = _tl_compute_dtype(q)
     if d_final is None:
-        d_final = q.new_zeros(batch, heads, d_k, d_v)
-    d_final = d_final.to(q.dtype).contiguous()
-    dq = q.new_empty(n_v, batch, heads, length, d_k)
-    dk = q.new_empty(n_v, batch, heads, length, d_k)
-    dv = q.new_empty(batch, heads, length, d_v)
+        d_final = q.new_zeros(batch, heads, d_k, d_v, dtype=dtype)
+    d_final = d_final.to(dtype).contiguous()
+    dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
+    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
 def _tl_levels(block_t):
     """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
     return block_t.bit_length() - 1
+
+
+@triton.jit
+def _tl_dot(a, b, DOT: tl.constexpr):
+    """a @ b, accumulated in float32 (float64 for float64 operands), its products as DOT says
+    (see the module's docstring): "bf16" and "fp16" round the operands to that dtype."""
+    if DOT == "bf16":
+        product = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        product = tl.dot(_tl_round_bf16(a), _tl_round_bf16(b), input_precision="ieee")
+    elif DOT == "fp16":
+        product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
+    elif DOT == "tf32":
+        product = tl.dot(a, b, input_precision="tf32")
+    else:
+        product = tl.dot(a, b, input_precision="ieee")
+    return product
+
+
+@triton.jit
+def _tl_round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
+    conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tl_wide(x):
+    """x, widened to float32 if it is a 16-bit float (every elementwise step computes in float32
+    or float64)."""
+    if x.dtype.is_bf16() or x.dtype.is_fp16():
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -527,9 +601,9 @@ def _tl_finite(x):
 @triton.jit
 def _tl_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
     """The rows t and columns cols of one (batch, head) of x [B, NH, T, d] (strided), 0 where
-    mask is False."""
+    mask is False, widened to float32 if 16-bit (_tl_wide)."""
     at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
-    return tl.load(at, mask=mask, other=0.0)
+    return _tl_wide(tl.load(at, mask=mask, other=0.0))
 
 
 @triton.jit
@@ -557,31 +631,42 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_masks(rows, RUN: tl.constexpr):
-    """For the aligned runs of RUN rows of a chunk: (up_to [i, l], where l <= i in i's run;
-    after [j, l], where l > j in j's run)."""
-    same = (rows[:, None] // RUN) == (rows[None, :] // RUN)
-    return same & (rows[None, :] <= rows[:, None]), same & (rows[None, :] > rows[:, None])
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
+    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
+
+
+@triton.jit
+def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
+    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
+    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
+    if UP:
+        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+    else:
+        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
+    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
+    return tl.where(inside[:, None], moved, 0.0)
 
 
 @triton.jit
 def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms (a matmul with a 0/1 mask), never a difference of running
-    sums; g must be finite (a 0 times a NaN would reach every row)."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(g.dtype), after.to(g.dtype)
-    return tl.dot(up_to, g, input_precision="ieee"), tl.dot(after, g, input_precision="ieee")
+    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
+    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
+    rounding to tensor-core operands."""
+    up_to = _tl_run_scan(g, RUN, False)
+    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
 
 
 @triton.jit
 def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
-    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums."""
-    up_to, after = _tl_run_masks(rows, RUN)
-    up_to, after = up_to.to(d_up_to.dtype), after.to(d_up_to.dtype)
-    d_g = tl.dot(tl.trans(up_to), d_up_to, input_precision="ieee")
-    return d_g + tl.dot(tl.trans(after), d_after, input_precision="ieee")
+    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
+    the first sum of the rows from l to its run's end and in the second of the rows before l."""
+    d_g = _tl_run_scan(d_up_to, RUN, True)
+    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
 
 
 @triton.jit
@@ -603,46 +688,44 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
     included and not, and from after each row to the run's end [BT, BK]. For RUN = BT: exp(c_r),
     exp(c_{r-1}) and exp(c_C - c_j)."""
     up_to, after = _tl_run_sums(g, rows, RUN)
-    _, after_mask = _tl_run_masks(rows, RUN)  # transposed: [r, l] where l < r in r's run
-    before = tl.dot(tl.trans(after_mask.to(g.dtype)), g, input_precision="ieee")
+    before = _tl_run_scan(_tl_run_shift(g, rows, RUN, False), RUN, False)  # l < r in r's run
     return tl.exp(up_to), tl.exp(before), tl.exp(after)
 
 
 @triton.jit
 def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
-    _, after_mask = _tl_run_masks(rows, RUN)
     d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
-    return d_g + tl.dot(after_mask.to(d_before.dtype), d_before, input_precision="ieee")
+    return d_g + _tl_run_scan(_tl_run_shift(d_before, rows, RUN, True), RUN, True)
 
 
 @triton.jit
-def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs):
+def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs, DOT: tl.constexpr):
     """The scores [BT, BT] of rows q and a with columns k and b: q k^T and q b^T where q_pairs,
     a k^T and a b^T where a_pairs, 0 elsewhere."""
     k_t, b_t = tl.trans(k), tl.trans(b)
-    qk = tl.where(q_pairs, tl.dot(q, k_t, input_precision="ieee"), 0.0)
-    qb = tl.where(q_pairs, tl.dot(q, b_t, input_precision="ieee"), 0.0)
-    ak = tl.where(a_pairs, tl.dot(a, k_t, input_precision="ieee"), 0.0)
-    ab = tl.where(a_pairs, tl.dot(a, b_t, input_precision="ieee"), 0.0)
+    qk = tl.where(q_pairs, _tl_dot(q, k_t, DOT), 0.0)
+    qb = tl.where(q_pairs, _tl_dot(q, b_t, DOT), 0.0)
+    ak = tl.where(a_pairs, _tl_dot(a, k_t, DOT), 0.0)
+    ab = tl.where(a_pairs, _tl_dot(a, b_t, DOT), 0.0)
     return qk, qb, ak, ab
 
 
 @triton.jit
-def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b):
+def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b, DOT: tl.constexpr):
     """The gradients for q, a, k and b of _tl_dplr_dots, from those of its scores (0 outside
     their pairs)."""
-    dq = tl.dot(d_qk, k, input_precision="ieee") + tl.dot(d_qb, b, input_precision="ieee")
-    da = tl.dot(d_ak, k, input_precision="ieee") + tl.dot(d_ab, b, input_precision="ieee")
-    dk = tl.dot(tl.trans(d_qk), q, input_precision="ieee")
-    dk += tl.dot(tl.trans(d_ak), a, input_precision="ieee")
-    db = tl.dot(tl.trans(d_qb), q, input_precision="ieee")
-    db += tl.dot(tl.trans(d_ab), a, input_precision="ieee")
+    dq = _tl_dot(d_qk, k, DOT) + _tl_dot(d_qb, b, DOT)
+    da = _tl_dot(d_ak, k, DOT) + _tl_dot(d_ab, b, DOT)
+    dk = _tl_dot(tl.trans(d_qk), q, DOT)
+    dk += _tl_dot(tl.trans(d_ak), a, DOT)
+    db = _tl_dot(tl.trans(d_qb), q, DOT)
+    db += _tl_dot(tl.trans(d_ab), a, DOT)
     return dq, da, dk, db
 
 
 @triton.jit
-def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr):
+def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr):
     """The decayed scores of a chunk [BT, BT]: qk[r, j] = Σ_c q_rc exp(c_rc - c_jc) k_jc and qb
     (the same with b) for j <= r, ak[r, j] = Σ_c a_rc exp(c_{r-1,c} - c_jc) k_jc and ab (the
     same with b) for j < r, 0 elsewhere; the pairs r = j undecayed, the others block by block:
@@ -658,7 +741,7 @@ def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr)
         row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
         pairs = _tl_pairs(rows, 1 << level)
         qk_l, qb_l, ak_l, ab_l = _tl_dplr_dots(
-            q * row, a * row_before, k * col, b * col, pairs, pairs
+            q * row, a * row_before, k * col, b * col, pairs, pairs, DOT
         )
         qk += qk_l
         qb += qb_l
@@ -687,21 +770,30 @@ def _tl_dplr_finite(k_c, v_c, a_c, b_c, g_c, HAS_G: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_decayed(
-    q_c, k_c, a_c, b_c, g_c, rows, HAS_G: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr
+    q_c,
+    k_c,
+    a_c,
+    b_c,
+    g_c,
+    rows,
+    HAS_G: tl.constexpr,
+    BT: tl.constexpr,
+    LEVELS: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     """What a chunk's products read, from its inputs and log-gates g_c [BT, BK] (read only if
     HAS_G): (the decayed scores qk, qb, ak, ab (_tl_dplr_scores; without a gate the causal
     products), and the rows and columns that meet the state, Q ⊙ exp(c), A ⊙ exp(c_{r-1}) and
     K, B ⊙ exp(c_C - c))."""
     if HAS_G:
-        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS)
+        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS, DOT)
         from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
         q_start, a_before = q_c * from_start, a_c * from_before
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
         causal = rows[:, None] >= rows[None, :]
         strict = rows[:, None] > rows[None, :]
-        qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict)
+        qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict, DOT)
         q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
     return qk, qb, ak, ab, q_start, a_before, k_end, b_end
 
@@ -709,7 +801,7 @@ def _tl_dplr_decayed(
 @triton.jit
 def _tl_dplr_chunk(
     q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles,
-    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the forward, from its inputs (g_c read only if HAS_G) and the state S
     entering it: (its outputs O = (Q ⊙ exp(c)) S + qk V + qb U, the state leaving it exp(c_C)
@@ -718,7 +810,7 @@ def _tl_dplr_chunk(
     block writes T, qk, qb and ak into tiles tiles, ..., tiles + 3 of ts (_tl_tile) as soon as
     T is known."""
     k_c, v_c, a_c, b_c, g_c, poison, row_poison = _tl_dplr_finite(k_c, v_c, a_c, b_c, g_c, HAS_G)
-    decayed = _tl_dplr_decayed(q_c, k_c, a_c, b_c, g_c, rows, HAS_G, BT, LEVELS)
+    decayed = _tl_dplr_decayed(q_c, k_c, a_c, b_c, g_c, rows, HAS_G, BT, LEVELS, DOT)
     qk, qb, ak, ab, q_start, a_before, k_end, b_end = decayed
     poison += tl.sum(row_poison, axis=1)[:, None]
     inverse = _tl_unit_lower_inverse(-ab, rows, BT)  # (I - ab)^{-1}
@@ -728,22 +820,22 @@ def _tl_dplr_chunk(
             tl.store(_tl_tile(ts, tiles + 1, rows), qk)
             tl.store(_tl_tile(ts, tiles + 2, rows), qb)
             tl.store(_tl_tile(ts, tiles + 3, rows), ak)
-    reads = tl.dot(a_before, state.to(a_c.dtype), input_precision="ieee")
-    reads += tl.dot(ak, v_c, input_precision="ieee")
+    reads = _tl_dot(a_before, state.to(a_c.dtype), DOT)
+    reads += _tl_dot(ak, v_c, DOT)
     # finite inputs can still overflow in a later token's row, which a product with the
     # inverse or the scores would carry back to the earlier ones: such a row poisons too
     reads, reads_poison = _tl_finite(reads)
-    u = tl.dot(inverse, reads, input_precision="ieee")  # u_r = a_r^T S_{r-1}
+    u = _tl_dot(inverse, reads, DOT)  # u_r = a_r^T S_{r-1}
     u, u_poison = _tl_finite(u)
     poison += reads_poison + u_poison
-    out = tl.dot(q_start, state.to(q_c.dtype), input_precision="ieee")
-    out += tl.dot(qk, v_c, input_precision="ieee")
-    out += tl.dot(qb, u, input_precision="ieee")
+    out = _tl_dot(q_start, state.to(q_c.dtype), DOT)
+    out += _tl_dot(qk, v_c, DOT)
+    out += _tl_dot(qb, u, DOT)
     out += tl.cumsum(poison, axis=0)
     if HAS_G:
         state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    state += tl.dot(tl.trans(k_end), v_c, input_precision="ieee")
-    state += tl.dot(tl.trans(b_end), u, input_precision="ieee")
+    state += _tl_dot(tl.trans(k_end), v_c, DOT)
+    state += _tl_dot(tl.trans(b_end), u, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -761,7 +853,7 @@ def _tl_dplr_fwd(
     sg_b, sg_h, sg_t, sg_d,
     so_b, so_h, so_t, so_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks in order, the state in registers
     (_tl_dplr_chunk). h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk
@@ -789,7 +881,7 @@ def _tl_dplr_fwd(
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         tiles = (i_bh * n_chunks + n) * 4  # where this chunk's T and scores are kept
         out, state = _tl_dplr_chunk(
-            q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles, HAS_G, KEEP, BT, LEVELS
+            q_c, k_c, v_c, a_c, b_c, g_c, state, rows, ts, tiles, HAS_G, KEEP, BT, LEVELS, DOT
         )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
@@ -807,7 +899,9 @@ def _tl_dplr_kept(ts, tiles, rows):
 
 
 @triton.jit
-def _tl_dplr_level_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr):
+def _tl_dplr_level_grad(
+    d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr, DOT: tl.constexpr
+):
     """The gradients for q, a, k and b of one level of _tl_dplr_scores' blocks, RUN tokens a
     half, from those of the scores (0 outside their pairs): through that level's products of
     the rows decayed from the boundary of their block's halves and the columns decayed to it,
@@ -815,29 +909,24 @@ def _tl_dplr_level_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, R
     row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
     pairs = _tl_pairs(rows, RUN)
     dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
-        tl.where(pairs, d_qk, 0.0),
-        tl.where(pairs, d_qb, 0.0),
-        tl.where(pairs, d_ak, 0.0),
-        tl.where(pairs, d_ab, 0.0),
-        q_c * row,
-        a_c * row_before,
-        k_c * col,
-        b_c * col,
-    )
+        tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
+        tl.where(pairs, d_ak, 0.0), tl.where(pairs, d_ab, 0.0),
+        q_c * row, a_c * row_before, k_c * col, b_c * col, DOT,
+    )  # fmt: skip
     return dq_l * row, da_l * row_before, dk_l * col, db_l * col
 
 
 @triton.jit
-def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows):
+def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
     """The gradients of a chunk's scores on their support, from those of the outputs and of Z
     (the right side of (I - ab) U = Z): (d(qk), d(qb)) = dO (V, U)^T for j <= r and (d(ak),
     d(ab)) = dZ (V, U)^T for j < r, 0 elsewhere."""
     causal = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
-    d_qk = tl.where(causal, tl.dot(do_c, tl.trans(v_c), input_precision="ieee"), 0.0)
-    d_qb = tl.where(causal, tl.dot(do_c, tl.trans(u), input_precision="ieee"), 0.0)
-    d_ak = tl.where(strict, tl.dot(d_reads, tl.trans(v_c), input_precision="ieee"), 0.0)
-    d_ab = tl.where(strict, tl.dot(d_reads, tl.trans(u), input_precision="ieee"), 0.0)
+    d_qk = tl.where(causal, _tl_dot(do_c, tl.trans(v_c), DOT), 0.0)
+    d_qb = tl.where(causal, _tl_dot(do_c, tl.trans(u), DOT), 0.0)
+    d_ak = tl.where(strict, _tl_dot(d_reads, tl.trans(v_c), DOT), 0.0)
+    d_ab = tl.where(strict, _tl_dot(d_reads, tl.trans(u), DOT), 0.0)
     return d_qk, d_qb, d_ak, d_ab
 
 
@@ -845,7 +934,7 @@ def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows):
 def _tl_dplr_scores_grad(
     dq_c, da_c, dk_c, db_c, dg_c,
     d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """The gradient through a chunk's scores, from theirs on their support, added to the
     gradients of q, a, k, b and (if GATE_GRAD) the gate so far: it goes back as
@@ -863,7 +952,7 @@ def _tl_dplr_scores_grad(
         # and block by block, as _tl_dplr_scores builds them
         for level in tl.static_range(LEVELS):
             dq_l, da_l, dk_l, db_l = _tl_dplr_level_grad(
-                d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, 1 << level
+                d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, 1 << level, DOT
             )
             if GATE_GRAD:
                 dg_c += _tl_dplr_decays_grad(
@@ -874,7 +963,7 @@ def _tl_dplr_scores_grad(
             dk_c += dk_l
             db_c += db_l
     else:
-        dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c)
+        dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, DOT)
         dq_c += dq_l
         da_c += da_l
         dk_c += dk_l
@@ -885,7 +974,7 @@ def _tl_dplr_scores_grad(
 @triton.jit
 def _tl_dplr_chunk_grad(
     q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
     do_c, the state S entering it, T and the scores qk, qb, ak (kept by the forward) and the
@@ -901,22 +990,22 @@ def _tl_dplr_chunk_grad(
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
         q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
-    reads = tl.dot(a_before, state, input_precision="ieee")
-    reads += tl.dot(ak, v_c, input_precision="ieee")
-    u = tl.dot(inverse, reads, input_precision="ieee")
+    reads = _tl_dot(a_before, state, DOT)
+    reads += _tl_dot(ak, v_c, DOT)
+    u = _tl_dot(inverse, reads, DOT)
     # dU = qb^T dO + (B ⊙ exp(c_C - c)) D, dZ = T^T dU
-    d_u = tl.dot(tl.trans(qb), do_c, input_precision="ieee")
-    d_u += tl.dot(b_end, d_state, input_precision="ieee")
-    d_reads = tl.dot(tl.trans(inverse), d_u, input_precision="ieee")
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows)
-    dv_c = tl.dot(tl.trans(qk), do_c, input_precision="ieee")
-    dv_c += tl.dot(k_end, d_state, input_precision="ieee")
-    dv_c += tl.dot(tl.trans(ak), d_reads, input_precision="ieee")
+    d_u = _tl_dot(tl.trans(qb), do_c, DOT)
+    d_u += _tl_dot(b_end, d_state, DOT)
+    d_reads = _tl_dot(tl.trans(inverse), d_u, DOT)
+    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT)
+    dv_c = _tl_dot(tl.trans(qk), do_c, DOT)
+    dv_c += _tl_dot(k_end, d_state, DOT)
+    dv_c += _tl_dot(tl.trans(ak), d_reads, DOT)
     # through the decayed inputs: Q ⊙ exp(c), A ⊙ exp(c_{r-1}), K and B ⊙ exp(c_C - c)
-    dq_c = tl.dot(do_c, tl.trans(state), input_precision="ieee")
-    da_c = tl.dot(d_reads, tl.trans(state), input_precision="ieee")
-    dk_c = tl.dot(v_c, tl.trans(d_state), input_precision="ieee")
-    db_c = tl.dot(u, tl.trans(d_state), input_precision="ieee")
+    dq_c = _tl_dot(do_c, tl.trans(state), DOT)
+    da_c = _tl_dot(d_reads, tl.trans(state), DOT)
+    dk_c = _tl_dot(v_c, tl.trans(d_state), DOT)
+    db_c = _tl_dot(u, tl.trans(d_state), DOT)
     dg_c = tl.zeros_like(dq_c)
     if HAS_G:
         dq_c, da_c = dq_c * from_start, da_c * from_before
@@ -929,13 +1018,13 @@ def _tl_dplr_chunk_grad(
             dg_c += through_state[None, :]  # for exp(c_C)
     dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
         dq_c, da_c, dk_c, db_c, dg_c, d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
-        HAS_G, GATE_GRAD, LEVELS,
+        HAS_G, GATE_GRAD, LEVELS, DOT,
     )  # fmt: skip
     # D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
     if HAS_G:
         d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    d_state += tl.dot(tl.trans(q_start), do_c, input_precision="ieee")
-    d_state += tl.dot(tl.trans(a_before), d_reads, input_precision="ieee")
+    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+    d_state += _tl_dot(tl.trans(a_before), d_reads, DOT)
     return dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state
 
 
@@ -952,7 +1041,7 @@ def _tl_dplr_bwd(
     sg_b, sg_h, sg_t, sg_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head) program: the chunks from the last, the gradient of the
     state in registers (_tl_dplr_chunk_grad). hs, ts: as _tl_dplr_fwd kept them; dq, dk, da,
@@ -982,7 +1071,7 @@ def _tl_dplr_bwd(
         inverse, qk, qb, ak = _tl_dplr_kept(ts, (i_bh * n_chunks + n) * 4, rows)
         dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state = _tl_dplr_chunk_grad(
             q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
-            HAS_G, GATE_GRAD, BT, LEVELS,
+            HAS_G, GATE_GRAD, BT, LEVELS, DOT,
         )  # fmt: skip
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -1003,37 +1092,15 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
     d_v = v.shape[-1]
     block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    tiles = q.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
+    tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
     _tl_dplr_fwd[(n_v, batch * heads)](
-        q,
-        k,
-        v,
-        a,
-        b,
-        q if gk is None else gk,
-        initial_state,
-        o,
-        final,
-        states,
-        tiles,
-        length,
-        heads,
-        d_k,
-        d_v,
-        *_tl_strides(q, 4),
-        *_tl_strides(k, 4),
-        *_tl_strides(v, 4),
-        *_tl_strides(a, 4),
-        *_tl_strides(b, 4),
-        *_tl_strides(gk, 4),
-        *_tl_strides(o, 4),
-        HAS_G=gk is not None,
-        KEEP=keep,
-        BT=block_t,
-        LEVELS=_tl_levels(block_t),
-        BK=block_k,
-        BV=block_v,
-    )
+        q, k, v, a, b, q if gk is None else gk, initial_state,  # read
+        o, final, states, tiles,  # written
+        length, heads, d_k, d_v,
+        *(stride for x in (q, k, v, a, b, gk, o) for stride in _tl_strides(x, 4)),
+        HAS_G=gk is not None, KEEP=keep, BT=block_t, LEVELS=_tl_levels(block_t), BK=block_k,
+        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(),
+    )  # fmt: skip
     return o, final, (states, tiles) if keep else (None, None)
 
 
@@ -1094,6 +1161,8 @@ class _TlDplr(torch.autograd.Function):
             LEVELS=_tl_levels(block_t),
             BK=block_k,
             BV=block_v,
+            DOT=_tl_dot_precision(q, _tl_dplr_bwd),
+            **_tl_launch(),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None

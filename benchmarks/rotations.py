@@ -1,0 +1,116 @@
+"""Rotations (issue 31): linear attention with RoPE against plain linear attention, chunk forward,
+and how accurate the angles stay far from position 0.
+
+    python benchmarks/rotations.py --threads 2
+
+Sizes: B=1, NH=4, d_k=d_v=64, T=4096, float32, CPU, chunk size 64 for both, forward under
+torch.no_grad(). The two modules are timed in alternation in one process (warm-up, then
+`--calls` calls of each in turn, `--rounds` times); the figure is the median over all calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # this checkout's mixc
+import mixc
+
+SPECS = Path(__file__).parents[1] / "specs"
+B, NH, D, T = 1, 4, 64, 4096
+
+
+def time_calls(fns: dict, calls: int, rounds: int) -> dict[str, list[float]]:
+    """Milliseconds per call of each function, called in turn."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up
+        fn(), fn()
+    for _ in range(rounds * calls):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(1e3 * (time.perf_counter() - start))
+    return times
+
+
+def speed(calls: int, rounds: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, NH, D, generator=g) for _ in range(3))
+    plain = mixc.load(SPECS / "linear_attention.mix")
+    rope = mixc.load(SPECS / "linear_attention_rope.mix")
+    with torch.no_grad():
+        times = time_calls(
+            {
+                "linear_attention": lambda: plain.chunk(q, k, v, chunk_size=64),
+                "linear_attention_rope": lambda: rope.chunk(q, k, v, chunk_size=64),
+            },
+            calls,
+            rounds,
+        )
+    med = {name: statistics.median(t) for name, t in times.items()}
+    quart = {name: statistics.quantiles(t, n=4) for name, t in times.items()}
+    for name, m in med.items():
+        print(f"| {name} chunk fwd | {m:.2f} ms ({quart[name][0]:.2f}-{quart[name][2]:.2f}) |")
+    ratio = med["linear_attention_rope"] / med["linear_attention"]
+    holds = "yes" if ratio <= 1.2 else "**no**"
+    print(f"| ratio (target <= 1.2x) | {ratio:.2f}x | {holds} |")
+
+
+def accuracy() -> None:
+    """Angles t * 10000^(-2i/64) at t = 10^6 .. 10^6 + 4095: the error of each way of computing
+    cos in float32, and the module's output error from position 10^6 against float64."""
+    positions = 1e6 + torch.arange(T, dtype=torch.float64)
+    freq64 = 10000 ** (-torch.arange(D // 2, dtype=torch.float64) * 2 / D)
+    exact = torch.cos(positions[:, None] * freq64)
+    freq32 = freq64.float()
+    ways = {
+        "float32 product, float32 cos": torch.cos(positions.float()[:, None] * freq32),
+        "float64 product of float32 frequencies, mod 2 pi, float32 cos": torch.cos(
+            torch.remainder(positions[:, None] * freq32.double(), 2 * math.pi).float()
+        ),
+        "float64 product, mod 2 pi, float32 cos": torch.cos(
+            torch.remainder(positions[:, None] * freq64, 2 * math.pi).float()
+        ),
+        "float64 product, float64 cos, rounded to float32 (mixc)": torch.cos(
+            positions[:, None] * freq64
+        ).float(),
+    }
+    for name, got in ways.items():
+        print(f"| {name} | {(got.double() - exact).abs().max().item():.1e} |")
+    rope = mixc.load(SPECS / "linear_attention_rope.mix")
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 512, NH, D, generator=g) for _ in range(3))
+    errors = []
+    for dtype in (torch.float32, torch.float64):
+        state = (torch.zeros(1, NH, D, D, dtype=dtype), torch.full((1, NH), 1e6, dtype=dtype))
+        with torch.no_grad():
+            y, _ = rope.chunk(q.to(dtype), k.to(dtype), v.to(dtype), initial_state=state)
+        errors.append(y.double())
+    err = ((errors[0] - errors[1]).norm() / errors[1].norm()).item()
+    print(
+        f"| linear_attention_rope chunk from position 10^6, T=512, float32 vs float64 | {err:.1e} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads, B={B} NH={NH} d={D} T={T} fp32")
+    print("| chunk forward | median (quartiles) |\n| --- | --- |")
+    speed(args.calls, args.rounds)
+    print("\n| cos of the angle at positions 10^6 .. 10^6 + 4095 | max abs error |\n| --- | --- |")
+    accuracy()
+
+
+if __name__ == "__main__":
+    main()

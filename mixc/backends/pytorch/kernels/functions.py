@@ -1,0 +1,103 @@
+"""The spec language's functions that are more than one torch call, and the token positions.
+
+A generated module copies the definitions it uses (see ``kernel_source``), so this file, like
+the kernels, imports only torch. Layout: a vector is a column [..., d, 1].
+
+Angles. A position (``pos_t``) is a float64 tensor, and an angle argument (of cos, sin and the
+rotations) that reads one is computed in float64: at position 10^6 a float32 product
+position * frequency is off by up to 0.03 rad (its ulp there is 0.0625). cos and sin then run
+in float64 and are rounded to the compute dtype (error 3e-8 in float32): on CPU that costs less
+than reducing the angle modulo 2 pi in float64 and running them in float32 (benchmarks/
+rotations.py measures both).
+"""
+
+import torch
+
+
+def _cos(x, dtype):
+    """cos(x) in `dtype`, from an angle that may be float64 (see the module's docstring)."""
+    return torch.cos(x).to(dtype)
+
+
+def _sin(x, dtype):
+    """sin(x) in `dtype`, from an angle that may be float64 (see the module's docstring)."""
+    return torch.sin(x).to(dtype)
+
+
+def _softmax(x):
+    """exp(x - max x) / sum: every entry of a vector at once (the max taken out first)."""
+    return torch.softmax(x.flatten(-2), -1).reshape(x.shape)
+
+
+def _onehot_argmax(x):
+    """1 at the (first) largest entry of a vector, 0 elsewhere. Its gradient is softmax(x)'s
+    (the straight-through estimator): hard + (soft - soft), with the second soft detached, is
+    the one-hot exactly and passes the softmax's gradient."""
+    flat = x.flatten(-2)
+    hard = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)
+    soft = torch.softmax(flat, -1)
+    return (hard + (soft - soft.detach())).reshape(x.shape)
+
+
+def _turning(theta, d, dtype):
+    """The turn e^(i theta) of each pair of a vector of `d` entries by the angles theta
+    [..., p, 1]: complex [..., n], n = p pairs, or d / 2 when p = d (the first d / 2 read)."""
+    p = theta.shape[-2]
+    n = d // 2 if p == d else p
+    if 2 * n > d:
+        _fail(  # noqa: F821 - defined by the compiled module
+            f"rotate: {p} angles for a vector of {d} entries; give at most {d // 2} (one a pair"
+            f" of the leading channels), or {d} (the first {d // 2} are read)"
+        )
+    angle = theta[..., :n, 0]
+    # cos and sin in the angle's precision (float64 from a position: exact at 10^6, and on CPU
+    # cheaper than reducing it modulo 2 pi), written into the turn's real and imaginary parts
+    # (on CPU, torch.polar is 10x slower and stacking them 3x)
+    complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+    turn = torch.empty(angle.shape, dtype=complex_dtype, device=angle.device)
+    parts = torch.view_as_real(turn)
+    parts[..., 0], parts[..., 1] = torch.cos(angle), torch.sin(angle)
+    return turn
+
+
+def _rotate(x, turning):
+    """Half-split pairs (GPT-NeoX, Mamba-3): entries i and i + n, for the n pairs of
+    `turning` (see _turning), as the complex number x_i + i x_(i+n) times it; the entries past
+    2n are kept."""
+    n = turning.shape[-1]
+    turned = torch.complex(x[..., :n, 0], x[..., n : 2 * n, 0]) * turning
+    parts = (turned.real, turned.imag, x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1))
+    return torch.cat(parts, -1)[..., None]
+
+
+def _rotate_interleaved(x, turning):
+    """Interleaved pairs (RoFormer, torchscale): entries 2i and 2i + 1, for the n pairs of
+    `turning` (see _turning), as the complex number x_2i + i x_(2i+1) times it; the entries
+    past 2n are kept."""
+    n = turning.shape[-1]
+    pairs = x[..., : 2 * n, 0].unflatten(-1, (n, 2))
+    odd = pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1])
+    if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers: a copy is
+        pairs = pairs.clone(memory_format=torch.contiguous_format)
+    turned = torch.view_as_real(torch.view_as_complex(pairs) * turning).flatten(-2)
+    if 2 * n == x.shape[-2]:
+        return turned[..., None]
+    rest = x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1)
+    return torch.cat((turned, rest), -1)[..., None]
+
+
+def _positions(start, sizes, device, cu_seqlens=None):
+    """Each token's position, [B, T, NH, 1, 1] in float64, counted from the carried `start`
+    [B, NH, 1, 1] (None: 0; with cu_seqlens, [N, NH, 1, 1]: each sequence from its first
+    token), and the position after the last token of each sequence, in start's dtype."""
+    if start is None:
+        start = torch.zeros(sizes["B"], sizes["NH"], 1, 1, dtype=torch.float64, device=device)
+    steps = torch.arange(sizes["T"], dtype=torch.float64, device=device)
+    begin = start.to(torch.float64)[:, None]  # [B, 1, NH, 1, 1]
+    if cu_seqlens is None:
+        return begin + steps[None, :, None, None, None], start + sizes["T"]
+    tokens = torch.arange(sizes["T"], device=device)
+    seq = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
+    within = steps - cu_seqlens[seq].to(torch.float64)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(start.dtype)
+    return (begin[seq, 0] + within[:, None, None, None])[None], start + lengths[:, None, None, None]

@@ -1,0 +1,161 @@
+"""How `mixc.nn.MixerLayer` starts: every decay near 1 (`DECAY_INIT`), solved from the spec's own
+expression of it on a grid (`start_decays`), and the check that each default reading the head
+index is finite at every head of the layer (`check_defaults`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+
+from mixc.algebra.expand import inline
+from mixc.errors import MixcError
+from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.constants import Folder
+from mixc.frontend.ir import Binary, Call, Expr, Number
+from mixc.layer_roles import DECAY_INIT
+from mixc.layer_roles import reads as _reads
+
+__all__ = ["check_defaults", "start_decays"]
+
+
+class _UnsolvableError(Exception):
+    """A decay whose log is not an elementwise expression (a dot product, an l2norm)."""
+
+
+def _evaluate(e: Expr, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """An elementwise expression (let functions inlined) on tensors that broadcast, `values`
+    giving the inputs, parameters and h it reads: enough for the log of a decay (`dt_t A`,
+    `logsigmoid(a_t)`, `log(sigmoid(w_t) sigmoid(f_t))`). Raises _UnsolvableError where it
+    reads anything else or is not elementwise."""
+    value = Folder(_TENSORS).value(e, values)
+    if value is None:
+        raise _UnsolvableError(str(e))
+    return value
+
+
+class _Tensors:
+    """The constant folder's arithmetic (`mixc.frontend.constants.Folder`) on float64 tensors:
+    elementwise built-ins and operations, diag(x) read as its diagonal x. Nothing is refused:
+    a value that is not finite stays in the tensor, where the caller looks for it."""
+
+    def number(self, e: Number) -> torch.Tensor:
+        return torch.tensor(float(e.text), dtype=torch.float64)
+
+    def call(self, e: Call, args: tuple[torch.Tensor | None, ...]) -> torch.Tensor | None:
+        builtin = BUILTINS.get(e.func)
+        if builtin is None or any(a is None for a in args):
+            return None
+        if e.func == "diag":
+            return args[0]
+        return builtin.tensor(*args) if builtin.elementwise else None
+
+    def binary(
+        self, e: Binary, left: torch.Tensor | None, right: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        if left is None or right is None or e.op not in _ELEMENTWISE:
+            return None
+        return _ELEMENTWISE[e.op](left, right)
+
+
+_TENSORS = _Tensors()
+
+_ELEMENTWISE = {
+    "+": torch.add,
+    "-": torch.sub,
+    "*": torch.mul,
+    "@": torch.mul,  # a product of scalars and diagonals, entry by entry
+    "/": torch.div,
+    "^": torch.pow,
+}
+
+
+#: The grid a decay's bias (or parameter) is chosen from: the value whose decay is nearest its
+#: target wins.
+_GRID = torch.linspace(-24, 24, 1921, dtype=torch.float64)
+
+
+def _solve(f: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """For each head h (the first dim of `target`), the grid value b whose f(b)[h] (a [NH, G]
+    tensor) is nearest each entry of target[h]: the decay needs no monotone or invertible form."""
+    got = f(_GRID).nan_to_num(nan=math.inf)  # [NH, G]
+    flat = target.reshape(target.shape[0], -1, 1)  # [NH, E, 1]
+    best = (got[:, None, :] - flat).abs().argmin(-1)  # [NH, E]
+    return _GRID[best].reshape(target.shape).to(torch.float32)
+
+
+def check_defaults(spec, heads: int) -> None:
+    """Each default that reads the head index h is finite at every head of this layer
+    (`check` proves it for the first HEADS_CHECKED heads; a layer may have more)."""
+    h = torch.arange(heads, dtype=torch.float64)
+    for p in spec.mixer.params:
+        if p.default is None or "h" not in _reads(p.default, {"h"}):
+            continue
+        try:
+            value = _evaluate(inline(spec.mixer, p.default), {"h": h})
+        except _UnsolvableError:
+            continue
+        bad = (~torch.isfinite(value.expand_as(h))).nonzero()
+        if len(bad):
+            raise MixcError(
+                f"param {p.name}: its default {p.default} is not finite at head "
+                f"h = {bad[0].item()} (of num_v_heads = {heads})"
+            )
+
+
+def start_decays(layer) -> None:
+    """Set every decay to start near 1 (`DECAY_INIT`): the bias of the inputs a decay reads
+    (one value shared by them), or the parameters of a decay that reads no input, is the
+    grid value whose log-decay is nearest -w, w drawn per head and entry. The parameters
+    beside an input (A in exp(dt_t A)) keep their start, and each head is solved with their
+    mean there. A decay whose log is not elementwise keeps bias 0."""
+    heads = layer.num_v_heads
+    lo, hi = (math.log(x) for x in DECAY_INIT)
+    solved_alone = {p for p in layer.learned if layer.roles.inits[p] == "decay"}
+    done: set[str] = set()
+    for d in layer.roles.decays:
+        solving = [n for n in _reads(d.log, set(layer.bias)) if n not in done]
+        solving = solving or [n for n in _reads(d.log, solved_alone) if n not in done]
+        if not solving:
+            continue
+        tensors = [layer.bias[n] if n in layer.bias else layer._stored(n) for n in solving]
+        shapes = {tuple(t.shape) for t in tensors}
+        shape = shapes.pop() if len(shapes) == 1 else (heads,)
+        w = torch.exp(lo + (hi - lo) * torch.rand(shape, dtype=torch.float64)) * d.share
+        fixed = _per_head_values(layer, d.log, exclude=set(solving))
+
+        def log_decay(grid: torch.Tensor, d=d, solving=solving, fixed=fixed) -> torch.Tensor:
+            row, values = grid.expand(heads, -1), dict(fixed)
+            for name in solving:
+                biased = name in layer.bias
+                values[name] = (
+                    layer._transformed(name, row) if biased else layer.stored[name][1](row)
+                )
+            return _evaluate(d.log, values).expand(heads, -1)
+
+        try:
+            start = _solve(log_decay, -w)
+        except _UnsolvableError:
+            continue
+        for t in tensors:
+            t.copy_(start if start.shape == t.shape else start.view(heads, *[1] * (t.dim() - 1)))
+        done |= set(solving)
+
+
+def _per_head_values(layer, e: Expr, exclude: set[str]) -> dict[str, torch.Tensor]:
+    """The value per head ([NH, 1], the mean over a head's entries) of every parameter and
+    transformed bias `e` reads outside `exclude`, and the head index h."""
+    heads = layer.num_v_heads
+    h = torch.arange(heads, dtype=torch.float64)[:, None]
+    out = {"h": h}
+    for p in layer.spec.mixer.params:
+        if p.default is not None and p.name in _reads(e, {p.name}):
+            out[p.name] = _evaluate(inline(layer.spec.mixer, p.default), {"h": h}).expand(heads, 1)
+    params = layer.param_values()
+    for name in _reads(e, set(layer.learned) - exclude):
+        out[name] = params[name].double().reshape(heads, -1).mean(-1, keepdim=True)
+    for name in _reads(e, set(layer.bias) - exclude):
+        biased = layer._transformed(name, layer.bias[name].double())
+        out[name] = biased.reshape(heads, -1).mean(-1, keepdim=True)
+    return out

@@ -1,0 +1,324 @@
+"""Positions, rotations and the functions Transformer-VQ needs (issues 30 and 31): the shipped
+specs against references written here from the papers and from torchscale's code, in plain
+torch over whole sequences (nothing of mixc but the layout); the relative-position property;
+mutants the references catch; angles far from position 0 in float32; the language's errors."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import mixc
+from mixc.errors import SpecError
+
+SPECS = Path(__file__).parents[2] / "specs"
+f64 = torch.float64
+B, T, NH, K, V = 2, 37, 2, 8, 6
+
+
+def spec_text(name: str) -> str:
+    return (SPECS / f"{name}.mix").read_text(encoding="utf-8")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative RMS error of a against the reference b."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def qkv(seed: int, dtype=f64, t: int = T):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, t, NH, K, generator=g, dtype=f64) for _ in range(2))
+    v = torch.randn(B, t, NH, V, generator=g, dtype=f64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def from_position(start: float, dtype=f64):
+    """An initial state: zero H, every sequence and head at position `start`."""
+    return (torch.zeros(B, NH, V, K, dtype=dtype), torch.full((B, NH), start, dtype=dtype))
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def rotate_every_two(x):
+    """torchscale's: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+
+
+def rotate_half(x):
+    """GPT-NeoX's: (x1, x2) -> (-x2, x1), halves of the last axis."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def roformer_rotation(x, start=0, pairing="interleaved"):
+    """RoFormer (arXiv 2104.09864, eq. 34): token m turned by m theta_i, theta_i = 10000^(-2i/d),
+    written as x cos + rotate(x) sin with the angles duplicated per pair (as torchscale and
+    GPT-NeoX write it). x: [B, T, NH, d] in float64."""
+    d = x.shape[-1]
+    positions = start + torch.arange(x.shape[1], dtype=f64)
+    angles = positions[:, None] * 10000 ** (-torch.arange(d // 2, dtype=f64) * 2 / d)
+    if pairing == "interleaved":
+        angles, turn = angles.repeat_interleave(2, -1), rotate_every_two
+    else:
+        angles, turn = torch.cat((angles, angles), -1), rotate_half
+    cos, sin = torch.cos(angles)[:, None], torch.sin(angles)[:, None]
+    return x * cos + turn(x) * sin
+
+
+def causal_attention(scores, v):
+    """Scores [B, NH, T, S] masked to s <= t, then applied to v [B, S, NH, V]."""
+    mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+    return torch.einsum("bhts,bshv->bthv", scores * mask, v)
+
+
+def ref_linear_attention_rope(q, k, v, start=0, pairing="interleaved"):
+    qr, kr = (roformer_rotation(x.double(), start, pairing) for x in (q, k))
+    return causal_attention(torch.einsum("bthd,bshd->bhts", qr, kr), v.double())
+
+
+def ref_retnet_xpos(q, k, v):
+    """Retention (parallel form, RetNet eq. 5) of torchscale's multiscale_retention with its XPOS
+    (component/xpos_relative_position.py): angles from positions 0.., the scale zeta^(n/512) from
+    positions centred on 0, as XPOS.forward computes them; the key scaled by d^-1/2."""
+    t, d = q.shape[1], q.shape[-1]
+    zeta = (torch.arange(0, d, 2, dtype=f64) + 0.4 * d) / (1.4 * d)
+    low = -t // 2
+    scale = zeta ** (torch.arange(low, low + t, dtype=f64)[:, None] / 512)  # [T, d/2]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d // 2, dtype=f64) / (d // 2)))
+    angles = torch.arange(t, dtype=f64)[:, None] * inv_freq
+    sin, cos = torch.sin(angles), torch.cos(angles)
+
+    def xpos(x, s):  # apply_rotary_pos_emb(x, sin, cos, scale)
+        sin_s, cos_s = ((m * s).repeat_interleave(2, -1)[:, None] for m in (sin, cos))
+        return x * cos_s + rotate_every_two(x) * sin_s
+
+    qr, kr = xpos(q.double(), scale), xpos(k.double() * d**-0.5, 1 / scale)
+    gamma = 1 - 2 ** (-5 - torch.arange(q.shape[2], dtype=f64))
+    n = torch.arange(t, dtype=f64)
+    decay = gamma[:, None, None] ** (n[:, None] - n[None, :]).clamp(min=0)  # [NH, T, S]
+    return causal_attention(torch.einsum("bthd,bshd->bhts", qr, kr) * decay, v.double())
+
+
+def ref_transformer_vq(q, k, v, C):
+    """Transformer-VQ (arXiv 2309.16354): each key replaced by its nearest code of C [NH, S, d];
+    causal softmax attention over the quantised keys, scaled by d^-1/2."""
+    distances = ((k.double()[..., None, :] - C.double()) ** 2).sum(-1)  # [B, T, NH, S]
+    codes = distances.argmin(-1)
+    k_hat = torch.stack([C.double()[h][codes[:, :, h]] for h in range(C.shape[0])], 2)
+    scores = torch.einsum("bthd,bshd->bhts", q.double(), k_hat) / math.sqrt(q.shape[-1])
+    weights = torch.exp(scores) * torch.ones(scores.shape[-2:]).tril()
+    return causal_attention(weights, v.double()) / weights.sum(-1).transpose(1, 2)[..., None]
+
+
+# ----------------------------------------------------------------------------- the shipped specs
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent", "parallel"])
+def test_linear_attention_rope_is_roformer(form):
+    m = mixc.load(SPECS / "linear_attention_rope.mix")
+    q, k, v = qkv(1)
+    kw = {"chunk_size": 8} if form == "chunk" else {}
+    y, _ = getattr(m, form)(q, k, v, **kw)
+    assert rel(y, ref_linear_attention_rope(q, k, v)) < 1e-12
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_retnet_xpos_is_torchscales_retention_with_xpos(form):
+    m = mixc.load(SPECS / "retnet_xpos.mix")
+    q, k, v = qkv(2)
+    y, _ = getattr(m, form)(q, k, v)
+    assert rel(y, ref_retnet_xpos(q, k, v)) < 1e-12
+
+
+def test_xpos_written_as_scales_on_q_and_k_is_the_decay_spelling():
+    """zeta^(pos_t / 512) on the query and its inverse on the key, as xPos writes it, computes
+    what the shipped spec's decay does (at short T, where the powers do not overflow)."""
+    text = spec_text("retnet_xpos").replace(
+        "H_t = gamma H_{t-1} diag(zeta^(1 / 512)) + v_t rotate_interleaved(k_t / sqrt(K), "
+        "pos_t theta)^T\ny_t = H_t rotate_interleaved(q_t, pos_t theta)",
+        "H_t = gamma H_{t-1} + v_t (zeta^(-pos_t / 512) * rotate_interleaved(k_t / sqrt(K), "
+        "pos_t theta))^T\ny_t = H_t (zeta^(pos_t / 512) * rotate_interleaved(q_t, pos_t theta))",
+    )
+    assert "zeta^(-pos_t / 512)" in text
+    scales = mixc.load(text=text)
+    q, k, v = qkv(3)
+    want = ref_retnet_xpos(q, k, v)
+    for form in ("chunk", "recurrent"):
+        assert rel(getattr(scales, form)(q, k, v)[0], want) < 1e-12
+
+
+def test_transformer_vq_is_softmax_attention_over_quantised_keys():
+    m = mixc.load(SPECS / "transformer_vq.mix")
+    q, k, v = (x.requires_grad_() for x in qkv(4))
+    C = torch.randn(NH, 5, K, generator=torch.Generator().manual_seed(5), dtype=f64)
+    want = ref_transformer_vq(q, k, v, C)
+    cot = torch.randn_like(want)
+    grads_want = torch.autograd.grad((want * cot).sum(), (q, v))
+    for form in ("chunk", "recurrent", "parallel"):
+        y, _ = getattr(m, form)(q, k, v, C)
+        assert rel(y, want) < 1e-12, form
+        # the gradients the quantisation leaves alone (k's passes softmax's, see language.md)
+        for got, ref in zip(torch.autograd.grad((y * cot).sum(), (q, v)), grads_want, strict=True):
+            assert rel(got, ref) < 1e-10, form
+
+
+def test_far_positions_stay_accurate_in_float32():
+    """From position 10^6 the float32 forms stay within float32's error of the float64
+    reference; a float32 product position * frequency (the mutant) is off by far more."""
+    m = mixc.load(SPECS / "linear_attention_rope.mix")
+    start = 1_000_000.0
+    q, k, v = qkv(6, torch.float32)
+    want = ref_linear_attention_rope(q, k, v, start)
+    for form in ("chunk", "recurrent"):
+        state = from_position(start, torch.float32)
+        y, final = getattr(m, form)(q, k, v, initial_state=state, output_final_state=True)
+        assert rel(y, want) < 1e-5, form
+        assert final[1].eq(start + T).all()
+    # the mutant: angles computed in float32, as a naive module would
+    d = K
+    positions = start + torch.arange(T, dtype=torch.float32)
+    freq = (10000 ** (-torch.arange(d // 2, dtype=f64) * 2 / d)).float()
+    naive = (positions[:, None] * freq).double()
+    exact = (start + torch.arange(T, dtype=f64))[:, None] * freq.double()
+    assert (naive - exact).abs().max() > 1e-3
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("name", ["linear_attention_rope", "retnet_xpos"])
+def test_shifting_every_position_leaves_the_output_unchanged(name):
+    m = mixc.load(SPECS / f"{name}.mix")
+    q, k, v = qkv(7)
+    y0, _ = m.chunk(q, k, v, initial_state=from_position(0.0), chunk_size=8)
+    for shift in (1.0, 12345.0, 1e6):
+        y, _ = m.chunk(q, k, v, initial_state=from_position(shift), chunk_size=8)
+        assert rel(y, y0) < 1e-9, shift
+
+
+def test_a_rotation_of_the_query_alone_is_not_relative():
+    """The property test can fail: with only the query turned, a shift changes the output."""
+    text = spec_text("linear_attention_rope").replace(
+        "rotate_interleaved(k_t, pos_t theta)^T", "k_t^T"
+    )
+    m = mixc.load(text=text)
+    q, k, v = qkv(8)
+    y0, _ = m.chunk(q, k, v, initial_state=from_position(0.0))
+    y1, _ = m.chunk(q, k, v, initial_state=from_position(5.0))
+    assert rel(y1, y0) > 0.1
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("rotate_interleaved(k_t, pos_t theta)^T", "k_t^T"),  # the rotation applied to q only
+        ("rotate_interleaved(", "rotate("),  # the wrong pairing (half-split)
+        ("pos_t theta)^T", "(pos_t + 1) theta)^T"),  # the key's angle one token off
+    ],
+    ids=["q-only", "wrong-pairing", "key-angle-shifted"],
+)
+def test_mutants_of_rope_are_caught_by_the_reference(old, new):
+    text = spec_text("linear_attention_rope")
+    assert old in text
+    m = mixc.load(text=text.replace(old, new))
+    q, k, v = qkv(9)
+    assert rel(m.chunk(q, k, v)[0], ref_linear_attention_rope(q, k, v)) > 0.05
+
+
+def test_half_split_pairing_is_gpt_neox():
+    text = spec_text("linear_attention_rope").replace("rotate_interleaved(", "rotate(")
+    m = mixc.load(text=text)
+    q, k, v = qkv(10)
+    want = ref_linear_attention_rope(q, k, v, pairing="half")
+    assert rel(m.chunk(q, k, v)[0], want) < 1e-12
+
+
+def test_a_leading_fraction_turns_and_the_rest_is_kept():
+    """theta with P < K / 2 entries turns the leading 2P channels (Mamba-3's rope_fraction)."""
+    text = (
+        "mixer part\nin q[K], k[K], v[V], a[P]\nstate H[V, K]\n"
+        "H_t = H_{t-1} + v_t rotate(k_t, a_t)^T\ny_t = H_t rotate(q_t, a_t)\n"
+    )
+    m = mixc.load(text=text)
+    q, k, v = qkv(11)
+    a = torch.randn(B, T, NH, 2, dtype=f64)
+
+    def turned(x):  # channels (0, 2) and (1, 3) turn, 4.. stay
+        c, s = torch.cos(a), torch.sin(a)
+        x1, x2 = x[..., :2], x[..., 2:4]
+        return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c, x[..., 4:]), -1)
+
+    want = causal_attention(torch.einsum("bthd,bshd->bhts", turned(q), turned(k)), v)
+    for form in ("chunk", "recurrent"):
+        assert rel(getattr(m, form)(q, k, v, a)[0], want) < 1e-12
+    with pytest.raises(mixc.MixcError, match="rotate: 5 angles for a vector of 8 entries"):
+        m.chunk(q, k, v, torch.zeros(B, T, NH, 5, dtype=f64))
+
+
+def test_sizes_are_numbers_in_expressions():
+    text = (
+        "mixer rms\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t^T\n"
+        "o_t = H_t q_t / sqrt(K)\ny_t = o_t / sqrt(sum(o_t^2) / V + 1e-6)\n"
+    )
+    m = mixc.load(text=text)
+    q, k, v = qkv(12)
+    o = causal_attention(torch.einsum("bthd,bshd->bhts", q, k), v) / math.sqrt(K)
+    want = o / torch.sqrt((o**2).mean(-1, keepdim=True) + 1e-6)
+    assert rel(m.chunk(q, k, v)[0], want) < 1e-12
+
+
+def test_stop_gradient_and_onehot_argmax_gradients():
+    """stop_gradient passes no gradient; onehot_argmax's value is the one-hot, its gradient
+    softmax's (straight-through)."""
+    text = (
+        "mixer st\nin q[K], k[K], v[V]\nstate H[V, K]\n"
+        "H_t = H_{t-1} + v_t (onehot_argmax(k_t) + stop_gradient(k_t))^T\ny_t = H_t q_t\n"
+    )
+    m = mixc.load(text=text)
+    q, k, v = qkv(13, t=1)
+    k.requires_grad_()
+    y, _ = m.recurrent(q, k, v)
+    (grad,) = torch.autograd.grad(y.sum(), k)
+    soft = torch.softmax(k.detach(), -1)
+    hard = torch.nn.functional.one_hot(k.detach().argmax(-1), K).double()
+    w = q * v.sum(-1, keepdim=True)  # d y.sum() / d z, z the key
+    torch.testing.assert_close(y, torch.einsum("bthv,bthk->bthv", v, (hard + k.detach()) * q))
+    want = soft * (w - (w * soft).sum(-1, keepdim=True))  # softmax's vector-Jacobian product
+    torch.testing.assert_close(grad, want)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("equation", "message"),
+    [
+        ("y_t = H_t q_t * pos", "pos is the token's position and needs the time index"),
+        ("y_t = H_t q_t * pos_{t-1}", "the position is read at t only"),
+        ("y_t = H_t q_t * idx", "idx (the channel index) can only be used in the default"),
+        ("y_t = H_t rotate(q_t^T, q_t)", "rotate needs two column vectors"),
+        ("y_t = H_t rotate(q_t, w4)", "rotate of a vector [8] by 5 angles"),
+        ("y_t = softmax(q_t . q_t) * H_t q_t", "softmax needs a vector, got scalar"),
+        ("y_t = H_t q_t * V_t", "V is a size and has no time index"),
+    ],
+)
+def test_mistakes_get_a_located_message(equation, message):
+    text = (
+        "mixer bad\nin q[8], k[8], v[V]\nparam w4[5]\nstate H[V, 8]\n"
+        f"H_t = H_{{t-1}} + v_t k_t^T\n{equation}\n"
+    )
+    with pytest.raises(SpecError, match=re.escape(message)) as err:
+        mixc.load_spec(mixc.errors.Source(text, "bad.mix"))
+    assert err.value.render().startswith("bad.mix:6:")
+
+
+def test_idx_only_in_a_vector_default():
+    text = "mixer bad\nin q[K], k[K], v[V]\nparam A[V, K] = idx\nstate H[V, K]\n"
+    text += "H_t = H_{t-1} A + v_t k_t^T\ny_t = H_t q_t\n"
+    with pytest.raises(SpecError, match="idx"):
+        mixc.load_spec(mixc.errors.Source(text, "bad.mix"))
