@@ -216,7 +216,7 @@ def _transforms_and_keys(plan, mixer, domain: dict[str, str]) -> tuple[dict, set
     unit_states = {
         s.name
         for s in plan.states
-        for part in s.transition.parts  # each step a token applies
+        for part in s.transition.acting  # each step a token applies (not those that only write)
         if part.transition_class.unit_key(s.name, part) is not None
     }
     for o in plan.outputs:  # queries: silu, and l2norm where they read a state of unit keys

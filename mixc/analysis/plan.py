@@ -109,6 +109,18 @@ class GroupPlan:
     sub_tokens: tuple[SubToken, ...] = ()
 
     @property
+    def joined(self) -> bool:
+        """Several writes a token after one transition (the steps after the first only write),
+        which the class's joined kernel takes side by side along the key and value axes, one
+        step a token, in the chunked form."""
+        steps = self.transition.steps
+        return (
+            len(steps) > 1
+            and self.transition_class.joined_kernel is not None
+            and all(s.writes_only for s in steps[1:])
+        )
+
+    @property
     def unscale(self) -> Name:
         """exp(-m_t), the factor the kernel's outputs carry, as a name in output expressions."""
         return Name(f"_unscale_{self.name}")

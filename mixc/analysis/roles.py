@@ -45,7 +45,7 @@ def read_roles(plan: Plan) -> dict[tuple[str, str], tuple[Role, ...]]:
             add("key", w.key, s.name)
             add("value", w.value, s.name)
             add("write scale", w.scale, s.name)
-        for tr in s.transition.parts:
+        for tr in s.transition.acting:
             for role, e in tr.transition_class.roles(tr):
                 add(role, e, s.name)
     for o in plan.outputs:

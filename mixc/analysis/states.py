@@ -92,26 +92,22 @@ def _analyze_state(
     state = StateFacts(
         name, shape, True, transition, write_terms, form, decl.span, terms=expanded, column=column
     )
-    state = replace(state, transition=_with_reason(transition, _write_reason(state)))
-    if state.transition.reason is None:
-        chunk = transition.transition_class.chunk_reason(name, transition, write_terms[0].key)
-        if chunk is not None:
-            # a later, more general class may chunk what this one cannot (the delta rule
-            # writing along another key than it erases along is diagonal plus low rank)
-            other = _canonical(
-                classify(read_terms, ctx, after=transition.transition_class), eq, canon
-            )
-            if other.reason is None and not other.transition_class.chunk_reason(
-                name, other, write_terms[0].key
-            ):
-                state, chunk = replace(state, transition=other), None
+    state = _write_steps(state)
+    state = replace(state, transition=_with_reason(state.transition, _write_reason(state)))
+    if state.transition.reason is None and (chunk := _chunk_reason(state)) is not None:
+        # a later, more general class may chunk what this one cannot (the delta rule
+        # writing along another key than it erases along is diagonal plus low rank)
+        other = _canonical(classify(read_terms, ctx, after=transition.transition_class), eq, canon)
+        found = _write_steps(replace(state, transition=other, writes=write_terms))
+        if other.reason is None and not _write_reason(found) and not _chunk_reason(found):
+            state, chunk = found, None
         state = replace(state, transition=_with_reason(state.transition, chunk))
     if state.transition.reason is not None or state.transition.transition_class.kernel is None:
         if coupled is None and reads:
             state = _as_steps(state, mixer, eq, ex, params, canon)
     stability = "; ".join(
         note
-        for part in state.transition.parts
+        for part in state.transition.acting
         if (note := part.transition_class.stability(part, params)) is not None
     )
     return replace(state, stability=stability or None)
@@ -162,6 +158,36 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
         writes=tuple(w for _, w in steps),
         write_form="rank-1 outer products",
     )
+
+
+def _write_steps(state: StateFacts) -> StateFacts:
+    """A state that writes rank 1 several times a token, as that many steps of its class run
+    as sub-tokens of its kernel (`TransitionClass.sub_tokens`): the first applies the
+    transition and one write (for the delta rule, one along its erase key), each other only
+    writes (`TransitionClass.identity_step`). Any other state as it is."""
+    tr, writes = state.transition, state.writes
+    cls = tr.transition_class
+    several = len(writes) > 1 and state.write_form == "rank-1 outer products"
+    if not several or tr.steps or not cls.sub_tokens or tr.reason is not None:
+        return state
+    if state.shape[1] == "1":
+        return state  # a vector state's sub-tokens would read it as a row: not needed yet
+    first = next((w for w in writes if not cls.chunk_reason(state.name, tr, w.key)), writes[0])
+    rest = tuple(w for w in writes if w is not first)
+    how = "joined, the transition once" if cls.joined_kernel else "as sub-tokens, the first with it"
+    matched = f"{tr.rule.matched}; {len(writes)} writes a token {how}"
+    transition = replace(
+        tr,
+        rule=replace(tr.rule, matched=matched),
+        steps=(tr, *(cls.identity_step(tr) for _ in rest)),
+    )
+    return replace(state, transition=transition, writes=(first, *rest))
+
+
+def _chunk_reason(state: StateFacts) -> str | None:
+    """Why the state's class cannot chunk it with its (first) write although it matched."""
+    lead = state.transition.parts[0]
+    return lead.transition_class.chunk_reason(state.name, lead, state.writes[0].key)
 
 
 def _split_terms(terms: list[Term], name: str):
@@ -217,11 +243,15 @@ def _write_reason(state: StateFacts) -> str | None:
             f"NYI: the write term is {form}; chunked forms need a sum of rank-1 outer products "
             "v_t k_t^T"
         )
-    if n > 1:
+    if n > 1 and not state.transition.steps:
+        tr = state.transition
+        if state.shape[1] == "1":
+            why = "several writes a token run as sub-tokens of a matrix state only"
+        else:
+            why = f"the {tr.transition_class.name} kernel takes one write a token"
         return (
-            f"NYI: the write of {name} has rank {n}; the chunked lowerings take one rank-1 write "
-            f"per state: split {name} into {n} states with the same transition, one write each, "
-            "and add their readouts"
+            f"NYI: the write of {name} has rank {n} ({n} outer products a token) and {why}; "
+            "recurrent and step run it"
         )
     return None
 

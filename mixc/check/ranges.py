@@ -207,7 +207,7 @@ def _transition_bounds(plan: Plan, names: _Names) -> tuple[list[Condition], dict
     conditions: list[Condition] = []
     unit_keys: dict[str, str] = {}
     for s in plan.states:
-        for tr in s.transition.parts:  # each step a token applies
+        for tr in s.transition.acting:  # each step a token applies
             conditions += tr.transition_class.conditions(s.name, tr)
             key = tr.transition_class.unit_key(s.name, tr)
             if key is not None:
@@ -304,7 +304,7 @@ def _wide_sizes(plan: Plan) -> frozenset[str]:
     exprs = [
         e
         for s in plan.states
-        for tr in s.transition.parts
+        for tr in s.transition.acting
         for e in (*tr.args.exprs(), *(w.key for w in s.writes))
     ]
     exprs += [r.query for o in plan.outputs for r in o.readouts]

@@ -89,8 +89,11 @@ def _sequence_form(plan: Plan, groups: tuple[GroupPlan, ...], form: str) -> Sequ
 
 def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
     stable = chunked and group.log_scale is not None
+    joined = chunked and not stable and group.joined
     if stable:
         kernel = f"chunk_{group.transition_class.stable_kernel}"
+    elif joined:
+        kernel = f"chunk_{group.transition_class.joined_kernel}"
     else:
         kernel = f"{'chunk' if chunked else 'parallel'}_{group.kernel}"
     queries = [_query(plan, q.expr, q.offset, q.readouts) for q in group.queries]
@@ -106,6 +109,7 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         initial=chunked,
         log_scale=group.log_scale if stable else None,
         unscale=group.unscale.name if stable else None,
+        joined=joined,
     )
 
 

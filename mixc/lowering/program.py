@@ -116,6 +116,9 @@ class Call:
     initial: bool
     log_scale: Expr | None = None
     unscale: str | None = None
+    #: The steps are one transition and writes only, joined along the key and value axes into
+    #: one step a token (k [.., n K], v [.., n V]: the class's joined kernel), not sub-tokens.
+    joined: bool = False
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -266,6 +269,7 @@ def dump(program: Program) -> str:
         lines.append(f"{form.name}{' (packed)' if form.packed else ''}:")
         for c in form.calls:
             steps = f", {len(c.steps)} sub-tokens a token" if len(c.steps) > 1 else ""
+            steps = f", {len(c.steps)} writes a token joined" if c.joined else steps
             start = "from the carried states" if c.initial else "from zero"
             lines.append(f"  {' and '.join(c.states)}: {c.kernel} {start}{steps}")
             for i, step in enumerate(c.steps, 1):

@@ -236,7 +236,13 @@ def _why(plan: Plan) -> list[str]:
             else f" -> recurrent only: {tr.reason}"
         )
         if tr.steps and tr.chunkable:
-            line += f", {len(tr.steps)} sub-tokens a token (one per step)"
+            joined = any(g.joined for g in plan.groups if s.name in g.states)
+            n = len(tr.steps)
+            line += (
+                f", {n} writes a token joined (one step a token; the quadratic form: sub-tokens)"
+                if joined
+                else f", {n} sub-tokens a token (one per step)"
+            )
         why.append(line)
     for g in plan.groups if plan.chunkable else ():
         if g.log_scale is not None:
@@ -395,11 +401,18 @@ def _sequential_group(lead: StateFacts, group: tuple[str, ...]) -> GroupInfo:
 def _sub_token_line(group: GroupPlan) -> str:
     """How a group that applies several steps a token runs them: as sub-tokens."""
     n = len(group.sub_tokens)
-    return (
+    line = (
         f"{n} sub-tokens a token (the sequence of T tokens is {n} T sub-tokens of the "
         f"{group.kernel} kernel): sub-token {n} t + i - 1 is step i of token t, a decay only "
         f"where its step has one, Q rows zero but at each token's last sub-token, where Y is read"
     )
+    if group.joined:
+        line = (
+            f"chunked: the {n} writes joined, K = [K_1 ... K_{n}] and V = [V_1 ... V_{n}] side "
+            f"by side, {n} C write rows a chunk against C queries, each row decayed as its token "
+            f"(the {group.transition_class.joined_kernel} kernel); quadratic and summary: {line}"
+        )
+    return line
 
 
 def _rows_legend(plan: Plan, group: GroupPlan, maths: Maths) -> list[str]:

@@ -99,6 +99,10 @@ class TransitionArgs:
         """The erase the transition applies, or None (`explain` reports it)."""
         return None
 
+    def absent(self) -> Self:
+        """The record with every expression absent (None): a step that changes nothing."""
+        return replace(self, **{f.name: None for f in fields(self)})
+
 
 #: The record of a transition whose rule finds nothing besides its log-gates.
 NO_ARGS = TransitionArgs()
@@ -118,6 +122,9 @@ class Transition:
     #: Several steps per token (DeltaProduct), innermost first, each a transition of its class:
     #: then this transition is their composition, its gates all theirs (mixc.analysis.steps).
     steps: tuple[Transition, ...] = ()
+    #: A step that changes nothing and only writes (a token's second write onwards, run as a
+    #: sub-token of the class's kernel with every log-gate and argument zero).
+    writes_only: bool = False
 
     @property
     def label(self) -> str:
@@ -141,6 +148,12 @@ class Transition:
     def parts(self) -> tuple[Transition, ...]:
         """The transitions a token applies, in order: its steps, or itself."""
         return self.steps or (self,)
+
+    @property
+    def acting(self) -> tuple[Transition, ...]:
+        """The parts that act on the state (not the steps that only write): their conditions,
+        roles and stability are the transition's."""
+        return tuple(p for p in self.parts if not p.writes_only)
 
     @property
     def lead_step(self) -> Transition:
@@ -281,6 +294,11 @@ class TransitionClass:
     #: k, v and arguments interleaved along time, an argument a step lacks (no decay) as 0, and
     #: the queries read at each token's last sub-token (mixc.analysis.steps).
     sub_tokens: ClassVar[bool] = False
+    #: The kernel that takes several writes a token joined along the key and value axes
+    #: (k [.., rank K], v [.., rank V]) with the transition applied once, where that measures
+    #: faster than as many sub-tokens (benchmarks/RESULTS.md); None: several writes run as
+    #: sub-tokens of `kernel`.
+    joined_kernel: ClassVar[str | None] = None
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None
     #: The rule table: every rule it fires, each with the variant it finds.
@@ -321,6 +339,12 @@ class TransitionClass:
         """The transition forms of this class that random specs draw, by name, each a function
         that writes one update (`mixc.transitions.writing`)."""
         return {}
+
+    def identity_step(self, tr: Transition) -> Transition:
+        """The step of this class that changes nothing (no log-gate, every argument absent,
+        which the sub-token lowering passes as zeros): the step a token's second write onwards
+        runs as, after `tr`, the step that carries the token's transition and first write."""
+        return replace(tr, gates=(), args=tr.args.absent(), steps=(), writes_only=True)
 
     def decay_conditions(self, state: str, tr: Transition) -> list[Condition]:
         """Every decay in (0, 1]: each log-gate <= 0."""

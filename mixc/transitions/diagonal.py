@@ -114,6 +114,7 @@ class Diagonal(TransitionClass):
     name = "diagonal"
     rules = (KEY_SIDE, VALUE_SIDE, OUTER)
     kernel = "diagonal"
+    sub_tokens = True  # zero log-gates are a step that changes nothing
     algorithm = "chunked diagonal gate (sub-chunks, factors measured from a boundary)"
 
     def match(self, terms, ctx):

@@ -253,6 +253,7 @@ class Dplr(TransitionClass):
     name = "dplr"
     rules = (GATED_ERASE, ERASE, GENERAL)
     kernel = "dplr"
+    sub_tokens = True  # zero log-gates and a zero rank-1 term are a step that changes nothing
     algorithm = (
         "chunked diagonal plus low rank (generalised UT transform, fp32 triangular solve, "
         "per-channel decays from block boundaries)"

@@ -70,6 +70,7 @@ class Elementwise(TransitionClass):
     name = "elementwise"
     rules = (FULL, COLUMN)
     kernel = "elementwise"
+    sub_tokens = True  # a zero log-gate is a step that changes nothing
     algorithm = "chunked elementwise scan (running products of the decays inside each chunk)"
     summary_action = "elementwise"  # a sequence acts on the state as G ⊙ S_0 + F
 

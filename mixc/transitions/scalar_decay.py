@@ -154,6 +154,8 @@ class ScalarDecay(TransitionClass):
     name = "scalar_decay"
     rules = (IDENTITY, CONSTANT, DATA)
     kernel = "scalar_decay"
+    sub_tokens = True  # a zero log-gate is a step that changes nothing
+    joined_kernel = "scalar_decay_rank"  # a token's writes share its decay: rank C write rows
     parallel = True
     stable_kernel = "scalar_decay_stable"
     algorithm = "chunked scalar decay (log-space decay masks), or the quadratic masked form"

@@ -270,6 +270,35 @@ ROWS: dict[str, Row] = {
         SCALAR_DECAY,
         warnings=("cannot prove the decay exp(dt_t A)",),
     ),
+    "mamba3_trapezoid": Row(
+        "mamba3_trapezoid.mix",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t exp(dt_t A) - dt_t exp(dt_t A) sigmoid(l_t) x_{t-1} B_{t-1}^T"
+                " + dt_t sigmoid(l_t) x_t B_t^T",
+                ("scalar: exp(dt_t A) -> dt_t A unproven",),
+            )
+        },
+        "linear + skip: _r0 + D x_t",
+        SCALAR_DECAY,
+        warnings=("cannot prove the decay exp(dt_t A)",),
+    ),
+    "gla_rank2": Row(
+        "gla_rank2.mix",
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v1_t k1_t^T + v2_t k2_t^T",
+                ("key: diag(exp(g_t)) -> g_t unproven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(exp(g_t))",),
+    ),
     "retnet": Row(
         "retnet.mix",
         {
@@ -1005,13 +1034,38 @@ y_t = G_t q_t
         chunkable=False,
         reason="does not depend on H_{t-1}",
     ),
+    # several rank-1 writes a token: the transition on the first, the others as sub-tokens
+    # that only write (or joined, where the class has a joined kernel)
     "rank_2_write": Row(
         text("H_t = H_{t-1} + v_t k_t^T + u_t w_t^T", "q[K], k[K], v[V], u[V], w[K]"),
         {"H": S("identity", "identity", "v_t k_t^T + u_t w_t^T")},
         "linear: _r0",
-        SEQUENTIAL,
-        chunkable=False,
-        reason="has rank 2",
+        SCALAR_DECAY,
+    ),
+    "rank_2_write_diagonal": Row(
+        text(
+            "H_t = H_{t-1} diag(a_t) + v_t k_t^T + u_t w_t^T", "q[K], k[K], v[V], u[V], w[K], a[K]"
+        ),
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T + u_t w_t^T",
+                ("key: diag(a_t) -> log(a_t) unproven",),
+            )
+        },
+        "linear: _r0",
+        DIAGONAL,
+        warnings=("cannot prove the decay diag(a_t)",),
+    ),
+    "rank_2_write_delta": Row(  # the write along the erase key goes with the erase, first
+        text(
+            "H_t = H_{t-1} (I - b_t k_t k_t^T) + u_t w_t^T + b_t v_t k_t^T",
+            "q[K], k[K], v[V], u[V], w[K], b",
+        ),
+        {"H": S("identity minus rank-1", "delta", "b_t v_t k_t^T + u_t w_t^T", (), "b_t, k_t")},
+        "linear: _r0",
+        DELTA,
     ),
     # writes that share a value or a key are one rank-1 write of the sum of the other factors
     "writes_sharing_a_key": Row(

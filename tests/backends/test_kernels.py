@@ -710,6 +710,7 @@ PUBLIC = [
     "chunk_scalar_decay",
     "parallel_scalar_decay",
     "chunk_scalar_decay_stable",
+    "chunk_scalar_decay_rank",
     "chunk_diagonal",
     "chunk_delta",
     "chunk_elementwise",
@@ -817,6 +818,8 @@ KERNEL_INPUTS = {
     "chunk_scalar_decay_stable": lambda t, seed: make_inputs(
         t, gate="g", log_scale=True, seed=seed
     ),
+    # one write a token here (k as wide as q); several: tests/backends/test_several_writes.py
+    "chunk_scalar_decay_rank": lambda t, seed: make_inputs(t, gate="g", seed=seed),
     "chunk_diagonal": lambda t, seed: make_inputs(t, gate="gkgv", seed=seed),
     "chunk_delta": lambda t, seed: make_inputs(t, gate="g", delta=True, seed=seed),
     "chunk_elementwise": lambda t, seed: make_inputs(t, gate="full", seed=seed),

@@ -429,6 +429,59 @@ MUTANTS = [
         {"chunk"},
         NUMERICAL,
     ),
+    # several writes a token: joined (a scalar decay) or as sub-tokens that only write
+    (
+        "mamba3_trapezoid",
+        "the second write dropped from the joined values",
+        "_v_H = _torch.cat([_v1_H, _v2_H], -1)",
+        "_v_H = _torch.cat([_v1_H, _torch.zeros_like(_v2_H)], -1)",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "mamba3_trapezoid",
+        "the previous token's key read at the token itself (B_t for B_{t-1})",
+        "_prev_B = _shift_tokens(B, _prev_B, cu_seqlens)  # B_{t-1}",
+        "_prev_B = B",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "mamba3_trapezoid",
+        "the joined write rows masked as if they were tokens of their own",
+        "causal = causal.repeat_interleave(rank, -1)",
+        "causal = causal.repeat(1, rank)",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "mamba3_trapezoid",
+        "the step's previous token not carried (x_{t-1} read at t)",
+        "H, _prev_x, _prev_B = H_t, x_t, B_t",
+        "H, _prev_x, _prev_B = H_t, _prev_x, _prev_B",
+        {"recurrent", "step"},
+        NUMERICAL,
+    ),
+    (
+        "gla_rank2",
+        "the second write's sub-token dropped",
+        "_v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step\n"
+        "    _gk_H = _sub_tokens([_gk1_H, _torch.zeros_like(_gk1_H)])  # 2 sub-tokens a token, "
+        "one per step\n    _S0_H",
+        "_v_H = _sub_tokens([_v1_H, _torch.zeros_like(_v2_H)])\n"
+        "    _gk_H = _sub_tokens([_gk1_H, _torch.zeros_like(_gk1_H)])\n    _S0_H",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gla_rank2",
+        "the decay applied on both sub-tokens of a token",
+        "_gk_H = _sub_tokens([_gk1_H, _torch.zeros_like(_gk1_H)])  # 2 sub-tokens a token, "
+        "one per step\n    _S0_H",
+        "_gk_H = _sub_tokens([_gk1_H, _gk1_H])\n    _S0_H",
+        {"chunk"},
+        NUMERICAL,
+    ),
 ]
 
 

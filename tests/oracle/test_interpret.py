@@ -217,6 +217,34 @@ def ref_mamba2(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def ref_mamba3_trapezoid(x, p, s):
+    """The trapezoid rule between the previous token's input and this one's (Mamba-3's eq. for
+    h_t with alpha = exp(dt A), beta = (1 - lam) dt alpha, gamma = lam dt), nothing before the
+    first token."""
+    H, ys, alphas, lams = s["H"], [], [], []
+    before = torch.zeros_like(outer(x["x"][0], x["B"][0]))
+    for t in range(len(x["x"])):
+        dt, lam = x["dt"][t], torch.sigmoid(x["l"][t])
+        alpha = torch.exp(dt * p["A"])
+        now = outer(x["x"][t], x["B"][t])
+        H = alpha * H + (1 - lam) * dt * alpha * before + lam * dt * now
+        before = now
+        ys.append(H @ x["C"][t] + p["D"] * x["x"][t])
+        alphas.append(alpha)
+        lams.append(lam)
+    last = {"x_{t-1}": x["x"][-1], "B_{t-1}": x["B"][-1]}  # what a step carries to the next
+    return {"y": ys, "a": alphas, "lam": lams}, {"H": H, **last}
+
+
+def ref_gla_rank2(x, p, s):
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        write = outer(x["v1"][t], x["k1"][t]) + outer(x["v2"][t], x["k2"][t])
+        H = H * torch.exp(x["g"][t])[None, :] + write
+        ys.append(H @ x["q"][t])
+    return {"y": ys}, {"H": H}
+
+
 def ref_mamba1(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["x"])):
@@ -450,6 +478,33 @@ CASES = {
                 "C": randn(g, *LEAD, DK),
             },
             {"A": -0.2 - rand(g, HEADS), "D": randn(g, HEADS)},
+        ),
+    ),
+    "mamba3_trapezoid": (
+        ref_mamba3_trapezoid,
+        lambda g: (
+            {
+                "x": randn(g, *LEAD, DV),
+                "dt": F.softplus(randn(g, *LEAD)),
+                "B": randn(g, *LEAD, DK),
+                "C": randn(g, *LEAD, DK),
+                "l": randn(g, *LEAD),
+            },
+            {"A": -0.2 - rand(g, HEADS), "D": randn(g, HEADS)},
+        ),
+    ),
+    "gla_rank2": (
+        ref_gla_rank2,
+        lambda g: (
+            {
+                "q": randn(g, *LEAD, DK),
+                "k1": randn(g, *LEAD, DK),
+                "v1": randn(g, *LEAD, DV),
+                "k2": randn(g, *LEAD, DK),
+                "v2": randn(g, *LEAD, DV),
+                "g": -rand(g, *LEAD, DK),
+            },
+            {},
         ),
     ),
     "mamba1": (

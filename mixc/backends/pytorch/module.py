@@ -185,7 +185,10 @@ class _Module(SequenceForms, RecurrentForms):
             out("", 0)
             out("", 0)
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
-            shifts += ["_sub_tokens"] if any(len(c.steps) > 1 for c in self.program.calls) else []
+            several = [c for c in self.program.calls if len(c.steps) > 1]
+            shifts += ["_sub_tokens"] if several else []
+            factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
+            shifts += ["_sub_token_factor"] if factors else []
             out.lines.append(self.library.source(self.kernels + shifts + helpers))
 
     def function_helpers(self) -> list[str]:

@@ -67,13 +67,19 @@ class SequenceForms(Context):
     # -- a kernel call -----------------------------------------------------------------------
 
     def emit_inputs(
-        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str, log_scale=None
+        self,
+        out: Lines,
+        group: str,
+        steps: tuple[Step, ...],
+        packed: str,
+        log_scale=None,
+        joined: bool = False,
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one call,
         as locals; returns the class's arguments as the call passes them. `log_scale`: the write
-        scale, passed as its log."""
+        scale, passed as its log; `joined`: several steps' writes joined along the last axis."""
         if len(steps) > 1:
-            return self.emit_sub_token_inputs(out, group, steps, packed)
+            return self.emit_sub_token_inputs(out, group, steps, packed, joined)
         (step,) = steps
         e = self.seq_expr()
         out(f"{local('k', group)} = _seq_vector({self.tensor(step.key)}, _sizes{packed})")
@@ -108,11 +114,12 @@ class SequenceForms(Context):
         return kernel_args
 
     def emit_sub_token_inputs(
-        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str
+        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str, joined: bool
     ) -> list[str]:
         """Key, value and the class's arguments of a call that applies several steps a token:
         each step's, interleaved along time into sub-tokens (`_sub_tokens`), an argument a step
-        lacks (no decay) as zeros."""
+        lacks (no decay) as zeros; or (`joined`: one transition, then writes only) the keys and
+        values joined along their last axis, the arguments the first step's."""
         gate = self.gate_expr()
         parts: dict[str, list[str | None]] = {"k": [], "v": []}
         for i, step in enumerate(steps, 1):
@@ -132,13 +139,24 @@ class SequenceForms(Context):
                 out(f"{name} = _seq_{layout}({text}, _sizes{packed}){note(expr)}")
                 parts[arg].append(name)
         kernel_args = []
+        factors = {a.name for step in steps for a in step.args if a.layout == "factor"}
         for arg, locals_ in parts.items():
             present = [p for p in locals_ if p is not None]
             if not present:
                 continue
-            pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
-            shown = note(f"{len(steps)} sub-tokens a token, one per step")
-            out(f"{local(arg, group)} = _sub_tokens([{pieces}]){shown}")
+            if joined and arg not in ("k", "v"):  # the transition's, on the first step only
+                kernel_args.append(f"{arg}={present[0]}")
+                continue
+            if joined:
+                shown = note(f"{len(steps)} writes a token, joined")
+                out(f"{local(arg, group)} = _torch.cat([{', '.join(present)}], -1){shown}")
+            elif arg in factors:  # one factor for every step: a step without a gate has 0
+                shown = note(f"shared by the {len(steps)} sub-tokens of a token")
+                out(f"{local(arg, group)} = _sub_token_factor({present[0]}, {len(steps)}){shown}")
+            else:
+                pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
+                shown = note(f"{len(steps)} sub-tokens a token, one per step")
+                out(f"{local(arg, group)} = _sub_tokens([{pieces}]){shown}")
             if arg not in ("k", "v"):
                 kernel_args.append(f"{arg}={local(arg, group)}")
         return kernel_args
@@ -149,7 +167,9 @@ class SequenceForms(Context):
         seqlens = ", cu_seqlens" if packed else ""
         initial = local("S0", call.group)
         out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}"))
-        kernel_args = self.emit_inputs(out, call.group, call.steps, seqlens, call.log_scale)
+        kernel_args = self.emit_inputs(
+            out, call.group, call.steps, seqlens, call.log_scale, call.joined
+        )
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
             s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
@@ -185,7 +205,7 @@ class SequenceForms(Context):
             out(f"_q = _torch.zeros_like({k})")
         else:
             out(f"_q = _seq_vector({self.tensor(query.query)}, _sizes{seqlens})")
-        steps = len(call.steps) if len(call.steps) > 1 else 0
+        steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
             out(f"_q = _sub_tokens([{zeros}, _q])")

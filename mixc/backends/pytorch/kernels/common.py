@@ -190,6 +190,13 @@ def _sub_tokens(parts):
     return torch.stack(parts, 3).flatten(2, 3)
 
 
+def _sub_token_factor(x, n):
+    """A factor of a log-gate [B, NH, T, ...] shared by a token's n steps, laid out as
+    _sub_tokens lays out the gate it multiplies: each token's repeated n times (a T axis of 1,
+    constant in time, stays so). A step without a gate multiplies it by its gate of 0."""
+    return x if x.shape[2] == 1 else x.repeat_interleave(n, 2)
+
+
 def _shift_tokens(x, first, cu_seqlens=None):
     """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
     each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per

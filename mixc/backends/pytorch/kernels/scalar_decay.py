@@ -132,6 +132,102 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
     return o, state
 
 
+def _rank_rows(x_c, rank):
+    """A token's `rank` writes joined along its last axis [..., C, rank d] as rows of their
+    own, token by token: [..., rank C, d] (row rank i + r is write r of token i)."""
+    return x_c.reshape(*x_c.shape[:-2], x_c.shape[-2] * rank, x_c.shape[-1] // rank)
+
+
+def _rank_masked(x, gamma, rank):
+    """x ⊙ Gamma for x [..., C, rank C], scores of each query i against the rank rows of every
+    token j: Gamma_ij where j <= i, 0 (selected) where j > i."""
+    size = x.shape[-2]
+    causal = torch.ones(size, size, dtype=torch.bool, device=x.device).tril()
+    causal = causal.repeat_interleave(rank, -1)
+    kept = x if gamma is None else x * gamma.repeat_interleave(rank, -1)
+    return torch.where(causal, kept, 0.0)
+
+
+def _rank_decays(q_c, g_c, rank):
+    """The scalar decays of _scalar_decays, with exp(b_C - b) for every write row [..., rank C,
+    1] (None without decay)."""
+    gamma, from_start, to_end, _, chunk_g = _scalar_decays(q_c, g_c)
+    rows = None if to_end is None else to_end.repeat_interleave(rank, -2)
+    return gamma, from_start, rows, chunk_g
+
+
+def _scalar_decay_rank_span(q_c, k_c, v_c, g_c, state, kept, guard):
+    """_scalar_decay_span for `rank` writes a token, joined along k_c's and v_c's last axes
+    ([N, B, NH, C, rank K] and [..., rank V]): the scores Q K^T of C queries against rank C
+    write rows, each decayed as its token's, the state passed with every row's write."""
+    rank = k_c.shape[-1] // q_c.shape[-1]
+    k_r, v_r = _rank_rows(k_c, rank), _rank_rows(v_c, rank)
+    gamma, from_start, to_end, chunk_g = _rank_decays(q_c, g_c, rank)
+    k_to_end = k_r if to_end is None else k_r * to_end
+    states_in, state = _scan_scalar(state, chunk_g, _bmm(k_to_end.transpose(-1, -2), v_r))
+    scores = _rank_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma, rank)  # [N, B, NH, C, rC]
+    if guard:
+        v_r, poison = _finite_rows(v_r)
+        # a token's poison on its last write's column: the row's output is then NaN
+        last = scores.unflatten(-1, (-1, rank))[..., rank - 1]
+        _poison_rows(last, poison.unflatten(-1, (-1, rank)).sum(-1))
+    q_from_start = q_c if from_start is None else q_c * from_start
+    if kept is not None:
+        kept.append([scores, states_in])
+    return [_two_matmuls(scores, v_r, q_from_start, states_in)], state
+
+
+def _scalar_decay_rank_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
+    """_scalar_decay_grads_span for `rank` writes a token joined along the last axes (see
+    _scalar_decay_rank_span): the same formulas with rank C write rows, each decayed as its
+    token's, and the gradients of the rows joined back."""
+    rank = k_c.shape[-1] // q_c.shape[-1]
+    k_r, v_r = _rank_rows(k_c, rank), _rank_rows(v_c, rank)
+    gamma, from_start, to_end, chunk_g = _rank_decays(q_c, g_c, rank)
+    d_probs = _bmm(do_c, v_r.transpose(-1, -2))  # dP = dO V^T [N, B, NH, C, rC]
+    d_scores = _rank_masked(d_probs, gamma, rank)
+    if gamma is None:
+        q_from_start, v_to_end, do_from_start, k_to_end = q_c, v_r, do_c, k_r
+    else:
+        q_from_start, do_from_start = q_c * from_start, do_c * from_start
+        v_to_end, k_to_end = v_r * to_end, k_r * to_end
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)
+    d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)
+    dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
+    from_q = _bmm(do_from_start, states_in.transpose(-1, -2))
+    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))
+    dg = None
+    if gate_grad:
+        dg = _gate_grads(
+            (d_probs * probs).unflatten(-1, (-1, rank)).sum(-1),  # a token's rows share Gamma
+            (q_c * from_q).sum(-1),
+            (k_r * from_k).sum(-1).unflatten(-1, (-1, rank)).sum(-1),
+            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),
+        )
+    dq = _bmm(d_scores, k_r, add=from_q)
+    dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
+    joined = [x.reshape(*x.shape[:-2], -1, rank * x.shape[-1]) for x in (dk, dv)]
+    return [dq, *joined, dg], d_state
+
+
+def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
+    """Chunked S_t = exp(g_t) S_{t-1} + sum_r k_{t,r} v_{t,r}^T, o_t = q_t S_t: several writes a
+    token, joined along the last axes (k [B, NH, T, rank K], v [B, NH, T, rank V], write r of
+    a token at its r-th block). The transition is unchanged: each chunk's C queries score
+    against its rank C write rows.
+
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    """
+    span, grads = _scalar_decay_rank_span, _scalar_decay_rank_grads_span
+    if initial_state is None:  # the state's width is a value's, not the joined values'
+        rank = k.shape[-1] // q.shape[-1]
+        initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1] // rank)
+    if _needs_grad(q, k, v, g, initial_state):
+        return _OwnBackward.apply(span, grads, 3, chunk_size, initial_state, q, k, v, g)
+    (o,), state, _ = _guarded_spans(span, [q, k, v, g], initial_state, chunk_size)
+    return o, state
+
+
 def parallel_scalar_decay(q, k, v, g=None):
     """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L is the
     causal mask).
