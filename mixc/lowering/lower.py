@@ -106,6 +106,21 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         initial=chunked,
         log_scale=group.log_scale if stable else None,
         unscale=group.unscale.name if stable else None,
+        reads=_reads(plan, group),
+    )
+
+
+def _reads(plan: Plan, group: GroupPlan) -> tuple[str, ...]:
+    """The locals of other groups' readouts that `group`'s pass reads (its states' updates, or
+    its queries), in the order of the readouts."""
+    names = {n for s in group.states for n in plan.state(s).reads}
+    for q in group.queries:
+        names |= {n.name for n in walk(q.expr) if isinstance(n, Name)}
+    every = readouts_of(plan)
+    return tuple(
+        readout_local(r, every)
+        for r in every
+        if readout_name(r.index) in names and r.state not in group.states
     )
 
 

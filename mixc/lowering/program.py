@@ -116,6 +116,9 @@ class Call:
     initial: bool
     log_scale: Expr | None = None
     unscale: str | None = None
+    #: The readouts of earlier calls this call's inputs read (a pipeline of states: `_read_Ks`
+    #: in the query of Vs's pass), by their locals; the calls run in an order that makes them.
+    reads: tuple[str, ...] = ()
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -268,6 +271,8 @@ def dump(program: Program) -> str:
             steps = f", {len(c.steps)} sub-tokens a token" if len(c.steps) > 1 else ""
             start = "from the carried states" if c.initial else "from zero"
             lines.append(f"  {' and '.join(c.states)}: {c.kernel} {start}{steps}")
+            if c.reads:
+                lines.append(f"    after the passes it reads: {', '.join(c.reads)}")
             for i, step in enumerate(c.steps, 1):
                 at = f" (step {i})" if len(c.steps) > 1 else ""
                 lines.append(f"    k{at} = {step.key}")
