@@ -217,7 +217,7 @@ def ref_gsa(x, p, s):
     """Gated Slot Attention as the paper writes it: two slot memories, a softmax over slots."""
     Ks, Vs, out = s["Ks"], s["Vs"], {"s": [], "p": [], "y": []}
     for t in range(len(x["q"])):
-        a, k, q = x["a"][t], l2n(x["k"][t]), l2n(x["q"][t])
+        a, k, q = torch.sigmoid(x["a"][t]), l2n(x["k"][t]), l2n(x["q"][t])
         Ks = a[:, None] * Ks + outer(1 - a, k)
         Vs = Vs * a[None, :] + outer(x["v"][t], 1 - a)
         out["s"].append(Ks @ q)
@@ -231,8 +231,8 @@ def ref_precond_gdn(x, p, s):
     A, H, out = s["A"], s["H"], {n: [] for n in ("r", "s", "kp", "y")}
     for t in range(len(x["q"])):
         k, v, beta = l2n(x["k"][t]), x["v"][t], x["beta"][t]
-        A = torch.exp(x["g_atk"][t]) * A + x["beta_atk"][t] * k * k
-        r = torch.log(A + 1e-6) - p["center"]
+        A = torch.sigmoid(x["a"][t]) * A + x["beta_atk"][t] * k * k
+        r = torch.log(A.abs() + 1e-6) - p["center"]
         kp = k * torch.exp(-torch.log(p["x"]) * r / (1 + r.abs()))
         H = torch.exp(x["g"][t]) * H
         H = H + beta * outer(v - H @ k, kp)
@@ -385,13 +385,13 @@ CASES = {
         ),
     ),
     "ema": (ref_ema, lambda g: ({"x": randn(g, *LEAD, DV)}, {})),
-    "gsa": (ref_gsa, lambda g: ({**qkv(g), "a": rand(g, *LEAD, DM)}, {})),
+    "gsa": (ref_gsa, lambda g: ({**qkv(g), "a": randn(g, *LEAD, DM)}, {})),
     "precond_gdn": (
         ref_precond_gdn,
         lambda g: (
             {
                 **qkv(g),
-                "g_atk": F.logsigmoid(randn(g, *LEAD)),
+                "a": randn(g, *LEAD),
                 "g": F.logsigmoid(randn(g, *LEAD)),
                 "beta_atk": rand(g, *LEAD),
                 "beta": rand(g, *LEAD),
