@@ -231,7 +231,7 @@ def ref_precond_gdn(x, p, s):
     A, H, out = s["A"], s["H"], {n: [] for n in ("r", "s", "kp", "y")}
     for t in range(len(x["q"])):
         k, v, beta = l2n(x["k"][t]), x["v"][t], x["beta"][t]
-        A = torch.sigmoid(x["a"][t]) * A + x["beta_atk"][t] * k * k
+        A = torch.sigmoid(x["a"][t]) * A + torch.sigmoid(x["b"][t]) * k * k
         r = torch.log(A.abs() + 1e-6) - p["center"]
         kp = k * torch.exp(-torch.log(p["x"]) * r / (1 + r.abs()))
         H = torch.exp(x["g"][t]) * H
@@ -393,7 +393,7 @@ CASES = {
                 **qkv(g),
                 "a": randn(g, *LEAD),
                 "g": F.logsigmoid(randn(g, *LEAD)),
-                "beta_atk": rand(g, *LEAD),
+                "b": randn(g, *LEAD),
                 "beta": rand(g, *LEAD),
             },
             {"center": -0.5 * rand(g, HEADS), "x": 1 + rand(g, HEADS)},
