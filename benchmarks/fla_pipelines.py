@@ -65,8 +65,14 @@ def gsa(fla: Path) -> list[str]:
     gate = F.logsigmoid(a)
     # fla: hk [K, M] = Ks^T, hv [M, V] = Vs^T; slots written with s = 1 - exp(g)
     y_ref, (hk, hv) = naive(
-        qn, kn, v, 1 - gate.exp(), gate, scale=1.0,
-        initial_state=(Ks0.mT.contiguous(), Vs0.mT.contiguous()), output_final_state=True,
+        qn,
+        kn,
+        v,
+        1 - gate.exp(),
+        gate,
+        scale=1.0,
+        initial_state=(Ks0.mT.contiguous(), Vs0.mT.contiguous()),
+        output_final_state=True,
     )
     module = mixc.load(ROOT / "specs/gsa.mix")
     lines = []
@@ -90,8 +96,17 @@ def precond(fla: Path) -> list[str]:
     qn, kn = (F.normalize(x, dim=-1) for x in (q, k))
     # fla computes in float32 whatever its inputs: its reference is float32 here
     y_ref, S, A = naive(
-        qn, kn, v, F.logsigmoid(a), gl, torch.sigmoid(b), beta, scale=1.0,
-        initial_state=H0.mT.float(), initial_A_state=A0.float(), output_final_state=True,
+        qn,
+        kn,
+        v,
+        F.logsigmoid(a),
+        gl,
+        torch.sigmoid(b),
+        beta,
+        scale=1.0,
+        initial_state=H0.mT.float(),
+        initial_A_state=A0.float(),
+        output_final_state=True,
     )
     module = mixc.load(ROOT / "specs/precond_gdn.mix")
     lines = []

@@ -192,8 +192,7 @@ def _analyze(spec: Spec) -> Plan:
         analyze_state(mixer, s.name, ex, params, canon, table=table) for s in mixer.states
     )
     outputs = tuple(
-        analyze_output(mixer, eq, ex, spec.shapes[eq.target], canon, table)
-        for eq in mixer.outputs
+        analyze_output(mixer, eq, ex, spec.shapes[eq.target], canon, table) for eq in mixer.outputs
     )
     readouts = tuple(table.items)
     # the output lists every readout (those the states' updates read too), by number

@@ -96,9 +96,7 @@ LEAKS = {
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.xfail(reason=LEAKS[n], strict=True))
-        if n in LEAKS
-        else n
+        pytest.param(n, marks=pytest.mark.xfail(reason=LEAKS[n], strict=True)) if n in LEAKS else n
         for n in SOURCES
     ],
 )
