@@ -4,9 +4,9 @@ tensor memory over T (linear in T: a constant number of bytes per token).
 
     PYTHONPATH=. python benchmarks/pipelines.py      # CPU, 2 threads, fp32, B=1, NH=4, d=64
 
-The chunk and recurrent forms are timed in one process in alternation (2 warm-up calls of
-each, then `--repeats` timed calls of each, one of each in turn), forward under no_grad; the
-figure is the ratio of medians. Memory is `mixc bench`'s measure (the profiler's peak of
+The chunk and recurrent forms are timed in one process in alternation (a warm-up call of each
+at T = 256, then `--repeats` timed calls of each, one of each in turn), forward under no_grad;
+the figure is the ratio of medians. Memory is `mixc bench`'s measure (the profiler's peak of
 tensor memory held during one call)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def timed(call) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--T", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -49,12 +49,11 @@ def main() -> None:
     calls = {"chunk": lambda: module.chunk(*x), "recurrent": lambda: module.recurrent(*x)}
     times: dict[str, list[float]] = {name: [] for name in calls}
     with torch.no_grad():
-        for _ in range(2):
-            for call in calls.values():
-                call()
+        module.chunk(*inputs(256)), module.recurrent(*inputs(256))
         for _ in range(args.repeats):
             for name, call in calls.items():
                 times[name].append(timed(call))
+                print(f"  ({name}: {times[name][-1] * 1e3:.0f} ms)", flush=True)
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"gsa (M=16) forward, T={args.T}, B=1, NH=4, d=64, fp32, {args.threads} threads")
     for name, t in times.items():
