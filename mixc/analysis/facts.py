@@ -3,7 +3,7 @@ read by the plan (`mixc.analysis.plan`), never recomputed by a consumer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mixc.algebra.expand import Term
 from mixc.errors import Span, SpecError
@@ -47,6 +47,9 @@ class StateFacts:
     #: A vector state read entry by entry (`y_t = o_t * c_t`), laid out as a column: one key
     #: channel of 1, its entries as value channels, as a matrix [V, 1] is.
     column: bool = False
+    #: The readouts of other states its update reads (a pipeline: `H2_t = H2_{t-1} + o_t u_t^T`
+    #: with `o_t = H1_t q_t`), by name (`_r0`), directly or through their queries.
+    reads: tuple[str, ...] = ()
 
     @property
     def vector(self) -> bool:
@@ -80,6 +83,8 @@ class Readout:
     scale: Expr | None
     offset: int = 0
     entrywise: bool = False
+    #: Where the read is first written (for messages); not part of what the readout is.
+    span: Span | None = field(default=None, compare=False)
 
     @property
     def read(self) -> Expr:

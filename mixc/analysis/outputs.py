@@ -8,9 +8,16 @@ from mixc.analysis.facts import OutputFacts, Readout
 from mixc.errors import NotYetImplemented, SpecShapeError
 from mixc.frontend.ir import Binary, Call, Expr, Mixer, Name, Neg, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
-from mixc.frontend.shapes import Shape
+from mixc.frontend.shapes import SCALAR, Shape, Symbol, Typer
 
-__all__ = ["analyze_output", "has_readout", "readout_name"]
+__all__ = [
+    "ReadoutTable",
+    "analyze_output",
+    "has_readout",
+    "lift",
+    "readout_name",
+    "reads_of",
+]
 
 
 _PREFIX = "_r"
@@ -21,50 +28,143 @@ def readout_name(index: int) -> str:
     return f"{_PREFIX}{index}"
 
 
-def analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) -> OutputFacts:
+class ReadoutTable:
+    """Every readout of a spec, numbered in the order it is first found (the states' updates
+    first, then the output), each name typed in the plan's Typer as it is made, so that a
+    later expression can read it (`p_t = exp(Ks_t q_t)` in the query of `Vs_t p_t`)."""
+
+    def __init__(self, typer: Typer) -> None:
+        self.typer = typer
+        self.items: list[Readout] = []
+
+    def intern(self, state: str, offset: int, query: Expr, entrywise: bool, span) -> Name:
+        for r in self.items:
+            if (r.state, r.offset, str(r.query), r.entrywise) == (
+                state,
+                offset,
+                str(query),
+                entrywise,
+            ):
+                return Name(readout_name(r.index))
+        index = len(self.items)
+        self.items.append(Readout(index, state, query, None, offset, entrywise, span=span))
+        shape = self.typer.symbols[state].shape
+        self.typer.symbols[readout_name(index)] = Symbol(
+            "readout", SCALAR if shape[1] == "1" and not entrywise else (shape[0], "1")
+        )
+        return Name(readout_name(index))
+
+
+def analyze_output(
+    mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon, table: ReadoutTable
+) -> OutputFacts:
     """The readouts of one output and what it does with them. An expression the analysis builds
     that grows too large is reported at the output."""
     try:
-        return _analyze_output(mixer, eq, ex, shape, canon)
+        return _analyze_output(mixer, eq, ex, shape, canon, table)
     except SpecSizeError as exc:
         raise exc.at(eq.value.span) from None
 
 
-def _analyze_output(mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon) -> OutputFacts:
+def _analyze_output(
+    mixer: Mixer, eq, ex: Expander, shape: Shape, canon: Canon, table: ReadoutTable
+) -> OutputFacts:
     states = {s.name for s in mixer.states}
-    readouts: list[Readout] = []
+    expr = lift(inline(mixer, eq.value), states, ex, canon, table, canon)
+    if ex.has_state(expr):
+        _unreadable(expr, ex)
+    used = {n.name for n in walk(expr) if isinstance(n, Name)}
+    read = _reads_of(used, table)
+    form, skip = _output_form(expr, read)
+    return OutputFacts(eq.target, shape, form, expr, tuple(read), skip)
 
-    def read(e: Expr) -> Expr:
-        """`e` with every linear read of a state replaced by its readout's name."""
-        if not ex.has_state(e):
-            return canon(e)
-        linear = _linear_reads(e, states, ex, canon, readouts)
+
+def _reads_of(names: set[str], table: ReadoutTable) -> list[Readout]:
+    """The readouts named in `names`, and those their queries read, in the order found."""
+    found: set[int] = set()
+    todo = [r for r in table.items if readout_name(r.index) in names]
+    while todo:
+        r = todo.pop()
+        if r.index not in found:
+            found.add(r.index)
+            inner = {n.name for n in walk(r.query) if isinstance(n, Name)}
+            todo += [x for x in table.items if readout_name(x.index) in inner]
+    return [r for r in table.items if r.index in found]
+
+
+def reads_of(e: Expr, table: ReadoutTable) -> tuple[Readout, ...]:
+    """The readouts `e` reads, directly or through their queries."""
+    return tuple(_reads_of({n.name for n in walk(e) if isinstance(n, Name)}, table))
+
+
+def lift(
+    e: Expr, readable: set[str], ex: Expander, canon: Canon, table: ReadoutTable, tidy=None
+) -> Expr:
+    """`e` with every read of a state in `readable` that is a readout (`S_t q`, `S_{t-1} q`,
+    `s_t . q`, a vector state itself) replaced by its readout's name, innermost first, so that
+    a function of one readout can be the query of another (`Vs_t exp(Ks_t q_t)`); a read that
+    is no readout (a bare matrix state) is left as it is. `tidy` rewrites the parts that read
+    no state (the output's are made canonical)."""
+    if not _reads(e, readable):
+        return tidy(e) if tidy is not None and not ex.has_state(e) else e
+    others = not _reads(e, ex.states - readable)
+    if others:
+        linear = _linear_reads(e, readable, ex, canon, table)
         if linear is not None:
             return linear
-        if isinstance(e, Binary):
-            return Binary(e.op, read(e.left), read(e.right), span=e.span)
-        if isinstance(e, Neg):
-            return Neg(read(e.operand), span=e.span)
-        if isinstance(e, Call):
-            return Call(e.func, tuple(read(a) for a in e.args), span=e.span)
-        raise NotYetImplemented(
-            f"cannot read the state in {e} linearly",
-            e.span,
-            hint="outputs read states as S_t x (a matrix state times a vector), s_t . x, or a "
-            "vector state s_t itself (a_t * s_t)",
-        )
 
-    expr = read(inline(mixer, eq.value))
-    form, skip = _output_form(expr, readouts)
-    return OutputFacts(eq.target, shape, form, expr, tuple(readouts), skip)
+    def again(x: Expr) -> Expr:
+        return lift(x, readable, ex, canon, table, tidy)
+
+    if isinstance(e, Binary):
+        new = Binary(e.op, again(e.left), again(e.right), span=e.span)
+        if others and new != e and _reads(new, readable):
+            linear = _linear_reads(new, readable, ex, canon, table)
+            if linear is not None:
+                return linear
+        return new
+    if isinstance(e, Neg):
+        return Neg(again(e.operand), span=e.span)
+    if isinstance(e, Transpose):
+        return Transpose(again(e.operand), span=e.span)
+    if isinstance(e, Call):
+        return Call(e.func, tuple(again(a) for a in e.args), span=e.span)
+    return e
+
+
+def _reads(e: Expr, states) -> bool:
+    return any(isinstance(n, Timed) and n.name in states for n in walk(e))
+
+
+def _unreadable(e: Expr, ex: Expander) -> None:
+    """Raise NYI at the innermost part of `e` that reads a state other than by a readout."""
+    for child in _children(e):
+        if ex.has_state(child):
+            _unreadable(child, ex)
+    raise NotYetImplemented(
+        f"cannot read the state in {e} linearly",
+        e.span,
+        hint="outputs read states as S_t x (a matrix state times a vector), s_t . x, or a "
+        "vector state s_t itself (a_t * s_t), or functions of such reads",
+    )
+
+
+def _children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Binary):
+        return (e.left, e.right)
+    if isinstance(e, Neg | Transpose):
+        return (e.operand,)
+    if isinstance(e, Call):
+        return e.args
+    return ()
 
 
 def _linear_reads(
-    e: Expr, states: set[str], ex: Expander, canon: Canon, readouts: list[Readout]
+    e: Expr, states: set[str], ex: Expander, canon: Canon, table: ReadoutTable
 ) -> Expr | None:
     """`e` as a sum of readouts, each times its term's coefficient, scalars and gates, plus the
     terms that read no state; None unless every term of `e` that reads a state reads one state
-    linearly. The readouts it names are added to `readouts` (once each)."""
+    linearly. The readouts it names are added to `table` (once each)."""
     try:
         terms = canon.combine(ex.expand(e))
     except NotAffine:
@@ -77,7 +177,7 @@ def _linear_reads(
     for t in terms:
         if _touches(t, ex):
             state, offset, query, scale, entrywise = _readout_term(t, states, ex)
-            name = _intern(readouts, state, offset, canon(query), entrywise)
+            name = table.intern(state, offset, canon(query), entrywise, e.span)
             reads.append((name, scale, t))
     for r, _, t in sorted(reads, key=lambda x: x[0].name):
         factors = [canon.terms([Term(coeff=t.coeff, scalars=t.scalars)])]
@@ -166,20 +266,6 @@ def product_of(factors: list[Expr]) -> Expr:
     for f in factors[1:]:
         out = Binary("*", out, f)
     return out
-
-
-def _intern(readouts: list[Readout], state: str, offset: int, query: Expr, entrywise: bool) -> Name:
-    for r in readouts:
-        same = (r.state, r.offset, str(r.query), r.entrywise) == (
-            state,
-            offset,
-            str(query),
-            entrywise,
-        )
-        if same:
-            return Name(readout_name(r.index))
-    readouts.append(Readout(len(readouts), state, query, None, offset, entrywise))
-    return Name(readout_name(len(readouts) - 1))
 
 
 def has_readout(e: Expr) -> bool:

@@ -18,7 +18,8 @@ from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander
 from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, WriteTerm
 from mixc.analysis.graph import dependency_graph
-from mixc.analysis.outputs import analyze_output, readout_name
+from mixc.analysis.outputs import ReadoutTable, analyze_output, readout_name
+from mixc.analysis.passes import passes
 from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
 from mixc.errors import NotYetImplemented, SpecError
@@ -205,27 +206,30 @@ def _analyze(spec: Spec) -> Plan:
     # number >= 1) bounded as 1 + idx is, by [1, inf)
     params = {p.name: p.default for p in mixer.params}
     params |= {n: SIZE_BOUND for n, s in spec.symbols.items() if s.kind == "size"}
-    states = tuple(analyze_state(mixer, s.name, ex, params, canon) for s in mixer.states)
-    outputs = tuple(
-        analyze_output(mixer, eq, ex, spec.shapes[eq.target], canon) for eq in mixer.outputs
+    table = ReadoutTable(typer)  # every readout, typed as it is found
+    states = tuple(
+        analyze_state(mixer, s.name, ex, params, canon, table=table) for s in mixer.states
     )
+    outputs = tuple(
+        analyze_output(mixer, eq, ex, spec.shapes[eq.target], canon, table) for eq in mixer.outputs
+    )
+    readouts = tuple(table.items)
+    # the output lists every readout (those the states' updates read too), by number
+    outputs = tuple(replace(o, readouts=readouts) for o in outputs)
     columns = _columns(mixer, outputs)
     if columns:
         states = tuple(
-            analyze_state(mixer, s.name, ex, params, canon, column=True) if s.name in columns else s
+            analyze_state(mixer, s.name, ex, params, canon, column=True, table=table)
+            if s.name in columns
+            else s
             for s in states
         )
-    for o in outputs:
-        for r in o.readouts:
-            shape = typer.symbols[r.state].shape
-            typer.symbols[readout_name(r.index)] = Symbol(
-                "readout", SCALAR if shape[1] == "1" and not r.entrywise else (shape[0], "1")
-            )
-    groups, outputs = _stabilised(_groups(states, outputs), outputs, states)
+    levels, cycle = passes(states, readouts)
+    groups, outputs = _stabilised(_groups(states, outputs, levels), outputs, states)
     for g in groups:
         if g.log_scale is not None:
             typer.symbols[g.unscale.name] = Symbol("readout", SCALAR)
-    forms = _forms(mixer, states, groups)
+    forms = _forms(mixer, states, groups, cycle)
     # the plan is read, never changed: its Typer first types what the backends will ask about
     ex.freeze(mixer.params, mixer.equations, states, outputs, groups)
     return Plan(
@@ -328,12 +332,13 @@ def _group_key(s: StateFacts) -> tuple:
     )
 
 
-def _groups(states, outputs) -> tuple[GroupPlan, ...]:
+def _groups(states, outputs, levels: dict[str, int]) -> tuple[GroupPlan, ...]:
     """States with the same transition and one write of the same key share one chunked pass
-    (their values are concatenated), as the normaliser z shares H's pass."""
+    (their values are concatenated), as the normaliser z shares H's pass; only states of one
+    level of a pipeline do (`mixc.analysis.passes`), and the passes run level by level."""
     members: dict[tuple, list[StateFacts]] = {}
-    for s in states:
-        members.setdefault(_group_key(s), []).append(s)
+    for s in sorted(states, key=lambda s: levels[s.name]):
+        members.setdefault((levels[s.name], *_group_key(s)), []).append(s)
     readouts = [r for o in outputs for r in o.readouts]
     out = []
     for group in members.values():
@@ -393,6 +398,8 @@ def _stabilised(groups, outputs, states):
             continue
         if any(q.offset for q in g.queries):
             continue
+        if any(r.state in g.states for s in states for r in _named(outputs, s.reads)):
+            continue  # a later pass reads its readouts, which would come scaled
         readers = [o for o in outputs if any(r.state in g.states for r in o.readouts)]
         scaled = {o.name: scaled_output(o, g.unscale) for o in readers}
         if not readers or any(
@@ -405,6 +412,11 @@ def _stabilised(groups, outputs, states):
     return tuple(groups), tuple(outputs)
 
 
+def _named(outputs, names: tuple[str, ...]) -> list[Readout]:
+    """The readouts called `names` (`_r0`, ...)."""
+    return [r for r in outputs[0].readouts if readout_name(r.index) in names] if outputs else []
+
+
 def _queries(readouts: list[Readout]) -> tuple[Query, ...]:
     """The distinct queries (with the time they read the states at), in the order of their
     first readout."""
@@ -414,8 +426,10 @@ def _queries(readouts: list[Readout]) -> tuple[Query, ...]:
     return tuple(Query(rs[0].query, tuple(rs), rs[0].offset) for rs in by_text.values())
 
 
-def _forms(mixer: Mixer, states, groups) -> Forms:
+def _forms(mixer: Mixer, states, groups, cycle: str | None) -> Forms:
     reasons = [f"{s.name}: {s.transition.reason}" for s in states if s.transition.reason]
+    if cycle is not None and not reasons:
+        reasons = [cycle]
     if not states:
         # every token's output reads only that token's values (and inputs at t-1): chunk and
         # parallel compute it over the whole sequence at once; there is no state to summarise
@@ -439,7 +453,21 @@ def _forms(mixer: Mixer, states, groups) -> Forms:
         else None
     )
     summary = next((g.summary for g in groups if g.summary is not None), None)
-    return Forms(None, parallel, summary or _lagged(mixer))
+    return Forms(None, parallel, summary or _pipeline(states) or _lagged(mixer))
+
+
+def _pipeline(states) -> Missing | None:
+    """Why a pipeline of states has no summary: a later state's summary would depend on the
+    earlier states' values at the slice's start, not only on its own."""
+    reader = next((s for s in states if s.reads), None)
+    if reader is None:
+        return None
+    return Missing(
+        "pipeline",
+        f"the update of {reader.name} reads other states' readouts: its summary over a slice "
+        "would depend on those states at the slice's start, which an affine map of "
+        f"{reader.name} alone does not carry",
+    )
 
 
 def _lagged(mixer: Mixer) -> Missing | None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, transpose_atom
 from mixc.analysis.facts import StateFacts, WriteTerm
+from mixc.analysis.outputs import ReadoutTable, lift, readout_name, reads_of
 from mixc.analysis.steps import split_steps
 from mixc.errors import Span
 from mixc.frontend.constants import constant
@@ -44,27 +45,46 @@ def _at(span: Span | None) -> str:
 
 
 def analyze_state(
-    mixer: Mixer, name: str, ex: Expander, params, canon: Canon, column: bool = False
+    mixer: Mixer,
+    name: str,
+    ex: Expander,
+    params,
+    canon: Canon,
+    column: bool = False,
+    table: ReadoutTable | None = None,
 ) -> StateFacts:
     """The facts of one state: its class (by the registry's rules), its writes, and its update
     expanded into terms (kept for the recurrent form). A vector state is analysed as a row (its
     entries as key channels), or, when `column` (an output reads it entry by entry), as a
     column (its entries as value channels, one key channel of 1). An expression the analysis
-    builds that grows too large is reported at the update."""
+    builds that grows too large is reported at the update. With a `table`, the update's reads
+    of other states through readouts (`o_t = H1_t q_t`, `exp(Ks_t q_t)`) become readouts of
+    that table: inputs of this state's update like any other (a pipeline of states)."""
     try:
-        return _analyze_state(mixer, name, ex, params, canon, column)
+        return _analyze_state(mixer, name, ex, params, canon, column, table)
     except SpecSizeError as exc:
         raise exc.at(mixer.update(name).value.span) from None
 
 
+def _lifted(mixer: Mixer, name: str, ex: Expander, canon: Canon, table) -> tuple[Expr, tuple]:
+    """The update of `name` inlined, other states' readouts in it by name, and those names."""
+    value = inline(mixer, mixer.update(name).value)
+    others = {s.name for s in mixer.states} - {name}
+    if table is None or not any(isinstance(n, Timed) and n.name in others for n in walk(value)):
+        return value, ()
+    value = lift(value, others, ex, canon, table)
+    return value, tuple(readout_name(r.index) for r in reads_of(value, table))
+
+
 def _analyze_state(
-    mixer: Mixer, name: str, ex: Expander, params, canon: Canon, column: bool
+    mixer: Mixer, name: str, ex: Expander, params, canon: Canon, column: bool, table
 ) -> StateFacts:
     decl = mixer.state(name)
     eq = mixer.update(name)
     shape = ex.typer.symbols[name].shape
+    value, lifted = _lifted(mixer, name, ex, canon, table)
     try:
-        expanded = tuple(ex.expand(inline(mixer, eq.value)))
+        expanded = tuple(ex.expand(value))
     except NotAffine as exc:
         why = f"{exc.why} ({exc.node}{_at(exc.node.span)})"
         return StateFacts(
@@ -92,6 +112,7 @@ def _analyze_state(
     state = StateFacts(
         name, shape, True, transition, write_terms, form, decl.span, terms=expanded, column=column
     )
+    state = replace(state, reads=lifted)
     state = _write_steps(state)
     state = replace(state, transition=_with_reason(state.transition, _write_reason(state)))
     if state.transition.reason is None and (chunk := _chunk_reason(state)) is not None:
@@ -104,7 +125,7 @@ def _analyze_state(
         state = replace(state, transition=_with_reason(state.transition, chunk))
     if state.transition.reason is not None or state.transition.transition_class.kernel is None:
         if coupled is None and reads:
-            state = _as_steps(state, mixer, eq, ex, params, canon)
+            state = _as_steps(state, value, eq, ex, params, canon)
     stability = "; ".join(
         note
         for part in state.transition.acting
@@ -113,7 +134,7 @@ def _analyze_state(
     return replace(state, stability=stability or None)
 
 
-def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: Canon):
+def _as_steps(state: StateFacts, value: Expr, eq, ex: Expander, params, canon: Canon):
     """`state` as several steps per token of one sub-token class (`mixc.analysis.steps`), when
     its update composes such steps; else `state` as it is."""
     name, shape = state.name, state.shape
@@ -137,7 +158,7 @@ def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: 
             return None
         return tr, write_terms[0]
 
-    steps = split_steps(inline(mixer, eq.value), name, ex, one_step)
+    steps = split_steps(value, name, ex, one_step)
     if steps is None:
         return state
     transitions = tuple(tr for tr, _ in steps)

@@ -12,7 +12,8 @@ the spec is meant to handle:
   a full elementwise gate in [0, 1];
 - a delta-rule key that is a plain input is drawn with norm <= 1 (unit, shorter, or tiny); one
   written `l2norm(k_t)` may have any norm;
-- a state read in the denominator of a ratio (the normaliser z) starts positive;
+- a state read in the denominator of a ratio (the normaliser z), or inside a log, starts
+  positive;
 - a size that an l2norm runs over is at least 2 (the l2norm of one entry is its sign, and its
   gradient is pure cancellation).
 
@@ -34,6 +35,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from mixc.algebra.expand import inline
 from mixc.algebra.intervals import bounds
 from mixc.analysis.plan import Plan, analyze
 from mixc.frontend.ir import POSITION, Binary, Call, Expr, Name, Timed, walk
@@ -227,7 +229,8 @@ def _write_keys(plan: Plan, inputs: set[str]) -> dict[str, str]:
 
 
 def _positive_states(plan: Plan) -> dict[str, str]:
-    """States read in the denominator of a ratio output: they start positive."""
+    """States read in the denominator of a ratio output, or inside a log: they start
+    positive."""
     out: dict[str, str] = {}
     for o in plan.outputs:
         if o.form == "ratio" and isinstance(o.expr, Binary):
@@ -235,6 +238,13 @@ def _positive_states(plan: Plan) -> dict[str, str]:
                 if isinstance(n, Name) and n.name.startswith("_r"):
                     r = o.readouts[int(n.name[2:])]
                     out[r.state] = f"read in the denominator of {o.name}"
+    states = {s.name for s in plan.mixer.states}
+    for eq in plan.mixer.equations:  # a state whose entries a log reads (a preconditioner)
+        for n in walk(inline(plan.mixer, eq.value)):
+            if isinstance(n, Call) and n.func == "log":
+                for m in walk(n.args[0]):
+                    if isinstance(m, Timed) and m.name in states:
+                        out.setdefault(m.name, f"read inside the log of {eq.target}")
     return out
 
 

@@ -443,23 +443,12 @@ def _check_size_or_position(node: Timed, sym: Symbol) -> None:
 
 
 def check_times(mixer: Mixer, eq, states: set[str]) -> None:
-    """The time indices of one equation: a state at t-1 only in its own update (or in an output
-    or per-token value), and no target read at t on its own right-hand side."""
+    """The time indices of one equation: no target read at t on its own right-hand side. A
+    state at t-1 may be read anywhere, in another state's update too (a pipeline reads
+    `H_{t-1} q_t`, and the recurrence holds every state before the token's updates)."""
     for node in walk(eq.value):
         if not isinstance(node, Timed):
             continue
-        if (
-            node.name in states
-            and node.offset == -1
-            and node.name != eq.target
-            and eq.target in states
-        ):
-            raise SpecNameError(
-                f"{node.name}_{{t-1}} can appear in its own update ({node.name}_t = ...) and in "
-                f"outputs and per-token values, not in the update of {eq.target}",
-                node.span,
-                hint=f"did you mean {node.name}_t?",
-            )
         if node.offset == 0 and node.name == eq.target:
             raise SpecAnalysisError(
                 f"{node.name}_t on the right-hand side of its own "

@@ -14,7 +14,7 @@ from mixc.analysis.facts import Readout as ReadoutFacts
 from mixc.analysis.outputs import readout_name
 from mixc.analysis.plan import GroupPlan, Plan
 from mixc.frontend.constants import constant
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Timed, Transpose, walk
 from mixc.lowering.program import (
     Call as KernelCall,
 )
@@ -110,6 +110,21 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         log_scale=group.log_scale if stable else None,
         unscale=group.unscale.name if stable else None,
         joined=joined,
+        reads=_reads(plan, group),
+    )
+
+
+def _reads(plan: Plan, group: GroupPlan) -> tuple[str, ...]:
+    """The locals of other groups' readouts that `group`'s pass reads (its states' updates, or
+    its queries), in the order of the readouts."""
+    names = {n for s in group.states for n in plan.state(s).reads}
+    for q in group.queries:
+        names |= {n.name for n in walk(q.expr) if isinstance(n, Name)}
+    every = readouts_of(plan)
+    return tuple(
+        readout_local(r, every)
+        for r in every
+        if readout_name(r.index) in names and r.state not in group.states
     )
 
 
@@ -198,22 +213,57 @@ def _update(plan: Plan, name: str) -> Update:
     if s.terms is None:
         return Update(name, eq.value, expr=inline(plan.mixer, eq.value))
     tr = s.transition
+    unread = _unreader(plan)
     if not tr.transition_class.step_decays(tr) or not s.writes:
-        return Update(name, eq.value, writes=tuple(_product(t) for t in s.terms))
+        return Update(name, eq.value, writes=tuple(_product(t, unread) for t in s.terms))
     decays = []
     for g in tr.gates:  # the decay from its log-gate, unless the log is just log(x)
         log = g.log
         plain = isinstance(log, Call) and log.func == "log"
         factor = log.args[0] if plain else Call("exp", (log,), span=log.span)
         side = "key" if g.side == "key" and not s.vector else "left"
-        decays.append(Decay(factor, side, from_log=not plain))
+        decays.append(Decay(unread(factor), side, from_log=not plain))
     ex = plan.expander
     writes = [t for t in s.terms if not any(ex.has_state(a) for a in t.chain + t.scalars + t.gates)]
-    return Update(name, eq.value, writes=tuple(map(_product, writes)), decays=tuple(decays))
+    products = tuple(_product(t, unread) for t in writes)
+    return Update(name, eq.value, writes=products, decays=tuple(decays))
 
 
-def _product(t: Term) -> Product:
-    return Product(t.coeff, t.scalars, t.chain, t.gates)
+def _product(t: Term, unread) -> Product:
+    return Product(
+        t.coeff,
+        tuple(map(unread, t.scalars)),
+        tuple(map(unread, t.chain)),
+        tuple(map(unread, t.gates)),
+    )
+
+
+def _unreader(plan: Plan):
+    """A function giving an expression with each readout's name (`_r0`, which a pipeline's
+    update reads) replaced by the read it stands for (`H1_t @ q_t`), for the recurrence, which
+    holds every state at every token and reads them directly."""
+    reads = {}
+    for r in readouts_of(plan):
+        if r.entrywise:
+            reads[readout_name(r.index)] = r.read
+        else:
+            op = "." if plan.state(r.state).vector else "@"
+            reads[readout_name(r.index)] = Binary(op, r.read, r.query)
+
+    def unread(e: Expr) -> Expr:
+        if not reads or not any(isinstance(n, Name) and n.name in reads for n in walk(e)):
+            return e  # the node itself, whose shape the plan's Typer knows
+        if isinstance(e, Name) and e.name in reads:
+            return unread(reads[e.name])
+        if isinstance(e, Call):
+            return Call(e.func, tuple(map(unread, e.args)), span=e.span)
+        if isinstance(e, Neg | Transpose):
+            return type(e)(unread(e.operand), span=e.span)
+        if isinstance(e, Binary):
+            return Binary(e.op, unread(e.left), unread(e.right), span=e.span)
+        return e
+
+    return unread
 
 
 # ----------------------------------------------------------------------------- names

@@ -119,6 +119,9 @@ class Call:
     #: The steps are one transition and writes only, joined along the key and value axes into
     #: one step a token (k [.., n K], v [.., n V]: the class's joined kernel), not sub-tokens.
     joined: bool = False
+    #: The readouts of earlier calls this call's inputs read (a pipeline of states: `_read_Ks`
+    #: in the query of Vs's pass), by their locals; the calls run in an order that makes them.
+    reads: tuple[str, ...] = ()
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -272,6 +275,8 @@ def dump(program: Program) -> str:
             steps = f", {len(c.steps)} writes a token joined" if c.joined else steps
             start = "from the carried states" if c.initial else "from zero"
             lines.append(f"  {' and '.join(c.states)}: {c.kernel} {start}{steps}")
+            if c.reads:
+                lines.append(f"    after the passes it reads: {', '.join(c.reads)}")
             for i, step in enumerate(c.steps, 1):
                 at = f" (step {i})" if len(c.steps) > 1 else ""
                 lines.append(f"    k{at} = {step.key}")

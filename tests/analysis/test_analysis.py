@@ -641,6 +641,65 @@ y_t = H_t C_t + D x_t
         DPLR,
         warnings=("cannot prove the decay diag(exp(g_t))",),
     ),
+    # pipelines of states: each its own class, the passes in dependency order (issue 30)
+    "gsa": Row(
+        "gsa.mix",
+        {
+            "Ks": S(
+                "diagonal value-side",
+                "diagonal_value",
+                "sigmoid(-a_t) l2norm(k_t)^T",
+                ("value: diag(sigmoid(a_t)) -> logsigmoid(a_t) proven",),
+            ),
+            "Vs": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t sigmoid(-a_t)^T",
+                ("key: diag(sigmoid(a_t)) -> logsigmoid(a_t) proven",),
+            ),
+        },
+        "function of readouts: 1 / sum(exp(_r0)) * _r1",
+        DIAGONAL,
+        groups=(("Ks",), ("Vs",)),
+    ),
+    "precond_gdn": Row(
+        "precond_gdn.mix",
+        {
+            "A": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "l2norm(k_t) * sigmoid(b_t) l2norm(k_t) 1^T",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            ),
+            "H": S(
+                "diagonal plus low rank",
+                "diagonal_plus_low_rank",
+                "beta_t v_t (l2norm(k_t) * exp(-log(x) ((log(abs(_r0) + 1e-06) - center) / "
+                "(abs(log(abs(_r0) + 1e-06) - center) + 1))))^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+            ),
+        },
+        "linear: _r1",
+        DPLR,
+        groups=(("A",), ("H",)),
+        warnings=("cannot prove the decay exp(g_t) of H",),
+    ),
+    "stacked": Row(
+        "stacked.mix",
+        {
+            "H1": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: exp(g_t) -> g_t unproven",),
+            ),
+            "H2": S("identity", "identity", "_r0 u_t^T"),
+        },
+        "linear: _r1",
+        SCALAR_DECAY,
+        groups=(("H1",), ("H2",)),
+        warnings=("cannot prove the decay exp(g_t) of H1",),
+    ),
     "kda_distributed": Row(
         text(
             "H_t = H_{t-1} diag(sigmoid(g_t)) - beta_t H_{t-1} diag(sigmoid(g_t)) k_t k_t^T"

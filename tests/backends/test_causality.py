@@ -85,7 +85,21 @@ def _later(x, t, kind, generator):
     return x
 
 
-@pytest.mark.parametrize("name", SOURCES)
+#: Known leaks, each pinned as a strict xfail: remove the entry when the kernel is fixed.
+LEAKS = {
+    "precond_gdn": "the diagonal-plus-low-rank kernel carries an erase strength of 3e38 at a "
+    "later token back to earlier outputs of its chunk (a spec with an erase key other than its "
+    "write key and no pipeline, H_t = exp(g_t) H_{t-1} (I - beta_t k_t p_t^T) + ..., leaks too)",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(reason=LEAKS[n], strict=True)) if n in LEAKS else n
+        for n in SOURCES
+    ],
+)
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     check_causal(SOURCES[name], "pytorch", T, (5, 7))  # inside a chunk of 4, and starting one
 

@@ -52,6 +52,7 @@ def test_every_shipped_spec_passes(path: Path) -> None:
             "ema",
             "linear_attention_rope",
             "transformer_vq",
+            "stacked",
         }
     )
     assert all(a <= 1e-5 and b <= 1e-4 for a, b in report.worst.values())

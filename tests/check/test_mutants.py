@@ -2,10 +2,10 @@
 
 Each mutant edits the source of a compiled module (`mixc.compile_source`) in one place: an
 off-by-one at a chunk boundary, a missing decay factor, a dropped initial state, a transposed
-state, a wrong sign in the delta rule, a readout from the previous state, a dropped gate or a
-wrong triangular solve in the diagonal-plus-low-rank kernel. Every edit asserts its
-target occurs exactly once, so a change in the generated code fails here loudly instead of
-silently leaving the module unmutated. Each mutant states how the fuzzer must catch it
+state, a wrong sign in the delta rule, a readout from the previous state, a dropped gate, a
+wrong triangular solve in the diagonal-plus-low-rank kernel, or a pipeline's readout passed on
+one token late. Every edit asserts its target occurs exactly once, so a change in the
+generated code fails here loudly instead of silently leaving the module unmutated. Each mutant states how the fuzzer must catch it
 (`Failure.kind`): by its values (numerical, nearly all of them), or by a crash or a wrong shape,
 which any check would see.
 """
@@ -33,6 +33,31 @@ NUMERICAL, SHAPE, CRASH = "numerical", "shape", "crash"
 # the comparison did, so it shows nothing about the fuzzer's tolerances; the few that are kept
 # show that such a form is reported as a failure.
 MUTANTS = [
+    # pipelines of states: a later pass reads an earlier pass's readouts as its inputs
+    (
+        "stacked",
+        "a readout taken one token late (the value of the second state's pass)",
+        "    _read_H1 = _from_seq(_o, cu_seqlens)  # H1_t q_t",
+        "    _read_H1 = _from_seq(_torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2), cu_seqlens)",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "stacked",
+        "a readout taken one token late in the quadratic form",
+        "    _read_H1 = _from_seq(_o)  # H1_t q_t",
+        "    _read_H1 = _from_seq(_torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2))",
+        {"parallel"},
+        NUMERICAL,
+    ),
+    (
+        "gsa",
+        "a readout taken one token late (the softmax query of the second pass)",
+        "    _read_Ks = _from_seq(_o, cu_seqlens)  # Ks_t l2norm(q_t)",
+        "    _read_Ks = _from_seq(_torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2), cu_seqlens)",
+        {"chunk"},
+        NUMERICAL,
+    ),
     # a scalar decay (Class 1): chunk_scalar_decay and parallel_scalar_decay
     (
         "gated_retention",

@@ -26,7 +26,7 @@ from mixc.frontend.ir import CHANNEL
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
-SIZES = {"K": 5, "V": 3, "P": 3, "N": 5, "S": 4}
+SIZES = {"K": 5, "V": 3, "P": 3, "N": 5, "S": 4, "M": 4}
 
 
 def _example(r, batch: int, heads: int, T: int, seed: int, modes=()) -> Example:
@@ -95,7 +95,27 @@ def test_decays_near_one_follows_the_direction_of_the_gate() -> None:
     assert decays_near_one(input_ranges(mixc.load_spec(text=text))) == {"a": "low"}
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+#: Specs whose gates the sampler cannot draw near 1, each a strict xfail with its reason.
+NOT_NEAR_ONE = {
+    "precond_gdn": "interval arithmetic cannot bound the preconditioned key (exp of a squash "
+    "that lies in (-1, 1)), so g is drawn in the unit ball the DPLR bound asks for, not as a "
+    "log-gate near 0",
+}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            p,
+            id=p.stem,
+            marks=[pytest.mark.xfail(reason=NOT_NEAR_ONE[p.stem], strict=True)]
+            if p.stem in NOT_NEAR_ONE
+            else [],
+        )
+        for p in SPECS
+    ],
+)
 def test_decays_near_one_are_near_one(path: Path) -> None:
     r = input_ranges(path)
     args = sample_inputs(path, SIZES, 64, heads=2, modes=decays_near_one(r), seed=3)

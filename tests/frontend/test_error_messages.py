@@ -70,18 +70,6 @@ CASES = [
         id="state_on_its_own_right_hand_side",
     ),
     pytest.param(
-        "mixer m\nin q[K], k[K], v[V]\nstate H[V, K], G[V, K]\n"
-        + UPDATE
-        + "G_t = G_{t-1} + H_{t-1}\ny_t = G_t q_t\n",
-        SpecNameError,
-        """\
-<string>:5:17: error: H_{t-1} can appear in its own update (H_t = ...) and in outputs and per-token values, not in the update of G
-  5 | G_t = G_{t-1} + H_{t-1}
-    |                 ^^^^^^^
-  hint: did you mean H_t?""",
-        id="previous_state_in_another_update",
-    ),
-    pytest.param(
         HEAD + "H_t = H_{t-1} + v_{t+1} k_t^T\n" + OUTPUT,
         SpecAnalysisError,
         """\

@@ -21,7 +21,7 @@ from mixc.oracle.interpret import FUNCTIONS, interpret
 SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix")) + sorted(
     (Path(__file__).parents[2] / "examples" / "specs").glob("*.mix")
 )
-BATCH, STEPS, HEADS, DK, DV, CODES = 2, 9, 3, 4, 5, 3
+BATCH, STEPS, HEADS, DK, DV, CODES, DM = 2, 9, 3, 4, 5, 3, 6
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 f64 = torch.float64
 
@@ -332,6 +332,51 @@ def ref_transformer_vq(x, p, s):
     return out, {"H": H, "n": n}
 
 
+def l2n(x):
+    """mixc's l2norm: x / sqrt(sum(x^2) + 1e-6)."""
+    return x / torch.sqrt((x * x).sum() + 1e-6)
+
+
+def ref_gsa(x, p, s):
+    """Gated Slot Attention as the paper writes it: two slot memories, a softmax over slots."""
+    Ks, Vs, out = s["Ks"], s["Vs"], {"s": [], "p": [], "y": []}
+    for t in range(len(x["q"])):
+        a, k, q = torch.sigmoid(x["a"][t]), l2n(x["k"][t]), l2n(x["q"][t])
+        Ks = a[:, None] * Ks + outer(1 - a, k)
+        Vs = Vs * a[None, :] + outer(x["v"][t], 1 - a)
+        out["s"].append(Ks @ q)
+        out["p"].append(torch.softmax(Ks @ q, 0))
+        out["y"].append(Vs @ out["p"][-1])
+    return out, {"Ks": Ks, "Vs": Vs}
+
+
+def ref_precond_gdn(x, p, s):
+    """fla's preconditioned gated delta rule: a diagonal energy state rescales the write key."""
+    A, H, out = s["A"], s["H"], {n: [] for n in ("r", "s", "kp", "y")}
+    for t in range(len(x["q"])):
+        k, v, beta = l2n(x["k"][t]), x["v"][t], x["beta"][t]
+        A = torch.sigmoid(x["a"][t]) * A + torch.sigmoid(x["b"][t]) * k * k
+        r = torch.log(A.abs() + 1e-6) - p["center"]
+        kp = k * torch.exp(-torch.log(p["x"]) * r / (1 + r.abs()))
+        H = torch.exp(x["g"][t]) * H
+        H = H + beta * outer(v - H @ k, kp)
+        out["r"].append(r)
+        out["s"].append(r / (1 + r.abs()))
+        out["kp"].append(kp)
+        out["y"].append(H @ l2n(x["q"][t]))
+    return out, {"A": A, "H": H}
+
+
+def ref_stacked(x, p, s):
+    H1, H2, os, ys = s["H1"], s["H2"], [], []
+    for t in range(len(x["q"])):
+        H1 = torch.exp(x["g"][t]) * H1 + outer(x["v"][t], x["k"][t])
+        os.append(H1 @ x["q"][t])
+        H2 = H2 + outer(os[-1], x["u"][t])
+        ys.append(H2 @ x["q2"][t])
+    return {"o": os, "y": ys}, {"H1": H1, "H2": H2}
+
+
 def randn(g, *shape):
     return torch.randn(*shape, generator=g, dtype=f64)
 
@@ -530,8 +575,34 @@ CASES = {
     "linear_attention_rope": (ref_linear_attention_rope, lambda g: (qkv(g), {})),
     "retnet_xpos": (ref_retnet_xpos, lambda g: (qkv(g), {})),
     "transformer_vq": (ref_transformer_vq, lambda g: (qkv(g), {"C": randn(g, HEADS, CODES, DK)})),
+    "gsa": (ref_gsa, lambda g: ({**qkv(g), "a": randn(g, *LEAD, DM)}, {})),
+    "precond_gdn": (
+        ref_precond_gdn,
+        lambda g: (
+            {
+                **qkv(g),
+                "a": randn(g, *LEAD),
+                "g": F.logsigmoid(randn(g, *LEAD)),
+                "b": randn(g, *LEAD),
+                "beta": rand(g, *LEAD),
+            },
+            {"center": -0.5 * rand(g, HEADS), "x": 1 + rand(g, HEADS)},
+        ),
+    ),
+    "stacked": (
+        ref_stacked,
+        lambda g: (
+            {
+                **qkv(g),
+                "g": F.logsigmoid(randn(g, *LEAD)),
+                "u": randn(g, *LEAD, DK),
+                "q2": randn(g, *LEAD, DK),
+            },
+            {},
+        ),
+    ),
 }
-SIZES = {"K": DK, "V": DV, "P": DV, "N": DK, "S": CODES}
+SIZES = {"K": DK, "V": DV, "P": DV, "N": DK, "S": CODES, "M": DM}
 
 
 def initial_states(spec, g):

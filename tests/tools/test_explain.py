@@ -30,6 +30,7 @@ MATH = {
     "identity": "Y = (Q K^T ⊙ M) V + Q S_0",
     "scalar constant": "Y = (Q K^T ⊙ L) V + diag(exp(b)) Q S_0,  L_ij = exp(b_i - b_j)",
     "scalar data-dependent": "Y = (Q K^T ⊙ L) V + diag(exp(b)) Q S_0,  L_ij = exp(b_i - b_j)",
+    "diagonal value-side": "y_i = Σ_{j<=i} (q_i · k_j) (exp(b_i - b_j) ⊙ v_j) + exp(b_i) ⊙ (S_0^T q_i)",
     "diagonal key-side": "y_i = Σ_{j<=i} ((q_i ⊙ exp(b_i - b_j)) · k_j) v_j + S_0^T (q_i ⊙ exp(b_i))",
     "identity minus rank-1": "T = (I + tril(diag(β) K K^T, -1))^{-1} diag(β),  W = T K,  U = T V",
     "scalar decay times identity minus rank-1": "Y = diag(exp(b)) Q S_0 + (Q K^T ⊙ Γ) (U - W S_0)",
