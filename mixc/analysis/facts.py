@@ -47,6 +47,9 @@ class StateFacts:
     #: A vector state read entry by entry (`y_t = o_t * c_t`), laid out as a column: one key
     #: channel of 1, its entries as value channels, as a matrix [V, 1] is.
     column: bool = False
+    #: Updated from the next token (`G_t = a_t G_{t+1} + ...`): it runs backward in time, from
+    #: an initial state at the end of the sequence, as a forward state of the reversed sequence.
+    backward: bool = False
 
     @property
     def vector(self) -> bool:
@@ -71,7 +74,8 @@ class StateFacts:
 @dataclass(frozen=True)
 class Readout:
     """`state_t query` (`offset` 0) or `state_{t-1} query` (-1: the state before the token's
-    update, as RWKV-6 reads it), times an optional scalar scale: a linear read of one state.
+    update, as RWKV-6 reads it; +1 for a backward state, whose update comes from t+1), times an
+    optional scalar scale: a linear read of one state.
     Entrywise: the vector state itself (`c_t`, its query the 1 of its column)."""
 
     index: int

@@ -8,7 +8,7 @@ from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, transpose_atom
 from mixc.analysis.facts import StateFacts, WriteTerm
 from mixc.analysis.steps import split_steps
-from mixc.errors import Span
+from mixc.errors import NotYetImplemented, Span
 from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Expr, Mixer, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
@@ -80,6 +80,7 @@ def _analyze_state(
             name, shape, False, NOT_AFFINE.transition(why, eq.span), (), "unknown", decl.span
         )
     coupled = _other_state(terms, {s.name for s in mixer.states} - {name})
+    _check_direction(mixer, name, coupled)
     if coupled is not None:
         transition = DENSE.coupled(name, coupled, _at(coupled.span))
     elif not reads:
@@ -90,7 +91,16 @@ def _analyze_state(
         transition = _canonical(classify(read_terms, ctx), eq, canon)
     write_terms, form = _writes(writes, shape, ex, canon, column)
     state = StateFacts(
-        name, shape, True, transition, write_terms, form, decl.span, terms=expanded, column=column
+        name,
+        shape,
+        True,
+        transition,
+        write_terms,
+        form,
+        decl.span,
+        terms=expanded,
+        column=column,
+        backward=name in mixer.backward,
     )
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
@@ -183,6 +193,24 @@ def _other_state(terms: list[Term], others: set[str]) -> Expr | None:
             if any(isinstance(n, Timed) and n.name in others for n in walk(a)):
                 return a
     return None
+
+
+def _check_direction(mixer: Mixer, name: str, coupled: Expr | None) -> None:
+    """A state's update reads no state that runs the other way in time (a forward state
+    reading a backward one, or the reverse): the two loops of a non-causal mixer run one
+    direction after the other."""
+    if coupled is None:
+        return
+    backward = set(mixer.backward)
+    read = next(n.name for n in walk(coupled) if isinstance(n, Timed) and n.name != name)
+    if (read in backward) != (name in backward):
+        ways = {True: "backward", False: "forward"}
+        raise NotYetImplemented(
+            f"the update of {name} (run {ways[name in backward]} in time) reads {read}, which "
+            f"runs {ways[read in backward]}",
+            coupled.span or mixer.update(name).value.span,
+            hint="read a state of the other direction in an output only",
+        )
 
 
 def _canonical(transition: Transition, eq, canon: Canon) -> Transition:

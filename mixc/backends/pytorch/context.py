@@ -62,9 +62,11 @@ class Context:
         def names(e: Expr) -> str:
             if isinstance(e, Timed) and e.offset == -1:
                 return local("prev", e.name) if e.name in self.lagged else e.name
+            if isinstance(e, Timed) and e.offset == 1:  # a backward state before its update
+                return e.name
             if isinstance(e, Timed):
                 return f"{e.name}_t"
-            return e.name
+            return self.readouts.get(e.name, e.name)  # a backward state's readout by its local
 
         return PyExpr(self.typer, names, shared=self._point)
 

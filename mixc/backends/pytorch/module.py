@@ -116,11 +116,15 @@ class _Module(SequenceForms, RecurrentForms):
         if self.program.parallel is not None:
             out("  parallel   quadratic masked form (attention-like), for short sequences", 0)
         out("  recurrent  token by token", 0)
-        out("  step       one token, for decoding", 0)
+        if "step" in self.program.forms:
+            out("  step       one token, for decoding", 0)
         for s in self.program.states:
             out(doc_line(f"State {s.name}: {s.label} ({s.rule})."), 0)
         if self.program.chunk is None:
             for line in textwrap.wrap(f"No chunked form: {self.program.no_chunk}", 100):
+                out(doc_line(line), 0)
+        if self.program.no_step is not None:
+            for line in textwrap.wrap(f"No step form: {self.program.no_step}", 100):
                 out(doc_line(line), 0)
         out('"""', 0)
         out("", 0)
@@ -183,6 +187,7 @@ class _Module(SequenceForms, RecurrentForms):
             out("", 0)
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
             shifts += ["_sub_tokens"] if any(len(c.steps) > 1 for c in self.program.calls) else []
+            shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []
             out.lines.append(self.library.source(self.kernels + shifts))
 
     def emit_mixer(self, out: Lines, library: str) -> None:
@@ -217,7 +222,10 @@ class _Module(SequenceForms, RecurrentForms):
         self.emit_summary(functions)
         self.emit_recurrence(functions)
         self.emit_recurrent(functions)
-        self.emit_step(functions)
+        if self.program.no_step is None:
+            self.emit_step(functions)
+        else:
+            self.emit_no_step(functions)
         functions.lines = without_unread(functions.lines)
         return functions
 

@@ -61,17 +61,38 @@ class SequenceForms(Context):
 
     # -- a kernel call -----------------------------------------------------------------------
 
+    @staticmethod
+    def in_time(text: str, reverse: bool, packed: str) -> str:
+        """A tensor in the kernels' layout, in reverse time order where `reverse`."""
+        return f"_reverse_tokens({text}{packed})" if reverse else text
+
+    def seq_layout(self, packed: str, reverse: bool):
+        """`seq(layout, text)`: `text` in the kernels' layout (`_seq_<layout>`), reversed in
+        time where `reverse` (each packed sequence within its bounds)."""
+
+        def seq(layout: str, text: str) -> str:
+            return self.in_time(f"_seq_{layout}({text}, _sizes{packed})", reverse, packed)
+
+        return seq
+
     def emit_inputs(
-        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str, log_scale=None
+        self,
+        out: Lines,
+        group: str,
+        steps: tuple[Step, ...],
+        packed: str,
+        log_scale=None,
+        reverse: bool = False,
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one call,
         as locals; returns the class's arguments as the call passes them. `log_scale`: the write
-        scale, passed as its log."""
+        scale, passed as its log; `reverse`: each in reverse time order (a backward call)."""
         if len(steps) > 1:
-            return self.emit_sub_token_inputs(out, group, steps, packed)
+            return self.emit_sub_token_inputs(out, group, steps, packed, reverse)
         (step,) = steps
         e = self.seq_expr()
-        out(f"{local('k', group)} = _seq_vector({self.tensor(step.key)}, _sizes{packed})")
+        seq = self.seq_layout(packed, reverse)
+        out(f"{local('k', group)} = {seq('vector', self.tensor(step.key))}")
         values = []
         if any(v.expr is None for v in step.values):  # a vector state: a value of 1
             sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
@@ -83,7 +104,7 @@ class SequenceForms(Context):
                 value = e(v.expr if v.scale is None else Binary("@", v.scale, v.expr))
             values.append(value)
         value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
-        out(f"{local('v', group)} = _seq_vector({value}, _sizes{packed})")
+        out(f"{local('v', group)} = {seq('vector', value)}")
         kernel_args = []
         gate = self.gate_expr()
         for arg in step.args:
@@ -94,21 +115,22 @@ class SequenceForms(Context):
                 continue
             value = self.tensor(arg.expr, gate)  # a constant gate, e.g. log(0.9), as a tensor
             name = local(arg.name, group)
-            out(f"{name} = _seq_{arg.layout}({value}, _sizes{packed}){note(arg.expr)}")
+            out(f"{name} = {seq(arg.layout, value)}{note(arg.expr)}")
             kernel_args.append(f"{arg.name}={name}")
         if log_scale is not None:
             shown = note(f"the write scale exp({log_scale}), as its log")
-            out(f"{local('s', group)} = _seq_scalar({e(log_scale)}, _sizes{packed}){shown}")
+            out(f"{local('s', group)} = {seq('scalar', e(log_scale))}{shown}")
             kernel_args.append(f"log_scale={local('s', group)}")
         return kernel_args
 
     def emit_sub_token_inputs(
-        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str
+        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str, reverse: bool
     ) -> list[str]:
         """Key, value and the class's arguments of a call that applies several steps a token:
-        each step's, interleaved along time into sub-tokens (`_sub_tokens`), an argument a step
-        lacks (no decay) as zeros."""
+        each step's (reversed in time before, for a backward call), interleaved along time into
+        sub-tokens (`_sub_tokens`), an argument a step lacks (no decay) as zeros."""
         gate = self.gate_expr()
+        seq = self.seq_layout(packed, reverse)
         parts: dict[str, list[str | None]] = {"k": [], "v": []}
         for i, step in enumerate(steps, 1):
             (v,) = step.values
@@ -124,7 +146,7 @@ class SequenceForms(Context):
                     continue
                 name = local(f"{arg}{i}", group)
                 text = self.tensor(expr, how)
-                out(f"{name} = _seq_{layout}({text}, _sizes{packed}){note(expr)}")
+                out(f"{name} = {seq(layout, text)}{note(expr)}")
                 parts[arg].append(name)
         kernel_args = []
         for arg, locals_ in parts.items():
@@ -144,7 +166,9 @@ class SequenceForms(Context):
         seqlens = ", cu_seqlens" if packed else ""
         initial = local("S0", call.group)
         out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}"))
-        kernel_args = self.emit_inputs(out, call.group, call.steps, seqlens, call.log_scale)
+        kernel_args = self.emit_inputs(
+            out, call.group, call.steps, seqlens, call.log_scale, call.reverse
+        )
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
             s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
@@ -152,7 +176,8 @@ class SequenceForms(Context):
         for i, query in enumerate(call.queries):
             self.emit_query(out, call, query, kernel_args, seqlens)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
-                out(f"{call.unscale} = _from_seq(_torch.exp(-_m)[..., None]{seqlens})")
+                scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
+                out(f"{call.unscale} = _from_seq({scale}{seqlens})")
             if query.previous:
                 start = (
                     f"_q[:, :, :1] @ {initial}"
@@ -160,6 +185,8 @@ class SequenceForms(Context):
                     else "_torch.zeros_like(_o[:, :, :1])"
                 )
                 out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
+            if call.reverse:
+                out(f"_o = _reverse_tokens(_o{seqlens})  # back in time order")
             if len(call.slots) == 1:
                 parts = ["_o"]
             else:
@@ -179,7 +206,8 @@ class SequenceForms(Context):
         if query.query is None:
             out(f"_q = _torch.zeros_like({k})")
         else:
-            out(f"_q = _seq_vector({self.tensor(query.query)}, _sizes{seqlens})")
+            seq = self.seq_layout(seqlens, call.reverse)
+            out(f"_q = {seq('vector', self.tensor(query.query))}")
         steps = len(call.steps) if len(call.steps) > 1 else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
