@@ -16,9 +16,6 @@ from mixc.analysis.plan import GroupPlan, Plan
 from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Timed, Transpose, walk
 from mixc.lowering.program import (
-    Call as KernelCall,
-)
-from mixc.lowering.program import (
     BackwardLoop,
     Decay,
     Output,
@@ -35,6 +32,9 @@ from mixc.lowering.program import (
     SummaryCall,
     Update,
     Value,
+)
+from mixc.lowering.program import (
+    Call as KernelCall,
 )
 
 __all__ = ["lower"]

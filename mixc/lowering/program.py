@@ -300,7 +300,9 @@ def dump(program: Program) -> str:
             if c.log_scale is not None:
                 lines.append(f"    log_scale = {c.log_scale} (outputs times {c.unscale})")
             if c.reverse:
-                lines.append("    on the time-reversed sequence (each packed sequence in its bounds)")
+                lines.append(
+                    "    on the time-reversed sequence (each packed sequence in its bounds)"
+                )
             for q in c.queries:
                 early = " read a token early (S_{t-1} q_t)" if q.previous else ""
                 reads = ", ".join(r.name for r in q.readouts) or "none"
