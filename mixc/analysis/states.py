@@ -79,8 +79,9 @@ def _analyze_state(
         return StateFacts(
             name, shape, False, NOT_AFFINE.transition(why, eq.span), (), "unknown", decl.span
         )
-    coupled = _other_state(terms, {s.name for s in mixer.states} - {name})
-    _check_direction(mixer, name, coupled)
+    coupled = _check_direction(
+        mixer, name, _other_state(terms, {s.name for s in mixer.states} - {name})
+    )
     if coupled is not None:
         transition = DENSE.coupled(name, coupled, _at(coupled.span))
     elif not reads:
@@ -91,16 +92,7 @@ def _analyze_state(
         transition = _canonical(classify(read_terms, ctx), eq, canon)
     write_terms, form = _writes(writes, shape, ex, canon, column)
     state = StateFacts(
-        name,
-        shape,
-        True,
-        transition,
-        write_terms,
-        form,
-        decl.span,
-        terms=expanded,
-        column=column,
-        backward=name in mixer.backward,
+        name, shape, True, transition, write_terms, form, decl.span, terms=expanded, column=column
     )
     state = replace(state, transition=_with_reason(transition, _write_reason(state)))
     if state.transition.reason is None:
@@ -124,7 +116,7 @@ def _analyze_state(
         for part in state.transition.parts
         if (note := part.transition_class.stability(part, params)) is not None
     )
-    return replace(state, stability=stability or None)
+    return replace(state, stability=stability or None, backward=name in mixer.backward)
 
 
 def _as_steps(state: StateFacts, mixer: Mixer, eq, ex: Expander, params, canon: Canon):
@@ -195,12 +187,13 @@ def _other_state(terms: list[Term], others: set[str]) -> Expr | None:
     return None
 
 
-def _check_direction(mixer: Mixer, name: str, coupled: Expr | None) -> None:
-    """A state's update reads no state that runs the other way in time (a forward state
-    reading a backward one, or the reverse): the two loops of a non-causal mixer run one
-    direction after the other."""
+def _check_direction(mixer: Mixer, name: str, coupled: Expr | None) -> Expr | None:
+    """`coupled` (the factor of the update of `name` that reads another state), once checked
+    that it reads no state that runs the other way in time (a forward state reading a backward
+    one, or the reverse): the two loops of a non-causal mixer run one direction after the
+    other."""
     if coupled is None:
-        return
+        return None
     backward = set(mixer.backward)
     read = next(n.name for n in walk(coupled) if isinstance(n, Timed) and n.name != name)
     if (read in backward) != (name in backward):
@@ -211,6 +204,7 @@ def _check_direction(mixer: Mixer, name: str, coupled: Expr | None) -> None:
             coupled.span or mixer.update(name).value.span,
             hint="read a state of the other direction in an output only",
         )
+    return coupled
 
 
 def _canonical(transition: Transition, eq, canon: Canon) -> Transition:

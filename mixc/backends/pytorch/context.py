@@ -70,6 +70,21 @@ class Context:
 
         return PyExpr(self.typer, names, shared=self._point)
 
+    @staticmethod
+    def in_time(text: str, reverse: bool, packed: str) -> str:
+        """A tensor in the kernels' layout, in reverse time order where `reverse` (a call of a
+        backward state's group)."""
+        return f"_reverse_tokens({text}{packed})" if reverse else text
+
+    def seq_layout(self, packed: str, reverse: bool):
+        """`seq(layout, text)`: `text` in the kernels' layout (`_seq_<layout>`), reversed in
+        time where `reverse` (each packed sequence within its bounds)."""
+
+        def seq(layout: str, text: str) -> str:
+            return self.in_time(f"_seq_{layout}({text}, _sizes{packed})", reverse, packed)
+
+        return seq
+
     def tensor(self, expr: Expr, e: PyExpr | None = None) -> str:
         """An expression as a tensor: a constant (a column's key of 1, log(0.9)) as [1, 1]."""
         value = (e or self.seq_expr())(expr)

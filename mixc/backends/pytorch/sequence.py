@@ -61,20 +61,6 @@ class SequenceForms(Context):
 
     # -- a kernel call -----------------------------------------------------------------------
 
-    @staticmethod
-    def in_time(text: str, reverse: bool, packed: str) -> str:
-        """A tensor in the kernels' layout, in reverse time order where `reverse`."""
-        return f"_reverse_tokens({text}{packed})" if reverse else text
-
-    def seq_layout(self, packed: str, reverse: bool):
-        """`seq(layout, text)`: `text` in the kernels' layout (`_seq_<layout>`), reversed in
-        time where `reverse` (each packed sequence within its bounds)."""
-
-        def seq(layout: str, text: str) -> str:
-            return self.in_time(f"_seq_{layout}({text}, _sizes{packed})", reverse, packed)
-
-        return seq
-
     def emit_inputs(
         self,
         out: Lines,
