@@ -151,7 +151,8 @@ class SequenceForms(Context):
         query's call) the final states in their own layouts."""
         seqlens = ", cu_seqlens" if packed else ""
         initial = local("S0", call.group)
-        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}"))
+        reverse = ", on the time-reversed sequence" if call.reverse else ""
+        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reverse}"))
         kernel_args = self.emit_inputs(
             out, call.group, call.steps, seqlens, call.log_scale, call.reverse
         )

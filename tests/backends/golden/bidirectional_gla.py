@@ -1099,7 +1099,7 @@ def chunk(
     _o, _S = _chunk_diagonal(_q, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size)
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
-    # G: diagonal key-side -> chunk_diagonal
+    # G: diagonal key-side -> chunk_diagonal, on the time-reversed sequence
     _k_G = _reverse_tokens(_seq_vector(k, _sizes, cu_seqlens), cu_seqlens)
     _v_G = _reverse_tokens(_seq_vector(v, _sizes, cu_seqlens), cu_seqlens)
     _gk_G = _reverse_tokens(_seq_vector(gb, _sizes, cu_seqlens), cu_seqlens)  # gb_t

@@ -1039,7 +1039,7 @@ def chunk(
     _o = _torch.cat([_q[:, :, :1] @ _S0_H, _o[:, :, :-1]], 2)  # S_{t-1} q_t
     _read_H = _from_seq(_o, cu_seqlens)  # H_{t-1} C_t
     H = _S.mT
-    # G: scalar data-dependent -> chunk_scalar_decay
+    # G: scalar data-dependent -> chunk_scalar_decay, on the time-reversed sequence
     _k_G = _reverse_tokens(_seq_vector(Bb, _sizes, cu_seqlens), cu_seqlens)
     _v_G = _reverse_tokens(_seq_vector(dtb * x, _sizes, cu_seqlens), cu_seqlens)
     _g_G = _reverse_tokens(_seq_scalar(dtb * A, _sizes, cu_seqlens), cu_seqlens)  # dtb_t A
@@ -1090,7 +1090,7 @@ def parallel(x, dt, B, C, dtb, Bb, Cb, A, D):
     _o = _parallel_scalar_decay(_q_next, _k_H, _v_H, g=_g_H)
     _o = _torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2)  # S_{t-1} q_t
     _read_H = _from_seq(_o)  # H_{t-1} C_t
-    # G: scalar data-dependent -> parallel_scalar_decay
+    # G: scalar data-dependent -> parallel_scalar_decay, on the time-reversed sequence
     _k_G = _reverse_tokens(_seq_vector(Bb, _sizes))
     _v_G = _reverse_tokens(_seq_vector(dtb * x, _sizes))
     _g_G = _reverse_tokens(_seq_scalar(dtb * A, _sizes))  # dtb_t A
