@@ -150,7 +150,8 @@ class MixerLayer(nn.Module):
             hidden_size // num_heads for every symbol.
         transforms: input name -> list of TRANSFORMS names, overriding `default_transforms`.
         conv_size: kernel size of a short causal depthwise convolution on `conv_inputs`
-            (0 turns it off); default 4.
+            (0 turns it off); default 4. For a non-causal spec (one with a backward state) the
+            convolution is centred: (conv_size - 1) // 2 tokens before, conv_size // 2 after.
         conv_inputs: which vector inputs are convolved; default every vector input that no
             decay or beta reads (keys, queries and values, as in fla's layers).
         output_gate: multiply by silu(Linear(x)) before the output projection.
@@ -402,12 +403,21 @@ class MixerLayer(nn.Module):
         if not isinstance(use_cache, bool):
             raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
+        if not self.spec.mixer.causal and (use_cache or state is not None):
+            raise MixcError(
+                f"{self.spec.mixer.name} is non-causal (its state {self.spec.mixer.backward[0]} "
+                "runs backward in time, from the end of the sequence): the layer has no cache; "
+                "call it on whole sequences with use_cache=False and no state"
+            )
         if state is not None:
             check_cache(state, B, self)
         inputs, tails = [], {}
         for name, dims in self.dims.items():
             h = self.proj[name](x)
-            if name in self.conv:
+            if name in self.conv and not self.spec.mixer.causal:  # centred: no cache to keep
+                pad = ((self.conv_size - 1) // 2, self.conv_size // 2)
+                h = F.silu(self.conv[name](F.pad(h.transpose(1, 2), pad)).transpose(1, 2))
+            elif name in self.conv:
                 past = (
                     state.conv[name]
                     if state is not None
