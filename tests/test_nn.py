@@ -55,7 +55,7 @@ def test_a_non_causal_layer_sees_both_sides_and_has_no_cache(path):
     seen = grad.abs().sum((0, 2)) > 0  # which tokens output 10 depends on
     assert seen[:10].all() and seen[11:].all(), seen
     for call in (lambda: layer(x, use_cache=True), lambda: layer(x, state=object())):
-        with pytest.raises(mixc.MixcError, match="is non-causal .* the layer has no cache"):
+        with pytest.raises(mixc.MixcError, match=r"is non-causal .* the layer has no cache"):
             call()
     y.square().mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
