@@ -24,6 +24,7 @@ from mixc.resources import check_bytes
 __all__ = [
     "check_container_names",
     "check_memory",
+    "check_no_cache",
     "check_x",
     "chosen_conv_inputs",
     "chosen_transforms",
@@ -179,3 +180,14 @@ def check_x(x, hidden: int, dtype: torch.dtype) -> None:
         )
     if x.shape[1] == 0:
         raise MixcError("x: the sequence is empty (T = 0); a call needs at least one token")
+
+
+def check_no_cache(mixer, use_cache: bool, state) -> None:
+    """A layer of a non-causal mixer (a backward state, which starts at the sequence's end)
+    is called on whole sequences: no cache to return or continue from."""
+    if not mixer.causal and (use_cache or state is not None):
+        raise MixcError(
+            f"{mixer.name} is non-causal (its state {mixer.backward[0]} runs backward in time, "
+            "from the end of the sequence): the layer has no cache; call it on whole "
+            "sequences with use_cache=False and no state"
+        )

@@ -38,6 +38,7 @@ from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
     check_container_names,
     check_memory,
+    check_no_cache,
     check_x,
     chosen_conv_inputs,
     chosen_transforms,
@@ -403,12 +404,7 @@ class MixerLayer(nn.Module):
         if not isinstance(use_cache, bool):
             raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
-        if not self.spec.mixer.causal and (use_cache or state is not None):
-            raise MixcError(
-                f"{self.spec.mixer.name} is non-causal (its state {self.spec.mixer.backward[0]} "
-                "runs backward in time, from the end of the sequence): the layer has no cache; "
-                "call it on whole sequences with use_cache=False and no state"
-            )
+        check_no_cache(self.spec.mixer, use_cache, state)
         if state is not None:
             check_cache(state, B, self)
         inputs, tails = [], {}

@@ -115,7 +115,7 @@ def _check(r: InputRanges, module: types.ModuleType, ex: Example, dtype: torch.d
 
 def _forms(r: InputRanges, module: types.ModuleType, ex: Example) -> list[tuple[str, int | None]]:
     forms: list[tuple[str, int | None]] = [("recurrent", None)]
-    if r.plan.forms.step is None:  # a non-causal mixer has no step
+    if "step" in getattr(module, "FORMS", ("step",)):  # a non-causal mixer has no step
         forms.append(("step", None))
     if r.plan.chunkable and callable(getattr(module, "chunk", None)):
         # a Triton module's blocks are at least 16 tokens (_tl_block): every chunk size up to 16

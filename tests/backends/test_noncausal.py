@@ -1,7 +1,7 @@
 """Non-causal mixers: states updated from the next token (`G_t = a_t G_{t+1} + ...`).
 
-Hydra against its paper's matrix form (a quasiseparable T x T matrix, built here without mixc),
-the oracle against a loop written out by hand (initial states at both ends), the forms a
+Hydra against its paper's matrix form (a quasiseparable T x T matrix, built here without mixc;
+the oracle against loops written out by hand is in tests/oracle/test_interpret.py), the forms a
 non-causal module lacks (step, summary) refusing with the reason, the reverse of causality
 (a backward state at t does not depend on the tokens before t, bit for bit, in every form),
 and packed sequences reversed each within its own bounds."""
@@ -18,7 +18,7 @@ from mixc.check import sample_inputs, sample_states
 from mixc.check.fuzz import load_module
 from mixc.oracle.interpret import interpret
 from tests.backends.test_varlen import check_packed
-from tests.mixers import SIZES, positional, random_states, rel, run_mixc, spec_inputs
+from tests.mixers import SIZES, positional, rel, run_mixc, spec_inputs
 
 ROOT = Path(__file__).parents[2]
 HYDRA = ROOT / "specs" / "hydra.mix"
@@ -64,42 +64,6 @@ def test_hydra_equals_its_quasiseparable_matrix():
     # and in float32, within float32's rounding
     y32 = module.chunk(*(a.float() for a in args), chunk_size=4)[0]
     assert rel(y32.double(), want) < 1e-5
-
-
-def _bidirectional_gla_by_hand(inputs, states):
-    """H_t = H_{t-1} diag(exp(g_t)) + v_t k_t^T from H's initial state (before the first token),
-    G_t = G_{t+1} diag(exp(gb_t)) + v_t k_t^T from G's (after the last token), y_t = H_t q_t +
-    G_{t+1} q_t; one (batch, head) at a time."""
-    q, k, v, g, gb = (inputs[n] for n in ("q", "k", "v", "g", "gb"))
-    B, T, NH = q.shape[:3]
-    ys = torch.zeros_like(v)
-    finals = {n: torch.zeros_like(x) for n, x in states.items()}
-    for b in range(B):
-        for h in range(NH):
-            G = states["G"][b, h]
-            later = [None] * (T + 1)  # G_{t+1} for each t
-            later[T] = G
-            for t in reversed(range(T)):
-                G = later[t + 1] * torch.exp(gb[b, t, h]) + torch.outer(v[b, t, h], k[b, t, h])
-                later[t] = G
-            H = states["H"][b, h]
-            for t in range(T):
-                H = H * torch.exp(g[b, t, h]) + torch.outer(v[b, t, h], k[b, t, h])
-                ys[b, t, h] = H @ q[b, t, h] + later[t + 1] @ q[b, t, h]
-            finals["H"][b, h], finals["G"][b, h] = H, later[0]
-    return ys, finals
-
-
-def test_the_oracle_runs_backward_states_from_the_end_of_the_sequence():
-    spec = mixc.load_spec(BIGLA)
-    gen = torch.Generator().manual_seed(1)
-    inputs, params = spec_inputs(spec, B=2, T=9, NH=2, generator=gen)
-    states = random_states(spec, B=2, NH=2, generator=gen)
-    out, finals = interpret(spec, inputs, params, states)
-    ys, want = _bidirectional_gla_by_hand(inputs, states)
-    torch.testing.assert_close(out["y"], ys, rtol=1e-12, atol=1e-12)
-    for name in ("H", "G"):
-        torch.testing.assert_close(finals[name], want[name], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("path", [HYDRA, BIGLA], ids=["hydra", "bidirectional_gla"])
