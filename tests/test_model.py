@@ -203,6 +203,7 @@ def _copy_from_the_right(pattern, steps=120):
     return (guess == tokens[:, 1:]).float().mean().item()
 
 
+@pytest.mark.slow  # 240 training steps: minutes on a busy 2-core machine
 def test_an_encoder_of_a_non_causal_spec_learns_what_only_the_right_side_holds():
     """The bidirectional layer learns to read the next token; the same stack of a causal spec
     stays near chance (1/8): it cannot see it."""
