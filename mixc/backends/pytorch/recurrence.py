@@ -25,7 +25,7 @@ class RecurrentForms(Context):
         out("_ys = []")
         out('for _t in _range(_sizes["T"]):')
         self.emit_slices(out, recurrence.sliced)
-        if backward is not None:
+        if backward is not None and backward.reads:
             kept = tuple_text([name for name, _ in backward.reads], one=True)
             out(f"{kept.strip('()')} = _kept[_t]", 2)
         with self.point(out, 2):
