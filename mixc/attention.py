@@ -67,6 +67,8 @@ class Attention(nn.Module):
         hidden_size, num_heads: model width and number of heads (head size hidden / heads).
         window: attend to at most this many tokens (itself included); None: every earlier one.
         rope_base: the base of the rotary frequencies.
+        causal: False for an encoder's attention: every token attends to every token, and
+            there is no cache (and no window).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class Attention(nn.Module):
         *,
         window: int | None = None,
         rope_base: float = 10000.0,
+        causal: bool = True,
     ) -> None:
         super().__init__()
         self.hidden_size = count("hidden_size", hidden_size)
@@ -87,6 +90,9 @@ class Attention(nn.Module):
         self.head_size = hidden_size // num_heads
         self.window = None if window is None else count("window", window)
         self.rope_base = rope_base
+        self.causal = causal
+        if not causal and window is not None:
+            raise MixcError("window: a sliding window looks back only; an encoder's has none")
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=False)
 
@@ -112,6 +118,11 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         if T == 0:
             raise MixcError("x: the sequence is empty (T = 0); a call needs at least one token")
+        if not self.causal and (state is not None or use_cache):
+            raise MixcError(
+                "an encoder's attention (causal=False) sees the whole sequence and "
+                "has no cache; call it with use_cache=False and no state"
+            )
         if state is not None:
             self._check_cache(state, B)
         mask = check_mask(attention_mask, B, T, x.device)
@@ -125,7 +136,7 @@ class Attention(nn.Module):
             k, v = torch.cat([state.k.to(k.dtype), k], 2), torch.cat([state.v.to(v.dtype), v], 2)
         S = k.shape[2]
         if self.window is None and state is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         else:
             key_pos = torch.arange(seen + T - S, seen + T, device=x.device)
             gap = positions[:, None] - key_pos[None, :]  # how far back each key is

@@ -25,6 +25,7 @@ from mixc.resources import check_bytes
 __all__ = [
     "check_container_names",
     "check_memory",
+    "check_no_cache",
     "check_x",
     "chosen_conv_inputs",
     "chosen_mode",
@@ -261,3 +262,14 @@ def chosen_mode(spec: Spec, module, mode) -> str:
             stacklevel=3,  # the caller of MixerLayer(...)
         )
     return "recurrent"
+
+
+def check_no_cache(mixer, use_cache: bool, state) -> None:
+    """A layer of a non-causal mixer (a backward state, which starts at the sequence's end)
+    is called on whole sequences: no cache to return or continue from."""
+    if not mixer.causal and (use_cache or state is not None):
+        raise MixcError(
+            f"{mixer.name} is non-causal (its state {mixer.backward[0]} runs backward in time, "
+            "from the end of the sequence): the layer has no cache; call it on whole "
+            "sequences with use_cache=False and no state"
+        )

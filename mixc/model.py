@@ -30,7 +30,7 @@ from mixc.layer_checks import count
 from mixc.nn import MixerLayer
 from mixc.resources import check_bytes
 
-__all__ = ["Block", "LanguageModel", "is_attention", "make_mixer"]
+__all__ = ["Block", "Encoder", "LanguageModel", "is_attention", "make_mixer"]
 
 
 def is_attention(entry) -> bool:
@@ -38,18 +38,29 @@ def is_attention(entry) -> bool:
     return isinstance(entry, str) and entry.split(":")[0] == "attention"
 
 
-def make_mixer(entry, hidden_size: int, num_heads: int, **layer_kwargs) -> nn.Module:
+def make_mixer(
+    entry, hidden_size: int, num_heads: int, causal: bool = True, **layer_kwargs
+) -> nn.Module:
     """The token mixer of one pattern entry: "attention", "attention:N" (a window of N
     tokens), or a spec (a path, a Source or a loaded Spec) for a MixerLayer with
-    `layer_kwargs`."""
+    `layer_kwargs`. Not `causal`: an encoder's, whose attention has no causal mask."""
     if is_attention(entry):
         _, colon, window = entry.partition(":")
         if colon and not (window.isascii() and window.isdigit()):
             raise MixcError(f"pattern: {entry!r}: expected attention:N with N a window size")
-        return Attention(hidden_size, num_heads, window=int(window) if colon else None)
+        window = int(window) if colon else None
+        return Attention(hidden_size, num_heads, window=window, causal=causal)
     if not isinstance(entry, str | os.PathLike | Source | Spec):
         raise MixcError(f"pattern: expected a spec or 'attention', got {entry!r}")
-    return MixerLayer(entry, hidden_size, num_heads, **layer_kwargs)
+    layer = MixerLayer(entry, hidden_size, num_heads, **layer_kwargs)
+    if causal and not layer.spec.mixer.causal:
+        name = layer.spec.mixer.name
+        raise MixcError(
+            f"pattern: {name} is non-causal (its state {layer.spec.mixer.backward[0]} runs "
+            "backward in time), so a language model would read the tokens it predicts; stack "
+            "it in mixc.model.Encoder"
+        )
+    return layer
 
 
 class Block(nn.Module):
@@ -83,6 +94,8 @@ class LanguageModel(nn.Module):
         layer_kwargs: passed to every MixerLayer (sizes, conv_size, chunk_size, ...).
     """
 
+    causal = True  # its attention layers have a causal mask
+
     def __init__(
         self,
         pattern: Sequence,
@@ -113,7 +126,11 @@ class LanguageModel(nn.Module):
         self.embed = nn.Embedding(vocab_size, hidden_size)
         nn.init.normal_(self.embed.weight, std=hidden_size**-0.5)
         self.blocks = nn.ModuleList(
-            Block(make_mixer(e, hidden_size, num_heads, **layer_kwargs), hidden_size, mlp_ratio)
+            Block(
+                make_mixer(e, hidden_size, num_heads, self.causal, **layer_kwargs),
+                hidden_size,
+                mlp_ratio,
+            )
             for e in pattern
         )
         if mlp_ratio == 0:
@@ -191,3 +208,32 @@ class LanguageModel(nn.Module):
             if i + 1 < n:
                 logits, caches = self(token, caches, use_cache=True)
         return torch.cat(out, 1)
+
+
+class Encoder(LanguageModel):
+    """A bidirectional stack, for encoders (masked-token prediction): LanguageModel's blocks,
+    its attention layers without a causal mask, logits at every token from the whole sequence.
+    Non-causal specs (a backward state: hydra, bidirectional_gla) see both sides of each
+    token; a causal spec may be stacked too and sees the tokens up to its own. No cache, no
+    generate.
+
+        encoder = Encoder(["specs/hydra.mix", "attention"], vocab_size=256)
+        logits, _ = encoder(tokens)                     # tokens: [B, T] int64
+    """
+
+    causal = False
+
+    def forward(self, tokens: torch.Tensor, caches: list | None = None, use_cache: bool = False):
+        """tokens: [B, T] int64. Returns (logits [B, T, vocab], None)."""
+        if caches is not None or use_cache is not False:
+            raise MixcError(
+                "an Encoder reads whole sequences and keeps no cache: call it with "
+                "use_cache=False and no caches"
+            )
+        return super().forward(tokens)
+
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+        raise MixcError(
+            "an Encoder does not generate: each token's logits read the tokens after it; "
+            "use LanguageModel for generation"
+        )

@@ -35,6 +35,7 @@ from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
     check_container_names,
     check_memory,
+    check_no_cache,
     check_x,
     chosen_conv_inputs,
     chosen_mode,
@@ -90,7 +91,8 @@ class MixerLayer(nn.Module):
             hidden_size // num_heads for every symbol.
         transforms: input name -> list of TRANSFORMS names, overriding `default_transforms`.
         conv_size: kernel size of a short causal depthwise convolution on `conv_inputs`
-            (0 turns it off); default 4.
+            (0 turns it off); default 4. For a non-causal spec (one with a backward state) the
+            convolution is centred: (conv_size - 1) // 2 tokens before, conv_size // 2 after.
         conv_inputs: which vector inputs are convolved; default every vector input that no
             decay or beta reads (keys, queries and values, as in fla's layers).
         output_gate: multiply by silu(Linear(x)) before the output projection.
@@ -292,6 +294,7 @@ class MixerLayer(nn.Module):
         if not isinstance(use_cache, bool):
             raise MixcError(f"use_cache: expected True or False, got {type(use_cache).__name__}")
         B, T, _ = x.shape
+        check_no_cache(self.spec.mixer, use_cache, state)
         if state is not None:
             check_cache(state, B, self)
         mask = check_mask(attention_mask, B, T, x.device)
@@ -329,7 +332,10 @@ class MixerLayer(nn.Module):
         inputs, tails = [], {}
         for name, dims in self.dims.items():
             h = self.proj[name](x)
-            if name in self.conv:
+            if name in self.conv and not self.spec.mixer.causal:  # centred: no cache to keep
+                pad = ((self.conv_size - 1) // 2, self.conv_size // 2)
+                h = F.silu(self.conv[name](F.pad(h.transpose(1, 2), pad)).transpose(1, 2))
+            elif name in self.conv:
                 n = self.conv_size - 1
                 past = state.conv[name] if state is not None else h.new_zeros(B, n, h.shape[-1])
                 h_full = torch.cat([past.to(h.dtype), h], 1)

@@ -17,9 +17,11 @@ from tests.mixers import rel
 
 ROOT = Path(__file__).parent.parent
 SPECS = sorted(ROOT.glob("specs/*.mix"))
+CAUSAL = [p for p in SPECS if mixc.load_spec(p).mixer.causal]
+NON_CAUSAL = [p for p in SPECS if p not in CAUSAL]
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+@pytest.mark.parametrize("path", CAUSAL, ids=[p.stem for p in CAUSAL])
 def test_prefill_then_decode_equals_one_pass(path):
     torch.manual_seed(0)
     layer = MixerLayer(path, 32, 2, chunk_size=8).double()
@@ -37,6 +39,28 @@ def test_prefill_then_decode_equals_one_pass(path):
     y.square().mean().backward()
     grads = [p.grad for p in layer.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("path", NON_CAUSAL, ids=[p.stem for p in NON_CAUSAL])
+def test_a_non_causal_layer_sees_both_sides_and_has_no_cache(path):
+    """Each output reads tokens before and after its own (the mixer's backward state, and the
+    centred convolution), the layer keeps no cache, and its gradients are finite."""
+    assert NON_CAUSAL, "no non-causal shipped spec"
+    torch.manual_seed(0)
+    layer = MixerLayer(path, 32, 2, chunk_size=8).double()
+    x = torch.randn(2, 21, 32, dtype=torch.float64, requires_grad=True)
+    y, cache = layer(x)
+    assert cache is None
+    (grad,) = torch.autograd.grad(y[:, 10].sum(), x, retain_graph=True)
+    seen = grad.abs().sum((0, 2)) > 0  # which tokens output 10 depends on
+    assert seen[:10].all() and seen[11:].all(), seen
+    for call in (lambda: layer(x, use_cache=True), lambda: layer(x, state=object())):
+        with pytest.raises(mixc.MixcError, match=r"is non-causal .* the layer has no cache"):
+            call()
+    y.square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+    conv = next(iter(layer.conv.values()))  # centred: kernel 4 reads 1 token before, 2 after
+    assert conv.kernel_size == (4,) and conv.padding == (0,)
 
 
 def test_state_dict_round_trip_and_dtype_moves():

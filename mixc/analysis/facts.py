@@ -50,6 +50,9 @@ class StateFacts:
     #: The readouts of other states its update reads (a pipeline: `H2_t = H2_{t-1} + o_t u_t^T`
     #: with `o_t = H1_t q_t`), by name (`_r0`), directly or through their queries.
     reads: tuple[str, ...] = ()
+    #: Updated from the next token (`G_t = a_t G_{t+1} + ...`): it runs backward in time, from
+    #: an initial state at the end of the sequence, as a forward state of the reversed sequence.
+    backward: bool = False
 
     @property
     def vector(self) -> bool:
@@ -74,7 +77,8 @@ class StateFacts:
 @dataclass(frozen=True)
 class Readout:
     """`state_t query` (`offset` 0) or `state_{t-1} query` (-1: the state before the token's
-    update, as RWKV-6 reads it), times an optional scalar scale: a linear read of one state.
+    update, as RWKV-6 reads it; +1 for a backward state, whose update comes from t+1), times an
+    optional scalar scale: a linear read of one state.
     Entrywise: the vector state itself (`c_t`, its query the 1 of its column)."""
 
     index: int

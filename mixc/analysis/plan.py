@@ -35,7 +35,8 @@ __all__ = ["Forms", "GroupPlan", "Missing", "Plan", "Query", "SignCheck", "SubTo
 class Missing:
     """Why a form is missing. `kind`: "sequential" (some state has no chunked form), "class" (the
     transition class's kernel cannot do it), "sign" (a decay the chunked forms take the log of
-    can be negative), "lagged" (a summary of a spec that reads inputs at t-1), or "no state"."""
+    can be negative), "lagged" (a summary of a spec that reads inputs at t-1), "noncausal" (a
+    step or summary of a mixer with a backward state), or "no state"."""
 
     kind: str
     text: str
@@ -48,12 +49,13 @@ class Forms:
     chunk: Missing | None
     parallel: Missing | None
     summary: Missing | None
-    step: Missing | None = None  # every spec can be run token by token
+    step: Missing | None = None  # every causal spec can be run token by token
 
     def names(self) -> tuple[str, ...]:
         """The forms that compute, in the order the module lists them."""
         have = [("chunk", self.chunk), ("parallel", self.parallel)]
-        return (*(n for n, m in have if m is None), "recurrent", "step")
+        step = ("step",) if self.step is None else ()
+        return (*(n for n, m in have if m is None), "recurrent", *step)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ class GroupPlan:
     #: (each step's k, v and arguments interleaved along time, an argument a step lacks as 0),
     #: and the queries read at each token's last sub-token. Empty: one step a token.
     sub_tokens: tuple[SubToken, ...] = ()
+    #: Its states run backward in time: the kernel runs on the time-reversed sequence (each
+    #: packed sequence within its own bounds), its outputs reversed back.
+    backward: bool = False
 
     @property
     def joined(self) -> bool:
@@ -229,7 +234,7 @@ def _analyze(spec: Spec) -> Plan:
     for g in groups:
         if g.log_scale is not None:
             typer.symbols[g.unscale.name] = Symbol("readout", SCALAR)
-    forms = _forms(mixer, states, groups, cycle)
+    forms = _non_causal(mixer, _forms(mixer, states, groups, cycle))
     # the plan is read, never changed: its Typer first types what the backends will ask about
     ex.freeze(mixer.params, mixer.equations, states, outputs, groups)
     return Plan(
@@ -324,6 +329,7 @@ def _group_key(s: StateFacts) -> tuple:
     if not tr.chunkable or len(s.writes) != 1 or tr.steps:
         return ("alone", s.name)
     return (
+        s.backward,
         tr.transition_class.name,
         tr.label,
         tuple((g.side, str(g.log)) for g in tr.gates),
@@ -364,6 +370,7 @@ def _groups(states, outputs, levels: dict[str, int]) -> tuple[GroupPlan, ...]:
                 queries,
                 None if summary is None else Missing("class", f"{names[0]} {summary}"),
                 sub_tokens=sub_tokens,
+                backward=group[0].backward,
             )
         )
     return tuple(out)
@@ -468,6 +475,29 @@ def _pipeline(states) -> Missing | None:
         "would depend on those states at the slice's start, which an affine map of "
         f"{reader.name} alone does not carry",
     )
+
+
+def _non_causal(mixer: Mixer, forms: Forms) -> Forms:
+    """A mixer with a backward state has no step (its output at t reads the tokens after t) and
+    no summary for context parallelism (the summary of a backward state would pass from later
+    ranks to earlier ones, which mixc.distributed does not do)."""
+    if mixer.causal:
+        return forms
+    name = mixer.backward[0]
+    update = mixer.update(name)
+    where = f" (line {update.span.line})" if update.span else ""
+    runs = f"{name} runs backward in time: its update{where} reads {name}_{{t+1}}"
+    step = Missing(
+        "noncausal",
+        f"the mixer is non-causal ({runs}), so an output needs the whole sequence; "
+        "run chunk or recurrent on whole sequences",
+    )
+    summary = Missing(
+        "noncausal",
+        f"{runs}; context parallelism would pass its summary from later ranks to earlier "
+        "ones, which mixc.distributed does not do",
+    )
+    return replace(forms, step=step, summary=forms.summary or summary)
 
 
 def _lagged(mixer: Mixer) -> Missing | None:

@@ -9,7 +9,7 @@ from mixc.algebra.expand import Expander, NotAffine, Term, inline, product, tran
 from mixc.analysis.facts import StateFacts, WriteTerm
 from mixc.analysis.outputs import ReadoutTable, lift, readout_name, reads_of
 from mixc.analysis.steps import split_steps
-from mixc.errors import Span
+from mixc.errors import NotYetImplemented, Span
 from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Expr, Mixer, Number, Timed, Transpose, walk
 from mixc.frontend.limits import SpecSizeError
@@ -99,7 +99,9 @@ def _analyze_state(
         return StateFacts(
             name, shape, False, NOT_AFFINE.transition(why, eq.span), (), "unknown", decl.span
         )
-    coupled = _other_state(terms, {s.name for s in mixer.states} - {name})
+    coupled = _check_direction(
+        mixer, name, _other_state(terms, {s.name for s in mixer.states} - {name})
+    )
     if coupled is not None:
         transition = DENSE.coupled(name, coupled, _at(coupled.span))
     elif not reads:
@@ -131,7 +133,7 @@ def _analyze_state(
         for part in state.transition.acting
         if (note := part.transition_class.stability(part, params)) is not None
     )
-    return replace(state, stability=stability or None)
+    return replace(state, stability=stability or None, backward=name in mixer.backward)
 
 
 def _as_steps(state: StateFacts, value: Expr, eq, ex: Expander, params, canon: Canon):
@@ -230,6 +232,26 @@ def _other_state(terms: list[Term], others: set[str]) -> Expr | None:
             if any(isinstance(n, Timed) and n.name in others for n in walk(a)):
                 return a
     return None
+
+
+def _check_direction(mixer: Mixer, name: str, coupled: Expr | None) -> Expr | None:
+    """`coupled` (the factor of the update of `name` that reads another state), once checked
+    that it reads no state that runs the other way in time (a forward state reading a backward
+    one, or the reverse): the two loops of a non-causal mixer run one direction after the
+    other."""
+    if coupled is None:
+        return None
+    backward = set(mixer.backward)
+    read = next(n.name for n in walk(coupled) if isinstance(n, Timed) and n.name != name)
+    if (read in backward) != (name in backward):
+        ways = {True: "backward", False: "forward"}
+        raise NotYetImplemented(
+            f"the update of {name} (run {ways[name in backward]} in time) reads {read}, which "
+            f"runs {ways[read in backward]}",
+            coupled.span or mixer.update(name).value.span,
+            hint="read a state of the other direction in an output only",
+        )
+    return coupled
 
 
 def _canonical(transition: Transition, eq, canon: Canon) -> Transition:

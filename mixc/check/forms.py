@@ -114,7 +114,9 @@ def _check(r: InputRanges, module: types.ModuleType, ex: Example, dtype: torch.d
 
 
 def _forms(r: InputRanges, module: types.ModuleType, ex: Example) -> list[tuple[str, int | None]]:
-    forms: list[tuple[str, int | None]] = [("recurrent", None), ("step", None)]
+    forms: list[tuple[str, int | None]] = [("recurrent", None)]
+    if "step" in getattr(module, "FORMS", ("step",)):  # a non-causal mixer has no step
+        forms.append(("step", None))
     if r.plan.chunkable and callable(getattr(module, "chunk", None)):
         # a Triton module's blocks are at least 16 tokens (_tl_block): every chunk size up to 16
         # runs as 16, at any length, so those draws are one computation and run once
@@ -123,12 +125,16 @@ def _forms(r: InputRanges, module: types.ModuleType, ex: Example) -> list[tuple[
         for cs in ex.chunk_sizes:
             chunks.setdefault(cs if block is None else block(cs), cs)
         forms += [("chunk", cs) for cs in chunks.values()]
+        if ex.T:  # the batch's sequences packed one after another (cu_seqlens)
+            forms.append(("packed", next(iter(chunks.values()))))
     if callable(getattr(module, "parallel", None)) and not ex.initial_state:
         forms.append(("parallel", None))
     return forms
 
 
 def _label(form: str, chunk_size: int | None) -> str:
+    if form == "packed":
+        return f"chunk on packed sequences (chunk_size={chunk_size})"
     return f"chunk (chunk_size={chunk_size})" if chunk_size else form
 
 
@@ -142,12 +148,31 @@ def _call(module, form: str, chunk_size: int | None, args: list, kwargs: dict, n
         )
     if form == "parallel":
         return module.parallel(*args, **kwargs)
+    if form == "packed":
+        return _packed(module, chunk_size, args, kwargs, n_inputs, init)
     ys, state = [], init
     for t in range(args[0].shape[1]):
         step_args = [a[:, t] if i < n_inputs else a for i, a in enumerate(args)]
         y, state = module.step(*step_args, **kwargs, state=state)
         ys.append(y)
     return torch.stack(ys, 1), state
+
+
+def _packed(module, chunk_size: int, args: list, kwargs: dict, n_inputs: int, init):
+    """`chunk` on the batch's B sequences packed along time into one row (cu_seqlens), its
+    output laid out as the batch again: the same quantities as one call on the batch."""
+    B, T = args[0].shape[:2]
+    rows = [a.reshape(1, B * T, *a.shape[2:]) if i < n_inputs else a for i, a in enumerate(args)]
+    cu_seqlens = torch.arange(0, B * T + 1, T, device=args[0].device)
+    y, final = module.chunk(
+        *rows,
+        **kwargs,
+        initial_state=init,
+        output_final_state=True,
+        chunk_size=chunk_size,
+        cu_seqlens=cu_seqlens,
+    )
+    return y.reshape(B, T, *y.shape[2:]), final
 
 
 def _finals(final, names: tuple[str, ...]) -> dict[str, Tensor] | None:

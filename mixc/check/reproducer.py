@@ -115,6 +115,18 @@ def _call_lines(
         ]
     if failure.form == "parallel":
         return [*lines, f"y, final = module.parallel({args}{kwargs})"]
+    if failure.form == "packed":  # the batch's sequences packed one after another
+        rows = ", ".join(
+            [f"x[{n!r}].reshape(1, B * T, *x[{n!r}].shape[2:])" for n in r.inputs]
+            + [f"x[{n!r}]" for n in r.params]
+        )
+        return [
+            *lines,
+            "cu_seqlens = torch.arange(0, B * T + 1, T)",
+            f"y, final = module.chunk({rows}{kwargs}, initial_state={init}, "
+            f"output_final_state=True, chunk_size={failure.chunk_size}, cu_seqlens=cu_seqlens)",
+            "y = y.reshape(B, T, *y.shape[2:])",
+        ]
     cs = f", chunk_size={failure.chunk_size}" if failure.form == "chunk" else ""
     return [
         *lines,

@@ -220,6 +220,24 @@ class Mixer(Node):
         )
 
     @property
+    def backward(self) -> tuple[str, ...]:
+        """The states updated from the next token (`G_t = a_t G_{t+1} + ...`), which run
+        backward in time from an initial state at the end of the sequence, in declaration
+        order. A mixer with one is non-causal."""
+        ahead = {
+            e.target
+            for e in self.equations
+            for n in walk(e.value)
+            if isinstance(n, Timed) and n.offset == 1 and n.name == e.target
+        }
+        return tuple(s.name for s in self.states if s.name in ahead)
+
+    @property
+    def causal(self) -> bool:
+        """Whether every output at t reads tokens up to t only (no backward state)."""
+        return not self.backward
+
+    @property
     def carried(self) -> tuple[Decl, ...]:
         """What the compiled forms carry from one token to the next, in the order of their
         states: the declared states, then the last token of every lagged input, named as it is

@@ -259,6 +259,7 @@ class Known:
     def __init__(self, mixer: Mixer, symbols: dict[str, Symbol]) -> None:
         self.symbols = symbols
         self.lets = frozenset(fn.name for fn in mixer.lets)
+        self.backward = frozenset(mixer.backward)
         self.suggestions = Suggestions()
 
     def function(self, name: str) -> str | None:
@@ -403,11 +404,14 @@ def _check_timed(node: Timed, known: Known, args: set[str], where: str, owner: s
             node.span,
             hint=f"pass {node} to {owner} as an argument",
         )
-    if node.offset > 0:
-        raise SpecAnalysisError(
-            f"{node} refers to a later token: the mixer would not be causal",
+    if node.offset > 0 or (sym.kind == "state" and node.name in known.backward):
+        _check_ahead(node, sym.kind, known)
+    if sym.kind == "input" and node.offset == -1 and known.backward:
+        raise NotYetImplemented(
+            f"{node}: a non-causal mixer (with the backward state {min(known.backward)}) reads "
+            "its inputs at t only",
             node.span,
-            hint="a mixer may read tokens up to t only",
+            hint=f"keep {node.name}_{{t-1}} in a forward state, or drop the token shift",
         )
     if sym.kind == "input" and node.offset < -1:
         raise NotYetImplemented(
@@ -442,6 +446,34 @@ def _check_size_or_position(node: Timed, sym: Symbol) -> None:
         )
 
 
+def _check_ahead(node: Timed, kind: str, known: Known) -> None:
+    """A read at t+1 is of a backward state (one updated from G_{t+1}), which is read at t or
+    t+1 only; nothing else is read at a later token."""
+    backward = node.name in known.backward
+    if kind == "state" and backward and node.offset not in (0, 1):
+        raise NotYetImplemented(
+            f"{node}: {node.name} runs backward in time (its update reads {node.name}_{{t+1}}); "
+            "a backward state is read at t or t+1",
+            node.span,
+            hint=f"did you mean {node.name}_{{t+1}}?",
+        )
+    if kind == "state" and node.offset == 1 and not backward:
+        raise SpecAnalysisError(
+            f"{node} refers to a later token, but {node.name} runs forward in time (its update "
+            f"does not read {node.name}_{{t+1}})",
+            node.span,
+            hint=f"read {node.name}_t or {node.name}_{{t-1}}; to read later tokens, declare a "
+            f"backward state: G_t = a_t G_{{t+1}} + v_t k_t^T",
+        )
+    if kind != "state":
+        raise SpecAnalysisError(
+            f"{node} refers to a later token",
+            node.span,
+            hint="read inputs and per-token values at t; a mixer reads later tokens through a "
+            "backward state (G_t = a_t G_{t+1} + v_t k_t^T, read as G_t or G_{t+1})",
+        )
+
+
 def check_times(mixer: Mixer, eq, states: set[str]) -> None:
     """The time indices of one equation: no target read at t on its own right-hand side. A
     state at t-1 may be read anywhere, in another state's update too (a pipeline reads
@@ -449,6 +481,18 @@ def check_times(mixer: Mixer, eq, states: set[str]) -> None:
     for node in walk(eq.value):
         if not isinstance(node, Timed):
             continue
+        if (
+            node.name in states
+            and node.offset == 1
+            and node.name != eq.target
+            and eq.target in states
+        ):
+            raise SpecNameError(
+                f"{node.name}_{{t+1}} can appear in its own update ({node.name}_t = ...) and in "
+                f"outputs and per-token values, not in the update of {eq.target}",
+                node.span,
+                hint=f"did you mean {node.name}_t?",
+            )
         if node.offset == 0 and node.name == eq.target:
             raise SpecAnalysisError(
                 f"{node.name}_t on the right-hand side of its own "

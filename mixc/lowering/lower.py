@@ -16,9 +16,7 @@ from mixc.analysis.plan import GroupPlan, Plan
 from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Timed, Transpose, walk
 from mixc.lowering.program import (
-    Call as KernelCall,
-)
-from mixc.lowering.program import (
+    BackwardLoop,
     Decay,
     Output,
     Product,
@@ -34,6 +32,9 @@ from mixc.lowering.program import (
     SummaryCall,
     Update,
     Value,
+)
+from mixc.lowering.program import (
+    Call as KernelCall,
 )
 
 __all__ = ["lower"]
@@ -65,6 +66,7 @@ def lower(plan: Plan) -> Program:
         readouts=tuple(
             (readout_name(r.index), readout_local(r, readouts_of(plan))) for r in readouts_of(plan)
         ),
+        no_step=plan.forms.step.text if plan.forms.step is not None else None,
     )
 
 
@@ -111,6 +113,7 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         unscale=group.unscale.name if stable else None,
         joined=joined,
         reads=_reads(plan, group),
+        reverse=group.backward,
     )
 
 
@@ -162,7 +165,8 @@ def _query(plan: Plan, query: Expr, offset: int, readouts) -> QueryRead:
         found.append(
             Readout(readout_local(r, readouts_of(plan)), r.state, Binary(op, r.read, r.query))
         )
-    return QueryRead(query, offset == -1, tuple(found))
+    # S_{t-1} q_t forward, or a backward state's G_{t+1} q_t: the state before the token's update
+    return QueryRead(query, offset != 0, tuple(found))
 
 
 def _summary(plan: Plan, groups: tuple[GroupPlan, ...]) -> Summary:
@@ -187,6 +191,8 @@ def _summary(plan: Plan, groups: tuple[GroupPlan, ...]) -> Summary:
 
 def _recurrence(plan: Plan) -> Recurrence:
     mixer = plan.mixer
+    if not mixer.causal:
+        return _two_loops(plan)
     used = {
         n.name
         for eq in mixer.equations
@@ -202,6 +208,67 @@ def _recurrence(plan: Plan) -> Recurrence:
         inline(mixer, output.value),
         output.value,
     )
+
+
+def _two_loops(plan: Plan) -> Recurrence:
+    """A non-causal mixer's recurrence: its backward states over the tokens from the last,
+    keeping each token's readouts of them, then the forward states and the output, which reads
+    those readouts by name (`_r1`, held in the local `program.readouts` gives it)."""
+    mixer = plan.mixer
+    backward = set(mixer.backward)
+    states = [n for n in plan.order if mixer.state(n) is not None]
+    reads, table = [], {}
+    for r in readouts_of(plan):
+        read = _readout_expr(plan, r)
+        if r.state in backward:  # kept by the backward loop, read by its name
+            reads.append((readout_local(r, readouts_of(plan)), read))
+            continue
+        table[readout_name(r.index)] = read
+    output = _substituted(plan.outputs[0].expr, table)
+    back = [_update(plan, n) for n in states if n in backward]
+    ahead = [_update(plan, n) for n in states if n not in backward]
+    reads_of = [read for _, read in reads]
+    loop = BackwardLoop(
+        _sliced(mixer, [*(inline(mixer, mixer.update(n).value) for n in backward), *reads_of]),
+        tuple(back),
+        tuple(reads),
+    )
+    read_forward = [inline(mixer, mixer.update(u.state).value) for u in ahead]
+    return Recurrence(
+        _sliced(mixer, [*read_forward, output]),
+        tuple(ahead),
+        output,
+        mixer.outputs[0].value,
+        loop,
+    )
+
+
+def _sliced(mixer, exprs: list[Expr]) -> tuple[str, ...]:
+    """The inputs `exprs` read, in declaration order: those a loop slices at each token."""
+    used = {n.name for e in exprs for n in walk(e) if isinstance(n, Timed)}
+    return tuple(d.name for d in mixer.inputs if d.name in used)
+
+
+def _readout_expr(plan: Plan, r: ReadoutFacts) -> Expr:
+    """A readout as spec text: `S_t q`, `s_t . q`, or (entry by entry) the vector state."""
+    if r.entrywise:
+        return r.read
+    return Binary("." if plan.state(r.state).vector else "@", r.read, r.query)
+
+
+def _substituted(e: Expr, table: dict[str, Expr]) -> Expr:
+    """`e` with each name of `table` replaced by its expression."""
+    if isinstance(e, Name):
+        return table.get(e.name, e)
+    if isinstance(e, Binary):
+        return Binary(e.op, _substituted(e.left, table), _substituted(e.right, table))
+    if isinstance(e, Neg):
+        return Neg(_substituted(e.operand, table))
+    if isinstance(e, Transpose):
+        return Transpose(_substituted(e.operand, table))
+    if isinstance(e, Call):
+        return Call(e.func, tuple(_substituted(a, table) for a in e.args))
+    return e
 
 
 def _update(plan: Plan, name: str) -> Update:

@@ -21,6 +21,7 @@ from mixc.frontend.spec import Spec
 from mixc.transitions.base import ChunkSize, KernelArg
 
 __all__ = [
+    "BackwardLoop",
     "Call",
     "Decay",
     "Output",
@@ -122,6 +123,11 @@ class Call:
     #: The readouts of earlier calls this call's inputs read (a pipeline of states: `_read_Ks`
     #: in the query of Vs's pass), by their locals; the calls run in an order that makes them.
     reads: tuple[str, ...] = ()
+    #: The group's states run backward in time: every per-token argument is reversed along
+    #: time (each packed sequence within its own bounds) before the kernel, which then runs
+    #: as it does forward, and its outputs are reversed back. The initial state is the one
+    #: after the sequence's end, the final state the one at its first token.
+    reverse: bool = False
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -209,14 +215,28 @@ class Update:
 
 
 @dataclass(frozen=True)
+class BackwardLoop:
+    """The loop of a non-causal mixer's backward states, run from the last token to the first
+    before the forward loop: the inputs sliced at each token, each backward state's update,
+    and the readouts of them the output reads (`reads`: the local that keeps each token's
+    value, and the readout as spec text, `G_{t+1} q_t` read before the token's update)."""
+
+    sliced: tuple[str, ...]
+    updates: tuple[Update, ...]
+    reads: tuple[tuple[str, Expr], ...]
+
+
+@dataclass(frozen=True)
 class Recurrence:
     """The token-by-token loop of `recurrent` and `step`: the inputs sliced at each token, each
-    state's update in evaluation order, and the output (inlined)."""
+    state's update in evaluation order, and the output (inlined). A non-causal mixer runs its
+    backward states first (`backward`), and its output reads their readouts by local."""
 
     sliced: tuple[str, ...]
     updates: tuple[Update, ...]
     output: Expr
     shown: Expr
+    backward: BackwardLoop | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +272,8 @@ class Program:
     no_chunk: str | None
     names: tuple[tuple[Expr, str], ...]
     readouts: tuple[tuple[str, str], ...]
+    #: Why there is no step form (a non-causal mixer); None: there is one.
+    no_step: str | None = None
 
     @property
     def mixer(self) -> Mixer:
@@ -286,6 +308,10 @@ def dump(program: Program) -> str:
                 lines += [f"    {a.name}{at} = {a.expr} [{a.layout}]" for a in step.args if a.expr]
             if c.log_scale is not None:
                 lines.append(f"    log_scale = {c.log_scale} (outputs times {c.unscale})")
+            if c.reverse:
+                lines.append(
+                    "    on the time-reversed sequence (each packed sequence in its bounds)"
+                )
             for q in c.queries:
                 early = " read a token early (S_{t-1} q_t)" if q.previous else ""
                 reads = ", ".join(r.name for r in q.readouts) or "none"
@@ -294,6 +320,10 @@ def dump(program: Program) -> str:
         value = out.expr if out.expr is not None else out.name
         lines.append(f"  {program.mixer.outputs[0].target} = {value}")
     r = program.recurrence
+    if r.backward is not None:
+        lines.append("backward loop (from the last token):")
+        lines += [f"  {u.state}: {len(u.writes)} products" for u in r.backward.updates]
+        lines += [f"  {name} = {read}" for name, read in r.backward.reads]
     lines.append("recurrence:")
     for u in r.updates:
         how = "as written" if u.expr is not None else f"{len(u.writes)} products"

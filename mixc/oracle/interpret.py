@@ -111,8 +111,8 @@ def _binary(op: str, a: Value, b: Value) -> Value:
 
 
 class _Evaluator:
-    """Evaluates expressions of one mixer. `now` holds values at t, `prev` states at t-1 and
-    `earlier` the lagged inputs at t-1."""
+    """Evaluates expressions of one mixer. `now` holds values at t, `prev` states at t-1,
+    `earlier` the lagged inputs at t-1 and `next` the backward states at t+1."""
 
     def __init__(
         self,
@@ -129,6 +129,7 @@ class _Evaluator:
         self.now: dict[str, Tensor] = {}
         self.prev: dict[str, Tensor] = {}
         self.earlier: dict[str, Tensor] = {}
+        self.next: dict[str, Tensor] = {}
 
     def eval(self, e: Expr, args: dict[str, Value]) -> Value:
         if isinstance(e, Number):
@@ -147,7 +148,7 @@ class _Evaluator:
         if isinstance(e, Timed):
             if e.offset == -1 and e.name in self.earlier:
                 return self.earlier[e.name]
-            table = self.now if e.offset == 0 else self.prev if e.offset == -1 else {}
+            table = {0: self.now, -1: self.prev, 1: self.next}.get(e.offset, {})
             if e.name not in table:
                 raise MixcError(f"{e.name} at t{e.offset:+d} is not available here")
             return table[e.name]
@@ -448,30 +449,75 @@ def _run(
     stored and states advanced (evaluator.prev ends holding the final states)."""
     shapes = {n: x.shape[-2:] for n, x in (*evaluator.prev.items(), *outputs.items())}
     lagged = [d.name for d in evaluator.mixer.lagged]
+    backward = set(evaluator.mixer.backward)
+    # the backward states first, from the last token (each token's values kept), then the rest
+    ahead = _run_backward(evaluator, order, xs, shapes, (B, T, NH)) if backward else []
     for t in range(T):
         evaluator.now = {name: x[:, t] for name, x in xs.items()}
         if POSITION in evaluator.prev:  # the carried position is this token's
             evaluator.now[POSITION] = evaluator.prev[POSITION]
         evaluator.earlier = {name: evaluator.prev[f"{name}_{{t-1}}"] for name in lagged}
+        if backward:
+            evaluator.now.update(ahead[t])
+            evaluator.next = ahead[t + 1]
         for eq in order:
-            r, c = shapes[eq.target]
-            value = evaluator.eval(eq.value, {})
-            if isinstance(value, _Sized):
-                value = value.at(r)
-            if value.shape[-2:] not in ((r, c), (1, 1)):
-                raise MixcError(
-                    f"{eq.target}_t came out {tuple(value.shape[-2:])}, expected {(r, c)}"
-                )
-            evaluator.now[eq.target] = value.expand(B, NH, r, c)
+            if eq.target not in backward:
+                evaluator.now[eq.target] = _value(evaluator, eq, shapes, B, NH)
         for eq in order:
             if eq.target in outputs:
                 outputs[eq.target][:, t] = evaluator.now[eq.target]
-            else:
+            elif eq.target not in backward:
                 evaluator.prev[eq.target] = evaluator.now[eq.target]
         for name in lagged:
             evaluator.prev[f"{name}_{{t-1}}"] = evaluator.now[name]
         if POSITION in evaluator.prev:
             evaluator.prev[POSITION] = evaluator.now[POSITION] + 1
+    for name in backward:  # a backward state's final state is its value at the first token
+        evaluator.prev[name] = ahead[0][name]
+
+
+def _value(evaluator: _Evaluator, eq: Equation, shapes: dict, B: int, NH: int) -> Tensor:
+    """The value of one equation at the current token, [B, NH, rows, cols]."""
+    r, c = shapes[eq.target]
+    value = evaluator.eval(eq.value, {})
+    if isinstance(value, _Sized):
+        value = value.at(r)
+    if value.shape[-2:] not in ((r, c), (1, 1)):
+        raise MixcError(f"{eq.target}_t came out {tuple(value.shape[-2:])}, expected {(r, c)}")
+    return value.expand(B, NH, r, c)
+
+
+def _run_backward(
+    evaluator: _Evaluator,
+    order: tuple[Equation, ...],
+    xs: dict[str, Tensor],
+    shapes: dict,
+    sizes: tuple[int, int, int],
+) -> list[dict[str, Tensor]]:
+    """The backward states (`G_t = f(G_{t+1}, ...)`) from the last token to the first, from
+    their initial states (after the last token): their values at each token t, then (at T)
+    the initial states. Evaluates only the equations they need (their updates and the
+    per-token values those read)."""
+    B, T, NH = sizes
+    mixer = evaluator.mixer
+    by_target = {eq.target: eq for eq in order}
+    needed, todo = set(mixer.backward), list(mixer.backward)
+    while todo:
+        for name in _lag0_reads(mixer, by_target[todo.pop()].value):
+            if name in by_target and name not in needed and mixer.state(name) is None:
+                needed.add(name)
+                todo.append(name)
+    current = {name: evaluator.prev[name] for name in mixer.backward}
+    ahead = [current]
+    for t in reversed(range(T)):
+        evaluator.now = {name: x[:, t] for name, x in xs.items()}
+        evaluator.next = current
+        for eq in order:
+            if eq.target in needed:
+                evaluator.now[eq.target] = _value(evaluator, eq, shapes, B, NH)
+        current = {name: evaluator.now[name] for name in mixer.backward}
+        ahead.append(current)
+    return ahead[::-1]
 
 
 def _unpack(x: Tensor, lead: int, ndim: int) -> Tensor:

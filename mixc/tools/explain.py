@@ -158,6 +158,7 @@ def _state_info(s: StateFacts, plan: Plan) -> StateInfo:
         writes=[
             WriteInfo(value=_text(w.value), key=str(w.key), scale=_text(w.scale)) for w in s.writes
         ],
+        backward=s.backward,
     )
 
 
@@ -502,7 +503,14 @@ def parallel_form(plan: Plan, groups: list[GroupInfo] | None = None) -> list[str
                 label = f"Y[{r.read if r.offset else r.state}; {r.query}]"
             expr = expr.replace(f"_r{r.index}", label)
         for r in o.readouts:
-            if r.offset:
+            if r.offset == 1:
+                lines.append(
+                    f"Y[{r.read}] at token t: {r.state} runs on the time-reversed sequence "
+                    "(each packed sequence within its bounds), read there before the token's "
+                    "update, and reversed back"
+                )
+        for r in o.readouts:
+            if r.offset == -1:
                 lines.append(
                     f"Y[{r.read}] at token t is the kernel's read at t-1 with the query of t: a "
                     "strictly causal mask, the query's decay measured from the previous token; "

@@ -117,6 +117,12 @@ def _render_state(out: _Printer, s: StateInfo) -> None:
     head.append(f"  (rule {s.rule}: {s.rule_description})")
     out.print(head, soft_wrap=True)
     out.line(f"update:   {s.update}", indent=4)
+    if s.backward:
+        out.line(
+            f"runs backward in time: {s.name} starts after the last token (its initial state) "
+            "and ends at the first (its final state); the mixer is non-causal",
+            indent=4,
+        )
     if s.writes:
         parts = [
             f"value {w.value if w.value is not None else '1 (vector state)'}, key {w.key}, "

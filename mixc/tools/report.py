@@ -133,6 +133,12 @@ class StateInfo(_Model):
     write_form: str = Field(description="Form of the write term W_t.")
     write_rank: int = Field(description="Number of rank-1 outer products in the write.")
     writes: list[WriteInfo] = Field(description="The rank-1 writes scale * value key^T.")
+    backward: bool = Field(
+        default=False,
+        description="True when the state is updated from the next token (G_t = ... G_{t+1}): "
+        "it runs backward in time from an initial state after the sequence's end, and the "
+        "mixer is non-causal.",
+    )
 
 
 class ReadoutInfo(_Model):

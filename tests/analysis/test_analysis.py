@@ -270,6 +270,52 @@ ROWS: dict[str, Row] = {
         SCALAR_DECAY,
         warnings=("cannot prove the decay exp(dt_t A)",),
     ),
+    # non-causal: a backward state (G_{t+1} in its own update) is classified as a forward one
+    "hydra": Row(
+        "hydra.mix",
+        {
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t x_t B_t^T",
+                ("scalar: exp(dt_t A) -> dt_t A unproven",),
+            ),
+            "G": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dtb_t x_t Bb_t^T",
+                ("scalar: exp(dtb_t A) -> dtb_t A unproven",),
+            ),
+        },
+        "linear + skip: _r0 + _r1 + D x_t",
+        SCALAR_DECAY,
+        groups=(("H",), ("G",)),
+        warnings=("cannot prove the decay exp(dt_t A)", "cannot prove the decay exp(dtb_t A)"),
+    ),
+    "bidirectional_gla": Row(
+        "bidirectional_gla.mix",
+        {
+            "H": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T",
+                ("key: diag(exp(g_t)) -> g_t unproven",),
+            ),
+            "G": S(
+                "diagonal key-side",
+                "diagonal_key",
+                "v_t k_t^T",
+                ("key: diag(exp(gb_t)) -> gb_t unproven",),
+            ),
+        },
+        "linear: _r0 + _r1",
+        DIAGONAL,
+        groups=(("H",), ("G",)),
+        warnings=(
+            "cannot prove the decay diag(exp(g_t))",
+            "cannot prove the decay diag(exp(gb_t))",
+        ),
+    ),
     "mamba3_trapezoid": Row(
         "mamba3_trapezoid.mix",
         {
@@ -978,6 +1024,25 @@ y_t = H_t q_t / (z_t . q_t + 1e-6)
         "ratio: _r0 / (_r1 + 1e-06)",
         SCALAR_DECAY,
         groups=(("H", "z"),),
+    ),
+    # a forward and a backward state with the same transition and key: two passes, since the
+    # backward one runs on the time-reversed sequence
+    "forward_and_backward": Row(
+        "mixer m\nin q[K], k[K], v[V], a\nstate H[V, K], G[V, K]\n"
+        "H_t = sigmoid(a_t) H_{t-1} + v_t k_t^T\nG_t = sigmoid(a_t) G_{t+1} + v_t k_t^T\n"
+        "y_t = H_t q_t + G_t q_t\n",
+        {
+            name: S(
+                "scalar data-dependent",
+                "scalar_data",
+                "v_t k_t^T",
+                ("scalar: sigmoid(a_t) -> logsigmoid(a_t) proven",),
+            )
+            for name in ("H", "G")
+        },
+        "linear: _r0 + _r1",
+        SCALAR_DECAY,
+        groups=(("H",), ("G",)),
     ),
     "vector_state": Row(
         "mixer m\nin q[K], k[K], a\nstate z[K]\nz_t = sigmoid(a_t) z_{t-1} + k_t\ny_t = z_t . q_t\n",

@@ -32,14 +32,18 @@ def test_cli_passes_and_prints_one_summary_line() -> None:
         assert f" {form} " in lines[0]
 
 
+NON_CAUSAL = {"hydra", "bidirectional_gla"}
+
+
 @pytest.mark.parametrize("path", SPECS, ids=IDS)
 def test_every_shipped_spec_passes(path: Path) -> None:
     report = fuzz(path, examples=12, seed=1)
     assert report.ok, report.failure.summary() + "\n" + report.failure.example.describe()
     assert report.examples == 12
     forms = set(report.worst)
-    assert {"recurrent", "step"} <= forms
-    assert "chunk" in forms
+    # a non-causal mixer (a backward state) has no step form
+    assert {"recurrent", "step"} <= forms or (path.stem in NON_CAUSAL and "step" not in forms)
+    assert {"chunk", "packed"} <= forms
     assert ("parallel" in forms) == (
         path.stem
         in {
@@ -53,6 +57,7 @@ def test_every_shipped_spec_passes(path: Path) -> None:
             "linear_attention_rope",
             "transformer_vq",
             "stacked",
+            "hydra",
         }
     )
     assert all(a <= 1e-5 and b <= 1e-4 for a, b in report.worst.values())

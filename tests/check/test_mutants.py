@@ -454,6 +454,58 @@ MUTANTS = [
         {"chunk"},
         NUMERICAL,
     ),
+    # non-causal mixers: a backward state runs on the time-reversed sequence
+    (
+        "hydra",
+        "the backward pass reversed over the whole packed row, not per packed sequence",
+        "    if cu_seqlens is None:\n        return x.flip(2)\n",
+        "    if cu_seqlens is None:\n        return x.flip(2)\n    return x.flip(0).flip(2)\n",
+        {"packed"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the forward shift dropped (H_t C_t read for H_{t-1} C_t)",
+        "        _q_next, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size\n    )\n"
+        "    _o = _torch.cat([_q[:, :, :1] @ _S0_H, _o[:, :, :-1]], 2)  # S_{t-1} q_t\n",
+        "        _q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size\n    )\n",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward shift dropped in the recurrence (G_t Cb_t read for G_{t+1} Cb_t)",
+        "_read_G = G @ Cb_t",
+        "_read_G = G_t @ Cb_t",
+        {"recurrent"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward loop run forward in time",
+        '_range(_sizes["T"] - 1, -1, -1)',
+        '_range(_sizes["T"])',
+        {"recurrent"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the diagonal D x counted twice",
+        "D, x)  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t\n    y = y.squeeze(-1).to(_out_dtype)\n"
+        "    return y, ((H, G)",
+        "D + D, x)\n    y = y.squeeze(-1).to(_out_dtype)\n    return y, ((H, G)",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "bidirectional_gla",
+        "the backward shift dropped: the token's own v_t k_t^T q_t counted twice",
+        "        _q_next, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n"
+        "    )\n    _o = _torch.cat([_q[:, :, :1] @ _S0_G, _o[:, :, :-1]], 2)  # S_{t-1} q_t\n",
+        "        _q, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n    )\n",
+        {"chunk"},
+        NUMERICAL,
+    ),
     # several writes a token: joined (a scalar decay) or as sub-tokens that only write
     (
         "mamba3_trapezoid",

@@ -73,11 +73,31 @@ CASES = [
         HEAD + "H_t = H_{t-1} + v_{t+1} k_t^T\n" + OUTPUT,
         SpecAnalysisError,
         """\
-<string>:4:17: error: v_{t+1} refers to a later token: the mixer would not be causal
+<string>:4:17: error: v_{t+1} refers to a later token
   4 | H_t = H_{t-1} + v_{t+1} k_t^T
     |                 ^^^^^^^
-  hint: a mixer may read tokens up to t only""",
-        id="non_causal",
+  hint: read inputs and per-token values at t; a mixer reads later tokens through a backward state (G_t = a_t G_{t+1} + v_t k_t^T, read as G_t or G_{t+1})""",
+        id="input_at_a_later_token",
+    ),
+    pytest.param(
+        HEAD + "H_t = H_{t-1} + v_t k_t^T\ny_t = H_{t+1} q_t\n",
+        SpecAnalysisError,
+        """\
+<string>:5:7: error: H_{t+1} refers to a later token, but H runs forward in time (its update does not read H_{t+1})
+  5 | y_t = H_{t+1} q_t
+    |       ^^^^^^^
+  hint: read H_t or H_{t-1}; to read later tokens, declare a backward state: G_t = a_t G_{t+1} + v_t k_t^T""",
+        id="forward_state_at_a_later_token",
+    ),
+    pytest.param(
+        HEAD + "H_t = H_{t+1} + v_t k_t^T\ny_t = H_{t-1} q_t\n",
+        NotYetImplemented,
+        """\
+<string>:5:7: error: NYI: H_{t-1}: H runs backward in time (its update reads H_{t+1}); a backward state is read at t or t+1
+  5 | y_t = H_{t-1} q_t
+    |       ^^^^^^^
+  hint: did you mean H_{t+1}?""",
+        id="backward_state_at_an_earlier_token",
     ),
     pytest.param(
         "mixer m\nin q[K], k[K], v[V]\nstate H[V, K], z[K]\n" + UPDATE + OUTPUT,

@@ -245,6 +245,43 @@ def ref_gla_rank2(x, p, s):
     return {"y": ys}, {"H": H}
 
 
+def _backward(x, s, update):
+    """A backward state (updated from the next token) from its initial state after the last
+    token: its value at every token t and, last, at T (its initial state)."""
+    G, values = s["G"], [s["G"]]
+    for t in reversed(range(len(next(iter(x.values()))))):
+        G = update(G, t)
+        values.append(G)
+    return values[::-1]
+
+
+def ref_hydra(x, p, s):
+    """y_t = H_{t-1} C_t + G_{t+1} Cb_t + D x_t, H forward and G backward (Mamba-2 each)."""
+    G = _backward(
+        x,
+        s,
+        lambda G, t: (
+            torch.exp(x["dtb"][t] * p["A"]) * G + outer(x["dtb"][t] * x["x"][t], x["Bb"][t])
+        ),
+    )
+    H, ys = s["H"], []
+    for t in range(len(x["x"])):
+        ys.append(H @ x["C"][t] + G[t + 1] @ x["Cb"][t] + p["D"] * x["x"][t])
+        H = torch.exp(x["dt"][t] * p["A"]) * H + outer(x["dt"][t] * x["x"][t], x["B"][t])
+    return {"y": ys}, {"H": H, "G": G[0]}
+
+
+def ref_bidirectional_gla(x, p, s):
+    G = _backward(
+        x, s, lambda G, t: G * torch.exp(x["gb"][t])[None, :] + outer(x["v"][t], x["k"][t])
+    )
+    H, ys = s["H"], []
+    for t in range(len(x["q"])):
+        H = H * torch.exp(x["g"][t])[None, :] + outer(x["v"][t], x["k"][t])
+        ys.append(H @ x["q"][t] + G[t + 1] @ x["q"][t])
+    return {"y": ys}, {"H": H, "G": G[0]}
+
+
 def ref_mamba1(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["x"])):
@@ -597,6 +634,32 @@ CASES = {
                 "g": F.logsigmoid(randn(g, *LEAD)),
                 "u": randn(g, *LEAD, DK),
                 "q2": randn(g, *LEAD, DK),
+            },
+            {},
+        ),
+    ),
+    "hydra": (
+        ref_hydra,
+        lambda g: (
+            {
+                "x": randn(g, *LEAD, DV),
+                "dt": F.softplus(randn(g, *LEAD)),
+                "B": randn(g, *LEAD, DK),
+                "C": randn(g, *LEAD, DK),
+                "dtb": F.softplus(randn(g, *LEAD)),
+                "Bb": randn(g, *LEAD, DK),
+                "Cb": randn(g, *LEAD, DK),
+            },
+            {"A": -0.2 - rand(g, HEADS), "D": randn(g, HEADS)},
+        ),
+    ),
+    "bidirectional_gla": (
+        ref_bidirectional_gla,
+        lambda g: (
+            {
+                **qkv(g),
+                "g": F.logsigmoid(randn(g, *LEAD, DK)),
+                "gb": F.logsigmoid(randn(g, *LEAD, DK)),
             },
             {},
         ),

@@ -66,11 +66,28 @@ class Context:
         def names(e: Expr) -> str:
             if isinstance(e, Timed) and e.offset == -1:
                 return local("prev", e.name) if e.name in self.lagged else e.name
+            if isinstance(e, Timed) and e.offset == 1:  # a backward state before its update
+                return e.name
             if isinstance(e, Timed):
                 return f"{e.name}_t"
-            return e.name
+            return self.readouts.get(e.name, e.name)  # a backward state's readout by its local
 
         return PyExpr(self.typer, names, shared=self._point)
+
+    @staticmethod
+    def in_time(text: str, reverse: bool, packed: str) -> str:
+        """A tensor in the kernels' layout, in reverse time order where `reverse` (a call of a
+        backward state's group)."""
+        return f"_reverse_tokens({text}{packed})" if reverse else text
+
+    def seq_layout(self, packed: str, reverse: bool):
+        """`seq(layout, text)`: `text` in the kernels' layout (`_seq_<layout>`), reversed in
+        time where `reverse` (each packed sequence within its bounds)."""
+
+        def seq(layout: str, text: str) -> str:
+            return self.in_time(f"_seq_{layout}({text}, _sizes{packed})", reverse, packed)
+
+        return seq
 
     def tensor(self, expr: Expr, e: PyExpr | None = None) -> str:
         """An expression as a tensor: a constant (a column's key of 1, log(0.9)) as [1, 1]."""

@@ -118,11 +118,15 @@ class _Module(SequenceForms, RecurrentForms):
         if self.program.parallel is not None:
             out("  parallel   quadratic masked form (attention-like), for short sequences", 0)
         out("  recurrent  token by token", 0)
-        out("  step       one token, for decoding", 0)
+        if "step" in self.program.forms:
+            out("  step       one token, for decoding", 0)
         for s in self.program.states:
             out(doc_line(f"State {s.name}: {s.label} ({s.rule})."), 0)
         if self.program.chunk is None:
             for line in textwrap.wrap(f"No chunked form: {self.program.no_chunk}", 100):
+                out(doc_line(line), 0)
+        if self.program.no_step is not None:
+            for line in textwrap.wrap(f"No step form: {self.program.no_step}", 100):
                 out(doc_line(line), 0)
         out('"""', 0)
         out("", 0)
@@ -189,6 +193,7 @@ class _Module(SequenceForms, RecurrentForms):
             shifts += ["_sub_tokens"] if several else []
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
+            shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []
             out.lines.append(self.library.source(self.kernels + shifts + helpers))
 
     def function_helpers(self) -> list[str]:
@@ -237,7 +242,10 @@ class _Module(SequenceForms, RecurrentForms):
         self.emit_summary(functions)
         self.emit_recurrence(functions)
         self.emit_recurrent(functions)
-        self.emit_step(functions)
+        if self.program.no_step is None:
+            self.emit_step(functions)
+        else:
+            self.emit_no_step(functions)
         functions.lines = without_unread(functions.lines)
         return functions
 

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from mixc.backends.pytorch.context import Context
-from mixc.backends.pytorch.lines import Lines
-from mixc.backends.pytorch.names import note, tuple_line
+from mixc.backends.pytorch.lines import Lines, string
+from mixc.backends.pytorch.names import note, tuple_line, tuple_text
 from mixc.backends.pytorch.pyexpr import PyExpr
-from mixc.lowering.program import Update
+from mixc.lowering.program import BackwardLoop, Update
 
 
 class RecurrentForms(Context):
@@ -19,27 +19,57 @@ class RecurrentForms(Context):
         params = ", ".join([self.args(), *self.carried, "_sizes, _dtype, _device"])
         out(f"def _recurrence({params}):", 0)
         out('"""Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""')
+        backward = recurrence.backward
+        if backward is not None:
+            self.emit_backward_loop(out, backward)
         out("_ys = []")
         out('for _t in _range(_sizes["T"]):')
-        sliced = recurrence.sliced
-        if sliced:
-            names, slices = (", ".join(f"{i}{x}" for i in sliced) for x in ("_t", "[:, _t]"))
-            out(f"{names} = {slices}", 2)
+        self.emit_slices(out, recurrence.sliced)
         if self.positioned:
             out(f"pos_t = _pos.to(_torch.float64){note('the position, in float64')}", 2)
+        if backward is not None and backward.reads:
+            kept = tuple_text([name for name, _ in backward.reads], one=True)
+            out(f"{kept.strip('()')} = _kept[_t]", 2)
         with self.point(out, 2):
             e = self.step_expr()
             for update in recurrence.updates:
                 out(f"{update.state}_t = {self.update_text(update, e)}{note(update.shown)}", 2)
             y = e(recurrence.output)
             out(f"_ys.append({y}){note(f'{self.output.target}_t = {recurrence.shown}')}", 2)
-        if self.carried:
+        ahead = [u.state for u in recurrence.updates]
+        if backward is not None and ahead:
+            out(f"{', '.join(ahead)} = {', '.join(f'{s}_t' for s in ahead)}", 2)
+        elif backward is None and self.carried:
             now = [f"{s}_t" for s in self.states] + [f"{x}_t" for x in self.lagged]
             now += ["_pos + 1"] if self.positioned else []
             out(f"{states} = {', '.join(now)}", 2)
         out(f"return _torch.stack(_ys, 1), {self.state_tuple()}")
         out("", 0)
         out("", 0)
+
+    @staticmethod
+    def emit_slices(out: Lines, sliced: tuple[str, ...]) -> None:
+        """Each input of `sliced` at token _t, as `x_t`."""
+        if sliced:
+            names, slices = (", ".join(f"{i}{x}" for i in sliced) for x in ("_t", "[:, _t]"))
+            out(f"{names} = {slices}", 2)
+
+    def emit_backward_loop(self, out: Lines, loop: BackwardLoop) -> None:
+        """The backward states from the last token to the first, keeping at each token the
+        readouts of them the output reads (`_kept`, then put in time order)."""
+        out("_kept = []  # the readouts of the backward states at each token, from the last")
+        out('for _t in _range(_sizes["T"] - 1, -1, -1):')
+        self.emit_slices(out, loop.sliced)
+        with self.point(out, 2):
+            e = self.step_expr()
+            for update in loop.updates:
+                out(f"{update.state}_t = {self.update_text(update, e)}{note(update.shown)}", 2)
+            for name, read in loop.reads:
+                out(f"{name} = {e(read)}{note(read)}", 2)
+        out(f"_kept.append({tuple_text([name for name, _ in loop.reads], one=True)})", 2)
+        back = [u.state for u in loop.updates]
+        out(f"{', '.join(back)} = {', '.join(f'{s}_t' for s in back)}", 2)
+        out("_kept.reverse()")
 
     @staticmethod
     def update_text(update: Update, e: PyExpr) -> str:
@@ -106,6 +136,15 @@ class RecurrentForms(Context):
         out(f"_y, _s = _recurrence({args})", 3)
         out("_outputs.append(_y)", 3)
         out("_finals.append(_s)", 3)
+
+    def emit_no_step(self, out: Lines) -> None:
+        """`step` of a mixer that has none (a non-causal one): it says why."""
+        out(f"def step({self.signature('state=None')}):", 0)
+        out('"""No step form exists for this mixer: use chunk or recurrent."""')
+        reason = f"no step form: {self.program.no_step} (spec {self.spec.source.filename})"
+        out(f"_fail({string(reason)})")
+        out("", 0)
+        out("", 0)
 
     def emit_step(self, out: Lines) -> None:
         out(f"def step({self.signature('state=None')}):", 0)

@@ -74,15 +74,18 @@ class SequenceForms(Context):
         packed: str,
         log_scale=None,
         joined: bool = False,
+        reverse: bool = False,
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one call,
         as locals; returns the class's arguments as the call passes them. `log_scale`: the write
-        scale, passed as its log; `joined`: several steps' writes joined along the last axis."""
+        scale, passed as its log; `joined`: several steps' writes joined along the last axis;
+        `reverse`: each in reverse time order (a backward call)."""
         if len(steps) > 1:
-            return self.emit_sub_token_inputs(out, group, steps, packed, joined)
+            return self.emit_sub_token_inputs(out, group, steps, packed, joined, reverse)
         (step,) = steps
         e = self.seq_expr()
-        out(f"{local('k', group)} = _seq_vector({self.tensor(step.key)}, _sizes{packed})")
+        seq = self.seq_layout(packed, reverse)
+        out(f"{local('k', group)} = {seq('vector', self.tensor(step.key))}")
         values = []
         if any(v.expr is None for v in step.values):  # a vector state: a value of 1
             sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
@@ -94,7 +97,7 @@ class SequenceForms(Context):
                 value = e(v.expr if v.scale is None else Binary("@", v.scale, v.expr))
             values.append(value)
         value = values[0] if len(values) == 1 else f"_torch.cat([{', '.join(values)}], -2)"
-        out(f"{local('v', group)} = _seq_vector({value}, _sizes{packed})")
+        out(f"{local('v', group)} = {seq('vector', value)}")
         kernel_args = []
         gate = self.gate_expr()
         for arg in step.args:
@@ -105,22 +108,30 @@ class SequenceForms(Context):
                 continue
             value = self.tensor(arg.expr, gate)  # a constant gate, e.g. log(0.9), as a tensor
             name = local(arg.name, group)
-            out(f"{name} = _seq_{arg.layout}({value}, _sizes{packed}){note(arg.expr)}")
+            out(f"{name} = {seq(arg.layout, value)}{note(arg.expr)}")
             kernel_args.append(f"{arg.name}={name}")
         if log_scale is not None:
             shown = note(f"the write scale exp({log_scale}), as its log")
-            out(f"{local('s', group)} = _seq_scalar({e(log_scale)}, _sizes{packed}){shown}")
+            out(f"{local('s', group)} = {seq('scalar', e(log_scale))}{shown}")
             kernel_args.append(f"log_scale={local('s', group)}")
         return kernel_args
 
     def emit_sub_token_inputs(
-        self, out: Lines, group: str, steps: tuple[Step, ...], packed: str, joined: bool
+        self,
+        out: Lines,
+        group: str,
+        steps: tuple[Step, ...],
+        packed: str,
+        joined: bool,
+        reverse: bool,
     ) -> list[str]:
         """Key, value and the class's arguments of a call that applies several steps a token:
-        each step's, interleaved along time into sub-tokens (`_sub_tokens`), an argument a step
-        lacks (no decay) as zeros; or (`joined`: one transition, then writes only) the keys and
-        values joined along their last axis, the arguments the first step's."""
+        each step's (reversed in time before, for a backward call), interleaved along time into
+        sub-tokens (`_sub_tokens`), an argument a step lacks (no decay) as zeros; or (`joined`:
+        one transition, then writes only) the keys and values joined along their last axis, the
+        arguments the first step's."""
         gate = self.gate_expr()
+        seq = self.seq_layout(packed, reverse)
         parts: dict[str, list[str | None]] = {"k": [], "v": []}
         for i, step in enumerate(steps, 1):
             (v,) = step.values
@@ -136,30 +147,9 @@ class SequenceForms(Context):
                     continue
                 name = local(f"{arg}{i}", group)
                 text = self.tensor(expr, how)
-                out(f"{name} = _seq_{layout}({text}, _sizes{packed}){note(expr)}")
+                out(f"{name} = {seq(layout, text)}{note(expr)}")
                 parts[arg].append(name)
-        kernel_args = []
-        factors = {a.name for step in steps for a in step.args if a.layout == "factor"}
-        for arg, locals_ in parts.items():
-            present = [p for p in locals_ if p is not None]
-            if not present:
-                continue
-            if joined and arg not in ("k", "v"):  # the transition's, on the first step only
-                kernel_args.append(f"{arg}={present[0]}")
-                continue
-            if joined:
-                shown = note(f"{len(steps)} writes a token, joined")
-                out(f"{local(arg, group)} = _torch.cat([{', '.join(present)}], -1){shown}")
-            elif arg in factors:  # one factor for every step: a step without a gate has 0
-                shown = note(f"shared by the {len(steps)} sub-tokens of a token")
-                out(f"{local(arg, group)} = _sub_token_factor({present[0]}, {len(steps)}){shown}")
-            else:
-                pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
-                shown = note(f"{len(steps)} sub-tokens a token, one per step")
-                out(f"{local(arg, group)} = _sub_tokens([{pieces}]){shown}")
-            if arg not in ("k", "v"):
-                kernel_args.append(f"{arg}={local(arg, group)}")
-        return kernel_args
+        return _combined_steps(out, group, steps, parts, joined)
 
     def emit_call(self, out: Lines, call: Call, packed: bool) -> None:
         """One kernel call, each of its queries' readouts into its local, and (from the first
@@ -167,9 +157,10 @@ class SequenceForms(Context):
         seqlens = ", cu_seqlens" if packed else ""
         initial = local("S0", call.group)
         reads = f", reading {', '.join(call.reads)}" if call.reads else ""
-        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}"))
+        reverse = ", on the time-reversed sequence" if call.reverse else ""
+        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}{reverse}"))
         kernel_args = self.emit_inputs(
-            out, call.group, call.steps, seqlens, call.log_scale, call.joined
+            out, call.group, call.steps, seqlens, call.log_scale, call.joined, call.reverse
         )
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
@@ -178,7 +169,8 @@ class SequenceForms(Context):
         for i, query in enumerate(call.queries):
             self.emit_query(out, call, query, kernel_args, seqlens)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
-                out(f"{call.unscale} = _from_seq(_torch.exp(-_m)[..., None]{seqlens})")
+                scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
+                out(f"{call.unscale} = _from_seq({scale}{seqlens})")
             if query.previous:
                 start = (
                     f"_q[:, :, :1] @ {initial}"
@@ -186,6 +178,8 @@ class SequenceForms(Context):
                     else "_torch.zeros_like(_o[:, :, :1])"
                 )
                 out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
+            if call.reverse:
+                out(f"_o = _reverse_tokens(_o{seqlens})  # back in time order")
             if len(call.slots) == 1:
                 parts = ["_o"]
             else:
@@ -205,7 +199,8 @@ class SequenceForms(Context):
         if query.query is None:
             out(f"_q = _torch.zeros_like({k})")
         else:
-            out(f"_q = _seq_vector({self.tensor(query.query)}, _sizes{seqlens})")
+            seq = self.seq_layout(seqlens, call.reverse)
+            out(f"_q = {seq('vector', self.tensor(query.query))}")
         steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
@@ -309,3 +304,34 @@ class SequenceForms(Context):
             vector = s.shape[1] == "1"
             transitions[s.state] = local("G", s.state) + ("" if not vector else ".squeeze(-1)")
             finals[s.state] = s.state if not vector else f"{s.state}.squeeze(-1)"
+
+
+def _combined_steps(
+    out: Lines, group: str, steps: tuple[Step, ...], parts: dict, joined: bool
+) -> list[str]:
+    """The several steps' locals of each argument (`parts`) made one: the keys and values joined
+    along their last axis (`joined`, the other arguments the first step's), a factor shared by
+    a token's sub-tokens, or the steps interleaved into sub-tokens; returns the class's
+    arguments as the call passes them."""
+    kernel_args = []
+    factors = {a.name for step in steps for a in step.args if a.layout == "factor"}
+    for arg, locals_ in parts.items():
+        present = [p for p in locals_ if p is not None]
+        if not present:
+            continue
+        if joined and arg not in ("k", "v"):  # the transition's, on the first step only
+            kernel_args.append(f"{arg}={present[0]}")
+            continue
+        if joined:
+            shown = note(f"{len(steps)} writes a token, joined")
+            out(f"{local(arg, group)} = _torch.cat([{', '.join(present)}], -1){shown}")
+        elif arg in factors:  # one factor for every step: a step without a gate has 0
+            shown = note(f"shared by the {len(steps)} sub-tokens of a token")
+            out(f"{local(arg, group)} = _sub_token_factor({present[0]}, {len(steps)}){shown}")
+        else:
+            pieces = ", ".join(p or f"_torch.zeros_like({present[0]})" for p in locals_)
+            shown = note(f"{len(steps)} sub-tokens a token, one per step")
+            out(f"{local(arg, group)} = _sub_tokens([{pieces}]){shown}")
+        if arg not in ("k", "v"):
+            kernel_args.append(f"{arg}={local(arg, group)}")
+    return kernel_args

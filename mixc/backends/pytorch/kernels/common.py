@@ -197,6 +197,22 @@ def _sub_token_factor(x, n):
     return x if x.shape[2] == 1 else x.repeat_interleave(n, 2)
 
 
+def _reverse_tokens(x, cu_seqlens=None):
+    """x [B, NH, T, ...] (the kernels' layout) in reverse time order, for a state that runs
+    backward; packed ([N, NH, longest, ...], zeros after each sequence's end), each sequence
+    reversed within its own length, its zeros left after it. Its own inverse. A tensor the same
+    at every token (a time axis of 1) stays as it is."""
+    if x.shape[2] == 1:
+        return x
+    if cu_seqlens is None:
+        return x.flip(2)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1])[:, None]  # [N, 1]
+    tokens = torch.arange(x.shape[2], device=x.device)[None, :]  # [1, longest]
+    order = torch.where(tokens < lengths, lengths - 1 - tokens, tokens)
+    order = order.view(order.shape[0], 1, order.shape[1], *[1] * (x.dim() - 3))
+    return x.gather(2, order.expand(x.shape))
+
+
 def _shift_tokens(x, first, cu_seqlens=None):
     """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
     each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
