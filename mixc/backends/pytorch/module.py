@@ -183,7 +183,20 @@ class _Module(SequenceForms, RecurrentForms):
             out("", 0)
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
             shifts += ["_sub_tokens"] if any(len(c.steps) > 1 for c in self.program.calls) else []
-            out.lines.append(self.library.source(self.kernels + shifts))
+            registers = ["_register_operators"] if self.kernels else []
+            out.lines.append(self.library.source(self.kernels + shifts + registers))
+            if registers:
+                self.emit_registration(out)
+
+    def emit_registration(self, out: Lines) -> None:
+        """The statement that registers the kernels as operators for torch.compile, in a
+        namespace named by the hash of the text so far (the same kernels, the same operators)."""
+        digest = hashlib.sha256(out.text().encode("utf-8")).hexdigest()[:16]
+        out("", 0)
+        out("", 0)
+        out("# torch.compile calls each kernel as one opaque operator (see _register_operators);", 0)
+        out("# the namespace is named by a hash of the text above: the same kernels, the same one", 0)
+        out(f'_register_operators("mixc_{digest}", globals())', 0)
 
     def emit_mixer(self, out: Lines, library: str) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases

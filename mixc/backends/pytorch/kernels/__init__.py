@@ -14,9 +14,12 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 
-#: The class files: every module of this package but common, in name order.
+#: The files every class shares: common, then operators (how a kernel is called).
+SHARED_FILES = ("common", "operators")
+
+#: The class files: every module of this package but the shared ones, in name order.
 CLASS_FILES = tuple(
-    sorted(p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", "common"))
+    sorted(p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", *SHARED_FILES))
 )
 
 
@@ -58,12 +61,12 @@ def definitions(
     return found
 
 
-DEFINITIONS = definitions(("common", *CLASS_FILES))
+DEFINITIONS = definitions((*SHARED_FILES, *CLASS_FILES))
 
 KERNELS: dict[str, str] = {
     name: file
     for name, (file, _, _) in DEFINITIONS.items()
-    if file != "common" and not name.startswith("_")
+    if file not in SHARED_FILES and not name.startswith("_")
 }
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 
