@@ -183,20 +183,26 @@ class _Module(SequenceForms, RecurrentForms):
             out("", 0)
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
             shifts += ["_sub_tokens"] if any(len(c.steps) > 1 for c in self.program.calls) else []
-            registers = ["_register_operators"] if self.kernels else []
-            out.lines.append(self.library.source(self.kernels + shifts + registers))
+            text = self.library.source(self.kernels + shifts)
+            # the operators the kernels call under torch.compile, by the entry they call
+            entries = {"_own_backward": "_register_spans", "_opaque_call": "_register_calls"}
+            registers = [r for e, r in entries.items() if re.search(rf"\b{e}\b", text)]
             if registers:
-                self.emit_registration(out)
+                text = self.library.source([*self.kernels, *shifts, *registers])
+            out.lines.append(text)
+            if registers:
+                self.emit_registration(out, registers)
 
-    def emit_registration(self, out: Lines) -> None:
-        """The statement that registers the kernels as operators for torch.compile, in a
+    def emit_registration(self, out: Lines, registers: list[str]) -> None:
+        """The statements that register the kernels as operators for torch.compile, in a
         namespace named by the hash of the text so far (the same kernels, the same operators)."""
         digest = hashlib.sha256(out.text().encode("utf-8")).hexdigest()[:16]
         out("", 0)
         out("", 0)
-        out("# torch.compile calls each kernel as one opaque operator (see _register_operators);", 0)
-        out("# the namespace is named by a hash of the text above: the same kernels, the same one", 0)
-        out(f'_register_operators("mixc_{digest}", globals())', 0)
+        out("# torch.compile calls each kernel as one opaque operator (see operators.py in", 0)
+        out("# mixc's kernels), in a namespace named by a hash of the text above", 0)
+        for register in registers:
+            out(f'{register}("mixc_{digest}", globals())', 0)
 
     def emit_mixer(self, out: Lines, library: str) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases

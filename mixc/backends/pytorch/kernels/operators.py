@@ -2,9 +2,9 @@
 
 Traced by torch.compile, a kernel's loops over spans and chunks unroll into graphs of thousands
 of nodes (minutes to compile). A generated module therefore registers its kernels as custom
-operators (torch.library) when it is imported (_register_operators) and, while torch.compile
-traces it, each kernel call is one operator call, with a fake (shape) implementation and an
-autograd formula. Eager calls never go through the operators.
+operators (torch.library) when it is imported (_register_spans, _register_calls) and, while
+torch.compile traces it, each kernel call is one operator call, with a fake (shape)
+implementation and an autograd formula. Eager calls never go through the operators.
 
 Two entries, one per kind of kernel:
 
@@ -14,9 +14,12 @@ Two entries, one per kind of kernel:
   calls the operator `spans_backward`, which runs the kernel's own backward from it. The shapes
   of the kept tensors come from running the span function on one chunk of fake tensors.
 - _opaque_call, for the kernels that go through autograd (with or without checkpoints): the
-  operator `call` runs the kernel without autograd, its fake runs it on fake tensors, and
-  `call_backward` runs it again under autograd for the gradients (recomputation, as the
-  elementwise kernel's checkpoints already do eagerly).
+  operator `call` runs the kernel without autograd, its fake runs it on fake tensors (of fixed
+  sizes: its loops need whole numbers), and `call_backward` runs it again under autograd for
+  the gradients (recomputation, as the elementwise kernel's checkpoints already do eagerly).
+
+Limits: a compiled graph has no double backward through these operators (eager kernels do),
+and a new sequence length compiles the graph again (the kernels' loops are fixed by it).
 
 The operators find the kernel's functions by name in the module that registered them (the
 names of its own functions, never text from a caller). Their namespace, `mixc_` and a hash of
@@ -41,9 +44,10 @@ from mixc.backends.pytorch.kernels.common import (
 
 
 class _Operators:
-    """The operators of this module's kernels once registered (_register_operators), else
-    None: its kernels are then traced like any other code. slots: how many tensors an operator
-    takes (a kernel's sequences and its initial state, None where absent)."""
+    """The operators of this module's kernels once registered (_register_spans,
+    _register_calls), else None: its kernels are then traced like any other code. slots: how
+    many tensors an operator takes (a kernel's sequences and its initial state, None where
+    absent)."""
 
     slots = 7
     spans = None
@@ -344,14 +348,21 @@ def _define_call(namespace, functions):
     call.register_autograd(formula, setup_context=save)
 
 
-def _register_operators(namespace, functions):
-    """Register the operators of the kernels among `functions` (a module's globals) under
-    `namespace` (`mixc_` and a hash of the kernels' text), unless they are registered already
-    (this module imported again, or another with the same kernels), and call them under
-    torch.compile from now on."""
+def _register_spans(namespace, functions):
+    """Register the operators `spans` and `spans_backward` over the span functions among
+    `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
+    text), unless they are registered already (this module imported again, or another with the
+    same kernels), and let _own_backward call them under torch.compile from now on."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "spans"):
         _define_spans(namespace, functions)
+    _Operators.spans = ops.spans
+
+
+def _register_calls(namespace, functions):
+    """Register the operators `call` and `call_backward` over the kernels among `functions` (as
+    _register_spans does), for _opaque_call."""
+    ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "call"):
         _define_call(namespace, functions)
-    _Operators.spans, _Operators.call = ops.spans, ops.call
+    _Operators.call = ops.call
