@@ -448,14 +448,31 @@ def _opaque_call(kernel, tensors, chunk_size):
 
 
 def _fresh(x, inputs):
-    """x contiguous, and not one of the inputs (an operator's outputs may not alias them)."""
-    x = x.contiguous()
-    return x.clone() if any(x is t for t in inputs) else x
+    """x with the strides of a new contiguous tensor (those of the fakes: contiguous() keeps
+    other strides on axes of size 1), and not one of the inputs (an operator's outputs may not
+    alias them)."""
+    strides, step = [], 1
+    for n in reversed(x.shape):
+        strides.insert(0, step)
+        step *= max(n, 1)
+    if x.stride() == tuple(strides) and not any(x is t for t in inputs):
+        return x
+    return x.new_empty(x.shape).copy_(x)
+
+
+def _like(d, x, inputs):
+    """The gradient d of x laid out as torch.empty_like(x), as the fakes say (for an input that
+    is a transposed view of the callers' layout, so is its gradient: what the caller's own
+    gradients, computed from it, expect), and not one of the inputs."""
+    target = torch.empty_like(x)
+    if d.stride() == target.stride() and not any(d is t for t in inputs):
+        return d
+    return target.copy_(d)
 
 
 def _wanted_like(tensors, wanted):
-    """Fake gradients: a contiguous tensor shaped like each wanted input."""
-    return [x.new_empty(x.shape) for x, w in zip(tensors, wanted) if w]
+    """Fake gradients: torch.empty_like each wanted input (see _like)."""
+    return [torch.empty_like(x) for x, w in zip(tensors, wanted) if w]
 
 
 def _call_forward(kernel, tensors, chunk_size):
@@ -504,7 +521,8 @@ def _call_gradients(kernel, tensors, chunk_size, d_outs, wanted):
             [o for o, _ in pairs], wrt, [d for _, d in pairs], allow_unused=True
         )
     inputs = [t for t in tensors if t is not None]
-    return [x.new_zeros(x.shape) if d is None else _fresh(d, inputs) for d, x in zip(found, wrt)]
+    wrt = [x for x, w in zip(tensors, wanted) if w]
+    return [torch.zeros_like(x) if d is None else _like(d, x, inputs) for d, x in zip(found, wrt)]
 
 
 def _define_call(namespace, functions):
@@ -716,7 +734,7 @@ def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_register_calls("mixc_08ca8fd491b9334e", globals())
+_register_calls("mixc_293f390a74725186", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -817,9 +817,26 @@ def _callers_layout(o):
 
 
 def _fresh(x, inputs):
-    """x contiguous, and not one of the inputs (an operator's outputs may not alias them)."""
-    x = x.contiguous()
-    return x.clone() if any(x is t for t in inputs) else x
+    """x with the strides of a new contiguous tensor (those of the fakes: contiguous() keeps
+    other strides on axes of size 1), and not one of the inputs (an operator's outputs may not
+    alias them)."""
+    strides, step = [], 1
+    for n in reversed(x.shape):
+        strides.insert(0, step)
+        step *= max(n, 1)
+    if x.stride() == tuple(strides) and not any(x is t for t in inputs):
+        return x
+    return x.new_empty(x.shape).copy_(x)
+
+
+def _like(d, x, inputs):
+    """The gradient d of x laid out as torch.empty_like(x), as the fakes say (for an input that
+    is a transposed view of the callers' layout, so is its gradient: what the caller's own
+    gradients, computed from it, expect), and not one of the inputs."""
+    target = torch.empty_like(x)
+    if d.stride() == target.stride() and not any(d is t for t in inputs):
+        return d
+    return target.copy_(d)
 
 
 def _split_tensors(span_fn, tensors):
@@ -887,12 +904,12 @@ def _spans_gradients(fns, tensors, chunk_size, gk_min, kept, d_o, d_state, wante
     grads = [d_initial, *[None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]]
     grads += [None] * (len(tensors) - len(grads))
     inputs = [t for t in tensors if t is not None]
-    return [_fresh(d, inputs) for d, w in zip(grads, wanted) if w]
+    return [_like(d, x, inputs) for d, x, w in zip(grads, tensors, wanted) if w]
 
 
 def _wanted_like(tensors, wanted):
-    """Fake gradients: a contiguous tensor shaped like each wanted input."""
-    return [x.new_empty(x.shape) for x, w in zip(tensors, wanted) if w]
+    """Fake gradients: torch.empty_like each wanted input (see _like)."""
+    return [torch.empty_like(x) for x, w in zip(tensors, wanted) if w]
 
 
 def _define_spans(namespace, functions):
@@ -1411,7 +1428,7 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_register_spans("mixc_c8accbc293c96818", globals())
+_register_spans("mixc_867428b07766151b", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
