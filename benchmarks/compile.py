@@ -1,8 +1,9 @@
 """torch.compile of a MixerLayer: the first call's time (compile included) and compiled against
 eager speed, for every shipped spec.
 
-    python benchmarks/compile.py                    # every spec in specs/, a table on stdout
-    python benchmarks/compile.py gla rwkv7 --json compile.json
+    python benchmarks/compile.py --threads 1 --write   # every spec; rewrites its RESULTS.md section
+    python benchmarks/compile.py gla rwkv7 --json compile.json     # some specs, a table on stdout
+    python benchmarks/compile.py --from-json compile.json --write  # the section from saved rows
 
 Each spec runs in a fresh worker process with its own empty inductor cache directory, so the
 first call compiles from nothing (no FX-graph, autograd or kernel cache from an earlier run).
@@ -22,6 +23,7 @@ Before timing, the compiled layer's output and gradients are compared with the e
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -104,12 +106,16 @@ def _run_worker(spec: str, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+START, END = "<!-- compile: written by benchmarks/compile.py -->", "<!-- compile: end -->"
+
+
 def _table(rows: list[dict], threads: int) -> str:
     import torch
 
     lines = [
         f"- Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible, "
-        f"{threads} torch threads, torch {torch.__version__}, Python {platform.python_version()}",
+        f"{threads} torch threads, torch {torch.__version__}, Python {platform.python_version()}; "
+        f"load average at the end {os.getloadavg()[0]:.1f} (a shared machine)",
         f"- Layer: MixerLayer(spec, hidden_size={HIDDEN}, num_heads={HEADS}), x [{B}, {T}, "
         f"{HIDDEN}] fp32, torch.compile(fullgraph=True), inductor; median of {REPEATS} "
         "forward+backward calls each, compiled and eager in alternation",
@@ -129,22 +135,59 @@ def _table(rows: list[dict], threads: int) -> str:
     return "\n".join(lines)
 
 
+def write(table: str) -> None:
+    """Rewrite this benchmark's section of RESULTS.md (before the notes written by hand)."""
+    path = ROOT / "benchmarks" / "RESULTS.md"
+    section = "\n".join(
+        [
+            START,
+            "## torch.compile of a layer (issue 34)",
+            "",
+            f"`python benchmarks/compile.py --threads 1 --write`, {datetime.date.today()}: "
+            "the first call of `torch.compile(MixerLayer(...), fullgraph=True)`, forward and "
+            "backward from an empty inductor cache, and the compiled against the eager layer "
+            "(see the script's docstring).",
+            "",
+            table,
+            END,
+            "",
+        ]
+    )
+    text = path.read_text(encoding="utf-8")
+    if START in text:
+        text = text[: text.index(START)] + section + text[text.index(END) + len(END) + 1 :]
+    else:
+        notes = text.index("<!-- notes:")
+        text = text[:notes] + section + "\n" + text[notes:]
+    path.write_text(text, encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("specs", nargs="*", help="shipped spec names (default: every one)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--from-json", help="rows saved by --json (or one JSON object a line)")
+    parser.add_argument("--write", action="store_true", help="rewrite its section of RESULTS.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(measure(args.specs[0], args.threads)))
         return
-    specs = args.specs or sorted(p.stem for p in (ROOT / "specs").glob("*.mix"))
-    rows = []
-    for spec in specs:
-        rows.append(_run_worker(spec, args.threads))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print(_table(rows, args.threads))
+    if args.from_json:
+        text = Path(args.from_json).read_text(encoding="utf-8").strip()
+        rows = (
+            json.loads(text) if text.startswith("[") else [json.loads(x) for x in text.splitlines()]
+        )
+    else:
+        rows = []
+        for spec in args.specs or sorted(p.stem for p in (ROOT / "specs").glob("*.mix")):
+            rows.append(_run_worker(spec, args.threads))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    table = _table(rows, args.threads)
+    print(table)
+    if args.write:
+        write(table)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
 
