@@ -33,7 +33,7 @@ BY_KERNEL = ["gated_retention", "gated_deltanet", "gla", "rwkv7", "mamba1", "mls
 
 def _namespace(module) -> str:
     text = "".join(linecache.cache[module.__file__][2])
-    return re.search(r'_register_\w+\("(mixc_[0-9a-f]{16})", globals\(\)\)', text)[1]
+    return re.search(r' = _register_\w+\("(mixc_[0-9a-f]{16})", globals\(\)\)', text)[1]
 
 
 def _example(name, T=11):

@@ -201,8 +201,11 @@ class _Module(SequenceForms, RecurrentForms):
         out("", 0)
         out("# torch.compile calls each kernel as one opaque operator (see operators.py in", 0)
         out("# mixc's kernels), in a namespace named by a hash of the text above", 0)
-        for register in registers:
-            out(f'{register}("mixc_{digest}", globals())', 0)
+        for register in registers:  # an assignment: the module has no bare expression statement
+            out(
+                f'{register.replace("_register", "_operator")} = {register}("mixc_{digest}", globals())',
+                0,
+            )
 
     def emit_mixer(self, out: Lines, library: str) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases

@@ -1074,11 +1074,13 @@ def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
     text), unless they are registered already (this module imported again, or another with the
-    same kernels), and let _own_backward call them under torch.compile from now on."""
+    same kernels), and let _own_backward call them under torch.compile from now on. Returns
+    the operator `spans`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "spans"):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
+    return ops.spans
 
 
 def _delta_finite_inputs(k_c, v_c, beta_c, g_c):
@@ -1322,7 +1324,7 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_register_spans("mixc_267aa182b0b87aec", globals())
+_operator_spans = _register_spans("mixc_bed495df1d34e36e", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1125,11 +1125,13 @@ def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
     text), unless they are registered already (this module imported again, or another with the
-    same kernels), and let _own_backward call them under torch.compile from now on."""
+    same kernels), and let _own_backward call them under torch.compile from now on. Returns
+    the operator `spans`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "spans"):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
+    return ops.spans
 
 
 def _register_calls(namespace, functions):
@@ -1139,6 +1141,7 @@ def _register_calls(namespace, functions):
     if not hasattr(ops, "call"):
         _define_call(namespace, functions)
     _Operators.call = ops.call
+    return ops.call
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -1301,8 +1304,8 @@ def _scalar_decay_stable(q, k, v, g, log_scale, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_register_spans("mixc_28c1f581a0520f92", globals())
-_register_calls("mixc_28c1f581a0520f92", globals())
+_operator_spans = _register_spans("mixc_9ac65151999f41d3", globals())
+_operator_calls = _register_calls("mixc_9ac65151999f41d3", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1022,11 +1022,13 @@ def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
     text), unless they are registered already (this module imported again, or another with the
-    same kernels), and let _own_backward call them under torch.compile from now on."""
+    same kernels), and let _own_backward call them under torch.compile from now on. Returns
+    the operator `spans`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "spans"):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
+    return ops.spans
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -1143,7 +1145,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_register_spans("mixc_562e33ced5ad178f", globals())
+_operator_spans = _register_spans("mixc_b92660cb036f978d", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -983,11 +983,13 @@ def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
     text), unless they are registered already (this module imported again, or another with the
-    same kernels), and let _own_backward call them under torch.compile from now on."""
+    same kernels), and let _own_backward call them under torch.compile from now on. Returns
+    the operator `spans`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "spans"):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
+    return ops.spans
 
 
 def _dplr_pairs(x, block):
@@ -1428,7 +1430,7 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_register_spans("mixc_867428b07766151b", globals())
+_operator_spans = _register_spans("mixc_e5b5095ef126541e", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

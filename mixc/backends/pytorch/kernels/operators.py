@@ -370,11 +370,13 @@ def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
     text), unless they are registered already (this module imported again, or another with the
-    same kernels), and let _own_backward call them under torch.compile from now on."""
+    same kernels), and let _own_backward call them under torch.compile from now on. Returns
+    the operator `spans`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "spans"):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
+    return ops.spans
 
 
 def _register_calls(namespace, functions):
@@ -384,3 +386,4 @@ def _register_calls(namespace, functions):
     if not hasattr(ops, "call"):
         _define_call(namespace, functions)
     _Operators.call = ops.call
+    return ops.call
