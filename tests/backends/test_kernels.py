@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from mixc.backends.pytorch.kernels import CLASS_FILES, KERNELS, kernel_source
+from mixc.backends.pytorch.kernels import CLASS_FILES, KERNELS, SHARED_FILES, kernel_source
 from mixc.backends.pytorch.kernels.common import _span_tokens, _unit_lower_inverse
 from mixc.backends.pytorch.kernels.delta import chunk_delta
 from mixc.backends.pytorch.kernels.diagonal import chunk_diagonal
@@ -716,8 +716,8 @@ PUBLIC = [
     "chunk_elementwise",
     "chunk_dplr",
 ]
-KERNEL_FILES = ["common", *CLASS_FILES]
-COMMON = "mixc.backends.pytorch.kernels.common"
+KERNEL_FILES = [*SHARED_FILES, *CLASS_FILES]
+SHARED = {f"mixc.backends.pytorch.kernels.{name}": name for name in SHARED_FILES}
 
 
 def _kernel_file(name):
@@ -731,7 +731,7 @@ def _top_level_definitions(file):
 
 
 def _all_definitions():
-    """The top-level definitions of every kernel file, common first, then CLASS_FILES."""
+    """The top-level definitions of every kernel file, the shared ones first, then CLASS_FILES."""
     return {name: n for file in KERNEL_FILES for name, n in _top_level_definitions(file).items()}
 
 
@@ -750,22 +750,26 @@ def _called_helpers(func_name, tree_funcs):
 @pytest.mark.parametrize("file", KERNEL_FILES)
 def test_module_structure(file):
     """A kernel file holds a docstring, imports of torch (a class file also imports helpers from
-    common) and documented top-level definitions, its classes autograd Functions (a kernel's
-    own backward): the generator copies only definitions into a module that imports torch."""
+    the shared files, operators from common) and documented top-level definitions, its classes
+    autograd Functions (a kernel's own backward) but the registry of operators: the generator
+    copies only definitions into a module that imports torch."""
     module = _kernel_file(file)
     source = inspect.getsource(module)
     tree = ast.parse(source)
     assert ast.get_docstring(tree), f"{file} lacks a module docstring"
-    imports, from_common, public = set(), set(), set()
+    imports, public = set(), set()
     for node in tree.body[1:]:
         if isinstance(node, ast.Import):
             imports.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert file != "common" and node.module == COMMON, ast.unparse(node)
-            from_common.update(alias.name for alias in node.names)
+            # a class file imports from the shared files, operators from common
+            assert node.module in SHARED and file not in ("common", node.module), ast.unparse(node)
+            assert file in CLASS_FILES or SHARED[node.module] == "common", ast.unparse(node)
+            shared = _top_level_definitions(SHARED[node.module])
+            assert {alias.name for alias in node.names} <= set(shared), ast.unparse(node)
         elif isinstance(node, ast.FunctionDef | ast.ClassDef):
             assert ast.get_docstring(node), f"{node.name} lacks a docstring"
-            if isinstance(node, ast.ClassDef):
+            if isinstance(node, ast.ClassDef) and node.name != "_Operators":
                 bases = [ast.unparse(b) for b in node.bases]
                 assert bases == ["torch.autograd.Function"], node.name
             if not node.name.startswith("_"):
@@ -773,7 +777,6 @@ def test_module_structure(file):
         else:
             raise AssertionError(f"{file}: not an import or a definition: {ast.unparse(node)}")
     assert imports <= {"math", "torch", "torch.nn.functional"}, imports
-    assert from_common <= set(_top_level_definitions("common")), from_common
     assert ".item()" not in source
     assert public == {name for name, owner in KERNELS.items() if owner == file}
 

@@ -194,7 +194,15 @@ class _Module(SequenceForms, RecurrentForms):
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
             shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []
-            out.lines.append(self.library.source(self.kernels + shifts + helpers))
+            text = self.library.source(self.kernels + shifts + helpers)
+            # the operators the kernels call under torch.compile, by the entry they call
+            entries = {"_own_backward": "_register_spans", "_opaque_call": "_register_calls"}
+            registers = [r for e, r in entries.items() if re.search(rf"\b{e}\b", text)]
+            if registers:
+                text = self.library.source([*self.kernels, *shifts, *helpers, *registers])
+            out.lines.append(text)
+            if registers:
+                self.emit_registration(out, registers)
 
     def function_helpers(self) -> list[str]:
         """The helpers of the language's functions that the spec calls (`_rotate`, ...), and
@@ -209,6 +217,20 @@ class _Module(SequenceForms, RecurrentForms):
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
         helpers |= {"_turning"} if called & {"rotate", "rotate_interleaved"} else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))
+
+    def emit_registration(self, out: Lines, registers: list[str]) -> None:
+        """The statements that register the kernels as operators for torch.compile, in a
+        namespace named by the hash of the text so far (the same kernels, the same operators)."""
+        digest = hashlib.sha256(out.text().encode("utf-8")).hexdigest()[:16]
+        out("", 0)
+        out("", 0)
+        out("# torch.compile calls each kernel as one opaque operator (see operators.py in", 0)
+        out("# mixc's kernels), in a namespace named by a hash of the text above", 0)
+        for register in registers:  # an assignment: the module has no bare expression statement
+            out(
+                f'{register.replace("_register", "_operator")} = {register}("mixc_{digest}", globals())',
+                0,
+            )
 
     def emit_mixer(self, out: Lines, library: str) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases

@@ -423,6 +423,162 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     return states[:-1], slots[-1].clone()
 
 
+class _Operators:
+    """The operators of this module's kernels once registered (_register_spans,
+    _register_calls), else None: its kernels are then traced like any other code. slots: how
+    many tensors an operator takes (a kernel's sequences and its initial state, None where
+    absent)."""
+
+    slots = 7
+    spans = None
+    call = None
+
+
+def _slots(tensors):
+    """The tensors padded with None to _Operators.slots."""
+    return [*tensors, *[None] * (_Operators.slots - len(tensors))]
+
+
+def _opaque_call(kernel, tensors, chunk_size):
+    """kernel(*tensors, chunk_size), a kernel without its own backward; under torch.compile, in
+    a module that registered its operators, the operator `call` (see this file's docstring)."""
+    if _Operators.call is not None and torch.compiler.is_compiling():
+        return tuple(_Operators.call(kernel.__name__, *_slots(tensors), chunk_size))
+    return kernel(*tensors, chunk_size)
+
+
+def _fresh(x, inputs):
+    """x with the strides of a new contiguous tensor (those of the fakes: contiguous() keeps
+    other strides on axes of size 1), and not one of the inputs (an operator's outputs may not
+    alias them)."""
+    strides, step = [], 1
+    for n in reversed(x.shape):
+        strides.insert(0, step)
+        step *= max(n, 1)
+    if x.stride() == tuple(strides) and not any(x is t for t in inputs):
+        return x
+    return x.new_empty(x.shape).copy_(x)
+
+
+def _like(d, x, inputs):
+    """The gradient d of x laid out as torch.empty_like(x), as the fakes say (for an input that
+    is a transposed view of the callers' layout, so is its gradient: what the caller's own
+    gradients, computed from it, expect), and not one of the inputs."""
+    target = torch.empty_like(x)
+    if d.stride() == target.stride() and not any(d is t for t in inputs):
+        return d
+    return target.copy_(d)
+
+
+def _wanted_like(tensors, wanted):
+    """Fake gradients: torch.empty_like each wanted input (see _like)."""
+    return [torch.empty_like(x) for x, w in zip(tensors, wanted) if w]
+
+
+def _call_forward(kernel, tensors, chunk_size):
+    """The operator `call`: the kernel's outputs without autograd, each fresh and contiguous."""
+    with torch.no_grad():
+        outs = kernel(*tensors[: _arity(kernel)], chunk_size)
+    inputs = [t for t in tensors if t is not None]
+    return [_fresh(x, inputs) for x in outs]
+
+
+def _fixed(x):
+    """A fake tensor like x with whole-number sizes and strides (None stays None)."""
+    if x is None:
+        return None
+    return x.new_empty_strided([int(n) for n in x.shape], [int(n) for n in x.stride()])
+
+
+def _arity(kernel):
+    """How many tensors the kernel takes before its chunk size."""
+    return kernel.__code__.co_argcount - 1
+
+
+def _recording():
+    """A context in which autograd records inside an operator again. An operator's
+    implementation runs with autograd's dispatch keys excluded, so that torch.autograd records
+    nothing there (and torch.func.vjp, which would, cannot run checkpoints): this takes them
+    out of the excluded keys for the block, autocast's staying excluded."""
+    keys = torch._C.DispatchKey
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
+        excluded = excluded.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
+
+
+def _call_gradients(kernel, tensors, chunk_size, d_outs, wanted):
+    """The operator `call_backward`: the gradients of the wanted tensors, the kernel run again
+    under autograd (0 for a wanted tensor the outputs do not depend on)."""
+    with _recording(), torch.enable_grad():
+        leaves = [
+            None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
+        ]
+        outs = kernel(*leaves[: _arity(kernel)], chunk_size)
+        pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
+        wrt = [x for x, w in zip(leaves, wanted) if w]
+        found = torch.autograd.grad(
+            [o for o, _ in pairs], wrt, [d for _, d in pairs], allow_unused=True
+        )
+    inputs = [t for t in tensors if t is not None]
+    wrt = [x for x, w in zip(tensors, wanted) if w]
+    return [torch.zeros_like(x) if d is None else _like(d, x, inputs) for d, x in zip(found, wrt)]
+
+
+def _define_call(namespace, functions):
+    """Register the operators `call` and `call_backward` of `namespace`, over the kernels of
+    the module whose globals are `functions`."""
+    slots = ", ".join(f"Tensor? t{i}" for i in range(_Operators.slots))
+    head = f"(str kernel, {slots}, SymInt chunk_size"
+
+    def forward(kernel, *args):
+        return _call_forward(functions[kernel], args[:-1], args[-1])
+
+    def fake(kernel, *args):
+        # the kernel itself on fake tensors: its loops run, but nothing is traced; its loops
+        # need whole numbers, so the sizes are fixed (a new size compiles again)
+        return _call_forward(functions[kernel], [_fixed(x) for x in args[:-1]], int(args[-1]))
+
+    def backward(kernel, *args):
+        *tensors, chunk_size, d_outs, wanted = args
+        return _call_gradients(functions[kernel], tensors, chunk_size, d_outs, wanted)
+
+    def backward_fake(kernel, *args):
+        return _wanted_like(args[: _Operators.slots], args[-1])
+
+    call = torch.library.custom_op(
+        f"{namespace}::call", forward, mutates_args=(), schema=f"{head}) -> Tensor[]"
+    )
+    call.register_fake(fake)
+    call_backward = torch.library.custom_op(
+        f"{namespace}::call_backward", backward, mutates_args=(),
+        schema=f"{head}, Tensor?[] d_outs, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    call_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.kernel, ctx.chunk_size = inputs[0], inputs[-1]
+        ctx.save_for_backward(*inputs[1:-1])
+
+    def formula(ctx, grads):
+        tensors = ctx.saved_tensors
+        wanted = list(ctx.needs_input_grad[1:-1])
+        found = iter(call_backward(ctx.kernel, *tensors, ctx.chunk_size, list(grads), wanted))
+        return None, *[next(found) if w else None for w in wanted], None
+
+    call.register_autograd(formula, setup_context=save)
+
+
+def _register_calls(namespace, functions):
+    """Register the operators `call` and `call_backward` over the kernels among `functions` (as
+    _register_spans does), for _opaque_call."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "call"):
+        _define_call(namespace, functions)
+    _Operators.call = ops.call
+    return ops.call
+
+
 def _by_chunk(x, chunk_size, n_pad):
     """[B, NH, T, ...] -> [N, C, B, NH, ...]: chunk, then position inside it (so N and C
     flatten to token order), zero-padded to whole chunks (a zero token leaves the state
@@ -525,6 +681,11 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
     at a time. initial_state
     [B, NH, K, V] or None (zeros). Returns (o [B, NH, T, V], final state).
     """
+    return _opaque_call(_elementwise, [q, k, v, g, g_scale, initial_state], chunk_size)
+
+
+def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
+    """chunk_elementwise, its spans checkpointed under autograd."""
     batch, heads, length = q.shape[:3]
     chunk_size = _chunk_size_for(chunk_size, length)
     state = initial_state
@@ -570,6 +731,11 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
             state = _span_in_place(*inputs, state, buffers, o, end)
     # [N, C, B, NH, 1, V] -> [B, NH, T, V], a view of a [T, B, NH, V] tensor
     return out.flatten(0, 1).squeeze(-2).permute(1, 2, 0, 3)[:, :, :length], state
+
+
+# torch.compile calls each kernel as one opaque operator (see operators.py in
+# mixc's kernels), in a namespace named by a hash of the text above
+_operator_calls = _register_calls("mixc_80379102215f1770", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

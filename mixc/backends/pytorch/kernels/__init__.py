@@ -14,9 +14,14 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 
-#: The class files: every module of this package but common, in name order.
+#: The files every class shares: common, then operators (how a kernel is called).
+SHARED_FILES = ("common", "operators")
+
+#: The class files: every module of this package but the shared ones, in name order.
 CLASS_FILES = tuple(
-    sorted(p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", "common", "functions"))
+    sorted(
+        p.stem for p in _HERE.glob("*.py") if p.stem not in ("__init__", "functions", *SHARED_FILES)
+    )
 )
 
 
@@ -58,7 +63,7 @@ def definitions(
     return found
 
 
-DEFINITIONS = definitions(("common", "functions", *CLASS_FILES))
+DEFINITIONS = definitions((*SHARED_FILES, "functions", *CLASS_FILES))
 
 #: The helpers of the language's functions (functions.py), which a module carries only where
 #: its spec calls them.
@@ -67,7 +72,7 @@ FUNCTION_HELPERS = tuple(name for name, (file, _, _) in DEFINITIONS.items() if f
 KERNELS: dict[str, str] = {
     name: file
     for name, (file, _, _) in DEFINITIONS.items()
-    if file not in ("common", "functions") and not name.startswith("_")
+    if file not in (*SHARED_FILES, "functions") and not name.startswith("_")
 }
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 

@@ -23,15 +23,14 @@ from mixc.backends.pytorch.kernels.common import (
     _finite_rows,
     _finite_rows_,
     _gate_grads,
-    _guarded_spans,
     _masked,
     _needs_grad,
-    _OwnBackward,
     _poison_rows,
     _scalar_decays,
     _two_matmuls,
     _unit_lower_inverse,
 )
+from mixc.backends.pytorch.kernels.operators import _own_backward
 
 
 def _delta_finite_inputs(k_c, v_c, beta_c, g_c):
@@ -269,10 +268,5 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
     v is the already-scaled write value (beta * v); beta only enters the
     transition. g=None: plain DeltaNet. Returns (o, final state).
     """
-    if _needs_grad(q, k, v, beta, g, initial_state):
-        return _OwnBackward.apply(
-            _delta_span, _delta_grads_span, 4, chunk_size, initial_state, q, k, v, beta, g
-        )
     seqs = [q, k, v, beta, g]
-    (o,), state, _ = _guarded_spans(_delta_span, seqs, initial_state, chunk_size)
-    return o, state
+    return _own_backward(_delta_span, _delta_grads_span, 4, chunk_size, initial_state, seqs)

@@ -22,11 +22,11 @@ from mixc.backends.pytorch.kernels.common import (
     _finite_rows,
     _guarded_spans,
     _needs_grad,
-    _OwnBackward,
     _pair_blocks,
     _poison_rows,
     _two_matmuls,
 )
+from mixc.backends.pytorch.kernels.operators import _opaque_call, _own_backward
 
 
 def _scan_states(initial_state, chunk_decay_k, chunk_decay_v, chunk_kv, reverse=False):
@@ -294,10 +294,15 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
     gk: key-side log-gate [B, NH, T, K], gv: value-side log-gate [B, NH, T, V];
     either may be None (no decay on that side). Returns (o, final state).
     """
-    if gv is None and _needs_grad(q, k, v, gk, initial_state):
-        return _OwnBackward.apply(
-            _diagonal_span, _diagonal_grads_span, 3, chunk_size, initial_state, q, k, v, gk, None
+    if gv is None:
+        seqs = [q, k, v, gk, None]
+        return _own_backward(
+            _diagonal_span, _diagonal_grads_span, 3, chunk_size, initial_state, seqs
         )
-    seqs = [q, k, v, gk, gv]
-    (o,), state, _ = _guarded_spans(_diagonal_span, seqs, initial_state, chunk_size)
+    return _opaque_call(_diagonal_value_gated, [q, k, v, gk, gv, initial_state], chunk_size)
+
+
+def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
+    """chunk_diagonal with value-side gates, through autograd: (o, final state)."""
+    (o,), state, _ = _guarded_spans(_diagonal_span, [q, k, v, gk, gv], initial_state, chunk_size)
     return o, state

@@ -26,13 +26,12 @@ from mixc.backends.pytorch.kernels.common import (
     _chain,
     _finite_rows,
     _finite_rows_,
-    _guarded_spans,
     _needs_grad,
-    _OwnBackward,
     _pair_blocks,
     _two_matmuls,
     _unit_lower_inverse,
 )
+from mixc.backends.pytorch.kernels.operators import _own_backward
 
 
 def _dplr_pairs(x, block):
@@ -463,15 +462,9 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min
     """
     gk = torch.zeros_like(k) if gk is None else gk.expand_as(k)
 
-    def span(*chunks_and_state):
-        return _dplr_span(*chunks_and_state, gk_min=gk_min)
-
-    if _needs_grad(q, k, v, a, b, gk, initial_state):
-        return _OwnBackward.apply(
-            span, _dplr_grads_span, 3, chunk_size, initial_state, q, k, v, gk, a, b
-        )
     seqs = [q, k, v, gk, a, b]
     # every input is only read elementwise (into the decayed rows and columns, v into the values)
     strided = (0, 1, 2, 3, 4, 5)
-    (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
-    return o, state
+    return _own_backward(
+        _dplr_span, _dplr_grads_span, 3, chunk_size, initial_state, seqs, gk_min, strided
+    )

@@ -24,6 +24,7 @@ hold a copy of its source (see kernel_source in this package).
 import torch
 
 from mixc.backends.pytorch.kernels.common import _chain, _chunk_size_for, _needs_grad
+from mixc.backends.pytorch.kernels.operators import _opaque_call
 
 
 def _by_chunk(x, chunk_size, n_pad):
@@ -128,6 +129,11 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
     at a time. initial_state
     [B, NH, K, V] or None (zeros). Returns (o [B, NH, T, V], final state).
     """
+    return _opaque_call(_elementwise, [q, k, v, g, g_scale, initial_state], chunk_size)
+
+
+def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
+    """chunk_elementwise, its spans checkpointed under autograd."""
     batch, heads, length = q.shape[:3]
     chunk_size = _chunk_size_for(chunk_size, length)
     state = initial_state

@@ -21,15 +21,14 @@ from mixc.backends.pytorch.kernels.common import (
     _chunk_size_for,
     _finite_rows,
     _gate_grads,
-    _guarded_spans,
     _masked,
     _needs_grad,
-    _OwnBackward,
     _pair_decays,
     _poison_rows,
     _scalar_decays,
     _two_matmuls,
 )
+from mixc.backends.pytorch.kernels.operators import _opaque_call, _own_backward
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -124,12 +123,10 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    if _needs_grad(q, k, v, g, initial_state):
-        return _OwnBackward.apply(
-            _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, q, k, v, g
-        )
-    (o,), state, _ = _guarded_spans(_scalar_decay_span, [q, k, v, g], initial_state, chunk_size)
-    return o, state
+    seqs = [q, k, v, g]
+    return _own_backward(
+        _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, seqs
+    )
 
 
 def _rank_rows(x_c, rank):
@@ -222,10 +219,7 @@ def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
     if initial_state is None:  # the state's width is a value's, not the joined values'
         rank = k.shape[-1] // q.shape[-1]
         initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1] // rank)
-    if _needs_grad(q, k, v, g, initial_state):
-        return _OwnBackward.apply(span, grads, 3, chunk_size, initial_state, q, k, v, g)
-    (o,), state, _ = _guarded_spans(span, [q, k, v, g], initial_state, chunk_size)
-    return o, state
+    return _own_backward(span, grads, 3, chunk_size, initial_state, [q, k, v, g])
 
 
 def parallel_scalar_decay(q, k, v, g=None):
@@ -254,6 +248,12 @@ def chunk_scalar_decay_stable(q, k, v, g, log_scale, initial_state=None, chunk_s
     past the dtype's range). m is a constant shift to autograd: every quantity is exact
     whatever m is, so it needs no gradient; the kernel runs through autograd, chunk by chunk.
     """
+    tensors = [q, k, v, g, log_scale, initial_state]
+    return _opaque_call(_scalar_decay_stable, tensors, chunk_size)
+
+
+def _scalar_decay_stable(q, k, v, g, log_scale, initial_state, chunk_size):
+    """chunk_scalar_decay_stable, chunk by chunk through autograd."""
     batch, heads, length = q.shape[:3]
     size = _chunk_size_for(chunk_size, length)
     state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])

@@ -1,0 +1,390 @@
+"""How a chunked kernel is called: eagerly, or under torch.compile as one opaque operator.
+
+Traced by torch.compile, a kernel's loops over spans and chunks unroll into graphs of thousands
+of nodes (minutes to compile). A generated module therefore registers its kernels as custom
+operators (torch.library) when it is imported (_register_spans, _register_calls) and, while
+torch.compile traces it, each kernel call is one operator call, with a fake (shape)
+implementation and an autograd formula. Eager calls never go through the operators.
+
+Two entries, one per kind of kernel:
+
+- _own_backward, for the kernels with their own backward (common._OwnBackward): the operator
+  `spans` runs the spans' forward keeping what the backward needs (each kind of kept tensor
+  joined over the spans, chunk-major), returns it beside the outputs, and its autograd formula
+  calls the operator `spans_backward`, which runs the kernel's own backward from it. The shapes
+  of the kept tensors come from running the span function on one chunk of fake tensors.
+- _opaque_call, for the kernels that go through autograd (with or without checkpoints): the
+  operator `call` runs the kernel without autograd, its fake runs it on fake tensors (of fixed
+  sizes: its loops need whole numbers), and `call_backward` runs it again under autograd for
+  the gradients (recomputation, as the elementwise kernel's checkpoints already do eagerly).
+
+Limits: a compiled graph has no double backward through these operators (eager kernels do),
+and a new sequence length compiles the graph again (the kernels' loops are fixed by it).
+
+The operators find the kernel's functions by name in the module that registered them (the
+names of its own functions, never text from a caller). Their namespace, `mixc_` and a hash of
+the module's kernel text, is the same for modules that carry the same kernels, which then share
+the operators: importing a module again, or another with the same kernels, registers nothing.
+Every tensor an operator returns is fresh, and laid out as its fake says: the outputs o
+[B, NH, T, V] as transposed views of [B, T, NH, V] tensors (the callers' layout), every other
+one contiguous.
+"""
+
+import torch
+
+from mixc.backends.pytorch.kernels.common import (
+    _chunk_size_for,
+    _guarded_spans,
+    _needs_grad,
+    _OwnBackward,
+    _span_tokens,
+    _spans_backward,
+    _spans_keeping,
+)
+
+
+class _Operators:
+    """The operators of this module's kernels once registered (_register_spans,
+    _register_calls), else None: its kernels are then traced like any other code. slots: how
+    many tensors an operator takes (a kernel's sequences and its initial state, None where
+    absent)."""
+
+    slots = 7
+    spans = None
+    call = None
+
+
+def _slots(tensors):
+    """The tensors padded with None to _Operators.slots."""
+    return [*tensors, *[None] * (_Operators.slots - len(tensors))]
+
+
+def _with_bound(span_fn, gk_min):
+    """span_fn, given the lower bound of its log-gate (gk_min) where there is one."""
+    if gk_min is None:
+        return span_fn
+
+    def span(*chunks_and_state):
+        return span_fn(*chunks_and_state, gk_min=gk_min)
+
+    return span
+
+
+def _own_backward(
+    span_fn, grads_fn, gate, chunk_size, initial_state, seqs, gk_min=None, strided=()
+):
+    """A chunked kernel with its own backward, over seqs [q, k, v, ...] (None entries allowed):
+    span_fn and grads_fn as _OwnBackward takes them, gate the index in seqs of the log-gate,
+    gk_min a lower bound of the log-gate that span_fn takes (None: none), strided the inputs
+    span_fn may get as strided views without autograd (_over_spans). Returns (o [B, NH, T, V],
+    final state [B, NH, K, V]).
+
+    Under autograd it runs as _OwnBackward, else as guarded spans; under torch.compile, in a
+    module that registered its operators, as the operator `spans` (see this file's docstring).
+    """
+    if _Operators.spans is not None and torch.compiler.is_compiling():
+        keep = _needs_grad(initial_state, *seqs)
+        outs = _Operators.spans(
+            span_fn.__name__, grads_fn.__name__, gate, *_slots([initial_state, *seqs]),
+            chunk_size, gk_min, sum(1 << i for i in strided), keep,
+        )  # fmt: skip
+        return outs[0], outs[1]
+    span = _with_bound(span_fn, gk_min)
+    if _needs_grad(initial_state, *seqs):
+        return _OwnBackward.apply(span, grads_fn, gate, chunk_size, initial_state, *seqs)
+    (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
+    return o, state
+
+
+def _opaque_call(kernel, tensors, chunk_size):
+    """kernel(*tensors, chunk_size), a kernel without its own backward; under torch.compile, in
+    a module that registered its operators, the operator `call` (see this file's docstring)."""
+    if _Operators.call is not None and torch.compiler.is_compiling():
+        return tuple(_Operators.call(kernel.__name__, *_slots(tensors), chunk_size))
+    return kernel(*tensors, chunk_size)
+
+
+def _callers_layout(o):
+    """o [B, NH, T, V] as a fresh transposed view of a contiguous [B, T, NH, V] tensor."""
+    return o.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _fresh(x, inputs):
+    """x with the strides of a new contiguous tensor (those of the fakes: contiguous() keeps
+    other strides on axes of size 1), and not one of the inputs (an operator's outputs may not
+    alias them)."""
+    strides, step = [], 1
+    for n in reversed(x.shape):
+        strides.insert(0, step)
+        step *= max(n, 1)
+    if x.stride() == tuple(strides) and not any(x is t for t in inputs):
+        return x
+    return x.new_empty(x.shape).copy_(x)
+
+
+def _like(d, x, inputs):
+    """The gradient d of x laid out as torch.empty_like(x), as the fakes say (for an input that
+    is a transposed view of the callers' layout, so is its gradient: what the caller's own
+    gradients, computed from it, expect), and not one of the inputs."""
+    target = torch.empty_like(x)
+    if d.stride() == target.stride() and not any(d is t for t in inputs):
+        return d
+    return target.copy_(d)
+
+
+def _split_tensors(span_fn, tensors):
+    """(initial state, seqs) from an operator's tensors: as many seqs as span_fn takes before
+    (state, kept, guard) and its keyword parameters."""
+    code = span_fn.__code__
+    n_seqs = code.co_argcount - len(span_fn.__defaults__ or ()) - 3
+    return tensors[0], list(tensors[1 : 1 + n_seqs])
+
+
+def _kept_per_span(seqs, chunk_size):
+    """How many chunks each span of _over_spans holds, the chunks' count and their size (whole
+    numbers: under torch.compile the length is fixed, a new one compiles again)."""
+    length = int(seqs[0].shape[2])
+    size = _chunk_size_for(int(chunk_size), length)
+    return int(_span_tokens(seqs[0], seqs[2], size)) // size, -(-length // size), size
+
+
+def _spans_forward(fn, tensors, chunk_size, gk_min, strided, keep):
+    """The operator `spans`: [o, final state, *kept] (kept: each kind of kept tensor of every
+    span joined chunk-major [N, B, NH, ...], only if `keep`)."""
+    initial_state, seqs = _split_tensors(fn, tensors)
+    span = _with_bound(fn, gk_min)
+    with torch.no_grad():
+        if keep:
+            o, state, kept, _ = _spans_keeping(span, seqs, initial_state, chunk_size)
+            kept = [torch.cat(kind) for kind in zip(*kept)]
+        else:
+            (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
+            kept = []
+    inputs = [t for t in tensors if t is not None]
+    return [_callers_layout(o), _fresh(state, inputs), *[_fresh(x, inputs) for x in kept]]
+
+
+def _spans_fake(fn, tensors, chunk_size, gk_min, keep):
+    """The shapes of the operator `spans`: o and the state from the inputs, the kept tensors
+    from one chunk of span_fn on fake tensors (their leading axis then the chunks' count)."""
+    initial_state, seqs = _split_tensors(fn, tensors)
+    q, v = seqs[0], seqs[2]
+    batch, heads, length = q.shape[:3]
+    width = v.shape[-1] if initial_state is None else initial_state.shape[-1]  # V (not rank V)
+    o = q.new_empty(batch, length, heads, width).transpose(1, 2)
+    state = q.new_empty(batch, heads, q.shape[-1], width)
+    if not keep:
+        return [o, state]
+    _, n_chunks, size = _kept_per_span(seqs, chunk_size)
+    chunk = [None if x is None else x.new_empty(1, *x.shape[:2], size, *x.shape[3:]) for x in seqs]
+    kept = []
+    _with_bound(fn, gk_min)(*chunk, state if initial_state is None else initial_state, kept, True)
+    return [o, state, *[x.new_empty(n_chunks, *x.shape[1:]) for x in kept[0]]]
+
+
+def _spans_gradients(fns, tensors, chunk_size, gk_min, kept, d_o, d_state, wanted):
+    """The operator `spans_backward`: the gradients of the wanted tensors (initial state, then
+    seqs) by the kernel's own backward, from the kept tensors of `spans`."""
+    initial_state, seqs = _split_tensors(fns[0], tensors)
+    per_span, _, _ = _kept_per_span(seqs, chunk_size)
+    # _spans_backward takes the kept tensors span after span, as _spans_keeping made them
+    flat = [x for own in zip(*[kind.split(per_span) for kind in kept]) for x in own]
+    gate_grad = wanted[1 + fns[2]]
+    with torch.no_grad():
+        grads, d_initial = _spans_backward(
+            _with_bound(fns[0], gk_min), fns[1], seqs, initial_state, flat, len(kept),
+            chunk_size, d_o, d_state, gate_grad, True,
+        )  # fmt: skip
+    grads = [d_initial, *[None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]]
+    grads += [None] * (len(tensors) - len(grads))
+    inputs = [t for t in tensors if t is not None]
+    return [_like(d, x, inputs) for d, x, w in zip(grads, tensors, wanted) if w]
+
+
+def _wanted_like(tensors, wanted):
+    """Fake gradients: torch.empty_like each wanted input (see _like)."""
+    return [torch.empty_like(x) for x, w in zip(tensors, wanted) if w]
+
+
+def _define_spans(namespace, functions):
+    """Register the operators `spans` and `spans_backward` of `namespace`, over the span and
+    gradient functions of the module whose globals are `functions`."""
+    slots = ", ".join(f"Tensor? t{i}" for i in range(_Operators.slots))
+    head = f"(str span, str grads, int gate, {slots}, SymInt chunk_size, float? gk_min"
+
+    def fns(span, grads, gate):
+        return functions[span], functions[grads], gate
+
+    def forward(span, grads, gate, *args):
+        *tensors, chunk_size, gk_min, strided, keep = args
+        strided = tuple(i for i in range(len(tensors)) if strided >> i & 1)
+        return _spans_forward(functions[span], tensors, chunk_size, gk_min, strided, keep)
+
+    def fake(span, grads, gate, *args):
+        *tensors, chunk_size, gk_min, _, keep = args
+        return _spans_fake(functions[span], tensors, chunk_size, gk_min, keep)
+
+    def backward(span, grads, gate, *args):
+        *tensors, chunk_size, gk_min, kept, d_o, d_state, wanted = args
+        return _spans_gradients(fns(span, grads, gate), tensors, chunk_size, gk_min, kept, d_o,
+                                d_state, wanted)  # fmt: skip
+
+    def backward_fake(span, grads, gate, *args):
+        return _wanted_like(args[: _Operators.slots], args[-1])
+
+    spans = torch.library.custom_op(f"{namespace}::spans", forward, mutates_args=(),
+                                    schema=f"{head}, int strided, bool keep) -> Tensor[]")  # fmt: skip
+    spans.register_fake(fake)
+    spans_backward = torch.library.custom_op(
+        f"{namespace}::spans_backward", backward, mutates_args=(),
+        schema=f"{head}, Tensor[] kept, Tensor d_o, Tensor d_state, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    spans_backward.register_fake(backward_fake)
+    spans.register_autograd(_spans_autograd(spans_backward), setup_context=_save_spans)
+
+
+def _save_spans(ctx, inputs, output):
+    """What the autograd formula of `spans` keeps: its arguments and the kept tensors."""
+    ctx.arguments = inputs[:3] + inputs[3 + _Operators.slots : 5 + _Operators.slots]
+    ctx.save_for_backward(*inputs[3 : 3 + _Operators.slots], *output[2:])
+    ctx.mark_non_differentiable(*output[2:])
+
+
+def _spans_autograd(spans_backward):
+    """The autograd formula of `spans`: the operator `spans_backward`."""
+
+    def backward(ctx, grads):
+        saved = ctx.saved_tensors
+        tensors, kept = saved[: _Operators.slots], list(saved[_Operators.slots :])
+        wanted = list(ctx.needs_input_grad[3 : 3 + _Operators.slots])
+        span, grads_name, gate, chunk_size, gk_min = ctx.arguments
+        d_o, d_state = grads[0], grads[1]
+        if d_state is None:
+            d_state = torch.zeros_like(saved_state_like(tensors))
+        found = iter(spans_backward(span, grads_name, gate, *tensors, chunk_size, gk_min, kept,
+                                    d_o, d_state, wanted))  # fmt: skip
+        out = [next(found) if w else None for w in wanted]
+        return None, None, None, *out, None, None, None, None
+
+    def saved_state_like(tensors):
+        q, v = tensors[1], tensors[3]
+        return q.new_empty(*q.shape[:2], q.shape[-1], v.shape[-1])
+
+    return backward
+
+
+def _call_forward(kernel, tensors, chunk_size):
+    """The operator `call`: the kernel's outputs without autograd, each fresh and contiguous."""
+    with torch.no_grad():
+        outs = kernel(*tensors[: _arity(kernel)], chunk_size)
+    inputs = [t for t in tensors if t is not None]
+    return [_fresh(x, inputs) for x in outs]
+
+
+def _fixed(x):
+    """A fake tensor like x with whole-number sizes and strides (None stays None)."""
+    if x is None:
+        return None
+    return x.new_empty_strided([int(n) for n in x.shape], [int(n) for n in x.stride()])
+
+
+def _arity(kernel):
+    """How many tensors the kernel takes before its chunk size."""
+    return kernel.__code__.co_argcount - 1
+
+
+def _recording():
+    """A context in which autograd records inside an operator again. An operator's
+    implementation runs with autograd's dispatch keys excluded, so that torch.autograd records
+    nothing there (and torch.func.vjp, which would, cannot run checkpoints): this takes them
+    out of the excluded keys for the block, autocast's staying excluded."""
+    keys = torch._C.DispatchKey
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
+        excluded = excluded.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
+
+
+def _call_gradients(kernel, tensors, chunk_size, d_outs, wanted):
+    """The operator `call_backward`: the gradients of the wanted tensors, the kernel run again
+    under autograd (0 for a wanted tensor the outputs do not depend on)."""
+    with _recording(), torch.enable_grad():
+        leaves = [
+            None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
+        ]
+        outs = kernel(*leaves[: _arity(kernel)], chunk_size)
+        pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
+        wrt = [x for x, w in zip(leaves, wanted) if w]
+        found = torch.autograd.grad(
+            [o for o, _ in pairs], wrt, [d for _, d in pairs], allow_unused=True
+        )
+    inputs = [t for t in tensors if t is not None]
+    wrt = [x for x, w in zip(tensors, wanted) if w]
+    return [torch.zeros_like(x) if d is None else _like(d, x, inputs) for d, x in zip(found, wrt)]
+
+
+def _define_call(namespace, functions):
+    """Register the operators `call` and `call_backward` of `namespace`, over the kernels of
+    the module whose globals are `functions`."""
+    slots = ", ".join(f"Tensor? t{i}" for i in range(_Operators.slots))
+    head = f"(str kernel, {slots}, SymInt chunk_size"
+
+    def forward(kernel, *args):
+        return _call_forward(functions[kernel], args[:-1], args[-1])
+
+    def fake(kernel, *args):
+        # the kernel itself on fake tensors: its loops run, but nothing is traced; its loops
+        # need whole numbers, so the sizes are fixed (a new size compiles again)
+        return _call_forward(functions[kernel], [_fixed(x) for x in args[:-1]], int(args[-1]))
+
+    def backward(kernel, *args):
+        *tensors, chunk_size, d_outs, wanted = args
+        return _call_gradients(functions[kernel], tensors, chunk_size, d_outs, wanted)
+
+    def backward_fake(kernel, *args):
+        return _wanted_like(args[: _Operators.slots], args[-1])
+
+    call = torch.library.custom_op(
+        f"{namespace}::call", forward, mutates_args=(), schema=f"{head}) -> Tensor[]"
+    )
+    call.register_fake(fake)
+    call_backward = torch.library.custom_op(
+        f"{namespace}::call_backward", backward, mutates_args=(),
+        schema=f"{head}, Tensor?[] d_outs, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    call_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.kernel, ctx.chunk_size = inputs[0], inputs[-1]
+        ctx.save_for_backward(*inputs[1:-1])
+
+    def formula(ctx, grads):
+        tensors = ctx.saved_tensors
+        wanted = list(ctx.needs_input_grad[1:-1])
+        found = iter(call_backward(ctx.kernel, *tensors, ctx.chunk_size, list(grads), wanted))
+        return None, *[next(found) if w else None for w in wanted], None
+
+    call.register_autograd(formula, setup_context=save)
+
+
+def _register_spans(namespace, functions):
+    """Register the operators `spans` and `spans_backward` over the span functions among
+    `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
+    text), unless they are registered already (this module imported again, or another with the
+    same kernels), and let _own_backward call them under torch.compile from now on. Returns
+    the operator `spans`."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "spans"):
+        _define_spans(namespace, functions)
+    _Operators.spans = ops.spans
+    return ops.spans
+
+
+def _register_calls(namespace, functions):
+    """Register the operators `call` and `call_backward` over the kernels among `functions` (as
+    _register_spans does), for _opaque_call."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "call"):
+        _define_call(namespace, functions)
+    _Operators.call = ops.call
+    return ops.call
