@@ -10,6 +10,7 @@ import keyword
 import re
 
 from mixc.errors import NotYetImplemented, Span, SpecAnalysisError, SpecNameError, SpecShapeError
+from mixc.frontend.constants import constant
 from mixc.frontend.ir import (
     CHANNEL,
     FUNCTIONS,
@@ -502,3 +503,12 @@ def check_times(mixer: Mixer, eq, states: set[str]) -> None:
                 if node.name in states
                 else "a per-token value cannot depend on itself; carry it in a state",
             )
+
+
+def called(base: str, operands) -> str:
+    """A readable local name (for generated code and the lowered program): `base` followed by the names among `operands` where each is a name or a constant
+    (`kk_kappa` for kk(kappa_t)); `base` alone otherwise."""
+    names = [x.name for x in operands if isinstance(x, Name | Timed)]
+    if names and all(isinstance(x, Name | Timed) or constant(x) is not None for x in operands):
+        return "_".join([base, *names])
+    return base

@@ -13,8 +13,8 @@ from mixc.algebra.expand import Term, inline
 from mixc.analysis.facts import Readout as ReadoutFacts
 from mixc.analysis.outputs import readout_name
 from mixc.analysis.plan import GroupPlan, Plan
-from mixc.frontend.constants import constant
 from mixc.frontend.ir import Binary, Call, Expr, Name, Neg, Timed, Transpose, walk
+from mixc.frontend.names import called
 from mixc.lowering.program import (
     BackwardLoop,
     Decay,
@@ -363,12 +363,3 @@ def _spec_names(mixer) -> dict[Expr, str]:
             if isinstance(node, Call) and node.func in lets:
                 names.setdefault(inline(mixer, node), called(node.func, node.args))
     return names
-
-
-def called(base: str, operands) -> str:
-    """`base` followed by the names among `operands` where each is a name or a constant
-    (`kk_kappa` for kk(kappa_t)); `base` alone otherwise."""
-    names = [x.name for x in operands if isinstance(x, Name | Timed)]
-    if names and all(isinstance(x, Name | Timed) or constant(x) is not None for x in operands):
-        return "_".join([base, *names])
-    return base

@@ -13,7 +13,7 @@ import re
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.pyexpr import constant
 from mixc.frontend.ir import Binary, Call, Expr, Neg
-from mixc.lowering.lower import called
+from mixc.frontend.names import called
 
 #: Assignments the renderer writes in every function, dropped where the function never reads them.
 _OPTIONAL = re.compile(r"^\s+(_device|_batch|_out_dtype) = ")
