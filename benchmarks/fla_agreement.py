@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -30,23 +29,14 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from peers import load_fla  # noqa: E402  (benchmarks/ is on the path as the script's folder)
+
 import mixc  # noqa: E402
 
 B, T, NH, K, V = 2, 100, 2, 16, 16
 #: fp32 on both sides, each ~1e-6 from the exact answer over 100 tokens; a disagreement in the
 #: maths shows as O(1).
 AGREE = 1e-4
-
-
-def _fla_file(module: str, file: str = "naive"):
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("fla-core is not installed: pip install --no-deps fla-core==0.6.0 einops")
-    path = Path(spec.submodule_search_locations[0]) / "ops" / module / f"{file}.py"
-    loader = importlib.util.spec_from_file_location(f"_fla_{module}_{file}", path)
-    out = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(out)
-    return out
 
 
 def _gated_oja():
@@ -86,7 +76,7 @@ def _comba_inputs(gen):
 
 
 def _comba(x, h0):
-    fn = _fla_file("comba").naive_recurrent_comba
+    fn = load_fla("comba").naive_recurrent_comba
     args = (x["q"], x["k"], x["v"], x["p"], x["beta"], x["g"])
     return fn(*args, scale=1.0, initial_state=h0, output_final_state=True)
 
@@ -99,7 +89,7 @@ def _gdn2_inputs(gen):
 
 
 def _gdn2(x, h0):
-    fn = _fla_file("gdn2").naive_recurrent_gdn2
+    fn = load_fla("gdn2").naive_recurrent_gdn2
     args = (x["q"], x["k"], x["v"], x["g"], x["b"], x["w"])
     return fn(*args, scale=1.0, initial_state=h0, output_final_state=True)
 

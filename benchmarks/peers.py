@@ -85,7 +85,7 @@ TARGETS = {
 # ----------------------------------------------------------------------------- worker side
 
 
-def _load_fla(module: str, file: str = "naive"):
+def load_fla(module: str, file: str = "naive"):
     """fla/ops/<module>/<file>.py by file path (fla.ops itself needs triton)."""
     spec = importlib.util.find_spec("fla")
     if spec is None or not spec.submodule_search_locations:
@@ -130,7 +130,7 @@ def _calls(pair: Pair, T: int, dtype, chunk: int):
     x = _peer_inputs(pair, T, dtype)
     module = mixc.load(SPECS / f"{pair.spec}.mix")
     scale = D**-0.5
-    ref = _load_fla(pair.module)
+    ref = load_fla(pair.module)
     fla = getattr(ref, pair.function)
     mixc_inputs = {
         "linear_attention": ("q", "k", "v"),
