@@ -153,7 +153,8 @@ class Attention(nn.Module):
 
     def _padded(self, x, state: AttentionCache | None, use_cache: bool, mask):
         """forward with each row numbered from its own first token: a query attends to the keys
-        of its row at positions up to its own (within the window)."""
+        of its row at positions up to its own (within the window), or to all of them in an
+        encoder (causal=False)."""
         B, T, _ = x.shape
         mask = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
         q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, self.head_size).permute(2, 0, 3, 1, 4)
@@ -164,7 +165,9 @@ class Attention(nn.Module):
             k, v = torch.cat([state.k.to(k.dtype), k], 2), torch.cat([state.v.to(v.dtype), v], 2)
         key_pos = torch.cat([key_pos, torch.where(mask, q_pos, -1)], 1)  # [B, S]
         gap = q_pos[:, :, None] - key_pos[:, None, :]  # [B, T, S]
-        see = (key_pos[:, None, :] >= 0) & (gap >= 0)
+        see = key_pos[:, None, :] >= 0  # the row's tokens (not its padding)
+        if self.causal:
+            see = see & (gap >= 0)
         if self.window is not None:
             see = see & (gap < self.window)
         see = see | ~mask[:, :, None]  # a padding query sees everything; its y is zeroed

@@ -223,14 +223,22 @@ class Encoder(LanguageModel):
 
     causal = False
 
-    def forward(self, tokens: torch.Tensor, caches: list | None = None, use_cache: bool = False):
-        """tokens: [B, T] int64. Returns (logits [B, T, vocab], None)."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        caches: list | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+    ):
+        """tokens: [B, T] int64. Returns (logits [B, T, vocab], None). attention_mask [B, T]
+        (1: a token, 0: padding, anywhere in a row): each row is encoded as the sequence of its
+        tokens alone; the logits at padding are meaningless."""
         if caches is not None or use_cache is not False:
             raise MixcError(
                 "an Encoder reads whole sequences and keeps no cache: call it with "
                 "use_cache=False and no caches"
             )
-        return super().forward(tokens)
+        return super().forward(tokens, attention_mask=attention_mask)
 
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         raise MixcError(

@@ -300,9 +300,11 @@ class MixerLayer(nn.Module):
         mask = check_mask(attention_mask, B, T, x.device)
         packed = None if mask is None else packing(mask)
         # The rows' tokens are packed into sequences (cu_seqlens) where their final states are
-        # kept; otherwise each compacted row runs as it is (its tokens first, padding zeroed
-        # after them), whose outputs at its tokens are the sequence's alone: the forms are causal.
-        split = packed if use_cache else None
+        # kept, and for a non-causal mixer (whose backward states would read the padding after a
+        # row's tokens); otherwise each compacted row runs as it is (its tokens first, padding
+        # zeroed after them), whose outputs at its tokens are the sequence's alone: the forms
+        # are causal.
+        split = packed if use_cache or not self.spec.mixer.causal else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
         inputs, tails = self._inputs(x, state, split)
@@ -351,9 +353,10 @@ class MixerLayer(nn.Module):
 
     def _mix(self, inputs, state: MixerCache | None, use_cache: bool, packed: Packing | None):
         """The compiled mixer's form (`mode`) on the inputs, from the cache's states; one token
-        of every row (decoding) runs the step form, a few times faster there than the others."""
+        of every row (decoding) runs the step form, a few times faster there than the others
+        (a non-causal mixer has none: a sequence of one token runs its other forms)."""
         states = state.states if state is not None else None
-        if packed is None and inputs[0].shape[1] == 1:
+        if packed is None and inputs[0].shape[1] == 1 and self.spec.mixer.causal:
             y, states = self.mixer.step(*(x[:, 0] for x in inputs), *self._params(), state=states)
             return y[:, None], (states if use_cache else None)
         kw = {"chunk_size": self.chunk_size} if self.mode == "chunk" else {}

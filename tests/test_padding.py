@@ -12,7 +12,7 @@ import torch
 
 import mixc
 from mixc.attention import Attention
-from mixc.model import LanguageModel
+from mixc.model import Encoder, LanguageModel
 from mixc.nn import MixerLayer
 from tests.mixers import rel
 
@@ -52,7 +52,12 @@ def real(y: torch.Tensor, mask: torch.Tensor, b: int) -> torch.Tensor:
     return y[b][mask[b].bool()]
 
 
-OTHERS = sorted(p.stem for p in ROOT.glob("specs/*.mix") if p.stem not in CLASSES)
+#: Non-causal specs (a backward state): no cache, and the padding after a row's tokens must not
+#: reach its backward state.
+NON_CAUSAL = ("hydra", "bidirectional_gla")
+OTHERS = sorted(
+    p.stem for p in ROOT.glob("specs/*.mix") if p.stem not in CLASSES and p.stem not in NON_CAUSAL
+)
 SWEEP = [
     *[pytest.param(n, {}, id=n) for n in CLASSES],
     *[pytest.param(n, {}, id=n, marks=pytest.mark.slow) for n in OTHERS],
@@ -86,6 +91,29 @@ def test_a_padded_batch_is_each_sequence_alone(name, options, side):
         assert all(rel(a[b], r[0]) <= 1e-12 for a, r in zip(_states(cache), _states(cache_b)))
         whole, _ = layer(torch.cat([s, nxt[b]])[None])
         assert rel(torch.cat([st[b] for st in steps]), whole[0, -2:]) <= 1e-12
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", NON_CAUSAL)
+def test_a_padded_batch_of_a_non_causal_mixer_is_each_sequence_alone(name, side):
+    """The backward state starts at each row's last token, not at the end of the padded row: the
+    rows run packed (cu_seqlens), each reversed within its own bounds. Padding with noise, in
+    the middle of a row too; the centred convolution sees zeros beyond a row's ends."""
+    torch.manual_seed(0)
+    layer = MixerLayer(ROOT / f"specs/{name}.mix", 16, 2, chunk_size=4).double()
+    seqs = [torch.randn(n, 16, dtype=torch.float64) for n in LENGTHS]
+    x, mask = padded(seqs, side)
+    holes = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 1, 1]])
+    for x_b, mask_b in ((x, mask), (torch.randn(1, 9, 16, dtype=torch.float64), holes)):
+        y, _ = layer(x_b, attention_mask=mask_b)
+        assert (y[~mask_b.bool()] == 0).all()
+        for b in range(len(x_b)):
+            alone, _ = layer(x_b[b][mask_b[b].bool()][None])
+            assert rel(real(y, mask_b, b), alone[0]) <= 1e-12
+    mode = "recurrent" if layer.mode != "recurrent" else "chunk"
+    other = MixerLayer(ROOT / f"specs/{name}.mix", 16, 2, chunk_size=4, mode=mode).double()
+    other.load_state_dict(layer.state_dict())
+    assert rel(other(x, attention_mask=mask)[0], layer(x, attention_mask=mask)[0]) <= 1e-12
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -162,6 +190,19 @@ def test_language_model_padded_batch_and_generate(side):
     out = model.generate(tokens, 4, attention_mask=mask)  # from each row's last token
     for b, s in enumerate(seqs):
         assert torch.equal(out[b, -4:], model.generate(s[None], 4)[0, -4:])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_encoder_padded_batch_is_each_sequence_alone(side):
+    """An encoder's attention sees its row's tokens on both sides of a query, never the row's
+    padding; its non-causal mixers' backward states start at the row's last token."""
+    torch.manual_seed(0)
+    model = Encoder([ROOT / "specs/hydra.mix", "attention"], 50, 16, 2, chunk_size=4).double()
+    seqs = [torch.randint(0, 50, (n,)) for n in LENGTHS]
+    tokens, mask = padded(seqs, side)
+    logits, _ = model(tokens, attention_mask=mask)
+    for b, s in enumerate(seqs):
+        assert rel(real(logits, mask, b), model(s[None])[0][0]) <= 1e-12
 
 
 @pytest.mark.parametrize("window", [None, 3])
