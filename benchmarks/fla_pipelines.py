@@ -4,7 +4,7 @@ references (issue 30): specs/gsa.mix against `naive_recurrent_gsa`, specs/precon
 installed only where this script runs, e.g.
 
     pip install --target /tmp/fla060 fla-core==0.6.0 --no-deps   # einops too, if missing
-    python benchmarks/fla_pipelines.py --fla /tmp/fla060/fla
+    python benchmarks/fla_pipelines.py [--fla /tmp/fla060/fla]
 
 Each naive.py is loaded by its path (importing fla.ops needs triton). The specs' inputs map onto
 fla's as their headers say; fla's scale is passed as 1 (the specs l2-normalise q themselves).
@@ -14,23 +14,20 @@ fla's reference in float64, with initial states."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import mixc
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from peers import load_fla  # noqa: E402
+
+import mixc  # noqa: E402
+
 B, T, NH, K, V, M = 2, 77, 3, 16, 12, 8
-
-
-def load(fla: Path, op: str):
-    spec = importlib.util.spec_from_file_location(f"fla_naive_{op}", fla / "ops" / op / "naive.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -53,8 +50,8 @@ def forms(module, args, states):
     return out
 
 
-def gsa(fla: Path) -> list[str]:
-    naive = load(fla, "gsa").naive_recurrent_gsa
+def gsa(fla: Path | None) -> list[str]:
+    naive = load_fla("gsa", root=fla).naive_recurrent_gsa
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(B, T, NH, K, generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn(B, T, NH, V, generator=g, dtype=torch.float64)
@@ -82,8 +79,8 @@ def gsa(fla: Path) -> list[str]:
     return lines
 
 
-def precond(fla: Path) -> list[str]:
-    naive = load(fla, "precond_gated_delta_rule").naive_recurrent_precond_gated_delta_rule
+def precond(fla: Path | None) -> list[str]:
+    naive = load_fla("precond_gated_delta_rule", root=fla).naive_recurrent_precond_gated_delta_rule
     g = torch.Generator().manual_seed(1)
     q, k = (torch.randn(B, T, NH, K, generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn(B, T, NH, V, generator=g, dtype=torch.float64)
@@ -118,7 +115,9 @@ def precond(fla: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fla", type=Path, required=True, help="the fla package folder")
+    parser.add_argument(
+        "--fla", type=Path, help="the fla package folder (default: the installed one)"
+    )
     args = parser.parse_args()
     for line in gsa(args.fla) + precond(args.fla):
         print(line)

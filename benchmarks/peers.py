@@ -85,15 +85,18 @@ TARGETS = {
 # ----------------------------------------------------------------------------- worker side
 
 
-def load_fla(module: str, file: str = "naive"):
-    """fla/ops/<module>/<file>.py by file path (fla.ops itself needs triton)."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(
-            "flash-linear-attention is not installed in this environment: "
-            "pip install --no-deps fla-core einops (see benchmarks/README.md)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / module / f"{file}.py"
+def load_fla(module: str, file: str = "naive", root: Path | None = None):
+    """fla/ops/<module>/<file>.py by file path (fla.ops itself needs triton), from the fla
+    package folder `root`, or the installed one."""
+    if root is None:
+        spec = importlib.util.find_spec("fla")
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(
+                "flash-linear-attention is not installed in this environment: "
+                "pip install --no-deps fla-core einops (see benchmarks/README.md)"
+            )
+        root = Path(next(iter(spec.submodule_search_locations)))
+    path = root / "ops" / module / f"{file}.py"
     loaded = importlib.util.spec_from_file_location(f"fla_{file}_{module}", path)
     mod = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(mod)
