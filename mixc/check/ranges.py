@@ -204,17 +204,30 @@ class _Names:
         )
 
 
-def _transition_bounds(plan: Plan, names: _Names) -> tuple[list[Condition], dict[str, str]]:
-    """Every state's conditions on its transition, and the inputs drawn as keys of norm <= 1."""
+def _transition_bounds(
+    plan: Plan, names: _Names
+) -> tuple[list[Condition], dict[str, str], dict[str, str]]:
+    """Every state's conditions on its transition, the inputs drawn as keys of norm <= 1, and
+    the scalar inputs drawn in the unit interval, with why.
+
+    A unit key's inputs are what its norm bound reads, but not all of them are keys: an input a
+    condition bounds (a decay's g_t, which may also scale the rank-1 term, as Comba's
+    -beta_t exp(g_t) p_t does) is drawn by that condition instead, and a scalar factor of the
+    key (Comba's beta_t), whose norm is its magnitude, is drawn in the unit interval (a unit
+    ball over the heads would be no bound on it)."""
     conditions: list[Condition] = []
-    unit_keys: dict[str, str] = {}
+    found: dict[str, str] = {}
     for s in plan.states:
         for tr in s.transition.acting:  # each step a token applies
             conditions += tr.transition_class.conditions(s.name, tr)
             key = tr.transition_class.unit_key(s.name, tr)
             if key is not None:
-                unit_keys.update(dict.fromkeys(_free(key.expr, names.inputs, set()), key.why))
-    return conditions, unit_keys
+                found.update(dict.fromkeys(_free(key.expr, names.inputs, set()), key.why))
+    bounded = {n for c in conditions for n in _free(c.expr, names.inputs, names.params)}
+    scalar = {d.name for d in plan.mixer.inputs if not d.shape}
+    unit_keys = {n: why for n, why in found.items() if n not in bounded | scalar}
+    unit_scalars = {n: why for n, why in found.items() if n in scalar - bounded}
+    return conditions, unit_keys, unit_scalars
 
 
 def _write_keys(plan: Plan, inputs: set[str]) -> dict[str, str]:
@@ -258,11 +271,12 @@ def _holds(conditions: list[Condition], env: dict, defaults: dict[str, Expr]) ->
 
 
 def _domains(
-    conditions: list[Condition], unit_keys: dict[str, str], names: _Names
+    conditions: list[Condition], unit_keys: dict[str, tuple[float, float]], names: _Names
 ) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """(domain of every variable of a condition, why, notes): the most general assignment of
     domains (fewest restricted variables) for which interval arithmetic proves every condition;
-    all real, with a note, when none does."""
+    all real, with a note, when none does. unit_keys: the inputs already drawn with a bound
+    (-1 to 1: a key of norm <= 1; 0 to 1: a scalar in the unit interval)."""
     variables: list[str] = []
     for c in conditions:
         free = _free(c.expr, names.inputs, names.params)
@@ -289,7 +303,7 @@ def _domains(
 def _search_domains(
     conditions: list[Condition],
     variables: list[str],
-    unit_keys: dict[str, str],
+    unit_keys: dict[str, tuple[float, float]],
     defaults: dict[str, Expr],
 ) -> dict[str, str] | None:
     """The first assignment of domains, fewest restricted variables first, that proves every
@@ -302,7 +316,7 @@ def _search_domains(
     )
     for combo in sorted(combos, key=lambda c: (sum(i > 0 for i in c), c)):
         env = {n: _DOMAINS[options[i]] for n, i in zip(variables, combo, strict=True)}
-        env.update({n: (-1.0, 1.0) for n in unit_keys})
+        env.update({n: unit_keys[n] for n in unit_keys})
         if _holds(conditions, env, defaults):
             return {n: options[i] for n, i in zip(variables, combo, strict=True)}
     return None
@@ -338,8 +352,9 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
     plan = plan or analyze(spec)
     mixer = spec.mixer
     names = _Names.of(mixer)
-    conditions, unit_keys = _transition_bounds(plan, names)
-    domains, why, notes = _domains(conditions, unit_keys, names)
+    conditions, unit_keys, unit_scalars = _transition_bounds(plan, names)
+    drawn = {n: (-1.0, 1.0) for n in unit_keys} | {n: _DOMAINS[_UNIT] for n in unit_scalars}
+    domains, why, notes = _domains(conditions, drawn, names)
     keys = _write_keys(plan, names.inputs)
     positive = _positive_states(plan)
 
@@ -347,6 +362,8 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
     for d in mixer.inputs:
         if d.name in unit_keys:
             ranges.append(Range(d.name, "input", "unit ball", unit_keys[d.name]))
+        elif d.name in unit_scalars:
+            ranges.append(Range(d.name, "input", _UNIT, unit_scalars[d.name]))
         elif d.name in domains:
             ranges.append(Range(d.name, "input", domains[d.name], why[d.name]))
         elif d.name in keys:

@@ -269,6 +269,9 @@ y_t = H_t q_t
         ("gated_general", {"G": "unit interval"}),
         ("linear_attention_normalized", {"k": "plain", "H": "state", "z": "positive state"}),
         ("retnet", {"k": "key", "H": "state"}),
+        # a decay and a scalar erase strength that also scale a rank-1 term (DPLR's unit key)
+        # are drawn by their own bounds, not as keys of norm <= 1
+        ("precond_gdn", {"k": "unit ball", "g": "negative", "beta": "unit interval"}),
     ],
 )
 def test_ranges_come_from_the_facts(spec: str, domains: dict[str, str]) -> None:
