@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from mixc.algebra.expand import inline
 from mixc.algebra.intervals import bounds
 from mixc.analysis.plan import Plan, analyze
-from mixc.frontend.ir import POSITION, Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.ir import POSITION, Binary, Call, Expr, Name, Timed, children, walk
 from mixc.frontend.spec import Spec, load_spec
 from mixc.transitions.base import Condition
 
@@ -210,7 +210,9 @@ def _transition_bounds(
     """Every state's conditions on its transition, the inputs drawn as keys of norm <= 1, and
     the scalar inputs drawn in the unit interval, with why.
 
-    A unit key's inputs are what its norm bound reads, but not all of them are keys: an input a
+    A unit key's inputs are what its norm bound reads outside a bounded function (RWKV-7's
+    kappa_t in l2norm(kappa_t), a sigmoid(d_t) are bounded whatever the input), but not all of
+    them are keys: an input a
     condition bounds (a decay's g_t, which may also scale the rank-1 term, as Comba's
     -beta_t exp(g_t) p_t does) is drawn by that condition instead, and a scalar factor of the
     key (Comba's beta_t), whose norm is its magnitude, is drawn in the unit interval (a unit
@@ -222,12 +224,28 @@ def _transition_bounds(
             conditions += tr.transition_class.conditions(s.name, tr)
             key = tr.transition_class.unit_key(s.name, tr)
             if key is not None:
-                found.update(dict.fromkeys(_free(key.expr, names.inputs, set()), key.why))
+                free = _unbounded_reads(key.expr, names.inputs)
+                found.update(dict.fromkeys(free, key.why))
     bounded = {n for c in conditions for n in _free(c.expr, names.inputs, names.params)}
     scalar = {d.name for d in plan.mixer.inputs if not d.shape}
     unit_keys = {n: why for n, why in found.items() if n not in bounded | scalar}
     unit_scalars = {n: why for n, why in found.items() if n in scalar - bounded}
     return conditions, unit_keys, unit_scalars
+
+
+def _unbounded_reads(e: Expr, inputs: set[str]) -> list[str]:
+    """The inputs `e` reads somewhere outside every call that interval arithmetic bounds for
+    any value of what it reads (sigmoid, l2norm, tanh, ...), in order."""
+    out: list[str] = []
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Call) and all(math.isfinite(x) for x in bounds(node)):
+            continue
+        if isinstance(node, Timed) and node.name in inputs and node.name not in out:
+            out.append(node.name)
+        stack.extend(reversed(children(node)))
+    return out
 
 
 def _write_keys(plan: Plan, inputs: set[str]) -> dict[str, str]:
