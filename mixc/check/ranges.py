@@ -208,29 +208,35 @@ def _transition_bounds(
     plan: Plan, names: _Names
 ) -> tuple[list[Condition], dict[str, str], dict[str, str]]:
     """Every state's conditions on its transition, the inputs drawn as keys of norm <= 1, and
-    the scalar inputs drawn in the unit interval, with why.
+    the inputs drawn in the unit interval, with why.
 
     A unit key's inputs are what its norm bound reads outside a bounded function (RWKV-7's
     kappa_t in l2norm(kappa_t), a sigmoid(d_t) are bounded whatever the input), but not all of
-    them are keys: an input a
-    condition bounds (a decay's g_t, which may also scale the rank-1 term, as Comba's
-    -beta_t exp(g_t) p_t does) is drawn by that condition instead, and a scalar factor of the
-    key (Comba's beta_t), whose norm is its magnitude, is drawn in the unit interval (a unit
-    ball over the heads would be no bound on it)."""
+    them are keys: an input a condition bounds (a decay's g_t, which may also scale the rank-1
+    term, as Comba's -beta_t exp(g_t) p_t does) is drawn by that condition instead, and a gate
+    on the key is drawn in the unit interval: a scalar factor (Comba's beta_t, whose norm is its
+    magnitude: a unit ball over the heads would be no bound on it), or a vector read on one
+    side of a rank-1 term a b^T only (GDN-2's erase gate b_t in a = -(b_t * k_t)), where the
+    key is read on both."""
     conditions: list[Condition] = []
     found: dict[str, str] = {}
+    gates: set[str] = set()
     for s in plan.states:
         for tr in s.transition.acting:  # each step a token applies
             conditions += tr.transition_class.conditions(s.name, tr)
             key = tr.transition_class.unit_key(s.name, tr)
-            if key is not None:
-                free = _unbounded_reads(key.expr, names.inputs)
-                found.update(dict.fromkeys(free, key.why))
+            if key is None:
+                continue
+            free = _unbounded_reads(key.expr, names.inputs)
+            found.update(dict.fromkeys(free, key.why))
+            if key.sides is not None:
+                a, b = (set(_unbounded_reads(x, names.inputs)) for x in key.sides)
+                gates |= a ^ b
     bounded = {n for c in conditions for n in _free(c.expr, names.inputs, names.params)}
-    scalar = {d.name for d in plan.mixer.inputs if not d.shape}
-    unit_keys = {n: why for n, why in found.items() if n not in bounded | scalar}
-    unit_scalars = {n: why for n, why in found.items() if n in scalar - bounded}
-    return conditions, unit_keys, unit_scalars
+    gates |= {d.name for d in plan.mixer.inputs if not d.shape}
+    unit_keys = {n: why for n, why in found.items() if n not in bounded | gates}
+    unit_gates = {n: why for n, why in found.items() if n in gates - bounded}
+    return conditions, unit_keys, unit_gates
 
 
 def _unbounded_reads(e: Expr, inputs: set[str]) -> list[str]:
@@ -370,8 +376,8 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
     plan = plan or analyze(spec)
     mixer = spec.mixer
     names = _Names.of(mixer)
-    conditions, unit_keys, unit_scalars = _transition_bounds(plan, names)
-    drawn = {n: (-1.0, 1.0) for n in unit_keys} | {n: _DOMAINS[_UNIT] for n in unit_scalars}
+    conditions, unit_keys, unit_gates = _transition_bounds(plan, names)
+    drawn = {n: (-1.0, 1.0) for n in unit_keys} | {n: _DOMAINS[_UNIT] for n in unit_gates}
     domains, why, notes = _domains(conditions, drawn, names)
     keys = _write_keys(plan, names.inputs)
     positive = _positive_states(plan)
@@ -380,8 +386,8 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
     for d in mixer.inputs:
         if d.name in unit_keys:
             ranges.append(Range(d.name, "input", "unit ball", unit_keys[d.name]))
-        elif d.name in unit_scalars:
-            ranges.append(Range(d.name, "input", _UNIT, unit_scalars[d.name]))
+        elif d.name in unit_gates:
+            ranges.append(Range(d.name, "input", _UNIT, unit_gates[d.name]))
         elif d.name in domains:
             ranges.append(Range(d.name, "input", domains[d.name], why[d.name]))
         elif d.name in keys:

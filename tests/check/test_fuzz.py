@@ -275,6 +275,8 @@ y_t = H_t q_t
         ("precond_gdn", {"k": "plain", "g": "negative", "beta": "unit interval"}),
         ("comba", {"k": "unit ball", "d": "plain", "g": "negative", "beta": "unit interval"}),
         ("rwkv7", {"kappa": "plain", "alpha": "plain", "d": "real"}),
+        # a vector read on one side of the rank-1 term only gates the key read on both
+        ("gdn2", {"k": "unit ball", "b": "unit interval", "g": "negative", "w": "plain"}),
     ],
 )
 def test_ranges_come_from_the_facts(spec: str, domains: dict[str, str]) -> None:
