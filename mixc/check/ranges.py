@@ -11,7 +11,11 @@ the spec is meant to handle:
 - the delta rule's beta must be in [0, 2] (same search; a plain `beta_t` is drawn in (0, 1)), and
   a full elementwise gate in [0, 1];
 - a delta-rule key that is a plain input is drawn with norm <= 1 (unit, shorter, or tiny); one
-  written `l2norm(k_t)` may have any norm;
+  written `l2norm(k_t)` may have any norm; in a rank-1 term `a b^T` with no erase strength
+  (the diagonal-plus-low-rank class's general form), an input read on both sides is such a
+  key, and one read on one side only (a scalar factor, or a vector gating the key) is drawn in
+  the unit interval, unless a decay's condition bounds it, or it is read only inside a bounded
+  function (`sigmoid(d_t)`, `l2norm(kappa_t)`), which any value keeps bounded;
 - a state read in the denominator of a ratio (the normaliser z), or inside a log, starts
   positive;
 - a size that an l2norm runs over is at least 2 (the l2norm of one entry is its sign, and its
