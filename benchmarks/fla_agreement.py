@@ -70,14 +70,16 @@ def _rand(gen, *shape):
 def _comba_inputs(gen):
     k = _unit(gen, K)
     return dict(
-        q=_randn(gen, K), k=k, v=_randn(gen, V), p=_unit(gen, K),
+        q=_randn(gen, K), k=k, v=_randn(gen, V), d=2 * _randn(gen, K),
         g=-0.1 * _rand(gen), beta=_rand(gen),
     )  # fmt: skip
 
 
 def _comba(x, h0):
+    """fla's Comba layer's erase key p = k * sigmoid(decay), given to its reference."""
     fn = load_fla("comba").naive_recurrent_comba
-    args = (x["q"], x["k"], x["v"], x["p"], x["beta"], x["g"])
+    p = x["k"] * torch.sigmoid(x["d"])
+    args = (x["q"], x["k"], x["v"], p, x["beta"], x["g"])
     return fn(*args, scale=1.0, initial_state=h0, output_final_state=True)
 
 
@@ -107,8 +109,8 @@ def _oja(x, h0):
 
 
 ROWS = (
-    Row("comba", "examples/specs", "fla naive_recurrent_comba", _comba_inputs, _comba),
-    Row("gdn2", "examples/specs", "fla naive_recurrent_gdn2", _gdn2_inputs, _gdn2),
+    Row("comba", "specs", "fla naive_recurrent_comba", _comba_inputs, _comba),
+    Row("gdn2", "specs", "fla naive_recurrent_gdn2", _gdn2_inputs, _gdn2),
     Row(
         "gated_oja",
         "examples/specs",

@@ -10,10 +10,18 @@ pass flows through the exchange.
 Communication per rank: one all-gather of its summary, for each state
 `B * NH * (K * K + rows * K)` numbers (P and F; rows = V for a matrix state [V, K], 1 for a
 vector state), i.e. `B * NH * K * (K + V)` for a single [V, K] state, independent of T.
+
+A pipeline (a state whose update reads other states' readouts) passes its states' summaries
+one state at a time, in the order its passes run: a later state's summary over a slice depends
+on the earlier states' values at the slice's start, so each rank computes it (the module's
+`summary(..., initial_state=...)`) only once the earlier states' incoming values are known,
+one all-gather per state. Each round runs the summary again (its earlier passes included): a
+pipeline of n states costs n summaries a rank, where one state costs one.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -69,6 +77,9 @@ def context_parallel(mixer, group=None) -> Callable:
     actions = [
         getattr(mixer, "SUMMARY_ACTIONS", {}).get(name, "matmul") for name, _ in mixer.STATES
     ]
+    # a pipeline's summary takes the states its later states read (earlier modules have none)
+    summary = getattr(mixer, "summary", None)
+    pipeline = summary is not None and "initial_state" in inspect.signature(summary).parameters
 
     def run(
         *args, initial_state=None, output_final_state=False, chunk_size=default_chunk, **params
@@ -86,8 +97,13 @@ def context_parallel(mixer, group=None) -> Callable:
                 **params,
             )
             return y, final
-        summary = mixer.summary(*args, chunk_size=chunk_size, **params)
-        incoming, states = _exchange(summary, initial_state, actions, group)
+        if pipeline:
+            incoming, states = _pipeline_exchange(
+                mixer, args, params, chunk_size, initial_state, actions, group
+            )
+        else:
+            summary = mixer.summary(*args, chunk_size=chunk_size, **params)
+            incoming, states = _exchange(summary, initial_state, actions, group)
         init = incoming[0] if len(incoming) == 1 else incoming
         y, _ = mixer.chunk(*args, initial_state=init, chunk_size=chunk_size, **params)
         if not output_final_state:
@@ -124,6 +140,28 @@ def _exchange(summary, initial_state, actions: list[str], group) -> tuple[tuple,
     # every rank joins the backward collective
     incoming = tuple(s + 0 * gathered.sum() for s in incoming)
     return incoming, states
+
+
+def _pipeline_exchange(mixer, args, params, chunk_size, initial_state, actions, group):
+    """`_exchange` for a pipeline, one state a round in the order of STATES (the order its
+    passes run): round j's summary starts the states before j from their incoming values on
+    this rank, known from the rounds before, so state j's (P, F) is its action on this slice
+    given them; its exchange gives state j's incoming value and final state."""
+    given = None if initial_state is None else _as_tuple(initial_state)
+    names = [name for name, _ in mixer.STATES]
+    order = [names.index(name) for name in getattr(mixer, "SUMMARY_ORDER", names)]
+    incoming: dict[int, torch.Tensor] = {}
+    finals: dict[int, torch.Tensor] = {}
+    start = None  # the states the summary starts from: zeros, then the incoming ones known
+    for j in order:
+        P, F = mixer.summary(*args, initial_state=start, chunk_size=chunk_size, **params)
+        P, F = _as_tuple(P), _as_tuple(F)
+        own = None if given is None else given[j]
+        (incoming[j],), (finals[j],) = _exchange((P[j], F[j]), own, [actions[j]], group)
+        start = tuple(incoming.get(i, torch.zeros_like(f)) for i, f in enumerate(F))
+    return tuple(incoming[i] for i in range(len(names))), tuple(
+        finals[i] for i in range(len(names))
+    )
 
 
 def _unflatten(flat, like):

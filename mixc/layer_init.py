@@ -14,10 +14,10 @@ from mixc.errors import MixcError
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.constants import Folder
 from mixc.frontend.ir import Binary, Call, Expr, Number
-from mixc.layer_roles import DECAY_INIT
+from mixc.layer_roles import DECAY_INIT, ERASE_INIT
 from mixc.layer_roles import reads as _reads
 
-__all__ = ["check_defaults", "start_decays"]
+__all__ = ["check_defaults", "start_biases", "start_decays", "start_erases"]
 
 
 class _UnsolvableError(Exception):
@@ -73,7 +73,7 @@ _ELEMENTWISE = {
 
 #: The grid a decay's bias (or parameter) is chosen from: the value whose decay is nearest its
 #: target wins.
-_GRID = torch.linspace(-24, 24, 1921, dtype=torch.float64)
+_GRID = torch.arange(-960, 961, dtype=torch.float64) / 40  # -24 to 24 by 1/40, 0 exactly
 
 
 def _solve(f: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor) -> torch.Tensor:
@@ -102,6 +102,13 @@ def check_defaults(spec, heads: int) -> None:
                 f"param {p.name}: its default {p.default} is not finite at head "
                 f"h = {bad[0].item()} (of num_v_heads = {heads})"
             )
+
+
+def start_biases(layer) -> None:
+    """Start every decay near 1 (`start_decays`), then every erase strength at ERASE_INIT
+    (`start_erases`)."""
+    start_decays(layer)
+    start_erases(layer)
 
 
 def start_decays(layer) -> None:
@@ -140,6 +147,35 @@ def start_decays(layer) -> None:
             continue
         for t in tensors:
             t.copy_(start if start.shape == t.shape else start.view(heads, *[1] * (t.dim() - 1)))
+        done |= set(solving)
+
+
+def start_erases(layer) -> None:
+    """Set every erase strength to start at ERASE_INIT: the bias of the inputs it reads (one
+    value shared by them, those a decay reads left as `start_decays` set them) is the grid
+    value whose strength is nearest it, each head solved with the mean of the other values it
+    reads. An erase strength that is not elementwise keeps bias 0."""
+    heads = layer.num_v_heads
+    decayed = {n for d in layer.roles.decays for n in _reads(d.log, set(layer.bias))}
+    done: set[str] = set()
+    for erase in layer.roles.erases:
+        solving = [n for n in _reads(erase, set(layer.bias)) if n not in decayed | done]
+        if not solving:
+            continue
+        fixed = _per_head_values(layer, erase, exclude=set(solving))
+
+        def strength(grid: torch.Tensor, erase=erase, solving=solving, fixed=fixed):
+            row, values = grid.expand(heads, -1), dict(fixed)
+            values.update({name: layer._transformed(name, row) for name in solving})
+            return _evaluate(erase, values).expand(heads, -1)
+
+        try:
+            start = _solve(strength, torch.full((heads,), ERASE_INIT, dtype=torch.float64))
+        except _UnsolvableError:
+            continue
+        for name in solving:
+            t = layer.bias[name]
+            t.copy_(start.view(heads, *[1] * (t.dim() - 1)))
         done |= set(solving)
 
 

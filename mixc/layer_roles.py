@@ -23,6 +23,7 @@ from mixc.frontend.spec import Spec, load_spec
 __all__ = [
     "DECAY_INIT",
     "DOMAIN_TRANSFORMS",
+    "ERASE_INIT",
     "PARAM_DOMAINS",
     "PARAM_INITS",
     "TRANSFORMS",
@@ -106,6 +107,12 @@ PARAM_INITS: dict[str, Callable[..., torch.Tensor]] = {
 #: between them.
 DECAY_INIT = (2.0**-9, 2.0**-4)
 
+#: An erase strength at initialisation (the beta of a delta rule, whatever the spec scales it
+#: by): 0.5, gated DeltaNet's sigmoid(0), so that a token's erase leaves half of what the state
+#: holds along its key; DeltaProduct's 2 sigmoid(b) at b = 0 would erase all of it, twice a
+#: token.
+ERASE_INIT = 0.5
+
 
 @dataclass(frozen=True)
 class Decay:
@@ -130,6 +137,8 @@ class Roles:
     - `decays`: every decay of every state, solved at initialisation (`MixerLayer`): the inputs
       in it get a learnable bias, set so the decay starts near 1 (DECAY_INIT); a decay of
       parameters only sets those parameters instead;
+    - `erases`: every erase strength of every state (a delta rule's beta, let functions
+      inlined), started at ERASE_INIT the same way (the inputs in it get a learnable bias);
     - `conditioned`: the inputs a stability condition bounds (decays and beta), and the angles
       (inputs read only inside cos, sin and the rotations' angles), which are not convolved by
       default;
@@ -143,13 +152,14 @@ class Roles:
     decays: tuple[Decay, ...]
     conditioned: frozenset[str]  # inputs a stability condition bounds (decays, beta)
     keys: frozenset[str] = frozenset()  # queries and keys a group of value heads may share
+    erases: tuple[Expr, ...] = ()
 
     def biased(self, mixer) -> list[str]:
-        """The inputs that get a learnable bias: every input read by a decay."""
+        """The inputs that get a learnable bias: every input read by a decay or an erase
+        strength."""
         inputs = {d.name for d in mixer.inputs}
-        return [
-            d.name for d in mixer.inputs if any(d.name in reads(x.log, inputs) for x in self.decays)
-        ]
+        starts = [x.log for x in self.decays] + list(self.erases)
+        return [d.name for d in mixer.inputs if any(d.name in reads(e, inputs) for e in starts)]
 
 
 def layer_spec(spec) -> Spec:
@@ -188,6 +198,7 @@ def roles(spec) -> Roles:
         logs = [inline(mixer, lg) for lg in logs if lg is not None]
         decays += [Decay(s.name, lg, 1 / len(logs)) for lg in logs]
 
+    erases = _erase_strengths(plan, mixer)
     divisors = _divisors(mixer)
     domains = {p: domain[p] for p in learned}  # "plain" or "real": any value
     domains.update(
@@ -204,7 +215,23 @@ def roles(spec) -> Roles:
     bounded = {"positive", "negative", "unit interval", "real"}
     conditioned = frozenset(n for n in inputs if domain[n] in bounded or n in angles)
     keys -= conditioned | {n for d in decays for n in reads(d.log, inputs)}
-    return Roles(transforms, domains, inits, tuple(decays), conditioned, frozenset(keys))
+    return Roles(transforms, domains, inits, tuple(decays), conditioned, frozenset(keys), erases)
+
+
+def _erase_strengths(plan, mixer) -> tuple[Expr, ...]:
+    """Every erase strength of every state (each step a token applies), let functions inlined:
+    what the transition classes bound beside the decays (`TransitionClass.conditions`: a
+    delta rule's beta in [0, 2])."""
+    out: list[Expr] = []
+    for s in plan.states:
+        for tr in s.transition.acting:
+            cls = tr.transition_class
+            decays = {str(c.expr) for c in cls.decay_conditions(s.name, tr)}
+            for c in cls.conditions(s.name, tr):
+                erase = inline(mixer, c.expr)
+                if str(c.expr) not in decays and c.lo == 0 and erase not in out:
+                    out.append(erase)
+    return tuple(out)
 
 
 def _transforms_and_keys(plan, mixer, domain: dict[str, str]) -> tuple[dict, set[str]]:

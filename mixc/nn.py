@@ -6,7 +6,7 @@
 
 Each spec input gets a projection from the hidden state (vectors `Linear(hidden, NH * d)`,
 per-token scalars `Linear(hidden, NH)`), optionally a short causal depthwise convolution, a
-learnable bias where a decay reads it, then a chain of transforms (`TRANSFORMS`). Per-head
+learnable bias where a decay or an erase strength reads it, then a chain of transforms (`TRANSFORMS`). Per-head
 parameters without a default are learnable. The mixer's output per head goes through an
 optional RMSNorm and an optional output gate, then an output projection.
 
@@ -14,7 +14,7 @@ Nothing here depends on which mixer the spec is or what its inputs are called: t
 (transforms, biases, how parameters are stored and start) come from the roles the analysis
 gives each input and parameter (`roles`, in `mixc.layer_roles`): the domains the transition
 classes need for stability, and the decays of every state, which start near 1 (`DECAY_INIT`,
-solved in `mixc.layer_init`). docs/layers.md compares them with flash-linear-attention's layers.
+solved in `mixc.layer_init`), and its erase strengths, which start at 0.5 (`ERASE_INIT`). docs/layers.md compares them with flash-linear-attention's layers.
 What the layer checks of its arguments is in `mixc.layer_checks`, its decoding cache in
 `mixc.layer_cache`, how it runs a padded batch in `mixc.layer_padding`.
 """
@@ -47,7 +47,7 @@ from mixc.layer_checks import (
     sizes_per_head,
     value_heads,
 )
-from mixc.layer_init import check_defaults, start_decays
+from mixc.layer_init import check_defaults, start_biases
 from mixc.layer_padding import Packing, check_mask, packing
 from mixc.layer_roles import (
     DECAY_INIT,
@@ -155,11 +155,11 @@ class MixerLayer(nn.Module):
         self._build_params()
         self._build_output(output_gate, norm)
         with torch.no_grad():
-            start_decays(self)
+            start_biases(self)
 
     def _build_inputs(self, conv_size: int, conv_inputs: Sequence[str] | None) -> None:
         """A projection per input, a short causal convolution per convolved vector input, and
-        a learnable bias (per head and entry) for every input a decay reads."""
+        a learnable bias (per head and entry) for every input a decay or an erase reads."""
         mixer, heads = self.spec.mixer, self.heads
         self.dims = {d.name: [self._size(s) for s in d.shape] for d in mixer.inputs}
         self.proj = nn.ModuleDict(

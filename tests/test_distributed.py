@@ -1,7 +1,8 @@
 """Context parallelism on torch.distributed (gloo, CPU): 2 and 4 processes each hold a slice of
 one sequence; outputs, the final state and gradients equal one process over the whole sequence,
-for a scalar decay, a diagonal gate, the delta rule with a decay, a normaliser, and elementwise
-gates on a matrix state and on a vector state read entry by entry."""
+for a scalar decay, a diagonal gate, the delta rule with a decay, a normaliser, elementwise
+gates on a matrix state and on a vector state read entry by entry, and a pipeline (a state
+writing another's readouts, whose summaries pass one state at a time)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,24 @@ CASES = [
     "mamba1",  # an elementwise gate: its summary acts as P * S_0 + F
     "hgrn",  # an elementwise gate on a vector state read entry by entry (a column)
     "kda",
+    "stacked",  # a pipeline: H2 writes H1's readouts
+    "reversed",  # the same, its states declared in the other order (SUMMARY_ORDER)
 ]
+#: Specs of CASES given as text, not shipped.
+TEXTS = {
+    "reversed": "mixer reversed\nin    q[K], k[K], v[V], u[K], q2[K]\nstate H2[V, K], H1[V, K]\n"
+    "H2_t = H2_{t-1} + (H1_t q_t) u_t^T\nH1_t = H1_{t-1} + v_t k_t^T\ny_t = H2_t q2_t\n",
+}
+
+
+def _load(name):
+    """(spec, module) of a case."""
+    import mixc
+
+    source = mixc.Source(TEXTS[name]) if name in TEXTS else ROOT / f"specs/{name}.mix"
+    return mixc.load_spec(source), mixc.load(source)
+
+
 T = 45
 
 
@@ -33,14 +51,12 @@ def _worker(rank, world, init_file, results):
     sys.path.insert(0, str(ROOT))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    import mixc
     from mixc.distributed import context_parallel
     from tests.mixers import positional, random_states, spec_inputs
 
     out = {}
     for name in CASES:
-        spec = mixc.load_spec(ROOT / f"specs/{name}.mix")
-        module = mixc.load(ROOT / f"specs/{name}.mix")
+        spec, module = _load(name)
         inputs, params = spec_inputs(
             spec, B=2, T=T, NH=2, generator=torch.Generator().manual_seed(7)
         )
@@ -81,11 +97,9 @@ def _worker(rank, world, init_file, results):
 
 
 def _reference(name):
-    import mixc
     from tests.mixers import positional, random_states, spec_inputs
 
-    spec = mixc.load_spec(ROOT / f"specs/{name}.mix")
-    module = mixc.load(ROOT / f"specs/{name}.mix")
+    spec, module = _load(name)
     inputs, params = spec_inputs(spec, B=2, T=T, NH=2, generator=torch.Generator().manual_seed(7))
     states = random_states(spec, B=2, NH=2, generator=torch.Generator().manual_seed(8))
     init = [states[s.name].clone().requires_grad_(True) for s in spec.mixer.states]
@@ -143,6 +157,26 @@ def test_context_parallel_matches_one_process(world):
         for j, want in enumerate(init_grads_ref):
             g = sum(results[r][name]["init_grads"][j] for r in range(world))
             assert rel(g, want) <= 1e-10, (name, "initial state")
+
+
+def test_a_pipelines_summary_is_each_states_action_given_the_earlier_states():
+    """One process: the summary of a pipeline started from the earlier states' values at the
+    slice's start gives each state's final state (from the recurrent form) for any start of
+    its own, P and F at once."""
+    import mixc
+    from tests.mixers import positional, random_states, rel, spec_inputs
+
+    spec, module = mixc.load_spec(ROOT / "specs/stacked.mix"), mixc.load(ROOT / "specs/stacked.mix")
+    inputs, params = spec_inputs(spec, B=2, T=37, NH=2, generator=torch.Generator().manual_seed(1))
+    args = positional(spec, inputs, params)
+    for seed in (2, 3):
+        states = random_states(spec, B=2, NH=2, generator=torch.Generator().manual_seed(seed))
+        start = (states["H1"], states["H2"])
+        _, finals = module.recurrent(*args, initial_state=start, output_final_state=True)
+        given = (states["H1"], torch.zeros_like(states["H2"]))  # H2's own start is not read
+        Ps, Fs = module.summary(*args, initial_state=given, chunk_size=8)
+        for s, P, F, final in zip(start, Ps, Fs, finals, strict=True):
+            assert rel(s @ P + F, final) <= 1e-12
 
 
 SQUASH = "mixer squash\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = tanh(H_{t-1}) + v_t k_t^T\ny_t = H_t q_t\n"

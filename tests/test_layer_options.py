@@ -140,7 +140,7 @@ def test_roles_takes_a_path_like_every_api():
     assert by_path == roles(ROOT / "specs/gated_deltanet.mix")
     assert by_path == roles(mixc.load_spec(ROOT / "specs/gated_deltanet.mix"))
     assert by_path.transforms["k"] == ["silu", "l2norm"]
-    with pytest.raises(mixc.MixcError, match=r"^specs/comba\.mix: no such spec file$"):
-        roles("specs/comba.mix")
+    with pytest.raises(mixc.MixcError, match=r"^specs/no_such_mixer\.mix: no such spec file$"):
+        roles("specs/no_such_mixer.mix")
     with pytest.raises(mixc.MixcError, match=r"^spec: expected a spec path, a Source or a"):
         roles(3)

@@ -46,11 +46,7 @@ def _memory_at_init(spec, back: int = 64) -> float:
 
 
 #: Shipped specs known to forget faster at init than the test asks, and why.
-FORGETFUL = {
-    "deltaproduct": "two erase steps a token of strength 2 sigmoid(0) = 1 (MixerLayer's start for "
-    "an erase scale in (0, 1)) remember 7e-4 over 56 tokens; a smaller start for erase strengths "
-    "belongs to mixc.nn's initialisation",
-}
+FORGETFUL: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
@@ -70,8 +66,22 @@ def test_shipped_specs_are_finite_and_remember_at_init(path):
     assert _memory_at_init(path) >= 1e-3
 
 
-def test_deltaproduct_is_finite_at_init():
-    _finite_at_init(ROOT / "specs" / "deltaproduct.mix")
+def test_erase_strengths_start_at_one_half():
+    """The erase strength each layer starts with, computed by hand from its bias (as the spec
+    writes it): 0.5 for gated DeltaNet's sigmoid(beta) and for DeltaProduct's 2 sigmoid(b)
+    (whose b then starts near logit(1/4)), so that two erases a token keep a memory."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 32)
+    gdn = MixerLayer(ROOT / "specs/gated_deltanet.mix", 32, 4)
+    beta = torch.sigmoid(gdn.bias["beta"])
+    assert beta.eq(0.5).all()
+    product = MixerLayer(ROOT / "specs/deltaproduct.mix", 32, 4)
+    for name in ("b1", "b2"):
+        start = 2 * torch.sigmoid(product.bias[name])
+        assert ((start - 0.5).abs() < 0.01).all(), name
+        # and what the layer feeds the mixer, with the projection of x added, centres on it
+        b = 2 * torch.sigmoid(product.proj[name](x).view(2, 64, 4) + product.bias[name])
+        assert 0.4 < b.median() < 0.6
 
 
 @settings(max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck))

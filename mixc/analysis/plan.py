@@ -460,21 +460,8 @@ def _forms(mixer: Mixer, states, groups, cycle: str | None) -> Forms:
         else None
     )
     summary = next((g.summary for g in groups if g.summary is not None), None)
-    return Forms(None, parallel, summary or _pipeline(states) or _lagged(mixer))
-
-
-def _pipeline(states) -> Missing | None:
-    """Why a pipeline of states has no summary: a later state's summary would depend on the
-    earlier states' values at the slice's start, not only on its own."""
-    reader = next((s for s in states if s.reads), None)
-    if reader is None:
-        return None
-    return Missing(
-        "pipeline",
-        f"the update of {reader.name} reads other states' readouts: its summary over a slice "
-        "would depend on those states at the slice's start, which an affine map of "
-        f"{reader.name} alone does not carry",
-    )
+    # a pipeline has one too: a later state's, given the earlier states at the slice's start
+    return Forms(None, parallel, summary or _lagged(mixer))
 
 
 def _non_causal(mixer: Mixer, forms: Forms) -> Forms:

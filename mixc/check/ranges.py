@@ -11,7 +11,11 @@ the spec is meant to handle:
 - the delta rule's beta must be in [0, 2] (same search; a plain `beta_t` is drawn in (0, 1)), and
   a full elementwise gate in [0, 1];
 - a delta-rule key that is a plain input is drawn with norm <= 1 (unit, shorter, or tiny); one
-  written `l2norm(k_t)` may have any norm;
+  written `l2norm(k_t)` may have any norm; in a rank-1 term `a b^T` with no erase strength
+  (the diagonal-plus-low-rank class's general form), an input read on both sides is such a
+  key, and one read on one side only (a scalar factor, or a vector gating the key) is drawn in
+  the unit interval, unless a decay's condition bounds it, or it is read only inside a bounded
+  function (`sigmoid(d_t)`, `l2norm(kappa_t)`), which any value keeps bounded;
 - a state read in the denominator of a ratio (the normaliser z), or inside a log, starts
   positive;
 - a size that an l2norm runs over is at least 2 (the l2norm of one entry is its sign, and its
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from mixc.algebra.expand import inline
 from mixc.algebra.intervals import bounds
 from mixc.analysis.plan import Plan, analyze
-from mixc.frontend.ir import POSITION, Binary, Call, Expr, Name, Timed, walk
+from mixc.frontend.ir import POSITION, Binary, Call, Expr, Name, Timed, children, walk
 from mixc.frontend.spec import Spec, load_spec
 from mixc.transitions.base import Condition
 
@@ -204,17 +208,54 @@ class _Names:
         )
 
 
-def _transition_bounds(plan: Plan, names: _Names) -> tuple[list[Condition], dict[str, str]]:
-    """Every state's conditions on its transition, and the inputs drawn as keys of norm <= 1."""
+def _transition_bounds(
+    plan: Plan, names: _Names
+) -> tuple[list[Condition], dict[str, str], dict[str, str]]:
+    """Every state's conditions on its transition, the inputs drawn as keys of norm <= 1, and
+    the inputs drawn in the unit interval, with why.
+
+    A unit key's inputs are what its norm bound reads outside a bounded function (RWKV-7's
+    kappa_t in l2norm(kappa_t), a sigmoid(d_t) are bounded whatever the input), but not all of
+    them are keys: an input a condition bounds (a decay's g_t, which may also scale the rank-1
+    term, as Comba's -beta_t exp(g_t) p_t does) is drawn by that condition instead, and a gate
+    on the key is drawn in the unit interval: a scalar factor (Comba's beta_t, whose norm is its
+    magnitude: a unit ball over the heads would be no bound on it), or a vector read on one
+    side of a rank-1 term a b^T only (GDN-2's erase gate b_t in a = -(b_t * k_t)), where the
+    key is read on both."""
     conditions: list[Condition] = []
-    unit_keys: dict[str, str] = {}
+    found: dict[str, str] = {}
+    gates: set[str] = set()
     for s in plan.states:
         for tr in s.transition.acting:  # each step a token applies
             conditions += tr.transition_class.conditions(s.name, tr)
             key = tr.transition_class.unit_key(s.name, tr)
-            if key is not None:
-                unit_keys.update(dict.fromkeys(_free(key.expr, names.inputs, set()), key.why))
-    return conditions, unit_keys
+            if key is None:
+                continue
+            free = _unbounded_reads(key.expr, names.inputs)
+            found.update(dict.fromkeys(free, key.why))
+            if key.sides is not None:
+                a, b = (set(_unbounded_reads(x, names.inputs)) for x in key.sides)
+                gates |= a ^ b
+    bounded = {n for c in conditions for n in _free(c.expr, names.inputs, names.params)}
+    gates |= {d.name for d in plan.mixer.inputs if not d.shape}
+    unit_keys = {n: why for n, why in found.items() if n not in bounded | gates}
+    unit_gates = {n: why for n, why in found.items() if n in gates - bounded}
+    return conditions, unit_keys, unit_gates
+
+
+def _unbounded_reads(e: Expr, inputs: set[str]) -> list[str]:
+    """The inputs `e` reads somewhere outside every call that interval arithmetic bounds for
+    any value of what it reads (sigmoid, l2norm, tanh, ...), in order."""
+    out: list[str] = []
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Call) and all(math.isfinite(x) for x in bounds(node)):
+            continue
+        if isinstance(node, Timed) and node.name in inputs and node.name not in out:
+            out.append(node.name)
+        stack.extend(reversed(children(node)))
+    return out
 
 
 def _write_keys(plan: Plan, inputs: set[str]) -> dict[str, str]:
@@ -258,11 +299,12 @@ def _holds(conditions: list[Condition], env: dict, defaults: dict[str, Expr]) ->
 
 
 def _domains(
-    conditions: list[Condition], unit_keys: dict[str, str], names: _Names
+    conditions: list[Condition], unit_keys: dict[str, tuple[float, float]], names: _Names
 ) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """(domain of every variable of a condition, why, notes): the most general assignment of
     domains (fewest restricted variables) for which interval arithmetic proves every condition;
-    all real, with a note, when none does."""
+    all real, with a note, when none does. unit_keys: the inputs already drawn with a bound
+    (-1 to 1: a key of norm <= 1; 0 to 1: a scalar in the unit interval)."""
     variables: list[str] = []
     for c in conditions:
         free = _free(c.expr, names.inputs, names.params)
@@ -289,7 +331,7 @@ def _domains(
 def _search_domains(
     conditions: list[Condition],
     variables: list[str],
-    unit_keys: dict[str, str],
+    unit_keys: dict[str, tuple[float, float]],
     defaults: dict[str, Expr],
 ) -> dict[str, str] | None:
     """The first assignment of domains, fewest restricted variables first, that proves every
@@ -302,7 +344,7 @@ def _search_domains(
     )
     for combo in sorted(combos, key=lambda c: (sum(i > 0 for i in c), c)):
         env = {n: _DOMAINS[options[i]] for n, i in zip(variables, combo, strict=True)}
-        env.update({n: (-1.0, 1.0) for n in unit_keys})
+        env.update({n: unit_keys[n] for n in unit_keys})
         if _holds(conditions, env, defaults):
             return {n: options[i] for n, i in zip(variables, combo, strict=True)}
     return None
@@ -338,8 +380,9 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
     plan = plan or analyze(spec)
     mixer = spec.mixer
     names = _Names.of(mixer)
-    conditions, unit_keys = _transition_bounds(plan, names)
-    domains, why, notes = _domains(conditions, unit_keys, names)
+    conditions, unit_keys, unit_gates = _transition_bounds(plan, names)
+    drawn = {n: (-1.0, 1.0) for n in unit_keys} | {n: _DOMAINS[_UNIT] for n in unit_gates}
+    domains, why, notes = _domains(conditions, drawn, names)
     keys = _write_keys(plan, names.inputs)
     positive = _positive_states(plan)
 
@@ -347,6 +390,8 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
     for d in mixer.inputs:
         if d.name in unit_keys:
             ranges.append(Range(d.name, "input", "unit ball", unit_keys[d.name]))
+        elif d.name in unit_gates:
+            ranges.append(Range(d.name, "input", _UNIT, unit_gates[d.name]))
         elif d.name in domains:
             ranges.append(Range(d.name, "input", domains[d.name], why[d.name]))
         elif d.name in keys:

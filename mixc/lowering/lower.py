@@ -183,7 +183,12 @@ def _summary(plan: Plan, groups: tuple[GroupPlan, ...]) -> Summary:
         )
         for g in groups
     )
-    return Summary(calls, plan.sign_checks)
+    read = {name for g in groups for name in _reads(plan, g)}
+    chunk_calls = (_call(plan, g, True) for g in groups)
+    runs = tuple(
+        c for c in chunk_calls if any(r.name in read for q in c.queries for r in q.readouts)
+    )
+    return Summary(calls, plan.sign_checks, runs=runs)
 
 
 # ----------------------------------------------------------------------------- the recurrence

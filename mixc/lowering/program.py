@@ -172,11 +172,15 @@ class SummaryCall:
 
 @dataclass(frozen=True)
 class Summary:
-    """The summary form: its calls in group order, or why it is missing (`missing`)."""
+    """The summary form: its calls in group order, or why it is missing (`missing`). In a
+    pipeline, `runs` are the chunked passes (from the states given to the summary) of the
+    groups whose readouts a later group's pass reads, each run before its group's probes: a
+    later state's summary is then its action given the earlier states' values at the start."""
 
     calls: tuple[SummaryCall, ...]
     sign_checks: tuple[SignCheck, ...]
     missing: str | None = None
+    runs: tuple[Call, ...] = ()
 
 
 @dataclass(frozen=True)

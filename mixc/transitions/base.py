@@ -211,10 +211,13 @@ class Condition:
 @dataclass(frozen=True)
 class UnitKey:
     """A key whose norm must be at most 1 for stability and that is not normalised: the inputs
-    it reads are drawn as keys of norm <= 1 (`mixc.check.ranges`), and why."""
+    it reads are drawn as keys of norm <= 1 (`mixc.check.ranges`), and why. For a rank-1 term
+    a b^T, `sides` holds (a, b): an input read on both sides is a key, one read on one side
+    only a gate on it, drawn in [0, 1]."""
 
     expr: Expr
     why: str
+    sides: tuple[Expr, Expr] | None = None
 
 
 #: Where the classes' default chunk sizes were measured: `benchmarks/run.sh` times each shipped

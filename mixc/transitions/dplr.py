@@ -333,7 +333,7 @@ class Dplr(TransitionClass):
             why = (
                 f"rank-1 term a b^T of {state} (a = {read}, b = {key}): norms <= 1 keep it bounded"
             )
-            return UnitKey(Binary("*", read, key), why)
+            return UnitKey(Binary("*", read, key), why, (read, key))
         plain = unnormalised_key(key)
         why = f"erase key {key} of {state}: norm <= 1 keeps it stable"
         return None if plain is None else UnitKey(plain, why)

@@ -798,7 +798,7 @@ y_t = H_t C_t + D x_t
         DPLR,
     ),
     "comba": Row(
-        (EXAMPLES / "comba.mix").read_text(encoding="utf-8"),
+        "comba.mix",
         {
             "H": S(
                 "diagonal plus low rank",
@@ -812,7 +812,7 @@ y_t = H_t C_t + D x_t
         warnings=("cannot prove the decay exp(g_t) of H is in (0, 1]",),
     ),
     "gdn2": Row(
-        (EXAMPLES / "gdn2.mix").read_text(encoding="utf-8"),
+        "gdn2.mix",
         {
             "H": S(
                 "diagonal plus low rank",

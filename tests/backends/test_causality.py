@@ -88,11 +88,7 @@ def _later(x, t, kind, generator):
 
 
 #: Known leaks, each pinned as a strict xfail: remove the entry when the kernel is fixed.
-LEAKS = {
-    "precond_gdn": "the diagonal-plus-low-rank kernel carries an erase strength of 3e38 at a "
-    "later token back to earlier outputs of its chunk (a spec with an erase key other than its "
-    "write key and no pipeline, H_t = exp(g_t) H_{t-1} (I - beta_t k_t p_t^T) + ..., leaks too)",
-}
+LEAKS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

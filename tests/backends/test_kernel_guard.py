@@ -16,6 +16,7 @@ import torch
 from mixc.backends.pytorch.kernels.common import _guarded_spans
 from mixc.backends.pytorch.kernels.delta import _delta_span
 from mixc.backends.pytorch.kernels.diagonal import _diagonal_span
+from mixc.backends.pytorch.kernels.dplr import chunk_dplr
 from mixc.backends.pytorch.kernels.scalar_decay import _scalar_decay_span
 
 B, NH, T, DK, DV, CHUNK = 2, 2, 19, 5, 3, 8
@@ -96,3 +97,25 @@ def test_every_non_finite_input_reaches_the_unguarded_final_state(kind):
                     changed[gate][:, :, t + 1] = -float("inf")
             _, final, _ = _guarded_spans(span_fn, list(changed.values()), state, CHUNK, None, False)
             assert not torch.isfinite(final[1, 0]).all(), (name, value, t, reset)
+
+
+@pytest.mark.parametrize("chunk_size", [4, 8])
+def test_dplr_outputs_before_a_growing_erase_that_overflows_keep_their_bits(chunk_size):
+    """Diagonal plus low rank: a later token's erase row a_r, finite but near the float range,
+    times the chunk's decays from its start (gates above 0 grow, which no stable spec has but a
+    kernel may be given) overflows; W = T (exp(b_{r-1}) ⊙ A) would carry that inf back to the
+    earlier rows through T's zeros above its diagonal (0 * inf = NaN). The outputs before the
+    token keep their bits, and the token's own output is not finite."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, a, b = (torch.randn(B, NH, T, DK, generator=gen) for _ in range(4))
+    v = torch.randn(B, NH, T, DV, generator=gen)
+    gk = torch.nn.functional.logsigmoid(torch.randn(B, NH, T, DK, generator=gen) + 2)
+    state = torch.randn(B, NH, DK, DV, generator=gen)
+    base, _ = chunk_dplr(q, k, v, a, b, gk, state, chunk_size)
+    t = chunk_size + 2  # inside the second chunk
+    a_big, gk_up = a.clone(), gk.clone()
+    a_big[:, :, t + 1 :] = 3e38
+    gk_up[:, :, t:] = 1.0
+    o, _ = chunk_dplr(q, k, v, a_big, b, gk_up, state, chunk_size)
+    assert torch.equal(o[:, :, :t].view(torch.int32), base[:, :, :t].view(torch.int32))
+    assert not torch.isfinite(o[:, :, t + 2]).all()

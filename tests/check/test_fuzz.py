@@ -269,6 +269,14 @@ y_t = H_t q_t
         ("gated_general", {"G": "unit interval"}),
         ("linear_attention_normalized", {"k": "plain", "H": "state", "z": "positive state"}),
         ("retnet", {"k": "key", "H": "state"}),
+        # a decay and a scalar erase strength that also scale a rank-1 term (DPLR's unit key)
+        # are drawn by their own bounds, not as keys of norm <= 1; an input read there only
+        # inside a bounded function (l2norm(k_t), sigmoid(d_t)) needs no bound at all
+        ("precond_gdn", {"k": "plain", "g": "negative", "beta": "unit interval"}),
+        ("comba", {"k": "unit ball", "d": "plain", "g": "negative", "beta": "unit interval"}),
+        ("rwkv7", {"kappa": "plain", "alpha": "plain", "d": "real"}),
+        # a vector read on one side of the rank-1 term only gates the key read on both
+        ("gdn2", {"k": "unit ball", "b": "unit interval", "g": "negative", "w": "plain"}),
     ],
 )
 def test_ranges_come_from_the_facts(spec: str, domains: dict[str, str]) -> None:

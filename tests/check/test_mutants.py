@@ -45,8 +45,9 @@ MUTANTS = [
     (
         "stacked",
         "a readout taken one token late in the quadratic form",
-        "    _read_H1 = _from_seq(_o)  # H1_t q_t",
-        "    _read_H1 = _from_seq(_torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2))",
+        "    _read_H1 = _from_seq(_o)  # H1_t q_t\n    # H2: identity -> parallel",
+        "    _read_H1 = _from_seq(_torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2))"
+        "\n    # H2: identity -> parallel",
         {"parallel"},
         NUMERICAL,
     ),

@@ -96,11 +96,7 @@ def test_decays_near_one_follows_the_direction_of_the_gate() -> None:
 
 
 #: Specs whose gates the sampler cannot draw near 1, each a strict xfail with its reason.
-NOT_NEAR_ONE = {
-    "precond_gdn": "interval arithmetic cannot bound the preconditioned key (exp of a squash "
-    "that lies in (-1, 1)), so g is drawn in the unit ball the DPLR bound asks for, not as a "
-    "log-gate near 0",
-}
+NOT_NEAR_ONE: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

@@ -161,14 +161,17 @@ def ref_kda(x, p, s):
 
 
 def ref_comba(x, p, s):
-    """Comba's procedure: decay, then correct the value by the state read with p, then write."""
-    H, ys = s["H"], []
+    """Comba's procedure: decay, then correct the value by the state read with its own key
+    p = sigmoid(d) * k (fla's Comba layer's inner decay), then write along k."""
+    H, ys, read_keys = s["H"], [], []
     for t in range(len(x["q"])):
         H = math.exp(float(x["g"][t])) * H
-        correction = x["beta"][t] * (x["v"][t] - H @ x["p"][t])
+        read_key = torch.sigmoid(x["d"][t]) * x["k"][t]
+        correction = x["beta"][t] * (x["v"][t] - H @ read_key)
         H = H + outer(correction, x["k"][t])
         ys.append(H @ x["q"][t])
-    return {"y": ys}, {"H": H}
+        read_keys.append(read_key)
+    return {"p": read_keys, "y": ys}, {"H": H}
 
 
 def ref_gdn2(x, p, s):
@@ -507,7 +510,7 @@ CASES = {
         lambda g: (
             {
                 **unit_keys(qkv(g)),
-                "p": F.normalize(randn(g, *LEAD, DK), dim=-1),
+                "d": 2 * randn(g, *LEAD, DK),
                 "beta": rand(g, *LEAD),
                 "g": F.logsigmoid(randn(g, *LEAD)),
             },

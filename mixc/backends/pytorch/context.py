@@ -37,7 +37,8 @@ class Context:
         self.carried += ["_pos"] if self.positioned else []
         self.output = self.mixer.outputs[0]
         self.readouts = dict(program.readouts)
-        self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target])
+        pipeline = bool(self.program.summary.runs)
+        self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target], pipeline)
         # the points of common subexpressions (see Shared): recorded by the first run of the
         # mixer's functions, replayed with their locals by the second
         self._points: list[Shared] = []

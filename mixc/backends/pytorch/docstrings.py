@@ -64,8 +64,9 @@ def _item(name: str, text: str) -> list[str]:
 class FormDocs:
     """The docstrings of one mixer's forms; `lines(form)` gives one form's, without quotes."""
 
-    def __init__(self, mixer: Mixer, output_shape: Shape) -> None:
+    def __init__(self, mixer: Mixer, output_shape: Shape, pipeline: bool = False) -> None:
         self.mixer = mixer
+        self.pipeline = pipeline  # a later state's summary reads earlier states' values
         self.output = mixer.outputs[0].target
         self.output_dims = _output_dims(output_shape)
 
@@ -106,6 +107,13 @@ class FormDocs:
             out += _item("output_final_state", "True to return the final state")
         if form == "step":
             out += _item("state", f"{states} (what the last step returned), or None for zeros")
+        if form == "summary" and self.pipeline:
+            out += _item(
+                "initial_state",
+                f"{states}, or None for zeros: a state whose update reads other states' "
+                "readouts acts on itself given theirs, so its (P, F) is for the states it reads "
+                "starting from these (its own entry is not read)",
+            )
         if form in ("chunk", "summary"):
             out += _item("chunk_size", "tokens per chunk (default: CHUNK_SIZE)")
         if form in ("chunk", "recurrent"):

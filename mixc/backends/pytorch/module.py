@@ -170,6 +170,12 @@ class _Module(SequenceForms, RecurrentForms):
             f"{string(s.name)}: {string(s.summary_action)}" for s in self.program.states
         )
         out(f"SUMMARY_ACTIONS = {{{actions}}}  # how summary()'s P acts: S_0 @ P or P * S_0", 0)
+        if self.program.summary.runs:
+            order = ", ".join(
+                string(s.state) for call in self.program.summary.calls for s in call.slots
+            )
+            shown = "a pipeline's states in the order its passes run"
+            out(f"SUMMARY_ORDER = ({order},)  # {shown}", 0)
         chunk = self.program.chunk_size
         for line in textwrap.wrap(f"chunk's default chunk size: {chunk.why}", 96):
             out.lines.append(comment(line))

@@ -230,7 +230,8 @@ class SequenceForms(Context):
 
     def emit_summary(self, out: Lines) -> None:
         summary = self.program.summary
-        out(f"def summary({self.signature('chunk_size=CHUNK_SIZE')}):", 0)
+        options = ("initial_state=None",) if summary.runs else ()
+        out(f"def summary({self.signature(*options, 'chunk_size=CHUNK_SIZE')}):", 0)
         self.docstring(out, "summary")
         if summary.missing is not None:
             out(f"_fail({string(f'NYI: no transition summary ({summary.missing})')})")
@@ -246,11 +247,14 @@ class SequenceForms(Context):
         rest = "".join(f", {p}" for p in self.required)
         rest += "".join(f", {p}={p}" for p in self.defaulted)
         out(f"return _no_sequences(_summary(*_one{rest}, chunk_size=chunk_size))", 2)
-        self.prologue(out, True, None)
+        self.prologue(out, True, "initial_state" if summary.runs else None)
         self.emit_sign_checks(out, summary.sign_checks)
         transitions, finals = {}, {}
+        runs = {run.group: run for run in summary.runs}
         with self.point(out, 1):
             for call in summary.calls:
+                if call.group in runs:  # its readouts are what a later state's update reads
+                    self.emit_call(out, runs[call.group], packed=False)
                 if call.action == "elementwise":
                     self.emit_elementwise_summary(out, call, transitions, finals)
                 else:
@@ -278,10 +282,12 @@ class SequenceForms(Context):
         out(f"_S0 = _S0.to({where}).expand(*{k}.shape[:2], _K, _width + _K)")
         args = ", ".join([f"_torch.zeros_like({k})", f"{k}", "_v", *kernel_args])
         out(f"_o, _S = _{call.kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
-        out("_F0, _P = _S.split([_width, _K], -1)")
+        # one P per group (a pipeline's groups each probe their own)
+        P = "_P" if len(self.program.summary.calls) == 1 else local("P", call.group)
+        out(f"_F0, {P} = _S.split([_width, _K], -1)")
         self.emit_split_states(out, call.slots, "_F0")
         for s in call.slots:
-            transitions[s.state] = "_P.mT"
+            transitions[s.state] = f"{P}.mT"
             finals[s.state] = s.state if not s.vector else f"{s.state}.squeeze(-1)"
 
     def emit_elementwise_summary(self, out: Lines, call: SummaryCall, transitions, finals) -> None:

@@ -1147,7 +1147,8 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
     """What the chunks of a span share before the state passes: the decayed scores, rows and
     columns and exp(b_C) (see _dplr_scores; _dplr_scores_direct where `direct`), T =
     (I - ab)^{-1} (unit lower-triangular, in at least fp32), W = T (exp(b_{r-1}) ⊙ A), U' =
-    T ak V and, `guard`ed, the poison of the tokens whose ak V overflowed (else None)."""
+    T ak V and, `guard`ed, the poison of the tokens whose decayed a or ak V overflowed (else
+    None)."""
     scores_of = _dplr_scores_direct if direct else _dplr_scores
     scores, rows, cols, chunk_decay = scores_of(q_c, k_c, a_c, b_c, g_c)
     chunk_size = q_c.shape[3]
@@ -1160,10 +1161,15 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
         t_inv = t_inv - _bmm(t_inv, _bmm(minus_ab - minus_ab.detach(), t_inv))
     t_inv = t_inv.to(q_c.dtype)
     a_before = rows[..., 1, :]
-    w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
     ak_v, poison = _bmm(pairs[..., 1, :, 0], v_c), None
-    if guard:  # finite inputs can overflow in a later token's row, which T would carry back
+    if guard:
+        # finite inputs can overflow in a later token's row (a large a decayed by gates above
+        # 0, or a · k): T's zeros above its diagonal times that row's inf would carry it back
+        # to the earlier rows of W and U', so such a row is made finite and poisons instead
+        a_before, poison_a = _finite_rows_(a_before)
         ak_v, poison = _finite_rows_(ak_v)
+        poison = poison + poison_a
+    w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
     u_own = _bmm(t_inv, ak_v)  # [N, B, NH, C, V]
     return scores, t_inv, rows, cols, w, u_own, chunk_decay, poison
 
@@ -1431,7 +1437,7 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_2e653f7c246945b0", globals())
+_operator_spans = _register_spans("mixc_7f68f082b8f30cff", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

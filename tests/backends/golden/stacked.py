@@ -55,6 +55,7 @@ OUTPUT = "y"
 FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"H1": "scalar data-dependent", "H2": "identity"}
 SUMMARY_ACTIONS = {"H1": "matmul", "H2": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
+SUMMARY_ORDER = ("H1", "H2",)  # a pipeline's states in the order its passes run
 # chunk's default chunk size: the smallest of the groups' defaults (32 ran 1.06-1.14x faster than
 # 64 with a decay, measured on CPU (2 threads, fp32, B=1, NH=4, d=64, T=4096;
 # benchmarks/RESULTS.md))
@@ -1280,7 +1281,7 @@ def parallel(q, k, v, g, u, q2):
     return y, None
 
 
-def summary(q, k, v, g, u, q2, *, chunk_size=CHUNK_SIZE):
+def summary(q, k, v, g, u, q2, *, initial_state=None, chunk_size=CHUNK_SIZE):
     """The action of the sequence on each state, for context parallelism.
 
     Args:
@@ -1292,6 +1293,9 @@ def summary(q, k, v, g, u, q2, *, chunk_size=CHUNK_SIZE):
         g: [B, T, NH]
         u: [B, T, NH, K]
         q2: [B, T, NH, K]
+        initial_state: a tuple (H1 [B, NH, V, K], H2 [B, NH, V, K]), or None for zeros: a state
+            whose update reads other states' readouts acts on itself given theirs, so its (P, F)
+            is for the states it reads starting from these (its own entry is not read)
         chunk_size: tokens per chunk (default: CHUNK_SIZE)
 
     Returns:
@@ -1302,11 +1306,55 @@ def summary(q, k, v, g, u, q2, *, chunk_size=CHUNK_SIZE):
             \"elementwise\" is acted on entry by entry: P has its shape, the final state is P *
             initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
-    _fail(
-        "NYI: no transition summary (the update of H2 reads other states' readouts: its summary "
-        "over a slice would depend on those states at the slice's start, which an affine map of H2 "
-        'alone does not carry)'
+    _check_chunk_size(chunk_size)
+    if _empty_batch(q):  # B = 0: checked, then one zero token's summary, emptied
+        _prepare(q, k, v, g, u, q2, _sequence=True)
+        _one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in (q, k, v, g, u, q2)]
+        return _no_sequences(_summary(*_one, chunk_size=chunk_size))
+    q, k, v, g, u, q2, _sizes, _dtype = _prepare(q, k, v, g, u, q2, _sequence=True)
+    _device = q.device
+    (H1, H2) = _prepare_states(
+        _STATES, initial_state, _sizes, _dtype, _device, _sizes["B"], "initial_state"
     )
+    # H1: scalar data-dependent -> chunk_scalar_decay
+    _k_H1 = _seq_vector(k, _sizes)
+    _v_H1 = _seq_vector(v, _sizes)
+    _g_H1 = _seq_scalar(g, _sizes)  # g_t
+    _S0_H1 = H1.mT
+    _q = _seq_vector(q, _sizes)
+    _o, _S = _chunk_scalar_decay(
+        _q, _k_H1, _v_H1, g=_g_H1, initial_state=_S0_H1, chunk_size=chunk_size
+    )
+    _read_H1 = _from_seq(_o)  # H1_t q_t
+    H1 = _S.mT
+    # H1: chunk_scalar_decay on probes: zero writes from an identity state
+    _k_H1 = _seq_vector(k, _sizes)
+    _v_H1 = _seq_vector(v, _sizes)
+    _g_H1 = _seq_scalar(g, _sizes)  # g_t
+    _K = _k_H1.shape[-1]
+    _width = _v_H1.shape[-1]
+    _v = _torch.cat([_v_H1, _v_H1.new_zeros(*_v_H1.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H1.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_scalar_decay(
+        _torch.zeros_like(_k_H1), _k_H1, _v, g=_g_H1, initial_state=_S0, chunk_size=chunk_size
+    )
+    _F0, _P_H1 = _S.split([_width, _K], -1)
+    H1 = _F0.mT
+    # H2: chunk_scalar_decay on probes: zero writes from an identity state
+    _k_H2 = _seq_vector(u, _sizes)
+    _v_H2 = _seq_vector(_read_H1, _sizes)
+    _K = _k_H2.shape[-1]
+    _width = _v_H2.shape[-1]
+    _v = _torch.cat([_v_H2, _v_H2.new_zeros(*_v_H2.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H2.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_scalar_decay(
+        _torch.zeros_like(_k_H2), _k_H2, _v, initial_state=_S0, chunk_size=chunk_size
+    )
+    _F0, _P_H2 = _S.split([_width, _K], -1)
+    H2 = _F0.mT
+    return (_P_H1.mT, _P_H2.mT), (H1, H2)
 
 
 def _recurrence(q, k, v, g, u, q2, H1, H2, _sizes, _dtype, _device):
@@ -1409,3 +1457,6 @@ def step(q, k, v, g, u, q2, *, state=None):
     y, (H1, H2) = _recurrence(q, k, v, g, u, q2, H1, H2, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, (H1, H2)
+
+
+_summary = summary  # what summary calls itself by (an input may be `summary`)
