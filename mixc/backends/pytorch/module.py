@@ -215,7 +215,7 @@ class _Module(SequenceForms, RecurrentForms):
             if isinstance(n, Call) and n.func in BUILTINS
         }
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
-        helpers |= {"_turning"} if called & {"rotate", "rotate_interleaved"} else set()
+        helpers |= {"_turning", "_compact"} if called & {"rotate", "rotate_interleaved"} else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))
 
     def emit_registration(self, out: Lines, registers: list[str]) -> None:

@@ -262,7 +262,17 @@ class PyExpr:
         if e.func == TURNING:
             theta, d = e.args
             size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
-            return f"_turning({self._emit(theta)[0]}, {size}, _dtype)"
+            # the angle from compacted views of what it reads (_compact): computed once for
+            # the values its broadcast axes repeat, its turn expanded back to their shape
+            leaves: list[str] = []
+
+            def compacted(x: Expr) -> str:
+                leaves.append(self.names(x))
+                return f"_compact({leaves[-1]})"
+
+            angle = PyExpr(self.typer, compacted, self.functions)._emit(theta)[0]
+            read = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
+            return f"_turning({angle}, {size}, _dtype{read})"
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "
