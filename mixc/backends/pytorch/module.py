@@ -191,9 +191,14 @@ class _Module(SequenceForms, RecurrentForms):
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
             several = [c for c in self.program.calls if len(c.steps) > 1]
             shifts += ["_sub_tokens"] if several else []
+            shifts += ["_joined_writes"] if any(c.joined for c in several) else []
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
             shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []
+            previous = any(q.previous for c in self.program.calls for q in c.queries)
+            shifts += ["_next_tokens", "_previous_tokens"] if previous else []
+            backward = any(q.previous for c in self.program.calls if c.reverse for q in c.queries)
+            shifts += ["_final_tokens"] if backward else []
             text = self.library.source(self.kernels + shifts + helpers)
             # the operators the kernels call under torch.compile, by the entry they call
             entries = {"_own_backward": "_register_spans", "_opaque_call": "_register_calls"}

@@ -172,13 +172,16 @@ class SequenceForms(Context):
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")
             if query.previous:
+                first = f"_final_tokens(_q{seqlens})" if call.reverse else "_q[:, :, :1]"
                 start = (
-                    f"_q[:, :, :1] @ {initial}"
-                    if call.initial
-                    else "_torch.zeros_like(_o[:, :, :1])"
+                    f"{first} @ {initial}" if call.initial else "_torch.zeros_like(_o[:, :, :1])"
                 )
-                out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
-            if call.reverse:
+                if call.reverse:
+                    shown = "S_{t-1} q_t, back in time order"
+                    out(f"_o = _previous_tokens(_o, {start}, True{seqlens})  # {shown}")
+                else:
+                    out(f"_o = _previous_tokens(_o, {start})  # S_{{t-1}} q_t")
+            elif call.reverse:
                 out(f"_o = _reverse_tokens(_o{seqlens})  # back in time order")
             if len(call.slots) == 1:
                 parts = ["_o"]
@@ -199,14 +202,19 @@ class SequenceForms(Context):
         if query.query is None:
             out(f"_q = _torch.zeros_like({k})")
         else:
-            seq = self.seq_layout(seqlens, call.reverse)
+            # a query read one token early is reversed with its shift (_next_tokens)
+            seq = self.seq_layout(seqlens, call.reverse and not query.previous)
             out(f"_q = {seq('vector', self.tensor(query.query))}")
         steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
             out(f"_q = _sub_tokens([{zeros}, _q])")
         if query.previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
-            out("_q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query")
+            if call.reverse:
+                shown = "the next token's query, in reverse time order"
+                out(f"_q_next = _next_tokens(_q, True{seqlens})  # {shown}")
+            else:
+                out("_q_next = _next_tokens(_q)  # the next token's query")
         first = "_q_next" if query.previous else "_q"
         args = ", ".join([first, k, v, *kernel_args])
         if not call.initial:
@@ -324,7 +332,7 @@ def _combined_steps(
             continue
         if joined:
             shown = note(f"{len(steps)} writes a token, joined")
-            out(f"{local(arg, group)} = _torch.cat([{', '.join(present)}], -1){shown}")
+            out(f"{local(arg, group)} = _joined_writes([{', '.join(present)}]){shown}")
         elif arg in factors:  # one factor for every step: a step without a gate has 0
             shown = note(f"shared by the {len(steps)} sub-tokens of a token")
             out(f"{local(arg, group)} = _sub_token_factor({present[0]}, {len(steps)}){shown}")

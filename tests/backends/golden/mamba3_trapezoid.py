@@ -538,6 +538,14 @@ def _sub_tokens(parts):
     return torch.stack(parts, 3).flatten(2, 3)
 
 
+def _joined_writes(parts):
+    """Several writes' keys (or values) [B, NH, T, d_i] (the kernels' layout, packed or not)
+    side by side along the last axis, [B, NH, T, sum d_i]: joined in the layout of which they
+    are transposed views, the callers' [B, T, NH, ...] (on CPU a copy there is twice as fast as
+    one into [B, NH, T, ...], and the kernels split chunks from it)."""
+    return torch.cat([x.transpose(1, 2) for x in parts], -1).transpose(1, 2)
+
+
 def _shift_tokens(x, first, cu_seqlens=None):
     """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
     each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
@@ -757,21 +765,6 @@ def _chunk_decays(gamma, g):
     same direct sums, no further cumulative sums (a product of factors <= 1).
     """
     return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
-
-
-def _scalar_decays(k_c, g_c):
-    """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
-    rule), g_c [N, B, NH, C] (None: no decay).
-
-    Returns (Gamma, the pair decays [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
-    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
-    which are then k_c.
-    """
-    if g_c is None:
-        return None, None, None, k_c, None
-    gamma = _pair_decays(g_c)  # Gamma_ij = exp(b_i - b_j), 1 for i < j
-    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
-    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
 
 
 def _as_3d(x):
@@ -1112,20 +1105,29 @@ def _rank_rows(x_c, rank):
 
 def _rank_masked(x, gamma, rank):
     """x ⊙ Gamma for x [..., C, rank C], scores of each query i against the rank rows of every
-    token j: Gamma_ij where j <= i, 0 (selected) where j > i."""
+    token j: Gamma_ij where j <= i, 0 (selected) where j > i. Read as [..., C, C, rank], so that
+    Gamma and the causal mask broadcast over a token's rows (no copies of them repeated)."""
     size = x.shape[-2]
-    causal = torch.ones(size, size, dtype=torch.bool, device=x.device).tril()
-    causal = causal.repeat_interleave(rank, -1)
-    kept = x if gamma is None else x * gamma.repeat_interleave(rank, -1)
-    return torch.where(causal, kept, 0.0)
+    later = torch.ones(size, size, dtype=torch.bool, device=x.device).triu(1).unsqueeze(-1)
+    rows = x.unflatten(-1, (size, rank))
+    kept = rows.clone() if gamma is None else rows * gamma.unsqueeze(-1)
+    return kept.masked_fill_(later, 0.0).flatten(-2)
 
 
-def _rank_decays(q_c, g_c, rank):
-    """The scalar decays of _scalar_decays, with exp(b_C - b) for every write row [..., rank C,
-    1] (None without decay)."""
-    gamma, from_start, to_end, _, chunk_g = _scalar_decays(q_c, g_c)
-    rows = None if to_end is None else to_end.repeat_interleave(rank, -2)
-    return gamma, from_start, rows, chunk_g
+def _rank_decays(g_c):
+    """The scalar decays of _scalar_decays but the decayed keys, for the rank rows' kernel:
+    (Gamma, exp(b), exp(b_C - b) [..., C, 1] of each token, G), None without decay."""
+    if g_c is None:
+        return None, None, None, None
+    gamma = _pair_decays(g_c)
+    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
+    return gamma, from_start, to_end, g_c.sum(-1)
+
+
+def _rows_times(x_r, factor, rank):
+    """The rank rows [..., rank C, d] of each token times its token's factor [..., C, 1]
+    (broadcast over the rows, not repeated)."""
+    return (x_r.unflatten(-2, (-1, rank)) * factor.unsqueeze(-1)).flatten(-3, -2)
 
 
 def _scalar_decay_rank_span(q_c, k_c, v_c, g_c, state, kept, guard):
@@ -1134,8 +1136,8 @@ def _scalar_decay_rank_span(q_c, k_c, v_c, g_c, state, kept, guard):
     write rows, each decayed as its token's, the state passed with every row's write."""
     rank = k_c.shape[-1] // q_c.shape[-1]
     k_r, v_r = _rank_rows(k_c, rank), _rank_rows(v_c, rank)
-    gamma, from_start, to_end, chunk_g = _rank_decays(q_c, g_c, rank)
-    k_to_end = k_r if to_end is None else k_r * to_end
+    gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
+    k_to_end = k_r if to_end is None else _rows_times(k_r, to_end, rank)
     states_in, state = _scan_scalar(state, chunk_g, _bmm(k_to_end.transpose(-1, -2), v_r))
     scores = _rank_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma, rank)  # [N, B, NH, C, rC]
     if guard:
@@ -1155,14 +1157,14 @@ def _scalar_decay_rank_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_
     token's, and the gradients of the rows joined back."""
     rank = k_c.shape[-1] // q_c.shape[-1]
     k_r, v_r = _rank_rows(k_c, rank), _rank_rows(v_c, rank)
-    gamma, from_start, to_end, chunk_g = _rank_decays(q_c, g_c, rank)
+    gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
     d_probs = _bmm(do_c, v_r.transpose(-1, -2))  # dP = dO V^T [N, B, NH, C, rC]
     d_scores = _rank_masked(d_probs, gamma, rank)
     if gamma is None:
         q_from_start, v_to_end, do_from_start, k_to_end = q_c, v_r, do_c, k_r
     else:
         q_from_start, do_from_start = q_c * from_start, do_c * from_start
-        v_to_end, k_to_end = v_r * to_end, k_r * to_end
+        v_to_end, k_to_end = (_rows_times(x, to_end, rank) for x in (v_r, k_r))
     local = _bmm(q_from_start.transpose(-1, -2), do_c)
     d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)
     dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
@@ -1213,7 +1215,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_ffa09d0114c5dd2e", globals())
+_operator_spans = _register_spans("mixc_9b276634baaf395a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1306,8 +1308,8 @@ def chunk(
     _g1_H = _seq_scalar(_product_dt_A, _sizes, cu_seqlens)  # dt_t A
     _k2_H = _seq_vector(B, _sizes, cu_seqlens)  # B_t
     _v2_H = _seq_vector(dt * _lam * x, _sizes, cu_seqlens)  # dt_t sigmoid(l_t) x_t
-    _k_H = _torch.cat([_k1_H, _k2_H], -1)  # 2 writes a token, joined
-    _v_H = _torch.cat([_v1_H, _v2_H], -1)  # 2 writes a token, joined
+    _k_H = _joined_writes([_k1_H, _k2_H])  # 2 writes a token, joined
+    _v_H = _joined_writes([_v1_H, _v2_H])  # 2 writes a token, joined
     _S0_H = H.mT
     _q = _seq_vector(C, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay_rank(
