@@ -191,7 +191,6 @@ class _Module(SequenceForms, RecurrentForms):
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
             several = [c for c in self.program.calls if len(c.steps) > 1]
             shifts += ["_sub_tokens"] if several else []
-            shifts += ["_joined_writes"] if any(c.joined for c in several) else []
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
             shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []

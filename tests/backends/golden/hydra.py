@@ -552,50 +552,6 @@ def _reverse_tokens(x, cu_seqlens=None):
     return x.gather(2, order.expand(x.shape))
 
 
-def _next_tokens(x, reverse=False, cu_seqlens=None):
-    """x one token earlier, x_{t+1} at every token t of x [B, NH, T, ...] (the kernels' layout,
-    packed or not), 0 at the last: one copy, in x's memory layout (a zero-padded copy would
-    write every entry twice). With `reverse`, the same of x in reverse time order (as
-    _reverse_tokens): one gather of the tokens of the callers' layout [B, T, NH, ...]."""
-    if reverse and cu_seqlens is None:
-        # token s of the result is token T - 2 - s of x, the last one 0 (written below)
-        order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
-        out = x.transpose(1, 2).index_select(1, order).transpose(1, 2)
-    else:
-        x = _reverse_tokens(x, cu_seqlens) if reverse else x
-        out = torch.empty_like(x)
-        out[:, :, :-1] = x[:, :, 1:]
-    out[:, :, -1:] = 0
-    return out
-
-
-def _final_tokens(x, cu_seqlens=None):
-    """The last token of each sequence of x [B, NH, T, ...] (the kernels' layout; packed:
-    [N, NH, longest, ...]) as [.., 1, ...]: the first of the time-reversed sequence (an empty
-    sequence's is its padding, 0)."""
-    if cu_seqlens is None:
-        return x[:, :, -1:]
-    last = ((cu_seqlens[1:] - cu_seqlens[:-1]).clamp(min=1) - 1).to(torch.int64)
-    last = last.view(-1, 1, 1, *[1] * (x.dim() - 3))
-    return x.gather(2, last.expand(x.shape[0], x.shape[1], 1, *x.shape[3:]))
-
-
-def _previous_tokens(x, first, reverse=False, cu_seqlens=None):
-    """x one token later, x_{t-1} at every token t of x [B, NH, T, ...] (the kernels' layout),
-    `first` [B, NH, 1, ...] at token 0; with `reverse`, then in reverse time order (as
-    _reverse_tokens). One copy, in x's memory layout; reversed, one gather of the tokens of the
-    callers' layout [B, T, NH, ...] (of which the kernels' outputs are views)."""
-    if reverse and cu_seqlens is None:  # as in _next_tokens
-        order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
-        out = x.transpose(1, 2).index_select(1, order).transpose(1, 2)
-        out[:, :, -1:] = first
-        return out
-    out = torch.empty_like(x)
-    out[:, :, 1:] = x[:, :, :-1]
-    out[:, :, :1] = first
-    return _reverse_tokens(out, cu_seqlens) if reverse else out
-
-
 def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
@@ -874,6 +830,53 @@ class _OwnBackward(torch.autograd.Function):
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
         return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+
+
+def _reversed_shift(x):
+    """x [B, NH, T, ...] in reverse time order, one token on: token s holds x's token T - 2 - s
+    (the last holds token 0, for the caller to overwrite). One gather of the tokens of the
+    callers' layout [B, T, NH, ...], of which the kernels' tensors are views."""
+    order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
+    return x.transpose(1, 2).index_select(1, order).transpose(1, 2)
+
+
+def _next_tokens(x, reverse=False, cu_seqlens=None):
+    """x one token earlier, x_{t+1} at every token t of x [B, NH, T, ...] (the kernels' layout,
+    packed or not), 0 at the last, in one copy (a zero-padded one would write every entry
+    twice); with `reverse`, of x in reverse time order (as _reverse_tokens)."""
+    if reverse and cu_seqlens is None:
+        out = _reversed_shift(x)
+    else:
+        x = _reverse_tokens(x, cu_seqlens) if reverse else x
+        out = torch.empty_like(x)
+        out[:, :, :-1] = x[:, :, 1:]
+    out[:, :, -1:] = 0
+    return out
+
+
+def _final_tokens(x, cu_seqlens=None):
+    """The last token of each sequence of x [B, NH, T, ...] (the kernels' layout; packed:
+    [N, NH, longest, ...]) as [.., 1, ...]: the first of the time-reversed sequence (an empty
+    sequence's is its padding, 0)."""
+    if cu_seqlens is None:
+        return x[:, :, -1:]
+    last = ((cu_seqlens[1:] - cu_seqlens[:-1]).clamp(min=1) - 1).to(torch.int64)
+    last = last.view(-1, 1, 1, *[1] * (x.dim() - 3))
+    return x.gather(2, last.expand(x.shape[0], x.shape[1], 1, *x.shape[3:]))
+
+
+def _previous_tokens(x, first, reverse=False, cu_seqlens=None):
+    """x one token later, x_{t-1} at every token t of x [B, NH, T, ...] (the kernels' layout),
+    `first` [B, NH, 1, ...] at token 0, in one copy; with `reverse`, then in reverse time
+    order (as _reverse_tokens)."""
+    if reverse and cu_seqlens is None:
+        out = _reversed_shift(x)
+        out[:, :, -1:] = first
+        return out
+    out = torch.empty_like(x)
+    out[:, :, 1:] = x[:, :, :-1]
+    out[:, :, :1] = first
+    return _reverse_tokens(out, cu_seqlens) if reverse else out
 
 
 class _Operators:
@@ -1225,7 +1228,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_7006ec65da08063a", globals())
+_operator_spans = _register_spans("mixc_a463f9608660a5ee", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

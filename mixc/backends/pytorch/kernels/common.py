@@ -190,14 +190,6 @@ def _sub_tokens(parts):
     return torch.stack(parts, 3).flatten(2, 3)
 
 
-def _joined_writes(parts):
-    """Several writes' keys (or values) [B, NH, T, d_i] (the kernels' layout, packed or not)
-    side by side along the last axis, [B, NH, T, sum d_i]: joined in the layout of which they
-    are transposed views, the callers' [B, T, NH, ...] (on CPU a copy there is twice as fast as
-    one into [B, NH, T, ...], and the kernels split chunks from it)."""
-    return torch.cat([x.transpose(1, 2) for x in parts], -1).transpose(1, 2)
-
-
 def _sub_token_factor(x, n):
     """A factor of a log-gate [B, NH, T, ...] shared by a token's n steps, laid out as
     _sub_tokens lays out the gate it multiplies: each token's repeated n times (a T axis of 1,
@@ -219,50 +211,6 @@ def _reverse_tokens(x, cu_seqlens=None):
     order = torch.where(tokens < lengths, lengths - 1 - tokens, tokens)
     order = order.view(order.shape[0], 1, order.shape[1], *[1] * (x.dim() - 3))
     return x.gather(2, order.expand(x.shape))
-
-
-def _next_tokens(x, reverse=False, cu_seqlens=None):
-    """x one token earlier, x_{t+1} at every token t of x [B, NH, T, ...] (the kernels' layout,
-    packed or not), 0 at the last: one copy, in x's memory layout (a zero-padded copy would
-    write every entry twice). With `reverse`, the same of x in reverse time order (as
-    _reverse_tokens): one gather of the tokens of the callers' layout [B, T, NH, ...]."""
-    if reverse and cu_seqlens is None:
-        # token s of the result is token T - 2 - s of x, the last one 0 (written below)
-        order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
-        out = x.transpose(1, 2).index_select(1, order).transpose(1, 2)
-    else:
-        x = _reverse_tokens(x, cu_seqlens) if reverse else x
-        out = torch.empty_like(x)
-        out[:, :, :-1] = x[:, :, 1:]
-    out[:, :, -1:] = 0
-    return out
-
-
-def _final_tokens(x, cu_seqlens=None):
-    """The last token of each sequence of x [B, NH, T, ...] (the kernels' layout; packed:
-    [N, NH, longest, ...]) as [.., 1, ...]: the first of the time-reversed sequence (an empty
-    sequence's is its padding, 0)."""
-    if cu_seqlens is None:
-        return x[:, :, -1:]
-    last = ((cu_seqlens[1:] - cu_seqlens[:-1]).clamp(min=1) - 1).to(torch.int64)
-    last = last.view(-1, 1, 1, *[1] * (x.dim() - 3))
-    return x.gather(2, last.expand(x.shape[0], x.shape[1], 1, *x.shape[3:]))
-
-
-def _previous_tokens(x, first, reverse=False, cu_seqlens=None):
-    """x one token later, x_{t-1} at every token t of x [B, NH, T, ...] (the kernels' layout),
-    `first` [B, NH, 1, ...] at token 0; with `reverse`, then in reverse time order (as
-    _reverse_tokens). One copy, in x's memory layout; reversed, one gather of the tokens of the
-    callers' layout [B, T, NH, ...] (of which the kernels' outputs are views)."""
-    if reverse and cu_seqlens is None:  # as in _next_tokens
-        order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
-        out = x.transpose(1, 2).index_select(1, order).transpose(1, 2)
-        out[:, :, -1:] = first
-        return out
-    out = torch.empty_like(x)
-    out[:, :, 1:] = x[:, :, :-1]
-    out[:, :, :1] = first
-    return _reverse_tokens(out, cu_seqlens) if reverse else out
 
 
 def _shift_tokens(x, first, cu_seqlens=None):
