@@ -1389,7 +1389,7 @@ def _recurrence(q, k, v, theta, H, _pos, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
-        _turn = _turning(_compact(pos_t) * _compact(theta), _sizes["K"], _dtype, pos_t, theta)
+        _turn = _turning(pos_t * theta, _sizes["K"], _dtype)
         # H_{t-1} + v_t rotate_interleaved(k_t, pos_t theta)^T
         H_t = H + (v_t @ _rotate_interleaved(k_t, _turn).mT)
         # y_t = H_t rotate_interleaved(q_t, pos_t theta)

@@ -1613,7 +1613,7 @@ def _recurrence(q, k, v, gamma, theta, zeta, H, _pos, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
-        _turn = _turning(_compact(pos_t) * _compact(theta), _sizes["K"], _dtype, pos_t, theta)
+        _turn = _turning(pos_t * theta, _sizes["K"], _dtype)
         # gamma H_{t-1} diag(zeta^(1 / 512)) + v_t rotate_interleaved(k_t / sqrt(K), pos_t theta)^T
         H_t = (
             gamma * H * (zeta ** 0.001953125).mT
