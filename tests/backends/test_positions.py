@@ -201,6 +201,41 @@ def test_shifting_every_position_leaves_the_output_unchanged(name):
         assert rel(y, y0) < 1e-9, shift
 
 
+def test_each_sequence_and_head_from_its_own_position_or_frequencies():
+    """Positions that differ between sequences and heads (the angles of each computed apart),
+    and frequencies that differ between heads, against RoFormer's rotation of each (b, h);
+    the shared positions and frequencies (one angle for all) in test_far_positions_..."""
+    m = mixc.load(SPECS / "linear_attention_rope.mix")
+    q, k, v = qkv(9)
+    starts = torch.tensor([[0.0, 3.0], [1e6, 0.0]], dtype=f64)
+    state = (torch.zeros(B, NH, V, K, dtype=f64), starts)
+    for form in ("chunk", "recurrent"):
+        y, _ = getattr(m, form)(q, k, v, initial_state=state)
+        for b in range(B):
+            for h in range(NH):
+                one = (x[b : b + 1, :, h : h + 1] for x in (q, k, v))
+                want = ref_linear_attention_rope(*one, starts[b, h].item())
+                assert rel(y[b : b + 1, :, h : h + 1], want) < 1e-12, (form, b, h)
+    # head 1 turns twice as fast: RoFormer's rotation of 2 t theta is its rotation at 2t
+    theta = 10000 ** (-2 * torch.arange(K, dtype=f64) / K) * torch.tensor([[1.0], [2.0]], dtype=f64)
+    y, _ = m.chunk(q, k, v, theta=theta, chunk_size=8)
+    t = torch.arange(T)
+    for h, factor in ((0, 1), (1, 2)):
+        qr, kr = (_rotated_at(x[:, :, h : h + 1], factor * t.double()) for x in (q, k))
+        scores = torch.einsum("bthd,bshd->bhts", qr, kr)
+        want = causal_attention(scores, v[:, :, h : h + 1].double())
+        assert rel(y[:, :, h : h + 1], want) < 1e-12, h
+
+
+def _rotated_at(x, positions):
+    """RoFormer's rotation of x [B, T, NH, d] with token t at positions[t] (float64)."""
+    d = x.shape[-1]
+    angles = positions[:, None] * 10000 ** (-torch.arange(d // 2, dtype=f64) * 2 / d)
+    angles = angles.repeat_interleave(2, -1)
+    cos, sin = torch.cos(angles)[:, None], torch.sin(angles)[:, None]
+    return x * cos + rotate_every_two(x) * sin
+
+
 def test_a_rotation_of_the_query_alone_is_not_relative():
     """The property test can fail: with only the query turned, a shift changes the output."""
     text = spec_text("linear_attention_rope").replace(

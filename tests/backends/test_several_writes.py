@@ -118,9 +118,12 @@ def _loop(q, k, v, g, state, rank):
 
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("chunk_size", [4, 16])
-def test_the_joined_kernel_matches_a_loop(gated, chunk_size):
+@pytest.mark.parametrize("rank, listed", [(3, False), (2, True), (3, True)])
+def test_the_joined_kernel_matches_a_loop(gated, chunk_size, rank, listed):
+    """The writes joined along the last axis, or given as lists of one key and one value a
+    write (as generated code passes them; more than two are joined by the kernel)."""
     gen = torch.Generator().manual_seed(2)
-    B, NH, T, K, V, rank = 2, 3, 19, 5, 4, 3
+    B, NH, T, K, V = 2, 3, 19, 5, 4
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=f64).requires_grad_()
@@ -128,7 +131,8 @@ def test_the_joined_kernel_matches_a_loop(gated, chunk_size):
     q, k, v = randn(B, NH, T, K), randn(B, NH, T, rank * K), randn(B, NH, T, rank * V)
     g = (-torch.rand(B, NH, T, generator=gen, dtype=f64)).requires_grad_() if gated else None
     S0 = randn(B, NH, K, V)
-    o, S = chunk_scalar_decay_rank(q, k, v, g, S0, chunk_size)
+    keys, values = (k.split(K, -1), v.split(V, -1)) if listed else (k, v)
+    o, S = chunk_scalar_decay_rank(q, keys, values, g, S0, chunk_size)
     o_ref, S_ref = _loop(q, k, v, g, S0, rank)
     assert rel(o, o_ref) <= 1e-12 and rel(S, S_ref) <= 1e-12
     leaves = [x for x in (q, k, v, g, S0) if x is not None]

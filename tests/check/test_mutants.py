@@ -468,7 +468,7 @@ MUTANTS = [
         "hydra",
         "the forward shift dropped (H_t C_t read for H_{t-1} C_t)",
         "        _q_next, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size\n    )\n"
-        "    _o = _torch.cat([_q[:, :, :1] @ _S0_H, _o[:, :, :-1]], 2)  # S_{t-1} q_t\n",
+        "    _o = _previous_tokens(_o, _q[:, :, :1] @ _S0_H)  # S_{t-1} q_t\n",
         "        _q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size\n    )\n",
         {"chunk"},
         NUMERICAL,
@@ -501,9 +501,14 @@ MUTANTS = [
     (
         "bidirectional_gla",
         "the backward shift dropped: the token's own v_t k_t^T q_t counted twice",
-        "        _q_next, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n"
-        "    )\n    _o = _torch.cat([_q[:, :, :1] @ _S0_G, _o[:, :, :-1]], 2)  # S_{t-1} q_t\n",
-        "        _q, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n    )\n",
+        "_q_next = _next_tokens(_q, True, cu_seqlens)  # the next token's query, in reverse time "
+        "order\n    _o, _S = _chunk_diagonal(\n"
+        "        _q_next, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n    )\n"
+        "    # S_{t-1} q_t, back in time order\n"
+        "    _o = _previous_tokens(_o, _final_tokens(_q, cu_seqlens) @ _S0_G, True, cu_seqlens)\n",
+        "_q_next = _reverse_tokens(_q, cu_seqlens)\n    _o, _S = _chunk_diagonal(\n"
+        "        _q_next, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n    )\n"
+        "    _o = _reverse_tokens(_o, cu_seqlens)\n",
         {"chunk"},
         NUMERICAL,
     ),
@@ -511,8 +516,8 @@ MUTANTS = [
     (
         "mamba3_trapezoid",
         "the second write dropped from the joined values",
-        "_v_H = _torch.cat([_v1_H, _v2_H], -1)",
-        "_v_H = _torch.cat([_v1_H, _torch.zeros_like(_v2_H)], -1)",
+        "_v_H = [_v1_H, _v2_H]",
+        "_v_H = [_v1_H, _torch.zeros_like(_v2_H)]",
         {"chunk"},
         NUMERICAL,
     ),
@@ -526,9 +531,9 @@ MUTANTS = [
     ),
     (
         "mamba3_trapezoid",
-        "the joined write rows masked as if they were tokens of their own",
-        "causal = causal.repeat_interleave(rank, -1)",
-        "causal = causal.repeat(1, rank)",
+        "a token's second write masked as a later token's (not read at its own token)",
+        "scores = [_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma) for k_r in keys]",
+        "scores = [_masked(_bmm(q_c, k_r.mT), gamma).tril_(-r) for r, k_r in enumerate(keys)]",
         {"chunk"},
         NUMERICAL,
     ),

@@ -55,7 +55,7 @@ class Context:
                 return local("prev", e.name)
             return self.readouts.get(e.name, e.name)  # a readout by its local
 
-        return PyExpr(self.typer, names, functions, self._point)
+        return PyExpr(self.typer, names, functions, self._point, compact_angles=True)
 
     def gate_expr(self) -> PyExpr:
         """Expressions of a kernel's gate arguments: a log-gate's log is `_log_gate`."""

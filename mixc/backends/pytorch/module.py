@@ -200,6 +200,10 @@ class _Module(SequenceForms, RecurrentForms):
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
             shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []
+            previous = any(q.previous for c in self.program.calls for q in c.queries)
+            shifts += ["_next_tokens", "_previous_tokens"] if previous else []
+            backward = any(q.previous for c in self.program.calls if c.reverse for q in c.queries)
+            shifts += ["_final_tokens"] if backward else []
             text = self.library.source(self.kernels + shifts + helpers)
             # the operators the kernels call under torch.compile, by the entry they call
             entries = {"_own_backward": "_register_spans", "_opaque_call": "_register_calls"}
@@ -221,7 +225,7 @@ class _Module(SequenceForms, RecurrentForms):
             if isinstance(n, Call) and n.func in BUILTINS
         }
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
-        helpers |= {"_turning"} if called & {"rotate", "rotate_interleaved"} else set()
+        helpers |= {"_turning", "_compact"} if called & {"rotate", "rotate_interleaved"} else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))
 
     def emit_registration(self, out: Lines, registers: list[str]) -> None:

@@ -175,11 +175,13 @@ class PyExpr:
         names: Callable[[Expr], str],
         functions: dict[str, str] | None = None,
         shared: Shared | None = None,
+        compact_angles: bool = False,
     ) -> None:
         self.typer = typer
         self.names = names
         self.functions = functions or {}
         self.shared = shared
+        self.compact_angles = compact_angles  # whole sequences: see _call's TURNING
         self._plain_emitter: _PlainExpr | None = None
         self.constant = Folder(FLOATS).value
         self.positioned = typer is not None and typer.mixer.positioned
@@ -220,7 +222,9 @@ class PyExpr:
         """`e` as it reads without common subexpressions bound to locals: what identifies it
         among the expressions of one point (the same text there is the same value)."""
         if self._plain_emitter is None:
-            self._plain_emitter = _PlainExpr(self.typer, self.names, self.functions)
+            self._plain_emitter = _PlainExpr(
+                self.typer, self.names, self.functions, self.compact_angles
+            )
         return self._plain_emitter._emit(e)[0]
 
     def _compute(self, e: Expr) -> tuple[str, int]:
@@ -262,7 +266,19 @@ class PyExpr:
         if e.func == TURNING:
             theta, d = e.args
             size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
-            return f"_turning({self._emit(theta)[0]}, {size}, _dtype)"
+            if not self.compact_angles:  # a token's angle: nothing to gain per call
+                return f"_turning({self._emit(theta)[0]}, {size}, _dtype)"
+            # over whole sequences, the angle from compacted views of what it reads (_compact):
+            # computed once for the values its broadcast axes repeat, its turn expanded back
+            leaves: list[str] = []
+
+            def compacted(x: Expr) -> str:
+                leaves.append(self.names(x))
+                return f"_compact({leaves[-1]})"
+
+            angle = PyExpr(self.typer, compacted, self.functions)._emit(theta)[0]
+            read = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
+            return f"_turning({angle}, {size}, _dtype{read})"
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "
@@ -453,8 +469,10 @@ class _PlainExpr(PyExpr):
     holding the node so that its id is not reused): emitting has no side effects there, so the
     texts PyExpr.plain asks for cost one emission of each subtree, not one for each level."""
 
-    def __init__(self, typer: Typer, names: Callable[[Expr], str], functions: dict) -> None:
-        super().__init__(typer, names, functions)
+    def __init__(
+        self, typer: Typer, names: Callable[[Expr], str], functions: dict, compact_angles: bool
+    ) -> None:
+        super().__init__(typer, names, functions, compact_angles=compact_angles)
         self._texts: dict[int, tuple[Expr, tuple[str, int]]] = {}
 
     def _emit(self, e: Expr) -> tuple[str, int]:

@@ -78,8 +78,8 @@ class SequenceForms(Context):
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one call,
         as locals; returns the class's arguments as the call passes them. `log_scale`: the write
-        scale, passed as its log; `joined`: several steps' writes joined along the last axis;
-        `reverse`: each in reverse time order (a backward call)."""
+        scale, passed as its log; `joined`: several steps' writes taken together (a list of keys,
+        one a write, and one of values); `reverse`: each in reverse time order (a backward call)."""
         if len(steps) > 1:
             return self.emit_sub_token_inputs(out, group, steps, packed, joined, reverse)
         (step,) = steps
@@ -128,7 +128,7 @@ class SequenceForms(Context):
         """Key, value and the class's arguments of a call that applies several steps a token:
         each step's (reversed in time before, for a backward call), interleaved along time into
         sub-tokens (`_sub_tokens`), an argument a step lacks (no decay) as zeros; or (`joined`:
-        one transition, then writes only) the keys and values joined along their last axis, the
+        one transition, then writes only) the keys and values as lists, one a write, the
         arguments the first step's."""
         gate = self.gate_expr()
         seq = self.seq_layout(packed, reverse)
@@ -172,13 +172,13 @@ class SequenceForms(Context):
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")
             if query.previous:
+                first = f"_final_tokens(_q{seqlens})" if call.reverse else "_q[:, :, :1]"
                 start = (
-                    f"_q[:, :, :1] @ {initial}"
-                    if call.initial
-                    else "_torch.zeros_like(_o[:, :, :1])"
+                    f"{first} @ {initial}" if call.initial else "_torch.zeros_like(_o[:, :, :1])"
                 )
-                out(f"_o = _torch.cat([{start}, _o[:, :, :-1]], 2)  # S_{{t-1}} q_t")
-            if call.reverse:
+                back = (f", True{seqlens}", ", back in time order") if call.reverse else ("", "")
+                out(f"_o = _previous_tokens(_o, {start}{back[0]})  # S_{{t-1}} q_t{back[1]}")
+            elif call.reverse:
                 out(f"_o = _reverse_tokens(_o{seqlens})  # back in time order")
             if len(call.slots) == 1:
                 parts = ["_o"]
@@ -196,17 +196,19 @@ class SequenceForms(Context):
     ) -> None:
         """The kernel run with one query (zeros for none), its output `_o` at each token."""
         k, v = local("k", call.group), local("v", call.group)
-        if query.query is None:
-            out(f"_q = _torch.zeros_like({k})")
+        if query.query is None:  # (joined writes: a list, one key a write)
+            out(f"_q = _torch.zeros_like({k}{'[0]' if call.joined else ''})")
         else:
-            seq = self.seq_layout(seqlens, call.reverse)
+            # a query read one token early is reversed with its shift (_next_tokens)
+            seq = self.seq_layout(seqlens, call.reverse and not query.previous)
             out(f"_q = {seq('vector', self.tensor(query.query))}")
         steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
             out(f"_q = _sub_tokens([{zeros}, _q])")
         if query.previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
-            out("_q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query")
+            back = (f", True{seqlens}", ", in reverse time order") if call.reverse else ("", "")
+            out(f"_q_next = _next_tokens(_q{back[0]})  # the next token's query{back[1]}")
         first = "_q_next" if query.previous else "_q"
         args = ", ".join([first, k, v, *kernel_args])
         if not call.initial:
@@ -315,8 +317,9 @@ class SequenceForms(Context):
 def _combined_steps(
     out: Lines, group: str, steps: tuple[Step, ...], parts: dict, joined: bool
 ) -> list[str]:
-    """The several steps' locals of each argument (`parts`) made one: the keys and values joined
-    along their last axis (`joined`, the other arguments the first step's), a factor shared by
+    """The several steps' locals of each argument (`parts`) made one: the keys and values each a
+    list, one a write (`joined`: the kernel reads them together as rank 2 and up, with no copy
+    joining them; the other arguments the first step's), a factor shared by
     a token's sub-tokens, or the steps interleaved into sub-tokens; returns the class's
     arguments as the call passes them."""
     kernel_args = []
@@ -329,8 +332,8 @@ def _combined_steps(
             kernel_args.append(f"{arg}={present[0]}")
             continue
         if joined:
-            shown = note(f"{len(steps)} writes a token, joined")
-            out(f"{local(arg, group)} = _torch.cat([{', '.join(present)}], -1){shown}")
+            shown = note(f"{len(steps)} writes a token, taken together")
+            out(f"{local(arg, group)} = [{', '.join(present)}]{shown}")
         elif arg in factors:  # one factor for every step: a step without a gate has 0
             shown = note(f"shared by the {len(steps)} sub-tokens of a token")
             out(f"{local(arg, group)} = _sub_token_factor({present[0]}, {len(steps)}){shown}")

@@ -832,6 +832,53 @@ class _OwnBackward(torch.autograd.Function):
         return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
 
 
+def _reversed_shift(x):
+    """x [B, NH, T, ...] in reverse time order, one token on: token s holds x's token T - 2 - s
+    (the last holds token 0, for the caller to overwrite). One gather of the tokens of the
+    callers' layout [B, T, NH, ...], of which the kernels' tensors are views."""
+    order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
+    return x.transpose(1, 2).index_select(1, order).transpose(1, 2)
+
+
+def _next_tokens(x, reverse=False, cu_seqlens=None):
+    """x one token earlier, x_{t+1} at every token t of x [B, NH, T, ...] (the kernels' layout,
+    packed or not), 0 at the last, in one copy (a zero-padded one would write every entry
+    twice); with `reverse`, of x in reverse time order (as _reverse_tokens)."""
+    if reverse and cu_seqlens is None:
+        out = _reversed_shift(x)
+    else:
+        x = _reverse_tokens(x, cu_seqlens) if reverse else x
+        out = torch.empty_like(x)
+        out[:, :, :-1] = x[:, :, 1:]
+    out[:, :, -1:] = 0
+    return out
+
+
+def _final_tokens(x, cu_seqlens=None):
+    """The last token of each sequence of x [B, NH, T, ...] (the kernels' layout; packed:
+    [N, NH, longest, ...]) as [.., 1, ...]: the first of the time-reversed sequence (an empty
+    sequence's is its padding, 0)."""
+    if cu_seqlens is None:
+        return x[:, :, -1:]
+    last = ((cu_seqlens[1:] - cu_seqlens[:-1]).clamp(min=1) - 1).to(torch.int64)
+    last = last.view(-1, 1, 1, *[1] * (x.dim() - 3))
+    return x.gather(2, last.expand(x.shape[0], x.shape[1], 1, *x.shape[3:]))
+
+
+def _previous_tokens(x, first, reverse=False, cu_seqlens=None):
+    """x one token later, x_{t-1} at every token t of x [B, NH, T, ...] (the kernels' layout),
+    `first` [B, NH, 1, ...] at token 0, in one copy; with `reverse`, then in reverse time
+    order (as _reverse_tokens)."""
+    if reverse and cu_seqlens is None:
+        out = _reversed_shift(x)
+        out[:, :, -1:] = first
+        return out
+    out = torch.empty_like(x)
+    out[:, :, 1:] = x[:, :, :-1]
+    out[:, :, :1] = first
+    return _reverse_tokens(out, cu_seqlens) if reverse else out
+
+
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls), else None: its kernels are then traced like any other code. slots: how
@@ -1181,14 +1228,14 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_e778aaf3aa1e9e8d", globals())
+_operator_spans = _register_spans("mixc_a463f9608660a5ee", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
 
 # The functions below take the spec's names as arguments and locals. No spec name
 # starts with an underscore, so none can shadow these names they read globals by.
-_torch, _F = torch, torch.nn.functional
+_torch = torch
 _INPUTS, _STATES = INPUTS, STATES
 _dict, _enumerate, _range, _zip = dict, enumerate, range, zip
 _chunk_scalar_decay = chunk_scalar_decay
@@ -1270,11 +1317,11 @@ def chunk(
     _g_H = _seq_scalar(dt * A, _sizes, cu_seqlens)  # dt_t A
     _S0_H = H.mT
     _q = _seq_vector(C, _sizes, cu_seqlens)
-    _q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query
+    _q_next = _next_tokens(_q)  # the next token's query
     _o, _S = _chunk_scalar_decay(
         _q_next, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size
     )
-    _o = _torch.cat([_q[:, :, :1] @ _S0_H, _o[:, :, :-1]], 2)  # S_{t-1} q_t
+    _o = _previous_tokens(_o, _q[:, :, :1] @ _S0_H)  # S_{t-1} q_t
     _read_H = _from_seq(_o, cu_seqlens)  # H_{t-1} C_t
     H = _S.mT
     # G: scalar data-dependent -> chunk_scalar_decay, on the time-reversed sequence
@@ -1282,13 +1329,13 @@ def chunk(
     _v_G = _reverse_tokens(_seq_vector(dtb * x, _sizes, cu_seqlens), cu_seqlens)
     _g_G = _reverse_tokens(_seq_scalar(dtb * A, _sizes, cu_seqlens), cu_seqlens)  # dtb_t A
     _S0_G = G.mT
-    _q = _reverse_tokens(_seq_vector(Cb, _sizes, cu_seqlens), cu_seqlens)
-    _q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query
+    _q = _seq_vector(Cb, _sizes, cu_seqlens)
+    _q_next = _next_tokens(_q, True, cu_seqlens)  # the next token's query, in reverse time order
     _o, _S = _chunk_scalar_decay(
         _q_next, _k_G, _v_G, g=_g_G, initial_state=_S0_G, chunk_size=chunk_size
     )
-    _o = _torch.cat([_q[:, :, :1] @ _S0_G, _o[:, :, :-1]], 2)  # S_{t-1} q_t
-    _o = _reverse_tokens(_o, cu_seqlens)  # back in time order
+    # S_{t-1} q_t, back in time order
+    _o = _previous_tokens(_o, _final_tokens(_q, cu_seqlens) @ _S0_G, True, cu_seqlens)
     _read_G = _from_seq(_o, cu_seqlens)  # G_{t+1} Cb_t
     G = _S.mT
     y = _torch.addcmul(_read_H + _read_G, D, x)  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t
@@ -1324,19 +1371,19 @@ def parallel(x, dt, B, C, dtb, Bb, Cb, A, D):
     _v_H = _seq_vector(dt * x, _sizes)
     _g_H = _seq_scalar(dt * A, _sizes)  # dt_t A
     _q = _seq_vector(C, _sizes)
-    _q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query
+    _q_next = _next_tokens(_q)  # the next token's query
     _o = _parallel_scalar_decay(_q_next, _k_H, _v_H, g=_g_H)
-    _o = _torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2)  # S_{t-1} q_t
+    _o = _previous_tokens(_o, _torch.zeros_like(_o[:, :, :1]))  # S_{t-1} q_t
     _read_H = _from_seq(_o)  # H_{t-1} C_t
     # G: scalar data-dependent -> parallel_scalar_decay, on the time-reversed sequence
     _k_G = _reverse_tokens(_seq_vector(Bb, _sizes))
     _v_G = _reverse_tokens(_seq_vector(dtb * x, _sizes))
     _g_G = _reverse_tokens(_seq_scalar(dtb * A, _sizes))  # dtb_t A
-    _q = _reverse_tokens(_seq_vector(Cb, _sizes))
-    _q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query
+    _q = _seq_vector(Cb, _sizes)
+    _q_next = _next_tokens(_q, True)  # the next token's query, in reverse time order
     _o = _parallel_scalar_decay(_q_next, _k_G, _v_G, g=_g_G)
-    _o = _torch.cat([_torch.zeros_like(_o[:, :, :1]), _o[:, :, :-1]], 2)  # S_{t-1} q_t
-    _o = _reverse_tokens(_o)  # back in time order
+    # S_{t-1} q_t, back in time order
+    _o = _previous_tokens(_o, _torch.zeros_like(_o[:, :, :1]), True)
     _read_G = _from_seq(_o)  # G_{t+1} Cb_t
     y = _torch.addcmul(_read_H + _read_G, D, x)  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)

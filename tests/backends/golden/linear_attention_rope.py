@@ -1036,9 +1036,22 @@ def _register_spans(namespace, functions):
     return ops.spans
 
 
-def _turning(theta, d, dtype):
+def _compact(x):
+    """x with each axis that only repeats its entries (stride 0, as `expand` makes it: a
+    per-head parameter the same for every head, positions the same for every sequence) cut to
+    size 1, so that an angle computed from such views is computed once for each distinct
+    value; broadcasting gives the same values at every index."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.stride())]
+
+
+def _turning(theta, d, dtype, *leaves):
     """The turn e^(i theta) of each pair of a vector of `d` entries by the angles theta
-    [..., p, 1]: complex [..., n], n = p pairs, or d / 2 when p = d (the first d / 2 read)."""
+    [..., p, 1]: complex [..., n], n = p pairs, or d / 2 when p = d (the first d / 2 read).
+    theta may be computed from compacted views (_compact) of `leaves`: the turn is then
+    computed on theta's entries and expanded (a view) to the shape of the angle of the leaves
+    themselves."""
     p = theta.shape[-2]
     n = d // 2 if p == d else p
     if 2 * n > d:
@@ -1054,7 +1067,10 @@ def _turning(theta, d, dtype):
     turn = torch.empty(angle.shape, dtype=complex_dtype, device=angle.device)
     parts = torch.view_as_real(turn)
     parts[..., 0], parts[..., 1] = torch.cos(angle), torch.sin(angle)
-    return turn
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    if not shapes:
+        return turn
+    return turn.expand(*torch.broadcast_shapes(theta.shape, *shapes)[:-2], n)
 
 
 def _rotate_interleaved(x, turning):
@@ -1082,12 +1098,25 @@ def _positions(start, sizes, device, cu_seqlens=None):
     steps = torch.arange(sizes["T"], dtype=torch.float64, device=device)
     begin = start.to(torch.float64)[:, None]  # [B, 1, NH, 1, 1]
     if cu_seqlens is None:
+        if _one_start(start):  # the same positions for every sequence and head: a view of them
+            shared = begin[:1, :, :1] + steps[None, :, None, None, None]  # [1, T, 1, 1, 1]
+            return shared.expand(sizes["B"], -1, sizes["NH"], 1, 1), start + sizes["T"]
         return begin + steps[None, :, None, None, None], start + sizes["T"]
     tokens = torch.arange(sizes["T"], device=device)
     seq = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
     within = steps - cu_seqlens[seq].to(torch.float64)
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(start.dtype)
     return (begin[seq, 0] + within[:, None, None, None])[None], start + lengths[:, None, None, None]
+
+
+def _one_start(start):
+    """Whether every sequence and head starts at the same position, which their angles then
+    share (_compact). Read on CPU outside a compiled graph only (elsewhere the read would wait
+    for the device or break the graph), and not for a start that takes a gradient (each entry
+    gets its own)."""
+    if start.device.type != "cpu" or start.requires_grad or torch.compiler.is_compiling():
+        return False
+    return start.numel() > 0 and bool((start == start.reshape(-1)[0]).all())
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -1204,7 +1233,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_e782a3b513bfd68f", globals())
+_operator_spans = _register_spans("mixc_9cc521ab43f8ea53", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1285,7 +1314,7 @@ def chunk(
     # each token's position, and the next token's, carried on
     pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens)
     # H: identity -> chunk_scalar_decay
-    _turn = _turning(pos * theta, _sizes["K"], _dtype)
+    _turn = _turning(_compact(pos) * _compact(theta), _sizes["K"], _dtype, pos, theta)
     _k_H = _seq_vector(_rotate_interleaved(k, _turn), _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
     _S0_H = H.mT
@@ -1317,7 +1346,7 @@ def parallel(q, k, v, *, theta=None):
     _device = q.device
     pos, _ = _positions(None, _sizes, _device)  # from 0
     # H: identity -> parallel_scalar_decay
-    _turn = _turning(pos * theta, _sizes["K"], _dtype)
+    _turn = _turning(_compact(pos) * _compact(theta), _sizes["K"], _dtype, pos, theta)
     _k_H = _seq_vector(_rotate_interleaved(k, _turn), _sizes)
     _v_H = _seq_vector(v, _sizes)
     _q = _seq_vector(_rotate_interleaved(q, _turn), _sizes)

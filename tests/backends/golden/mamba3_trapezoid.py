@@ -759,21 +759,6 @@ def _chunk_decays(gamma, g):
     return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
 
 
-def _scalar_decays(k_c, g_c):
-    """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
-    rule), g_c [N, B, NH, C] (None: no decay).
-
-    Returns (Gamma, the pair decays [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
-    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
-    which are then k_c.
-    """
-    if g_c is None:
-        return None, None, None, k_c, None
-    gamma = _pair_decays(g_c)  # Gamma_ij = exp(b_i - b_j), 1 for i < j
-    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
-    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
-
-
 def _as_3d(x):
     """[..., m, k] -> [batch, m, k], a view where the leading dims allow (a transposed view of
     a chunk-major tensor does: torch.bmm then gets it as transposed, not copied). A matrix
@@ -1104,65 +1089,100 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
     return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
 
 
-def _rank_rows(x_c, rank):
-    """A token's `rank` writes joined along its last axis [..., C, rank d] as rows of their
-    own, token by token: [..., rank C, d] (row rank i + r is write r of token i)."""
-    return x_c.reshape(*x_c.shape[:-2], x_c.shape[-2] * rank, x_c.shape[-1] // rank)
-
-
 def _rank_masked(x, gamma, rank):
     """x ⊙ Gamma for x [..., C, rank C], scores of each query i against the rank rows of every
-    token j: Gamma_ij where j <= i, 0 (selected) where j > i."""
+    token j: Gamma_ij where j <= i, 0 (selected) where j > i. Read as [..., C, C, rank], so that
+    Gamma and the causal mask broadcast over a token's rows (no copies of them repeated)."""
     size = x.shape[-2]
-    causal = torch.ones(size, size, dtype=torch.bool, device=x.device).tril()
-    causal = causal.repeat_interleave(rank, -1)
-    kept = x if gamma is None else x * gamma.repeat_interleave(rank, -1)
-    return torch.where(causal, kept, 0.0)
+    later = torch.ones(size, size, dtype=torch.bool, device=x.device).triu(1).unsqueeze(-1)
+    rows = x.unflatten(-1, (size, rank))
+    kept = rows.clone() if gamma is None else rows * gamma.unsqueeze(-1)
+    return kept.masked_fill_(later, 0.0).flatten(-2)
 
 
-def _rank_decays(q_c, g_c, rank):
-    """The scalar decays of _scalar_decays, with exp(b_C - b) for every write row [..., rank C,
-    1] (None without decay)."""
-    gamma, from_start, to_end, _, chunk_g = _scalar_decays(q_c, g_c)
-    rows = None if to_end is None else to_end.repeat_interleave(rank, -2)
-    return gamma, from_start, rows, chunk_g
+def _rank_decays(g_c):
+    """The scalar decays of _scalar_decays but the decayed keys, for the rank rows' kernel:
+    (Gamma, exp(b), exp(b_C - b) [..., C, 1] of each token, G), None without decay."""
+    if g_c is None:
+        return None, None, None, None
+    gamma = _pair_decays(g_c)
+    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
+    return gamma, from_start, to_end, g_c.sum(-1)
 
 
-def _scalar_decay_rank_span(q_c, k_c, v_c, g_c, state, kept, guard):
-    """_scalar_decay_span for `rank` writes a token, joined along k_c's and v_c's last axes
-    ([N, B, NH, C, rank K] and [..., rank V]): the scores Q K^T of C queries against rank C
-    write rows, each decayed as its token's, the state passed with every row's write."""
-    rank = k_c.shape[-1] // q_c.shape[-1]
-    k_r, v_r = _rank_rows(k_c, rank), _rank_rows(v_c, rank)
-    gamma, from_start, to_end, chunk_g = _rank_decays(q_c, g_c, rank)
-    k_to_end = k_r if to_end is None else k_r * to_end
-    states_in, state = _scan_scalar(state, chunk_g, _bmm(k_to_end.transpose(-1, -2), v_r))
-    scores = _rank_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma, rank)  # [N, B, NH, C, rC]
+def _rows_times(x_r, factor, rank):
+    """The rank rows [..., rank C, d] of each token times its token's factor [..., C, 1]
+    (broadcast over the rows, not repeated)."""
+    return (x_r.unflatten(-2, (-1, rank)) * factor.unsqueeze(-1)).flatten(-3, -2)
+
+
+def _rank_writes(q_c, writes):
+    """The keys [..., C, K] and values [..., C, V] of a token's writes, in order (views), from
+    the kernel's write sequences in chunks, [k_1, ..., k_m, v_1, ..., v_m], each one write or
+    several joined along its last axis."""
+    half, width = len(writes) // 2, q_c.shape[-1]
+    ranks = [k.shape[-1] // width for k in writes[:half]]
+    keys = [b for k, r in zip(writes[:half], ranks) for b in k.chunk(r, -1)]
+    values = [b for v, r in zip(writes[half:], ranks) for b in v.chunk(r, -1)]
+    return keys, values, ranks
+
+
+def _scalar_decay_rank_span(q_c, *writes_and_state):
+    """_scalar_decay_span for several writes a token (_rank_writes; then g_c, state, kept,
+    guard): each write read as a rank-1 kernel reads its keys and values, the scores of the C
+    queries against its C keys masked and decayed as theirs, and the writes summed in the
+    matmuls that take them (into the state passed on, and into the output), so that no write
+    row is copied. Appends the scores as the backward reads them, [N, B, NH, C, rank C] (write
+    r of token j at column rank j + r), and the states entering each chunk to kept if given."""
+    *writes, g_c, state, kept, guard = writes_and_state
+    keys, values, _ = _rank_writes(q_c, writes)
+    gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
+    chunk_kv = None  # sum over the writes of (diag(exp(b_C - b)) K_r)^T V_r
+    for k_r, v_r in zip(keys, values):
+        k_to_end = k_r if to_end is None else k_r * to_end
+        chunk_kv = _accumulated(chunk_kv, k_to_end.transpose(-1, -2), v_r)
+    width = values[0].shape[-1]
+    states_in, state = _scan_scalar(state, chunk_g, chunk_kv.reshape(*q_c.shape[:-2], -1, width))
+    scores = [_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma) for k_r in keys]
     if guard:
-        v_r, poison = _finite_rows(v_r)
-        # a token's poison on its last write's column: the row's output is then NaN
-        last = scores.unflatten(-1, (-1, rank))[..., rank - 1]
-        _poison_rows(last, poison.unflatten(-1, (-1, rank)).sum(-1))
+        finite = [_finite_rows(v_r) for v_r in values]
+        values = [v_r for v_r, _ in finite]
+        # a token's poison on its last write's scores: the row's output is then NaN
+        _poison_rows(scores[-1], sum(poison for _, poison in finite))
     q_from_start = q_c if from_start is None else q_c * from_start
     if kept is not None:
-        kept.append([scores, states_in])
-    return [_two_matmuls(scores, v_r, q_from_start, states_in)], state
+        kept.append([torch.stack(scores, -1).flatten(-2), states_in])
+    out = _accumulated(None, q_from_start, states_in)
+    for s, v_r in zip(scores, values):
+        out = _accumulated(out, s, v_r)
+    return [out.reshape(*q_c.shape[:-1], width)], state
 
 
-def _scalar_decay_rank_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
-    """_scalar_decay_grads_span for `rank` writes a token joined along the last axes (see
-    _scalar_decay_rank_span): the same formulas with rank C write rows, each decayed as its
-    token's, and the gradients of the rows joined back."""
-    rank = k_c.shape[-1] // q_c.shape[-1]
-    k_r, v_r = _rank_rows(k_c, rank), _rank_rows(v_c, rank)
-    gamma, from_start, to_end, chunk_g = _rank_decays(q_c, g_c, rank)
+def _accumulated(out, a, b):
+    """out + a @ b for [..., m, k] and [..., k, n] (out None: a @ b) as [batch, m, n]: one
+    batched matmul, accumulated in place into the fresh result of the first."""
+    if out is None:
+        return torch.bmm(_as_3d(a), _as_3d(b))
+    return out.baddbmm_(_as_3d(a), _as_3d(b))
+
+
+def _scalar_decay_rank_grads_span(q_c, *args):
+    """_scalar_decay_grads_span for several writes a token (see _scalar_decay_rank_span; then
+    g_c, do_c, probs, states_in, d_state, gate_grad): the same formulas with rank C write rows,
+    each decayed as its token's, and the gradients of the rows split back into the writes'
+    sequences."""
+    *writes, g_c, do_c, probs, states_in, d_state, gate_grad = args
+    keys, values, ranks = _rank_writes(q_c, writes)
+    rank = len(keys)
+    k_r, v_r = (torch.stack(x, -2).flatten(-3, -2) for x in (keys, values))  # [..., rank C, d]
+    gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
     d_probs = _bmm(do_c, v_r.transpose(-1, -2))  # dP = dO V^T [N, B, NH, C, rC]
     d_scores = _rank_masked(d_probs, gamma, rank)
     if gamma is None:
         q_from_start, v_to_end, do_from_start, k_to_end = q_c, v_r, do_c, k_r
     else:
         q_from_start, do_from_start = q_c * from_start, do_c * from_start
-        v_to_end, k_to_end = v_r * to_end, k_r * to_end
+        v_to_end, k_to_end = (_rows_times(x, to_end, rank) for x in (v_r, k_r))
     local = _bmm(q_from_start.transpose(-1, -2), do_c)
     d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)
     dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
@@ -1178,23 +1198,34 @@ def _scalar_decay_rank_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_
         )
     dq = _bmm(d_scores, k_r, add=from_q)
     dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
-    joined = [x.reshape(*x.shape[:-2], -1, rank * x.shape[-1]) for x in (dk, dv)]
-    return [dq, *joined, dg], d_state
+    split = []
+    for rows in (dk, dv):  # each sequence's writes, joined back along the last axis
+        blocks = rows.unflatten(-2, (-1, rank))
+        starts = [sum(ranks[:i]) for i in range(len(ranks))]
+        split += [blocks[..., a : a + r, :].flatten(-2) for a, r in zip(starts, ranks)]
+    return [dq, *split, dg], d_state
 
 
 def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
     """Chunked S_t = exp(g_t) S_{t-1} + sum_r k_{t,r} v_{t,r}^T, o_t = q_t S_t: several writes a
-    token, joined along the last axes (k [B, NH, T, rank K], v [B, NH, T, rank V], write r of
-    a token at its r-th block). The transition is unchanged: each chunk's C queries score
-    against its rank C write rows.
+    token, their keys k and values v each a list, one tensor a write (k_r [B, NH, T, K], v_r
+    [B, NH, T, V]), or one tensor of them all joined along the last axis (k [B, NH, T, rank
+    K], v [B, NH, T, rank V], write r of a token at its r-th block). The transition is
+    unchanged: each chunk's C queries score against its rank C writes. More than two writes
+    in a list are joined first (the operator torch.compile calls takes seven tensors).
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
+    keys = list(k) if isinstance(k, (list, tuple)) else [k]
+    values = list(v) if isinstance(v, (list, tuple)) else [v]
+    if len(keys) > 2:
+        keys, values = [torch.cat(keys, -1)], [torch.cat(values, -1)]
     span, grads = _scalar_decay_rank_span, _scalar_decay_rank_grads_span
     if initial_state is None:  # the state's width is a value's, not the joined values'
-        rank = k.shape[-1] // q.shape[-1]
-        initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1] // rank)
-    return _own_backward(span, grads, 3, chunk_size, initial_state, [q, k, v, g])
+        rank = keys[0].shape[-1] // q.shape[-1]
+        initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], values[0].shape[-1] // rank)
+    seqs = [q, *keys, *values, g]
+    return _own_backward(span, grads, len(seqs) - 1, chunk_size, initial_state, seqs)
 
 
 def parallel_scalar_decay(q, k, v, g=None):
@@ -1213,7 +1244,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_ffa09d0114c5dd2e", globals())
+_operator_spans = _register_spans("mixc_01f02e220449b59f", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1306,8 +1337,8 @@ def chunk(
     _g1_H = _seq_scalar(_product_dt_A, _sizes, cu_seqlens)  # dt_t A
     _k2_H = _seq_vector(B, _sizes, cu_seqlens)  # B_t
     _v2_H = _seq_vector(dt * _lam * x, _sizes, cu_seqlens)  # dt_t sigmoid(l_t) x_t
-    _k_H = _torch.cat([_k1_H, _k2_H], -1)  # 2 writes a token, joined
-    _v_H = _torch.cat([_v1_H, _v2_H], -1)  # 2 writes a token, joined
+    _k_H = [_k1_H, _k2_H]  # 2 writes a token, taken together
+    _v_H = [_v1_H, _v2_H]  # 2 writes a token, taken together
     _S0_H = H.mT
     _q = _seq_vector(C, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay_rank(

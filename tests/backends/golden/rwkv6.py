@@ -519,6 +519,22 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
+def _reverse_tokens(x, cu_seqlens=None):
+    """x [B, NH, T, ...] (the kernels' layout) in reverse time order, for a state that runs
+    backward; packed ([N, NH, longest, ...], zeros after each sequence's end), each sequence
+    reversed within its own length, its zeros left after it. Its own inverse. A tensor the same
+    at every token (a time axis of 1) stays as it is."""
+    if x.shape[2] == 1:
+        return x
+    if cu_seqlens is None:
+        return x.flip(2)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1])[:, None]  # [N, 1]
+    tokens = torch.arange(x.shape[2], device=x.device)[None, :]  # [1, longest]
+    order = torch.where(tokens < lengths, lengths - 1 - tokens, tokens)
+    order = order.view(order.shape[0], 1, order.shape[1], *[1] * (x.dim() - 3))
+    return x.gather(2, order.expand(x.shape))
+
+
 def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
@@ -732,6 +748,42 @@ class _OwnBackward(torch.autograd.Function):
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
         return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+
+
+def _reversed_shift(x):
+    """x [B, NH, T, ...] in reverse time order, one token on: token s holds x's token T - 2 - s
+    (the last holds token 0, for the caller to overwrite). One gather of the tokens of the
+    callers' layout [B, T, NH, ...], of which the kernels' tensors are views."""
+    order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
+    return x.transpose(1, 2).index_select(1, order).transpose(1, 2)
+
+
+def _next_tokens(x, reverse=False, cu_seqlens=None):
+    """x one token earlier, x_{t+1} at every token t of x [B, NH, T, ...] (the kernels' layout,
+    packed or not), 0 at the last, in one copy (a zero-padded one would write every entry
+    twice); with `reverse`, of x in reverse time order (as _reverse_tokens)."""
+    if reverse and cu_seqlens is None:
+        out = _reversed_shift(x)
+    else:
+        x = _reverse_tokens(x, cu_seqlens) if reverse else x
+        out = torch.empty_like(x)
+        out[:, :, :-1] = x[:, :, 1:]
+    out[:, :, -1:] = 0
+    return out
+
+
+def _previous_tokens(x, first, reverse=False, cu_seqlens=None):
+    """x one token later, x_{t-1} at every token t of x [B, NH, T, ...] (the kernels' layout),
+    `first` [B, NH, 1, ...] at token 0, in one copy; with `reverse`, then in reverse time
+    order (as _reverse_tokens)."""
+    if reverse and cu_seqlens is None:
+        out = _reversed_shift(x)
+        out[:, :, -1:] = first
+        return out
+    out = torch.empty_like(x)
+    out[:, :, 1:] = x[:, :, :-1]
+    out[:, :, :1] = first
+    return _reverse_tokens(out, cu_seqlens) if reverse else out
 
 
 class _Operators:
@@ -1362,15 +1414,15 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_95d6e23ccf340b12", globals())
-_operator_calls = _register_calls("mixc_95d6e23ccf340b12", globals())
+_operator_spans = _register_spans("mixc_b388a3179aead257", globals())
+_operator_calls = _register_calls("mixc_b388a3179aead257", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
 
 # The functions below take the spec's names as arguments and locals. No spec name
 # starts with an underscore, so none can shadow these names they read globals by.
-_torch, _F = torch, torch.nn.functional
+_torch = torch
 _INPUTS, _STATES = INPUTS, STATES
 _dict, _enumerate, _range, _zip = dict, enumerate, range, zip
 _chunk_diagonal = chunk_diagonal
@@ -1434,11 +1486,11 @@ def chunk(
     _gk_H = _seq_vector(w, _sizes, cu_seqlens)  # w_t
     _S0_H = H.mT
     _q = _seq_vector(r, _sizes, cu_seqlens)
-    _q_next = _F.pad(_q[:, :, 1:], (0, 0, 0, 1))  # the next token's query
+    _q_next = _next_tokens(_q)  # the next token's query
     _o, _S = _chunk_diagonal(
         _q_next, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size
     )
-    _o = _torch.cat([_q[:, :, :1] @ _S0_H, _o[:, :, :-1]], 2)  # S_{t-1} q_t
+    _o = _previous_tokens(_o, _q[:, :, :1] @ _S0_H)  # S_{t-1} q_t
     _read_H = _from_seq(_o, cu_seqlens)  # H_{t-1} r_t
     H = _S.mT
     y = _torch.addcmul(_read_H, (k * u).mT @ r, v)  # H_{t-1} r_t + (r_t . (u * k_t)) v_t

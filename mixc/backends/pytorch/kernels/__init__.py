@@ -5,7 +5,8 @@ CLASS_FILES holds its class's public kernels and their private helpers, importin
 common. A generated module imports only torch, so it carries the source text of its kernels and
 of every definition they reach: kernel_source computes that set from the names each definition
 uses, so no list of dependencies is kept by hand. KERNELS names the public kernels. A new class
-plugs in by writing its file: every module here but common is a class file.
+plugs in by writing its file: every module here but the shared ones (SHARED_FILES) and
+functions is a class file.
 """
 
 import ast
@@ -14,8 +15,9 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 
-#: The files every class shares: common, then operators (how a kernel is called).
-SHARED_FILES = ("common", "operators")
+#: The files every class shares: common, tokens (a token's moves, for reads before the
+#: update), then operators (how a kernel is called).
+SHARED_FILES = ("common", "tokens", "operators")
 
 #: The class files: every module of this package but the shared ones, in name order.
 CLASS_FILES = tuple(
