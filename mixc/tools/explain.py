@@ -47,6 +47,20 @@ __all__ = ["explain", "parallel_form"]
 # ----------------------------------------------------------------------------- plan -> model
 
 
+def _transposed(s) -> str | None:
+    """How a value-side (transposed) state's chunked form runs, or None for any other."""
+    cls = s.transition.transition_class
+    if not cls.transposed:
+        return None
+    how = f"chunk_{cls.kernel}" if s.transition.chunkable else "no kernel (recurrent only)"
+    return (
+        f"a value-side (transposed) transition: it acts on {s.name} from the left (its rows), "
+        f"the transpose of a key-side one; the key-side kernel runs on {s.name} as its state "
+        f"and the output reads that state along its other axis; kernel: {how}. The write is "
+        f"shown as the kernel takes it (value and key swapped)"
+    )
+
+
 def _location(span: Span | None) -> Location | None:
     if span is None:
         return None
@@ -159,6 +173,7 @@ def _state_info(s: StateFacts, plan: Plan) -> StateInfo:
             WriteInfo(value=_text(w.value), key=str(w.key), scale=_text(w.scale)) for w in s.writes
         ],
         backward=s.backward,
+        transposed=_transposed(s),
     )
 
 

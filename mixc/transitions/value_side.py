@@ -31,6 +31,7 @@ from mixc.transitions.base import (
     StateTerms,
     Transition,
     TransitionClass,
+    sum_of,
 )
 from mixc.transitions.cost import ACC_BYTES, ClassCost, FormCost, GroupDims
 from mixc.transitions.dplr import DPLR
@@ -69,7 +70,9 @@ def _resided(tr: Transition, old: str, new: str) -> tuple:
 def key_side(tr: Transition) -> Transition:
     """The key-side transition of the transpose that `tr` is (its rule, its gates on the key
     side), for the key-side class to analyse."""
-    return replace(tr, rule=_KEY_SIDE[tr.rule], transition_class=DPLR, gates=_resided(tr, "value", "key"))
+    return replace(
+        tr, rule=_KEY_SIDE[tr.rule], transition_class=DPLR, gates=_resided(tr, "value", "key")
+    )
 
 
 def _oja(w: Writer, c: Core, forms: tuple[str, ...]) -> Update:
@@ -151,20 +154,24 @@ class ValueSide(TransitionClass):
         return {"oja": _oja}
 
     def maths(self, tr: Transition) -> Maths:
-        """The transpose's chunked form (S^T's), then the outputs along S's other axis."""
-        inner = DPLR.maths(key_side(tr))
+        """Two passes on S = H^T (K rows: b, the write's key as the kernel takes it)."""
+        gate = sum_of(tr.log("value"), tr.log("scalar"))
+        legend = (
+            f"a rows = {tr.args.read}",
+            f"b rows = K rows = {tr.args.key}",
+            f"g = {gate} (one log-gate per channel of b)" if gate else "g = 0 (no decay)",
+        )
         return Maths(
+            legend,
             (
-                "on S^T: K rows = the write's values, V rows = its keys (b)",
-                *inner.legend,
-            ),
-            (
+                "S_t = S_{t-1} (diag(exp(g_t)) + a_t b_t^T) + v_t b_t^T acts on S's value axis; "
+                "S^T_t = (diag(exp(g_t)) + b_t a_t^T) S^T_{t-1} + b_t v_t^T is the key-side "
+                "diagonal plus low rank",
                 "pass 1, chunk_dplr on S^T with the queries a one token early: "
-                "u_t = a_t^T S^T_{t-1}",
-                *inner.form[:-1],
-                "pass 2, chunk_diagonal: S_t = diag(exp(g_t)) S_{t-1} + b_t (v_t + u_t)^T "
-                "(the rank-1 term folded into the write), y_t = S_t q_t",
-                inner.form[-1],
+                "u_t = S_{t-1} a_t (the rank-1 term's read), and S_C",
+                "pass 2, chunk_diagonal: S_t = S_{t-1} diag(exp(g_t)) + (v_t + u_t) b_t^T "
+                "(a value-side gate), Y = its outputs Q S",
+                DPLR.maths(key_side(tr)).form[-1],
             ),
         )
 
@@ -178,9 +185,7 @@ class ValueSide(TransitionClass):
         second = FormCost(
             2 * C * (d.dk + d.dv) + 4 * d.kv, d.state_bytes / C + ACC_BYTES * (2 * d.dk + d.dv)
         )
-        chunked = FormCost(
-            inner.chunked.flops + second.flops, inner.chunked.bytes + second.bytes
-        )
+        chunked = FormCost(inner.chunked.flops + second.flops, inner.chunked.bytes + second.bytes)
         note = f"two passes: {inner.note}; then a value-gated linear attention pass"
         return ClassCost(chunked, inner.quadratic, note)
 
