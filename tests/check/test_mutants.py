@@ -523,6 +523,57 @@ MUTANTS = [
         {"chunk"},
         NUMERICAL,
     ),
+    # a value-side transition (chunk_dplr_value): chunk_dplr on the transpose, then chunk_diagonal
+    (
+        "gated_oja",
+        "beta on the wrong side of the write (on its key, the unit v, not its value k)",
+        "    _k_H = _seq_vector(_unit_v, _sizes, cu_seqlens)\n"
+        "    _v_H = _seq_vector(beta * k, _sizes, cu_seqlens)",
+        "    _k_H = _seq_vector(beta * _unit_v, _sizes, cu_seqlens)\n"
+        "    _v_H = _seq_vector(k, _sizes, cu_seqlens)",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gated_oja",
+        "the transpose dropped: the first pass starts from the state as laid out",
+        "s0 = initial_state.mT  # S = M^T",
+        "s0 = initial_state  # S = M^T",
+        {"chunk"},
+        CRASH,
+    ),
+    (
+        "gated_oja",
+        "the transpose dropped: the final state returned as the first pass holds it",
+        "return o, state.mT",
+        "return o, state",
+        {"chunk"},
+        SHAPE,
+    ),
+    (
+        "gated_oja",
+        "the rank-1 term's read not folded into the second pass's write",
+        "chunk_diagonal(q, v + u, k,",
+        "chunk_diagonal(q, v, k,",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gated_oja",
+        "the rank-1 term's read taken from the token's own state, not the one before",
+        "a_next = torch.cat([a[:, :, 1:], torch.zeros_like(a[:, :, :1])], 2)",
+        "a_next = a",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gated_oja",
+        "the second pass without its value-side gate",
+        "gv = None if gk is None else gk.expand_as(k)",
+        "gv = None",
+        {"chunk"},
+        NUMERICAL,
+    ),
     (
         "mamba3_trapezoid",
         "the joined write rows masked as if they were tokens of their own",
