@@ -111,7 +111,7 @@ ROWS = (
     Row("gdn2", "examples/specs", "fla naive_recurrent_gdn2", _gdn2_inputs, _gdn2),
     Row(
         "gated_oja",
-        "examples/specs",
+        "specs",
         "fla fused_recurrent_gated_oja_rule (interpreted)",
         _oja_inputs,
         _oja,
