@@ -7,12 +7,13 @@ whose analysis (the variant, beta, the conditions, the stability) then holds for
 as it is; the log-gates are reported on the value side, where they act. The kernel runs on the
 state's transpose, so a write `v k^T` passes v as the kernel's key and k as its value (`transposed`).
 
-Chunked form: the kernel `dplr_value`. Transposed, S^T_t = S^T_{t-1} (D + a b^T) + k v^T is a
-key-side diagonal-plus-low-rank recurrence that chunk_dplr runs, but the output y_t = S_t q_t
-reads the transpose along its other axis, which chunk_dplr never forms. What chunk_dplr does form
+Chunked form: the kernel `dplr_value`. With a write b_t w_t^T, the transpose S^T_t =
+S^T_{t-1} (D_t + a_t b_t^T) + w_t b_t^T is a key-side diagonal-plus-low-rank recurrence that
+chunk_dplr runs, but the output y_t = S_t q_t reads it along its other axis, which chunk_dplr
+never forms. What chunk_dplr does form
 is the rank-one term's read of the state before each token, u_t = S_{t-1}^T a_t (its output for
-the queries a, one token early). With u known, a token whose write is b_t w_t^T (its value
-the very vector b the rank-one term acts along) changes S by one rank-one write along b,
+the queries a, one token early). With u known, a token whose write's value is the very vector
+b the rank-one term acts along changes S by one rank-one write along b,
 S_t = D_t S_{t-1} + b_t (u_t + w_t)^T: a value-side diagonal gate, which chunk_diagonal runs
 and reads along q. So the kernel is chunk_dplr for u, then chunk_diagonal for y, and needs
 the rank-one term to erase along the written vector (`chunk_reason`).

@@ -3,8 +3,8 @@
 Each mutant edits the source of a compiled module (`mixc.compile_source`) in one place: an
 off-by-one at a chunk boundary, a missing decay factor, a dropped initial state, a transposed
 state, a wrong sign in the delta rule, a readout from the previous state, a dropped gate, a
-wrong triangular solve in the diagonal-plus-low-rank kernel, or a pipeline's readout passed on
-one token late. Every edit asserts its target occurs exactly once, so a change in the
+wrong triangular solve in the diagonal-plus-low-rank kernel, a pipeline's readout passed on
+one token late, or a value-side transition's transpose dropped or its beta on the wrong side. Every edit asserts its target occurs exactly once, so a change in the
 generated code fails here loudly instead of silently leaving the module unmutated. Each mutant states how the fuzzer must catch it
 (`Failure.kind`): by its values (numerical, nearly all of them), or by a crash or a wrong shape,
 which any check would see.
