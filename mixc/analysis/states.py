@@ -110,8 +110,7 @@ def _analyze_state(
         ctx = RuleContext(name, shape, ex, params, eq.span, canon)
         read_terms = [(t, w[0]) for t, w in reads]
         transition = _canonical(classify(read_terms, ctx), eq, canon)
-    as_written, form = _writes(writes, shape, ex, canon, column)
-    write_terms = _oriented(as_written, transition, canon)
+    write_terms, form = _writes(writes, shape, ex, canon, column)
     state = StateFacts(
         name, shape, True, transition, write_terms, form, decl.span, terms=expanded, column=column
     )
@@ -122,8 +121,7 @@ def _analyze_state(
         # a later, more general class may chunk what this one cannot (the delta rule
         # writing along another key than it erases along is diagonal plus low rank)
         other = _canonical(classify(read_terms, ctx, after=transition.transition_class), eq, canon)
-        writes_other = _oriented(as_written, other, canon)
-        found = _write_steps(replace(state, transition=other, writes=writes_other))
+        found = _write_steps(replace(state, transition=other, writes=write_terms))
         if other.reason is None and not _write_reason(found) and not _chunk_reason(found):
             state, chunk = found, None
         state = replace(state, transition=_with_reason(state.transition, chunk))
@@ -209,18 +207,10 @@ def _write_steps(state: StateFacts) -> StateFacts:
     return replace(state, transition=transition, writes=(first, *rest))
 
 
-def _oriented(writes: tuple[WriteTerm, ...], tr: Transition, canon: Canon):
-    """The writes as the class's kernel takes them: for a class that runs on the state's
-    transpose (`TransitionClass.transposed`), each write `v k^T` as `k v^T`."""
-    if not tr.transition_class.transposed:
-        return writes
-    return tuple(WriteTerm(w.key, canon.column(w.value), w.scale) for w in writes)
-
-
 def _chunk_reason(state: StateFacts) -> str | None:
     """Why the state's class cannot chunk it with its (first) write although it matched."""
     lead = state.transition.parts[0]
-    return lead.transition_class.chunk_reason(state.name, lead, state.writes[0].key)
+    return lead.transition_class.chunk_reason(state.name, lead, state.kernel_writes[0].key)
 
 
 def _split_terms(terms: list[Term], name: str):

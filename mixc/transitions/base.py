@@ -300,8 +300,8 @@ class TransitionClass:
     #: sub-tokens of `kernel`.
     joined_kernel: ClassVar[str | None] = None
     #: Whether the kernel runs on the state's transpose (a transition acting from the left, on
-    #: the value side): a write `v k^T` passes v as the kernel's key and k as its value, and the
-    #: kernel keeps the state as it is laid out, [K, V], reading it along the other axis.
+    #: the value side): a write `v k^T` reaches the kernel as `k v^T` (`StateFacts.kernel_writes`),
+    #: and the kernel keeps the state as the others do, [K, V], reading it along the other axis.
     transposed: ClassVar[bool] = False
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from mixc.algebra.expand import Term, transpose_atom
 from mixc.algebra.formula import Formula
+from mixc.frontend.ir import Expr
 from mixc.transitions.base import (
     Maths,
     Rule,
@@ -150,6 +151,11 @@ class ValueSide(TransitionClass):
 
     def stability(self, tr, params):
         return DPLR.stability(key_side(tr), params)
+
+    def roles(self, tr: Transition) -> list[tuple[str, Expr]]:
+        """The key-side class's roles, its key (b, along which the rank-1 term acts, on the value
+        side here) named for what it is."""
+        return [("erase vector" if r == "key" else r, e) for r, e in super().roles(tr)]
 
     def random_forms(self) -> dict[str, RandomForm]:
         return {"oja": _oja}

@@ -832,7 +832,7 @@ y_t = H_t C_t + D x_t
             "H": S(
                 "value-side (transposed) diagonal times identity minus rank-1",
                 "value_side_diagonal_plus_low_rank",
-                "beta_t k_t l2norm(v_t)^T",
+                "beta_t l2norm(v_t) k_t^T",
                 ("value: diag(exp(gv_t)) -> gv_t unproven",),
                 erase="beta_t, l2norm(v_t)",
             )
@@ -851,7 +851,7 @@ y_t = H_t C_t + D x_t
             "H": S(
                 "value-side (transposed) diagonal times identity minus rank-1",
                 "value_side_diagonal_plus_low_rank",
-                "beta_t k_t v_t^T",
+                "beta_t v_t k_t^T",
                 erase="beta_t, v_t",
             )
         },
@@ -867,7 +867,7 @@ y_t = H_t C_t + D x_t
             "H": S(
                 "value-side (transposed) diagonal minus rank-1",
                 "value_side_diagonal_plus_low_rank",
-                "beta_t k_t v_t^T",
+                "beta_t v_t k_t^T",
                 ("value: diag(sigmoid(w_t)) -> logsigmoid(w_t) proven",),
                 erase="beta_t, v_t",
             )
@@ -884,7 +884,7 @@ y_t = H_t C_t + D x_t
             "H": S(
                 "value-side (transposed) diagonal plus low rank",
                 "value_side_diagonal_plus_low_rank",
-                "k_t b_t^T",
+                "b_t k_t^T",
                 ("value: diag(exp(w_t)) -> w_t unproven",),
             )
         },
@@ -901,7 +901,7 @@ y_t = H_t C_t + D x_t
             "H": S(
                 "value-side (transposed) diagonal times identity minus rank-1",
                 "value_side_diagonal_plus_low_rank",
-                "beta_t k_t v_t^T",
+                "beta_t v_t k_t^T",
                 erase="beta_t, u_t",
             )
         },
@@ -1194,7 +1194,7 @@ y_t = H_t q_t / (z_t . q_t + 1e-6)
             "H": S(
                 "value-side (transposed) diagonal times identity minus rank-1",
                 "value_side_diagonal_plus_low_rank",
-                "beta_t k_t v_t^T",
+                "beta_t v_t k_t^T",
                 ("value: diag(exp(gv_t)) -> gv_t unproven",),
                 erase="beta_t, v_t",
             )
