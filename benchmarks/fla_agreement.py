@@ -49,7 +49,6 @@ def _gated_oja():
 @dataclass(frozen=True)
 class Row:
     spec: str
-    folder: str  # specs (shipped) or examples/specs
     reference: str  # what the row compares with, for the table
     inputs: Callable[[torch.Generator], dict[str, torch.Tensor]]  # mixc's inputs, by name
     run: Callable[[dict, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # fla (o, h [K, V])
@@ -109,11 +108,10 @@ def _oja(x, h0):
 
 
 ROWS = (
-    Row("comba", "specs", "fla naive_recurrent_comba", _comba_inputs, _comba),
-    Row("gdn2", "specs", "fla naive_recurrent_gdn2", _gdn2_inputs, _gdn2),
+    Row("comba", "fla naive_recurrent_comba", _comba_inputs, _comba),
+    Row("gdn2", "fla naive_recurrent_gdn2", _gdn2_inputs, _gdn2),
     Row(
         "gated_oja",
-        "examples/specs",
         "fla fused_recurrent_gated_oja_rule (interpreted)",
         _oja_inputs,
         _oja,
@@ -127,7 +125,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def agree(row: Row) -> dict[str, tuple[float, float]]:
     """{form: (output error, final-state error)} of the spec's forms against the reference."""
-    module = mixc.load(ROOT / row.folder / f"{row.spec}.mix")
+    module = mixc.load(ROOT / "specs" / f"{row.spec}.mix")
     gen = torch.Generator().manual_seed(0)
     x = row.inputs(gen)
     h0 = torch.randn(B, NH, V, K, generator=gen)  # mixc's H [V, K]; fla keeps h = H^T

@@ -60,6 +60,14 @@ class StateFacts:
         return self.shape[1] == "1" and not self.column
 
     @property
+    def kernel_writes(self) -> tuple[WriteTerm, ...]:
+        """The writes as the chunked kernel takes them: as written, or for a class that runs on
+        the state's transpose (`TransitionClass.transposed`) each `v k^T` as `k v^T`."""
+        if not self.transition.transition_class.transposed:
+            return self.writes
+        return tuple(WriteTerm(w.key, w.value, w.scale) for w in self.writes)
+
+    @property
     def rank(self) -> int:
         """Rank of the write term (number of rank-1 outer products)."""
         return len(self.writes)

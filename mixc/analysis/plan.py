@@ -326,8 +326,8 @@ def _columns(mixer: Mixer, outputs) -> set[str]:
 
 def _group_key(s: StateFacts) -> tuple:
     tr = s.transition
-    if not tr.chunkable or len(s.writes) != 1 or tr.steps:
-        return ("alone", s.name)
+    if not tr.chunkable or len(s.writes) != 1 or tr.steps or tr.transition_class.transposed:
+        return ("alone", s.name)  # a transposed state's values are not the kernel's columns
     return (
         s.backward,
         tr.transition_class.name,

@@ -210,7 +210,7 @@ def _write_steps(state: StateFacts) -> StateFacts:
 def _chunk_reason(state: StateFacts) -> str | None:
     """Why the state's class cannot chunk it with its (first) write although it matched."""
     lead = state.transition.parts[0]
-    return lead.transition_class.chunk_reason(state.name, lead, state.writes[0].key)
+    return lead.transition_class.chunk_reason(state.name, lead, state.kernel_writes[0].key)
 
 
 def _split_terms(terms: list[Term], name: str):

@@ -153,9 +153,10 @@ def _steps(plan: Plan, group: GroupPlan, scaled: bool) -> tuple[Step, ...]:
         )
     states = [plan.state(s) for s in group.states]
     values = tuple(
-        Value(s.name, s.writes[0].value, s.writes[0].scale if scaled else None) for s in states
+        Value(s.name, s.kernel_writes[0].value, s.writes[0].scale if scaled else None)
+        for s in states
     )
-    return (Step(states[0].writes[0].key, values, group.args),)
+    return (Step(states[0].kernel_writes[0].key, values, group.args),)
 
 
 def _query(plan: Plan, query: Expr, offset: int, readouts) -> QueryRead:

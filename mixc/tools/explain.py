@@ -47,6 +47,20 @@ __all__ = ["explain", "parallel_form"]
 # ----------------------------------------------------------------------------- plan -> model
 
 
+def _transposed(s) -> str | None:
+    """How a value-side (transposed) state's chunked form runs, or None for any other."""
+    cls = s.transition.transition_class
+    if not cls.transposed:
+        return None
+    how = f"chunk_{cls.kernel}" if s.transition.chunkable else "no kernel (recurrent only)"
+    return (
+        f"a value-side (transposed) transition: it acts on {s.name} from the left (its rows), "
+        f"the transpose of a key-side one; the key-side kernel runs on {s.name} as its state "
+        f"and the output reads that state along its other axis; kernel: {how}, which takes "
+        f"each write v k^T as k v^T"
+    )
+
+
 def _location(span: Span | None) -> Location | None:
     if span is None:
         return None
@@ -159,6 +173,7 @@ def _state_info(s: StateFacts, plan: Plan) -> StateInfo:
             WriteInfo(value=_text(w.value), key=str(w.key), scale=_text(w.scale)) for w in s.writes
         ],
         backward=s.backward,
+        transposed=_transposed(s),
     )
 
 
@@ -426,7 +441,7 @@ def _rows_legend(plan: Plan, group: GroupPlan, maths: Maths) -> list[str]:
     queries = [str(q.expr) for q in group.queries]
     values = []
     for s in states:
-        sw = s.writes[0]
+        sw = s.kernel_writes[0]
         v = "1" if sw.value is None else str(sw.value)
         if sw.scale is not None and not maths.scales_writes:
             scale = f"({sw.scale})" if " " in str(sw.scale) else str(sw.scale)
@@ -435,7 +450,7 @@ def _rows_legend(plan: Plan, group: GroupPlan, maths: Maths) -> list[str]:
     value = values[0] if len(values) == 1 else "[" + ", ".join(values) + "]"
     legend = [
         f"Q rows = {' | '.join(queries) or '(unread)'}",
-        f"K rows = {states[0].writes[0].key}",
+        f"K rows = {states[0].kernel_writes[0].key}",
         f"V rows = {value}",
     ]
     if len(names) > 1:

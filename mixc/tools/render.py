@@ -123,6 +123,8 @@ def _render_state(out: _Printer, s: StateInfo) -> None:
             "and ends at the first (its final state); the mixer is non-causal",
             indent=4,
         )
+    if s.transposed:
+        out.line(f"transposed: {s.transposed}", indent=4)
     if s.writes:
         parts = [
             f"value {w.value if w.value is not None else '1 (vector state)'}, key {w.key}, "

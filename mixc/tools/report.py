@@ -133,6 +133,12 @@ class StateInfo(_Model):
     write_form: str = Field(description="Form of the write term W_t.")
     write_rank: int = Field(description="Number of rank-1 outer products in the write.")
     writes: list[WriteInfo] = Field(description="The rank-1 writes scale * value key^T.")
+    transposed: str | None = Field(
+        None,
+        description="For a transition acting on the value side (from the left): how its chunked "
+        "form runs on the state's transpose, and which kernel runs it; the writes are then as "
+        "that kernel takes them (value and key swapped). None otherwise.",
+    )
     backward: bool = Field(
         default=False,
         description="True when the state is updated from the next token (G_t = ... G_{t+1}): "

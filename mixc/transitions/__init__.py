@@ -15,6 +15,7 @@ from mixc.transitions.diagonal import DIAGONAL
 from mixc.transitions.dplr import DPLR
 from mixc.transitions.elementwise import ELEMENTWISE
 from mixc.transitions.scalar_decay import SCALAR_DECAY
+from mixc.transitions.value_side import VALUE_SIDE
 
 __all__ = [
     "CLASSES",
@@ -40,7 +41,7 @@ def rule_table(*classes: TransitionClass) -> tuple[TransitionClass, ...]:
 
 
 #: The rule table, in match order; the last rule matches any linear transition.
-REGISTRY = rule_table(SCALAR_DECAY, DIAGONAL, ELEMENTWISE, DELTA, DPLR, DENSE)
+REGISTRY = rule_table(SCALAR_DECAY, DIAGONAL, ELEMENTWISE, DELTA, DPLR, VALUE_SIDE, DENSE)
 
 #: Every class a state can be in: the registry, and updates that are not affine.
 CLASSES: tuple[TransitionClass, ...] = (*REGISTRY, NOT_AFFINE)

@@ -302,6 +302,10 @@ class TransitionClass:
     #: faster than as many sub-tokens (benchmarks/RESULTS.md); None: several writes run as
     #: sub-tokens of `kernel`.
     joined_kernel: ClassVar[str | None] = None
+    #: Whether the kernel runs on the state's transpose (a transition acting from the left, on
+    #: the value side): a write `v k^T` reaches the kernel as `k v^T` (`StateFacts.kernel_writes`),
+    #: and the kernel keeps the state as the others do, [K, V], reading it along the other axis.
+    transposed: ClassVar[bool] = False
     #: One line: the algorithm of the stabilised kernel (for `explain`).
     stable_algorithm: ClassVar[str | None] = None
     #: The rule table: every rule it fires, each with the variant it finds.

@@ -59,9 +59,9 @@ def _blocking(terms: StateTerms, state: str) -> str:
         if at > 0 and not (at == 1 and _is_diag(t.chain[0])):
             return (
                 f"the transition acts on the value side (from the left) with "
-                f"{_show(t.chain[:at])}: of the value-side transitions only a diagonal gate "
-                "has a chunked form (the transpose of a key-side class, such as a value-side "
-                "delta rule, is read along the other axis of the state, which no kernel does yet)"
+                f"{_show(t.chain[:at])}: of the value-side transitions a diagonal gate and "
+                "the transpose of a diagonal plus low rank (D_t + b_t a_t^T) S_{t-1} that writes "
+                "along b_t have a chunked form"
             )
     return (
         "this transition is linear but in no class with a chunked form (scalar, diagonal, "

@@ -30,8 +30,6 @@ from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
 
 SPECS = Path(__file__).parents[2] / "specs"
-#: Specs of mixers that are not shipped yet (examples/specs/README.md says why), checked here too.
-EXAMPLES = Path(__file__).parents[2] / "examples" / "specs"
 
 
 # ----------------------------------------------------------------------------- the table
@@ -71,6 +69,7 @@ DIAGONAL = "chunked diagonal gate"
 DELTA = "chunked delta rule"
 ELEMENTWISE = "chunked elementwise scan"
 DPLR = "chunked diagonal plus low rank"
+VALUE_SIDE = "value-side (transposed) diagonal plus low rank"
 SEQUENTIAL = "recurrent only"
 
 #: (1 - sigmoid(a_t)) times the delta rule's transition, however the product is written out.
@@ -826,12 +825,88 @@ y_t = H_t C_t + D x_t
         warnings=("cannot prove the decay diag(exp(g_t)) of H is in (0, 1]",),
     ),
     "gated_oja": Row(
-        (EXAMPLES / "gated_oja.mix").read_text(encoding="utf-8"),
-        {"H": S("general dense", "general_dense", "beta_t l2norm(v_t) k_t^T")},
+        "gated_oja.mix",
+        {
+            "H": S(
+                "value-side (transposed) diagonal times identity minus rank-1",
+                "value_side_diagonal_plus_low_rank",
+                "beta_t l2norm(v_t) k_t^T",
+                ("value: diag(exp(gv_t)) -> gv_t unproven",),
+                erase="beta_t, l2norm(v_t)",
+            )
+        },
+        "linear: _r0",
+        VALUE_SIDE,
+        warnings=("cannot prove the decay diag(exp(gv_t)) of H is in (0, 1]",),
+    ),
+    # value-side transitions, the transposes of key-side diagonal plus low rank (issue 30)
+    "oja_without_a_decay": Row(
+        text(
+            "H_t = H_{t-1} - beta_t v_t (v_t^T H_{t-1}) + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], beta",
+        ),
+        {
+            "H": S(
+                "value-side (transposed) diagonal times identity minus rank-1",
+                "value_side_diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                erase="beta_t, v_t",
+            )
+        },
+        "linear: _r0",
+        VALUE_SIDE,
+    ),
+    "value_side_diagonal_minus_rank_one": Row(
+        text(
+            "H_t = (diag(sigmoid(w_t)) - beta_t v_t v_t^T) H_{t-1} + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], w[V], beta",
+        ),
+        {
+            "H": S(
+                "value-side (transposed) diagonal minus rank-1",
+                "value_side_diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                ("value: diag(sigmoid(w_t)) -> logsigmoid(w_t) proven",),
+                erase="beta_t, v_t",
+            )
+        },
+        "linear: _r0",
+        VALUE_SIDE,
+    ),
+    "value_side_any_rank_one_term": Row(
+        text(
+            "H_t = (diag(exp(w_t)) + b_t a_t^T) H_{t-1} + b_t k_t^T",
+            "q[K], k[K], w[V], a[V], b[V]",
+        ),
+        {
+            "H": S(
+                "value-side (transposed) diagonal plus low rank",
+                "value_side_diagonal_plus_low_rank",
+                "b_t k_t^T",
+                ("value: diag(exp(w_t)) -> w_t unproven",),
+            )
+        },
+        "linear: _r0",
+        VALUE_SIDE,
+        warnings=("cannot prove the decay diag(exp(w_t))",),
+    ),
+    "oja_writing_along_another_vector": Row(
+        text(
+            "H_t = (I - beta_t u_t u_t^T) H_{t-1} + beta_t v_t k_t^T",
+            "q[K], k[K], v[V], u[V], beta",
+        ),
+        {
+            "H": S(
+                "value-side (transposed) diagonal times identity minus rank-1",
+                "value_side_diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                erase="beta_t, u_t",
+            )
+        },
         "linear: _r0",
         SEQUENTIAL,
         chunkable=False,
-        reason="acts on the value side (from the left) with l2norm(v_t) l2norm(v_t)^T",
+        reason="acts along u_t but the write's value is v_t",
     ),
     "rwkv7_any_rank_one_term": Row(
         text(
@@ -1113,11 +1188,18 @@ y_t = H_t q_t / (z_t . q_t + 1e-6)
             "H_t = (I - beta_t v_t v_t^T) diag(exp(gv_t)) H_{t-1} + beta_t v_t k_t^T",
             "q[K], k[K], v[V], gv[V], beta",
         ),
-        {"H": S("general dense", "general_dense", "beta_t v_t k_t^T")},
+        {
+            "H": S(
+                "value-side (transposed) diagonal times identity minus rank-1",
+                "value_side_diagonal_plus_low_rank",
+                "beta_t v_t k_t^T",
+                ("value: diag(exp(gv_t)) -> gv_t unproven",),
+                erase="beta_t, v_t",
+            )
+        },
         "linear: _r0",
-        SEQUENTIAL,
-        chunkable=False,
-        reason="acts on the value side (from the left) with v_t v_t^T diag(exp(gv_t))",
+        VALUE_SIDE,
+        warnings=("cannot prove the decay diag(exp(gv_t))",),
     ),
     "vector_write_scale_with_star": Row(
         text("H_t = H_{t-1} + (beta_t * v_t) k_t^T", "q[K], k[K], v[V], beta[V]"),

@@ -21,6 +21,7 @@ from mixc.backends.pytorch.kernels.common import _span_tokens, _unit_lower_inver
 from mixc.backends.pytorch.kernels.delta import chunk_delta
 from mixc.backends.pytorch.kernels.diagonal import chunk_diagonal
 from mixc.backends.pytorch.kernels.dplr import chunk_dplr
+from mixc.backends.pytorch.kernels.dplr_value import chunk_dplr_value
 from mixc.backends.pytorch.kernels.elementwise import chunk_elementwise
 from mixc.backends.pytorch.kernels.scalar_decay import chunk_scalar_decay, parallel_scalar_decay
 from tests.mixers import THREADS
@@ -120,6 +121,38 @@ def dplr_inputs(t_len, *, gate=True, init=True, seed=0):
     )
     inputs["a"] = -kk
     inputs["b"] = kk * torch.rand(shape, generator=gen, dtype=torch.float64)
+    return inputs
+
+
+def oracle_dplr_value(q, k, v, a, gk, s0):
+    """M_t = M_{t-1} (diag(exp(gk_t)) + a_t k_t^T) + v_t k_t^T on M [K, V] (the transition on
+    the value axis), o_t = q_t M_t (gk None: no decay)."""
+    bs, h, t_len, dk = q.shape
+    state = s0 if s0 is not None else q.new_zeros(bs, h, dk, k.shape[-1])
+    outs = []
+    for t in range(t_len):
+        read = torch.einsum("bhkv,bhv->bhk", state, a[:, :, t])  # M_{t-1} a_t
+        if gk is not None:
+            state = state * torch.exp(gk[:, :, t])[..., None, :]
+        state = state + (read + v[:, :, t])[..., :, None] * k[:, :, t, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outs, dim=2), state
+
+
+def dplr_value_inputs(t_len, *, gate=True, init=True, seed=0):
+    """The gated Oja rule on M = H^T: a unit k (H's value direction), beta in (0, 1), the
+    rank-1 read a = -beta exp(gk) ⊙ k, and v = beta times H's key, of the state's K rows."""
+    base = make_inputs(t_len, gate="gv" if gate else None, init=init, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 2000)
+    q, v = base["q"], base["k"]  # [.., DK]: the state's rows
+    k = torch.nn.functional.normalize(base["v"], dim=-1)  # [.., DV]: the state's columns
+    beta = torch.rand(*k.shape[:-1], 1, generator=gen, dtype=torch.float64)
+    decay = torch.exp(base["gv"]) if gate else 1.0
+    inputs = {"q": q, "k": k, "v": beta * v, "a": -beta * decay * k}
+    if gate:
+        inputs["gk"] = base["gv"]
+    if init:
+        inputs["initial_state"] = base["initial_state"]
     return inputs
 
 
@@ -336,6 +369,21 @@ def test_chunk_dplr(t_len, chunk, init, gate):
         return oracle_dplr(q, k, v, a, b, gk, initial_state)
 
     check_against_oracle(chunk_dplr, oracle, inputs, chunk_size=chunk)
+
+
+@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize("init", [True, False])
+@pytest.mark.parametrize("chunk", [4, 16])
+@pytest.mark.parametrize("t_len", [1, 7, 100])
+def test_chunk_dplr_value(t_len, chunk, init, gate):
+    """The value-side kernel (two passes: chunk_dplr, then chunk_diagonal) against a loop of its
+    own recurrence: outputs, final state and every input's gradient."""
+    inputs = dplr_value_inputs(t_len, gate=gate, init=init, seed=t_len)
+
+    def oracle(q, k, v, a, gk=None, initial_state=None):
+        return oracle_dplr_value(q, k, v, a, gk, initial_state)
+
+    check_against_oracle(chunk_dplr_value, oracle, inputs, chunk_size=chunk)
 
 
 RWKV7_LEAST_LOG_DECAY = -0.6065306597126334  # -exp(-0.5) sigmoid(d) >= -exp(-0.5)
@@ -715,6 +763,7 @@ PUBLIC = [
     "chunk_delta",
     "chunk_elementwise",
     "chunk_dplr",
+    "chunk_dplr_value",
 ]
 KERNEL_FILES = [*SHARED_FILES, *CLASS_FILES]
 SHARED = {f"mixc.backends.pytorch.kernels.{name}": name for name in SHARED_FILES}
@@ -740,7 +789,9 @@ def _called_helpers(func_name, tree_funcs):
     while stack:
         node = tree_funcs[stack.pop()]
         for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and sub.id in tree_funcs and sub.id.startswith("_"):
+            # helpers, and the public kernels that a kernel made of others calls
+            name = sub.id if isinstance(sub, ast.Name) else ""
+            if name in tree_funcs and (name.startswith("_") or name in KERNELS):
                 if sub.id not in found:
                     found.add(sub.id)
                     stack.append(sub.id)
@@ -761,6 +812,12 @@ def test_module_structure(file):
     for node in tree.body[1:]:
         if isinstance(node, ast.Import):
             imports.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module.rsplit(".", 1)[-1] in CLASS_FILES:
+            # a kernel made of other classes' kernels imports their public kernels
+            owner = node.module.rsplit(".", 1)[-1]
+            assert file in CLASS_FILES and owner != file, ast.unparse(node)
+            names = {alias.name for alias in node.names}
+            assert names <= {n for n, f in KERNELS.items() if f == owner}, ast.unparse(node)
         elif isinstance(node, ast.ImportFrom):
             # a class file imports from the shared files, operators from common
             assert node.module in SHARED and file not in ("common", node.module), ast.unparse(node)
@@ -827,6 +884,7 @@ KERNEL_INPUTS = {
     "chunk_delta": lambda t, seed: make_inputs(t, gate="g", delta=True, seed=seed),
     "chunk_elementwise": lambda t, seed: make_inputs(t, gate="full", seed=seed),
     "chunk_dplr": lambda t, seed: dplr_inputs(t, seed=seed),  # with its own per-channel gate
+    "chunk_dplr_value": lambda t, seed: dplr_value_inputs(t, seed=seed),
 }
 
 

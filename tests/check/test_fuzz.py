@@ -63,17 +63,6 @@ def test_every_shipped_spec_passes(path: Path) -> None:
     assert all(a <= 1e-5 and b <= 1e-4 for a, b in report.worst.values())
 
 
-@pytest.mark.parametrize(
-    "path", sorted((ROOT / "examples" / "specs").glob("*.mix")), ids=lambda p: p.stem
-)
-def test_every_example_spec_passes(path: Path) -> None:
-    """The mixers in examples/specs (not shipped yet) compute what they say, in every form."""
-    report = fuzz(path, examples=6, seed=1)
-    assert report.ok, report.failure.summary() + "\n" + report.failure.example.describe()
-    assert {"recurrent", "step"} <= set(report.worst)
-    assert all(a <= 1e-5 and b <= 1e-4 for a, b in report.worst.values())
-
-
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
 @pytest.mark.parametrize("path", SPECS, ids=IDS)
 def test_every_shipped_spec_passes_in_other_precisions(path: Path, dtype: str) -> None:

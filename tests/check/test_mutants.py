@@ -3,8 +3,8 @@
 Each mutant edits the source of a compiled module (`mixc.compile_source`) in one place: an
 off-by-one at a chunk boundary, a missing decay factor, a dropped initial state, a transposed
 state, a wrong sign in the delta rule, a readout from the previous state, a dropped gate, a
-wrong triangular solve in the diagonal-plus-low-rank kernel, or a pipeline's readout passed on
-one token late. Every edit asserts its target occurs exactly once, so a change in the
+wrong triangular solve in the diagonal-plus-low-rank kernel, a pipeline's readout passed on
+one token late, or a value-side transition's transpose dropped or its beta on the wrong side. Every edit asserts its target occurs exactly once, so a change in the
 generated code fails here loudly instead of silently leaving the module unmutated. Each mutant states how the fuzzer must catch it
 (`Failure.kind`): by its values (numerical, nearly all of them), or by a crash or a wrong shape,
 which any check would see.
@@ -526,6 +526,57 @@ MUTANTS = [
         "the previous token's key read at the token itself (B_t for B_{t-1})",
         "_prev_B = _shift_tokens(B, _prev_B, cu_seqlens)  # B_{t-1}",
         "_prev_B = B",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    # a value-side transition (chunk_dplr_value): chunk_dplr on the transpose, then chunk_diagonal
+    (
+        "gated_oja",
+        "beta on the wrong side of the write (on its key, the unit v, not its value k)",
+        "    _k_H = _seq_vector(_unit_v, _sizes, cu_seqlens)\n"
+        "    _v_H = _seq_vector(beta * k, _sizes, cu_seqlens)",
+        "    _k_H = _seq_vector(beta * _unit_v, _sizes, cu_seqlens)\n"
+        "    _v_H = _seq_vector(k, _sizes, cu_seqlens)",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gated_oja",
+        "the transpose dropped: the first pass starts from the state as laid out",
+        "s0 = initial_state.mT  # S = M^T",
+        "s0 = initial_state  # S = M^T",
+        {"chunk"},
+        CRASH,
+    ),
+    (
+        "gated_oja",
+        "the transpose dropped: the final state returned as the first pass holds it",
+        "return o, state.mT",
+        "return o, state",
+        {"chunk"},
+        SHAPE,
+    ),
+    (
+        "gated_oja",
+        "the rank-1 term's read not folded into the second pass's write",
+        "chunk_diagonal(q, v + u, k,",
+        "chunk_diagonal(q, v, k,",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gated_oja",
+        "the rank-1 term's read taken from the token's own state, not the one before",
+        "a_next = torch.cat([a[:, :, 1:], torch.zeros_like(a[:, :, :1])], 2)",
+        "a_next = a",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "gated_oja",
+        "the second pass without its value-side gate",
+        "gv = None if gk is None else gk.expand_as(k)",
+        "gv = None",
         {"chunk"},
         NUMERICAL,
     ),

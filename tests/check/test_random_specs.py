@@ -74,10 +74,23 @@ def test_random_specs_cover_every_class() -> None:
         "diagonal times identity minus rank-1",
         "diagonal minus rank-1",
         "diagonal plus low rank",
+        "value-side (transposed) diagonal times identity minus rank-1",
     }
     assert classes <= seen, classes - seen
     assert {"output: ratio", "output: linear", "output: linear + skip"} <= seen
     assert any(s.startswith("let ") for s in seen)
+
+
+@settings(max_examples=25, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_random_value_side_specs_agree(data) -> None:
+    """The gated Oja rule's random spellings (factored or distributed, sigmoid or exp decays,
+    beta up to 2, with the generator's feature maps, normalisers and skips): chunked, and every
+    form equal to the oracle."""
+    text = data.draw(random_specs(("oja",)), label="spec")
+    plan = mixc.analyze(mixc.load_spec(text=text))
+    assert any(s.transition.transition_class.transposed for s in plan.states), text
+    _fuzz_one(data, text, 3, max_T=48, max_size=8, max_batch=2, max_heads=4)
 
 
 def test_random_specs_refuses_unknown_forms() -> None:

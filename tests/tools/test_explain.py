@@ -37,6 +37,8 @@ MATH = {
     "elementwise gate": "S_i = exp(b_i) ⊙ S_0 + Σ_{j<=i} exp(b_i - b_j) ⊙ k_j v_j^T,  y_i = q_i S_i",
     "diagonal times identity minus rank-1": "T = (I - [A B]')^{-1},  W = T (A ⊙ exp(c_{r-1}))",
     "diagonal plus low rank": "Y = (Q ⊙ exp(c) + [Q B] W) S_0 + [Q K] V + [Q B] U'",
+    "value-side (transposed) diagonal times identity minus rank-1": "pass 1, chunk_dplr on S^T "
+    "with the queries a one token early: u_t = S_{t-1} a_t",
     "general dense": "S_t = G_t(S_{t-1}) + W_t, evaluated for t = 1..T in order",
 }
 
@@ -73,6 +75,21 @@ def test_text_report_of_each_shipped_spec(capsys, name):
     assert "Parallel form" in out and "Cost per token and head" in out
     for w in plan.warnings:
         assert w.render() in out
+
+
+def test_a_value_side_state_is_said_to_be_transposed_with_its_kernel(capsys):
+    """The gated Oja rule acts on H from the left: explain says so, and names the kernel that
+    runs it on the transpose; the JSON report carries the same line, and a key-side state none."""
+    code, out, err = run(capsys, "explain", SPECS / "gated_oja.mix")
+    assert code == 0, err
+    assert "H [V, K]: value-side (transposed) diagonal times identity minus rank-1" in out
+    assert "transposed: a value-side (transposed) transition: it acts on H from the left" in out
+    assert "kernel: chunk_dplr_value" in out
+    code, out, err = run(capsys, "explain", "--json", SPECS / "gated_oja.mix")
+    (state,) = json.loads(out)["states"]
+    assert "kernel: chunk_dplr_value" in state["transposed"]
+    code, out, err = run(capsys, "explain", "--json", SPECS / "kda.mix")
+    assert json.loads(out)["states"][0]["transposed"] is None
 
 
 def test_parallel_form_uses_the_specs_own_names(capsys):

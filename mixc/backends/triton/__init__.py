@@ -11,6 +11,7 @@ why, for `explain`. The module imports torch and triton.
 
 from mixc.backends.pytorch import LIBRARY as PYTORCH_LIBRARY
 from mixc.backends.pytorch import KernelLibrary, refusal, render_module
+from mixc.backends.pytorch.kernels import DEFINITIONS as PYTORCH_DEFINITIONS
 from mixc.backends.triton import kernels
 from mixc.lowering.program import Program
 
@@ -61,10 +62,18 @@ def _note(call) -> str:
     if kernel in kernels.KERNELS:
         return f"{what}: {kernel} runs fused Triton kernels, forward and backward"
     have = ", ".join(kernels.KERNELS)
+    inner = [k for k in _kernels_called(kernel) if k in kernels.KERNELS]
+    inside = f", which calls the Triton backend's {' and '.join(inner)}" if inner else ""
     return (
-        f"{what}: falls back to the PyTorch kernel {kernel}: the Triton backend has no such "
-        f"kernel yet (it has {have})"
+        f"{what}: falls back to the PyTorch kernel {kernel}{inside}: the Triton backend has no "
+        f"{kernel} yet (it has {have})"
     )
+
+
+def _kernels_called(kernel: str) -> list[str]:
+    """The other public kernels a PyTorch kernel calls (chunk_dplr_value: two passes)."""
+    used = PYTORCH_DEFINITIONS[kernel][2] if kernel in PYTORCH_DEFINITIONS else ()
+    return sorted(n for n in used if n in PYTORCH_LIBRARY.kernels and n != kernel)
 
 
 BACKEND = TritonBackend()

@@ -1,0 +1,66 @@
+"""Issue 30's measurement of a value-side transition: the gated Oja rule (specs/gated_oja.mix)
+chunk forward (chunk_dplr_value: chunk_dplr, then chunk_diagonal) against its recurrent form at
+T = 8192.
+
+    PYTHONPATH=. python benchmarks/oja.py      # CPU, 2 threads, fp32, B=1, NH=4, d=64
+
+The chunk and recurrent forms are timed in one process in alternation (a warm-up call of each
+at T = 256, then `--repeats` timed calls of each, one of each in turn), forward under no_grad;
+the figure is the ratio of medians. Inputs as the layer draws them: the decays exp(gv) through
+a logsigmoid, beta in (0, 1)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import mixc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def inputs(T: int, B=1, NH=4, d=64):
+    g = torch.Generator().manual_seed(0)
+    q, k, v, gv = (torch.randn(B, T, NH, d, generator=g) for _ in range(4))
+    beta = torch.sigmoid(torch.randn(B, T, NH, generator=g))
+    return [q, k, v, F.logsigmoid(gv + 3.0), beta]
+
+
+def timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--T", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    module = mixc.load(ROOT / "specs/gated_oja.mix")
+    x = inputs(args.T)
+    calls = {"chunk": lambda: module.chunk(*x), "recurrent": lambda: module.recurrent(*x)}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    with torch.no_grad():
+        module.chunk(*inputs(256)), module.recurrent(*inputs(256))
+        for _ in range(args.repeats):
+            for name, call in calls.items():
+                times[name].append(timed(call))
+                print(f"  ({name}: {times[name][-1] * 1e3:.0f} ms)", flush=True)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"gated_oja forward, T={args.T}, B=1, NH=4, d=64, fp32, {args.threads} threads")
+    for name, t in times.items():
+        shown = ", ".join(f"{s * 1e3:.0f}" for s in t)
+        print(f"  {name}: median {med[name] * 1e3:.1f} ms (of {shown})")
+    print(f"  chunk is {med['recurrent'] / med['chunk']:.1f}x faster than recurrent")
+
+
+if __name__ == "__main__":
+    main()
