@@ -1540,7 +1540,8 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
     """What the chunks of a span share before the state passes: the decayed scores, rows and
     columns and exp(b_C) (see _dplr_scores; _dplr_scores_direct where `direct`), T =
     (I - ab)^{-1} (unit lower-triangular, in at least fp32), W = T (exp(b_{r-1}) ⊙ A), U' =
-    T ak V and, `guard`ed, the poison of the tokens whose ak V overflowed (else None)."""
+    T ak V and, `guard`ed, the poison of the tokens whose decayed a or ak V overflowed (else
+    None)."""
     scores_of = _dplr_scores_direct if direct else _dplr_scores
     scores, rows, cols, chunk_decay = scores_of(q_c, k_c, a_c, b_c, g_c)
     chunk_size = q_c.shape[3]
@@ -1553,10 +1554,15 @@ def _dplr_maps(q_c, k_c, v_c, g_c, a_c, b_c, direct=False, guard=False):
         t_inv = t_inv - _bmm(t_inv, _bmm(minus_ab - minus_ab.detach(), t_inv))
     t_inv = t_inv.to(q_c.dtype)
     a_before = rows[..., 1, :]
-    w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
     ak_v, poison = _bmm(pairs[..., 1, :, 0], v_c), None
-    if guard:  # finite inputs can overflow in a later token's row, which T would carry back
+    if guard:
+        # finite inputs can overflow in a later token's row (a large a decayed by gates above
+        # 0, or a · k): T's zeros above its diagonal times that row's inf would carry it back
+        # to the earlier rows of W and U', so such a row is made finite and poisons instead
+        a_before, poison_a = _finite_rows_(a_before)
         ak_v, poison = _finite_rows_(ak_v)
+        poison = poison + poison_a
+    w = _bmm(t_inv, a_before)  # [N, B, NH, C, K]
     u_own = _bmm(t_inv, ak_v)  # [N, B, NH, C, V]
     return scores, t_inv, rows, cols, w, u_own, chunk_decay, poison
 
@@ -1844,8 +1850,8 @@ def chunk_dplr_value(q, k, v, a, gk=None, initial_state=None, chunk_size=64, gk_
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_dc13810dbf5d7cd0", globals())
-_operator_calls = _register_calls("mixc_dc13810dbf5d7cd0", globals())
+_operator_spans = _register_spans("mixc_b2545d551fe7488e", globals())
+_operator_calls = _register_calls("mixc_b2545d551fe7488e", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
