@@ -331,6 +331,24 @@ ROWS: dict[str, Row] = {
         SCALAR_DECAY,
         warnings=("cannot prove the decay exp(dt_t A)",),
     ),
+    "mamba3": Row(
+        "mamba3.mix",
+        {
+            "Th": S("identity", "identity", "3.141592653589793 dt_t tanh(w_t) 1^T", ()),
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t) x_{t-1}"
+                " (rotate_interleaved(B_bias + B_{t-1}, _r0))^T"
+                " + dt_t sigmoid(l_t) x_t (rotate_interleaved(B_bias + B_t, _r1))^T",
+                ("scalar: exp(-dt_t A_t) -> -A_t dt_t unproven",),
+            ),
+        },
+        "function of readouts: (_r2 + D x_t) * silu(z_t)",
+        SCALAR_DECAY,
+        groups=(("Th",), ("H",)),
+        warnings=("cannot prove the decay exp(-dt_t A_t)",),
+    ),
     "gla_rank2": Row(
         "gla_rank2.mix",
         {
