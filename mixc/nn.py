@@ -135,6 +135,8 @@ class MixerLayer(nn.Module):
         self.sizes = sizes_per_head(self.spec, self.hidden_size, self.num_heads, given)
         self.sizes = expanded_sizes(self.spec, self.sizes, given, expand_v)
         self.roles = roles(self.spec)
+        for d, p in self.roles.rotated:  # the angles of the leading half of the pairs
+            self.sizes[p] = given.get(p, max(1, self.sizes[d] // 4))
         self.heads = {
             d.name: self.num_heads if d.name in self.roles.keys else self.num_v_heads
             for d in self.spec.mixer.inputs

@@ -52,8 +52,7 @@ def reference(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, start=None):
             for t in range(T):
                 d = dt[b, t, h].item()
                 theta = [
-                    th + math.pi * d * math.tanh(wi)
-                    for th, wi in zip(theta, w[b, t, h].tolist())
+                    th + math.pi * d * math.tanh(wi) for th, wi in zip(theta, w[b, t, h].tolist())
                 ]
                 k = _turn_pairs([bi + ci for bi, ci in zip(B[b, t, h].tolist(), bias_b)], theta)
                 q = _turn_pairs([ci + bi for ci, bi in zip(C[b, t, h].tolist(), bias_c)], theta)
