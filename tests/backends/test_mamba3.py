@@ -31,7 +31,7 @@ def _turn_pairs(u: list[float], angles: list[float]) -> list[float]:
     return out
 
 
-def reference(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, start=None):
+def reference(x, z, dt, A, B, C, trap, w, D, B_bias, C_bias, start=None):
     """Mamba-3 SISO, one head of one sequence at a time. Inputs as the compiled forms take them
     ([Bt, T, NH, ...]); `start` = (angles, H, x_prev, B_prev) or None for zeros. Returns y
     [Bt, T, NH, P] and the final (angles, H, x_last, B_last)."""
@@ -57,7 +57,7 @@ def reference(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, start=None):
                 k = _turn_pairs([bi + ci for bi, ci in zip(B[b, t, h].tolist(), bias_b)], theta)
                 q = _turn_pairs([ci + bi for ci, bi in zip(C[b, t, h].tolist(), bias_c)], theta)
                 v = x[b, t, h].tolist()
-                lam = 1 / (1 + math.exp(-l[b, t, h].item()))
+                lam = 1 / (1 + math.exp(-trap[b, t, h].item()))
                 alpha = math.exp(-d * A[b, t, h].item())
                 beta, gamma = (1 - lam) * d * alpha, lam * d
                 H = [
