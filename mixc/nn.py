@@ -33,6 +33,7 @@ from mixc.errors import MixcError, Source
 from mixc.frontend.spec import load_spec
 from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
+    angle_sizes,
     check_container_names,
     check_memory,
     check_no_cache,
@@ -131,12 +132,10 @@ class MixerLayer(nn.Module):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
         self.mode = chosen_mode(self.spec, self.mixer, mode)
         check_container_names(self.spec)
-        given = {} if sizes is None else sizes
+        given, self.roles = {} if sizes is None else sizes, roles(self.spec)
         self.sizes = sizes_per_head(self.spec, self.hidden_size, self.num_heads, given)
         self.sizes = expanded_sizes(self.spec, self.sizes, given, expand_v)
-        self.roles = roles(self.spec)
-        for d, p in self.roles.rotated:  # the angles of the leading half of the pairs
-            self.sizes[p] = given.get(p, max(1, self.sizes[d] // 4))
+        self.sizes = angle_sizes(self.sizes, self.roles.rotated, given)
         self.heads = {
             d.name: self.num_heads if d.name in self.roles.keys else self.num_v_heads
             for d in self.spec.mixer.inputs
