@@ -1,5 +1,7 @@
 """Rotations (issue 31): linear attention with RoPE against plain linear attention, chunk forward,
-and how accurate the angles stay far from position 0.
+how accurate the angles stay far from position 0, and Mamba-3 SISO (specs/mamba3.mix: summed
+data-dependent angles, R = N / 4 pairs turned) against Mamba-2 at T=4096 and against its own
+recurrent form at T=8192 (chunk size 64 for both; N = P = 64).
 
     python benchmarks/rotations.py --threads 2
 
@@ -62,6 +64,57 @@ def speed(calls: int, rounds: int) -> None:
     print(f"| ratio (target <= 1.2x) | {ratio:.2f}x | {holds} |")
 
 
+def mamba3_inputs(T: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    sp = torch.nn.functional.softplus
+    return dict(
+        x=r(B, T, NH, D), z=r(B, T, NH, D), dt=sp(r(B, T, NH) - 3), A=sp(r(B, T, NH)),
+        B=r(B, T, NH, D), C=r(B, T, NH, D), l=r(B, T, NH), w=r(B, T, NH, D // 4),
+        D=r(NH), B_bias=torch.ones(NH, D), C_bias=torch.ones(NH, D),
+    )  # fmt: skip
+
+
+def mamba3(calls: int, rounds: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    m2, m3 = (
+        mixc.load(SPECS / "mamba2.mix"),
+        mixc.load(SPECS.parent / "examples" / "specs" / "mamba3.mix"),
+    )
+    a = mamba3_inputs(T, g)
+    x2 = (a["x"], a["dt"], a["B"], a["C"], -a["A"][0, 0], a["D"])
+    a3 = list(a.values())
+    long = list(mamba3_inputs(2 * T, g).values())
+    with torch.no_grad():
+        times = time_calls(
+            {
+                "mamba2": lambda: m2.chunk(*x2, chunk_size=64),
+                "mamba3": lambda: m3.chunk(*a3, chunk_size=64),
+            },
+            calls,
+            rounds,
+        )
+        med = {name: statistics.median(t) for name, t in times.items()}
+        ratio = med["mamba3"] / med["mamba2"]
+        print(f"| mamba2 chunk fwd, T={T} | {med['mamba2']:.2f} ms |")
+        print(f"| mamba3 chunk fwd, T={T} | {med['mamba3']:.2f} ms |")
+        print(f"| ratio (target <= 1.5x) | {ratio:.2f}x | {'yes' if ratio <= 1.5 else '**no**'} |")
+        times = time_calls(
+            {
+                "chunk": lambda: m3.chunk(*long, chunk_size=64),
+                "recurrent": lambda: m3.recurrent(*long),
+            },
+            1,
+            1,
+        )
+        med = {name: statistics.median(t) for name, t in times.items()}
+        ratio = med["recurrent"] / med["chunk"]
+        print(f"| mamba3 chunk fwd, T={2 * T} | {med['chunk']:.2f} ms |")
+        print(f"| mamba3 recurrent fwd, T={2 * T} | {med['recurrent']:.2f} ms |")
+        print(f"| speed-up (target >= 10x) | {ratio:.1f}x | {'yes' if ratio >= 10 else '**no**'} |")
+
+
 def accuracy() -> None:
     """Angles t * 10000^(-2i/64) at t = 10^6 .. 10^6 + 4095: the error of each way of computing
     cos in float32, and the module's output error from position 10^6 against float64."""
@@ -110,6 +163,8 @@ def main() -> None:
     speed(args.calls, args.rounds)
     print("\n| cos of the angle at positions 10^6 .. 10^6 + 4095 | max abs error |\n| --- | --- |")
     accuracy()
+    print("\n| Mamba-3 SISO | median |\n| --- | --- |")
+    mamba3(args.calls, args.rounds)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from mixc.layer_roles import TRANSFORMS, Roles, layer_spec  # layer_spec: export
 from mixc.resources import check_bytes
 
 __all__ = [
+    "angle_sizes",
     "check_container_names",
     "check_memory",
     "check_no_cache",
@@ -104,6 +105,15 @@ def sizes_per_head(spec: Spec, hidden: int, heads: int, given: Mapping[str, int]
         )
         raise MixcError(f"hidden_size: {hidden} {problem}; pass sizes={{...}} for {what}")
     return {s: out.get(s, hidden // heads) for s in sorted(symbols)}
+
+
+def angle_sizes(sizes: dict[str, int], rotated, given: Mapping[str, int]) -> dict[str, int]:
+    """`sizes` with the angle count p of each rotation of a vector [d] (`Roles.rotated`) not in
+    `given` set to d / 4: the leading half of the pairs turn (Mamba-3's rope_fraction 0.5)."""
+    out = dict(sizes)
+    for d, p in rotated:
+        out[p] = given.get(p, max(1, out[d] // 4))
+    return out
 
 
 def value_symbols(spec: Spec) -> list[str]:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from mixc.algebra.expand import inline
 from mixc.errors import MixcError, Source
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, angle_only, walk
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, angle_reads, walk
 from mixc.frontend.spec import Spec, load_spec
 
 __all__ = [
@@ -153,6 +153,9 @@ class Roles:
     conditioned: frozenset[str]  # inputs a stability condition bounds (decays, beta)
     keys: frozenset[str] = frozenset()  # queries and keys a group of value heads may share
     erases: tuple[Expr, ...] = ()
+    #: (d, p): a vector [d] turned by [p] angles (p <= d / 2): p defaults to d / 4, the leading
+    #: half of the pairs (Mamba-3's rope_fraction 0.5)
+    rotated: tuple[tuple[str, str], ...] = ()
 
     def biased(self, mixer) -> list[str]:
         """The inputs that get a learnable bias: every input read by a decay or an erase
@@ -215,7 +218,16 @@ def roles(spec) -> Roles:
     bounded = {"positive", "negative", "unit interval", "real"}
     conditioned = frozenset(n for n in inputs if domain[n] in bounded or n in angles)
     keys -= conditioned | {n for d in decays for n in reads(d.log, inputs)}
-    return Roles(transforms, domains, inits, tuple(decays), conditioned, frozenset(keys), erases)
+    return Roles(
+        transforms,
+        domains,
+        inits,
+        tuple(decays),
+        conditioned,
+        frozenset(keys),
+        erases,
+        ranges.halved,
+    )
 
 
 def _erase_strengths(plan, mixer) -> tuple[Expr, ...]:
@@ -266,9 +278,23 @@ def _transforms_and_keys(plan, mixer, domain: dict[str, str]) -> tuple[dict, set
 
 
 def _angle_inputs(mixer) -> set[str]:
-    """The inputs every read of which lies inside an angle (`angle_only`): they pass as given,
-    neither convolved nor put through silu."""
-    return {d.name for d in mixer.inputs} & angle_only(mixer)
+    """The inputs every read of which lies inside an angle (`angle_only`), or in the update of
+    a state of angles (a state read only inside angles: Mamba-3's summed angles, whose rate w_t
+    is such an input): they pass as given, neither convolved nor put through silu."""
+    reads = [(eq.target, *angle_reads(mixer, eq.value)) for eq in mixer.equations]
+    states = {s.name for s in mixer.states}
+    # a state of angles: read inside angles only, but in its own update (Th_{t-1})
+    angle_states = {
+        s
+        for s in states
+        if any(s in i for _, i, _ in reads) and not any(s in o for t, _, o in reads if t != s)
+    }
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for target, i, o in reads:
+        inside |= i
+        (inside if target in angle_states else outside).update(o)
+    return {d.name for d in mixer.inputs} & (inside - outside)
 
 
 def default_transforms(spec) -> dict[str, list[str]]:

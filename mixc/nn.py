@@ -33,6 +33,7 @@ from mixc.errors import MixcError, Source
 from mixc.frontend.spec import load_spec
 from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
+    angle_sizes,
     check_container_names,
     check_memory,
     check_no_cache,
@@ -131,10 +132,10 @@ class MixerLayer(nn.Module):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
         self.mode = chosen_mode(self.spec, self.mixer, mode)
         check_container_names(self.spec)
-        given = {} if sizes is None else sizes
+        given, self.roles = {} if sizes is None else sizes, roles(self.spec)
         self.sizes = sizes_per_head(self.spec, self.hidden_size, self.num_heads, given)
         self.sizes = expanded_sizes(self.spec, self.sizes, given, expand_v)
-        self.roles = roles(self.spec)
+        self.sizes = angle_sizes(self.sizes, self.roles.rotated, given)
         self.heads = {
             d.name: self.num_heads if d.name in self.roles.keys else self.num_v_heads
             for d in self.spec.mixer.inputs
@@ -299,11 +300,8 @@ class MixerLayer(nn.Module):
             check_cache(state, B, self)
         mask = check_mask(attention_mask, B, T, x.device)
         packed = None if mask is None else packing(mask)
-        # The rows' tokens are packed into sequences (cu_seqlens) where their final states are
-        # kept, and for a non-causal mixer (whose backward states would read the padding after a
-        # row's tokens); otherwise each compacted row runs as it is (its tokens first, padding
-        # zeroed after them), whose outputs at its tokens are the sequence's alone: the forms
-        # are causal.
+        # Packed into sequences (cu_seqlens) for a cache or a backward state; else each
+        # compacted row runs as it is, its padding after its tokens (the forms are causal).
         split = packed if use_cache or not self.spec.mixer.causal else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
@@ -353,8 +351,7 @@ class MixerLayer(nn.Module):
 
     def _mix(self, inputs, state: MixerCache | None, use_cache: bool, packed: Packing | None):
         """The compiled mixer's form (`mode`) on the inputs, from the cache's states; one token
-        of every row (decoding) runs the step form, a few times faster there than the others
-        (a non-causal mixer has none: a sequence of one token runs its other forms)."""
+        of every row (decoding) runs the step form (a non-causal mixer has none)."""
         states = state.states if state is not None else None
         if packed is None and inputs[0].shape[1] == 1 and self.spec.mixer.causal:
             y, states = self.mixer.step(*(x[:, 0] for x in inputs), *self._params(), state=states)

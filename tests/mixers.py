@@ -14,7 +14,7 @@ import torch
 
 from mixc.check.sampling import sample_inputs, sample_states
 
-SIZES = {"K": 8, "V": 6, "P": 6, "N": 8, "S": 5, "M": 4}
+SIZES = {"K": 8, "V": 6, "P": 6, "N": 8, "S": 5, "M": 4, "R": 2}
 
 
 def _threads_per_worker() -> int:

@@ -319,3 +319,17 @@ def test_use_cache_must_be_a_bool():
     layer = MixerLayer(DELTANET, 32, 2)
     with pytest.raises(mixc.MixcError, match=r"^use_cache: expected True or False, got str$"):
         layer(torch.randn(1, 3, 32), use_cache="no")
+
+
+def test_mamba3_layer_keeps_its_angles_as_given_and_turns_a_quarter_of_the_channels():
+    """The angle rate w of Mamba-3's summed angles is neither convolved nor put through silu
+    (it is read only by the state of angles); R defaults to N / 4 (rope_fraction 0.5)."""
+    layer = MixerLayer(ROOT / "examples" / "specs" / "mamba3.mix", 64, 2, output_gate=False)
+    assert layer.transforms["w"] == ["identity"] and "w" not in layer.conv_inputs
+    assert layer.transforms["B"] == ["silu"] and "B" in layer.conv_inputs
+    assert layer.sizes["R"] == layer.sizes["N"] // 4
+    x = torch.randn(2, 40, 64, requires_grad=True)
+    y, _ = layer(x)
+    y.square().mean().backward()
+    grads = [p.grad for p in layer.parameters()]
+    assert torch.isfinite(y).all() and all(g is not None and torch.isfinite(g).all() for g in grads)

@@ -233,12 +233,11 @@ def _readout_term(t: Term, states: set[str], ex: Expander):
         not rest
         and isinstance(first, Timed)
         and first.name in states
-        and first.offset == 0
         and ex.shape(first)[1] == "1"
         and not any(ex.has_state(a) for a in t.scalars + t.gates)
     ):
         scale = [signed(t.coeff)] if t.coeff != 1 else []
-        return first.name, 0, Number("1"), product(scale + list(t.scalars)), True
+        return first.name, first.offset, Number("1"), product(scale + list(t.scalars)), True
     if t.gates:
         return None
     vector_state = isinstance(first, Transpose) and isinstance(first.operand, Timed)

@@ -131,6 +131,8 @@ class InputRanges:
     ranges: tuple[Range, ...]
     notes: tuple[str, ...]
     wide: frozenset[str] = frozenset()  # size symbols drawn >= 2 (l2norm over one entry is a sign)
+    #: (d, p) size symbols of a rotation of a vector [d] by [p] angles: drawn with 2 p <= d
+    halved: tuple[tuple[str, str], ...] = ()
 
     @property
     def mixer(self):
@@ -374,6 +376,20 @@ def _wide_sizes(plan: Plan) -> frozenset[str]:
     )
 
 
+def _halved_sizes(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """(d, p) for each rotation of a vector [d] by [p] angles, two size symbols: p must be at
+    most d / 2 (the leading 2p entries turn; Mamba-3's rope_fraction), so the sizes are drawn
+    so."""
+    found = []
+    for eq in plan.mixer.equations:
+        for n in walk(inline(plan.mixer, eq.value)):
+            if isinstance(n, Call) and n.func in ("rotate", "rotate_interleaved"):
+                d, p = (plan.expander.shape(a)[0] for a in n.args)
+                if d != p and not d.isdigit() and not p.isdigit() and (d, p) not in found:
+                    found.append((d, p))
+    return tuple(found)
+
+
 def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> InputRanges:
     """Derive how to draw every argument of `spec` from its analysis plan (see the module doc)."""
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
@@ -414,7 +430,9 @@ def input_ranges(spec: Spec | str | os.PathLike, plan: Plan | None = None) -> In
         ranges.append(Range(last.name, "state", drawn.domain, f"a token of {d.name}: {drawn.why}"))
     if mixer.positioned:
         ranges.append(Range(POSITION, "state", "position", "the position of the first token"))
-    return InputRanges(spec, plan, tuple(ranges), tuple(notes), _wide_sizes(plan))
+    return InputRanges(
+        spec, plan, tuple(ranges), tuple(notes), _wide_sizes(plan), _halved_sizes(plan)
+    )
 
 
 def decays_near_one(r: InputRanges) -> dict[str, str]:

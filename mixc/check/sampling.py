@@ -147,6 +147,20 @@ def _draw_sizes(draw_, r: InputRanges, max_size: int) -> list[int]:
             values[one], values[narrow[0]] = values[narrow[0]], values[one]
         else:
             values = [x + 1 for x in values]
+    return _halve(values, symbols, r.halved)
+
+
+def _halve(values: list[int], symbols, halved) -> list[int]:
+    """`values` with each size d that a rotation turns by p angles (`InputRanges.halved`)
+    raised, where 2 p > d, to the smallest free size at least 2 p."""
+    at = {s: i for i, s in enumerate(symbols)}
+    for _ in range(len(halved) + 1):  # raising one may break a pair before it
+        for d, p in halved:
+            if 2 * values[at[p]] > values[at[d]]:
+                size = 2 * values[at[p]]
+                while size in values:
+                    size += 1
+                values[at[d]] = size
     return values
 
 

@@ -267,8 +267,16 @@ def angle_reads(mixer: Mixer, e: Expr) -> tuple[set[str], set[str]]:
         if isinstance(node, Name | Timed):
             (inside if angle else outside).add(node.name)
         elif isinstance(node, Call) and node.func in lets:
-            stack.extend((a, angle) for a in node.args)
-            stack.append((lets[node.func].body, angle))
+            # each argument where the body reads its parameter: inside an angle or not
+            fn = lets[node.func]
+            body_inside, body_outside = angle_reads(mixer, fn.body)
+            for param, arg in zip(fn.args, node.args, strict=True):
+                if param in body_inside:
+                    stack.append((arg, True))
+                if param in body_outside:
+                    stack.append((arg, angle))
+            inside.update(body_inside - set(fn.args))
+            (inside if angle else outside).update(body_outside - set(fn.args))
         else:
             which = ANGLE_ARGUMENTS.get(node.func) if isinstance(node, Call) else None
             stack.extend((c, angle or i == which) for i, c in enumerate(children(node)))

@@ -282,8 +282,9 @@ def _rotations(plan: Plan) -> list[str]:
             "per-token transform): exact for every class, the state kept in the turned "
             "coordinates, a gate acting on the turned channels. A rotation inside the "
             "transition (H_{t-1} R(w_t)) would equal the turn of q and k by the summed angles "
-            "only where the gate is equal on both entries of each pair; it needs a state of "
-            "angles (pipelines), not built here"
+            "only where the gate is equal on both entries of each pair; summed angles are "
+            "written as a state of angles read by the turns (Mamba-3's Th_t = Th_{t-1} + "
+            "dt_t w_t), whose pass runs first (a pipeline)"
         )
     if mixer.positioned:
         out.append(

@@ -30,6 +30,8 @@ from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
 
 SPECS = Path(__file__).parents[2] / "specs"
+#: Specs of mixers that are not shipped yet (examples/specs/README.md says why), checked here too.
+EXAMPLES = Path(__file__).parents[2] / "examples" / "specs"
 
 
 # ----------------------------------------------------------------------------- the table
@@ -329,6 +331,24 @@ ROWS: dict[str, Row] = {
         "linear + skip: _r0 + D x_t",
         SCALAR_DECAY,
         warnings=("cannot prove the decay exp(dt_t A)",),
+    ),
+    "mamba3": Row(
+        (EXAMPLES / "mamba3.mix").read_text(encoding="utf-8"),
+        {
+            "Th": S("identity", "identity", "3.141592653589793 dt_t tanh(w_t) 1^T", ()),
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t) x_{t-1}"
+                " (rotate_interleaved(B_bias + B_{t-1}, _r0))^T"
+                " + dt_t sigmoid(l_t) x_t (rotate_interleaved(B_bias + B_t, _r1))^T",
+                ("scalar: exp(-dt_t A_t) -> -A_t dt_t unproven",),
+            ),
+        },
+        "function of readouts: (_r2 + D x_t) * silu(z_t)",
+        SCALAR_DECAY,
+        groups=(("Th",), ("H",)),
+        warnings=("cannot prove the decay exp(-dt_t A_t)",),
     ),
     "gla_rank2": Row(
         "gla_rank2.mix",

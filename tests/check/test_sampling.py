@@ -26,7 +26,7 @@ from mixc.frontend.ir import CHANNEL
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "specs").glob("*.mix"))
-SIZES = {"K": 5, "V": 3, "P": 3, "N": 5, "S": 4, "M": 4}
+SIZES = {"K": 5, "V": 3, "P": 3, "N": 5, "S": 4, "M": 4, "R": 2}
 
 
 def _example(r, batch: int, heads: int, T: int, seed: int, modes=()) -> Example:

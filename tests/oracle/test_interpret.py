@@ -17,8 +17,10 @@ from mixc import MixcError, load_spec
 from mixc.frontend.ir import FUNCTIONS as IR_FUNCTIONS
 from mixc.oracle.interpret import FUNCTIONS, interpret
 
-#: The shipped specs: each has a reference below.
-SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix"))
+#: The shipped specs, then the examples' (mixers not shipped yet): each has a reference below.
+SPECS = sorted((Path(__file__).parents[2] / "specs").glob("*.mix")) + sorted(
+    (Path(__file__).parents[2] / "examples" / "specs").glob("*.mix")
+)
 BATCH, STEPS, HEADS, DK, DV, CODES, DM = 2, 9, 3, 4, 5, 3, 6
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 f64 = torch.float64
@@ -235,6 +237,31 @@ def ref_mamba3_trapezoid(x, p, s):
         lams.append(lam)
     last = {"x_{t-1}": x["x"][-1], "B_{t-1}": x["B"][-1]}  # what a step carries to the next
     return {"y": ys, "a": alphas, "lam": lams}, {"H": H, **last}
+
+
+def ref_mamba3(x, p, s):
+    """Mamba-3 SISO (mamba3_siso_step_ref in state-spaces/mamba's tests): angles summed as
+    pi dt tanh(w) per pair, B + B_bias and C + C_bias turned by them on pairs (2i, 2i + 1), the
+    trapezoid's previous key turned by its own token's angles, D x added before silu(z)."""
+    R = len(x["w"][0])
+    first, second = [2 * i for i in range(R)], [2 * i + 1 for i in range(R)]
+    H, theta, ys, alphas, lams = s["H"], s["Th"], [], [], []
+    before = torch.zeros_like(H)
+    for t in range(len(x["x"])):
+        dt, lam = x["dt"][t], torch.sigmoid(x["l"][t])
+        theta = theta + math.pi * dt * torch.tanh(x["w"][t])
+        key = turn_pairs(x["B"][t] + p["B_bias"], theta.tolist(), first, second)
+        query = turn_pairs(x["C"][t] + p["C_bias"], theta.tolist(), first, second)
+        alpha = torch.exp(-dt * x["A"][t])
+        now = outer(x["x"][t], key)
+        H = alpha * H + (1 - lam) * dt * alpha * before + lam * dt * now
+        before = now
+        z = x["z"][t]
+        ys.append((H @ query + p["D"] * x["x"][t]) * z * torch.sigmoid(z))
+        alphas.append(alpha)
+        lams.append(lam)
+    last = {"x_{t-1}": x["x"][-1], "B_{t-1}": x["B"][-1]}
+    return {"y": ys, "a": alphas, "lam": lams}, {"Th": theta, "H": H, **last}
 
 
 def ref_gla_rank2(x, p, s):
@@ -576,6 +603,22 @@ CASES = {
             {"A": -0.2 - rand(g, HEADS), "D": randn(g, HEADS)},
         ),
     ),
+    "mamba3": (
+        ref_mamba3,
+        lambda g: (
+            {
+                "x": randn(g, *LEAD, DV),
+                "z": randn(g, *LEAD, DV),
+                "dt": F.softplus(randn(g, *LEAD)),
+                "A": rand(g, *LEAD),
+                "B": randn(g, *LEAD, DK),
+                "C": randn(g, *LEAD, DK),
+                "l": randn(g, *LEAD),
+                "w": randn(g, *LEAD, SIZES["R"]),
+            },
+            {"D": randn(g, HEADS), "B_bias": randn(g, HEADS, DK), "C_bias": randn(g, HEADS, DK)},
+        ),
+    ),
     "gla_rank2": (
         ref_gla_rank2,
         lambda g: (
@@ -666,7 +709,7 @@ CASES = {
         ),
     ),
 }
-SIZES = {"K": DK, "V": DV, "P": DV, "N": DK, "S": CODES, "M": DM}
+SIZES = {"K": DK, "V": DV, "P": DV, "N": DK, "S": CODES, "M": DM, "R": DK // 2}
 
 
 def initial_states(spec, g):

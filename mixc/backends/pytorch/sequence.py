@@ -77,9 +77,8 @@ class SequenceForms(Context):
         reverse: bool = False,
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one call,
-        as locals; returns the class's arguments as the call passes them. `log_scale`: the write
-        scale, passed as its log; `joined`: several steps' writes taken together (a list of keys,
-        one a write, and one of values); `reverse`: each in reverse time order (a backward call)."""
+        as locals; returns the arguments as the call passes them. `log_scale`: the write scale's
+        log; `joined`, `reverse`: see emit_sub_token_inputs; a backward call reverses time."""
         if len(steps) > 1:
             return self.emit_sub_token_inputs(out, group, steps, packed, joined, reverse)
         (step,) = steps
@@ -126,10 +125,10 @@ class SequenceForms(Context):
         reverse: bool,
     ) -> list[str]:
         """Key, value and the class's arguments of a call that applies several steps a token:
-        each step's (reversed in time before, for a backward call), interleaved along time into
-        sub-tokens (`_sub_tokens`), an argument a step lacks (no decay) as zeros; or (`joined`:
-        one transition, then writes only) the keys and values as lists, one a write, the
-        arguments the first step's."""
+        each step's (reversed in time before, for a backward call; `reverse`), interleaved along
+        time into sub-tokens (`_sub_tokens`), an argument a step lacks (no decay) as zeros; or
+        (`joined`: one transition, then writes only) the keys and values as lists, one a write,
+        the arguments the first step's."""
         gate = self.gate_expr()
         seq = self.seq_layout(packed, reverse)
         parts: dict[str, list[str | None]] = {"k": [], "v": []}
@@ -280,8 +279,7 @@ class SequenceForms(Context):
         out(f"_width = {v}.shape[-1]")
         out(f"_v = _torch.cat([{v}, {v}.new_zeros(*{v}.shape[:-1], _K)], -1)")
         out("_S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)")
-        where = "dtype=_dtype, device=_device"
-        out(f"_S0 = _S0.to({where}).expand(*{k}.shape[:2], _K, _width + _K)")
+        out(f"_S0 = _S0.to(dtype=_dtype, device=_device).expand(*{k}.shape[:2], _K, _width + _K)")
         args = ", ".join([f"_torch.zeros_like({k})", f"{k}", "_v", *kernel_args])
         out(f"_o, _S = _{call.kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
         # one P per group (a pipeline's groups each probe their own)

@@ -1141,9 +1141,12 @@ def _rotate_interleaved(x, turning):
     odd = pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1])
     if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers: a copy is
         pairs = pairs.clone(memory_format=torch.contiguous_format)
-    turned = torch.view_as_real(torch.view_as_complex(pairs) * turning).flatten(-2)
+    turned = torch.view_as_complex(pairs) * turning
     if 2 * n == x.shape[-2]:
-        return turned[..., None]
+        return torch.view_as_real(turned).flatten(-2)[..., None]
+    # stacked, not viewed as real: the gradient of a slice of the cat may sit at an odd offset,
+    # which the backward of view_as_real cannot view as complex numbers
+    turned = torch.stack((turned.real, turned.imag), -1).flatten(-2)
     rest = x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1)
     return torch.cat((turned, rest), -1)[..., None]
 
@@ -1459,8 +1462,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_1071f2fe53a682cf", globals())
-_operator_calls = _register_calls("mixc_1071f2fe53a682cf", globals())
+_operator_spans = _register_spans("mixc_04ef82178c2f2a59", globals())
+_operator_calls = _register_calls("mixc_04ef82178c2f2a59", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -95,9 +95,12 @@ def _rotate_interleaved(x, turning):
     odd = pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1])
     if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers: a copy is
         pairs = pairs.clone(memory_format=torch.contiguous_format)
-    turned = torch.view_as_real(torch.view_as_complex(pairs) * turning).flatten(-2)
+    turned = torch.view_as_complex(pairs) * turning
     if 2 * n == x.shape[-2]:
-        return turned[..., None]
+        return torch.view_as_real(turned).flatten(-2)[..., None]
+    # stacked, not viewed as real: the gradient of a slice of the cat may sit at an odd offset,
+    # which the backward of view_as_real cannot view as complex numbers
+    turned = torch.stack((turned.real, turned.imag), -1).flatten(-2)
     rest = x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1)
     return torch.cat((turned, rest), -1)[..., None]
 
