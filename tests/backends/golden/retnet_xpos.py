@@ -1122,7 +1122,9 @@ def _rotate_interleaved(x, turning):
     past 2n are kept."""
     n = turning.shape[-1]
     pairs = x[..., : 2 * n, 0].unflatten(-1, (n, 2))
-    odd = pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1])
+    # torch.compile cannot read a storage offset: there a copy always (which it fuses away)
+    odd = torch.compiler.is_compiling() or pairs.storage_offset() % 2
+    odd = odd or any(s % 2 for s in pairs.stride()[:-1])
     if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers: a copy is
         pairs = pairs.clone(memory_format=torch.contiguous_format)
     turned = torch.view_as_real(torch.view_as_complex(pairs) * turning).flatten(-2)
@@ -1430,8 +1432,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_b032b283b4d29e3b", globals())
-_operator_calls = _register_calls("mixc_b032b283b4d29e3b", globals())
+_operator_spans = _register_spans("mixc_97a7716c4ad82c90", globals())
+_operator_calls = _register_calls("mixc_97a7716c4ad82c90", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
