@@ -300,11 +300,9 @@ class MixerLayer(nn.Module):
         mask = check_mask(attention_mask, B, T, x.device)
         packed = None if mask is None else packing(mask)
         # The rows' tokens are packed into sequences (cu_seqlens) where their final states are
-        # kept; otherwise each compacted row runs as it is (its tokens first, padding zeroed
-        # after them), whose outputs at its tokens are the sequence's alone: the forms are causal.
-        # The compacted rows keep their shape to the end, where the outputs go back to their
-        # tokens' places (`expand`): no size depends on the mask, so torch.compile makes one
-        # graph of it (the packed sequences' sizes do).
+        # kept; otherwise each compacted row runs as it is (its tokens first), whose outputs at
+        # its tokens are the sequence's alone (the forms are causal), to the end (`expand`): no
+        # size depends on the mask there, so torch.compile makes one graph of it.
         split = packed if use_cache else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
@@ -320,10 +318,8 @@ class MixerLayer(nn.Module):
         if self.gate is not None:
             y = y * F.silu(self.gate(x if split is None else split.pack_compacted(x)))
         y = self.out_proj(y)
-        if split is not None:
-            y = split.unpack(y)
-        elif packed is not None:
-            y = packed.expand(y)
+        if packed is not None:
+            y = packed.expand(y) if split is None else split.unpack(y)
         return y, (MixerCache(states, tails, id(self)) if use_cache else None)
 
     def _inputs(self, x: torch.Tensor, state: MixerCache | None, packed: Packing | None):
