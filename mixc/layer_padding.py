@@ -14,6 +14,7 @@ constant term), and measured no faster (docs/layers.md).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +25,9 @@ __all__ = ["Packing", "check_mask", "packing"]
 
 
 def check_mask(mask, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
-    """The attention mask as a bool [B, T] tensor, or None where it has no padding (or is None).
-    It may be bool, integer or floating, of 0 and 1 only."""
+    """The attention mask as a bool [B, T] tensor, or None where it has no padding (or is None;
+    under torch.compile, only where it is None). It may be bool, integer or floating, of 0 and
+    1 only (not checked under torch.compile)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
@@ -42,14 +44,13 @@ def check_mask(mask, batch: int, length: int, device: torch.device) -> torch.Ten
         )
     if mask.is_complex():
         raise MixcError(f"attention_mask: expected 0 and 1, got {mask.dtype}")
+    compiling = torch.compiler.is_compiling()  # no branch on the mask's values there
     if mask.dtype != torch.bool:
-        if torch.compiler.is_compiling():
-            return mask != 0
-        if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+        if not compiling and mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
             bad = mask[(mask != 0) & (mask != 1)][0].item()
             raise MixcError(f"attention_mask: expected 1 for a token and 0 for padding, got {bad}")
         mask = mask != 0
-    return None if bool(mask.all()) else mask
+    return mask if compiling or not bool(mask.all()) else None
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,28 @@ class Packing:
     """Where each row's real tokens are: `order` [B, T] lists a row's positions, its real
     tokens first (in order), `lengths` [B] counts them, `valid` [B, T] marks the first
     `lengths` positions of the compacted rows, `cu_seqlens` [B + 1] are the offsets of the
-    packed sequences, `total` their sum. `tokens` and `firsts` index the real tokens in the
-    flattened [B * T] rows, original and compacted (found once, not at every input)."""
+    packed sequences. `tokens` and `firsts` index the real tokens in the flattened [B * T]
+    rows, original and compacted, and `total` counts them: found when first asked for (by the
+    packed sequences, with a cache), since their sizes depend on the mask's values, which a
+    torch.compile graph cannot (the compacted rows need none of them: see `expand`)."""
 
     mask: torch.Tensor
     order: torch.Tensor
     lengths: torch.Tensor
     valid: torch.Tensor
     cu_seqlens: torch.Tensor
-    total: int
-    tokens: torch.Tensor
-    firsts: torch.Tensor
+
+    @functools.cached_property
+    def tokens(self) -> torch.Tensor:
+        return self.mask.flatten().nonzero()[:, 0]
+
+    @functools.cached_property
+    def firsts(self) -> torch.Tensor:
+        return self.valid.flatten().nonzero()[:, 0]
+
+    @property
+    def total(self) -> int:
+        return len(self.tokens)
 
     def compact(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, ...] with each row's real tokens moved to its front, in order, and zeros
@@ -75,6 +87,13 @@ class Packing:
         index = self.order.view(*self.order.shape, *[1] * (x.dim() - 2))
         valid = self.valid.view(index.shape)
         return torch.where(valid, x.gather(1, index.expand(x.shape)), x.new_zeros(()))
+
+    def expand(self, y: torch.Tensor) -> torch.Tensor:
+        """y [B, T, ...] of compacted rows (`compact`) -> the original layout, zeros at padding
+        (a scatter by `order`, a permutation of each row: every position written once)."""
+        index = self.order.view(*self.order.shape, *[1] * (y.dim() - 2)).expand(y.shape)
+        real = torch.where(self.valid.view(index.shape[:2] + (1,) * (y.dim() - 2)), y, 0.0)
+        return y.new_zeros(y.shape).scatter(1, index, real)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, ...] in the original layout -> the real tokens as one row [1, total, ...]."""
@@ -103,5 +122,4 @@ def packing(mask: torch.Tensor) -> Packing:
     lengths = mask.sum(1)
     valid = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
     cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    tokens, firsts = mask.flatten().nonzero()[:, 0], valid.flatten().nonzero()[:, 0]
-    return Packing(mask, order, lengths, valid, cu_seqlens, len(tokens), tokens, firsts)
+    return Packing(mask, order, lengths, valid, cu_seqlens)

@@ -301,26 +301,25 @@ class MixerLayer(nn.Module):
         mask = check_mask(attention_mask, B, T, x.device)
         packed = None if mask is None else packing(mask)
         # Packed into sequences (cu_seqlens) for a cache or a backward state; else each
-        # compacted row runs as it is, its padding after its tokens (the forms are causal).
+        # compacted row runs as it is, its padding after its tokens (the forms are causal), to
+        # the end (`expand`): no size depends on the mask, so torch.compile makes one graph.
         split = packed if use_cache or not self.spec.mixer.causal else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
         inputs, tails = self._inputs(x, state, split)
-        if packed is not None and packed.total == 0:  # padding only: nothing changes
+        if split is not None and split.total == 0:  # padding only: nothing changes
             y, states = x.new_zeros(1, 0, self.num_v_heads, self.head_out), self._states(state, x)
         else:
             y, states = self._mix(inputs, state, use_cache, split)
-        if packed is not None and split is None:
-            y = packed.pack_compacted(y)
         y = y.reshape(*y.shape[:2], self.num_v_heads, self.head_out)
         if self.norm is not None:
             y = self.norm(y)
         y = y.reshape(*y.shape[:2], self.num_v_heads * self.head_out)
         if self.gate is not None:
-            y = y * F.silu(self.gate(x if packed is None else packed.pack_compacted(x)))
+            y = y * F.silu(self.gate(x if split is None else split.pack_compacted(x)))
         y = self.out_proj(y)
         if packed is not None:
-            y = packed.unpack(y)
+            y = packed.expand(y) if split is None else split.unpack(y)
         return y, (MixerCache(states, tails, id(self)) if use_cache else None)
 
     def _inputs(self, x: torch.Tensor, state: MixerCache | None, packed: Packing | None):

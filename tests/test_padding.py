@@ -130,6 +130,28 @@ def test_padded_gradients_are_the_sum_of_each_sequence_alone(side):
     assert all(rel(a, p.grad) <= 1e-12 for a, p in zip(padded_grads, layer.parameters()))
 
 
+def test_a_padded_call_compiles_as_one_graph():
+    """Without a cache, a padded call has no size that depends on the mask: torch.compile
+    captures it whole (fullgraph=True; aot_eager: graph capture and autograd), and it is still
+    each sequence alone, gradients included."""
+    torch.manual_seed(0)
+    layer = MixerLayer(ROOT / "specs/gated_deltanet.mix", 16, 2, chunk_size=4).double()
+    seqs = [torch.randn(n, 16, dtype=torch.float64) for n in LENGTHS]
+    x, mask = padded(seqs, "left")
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    y, _ = compiled(x, attention_mask=mask)
+    y.square().sum().backward()
+    padded_grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    for b, s in enumerate(seqs):
+        y_b, _ = layer(s[None])
+        y_b.square().sum().backward()
+        assert rel(real(y, mask, b), y_b[0]) <= 1e-12
+    assert (y[~mask.bool()] == 0).all()
+    assert all(rel(a, p.grad) <= 1e-12 for a, p in zip(padded_grads, layer.parameters()))
+
+
 def test_a_row_of_padding_only_keeps_its_state_and_a_mask_continues_a_cache():
     torch.manual_seed(0)
     layer = MixerLayer(ROOT / "specs/mlstm.mix", 16, 2, chunk_size=4).double()

@@ -431,11 +431,13 @@ class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls), else None: its kernels are then traced like any other code. slots: how
     many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent)."""
+    absent). shapes: what the fake implementations found by running a kernel on fake tensors,
+    by call (_found_once)."""
 
     slots = 7
     spans = None
     call = None
+    shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
 def _slots(tensors):
@@ -472,6 +474,20 @@ def _like(d, x, inputs):
     if d.stride() == target.stride() and not any(d is t for t in inputs):
         return d
     return target.copy_(d)
+
+
+def _found_once(key, tensors, find):
+    """The sizes and dtypes [(shape, dtype), ...] that find() gives (from running a kernel on
+    fake tensors: hundreds of operations), once per key and sizes, dtypes and devices of the
+    tensors: the compiler asks a fake implementation the same question several times per call
+    (tracing, autograd, partitioning, lowering). Symbolic sizes are never kept."""
+    described = [None if x is None else (tuple(x.shape), x.dtype, x.device) for x in tensors]
+    if not all(type(n) is int for d in described if d is not None for n in d[0]):
+        return find()
+    key = (*key, *described)
+    if key not in _Operators.shapes:
+        _Operators.shapes[key] = find()
+    return _Operators.shapes[key]
 
 
 def _wanted_like(tensors, wanted):
@@ -541,7 +557,16 @@ def _define_call(namespace, functions):
     def fake(kernel, *args):
         # the kernel itself on fake tensors: its loops run, but nothing is traced; its loops
         # need whole numbers, so the sizes are fixed (a new size compiles again)
-        return _call_forward(functions[kernel], [_fixed(x) for x in args[:-1]], int(args[-1]))
+        tensors, chunk_size = [_fixed(x) for x in args[:-1]], int(args[-1])
+
+        def find():
+            return [
+                (x.shape, x.dtype) for x in _call_forward(functions[kernel], tensors, chunk_size)
+            ]
+
+        found = _found_once((kernel, chunk_size), tensors, find)
+        first = next(x for x in tensors if x is not None)
+        return [first.new_empty(shape, dtype=dtype) for shape, dtype in found]
 
     def backward(kernel, *args):
         *tensors, chunk_size, d_outs, wanted = args
@@ -739,7 +764,7 @@ def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_calls = _register_calls("mixc_80379102215f1770", globals())
+_operator_calls = _register_calls("mixc_4233efc1909d5d03", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

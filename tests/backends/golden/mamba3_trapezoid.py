@@ -832,11 +832,13 @@ class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls), else None: its kernels are then traced like any other code. slots: how
     many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent)."""
+    absent). shapes: what the fake implementations found by running a kernel on fake tensors,
+    by call (_found_once)."""
 
     slots = 7
     spans = None
     call = None
+    shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
 def _slots(tensors):
@@ -909,6 +911,20 @@ def _like(d, x, inputs):
     return target.copy_(d)
 
 
+def _found_once(key, tensors, find):
+    """The sizes and dtypes [(shape, dtype), ...] that find() gives (from running a kernel on
+    fake tensors: hundreds of operations), once per key and sizes, dtypes and devices of the
+    tensors: the compiler asks a fake implementation the same question several times per call
+    (tracing, autograd, partitioning, lowering). Symbolic sizes are never kept."""
+    described = [None if x is None else (tuple(x.shape), x.dtype, x.device) for x in tensors]
+    if not all(type(n) is int for d in described if d is not None for n in d[0]):
+        return find()
+    key = (*key, *described)
+    if key not in _Operators.shapes:
+        _Operators.shapes[key] = find()
+    return _Operators.shapes[key]
+
+
 def _split_tensors(span_fn, tensors):
     """(initial state, seqs) from an operator's tensors: as many seqs as span_fn takes before
     (state, kept, guard) and its keyword parameters."""
@@ -954,9 +970,15 @@ def _spans_fake(fn, tensors, chunk_size, gk_min, keep):
         return [o, state]
     _, n_chunks, size = _kept_per_span(seqs, chunk_size)
     chunk = [None if x is None else x.new_empty(1, *x.shape[:2], size, *x.shape[3:]) for x in seqs]
-    kept = []
-    _with_bound(fn, gk_min)(*chunk, state if initial_state is None else initial_state, kept, True)
-    return [o, state, *[x.new_empty(n_chunks, *x.shape[1:]) for x in kept[0]]]
+
+    def find():
+        kept = []
+        start = state if initial_state is None else initial_state
+        _with_bound(fn, gk_min)(*chunk, start, kept, True)
+        return [(x.shape[1:], x.dtype) for x in kept[0]]
+
+    kept = _found_once((fn.__name__, gk_min, size), [initial_state, *chunk], find)
+    return [o, state, *[q.new_empty(n_chunks, *shape, dtype=dtype) for shape, dtype in kept]]
 
 
 def _spans_gradients(fns, tensors, chunk_size, gk_min, kept, d_o, d_state, wanted):
@@ -1244,7 +1266,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_01f02e220449b59f", globals())
+_operator_spans = _register_spans("mixc_249a090d43f524b4", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -92,7 +92,9 @@ def _rotate_interleaved(x, turning):
     past 2n are kept."""
     n = turning.shape[-1]
     pairs = x[..., : 2 * n, 0].unflatten(-1, (n, 2))
-    odd = pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1])
+    # torch.compile cannot read a storage offset: there a copy always (which it fuses away)
+    odd = torch.compiler.is_compiling() or pairs.storage_offset() % 2
+    odd = odd or any(s % 2 for s in pairs.stride()[:-1])
     if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers: a copy is
         pairs = pairs.clone(memory_format=torch.contiguous_format)
     turned = torch.view_as_complex(pairs) * turning
