@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from mixc.algebra.expand import inline
 from mixc.errors import MixcError, Source
-from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, angle_reads, walk
+from mixc.frontend.ir import Binary, Call, Expr, Name, Timed, angle_reads, children, walk
 from mixc.frontend.spec import Spec, load_spec
 
 __all__ = [
@@ -95,8 +95,16 @@ def _rate_init(*shape: int) -> torch.Tensor:
     return torch.empty(*shape).uniform_(1, 16)
 
 
+def _matrix_init(*shape: int) -> torch.Tensor:
+    """A "matrix" parameter [NH, rows, cols] (a projection, a codebook): random rows of norm
+    about 1, N(0, 1/cols), so that its rows differ (equal rows would get equal gradients and
+    never part)."""
+    return torch.randn(*shape) / math.sqrt(shape[-1])
+
+
 PARAM_INITS: dict[str, Callable[..., torch.Tensor]] = {
     "rate": _rate_init,
+    "matrix": _matrix_init,
     "multiplier": torch.ones,
     "offset": torch.zeros,
 }
@@ -329,8 +337,11 @@ def reads(e: Expr, names: set[str]) -> list[str]:
 
 
 def _param_role(mixer, name: str) -> str:
-    """How a parameter outside decays starts (PARAM_INITS): as an "offset" where the spec adds
-    it to something, else as a "multiplier"."""
+    """How a parameter outside decays starts (PARAM_INITS): as a "matrix" where it has two
+    dimensions (a projection, a codebook), as an "offset" where the spec adds it to something,
+    else as a "multiplier"."""
+    if len(next(p for p in mixer.params if p.name == name).shape) >= 2:
+        return "matrix"
     for eq in mixer.equations:
         for e in walk(inline(mixer, eq.value)):
             if isinstance(e, Binary) and e.op in ("+", "-"):
@@ -340,13 +351,31 @@ def _param_role(mixer, name: str) -> str:
     return "multiplier"
 
 
+#: Built-ins whose value is positive whatever their argument: a parameter read only inside one
+#: of them cannot make a divisor 0, and needs no positive start.
+POSITIVE_CALLS = frozenset({"exp", "softmax", "sigmoid", "softplus"})
+
+
 def _divisors(mixer) -> set[str]:
-    """The parameters the spec divides by (under a `/`, let functions inlined): starting them at
-    0 would make the first step divide by 0."""
+    """The parameters the spec divides by (under a `/`, let functions inlined, outside a
+    positive built-in such as `softmax`): starting them at 0 would make the first step divide
+    by 0."""
     params = {p.name for p in mixer.params}
     found = set()
     for eq in mixer.equations:
         for e in walk(inline(mixer, eq.value)):
             if isinstance(e, Binary) and e.op == "/":
-                found |= {n.name for n in walk(e.right) if isinstance(n, Name)} & params
+                found |= _names_outside_positive_calls(e.right) & params
+    return found
+
+
+def _names_outside_positive_calls(expr: Expr) -> set[str]:
+    """The names in `expr` that are not inside a call of POSITIVE_CALLS (iterative, as walk)."""
+    found, stack = set(), [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Name):
+            found.add(e.name)
+        elif not (isinstance(e, Call) and e.func in POSITIVE_CALLS):
+            stack.extend(children(e))
     return found

@@ -164,3 +164,18 @@ def test_parameters_start_by_their_role(text):
         assert values["eta"].eq(1).all()
     _finite_at_init(load_spec(text=text), T=1024)
     assert _memory_at_init(load_spec(text=text)) >= 1e-3
+
+
+def test_a_codebook_starts_with_rows_that_differ_and_learns():
+    """Transformer-VQ's codebook C [S, K] (read inside a softmax under a divisor, and by the
+    arg max) starts as a random matrix: with equal rows (all ones, or exp(0) as a positive
+    parameter) every key picks the same code and C's gradient is rounding noise."""
+    torch.manual_seed(0)
+    layer = MixerLayer(ROOT / "specs/transformer_vq.mix", 32, 2)
+    C = layer.param_values()["C"]
+    assert "C" in layer.params  # stored as it is, not as a log
+    assert (C[:, 1:] - C[:, :1]).abs().amax() > 0.1  # rows differ
+    y, _ = layer(torch.randn(2, 16, 32))
+    y.square().sum().backward()
+    grads = {n: p.grad.abs().max().item() for n, p in layer.named_parameters()}
+    assert grads["params.C"] > 1e-3 * max(grads.values())
