@@ -16,9 +16,8 @@ the default for float32 inputs), TF32 operands ("tf32", for float32 inputs once
 ``torch.set_float32_matmul_precision("high")`` or ``"medium"`` allows TF32), or the inputs'
 bfloat16 or float16 ("bf16", "fp16", for such inputs, as flash-linear-attention multiplies),
 always accumulating in float32 or float64. The sums of gates are scans in float32 (float64)
-(``_tl_gate_sums``, ``_tl_run_sums``), no matmul; the one masked matmul left on gate
-quantities, the scalar gates' gradient (``_tl_gate_dot``), is never rounded to 16 bits: IEEE
-float32 with IEEE operands, else three TF32 passes ("tf32x3", about float32's accuracy).
+(``_tl_gate_sums``, ``_tl_run_sums``), and so are the scalar gates' gradients
+(``_tl_pair_grads``, ``_tl_gate_grads``): no matmul on gate quantities, none rounded to tensor-core operands.
 
 A kernel is one program's walk over the chunks (its addressing, loads and stores, the state or its
 gradient carried in registers); the arithmetic of one chunk is in @triton.jit helpers
@@ -43,33 +42,52 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_value_block(d_v):
-    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
-    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
-    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
-    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
-    return min(_tl_block(d_v), 32)
+def _tl_tiles(kernel):
+    """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
+    most key rows of the state a program holds, None for all of them; the most value columns;
+    warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
+    rows in blocks of 64, one program each, as flash-linear-attention's kernels do, and their
+    outputs are sums over the key blocks; the delta and DPLR kernels mix the rows (k^T S,
+    b^T S) and hold them all. At d_k = d_v = 128 and 64-token chunks these are the tiles that
+    compile for sm_90 with the fewest spills (benchmarks/gpu_static.py,
+    RESULTS-gpu-static.md)."""
+    return {
+        "_tl_scalar_decay_fwd": (64, 32, 8),
+        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_diagonal_fwd": (64, 32, 8),
+        "_tl_diagonal_bwd": (64, 16, 8),
+        "_tl_delta_fwd": (None, 32, 8),
+        "_tl_delta_bwd": (None, 32, 8),
+        "_tl_dplr_fwd": (None, 32, 8),
+        "_tl_dplr_bwd": (None, 32, 8),
+        "_tl_elementwise_fwd": (None, 32, 8),
+        "_tl_elementwise_bwd": (None, 32, 8),
+    }[kernel.__name__]
 
 
-def _tl_launch():
-    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
-    registers, not loads, are what a program runs short of); see _tl_value_block."""
-    return {"num_warps": 8, "num_stages": 1}
+def _tl_launch(kernel):
+    """The launch options of `kernel`: its warps (_tl_tiles), one pipeline stage (no chunk
+    prefetched: registers, not loads, are what a program runs short of)."""
+    return {"num_warps": _tl_tiles(kernel)[2], "num_stages": 1}
 
 
-def _tl_dot_precision(x, kernel):
-    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
-    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
-    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
-    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
-    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
-    the tensor cores do up to the order of the sums."""
-    if x.dtype == torch.bfloat16:
+def _tl_dot_precision(x, kernel, operands=None):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr), or of the
+    dtype `operands` where the caller widened 16-bit inputs to x (a generated module computes
+    in float32 whatever its inputs, and passes their dtype): "ieee" for float64, and for
+    float32 unless torch's float32 matmul precision allows TF32 ("tf32"); "bf16" and "fp16"
+    for those dtypes, the products then rounding their operands to it, as
+    flash-linear-attention multiplies 16-bit inputs. Triton's interpreter holds bfloat16 as
+    raw 16-bit integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated"
+    rounds the operands to the nearest bfloat16 and multiplies them in float32 (each product
+    exact), as the tensor cores do up to the order of the sums."""
+    dtype = x.dtype if operands is None or x.dtype == torch.float64 else operands
+    if dtype == torch.bfloat16:
         interpreted = type(kernel).__name__ == "InterpretedFunction"
         return "bf16 emulated" if interpreted else "bf16"
-    if x.dtype == torch.float16:
+    if dtype == torch.float16:
         return "fp16"
-    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
     return "ieee"
 
@@ -80,15 +98,27 @@ def _tl_compute_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tl_sizes(q, v, chunk_size):
-    """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
-    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
-    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    _tl_value_block, one program each."""
+def _tl_sizes(q, v, chunk_size, kernel):
+    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key
+    and value block sizes, the grid (value blocks, B * NH, key blocks), the number of chunks).
+    A chunk is chunk_size tokens (capped as the PyTorch kernels cap it), at least 16; key rows
+    and value columns go in blocks of at most _tl_tiles(kernel), one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
+    most_k, most_v, _ = _tl_tiles(kernel)
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = _tl_value_block(d_v)
-    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
+    block_k = _tl_block(d_k) if most_k is None else min(_tl_block(d_k), most_k)
+    block_v = min(_tl_block(d_v), most_v)
+    grid = (triton.cdiv(d_v, block_v), q.shape[0] * q.shape[1], triton.cdiv(d_k, block_k))
+    return block_t, block_k, block_v, grid, triton.cdiv(length, block_t)
+
+
+def _tl_sum_parts(x, n, dtype):
+    """The sum, in dtype and x's layout, of the n parts x [n * B, ...] that n programs wrote
+    (x itself for one part)."""
+    if n == 1:
+        return x.to(dtype)
+    parts = x.unflatten(0, (n, -1))
+    return torch.sum(parts, 0, dtype=dtype, out=torch.empty_like(parts[0], dtype=dtype))
 
 
 def _tl_check_device(kernel, x):
@@ -108,18 +138,22 @@ def _tl_strides(x, n):
     return (0,) * n if x is None else tuple(x.stride())[:n]
 
 
-def _tl_new_like_callers(x, d):
-    """An output [B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a [B, T, NH, d]
-    tensor: the callers' layout, so that their transpose back is contiguous."""
+def _tl_new_like_callers(x, d, parts=1):
+    """An output [parts * B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a
+    [parts * B, T, NH, d] tensor: the callers' layout, so that their transpose back is
+    contiguous. One part: in x's dtype; more (one per key block, summed after the launch): in
+    _tl_compute_dtype(x)."""
     batch, heads, length = x.shape[:3]
-    return torch.empty(batch, length, heads, d, dtype=x.dtype, device=x.device).transpose(1, 2)
+    dtype = x.dtype if parts == 1 else _tl_compute_dtype(x)
+    out = torch.empty(parts * batch, length, heads, d, dtype=dtype, device=x.device)
+    return out.transpose(1, 2)
 
 
-def _tl_outputs(q, v, initial_state, n_chunks, keep):
+def _tl_outputs(q, v, initial_state, n_chunks, keep, n_k=1):
     """What a forward launch writes, for q [B, NH, T, K] and v [B, NH, T, V]: (the initial state
-    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers); the
-    final state; the states entering each chunk [B, NH, N, K, V] if keep, else the final state,
-    an argument the kernel never writes)."""
+    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers), one
+    part per key block of n_k; the final state; the states entering each chunk
+    [B, NH, N, K, V] if keep, else the final state, an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -128,13 +162,14 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
     kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
-    return initial_state, _tl_new_like_callers(q, d_v), final, kept
+    return initial_state, _tl_new_like_callers(q, d_v, n_k), final, kept
 
 
-def _tl_gradients(q, v, d_o, d_final, n_v):
+def _tl_gradients(q, v, d_o, d_final, n_v, n_k=1):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
-    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
+    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv,
+    one part per key block [n_k * B, NH, T, V]; the gradient of the initial state), the
+    gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -143,7 +178,7 @@ def _tl_gradients(q, v, d_o, d_final, n_v):
     d_final = d_final.to(dtype).contiguous()
     dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
     dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
-    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
+    dv = q.new_empty(n_k * batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
@@ -170,24 +205,27 @@ def _tl_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _tl_operand(x, DOT: tl.constexpr):
+    """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
+    DOT once, as it is loaded (half the registers of float32, and the same operand in every
+    product and every elementwise use), held in float32 under the interpreter ("bf16
+    emulated"); as it is otherwise."""
+    if DOT == "bf16":
+        x = x.to(tl.bfloat16)
+    elif DOT == "bf16 emulated":
+        x = _tl_round_bf16(x)
+    elif DOT == "fp16":
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
 def _tl_round_bf16(x):
     """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
     conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _tl_gate_dot(a, b, DOT: tl.constexpr):
-    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
-    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
-    accuracy)."""
-    if DOT == "ieee":
-        product = tl.dot(a, b, input_precision="ieee")
-    else:
-        product = tl.dot(a, b, input_precision="tf32x3")
-    return product
 
 
 @triton.jit
@@ -201,9 +239,9 @@ def _tl_wide(x):
 
 @triton.jit
 def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
-    """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
-    value column indices, and whether each is inside K or V)."""
-    cols_k = tl.arange(0, BK)
+    """This program's columns of a state [K, V] (its value block is program_id(0), its key
+    block program_id(2)): (key and value column indices, and whether each is inside K or V)."""
+    cols_k = tl.program_id(2) * BK + tl.arange(0, BK)
     cols_v = tl.program_id(0) * BV + tl.arange(0, BV)
     return cols_k, cols_v, cols_k < K, cols_v < V
 
@@ -264,33 +302,42 @@ def _tl_gate_sums(g, rows):
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
     needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
     the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
-    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
-    operands, and few registers).
+    0), and the sums to the chunk's end a scan of the same moved gates: every sum one of gates
+    of one sign, in float32 (no matmul: no rounding to tensor-core operands, and no [BT, BT]
+    tile but the pairs').
     """
-    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
-    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    last = rows.shape[0] - 1
+    g_next = tl.gather(g, tl.minimum(rows + 1, last), 0)  # g_{m+1}: a move, no sum
+    g_next = tl.where(rows < last, g_next, 0.0)  # 0 for the last
     terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
     pairs = tl.cumsum(terms, axis=1, reverse=True)
-    to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
-    return pairs, to_end
+    return pairs, tl.cumsum(g_next, axis=0, reverse=True)
 
 
 @triton.jit
-def _tl_gate_grads(pairs, starts, ends, whole, rows, DOT: tl.constexpr):
+def _tl_pair_grads(pairs, rows):
+    """The part of a chunk's log-gates' gradient [BT] that Gamma passes on: pairs [BT, BT] is
+    what each Gamma_ij passes on (its gradient times its value), and Gamma_ij holds g_l for
+    j < l <= i. A sum of the contributions themselves: each column's sums from row l down (a
+    scan), then those of the columns j < l; in float32 (float64), no matmul."""
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: j <= i
+    from_row = tl.cumsum(tl.where(causal, pairs, 0.0), axis=0, reverse=True)  # [l, j]: i >= l
+    return tl.sum(tl.where(rows[:, None] > rows[None, :], from_row, 0.0), axis=1)  # j < l
+
+
+@triton.jit
+def _tl_gate_grads(from_pairs, starts, ends, whole, rows):
     """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
-    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
-    [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
-    g_l for l <= i; ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for
-    exp(b_C), holding every g_l. Each is a sum of the contributions themselves, so a hard reset
-    (every factor holding it 0) gets exactly 0."""
+    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: from_pairs
+    [BT], Gamma's part (_tl_pair_grads); starts [BT] for exp(b_i), holding g_l for l <= i;
+    ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for exp(b_C),
+    holding every g_l. Each is a sum of the contributions themselves, so a hard reset (every
+    factor holding it 0) gets exactly 0."""
     causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    below = _tl_gate_dot(pairs, before.to(pairs.dtype), DOT)
-    dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
-    dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+    dg = from_pairs + tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
     dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-    dg += whole
-    return dg
+    return dg + whole
 
 
 @triton.jit

@@ -38,6 +38,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_launch,
     _tl_load_state,
     _tl_outputs,
+    _tl_pair_grads,
     _tl_put_rows,
     _tl_rows,
     _tl_sizes,
@@ -263,7 +264,8 @@ def _tl_delta_chunk_grad(
             starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows, DOT)
+            pairs = _tl_pair_grads(d_scores * scores + d_kk * kk, rows)
+            dg_c = _tl_gate_grads(pairs, starts, ends, whole, rows)
         d_state = d_state * chunk_decay
     d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
     d_state -= _tl_dot(tl.trans(w), d_v_new, DOT)
@@ -327,10 +329,10 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
     [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_delta_fwd)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     inverses = final.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
-    _tl_delta_fwd[(n_v, batch * heads)](
+    _tl_delta_fwd[grid](
         q,
         k,
         v,
@@ -357,7 +359,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BK=block_k,
         BV=block_v,
         DOT=_tl_dot_precision(q, _tl_delta_fwd),
-        **_tl_launch(),
+        **_tl_launch(_tl_delta_fwd),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -379,12 +381,13 @@ class _TlDelta(torch.autograd.Function):
         q, k, v, beta, g, states, inverses = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_delta_bwd)
+        n_v = grid[0]
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         dbeta = dv.new_empty(n_v, batch, heads, length)
         gate_grad = g is not None and ctx.needs_input_grad[4]
         dg = torch.empty_like(dbeta) if gate_grad else dbeta
-        _tl_delta_bwd[(n_v, batch * heads)](
+        _tl_delta_bwd[grid](
             q,
             k,
             v,
@@ -416,7 +419,7 @@ class _TlDelta(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=_tl_dot_precision(q, _tl_delta_bwd),
-            **_tl_launch(),
+            **_tl_launch(_tl_delta_bwd),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient

@@ -481,16 +481,16 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
     Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
-    _tl_dplr_fwd[(n_v, batch * heads)](
+    _tl_dplr_fwd[grid](
         q, k, v, a, b, q if gk is None else gk, initial_state,  # read
         o, final, states, tiles,  # written
         length, heads, d_k, d_v,
         *(stride for x in (q, k, v, a, b, gk, o) for stride in _tl_strides(x, 4)),
         HAS_G=gk is not None, KEEP=keep, BT=block_t, LEVELS=_tl_levels(block_t), BK=block_k,
-        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(),
+        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(_tl_dplr_fwd),
     )  # fmt: skip
     return o, final, (states, tiles) if keep else (None, None)
 
@@ -510,14 +510,15 @@ class _TlDplr(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
         q, k, v, a, b, gk, states, tiles = ctx.saved_tensors
-        batch, heads, length, d_k = q.shape
+        heads, length, d_k = q.shape[1:]
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd)
+        n_v = grid[0]
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         da, db = torch.empty_like(dq), torch.empty_like(dq)
         gate_grad = gk is not None and ctx.needs_input_grad[5]
         dg = torch.empty_like(dq) if gate_grad else dq
-        _tl_dplr_bwd[(n_v, batch * heads)](
+        _tl_dplr_bwd[grid](
             q,
             k,
             v,
@@ -553,7 +554,7 @@ class _TlDplr(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=_tl_dot_precision(q, _tl_dplr_bwd),
-            **_tl_launch(),
+            **_tl_launch(_tl_dplr_bwd),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None
