@@ -21,6 +21,7 @@ LIBRARY = KernelLibrary(
     PYTORCH_LIBRARY.kernels,
     kernels.kernel_source,
     ("torch", "triton", "triton.language as tl"),
+    operands=kernels.OPERANDS,
 )
 
 

@@ -205,6 +205,19 @@ def _tl_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _tl_wide_dot(a, b, DOT: tl.constexpr):
+    """a @ b at about float32's accuracy whatever DOT, for the products whose operands are
+    gradients that later sums cancel (the delta rule's solve): IEEE float32 (float64) for
+    "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
+    rounded to 16 bits."""
+    if DOT == "ieee" or DOT == "bf16 emulated":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    return product
+
+
+@triton.jit
 def _tl_operand(x, DOT: tl.constexpr):
     """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
     DOT once, as it is loaded (half the registers of float32, and the same operand in every
@@ -302,9 +315,9 @@ def _tl_gate_sums(g, rows):
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
     needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
     the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
-    0), and the sums to the chunk's end a scan of the same moved gates: every sum one of gates
-    of one sign, in float32 (no matmul: no rounding to tensor-core operands, and no [BT, BT]
-    tile but the pairs').
+    0; the gates moved by a gather of [BT] entries), and the sums to the chunk's end a scan of
+    the same moved gates: every sum one of gates of one sign, in float32 (no matmul: no
+    rounding to tensor-core operands, and no [BT, BT] tile but the pairs').
     """
     last = rows.shape[0] - 1
     g_next = tl.gather(g, tl.minimum(rows + 1, last), 0)  # g_{m+1}: a move, no sum
@@ -394,42 +407,47 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
-    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
-    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
-    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
-    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
+def _tl_add_before(a_sum, a_before, b_sum, b_before):
+    """The combination of a scan that carries (the sum up to an entry, the sum before it): a
+    comes first in the scan's order. Every sum is one of the entries themselves."""
+    return a_sum + b_sum, a_sum + b_before
 
 
 @triton.jit
-def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
-    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
-    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
-    if UP:
-        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
+    """The exclusive running sums of x along axis: each entry's the sum of those before it (or,
+    REVERSE, after it), its own left out; a sum of those entries, never a difference."""
+    _, before = tl.associative_scan((x, tl.zeros_like(x)), axis, _tl_add_before, reverse=REVERSE)
+    return before
+
+
+@triton.jit
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr, OWN: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows: from
+    its run's start to each row, or (REVERSE) from it to its run's end, the row's own included
+    if OWN (_tl_scan_before otherwise)."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    if OWN:
+        runs = tl.cumsum(runs, axis=1, reverse=REVERSE)
     else:
-        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
-    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
-    return tl.where(inside[:, None], moved, 0.0)
+        runs = _tl_scan_before(runs, 1, REVERSE)
+    return tl.reshape(runs, (x.shape[0], x.shape[1]))
 
 
 @triton.jit
 def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
-    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
-    rounding to tensor-core operands."""
-    up_to = _tl_run_scan(g, RUN, False)
-    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
+    Each is summed from its own terms by a scan (_tl_run_scan), never a difference of running
+    sums, and in float32 (float64): no matmul, no rounding to tensor-core operands."""
+    return _tl_run_scan(g, RUN, False, True), _tl_run_scan(g, RUN, True, False)
 
 
 @triton.jit
 def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
     the first sum of the rows from l to its run's end and in the second of the rows before l."""
-    d_g = _tl_run_scan(d_up_to, RUN, True)
-    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
+    return _tl_run_scan(d_up_to, RUN, True, True) + _tl_run_scan(d_after, RUN, False, False)
 
 
 @triton.jit
