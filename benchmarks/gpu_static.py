@@ -163,9 +163,9 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
     }
 
 
-def _run_child(row: dict, timeout: float) -> dict:
+def _run_child(row: dict, timeout: float, niceness: int = 19) -> dict:
     """compile_one in a child process, niced, under timeout seconds."""
-    command = ["nice", "-n", "19", sys.executable, __file__, "--child", json.dumps(row)]
+    command = ["nice", "-n", str(niceness), sys.executable, __file__, "--child", json.dumps(row)]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -261,6 +261,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", help="class files (scalar_decay, delta, ...)")
     parser.add_argument("--direction", nargs="+", default=["fwd", "bwd"])
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--nice", type=int, default=19, help="niceness of each compile")
     parser.add_argument("--block-k", type=int, help="override BK of every kernel")
     parser.add_argument("--block-v", type=int, help="override BV of every kernel")
     parser.add_argument("--warps", type=int, help="override num_warps of every kernel")
@@ -283,7 +284,7 @@ def main(argv=None) -> int:
                        "block_k": args.block_k or block_k, "block_v": args.block_v or block_v,
                        "warps": args.warps or warps, "stages": stages,
                        "gate": not args.no_gate}  # fmt: skip
-                result = _run_child(row, args.timeout)
+                result = _run_child(row, args.timeout, args.nice)
                 rows.append((row, result))
                 print(_table([(row, result)])[-1], flush=True)
     if not args.no_write:
