@@ -403,16 +403,17 @@ def _tl_tiles(kernel):
     """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
     most key rows of the state a program holds, None for all of them; the most value columns;
     warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
-    rows in blocks of 64, one program each, as flash-linear-attention's kernels do, and their
-    outputs are sums over the key blocks; the delta and DPLR kernels mix the rows (k^T S,
-    b^T S) and hold them all. At d_k = d_v = 128 and 64-token chunks these are the tiles that
-    compile for sm_90 with the fewest spills (benchmarks/gpu_static.py,
-    RESULTS-gpu-static.md)."""
+    rows in blocks, one program each, as flash-linear-attention's kernels do, and their
+    outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
+    levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
+    and DPLR kernels mix the rows (k^T S, a^T S) and hold them all. At d_k = d_v = 128 and
+    64-token chunks these are the tiles that compiled for sm_90 with the fewest spills of those
+    tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd": (64, 16, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
-        "_tl_diagonal_bwd": (64, 16, 8),
+        "_tl_diagonal_bwd": (16, 32, 8),
         "_tl_delta_fwd": (None, 32, 8),
         "_tl_delta_bwd": (None, 32, 8),
         "_tl_dplr_fwd": (None, 32, 8),
