@@ -1,7 +1,9 @@
 """The Triton kernel of the diagonal-gate class: S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T,
 o_t = q_t S_t, one log-gate per token, head and key channel (GLA, RWKV-6). The same chunked form
 as the PyTorch kernel (docs/algorithms.md, "Diagonal gates"), fused: one program per (batch,
-head, block of value columns) walks the chunks in order, keeping the state in registers.
+head, block of value columns, block of key rows) walks the chunks in order, keeping its tile of
+the state in registers; each key block's output (and dV) is its part, the sum over its key
+columns, and the parts are added after the launch.
 
 A decay that differs per channel is no mask on the scores Q K^T, so the pairs j < i inside a
 chunk are split by the aligned blocks of 2, 4, ..., C tokens, as in the PyTorch kernel: each

@@ -1,7 +1,10 @@
 """The Triton kernel of the scalar-decay class: S_t = exp(g_t) S_{t-1} + k_t v_t^T,
 o_t = q_t S_t, one log-gate g_t per token and head (g None: linear attention). The same chunked
 form as the PyTorch kernel (docs/algorithms.md, "Scalar decay"), fused: one program per
-(batch, head, block of value columns) walks the chunks in order, keeping the state in registers.
+(batch, head, block of value columns, block of key rows) walks the chunks in order, keeping its
+tile of the state in registers; the key rows are independent, so each key block's output is its
+part of O (Q K^T and Q S are sums over the key columns), and the parts are added after the
+launch, as are those of dV.
 
 Forward, per chunk, with b the gates' running sum inside the chunk:
     O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S,    S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V
