@@ -55,11 +55,24 @@ ELEMENTWISE_D_K = 16
 SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o"}
 #: fla's benchmark shapes: key and value width, chunk.
 D_K, D_V, CHUNK = 128, 128, 64
-#: The launch configuration of every kernel: value columns a program (BV), warps and pipeline
-#: stages, as the kernels launch (kernels/common.py).
-from mixc.backends.triton.kernels.common import _tl_launch, _tl_value_block  # noqa: E402
 
-CONFIG = (_tl_value_block(D_V), _tl_launch()["num_warps"], _tl_launch()["num_stages"])
+
+def _config(cls: str, direction: str) -> tuple[int, int, int, int]:
+    """The launch of one kernel at the benchmark shapes, as the kernels launch it
+    (kernels/common.py, _tl_tiles): key rows and value columns of a program (BK, BV), warps,
+    pipeline stages."""
+    import importlib
+
+    from mixc.backends.triton.kernels.common import _tl_launch, _tl_tiles
+
+    fn = getattr(
+        importlib.import_module(f"mixc.backends.triton.kernels.{cls}"), f"_tl_{cls}_{direction}"
+    )
+    most_k, most_v, _ = _tl_tiles(fn)
+    d_k = ELEMENTWISE_D_K if cls == "elementwise" else D_K
+    launch = _tl_launch(fn)
+    block_k = d_k if most_k is None else min(d_k, most_k)
+    return block_k, min(D_V, most_v), launch["num_warps"], launch["num_stages"]
 
 
 def _bin(tool: str) -> str:
@@ -88,8 +101,8 @@ def _signature(fn, dtype: str, consts: dict):
     return sig, constexprs, attrs
 
 
-def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, warps: int,
-                stages: int, gate: bool = True) -> dict:  # fmt: skip
+def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, block_v: int,
+                warps: int, stages: int, gate: bool = True) -> dict:  # fmt: skip
     """Compile one kernel in this process; the figures of its report row."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixc-static-")
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
@@ -105,7 +118,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, w
     module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
     fn = getattr(module, f"_tl_{cls}_{direction}")
     consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": CHUNK, "C": CHUNK, "BV": block_v,
-              "BK": ELEMENTWISE_D_K if cls == "elementwise" else D_K,
+              "BK": block_k,
               "DOT": "bf16" if dtype == "bf16" else "ieee", "LEVELS": CHUNK.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}
@@ -150,9 +163,9 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_v: int, w
     }
 
 
-def _run_child(row: dict, timeout: float) -> dict:
+def _run_child(row: dict, timeout: float, niceness: int = 19) -> dict:
     """compile_one in a child process, niced, under timeout seconds."""
-    command = ["nice", "-n", "19", sys.executable, __file__, "--child", json.dumps(row)]
+    command = ["nice", "-n", str(niceness), sys.executable, __file__, "--child", json.dumps(row)]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -184,13 +197,13 @@ def _verdict(row: dict, result: dict) -> str:
 
 def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     head = (
-        "| kernel | dtype | sm | BV, warps, stages | regs | spill st/ld (B) | stack | shared (B) "
+        "| kernel | dtype | sm | BK, BV, warps, stages | regs | spill st/ld (B) | stack | shared (B) "
         "| mma / wgmma / tcgen05.mma (PTX) | HMMA / HGMMA / UTC*MMA (SASS) | compile (s) | verdict |"
     )
     lines = [head, "|" + " --- |" * 12]
     for row, r in rows:
         name = f"`_tl_{row['cls']}_{row['direction']}`"
-        conf = f"{row['block_v']}, {row['warps']}, {row['stages']}"
+        conf = f"{row.get('block_k', '?')}, {row['block_v']}, {row['warps']}, {row['stages']}"
         if "error" in r:
             lines.append(
                 f"| {name} | {row['dtype']} | {row['arch']} | {conf} | | | | | | | "
@@ -248,6 +261,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", help="class files (scalar_decay, delta, ...)")
     parser.add_argument("--direction", nargs="+", default=["fwd", "bwd"])
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--nice", type=int, default=19, help="niceness of each compile")
+    parser.add_argument("--block-k", type=int, help="override BK of every kernel")
     parser.add_argument("--block-v", type=int, help="override BV of every kernel")
     parser.add_argument("--warps", type=int, help="override num_warps of every kernel")
     parser.add_argument("--no-gate", action="store_true", help="compile without gates")
@@ -262,13 +277,14 @@ def main(argv=None) -> int:
     for cls, direction, _ in KERNELS:
         if (args.only and cls not in args.only) or direction not in args.direction:
             continue
-        block_v, warps, stages = CONFIG
+        block_k, block_v, warps, stages = _config(cls, direction)
         for dtype in args.dtype:
             for arch in args.arch:
                 row = {"cls": cls, "direction": direction, "dtype": dtype, "arch": arch,
-                       "block_v": args.block_v or block_v, "warps": args.warps or warps,
-                       "stages": stages, "gate": not args.no_gate}  # fmt: skip
-                result = _run_child(row, args.timeout)
+                       "block_k": args.block_k or block_k, "block_v": args.block_v or block_v,
+                       "warps": args.warps or warps, "stages": stages,
+                       "gate": not args.no_gate}  # fmt: skip
+                result = _run_child(row, args.timeout, args.nice)
                 rows.append((row, result))
                 print(_table([(row, result)])[-1], flush=True)
     if not args.no_write:

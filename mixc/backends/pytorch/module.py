@@ -40,12 +40,16 @@ class KernelLibrary:
     """The kernels a rendered module calls by the program's kernel names and carries as source:
     `kernels` names those it has, `source(names)` is the text of the named kernels with every
     helper they use (the module imports no kernel package), and `imports` the modules that text
-    needs. The PyTorch backend's library is its own kernel package; another backend renders the
-    same module around its own library."""
+    needs; the kernels in `operands` take `operands=`, the dtype of the caller's inputs, which
+    the module widens to its compute dtype before any kernel sees them (a kernel that
+    multiplies 16-bit operands, as a Triton kernel on the tensor cores, rounds its products'
+    operands to it). The PyTorch backend's library is its own kernel package; another backend
+    renders the same module around its own library."""
 
     kernels: Collection[str]
     source: Callable[[list[str]], str]
     imports: tuple[str, ...]
+    operands: Collection[str] = ()
 
 
 def render_module(program: Program, library: KernelLibrary) -> str:

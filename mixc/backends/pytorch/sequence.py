@@ -214,6 +214,8 @@ class SequenceForms(Context):
             out(f"_o = _{call.kernel}({args})")
         else:
             init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size"
+            if call.kernel in self.library.operands:  # the caller's dtype (KernelLibrary)
+                init += ", operands=_out_dtype"
             found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
             out(f"{found} = _{call.kernel}({args}, {init})")
         if steps:

@@ -22,6 +22,7 @@ LIBRARY = KernelLibrary(
     PYTORCH_LIBRARY.kernels,
     kernels.kernel_source,
     ("torch", "triton", "triton.language as tl"),
+    operands=kernels.OPERANDS,
 )
 
 

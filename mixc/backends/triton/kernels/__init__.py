@@ -42,6 +42,19 @@ def _pytorch_args(file: str) -> dict[str, str]:
 PYTORCH_ARGS: dict[str, dict[str, str]] = {name: _pytorch_args(f) for name, f in KERNELS.items()}
 """Per Triton kernel, the arguments with which it runs the PyTorch kernel's chunked form."""
 
+
+def _takes_operands(name: str, file: str) -> bool:
+    """Whether the kernel `name` of `file` takes `operands=` (the dtype of a caller's inputs
+    that the module widened), read from its text."""
+    for node in ast.parse((_HERE / f"{file}.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return "operands" in [a.arg for a in node.args.args + node.args.kwonlyargs]
+    return False
+
+
+OPERANDS = tuple(name for name, file in KERNELS.items() if _takes_operands(name, file))
+"""The Triton kernels whose products take the dtype of a caller's 16-bit inputs (operands=)."""
+
 #: The PyTorch kernels' definitions, those of KERNELS replaced by the Triton ones (the others of
 #: this package added after them).
 DEFINITIONS = {

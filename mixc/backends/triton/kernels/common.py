@@ -16,9 +16,8 @@ the default for float32 inputs), TF32 operands ("tf32", for float32 inputs once
 ``torch.set_float32_matmul_precision("high")`` or ``"medium"`` allows TF32), or the inputs'
 bfloat16 or float16 ("bf16", "fp16", for such inputs, as flash-linear-attention multiplies),
 always accumulating in float32 or float64. The sums of gates are scans in float32 (float64)
-(``_tl_gate_sums``, ``_tl_run_sums``), no matmul; the one masked matmul left on gate
-quantities, the scalar gates' gradient (``_tl_gate_dot``), is never rounded to 16 bits: IEEE
-float32 with IEEE operands, else three TF32 passes ("tf32x3", about float32's accuracy).
+(``_tl_gate_sums``, ``_tl_run_sums``), and so are the scalar gates' gradients
+(``_tl_pair_grads``, ``_tl_gate_grads``): no matmul on gate quantities, none rounded to tensor-core operands.
 
 A kernel is one program's walk over the chunks (its addressing, loads and stores, the state or its
 gradient carried in registers); the arithmetic of one chunk is in @triton.jit helpers
@@ -43,33 +42,53 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_value_block(d_v):
-    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
-    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
-    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
-    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
-    return min(_tl_block(d_v), 32)
+def _tl_tiles(kernel):
+    """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
+    most key rows of the state a program holds, None for all of them; the most value columns;
+    warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
+    rows in blocks, one program each, as flash-linear-attention's kernels do, and their
+    outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
+    levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
+    and DPLR kernels mix the rows (k^T S, a^T S) and hold them all. At d_k = d_v = 128 and
+    64-token chunks these are the tiles that compiled for sm_90 with the fewest spills of those
+    tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return {
+        "_tl_scalar_decay_fwd": (64, 32, 8),
+        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_diagonal_fwd": (64, 32, 8),
+        "_tl_diagonal_bwd": (16, 32, 8),
+        "_tl_delta_fwd": (None, 32, 8),
+        "_tl_delta_bwd": (None, 32, 8),
+        "_tl_dplr_fwd": (None, 32, 8),
+        "_tl_dplr_bwd": (None, 32, 8),
+        "_tl_elementwise_fwd": (None, 32, 8),
+        "_tl_elementwise_bwd": (None, 32, 8),
+    }[kernel.__name__]
 
 
-def _tl_launch():
-    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
-    registers, not loads, are what a program runs short of); see _tl_value_block."""
-    return {"num_warps": 8, "num_stages": 1}
+def _tl_launch(kernel):
+    """The launch options of `kernel`: its warps (_tl_tiles), one pipeline stage (no chunk
+    prefetched: registers, not loads, are what a program runs short of)."""
+    return {"num_warps": _tl_tiles(kernel)[2], "num_stages": 1}
 
 
-def _tl_dot_precision(x, kernel):
-    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
-    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
-    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
-    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
-    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
-    the tensor cores do up to the order of the sums."""
-    if x.dtype == torch.bfloat16:
+def _tl_dot_precision(x, kernel, operands=None):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr), or of the
+    dtype `operands` where the caller widened 16-bit inputs to x (a generated module computes
+    in float32 whatever its inputs, and passes their dtype): "ieee" for float64, and for
+    float32 unless torch's float32 matmul precision allows TF32 ("tf32"); "bf16" and "fp16"
+    for those dtypes, the products then rounding their operands to it, as
+    flash-linear-attention multiplies 16-bit inputs. Triton's interpreter holds bfloat16 as
+    raw 16-bit integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated"
+    rounds the operands to the nearest bfloat16 and multiplies them in float32 (each product
+    exact), as the tensor cores do up to the order of the sums."""
+    dtype = x.dtype if operands is None or x.dtype == torch.float64 else operands
+    if dtype == torch.bfloat16:
         interpreted = type(kernel).__name__ == "InterpretedFunction"
         return "bf16 emulated" if interpreted else "bf16"
-    if x.dtype == torch.float16:
+    if dtype == torch.float16:
         return "fp16"
-    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
     return "ieee"
 
@@ -80,15 +99,27 @@ def _tl_compute_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tl_sizes(q, v, chunk_size):
-    """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
-    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
-    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    _tl_value_block, one program each."""
+def _tl_sizes(q, v, chunk_size, kernel):
+    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key
+    and value block sizes, the grid (value blocks, B * NH, key blocks), the number of chunks).
+    A chunk is chunk_size tokens (capped as the PyTorch kernels cap it), at least 16; key rows
+    and value columns go in blocks of at most _tl_tiles(kernel), one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
+    most_k, most_v, _ = _tl_tiles(kernel)
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = _tl_value_block(d_v)
-    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
+    block_k = _tl_block(d_k) if most_k is None else min(_tl_block(d_k), most_k)
+    block_v = min(_tl_block(d_v), most_v)
+    grid = (triton.cdiv(d_v, block_v), q.shape[0] * q.shape[1], triton.cdiv(d_k, block_k))
+    return block_t, block_k, block_v, grid, triton.cdiv(length, block_t)
+
+
+def _tl_sum_parts(x, n, dtype):
+    """The sum, in dtype and x's layout, of the n parts x [n * B, ...] that n programs wrote
+    (x itself for one part)."""
+    if n == 1:
+        return x.to(dtype)
+    parts = x.unflatten(0, (n, -1))
+    return torch.sum(parts, 0, dtype=dtype, out=torch.empty_like(parts[0], dtype=dtype))
 
 
 def _tl_check_device(kernel, x):
@@ -108,18 +139,22 @@ def _tl_strides(x, n):
     return (0,) * n if x is None else tuple(x.stride())[:n]
 
 
-def _tl_new_like_callers(x, d):
-    """An output [B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a [B, T, NH, d]
-    tensor: the callers' layout, so that their transpose back is contiguous."""
+def _tl_new_like_callers(x, d, parts=1):
+    """An output [parts * B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a
+    [parts * B, T, NH, d] tensor: the callers' layout, so that their transpose back is
+    contiguous. One part: in x's dtype; more (one per key block, summed after the launch): in
+    _tl_compute_dtype(x)."""
     batch, heads, length = x.shape[:3]
-    return torch.empty(batch, length, heads, d, dtype=x.dtype, device=x.device).transpose(1, 2)
+    dtype = x.dtype if parts == 1 else _tl_compute_dtype(x)
+    out = torch.empty(parts * batch, length, heads, d, dtype=dtype, device=x.device)
+    return out.transpose(1, 2)
 
 
-def _tl_outputs(q, v, initial_state, n_chunks, keep):
+def _tl_outputs(q, v, initial_state, n_chunks, keep, n_k=1):
     """What a forward launch writes, for q [B, NH, T, K] and v [B, NH, T, V]: (the initial state
-    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers); the
-    final state; the states entering each chunk [B, NH, N, K, V] if keep, else the final state,
-    an argument the kernel never writes)."""
+    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers), one
+    part per key block of n_k; the final state; the states entering each chunk
+    [B, NH, N, K, V] if keep, else the final state, an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -128,13 +163,14 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
     kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
-    return initial_state, _tl_new_like_callers(q, d_v), final, kept
+    return initial_state, _tl_new_like_callers(q, d_v, n_k), final, kept
 
 
-def _tl_gradients(q, v, d_o, d_final, n_v):
+def _tl_gradients(q, v, d_o, d_final, n_v, n_k=1):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
-    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
+    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv,
+    one part per key block [n_k * B, NH, T, V]; the gradient of the initial state), the
+    gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -143,7 +179,7 @@ def _tl_gradients(q, v, d_o, d_final, n_v):
     d_final = d_final.to(dtype).contiguous()
     dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
     dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
-    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
+    dv = q.new_empty(n_k * batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
@@ -170,24 +206,40 @@ def _tl_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _tl_wide_dot(a, b, DOT: tl.constexpr):
+    """a @ b at about float32's accuracy whatever DOT, for the products whose operands are
+    gradients that later sums cancel (the delta rule's solve): IEEE float32 (float64) for
+    "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
+    rounded to 16 bits."""
+    if DOT == "ieee" or DOT == "bf16 emulated":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    return product
+
+
+@triton.jit
+def _tl_operand(x, DOT: tl.constexpr):
+    """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
+    DOT once, as it is loaded (half the registers of float32, and the same operand in every
+    product and every elementwise use), held in float32 under the interpreter ("bf16
+    emulated"); as it is otherwise."""
+    if DOT == "bf16":
+        x = x.to(tl.bfloat16)
+    elif DOT == "bf16 emulated":
+        x = _tl_round_bf16(x)
+    elif DOT == "fp16":
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
 def _tl_round_bf16(x):
     """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
     conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _tl_gate_dot(a, b, DOT: tl.constexpr):
-    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
-    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
-    accuracy)."""
-    if DOT == "ieee":
-        product = tl.dot(a, b, input_precision="ieee")
-    else:
-        product = tl.dot(a, b, input_precision="tf32x3")
-    return product
 
 
 @triton.jit
@@ -201,9 +253,9 @@ def _tl_wide(x):
 
 @triton.jit
 def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
-    """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
-    value column indices, and whether each is inside K or V)."""
-    cols_k = tl.arange(0, BK)
+    """This program's columns of a state [K, V] (its value block is program_id(0), its key
+    block program_id(2)): (key and value column indices, and whether each is inside K or V)."""
+    cols_k = tl.program_id(2) * BK + tl.arange(0, BK)
     cols_v = tl.program_id(0) * BV + tl.arange(0, BV)
     return cols_k, cols_v, cols_k < K, cols_v < V
 
@@ -264,33 +316,42 @@ def _tl_gate_sums(g, rows):
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
     needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
     the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
-    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
-    operands, and few registers).
+    0; the gates moved by a gather of [BT] entries), and the sums to the chunk's end a scan of
+    the same moved gates: every sum one of gates of one sign, in float32 (no matmul: no
+    rounding to tensor-core operands, and no [BT, BT] tile but the pairs').
     """
-    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
-    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    last = rows.shape[0] - 1
+    g_next = tl.gather(g, tl.minimum(rows + 1, last), 0)  # g_{m+1}: a move, no sum
+    g_next = tl.where(rows < last, g_next, 0.0)  # 0 for the last
     terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
     pairs = tl.cumsum(terms, axis=1, reverse=True)
-    to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
-    return pairs, to_end
+    return pairs, tl.cumsum(g_next, axis=0, reverse=True)
 
 
 @triton.jit
-def _tl_gate_grads(pairs, starts, ends, whole, rows, DOT: tl.constexpr):
+def _tl_pair_grads(pairs, rows):
+    """The part of a chunk's log-gates' gradient [BT] that Gamma passes on: pairs [BT, BT] is
+    what each Gamma_ij passes on (its gradient times its value), and Gamma_ij holds g_l for
+    j < l <= i. A sum of the contributions themselves: each column's sums from row l down (a
+    scan), then those of the columns j < l; in float32 (float64), no matmul."""
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: j <= i
+    from_row = tl.cumsum(tl.where(causal, pairs, 0.0), axis=0, reverse=True)  # [l, j]: i >= l
+    return tl.sum(tl.where(rows[:, None] > rows[None, :], from_row, 0.0), axis=1)  # j < l
+
+
+@triton.jit
+def _tl_gate_grads(from_pairs, starts, ends, whole, rows):
     """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
-    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
-    [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
-    g_l for l <= i; ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for
-    exp(b_C), holding every g_l. Each is a sum of the contributions themselves, so a hard reset
-    (every factor holding it 0) gets exactly 0."""
+    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: from_pairs
+    [BT], Gamma's part (_tl_pair_grads); starts [BT] for exp(b_i), holding g_l for l <= i;
+    ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for exp(b_C),
+    holding every g_l. Each is a sum of the contributions themselves, so a hard reset (every
+    factor holding it 0) gets exactly 0."""
     causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    below = _tl_gate_dot(pairs, before.to(pairs.dtype), DOT)
-    dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
-    dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+    dg = from_pairs + tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
     dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-    dg += whole
-    return dg
+    return dg + whole
 
 
 @triton.jit
@@ -347,42 +408,47 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
-    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
-    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
-    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
-    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
+def _tl_add_before(a_sum, a_before, b_sum, b_before):
+    """The combination of a scan that carries (the sum up to an entry, the sum before it): a
+    comes first in the scan's order. Every sum is one of the entries themselves."""
+    return a_sum + b_sum, a_sum + b_before
 
 
 @triton.jit
-def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
-    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
-    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
-    if UP:
-        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
+    """The exclusive running sums of x along axis: each entry's the sum of those before it (or,
+    REVERSE, after it), its own left out; a sum of those entries, never a difference."""
+    _, before = tl.associative_scan((x, tl.zeros_like(x)), axis, _tl_add_before, reverse=REVERSE)
+    return before
+
+
+@triton.jit
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr, OWN: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows: from
+    its run's start to each row, or (REVERSE) from it to its run's end, the row's own included
+    if OWN (_tl_scan_before otherwise)."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    if OWN:
+        runs = tl.cumsum(runs, axis=1, reverse=REVERSE)
     else:
-        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
-    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
-    return tl.where(inside[:, None], moved, 0.0)
+        runs = _tl_scan_before(runs, 1, REVERSE)
+    return tl.reshape(runs, (x.shape[0], x.shape[1]))
 
 
 @triton.jit
 def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
-    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
-    rounding to tensor-core operands."""
-    up_to = _tl_run_scan(g, RUN, False)
-    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
+    Each is summed from its own terms by a scan (_tl_run_scan), never a difference of running
+    sums, and in float32 (float64): no matmul, no rounding to tensor-core operands."""
+    return _tl_run_scan(g, RUN, False, True), _tl_run_scan(g, RUN, True, False)
 
 
 @triton.jit
 def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
     the first sum of the rows from l to its run's end and in the second of the rows before l."""
-    d_g = _tl_run_scan(d_up_to, RUN, True)
-    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
+    return _tl_run_scan(d_up_to, RUN, True, True) + _tl_run_scan(d_after, RUN, False, False)
 
 
 @triton.jit

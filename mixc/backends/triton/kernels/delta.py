@@ -37,7 +37,9 @@ from mixc.backends.triton.kernels.common import (
     _tl_gradients,
     _tl_launch,
     _tl_load_state,
+    _tl_operand,
     _tl_outputs,
+    _tl_pair_grads,
     _tl_put_rows,
     _tl_rows,
     _tl_sizes,
@@ -48,6 +50,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_tokens,
     _tl_unit_lower_inverse,
     _tl_wide,
+    _tl_wide_dot,
 )
 
 
@@ -58,7 +61,7 @@ def _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G: tl.constexpr):
     non-finite key, beta or gate (the whole row) or value (its column)). The products inside
     the chunk take the finite values; the poison reaches the outputs from its token on and the
     state."""
-    poison = (tl.sum(k_c, axis=1) + beta_c) * 0.0
+    poison = (tl.sum(_tl_wide(k_c), axis=1) + beta_c) * 0.0
     if HAS_G:
         poison += tl.exp(g_c) * 0.0
         g_c = tl.where(poison == 0.0, g_c, 0.0)
@@ -78,44 +81,44 @@ def _tl_delta_chunk(
     entering it: (its outputs, the state leaving it); KEEP, the first value block writes T at
     ts_at, the entries of its tile (_tl_tile), as soon as it is known. The intra-chunk WY solve
     A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} (forward substitution),
-    W = T diag(beta exp(b)) K and V_new = T V - W S, then O = diag(exp(b)) Q S +
-    (Q K^T ⊙ Gamma) V_new and S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V_new; guarded by
-    _tl_delta_finite."""
+    V_new = T (V - diag(beta exp(b)) K S) (T V - W S, W = T diag(beta exp(b)) K), then
+    O = diag(exp(b)) Q S + (Q K^T ⊙ Gamma) V_new and S <- exp(b_C) S + (diag(exp(b_C - b))
+    K)^T V_new; guarded by _tl_delta_finite."""
     causal = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
     k_c, v_c, beta_c, g_c, poison = _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G)
     kk = _tl_dot(k_c, tl.trans(k_c), DOT)
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
-    k_scaled = k_c * beta_c[:, None]
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         kk = kk * gamma
         scores = scores * gamma
-        k_scaled = k_scaled * from_start
-        q_c = q_c * from_start
-        k_end = k_c * to_end
-    else:
-        k_end = k_c
     scores = tl.where(causal, scores, 0.0)
     inverse = _tl_unit_lower_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT)
     if KEEP:
         if tl.program_id(0) == 0:
             tl.store(ts_at, inverse)
+    # the decays and betas scale the rows of the [BT, BV] products, not the [BT, BK] queries
+    # and keys (fewer registers, the same sums): W S = T diag(beta exp(b)) (K S), so
+    # V_new = T (V - diag(beta exp(b)) K S)
+    from_state = _tl_dot(q_c, state, DOT)  # Q S
+    from_keys = _tl_dot(k_c, state, DOT) * beta_c[:, None]  # diag(beta) K S
+    if HAS_G:
+        from_state = from_state * from_start
+        from_keys = from_keys * from_start
     # finite inputs can still overflow in a later token's row, which a product with the
-    # inverse or the scores would carry back to the earlier ones: such a row poisons too
-    k_scaled, k_scaled_poison = _tl_finite(k_scaled)
-    poison += tl.sum(k_scaled_poison, axis=1)[:, None]
-    w = _tl_dot(inverse, k_scaled, DOT)
-    v_new = _tl_dot(inverse, v_c, DOT)
-    v_new -= _tl_dot(w, state.to(w.dtype), DOT)
+    # inverse or the scores would carry back to the earlier ones: such an entry poisons too
+    written, written_poison = _tl_finite(v_c - from_keys)
+    poison += written_poison
+    v_new = _tl_dot(inverse, written, DOT)
     v_new, v_new_poison = _tl_finite(v_new)
     poison += v_new_poison
-    out = _tl_dot(q_c, state.to(q_c.dtype), DOT)
-    out += _tl_dot(scores, v_new, DOT)
+    out = from_state + _tl_dot(scores, v_new, DOT)
     out += tl.cumsum(poison, axis=0)
     if HAS_G:
         state = state * chunk_decay
-    state += _tl_dot(tl.trans(k_end), v_new, DOT)
+        v_new = v_new * to_end  # (diag(exp(b_C - b)) K)^T V_new
+    state += _tl_dot(tl.trans(k_c), v_new, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -146,14 +149,14 @@ def _tl_delta_fwd(
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
         beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
-            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+            g_c = tl.zeros((BT,), dtype=state.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         ts_at = _tl_tile(ts, i_bh * n_chunks + n, rows)
@@ -169,15 +172,17 @@ def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT: tl.
     """The gradients through V_new = T V - W S, W = T diag(beta exp(b)) K and T = (I + A)^{-1},
     from dV_new: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support),
     as the PyTorch kernel's _delta_solve_grads: dW = -dV_new S^T, dT = dW (diag(beta exp(b))
-    K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T."""
+    K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T. Products at
+    float32's accuracy (_tl_wide_dot): dbeta sums terms that cancel, and bfloat16 operands
+    would break mixc fuzz's bfloat16 bound there."""
     strict = rows[:, None] > rows[None, :]
-    d_w = -_tl_dot(d_v_new, tl.trans(state), DOT)
+    d_w = -_tl_wide_dot(d_v_new, tl.trans(state), DOT)
     inverse_t = tl.trans(inverse)
-    d_k_scaled = _tl_dot(inverse_t, d_w, DOT)
-    dv_c = _tl_dot(inverse_t, d_v_new, DOT)
-    d_t = _tl_dot(d_w, tl.trans(k_scaled), DOT)
-    d_t += _tl_dot(d_v_new, tl.trans(v_c), DOT)
-    d_a = -_tl_dot(inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), DOT)
+    d_k_scaled = _tl_wide_dot(inverse_t, d_w, DOT)
+    dv_c = _tl_wide_dot(inverse_t, d_v_new, DOT)
+    d_t = _tl_wide_dot(d_w, tl.trans(k_scaled), DOT)
+    d_t += _tl_wide_dot(d_v_new, tl.trans(v_c), DOT)
+    d_a = -_tl_wide_dot(inverse_t, _tl_wide_dot(d_t, inverse_t, DOT), DOT)
     d_a = tl.where(strict, d_a, 0.0)
     return dv_c, d_k_scaled, d_a
 
@@ -263,7 +268,8 @@ def _tl_delta_chunk_grad(
             starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows, DOT)
+            pairs = _tl_pair_grads(d_scores * scores + d_kk * kk, rows)
+            dg_c = _tl_gate_grads(pairs, starts, ends, whole, rows)
         d_state = d_state * chunk_decay
     d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
     d_state -= _tl_dot(tl.trans(w), d_v_new, DOT)
@@ -322,15 +328,15 @@ def _tl_delta_bwd(
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
-def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
+def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
     [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_delta_fwd)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     inverses = final.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
-    _tl_delta_fwd[(n_v, batch * heads)](
+    _tl_delta_fwd[grid](
         q,
         k,
         v,
@@ -356,8 +362,8 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q, _tl_delta_fwd),
-        **_tl_launch(),
+        DOT=dot,
+        **_tl_launch(_tl_delta_fwd),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -367,10 +373,11 @@ class _TlDelta(torch.autograd.Function):
     chunk and T; the backward is one launch of _tl_delta_bwd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size):
-        o, final, kept = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, True)
+    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_delta_fwd, operands)
+        o, final, kept = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, beta, g, *kept)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.dot = chunk_size, dot
         return o, final
 
     @staticmethod
@@ -379,12 +386,13 @@ class _TlDelta(torch.autograd.Function):
         q, k, v, beta, g, states, inverses = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_delta_bwd)
+        n_v = grid[0]
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         dbeta = dv.new_empty(n_v, batch, heads, length)
         gate_grad = g is not None and ctx.needs_input_grad[4]
         dg = torch.empty_like(dbeta) if gate_grad else dbeta
-        _tl_delta_bwd[(n_v, batch * heads)](
+        _tl_delta_bwd[grid](
             q,
             k,
             v,
@@ -415,24 +423,26 @@ class _TlDelta(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q, _tl_delta_bwd),
-            **_tl_launch(),
+            DOT=ctx.dot,
+            **_tl_launch(_tl_delta_bwd),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient
             d_initial = None
-        return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None
+        return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None, None
 
 
-def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
+def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64, operands=None):
     """Chunked S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
     Triton kernels, forward and backward.
 
     v is the already-scaled write value (beta * v); beta only enters the transition. g=None:
-    plain DeltaNet. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    plain DeltaNet. operands: the dtype of the caller's inputs where they were widened to q's
+    (_tl_dot_precision), None for q's. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_delta_fwd, q)
     if _needs_grad(q, k, v, beta, g, initial_state):
-        return _TlDelta.apply(q, k, v, beta, g, initial_state, chunk_size)
-    o, final, _ = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, False)
+        return _TlDelta.apply(q, k, v, beta, g, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_delta_fwd, operands)
+    o, final, _ = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, False, dot)
     return o, final

@@ -1,7 +1,9 @@
 """The Triton kernel of the diagonal-gate class: S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T,
 o_t = q_t S_t, one log-gate per token, head and key channel (GLA, RWKV-6). The same chunked form
 as the PyTorch kernel (docs/algorithms.md, "Diagonal gates"), fused: one program per (batch,
-head, block of value columns) walks the chunks in order, keeping the state in registers.
+head, block of value columns, block of key rows) walks the chunks in order, keeping its tile of
+the state in registers; each key block's output (and dV) is its part, the sum over its key
+columns, and the parts are added after the launch.
 
 A decay that differs per channel is no mask on the scores Q K^T, so the pairs j < i inside a
 chunk are split by the aligned blocks of 2, 4, ..., C tokens, as in the PyTorch kernel: each
@@ -44,6 +46,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_launch,
     _tl_levels,
     _tl_load_state,
+    _tl_operand,
     _tl_outputs,
     _tl_pairs,
     _tl_put_rows,
@@ -54,7 +57,9 @@ from mixc.backends.triton.kernels.common import (
     _tl_store_rows,
     _tl_store_state,
     _tl_strides,
+    _tl_sum_parts,
     _tl_tokens,
+    _tl_wide,
 )
 
 #: The keyword arguments this kernel leaves to the PyTorch kernel's chunked form, and what they
@@ -79,7 +84,7 @@ def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.const
     one matmul of the queries decayed from the boundary of their block's halves, exp(b_i -
     b_r), and the keys decayed to it, exp(b_r - b_j), kept where the pairs are that level's."""
     same = rows[:, None] == rows[None, :]
-    scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)  # i = j
+    scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)  # i = j
     for level in tl.static_range(LEVELS):
         from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
@@ -130,20 +135,22 @@ def _tl_diagonal_fwd(
     HAS_G: tl.constexpr, KEEP: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks in order, the state in registers
-    (_tl_diagonal_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering
-    each chunk, [B * NH, N, K, V]; LEVELS = log2(BT), the levels of blocks inside a chunk."""
+    """One (value block, batch x head, key block) program: the chunks in order, its block of
+    the state in registers (_tl_diagonal_chunk). o: one part per key block [NK * B, NH, T, V]
+    (strided); h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
+    [B * NH, N, K, V]; LEVELS = log2(BT), the levels of blocks inside a chunk."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
+    part = tl.program_id(2) * (tl.num_programs(1) // NH) + i_b  # this key block's part of o
     for n in range(0, n_chunks):
         t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         v_c, poison = _tl_finite(v_c)  # and a gate that is not finite poisons its whole row
@@ -153,9 +160,9 @@ def _tl_diagonal_fwd(
             )
             poison += gate_poison[:, None]
         else:
-            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+            g_c = tl.zeros((BT, BK), dtype=state.dtype)
         out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT, DOT)
-        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
+        _tl_put_rows(o, so_b, so_h, so_t, so_d, part, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
@@ -170,9 +177,9 @@ def _tl_diagonal_scores_grad(
     GATE_GRAD)."""
     same = rows[:, None] == rows[None, :]
     d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
-    scores = tl.where(same, tl.sum(q_c * k_c, axis=1)[:, None], 0.0)
+    scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)
     dq_c, dk_c = d_same * k_c, d_same * q_c
-    dg_c = tl.zeros_like(q_c)
+    dg_c = tl.zeros_like(g_c)
     for level in tl.static_range(LEVELS):
         from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
@@ -237,32 +244,34 @@ def _tl_diagonal_bwd(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers (_tl_diagonal_chunk_grad). dq, dk, dg: this block's parts [NV, B * NH,
-    T, K]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all contiguous."""
+    """One (value block, batch x head, key block) program: the chunks from the last, its
+    block of the state's gradient in registers (_tl_diagonal_chunk_grad). dq, dk, dg: one part
+    per value block [NV, B * NH, T, K]; dv: one per key block [NK * B * NH, T, V]; dht, dh0
+    [B * NH, K, V]; all contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
-    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this value block's of dq, dk, dg
+    key_part = tl.program_id(2) * tl.num_programs(1) + i_bh  # this key block's of dv
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
         t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         if HAS_G:
             g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
         else:
-            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)
+            g_c = tl.zeros((BT, BK), dtype=d_state.dtype)
         dq_c, dk_c, dv_c, dg_c, d_state = _tl_diagonal_chunk_grad(
             q_c, k_c, v_c, do_c, g_c, state, d_state, rows, GATE_GRAD, LEVELS, BT, DOT
         )
-        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
+        _tl_store_rows(dv, key_part, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         if GATE_GRAD:
@@ -270,14 +279,15 @@ def _tl_diagonal_bwd(
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
-def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
+def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
-    [B, NH, N, K, V] if keep else None)."""
-    batch, heads, length, d_k = q.shape
+    [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
+    heads, length, d_k = q.shape[1:]
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
-    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    _tl_diagonal_fwd[(n_v, batch * heads)](
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_diagonal_fwd)
+    n_k = grid[2]
+    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep, n_k)
+    _tl_diagonal_fwd[grid](
         q,
         k,
         v,
@@ -301,10 +311,10 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q, _tl_diagonal_fwd),
-        **_tl_launch(),
+        DOT=dot,
+        **_tl_launch(_tl_diagonal_fwd),
     )
-    return o, final, kept if keep else None
+    return _tl_sum_parts(o, n_k, q.dtype), final, kept if keep else None
 
 
 class _TlDiagonal(torch.autograd.Function):
@@ -312,23 +322,25 @@ class _TlDiagonal(torch.autograd.Function):
     chunk; the backward is one launch of _tl_diagonal_bwd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gk, initial_state, chunk_size):
-        o, final, kept = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, True)
+    def forward(ctx, q, k, v, gk, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_diagonal_fwd, operands)
+        o, final, kept = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, gk, kept)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.dot = chunk_size, dot
         return o, final
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
         q, k, v, gk, kept = ctx.saved_tensors
-        batch, heads, length, d_k = q.shape
+        heads, length, d_k = q.shape[1:]
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_diagonal_bwd)
+        n_v, _, n_k = grid
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = gk is not None and ctx.needs_input_grad[3]
         dg = torch.empty_like(dq) if gate_grad else dv
-        _tl_diagonal_bwd[(n_v, batch * heads)](
+        _tl_diagonal_bwd[grid](
             q,
             k,
             v,
@@ -356,18 +368,21 @@ class _TlDiagonal(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q, _tl_diagonal_bwd),
-            **_tl_launch(),
+            DOT=ctx.dot,
+            **_tl_launch(_tl_diagonal_bwd),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
-        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
+        dv = _tl_sum_parts(dv, n_k, dv.dtype)
+        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None, None
 
 
-def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64):
+def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64, operands=None):
     """Chunked S_t = diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)) + k_t v_t^T, o_t = q_t S_t, as fused
     Triton kernels, forward and backward, for key-side gates gk [B, NH, T, K] (or None);
     value-side gates gv [B, NH, T, V] run the PyTorch kernel's chunked form, through autograd.
+    operands: the dtype of the caller's inputs where they were widened to q's
+    (_tl_dot_precision), None for q's.
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
@@ -377,6 +392,7 @@ def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64)
         return o, state
     _tl_check_device(_tl_diagonal_fwd, q)
     if _needs_grad(q, k, v, gk, initial_state):
-        return _TlDiagonal.apply(q, k, v, gk, initial_state, chunk_size)
-    o, final, _ = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, False)
+        return _TlDiagonal.apply(q, k, v, gk, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_diagonal_fwd, operands)
+    o, final, _ = _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, False, dot)
     return o, final

@@ -59,7 +59,6 @@ from mixc.backends.triton.kernels.common import (
     _tl_put_rows,
     _tl_rows,
     _tl_run_scan,
-    _tl_run_shift,
     _tl_run_sums,
     _tl_run_sums_grad,
     _tl_sizes,
@@ -79,7 +78,7 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
     included and not, and from after each row to the run's end [BT, BK]. For RUN = BT: exp(c_r),
     exp(c_{r-1}) and exp(c_C - c_j)."""
     up_to, after = _tl_run_sums(g, rows, RUN)
-    before = _tl_run_scan(_tl_run_shift(g, rows, RUN, False), RUN, False)  # l < r in r's run
+    before = _tl_run_scan(g, RUN, False, False)  # l < r in r's run
     return tl.exp(up_to), tl.exp(before), tl.exp(after)
 
 
@@ -87,7 +86,7 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
 def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
     d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
-    return d_g + _tl_run_scan(_tl_run_shift(d_before, rows, RUN, True), RUN, True)
+    return d_g + _tl_run_scan(d_before, RUN, True, False)
 
 
 @triton.jit
@@ -475,22 +474,22 @@ def _tl_dplr_bwd(
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
-def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
+def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
     [B, NH, N, K, V] and T and the scores qk, qb, ak of each chunk [B, NH, N, 4, C, C], else
     Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
-    _tl_dplr_fwd[(n_v, batch * heads)](
+    _tl_dplr_fwd[grid](
         q, k, v, a, b, q if gk is None else gk, initial_state,  # read
         o, final, states, tiles,  # written
         length, heads, d_k, d_v,
         *(stride for x in (q, k, v, a, b, gk, o) for stride in _tl_strides(x, 4)),
         HAS_G=gk is not None, KEEP=keep, BT=block_t, LEVELS=_tl_levels(block_t), BK=block_k,
-        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(),
+        BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd),
     )  # fmt: skip
     return o, final, (states, tiles) if keep else (None, None)
 
@@ -500,24 +499,26 @@ class _TlDplr(torch.autograd.Function):
     chunk, T and the scores; the backward is one launch of _tl_dplr_bwd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size):
-        o, final, kept = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, True)
+    def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_dplr_fwd, operands)
+        o, final, kept = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, a, b, gk, *kept)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.dot = chunk_size, dot
         return o, final
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
         q, k, v, a, b, gk, states, tiles = ctx.saved_tensors
-        batch, heads, length, d_k = q.shape
+        heads, length, d_k = q.shape[1:]
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd)
+        n_v = grid[0]
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         da, db = torch.empty_like(dq), torch.empty_like(dq)
         gate_grad = gk is not None and ctx.needs_input_grad[5]
         dg = torch.empty_like(dq) if gate_grad else dq
-        _tl_dplr_bwd[(n_v, batch * heads)](
+        _tl_dplr_bwd[grid](
             q,
             k,
             v,
@@ -552,27 +553,31 @@ class _TlDplr(torch.autograd.Function):
             LEVELS=_tl_levels(block_t),
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q, _tl_dplr_bwd),
-            **_tl_launch(),
+            DOT=ctx.dot,
+            **_tl_launch(_tl_dplr_bwd),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None
         d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state
-        return dq, dk, dv, da, db, d_gate, d_initial, None
+        return dq, dk, dv, da, db, d_gate, d_initial, None, None
 
 
-def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None):
+def chunk_dplr(
+    q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None, operands=None
+):
     """Chunked S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
     Triton kernels, forward and backward.
 
     a, b: [B, NH, T, K]; gk: the log-gate [B, NH, T, K] or [B, NH, T, 1] (one per token, for
     every channel), None: no decay. gk_min (a lower bound of gk, as the PyTorch kernel takes)
     is not needed: the fused kernels' factors are measured from sub-chunk boundaries whatever
-    the gate. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    the gate. operands: the dtype of the caller's inputs where they were widened to q's
+    (_tl_dot_precision), None for q's. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_dplr_fwd, q)
     gk = None if gk is None else gk.expand_as(k)
     if _needs_grad(q, k, v, a, b, gk, initial_state):
-        return _TlDplr.apply(q, k, v, a, b, gk, initial_state, chunk_size)
-    o, final, _ = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, False)
+        return _TlDplr.apply(q, k, v, a, b, gk, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_dplr_fwd, operands)
+    o, final, _ = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, False, dot)
     return o, final

@@ -32,7 +32,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_launch,
     _tl_load_state,
     _tl_store_state,
-    _tl_value_block,
+    _tl_tiles,
     _tl_wide,
 )
 
@@ -190,7 +190,7 @@ def _tl_elementwise_args(q, k, v, g, g_scale, chunk_size):
     g = g.expand(full)
     g_scale = g if g_scale is None else g_scale.expand(full)
     chunk = _chunk_size_for(chunk_size, length)
-    block_v = _tl_value_block(d_v)
+    block_v = min(_tl_block(d_v), _tl_tiles(_tl_elementwise_fwd)[1])
     sizes = (chunk, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, chunk))
     return q, k, v, g, g_scale, sizes
 
@@ -223,7 +223,7 @@ def _tl_elementwise_forward(q, k, v, g, g_scale, initial_state, chunk_size, keep
         length, heads, d_k, d_v,
         *_tl_elementwise_strides(q, k, v, g, g_scale), *o.stride()[:3],
         HAS_SCALE=has_scale, KEEP=keep, C=chunk, BK=block_k, BV=block_v,
-        **_tl_launch(),
+        **_tl_launch(_tl_elementwise_fwd),
     )  # fmt: skip
     return o, final, kept if keep else None
 
@@ -269,7 +269,7 @@ class _TlElementwise(torch.autograd.Function):
             length, heads, d_k, d_v,
             *_tl_elementwise_strides(q_, k_, v_, g_, s_), *d_o.stride()[:3],
             HAS_SCALE=has_scale, GATE_GRAD=gate_grad, C=chunk, BK=block_k, BV=block_v,
-            **_tl_launch(),
+            **_tl_launch(_tl_elementwise_bwd),
         )  # fmt: skip
         d_g = d_scale = None
         if gate_grad:  # L = g * g_scale: back to each factor's own (broadcast) shape

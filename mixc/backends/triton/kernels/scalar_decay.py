@@ -1,7 +1,10 @@
 """The Triton kernel of the scalar-decay class: S_t = exp(g_t) S_{t-1} + k_t v_t^T,
 o_t = q_t S_t, one log-gate g_t per token and head (g None: linear attention). The same chunked
 form as the PyTorch kernel (docs/algorithms.md, "Scalar decay"), fused: one program per
-(batch, head, block of value columns) walks the chunks in order, keeping the state in registers.
+(batch, head, block of value columns, block of key rows) walks the chunks in order, keeping its
+tile of the state in registers; the key rows are independent, so each key block's output is its
+part of O (Q K^T and Q S are sums over the key columns), and the parts are added after the
+launch, as are those of dV.
 
 Forward, per chunk, with b the gates' running sum inside the chunk:
     O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S,    S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V
@@ -35,13 +38,16 @@ from mixc.backends.triton.kernels.common import (
     _tl_gradients,
     _tl_launch,
     _tl_load_state,
+    _tl_operand,
     _tl_outputs,
+    _tl_pair_grads,
     _tl_put_rows,
     _tl_rows,
     _tl_sizes,
     _tl_store_rows,
     _tl_store_state,
     _tl_strides,
+    _tl_sum_parts,
     _tl_tokens,
 )
 
@@ -86,28 +92,30 @@ def _tl_scalar_decay_fwd(
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks in order, the state in registers
-    (_tl_scalar_decay_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states
-    entering each chunk, [B * NH, N, K, V]."""
+    """One (value block, batch x head, key block) program: the chunks in order, its block of
+    the state in registers (_tl_scalar_decay_chunk). o: one part per key block [NK * B, NH, T,
+    V] (strided); h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
+    [B * NH, N, K, V]."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
+    part = tl.program_id(2) * (tl.num_programs(1) // NH) + i_b  # this key block's part of o
     for n in range(0, n_chunks):
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
-            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+            g_c = tl.zeros((BT,), dtype=state.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         out, state = _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G, DOT)
-        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
+        _tl_put_rows(o, so_b, so_h, so_t, so_d, part, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
@@ -124,35 +132,41 @@ def _tl_scalar_decay_chunk_grad(
         dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
     """
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
+    # the decays scale the rows of the products, not the [BT, BK] queries and keys (fewer
+    # registers, the same sums), and the [BT, BT] tiles are used up before the state's products
     d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
     probs = _tl_dot(q_c, tl.trans(k_c), DOT)
+    dg_c = tl.zeros((BT,), dtype=state.dtype)
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-        probs = probs * gamma
+        probs = tl.where(causal, probs * gamma, 0.0)
         d_scores = tl.where(causal, d_probs * gamma, 0.0)
-        q_start, do_start = q_c * from_start, do_c * from_start
-        k_end, v_end = k_c * to_end, v_c * to_end
+        if GATE_GRAD:  # g_l is in Gamma_ij for j < l <= i
+            dg_c = _tl_pair_grads(d_probs * probs, rows)
     else:
+        probs = tl.where(causal, probs, 0.0)
         d_scores = tl.where(causal, d_probs, 0.0)
-        q_start, do_start, k_end, v_end = q_c, do_c, k_c, v_c
-    probs = tl.where(causal, probs, 0.0)
     dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
-    dv_c += _tl_dot(k_end, d_state, DOT)
-    from_q = _tl_dot(do_start, tl.trans(state), DOT)  # diag(exp(b)) dO S^T
-    from_k = _tl_dot(v_end, tl.trans(d_state), DOT)  # diag(..) V D^T
-    dq_c = _tl_dot(d_scores, k_c, DOT) + from_q
-    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT) + from_k
-    dg_c = tl.zeros((BT,), dtype=q_c.dtype)
+    dq_c = _tl_dot(d_scores, k_c, DOT)
+    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT)
+    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # V D^T
+    to_state = _tl_dot(k_c, d_state, DOT)  # K D
+    do_start = do_c
     if HAS_G:
+        from_q, do_start = from_q * from_start, do_c * from_start
+        from_k, to_state = from_k * to_end, to_state * to_end
         if GATE_GRAD:
-            # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i, in exp(b_C - b_j)
-            # for j < l, and in exp(b_C) for every l
+            # and in exp(b_i) for l <= i, in exp(b_C - b_j) for j < l, in exp(b_C) for every l
             starts = tl.sum(q_c * from_q, axis=1)
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_probs * probs, starts, ends, whole, rows, DOT)
+            dg_c = _tl_gate_grads(dg_c, starts, ends, whole, rows)
         d_state = d_state * chunk_decay
-    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+    dv_c += to_state
+    dq_c += from_q
+    dk_c += from_k
+    d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
     return dq_c, dk_c, dv_c, dg_c, d_state
 
 
@@ -169,49 +183,52 @@ def _tl_scalar_decay_bwd(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers (_tl_scalar_decay_chunk_grad). dq, dk: this block's parts [NV, B * NH,
-    T, K]; dv [B * NH, T, V]; dg: parts [NV, B * NH, T]; dht, dh0 [B * NH, K, V]; all
-    contiguous."""
+    """One (value block, batch x head, key block) program: the chunks from the last, its
+    block of the state's gradient in registers (_tl_scalar_decay_chunk_grad). dq, dk: one part
+    per value block [NV, B * NH, T, K]; dv: one per key block [NK * B * NH, T, V]; dg: one per
+    program [NK * NV * B * NH, T]; dht, dh0 [B * NH, K, V]; all contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
-    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this value block's of dq, dk
+    key_part = tl.program_id(2) * tl.num_programs(1) + i_bh  # this key block's of dv
+    own = tl.program_id(2) * tl.num_programs(0) * tl.num_programs(1) + part  # of dg
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
-            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+            g_c = tl.zeros((BT,), dtype=d_state.dtype)  # never read
         dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grad(
             q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT, DOT
         )
-        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
+        _tl_store_rows(dv, key_part, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         if HAS_G:
             if GATE_GRAD:
-                tl.store(dg + part * T + t, dg_c, mask=in_t)
+                tl.store(dg + own * T + t, dg_c, mask=in_t)
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
-def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
+def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
-    [B, NH, N, K, V] if keep else None)."""
-    batch, heads, length, d_k = q.shape
+    [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
+    heads, length, d_k = q.shape[1:]
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
-    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    _tl_scalar_decay_fwd[(n_v, batch * heads)](
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_scalar_decay_fwd)
+    n_k = grid[2]
+    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep, n_k)
+    _tl_scalar_decay_fwd[grid](
         q,
         k,
         v,
@@ -234,10 +251,10 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q, _tl_scalar_decay_fwd),
-        **_tl_launch(),
+        DOT=dot,
+        **_tl_launch(_tl_scalar_decay_fwd),
     )
-    return o, final, kept if keep else None
+    return _tl_sum_parts(o, n_k, q.dtype), final, kept if keep else None
 
 
 class _TlScalarDecay(torch.autograd.Function):
@@ -245,10 +262,11 @@ class _TlScalarDecay(torch.autograd.Function):
     chunk; the backward is one launch of _tl_scalar_decay_bwd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, chunk_size):
-        o, final, kept = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, True)
+    def forward(ctx, q, k, v, g, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_scalar_decay_fwd, operands)
+        o, final, kept = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, g, kept)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.dot = chunk_size, dot
         return o, final
 
     @staticmethod
@@ -257,11 +275,12 @@ class _TlScalarDecay(torch.autograd.Function):
         q, k, v, g, kept = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_scalar_decay_bwd)
+        n_v, _, n_k = grid
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = g is not None and ctx.needs_input_grad[3]
-        dg = dv.new_empty(n_v, batch, heads, length) if gate_grad else dv
-        _tl_scalar_decay_bwd[(n_v, batch * heads)](
+        dg = dv.new_empty(n_k * n_v, batch, heads, length) if gate_grad else dv
+        _tl_scalar_decay_bwd[grid](
             q,
             k,
             v,
@@ -288,22 +307,26 @@ class _TlScalarDecay(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q, _tl_scalar_decay_bwd),
-            **_tl_launch(),
+            DOT=ctx.dot,
+            **_tl_launch(_tl_scalar_decay_bwd),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
-        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
+        dv = _tl_sum_parts(dv, n_k, dv.dtype)
+        d_gate = dg.sum(0) if gate_grad else None
+        return dq.sum(0), dk.sum(0), dv, d_gate, d_initial, None, None
 
 
-def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
+def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64, operands=None):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention), as
-    fused Triton kernels, forward and backward.
+    fused Triton kernels, forward and backward; operands: the dtype of the caller's inputs
+    where they were widened to q's (_tl_dot_precision), None for q's.
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_scalar_decay_fwd, q)
     if _needs_grad(q, k, v, g, initial_state):
-        return _TlScalarDecay.apply(q, k, v, g, initial_state, chunk_size)
-    o, final, _ = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, False)
+        return _TlScalarDecay.apply(q, k, v, g, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_scalar_decay_fwd, operands)
+    o, final, _ = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, False, dot)
     return o, final

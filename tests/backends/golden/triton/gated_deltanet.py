@@ -395,33 +395,53 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_value_block(d_v):
-    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
-    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
-    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
-    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
-    return min(_tl_block(d_v), 32)
+def _tl_tiles(kernel):
+    """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
+    most key rows of the state a program holds, None for all of them; the most value columns;
+    warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
+    rows in blocks, one program each, as flash-linear-attention's kernels do, and their
+    outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
+    levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
+    and DPLR kernels mix the rows (k^T S, a^T S) and hold them all. At d_k = d_v = 128 and
+    64-token chunks these are the tiles that compiled for sm_90 with the fewest spills of those
+    tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return {
+        "_tl_scalar_decay_fwd": (64, 32, 8),
+        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_diagonal_fwd": (64, 32, 8),
+        "_tl_diagonal_bwd": (16, 32, 8),
+        "_tl_delta_fwd": (None, 32, 8),
+        "_tl_delta_bwd": (None, 32, 8),
+        "_tl_dplr_fwd": (None, 32, 8),
+        "_tl_dplr_bwd": (None, 32, 8),
+        "_tl_elementwise_fwd": (None, 32, 8),
+        "_tl_elementwise_bwd": (None, 32, 8),
+    }[kernel.__name__]
 
 
-def _tl_launch():
-    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
-    registers, not loads, are what a program runs short of); see _tl_value_block."""
-    return {"num_warps": 8, "num_stages": 1}
+def _tl_launch(kernel):
+    """The launch options of `kernel`: its warps (_tl_tiles), one pipeline stage (no chunk
+    prefetched: registers, not loads, are what a program runs short of)."""
+    return {"num_warps": _tl_tiles(kernel)[2], "num_stages": 1}
 
 
-def _tl_dot_precision(x, kernel):
-    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
-    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
-    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
-    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
-    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
-    the tensor cores do up to the order of the sums."""
-    if x.dtype == torch.bfloat16:
+def _tl_dot_precision(x, kernel, operands=None):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr), or of the
+    dtype `operands` where the caller widened 16-bit inputs to x (a generated module computes
+    in float32 whatever its inputs, and passes their dtype): "ieee" for float64, and for
+    float32 unless torch's float32 matmul precision allows TF32 ("tf32"); "bf16" and "fp16"
+    for those dtypes, the products then rounding their operands to it, as
+    flash-linear-attention multiplies 16-bit inputs. Triton's interpreter holds bfloat16 as
+    raw 16-bit integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated"
+    rounds the operands to the nearest bfloat16 and multiplies them in float32 (each product
+    exact), as the tensor cores do up to the order of the sums."""
+    dtype = x.dtype if operands is None or x.dtype == torch.float64 else operands
+    if dtype == torch.bfloat16:
         interpreted = type(kernel).__name__ == "InterpretedFunction"
         return "bf16 emulated" if interpreted else "bf16"
-    if x.dtype == torch.float16:
+    if dtype == torch.float16:
         return "fp16"
-    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
     return "ieee"
 
@@ -432,15 +452,18 @@ def _tl_compute_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tl_sizes(q, v, chunk_size):
-    """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
-    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
-    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    _tl_value_block, one program each."""
+def _tl_sizes(q, v, chunk_size, kernel):
+    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key
+    and value block sizes, the grid (value blocks, B * NH, key blocks), the number of chunks).
+    A chunk is chunk_size tokens (capped as the PyTorch kernels cap it), at least 16; key rows
+    and value columns go in blocks of at most _tl_tiles(kernel), one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
+    most_k, most_v, _ = _tl_tiles(kernel)
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = _tl_value_block(d_v)
-    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
+    block_k = _tl_block(d_k) if most_k is None else min(_tl_block(d_k), most_k)
+    block_v = min(_tl_block(d_v), most_v)
+    grid = (triton.cdiv(d_v, block_v), q.shape[0] * q.shape[1], triton.cdiv(d_k, block_k))
+    return block_t, block_k, block_v, grid, triton.cdiv(length, block_t)
 
 
 def _tl_check_device(kernel, x):
@@ -460,18 +483,22 @@ def _tl_strides(x, n):
     return (0,) * n if x is None else tuple(x.stride())[:n]
 
 
-def _tl_new_like_callers(x, d):
-    """An output [B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a [B, T, NH, d]
-    tensor: the callers' layout, so that their transpose back is contiguous."""
+def _tl_new_like_callers(x, d, parts=1):
+    """An output [parts * B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a
+    [parts * B, T, NH, d] tensor: the callers' layout, so that their transpose back is
+    contiguous. One part: in x's dtype; more (one per key block, summed after the launch): in
+    _tl_compute_dtype(x)."""
     batch, heads, length = x.shape[:3]
-    return torch.empty(batch, length, heads, d, dtype=x.dtype, device=x.device).transpose(1, 2)
+    dtype = x.dtype if parts == 1 else _tl_compute_dtype(x)
+    out = torch.empty(parts * batch, length, heads, d, dtype=dtype, device=x.device)
+    return out.transpose(1, 2)
 
 
-def _tl_outputs(q, v, initial_state, n_chunks, keep):
+def _tl_outputs(q, v, initial_state, n_chunks, keep, n_k=1):
     """What a forward launch writes, for q [B, NH, T, K] and v [B, NH, T, V]: (the initial state
-    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers); the
-    final state; the states entering each chunk [B, NH, N, K, V] if keep, else the final state,
-    an argument the kernel never writes)."""
+    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers), one
+    part per key block of n_k; the final state; the states entering each chunk
+    [B, NH, N, K, V] if keep, else the final state, an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -480,13 +507,14 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
     kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
-    return initial_state, _tl_new_like_callers(q, d_v), final, kept
+    return initial_state, _tl_new_like_callers(q, d_v, n_k), final, kept
 
 
-def _tl_gradients(q, v, d_o, d_final, n_v):
+def _tl_gradients(q, v, d_o, d_final, n_v, n_k=1):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
-    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
+    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv,
+    one part per key block [n_k * B, NH, T, V]; the gradient of the initial state), the
+    gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -495,7 +523,7 @@ def _tl_gradients(q, v, d_o, d_final, n_v):
     d_final = d_final.to(dtype).contiguous()
     dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
     dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
-    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
+    dv = q.new_empty(n_k * batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
@@ -517,24 +545,40 @@ def _tl_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _tl_wide_dot(a, b, DOT: tl.constexpr):
+    """a @ b at about float32's accuracy whatever DOT, for the products whose operands are
+    gradients that later sums cancel (the delta rule's solve): IEEE float32 (float64) for
+    "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
+    rounded to 16 bits."""
+    if DOT == "ieee" or DOT == "bf16 emulated":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    return product
+
+
+@triton.jit
+def _tl_operand(x, DOT: tl.constexpr):
+    """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
+    DOT once, as it is loaded (half the registers of float32, and the same operand in every
+    product and every elementwise use), held in float32 under the interpreter ("bf16
+    emulated"); as it is otherwise."""
+    if DOT == "bf16":
+        x = x.to(tl.bfloat16)
+    elif DOT == "bf16 emulated":
+        x = _tl_round_bf16(x)
+    elif DOT == "fp16":
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
 def _tl_round_bf16(x):
     """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
     conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _tl_gate_dot(a, b, DOT: tl.constexpr):
-    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
-    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
-    accuracy)."""
-    if DOT == "ieee":
-        product = tl.dot(a, b, input_precision="ieee")
-    else:
-        product = tl.dot(a, b, input_precision="tf32x3")
-    return product
 
 
 @triton.jit
@@ -548,9 +592,9 @@ def _tl_wide(x):
 
 @triton.jit
 def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
-    """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
-    value column indices, and whether each is inside K or V)."""
-    cols_k = tl.arange(0, BK)
+    """This program's columns of a state [K, V] (its value block is program_id(0), its key
+    block program_id(2)): (key and value column indices, and whether each is inside K or V)."""
+    cols_k = tl.program_id(2) * BK + tl.arange(0, BK)
     cols_v = tl.program_id(0) * BV + tl.arange(0, BV)
     return cols_k, cols_v, cols_k < K, cols_v < V
 
@@ -611,33 +655,42 @@ def _tl_gate_sums(g, rows):
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
     needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
     the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
-    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
-    operands, and few registers).
+    0; the gates moved by a gather of [BT] entries), and the sums to the chunk's end a scan of
+    the same moved gates: every sum one of gates of one sign, in float32 (no matmul: no
+    rounding to tensor-core operands, and no [BT, BT] tile but the pairs').
     """
-    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
-    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    last = rows.shape[0] - 1
+    g_next = tl.gather(g, tl.minimum(rows + 1, last), 0)  # g_{m+1}: a move, no sum
+    g_next = tl.where(rows < last, g_next, 0.0)  # 0 for the last
     terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
     pairs = tl.cumsum(terms, axis=1, reverse=True)
-    to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
-    return pairs, to_end
+    return pairs, tl.cumsum(g_next, axis=0, reverse=True)
 
 
 @triton.jit
-def _tl_gate_grads(pairs, starts, ends, whole, rows, DOT: tl.constexpr):
+def _tl_pair_grads(pairs, rows):
+    """The part of a chunk's log-gates' gradient [BT] that Gamma passes on: pairs [BT, BT] is
+    what each Gamma_ij passes on (its gradient times its value), and Gamma_ij holds g_l for
+    j < l <= i. A sum of the contributions themselves: each column's sums from row l down (a
+    scan), then those of the columns j < l; in float32 (float64), no matmul."""
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: j <= i
+    from_row = tl.cumsum(tl.where(causal, pairs, 0.0), axis=0, reverse=True)  # [l, j]: i >= l
+    return tl.sum(tl.where(rows[:, None] > rows[None, :], from_row, 0.0), axis=1)  # j < l
+
+
+@triton.jit
+def _tl_gate_grads(from_pairs, starts, ends, whole, rows):
     """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
-    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
-    [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
-    g_l for l <= i; ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for
-    exp(b_C), holding every g_l. Each is a sum of the contributions themselves, so a hard reset
-    (every factor holding it 0) gets exactly 0."""
+    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: from_pairs
+    [BT], Gamma's part (_tl_pair_grads); starts [BT] for exp(b_i), holding g_l for l <= i;
+    ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for exp(b_C),
+    holding every g_l. Each is a sum of the contributions themselves, so a hard reset (every
+    factor holding it 0) gets exactly 0."""
     causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    below = _tl_gate_dot(pairs, before.to(pairs.dtype), DOT)
-    dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
-    dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+    dg = from_pairs + tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
     dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-    dg += whole
-    return dg
+    return dg + whole
 
 
 @triton.jit
@@ -696,7 +749,7 @@ def _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G: tl.constexpr):
     non-finite key, beta or gate (the whole row) or value (its column)). The products inside
     the chunk take the finite values; the poison reaches the outputs from its token on and the
     state."""
-    poison = (tl.sum(k_c, axis=1) + beta_c) * 0.0
+    poison = (tl.sum(_tl_wide(k_c), axis=1) + beta_c) * 0.0
     if HAS_G:
         poison += tl.exp(g_c) * 0.0
         g_c = tl.where(poison == 0.0, g_c, 0.0)
@@ -716,44 +769,44 @@ def _tl_delta_chunk(
     entering it: (its outputs, the state leaving it); KEEP, the first value block writes T at
     ts_at, the entries of its tile (_tl_tile), as soon as it is known. The intra-chunk WY solve
     A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} (forward substitution),
-    W = T diag(beta exp(b)) K and V_new = T V - W S, then O = diag(exp(b)) Q S +
-    (Q K^T ⊙ Gamma) V_new and S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V_new; guarded by
-    _tl_delta_finite."""
+    V_new = T (V - diag(beta exp(b)) K S) (T V - W S, W = T diag(beta exp(b)) K), then
+    O = diag(exp(b)) Q S + (Q K^T ⊙ Gamma) V_new and S <- exp(b_C) S + (diag(exp(b_C - b))
+    K)^T V_new; guarded by _tl_delta_finite."""
     causal = rows[:, None] >= rows[None, :]
     strict = rows[:, None] > rows[None, :]
     k_c, v_c, beta_c, g_c, poison = _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G)
     kk = _tl_dot(k_c, tl.trans(k_c), DOT)
     scores = _tl_dot(q_c, tl.trans(k_c), DOT)
-    k_scaled = k_c * beta_c[:, None]
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         kk = kk * gamma
         scores = scores * gamma
-        k_scaled = k_scaled * from_start
-        q_c = q_c * from_start
-        k_end = k_c * to_end
-    else:
-        k_end = k_c
     scores = tl.where(causal, scores, 0.0)
     inverse = _tl_unit_lower_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT)
     if KEEP:
         if tl.program_id(0) == 0:
             tl.store(ts_at, inverse)
+    # the decays and betas scale the rows of the [BT, BV] products, not the [BT, BK] queries
+    # and keys (fewer registers, the same sums): W S = T diag(beta exp(b)) (K S), so
+    # V_new = T (V - diag(beta exp(b)) K S)
+    from_state = _tl_dot(q_c, state, DOT)  # Q S
+    from_keys = _tl_dot(k_c, state, DOT) * beta_c[:, None]  # diag(beta) K S
+    if HAS_G:
+        from_state = from_state * from_start
+        from_keys = from_keys * from_start
     # finite inputs can still overflow in a later token's row, which a product with the
-    # inverse or the scores would carry back to the earlier ones: such a row poisons too
-    k_scaled, k_scaled_poison = _tl_finite(k_scaled)
-    poison += tl.sum(k_scaled_poison, axis=1)[:, None]
-    w = _tl_dot(inverse, k_scaled, DOT)
-    v_new = _tl_dot(inverse, v_c, DOT)
-    v_new -= _tl_dot(w, state.to(w.dtype), DOT)
+    # inverse or the scores would carry back to the earlier ones: such an entry poisons too
+    written, written_poison = _tl_finite(v_c - from_keys)
+    poison += written_poison
+    v_new = _tl_dot(inverse, written, DOT)
     v_new, v_new_poison = _tl_finite(v_new)
     poison += v_new_poison
-    out = _tl_dot(q_c, state.to(q_c.dtype), DOT)
-    out += _tl_dot(scores, v_new, DOT)
+    out = from_state + _tl_dot(scores, v_new, DOT)
     out += tl.cumsum(poison, axis=0)
     if HAS_G:
         state = state * chunk_decay
-    state += _tl_dot(tl.trans(k_end), v_new, DOT)
+        v_new = v_new * to_end  # (diag(exp(b_C - b)) K)^T V_new
+    state += _tl_dot(tl.trans(k_c), v_new, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -784,14 +837,14 @@ def _tl_delta_fwd(
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
         beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
-            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+            g_c = tl.zeros((BT,), dtype=state.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         ts_at = _tl_tile(ts, i_bh * n_chunks + n, rows)
@@ -807,15 +860,17 @@ def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT: tl.
     """The gradients through V_new = T V - W S, W = T diag(beta exp(b)) K and T = (I + A)^{-1},
     from dV_new: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support),
     as the PyTorch kernel's _delta_solve_grads: dW = -dV_new S^T, dT = dW (diag(beta exp(b))
-    K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T."""
+    K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T. Products at
+    float32's accuracy (_tl_wide_dot): dbeta sums terms that cancel, and bfloat16 operands
+    would break mixc fuzz's bfloat16 bound there."""
     strict = rows[:, None] > rows[None, :]
-    d_w = -_tl_dot(d_v_new, tl.trans(state), DOT)
+    d_w = -_tl_wide_dot(d_v_new, tl.trans(state), DOT)
     inverse_t = tl.trans(inverse)
-    d_k_scaled = _tl_dot(inverse_t, d_w, DOT)
-    dv_c = _tl_dot(inverse_t, d_v_new, DOT)
-    d_t = _tl_dot(d_w, tl.trans(k_scaled), DOT)
-    d_t += _tl_dot(d_v_new, tl.trans(v_c), DOT)
-    d_a = -_tl_dot(inverse_t, tl.dot(d_t, inverse_t, input_precision="ieee"), DOT)
+    d_k_scaled = _tl_wide_dot(inverse_t, d_w, DOT)
+    dv_c = _tl_wide_dot(inverse_t, d_v_new, DOT)
+    d_t = _tl_wide_dot(d_w, tl.trans(k_scaled), DOT)
+    d_t += _tl_wide_dot(d_v_new, tl.trans(v_c), DOT)
+    d_a = -_tl_wide_dot(inverse_t, _tl_wide_dot(d_t, inverse_t, DOT), DOT)
     d_a = tl.where(strict, d_a, 0.0)
     return dv_c, d_k_scaled, d_a
 
@@ -901,7 +956,8 @@ def _tl_delta_chunk_grad(
             starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_scores * scores + d_kk * kk, starts, ends, whole, rows, DOT)
+            pairs = _tl_pair_grads(d_scores * scores + d_kk * kk, rows)
+            dg_c = _tl_gate_grads(pairs, starts, ends, whole, rows)
         d_state = d_state * chunk_decay
     d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
     d_state -= _tl_dot(tl.trans(w), d_v_new, DOT)
@@ -960,15 +1016,15 @@ def _tl_delta_bwd(
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
-def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
+def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
     [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_delta_fwd)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     inverses = final.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
-    _tl_delta_fwd[(n_v, batch * heads)](
+    _tl_delta_fwd[grid](
         q,
         k,
         v,
@@ -994,8 +1050,8 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q, _tl_delta_fwd),
-        **_tl_launch(),
+        DOT=dot,
+        **_tl_launch(_tl_delta_fwd),
     )
     return o, final, (states, inverses) if keep else (None, None)
 
@@ -1005,10 +1061,11 @@ class _TlDelta(torch.autograd.Function):
     chunk and T; the backward is one launch of _tl_delta_bwd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size):
-        o, final, kept = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, True)
+    def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_delta_fwd, operands)
+        o, final, kept = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, beta, g, *kept)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.dot = chunk_size, dot
         return o, final
 
     @staticmethod
@@ -1017,12 +1074,13 @@ class _TlDelta(torch.autograd.Function):
         q, k, v, beta, g, states, inverses = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_delta_bwd)
+        n_v = grid[0]
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         dbeta = dv.new_empty(n_v, batch, heads, length)
         gate_grad = g is not None and ctx.needs_input_grad[4]
         dg = torch.empty_like(dbeta) if gate_grad else dbeta
-        _tl_delta_bwd[(n_v, batch * heads)](
+        _tl_delta_bwd[grid](
             q,
             k,
             v,
@@ -1053,26 +1111,28 @@ class _TlDelta(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q, _tl_delta_bwd),
-            **_tl_launch(),
+            DOT=ctx.dot,
+            **_tl_launch(_tl_delta_bwd),
         )
         d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient
             d_initial = None
-        return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None
+        return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None, None
 
 
-def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
+def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64, operands=None):
     """Chunked S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
     Triton kernels, forward and backward.
 
     v is the already-scaled write value (beta * v); beta only enters the transition. g=None:
-    plain DeltaNet. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    plain DeltaNet. operands: the dtype of the caller's inputs where they were widened to q's
+    (_tl_dot_precision), None for q's. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_delta_fwd, q)
     if _needs_grad(q, k, v, beta, g, initial_state):
-        return _TlDelta.apply(q, k, v, beta, g, initial_state, chunk_size)
-    o, final, _ = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, False)
+        return _TlDelta.apply(q, k, v, beta, g, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_delta_fwd, operands)
+    o, final, _ = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, False, dot)
     return o, final
 
 
@@ -1144,7 +1204,14 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_delta(
-        _q, _k_H, _v_H, beta=_beta_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size
+        _q,
+        _k_H,
+        _v_H,
+        beta=_beta_H,
+        g=_g_H,
+        initial_state=_S0_H,
+        chunk_size=chunk_size,
+        operands=_out_dtype,
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT

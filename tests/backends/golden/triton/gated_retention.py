@@ -467,33 +467,53 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_value_block(d_v):
-    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
-    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
-    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
-    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
-    return min(_tl_block(d_v), 32)
+def _tl_tiles(kernel):
+    """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
+    most key rows of the state a program holds, None for all of them; the most value columns;
+    warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
+    rows in blocks, one program each, as flash-linear-attention's kernels do, and their
+    outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
+    levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
+    and DPLR kernels mix the rows (k^T S, a^T S) and hold them all. At d_k = d_v = 128 and
+    64-token chunks these are the tiles that compiled for sm_90 with the fewest spills of those
+    tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return {
+        "_tl_scalar_decay_fwd": (64, 32, 8),
+        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_diagonal_fwd": (64, 32, 8),
+        "_tl_diagonal_bwd": (16, 32, 8),
+        "_tl_delta_fwd": (None, 32, 8),
+        "_tl_delta_bwd": (None, 32, 8),
+        "_tl_dplr_fwd": (None, 32, 8),
+        "_tl_dplr_bwd": (None, 32, 8),
+        "_tl_elementwise_fwd": (None, 32, 8),
+        "_tl_elementwise_bwd": (None, 32, 8),
+    }[kernel.__name__]
 
 
-def _tl_launch():
-    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
-    registers, not loads, are what a program runs short of); see _tl_value_block."""
-    return {"num_warps": 8, "num_stages": 1}
+def _tl_launch(kernel):
+    """The launch options of `kernel`: its warps (_tl_tiles), one pipeline stage (no chunk
+    prefetched: registers, not loads, are what a program runs short of)."""
+    return {"num_warps": _tl_tiles(kernel)[2], "num_stages": 1}
 
 
-def _tl_dot_precision(x, kernel):
-    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
-    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
-    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
-    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
-    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
-    the tensor cores do up to the order of the sums."""
-    if x.dtype == torch.bfloat16:
+def _tl_dot_precision(x, kernel, operands=None):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr), or of the
+    dtype `operands` where the caller widened 16-bit inputs to x (a generated module computes
+    in float32 whatever its inputs, and passes their dtype): "ieee" for float64, and for
+    float32 unless torch's float32 matmul precision allows TF32 ("tf32"); "bf16" and "fp16"
+    for those dtypes, the products then rounding their operands to it, as
+    flash-linear-attention multiplies 16-bit inputs. Triton's interpreter holds bfloat16 as
+    raw 16-bit integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated"
+    rounds the operands to the nearest bfloat16 and multiplies them in float32 (each product
+    exact), as the tensor cores do up to the order of the sums."""
+    dtype = x.dtype if operands is None or x.dtype == torch.float64 else operands
+    if dtype == torch.bfloat16:
         interpreted = type(kernel).__name__ == "InterpretedFunction"
         return "bf16 emulated" if interpreted else "bf16"
-    if x.dtype == torch.float16:
+    if dtype == torch.float16:
         return "fp16"
-    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
     return "ieee"
 
@@ -504,15 +524,27 @@ def _tl_compute_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tl_sizes(q, v, chunk_size):
-    """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
-    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
-    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    _tl_value_block, one program each."""
+def _tl_sizes(q, v, chunk_size, kernel):
+    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key
+    and value block sizes, the grid (value blocks, B * NH, key blocks), the number of chunks).
+    A chunk is chunk_size tokens (capped as the PyTorch kernels cap it), at least 16; key rows
+    and value columns go in blocks of at most _tl_tiles(kernel), one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
+    most_k, most_v, _ = _tl_tiles(kernel)
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = _tl_value_block(d_v)
-    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
+    block_k = _tl_block(d_k) if most_k is None else min(_tl_block(d_k), most_k)
+    block_v = min(_tl_block(d_v), most_v)
+    grid = (triton.cdiv(d_v, block_v), q.shape[0] * q.shape[1], triton.cdiv(d_k, block_k))
+    return block_t, block_k, block_v, grid, triton.cdiv(length, block_t)
+
+
+def _tl_sum_parts(x, n, dtype):
+    """The sum, in dtype and x's layout, of the n parts x [n * B, ...] that n programs wrote
+    (x itself for one part)."""
+    if n == 1:
+        return x.to(dtype)
+    parts = x.unflatten(0, (n, -1))
+    return torch.sum(parts, 0, dtype=dtype, out=torch.empty_like(parts[0], dtype=dtype))
 
 
 def _tl_check_device(kernel, x):
@@ -532,18 +564,22 @@ def _tl_strides(x, n):
     return (0,) * n if x is None else tuple(x.stride())[:n]
 
 
-def _tl_new_like_callers(x, d):
-    """An output [B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a [B, T, NH, d]
-    tensor: the callers' layout, so that their transpose back is contiguous."""
+def _tl_new_like_callers(x, d, parts=1):
+    """An output [parts * B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a
+    [parts * B, T, NH, d] tensor: the callers' layout, so that their transpose back is
+    contiguous. One part: in x's dtype; more (one per key block, summed after the launch): in
+    _tl_compute_dtype(x)."""
     batch, heads, length = x.shape[:3]
-    return torch.empty(batch, length, heads, d, dtype=x.dtype, device=x.device).transpose(1, 2)
+    dtype = x.dtype if parts == 1 else _tl_compute_dtype(x)
+    out = torch.empty(parts * batch, length, heads, d, dtype=dtype, device=x.device)
+    return out.transpose(1, 2)
 
 
-def _tl_outputs(q, v, initial_state, n_chunks, keep):
+def _tl_outputs(q, v, initial_state, n_chunks, keep, n_k=1):
     """What a forward launch writes, for q [B, NH, T, K] and v [B, NH, T, V]: (the initial state
-    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers); the
-    final state; the states entering each chunk [B, NH, N, K, V] if keep, else the final state,
-    an argument the kernel never writes)."""
+    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers), one
+    part per key block of n_k; the final state; the states entering each chunk
+    [B, NH, N, K, V] if keep, else the final state, an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -552,13 +588,14 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
     kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
-    return initial_state, _tl_new_like_callers(q, d_v), final, kept
+    return initial_state, _tl_new_like_callers(q, d_v, n_k), final, kept
 
 
-def _tl_gradients(q, v, d_o, d_final, n_v):
+def _tl_gradients(q, v, d_o, d_final, n_v, n_k=1):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
-    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
+    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv,
+    one part per key block [n_k * B, NH, T, V]; the gradient of the initial state), the
+    gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -567,7 +604,7 @@ def _tl_gradients(q, v, d_o, d_final, n_v):
     d_final = d_final.to(dtype).contiguous()
     dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
     dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
-    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
+    dv = q.new_empty(n_k * batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
@@ -589,24 +626,27 @@ def _tl_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _tl_operand(x, DOT: tl.constexpr):
+    """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
+    DOT once, as it is loaded (half the registers of float32, and the same operand in every
+    product and every elementwise use), held in float32 under the interpreter ("bf16
+    emulated"); as it is otherwise."""
+    if DOT == "bf16":
+        x = x.to(tl.bfloat16)
+    elif DOT == "bf16 emulated":
+        x = _tl_round_bf16(x)
+    elif DOT == "fp16":
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
 def _tl_round_bf16(x):
     """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
     conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _tl_gate_dot(a, b, DOT: tl.constexpr):
-    """a @ b for sums of gates (or of their gradients) under 0/1 masks, never rounded to 16 bits:
-    IEEE float32 (or float64) for DOT "ieee", else three TF32 passes (about float32's
-    accuracy)."""
-    if DOT == "ieee":
-        product = tl.dot(a, b, input_precision="ieee")
-    else:
-        product = tl.dot(a, b, input_precision="tf32x3")
-    return product
 
 
 @triton.jit
@@ -620,9 +660,9 @@ def _tl_wide(x):
 
 @triton.jit
 def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
-    """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
-    value column indices, and whether each is inside K or V)."""
-    cols_k = tl.arange(0, BK)
+    """This program's columns of a state [K, V] (its value block is program_id(0), its key
+    block program_id(2)): (key and value column indices, and whether each is inside K or V)."""
+    cols_k = tl.program_id(2) * BK + tl.arange(0, BK)
     cols_v = tl.program_id(0) * BV + tl.arange(0, BV)
     return cols_k, cols_v, cols_k < K, cols_v < V
 
@@ -676,33 +716,42 @@ def _tl_gate_sums(g, rows):
     about |b| roundings of accuracy, while a decay near 1 (a short stretch after a long one)
     needs its own small sum exactly. The pair sums are, row by row, a scan from the right of
     the gates after each column up to the row's own (row i, column m: g_{m+1} for m < i, else
-    0): every sum one of gates of one sign, in float32 (no matmul: no rounding to tensor-core
-    operands, and few registers).
+    0; the gates moved by a gather of [BT] entries), and the sums to the chunk's end a scan of
+    the same moved gates: every sum one of gates of one sign, in float32 (no matmul: no
+    rounding to tensor-core operands, and no [BT, BT] tile but the pairs').
     """
-    following = rows[None, :] == rows[:, None] + 1  # [m, l]: l = m + 1
-    g_next = tl.sum(tl.where(following, g[None, :], 0.0), axis=1)  # g_{m+1}, 0 for the last
+    last = rows.shape[0] - 1
+    g_next = tl.gather(g, tl.minimum(rows + 1, last), 0)  # g_{m+1}: a move, no sum
+    g_next = tl.where(rows < last, g_next, 0.0)  # 0 for the last
     terms = tl.where(rows[None, :] < rows[:, None], g_next[None, :], 0.0)  # [i, m]
     pairs = tl.cumsum(terms, axis=1, reverse=True)
-    to_end = tl.sum(tl.where(rows[None, :] > rows[:, None], g[None, :], 0.0), axis=1)
-    return pairs, to_end
+    return pairs, tl.cumsum(g_next, axis=0, reverse=True)
 
 
 @triton.jit
-def _tl_gate_grads(pairs, starts, ends, whole, rows, DOT: tl.constexpr):
+def _tl_pair_grads(pairs, rows):
+    """The part of a chunk's log-gates' gradient [BT] that Gamma passes on: pairs [BT, BT] is
+    what each Gamma_ij passes on (its gradient times its value), and Gamma_ij holds g_l for
+    j < l <= i. A sum of the contributions themselves: each column's sums from row l down (a
+    scan), then those of the columns j < l; in float32 (float64), no matmul."""
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: j <= i
+    from_row = tl.cumsum(tl.where(causal, pairs, 0.0), axis=0, reverse=True)  # [l, j]: i >= l
+    return tl.sum(tl.where(rows[:, None] > rows[None, :], from_row, 0.0), axis=1)  # j < l
+
+
+@triton.jit
+def _tl_gate_grads(from_pairs, starts, ends, whole, rows):
     """The gradient of a chunk's log-gates g [BT] from what each decay factor holding exp(g_l)
-    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: pairs
-    [BT, BT] for Gamma_ij, which holds g_l for j < l <= i; starts [BT] for exp(b_i), holding
-    g_l for l <= i; ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for
-    exp(b_C), holding every g_l. Each is a sum of the contributions themselves, so a hard reset
-    (every factor holding it 0) gets exactly 0."""
+    passes on (its gradient times its value), as the PyTorch kernels' _gate_grads: from_pairs
+    [BT], Gamma's part (_tl_pair_grads); starts [BT] for exp(b_i), holding g_l for l <= i;
+    ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for exp(b_C),
+    holding every g_l. Each is a sum of the contributions themselves, so a hard reset (every
+    factor holding it 0) gets exactly 0."""
     causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
     before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    below = _tl_gate_dot(pairs, before.to(pairs.dtype), DOT)
-    dg = tl.sum(tl.where(causal, below, 0.0), axis=0)
-    dg += tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+    dg = from_pairs + tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
     dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-    dg += whole
-    return dg
+    return dg + whole
 
 
 @triton.jit
@@ -782,28 +831,30 @@ def _tl_scalar_decay_fwd(
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks in order, the state in registers
-    (_tl_scalar_decay_chunk). h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states
-    entering each chunk, [B * NH, N, K, V]."""
+    """One (value block, batch x head, key block) program: the chunks in order, its block of
+    the state in registers (_tl_scalar_decay_chunk). o: one part per key block [NK * B, NH, T,
+    V] (strided); h0, ht: [B * NH, K, V] contiguous; hs (KEEP): the states entering each chunk,
+    [B * NH, N, K, V]."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
+    part = tl.program_id(2) * (tl.num_programs(1) // NH) + i_b  # this key block's part of o
     for n in range(0, n_chunks):
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
-            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+            g_c = tl.zeros((BT,), dtype=state.dtype)  # never read
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
         out, state = _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G, DOT)
-        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
+        _tl_put_rows(o, so_b, so_h, so_t, so_d, part, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
@@ -820,35 +871,41 @@ def _tl_scalar_decay_chunk_grad(
         dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
     """
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
+    # the decays scale the rows of the products, not the [BT, BK] queries and keys (fewer
+    # registers, the same sums), and the [BT, BT] tiles are used up before the state's products
     d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
     probs = _tl_dot(q_c, tl.trans(k_c), DOT)
+    dg_c = tl.zeros((BT,), dtype=state.dtype)
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-        probs = probs * gamma
+        probs = tl.where(causal, probs * gamma, 0.0)
         d_scores = tl.where(causal, d_probs * gamma, 0.0)
-        q_start, do_start = q_c * from_start, do_c * from_start
-        k_end, v_end = k_c * to_end, v_c * to_end
+        if GATE_GRAD:  # g_l is in Gamma_ij for j < l <= i
+            dg_c = _tl_pair_grads(d_probs * probs, rows)
     else:
+        probs = tl.where(causal, probs, 0.0)
         d_scores = tl.where(causal, d_probs, 0.0)
-        q_start, do_start, k_end, v_end = q_c, do_c, k_c, v_c
-    probs = tl.where(causal, probs, 0.0)
     dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
-    dv_c += _tl_dot(k_end, d_state, DOT)
-    from_q = _tl_dot(do_start, tl.trans(state), DOT)  # diag(exp(b)) dO S^T
-    from_k = _tl_dot(v_end, tl.trans(d_state), DOT)  # diag(..) V D^T
-    dq_c = _tl_dot(d_scores, k_c, DOT) + from_q
-    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT) + from_k
-    dg_c = tl.zeros((BT,), dtype=q_c.dtype)
+    dq_c = _tl_dot(d_scores, k_c, DOT)
+    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT)
+    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # V D^T
+    to_state = _tl_dot(k_c, d_state, DOT)  # K D
+    do_start = do_c
     if HAS_G:
+        from_q, do_start = from_q * from_start, do_c * from_start
+        from_k, to_state = from_k * to_end, to_state * to_end
         if GATE_GRAD:
-            # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i, in exp(b_C - b_j)
-            # for j < l, and in exp(b_C) for every l
+            # and in exp(b_i) for l <= i, in exp(b_C - b_j) for j < l, in exp(b_C) for every l
             starts = tl.sum(q_c * from_q, axis=1)
             ends = tl.sum(k_c * from_k, axis=1)
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(d_probs * probs, starts, ends, whole, rows, DOT)
+            dg_c = _tl_gate_grads(dg_c, starts, ends, whole, rows)
         d_state = d_state * chunk_decay
-    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+    dv_c += to_state
+    dq_c += from_q
+    dk_c += from_k
+    d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
     return dq_c, dk_c, dv_c, dg_c, d_state
 
 
@@ -865,49 +922,52 @@ def _tl_scalar_decay_bwd(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers (_tl_scalar_decay_chunk_grad). dq, dk: this block's parts [NV, B * NH,
-    T, K]; dv [B * NH, T, V]; dg: parts [NV, B * NH, T]; dht, dh0 [B * NH, K, V]; all
-    contiguous."""
+    """One (value block, batch x head, key block) program: the chunks from the last, its
+    block of the state's gradient in registers (_tl_scalar_decay_chunk_grad). dq, dk: one part
+    per value block [NV, B * NH, T, K]; dv: one per key block [NK * B * NH, T, V]; dg: one per
+    program [NK * NV * B * NH, T]; dht, dh0 [B * NH, K, V]; all contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
-    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dg
+    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this value block's of dq, dk
+    key_part = tl.program_id(2) * tl.num_programs(1) + i_bh  # this key block's of dv
+    own = tl.program_id(2) * tl.num_programs(0) * tl.num_programs(1) + part  # of dg
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         else:
-            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
+            g_c = tl.zeros((BT,), dtype=d_state.dtype)  # never read
         dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grad(
             q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT, DOT
         )
-        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
+        _tl_store_rows(dv, key_part, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         if HAS_G:
             if GATE_GRAD:
-                tl.store(dg + part * T + t, dg_c, mask=in_t)
+                tl.store(dg + own * T + t, dg_c, mask=in_t)
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
-def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
+def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
-    [B, NH, N, K, V] if keep else None)."""
-    batch, heads, length, d_k = q.shape
+    [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
+    heads, length, d_k = q.shape[1:]
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
-    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep)
-    _tl_scalar_decay_fwd[(n_v, batch * heads)](
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_scalar_decay_fwd)
+    n_k = grid[2]
+    initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep, n_k)
+    _tl_scalar_decay_fwd[grid](
         q,
         k,
         v,
@@ -930,10 +990,10 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=_tl_dot_precision(q, _tl_scalar_decay_fwd),
-        **_tl_launch(),
+        DOT=dot,
+        **_tl_launch(_tl_scalar_decay_fwd),
     )
-    return o, final, kept if keep else None
+    return _tl_sum_parts(o, n_k, q.dtype), final, kept if keep else None
 
 
 class _TlScalarDecay(torch.autograd.Function):
@@ -941,10 +1001,11 @@ class _TlScalarDecay(torch.autograd.Function):
     chunk; the backward is one launch of _tl_scalar_decay_bwd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, chunk_size):
-        o, final, kept = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, True)
+    def forward(ctx, q, k, v, g, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_scalar_decay_fwd, operands)
+        o, final, kept = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, g, kept)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.dot = chunk_size, dot
         return o, final
 
     @staticmethod
@@ -953,11 +1014,12 @@ class _TlScalarDecay(torch.autograd.Function):
         q, k, v, g, kept = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_scalar_decay_bwd)
+        n_v, _, n_k = grid
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = g is not None and ctx.needs_input_grad[3]
-        dg = dv.new_empty(n_v, batch, heads, length) if gate_grad else dv
-        _tl_scalar_decay_bwd[(n_v, batch * heads)](
+        dg = dv.new_empty(n_k * n_v, batch, heads, length) if gate_grad else dv
+        _tl_scalar_decay_bwd[grid](
             q,
             k,
             v,
@@ -984,24 +1046,28 @@ class _TlScalarDecay(torch.autograd.Function):
             BT=block_t,
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q, _tl_scalar_decay_bwd),
-            **_tl_launch(),
+            DOT=ctx.dot,
+            **_tl_launch(_tl_scalar_decay_bwd),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
-        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None
+        dv = _tl_sum_parts(dv, n_k, dv.dtype)
+        d_gate = dg.sum(0) if gate_grad else None
+        return dq.sum(0), dk.sum(0), dv, d_gate, d_initial, None, None
 
 
-def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
+def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64, operands=None):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention), as
-    fused Triton kernels, forward and backward.
+    fused Triton kernels, forward and backward; operands: the dtype of the caller's inputs
+    where they were widened to q's (_tl_dot_precision), None for q's.
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_scalar_decay_fwd, q)
     if _needs_grad(q, k, v, g, initial_state):
-        return _TlScalarDecay.apply(q, k, v, g, initial_state, chunk_size)
-    o, final, _ = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, False)
+        return _TlScalarDecay.apply(q, k, v, g, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_scalar_decay_fwd, operands)
+    o, final, _ = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, False, dot)
     return o, final
 
 
@@ -1070,7 +1136,9 @@ def chunk(
     _g_H = _seq_scalar(_F.logsigmoid(a), _sizes, cu_seqlens)  # logsigmoid(a_t)
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
-    _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
+    _o, _S = _chunk_scalar_decay(
+        _q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size, operands=_out_dtype
+    )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t

@@ -399,33 +399,53 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_value_block(d_v):
-    """The value columns of one program for d_v of them: at most 32. At d_k = 128 and 64-token
-    chunks a program holds the chunk's [64, 128] query and key tiles and its [128, BV] columns
-    of the state: 32 columns on 8 warps spill least of the configurations compiled for sm_90
-    (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
-    return min(_tl_block(d_v), 32)
+def _tl_tiles(kernel):
+    """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
+    most key rows of the state a program holds, None for all of them; the most value columns;
+    warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
+    rows in blocks, one program each, as flash-linear-attention's kernels do, and their
+    outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
+    levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
+    and DPLR kernels mix the rows (k^T S, a^T S) and hold them all. At d_k = d_v = 128 and
+    64-token chunks these are the tiles that compiled for sm_90 with the fewest spills of those
+    tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    return {
+        "_tl_scalar_decay_fwd": (64, 32, 8),
+        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_diagonal_fwd": (64, 32, 8),
+        "_tl_diagonal_bwd": (16, 32, 8),
+        "_tl_delta_fwd": (None, 32, 8),
+        "_tl_delta_bwd": (None, 32, 8),
+        "_tl_dplr_fwd": (None, 32, 8),
+        "_tl_dplr_bwd": (None, 32, 8),
+        "_tl_elementwise_fwd": (None, 32, 8),
+        "_tl_elementwise_bwd": (None, 32, 8),
+    }[kernel.__name__]
 
 
-def _tl_launch():
-    """The launch options of every kernel: 8 warps, one pipeline stage (no chunk prefetched:
-    registers, not loads, are what a program runs short of); see _tl_value_block."""
-    return {"num_warps": 8, "num_stages": 1}
+def _tl_launch(kernel):
+    """The launch options of `kernel`: its warps (_tl_tiles), one pipeline stage (no chunk
+    prefetched: registers, not loads, are what a program runs short of)."""
+    return {"num_warps": _tl_tiles(kernel)[2], "num_stages": 1}
 
 
-def _tl_dot_precision(x, kernel):
-    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr): "ieee" for
-    float64, and for float32 unless torch's float32 matmul precision allows TF32 ("tf32");
-    "bf16" and "fp16" for those dtypes. Triton's interpreter holds bfloat16 as raw 16-bit
-    integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated" rounds the
-    operands to the nearest bfloat16 and multiplies them in float32 (each product exact), as
-    the tensor cores do up to the order of the sums."""
-    if x.dtype == torch.bfloat16:
+def _tl_dot_precision(x, kernel, operands=None):
+    """How kernel's products multiply for inputs of x's dtype (the DOT constexpr), or of the
+    dtype `operands` where the caller widened 16-bit inputs to x (a generated module computes
+    in float32 whatever its inputs, and passes their dtype): "ieee" for float64, and for
+    float32 unless torch's float32 matmul precision allows TF32 ("tf32"); "bf16" and "fp16"
+    for those dtypes, the products then rounding their operands to it, as
+    flash-linear-attention multiplies 16-bit inputs. Triton's interpreter holds bfloat16 as
+    raw 16-bit integers and multiplies those in a bfloat16 tl.dot: there, "bf16 emulated"
+    rounds the operands to the nearest bfloat16 and multiplies them in float32 (each product
+    exact), as the tensor cores do up to the order of the sums."""
+    dtype = x.dtype if operands is None or x.dtype == torch.float64 else operands
+    if dtype == torch.bfloat16:
         interpreted = type(kernel).__name__ == "InterpretedFunction"
         return "bf16 emulated" if interpreted else "bf16"
-    if x.dtype == torch.float16:
+    if dtype == torch.float16:
         return "fp16"
-    if x.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
     return "ieee"
 
@@ -436,15 +456,18 @@ def _tl_compute_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tl_sizes(q, v, chunk_size):
-    """The launch sizes for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key and value
-    block sizes, the number of value blocks, the number of chunks). A chunk is chunk_size
-    tokens (capped as the PyTorch kernels cap it), at least 16; value columns go in blocks of
-    _tl_value_block, one program each."""
+def _tl_sizes(q, v, chunk_size, kernel):
+    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key
+    and value block sizes, the grid (value blocks, B * NH, key blocks), the number of chunks).
+    A chunk is chunk_size tokens (capped as the PyTorch kernels cap it), at least 16; key rows
+    and value columns go in blocks of at most _tl_tiles(kernel), one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
+    most_k, most_v, _ = _tl_tiles(kernel)
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
-    block_v = _tl_value_block(d_v)
-    return block_t, _tl_block(d_k), block_v, triton.cdiv(d_v, block_v), triton.cdiv(length, block_t)
+    block_k = _tl_block(d_k) if most_k is None else min(_tl_block(d_k), most_k)
+    block_v = min(_tl_block(d_v), most_v)
+    grid = (triton.cdiv(d_v, block_v), q.shape[0] * q.shape[1], triton.cdiv(d_k, block_k))
+    return block_t, block_k, block_v, grid, triton.cdiv(length, block_t)
 
 
 def _tl_check_device(kernel, x):
@@ -464,18 +487,22 @@ def _tl_strides(x, n):
     return (0,) * n if x is None else tuple(x.stride())[:n]
 
 
-def _tl_new_like_callers(x, d):
-    """An output [B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a [B, T, NH, d]
-    tensor: the callers' layout, so that their transpose back is contiguous."""
+def _tl_new_like_callers(x, d, parts=1):
+    """An output [parts * B, NH, T, d] for inputs like x [B, NH, T, ...], as a view of a
+    [parts * B, T, NH, d] tensor: the callers' layout, so that their transpose back is
+    contiguous. One part: in x's dtype; more (one per key block, summed after the launch): in
+    _tl_compute_dtype(x)."""
     batch, heads, length = x.shape[:3]
-    return torch.empty(batch, length, heads, d, dtype=x.dtype, device=x.device).transpose(1, 2)
+    dtype = x.dtype if parts == 1 else _tl_compute_dtype(x)
+    out = torch.empty(parts * batch, length, heads, d, dtype=dtype, device=x.device)
+    return out.transpose(1, 2)
 
 
-def _tl_outputs(q, v, initial_state, n_chunks, keep):
+def _tl_outputs(q, v, initial_state, n_chunks, keep, n_k=1):
     """What a forward launch writes, for q [B, NH, T, K] and v [B, NH, T, V]: (the initial state
-    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers); the
-    final state; the states entering each chunk [B, NH, N, K, V] if keep, else the final state,
-    an argument the kernel never writes)."""
+    [B, NH, K, V], zeros if None, in q's dtype and contiguous; o (_tl_new_like_callers), one
+    part per key block of n_k; the final state; the states entering each chunk
+    [B, NH, N, K, V] if keep, else the final state, an argument the kernel never writes)."""
     batch, heads, _, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -484,13 +511,14 @@ def _tl_outputs(q, v, initial_state, n_chunks, keep):
     initial_state = initial_state.to(dtype).contiguous()
     final = torch.empty_like(initial_state)
     kept = q.new_empty(batch, heads, n_chunks, d_k, d_v, dtype=dtype) if keep else final
-    return initial_state, _tl_new_like_callers(q, d_v), final, kept
+    return initial_state, _tl_new_like_callers(q, d_v, n_k), final, kept
 
 
-def _tl_gradients(q, v, d_o, d_final, n_v):
+def _tl_gradients(q, v, d_o, d_final, n_v, n_k=1):
     """What a backward launch reads and writes: (d_o in q's dtype; the gradient of the final
-    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv;
-    the gradient of the initial state), the gradients in _tl_compute_dtype(q)."""
+    state, zeros if None, contiguous; dq and dk, one part per value block [NV, B, NH, T, K]; dv,
+    one part per key block [n_k * B, NH, T, V]; the gradient of the initial state), the
+    gradients in _tl_compute_dtype(q)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     dtype = _tl_compute_dtype(q)
@@ -499,7 +527,7 @@ def _tl_gradients(q, v, d_o, d_final, n_v):
     d_final = d_final.to(dtype).contiguous()
     dq = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
     dk = q.new_empty(n_v, batch, heads, length, d_k, dtype=dtype)
-    dv = q.new_empty(batch, heads, length, d_v, dtype=dtype)
+    dv = q.new_empty(n_k * batch, heads, length, d_v, dtype=dtype)
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
@@ -545,9 +573,9 @@ def _tl_wide(x):
 
 @triton.jit
 def _tl_columns(K, V, BK: tl.constexpr, BV: tl.constexpr):
-    """This program's columns of a state [K, V] (its value block is program_id(0)): (key and
-    value column indices, and whether each is inside K or V)."""
-    cols_k = tl.arange(0, BK)
+    """This program's columns of a state [K, V] (its value block is program_id(0), its key
+    block program_id(2)): (key and value column indices, and whether each is inside K or V)."""
+    cols_k = tl.program_id(2) * BK + tl.arange(0, BK)
     cols_v = tl.program_id(0) * BV + tl.arange(0, BV)
     return cols_k, cols_v, cols_k < K, cols_v < V
 
@@ -631,42 +659,47 @@ def _tl_pairs(rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr):
-    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows, each
-    row's own included: from its run's start to it, or (REVERSE) from it to its run's end."""
-    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
-    return tl.reshape(tl.cumsum(runs, axis=1, reverse=REVERSE), (x.shape[0], x.shape[1]))
+def _tl_add_before(a_sum, a_before, b_sum, b_before):
+    """The combination of a scan that carries (the sum up to an entry, the sum before it): a
+    comes first in the scan's order. Every sum is one of the entries themselves."""
+    return a_sum + b_sum, a_sum + b_before
 
 
 @triton.jit
-def _tl_run_shift(x, rows, RUN: tl.constexpr, UP: tl.constexpr):
-    """x [BT, d] with each row replaced by the next row of its run of RUN rows (UP) or by the
-    previous one, 0 where its run has none (a gather: every entry moved, none summed)."""
-    if UP:
-        source, inside = tl.minimum(rows + 1, x.shape[0] - 1), (rows + 1) % RUN != 0
+def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
+    """The exclusive running sums of x along axis: each entry's the sum of those before it (or,
+    REVERSE, after it), its own left out; a sum of those entries, never a difference."""
+    _, before = tl.associative_scan((x, tl.zeros_like(x)), axis, _tl_add_before, reverse=REVERSE)
+    return before
+
+
+@triton.jit
+def _tl_run_scan(x, RUN: tl.constexpr, REVERSE: tl.constexpr, OWN: tl.constexpr):
+    """Column by column, the running sums of x [BT, d] inside the aligned runs of RUN rows: from
+    its run's start to each row, or (REVERSE) from it to its run's end, the row's own included
+    if OWN (_tl_scan_before otherwise)."""
+    runs = tl.reshape(x, (x.shape[0] // RUN, RUN, x.shape[1]))
+    if OWN:
+        runs = tl.cumsum(runs, axis=1, reverse=REVERSE)
     else:
-        source, inside = tl.maximum(rows - 1, 0), rows % RUN != 0
-    moved = tl.gather(x, tl.broadcast_to(source[:, None], x.shape), 0)
-    return tl.where(inside[:, None], moved, 0.0)
+        runs = _tl_scan_before(runs, 1, REVERSE)
+    return tl.reshape(runs, (x.shape[0], x.shape[1]))
 
 
 @triton.jit
 def _tl_run_sums(g, rows, RUN: tl.constexpr):
     """Column by column, the sums of g [BT, d] inside the aligned runs of RUN rows: (to each row
     from its run's start, the row included; from after each row to its run's end) [BT, d].
-    Each is summed from its own terms by a scan (_tl_run_scan; the second over the rows moved
-    up by one), never a difference of running sums, and in float32 (float64): no matmul, no
-    rounding to tensor-core operands."""
-    up_to = _tl_run_scan(g, RUN, False)
-    return up_to, _tl_run_scan(_tl_run_shift(g, rows, RUN, True), RUN, True)
+    Each is summed from its own terms by a scan (_tl_run_scan), never a difference of running
+    sums, and in float32 (float64): no matmul, no rounding to tensor-core operands."""
+    return _tl_run_scan(g, RUN, False, True), _tl_run_scan(g, RUN, True, False)
 
 
 @triton.jit
 def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
     the first sum of the rows from l to its run's end and in the second of the rows before l."""
-    d_g = _tl_run_scan(d_up_to, RUN, True)
-    return d_g + _tl_run_scan(_tl_run_shift(d_after, rows, RUN, False), RUN, False)
+    return _tl_run_scan(d_up_to, RUN, True, True) + _tl_run_scan(d_after, RUN, False, False)
 
 
 @triton.jit
@@ -688,7 +721,7 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
     included and not, and from after each row to the run's end [BT, BK]. For RUN = BT: exp(c_r),
     exp(c_{r-1}) and exp(c_C - c_j)."""
     up_to, after = _tl_run_sums(g, rows, RUN)
-    before = _tl_run_scan(_tl_run_shift(g, rows, RUN, False), RUN, False)  # l < r in r's run
+    before = _tl_run_scan(g, RUN, False, False)  # l < r in r's run
     return tl.exp(up_to), tl.exp(before), tl.exp(after)
 
 
@@ -696,7 +729,7 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
 def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
     """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
     d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
-    return d_g + _tl_run_scan(_tl_run_shift(d_before, rows, RUN, True), RUN, True)
+    return d_g + _tl_run_scan(d_before, RUN, True, False)
 
 
 @triton.jit
@@ -1084,22 +1117,22 @@ def _tl_dplr_bwd(
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
-def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep):
+def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
     [B, NH, N, K, V] and T and the scores qk, qb, ak of each chunk [B, NH, N, 4, C, C], else
     Nones)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, n_v, n_chunks = _tl_sizes(q, v, chunk_size)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
     tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t) if keep else final
-    _tl_dplr_fwd[(n_v, batch * heads)](
+    _tl_dplr_fwd[grid](
         q, k, v, a, b, q if gk is None else gk, initial_state,  # read
         o, final, states, tiles,  # written
         length, heads, d_k, d_v,
         *(stride for x in (q, k, v, a, b, gk, o) for stride in _tl_strides(x, 4)),
         HAS_G=gk is not None, KEEP=keep, BT=block_t, LEVELS=_tl_levels(block_t), BK=block_k,
-        BV=block_v, DOT=_tl_dot_precision(q, _tl_dplr_fwd), **_tl_launch(),
+        BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd),
     )  # fmt: skip
     return o, final, (states, tiles) if keep else (None, None)
 
@@ -1109,24 +1142,26 @@ class _TlDplr(torch.autograd.Function):
     chunk, T and the scores; the backward is one launch of _tl_dplr_bwd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size):
-        o, final, kept = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, True)
+    def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_dplr_fwd, operands)
+        o, final, kept = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, a, b, gk, *kept)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.dot = chunk_size, dot
         return o, final
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
         q, k, v, a, b, gk, states, tiles = ctx.saved_tensors
-        batch, heads, length, d_k = q.shape
+        heads, length, d_k = q.shape[1:]
         d_v = v.shape[-1]
-        block_t, block_k, block_v, n_v, _ = _tl_sizes(q, v, ctx.chunk_size)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd)
+        n_v = grid[0]
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
         da, db = torch.empty_like(dq), torch.empty_like(dq)
         gate_grad = gk is not None and ctx.needs_input_grad[5]
         dg = torch.empty_like(dq) if gate_grad else dq
-        _tl_dplr_bwd[(n_v, batch * heads)](
+        _tl_dplr_bwd[grid](
             q,
             k,
             v,
@@ -1161,29 +1196,33 @@ class _TlDplr(torch.autograd.Function):
             LEVELS=_tl_levels(block_t),
             BK=block_k,
             BV=block_v,
-            DOT=_tl_dot_precision(q, _tl_dplr_bwd),
-            **_tl_launch(),
+            DOT=ctx.dot,
+            **_tl_launch(_tl_dplr_bwd),
         )
         dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
         d_gate = dg.sum(0) if gate_grad else None
         d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state
-        return dq, dk, dv, da, db, d_gate, d_initial, None
+        return dq, dk, dv, da, db, d_gate, d_initial, None, None
 
 
-def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None):
+def chunk_dplr(
+    q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None, operands=None
+):
     """Chunked S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
     Triton kernels, forward and backward.
 
     a, b: [B, NH, T, K]; gk: the log-gate [B, NH, T, K] or [B, NH, T, 1] (one per token, for
     every channel), None: no decay. gk_min (a lower bound of gk, as the PyTorch kernel takes)
     is not needed: the fused kernels' factors are measured from sub-chunk boundaries whatever
-    the gate. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    the gate. operands: the dtype of the caller's inputs where they were widened to q's
+    (_tl_dot_precision), None for q's. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     _tl_check_device(_tl_dplr_fwd, q)
     gk = None if gk is None else gk.expand_as(k)
     if _needs_grad(q, k, v, a, b, gk, initial_state):
-        return _TlDplr.apply(q, k, v, a, b, gk, initial_state, chunk_size)
-    o, final, _ = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, False)
+        return _TlDplr.apply(q, k, v, a, b, gk, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_dplr_fwd, operands)
+    o, final, _ = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, False, dot)
     return o, final
 
 
@@ -1256,7 +1295,15 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_dplr(
-        _q, _k_H, _v_H, a=_a_H, b=_b_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size
+        _q,
+        _k_H,
+        _v_H,
+        a=_a_H,
+        b=_b_H,
+        gk=_gk_H,
+        initial_state=_S0_H,
+        chunk_size=chunk_size,
+        operands=_out_dtype,
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
