@@ -213,9 +213,8 @@ class SequenceForms(Context):
         if not call.initial:
             out(f"_o = _{call.kernel}({args})")
         else:
-            init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size"
-            if call.kernel in self.library.operands:  # the caller's dtype (KernelLibrary)
-                init += ", operands=_out_dtype"
+            operands = ", operands=_out_dtype" if call.kernel in self.library.operands else ""
+            init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size{operands}"
             found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
             out(f"{found} = _{call.kernel}({args}, {init})")
         if steps:
@@ -308,8 +307,7 @@ class SequenceForms(Context):
         self.emit_split_states(out, call.slots, "_F0")
         self.emit_split_states(out, call.slots, "_G", role="G")
         for s in call.slots:
-            # a vector state (a row or a column) in its own layout [B, NH, K]
-            vector = s.shape[1] == "1"
+            vector = s.shape[1] == "1"  # a row or a column, in its own layout [B, NH, K]
             transitions[s.state] = local("G", s.state) + ("" if not vector else ".squeeze(-1)")
             finals[s.state] = s.state if not vector else f"{s.state}.squeeze(-1)"
 
