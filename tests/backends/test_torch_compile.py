@@ -26,11 +26,12 @@ SPECS = sorted(ROOT.glob("specs/*.mix"))
 ONE_PER_KERNEL = ["gated_retention", "gla", "gated_deltanet"]
 #: One spec for each code path of the generated modules: scalar decay (constant and per token),
 #: the normaliser, the stabilised write scale, rotations by the position, the delta rule,
-#: sub-tokens, diagonal gates with a lagged query, DPLR (with and without a proven gate bound)
-#: and the elementwise classes.
+#: sub-tokens, diagonal gates with a lagged query, DPLR (with and without a proven gate bound),
+#: the elementwise classes, and several writes joined (the rank kernel: any number of seqs).
 EVERY_PATH = {
     "retnet", "mamba2", "linear_attention_normalized", "mlstm", "linear_attention_rope",
     "gated_deltanet", "deltaproduct", "rwkv6", "kda", "rwkv7", "mamba1", "hgrn",
+    "mamba3_trapezoid",
 }  # fmt: skip
 
 

@@ -925,11 +925,14 @@ def _found_once(key, tensors, find):
     return _Operators.shapes[key]
 
 
-def _split_tensors(span_fn, tensors):
+def _split_tensors(span_fn, tensors, gate):
     """(initial state, seqs) from an operator's tensors: as many seqs as span_fn takes before
-    (state, kept, guard) and its keyword parameters."""
+    (state, kept, guard) and its keyword parameters; for a span_fn of any number of seqs (a
+    rank kernel's writes), up to its log-gate, the last (`gate`: its index in seqs)."""
     code = span_fn.__code__
     n_seqs = code.co_argcount - len(span_fn.__defaults__ or ()) - 3
+    if code.co_flags & 0x04:  # *args (inspect.CO_VARARGS): the slots after the gate are padding
+        n_seqs = gate + 1
     return tensors[0], list(tensors[1 : 1 + n_seqs])
 
 
@@ -941,10 +944,10 @@ def _kept_per_span(seqs, chunk_size):
     return int(_span_tokens(seqs[0], seqs[2], size)) // size, -(-length // size), size
 
 
-def _spans_forward(fn, tensors, chunk_size, gk_min, strided, keep):
+def _spans_forward(fn, gate, tensors, chunk_size, gk_min, strided, keep):
     """The operator `spans`: [o, final state, *kept] (kept: each kind of kept tensor of every
     span joined chunk-major [N, B, NH, ...], only if `keep`)."""
-    initial_state, seqs = _split_tensors(fn, tensors)
+    initial_state, seqs = _split_tensors(fn, tensors, gate)
     span = _with_bound(fn, gk_min)
     with torch.no_grad():
         if keep:
@@ -957,10 +960,10 @@ def _spans_forward(fn, tensors, chunk_size, gk_min, strided, keep):
     return [_callers_layout(o), _fresh(state, inputs), *[_fresh(x, inputs) for x in kept]]
 
 
-def _spans_fake(fn, tensors, chunk_size, gk_min, keep):
+def _spans_fake(fn, gate, tensors, chunk_size, gk_min, keep):
     """The shapes of the operator `spans`: o and the state from the inputs, the kept tensors
     from one chunk of span_fn on fake tensors (their leading axis then the chunks' count)."""
-    initial_state, seqs = _split_tensors(fn, tensors)
+    initial_state, seqs = _split_tensors(fn, tensors, gate)
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
     width = v.shape[-1] if initial_state is None else initial_state.shape[-1]  # V (not rank V)
@@ -984,7 +987,7 @@ def _spans_fake(fn, tensors, chunk_size, gk_min, keep):
 def _spans_gradients(fns, tensors, chunk_size, gk_min, kept, d_o, d_state, wanted):
     """The operator `spans_backward`: the gradients of the wanted tensors (initial state, then
     seqs) by the kernel's own backward, from the kept tensors of `spans`."""
-    initial_state, seqs = _split_tensors(fns[0], tensors)
+    initial_state, seqs = _split_tensors(fns[0], tensors, fns[2])
     per_span, _, _ = _kept_per_span(seqs, chunk_size)
     # _spans_backward takes the kept tensors span after span, as _spans_keeping made them
     flat = [x for own in zip(*[kind.split(per_span) for kind in kept]) for x in own]
@@ -1017,11 +1020,11 @@ def _define_spans(namespace, functions):
     def forward(span, grads, gate, *args):
         *tensors, chunk_size, gk_min, strided, keep = args
         strided = tuple(i for i in range(len(tensors)) if strided >> i & 1)
-        return _spans_forward(functions[span], tensors, chunk_size, gk_min, strided, keep)
+        return _spans_forward(functions[span], gate, tensors, chunk_size, gk_min, strided, keep)
 
     def fake(span, grads, gate, *args):
         *tensors, chunk_size, gk_min, _, keep = args
-        return _spans_fake(functions[span], tensors, chunk_size, gk_min, keep)
+        return _spans_fake(functions[span], gate, tensors, chunk_size, gk_min, keep)
 
     def backward(span, grads, gate, *args):
         *tensors, chunk_size, gk_min, kept, d_o, d_state, wanted = args
@@ -1266,7 +1269,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_249a090d43f524b4", globals())
+_operator_spans = _register_spans("mixc_adbdd0f8c3fb68e9", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
