@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import torch
@@ -23,6 +23,10 @@ import mixc
 from mixc.check import decays_near_one, input_ranges, sample_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from peers import time_alternating  # noqa: E402
+
 SPECS = ("comba", "gdn2")
 
 
@@ -30,12 +34,6 @@ def inputs(path: Path, T: int, d: int = 64, heads: int = 4) -> list[torch.Tensor
     modes = decays_near_one(input_ranges(path))
     sizes = {"K": d, "V": d}
     return sample_inputs(path, sizes, T, batch=1, heads=heads, modes=modes, seed=0)
-
-
-def timed(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -55,11 +53,7 @@ def main() -> None:
             module.chunk(*warm), module.recurrent(*warm)
             calls[f"{name} chunk"] = lambda m=module, x=x: m.chunk(*x)
             calls[f"{name} recurrent"] = lambda m=module, x=x: m.recurrent(*x)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(args.repeats):
-            for name, call in calls.items():
-                times[name].append(timed(call))
-                print(f"  ({name}: {times[name][-1] * 1e3:.0f} ms)", flush=True)
+        times = time_alternating(calls, dict.fromkeys(calls, args.repeats), warmup=0)
     print(f"load average after: {os.getloadavg()}")
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"forward, T={args.T}, B=1, NH=4, d=64, fp32, {args.threads} threads, medians:")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import torch
@@ -22,6 +22,9 @@ import mixc
 from mixc.tools.bench_measure import measure_peak_memory
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from peers import time_alternating  # noqa: E402
 
 
 def inputs(T: int, B=1, NH=4, d=64, slots=16):
@@ -29,12 +32,6 @@ def inputs(T: int, B=1, NH=4, d=64, slots=16):
     return [torch.randn(B, T, NH, n, generator=g) for n in (d, d, d)] + [
         torch.randn(B, T, NH, slots, generator=g)
     ]
-
-
-def timed(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -47,13 +44,9 @@ def main() -> None:
     module = mixc.load(ROOT / "specs/gsa.mix")
     x = inputs(args.T)
     calls = {"chunk": lambda: module.chunk(*x), "recurrent": lambda: module.recurrent(*x)}
-    times: dict[str, list[float]] = {name: [] for name in calls}
     with torch.no_grad():
         module.chunk(*inputs(256)), module.recurrent(*inputs(256))
-        for _ in range(args.repeats):
-            for name, call in calls.items():
-                times[name].append(timed(call))
-                print(f"  ({name}: {times[name][-1] * 1e3:.0f} ms)", flush=True)
+        times = time_alternating(calls, dict.fromkeys(calls, args.repeats), warmup=0)
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"gsa (M=16) forward, T={args.T}, B=1, NH=4, d=64, fp32, {args.threads} threads")
     for name, t in times.items():
