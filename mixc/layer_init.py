@@ -79,10 +79,16 @@ _GRID = torch.arange(-960, 961, dtype=torch.float64) / 40  # -24 to 24 by 1/40, 
 def _solve(f: Callable[[torch.Tensor], torch.Tensor], target: torch.Tensor) -> torch.Tensor:
     """For each head h (the first dim of `target`), the grid value b whose f(b)[h] (a [NH, G]
     tensor) is nearest each entry of target[h]: the decay needs no monotone or invertible form."""
+    return _nearest(f, target)[0]
+
+
+def _nearest(f, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_solve`'s grid values, and the f each of them reaches (target's shape)."""
     got = f(_GRID).nan_to_num(nan=math.inf)  # [NH, G]
     flat = target.reshape(target.shape[0], -1, 1)  # [NH, E, 1]
     best = (got[:, None, :] - flat).abs().argmin(-1)  # [NH, E]
-    return _GRID[best].reshape(target.shape).to(torch.float32)
+    reached = got.gather(1, best).reshape(target.shape)
+    return _GRID[best].reshape(target.shape).to(torch.float32), reached
 
 
 def check_defaults(spec, heads: int) -> None:
@@ -142,12 +148,41 @@ def start_decays(layer) -> None:
             return _evaluate(d.log, values).expand(heads, -1)
 
         try:
-            start = _solve(log_decay, -w)
+            start, reached = _nearest(log_decay, -w)
         except _UnsolvableError:
             continue
-        for t in tensors:
-            t.copy_(start if start.shape == t.shape else start.view(heads, *[1] * (t.dim() - 1)))
+        starts = dict.fromkeys(solving, start)
+        if len(solving) > 1 and not ((reached / -w - 1).abs() < 1).all():
+            starts = _solve_each(layer, d.log, solving, -w, fixed)
+        for name, t in zip(solving, tensors):
+            s = starts[name]
+            t.copy_(s if s.shape == t.shape else s.view(heads, *[1] * (t.dim() - 1)))
         done |= set(solving)
+
+
+def _solve_each(layer, log, solving: list[str], target, fixed, rounds: int = 2) -> dict:
+    """Each input of a decay solved in turn, the others at their start so far (per head, the
+    mean over entries): for a decay made of several factors, where one value shared by all its
+    inputs cannot start it near 1 (sigmoid(-x) sigmoid(x) <= 1/4 for every x)."""
+    heads = layer.num_v_heads
+
+    def value(name: str, row: torch.Tensor) -> torch.Tensor:
+        return layer._transformed(name, row) if name in layer.bias else layer.stored[name][1](row)
+
+    current = {n: torch.zeros(heads, 1, dtype=torch.float64) for n in solving}
+    starts: dict[str, torch.Tensor] = {}
+    for _ in range(rounds):
+        for name in solving:
+
+            def log_decay(grid: torch.Tensor, name=name) -> torch.Tensor:
+                values = dict(fixed)
+                values.update({o: value(o, current[o]) for o in solving if o != name})
+                values[name] = value(name, grid.expand(heads, -1))
+                return _evaluate(log, values).expand(heads, -1)
+
+            starts[name] = _solve(log_decay, target)
+            current[name] = starts[name].double().reshape(heads, -1).mean(-1, keepdim=True)
+    return starts
 
 
 def start_erases(layer) -> None:
