@@ -87,11 +87,13 @@ def test_reading_the_state_before_the_steps_is_a_located_nyi():
     assert "2 steps a token" in message and "H_{t-1}" in message and "<string>:6:" in message
 
 
+@pytest.mark.parametrize("examples", [3, pytest.param(10, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["nested", "gated first step", "three steps"])
-def test_each_spelling_passes_the_fuzzer(name, tmp_path):
+def test_each_spelling_passes_the_fuzzer(name, examples, tmp_path):
+    """Three drawn examples a spelling by default, ten with -m slow."""
     path = tmp_path / "dp.mix"
     path.write_text(SPELLINGS[name])
-    report = fuzz(path, examples=10)
+    report = fuzz(path, examples=examples)
     assert report.ok, report.failure.summary()
 
 

@@ -97,7 +97,7 @@ def _assert_close(got, ref, what, tol):
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
-@pytest.mark.parametrize("T", [1, 7, 64, 100])
+@pytest.mark.parametrize("T", [1, 7, pytest.param(64, marks=pytest.mark.slow), 100])
 @pytest.mark.parametrize("spec_src", CASES)
 def test_forms_match_oracle(spec_src, T, with_state):
     spec = mixc.load_spec(spec_src)
