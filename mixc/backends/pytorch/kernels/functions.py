@@ -107,6 +107,19 @@ def _rotate_interleaved(x, turning):
     return torch.cat((turned, rest), -1)[..., None]
 
 
+def _seq_turned(x, turning, sizes, cu_seqlens=None):
+    """_seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens): a rotated query or key
+    of a chunked kernel. Without autograd, outside torch.compile and for whole sequences, a
+    _Turned, which the kernel turns as it copies each span into its chunk layout: no pass of
+    its own and no tensor of the whole sequence (on CPU that pass and its fresh memory cost as
+    much as the kernel's copies of q and k). Elsewhere turned first, as an expression is."""
+    n = turning.shape[-1]
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or cu_seqlens is not None:
+        return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
+    lead = (sizes["B"], sizes["T"], sizes["NH"], n)
+    return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+
+
 def _positions(start, sizes, device, cu_seqlens=None):
     """Each token's position, [B, T, NH, 1, 1] in float64, counted from the carried `start`
     [B, NH, 1, 1] (None: 0; with cu_seqlens, [N, NH, 1, 1]: each sequence from its first
