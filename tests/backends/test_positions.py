@@ -360,17 +360,17 @@ def test_idx_only_in_a_vector_default():
 
 
 def _split_turned_calls(m):
-    """Counts the calls of the module's _split_turned (the kernel turning a rotated input)."""
+    """Counts the calls of the module's _Turned.chunks (the kernel turning a rotated input)."""
     calls = []
-    split = m._split_turned
-    m._split_turned = lambda *args: calls.append(1) or split(*args)
+    split = m._Turned.chunks
+    m._Turned.chunks = lambda *args: calls.append(1) or split(*args)
     return calls, split
 
 
 @pytest.mark.parametrize("dtype", [f64, torch.float32])
 def test_without_autograd_the_kernel_turns_q_and_k_as_it_splits_them(dtype):
     """Under no_grad the rotated q and k reach the kernel unturned with their turn (_Turned) and
-    are turned as each span is split into chunks (_split_turned): against RoFormer's rotation
+    are turned as each span is split into chunks (_Turned.chunks): against RoFormer's rotation
     and torchscale's xPos, with T not a whole number of chunks, positions that differ between
     sequences and heads (one at 10^6), and a key shared by the heads."""
     m = mixc.load(SPECS / "linear_attention_rope.mix")
@@ -381,7 +381,7 @@ def test_without_autograd_the_kernel_turns_q_and_k_as_it_splits_them(dtype):
     state = (torch.zeros(B, NH, V, K, dtype=dtype), starts)
     with torch.no_grad():
         y, _ = m.chunk(q, k, v, initial_state=state, chunk_size=8)
-    m._split_turned = split
+    m._Turned.chunks = split
     assert len(calls) > 0
     tolerance = 1e-12 if dtype == f64 else 1e-5
     for b in range(B):
@@ -394,7 +394,7 @@ def test_without_autograd_the_kernel_turns_q_and_k_as_it_splits_them(dtype):
     q, k, v = qkv(13, dtype)
     with torch.no_grad():
         y, _ = m.chunk(q, k, v, chunk_size=8)
-    m._split_turned = split
+    m._Turned.chunks = split
     assert len(calls) > 0
     assert rel(y, ref_retnet_xpos(q, k, v)) < tolerance
 
@@ -422,6 +422,6 @@ def test_without_autograd_a_leading_fraction_of_an_odd_width_turns():
     want = causal_attention(torch.einsum("bthd,bshd->bhts", turned(q), turned(k)), v)
     with torch.no_grad():
         y, _ = m.chunk(q, k, v, a, chunk_size=8)
-    m._split_turned = split
+    m._Turned.chunks = split
     assert len(calls) > 0
     assert rel(y, want) < 1e-12
