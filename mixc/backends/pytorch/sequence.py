@@ -201,14 +201,7 @@ class SequenceForms(Context):
     ) -> None:
         """The kernel run with one query (zeros for none), its output `_o` at each token."""
         k, v = local("k", call.group), local("v", call.group)
-        if query.query is None:  # (joined writes: a list, one key a write)
-            out(f"_q = _torch.zeros_like({k}{'[0]' if call.joined else ''})")
-        else:
-            # a query read one token early is reversed with its shift (_next_tokens)
-            seq = self.seq_layout(seqlens, call.reverse and not query.previous)
-            turned = _turns(call, self.library) and not query.previous
-            q = _turned_seq(self, query.query, seqlens) if turned else None
-            out(f"_q = {q or seq('vector', self.tensor(query.query))}")
+        out(f"_q = {_query(self, call, query, k, seqlens)}")
         steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
@@ -324,6 +317,20 @@ def _turns(call: Call, library) -> bool:
     """Whether the call's kernel is one that turns a rotated query or key as it splits it into
     chunks (KernelLibrary.turned), in a call of one step a token forward in time."""
     return call.kernel in library.turned and len(call.steps) == 1 and not call.reverse
+
+
+def _query(forms: SequenceForms, call: Call, query: QueryRead, k: str, seqlens: str) -> str:
+    """The query of one kernel run in the kernels' layout: zeros for none (joined writes: k is a
+    list, one key a write), a rotation the kernel turns (_turned_seq) where it can."""
+    if query.query is None:
+        return f"_torch.zeros_like({k}{'[0]' if call.joined else ''})"
+    if _turns(call, forms.library) and not query.previous:
+        turned = _turned_seq(forms, query.query, seqlens)
+        if turned:
+            return turned
+    # a query read one token early is reversed with its shift (_next_tokens)
+    seq = forms.seq_layout(seqlens, call.reverse and not query.previous)
+    return seq("vector", forms.tensor(query.query))
 
 
 def _turned_seq(forms: SequenceForms, e: Expr, packed: str) -> str | None:

@@ -439,54 +439,6 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
 
 
-class _Turned:
-    """An input x [B, NH, T, d] of a chunked kernel, its leading pairs of channels (2i, 2i + 1),
-    i < n, turned by turn [B, NH, T, n] (complex: the pair as x_2i + i x_(2i+1) times it), the
-    rest kept: turned as each span is copied into the chunk layout (_split_chunks calls its
-    `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
-    query or key (RoPE) comes so only without autograd and outside torch.compile
-    (_seq_turned); the spans read its sizes, dtype and device, and slice it along time."""
-
-    def __init__(self, x, turn):
-        self.x, self.turn = x, turn
-        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
-        self.requires_grad = False
-
-    def __getitem__(self, index):
-        return _Turned(self.x[index], self.turn[index])
-
-    def new_zeros(self, *size):
-        return self.x.new_zeros(*size)
-
-    def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x turned: one pass that turns its pairs (a complex multiply) and
-        writes them in the chunk layout; exactly the values of turning x, then splitting it."""
-        data, turn = self.x, self.turn
-        if n_pad:
-            data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
-            turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
-        batch, heads, length, d = data.shape
-        n = turn.shape[-1]
-        out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
-
-        def chunked(t):  # [B, NH, T, ...] -> a chunk-major view [N, B, NH, C, ...]
-            return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
-
-        source = chunked(data)
-        pairs = source[..., : 2 * n].unflatten(-1, (n, 2))
-        odd = any(s % 2 for s in (pairs.storage_offset(), *pairs.stride()[:-1]))
-        if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers
-            pairs = pairs.contiguous()
-        if d % 2 == 0:  # the pairs of out are complex numbers: the product written in place
-            complex_out = torch.view_as_complex(out[..., : 2 * n].unflatten(-1, (n, 2)))
-            torch.mul(torch.view_as_complex(pairs), chunked(turn), out=complex_out)
-        else:
-            turned = torch.view_as_complex(pairs) * chunked(turn)
-            out[..., : 2 * n] = torch.view_as_real(turned).flatten(-2)
-        out[..., 2 * n :] = source[..., 2 * n :]
-        return out
-
-
 def _span_tokens(q, v, chunk_size):
     """Tokens per span: a whole number of chunks, about 2 MiB of [B, NH, span, K + V + C] fp32
     on CPU (cache-sized, and small enough that the C allocator recycles it); all of them
@@ -1237,6 +1189,54 @@ def _rotate_interleaved(x, turning):
     return torch.cat((turned, rest), -1)[..., None]
 
 
+class _Turned:
+    """An input x [B, NH, T, d] of a chunked kernel, its leading pairs of channels (2i, 2i + 1),
+    i < n, turned by turn [B, NH, T, n] (complex: the pair as x_2i + i x_(2i+1) times it), the
+    rest kept: turned as each span is copied into the chunk layout (_split_chunks calls its
+    `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
+    query or key (RoPE) comes so only without autograd and outside torch.compile
+    (_seq_turned); the spans read its sizes, dtype and device, and slice it along time."""
+
+    def __init__(self, x, turn):
+        self.x, self.turn = x, turn
+        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
+        self.requires_grad = False
+
+    def __getitem__(self, index):
+        return _Turned(self.x[index], self.turn[index])
+
+    def new_zeros(self, *size):
+        return self.x.new_zeros(*size)
+
+    def chunks(self, chunk_size, n_pad):
+        """_split_chunks of x turned: one pass that turns its pairs (a complex multiply) and
+        writes them in the chunk layout; exactly the values of turning x, then splitting it."""
+        data, turn = self.x, self.turn
+        if n_pad:
+            data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
+            turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
+        batch, heads, length, d = data.shape
+        n = turn.shape[-1]
+        out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
+
+        def chunked(t):  # [B, NH, T, ...] -> a chunk-major view [N, B, NH, C, ...]
+            return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
+
+        source = chunked(data)
+        pairs = source[..., : 2 * n].unflatten(-1, (n, 2))
+        odd = any(s % 2 for s in (pairs.storage_offset(), *pairs.stride()[:-1]))
+        if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers
+            pairs = pairs.contiguous()
+        if d % 2 == 0:  # the pairs of out are complex numbers: the product written in place
+            complex_out = torch.view_as_complex(out[..., : 2 * n].unflatten(-1, (n, 2)))
+            torch.mul(torch.view_as_complex(pairs), chunked(turn), out=complex_out)
+        else:
+            turned = torch.view_as_complex(pairs) * chunked(turn)
+            out[..., : 2 * n] = torch.view_as_real(turned).flatten(-2)
+        out[..., 2 * n :] = source[..., 2 * n :]
+        return out
+
+
 def _seq_turned(x, turning, sizes, cu_seqlens=None):
     """_seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens): a rotated query or key
     of a chunked kernel. Without autograd, outside torch.compile and for whole sequences, a
@@ -1561,8 +1561,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_898d9cb0589ce293", globals())
-_operator_calls = _register_calls("mixc_898d9cb0589ce293", globals())
+_operator_spans = _register_spans("mixc_75e40a405712a39a", globals())
+_operator_calls = _register_calls("mixc_75e40a405712a39a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -4,7 +4,8 @@ matmuls, the decay masks and their gradients, and the autograd Function of the o
 The code generator copies the source text of the definitions a module needs (see
 ``kernel_source`` in this package) into the generated file, which imports only ``torch``: so this
 file imports only ``torch``, and everything in it is a top-level function or, for the own
-backwards, a torch.autograd.Function, or _Turned (a rotated input, turned as it is split).
+backwards, a torch.autograd.Function. An input that is not a tensor is a _Turned (functions.py),
+which splits itself.
 
 Layout (the caller transposes into it):
     q, k: [B, NH, T, K]      v: [B, NH, T, V]
@@ -87,54 +88,6 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     batch, length, heads = x.shape[:3]
     chunks = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
     return chunks.permute(1, 0, 3, 2, *range(4, chunks.dim())).contiguous()
-
-
-class _Turned:
-    """An input x [B, NH, T, d] of a chunked kernel, its leading pairs of channels (2i, 2i + 1),
-    i < n, turned by turn [B, NH, T, n] (complex: the pair as x_2i + i x_(2i+1) times it), the
-    rest kept: turned as each span is copied into the chunk layout (_split_chunks calls its
-    `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
-    query or key (RoPE) comes so only without autograd and outside torch.compile
-    (_seq_turned); the spans read its sizes, dtype and device, and slice it along time."""
-
-    def __init__(self, x, turn):
-        self.x, self.turn = x, turn
-        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
-        self.requires_grad = False
-
-    def __getitem__(self, index):
-        return _Turned(self.x[index], self.turn[index])
-
-    def new_zeros(self, *size):
-        return self.x.new_zeros(*size)
-
-    def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x turned: one pass that turns its pairs (a complex multiply) and
-        writes them in the chunk layout; exactly the values of turning x, then splitting it."""
-        data, turn = self.x, self.turn
-        if n_pad:
-            data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
-            turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
-        batch, heads, length, d = data.shape
-        n = turn.shape[-1]
-        out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
-
-        def chunked(t):  # [B, NH, T, ...] -> a chunk-major view [N, B, NH, C, ...]
-            return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
-
-        source = chunked(data)
-        pairs = source[..., : 2 * n].unflatten(-1, (n, 2))
-        odd = any(s % 2 for s in (pairs.storage_offset(), *pairs.stride()[:-1]))
-        if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers
-            pairs = pairs.contiguous()
-        if d % 2 == 0:  # the pairs of out are complex numbers: the product written in place
-            complex_out = torch.view_as_complex(out[..., : 2 * n].unflatten(-1, (n, 2)))
-            torch.mul(torch.view_as_complex(pairs), chunked(turn), out=complex_out)
-        else:
-            turned = torch.view_as_complex(pairs) * chunked(turn)
-            out[..., : 2 * n] = torch.view_as_real(turned).flatten(-2)
-        out[..., 2 * n :] = source[..., 2 * n :]
-        return out
 
 
 def _span_tokens(q, v, chunk_size):
