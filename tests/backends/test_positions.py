@@ -357,3 +357,71 @@ def test_idx_only_in_a_vector_default():
     text += "H_t = H_{t-1} A + v_t k_t^T\ny_t = H_t q_t\n"
     with pytest.raises(SpecError, match="idx"):
         mixc.load_spec(mixc.errors.Source(text, "bad.mix"))
+
+
+def _split_turned_calls(m):
+    """Counts the calls of the module's _Turned.chunks (the kernel turning a rotated input)."""
+    calls = []
+    split = m._Turned.chunks
+    m._Turned.chunks = lambda *args: calls.append(1) or split(*args)
+    return calls, split
+
+
+@pytest.mark.parametrize("dtype", [f64, torch.float32])
+def test_without_autograd_the_kernel_turns_q_and_k_as_it_splits_them(dtype):
+    """Under no_grad the rotated q and k reach the kernel unturned with their turn (_Turned) and
+    are turned as each span is split into chunks (_Turned.chunks): against RoFormer's rotation
+    and torchscale's xPos, with T not a whole number of chunks, positions that differ between
+    sequences and heads (one at 10^6), and a key shared by the heads."""
+    m = mixc.load(SPECS / "linear_attention_rope.mix")
+    calls, split = _split_turned_calls(m)
+    q, k, v = qkv(12, dtype)
+    k = k[:, :, :1]  # one key head for both query heads
+    starts = torch.tensor([[0.0, 3.0], [1e6, 7.0]], dtype=dtype)
+    state = (torch.zeros(B, NH, V, K, dtype=dtype), starts)
+    with torch.no_grad():
+        y, _ = m.chunk(q, k, v, initial_state=state, chunk_size=8)
+    m._Turned.chunks = split
+    assert len(calls) > 0
+    tolerance = 1e-12 if dtype == f64 else 1e-5
+    for b in range(B):
+        for h in range(NH):
+            one = (q[b : b + 1, :, h : h + 1], k[b : b + 1], v[b : b + 1, :, h : h + 1])
+            want = ref_linear_attention_rope(*one, starts[b, h].item())
+            assert rel(y[b : b + 1, :, h : h + 1], want) < tolerance, (b, h)
+    m = mixc.load(SPECS / "retnet_xpos.mix")
+    calls, split = _split_turned_calls(m)
+    q, k, v = qkv(13, dtype)
+    with torch.no_grad():
+        y, _ = m.chunk(q, k, v, chunk_size=8)
+    m._Turned.chunks = split
+    assert len(calls) > 0
+    assert rel(y, ref_retnet_xpos(q, k, v)) < tolerance
+
+
+def test_without_autograd_a_leading_fraction_of_an_odd_width_turns():
+    """An interleaved turn of the leading pairs of a key of odd width (its pairs no complex
+    view of the chunk buffer) under no_grad, split by the kernel, against the turn written out."""
+    text = (
+        "mixer part\nin q[K], k[K], v[V], a[P]\nstate H[V, K]\n"
+        "H_t = H_{t-1} + v_t rotate_interleaved(k_t, a_t)^T\ny_t = H_t rotate_interleaved(q_t, a_t)\n"
+    )
+    m = mixc.load(text=text)
+    calls, split = _split_turned_calls(m)
+    g = torch.Generator().manual_seed(14)
+    q, k = (torch.randn(B, T, NH, 7, generator=g, dtype=f64) for _ in range(2))
+    v = torch.randn(B, T, NH, V, generator=g, dtype=f64)
+    a = torch.randn(B, T, NH, 2, generator=g, dtype=f64)
+
+    def turned(x):  # channels (0, 1) and (2, 3) turn, 4.. stay
+        c, s = torch.cos(a), torch.sin(a)
+        x1, x2 = x[..., 0:4:2], x[..., 1:4:2]
+        pairs = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
+        return torch.cat((pairs, x[..., 4:]), -1)
+
+    want = causal_attention(torch.einsum("bthd,bshd->bhts", turned(q), turned(k)), v)
+    with torch.no_grad():
+        y, _ = m.chunk(q, k, v, a, chunk_size=8)
+    m._Turned.chunks = split
+    assert len(calls) > 0
+    assert rel(y, want) < 1e-12

@@ -44,12 +44,15 @@ class KernelLibrary:
     the module widens to its compute dtype before any kernel sees them (a kernel that
     multiplies 16-bit operands, as a Triton kernel on the tensor cores, rounds its products'
     operands to it). The PyTorch backend's library is its own kernel package; another backend
-    renders the same module around its own library."""
+    renders the same module around its own library. The kernels in `turned` take a rotated
+    query or key as a _Turned (its rotation applied as the kernel splits it into chunks: see
+    _seq_turned)."""
 
     kernels: Collection[str]
     source: Callable[[list[str]], str]
     imports: tuple[str, ...]
     operands: Collection[str] = ()
+    turned: Collection[str] = ()
 
 
 def render_module(program: Program, library: KernelLibrary) -> str:
@@ -230,6 +233,8 @@ class _Module(SequenceForms, RecurrentForms):
         }
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
         helpers |= {"_turning", "_compact"} if called & {"rotate", "rotate_interleaved"} else set()
+        turned = {c.kernel for c in self.program.calls} & set(self.library.turned)
+        helpers |= {"_seq_turned"} if "rotate_interleaved" in called and turned else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))
 
     def emit_registration(self, out: Lines, registers: list[str]) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from mixc.backends.pytorch.context import Context
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.names import local, note, tuple_text
-from mixc.frontend.ir import Binary
+from mixc.backends.pytorch.pyexpr import TURNING
+from mixc.frontend import ir
+from mixc.frontend.ir import Binary, Expr
 from mixc.lowering.program import Call, QueryRead, SequenceForm, Step, SummaryCall
 
 
@@ -75,16 +77,19 @@ class SequenceForms(Context):
         log_scale=None,
         joined: bool = False,
         reverse: bool = False,
+        turned: bool = False,
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one call,
         as locals; returns the arguments as the call passes them. `log_scale`: the write scale's
-        log; `joined`, `reverse`: see emit_sub_token_inputs; a backward call reverses time."""
+        log; `joined`, `reverse`: see emit_sub_token_inputs; a backward call reverses time;
+        `turned`: a rotated key goes to the kernel to be turned there (_turned_seq)."""
         if len(steps) > 1:
             return self.emit_sub_token_inputs(out, group, steps, packed, joined, reverse)
         (step,) = steps
         e = self.seq_expr()
         seq = self.seq_layout(packed, reverse)
-        out(f"{local('k', group)} = {seq('vector', self.tensor(step.key))}")
+        key = _turned_seq(self, step.key, packed) if turned else None
+        out(f"{local('k', group)} = {key or seq('vector', self.tensor(step.key))}")
         values = []
         if any(v.expr is None for v in step.values):  # a vector state: a value of 1
             sizes = '_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1'
@@ -158,8 +163,9 @@ class SequenceForms(Context):
         reads = f", reading {', '.join(call.reads)}" if call.reads else ""
         reverse = ", on the time-reversed sequence" if call.reverse else ""
         out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}{reverse}"))
+        turned = _turns(call, self.library) and all(q.query is not None for q in call.queries)
         kernel_args = self.emit_inputs(
-            out, call.group, call.steps, seqlens, call.log_scale, call.joined, call.reverse
+            out, call.group, call.steps, seqlens, call.log_scale, call.joined, call.reverse, turned
         )
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
@@ -195,12 +201,7 @@ class SequenceForms(Context):
     ) -> None:
         """The kernel run with one query (zeros for none), its output `_o` at each token."""
         k, v = local("k", call.group), local("v", call.group)
-        if query.query is None:  # (joined writes: a list, one key a write)
-            out(f"_q = _torch.zeros_like({k}{'[0]' if call.joined else ''})")
-        else:
-            # a query read one token early is reversed with its shift (_next_tokens)
-            seq = self.seq_layout(seqlens, call.reverse and not query.previous)
-            out(f"_q = {seq('vector', self.tensor(query.query))}")
+        out(f"_q = {_query(self, call, query, k, seqlens)}")
         steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
@@ -310,6 +311,38 @@ class SequenceForms(Context):
             vector = s.shape[1] == "1"  # a row or a column, in its own layout [B, NH, K]
             transitions[s.state] = local("G", s.state) + ("" if not vector else ".squeeze(-1)")
             finals[s.state] = s.state if not vector else f"{s.state}.squeeze(-1)"
+
+
+def _turns(call: Call, library) -> bool:
+    """Whether the call's kernel is one that turns a rotated query or key as it splits it into
+    chunks (KernelLibrary.turned), in a call of one step a token forward in time."""
+    return call.kernel in library.turned and len(call.steps) == 1 and not call.reverse
+
+
+def _query(forms: SequenceForms, call: Call, query: QueryRead, k: str, seqlens: str) -> str:
+    """The query of one kernel run in the kernels' layout: zeros for none (joined writes: k is a
+    list, one key a write), a rotation the kernel turns (_turned_seq) where it can."""
+    if query.query is None:
+        return f"_torch.zeros_like({k}{'[0]' if call.joined else ''})"
+    if _turns(call, forms.library) and not query.previous:
+        turned = _turned_seq(forms, query.query, seqlens)
+        if turned:
+            return turned
+    # a query read one token early is reversed with its shift (_next_tokens)
+    seq = forms.seq_layout(seqlens, call.reverse and not query.previous)
+    return seq("vector", forms.tensor(query.query))
+
+
+def _turned_seq(forms: SequenceForms, e: Expr, packed: str) -> str | None:
+    """`e`, an interleaved rotation, as a kernel's input that the kernel turns (`_seq_turned`);
+    None for another expression."""
+    if not isinstance(e, ir.Call) or e.func != "rotate_interleaved":
+        return None
+    x, theta = e.args
+    d = forms.typer.shape_of(x)[0]
+    turning = ir.Call(TURNING, (theta, ir.Number(d) if d.isdigit() else ir.Name(d)))
+    turn = forms.seq_expr()._emit(turning)[0]
+    return f"_seq_turned({forms.tensor(x)}, {turn}, _sizes{packed})"
 
 
 def _combined_steps(

@@ -403,6 +403,8 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """
     if x is None:
         return None
+    if not isinstance(x, torch.Tensor):  # a _Turned (a rotated q or k) splits itself
+        return x.chunks(chunk_size, n_pad)
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
@@ -1331,7 +1333,7 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_c3c764654be7f779", globals())
+_operator_spans = _register_spans("mixc_a9aca42b2b7404c4", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -405,6 +405,8 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """
     if x is None:
         return None
+    if not isinstance(x, torch.Tensor):  # a _Turned (a rotated q or k) splits itself
+        return x.chunks(chunk_size, n_pad)
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
@@ -1884,8 +1886,8 @@ def chunk_dplr_value(q, k, v, a, gk=None, initial_state=None, chunk_size=64, gk_
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_b89b25a0e26e4e6d", globals())
-_operator_calls = _register_calls("mixc_b89b25a0e26e4e6d", globals())
+_operator_spans = _register_spans("mixc_4f9dcf36893e4c88", globals())
+_operator_calls = _register_calls("mixc_4f9dcf36893e4c88", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

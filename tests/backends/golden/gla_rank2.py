@@ -407,6 +407,8 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """
     if x is None:
         return None
+    if not isinstance(x, torch.Tensor):  # a _Turned (a rotated q or k) splits itself
+        return x.chunks(chunk_size, n_pad)
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
@@ -1405,8 +1407,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_47a31a283c648ef6", globals())
-_operator_calls = _register_calls("mixc_47a31a283c648ef6", globals())
+_operator_spans = _register_spans("mixc_9f15f061f7e136e9", globals())
+_operator_calls = _register_calls("mixc_9f15f061f7e136e9", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -407,6 +407,8 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """
     if x is None:
         return None
+    if not isinstance(x, torch.Tensor):  # a _Turned (a rotated q or k) splits itself
+        return x.chunks(chunk_size, n_pad)
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
@@ -1119,6 +1121,67 @@ def _rotate_interleaved(x, turning):
     return torch.cat((turned, rest), -1)[..., None]
 
 
+class _Turned:
+    """An input x [B, NH, T, d] of a chunked kernel, its leading pairs of channels (2i, 2i + 1),
+    i < n, turned by turn [B, NH, T, n] (complex: the pair as x_2i + i x_(2i+1) times it), the
+    rest kept: turned as each span is copied into the chunk layout (_split_chunks calls its
+    `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
+    query or key (RoPE) comes so only without autograd and outside torch.compile
+    (_seq_turned); the spans read its sizes, dtype and device, and slice it along time."""
+
+    def __init__(self, x, turn):
+        self.x, self.turn = x, turn
+        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
+        self.requires_grad = False
+
+    def __getitem__(self, index):
+        return _Turned(self.x[index], self.turn[index])
+
+    def new_zeros(self, *size):
+        return self.x.new_zeros(*size)
+
+    def chunks(self, chunk_size, n_pad):
+        """_split_chunks of x turned: one pass that turns its pairs (a complex multiply) and
+        writes them in the chunk layout; exactly the values of turning x, then splitting it."""
+        data, turn = self.x, self.turn
+        if n_pad:
+            data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
+            turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
+        batch, heads, length, d = data.shape
+        n = turn.shape[-1]
+        out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
+
+        def chunked(t):  # [B, NH, T, ...] -> a chunk-major view [N, B, NH, C, ...]
+            return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
+
+        source = chunked(data)
+        pairs = source[..., : 2 * n].unflatten(-1, (n, 2))
+        odd = any(s % 2 for s in (pairs.storage_offset(), *pairs.stride()[:-1]))
+        if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers
+            pairs = pairs.contiguous()
+        if d % 2 == 0:  # the pairs of out are complex numbers: the product written in place
+            complex_out = torch.view_as_complex(out[..., : 2 * n].unflatten(-1, (n, 2)))
+            torch.mul(torch.view_as_complex(pairs), chunked(turn), out=complex_out)
+        else:
+            turned = torch.view_as_complex(pairs) * chunked(turn)
+            out[..., : 2 * n] = torch.view_as_real(turned).flatten(-2)
+        out[..., 2 * n :] = source[..., 2 * n :]
+        return out
+
+
+def _seq_turned(x, turning, sizes, cu_seqlens=None):
+    """_seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens): a rotated query or key
+    of a chunked kernel. Without autograd, outside torch.compile and for whole sequences, a
+    _Turned, which the kernel turns as it copies each span into its chunk layout: no pass of
+    its own and no tensor of the whole sequence (on CPU that pass and its fresh memory cost as
+    much as the kernel's copies of q and k). Elsewhere turned first, as an expression is."""
+    n = turning.shape[-1]
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or cu_seqlens is not None:
+        return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
+    lead = (sizes["B"], sizes["T"], sizes["NH"], n)
+    return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+
+
 def _positions(start, sizes, device, cu_seqlens=None):
     """Each token's position, [B, T, NH, 1, 1] in float64, counted from the carried `start`
     [B, NH, 1, 1] (None: 0; with cu_seqlens, [N, NH, 1, 1]: each sequence from its first
@@ -1263,7 +1326,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_599bc265cc8a9037", globals())
+_operator_spans = _register_spans("mixc_737932df413307a7", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1345,10 +1408,10 @@ def chunk(
     pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens)
     # H: identity -> chunk_scalar_decay
     _turn = _turning(_compact(pos) * _compact(theta), _sizes["K"], _dtype, pos, theta)
-    _k_H = _seq_vector(_rotate_interleaved(k, _turn), _sizes, cu_seqlens)
+    _k_H = _seq_turned(k, _turn, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
     _S0_H = H.mT
-    _q = _seq_vector(_rotate_interleaved(q, _turn), _sizes, cu_seqlens)
+    _q = _seq_turned(q, _turn, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(q_t, pos_t theta)
     H = _S.mT

@@ -417,6 +417,8 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """
     if x is None:
         return None
+    if not isinstance(x, torch.Tensor):  # a _Turned (a rotated q or k) splits itself
+        return x.chunks(chunk_size, n_pad)
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
@@ -1269,7 +1271,7 @@ def parallel_scalar_decay(q, k, v, g=None):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_adbdd0f8c3fb68e9", globals())
+_operator_spans = _register_spans("mixc_8f137ed4c997566b", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

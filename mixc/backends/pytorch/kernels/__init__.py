@@ -79,6 +79,14 @@ KERNELS: dict[str, str] = {
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 
 
+#: The kernels that take a rotated query or key as a _Turned (common.py), turned as each span
+#: is split into chunks: those that hand q and k to the spans unread (the others read them
+#: whole first, as tensors).
+TURNED = frozenset(
+    {"chunk_scalar_decay", "chunk_scalar_decay_rank", "chunk_diagonal", "chunk_delta"}
+)
+
+
 def _closure(names: Iterable[str], definitions=DEFINITIONS) -> set[str]:
     """The named definitions and every definition they use, directly or through others."""
     wanted = list(names)

@@ -4,7 +4,8 @@ matmuls, the decay masks and their gradients, and the autograd Function of the o
 The code generator copies the source text of the definitions a module needs (see
 ``kernel_source`` in this package) into the generated file, which imports only ``torch``: so this
 file imports only ``torch``, and everything in it is a top-level function or, for the own
-backwards, a torch.autograd.Function.
+backwards, a torch.autograd.Function. An input that is not a tensor is a _Turned (functions.py),
+which splits itself.
 
 Layout (the caller transposes into it):
     q, k: [B, NH, T, K]      v: [B, NH, T, V]
@@ -69,6 +70,8 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """
     if x is None:
         return None
+    if not isinstance(x, torch.Tensor):  # a _Turned (a rotated q or k) splits itself
+        return x.chunks(chunk_size, n_pad)
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])

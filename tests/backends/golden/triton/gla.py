@@ -401,6 +401,8 @@ def _split_chunks(x, chunk_size, n_pad=0, view=False):
     """
     if x is None:
         return None
+    if not isinstance(x, torch.Tensor):  # a _Turned (a rotated q or k) splits itself
+        return x.chunks(chunk_size, n_pad)
     if n_pad == 0 and x.stride(2) == 0:
         first = x[:, :, :chunk_size].unsqueeze(0)
         return first.expand(x.shape[2] // chunk_size, *first.shape[1:])
