@@ -6,13 +6,15 @@ a GPU target (sm_90: H100/H200; sm_100: B200) at flash-linear-attention's benchm
 float32 (IEEE products), with the launch the kernels make (the strides of the last axis 1, the
 others and the pointers multiples of 16). The PTX is assembled by the ptxas that ships with
 triton, and the report reads off: registers per thread, spill stores and loads (ptxas -v), the
-stack frame and shared memory (cuobjdump -res-usage), the tensor-core instructions in the PTX
+stack frame and shared memory (cuobjdump -res-usage), on sm_100 the tensor memory a program
+allocates (columns of 512; more and the kernel cannot launch), the tensor-core instructions in the PTX
 (mma, wgmma) and in the machine code (HMMA, HGMMA; cuobjdump -sass), and the compile time.
 
     python benchmarks/gpu_static.py                 # every kernel, sm_90, bf16 and fp32
     python benchmarks/gpu_static.py --arch 90 100   # and sm_100
     python benchmarks/gpu_static.py --only scalar_decay --dtype bf16 --no-write
     python benchmarks/gpu_static.py --only delta --dtype fp32 --append  # add or replace rows
+    python benchmarks/gpu_static.py --dtype tf32 --append  # float32 inputs, TF32 allowed
 
 Each compile runs in its own process, niced, under --timeout seconds (a compile that runs out
 is reported as such), one at a time. The table goes to benchmarks/RESULTS-gpu-static.md with
@@ -53,6 +55,9 @@ ELEMENTWISE_D_K = 16
 #: The pointers that hold 16-bit data on the bf16 path (the inputs, the output and its
 #: gradient); every other pointer (gates, betas, states, kept tiles, gradients) is float32.
 SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o"}
+#: The tensor memory of an sm_100 SM, in 32-bit columns of 128 lanes: triton compiles a kernel
+#: that allocates more into a trap and refuses to launch it (OutOfResources, "tensor memory").
+TMEM_COLUMNS = 512
 #: fla's benchmark shapes: key and value width, chunk.
 D_K, D_V, CHUNK = 128, 128, 64
 
@@ -102,7 +107,7 @@ def _signature(fn, dtype: str, consts: dict):
 
 
 def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, block_v: int,
-                warps: int, stages: int, gate: bool = True) -> dict:  # fmt: skip
+                warps: int, stages: int, gate: bool = True, chunk: int = CHUNK) -> dict:  # fmt: skip
     """Compile one kernel in this process; the figures of its report row."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixc-static-")
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
@@ -117,9 +122,9 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
 
     module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
     fn = getattr(module, f"_tl_{cls}_{direction}")
-    consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": CHUNK, "C": CHUNK, "BV": block_v,
+    consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": chunk, "C": chunk, "BV": block_v,
               "BK": block_k,
-              "DOT": "bf16" if dtype == "bf16" else "ieee", "LEVELS": CHUNK.bit_length() - 1}  # fmt: skip
+              "DOT": {"fp32": "ieee"}.get(dtype, dtype), "LEVELS": chunk.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}
     sig, constexprs, attrs = _signature(fn, dtype, consts)
@@ -154,6 +159,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
         "stack": int(res.get("STACK", -1)),
         "local": int(res.get("LOCAL", -1)),
         "shared": kernel.metadata.shared,
+        "tmem": getattr(kernel.metadata, "tmem_size", None),  # sm_100's tensor memory, columns
         "ptx_mma": len(re.findall(r"^\s*mma\.", ptx, re.M)),
         "ptx_wgmma": len(re.findall(r"^\s*wgmma\.mma_async", ptx, re.M)),
         "ptx_tcgen05": len(re.findall(r"^\s*(?:@\S+\s+)?tcgen05\.mma", ptx, re.M)),
@@ -186,10 +192,12 @@ def _verdict(row: dict, result: dict) -> str:
     matmuls = row["cls"] != "elementwise"  # a scan: no matmul to put on the tensor cores
     if (
         matmuls
-        and row["dtype"] == "bf16"
+        and row["dtype"] in ("bf16", "tf32")
         and result["ptx_mma"] + result["ptx_wgmma"] + result.get("ptx_tcgen05", 0) == 0
     ):
         misses.append("no tensor-core instructions")
+    if (result.get("tmem") or 0) > TMEM_COLUMNS:
+        misses.append(f"tensor memory {result['tmem']} of {TMEM_COLUMNS} columns: cannot launch")
     if result["seconds"] > 120:
         misses.append("compile over 2 min")
     return "; ".join(misses) or "meets the targets"
@@ -198,7 +206,7 @@ def _verdict(row: dict, result: dict) -> str:
 def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     head = (
         "| kernel | dtype | sm | BK, BV, warps, stages | regs | spill st/ld (B) | stack | shared (B) "
-        "| mma / wgmma / tcgen05.mma (PTX) | HMMA / HGMMA / UTC*MMA (SASS) | compile (s) | verdict |"
+        "(TMEM cols) | mma / wgmma / tcgen05.mma (PTX) | HMMA / HGMMA / UTC*MMA (SASS) | compile (s) | verdict |"
     )
     lines = [head, "|" + " --- |" * 12]
     for row, r in rows:
@@ -212,7 +220,8 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
             continue
         lines.append(
             f"| {name} | {row['dtype']} | {row['arch']} | {conf} | {r['registers']} | "
-            f"{r['spill_stores']} / {r['spill_loads']} | {r['stack']} | {r['shared']} | "
+            f"{r['spill_stores']} / {r['spill_loads']} | {r['stack']} | {r['shared']}"
+            f"{f' ({tmem})' if (tmem := r.get('tmem')) else ''} | "
             f"{r['ptx_mma']} / {r['ptx_wgmma']} / {r.get('ptx_tcgen05', 0)} | "
             f"{r['sass_hmma']} / {r['sass_hgmma']} / {r.get('sass_utcmma', 0)} | "
             f"{r['seconds']} | {_verdict(row, r)} |"
@@ -243,7 +252,8 @@ def _write(rows, command: str, append: bool) -> None:
         "times are this machine's, niced). Shapes: d_k = d_v = 128, 64-token chunks, "
         "gates on, the forward keeping what the backward reads, the backward with the gates' "
         "gradients. bf16: 16-bit q, k, v (and a, b, dO), products in bf16 with float32 "
-        "accumulation, gate sums in tf32x3; fp32: IEEE float32 products. Registers and spills "
+        "accumulation, gate sums in tf32x3; fp32: IEEE float32 products; tf32: float32 inputs "
+        "with TF32 allowed (torch.set_float32_matmul_precision('high')). Registers and spills "
         "from ptxas -v, stack and shared memory from cuobjdump -res-usage, tensor-core "
         "instructions counted in the PTX and in the SASS (HGMMA: Hopper's warpgroup MMA).",
         "",
@@ -257,7 +267,9 @@ def _write(rows, command: str, append: bool) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[90])
-    parser.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    parser.add_argument(
+        "--dtype", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32", "tf32"]
+    )
     parser.add_argument("--only", nargs="+", help="class files (scalar_decay, delta, ...)")
     parser.add_argument("--direction", nargs="+", default=["fwd", "bwd"])
     parser.add_argument("--timeout", type=float, default=300.0)
@@ -266,6 +278,7 @@ def main(argv=None) -> int:
     parser.add_argument("--block-v", type=int, help="override BV of every kernel")
     parser.add_argument("--warps", type=int, help="override num_warps of every kernel")
     parser.add_argument("--no-gate", action="store_true", help="compile without gates")
+    parser.add_argument("--chunk", type=int, default=CHUNK, help="tokens per chunk (BT)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--append", action="store_true", help="keep earlier runs' other rows")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -283,7 +296,7 @@ def main(argv=None) -> int:
                 row = {"cls": cls, "direction": direction, "dtype": dtype, "arch": arch,
                        "block_k": args.block_k or block_k, "block_v": args.block_v or block_v,
                        "warps": args.warps or warps, "stages": stages,
-                       "gate": not args.no_gate}  # fmt: skip
+                       "gate": not args.no_gate, "chunk": args.chunk}  # fmt: skip
                 result = _run_child(row, args.timeout, args.nice)
                 rows.append((row, result))
                 print(_table([(row, result)])[-1], flush=True)
