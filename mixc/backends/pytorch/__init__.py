@@ -11,7 +11,9 @@ from mixc.lowering.program import Program
 __all__ = ["BACKEND", "LIBRARY", "KernelLibrary", "PyTorchBackend", "refusal", "render_module"]
 
 #: The kernels of this package, which a generated module copies.
-LIBRARY = KernelLibrary(frozenset(kernels.KERNELS), kernels.kernel_source, ("torch",))
+LIBRARY = KernelLibrary(
+    frozenset(kernels.KERNELS), kernels.kernel_source, ("torch",), ordered=kernels.ORDERED
+)
 
 
 def refusal(program: Program, library: KernelLibrary, backend: str) -> str | None:

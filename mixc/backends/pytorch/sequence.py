@@ -3,6 +3,8 @@ there is no chunked form), `parallel` and `summary`, each a run of kernel calls.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mixc.backends.pytorch.context import Context
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.names import local, note, tuple_text
@@ -156,29 +158,29 @@ class SequenceForms(Context):
         seqlens = ", cu_seqlens" if packed else ""
         initial = local("S0", call.group)
         reads = f", reading {', '.join(call.reads)}" if call.reads else ""
-        reverse = ", on the time-reversed sequence" if call.reverse else ""
-        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}{reverse}"))
+        ordered = native(call, self.library)
+        if call.reverse:
+            reads += ", backward in time" if ordered else ", on the time-reversed sequence"
+        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}"))
+        moved = call.reverse and not ordered  # inputs reversed in time before the kernel
         kernel_args = self.emit_inputs(
-            out, call.group, call.steps, seqlens, call.log_scale, call.joined, call.reverse
+            out, call.group, call.steps, seqlens, call.log_scale, call.joined, moved
         )
+        kernel_args += ["reverse=True"] * (ordered and call.reverse)  # and strict=, below
+        call = replace(call, reverse=moved)
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
             s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
             out(f"{initial} = {s0_text}")
         for i, query in enumerate(call.queries):
-            self.emit_query(out, call, query, kernel_args, seqlens)
+            strict = ["strict=True"] if ordered and query.previous else []
+            query = replace(query, previous=False) if strict else query
+            self.emit_query(out, call, query, kernel_args + strict, seqlens)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")
-            if query.previous:
-                first = f"_final_tokens(_q{seqlens})" if call.reverse else "_q[:, :, :1]"
-                start = (
-                    f"{first} @ {initial}" if call.initial else "_torch.zeros_like(_o[:, :, :1])"
-                )
-                back = (f", True{seqlens}", ", back in time order") if call.reverse else ("", "")
-                out(f"_o = _previous_tokens(_o, {start}{back[0]})  # S_{{t-1}} q_t{back[1]}")
-            elif call.reverse:
-                out(f"_o = _reverse_tokens(_o{seqlens})  # back in time order")
+            if query.previous or call.reverse:
+                out(_moved_back(call, query, initial, seqlens))
             if len(call.slots) == 1:
                 parts = ["_o"]
             else:
@@ -310,6 +312,25 @@ class SequenceForms(Context):
             vector = s.shape[1] == "1"  # a row or a column, in its own layout [B, NH, K]
             transitions[s.state] = local("G", s.state) + ("" if not vector else ".squeeze(-1)")
             finals[s.state] = s.state if not vector else f"{s.state}.squeeze(-1)"
+
+
+def native(call: Call, library) -> bool:
+    """Whether the call's kernel runs a backward state, and reads a state before the token's
+    update, itself (it is among the library's `ordered`, one step a token): then nothing
+    reverses or moves its inputs and outputs."""
+    return call.kernel in library.ordered and len(call.steps) == 1
+
+
+def _moved_back(call: Call, query: QueryRead, initial: str, seqlens: str) -> str:
+    """The line that moves a kernel's output `_o` back into place, where the kernel ran on
+    moved inputs: one token later for a read before the update (S_{t-1} q_t, from the state
+    entering at the first token), and back in time order for a backward state."""
+    if not query.previous:
+        return f"_o = _reverse_tokens(_o{seqlens})  # back in time order"
+    first = f"_final_tokens(_q{seqlens})" if call.reverse else "_q[:, :, :1]"
+    start = f"{first} @ {initial}" if call.initial else "_torch.zeros_like(_o[:, :, :1])"
+    back = (f", True{seqlens}", ", back in time order") if call.reverse else ("", "")
+    return f"_o = _previous_tokens(_o, {start}{back[0]})  # S_{{t-1}} q_t{back[1]}"
 
 
 def _combined_steps(

@@ -413,15 +413,17 @@ def _pair_decays(g):
     return torch.cumprod(rows, dim=-2)
 
 
-def _masked(x, gamma):
+def _masked(x, gamma, reverse=False, strict=False):
     """x ⊙ Gamma on and below the diagonal and 0 above it, for x [..., C, C] indexed by pairs of
     tokens (i, j) and the pair decays Gamma (_pair_decays; None: no decay), in place when gamma
-    is None.
+    is None; strict: below the diagonal only (a state read before the token's update); reverse:
+    on and above it (a state that runs backward in time), strict: above it.
 
     The mask selects: above the diagonal a score holds a later token, whose inf times a 0 would
     be NaN, which a product over the rows (the scores times V) carries into the earlier ones.
     """
-    return x.tril_() if gamma is None else (x * gamma).tril_()
+    x = x if gamma is None else x * gamma
+    return x.triu_(int(strict)) if reverse else x.tril_(-int(strict))
 
 
 def _finite_rows(x):
@@ -439,26 +441,63 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
-def _poison_rows(scores, poison):
+def _poison_rows(scores, poison, reverse=False, strict=False):
     """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
     place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
-    of 0 adds nothing. Returns the scores."""
-    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    of 0 adds nothing. Returns the scores. strict: from the token after the first poisoned one
+    (the row reads the state before the token's update); reverse: up to the last poisoned one
+    (a state that runs backward in time), strict: up to the token before it."""
+    run = poison.flip(-1).cumsum(-1).flip(-1) if reverse else torch.cumsum(poison, -1)
+    if strict:  # one token on (reverse: back), the end's row unpoisoned
+        run = torch.nn.functional.pad(run, (0, 1) if reverse else (1, 0))
+        run = run[..., 1:] if reverse else run[..., :-1]
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(run)
     return scores
 
 
-def parallel_scalar_decay(q, k, v, g=None):
+def _ordered_decays(g, reverse, strict):
+    """_pair_decays and _chunk_decays of a state read before the token's update (strict: S_{i-1}
+    q_i, the pair (i, j) decayed by a_{j+1} ... a_{i-1}, the state entering the chunk by a_1
+    ... a_{i-1}) or updated backward in time (reverse: S_i = a_i S_{i+1} + k_i v_i^T, the pair
+    (i, j >= i) decayed by a_i ... a_{j-1}, and strict, a_{i+1} ... a_{j-1}; the state entering
+    from the chunk after by a_i ... a_C, strict a_{i+1} ... a_C; a write reaches the chunk's
+    start decayed by a_1 ... a_{j-1}): (Gamma [..., C, C], the decays of the state read and
+    of each write [..., C]), Gamma as _masked(reverse, strict) reads it.
+
+    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l
+    moved one token on (where j + 1 + strict <= l <= i, the later token's row), transposed for
+    reverse; the decays of the state and of the writes are running products of a [..., C].
+    The factors are selected into the rows, not multiplied by 0 elsewhere: a non-finite one
+    then reaches only the pairs whose rows (reverse: columns, the earlier tokens) hold it.
+    """
+    a = g.exp()
+    moved = torch.nn.functional.pad(a[..., :-1], (1, 0), value=1.0)  # a_{l-1} at l
+    size = g.shape[-1]
+    later = torch.ones(size, size, dtype=torch.bool, device=g.device).tril(-1 - int(strict))
+    gamma = torch.cumprod(torch.where(later, moved.unsqueeze(-1), 1.0), dim=-2)
+    prefix, suffix = a.cumprod(-1), a.flip(-1).cumprod(-1).flip(-1)  # a_1 .. a_i, a_i .. a_C
+    before = torch.nn.functional.pad(prefix[..., :-1], (1, 0), value=1.0)  # a_1 .. a_{i-1}
+    after = torch.nn.functional.pad(suffix[..., 1:], (0, 1), value=1.0)  # a_{i+1} .. a_C
+    if reverse:
+        return gamma.mT, (after if strict else suffix), before
+    return gamma, before, after
+
+
+def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
     """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L is the
-    causal mask).
+    causal mask); reverse, strict: as chunk_scalar_decay's (L's upper triangle, or the strict
+    one).
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
     # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
-    decay = None if g is None else _pair_decays(g)
-    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay)  # [B, NH, T, T]
+    decay = None
+    if g is not None:
+        decay = _ordered_decays(g, reverse, strict)[0] if reverse or strict else _pair_decays(g)
+    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay, reverse, strict)  # [B, NH, T, T]
     # over the finite values, as in the chunked form
     v_finite, poison = _finite_rows(v)
-    return torch.matmul(_poison_rows(scores, poison), v_finite)
+    return torch.matmul(_poison_rows(scores, poison, reverse, strict), v_finite)
 
 
 def _tl_block(n):
