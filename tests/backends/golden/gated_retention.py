@@ -712,6 +712,13 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
+def _finite_gates(g):
+    """(log-gates g [..., C] with those whose decay exp(g) is not finite set to 0, and their
+    poison [..., C], as _finite_rows). A gate of -inf, a hard reset, decays by 0 and stays."""
+    decay = g.detach().exp()
+    return torch.where(torch.isfinite(decay), g, 0.0), decay * 0
+
+
 def _poison_rows(scores, poison, reverse=False, strict=False):
     """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
     place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
@@ -763,23 +770,35 @@ def _ordered_decays(g, reverse, strict):
     start decayed by a_1 ... a_{j-1}): (Gamma [..., C, C], the decays of the state read and
     of each write [..., C]), Gamma as _masked(reverse, strict) reads it.
 
-    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l
-    moved one token on (where j + 1 + strict <= l <= i, the later token's row), transposed for
-    reverse; the decays of the state and of the writes are running products of a [..., C].
-    The factors are selected into the rows, not multiplied by 0 elsewhere: a non-finite one
-    then reaches only the pairs whose rows (reverse: columns, the earlier tokens) hold it.
+    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l moved
+    one token on, down the columns (l <= i) or, for reverse, along the rows (l <= j): the
+    upper triangle is built as it is read, not transposed. The decays of the state and of the
+    writes are the edges of Gamma times the factor it lacks there. A non-finite factor spreads
+    across its whole row (reverse: column), so a span run guarded gives finite gates
+    (_scalar_decay_span).
     """
     a = g.exp()
     moved = torch.nn.functional.pad(a[..., :-1], (1, 0), value=1.0)  # a_{l-1} at l
-    size = g.shape[-1]
-    later = torch.ones(size, size, dtype=torch.bool, device=g.device).tril(-1 - int(strict))
-    gamma = torch.cumprod(torch.where(later, moved.unsqueeze(-1), 1.0), dim=-2)
-    prefix, suffix = a.cumprod(-1), a.flip(-1).cumprod(-1).flip(-1)  # a_1 .. a_i, a_i .. a_C
-    before = torch.nn.functional.pad(prefix[..., :-1], (1, 0), value=1.0)  # a_1 .. a_{i-1}
-    after = torch.nn.functional.pad(suffix[..., 1:], (0, 1), value=1.0)  # a_{i+1} .. a_C
-    if reverse:
-        return gamma.mT, (after if strict else suffix), before
-    return gamma, before, after
+    ones = torch.ones(g.shape[-1], g.shape[-1], dtype=g.dtype, device=g.device)
+    shift = 1 + int(strict)  # pair (i, j) holds the moved factors of l >= j + shift (i + shift)
+    if not reverse:
+        rows = torch.addcmul(torch.triu(ones, 1 - shift), moved.unsqueeze(-1), ones.tril(-shift))
+        gamma = rows.cumprod(-2)  # a strict read: a_{j+1} .. a_{i-1}
+        before = gamma[..., 1:, 0] * a[..., :1]  # a_1 .. a_{i-1}, from the second token
+        after = gamma[..., -1, :-1] * a[..., -1:]  # a_{j+1} .. a_C, to the one before the last
+        return gamma, _padded(before, 1, 0), _padded(after, 0, 1)
+    cols = torch.addcmul(torch.tril(ones, shift - 1), moved.unsqueeze(-2), ones.triu(shift))
+    gamma = cols.cumprod(-1)  # a_i .. a_{j-1} (strict: a_{i+1} .. a_{j-1})
+    if not strict:  # a_i .. a_C, and a_1 .. a_{j-1}
+        return gamma, gamma[..., :, -1] * a[..., -1:], gamma[..., 0, :]
+    after = gamma[..., :-1, -1] * a[..., -1:]  # a_{i+1} .. a_C, to the one before the last
+    before = gamma[..., 0, 1:] * a[..., :1]  # a_1 .. a_{j-1}, from the second token
+    return gamma, _padded(after, 0, 1), _padded(before, 1, 0)
+
+
+def _padded(x, left, right):
+    """x [..., n] with `left` and `right` ones around it on its last axis."""
+    return torch.nn.functional.pad(x, (left, right), value=1.0)
 
 
 def _as_3d(x):
@@ -1169,8 +1188,14 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, st
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from the
     span's last chunk to its first, the state entering a chunk the one after it; strict: the
     output reads the state before the token's update, q_t S_{t-1} (reverse: q_t S_{t+1}). Only
-    the decays and the triangle change (_ordered_decays, _masked)."""
-    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c, reverse, strict)
+    the decays and the triangle change (_ordered_decays, _masked); guarded, their non-finite
+    gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
+    passed on still takes them)."""
+    gates = g_c
+    if guard and (reverse or strict) and g_c is not None:
+        gates, poison_g = _finite_gates(g_c)
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, gates, reverse, strict)
+    chunk_g = chunk_g if gates is g_c else g_c.sum(-1)
     # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V, from the values as they are: a
     # non-finite one makes the state, and so every later chunk, non-finite
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
@@ -1179,6 +1204,7 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, st
     scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
     if guard:
         v_c, poison = _finite_rows(v_c)
+        poison = poison if gates is g_c else poison + poison_g
         scores = _poison_rows(scores, poison, reverse, strict)
     q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
@@ -1255,18 +1281,21 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
     # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
-    decay = None
-    if g is not None:
-        decay = _ordered_decays(g, reverse, strict)[0] if reverse or strict else _pair_decays(g)
+    decay, poison_g = None, 0.0
+    if g is not None and (reverse or strict):  # finite gates, as in the guarded chunked form
+        g, poison_g = _finite_gates(g)
+        decay = _ordered_decays(g, reverse, strict)[0]
+    elif g is not None:
+        decay = _pair_decays(g)
     scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay, reverse, strict)  # [B, NH, T, T]
     # over the finite values, as in the chunked form
     v_finite, poison = _finite_rows(v)
-    return torch.matmul(_poison_rows(scores, poison, reverse, strict), v_finite)
+    return torch.matmul(_poison_rows(scores, poison + poison_g, reverse, strict), v_finite)
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_7063ad4eb0475201", globals())
+_operator_spans = _register_spans("mixc_38f9e8565b412507", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -447,23 +447,35 @@ def _ordered_decays(g, reverse, strict):
     start decayed by a_1 ... a_{j-1}): (Gamma [..., C, C], the decays of the state read and
     of each write [..., C]), Gamma as _masked(reverse, strict) reads it.
 
-    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l
-    moved one token on (where j + 1 + strict <= l <= i, the later token's row), transposed for
-    reverse; the decays of the state and of the writes are running products of a [..., C].
-    The factors are selected into the rows, not multiplied by 0 elsewhere: a non-finite one
-    then reaches only the pairs whose rows (reverse: columns, the earlier tokens) hold it.
+    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l moved
+    one token on, down the columns (l <= i) or, for reverse, along the rows (l <= j): the
+    upper triangle is built as it is read, not transposed. The decays of the state and of the
+    writes are the edges of Gamma times the factor it lacks there. A non-finite factor spreads
+    across its whole row (reverse: column), so a span run guarded gives finite gates
+    (_scalar_decay_span).
     """
     a = g.exp()
     moved = torch.nn.functional.pad(a[..., :-1], (1, 0), value=1.0)  # a_{l-1} at l
-    size = g.shape[-1]
-    later = torch.ones(size, size, dtype=torch.bool, device=g.device).tril(-1 - int(strict))
-    gamma = torch.cumprod(torch.where(later, moved.unsqueeze(-1), 1.0), dim=-2)
-    prefix, suffix = a.cumprod(-1), a.flip(-1).cumprod(-1).flip(-1)  # a_1 .. a_i, a_i .. a_C
-    before = torch.nn.functional.pad(prefix[..., :-1], (1, 0), value=1.0)  # a_1 .. a_{i-1}
-    after = torch.nn.functional.pad(suffix[..., 1:], (0, 1), value=1.0)  # a_{i+1} .. a_C
-    if reverse:
-        return gamma.mT, (after if strict else suffix), before
-    return gamma, before, after
+    ones = torch.ones(g.shape[-1], g.shape[-1], dtype=g.dtype, device=g.device)
+    shift = 1 + int(strict)  # pair (i, j) holds the moved factors of l >= j + shift (i + shift)
+    if not reverse:
+        rows = torch.addcmul(torch.triu(ones, 1 - shift), moved.unsqueeze(-1), ones.tril(-shift))
+        gamma = rows.cumprod(-2)  # a strict read: a_{j+1} .. a_{i-1}
+        before = gamma[..., 1:, 0] * a[..., :1]  # a_1 .. a_{i-1}, from the second token
+        after = gamma[..., -1, :-1] * a[..., -1:]  # a_{j+1} .. a_C, to the one before the last
+        return gamma, _padded(before, 1, 0), _padded(after, 0, 1)
+    cols = torch.addcmul(torch.tril(ones, shift - 1), moved.unsqueeze(-2), ones.triu(shift))
+    gamma = cols.cumprod(-1)  # a_i .. a_{j-1} (strict: a_{i+1} .. a_{j-1})
+    if not strict:  # a_i .. a_C, and a_1 .. a_{j-1}
+        return gamma, gamma[..., :, -1] * a[..., -1:], gamma[..., 0, :]
+    after = gamma[..., :-1, -1] * a[..., -1:]  # a_{i+1} .. a_C, to the one before the last
+    before = gamma[..., 0, 1:] * a[..., :1]  # a_1 .. a_{j-1}, from the second token
+    return gamma, _padded(after, 0, 1), _padded(before, 1, 0)
+
+
+def _padded(x, left, right):
+    """x [..., n] with `left` and `right` ones around it on its last axis."""
+    return torch.nn.functional.pad(x, (left, right), value=1.0)
 
 
 def _as_3d(x):

@@ -21,6 +21,7 @@ from mixc.backends.pytorch.kernels.common import (
     _chain,
     _chunk_decays,
     _chunk_size_for,
+    _finite_gates,
     _finite_rows,
     _gate_grads,
     _masked,
@@ -69,8 +70,14 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, st
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from the
     span's last chunk to its first, the state entering a chunk the one after it; strict: the
     output reads the state before the token's update, q_t S_{t-1} (reverse: q_t S_{t+1}). Only
-    the decays and the triangle change (_ordered_decays, _masked)."""
-    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c, reverse, strict)
+    the decays and the triangle change (_ordered_decays, _masked); guarded, their non-finite
+    gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
+    passed on still takes them)."""
+    gates = g_c
+    if guard and (reverse or strict) and g_c is not None:
+        gates, poison_g = _finite_gates(g_c)
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, gates, reverse, strict)
+    chunk_g = chunk_g if gates is g_c else g_c.sum(-1)
     # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V, from the values as they are: a
     # non-finite one makes the state, and so every later chunk, non-finite
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
@@ -79,6 +86,7 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, st
     scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
     if guard:
         v_c, poison = _finite_rows(v_c)
+        poison = poison if gates is g_c else poison + poison_g
         scores = _poison_rows(scores, poison, reverse, strict)
     q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
@@ -294,13 +302,16 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
     # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
-    decay = None
-    if g is not None:
-        decay = _ordered_decays(g, reverse, strict)[0] if reverse or strict else _pair_decays(g)
+    decay, poison_g = None, 0.0
+    if g is not None and (reverse or strict):  # finite gates, as in the guarded chunked form
+        g, poison_g = _finite_gates(g)
+        decay = _ordered_decays(g, reverse, strict)[0]
+    elif g is not None:
+        decay = _pair_decays(g)
     scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay, reverse, strict)  # [B, NH, T, T]
     # over the finite values, as in the chunked form
     v_finite, poison = _finite_rows(v)
-    return torch.matmul(_poison_rows(scores, poison, reverse, strict), v_finite)
+    return torch.matmul(_poison_rows(scores, poison + poison_g, reverse, strict), v_finite)
 
 
 def chunk_scalar_decay_stable(q, k, v, g, log_scale, initial_state=None, chunk_size=64):
