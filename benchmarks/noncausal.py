@@ -6,8 +6,9 @@ Writes the section between the NONCAUSAL markers of benchmarks/RESULTS.md. One c
     python benchmarks/noncausal.py            # a few minutes on 2 cores
 
 CPU, 2 torch threads, fp32, B=1, NH=4, d=64 (every size of the specs 64), forward under
-torch.no_grad(). Hydra runs two scalar-decay passes (one on the time-reversed sequence) where
-Mamba-2 runs one, so its chunked forward is about twice Mamba-2's. The two sides of each ratio
+torch.no_grad(). Hydra runs two scalar-decay passes (one backward in time, both reading the state
+before the token's update, in the kernel itself) where Mamba-2 runs one, so its chunked forward
+is about twice Mamba-2's. The two sides of each ratio
 are timed in alternation in one process (peers.time_alternating), medians over the timed calls;
 peak tensor memory from the profiler (mixc.tools.bench_measure.measure_peak_memory).
 """
@@ -122,9 +123,10 @@ def report(data: dict, threads: int, load: tuple[float, ...]) -> str:
             for T, m in memory.items()
         ),
         "",
-        "Hydra's chunked form runs Mamba-2's scalar-decay kernel twice: on the sequence for H, "
-        "and on the time-reversed sequence for G (its inputs flipped, its outputs flipped back), "
-        "each read one token early (H_{t-1}, G_{t+1}).",
+        "Hydra's chunked form runs Mamba-2's scalar-decay kernel twice: forward in time for H "
+        "and backward in time for G (chunks from the last, the upper triangle), each read "
+        "before the token's update (H_{t-1}, G_{t+1}: the strict triangle), with no input or "
+        "output reversed or moved a token.",
         END,
     ]
     return "\n".join(lines) + "\n"

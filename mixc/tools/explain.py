@@ -521,9 +521,9 @@ def parallel_form(plan: Plan, groups: list[GroupInfo] | None = None) -> list[str
         for r in o.readouts:
             if r.offset == 1:
                 lines.append(
-                    f"Y[{r.read}] at token t: {r.state} runs on the time-reversed sequence "
-                    "(each packed sequence within its bounds), read there before the token's "
-                    "update, and reversed back"
+                    f"Y[{r.read}] at token t: {r.state} runs backward in time (its kernel's "
+                    "own reverse order, or the time-reversed sequence, each packed sequence "
+                    "within its bounds), read before the token's update"
                 )
         for r in o.readouts:
             if r.offset == -1:

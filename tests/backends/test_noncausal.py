@@ -160,17 +160,18 @@ def test_a_backward_pass_reversed_across_packed_sequences_is_caught(tmp_path, mo
     """Reversing the packed row whole (the last sequence's tokens first) mixes the sequences:
     the check of packed sequences of different lengths against each alone sees it. (Reversing
     each zero-padded row whole would not be wrong: the kernels read the padding's zero writes
-    and zero log-gates as the identity.)"""
-    source = mixc.compile_source(HYDRA)
+    and zero log-gates as the identity.) bidirectional_gla's diagonal kernel runs its backward
+    state on the reversed sequence (hydra's scalar-decay kernel runs backward itself)."""
+    source = mixc.compile_source(BIGLA)
     target = "    if cu_seqlens is None:\n        return x.flip(2)\n"
     assert source.count(target) == 1
-    mutant = tmp_path / "hydra_mutant.py"
+    mutant = tmp_path / "bidirectional_gla_mutant.py"
     mutant.write_text(source.replace(target, target + "    return x.flip(0).flip(2)\n"))
-    check_packed(HYDRA, "pytorch", "chunk")  # the module as compiled passes
+    check_packed(BIGLA, "pytorch", "chunk")  # the module as compiled passes
     module = load_module(mutant)
     monkeypatch.setattr(mixc, "load", lambda *args: module)  # check_packed loads the mutant
     with pytest.raises(AssertionError, match="sequence"):
-        check_packed(HYDRA, "pytorch", "chunk")
+        check_packed(BIGLA, "pytorch", "chunk")
 
 
 @pytest.mark.parametrize(

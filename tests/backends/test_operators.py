@@ -26,9 +26,10 @@ from tests.mixers import random_states, rel, spec_inputs
 ROOT = Path(__file__).parents[2]
 
 #: One spec for each way a kernel runs as an operator: the own backwards (scalar decay, delta
-#: rule, key-side diagonal, DPLR with a proven gate bound) through `spans`, the kernels through
-#: autograd (full elementwise gate, the stabilised write scale) through `call`.
-BY_KERNEL = ["gated_retention", "gated_deltanet", "gla", "rwkv7", "mamba1", "mlstm"]
+#: rule, key-side diagonal, DPLR with a proven gate bound, scalar decay backward in time and
+#: read before the update) through `spans`, the kernels through autograd (full elementwise gate,
+#: the stabilised write scale) through `call`.
+BY_KERNEL = ["gated_retention", "gated_deltanet", "gla", "rwkv7", "hydra", "mamba1", "mlstm"]
 
 
 def _namespace(module) -> str:
@@ -153,6 +154,7 @@ def test_fake_implementations_agree_with_the_operators(name, monkeypatch):
             a["chunk_size"],
             a["gk_min"],
             sum(1 << i for i in a["strided"]),
+            a["order"],
             True,
         )
         torch.library.opcheck(ops.spans, args)

@@ -455,9 +455,11 @@ MUTANTS = [
         {"chunk"},
         NUMERICAL,
     ),
-    # non-causal mixers: a backward state runs on the time-reversed sequence
+    # non-causal mixers: a backward state runs on the time-reversed sequence (a kernel without
+    # its own reverse order: bidirectional_gla's diagonal one), or backward in time itself
+    # (hydra's scalar-decay kernel: reverse=, strict=)
     (
-        "hydra",
+        "bidirectional_gla",
         "the backward pass reversed over the whole packed row, not per packed sequence",
         "    if cu_seqlens is None:\n        return x.flip(2)\n",
         "    if cu_seqlens is None:\n        return x.flip(2)\n    return x.flip(0).flip(2)\n",
@@ -467,10 +469,81 @@ MUTANTS = [
     (
         "hydra",
         "the forward shift dropped (H_t C_t read for H_{t-1} C_t)",
-        "        _q_next, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size\n    )\n"
-        "    _o = _previous_tokens(_o, _q[:, :, :1] @ _S0_H)  # S_{t-1} q_t\n",
-        "        _q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size\n    )\n",
+        "strict=True, initial_state=_S0_H",
+        "initial_state=_S0_H",
         {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward state's chunks chained forward in time",
+        "_scan_scalar(state, chunk_g, chunk_kv, reverse)",
+        "_scan_scalar(state, chunk_g, chunk_kv)",
+        {"chunk", "packed"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward state read after the token's update (the strict triangle's diagonal kept)",
+        "return x.triu_(int(strict)) if reverse else x.tril_(-int(strict))",
+        "return x.triu_(0) if reverse else x.tril_(-int(strict))",
+        {"chunk", "packed", "parallel"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the forward state read after the token's update inside a chunk (the diagonal kept)",
+        "return x.triu_(int(strict)) if reverse else x.tril_(-int(strict))",
+        "return x.triu_(int(strict)) if reverse else x.tril_(0)",
+        {"chunk", "packed", "parallel"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward state's scores in the lower triangle",
+        "return x.triu_(int(strict)) if reverse else x.tril_(-int(strict))",
+        "return x.tril_(-int(strict))",
+        {"chunk", "packed", "parallel"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "a read before the update decayed by one factor too many between two tokens",
+        "shift = 1 + int(strict)",
+        "shift = 1",
+        {"chunk", "packed", "parallel"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward state entering a chunk decayed by the token's own factor",
+        "    return gamma, _padded(after, 0, 1), _padded(before, 1, 0)",
+        "    return gamma, gamma[..., :, -1] * a[..., -1:], _padded(before, 1, 0)",
+        {"chunk", "packed"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the forward state entering a chunk decayed by the token's own factor",
+        "        return gamma, _padded(before, 1, 0), _padded(after, 0, 1)",
+        "        return gamma, a.cumprod(-1), _padded(after, 0, 1)",
+        {"chunk", "packed"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward state's gradient passed from chunk to chunk backward in time",
+        "_scan_scalar(d_state, chunk_g, local, not reverse)",
+        "_scan_scalar(d_state, chunk_g, local, True)",
+        {"chunk", "packed"},
+        NUMERICAL,
+    ),
+    (
+        "hydra",
+        "the backward gate's gradient counting the token's own factor in the state it reads",
+        "torch.triu(ones, int(strict))",
+        "torch.triu(ones)",
+        {"chunk", "packed"},
         NUMERICAL,
     ),
     (

@@ -12,7 +12,11 @@ __all__ = ["BACKEND", "LIBRARY", "KernelLibrary", "PyTorchBackend", "refusal", "
 
 #: The kernels of this package, which a generated module copies.
 LIBRARY = KernelLibrary(
-    frozenset(kernels.KERNELS), kernels.kernel_source, ("torch",), turned=kernels.TURNED
+    frozenset(kernels.KERNELS),
+    kernels.kernel_source,
+    ("torch",),
+    turned=kernels.TURNED,
+    ordered=kernels.ORDERED,
 )
 
 

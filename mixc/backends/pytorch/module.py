@@ -17,7 +17,7 @@ from mixc.backends.pytorch.lines import Lines, comment, doc_line, string
 from mixc.backends.pytorch.names import note, size, without_unread
 from mixc.backends.pytorch.pyexpr import PyExpr
 from mixc.backends.pytorch.recurrence import RecurrentForms
-from mixc.backends.pytorch.sequence import SequenceForms
+from mixc.backends.pytorch.sequence import SequenceForms, native
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import CHANNEL, Call, Expr, Name, walk
 from mixc.lowering.program import Program
@@ -44,7 +44,10 @@ class KernelLibrary:
     the module widens to its compute dtype before any kernel sees them (a kernel that
     multiplies 16-bit operands, as a Triton kernel on the tensor cores, rounds its products'
     operands to it). The PyTorch backend's library is its own kernel package; another backend
-    renders the same module around its own library. The kernels in `turned` take a rotated
+    renders the same module around its own library. The kernels in `ordered` take `reverse=`
+    and `strict=`: a state that runs backward in time, or is read before the token's update,
+    runs through them as it is; another kernel gets its inputs reversed and moved one token
+    instead, and its outputs moved back. The kernels in `turned` take a rotated
     query or key as a _Turned (its rotation applied as the kernel splits it into chunks: see
     _seq_turned)."""
 
@@ -53,6 +56,7 @@ class KernelLibrary:
     imports: tuple[str, ...]
     operands: Collection[str] = ()
     turned: Collection[str] = ()
+    ordered: Collection[str] = ()
 
 
 def render_module(program: Program, library: KernelLibrary) -> str:
@@ -206,10 +210,12 @@ class _Module(SequenceForms, RecurrentForms):
             shifts += ["_sub_tokens"] if several else []
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
-            shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []
-            previous = any(q.previous for c in self.program.calls for q in c.queries)
+            forms = (self.program.chunk, self.program.parallel)
+            moved = [c for f in forms if f for c in f.calls if not native(c, self.library)]
+            shifts += ["_reverse_tokens"] if any(c.reverse for c in moved) else []
+            previous = any(q.previous for c in moved for q in c.queries)
             shifts += ["_next_tokens", "_previous_tokens"] if previous else []
-            backward = any(q.previous for c in self.program.calls if c.reverse for q in c.queries)
+            backward = any(q.previous for c in moved if c.reverse for q in c.queries)
             shifts += ["_final_tokens"] if backward else []
             text = self.library.source(self.kernels + shifts + helpers)
             # the operators the kernels call under torch.compile, by the entry they call

@@ -3,6 +3,8 @@ there is no chunked form), `parallel` and `summary`, each a run of kernel calls.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mixc.backends.pytorch.context import Context
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.names import local, note, tuple_text
@@ -81,8 +83,8 @@ class SequenceForms(Context):
     ) -> list[str]:
         """Key, value (the group's values side by side) and the class's arguments of one call,
         as locals; returns the arguments as the call passes them. `log_scale`: the write scale's
-        log; `joined`, `reverse`: see emit_sub_token_inputs; a backward call reverses time;
-        `turned`: a rotated key goes to the kernel to be turned there (_turned_seq)."""
+        log; `joined`, `reverse`: see emit_sub_token_inputs; `turned`: the kernel turns a rotated
+        key (_turned_seq)."""
         if len(steps) > 1:
             return self.emit_sub_token_inputs(out, group, steps, packed, joined, reverse)
         (step,) = steps
@@ -161,30 +163,30 @@ class SequenceForms(Context):
         seqlens = ", cu_seqlens" if packed else ""
         initial = local("S0", call.group)
         reads = f", reading {', '.join(call.reads)}" if call.reads else ""
-        reverse = ", on the time-reversed sequence" if call.reverse else ""
-        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}{reverse}"))
+        ordered = native(call, self.library)
+        if call.reverse:
+            reads += ", backward in time" if ordered else ", on the time-reversed sequence"
+        out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}"))
+        moved = call.reverse and not ordered  # inputs reversed in time before the kernel
         turned = _turns(call, self.library) and all(q.query is not None for q in call.queries)
         kernel_args = self.emit_inputs(
-            out, call.group, call.steps, seqlens, call.log_scale, call.joined, call.reverse, turned
+            out, call.group, call.steps, seqlens, call.log_scale, call.joined, moved, turned
         )
+        kernel_args += ["reverse=True"] * (ordered and call.reverse)  # and strict=, below
+        call = replace(call, reverse=moved)
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
             s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
             out(f"{initial} = {s0_text}")
         for i, query in enumerate(call.queries):
-            self.emit_query(out, call, query, kernel_args, seqlens)
+            strict = ["strict=True"] if ordered and query.previous else []
+            query = replace(query, previous=False) if strict else query
+            self.emit_query(out, call, query, kernel_args + strict, seqlens, turned)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")
-            if query.previous:
-                first = f"_final_tokens(_q{seqlens})" if call.reverse else "_q[:, :, :1]"
-                start = (
-                    f"{first} @ {initial}" if call.initial else "_torch.zeros_like(_o[:, :, :1])"
-                )
-                back = (f", True{seqlens}", ", back in time order") if call.reverse else ("", "")
-                out(f"_o = _previous_tokens(_o, {start}{back[0]})  # S_{{t-1}} q_t{back[1]}")
-            elif call.reverse:
-                out(f"_o = _reverse_tokens(_o{seqlens})  # back in time order")
+            if query.previous or call.reverse:
+                out(_moved_back(call, query, initial, seqlens))
             if len(call.slots) == 1:
                 parts = ["_o"]
             else:
@@ -197,11 +199,11 @@ class SequenceForms(Context):
                 self.emit_split_states(out, call.slots, "_S")
 
     def emit_query(
-        self, out: Lines, call: Call, query: QueryRead, kernel_args: list[str], seqlens: str
+        self, out: Lines, call: Call, query: QueryRead, args: list[str], seqlens: str, turned=False
     ) -> None:
         """The kernel run with one query (zeros for none), its output `_o` at each token."""
         k, v = local("k", call.group), local("v", call.group)
-        out(f"_q = {_query(self, call, query, k, seqlens)}")
+        out(f"_q = {_query(self, call, query, k, seqlens, turned)}")
         steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
         if steps and query.query is not None:  # the query at each token's last sub-token
             zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
@@ -210,7 +212,7 @@ class SequenceForms(Context):
             back = (f", True{seqlens}", ", in reverse time order") if call.reverse else ("", "")
             out(f"_q_next = _next_tokens(_q{back[0]})  # the next token's query{back[1]}")
         first = "_q_next" if query.previous else "_q"
-        args = ", ".join([first, k, v, *kernel_args])
+        args = ", ".join([first, k, v, *args])
         if not call.initial:
             out(f"_o = _{call.kernel}({args})")
         else:
@@ -313,18 +315,39 @@ class SequenceForms(Context):
             finals[s.state] = s.state if not vector else f"{s.state}.squeeze(-1)"
 
 
+def native(call: Call, library) -> bool:
+    """Whether the call's kernel runs a backward state, and reads a state before the token's
+    update, itself (it is among the library's `ordered`, one step a token): then nothing
+    reverses or moves its inputs and outputs."""
+    return call.kernel in library.ordered and len(call.steps) == 1
+
+
+def _moved_back(call: Call, query: QueryRead, initial: str, seqlens: str) -> str:
+    """The line that moves a kernel's output `_o` back into place, where the kernel ran on
+    moved inputs: one token later for a read before the update (S_{t-1} q_t, from the state
+    entering at the first token), and back in time order for a backward state."""
+    if not query.previous:
+        return f"_o = _reverse_tokens(_o{seqlens})  # back in time order"
+    first = f"_final_tokens(_q{seqlens})" if call.reverse else "_q[:, :, :1]"
+    start = f"{first} @ {initial}" if call.initial else "_torch.zeros_like(_o[:, :, :1])"
+    back = (f", True{seqlens}", ", back in time order") if call.reverse else ("", "")
+    return f"_o = _previous_tokens(_o, {start}{back[0]})  # S_{{t-1}} q_t{back[1]}"
+
+
 def _turns(call: Call, library) -> bool:
     """Whether the call's kernel is one that turns a rotated query or key as it splits it into
     chunks (KernelLibrary.turned), in a call of one step a token forward in time."""
     return call.kernel in library.turned and len(call.steps) == 1 and not call.reverse
 
 
-def _query(forms: SequenceForms, call: Call, query: QueryRead, k: str, seqlens: str) -> str:
+def _query(
+    forms: SequenceForms, call: Call, query: QueryRead, k: str, seqlens: str, turned: bool
+) -> str:
     """The query of one kernel run in the kernels' layout: zeros for none (joined writes: k is a
-    list, one key a write), a rotation the kernel turns (_turned_seq) where it can."""
+    list, one key a write), a rotation the kernel turns (_turned_seq) where it can (`turned`: _turns of the call)."""
     if query.query is None:
         return f"_torch.zeros_like({k}{'[0]' if call.joined else ''})"
-    if _turns(call, forms.library) and not query.previous:
+    if turned and not query.previous:
         turned = _turned_seq(forms, query.query, seqlens)
         if turned:
             return turned

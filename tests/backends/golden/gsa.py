@@ -568,10 +568,13 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     return states[:-1], slots[-1].clone()
 
 
-def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=()):
+def _guarded_spans(
+    span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=(), reverse=False
+):
     """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
     spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
-    state, guard). strided: as _over_spans takes it.
+    state, guard). strided, reverse (a kernel that runs backward in time, from the last span):
+    as _over_spans takes them.
 
     Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
     NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
@@ -591,7 +594,7 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, stri
         def span(*chunks_and_state):
             return span_fn(*chunks_and_state, kept, guarded)
 
-        return _over_spans(span, seqs, carry, chunk_size, strided=strided)
+        return _over_spans(span, seqs, carry, chunk_size, reverse, strided)
 
     if guard is None:
         if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
@@ -604,12 +607,14 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, stri
     return outs, state, guard
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None):
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None, reverse=False):
     """A kernel's forward over spans (_guarded_spans), keeping what its own backward needs: (o,
     final state, for each span the list span_fn(*chunks, state, kept, guard) appended to kept,
-    guard)."""
+    in the order the spans ran, guard)."""
     kept = []
-    (o,), state, guard = _guarded_spans(span_fn, seqs, initial_state, chunk_size, kept, guard)
+    (o,), state, guard = _guarded_spans(
+        span_fn, seqs, initial_state, chunk_size, kept, guard, reverse=reverse
+    )
     return o, state, kept, guard
 
 
@@ -625,27 +630,28 @@ def _spans_backward(
     d_state,
     gate_grad,
     guard,
+    reverse=False,
 ):
-    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
-    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
-    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
-    the initial state).
+    """A kernel's own backward over spans, from the last (reverse: a kernel that runs backward
+    in time, from the first): grads_fn(*chunks, do_c, *the span's kept tensors, d_state,
+    gate_grad) -> (gradients of seqs chunk-major, gradient of the state entering the span).
+    kept: the tensors of _spans_keeping, n_kept of them for each span, span after span, flat.
+    Returns (the gradients of seqs [B, NH, T, ...], the gradient of the initial state).
 
     When a graph of the backward is asked for (double backward), what was kept was made
     without one, so it is made again with it (guarded as the forward was).
     """
     if torch.is_grad_enabled():
-        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard)[2]
+        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard, reverse)[2]
         kept = [x for own in again for x in own]
 
     def span(*args):
-        # the spans run from the last, so the tensors kept of each are the last ones left
+        # the spans run opposite to the forward, so the tensors kept of each are the last left
         own = kept[len(kept) - n_kept :]
         del kept[len(kept) - n_kept :]
         return grads_fn(*args[:-1], *own, args[-1], gate_grad)
 
-    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=not reverse)
 
 
 def _finite_rows(x):
@@ -663,11 +669,17 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
-def _poison_rows(scores, poison):
+def _poison_rows(scores, poison, reverse=False, strict=False):
     """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
     place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
-    of 0 adds nothing. Returns the scores."""
-    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    of 0 adds nothing. Returns the scores. strict: from the token after the first poisoned one
+    (the row reads the state before the token's update); reverse: up to the last poisoned one
+    (a state that runs backward in time), strict: up to the token before it."""
+    run = poison.flip(-1).cumsum(-1).flip(-1) if reverse else torch.cumsum(poison, -1)
+    if strict:  # one token on (reverse: back), the end's row unpoisoned
+        run = torch.nn.functional.pad(run, (0, 1) if reverse else (1, 0))
+        run = run[..., 1:] if reverse else run[..., :-1]
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(run)
     return scores
 
 
@@ -721,10 +733,13 @@ class _OwnBackward(torch.autograd.Function):
     gradient grads_fn computes only when asked for."""
 
     @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, reverse, initial_state, *seqs):
+        o, state, kept, guard = _spans_keeping(
+            span_fn, list(seqs), initial_state, chunk_size, reverse=reverse
+        )
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
         ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
+        ctx.reverse = reverse
         ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
@@ -741,12 +756,14 @@ class _OwnBackward(torch.autograd.Function):
             ctx.chunk_size,
             d_o,
             d_state,
-            ctx.needs_input_grad[5 + ctx.gate],
+            ctx.needs_input_grad[6 + ctx.gate],
             ctx.guard,
+            ctx.reverse,
         )
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+        d_initial = d_initial if ctx.needs_input_grad[5] else None
+        return None, None, None, None, None, d_initial, *grads
 
 
 class _Operators:
@@ -767,25 +784,31 @@ def _slots(tensors):
     return [*tensors, *[None] * (_Operators.slots - len(tensors))]
 
 
-def _with_bound(span_fn, gk_min):
-    """span_fn, given the lower bound of its log-gate (gk_min) where there is one."""
-    if gk_min is None:
+def _with_bound(span_fn, gk_min, order=0):
+    """span_fn (or a gradient function), given the lower bound of its log-gate (gk_min) where
+    there is one, and the order of its tokens where not the plain one (order: 1 reverse, a
+    state that runs backward in time; 2 strict, a state read before the token's update)."""
+    given = {} if gk_min is None else {"gk_min": gk_min}
+    given |= {"reverse": True} if order & 1 else {}
+    given |= {"strict": True} if order & 2 else {}
+    if not given:
         return span_fn
 
     def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, gk_min=gk_min)
+        return span_fn(*chunks_and_state, **given)
 
     return span
 
 
 def _own_backward(
-    span_fn, grads_fn, gate, chunk_size, initial_state, seqs, gk_min=None, strided=()
+    span_fn, grads_fn, gate, chunk_size, initial_state, seqs, gk_min=None, strided=(), order=0
 ):
     """A chunked kernel with its own backward, over seqs [q, k, v, ...] (None entries allowed):
     span_fn and grads_fn as _OwnBackward takes them, gate the index in seqs of the log-gate,
     gk_min a lower bound of the log-gate that span_fn takes (None: none), strided the inputs
-    span_fn may get as strided views without autograd (_over_spans). Returns (o [B, NH, T, V],
-    final state [B, NH, K, V]).
+    span_fn may get as strided views without autograd (_over_spans), order the order of the
+    tokens that span_fn and grads_fn take (_with_bound; reverse: the spans run from the last).
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
 
     Under autograd it runs as _OwnBackward, else as guarded spans; under torch.compile, in a
     module that registered its operators, as the operator `spans` (see this file's docstring).
@@ -794,13 +817,16 @@ def _own_backward(
         keep = _needs_grad(initial_state, *seqs)
         outs = _Operators.spans(
             span_fn.__name__, grads_fn.__name__, gate, *_slots([initial_state, *seqs]),
-            chunk_size, gk_min, sum(1 << i for i in strided), keep,
+            chunk_size, gk_min, sum(1 << i for i in strided), order, keep,
         )  # fmt: skip
         return outs[0], outs[1]
-    span = _with_bound(span_fn, gk_min)
+    span, reverse = _with_bound(span_fn, gk_min, order), bool(order & 1)
     if _needs_grad(initial_state, *seqs):
-        return _OwnBackward.apply(span, grads_fn, gate, chunk_size, initial_state, *seqs)
-    (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
+        grads = _with_bound(grads_fn, None, order)
+        return _OwnBackward.apply(span, grads, gate, chunk_size, reverse, initial_state, *seqs)
+    (o,), state, _ = _guarded_spans(
+        span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
+    )
     return o, state
 
 
@@ -873,23 +899,25 @@ def _kept_per_span(seqs, chunk_size):
     return int(_span_tokens(seqs[0], seqs[2], size)) // size, -(-length // size), size
 
 
-def _spans_forward(fn, gate, tensors, chunk_size, gk_min, strided, keep):
+def _spans_forward(fn, gate, tensors, chunk_size, gk_min, strided, order, keep):
     """The operator `spans`: [o, final state, *kept] (kept: each kind of kept tensor of every
-    span joined chunk-major [N, B, NH, ...], only if `keep`)."""
+    span joined chunk-major [N, B, NH, ...], in time order, only if `keep`)."""
     initial_state, seqs = _split_tensors(fn, tensors, gate)
-    span = _with_bound(fn, gk_min)
+    span, reverse = _with_bound(fn, gk_min, order), bool(order & 1)
     with torch.no_grad():
         if keep:
-            o, state, kept, _ = _spans_keeping(span, seqs, initial_state, chunk_size)
-            kept = [torch.cat(kind) for kind in zip(*kept)]
+            o, state, kept, _ = _spans_keeping(span, seqs, initial_state, chunk_size, None, reverse)
+            kept = [torch.cat(kind[::-1] if reverse else kind) for kind in zip(*kept)]
         else:
-            (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
+            (o,), state, _ = _guarded_spans(
+                span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
+            )
             kept = []
     inputs = [t for t in tensors if t is not None]
     return [_callers_layout(o), _fresh(state, inputs), *[_fresh(x, inputs) for x in kept]]
 
 
-def _spans_fake(fn, gate, tensors, chunk_size, gk_min, keep):
+def _spans_fake(fn, gate, tensors, chunk_size, gk_min, order, keep):
     """The shapes of the operator `spans`: o and the state from the inputs, the kept tensors
     from one chunk of span_fn on fake tensors (their leading axis then the chunks' count)."""
     initial_state, seqs = _split_tensors(fn, tensors, gate)
@@ -906,25 +934,27 @@ def _spans_fake(fn, gate, tensors, chunk_size, gk_min, keep):
     def find():
         kept = []
         start = state if initial_state is None else initial_state
-        _with_bound(fn, gk_min)(*chunk, start, kept, True)
+        _with_bound(fn, gk_min, order)(*chunk, start, kept, True)
         return [(x.shape[1:], x.dtype) for x in kept[0]]
 
-    kept = _found_once((fn.__name__, gk_min, size), [initial_state, *chunk], find)
+    kept = _found_once((fn.__name__, gk_min, order, size), [initial_state, *chunk], find)
     return [o, state, *[q.new_empty(n_chunks, *shape, dtype=dtype) for shape, dtype in kept]]
 
 
-def _spans_gradients(fns, tensors, chunk_size, gk_min, kept, d_o, d_state, wanted):
+def _spans_gradients(fns, tensors, chunk_size, gk_min, order, kept, d_o, d_state, wanted):
     """The operator `spans_backward`: the gradients of the wanted tensors (initial state, then
     seqs) by the kernel's own backward, from the kept tensors of `spans`."""
     initial_state, seqs = _split_tensors(fns[0], tensors, fns[2])
     per_span, _, _ = _kept_per_span(seqs, chunk_size)
     # _spans_backward takes the kept tensors span after span, as _spans_keeping made them
-    flat = [x for own in zip(*[kind.split(per_span) for kind in kept]) for x in own]
+    own = list(zip(*[kind.split(per_span) for kind in kept]))
+    flat = [x for span in (own[::-1] if order & 1 else own) for x in span]
     gate_grad = wanted[1 + fns[2]]
     with torch.no_grad():
         grads, d_initial = _spans_backward(
-            _with_bound(fns[0], gk_min), fns[1], seqs, initial_state, flat, len(kept),
-            chunk_size, d_o, d_state, gate_grad, True,
+            _with_bound(fns[0], gk_min, order), _with_bound(fns[1], None, order), seqs,
+            initial_state, flat, len(kept), chunk_size, d_o, d_state, gate_grad, True,
+            bool(order & 1),
         )  # fmt: skip
     grads = [d_initial, *[None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]]
     grads += [None] * (len(tensors) - len(grads))
@@ -947,28 +977,29 @@ def _define_spans(namespace, functions):
         return functions[span], functions[grads], gate
 
     def forward(span, grads, gate, *args):
-        *tensors, chunk_size, gk_min, strided, keep = args
+        *tensors, chunk_size, gk_min, strided, order, keep = args
         strided = tuple(i for i in range(len(tensors)) if strided >> i & 1)
-        return _spans_forward(functions[span], gate, tensors, chunk_size, gk_min, strided, keep)
+        fn = functions[span]
+        return _spans_forward(fn, gate, tensors, chunk_size, gk_min, strided, order, keep)
 
     def fake(span, grads, gate, *args):
-        *tensors, chunk_size, gk_min, _, keep = args
-        return _spans_fake(functions[span], gate, tensors, chunk_size, gk_min, keep)
+        *tensors, chunk_size, gk_min, _, order, keep = args
+        return _spans_fake(functions[span], gate, tensors, chunk_size, gk_min, order, keep)
 
     def backward(span, grads, gate, *args):
-        *tensors, chunk_size, gk_min, kept, d_o, d_state, wanted = args
-        return _spans_gradients(fns(span, grads, gate), tensors, chunk_size, gk_min, kept, d_o,
-                                d_state, wanted)  # fmt: skip
+        *tensors, chunk_size, gk_min, order, kept, d_o, d_state, wanted = args
+        return _spans_gradients(fns(span, grads, gate), tensors, chunk_size, gk_min, order, kept,
+                                d_o, d_state, wanted)  # fmt: skip
 
     def backward_fake(span, grads, gate, *args):
         return _wanted_like(args[: _Operators.slots], args[-1])
 
     spans = torch.library.custom_op(f"{namespace}::spans", forward, mutates_args=(),
-                                    schema=f"{head}, int strided, bool keep) -> Tensor[]")  # fmt: skip
+                                    schema=f"{head}, int strided, int order, bool keep) -> Tensor[]")  # fmt: skip
     spans.register_fake(fake)
     spans_backward = torch.library.custom_op(
         f"{namespace}::spans_backward", backward, mutates_args=(),
-        schema=f"{head}, Tensor[] kept, Tensor d_o, Tensor d_state, bool[] wanted) -> Tensor[]",
+        schema=f"{head}, int order, Tensor[] kept, Tensor d_o, Tensor d_state, bool[] wanted) -> Tensor[]",
     )  # fmt: skip
     spans_backward.register_fake(backward_fake)
     spans.register_autograd(_spans_autograd(spans_backward), setup_context=_save_spans)
@@ -976,7 +1007,11 @@ def _define_spans(namespace, functions):
 
 def _save_spans(ctx, inputs, output):
     """What the autograd formula of `spans` keeps: its arguments and the kept tensors."""
-    ctx.arguments = inputs[:3] + inputs[3 + _Operators.slots : 5 + _Operators.slots]
+    ctx.arguments = (
+        *inputs[:3],
+        *inputs[3 + _Operators.slots : 5 + _Operators.slots],
+        inputs[-2],
+    )  # span, grads, gate, chunk_size, gk_min, order
     ctx.save_for_backward(*inputs[3 : 3 + _Operators.slots], *output[2:])
     ctx.mark_non_differentiable(*output[2:])
 
@@ -988,14 +1023,14 @@ def _spans_autograd(spans_backward):
         saved = ctx.saved_tensors
         tensors, kept = saved[: _Operators.slots], list(saved[_Operators.slots :])
         wanted = list(ctx.needs_input_grad[3 : 3 + _Operators.slots])
-        span, grads_name, gate, chunk_size, gk_min = ctx.arguments
+        span, grads_name, gate, chunk_size, gk_min, order = ctx.arguments
         d_o, d_state = grads[0], grads[1]
         if d_state is None:
             d_state = torch.zeros_like(saved_state_like(tensors))
-        found = iter(spans_backward(span, grads_name, gate, *tensors, chunk_size, gk_min, kept,
-                                    d_o, d_state, wanted))  # fmt: skip
+        found = iter(spans_backward(span, grads_name, gate, *tensors, chunk_size, gk_min, order,
+                                    kept, d_o, d_state, wanted))  # fmt: skip
         out = [next(found) if w else None for w in wanted]
-        return None, None, None, *out, None, None, None, None
+        return None, None, None, *out, None, None, None, None, None
 
     def saved_state_like(tensors):
         q, v = tensors[1], tensors[3]
@@ -1411,8 +1446,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_127a5c24b99fe695", globals())
-_operator_calls = _register_calls("mixc_127a5c24b99fe695", globals())
+_operator_spans = _register_spans("mixc_60876d9739474d5b", globals())
+_operator_calls = _register_calls("mixc_60876d9739474d5b", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

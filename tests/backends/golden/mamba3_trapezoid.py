@@ -533,38 +533,6 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
-def _sub_tokens(parts):
-    """Several steps a token as sub-tokens: the steps' tensors [B, NH, T, ...] (the kernels'
-    layout, packed or not) interleaved along time into [B, NH, n T, ...], token t's steps at
-    n t, ..., n t + n - 1. Padding after a packed sequence's end stays after it."""
-    return torch.stack(parts, 3).flatten(2, 3)
-
-
-def _shift_tokens(x, first, cu_seqlens=None):
-    """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
-    each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
-    sequence, [N, NH, ...]; None: zeros), so no token reads across a sequence boundary."""
-    if first is None:
-        first = torch.zeros_like(x[:, 0])
-    if cu_seqlens is None:
-        return torch.cat([first[:, None], x[:, :-1]], 1)
-    tokens = torch.arange(x.shape[1], device=x.device, dtype=cu_seqlens.dtype)
-    sequence = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
-    starts = (tokens == cu_seqlens[sequence]).view(1, -1, *[1] * (x.dim() - 2))
-    earlier = torch.cat([x[:, :1], x[:, :-1]], 1)
-    return torch.where(starts, first[sequence][None], earlier)
-
-
-def _last_tokens(x, first, cu_seqlens=None):
-    """The last token of each sequence of x [B, T, NH, ...]: [B, NH, ...] (packed: [N, NH, ...],
-    an empty sequence keeping `first`, its token from before)."""
-    if cu_seqlens is None:
-        return x[:, -1]
-    ends = cu_seqlens[1:]
-    empty = (ends == cu_seqlens[:-1]).view(-1, *[1] * (first.dim() - 1))
-    return torch.where(empty, first, x[0][(ends - 1).clamp(min=0)])
-
-
 def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
@@ -599,10 +567,13 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     return states[:-1], slots[-1].clone()
 
 
-def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=()):
+def _guarded_spans(
+    span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=(), reverse=False
+):
     """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
     spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
-    state, guard). strided: as _over_spans takes it.
+    state, guard). strided, reverse (a kernel that runs backward in time, from the last span):
+    as _over_spans takes them.
 
     Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
     NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
@@ -622,7 +593,7 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, stri
         def span(*chunks_and_state):
             return span_fn(*chunks_and_state, kept, guarded)
 
-        return _over_spans(span, seqs, carry, chunk_size, strided=strided)
+        return _over_spans(span, seqs, carry, chunk_size, reverse, strided)
 
     if guard is None:
         if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
@@ -635,12 +606,14 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, stri
     return outs, state, guard
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None):
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None, reverse=False):
     """A kernel's forward over spans (_guarded_spans), keeping what its own backward needs: (o,
     final state, for each span the list span_fn(*chunks, state, kept, guard) appended to kept,
-    guard)."""
+    in the order the spans ran, guard)."""
     kept = []
-    (o,), state, guard = _guarded_spans(span_fn, seqs, initial_state, chunk_size, kept, guard)
+    (o,), state, guard = _guarded_spans(
+        span_fn, seqs, initial_state, chunk_size, kept, guard, reverse=reverse
+    )
     return o, state, kept, guard
 
 
@@ -656,30 +629,31 @@ def _spans_backward(
     d_state,
     gate_grad,
     guard,
+    reverse=False,
 ):
-    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
-    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
-    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
-    the initial state).
+    """A kernel's own backward over spans, from the last (reverse: a kernel that runs backward
+    in time, from the first): grads_fn(*chunks, do_c, *the span's kept tensors, d_state,
+    gate_grad) -> (gradients of seqs chunk-major, gradient of the state entering the span).
+    kept: the tensors of _spans_keeping, n_kept of them for each span, span after span, flat.
+    Returns (the gradients of seqs [B, NH, T, ...], the gradient of the initial state).
 
     When a graph of the backward is asked for (double backward), what was kept was made
     without one, so it is made again with it (guarded as the forward was).
     """
     if torch.is_grad_enabled():
-        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard)[2]
+        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard, reverse)[2]
         kept = [x for own in again for x in own]
 
     def span(*args):
-        # the spans run from the last, so the tensors kept of each are the last ones left
+        # the spans run opposite to the forward, so the tensors kept of each are the last left
         own = kept[len(kept) - n_kept :]
         del kept[len(kept) - n_kept :]
         return grads_fn(*args[:-1], *own, args[-1], gate_grad)
 
-    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=not reverse)
 
 
-def _gate_grads(pairs, starts, ends, whole):
+def _gate_grads(pairs, starts, ends, whole, reverse=False, strict=False):
     """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
     exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
     for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
@@ -687,11 +661,21 @@ def _gate_grads(pairs, starts, ends, whole):
     j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
     contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
     a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
+
+    The factors of a kernel that reads the state before the token's update (strict) or runs
+    backward in time (reverse; see _ordered_decays) hold other runs of l, each bounded by j on
+    one side and i on the other as these are: j < l < i (strict), i <= l < j (reverse), i < l
+    < j (both); exp(b_i) and exp(b_C - b_j) stand for the decays of the state read and of a
+    write, holding the l on i's side and on j's side of those runs.
     """
     size = pairs.shape[-1]
     ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
-    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
-    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    # [j < l] and [i >= l] (strict: i > l); reverse: [l < j] and [i <= l] (strict: i < l)
+    if reverse:
+        before, from_l = torch.tril(ones, diagonal=-1), torch.triu(ones, int(strict))
+    else:
+        before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones, -int(strict))
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j, then over i
     dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
     return dg.unsqueeze(-1)
 
@@ -718,15 +702,17 @@ def _pair_decays(g):
     return torch.cumprod(rows, dim=-2)
 
 
-def _masked(x, gamma):
+def _masked(x, gamma, reverse=False, strict=False):
     """x ⊙ Gamma on and below the diagonal and 0 above it, for x [..., C, C] indexed by pairs of
     tokens (i, j) and the pair decays Gamma (_pair_decays; None: no decay), in place when gamma
-    is None.
+    is None; strict: below the diagonal only (a state read before the token's update); reverse:
+    on and above it (a state that runs backward in time), strict: above it.
 
     The mask selects: above the diagonal a score holds a later token, whose inf times a 0 would
     be NaN, which a product over the rows (the scores times V) carries into the earlier ones.
     """
-    return x.tril_() if gamma is None else (x * gamma).tril_()
+    x = x if gamma is None else x * gamma
+    return x.triu_(int(strict)) if reverse else x.tril_(-int(strict))
 
 
 def _finite_rows(x):
@@ -744,11 +730,24 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
-def _poison_rows(scores, poison):
+def _finite_gates(g):
+    """(log-gates g [..., C] with those whose decay exp(g) is not finite set to 0, and their
+    poison [..., C], as _finite_rows). A gate of -inf, a hard reset, decays by 0 and stays."""
+    decay = g.detach().exp()
+    return torch.where(torch.isfinite(decay), g, 0.0), decay * 0
+
+
+def _poison_rows(scores, poison, reverse=False, strict=False):
     """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
     place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
-    of 0 adds nothing. Returns the scores."""
-    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    of 0 adds nothing. Returns the scores. strict: from the token after the first poisoned one
+    (the row reads the state before the token's update); reverse: up to the last poisoned one
+    (a state that runs backward in time), strict: up to the token before it."""
+    run = poison.flip(-1).cumsum(-1).flip(-1) if reverse else torch.cumsum(poison, -1)
+    if strict:  # one token on (reverse: back), the end's row unpoisoned
+        run = torch.nn.functional.pad(run, (0, 1) if reverse else (1, 0))
+        run = run[..., 1:] if reverse else run[..., :-1]
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(run)
     return scores
 
 
@@ -759,6 +758,46 @@ def _chunk_decays(gamma, g):
     same direct sums, no further cumulative sums (a product of factors <= 1).
     """
     return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
+
+
+def _ordered_decays(g, reverse, strict):
+    """_pair_decays and _chunk_decays of a state read before the token's update (strict: S_{i-1}
+    q_i, the pair (i, j) decayed by a_{j+1} ... a_{i-1}, the state entering the chunk by a_1
+    ... a_{i-1}) or updated backward in time (reverse: S_i = a_i S_{i+1} + k_i v_i^T, the pair
+    (i, j >= i) decayed by a_i ... a_{j-1}, and strict, a_{i+1} ... a_{j-1}; the state entering
+    from the chunk after by a_i ... a_C, strict a_{i+1} ... a_C; a write reaches the chunk's
+    start decayed by a_1 ... a_{j-1}): (Gamma [..., C, C], the decays of the state read and
+    of each write [..., C]), Gamma as _masked(reverse, strict) reads it.
+
+    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l moved
+    one token on, down the columns (l <= i) or, for reverse, along the rows (l <= j): the
+    upper triangle is built as it is read, not transposed. The decays of the state and of the
+    writes are the edges of Gamma times the factor it lacks there. A non-finite factor spreads
+    across its whole row (reverse: column), so a span run guarded gives finite gates
+    (_scalar_decay_span).
+    """
+    a = g.exp()
+    moved = torch.nn.functional.pad(a[..., :-1], (1, 0), value=1.0)  # a_{l-1} at l
+    ones = torch.ones(g.shape[-1], g.shape[-1], dtype=g.dtype, device=g.device)
+    shift = 1 + int(strict)  # pair (i, j) holds the moved factors of l >= j + shift (i + shift)
+    if not reverse:
+        rows = torch.addcmul(torch.triu(ones, 1 - shift), moved.unsqueeze(-1), ones.tril(-shift))
+        gamma = rows.cumprod(-2)  # a strict read: a_{j+1} .. a_{i-1}
+        before = gamma[..., 1:, 0] * a[..., :1]  # a_1 .. a_{i-1}, from the second token
+        after = gamma[..., -1, :-1] * a[..., -1:]  # a_{j+1} .. a_C, to the one before the last
+        return gamma, _padded(before, 1, 0), _padded(after, 0, 1)
+    cols = torch.addcmul(torch.tril(ones, shift - 1), moved.unsqueeze(-2), ones.triu(shift))
+    gamma = cols.cumprod(-1)  # a_i .. a_{j-1} (strict: a_{i+1} .. a_{j-1})
+    if not strict:  # a_i .. a_C, and a_1 .. a_{j-1}
+        return gamma, gamma[..., :, -1] * a[..., -1:], gamma[..., 0, :]
+    after = gamma[..., :-1, -1] * a[..., -1:]  # a_{i+1} .. a_C, to the one before the last
+    before = gamma[..., 0, 1:] * a[..., :1]  # a_1 .. a_{j-1}, from the second token
+    return gamma, _padded(after, 0, 1), _padded(before, 1, 0)
+
+
+def _padded(x, left, right):
+    """x [..., n] with `left` and `right` ones around it on its last axis."""
+    return torch.nn.functional.pad(x, (left, right), value=1.0)
 
 
 def _as_3d(x):
@@ -802,10 +841,13 @@ class _OwnBackward(torch.autograd.Function):
     gradient grads_fn computes only when asked for."""
 
     @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, reverse, initial_state, *seqs):
+        o, state, kept, guard = _spans_keeping(
+            span_fn, list(seqs), initial_state, chunk_size, reverse=reverse
+        )
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
         ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
+        ctx.reverse = reverse
         ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
@@ -822,12 +864,46 @@ class _OwnBackward(torch.autograd.Function):
             ctx.chunk_size,
             d_o,
             d_state,
-            ctx.needs_input_grad[5 + ctx.gate],
+            ctx.needs_input_grad[6 + ctx.gate],
             ctx.guard,
+            ctx.reverse,
         )
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+        d_initial = d_initial if ctx.needs_input_grad[5] else None
+        return None, None, None, None, None, d_initial, *grads
+
+
+def _sub_tokens(parts):
+    """Several steps a token as sub-tokens: the steps' tensors [B, NH, T, ...] (the kernels'
+    layout, packed or not) interleaved along time into [B, NH, n T, ...], token t's steps at
+    n t, ..., n t + n - 1. Padding after a packed sequence's end stays after it."""
+    return torch.stack(parts, 3).flatten(2, 3)
+
+
+def _shift_tokens(x, first, cu_seqlens=None):
+    """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
+    each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
+    sequence, [N, NH, ...]; None: zeros), so no token reads across a sequence boundary."""
+    if first is None:
+        first = torch.zeros_like(x[:, 0])
+    if cu_seqlens is None:
+        return torch.cat([first[:, None], x[:, :-1]], 1)
+    tokens = torch.arange(x.shape[1], device=x.device, dtype=cu_seqlens.dtype)
+    sequence = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
+    starts = (tokens == cu_seqlens[sequence]).view(1, -1, *[1] * (x.dim() - 2))
+    earlier = torch.cat([x[:, :1], x[:, :-1]], 1)
+    return torch.where(starts, first[sequence][None], earlier)
+
+
+def _last_tokens(x, first, cu_seqlens=None):
+    """The last token of each sequence of x [B, T, NH, ...]: [B, NH, ...] (packed: [N, NH, ...],
+    an empty sequence keeping `first`, its token from before)."""
+    if cu_seqlens is None:
+        return x[:, -1]
+    ends = cu_seqlens[1:]
+    empty = (ends == cu_seqlens[:-1]).view(-1, *[1] * (first.dim() - 1))
+    return torch.where(empty, first, x[0][(ends - 1).clamp(min=0)])
 
 
 class _Operators:
@@ -848,25 +924,31 @@ def _slots(tensors):
     return [*tensors, *[None] * (_Operators.slots - len(tensors))]
 
 
-def _with_bound(span_fn, gk_min):
-    """span_fn, given the lower bound of its log-gate (gk_min) where there is one."""
-    if gk_min is None:
+def _with_bound(span_fn, gk_min, order=0):
+    """span_fn (or a gradient function), given the lower bound of its log-gate (gk_min) where
+    there is one, and the order of its tokens where not the plain one (order: 1 reverse, a
+    state that runs backward in time; 2 strict, a state read before the token's update)."""
+    given = {} if gk_min is None else {"gk_min": gk_min}
+    given |= {"reverse": True} if order & 1 else {}
+    given |= {"strict": True} if order & 2 else {}
+    if not given:
         return span_fn
 
     def span(*chunks_and_state):
-        return span_fn(*chunks_and_state, gk_min=gk_min)
+        return span_fn(*chunks_and_state, **given)
 
     return span
 
 
 def _own_backward(
-    span_fn, grads_fn, gate, chunk_size, initial_state, seqs, gk_min=None, strided=()
+    span_fn, grads_fn, gate, chunk_size, initial_state, seqs, gk_min=None, strided=(), order=0
 ):
     """A chunked kernel with its own backward, over seqs [q, k, v, ...] (None entries allowed):
     span_fn and grads_fn as _OwnBackward takes them, gate the index in seqs of the log-gate,
     gk_min a lower bound of the log-gate that span_fn takes (None: none), strided the inputs
-    span_fn may get as strided views without autograd (_over_spans). Returns (o [B, NH, T, V],
-    final state [B, NH, K, V]).
+    span_fn may get as strided views without autograd (_over_spans), order the order of the
+    tokens that span_fn and grads_fn take (_with_bound; reverse: the spans run from the last).
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
 
     Under autograd it runs as _OwnBackward, else as guarded spans; under torch.compile, in a
     module that registered its operators, as the operator `spans` (see this file's docstring).
@@ -875,13 +957,16 @@ def _own_backward(
         keep = _needs_grad(initial_state, *seqs)
         outs = _Operators.spans(
             span_fn.__name__, grads_fn.__name__, gate, *_slots([initial_state, *seqs]),
-            chunk_size, gk_min, sum(1 << i for i in strided), keep,
+            chunk_size, gk_min, sum(1 << i for i in strided), order, keep,
         )  # fmt: skip
         return outs[0], outs[1]
-    span = _with_bound(span_fn, gk_min)
+    span, reverse = _with_bound(span_fn, gk_min, order), bool(order & 1)
     if _needs_grad(initial_state, *seqs):
-        return _OwnBackward.apply(span, grads_fn, gate, chunk_size, initial_state, *seqs)
-    (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
+        grads = _with_bound(grads_fn, None, order)
+        return _OwnBackward.apply(span, grads, gate, chunk_size, reverse, initial_state, *seqs)
+    (o,), state, _ = _guarded_spans(
+        span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
+    )
     return o, state
 
 
@@ -946,23 +1031,25 @@ def _kept_per_span(seqs, chunk_size):
     return int(_span_tokens(seqs[0], seqs[2], size)) // size, -(-length // size), size
 
 
-def _spans_forward(fn, gate, tensors, chunk_size, gk_min, strided, keep):
+def _spans_forward(fn, gate, tensors, chunk_size, gk_min, strided, order, keep):
     """The operator `spans`: [o, final state, *kept] (kept: each kind of kept tensor of every
-    span joined chunk-major [N, B, NH, ...], only if `keep`)."""
+    span joined chunk-major [N, B, NH, ...], in time order, only if `keep`)."""
     initial_state, seqs = _split_tensors(fn, tensors, gate)
-    span = _with_bound(fn, gk_min)
+    span, reverse = _with_bound(fn, gk_min, order), bool(order & 1)
     with torch.no_grad():
         if keep:
-            o, state, kept, _ = _spans_keeping(span, seqs, initial_state, chunk_size)
-            kept = [torch.cat(kind) for kind in zip(*kept)]
+            o, state, kept, _ = _spans_keeping(span, seqs, initial_state, chunk_size, None, reverse)
+            kept = [torch.cat(kind[::-1] if reverse else kind) for kind in zip(*kept)]
         else:
-            (o,), state, _ = _guarded_spans(span, seqs, initial_state, chunk_size, strided=strided)
+            (o,), state, _ = _guarded_spans(
+                span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
+            )
             kept = []
     inputs = [t for t in tensors if t is not None]
     return [_callers_layout(o), _fresh(state, inputs), *[_fresh(x, inputs) for x in kept]]
 
 
-def _spans_fake(fn, gate, tensors, chunk_size, gk_min, keep):
+def _spans_fake(fn, gate, tensors, chunk_size, gk_min, order, keep):
     """The shapes of the operator `spans`: o and the state from the inputs, the kept tensors
     from one chunk of span_fn on fake tensors (their leading axis then the chunks' count)."""
     initial_state, seqs = _split_tensors(fn, tensors, gate)
@@ -979,25 +1066,27 @@ def _spans_fake(fn, gate, tensors, chunk_size, gk_min, keep):
     def find():
         kept = []
         start = state if initial_state is None else initial_state
-        _with_bound(fn, gk_min)(*chunk, start, kept, True)
+        _with_bound(fn, gk_min, order)(*chunk, start, kept, True)
         return [(x.shape[1:], x.dtype) for x in kept[0]]
 
-    kept = _found_once((fn.__name__, gk_min, size), [initial_state, *chunk], find)
+    kept = _found_once((fn.__name__, gk_min, order, size), [initial_state, *chunk], find)
     return [o, state, *[q.new_empty(n_chunks, *shape, dtype=dtype) for shape, dtype in kept]]
 
 
-def _spans_gradients(fns, tensors, chunk_size, gk_min, kept, d_o, d_state, wanted):
+def _spans_gradients(fns, tensors, chunk_size, gk_min, order, kept, d_o, d_state, wanted):
     """The operator `spans_backward`: the gradients of the wanted tensors (initial state, then
     seqs) by the kernel's own backward, from the kept tensors of `spans`."""
     initial_state, seqs = _split_tensors(fns[0], tensors, fns[2])
     per_span, _, _ = _kept_per_span(seqs, chunk_size)
     # _spans_backward takes the kept tensors span after span, as _spans_keeping made them
-    flat = [x for own in zip(*[kind.split(per_span) for kind in kept]) for x in own]
+    own = list(zip(*[kind.split(per_span) for kind in kept]))
+    flat = [x for span in (own[::-1] if order & 1 else own) for x in span]
     gate_grad = wanted[1 + fns[2]]
     with torch.no_grad():
         grads, d_initial = _spans_backward(
-            _with_bound(fns[0], gk_min), fns[1], seqs, initial_state, flat, len(kept),
-            chunk_size, d_o, d_state, gate_grad, True,
+            _with_bound(fns[0], gk_min, order), _with_bound(fns[1], None, order), seqs,
+            initial_state, flat, len(kept), chunk_size, d_o, d_state, gate_grad, True,
+            bool(order & 1),
         )  # fmt: skip
     grads = [d_initial, *[None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]]
     grads += [None] * (len(tensors) - len(grads))
@@ -1020,28 +1109,29 @@ def _define_spans(namespace, functions):
         return functions[span], functions[grads], gate
 
     def forward(span, grads, gate, *args):
-        *tensors, chunk_size, gk_min, strided, keep = args
+        *tensors, chunk_size, gk_min, strided, order, keep = args
         strided = tuple(i for i in range(len(tensors)) if strided >> i & 1)
-        return _spans_forward(functions[span], gate, tensors, chunk_size, gk_min, strided, keep)
+        fn = functions[span]
+        return _spans_forward(fn, gate, tensors, chunk_size, gk_min, strided, order, keep)
 
     def fake(span, grads, gate, *args):
-        *tensors, chunk_size, gk_min, _, keep = args
-        return _spans_fake(functions[span], gate, tensors, chunk_size, gk_min, keep)
+        *tensors, chunk_size, gk_min, _, order, keep = args
+        return _spans_fake(functions[span], gate, tensors, chunk_size, gk_min, order, keep)
 
     def backward(span, grads, gate, *args):
-        *tensors, chunk_size, gk_min, kept, d_o, d_state, wanted = args
-        return _spans_gradients(fns(span, grads, gate), tensors, chunk_size, gk_min, kept, d_o,
-                                d_state, wanted)  # fmt: skip
+        *tensors, chunk_size, gk_min, order, kept, d_o, d_state, wanted = args
+        return _spans_gradients(fns(span, grads, gate), tensors, chunk_size, gk_min, order, kept,
+                                d_o, d_state, wanted)  # fmt: skip
 
     def backward_fake(span, grads, gate, *args):
         return _wanted_like(args[: _Operators.slots], args[-1])
 
     spans = torch.library.custom_op(f"{namespace}::spans", forward, mutates_args=(),
-                                    schema=f"{head}, int strided, bool keep) -> Tensor[]")  # fmt: skip
+                                    schema=f"{head}, int strided, int order, bool keep) -> Tensor[]")  # fmt: skip
     spans.register_fake(fake)
     spans_backward = torch.library.custom_op(
         f"{namespace}::spans_backward", backward, mutates_args=(),
-        schema=f"{head}, Tensor[] kept, Tensor d_o, Tensor d_state, bool[] wanted) -> Tensor[]",
+        schema=f"{head}, int order, Tensor[] kept, Tensor d_o, Tensor d_state, bool[] wanted) -> Tensor[]",
     )  # fmt: skip
     spans_backward.register_fake(backward_fake)
     spans.register_autograd(_spans_autograd(spans_backward), setup_context=_save_spans)
@@ -1049,7 +1139,11 @@ def _define_spans(namespace, functions):
 
 def _save_spans(ctx, inputs, output):
     """What the autograd formula of `spans` keeps: its arguments and the kept tensors."""
-    ctx.arguments = inputs[:3] + inputs[3 + _Operators.slots : 5 + _Operators.slots]
+    ctx.arguments = (
+        *inputs[:3],
+        *inputs[3 + _Operators.slots : 5 + _Operators.slots],
+        inputs[-2],
+    )  # span, grads, gate, chunk_size, gk_min, order
     ctx.save_for_backward(*inputs[3 : 3 + _Operators.slots], *output[2:])
     ctx.mark_non_differentiable(*output[2:])
 
@@ -1061,14 +1155,14 @@ def _spans_autograd(spans_backward):
         saved = ctx.saved_tensors
         tensors, kept = saved[: _Operators.slots], list(saved[_Operators.slots :])
         wanted = list(ctx.needs_input_grad[3 : 3 + _Operators.slots])
-        span, grads_name, gate, chunk_size, gk_min = ctx.arguments
+        span, grads_name, gate, chunk_size, gk_min, order = ctx.arguments
         d_o, d_state = grads[0], grads[1]
         if d_state is None:
             d_state = torch.zeros_like(saved_state_like(tensors))
-        found = iter(spans_backward(span, grads_name, gate, *tensors, chunk_size, gk_min, kept,
-                                    d_o, d_state, wanted))  # fmt: skip
+        found = iter(spans_backward(span, grads_name, gate, *tensors, chunk_size, gk_min, order,
+                                    kept, d_o, d_state, wanted))  # fmt: skip
         out = [next(found) if w else None for w in wanted]
-        return None, None, None, *out, None, None, None, None
+        return None, None, None, *out, None, None, None, None, None
 
     def saved_state_like(tensors):
         q, v = tensors[1], tensors[3]
@@ -1255,23 +1349,29 @@ def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
     return _own_backward(span, grads, len(seqs) - 1, chunk_size, initial_state, seqs)
 
 
-def parallel_scalar_decay(q, k, v, g=None):
+def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
     """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L is the
-    causal mask).
+    causal mask); reverse, strict: as chunk_scalar_decay's (L's upper triangle, or the strict
+    one).
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
     # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
-    decay = None if g is None else _pair_decays(g)
-    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay)  # [B, NH, T, T]
+    decay, poison_g = None, 0.0
+    if g is not None and (reverse or strict):  # finite gates, as in the guarded chunked form
+        g, poison_g = _finite_gates(g)
+        decay = _ordered_decays(g, reverse, strict)[0]
+    elif g is not None:
+        decay = _pair_decays(g)
+    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay, reverse, strict)  # [B, NH, T, T]
     # over the finite values, as in the chunked form
     v_finite, poison = _finite_rows(v)
-    return torch.matmul(_poison_rows(scores, poison), v_finite)
+    return torch.matmul(_poison_rows(scores, poison + poison_g, reverse, strict), v_finite)
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_8f137ed4c997566b", globals())
+_operator_spans = _register_spans("mixc_b1067e8dc2378a9c", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

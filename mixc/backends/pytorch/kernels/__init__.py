@@ -79,6 +79,25 @@ KERNELS: dict[str, str] = {
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 
 
+def ordered(definitions=DEFINITIONS) -> frozenset[str]:
+    """The public kernels among `definitions` that take `reverse=` (the state runs backward in
+    time) and `strict=` (the output reads the state before the token's update), read from their
+    text: a module runs a backward state or a read before the update through them as they are,
+    and moves the tokens of every other kernel's inputs and outputs instead."""
+    found = set()
+    for name, (_, source, _) in definitions.items():
+        node = ast.parse(source).body[0]
+        if name.startswith("_") or not isinstance(node, ast.FunctionDef):
+            continue
+        if {"reverse", "strict"} <= {a.arg for a in node.args.args + node.args.kwonlyargs}:
+            found.add(name)
+    return frozenset(found)
+
+
+#: The kernels that run a backward state and a read before the update themselves (ordered).
+ORDERED = ordered()
+
+
 #: The kernels that take a rotated query or key as a _Turned (common.py), turned as each span
 #: is split into chunks: those that hand q and k to the spans unread (the others read them
 #: whole first, as tensors).

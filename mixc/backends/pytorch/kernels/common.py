@@ -186,61 +186,6 @@ def _over_spans(span_fn, seqs, carry, chunk_size, reverse=False, strided=()):
     return [None if x is None else unchunked(x) for x in joined], carry
 
 
-def _sub_tokens(parts):
-    """Several steps a token as sub-tokens: the steps' tensors [B, NH, T, ...] (the kernels'
-    layout, packed or not) interleaved along time into [B, NH, n T, ...], token t's steps at
-    n t, ..., n t + n - 1. Padding after a packed sequence's end stays after it."""
-    return torch.stack(parts, 3).flatten(2, 3)
-
-
-def _sub_token_factor(x, n):
-    """A factor of a log-gate [B, NH, T, ...] shared by a token's n steps, laid out as
-    _sub_tokens lays out the gate it multiplies: each token's repeated n times (a T axis of 1,
-    constant in time, stays so). A step without a gate multiplies it by its gate of 0."""
-    return x if x.shape[2] == 1 else x.repeat_interleave(n, 2)
-
-
-def _reverse_tokens(x, cu_seqlens=None):
-    """x [B, NH, T, ...] (the kernels' layout) in reverse time order, for a state that runs
-    backward; packed ([N, NH, longest, ...], zeros after each sequence's end), each sequence
-    reversed within its own length, its zeros left after it. Its own inverse. A tensor the same
-    at every token (a time axis of 1) stays as it is."""
-    if x.shape[2] == 1:
-        return x
-    if cu_seqlens is None:
-        return x.flip(2)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1])[:, None]  # [N, 1]
-    tokens = torch.arange(x.shape[2], device=x.device)[None, :]  # [1, longest]
-    order = torch.where(tokens < lengths, lengths - 1 - tokens, tokens)
-    order = order.view(order.shape[0], 1, order.shape[1], *[1] * (x.dim() - 3))
-    return x.gather(2, order.expand(x.shape))
-
-
-def _shift_tokens(x, first, cu_seqlens=None):
-    """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
-    each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
-    sequence, [N, NH, ...]; None: zeros), so no token reads across a sequence boundary."""
-    if first is None:
-        first = torch.zeros_like(x[:, 0])
-    if cu_seqlens is None:
-        return torch.cat([first[:, None], x[:, :-1]], 1)
-    tokens = torch.arange(x.shape[1], device=x.device, dtype=cu_seqlens.dtype)
-    sequence = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
-    starts = (tokens == cu_seqlens[sequence]).view(1, -1, *[1] * (x.dim() - 2))
-    earlier = torch.cat([x[:, :1], x[:, :-1]], 1)
-    return torch.where(starts, first[sequence][None], earlier)
-
-
-def _last_tokens(x, first, cu_seqlens=None):
-    """The last token of each sequence of x [B, T, NH, ...]: [B, NH, ...] (packed: [N, NH, ...],
-    an empty sequence keeping `first`, its token from before)."""
-    if cu_seqlens is None:
-        return x[:, -1]
-    ends = cu_seqlens[1:]
-    empty = (ends == cu_seqlens[:-1]).view(-1, *[1] * (first.dim() - 1))
-    return torch.where(empty, first, x[0][(ends - 1).clamp(min=0)])
-
-
 def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     """The states of a sequential scan state_{n+1} = next_state(n, state_n, out), n < n_steps
     (reverse: state_n = next_state(n, state_{n+1}, out) from state_{n_steps} = initial, n from
@@ -275,10 +220,13 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     return states[:-1], slots[-1].clone()
 
 
-def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=()):
+def _guarded_spans(
+    span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=(), reverse=False
+):
     """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
     spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
-    state, guard). strided: as _over_spans takes it.
+    state, guard). strided, reverse (a kernel that runs backward in time, from the last span):
+    as _over_spans takes them.
 
     Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
     NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
@@ -298,7 +246,7 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, stri
         def span(*chunks_and_state):
             return span_fn(*chunks_and_state, kept, guarded)
 
-        return _over_spans(span, seqs, carry, chunk_size, strided=strided)
+        return _over_spans(span, seqs, carry, chunk_size, reverse, strided)
 
     if guard is None:
         if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
@@ -311,12 +259,14 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, stri
     return outs, state, guard
 
 
-def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None):
+def _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard=None, reverse=False):
     """A kernel's forward over spans (_guarded_spans), keeping what its own backward needs: (o,
     final state, for each span the list span_fn(*chunks, state, kept, guard) appended to kept,
-    guard)."""
+    in the order the spans ran, guard)."""
     kept = []
-    (o,), state, guard = _guarded_spans(span_fn, seqs, initial_state, chunk_size, kept, guard)
+    (o,), state, guard = _guarded_spans(
+        span_fn, seqs, initial_state, chunk_size, kept, guard, reverse=reverse
+    )
     return o, state, kept, guard
 
 
@@ -332,30 +282,31 @@ def _spans_backward(
     d_state,
     gate_grad,
     guard,
+    reverse=False,
 ):
-    """A kernel's own backward over spans, from the last: grads_fn(*chunks, do_c, *the span's
-    kept tensors, d_state, gate_grad) -> (gradients of seqs chunk-major, gradient of the state
-    entering the span). kept: the tensors of _spans_keeping, n_kept of them for each span,
-    span after span, flat. Returns (the gradients of seqs [B, NH, T, ...], the gradient of
-    the initial state).
+    """A kernel's own backward over spans, from the last (reverse: a kernel that runs backward
+    in time, from the first): grads_fn(*chunks, do_c, *the span's kept tensors, d_state,
+    gate_grad) -> (gradients of seqs chunk-major, gradient of the state entering the span).
+    kept: the tensors of _spans_keeping, n_kept of them for each span, span after span, flat.
+    Returns (the gradients of seqs [B, NH, T, ...], the gradient of the initial state).
 
     When a graph of the backward is asked for (double backward), what was kept was made
     without one, so it is made again with it (guarded as the forward was).
     """
     if torch.is_grad_enabled():
-        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard)[2]
+        again = _spans_keeping(span_fn, seqs, initial_state, chunk_size, guard, reverse)[2]
         kept = [x for own in again for x in own]
 
     def span(*args):
-        # the spans run from the last, so the tensors kept of each are the last ones left
+        # the spans run opposite to the forward, so the tensors kept of each are the last left
         own = kept[len(kept) - n_kept :]
         del kept[len(kept) - n_kept :]
         return grads_fn(*args[:-1], *own, args[-1], gate_grad)
 
-    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=True)
+    return _over_spans(span, [*seqs, d_o], d_state, chunk_size, reverse=not reverse)
 
 
-def _gate_grads(pairs, starts, ends, whole):
+def _gate_grads(pairs, starts, ends, whole, reverse=False, strict=False):
     """The gradient of a chunk's log-gates g_l [..., C, 1] from what each decay factor holding
     exp(g_l) passes on (its gradient times its value, d exp(g) = exp(g) dg): pairs [..., C, C]
     for the mask's entries Gamma_ij (i >= j), which hold g_l for j < l <= i; starts [..., C]
@@ -363,11 +314,21 @@ def _gate_grads(pairs, starts, ends, whole):
     j < l; whole [...] for exp(G), holding every g_l of the chunk. Each is a sum of the
     contributions themselves (no sum of q·dq - k·dk over the sequence, whose terms cancel), so
     a hard reset (g = -inf, every factor holding it 0) gets exactly 0.
+
+    The factors of a kernel that reads the state before the token's update (strict) or runs
+    backward in time (reverse; see _ordered_decays) hold other runs of l, each bounded by j on
+    one side and i on the other as these are: j < l < i (strict), i <= l < j (reverse), i < l
+    < j (both); exp(b_i) and exp(b_C - b_j) stand for the decays of the state read and of a
+    write, holding the l on i's side and on j's side of those runs.
     """
     size = pairs.shape[-1]
     ones = torch.ones(size, size, dtype=pairs.dtype, device=pairs.device)
-    before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones)  # [j < l], [i >= l]
-    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j < l, then over i >= l
+    # [j < l] and [i >= l] (strict: i > l); reverse: [l < j] and [i <= l] (strict: i < l)
+    if reverse:
+        before, from_l = torch.tril(ones, diagonal=-1), torch.triu(ones, int(strict))
+    else:
+        before, from_l = torch.triu(ones, diagonal=1), torch.tril(ones, -int(strict))
+    dg = (torch.matmul(pairs, before) * from_l).sum(-2)  # over j, then over i
     dg = dg + torch.matmul(starts, from_l) + torch.matmul(ends, before) + whole.unsqueeze(-1)
     return dg.unsqueeze(-1)
 
@@ -394,15 +355,17 @@ def _pair_decays(g):
     return torch.cumprod(rows, dim=-2)
 
 
-def _masked(x, gamma):
+def _masked(x, gamma, reverse=False, strict=False):
     """x ⊙ Gamma on and below the diagonal and 0 above it, for x [..., C, C] indexed by pairs of
     tokens (i, j) and the pair decays Gamma (_pair_decays; None: no decay), in place when gamma
-    is None.
+    is None; strict: below the diagonal only (a state read before the token's update); reverse:
+    on and above it (a state that runs backward in time), strict: above it.
 
     The mask selects: above the diagonal a score holds a later token, whose inf times a 0 would
     be NaN, which a product over the rows (the scores times V) carries into the earlier ones.
     """
-    return x.tril_() if gamma is None else (x * gamma).tril_()
+    x = x if gamma is None else x * gamma
+    return x.triu_(int(strict)) if reverse else x.tril_(-int(strict))
 
 
 def _finite_rows(x):
@@ -436,11 +399,17 @@ def _finite_gates(g):
     return torch.where(torch.isfinite(decay), g, 0.0), decay * 0
 
 
-def _poison_rows(scores, poison):
+def _poison_rows(scores, poison, reverse=False, strict=False):
     """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
     place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
-    of 0 adds nothing. Returns the scores."""
-    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    of 0 adds nothing. Returns the scores. strict: from the token after the first poisoned one
+    (the row reads the state before the token's update); reverse: up to the last poisoned one
+    (a state that runs backward in time), strict: up to the token before it."""
+    run = poison.flip(-1).cumsum(-1).flip(-1) if reverse else torch.cumsum(poison, -1)
+    if strict:  # one token on (reverse: back), the end's row unpoisoned
+        run = torch.nn.functional.pad(run, (0, 1) if reverse else (1, 0))
+        run = run[..., 1:] if reverse else run[..., :-1]
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(run)
     return scores
 
 
@@ -453,9 +422,9 @@ def _chunk_decays(gamma, g):
     return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
 
 
-def _scalar_decays(k_c, g_c):
+def _scalar_decays(k_c, g_c, reverse=False, strict=False):
     """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
-    rule), g_c [N, B, NH, C] (None: no decay).
+    rule), g_c [N, B, NH, C] (None: no decay); reverse, strict: see _ordered_decays.
 
     Returns (Gamma, the pair decays [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
     diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
@@ -463,9 +432,53 @@ def _scalar_decays(k_c, g_c):
     """
     if g_c is None:
         return None, None, None, k_c, None
-    gamma = _pair_decays(g_c)  # Gamma_ij = exp(b_i - b_j), 1 for i < j
-    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
+    if reverse or strict:
+        gamma, from_start, to_end = _ordered_decays(g_c, reverse, strict)
+    else:
+        gamma = _pair_decays(g_c)  # Gamma_ij = exp(b_i - b_j), 1 for i < j
+        from_start, to_end = _chunk_decays(gamma, g_c)
+    from_start, to_end = from_start.unsqueeze(-1), to_end.unsqueeze(-1)
     return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
+
+
+def _ordered_decays(g, reverse, strict):
+    """_pair_decays and _chunk_decays of a state read before the token's update (strict: S_{i-1}
+    q_i, the pair (i, j) decayed by a_{j+1} ... a_{i-1}, the state entering the chunk by a_1
+    ... a_{i-1}) or updated backward in time (reverse: S_i = a_i S_{i+1} + k_i v_i^T, the pair
+    (i, j >= i) decayed by a_i ... a_{j-1}, and strict, a_{i+1} ... a_{j-1}; the state entering
+    from the chunk after by a_i ... a_C, strict a_{i+1} ... a_C; a write reaches the chunk's
+    start decayed by a_1 ... a_{j-1}): (Gamma [..., C, C], the decays of the state read and
+    of each write [..., C]), Gamma as _masked(reverse, strict) reads it.
+
+    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l moved
+    one token on, down the columns (l <= i) or, for reverse, along the rows (l <= j): the
+    upper triangle is built as it is read, not transposed. The decays of the state and of the
+    writes are the edges of Gamma times the factor it lacks there. A non-finite factor spreads
+    across its whole row (reverse: column), so a span run guarded gives finite gates
+    (_scalar_decay_span).
+    """
+    a = g.exp()
+    moved = torch.nn.functional.pad(a[..., :-1], (1, 0), value=1.0)  # a_{l-1} at l
+    ones = torch.ones(g.shape[-1], g.shape[-1], dtype=g.dtype, device=g.device)
+    shift = 1 + int(strict)  # pair (i, j) holds the moved factors of l >= j + shift (i + shift)
+    if not reverse:
+        rows = torch.addcmul(torch.triu(ones, 1 - shift), moved.unsqueeze(-1), ones.tril(-shift))
+        gamma = rows.cumprod(-2)  # a strict read: a_{j+1} .. a_{i-1}
+        before = gamma[..., 1:, 0] * a[..., :1]  # a_1 .. a_{i-1}, from the second token
+        after = gamma[..., -1, :-1] * a[..., -1:]  # a_{j+1} .. a_C, to the one before the last
+        return gamma, _padded(before, 1, 0), _padded(after, 0, 1)
+    cols = torch.addcmul(torch.tril(ones, shift - 1), moved.unsqueeze(-2), ones.triu(shift))
+    gamma = cols.cumprod(-1)  # a_i .. a_{j-1} (strict: a_{i+1} .. a_{j-1})
+    if not strict:  # a_i .. a_C, and a_1 .. a_{j-1}
+        return gamma, gamma[..., :, -1] * a[..., -1:], gamma[..., 0, :]
+    after = gamma[..., :-1, -1] * a[..., -1:]  # a_{i+1} .. a_C, to the one before the last
+    before = gamma[..., 0, 1:] * a[..., :1]  # a_1 .. a_{j-1}, from the second token
+    return gamma, _padded(after, 0, 1), _padded(before, 1, 0)
+
+
+def _padded(x, left, right):
+    """x [..., n] with `left` and `right` ones around it on its last axis."""
+    return torch.nn.functional.pad(x, (left, right), value=1.0)
 
 
 def _as_3d(x):
@@ -535,10 +548,13 @@ class _OwnBackward(torch.autograd.Function):
     gradient grads_fn computes only when asked for."""
 
     @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, initial_state, *seqs):
-        o, state, kept, guard = _spans_keeping(span_fn, list(seqs), initial_state, chunk_size)
+    def forward(ctx, span_fn, grads_fn, gate, chunk_size, reverse, initial_state, *seqs):
+        o, state, kept, guard = _spans_keeping(
+            span_fn, list(seqs), initial_state, chunk_size, reverse=reverse
+        )
         ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
         ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
+        ctx.reverse = reverse
         ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
 
@@ -555,9 +571,11 @@ class _OwnBackward(torch.autograd.Function):
             ctx.chunk_size,
             d_o,
             d_state,
-            ctx.needs_input_grad[5 + ctx.gate],
+            ctx.needs_input_grad[6 + ctx.gate],
             ctx.guard,
+            ctx.reverse,
         )
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        return None, None, None, None, d_initial if ctx.needs_input_grad[4] else None, *grads
+        d_initial = d_initial if ctx.needs_input_grad[5] else None
+        return None, None, None, None, None, d_initial, *grads

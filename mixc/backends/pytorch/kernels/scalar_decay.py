@@ -21,10 +21,12 @@ from mixc.backends.pytorch.kernels.common import (
     _chain,
     _chunk_decays,
     _chunk_size_for,
+    _finite_gates,
     _finite_rows,
     _gate_grads,
     _masked,
     _needs_grad,
+    _ordered_decays,
     _pair_decays,
     _poison_rows,
     _scalar_decays,
@@ -59,21 +61,33 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
     return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
 
 
-def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard):
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
     [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
     _guarded_spans). Returns ([o [N, B, NH, C, V]], state after the span); appends the masked
-    scores Q K^T ⊙ Gamma and the states entering each chunk to kept if given."""
-    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    scores Q K^T ⊙ Gamma and the states entering each chunk to kept if given.
+
+    reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from the
+    span's last chunk to its first, the state entering a chunk the one after it; strict: the
+    output reads the state before the token's update, q_t S_{t-1} (reverse: q_t S_{t+1}). Only
+    the decays and the triangle change (_ordered_decays, _masked); guarded, their non-finite
+    gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
+    passed on still takes them)."""
+    gates = g_c
+    if guard and (reverse or strict) and g_c is not None:
+        gates, poison_g = _finite_gates(g_c)
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, gates, reverse, strict)
+    chunk_g = chunk_g if gates is g_c else g_c.sum(-1)
     # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V, from the values as they are: a
     # non-finite one makes the state, and so every later chunk, non-finite
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
-    states_in, state = _scan_scalar(state, chunk_g, chunk_kv)
+    states_in, state = _scan_scalar(state, chunk_g, chunk_kv, reverse)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma)  # [N, B, NH, C, C]
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
     if guard:
         v_c, poison = _finite_rows(v_c)
-        scores = _poison_rows(scores, poison)
+        poison = poison if gates is g_c else poison + poison_g
+        scores = _poison_rows(scores, poison, reverse, strict)
     q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
         kept.append([scores, states_in])
@@ -81,7 +95,9 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard):
     return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
 
 
-def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad):
+def _scalar_decay_grads_span(
+    q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad, reverse=False, strict=False
+):
     """Gradients of the scalar-decay recurrence on one span of chunks, from the forward's masked
     scores P = Q K^T ⊙ Gamma [N, B, NH, C, C] and states entering each chunk [N, B, NH, K, V],
     the output gradient do_c [N, B, NH, C, V] and the gradient d_state of the state leaving the
@@ -93,17 +109,18 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
     exp(G_n) D_{n+1}:
         dQ = dA K + diag(exp(b)) dO S_n^T      dK = dA^T Q + diag(exp(b_C - b)) V D_{n+1}^T
         dV = P^T dO + diag(exp(b_C - b)) K D_{n+1}
-    and the gate's gradient from every decay factor (_gate_grads).
+    and the gate's gradient from every decay factor (_gate_grads). reverse, strict: as the
+    span's; reverse, the state's gradient flows from the first chunk to the last.
     """
-    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c)
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c, reverse, strict)
     d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
-    d_scores = _masked(d_probs, gamma)
+    d_scores = _masked(d_probs, gamma, reverse, strict)
     if gamma is None:
         q_from_start, v_to_end, do_from_start = q_c, v_c, do_c
     else:
         q_from_start, v_to_end, do_from_start = q_c * from_start, v_c * to_end, do_c * from_start
     local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO [N, B, NH, K, V]
-    d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)  # D_{n+1}, D_0
+    d_next, d_state = _scan_scalar(d_state, chunk_g, local, not reverse)  # D_{n+1}, D_0
     dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
     from_q = _bmm(do_from_start, states_in.transpose(-1, -2))  # diag(exp(b)) dO S_n^T
     from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # diag(exp(b_C - b)) V D_{n+1}^T
@@ -114,21 +131,28 @@ def _scalar_decay_grads_span(q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state
             (q_c * from_q).sum(-1),  # exp(b_i) in Q's inter part
             (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
             (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
+            reverse,
+            strict,
         )
     dq = _bmm(d_scores, k_c, add=from_q)
     dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
     return [dq, dk, dv, dg], d_state
 
 
-def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64):
+def chunk_scalar_decay(
+    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False
+):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
+    reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
+    initial_state after the last token (zero tokens after it, a packed sequence's padding,
+    leave it as it is), the final state the one at the first token; strict: o_t = q_t S_{t-1}
+    (reverse: q_t S_{t+1}), the state before the token's update.
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    seqs = [q, k, v, g]
-    return _own_backward(
-        _scalar_decay_span, _scalar_decay_grads_span, 3, chunk_size, initial_state, seqs
-    )
+    seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict)
+    span, grads = _scalar_decay_span, _scalar_decay_grads_span
+    return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
 
 
 def _rank_masked(x, gamma, rank):
@@ -270,18 +294,24 @@ def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
     return _own_backward(span, grads, len(seqs) - 1, chunk_size, initial_state, seqs)
 
 
-def parallel_scalar_decay(q, k, v, g=None):
+def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
     """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L is the
-    causal mask).
+    causal mask); reverse, strict: as chunk_scalar_decay's (L's upper triangle, or the strict
+    one).
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
     # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
-    decay = None if g is None else _pair_decays(g)
-    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay)  # [B, NH, T, T]
+    decay, poison_g = None, 0.0
+    if g is not None and (reverse or strict):  # finite gates, as in the guarded chunked form
+        g, poison_g = _finite_gates(g)
+        decay = _ordered_decays(g, reverse, strict)[0]
+    elif g is not None:
+        decay = _pair_decays(g)
+    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay, reverse, strict)  # [B, NH, T, T]
     # over the finite values, as in the chunked form
     v_finite, poison = _finite_rows(v)
-    return torch.matmul(_poison_rows(scores, poison), v_finite)
+    return torch.matmul(_poison_rows(scores, poison + poison_g, reverse, strict), v_finite)
 
 
 def chunk_scalar_decay_stable(q, k, v, g, log_scale, initial_state=None, chunk_size=64):

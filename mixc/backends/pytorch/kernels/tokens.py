@@ -1,13 +1,67 @@
 """Moves of a query and of a kernel's output by one token, for a state read before the token's
 update (`S_{t-1} q_t`: the kernel reads the next token's query, and its output moves one token
 later; see docs/algorithms.md), each one copy, and for a state that runs backward in time one
-gather that also reverses. Generated modules carry the ones they call, as the kernels; this
-file imports only torch and common.
+gather that also reverses; a state's inputs reversed in time and several steps a token laid
+out as sub-tokens. Generated modules carry the ones they call, as the kernels; this file
+imports only torch.
 """
 
 import torch
 
-from mixc.backends.pytorch.kernels.common import _reverse_tokens
+
+def _sub_tokens(parts):
+    """Several steps a token as sub-tokens: the steps' tensors [B, NH, T, ...] (the kernels'
+    layout, packed or not) interleaved along time into [B, NH, n T, ...], token t's steps at
+    n t, ..., n t + n - 1. Padding after a packed sequence's end stays after it."""
+    return torch.stack(parts, 3).flatten(2, 3)
+
+
+def _sub_token_factor(x, n):
+    """A factor of a log-gate [B, NH, T, ...] shared by a token's n steps, laid out as
+    _sub_tokens lays out the gate it multiplies: each token's repeated n times (a T axis of 1,
+    constant in time, stays so). A step without a gate multiplies it by its gate of 0."""
+    return x if x.shape[2] == 1 else x.repeat_interleave(n, 2)
+
+
+def _reverse_tokens(x, cu_seqlens=None):
+    """x [B, NH, T, ...] (the kernels' layout) in reverse time order, for a state that runs
+    backward; packed ([N, NH, longest, ...], zeros after each sequence's end), each sequence
+    reversed within its own length, its zeros left after it. Its own inverse. A tensor the same
+    at every token (a time axis of 1) stays as it is."""
+    if x.shape[2] == 1:
+        return x
+    if cu_seqlens is None:
+        return x.flip(2)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1])[:, None]  # [N, 1]
+    tokens = torch.arange(x.shape[2], device=x.device)[None, :]  # [1, longest]
+    order = torch.where(tokens < lengths, lengths - 1 - tokens, tokens)
+    order = order.view(order.shape[0], 1, order.shape[1], *[1] * (x.dim() - 3))
+    return x.gather(2, order.expand(x.shape))
+
+
+def _shift_tokens(x, first, cu_seqlens=None):
+    """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
+    each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
+    sequence, [N, NH, ...]; None: zeros), so no token reads across a sequence boundary."""
+    if first is None:
+        first = torch.zeros_like(x[:, 0])
+    if cu_seqlens is None:
+        return torch.cat([first[:, None], x[:, :-1]], 1)
+    tokens = torch.arange(x.shape[1], device=x.device, dtype=cu_seqlens.dtype)
+    sequence = torch.searchsorted(cu_seqlens[1:], tokens, right=True)  # each token's sequence
+    starts = (tokens == cu_seqlens[sequence]).view(1, -1, *[1] * (x.dim() - 2))
+    earlier = torch.cat([x[:, :1], x[:, :-1]], 1)
+    return torch.where(starts, first[sequence][None], earlier)
+
+
+def _last_tokens(x, first, cu_seqlens=None):
+    """The last token of each sequence of x [B, T, NH, ...]: [B, NH, ...] (packed: [N, NH, ...],
+    an empty sequence keeping `first`, its token from before)."""
+    if cu_seqlens is None:
+        return x[:, -1]
+    ends = cu_seqlens[1:]
+    empty = (ends == cu_seqlens[:-1]).view(-1, *[1] * (first.dim() - 1))
+    return torch.where(empty, first, x[0][(ends - 1).clamp(min=0)])
 
 
 def _reversed_shift(x):

@@ -413,15 +413,17 @@ def _pair_decays(g):
     return torch.cumprod(rows, dim=-2)
 
 
-def _masked(x, gamma):
+def _masked(x, gamma, reverse=False, strict=False):
     """x ⊙ Gamma on and below the diagonal and 0 above it, for x [..., C, C] indexed by pairs of
     tokens (i, j) and the pair decays Gamma (_pair_decays; None: no decay), in place when gamma
-    is None.
+    is None; strict: below the diagonal only (a state read before the token's update); reverse:
+    on and above it (a state that runs backward in time), strict: above it.
 
     The mask selects: above the diagonal a score holds a later token, whose inf times a 0 would
     be NaN, which a product over the rows (the scores times V) carries into the earlier ones.
     """
-    return x.tril_() if gamma is None else (x * gamma).tril_()
+    x = x if gamma is None else x * gamma
+    return x.triu_(int(strict)) if reverse else x.tril_(-int(strict))
 
 
 def _finite_rows(x):
@@ -439,26 +441,85 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
-def _poison_rows(scores, poison):
+def _finite_gates(g):
+    """(log-gates g [..., C] with those whose decay exp(g) is not finite set to 0, and their
+    poison [..., C], as _finite_rows). A gate of -inf, a hard reset, decays by 0 and stays."""
+    decay = g.detach().exp()
+    return torch.where(torch.isfinite(decay), g, 0.0), decay * 0
+
+
+def _poison_rows(scores, poison, reverse=False, strict=False):
     """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
     place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
-    of 0 adds nothing. Returns the scores."""
-    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    of 0 adds nothing. Returns the scores. strict: from the token after the first poisoned one
+    (the row reads the state before the token's update); reverse: up to the last poisoned one
+    (a state that runs backward in time), strict: up to the token before it."""
+    run = poison.flip(-1).cumsum(-1).flip(-1) if reverse else torch.cumsum(poison, -1)
+    if strict:  # one token on (reverse: back), the end's row unpoisoned
+        run = torch.nn.functional.pad(run, (0, 1) if reverse else (1, 0))
+        run = run[..., 1:] if reverse else run[..., :-1]
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(run)
     return scores
 
 
-def parallel_scalar_decay(q, k, v, g=None):
+def _ordered_decays(g, reverse, strict):
+    """_pair_decays and _chunk_decays of a state read before the token's update (strict: S_{i-1}
+    q_i, the pair (i, j) decayed by a_{j+1} ... a_{i-1}, the state entering the chunk by a_1
+    ... a_{i-1}) or updated backward in time (reverse: S_i = a_i S_{i+1} + k_i v_i^T, the pair
+    (i, j >= i) decayed by a_i ... a_{j-1}, and strict, a_{i+1} ... a_{j-1}; the state entering
+    from the chunk after by a_i ... a_C, strict a_{i+1} ... a_C; a write reaches the chunk's
+    start decayed by a_1 ... a_{j-1}): (Gamma [..., C, C], the decays of the state read and
+    of each write [..., C]), Gamma as _masked(reverse, strict) reads it.
+
+    Every pair decay is a running product, as _pair_decays builds it, of the factors a_l moved
+    one token on, down the columns (l <= i) or, for reverse, along the rows (l <= j): the
+    upper triangle is built as it is read, not transposed. The decays of the state and of the
+    writes are the edges of Gamma times the factor it lacks there. A non-finite factor spreads
+    across its whole row (reverse: column), so a span run guarded gives finite gates
+    (_scalar_decay_span).
+    """
+    a = g.exp()
+    moved = torch.nn.functional.pad(a[..., :-1], (1, 0), value=1.0)  # a_{l-1} at l
+    ones = torch.ones(g.shape[-1], g.shape[-1], dtype=g.dtype, device=g.device)
+    shift = 1 + int(strict)  # pair (i, j) holds the moved factors of l >= j + shift (i + shift)
+    if not reverse:
+        rows = torch.addcmul(torch.triu(ones, 1 - shift), moved.unsqueeze(-1), ones.tril(-shift))
+        gamma = rows.cumprod(-2)  # a strict read: a_{j+1} .. a_{i-1}
+        before = gamma[..., 1:, 0] * a[..., :1]  # a_1 .. a_{i-1}, from the second token
+        after = gamma[..., -1, :-1] * a[..., -1:]  # a_{j+1} .. a_C, to the one before the last
+        return gamma, _padded(before, 1, 0), _padded(after, 0, 1)
+    cols = torch.addcmul(torch.tril(ones, shift - 1), moved.unsqueeze(-2), ones.triu(shift))
+    gamma = cols.cumprod(-1)  # a_i .. a_{j-1} (strict: a_{i+1} .. a_{j-1})
+    if not strict:  # a_i .. a_C, and a_1 .. a_{j-1}
+        return gamma, gamma[..., :, -1] * a[..., -1:], gamma[..., 0, :]
+    after = gamma[..., :-1, -1] * a[..., -1:]  # a_{i+1} .. a_C, to the one before the last
+    before = gamma[..., 0, 1:] * a[..., :1]  # a_1 .. a_{j-1}, from the second token
+    return gamma, _padded(after, 0, 1), _padded(before, 1, 0)
+
+
+def _padded(x, left, right):
+    """x [..., n] with `left` and `right` ones around it on its last axis."""
+    return torch.nn.functional.pad(x, (left, right), value=1.0)
+
+
+def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
     """Quadratic form o = (Q K^T ⊙ L) V, L_ij = exp(B_i - B_j) for i >= j (g=None: L is the
-    causal mask).
+    causal mask); reverse, strict: as chunk_scalar_decay's (L's upper triangle, or the strict
+    one).
 
     Returns o [B, NH, T, V] (the quadratic form keeps no state).
     """
     # L_ij = exp(B_i - B_j) for i >= j: the decays of one chunk of all T tokens
-    decay = None if g is None else _pair_decays(g)
-    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay)  # [B, NH, T, T]
+    decay, poison_g = None, 0.0
+    if g is not None and (reverse or strict):  # finite gates, as in the guarded chunked form
+        g, poison_g = _finite_gates(g)
+        decay = _ordered_decays(g, reverse, strict)[0]
+    elif g is not None:
+        decay = _pair_decays(g)
+    scores = _masked(torch.matmul(q, k.transpose(-1, -2)), decay, reverse, strict)  # [B, NH, T, T]
     # over the finite values, as in the chunked form
     v_finite, poison = _finite_rows(v)
-    return torch.matmul(_poison_rows(scores, poison), v_finite)
+    return torch.matmul(_poison_rows(scores, poison + poison_g, reverse, strict), v_finite)
 
 
 def _tl_block(n):

@@ -551,10 +551,13 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
     return states[:-1], slots[-1].clone()
 
 
-def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=()):
+def _guarded_spans(
+    span_fn, seqs, carry, chunk_size, kept=None, guard=None, strided=(), reverse=False
+):
     """A kernel's forward over spans, span_fn(*chunks, state, kept, guard) (kept: a list the
     spans append what an own backward needs to, or None): (the outputs of _over_spans, the final
-    state, guard). strided: as _over_spans takes it.
+    state, guard). strided, reverse (a kernel that runs backward in time, from the last span):
+    as _over_spans takes them.
 
     Inside a chunk a later token meets the earlier ones in triangular products, where its inf or
     NaN would reach their outputs (0 * inf = NaN). Guarded, span_fn first makes the values those
@@ -574,7 +577,7 @@ def _guarded_spans(span_fn, seqs, carry, chunk_size, kept=None, guard=None, stri
         def span(*chunks_and_state):
             return span_fn(*chunks_and_state, kept, guarded)
 
-        return _over_spans(span, seqs, carry, chunk_size, strided=strided)
+        return _over_spans(span, seqs, carry, chunk_size, reverse, strided)
 
     if guard is None:
         if seqs[0].device.type == "cpu" and not torch.compiler.is_compiling():
@@ -602,11 +605,17 @@ def _finite_rows(x):
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0), poison
 
 
-def _poison_rows(scores, poison):
+def _poison_rows(scores, poison, reverse=False, strict=False):
     """Make every row of the masked scores [..., C, C] from the first poisoned token on NaN, in
     place, through its diagonal (the row's output then is NaN whatever it multiplies); a poison
-    of 0 adds nothing. Returns the scores."""
-    torch.diagonal(scores, dim1=-2, dim2=-1).add_(torch.cumsum(poison, -1))
+    of 0 adds nothing. Returns the scores. strict: from the token after the first poisoned one
+    (the row reads the state before the token's update); reverse: up to the last poisoned one
+    (a state that runs backward in time), strict: up to the token before it."""
+    run = poison.flip(-1).cumsum(-1).flip(-1) if reverse else torch.cumsum(poison, -1)
+    if strict:  # one token on (reverse: back), the end's row unpoisoned
+        run = torch.nn.functional.pad(run, (0, 1) if reverse else (1, 0))
+        run = run[..., 1:] if reverse else run[..., :-1]
+    torch.diagonal(scores, dim1=-2, dim2=-1).add_(run)
     return scores
 
 

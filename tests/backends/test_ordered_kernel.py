@@ -1,0 +1,96 @@
+"""The scalar-decay kernel run backward in time (reverse=) and read before the token's update
+(strict=) against a float64 loop written here, token by token: outputs, final states and every
+gradient, over one span and over spans of two chunks; and a non-finite value reaches only the
+outputs on its side, one token off for a strict read.
+
+The loop: S_t = exp(g_t) S_{t-1} + k_t v_t^T (reverse: S_{t+1}, from the state after the last
+token), o_t = q_t S_t, or q_t S_{t-1} (reverse: q_t S_{t+1}) for a strict read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mixc.backends.pytorch.kernels import common
+from mixc.backends.pytorch.kernels.scalar_decay import chunk_scalar_decay, parallel_scalar_decay
+
+ORDERS = [(False, True), (True, False), (True, True)]
+IDS = ["strict", "reverse", "reverse-strict"]
+
+
+def _loop(q, k, v, g, state, reverse, strict):
+    """(o [B, NH, T, V], final state), one token at a time."""
+    B, NH, T, K = q.shape
+    S = q.new_zeros(B, NH, K, v.shape[-1]) if state is None else state
+    out = [None] * T
+    for t in range(T - 1, -1, -1) if reverse else range(T):
+        decay = 1.0 if g is None else torch.exp(g[:, :, t])[..., None, None]
+        new = decay * S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        out[t] = torch.einsum("bhk,bhkv->bhv", q[:, :, t], S if strict else new)
+        S = new
+    return torch.stack(out, 2), S
+
+
+def _inputs(T, gated, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q, k, v = draw(2, 3, T, 4), draw(2, 3, T, 4), draw(2, 3, T, 5)
+    g = -torch.rand(2, 3, T, generator=gen, dtype=torch.float64) if gated else None
+    return q, k, v, g, draw(2, 3, 4, 5)
+
+
+@pytest.mark.parametrize("spans", ["one", "of two chunks"])
+@pytest.mark.parametrize("gated", [True, False], ids=["decay", "no decay"])
+@pytest.mark.parametrize("reverse, strict", ORDERS, ids=IDS)
+@pytest.mark.parametrize("T, chunk_size", [(37, 8), (5, 16), (48, 16)])
+def test_the_kernel_agrees_with_the_loop(reverse, strict, gated, spans, T, chunk_size, monkeypatch):
+    if spans != "one":  # spans visited from the last for reverse, their kept tensors in turn
+        monkeypatch.setattr(common, "_span_tokens", lambda q, v, size: 2 * size)
+    leaves = [x if x is None else x.requires_grad_() for x in _inputs(T, gated)]
+    q, k, v, g, state = leaves
+    o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, reverse=reverse, strict=strict)
+    o_ref, final_ref = _loop(q, k, v, g, state, reverse, strict)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
+    gen = torch.Generator().manual_seed(1)
+    w_o = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+    w_s = torch.randn(final.shape, generator=gen, dtype=torch.float64)
+    wrt = [x for x in leaves if x is not None]
+    got = torch.autograd.grad((o * w_o).sum() + (final * w_s).sum(), wrt)
+    want = torch.autograd.grad((o_ref * w_o).sum() + (final_ref * w_s).sum(), wrt)
+    for name, a, b in zip("qkvgS", got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"d{name}")
+    with torch.no_grad():  # the untracked path: in-place scans, outputs joined span by span
+        o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, reverse=reverse, strict=strict)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("reverse, strict", ORDERS, ids=IDS)
+def test_the_quadratic_form_agrees_with_the_loop(reverse, strict):
+    q, k, v, g, _ = _inputs(13, True)
+    o = parallel_scalar_decay(q, k, v, g, reverse=reverse, strict=strict)
+    torch.testing.assert_close(o, _loop(q, k, v, g, None, reverse, strict)[0], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf"])
+@pytest.mark.parametrize("reverse, strict", ORDERS, ids=IDS)
+def test_a_non_finite_token_reaches_only_its_side(reverse, strict, kind):
+    """A non-finite value, key or gate at token s: the outputs that do not read it are the same
+    bits (a read before the update skips the token's own), the first that does is not finite."""
+    q, k, v, g, state = _inputs(21, True)
+    base = chunk_scalar_decay(q, k, v, g, state, 8, reverse=reverse, strict=strict)[0]
+    s = 10
+    first = s - strict if reverse else s + strict  # the nearest output that reads s
+    same = slice(first + 1, None) if reverse else slice(0, first)
+    for name in "vkg":
+        x = {"v": v, "k": k, "g": g}[name].clone()
+        x[:, :, s] = float(kind)
+        args = {"v": v, "k": k, "g": g, name: x}
+        o = chunk_scalar_decay(q, args["k"], args["v"], args["g"], state, 8, reverse=reverse,
+                               strict=strict)[0]  # fmt: skip
+        assert torch.equal(o[:, :, same], base[:, :, same]), name
+        assert not torch.isfinite(o[:, :, first]).all(), name
