@@ -216,7 +216,8 @@ class SequenceForms(Context):
         if not call.initial:
             out(f"_o = _{call.kernel}({args})")
         else:
-            operands = ", operands=_out_dtype" if call.kernel in self.library.operands else ""
+            takes = call.kernel in self.library.operands and _inputs_only(call, self.inputs)
+            operands = ", operands=_out_dtype" if takes else ""
             init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size{operands}"
             found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
             out(f"{found} = _{call.kernel}({args}, {init})")
@@ -366,6 +367,25 @@ def _turned_seq(forms: SequenceForms, e: Expr, packed: str) -> str | None:
     turning = ir.Call(TURNING, (theta, ir.Number(d) if d.isdigit() else ir.Name(d)))
     turn = forms.seq_expr()._emit(turning)[0]
     return f"_seq_turned({forms.tensor(x)}, {turn}, _sizes{packed})"
+
+
+def _inputs_only(call: Call, inputs: list[str]) -> bool:
+    """Whether every vector the call's kernel multiplies (keys, values, queries, and arguments
+    per key or per state entry) is a caller's input as it came: only then may the kernel round
+    its products' operands to the caller's 16-bit dtype (`operands=`) without a rounding the
+    spec does not make (a key the module computes in float32, l2norm(k) or dt x, would be
+    rounded again)."""
+
+    def raw(e: Expr | None) -> bool:
+        return e is None or (isinstance(e, ir.Timed) and e.offset == 0 and e.name in inputs)
+
+    for step in call.steps:
+        vectors = [step.key, *(v.expr for v in step.values if v.scale is None)]
+        if any(v.scale is not None for v in step.values) or not all(map(raw, vectors)):
+            return False
+        if not all(raw(a.expr) for a in step.args if a.layout in ("vector", "factor")):
+            return False
+    return all(raw(q.query) for q in call.queries)
 
 
 def _combined_steps(

@@ -1295,15 +1295,7 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_dplr(
-        _q,
-        _k_H,
-        _v_H,
-        a=_a_H,
-        b=_b_H,
-        gk=_gk_H,
-        initial_state=_S0_H,
-        chunk_size=chunk_size,
-        operands=_out_dtype,
+        _q, _k_H, _v_H, a=_a_H, b=_b_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
