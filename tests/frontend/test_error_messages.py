@@ -432,6 +432,17 @@ t-2: no form carries two tokens back
         id="value_at_t_minus_2",
     ),
     pytest.param(
+        HEAD + "o_t = H_{t-1} q_t\nH_t = H_{t-1} + o_{t-1} k_t^T\n" + OUTPUT,
+        NotYetImplemented,
+        """\
+<string>:5:17: error: NYI: o_{t-1}: o_t reads H_{t-1} (line 4), which one token earlier is H at \
+t-2: no form carries two tokens back
+  5 | H_t = H_{t-1} + o_{t-1} k_t^T
+    |                 ^^^^^^^
+  hint: keep o in a state""",
+        id="readout_of_the_previous_state_at_t_minus_1",
+    ),
+    pytest.param(
         HEAD + UPDATE + "y_t = H_t\x1b q_t\n",
         SpecSyntaxError,
         """\
