@@ -42,6 +42,12 @@ TEXTS = {
     "state H1[V, K], H2[V, K]\n"
     "H1_t = diag(sigmoid(b_t)) H1_{t-1} diag(sigmoid(a_t)) + v_t k_t^T\n"
     "H2_t = H2_{t-1} + (H1_t q_t) u_t^T\ny_t = H2_t q2_t\n",
+    # value-side transitions with two writes a token (sub-tokens): summaries from the left
+    "value_gate_2": "mixer value_gate_2\nin q[K], k[K], v[V], a[V], u[V], w[K]\n"
+    "state H[V, K]\nH_t = diag(sigmoid(a_t)) H_{t-1} + v_t k_t^T + u_t w_t^T\ny_t = H_t q_t\n",
+    "oja_2": "mixer oja_2\nin q[K], k[K], v[V], gv[V], beta, w[K]\nstate H[V, K]\n"
+    "H_t = (I - beta_t l2norm(v_t) l2norm(v_t)^T) diag(exp(gv_t)) H_{t-1} "
+    "+ beta_t l2norm(v_t) k_t^T + l2norm(v_t) w_t^T\ny_t = H_t q_t\n",
 }
 
 
@@ -169,7 +175,18 @@ def test_context_parallel_matches_one_process(world):
 
 
 @pytest.mark.parametrize(
-    "name", ["stacked", "gsa", "gated_oja", "precond_gdn", "two_sided", "ema", "hgrn"]
+    "name",
+    [
+        "stacked",
+        "gsa",
+        "gated_oja",
+        "precond_gdn",
+        "two_sided",
+        "ema",
+        "hgrn",
+        "value_gate_2",
+        "oja_2",
+    ],
 )
 def test_a_summary_is_each_states_action_given_the_earlier_states(name):
     """One process: the summary, started from the earlier states' values at the slice's start
