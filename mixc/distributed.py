@@ -1,7 +1,9 @@
 """Context parallelism: one long sequence split along T across the ranks of a process group.
 
 Every supported update is affine in the state, so a slice of the sequence acts on the state as
-`final = initial @ P + F` (the compiled module's `summary`). Each rank computes the summary of
+`final = initial @ P + F` (the compiled module's `summary`; `P @ initial + F` for a transition
+acting on the value side, `P * initial + F` for one acting entry by entry: `SUMMARY_ACTIONS`,
+`P` then [V, V] or the state's shape). Each rank computes the summary of
 its own slice from a zero state, all ranks exchange summaries (one all-gather), each composes
 the summaries of the ranks before it into its incoming state, and runs its slice with
 `chunk(..., initial_state=incoming)`. No rank waits for another's tokens, and the backward
@@ -180,9 +182,12 @@ def _initial(initial_state, finals):
 
 def _apply(state, P, F, action="matmul"):
     """state @ P + F, for a matrix state [B, NH, V, K] or a vector state [B, NH, K]; P * state +
-    F for a state that a sequence acts on entry by entry (`SUMMARY_ACTIONS`)."""
+    F for a state that a sequence acts on entry by entry, P @ state + F for one it acts on from
+    the left (`SUMMARY_ACTIONS`)."""
     if action == "elementwise":
         return P * state + F
+    if action == "left":
+        return P @ state + F
     if state.dim() == F.dim() and state.dim() == 3:
         return (state[..., None, :] @ P)[..., 0, :] + F
     return state @ P + F

@@ -41,7 +41,7 @@ EDGES = {
     "H_t = tanh(H_{t-1}) + v_t k_t^T\ny_t = H_t q_t\n",
     "full_gate": "mixer a\nin q[K], k[K], v[V], G[V, K]\nstate H[V, K]\n"
     "H_t = sigmoid(G_t) * H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n",
-    # a value-side gate: chunked, but no summary
+    # a value-side gate: chunked, its summary acting from the left
     "value_gate": "mixer a\nin q[K], k[K], v[V], a[V]\nstate H[V, K]\n"
     "H_t = diag(sigmoid(a_t)) H_{t-1} + v_t k_t^T\ny_t = H_t q_t\n",
     # a rank-2 write: recurrent only

@@ -1,8 +1,9 @@
 """Context parallelism on torch.distributed (gloo, CPU): 2 and 4 processes each hold a slice of
 one sequence; outputs, the final state and gradients equal one process over the whole sequence,
 for a scalar decay, a diagonal gate, the delta rule with a decay, a normaliser, elementwise
-gates on a matrix state and on a vector state read entry by entry, and a pipeline (a state
-writing another's readouts, whose summaries pass one state at a time)."""
+gates on a matrix state and on a vector state read entry by entry, value-side transitions (a
+summary acting from the left), and pipelines (a state writing another's readouts, whose
+summaries pass one state at a time), one of them reading a column."""
 
 from __future__ import annotations
 
@@ -28,11 +29,25 @@ CASES = [
     "kda",
     "stacked",  # a pipeline: H2 writes H1's readouts
     "reversed",  # the same, its states declared in the other order (SUMMARY_ORDER)
+    "gsa",  # a value-side diagonal gate (Ks): its summary acts from the left, P @ S_0 + F
+    "gated_oja",  # a value-side diagonal plus low rank: from the left too
+    "precond_gdn",  # a pipeline whose first state is a column (A, read entry by entry)
+    "two_sided",  # a pipeline whose first state is gated on both sides: acted on entry by entry
 ]
 #: Specs of CASES given as text, not shipped.
 TEXTS = {
     "reversed": "mixer reversed\nin    q[K], k[K], v[V], u[K], q2[K]\nstate H2[V, K], H1[V, K]\n"
     "H2_t = H2_{t-1} + (H1_t q_t) u_t^T\nH1_t = H1_{t-1} + v_t k_t^T\ny_t = H2_t q2_t\n",
+    "two_sided": "mixer two_sided\nin q[K], k[K], v[V], a[K], b[V], u[K], q2[K]\n"
+    "state H1[V, K], H2[V, K]\n"
+    "H1_t = diag(sigmoid(b_t)) H1_{t-1} diag(sigmoid(a_t)) + v_t k_t^T\n"
+    "H2_t = H2_{t-1} + (H1_t q_t) u_t^T\ny_t = H2_t q2_t\n",
+    # value-side transitions with two writes a token (sub-tokens): summaries from the left
+    "value_gate_2": "mixer value_gate_2\nin q[K], k[K], v[V], a[V], u[V], w[K]\n"
+    "state H[V, K]\nH_t = diag(sigmoid(a_t)) H_{t-1} + v_t k_t^T + u_t w_t^T\ny_t = H_t q_t\n",
+    "oja_2": "mixer oja_2\nin q[K], k[K], v[V], gv[V], beta, w[K]\nstate H[V, K]\n"
+    "H_t = (I - beta_t l2norm(v_t) l2norm(v_t)^T) diag(exp(gv_t)) H_{t-1} "
+    "+ beta_t l2norm(v_t) k_t^T + l2norm(v_t) w_t^T\ny_t = H_t q_t\n",
 }
 
 
@@ -159,24 +174,53 @@ def test_context_parallel_matches_one_process(world):
             assert rel(g, want) <= 1e-10, (name, "initial state")
 
 
-def test_a_pipelines_summary_is_each_states_action_given_the_earlier_states():
-    """One process: the summary of a pipeline started from the earlier states' values at the
-    slice's start gives each state's final state (from the recurrent form) for any start of
-    its own, P and F at once."""
-    import mixc
+@pytest.mark.parametrize(
+    "name",
+    [
+        "stacked",
+        "gsa",
+        "gated_oja",
+        "precond_gdn",
+        "two_sided",
+        "ema",
+        "hgrn",
+        "value_gate_2",
+        "oja_2",
+    ],
+)
+def test_a_summary_is_each_states_action_given_the_earlier_states(name):
+    """One process: the summary, started from the earlier states' values at the slice's start
+    (a pipeline's), gives each state's final state (from the recurrent form) for any start of
+    its own, P and F at once, P acting as SUMMARY_ACTIONS says: S_0 P, from the left (a
+    value-side transition: gsa's Ks, gated_oja), or entry by entry (a column: precond_gdn's A,
+    ema; gates on both sides; hgrn's elementwise gate)."""
+    import inspect
+
     from tests.mixers import positional, random_states, rel, spec_inputs
 
-    spec, module = mixc.load_spec(ROOT / "specs/stacked.mix"), mixc.load(ROOT / "specs/stacked.mix")
+    spec, module = _load(name)
     inputs, params = spec_inputs(spec, B=2, T=37, NH=2, generator=torch.Generator().manual_seed(1))
     args = positional(spec, inputs, params)
+    names = [s.name for s in spec.mixer.states]
+    act = {
+        "matmul": lambda s, P: s @ P if s.dim() == 4 else (s[..., None, :] @ P)[..., 0, :],
+        "left": lambda s, P: P @ s,
+        "elementwise": lambda s, P: P * s,
+    }
+    pipeline = "initial_state" in inspect.signature(module.summary).parameters
+    assert pipeline == (name in ("stacked", "precond_gdn", "two_sided"))
     for seed in (2, 3):
         states = random_states(spec, B=2, NH=2, generator=torch.Generator().manual_seed(seed))
-        start = (states["H1"], states["H2"])
-        _, finals = module.recurrent(*args, initial_state=start, output_final_state=True)
-        given = (states["H1"], torch.zeros_like(states["H2"]))  # H2's own start is not read
-        Ps, Fs = module.summary(*args, initial_state=given, chunk_size=8)
-        for s, P, F, final in zip(start, Ps, Fs, finals, strict=True):
-            assert rel(s @ P + F, final) <= 1e-12
+        start = tuple(states[n] for n in names)
+        one = start if len(start) > 1 else start[0]
+        _, finals = module.recurrent(*args, initial_state=one, output_final_state=True)
+        # a state's own start is not read: the later states' are zeros here
+        given = {"initial_state": (start[0], *map(torch.zeros_like, start[1:]))} if pipeline else {}
+        Ps, Fs = module.summary(*args, chunk_size=8, **given)
+        tupled = isinstance(finals, tuple)
+        Ps, Fs, finals = (Ps, Fs, finals) if tupled else ((Ps,), (Fs,), (finals,))
+        for n, s, P, F, final in zip(names, start, Ps, Fs, finals, strict=True):
+            assert rel(act[module.SUMMARY_ACTIONS[n]](s, P) + F, final) <= 1e-12, (name, n)
 
 
 SQUASH = "mixer squash\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = tanh(H_{t-1}) + v_t k_t^T\ny_t = H_t q_t\n"

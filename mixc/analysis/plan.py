@@ -352,11 +352,6 @@ def _groups(states, outputs, levels: dict[str, int]) -> tuple[GroupPlan, ...]:
         tr = group[0].transition
         chunked = tr.chunkable and tr.transition_class.kernel is not None
         summary = tr.transition_class.summary_reason(tr) if chunked else None
-        # a summary acting entry by entry covers a column as any matrix; one acting as S_0 @ P
-        # reads a vector state as a row
-        row_summary = tr.transition_class.summary_action != "elementwise"
-        if chunked and summary is None and group[0].column and row_summary:
-            summary = "is read entry by entry (a column); the summary covers states as rows"
         queries = _queries([r for r in readouts if r.state in names])
         sub_tokens = ()
         if chunked and tr.steps:

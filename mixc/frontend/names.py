@@ -420,11 +420,11 @@ def _check_timed(node: Timed, known: Known, args: set[str], where: str, owner: s
             node.span,
             hint="to use an older token, keep it in a state",
         )
-    if sym.kind == "value" and node.offset != 0:
+    if sym.kind == "value" and node.offset < -1:  # at t-1: mixc.frontend.lags
         raise NotYetImplemented(
-            f"{node.name} at t{node.offset:+d}: per-token values are read at t only",
+            f"{node.name} at t{node.offset:+d}: a per-token value is read at t or t-1",
             node.span,
-            hint="read the inputs it is made of at t-1, or keep it in a state",
+            hint="to use an older token, keep it in a state",
         )
     if sym.kind == "state" and node.offset < -1:
         raise NotYetImplemented(

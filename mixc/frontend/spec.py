@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from mixc.errors import ArgumentError, MixcError, Source, SpecError
 from mixc.files import read_regular
 from mixc.frontend.ir import Equation, Mixer
+from mixc.frontend.lags import lower_lags
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
 from mixc.frontend.shapes import Shape, Symbol
 from mixc.frontend.verify import errors, verify
@@ -76,6 +77,9 @@ def load_spec(spec: str | os.PathLike | Source | None = None, *, text: str | Non
     try:
         mixer = parse(source)
         verified = verify(mixer)
+        lowered = lower_lags(mixer)  # values read at t-1, written out once verified
+        if lowered is not mixer:
+            mixer, verified = lowered, verify(lowered)
     except SpecError as exc:
         raise exc.located(source) from None
     return Spec(mixer, source, verified.shapes, verified.symbols, verified.order)
@@ -89,4 +93,10 @@ def spec_errors(source: Source) -> list[SpecError]:
         mixer = parse(source)
     except SpecError as exc:
         return [exc.located(source)]
-    return [exc.located(source) for exc in errors(mixer)]
+    found = errors(mixer)
+    if not found:
+        try:
+            found = errors(lower_lags(mixer))
+        except SpecError as exc:
+            found = [exc]
+    return [exc.located(source) for exc in found]

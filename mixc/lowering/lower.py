@@ -47,12 +47,7 @@ def lower(plan: Plan) -> Program:
         spec=plan.spec,
         typer=plan.typer,
         states=tuple(
-            StateNote(
-                s.name,
-                s.transition.label,
-                s.transition.rule.name,
-                s.transition.transition_class.summary_action,
-            )
+            StateNote(s.name, s.transition.label, s.transition.rule.name, _summary_action(s))
             for s in plan.states
         ),
         forms=plan.forms.names(),
@@ -117,11 +112,11 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
     )
 
 
-def _reads(plan: Plan, group: GroupPlan) -> tuple[str, ...]:
+def _reads(plan: Plan, group: GroupPlan, queries: bool = True) -> tuple[str, ...]:
     """The locals of other groups' readouts that `group`'s pass reads (its states' updates, or
-    its queries), in the order of the readouts."""
+    its queries unless not `queries`), in the order of the readouts."""
     names = {n for s in group.states for n in plan.state(s).reads}
-    for q in group.queries:
+    for q in group.queries if queries else ():
         names |= {n.name for n in walk(q.expr) if isinstance(n, Name)}
     every = readouts_of(plan)
     return tuple(
@@ -180,16 +175,29 @@ def _summary(plan: Plan, groups: tuple[GroupPlan, ...]) -> Summary:
             _slots(plan, g),
             f"chunk_{g.kernel}",
             _steps(plan, g, scaled=True),
-            g.transition_class.summary_action,
+            "matmul" if g.transition_class.summary_probe(g.transition) else "elementwise",
+            g.transition_class.summary_probe(g.transition) or ("v", "columns"),
         )
         for g in groups
     )
-    read = {name for g in groups for name in _reads(plan, g)}
+    # a summary reads no query: only the readouts that a later state's update reads
+    read = {name for g in groups for name in _reads(plan, g, queries=False)}
     chunk_calls = (_call(plan, g, True) for g in groups)
     runs = tuple(
         c for c in chunk_calls if any(r.name in read for q in c.queries for r in q.readouts)
     )
     return Summary(calls, plan.sign_checks, runs=runs)
+
+
+def _summary_action(s) -> str:
+    """How the summary's P acts on state `s` (`SUMMARY_ACTIONS`): entry by entry ("elementwise":
+    the class's way, or a column's, whose one key channel makes P a number per entry), else as
+    the class probes it, S_0 P ("matmul": the kernel state's rows transformed, S = its
+    transpose) or P S_0 ("left": its columns)."""
+    probe = s.transition.transition_class.summary_probe(s.transition)
+    if probe is None or s.column:
+        return "elementwise"
+    return "left" if probe[1] == "rows" else "matmul"
 
 
 # ----------------------------------------------------------------------------- the recurrence

@@ -159,15 +159,16 @@ class SequenceForm:
 @dataclass(frozen=True)
 class SummaryCall:
     """One group's part of the summary (P, F), the sequence's action on a state S_0: `action`
-    "matmul" (S_0 P + F: the kernel run on probes, an identity initial state beside zero
-    writes) or "elementwise" (P ⊙ S_0 + F: F from a zero state, P from a state of ones
-    with no writes)."""
+    "matmul" (the kernel run on probes, an identity initial state beside zero writes, along
+    the axis `probe` names: `TransitionClass.summary_probe`) or "elementwise" (P ⊙ S_0 + F: F
+    from a zero state, P from a state of ones with no writes)."""
 
     group: str
     slots: tuple[Slot, ...]
     kernel: str
     steps: tuple[Step, ...]
     action: str
+    probe: tuple[str, str] = ("v", "columns")
 
 
 @dataclass(frozen=True)

@@ -290,8 +290,9 @@ class TransitionClass:
     #: row scaled by its largest exponent (xLSTM's max-stabiliser), for a write scale that would
     #: overflow; None: the class has none (its writes are scaled before the kernel).
     stable_kernel: ClassVar[str | None] = None
-    #: How a sequence's summary (P, F) acts on a state S_0: "matmul" (S_0 P + F) or
-    #: "elementwise" (P ⊙ S_0 + F, P the product of the gates), for context parallelism.
+    #: How a sequence's summary (P, F) acts on a state S_0, for context parallelism:
+    #: "elementwise" (P ⊙ S_0 + F, P the product of the gates), else by a matrix product,
+    #: probed as `summary_probe` says.
     summary_action: ClassVar[str] = "matmul"
     #: Whether the kernel runs several steps a token as sub-tokens (DeltaProduct): each step's
     #: k, v and arguments interleaved along time, an argument a step lacks (no decay) as 0, and
@@ -332,6 +333,16 @@ class TransitionClass:
         """Why the kernel cannot compute the sequence's action on the state (a summary for
         context parallelism), or None when it can."""
         return None
+
+    def summary_probe(self, tr: Transition) -> tuple[str, str] | None:
+        """How the summary probes the kernel for the sequence's action: the kernel's write vector
+        ("k" or "v") that runs along the axis of its state the transition leaves alone, and which
+        axis of the kernel's state that is ("rows" or "columns"). The probe sets an identity
+        beside a zero initial state along that axis and zeros beside that vector, so the final
+        state holds the product of the transitions there. None: the sequence acts entry by
+        entry (P ⊙ S_0 + F, P from a state of ones). The default: a transition acting on the
+        kernel state's rows (the key side of S [K, V]), probed beside its values."""
+        return ("v", "columns") if self.summary_action == "matmul" else None
 
     def chunk_size(self, tr: Transition) -> ChunkSize:
         """The default chunk size of the compiled `chunk`, and why (`CHUNK_MEASURED_ON`)."""

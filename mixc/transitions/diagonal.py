@@ -184,10 +184,12 @@ class Diagonal(TransitionClass):
     def random_forms(self) -> dict[str, RandomForm]:
         return {"diag key": _diag_key, "diag value": _diag_value, "outer": _outer}
 
-    def summary_reason(self, tr):
-        if tr.log("value") is not None:
-            return "has a value-side gate; the summary covers transitions on the key side"
-        return None
+    def summary_probe(self, tr):
+        """A value-side gate acts on the kernel state's columns: probed beside its keys. Gates
+        on both sides act entry by entry: diag(a) S_0 diag(b) = (a b^T) ⊙ S_0."""
+        if tr.log("value") is None:
+            return ("v", "columns")
+        return ("k", "rows") if tr.log("key") is None else None
 
     def step_decays(self, tr):
         return not {"key", "value"} <= tr.sides

@@ -134,11 +134,10 @@ class ValueSide(TransitionClass):
             )
         return None
 
-    def summary_reason(self, tr):
-        return (
-            "has a value-side transition: the summary's probes read the state along its key "
-            "axis, the kernel along its value axis"
-        )
+    def summary_probe(self, tr):
+        """The transition acts on the value axis (the columns of the kernel's state M [K, V]),
+        whose rows run along the kernel's v: probed beside its values, as rows."""
+        return ("v", "rows")
 
     def chunk_size(self, tr):
         return DPLR.chunk_size(key_side(tr))

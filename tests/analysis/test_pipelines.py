@@ -108,16 +108,16 @@ y_t = G_t q_t
     assert report.ok, report.failure.summary()
 
 
-@pytest.mark.parametrize("name", [n for n in PIPELINES if n != "stacked"])
-def test_a_pipeline_whose_class_has_no_summary_says_why(name: str) -> None:
-    """GSA's slot state has a value-side gate, precond_gdn's A is read entry by entry: their
-    classes have no summary, pipeline or not."""
+@pytest.mark.parametrize("name", PIPELINES)
+def test_every_pipeline_has_a_summary(name: str) -> None:
+    """GSA's slot state has a value-side gate (its summary acts from the left), precond_gdn's A
+    is read entry by entry (a column: its summary acts entry by entry); tests/test_distributed.py
+    checks what they compute."""
     plan = analyze(mixc.load_spec(ROOT / f"specs/{name}.mix"))
-    assert plan.forms.chunk is None
-    assert plan.forms.summary is not None
+    assert plan.forms.chunk is None and plan.forms.summary is None
     module = mixc.load(ROOT / f"specs/{name}.mix")
-    with pytest.raises(MixcError, match="no transition summary"):
-        module.summary(*_inputs(module))
+    actions = {"gsa": "left", "precond_gdn": "elementwise", "stacked": "matmul"}
+    assert module.SUMMARY_ACTIONS[module.STATES[0][0]] == actions[name]
 
 
 def test_a_pipeline_of_summarised_classes_has_a_summary_given_its_earlier_states() -> None:

@@ -411,14 +411,36 @@ dt_t x_t^T (an outer product, [P, P])?""",
         id="input_two_tokens_back",
     ),
     pytest.param(
-        HEAD + "a_t = 2 k_t\nH_t = H_{t-1} + v_t a_{t-1}^T\n" + OUTPUT,
+        HEAD + "a_t = 2 k_{t-1}\nH_t = H_{t-1} + v_t a_{t-1}^T\n" + OUTPUT,
         NotYetImplemented,
         """\
-<string>:5:21: error: NYI: a at t-1: per-token values are read at t only
+<string>:5:21: error: NYI: a_{t-1}: a_t reads k_{t-1} (line 4), which one token earlier is k at \
+t-2: no form carries two tokens back
   5 | H_t = H_{t-1} + v_t a_{t-1}^T
     |                     ^^^^^^^
-  hint: read the inputs it is made of at t-1, or keep it in a state""",
-        id="value_at_t_minus_1",
+  hint: keep a in a state""",
+        id="value_at_t_minus_1_reading_t_minus_1",
+    ),
+    pytest.param(
+        HEAD + "a_t = 2 k_t\nH_t = H_{t-1} + v_t a_{t-2}^T\n" + OUTPUT,
+        NotYetImplemented,
+        """\
+<string>:5:21: error: NYI: a at t-2: a per-token value is read at t or t-1
+  5 | H_t = H_{t-1} + v_t a_{t-2}^T
+    |                     ^^^^^^^
+  hint: to use an older token, keep it in a state""",
+        id="value_at_t_minus_2",
+    ),
+    pytest.param(
+        HEAD + "o_t = H_{t-1} q_t\nH_t = H_{t-1} + o_{t-1} k_t^T\n" + OUTPUT,
+        NotYetImplemented,
+        """\
+<string>:5:17: error: NYI: o_{t-1}: o_t reads H_{t-1} (line 4), which one token earlier is H at \
+t-2: no form carries two tokens back
+  5 | H_t = H_{t-1} + o_{t-1} k_t^T
+    |                 ^^^^^^^
+  hint: keep o in a state""",
+        id="readout_of_the_previous_state_at_t_minus_1",
     ),
     pytest.param(
         HEAD + UPDATE + "y_t = H_t\x1b q_t\n",

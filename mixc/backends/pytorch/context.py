@@ -38,7 +38,8 @@ class Context:
         self.output = self.mixer.outputs[0]
         self.readouts = dict(program.readouts)
         pipeline = bool(self.program.summary.runs)
-        self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target], pipeline)
+        left = any(s.summary_action == "left" for s in self.program.states)
+        self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target], pipeline, left)
         # the points of common subexpressions (see Shared): recorded by the first run of the
         # mixer's functions, replayed with their locals by the second
         self._points: list[Shared] = []

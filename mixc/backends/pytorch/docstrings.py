@@ -41,6 +41,10 @@ _SUMMARY = (
     "by entry: P has its shape, the final state is P * initial + F, and (P1, F1) then (P2, F2) "
     "is (P1 * P2, F1 * P2 + F2)."
 )
+_LEFT = (
+    ' A state whose entry is "left" is acted on from the left: P is [B, NH, V, V], the final '
+    "state is P @ initial + F, and (P1, F1) then (P2, F2) is (P2 @ P1, P2 @ F1 + F2)."
+)
 
 
 def _shape(lead: Sequence[str], dims: Sequence[str]) -> str:
@@ -64,9 +68,12 @@ def _item(name: str, text: str) -> list[str]:
 class FormDocs:
     """The docstrings of one mixer's forms; `lines(form)` gives one form's, without quotes."""
 
-    def __init__(self, mixer: Mixer, output_shape: Shape, pipeline: bool = False) -> None:
+    def __init__(
+        self, mixer: Mixer, output_shape: Shape, pipeline: bool = False, left: bool = False
+    ) -> None:
         self.mixer = mixer
         self.pipeline = pipeline  # a later state's summary reads earlier states' values
+        self.left = left  # a state's summary acts from the left
         self.output = mixer.outputs[0].target
         self.output_dims = _output_dims(output_shape)
 
@@ -124,7 +131,7 @@ class FormDocs:
             )
         out += ["", "Returns:"]
         if form == "summary":
-            return out + _item("(P, F)", _SUMMARY)
+            return out + _item("(P, F)", _SUMMARY + (_LEFT if self.left else ""))
         y = f"{_shape(lead, self.output_dims)} in the inputs' dtype"
         if form == "parallel":
             return out + _item(f"({self.output}, None)", y)

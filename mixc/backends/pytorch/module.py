@@ -180,7 +180,9 @@ class _Module(SequenceForms, RecurrentForms):
         actions = ", ".join(
             f"{string(s.name)}: {string(s.summary_action)}" for s in self.program.states
         )
-        out(f"SUMMARY_ACTIONS = {{{actions}}}  # how summary()'s P acts: S_0 @ P or P * S_0", 0)
+        left = any(s.summary_action == "left" for s in self.program.states)
+        acts = "S_0 @ P, P @ S_0 or P * S_0" if left else "S_0 @ P or P * S_0"
+        out(f"SUMMARY_ACTIONS = {{{actions}}}  # how summary()'s P acts: {acts}", 0)
         if self.program.summary.runs:
             order = ", ".join(
                 string(s.state) for call in self.program.summary.calls for s in call.slots

@@ -275,25 +275,20 @@ class SequenceForms(Context):
         out("", 0)
 
     def emit_probed_summary(self, out: Lines, call: SummaryCall, transitions, finals) -> None:
-        """One group's (P, F) as S_0 P + F: its kernel run on probes."""
-        k, v = local("k", call.group), local("v", call.group)
+        """One group's (P, F): its kernel run on probes (`_emit_probe`)."""
         probing = "on probes: zero writes from an identity state"
-        out(comment(f"{' and '.join(s.state for s in call.slots)}: {call.kernel} {probing}"))
+        along = " (along the rows)" if call.probe[1] == "rows" else ""
+        out(comment(f"{' and '.join(s.state for s in call.slots)}: {call.kernel} {probing}{along}"))
         kernel_args = self.emit_inputs(out, call.group, call.steps, "")
-        out(f"_K = {k}.shape[-1]")
-        out(f"_width = {v}.shape[-1]")
-        out(f"_v = _torch.cat([{v}, {v}.new_zeros(*{v}.shape[:-1], _K)], -1)")
-        out("_S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)")
-        out(f"_S0 = _S0.to(dtype=_dtype, device=_device).expand(*{k}.shape[:2], _K, _width + _K)")
-        args = ", ".join([f"_torch.zeros_like({k})", f"{k}", "_v", *kernel_args])
-        out(f"_o, _S = _{call.kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
         # one P per group (a pipeline's groups each probe their own)
         P = "_P" if len(self.program.summary.calls) == 1 else local("P", call.group)
-        out(f"_F0, {P} = _S.split([_width, _K], -1)")
+        _emit_probe(out, call, kernel_args, P)
         self.emit_split_states(out, call.slots, "_F0")
         for s in call.slots:
-            transitions[s.state] = f"{P}.mT"
-            finals[s.state] = s.state if not s.vector else f"{s.state}.squeeze(-1)"
+            column = not s.vector and s.shape[1] == "1"  # one key channel: P is a number
+            final = s.state if not (s.vector or column) else f"{s.state}.squeeze(-1)"
+            transitions[s.state] = f"{P}.mT" if not column else f"{P}[..., 0].expand_as({final})"
+            finals[s.state] = final
 
     def emit_elementwise_summary(self, out: Lines, call: SummaryCall, transitions, finals) -> None:
         """A group that acts on its state entry by entry, as G ⊙ S_0 + F: F from a zero state,
@@ -386,6 +381,30 @@ def _inputs_only(call: Call, inputs: list[str]) -> bool:
         if not all(raw(a.expr) for a in step.args if a.layout in ("vector", "factor")):
             return False
     return all(raw(q.query) for q in call.queries)
+
+
+def _emit_probe(out: Lines, call: SummaryCall, kernel_args: list[str], P: str) -> None:
+    """The kernel run on probes into `_F0` (F in the kernel's layout) and `P`: an identity
+    initial state beside a zero one along the axis the transition leaves alone (`call.probe`),
+    zeros beside the write vector along it. Along the columns the final state is S_0 P + F;
+    along the rows, P S_0 + F (each as the state, the kernel state's transpose, sees it)."""
+    free, axis = call.probe
+    acted = "k" if free == "v" else "v"
+    rows = axis == "rows"
+    x, other = local(free, call.group), local(acted, call.group)
+    out(f"_K = {other}.shape[-1]")
+    out(f"_width = {x}.shape[-1]")
+    out(f"_{free} = _torch.cat([{x}, {x}.new_zeros(*{x}.shape[:-1], _K)], -1)")
+    dim, shape = ("-2", "_width + _K, _K") if rows else ("-1", "_K, _width + _K")
+    zeros = "_torch.zeros(_width, _K)" if rows else "_torch.zeros(_K, _width)"
+    out(f"_S0 = _torch.cat([{zeros}, _torch.eye(_K)], {dim})")
+    k = local("k", call.group)
+    out(f"_S0 = _S0.to(dtype=_dtype, device=_device).expand(*{k}.shape[:2], {shape})")
+    pair = {free: f"_{free}", acted: other}
+    query = f"_torch.zeros_like({pair['k'] if not rows else '_' + free})"
+    args = ", ".join([query, pair["k"], pair["v"], *kernel_args])
+    out(f"_o, _S = _{call.kernel}({args}, initial_state=_S0, chunk_size=chunk_size)")
+    out(f"_F0, {P} = _S.split([_width, _K], {dim})")
 
 
 def _combined_steps(

@@ -49,7 +49,7 @@ OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
 FORMS = ("chunk", "parallel", "recurrent", "step",)
 CLASSES = {"m": "scalar constant"}
-SUMMARY_ACTIONS = {"m": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
+SUMMARY_ACTIONS = {"m": "elementwise"}  # how summary()'s P acts: S_0 @ P or P * S_0
 # chunk's default chunk size: 32 ran 1.06-1.14x faster than 64 with a decay, measured on CPU (2
 # threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
 CHUNK_SIZE = 32
@@ -1422,10 +1422,28 @@ def summary(x, *, a=None, chunk_size=CHUNK_SIZE):
             \"elementwise\" is acted on entry by entry: P has its shape, the final state is P *
             initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
-    _fail(
-        'NYI: no transition summary (m is read entry by entry (a column); the summary covers states'
-        ' as rows)'
+    _check_chunk_size(chunk_size)
+    if _empty_batch(x):  # B = 0: checked, then one zero token's summary, emptied
+        _prepare(x, a=a, _sequence=True)
+        _one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in (x,)]
+        return _no_sequences(_summary(*_one, a=a, chunk_size=chunk_size))
+    x, a, _sizes, _dtype = _prepare(x, a=a, _sequence=True)
+    _device = x.device
+    # m: chunk_scalar_decay on probes: zero writes from an identity state
+    _k_m = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
+    _v_m = _seq_vector((1 - a) * x, _sizes)
+    _g_m = _seq_scalar(_log_gate(a), _sizes)  # log(a)
+    _K = _k_m.shape[-1]
+    _width = _v_m.shape[-1]
+    _v = _torch.cat([_v_m, _v_m.new_zeros(*_v_m.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_m.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_scalar_decay(
+        _torch.zeros_like(_k_m), _k_m, _v, g=_g_m, initial_state=_S0, chunk_size=chunk_size
     )
+    _F0, _P = _S.split([_width, _K], -1)
+    m = _F0.mT
+    return _P[..., 0].expand_as(m.squeeze(-1)), m.squeeze(-1)
 
 
 def _recurrence(x, a, m, _sizes, _dtype, _device):
@@ -1504,3 +1522,6 @@ def step(x, *, a=None, state=None):
     y, (m,) = _recurrence(x, a, m, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, m.squeeze(-1)
+
+
+_summary = summary  # what summary calls itself by (an input may be `summary`)

@@ -49,7 +49,7 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"H": "value-side (transposed) diagonal times identity minus rank-1"}
-SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
+SUMMARY_ACTIONS = {"H": "left"}  # how summary()'s P acts: S_0 @ P, P @ S_0 or P * S_0
 # chunk's default chunk size: 32 ran 1.03-1.06x faster than 16 and 64 for the KDA chunk forward
 # and 1.14-1.26x for forward+backward, timed in alternation on a shared CPU (1 thread, fp32, B=1,
 # NH=4, d=64, T=4096); benchmarks/dplr.py records the three sizes (its 2-thread run,
@@ -2022,12 +2022,35 @@ def summary(q, k, v, gv, beta, *, chunk_size=CHUNK_SIZE):
             state from a zero initial state). Summaries compose associatively: (P1, F1) then
             (P2, F2) is (P1 @ P2, F1 @ P2 + F2). A state whose SUMMARY_ACTIONS entry is
             \"elementwise\" is acted on entry by entry: P has its shape, the final state is P *
-            initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
+            initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2). A state whose
+            entry is \"left\" is acted on from the left: P is [B, NH, V, V], the final state is P
+            @ initial + F, and (P1, F1) then (P2, F2) is (P2 @ P1, P2 @ F1 + F2).
     """
-    _fail(
-        "NYI: no transition summary (H has a value-side transition: the summary's probes read the "
-        'state along its key axis, the kernel along its value axis)'
+    _check_chunk_size(chunk_size)
+    if _empty_batch(q):  # B = 0: checked, then one zero token's summary, emptied
+        _prepare(q, k, v, gv, beta, _sequence=True)
+        _one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in (q, k, v, gv, beta)]
+        return _no_sequences(_summary(*_one, chunk_size=chunk_size))
+    q, k, v, gv, beta, _sizes, _dtype = _prepare(q, k, v, gv, beta, _sequence=True)
+    _device = q.device
+    # H: chunk_dplr_value on probes: zero writes from an identity state (along the rows)
+    _unit_v = _l2norm(v)
+    _k_H = _seq_vector(_unit_v, _sizes)
+    _v_H = _seq_vector(beta * k, _sizes)
+    # -beta_t (exp(gv_t) * l2norm(v_t))
+    _a_H = _seq_vector(-beta * (_torch.exp(gv) * _unit_v), _sizes)
+    _gk_H = _seq_vector(gv, _sizes)  # gv_t
+    _K = _k_H.shape[-1]
+    _width = _v_H.shape[-1]
+    _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_width, _K), _torch.eye(_K)], -2)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H.shape[:2], _width + _K, _K)
+    _o, _S = _chunk_dplr_value(
+        _torch.zeros_like(_v), _k_H, _v, a=_a_H, gk=_gk_H, initial_state=_S0, chunk_size=chunk_size
     )
+    _F0, _P = _S.split([_width, _K], -2)
+    H = _F0.mT
+    return _P.mT, H
 
 
 def _recurrence(q, k, v, gv, beta, H, _sizes, _dtype, _device):
@@ -2127,3 +2150,6 @@ def step(q, k, v, gv, beta, *, state=None):
     y, (H,) = _recurrence(q, k, v, gv, beta, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, H
+
+
+_summary = summary  # what summary calls itself by (an input may be `summary`)

@@ -74,7 +74,8 @@ STATES = (("A", ("K",)), ("H", ("V", "K")))
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
 CLASSES = {"A": "scalar data-dependent", "H": "diagonal plus low rank"}
-SUMMARY_ACTIONS = {"A": "matmul", "H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
+SUMMARY_ACTIONS = {"A": "elementwise", "H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
+SUMMARY_ORDER = ("A", "H",)  # a pipeline's states in the order its passes run
 # chunk's default chunk size: 32 ran 1.06-1.14x faster than 64 with a decay, measured on CPU (2
 # threads, fp32, B=1, NH=4, d=64, T=4096; benchmarks/RESULTS.md)
 CHUNK_SIZE = 32
@@ -1911,7 +1912,9 @@ def chunk(
     return y, ((A.squeeze(-1), H) if output_final_state else None)
 
 
-def summary(q, k, v, a, b, g, beta, *, center=None, x=None, chunk_size=CHUNK_SIZE):
+def summary(
+    q, k, v, a, b, g, beta, *, center=None, x=None, initial_state=None, chunk_size=CHUNK_SIZE
+):
     """The action of the sequence on each state, for context parallelism.
 
     Args:
@@ -1928,6 +1931,9 @@ def summary(q, k, v, a, b, g, beta, *, center=None, x=None, chunk_size=CHUNK_SIZ
             dtype up to the compute precision
         x: [NH], or a number; None (the default) is 1.5, h the head index; any floating dtype up
             to the compute precision
+        initial_state: a tuple (A [B, NH, K], H [B, NH, V, K]), or None for zeros: a state whose
+            update reads other states' readouts acts on itself given theirs, so its (P, F) is
+            for the states it reads starting from these (its own entry is not read)
         chunk_size: tokens per chunk (default: CHUNK_SIZE)
 
     Returns:
@@ -1938,10 +1944,76 @@ def summary(q, k, v, a, b, g, beta, *, center=None, x=None, chunk_size=CHUNK_SIZ
             \"elementwise\" is acted on entry by entry: P has its shape, the final state is P *
             initial + F, and (P1, F1) then (P2, F2) is (P1 * P2, F1 * P2 + F2).
     """
-    _fail(
-        'NYI: no transition summary (A is read entry by entry (a column); the summary covers states'
-        ' as rows)'
+    _check_chunk_size(chunk_size)
+    if _empty_batch(q):  # B = 0: checked, then one zero token's summary, emptied
+        _prepare(q, k, v, a, b, g, beta, center=center, x=x, _sequence=True)
+        _one = [_x.new_zeros(1, 1, *_x.shape[2:]) for _x in (q, k, v, a, b, g, beta)]
+        return _no_sequences(_summary(*_one, center=center, x=x, chunk_size=chunk_size))
+    q, k, v, a, b, g, beta, center, x, _sizes, _dtype = _prepare(
+        q, k, v, a, b, g, beta, center=center, x=x, _sequence=True
     )
+    _device = q.device
+    (A, H) = _prepare_states(
+        _STATES, initial_state, _sizes, _dtype, _device, _sizes["B"], "initial_state"
+    )
+    # A: scalar data-dependent -> chunk_scalar_decay
+    _k_A = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
+    _kn_k = _l2norm(k)
+    _product = _kn_k * (_torch.sigmoid(b) * _kn_k)
+    _v_A = _seq_vector(_product, _sizes)
+    _logsigmoid_a = _F.logsigmoid(a)
+    _g_A = _seq_scalar(_logsigmoid_a, _sizes)  # logsigmoid(a_t)
+    _S0_A = A.mT
+    _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
+    _o, _S = _chunk_scalar_decay(_q, _k_A, _v_A, g=_g_A, initial_state=_S0_A, chunk_size=chunk_size)
+    _read_A = _from_seq(_o)  # A_t 1
+    A = _S.mT
+    # A: chunk_scalar_decay on probes: zero writes from an identity state
+    _k_A = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
+    _v_A = _seq_vector(_product, _sizes)
+    _g_A = _seq_scalar(_logsigmoid_a, _sizes)  # logsigmoid(a_t)
+    _K = _k_A.shape[-1]
+    _width = _v_A.shape[-1]
+    _v = _torch.cat([_v_A, _v_A.new_zeros(*_v_A.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_A.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_scalar_decay(
+        _torch.zeros_like(_k_A), _k_A, _v, g=_g_A, initial_state=_S0, chunk_size=chunk_size
+    )
+    _F0, _P_A = _S.split([_width, _K], -1)
+    A = _F0.mT
+    # H: chunk_dplr on probes: zero writes from an identity state
+    _sum = _torch.abs(_read_A) + 1e-06
+    _difference = _torch.log(_sum) - center
+    _k_H = _seq_vector(
+        _kn_k * _torch.exp(-_torch.log(x) * (_difference / (_torch.abs(_difference) + 1))), _sizes
+    )
+    _v_H = _seq_vector(beta * v, _sizes)
+    _a_H = _seq_vector(-beta * _torch.exp(g) * _kn_k, _sizes)  # -beta_t exp(g_t) l2norm(k_t)
+    _difference2 = _log_gate(_sum) - center
+    # l2norm(k_t) * exp(-log(x) ((log(abs(_r0) + 1e-06) - center) / (abs(log(abs(_r0) + 1e-06) - center) + 1)))
+    _b_H = _seq_vector(
+        _kn_k * _torch.exp(-_log_gate(x) * (_difference2 / (_torch.abs(_difference2) + 1))), _sizes
+    )
+    _gk_H = _seq_vector(g, _sizes)  # g_t
+    _K = _k_H.shape[-1]
+    _width = _v_H.shape[-1]
+    _v = _torch.cat([_v_H, _v_H.new_zeros(*_v_H.shape[:-1], _K)], -1)
+    _S0 = _torch.cat([_torch.zeros(_K, _width), _torch.eye(_K)], -1)
+    _S0 = _S0.to(dtype=_dtype, device=_device).expand(*_k_H.shape[:2], _K, _width + _K)
+    _o, _S = _chunk_dplr(
+        _torch.zeros_like(_k_H),
+        _k_H,
+        _v,
+        a=_a_H,
+        b=_b_H,
+        gk=_gk_H,
+        initial_state=_S0,
+        chunk_size=chunk_size,
+    )
+    _F0, _P_H = _S.split([_width, _K], -1)
+    H = _F0.mT
+    return (_P_A[..., 0].expand_as(A.squeeze(-1)), _P_H.mT), (A.squeeze(-1), H)
 
 
 def _recurrence(q, k, v, a, b, g, beta, center, x, A, H, _sizes, _dtype, _device):
@@ -2081,3 +2153,6 @@ def step(q, k, v, a, b, g, beta, *, center=None, x=None, state=None):
     y, (A, H) = _recurrence(q, k, v, a, b, g, beta, center, x, A, H, _sizes, _dtype, _device)
     y = y[:, 0].squeeze(-1).to(_out_dtype)
     return y, (A.squeeze(-1), H)
+
+
+_summary = summary  # what summary calls itself by (an input may be `summary`)
