@@ -10,7 +10,7 @@ from mixc.backends.pytorch.docstrings import FormDocs
 from mixc.backends.pytorch.lines import Lines, string
 from mixc.backends.pytorch.names import fresh, local, local_base, note, size, tuple_line, tuple_text
 from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
-from mixc.frontend.ir import Expr, Timed, angle_params
+from mixc.frontend.ir import Expr, Timed, angle_params, angle_states
 from mixc.frontend.shapes import SCALAR
 from mixc.lowering.program import Program, Slot
 
@@ -33,6 +33,7 @@ class Context:
         # and `_pos`, the position of the next token, where the spec reads pos_t
         self.positioned = self.mixer.positioned
         self.angle_params = angle_params(self.mixer)
+        self.angle_states = angle_states(self.mixer)  # kept and summed in float64
         self.carried = self.states + [local("prev", x) for x in self.lagged]
         self.carried += ["_pos"] if self.positioned else []
         self.output = self.mixer.outputs[0]
@@ -56,6 +57,17 @@ class Context:
             return self.readouts.get(e.name, e.name)  # a readout by its local
 
         return PyExpr(self.typer, names, functions, self._point, compact_angles=True)
+
+    def wide(self, e: PyExpr) -> PyExpr:
+        """`e` with every name it reads in float64 (the angle states and parameters are): the
+        update of a state of angles (see `angle_states`), summed in float64."""
+        kept = self.angle_states | self.angle_params
+
+        def names(x: Expr) -> str:
+            text = e.names(x)
+            return text if x.name in kept else f"{text}.double()"
+
+        return PyExpr(self.typer, names, e.functions, e.shared, e.compact_angles)
 
     def gate_expr(self) -> PyExpr:
         """Expressions of a kernel's gate arguments: a log-gate's log is `_log_gate`."""
@@ -171,6 +183,9 @@ class Context:
             batch = "_batch"
         if states_from is not None:
             where = f"_sizes, _dtype, _device, {batch}, {string(states_from)}"
+            if self.angle_states:  # kept in float64
+                wide = ", ".join(string(s) for s in sorted(self.angle_states))
+                where += f", wide=({wide},)"
             call = f"_prepare_states(_STATES, {states_from}, {where})"
             if self.carried:
                 out(f"{self.state_tuple()} = {call}")

@@ -204,6 +204,7 @@ class _Module(SequenceForms, RecurrentForms):
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
             shifts += ["_reverse_tokens"] if any(c.reverse for c in self.program.calls) else []
+            shifts += ["_angle_sums"] if any(self.summed(c) for c in self.program.calls) else []
             previous = any(q.previous for c in self.program.calls for q in c.queries)
             shifts += ["_next_tokens", "_previous_tokens"] if previous else []
             backward = any(q.previous for c in self.program.calls if c.reverse for q in c.queries)
