@@ -80,7 +80,7 @@ def mamba3(calls: int, rounds: int) -> None:
     g = torch.Generator().manual_seed(0)
     m2, m3 = (
         mixc.load(SPECS / "mamba2.mix"),
-        mixc.load(SPECS.parent / "examples" / "specs" / "mamba3.mix"),
+        mixc.load(SPECS / "mamba3.mix"),
     )
     a = mamba3_inputs(T, g)
     x2 = (a["x"], a["dt"], a["B"], a["C"], -a["A"][0, 0], a["D"])

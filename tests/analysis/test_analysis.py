@@ -333,7 +333,7 @@ ROWS: dict[str, Row] = {
         warnings=("cannot prove the decay exp(dt_t A)",),
     ),
     "mamba3": Row(
-        (EXAMPLES / "mamba3.mix").read_text(encoding="utf-8"),
+        "mamba3.mix",
         {
             "Th": S("identity", "identity", "3.141592653589793 dt_t tanh(w_t) 1^T", ()),
             "H": S(

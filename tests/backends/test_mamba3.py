@@ -17,7 +17,7 @@ import torch
 import mixc
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = ROOT / "examples" / "specs" / "mamba3.mix"
+SPEC = ROOT / "specs" / "mamba3.mix"
 f64 = torch.float64
 
 

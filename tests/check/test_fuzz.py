@@ -52,6 +52,7 @@ def test_every_shipped_spec_passes(path: Path) -> None:
             "retnet",
             "gated_retention",
             "mamba2",
+            "mamba3",
             "mamba3_trapezoid",
             "ema",
             "linear_attention_rope",

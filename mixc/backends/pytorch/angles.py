@@ -14,7 +14,15 @@ from mixc.lowering.program import Call
 
 
 class AngleSums(Context):
-    """Renders the sum of a group of angle states (`summed` says which calls)."""
+    """Renders the sum of a group of angle states (`summed` says which calls) where the
+    sequence forms would call a kernel (it comes before SequenceForms among a module's
+    bases: `emit_call` passes every other call on to it)."""
+
+    def emit_call(self, out: Lines, call: Call, packed: bool) -> None:
+        if self.summed(call):
+            self.emit_angle_sum(out, call, packed)
+        else:
+            super().emit_call(out, call, packed)  # type: ignore[misc]
 
     def summed(self, call: Call) -> bool:
         """Whether `call` is a sum of angle states: every state of it an angle state read entry

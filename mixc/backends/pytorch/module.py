@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from mixc.backends.pytorch.angles import AngleSums
 from mixc.backends.pytorch.kernels import FUNCTION_HELPERS
 from mixc.backends.pytorch.lines import Lines, comment, doc_line, string
 from mixc.backends.pytorch.names import note, size, without_unread
@@ -82,7 +83,7 @@ def _runtime_source() -> str:
     return "\n\n\n".join("\n".join(lines[n.lineno - 1 : n.end_lineno]) for n in helpers)
 
 
-class _Module(SequenceForms, RecurrentForms):
+class _Module(AngleSums, SequenceForms, RecurrentForms):
     """The whole module: the forms' functions (SequenceForms, RecurrentForms) and around them
     what makes the file stand alone."""
 

@@ -3,14 +3,14 @@ there is no chunked form), `parallel` and `summary`, each a run of kernel calls.
 
 from __future__ import annotations
 
-from mixc.backends.pytorch.angles import AngleSums
+from mixc.backends.pytorch.context import Context
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.names import local, note, tuple_text
 from mixc.frontend.ir import Binary
 from mixc.lowering.program import Call, QueryRead, SequenceForm, Step, SummaryCall
 
 
-class SequenceForms(AngleSums):
+class SequenceForms(Context):
     """Renders `chunk`, `parallel` and `summary`."""
 
     def emit_chunk(self, out: Lines, form: SequenceForm) -> None:
@@ -152,11 +152,7 @@ class SequenceForms(AngleSums):
 
     def emit_call(self, out: Lines, call: Call, packed: bool) -> None:
         """One kernel call, each of its queries' readouts into its local, and (from the first
-        query's call) the final states in their own layouts; a sum of angles, one cumulative
-        sum in float64 (see AngleSums)."""
-        if self.summed(call):
-            self.emit_angle_sum(out, call, packed)
-            return
+        query's call) the final states in their own layouts."""
         seqlens = ", cu_seqlens" if packed else ""
         initial = local("S0", call.group)
         reads = f", reading {', '.join(call.reads)}" if call.reads else ""

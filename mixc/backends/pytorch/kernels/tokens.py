@@ -75,8 +75,5 @@ def _angle_sums(v, initial, cu_seqlens=None):
     order = torch.arange(len(starts), device=v.device)
     sequence = order.repeat_interleave(ends - starts, output_size=full[1])  # each token's
     offset = (initial - sums[starts])[sequence]  # its sequence's initial state, less the sum
-    return (
-        (sums[:-1] + offset)[None],
-        (sums[1:] + offset)[None],
-        initial + sums[ends] - sums[starts],
-    )
+    final = initial + (sums[ends] - sums[starts])  # an empty sequence's: initial, exactly
+    return (sums[:-1] + offset)[None], (sums[1:] + offset)[None], final
