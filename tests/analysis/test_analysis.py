@@ -30,8 +30,6 @@ from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
 
 SPECS = Path(__file__).parents[2] / "specs"
-#: Specs of mixers that are not shipped yet (examples/specs/README.md says why), checked here too.
-EXAMPLES = Path(__file__).parents[2] / "examples" / "specs"
 
 
 # ----------------------------------------------------------------------------- the table
