@@ -5,7 +5,7 @@ one sum, the second shifted a token)."""
 
 from __future__ import annotations
 
-from mixc.backends.pytorch.context import Context
+from mixc.backends.pytorch.context import Context, sums_angles
 from mixc.backends.pytorch.lines import Lines, comment
 from mixc.backends.pytorch.names import local, note, size
 from mixc.backends.pytorch.pyexpr import constant, literal
@@ -25,21 +25,8 @@ class AngleSums(Context):
             super().emit_call(out, call, packed)  # type: ignore[misc]
 
     def summed(self, call: Call) -> bool:
-        """Whether `call` is a sum of angle states: every state of it an angle state read entry
-        by entry (a column), no transition (identity, no gate), one write a token of a
-        constant key, forward in time, every query a constant."""
-        (step, *more) = call.steps
-        return (
-            not more
-            and call.label == "identity"
-            and not call.reverse
-            and call.log_scale is None
-            and all(s.state in self.angle_states and s.shape[1] == "1" for s in call.slots)
-            and all(not s.vector for s in call.slots)
-            and all(a.expr is None for a in step.args)
-            and constant(step.key) is not None
-            and all(q.query is None or constant(q.query) is not None for q in call.queries)
-        )
+        """Whether `call` is a sum of angle states (see `sums_angles`)."""
+        return sums_angles(call, self.angle_states)
 
     def emit_angle_sum(self, out: Lines, call: Call, packed: bool) -> None:
         """The group's states before and after each token's update, from one cumulative sum

@@ -1589,18 +1589,18 @@ def chunk(
         D: [NH], or a number; any floating dtype up to the compute precision
         B_bias: [NH, N]; any floating dtype up to the compute precision
         C_bias: [NH, N]; any floating dtype up to the compute precision
-        initial_state: a tuple (Th [B, NH, R], H [B, NH, P, N], x_{t-1} [B, NH, P], B_{t-1} [B,
-            NH, N]) in the compute dtype (float32, float64 for float64 inputs), or None for
-            zeros; with cu_seqlens, one per sequence (N in place of B)
+        initial_state: a tuple (Th [B, NH, R] float64, H [B, NH, P, N], x_{t-1} [B, NH, P],
+            B_{t-1} [B, NH, N]) in the compute dtype (float32, float64 for float64 inputs), or
+            None for zeros; with cu_seqlens, one per sequence (N in place of B)
         output_final_state: True to return the final state
         chunk_size: tokens per chunk (default: CHUNK_SIZE)
         cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
             T (B = 1), each run from its own initial state
 
     Returns:
-        (y, final state): [B, T, NH, P] in the inputs' dtype; a tuple (Th [B, NH, R], H [B, NH,
-            P, N], x_{t-1} [B, NH, P], B_{t-1} [B, NH, N]) in the compute dtype (N of each with
-            cu_seqlens) if output_final_state, else None
+        (y, final state): [B, T, NH, P] in the inputs' dtype; a tuple (Th [B, NH, R] float64, H
+            [B, NH, P, N], x_{t-1} [B, NH, P], B_{t-1} [B, NH, N]) in the compute dtype (N of
+            each with cu_seqlens) if output_final_state, else None
     """
     _check_chunk_size(chunk_size)
     _check_flag("output_final_state", output_final_state)
@@ -1835,17 +1835,17 @@ def recurrent(
         D: [NH], or a number; any floating dtype up to the compute precision
         B_bias: [NH, N]; any floating dtype up to the compute precision
         C_bias: [NH, N]; any floating dtype up to the compute precision
-        initial_state: a tuple (Th [B, NH, R], H [B, NH, P, N], x_{t-1} [B, NH, P], B_{t-1} [B,
-            NH, N]) in the compute dtype (float32, float64 for float64 inputs), or None for
-            zeros; with cu_seqlens, one per sequence (N in place of B)
+        initial_state: a tuple (Th [B, NH, R] float64, H [B, NH, P, N], x_{t-1} [B, NH, P],
+            B_{t-1} [B, NH, N]) in the compute dtype (float32, float64 for float64 inputs), or
+            None for zeros; with cu_seqlens, one per sequence (N in place of B)
         output_final_state: True to return the final state
         cu_seqlens: None, or the integer offsets [0, end_1, ..., T] of N sequences packed along
             T (B = 1), each run from its own initial state
 
     Returns:
-        (y, final state): [B, T, NH, P] in the inputs' dtype; a tuple (Th [B, NH, R], H [B, NH,
-            P, N], x_{t-1} [B, NH, P], B_{t-1} [B, NH, N]) in the compute dtype (N of each with
-            cu_seqlens) if output_final_state, else None
+        (y, final state): [B, T, NH, P] in the inputs' dtype; a tuple (Th [B, NH, R] float64, H
+            [B, NH, P, N], x_{t-1} [B, NH, P], B_{t-1} [B, NH, N]) in the compute dtype (N of
+            each with cu_seqlens) if output_final_state, else None
     """
     _check_flag("output_final_state", output_final_state)
     _out_dtype = _output_dtype(_INPUTS, x)
@@ -1937,8 +1937,8 @@ def step(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, *, state=None):
         D: [NH], or a number; any floating dtype up to the compute precision
         B_bias: [NH, N]; any floating dtype up to the compute precision
         C_bias: [NH, N]; any floating dtype up to the compute precision
-        state: a tuple (Th [B, NH, R], H [B, NH, P, N], x_{t-1} [B, NH, P], B_{t-1} [B, NH, N])
-            (what the last step returned), or None for zeros
+        state: a tuple (Th [B, NH, R] float64, H [B, NH, P, N], x_{t-1} [B, NH, P], B_{t-1} [B,
+            NH, N]) (what the last step returned), or None for zeros
 
     Returns:
         (y, new state): [B, NH, P] in the inputs' dtype; the states as `state`
