@@ -1,7 +1,8 @@
 """Rotations (issue 31): linear attention with RoPE against plain linear attention, chunk forward,
-how accurate the angles stay far from position 0, and Mamba-3 SISO (specs/mamba3.mix: summed
+how accurate the angles stay far from position 0, Mamba-3 SISO (specs/mamba3.mix: summed
 data-dependent angles, R = N / 4 pairs turned) against Mamba-2 at T=4096 and against its own
-recurrent form at T=8192 (chunk size 64 for both; N = P = 64).
+recurrent form at T=8192 (chunk size 64 for both; N = P = 64), and how accurate Mamba-3's summed
+angles stay at T = 10^6 (float32 inputs).
 
     python benchmarks/rotations.py --threads 2
 
@@ -80,7 +81,7 @@ def mamba3(calls: int, rounds: int) -> None:
     g = torch.Generator().manual_seed(0)
     m2, m3 = (
         mixc.load(SPECS / "mamba2.mix"),
-        mixc.load(SPECS.parent / "examples" / "specs" / "mamba3.mix"),
+        mixc.load(SPECS / "mamba3.mix"),
     )
     a = mamba3_inputs(T, g)
     x2 = (a["x"], a["dt"], a["B"], a["C"], -a["A"][0, 0], a["D"])
@@ -151,6 +152,44 @@ def accuracy() -> None:
     )
 
 
+def mamba3_angles(T: int = 10**6) -> None:
+    """Mamba-3's summed angles Th_t = Th_{t-1} + pi dt_t tanh(w_t) at T = 10^6 from float32
+    inputs (dt = softplus(N(-3, 1)) as in mamba3_inputs, w = N(1, 1): angles that drift, as
+    a trained rotation may): the largest error over t of a float32 sum token by token (what
+    the forms did before the angles were kept in float64) and of the module's final Th (the
+    chunked form, float64), against a float64 sum of the same increments."""
+    g = torch.Generator().manual_seed(2)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    a = dict(
+        x=r(1, T, 1, 1), z=r(1, T, 1, 1), dt=torch.nn.functional.softplus(r(1, T, 1) - 3),
+        A=torch.ones(1, T, 1), B=r(1, T, 1, 4), C=r(1, T, 1, 4), l=r(1, T, 1),
+        w=1 + r(1, T, 1, 1), D=torch.ones(1), B_bias=torch.ones(1, 4), C_bias=torch.ones(1, 4),
+    )  # fmt: skip
+    step32 = math.pi * a["dt"][..., None] * torch.tanh(a["w"])
+    exact = (math.pi * a["dt"].double()[..., None] * torch.tanh(a["w"].double())).cumsum(1)
+    summed32 = step32.cumsum(1).double()  # sequential on CPU: a float32 state, token by token
+    with torch.no_grad():
+        _, (theta, *_) = mixc.load(SPECS / "mamba3.mix").chunk(*a.values(), output_final_state=True)
+    rows = {
+        "float32 sum, token by token (before)": (summed32 - exact).abs().max(),
+        "float32 sum: cos of the last angle": (summed32[0, -1].cos() - exact[0, -1].cos())
+        .abs()
+        .max(),
+        "mixc, float64 state (final Th of the chunked form)": (theta.double() - exact[0, -1])
+        .abs()
+        .max(),
+    }
+    print(
+        f"| the angle after T = {T} tokens, |Th_T| = {exact[0, -1].abs().max().item():.3g} rad | max abs error |"
+    )
+    print("| --- | --- |")
+    for name, err in rows.items():
+        print(f"| {name} | {err.item():.1e} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -165,6 +204,8 @@ def main() -> None:
     accuracy()
     print("\n| Mamba-3 SISO | median |\n| --- | --- |")
     mamba3(args.calls, args.rounds)
+    print()
+    mamba3_angles()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from torch import nn
 
 from mixc.driver import load
 from mixc.errors import MixcError, Source
+from mixc.frontend.ir import angle_states
 from mixc.frontend.spec import load_spec
 from mixc.layer_cache import MixerCache, check_cache
 from mixc.layer_checks import (
@@ -365,14 +366,14 @@ class MixerLayer(nn.Module):
 
     def _states(self, state: MixerCache | None, x: torch.Tensor):
         """The states a call of padding only leaves: the cache's, else zeros (in the compiled
-        module's compute dtype: float64 for float64, else float32)."""
+        module's compute dtype: float64 for float64, else float32; a state of angles float64)."""
         if state is not None:
             return state.states
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        wide, dtype = angle_states(self.spec.mixer), torch.promote_types(x.dtype, torch.float32)
         zeros = tuple(
             x.new_zeros(
                 x.shape[0], self.num_v_heads, *(self._size(s) for s in d.shape), dtype=dtype
-            )
+            ).to(torch.float64 if d.name in wide else dtype)
             for d in self.spec.mixer.carried
         )
         return zeros[0] if len(zeros) == 1 else zeros

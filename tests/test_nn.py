@@ -324,7 +324,7 @@ def test_use_cache_must_be_a_bool():
 def test_mamba3_layer_keeps_its_angles_as_given_and_turns_a_quarter_of_the_channels():
     """The angle rate w of Mamba-3's summed angles is neither convolved nor put through silu
     (it is read only by the state of angles); R defaults to N / 4 (rope_fraction 0.5)."""
-    layer = MixerLayer(ROOT / "examples" / "specs" / "mamba3.mix", 64, 2, output_gate=False)
+    layer = MixerLayer(ROOT / "specs" / "mamba3.mix", 64, 2, output_gate=False)
     assert layer.transforms["w"] == ["identity"] and "w" not in layer.conv_inputs
     assert layer.transforms["B"] == ["silu"] and "B" in layer.conv_inputs
     assert layer.sizes["R"] == layer.sizes["N"] // 4

@@ -5,9 +5,10 @@ Tolerance, as relative RMS error `||a - ref|| / ||ref||` against the oracle: flo
 every quantity; float32 1e-5 for outputs and final states, 1e-4 for gradients, raised to `FACTOR`
 = 4 times the oracle's own change when every input is moved by one float32 rounding (the larger
 of two random directions) on an ill-conditioned example, such as an output in which a readout and
-a skip cancel; bfloat16 4 times the error of the reference loop in that precision, i.e. of the
-oracle's own result rounded to bfloat16, for the same quantity (and never below the float32
-bound). The oracle sees exactly the rounded inputs and cotangents the module sees, so the error
+a skip cancel, or every rotated vector the oracle computes moved by one rounding (see
+`check.forms._conditioned_limits`); bfloat16 4 times the error of the reference loop in that
+precision, i.e. of the oracle's own result rounded to bfloat16, for the same quantity (and never
+below the float32 bound of the same example). The oracle sees exactly the rounded inputs and cotangents the module sees, so the error
 measures the computation, not the rounding of inputs. In bfloat16, parameters and states are
 float32 holding rounded values (master weights, as in mixed-precision training). A reference
 whose RMS is below `NEAR_ZERO` (1%) of the largest RMS of its kind (outputs and states, or
@@ -85,10 +86,12 @@ def reference(
     initial_state: dict[str, Tensor] | None = None,
     cot_y: Tensor | None = None,
     cot_states: dict[str, Tensor] | None = None,
+    rounding=None,
 ) -> Result:
     """The float64 oracle: output, final states, and the gradients of
     loss = sum(y * cot_y) + sum over states of sum(final * cot_state)
-    with respect to every input, parameter and initial state given (by name)."""
+    with respect to every input, parameter and initial state given (by name). `rounding`:
+    see `interpret` (the rotated vectors moved by one rounding)."""
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     params, initial_state, cot_states = params or {}, initial_state or {}, cot_states or {}
     leaves = {
@@ -100,6 +103,7 @@ def reference(
         {n: leaves[n] for n in inputs},
         {n: leaves[n] for n in params},
         {n: leaves[n] for n in initial_state} or None,
+        rounding,
     )
     y = outputs[spec.mixer.outputs[0].target]
     grads: dict[str, Tensor | None] = {}

@@ -35,6 +35,7 @@ from torch import Tensor
 from mixc.errors import InputError, MixcError
 from mixc.frontend.builtins import BUILTINS
 from mixc.frontend.ir import (
+    ANGLE_ARGUMENTS,
     CHANNEL,
     POSITION,
     Binary,
@@ -130,6 +131,7 @@ class _Evaluator:
         self.prev: dict[str, Tensor] = {}
         self.earlier: dict[str, Tensor] = {}
         self.next: dict[str, Tensor] = {}
+        self.rounding: Callable[[Tensor], Tensor] | None = None  # see interpret
 
     def eval(self, e: Expr, args: dict[str, Value]) -> Value:
         if isinstance(e, Number):
@@ -167,7 +169,10 @@ class _Evaluator:
                 return self.eval(fn.body, dict(zip(fn.args, values, strict=True)))
             if any(isinstance(v, _Sized) for v in values):
                 raise MixcError(f"{e.func}(I): the size of I is unknown here")
-            return FUNCTIONS[e.func](*values)
+            result = FUNCTIONS[e.func](*values)
+            if self.rounding is not None and e.func in ANGLE_ARGUMENTS:
+                result = self.rounding(result)
+            return result
         raise MixcError(f"cannot evaluate {type(e).__name__} nodes")
 
 
@@ -228,8 +233,12 @@ def interpret(
     inputs: dict[str, Tensor],
     params: dict[str, Tensor] | None = None,
     initial_state: dict[str, Tensor] | None = None,
+    rounding: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Run a spec step by step in float64.
+    """Run a spec step by step in float64. `rounding`, if given, is applied to the result of
+    every call of a built-in with an angle argument (`rotate`, `cos`, ...): the fuzzer moves
+    them by one rounding of the precision under test, as it moves the inputs, to see how well
+    conditioned an example is (a rotated vector is rounded before any kernel reads it).
 
     Returns (outputs by the target name of every non-state equation, final states by name).
     """
@@ -250,6 +259,7 @@ def interpret(
     xs = _spread_heads(mixer, raw, sizes, NH)
     values = _param_values(mixer, params, sizes, NH, device)
     evaluator = _Evaluator(mixer, values, device, sizes.sizes)
+    evaluator.rounding = rounding
     evaluator.prev = _start_states(mixer, initial_state, sizes, B, NH, device)
     outputs = _output_buffers(spec, sizes, B, T, NH, device)
     _run(evaluator, spec.order, xs, outputs, B, T, NH)

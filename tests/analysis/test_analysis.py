@@ -30,8 +30,6 @@ from mixc.frontend.verify import verify
 from mixc.transitions import CLASSES
 
 SPECS = Path(__file__).parents[2] / "specs"
-#: Specs of mixers that are not shipped yet (examples/specs/README.md says why), checked here too.
-EXAMPLES = Path(__file__).parents[2] / "examples" / "specs"
 
 
 # ----------------------------------------------------------------------------- the table
@@ -333,7 +331,7 @@ ROWS: dict[str, Row] = {
         warnings=("cannot prove the decay exp(dt_t A)",),
     ),
     "mamba3": Row(
-        (EXAMPLES / "mamba3.mix").read_text(encoding="utf-8"),
+        "mamba3.mix",
         {
             "Th": S("identity", "identity", "3.141592653589793 dt_t tanh(w_t) 1^T", ()),
             "H": S(

@@ -17,7 +17,7 @@ import torch
 import mixc
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = ROOT / "examples" / "specs" / "mamba3.mix"
+SPEC = ROOT / "specs" / "mamba3.mix"
 f64 = torch.float64
 
 
@@ -165,6 +165,38 @@ def test_float32_at_mamba3_ranges(module):
     want, _ = reference(*args.values())
     y, _ = module.chunk(*(v.float() for v in args.values()), chunk_size=16)
     assert _rel(y.double(), want) < 1e-5
+
+
+def test_float32_with_angles_far_from_zero(module):
+    """The summed angles are float64 in every form: from angles of some 3 * 10^5 rad (10^6
+    tokens at 0.3 rad a token), float32 inputs give what the float64 reference gives on the same
+    rounded values, within 1e-5, in the chunked form, the recurrent form, and prefill then step.
+    A float32 state could not: the angles rounded to float32 (ulp 0.03 rad) move the output by
+    more than 1e-3."""
+    args = {k: v.float().double() for k, v in _inputs(T=32).items()}
+    start = list(_start())
+    start[0] = 3e5 + start[0]  # float64, as the forms keep it
+    start[1:] = [s.float().double() for s in start[1:]]
+    want, finals = reference(*args.values(), start=tuple(start))
+    low = [v.float() for v in args.values()]
+    state = (start[0], *(s.float() for s in start[1:]))
+    y, got = module.chunk(*low, initial_state=state, output_final_state=True, chunk_size=8)
+    assert _rel(y.double(), want) < 1e-5 and got[0].dtype == f64
+    assert (got[0] - finals[0]).abs().max() < 1e-9  # the angles themselves, in float64
+    y, _ = module.recurrent(*low, initial_state=state)
+    assert _rel(y.double(), want) < 1e-5
+    y0, carried = module.chunk(
+        *[v[:, :20] if v.dim() >= 3 else v for v in low],
+        initial_state=state,
+        output_final_state=True,
+    )
+    ys = [y0]
+    for t in range(20, 32):
+        y_t, carried = module.step(*[v[:, t] if v.dim() >= 3 else v for v in low], state=carried)
+        ys.append(y_t[:, None])
+    assert _rel(torch.cat(ys, 1).double(), want) < 1e-5
+    rounded = (start[0].float().double(), *start[1:])
+    assert _rel(reference(*args.values(), start=rounded)[0], want) > 1e-3
 
 
 #: Each a plausible slip in writing Mamba-3, which the reference tells apart.

@@ -669,6 +669,23 @@ MUTANTS = [
         {"recurrent", "step"},
         NUMERICAL,
     ),
+    # a state of angles (Mamba-3's Th): one cumulative sum in float64 gives Th_{t-1} and Th_t
+    (
+        "mamba3",
+        "the angle read a token late (Th_t where the spec reads Th_{t-1}, and back)",
+        "_read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)",
+        "_read2_Th, _read_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)",
+        {"chunk"},
+        NUMERICAL,
+    ),
+    (
+        "mamba3",
+        "the step's angles not carried (each token turned by the first token's angle)",
+        "Th, H, _prev_x, _prev_B = Th_t, H_t, x_t, B_t",
+        "Th, H, _prev_x, _prev_B = Th, H_t, x_t, B_t",
+        {"recurrent", "step"},
+        NUMERICAL,
+    ),
     (
         "gla_rank2",
         "the second write's sub-token dropped",

@@ -10,9 +10,9 @@ from mixc.backends.pytorch.docstrings import FormDocs
 from mixc.backends.pytorch.lines import Lines, string
 from mixc.backends.pytorch.names import fresh, local, local_base, note, size, tuple_line, tuple_text
 from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
-from mixc.frontend.ir import Expr, Timed, angle_params
+from mixc.frontend.ir import Expr, Timed, angle_params, angle_states
 from mixc.frontend.shapes import SCALAR
-from mixc.lowering.program import Program, Slot
+from mixc.lowering.program import Call, Program, Slot
 
 
 class Context:
@@ -33,13 +33,15 @@ class Context:
         # and `_pos`, the position of the next token, where the spec reads pos_t
         self.positioned = self.mixer.positioned
         self.angle_params = angle_params(self.mixer)
+        self.angle_states = wide_states(program)  # kept and summed in float64
         self.carried = self.states + [local("prev", x) for x in self.lagged]
         self.carried += ["_pos"] if self.positioned else []
         self.output = self.mixer.outputs[0]
         self.readouts = dict(program.readouts)
         pipeline = bool(self.program.summary.runs)
         left = any(s.summary_action == "left" for s in self.program.states)
-        self.docs = FormDocs(self.mixer, self.spec.shapes[self.output.target], pipeline, left)
+        shape = self.spec.shapes[self.output.target]
+        self.docs = FormDocs(self.mixer, shape, pipeline, left, self.angle_states)
         # the points of common subexpressions (see Shared): recorded by the first run of the
         # mixer's functions, replayed with their locals by the second
         self._points: list[Shared] = []
@@ -57,6 +59,17 @@ class Context:
             return self.readouts.get(e.name, e.name)  # a readout by its local
 
         return PyExpr(self.typer, names, functions, self._point, compact_angles=True)
+
+    def wide(self, e: PyExpr) -> PyExpr:
+        """`e` with every name it reads in float64 (the angle states and parameters are): the
+        update of a state of angles (see `angle_states`), summed in float64."""
+        kept = self.angle_states | self.angle_params
+
+        def names(x: Expr) -> str:
+            text = e.names(x)
+            return text if x.name in kept else f"{text}.double()"
+
+        return PyExpr(self.typer, names, e.functions, e.shared, e.compact_angles)
 
     def gate_expr(self) -> PyExpr:
         """Expressions of a kernel's gate arguments: a log-gate's log is `_log_gate`."""
@@ -172,6 +185,9 @@ class Context:
             batch = "_batch"
         if states_from is not None:
             where = f"_sizes, _dtype, _device, {batch}, {string(states_from)}"
+            if self.angle_states:  # kept in float64
+                wide = ", ".join(string(s) for s in sorted(self.angle_states))
+                where += f", wide=({wide},)"
             call = f"_prepare_states(_STATES, {states_from}, {where})"
             if self.carried:
                 out(f"{self.state_tuple()} = {call}")
@@ -260,3 +276,31 @@ class Context:
         for s, name in zip(slots, names, strict=True):
             if not s.vector:
                 out(f"{name} = {name}.mT")
+
+
+def sums_angles(call: Call, wide: frozenset[str]) -> bool:
+    """Whether `call` is a sum of angle states (those of `wide`), which the sequence forms
+    compute as one cumulative sum in float64: every state of it in `wide` and read entry by
+    entry (a column), no transition (identity, no gate), one write a token of a constant key,
+    forward in time, every query a constant."""
+    (step, *more) = call.steps
+    return (
+        not more
+        and call.label == "identity"
+        and not call.reverse
+        and call.log_scale is None
+        and all(s.state in wide and s.shape[1] == "1" and not s.vector for s in call.slots)
+        and all(a.expr is None for a in step.args)
+        and constant(step.key) is not None
+        and all(q.query is None or constant(q.query) is not None for q in call.queries)
+    )
+
+
+def wide_states(program: Program) -> frozenset[str]:
+    """The states the forms keep in float64: those that only feed angles (`angle_states`)
+    and that every kernel call holding one sums as angles (`sums_angles`); another (a decaying
+    state of angles) stays in the compute dtype, as its kernel runs."""
+    found = angle_states(program.mixer)
+    parallel = program.parallel.calls if program.parallel is not None else ()
+    calls = [*program.calls, *parallel, *program.summary.runs]
+    return frozenset(s for s in found if all(sums_angles(c, found) for c in calls if s in c.states))

@@ -69,9 +69,15 @@ class FormDocs:
     """The docstrings of one mixer's forms; `lines(form)` gives one form's, without quotes."""
 
     def __init__(
-        self, mixer: Mixer, output_shape: Shape, pipeline: bool = False, left: bool = False
+        self,
+        mixer: Mixer,
+        output_shape: Shape,
+        pipeline: bool = False,
+        left: bool = False,
+        wide=frozenset(),
     ) -> None:
         self.mixer = mixer
+        self.wide = wide  # the states kept in float64 whatever the compute dtype
         self.pipeline = pipeline  # a later state's summary reads earlier states' values
         self.left = left  # a state's summary acts from the left
         self.output = mixer.outputs[0].target
@@ -80,7 +86,10 @@ class FormDocs:
     def _states(self, lead: Sequence[str], carried: Sequence[Decl] | None = None) -> str:
         """The states as a form takes and returns them: one tensor, or a tuple in order."""
         carried = self.mixer.carried if carried is None else carried
-        shapes = [f"{d.name} {_shape(lead, d.shape)}" for d in carried]
+        shapes = [
+            f"{d.name} {_shape(lead, d.shape)}{' float64' if d.name in self.wide else ''}"
+            for d in carried
+        ]
         return shapes[0] if len(shapes) == 1 else "a tuple (" + ", ".join(shapes) + ")"
 
     def _inputs(self, lead: Sequence[str]) -> list[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from mixc.backends.pytorch.angles import AngleSums
 from mixc.backends.pytorch.kernels import FUNCTION_HELPERS
 from mixc.backends.pytorch.lines import Lines, comment, doc_line, string
 from mixc.backends.pytorch.names import note, size, without_unread
@@ -89,7 +90,7 @@ def _runtime_source() -> str:
     return "\n\n\n".join("\n".join(lines[n.lineno - 1 : n.end_lineno]) for n in helpers)
 
 
-class _Module(SequenceForms, RecurrentForms):
+class _Module(AngleSums, SequenceForms, RecurrentForms):
     """The whole module: the forms' functions (SequenceForms, RecurrentForms) and around them
     what makes the file stand alone."""
 
@@ -215,6 +216,7 @@ class _Module(SequenceForms, RecurrentForms):
             forms = (self.program.chunk, self.program.parallel)
             moved = [c for f in forms if f for c in f.calls if not native(c, self.library)]
             shifts += ["_reverse_tokens"] if any(c.reverse for c in moved) else []
+            shifts += ["_angle_sums"] if any(self.summed(c) for c in self.program.calls) else []
             previous = any(q.previous for c in moved for q in c.queries)
             shifts += ["_next_tokens", "_previous_tokens"] if previous else []
             backward = any(q.previous for c in moved if c.reverse for q in c.queries)

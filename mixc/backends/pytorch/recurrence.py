@@ -33,7 +33,8 @@ class RecurrentForms(Context):
         with self.point(out, 2):
             e = self.step_expr()
             for update in recurrence.updates:
-                out(f"{update.state}_t = {self.update_text(update, e)}{note(update.shown)}", 2)
+                own = self.wide(e) if update.state in self.angle_states else e
+                out(f"{update.state}_t = {self.update_text(update, own)}{note(update.shown)}", 2)
             y = e(recurrence.output)
             out(f"_ys.append({y}){note(f'{self.output.target}_t = {recurrence.shown}')}", 2)
         ahead = [u.state for u in recurrence.updates]
@@ -63,7 +64,8 @@ class RecurrentForms(Context):
         with self.point(out, 2):
             e = self.step_expr()
             for update in loop.updates:
-                out(f"{update.state}_t = {self.update_text(update, e)}{note(update.shown)}", 2)
+                own = self.wide(e) if update.state in self.angle_states else e
+                out(f"{update.state}_t = {self.update_text(update, own)}{note(update.shown)}", 2)
             for name, read in loop.reads:
                 out(f"{name} = {e(read)}{note(read)}", 2)
         out(f"_kept.append({tuple_text([name for name, _ in loop.reads], one=True)})", 2)

@@ -221,10 +221,12 @@ def _prepare_param(name, x, dims, sizes, dtype, device):
     return x[:, :, None] if len(dims) == 1 else x[:, None, None] if not dims else x
 
 
-def _prepare_states(layout, given, sizes, dtype, device, batch, argument):
+def _prepare_states(layout, given, sizes, dtype, device, batch, argument, wide=()):
     """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
-    zeros; in the compute dtype `dtype`, in which the forms also return them. `argument` is the
-    name the caller gave them (`initial_state`, or `state` for a step), for the errors."""
+    zeros; in the compute dtype `dtype`, in which the forms also return them, but for the
+    states named in `wide` (those that only feed angles), float64 always (given in float64 or
+    `dtype`). `argument` is the name the caller gave them (`initial_state`, or `state` for a
+    step), for the errors."""
     n_heads = sizes["NH"]
     if given is not None and len(layout) == 1 and isinstance(given, torch.Tensor):
         given = (given,)
@@ -237,8 +239,9 @@ def _prepare_states(layout, given, sizes, dtype, device, batch, argument):
     out = []
     for i, (name, dims) in enumerate(layout):
         full = tuple(sizes[d] if not d.isdigit() else int(d) for d in dims)
+        own = torch.float64 if name in wide else dtype
         if given is None:
-            x = torch.zeros(batch, n_heads, *full, dtype=dtype, device=device)
+            x = torch.zeros(batch, n_heads, *full, dtype=own, device=device)
         else:
             x = given[i]
             _check_tensor(f"{argument} {name}", x, device)
@@ -248,11 +251,12 @@ def _prepare_states(layout, given, sizes, dtype, device, batch, argument):
                     f"{argument} {name}: expected shape {shape_text} = "
                     f"{[batch, n_heads, *full]}, got {list(x.shape)}"
                 )
-            if x.dtype != dtype:
+            if x.dtype not in (dtype, own):
                 _fail(
-                    f"{argument} {name}: expected {dtype} (states are float32, float64 for "
-                    f"float64 inputs), got {x.dtype}"
+                    f"{argument} {name}: expected {own} (states are float32, float64 for "
+                    f"float64 inputs; a state of angles float64), got {x.dtype}"
                 )
+            x = x.to(own)
         out.append(x[..., None] if len(dims) == 1 else x)
     return out
 
@@ -1443,7 +1447,7 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_c3275c3c5df00c69", globals())
+_operator_spans = _register_spans("mixc_0b572a360f937f0f", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

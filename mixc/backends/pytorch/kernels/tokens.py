@@ -109,3 +109,25 @@ def _previous_tokens(x, first, reverse=False, cu_seqlens=None):
     out[:, :, 1:] = x[:, :, :-1]
     out[:, :, :1] = first
     return _reverse_tokens(out, cu_seqlens) if reverse else out
+
+
+def _angle_sums(v, initial, cu_seqlens=None):
+    """A state of angles summed over time, S_t = S_{t-1} + v_t, in float64 (a float32 sum of
+    10^6 angles is off by about 10^6 of its ulps): v [B, T, NH, ...] the angles added at each
+    token, `initial` [B, NH, ...] (packed: [N, NH, ...] for the N sequences of cu_seqlens,
+    B = 1). Returns the states before each token's update and after it [B, T, NH, ...] and the
+    final states [B, NH, ...] (packed: [N, NH, ...]); one cumulative sum, the rest shifts."""
+    initial = initial.to(torch.float64)
+    full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
+    sums = v.to(torch.float64).expand(full).cumsum(1)
+    if cu_seqlens is None:
+        after = initial[:, None] + sums
+        before = torch.cat([initial[:, None], after[:, :-1]], 1)
+        return before, after, (after[:, -1] if after.shape[1] else initial)
+    sums = torch.cat([sums.new_zeros(1, 1, *sums.shape[2:]), sums], 1)[0]  # before token t
+    starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+    order = torch.arange(len(starts), device=v.device)
+    sequence = order.repeat_interleave(ends - starts, output_size=full[1])  # each token's
+    offset = (initial - sums[starts])[sequence]  # its sequence's initial state, less the sum
+    final = initial + (sums[ends] - sums[starts])  # an empty sequence's: initial, exactly
+    return (sums[:-1] + offset)[None], (sums[1:] + offset)[None], final
