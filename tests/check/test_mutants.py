@@ -79,8 +79,8 @@ MUTANTS = [
     (
         "gated_retention",
         "intra-chunk mask misses the diagonal",
-        "else (x * gamma).tril_()",
-        "else (x * gamma).tril_(-1)",
+        "else x.tril_(-int(strict))",
+        "else x.tril_(-1)",
         {"chunk"},
         NUMERICAL,
     ),
@@ -103,8 +103,8 @@ MUTANTS = [
     (
         "gated_retention",
         "no decay from chunk to chunk",
-        "_scan_scalar(state, chunk_g, chunk_kv)",
-        "_scan_scalar(state, None, chunk_kv)",
+        "_scan_scalar(state, chunk_g, chunk_kv, reverse)",
+        "_scan_scalar(state, None, chunk_kv, reverse)",
         {"chunk"},
         NUMERICAL,
     ),
@@ -112,8 +112,8 @@ MUTANTS = [
     (
         "gated_retention",
         "gradient flowing back between chunks without the decay",
-        "_scan_scalar(d_state, chunk_g, local, reverse=True)",
-        "_scan_scalar(d_state, None, local, reverse=True)",
+        "_scan_scalar(d_state, chunk_g, local, not reverse)",
+        "_scan_scalar(d_state, None, local, not reverse)",
         {"chunk"},
         NUMERICAL,
     ),
@@ -144,7 +144,7 @@ MUTANTS = [
     (
         "linear_attention",
         "query and key gradients ignore the causal mask",
-        "d_scores = _masked(d_probs, gamma)",
+        "d_scores = _masked(d_probs, gamma, reverse, strict)",
         "d_scores = d_probs",
         {"chunk"},
         NUMERICAL,
@@ -179,8 +179,8 @@ MUTANTS = [
     (
         "gated_retention",
         "quadratic form without its decay",
-        "decay = None if g is None else _pair_decays(g)",
-        "decay = None",
+        "        decay = _pair_decays(g)",
+        "        decay = None",
         {"parallel"},
         NUMERICAL,
     ),
