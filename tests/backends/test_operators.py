@@ -70,6 +70,8 @@ def test_compiled_chunk_matches_the_oracle_over_several_spans(name, monkeypatch)
     spec, inputs, params, states = _example(name)
     module = mixc.load(ROOT / "specs" / f"{name}.mix")
     monkeypatch.setitem(module.__dict__, "_span_tokens", lambda q, v, chunk_size: 2 * chunk_size)
+    if "_span_chunks" in module.__dict__:  # the full elementwise kernel's spans
+        monkeypatch.setitem(module.__dict__, "_span_chunks", lambda q, v, chunk_size: 2)
     gen = torch.Generator().manual_seed(1)
     ref0 = reference(spec, inputs, params, states)
     cot_y = torch.randn(ref0.y.shape, generator=gen, dtype=torch.float64)
@@ -157,8 +159,10 @@ def test_fake_implementations_agree_with_the_operators(name, monkeypatch):
         )
         torch.library.opcheck(ops.spans, args)
     else:
-        tensors = leaves(a["tensors"])
-        torch.library.opcheck(ops.call, (a["kernel"].__name__, *tensors, a["chunk_size"]))
+        tensors, own = leaves(a["tensors"]), a["backward"]
+        names = (a["kernel"].__name__, "" if own is None else own.__name__)
+        # a kernel with its own backward keeps what it needs (keep True) under autograd
+        torch.library.opcheck(ops.call, (*names, *tensors, a["chunk_size"], own is not None))
 
 
 def test_registering_again_is_harmless():

@@ -14,8 +14,10 @@ by memory, not arithmetic): the decays (the gate's product and its exp), the wri
 with its running product, the entering state's term, the readout; seven passes in all. Without
 autograd each pass writes in place into two span-sized buffers allocated once per call (a
 freshly allocated tensor of a few MiB costs the OS's page faults on every touch) and the
-readout goes straight into the output. Under autograd each span is checkpointed (its states are
-made again in the backward), so what the backward keeps is the inputs and one state per span.
+readout goes straight into the output. Under autograd the forward runs so too, keeping the
+inputs and the state entering each span, and the backward makes each span's states again under
+autograd from its entering state, one span at a time (_elementwise_grads): the recurrence runs
+once under autograd, not twice as with checkpoints (which remain for a double backward).
 
 Uses the layout of common.py, and imports only torch and common, so the generated module can
 hold a copy of its source (see kernel_source in this package).
@@ -129,41 +131,59 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
     at a time. initial_state
     [B, NH, K, V] or None (zeros). Returns (o [B, NH, T, V], final state).
     """
-    return _opaque_call(_elementwise, [q, k, v, g, g_scale, initial_state], chunk_size)
+    tensors = [q, k, v, g, g_scale, initial_state]
+    return _opaque_call(_elementwise, tensors, chunk_size, _elementwise_grads)
 
 
-def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
-    """chunk_elementwise, its spans checkpointed under autograd."""
+def _plan(q, v, chunk_size):
+    """How _elementwise cuts a sequence: (the chunk size, the spans' count, the padding tokens
+    after the sequence (every span whole), the spans' shape [n, C, B, NH, K, V], the position
+    in its span of the token each span's state leaves after: its last, the last span's the
+    sequence's last, so that the padding after it, where an input constant in time is not zero,
+    is never read back)."""
     batch, heads, length = q.shape[:3]
     chunk_size = _chunk_size_for(chunk_size, length)
+    per_span = min(_span_chunks(q, v, chunk_size), -(-length // chunk_size))
+    n_spans = -(-length // (per_span * chunk_size))
+    n_pad = n_spans * per_span * chunk_size - length
+    shape = (per_span, chunk_size, batch, heads, q.shape[-1], v.shape[-1])
+    span_tokens = per_span * chunk_size
+    ends = [span_tokens - 1] * (n_spans - 1) + [span_tokens - 1 - n_pad]
+    return chunk_size, n_spans, n_pad, shape, ends
+
+
+def _span_pieces(tensors, chunk_size, n_pad, n_spans):
+    """For each span, its (q a row, k a column, v a row of each token's matrices, g, g_scale),
+    from tensors [q, k, v, g, g_scale], in _by_chunk's layout; split, not indexed: under
+    autograd the backward of a split is one concatenation, of an index a zero-filled gradient
+    of the whole tensor per span; an input constant in time is the same for every span."""
+    q, k, v, g, g_scale = tensors
+
+    def spans(x):
+        if x is None:
+            return [None] * n_spans
+        x = _by_chunk(x, chunk_size, n_pad)
+        return [x] * n_spans if x.shape[0] == 1 else list(x.split(x.shape[0] // n_spans))
+
+    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)
+    return [list(p) for p in zip(*(spans(x) for x in rows))]
+
+
+def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size, kept=None):
+    """chunk_elementwise: under autograd its spans checkpointed, else in place, appending to kept
+    (a list; None: nothing kept) what _elementwise_grads needs: the state entering each span
+    [spans, B, NH, K, V]."""
+    batch, heads, length = q.shape[:3]
     state = initial_state
     if state is None:
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     if length == 0:
+        if kept is not None:
+            kept.append(state.new_empty(0, *state.shape))
         return q.new_zeros(batch, heads, 0, v.shape[-1]), state
-    per_span = min(_span_chunks(q, v, chunk_size), -(-length // chunk_size))
-    n_spans = -(-length // (per_span * chunk_size))
-    n_pad = n_spans * per_span * chunk_size - length  # every span whole
-    tracked = _needs_grad(q, k, v, g, g_scale, state)
-
-    def spans(x):
-        # split, not indexed: under autograd the backward of a split is one concatenation, of
-        # an index a zero-filled gradient of the whole tensor per span; a gate constant in time
-        # is the same for every span
-        if x is None:
-            return [None] * n_spans
-        x = _by_chunk(x, chunk_size, n_pad)
-        return [x] * n_spans if x.shape[0] == 1 else x.split(per_span)
-
-    # q a row, k a column, v a row of each token's matrices
-    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)
-    pieces = zip(*(spans(x) for x in rows))
-    shape = (per_span, chunk_size, batch, heads, q.shape[-1], v.shape[-1])
-    # the state leaves each span after its last token, the last span after the sequence's last:
-    # the padding after it (where an input constant in time is not zero) is never read back
-    span_tokens = per_span * chunk_size
-    ends = [span_tokens - 1] * (n_spans - 1) + [span_tokens - 1 - n_pad]
-    if tracked:
+    chunk_size, n_spans, n_pad, shape, ends = _plan(q, v, chunk_size)
+    pieces = _span_pieces([q, k, v, g, g_scale], chunk_size, n_pad, n_spans)
+    if _needs_grad(q, k, v, g, g_scale, state):
         outs = []
         for inputs, end in zip(pieces, ends):
             # the span's states are made again in the backward, one span at a time
@@ -173,9 +193,55 @@ def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
             outs.append(o)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
     else:
-        buffers = _buffers(shape, q)
-        out = q.new_empty(n_spans * per_span, *shape[1:4], 1, v.shape[-1])
-        for inputs, o, end in zip(pieces, out.split(per_span), ends):
+        buffers, entering = _buffers(shape, q), []
+        out = q.new_empty(n_spans * shape[0], *shape[1:4], 1, v.shape[-1])
+        for inputs, o, end in zip(pieces, out.split(shape[0]), ends):
+            entering.append(state)
             state = _span_in_place(*inputs, state, buffers, o, end)
+        if kept is not None:
+            kept.append(torch.stack(entering))
     # [N, C, B, NH, 1, V] -> [B, NH, T, V], a view of a [T, B, NH, V] tensor
     return out.flatten(0, 1).squeeze(-2).permute(1, 2, 0, 3)[:, :, :length], state
+
+
+def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
+    """The gradients of _elementwise's tensors [q, k, v, g, g_scale, initial_state] (None where
+    not wanted) for those of its outputs d_outs (o, final state; None: zero), from the states
+    entering each span its forward kept: from the last span to the first, the span's recurrence
+    made again under autograd from its entering state (_span_tracked) and differentiated at
+    once, passing its state's gradient to the span before. So the recurrence runs once under
+    autograd, where with checkpoints it runs twice (the forward, then again in the backward)."""
+    (entering,), (d_o, d_state), q, v = kept, d_outs, tensors[0], tensors[2]
+    if d_state is None:
+        d_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    if q.shape[2] == 0:
+        return [None] * 5 + [d_state if wanted[5] else None]
+    if d_o is None:
+        d_o = q.new_zeros(*q.shape[:3], v.shape[-1])
+    chunk_size, n_spans, n_pad, shape, ends = _plan(q, v, chunk_size)
+    d_out = _by_chunk(d_o.unsqueeze(-2), chunk_size, n_pad).split(shape[0])
+    with torch.enable_grad():
+        leaves = [
+            None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
+        ]
+        pieces = _span_pieces(leaves[:5], chunk_size, n_pad, n_spans)
+        roots, root_grads = [], []
+        for i in range(n_spans - 1, -1, -1):
+            # the span's inputs as leaves, the same ones tracked (their gradients then go
+            # back through the split into chunks, all spans at once)
+            inputs = [
+                None if x is None else x.detach().requires_grad_(x.requires_grad) for x in pieces[i]
+            ]
+            start = entering[i].detach().requires_grad_(True)
+            o, state = _span_tracked(*inputs, start, shape, ends[i])
+            wrt = [x for x in inputs if x is not None and x.requires_grad]
+            tracked = [x for x in pieces[i] if x is not None and x.requires_grad]
+            *found, d_state = torch.autograd.grad(
+                [o, state], [*wrt, start], [d_out[i], d_state], allow_unused=True
+            )
+            roots += tracked
+            root_grads += [torch.zeros_like(x) if d is None else d for d, x in zip(found, wrt)]
+        wrt = [x for x in leaves[:5] if x is not None and x.requires_grad]
+        found = iter(torch.autograd.grad(roots, wrt, root_grads, allow_unused=True) if wrt else ())
+    grads = [next(found) if x is not None and x.requires_grad else None for x in leaves[:5]]
+    return [*grads, d_state if wanted[5] else None]
