@@ -699,23 +699,30 @@ def _span_in_place(q, k, v, g, g_scale, state, buffers, out, end):
     """One span without autograd: q [n, C, B, NH, 1, K] (a row), k [n, C, B, NH, K, 1] (a
     column), v [n, C, B, NH, 1, V], g and g_scale broadcastable to [n, C, B, NH, K, V] (g_scale
     may be None), all in _by_chunk's layout, from the state entering the span; buffers from
-    _buffers, overwritten; the outputs q_i S_i go into out [n, C, B, NH, 1, V]. Returns the
-    state after the span's token `end` (its last, or the sequence's last before padding)."""
+    _buffers, overwritten; the outputs q_i S_i go into out [n, C, B, NH, 1, V] (None: not
+    read out). Returns the state after the span's token `end` (its last, or the sequence's
+    last before padding). A span of one chunk (n = 1) starts its recurrence from the state
+    itself, so it needs no decay from the chunk's start: its decays keep each token's a_i."""
     decays, writes, entering, a, w, decay, last, slots = buffers
     if g_scale is None:
         torch.exp(g.expand_as(decays), out=decays)
     else:
         torch.exp_(torch.mul(g.expand_as(decays), g_scale, out=decays))
     torch.mul(k, v, out=writes)  # k_i v_i^T
+    slots[0].copy_(state)
+    if len(slots) == 1:
+        w[0].addcmul_(a[0], entering[:, 0])
     for i in range(1, len(w)):  # one position of every chunk at a time
         w[i].addcmul_(a[i], w[i - 1])  # the state from the chunk's start, from zero
-        a[i].mul_(a[i - 1])  # the decay from the chunk's start
-    # the state entering each chunk: S_0 of the next = exp(b_C) ⊙ S_0 + the chunk's last state
-    slots[0].copy_(state)
-    for n in range(1, len(slots)):
-        torch.addcmul(last[n - 1], decay[n - 1], slots[n - 1], out=slots[n])
-    writes.addcmul_(decays, entering)  # every token's state
-    torch.matmul(q, writes, out=out)
+        if len(slots) > 1:
+            a[i].mul_(a[i - 1])  # the decay from the chunk's start
+    if len(slots) > 1:
+        # the state entering each chunk: S_0 of the next = exp(b_C) ⊙ S_0 + the chunk's last
+        for n in range(1, len(slots)):
+            torch.addcmul(last[n - 1], decay[n - 1], slots[n - 1], out=slots[n])
+        writes.addcmul_(decays, entering)  # every token's state
+    if out is not None:
+        torch.matmul(q, writes, out=out)
     return writes[divmod(end, len(w))].clone()
 
 
@@ -837,13 +844,61 @@ def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size, kept=None):
     return out.flatten(0, 1).squeeze(-2).permute(1, 2, 0, 3)[:, :, :length], state
 
 
+def _sum_to(x, like):
+    """x summed over the axes along which `like` (a tensor of as many axes) is broadcast."""
+    axes = [i for i, (n, m) in enumerate(zip(x.shape, like.shape)) if m == 1 and n != 1]
+    return x.sum(axes, keepdim=True) if axes else x
+
+
+def _span_grads(q, k, v, g, g_scale, state, d_out, d_state, end, buffers):
+    """The gradients of one span's inputs (as _span_in_place takes them, of their shapes) and of
+    the state entering it, without autograd, for d_out [n, C, B, NH, 1, V] the gradient of its
+    outputs and d_state that of the state after its token `end`. The span's states S_t are made
+    again in place (_span_in_place); then G_t, the gradient of S_t, runs back as the states ran
+    forward: G_t = q_t^T do_t + a_{t+1} ⊙ G_{t+1} (a = exp(g ⊙ g_scale), d_state added at
+    `end`), one position of every chunk at a time from a zero gradient at each chunk's end, and
+    the gradient leaving each chunk, from the last, added with its decay a_{t+1} ... a_C. Then
+    dq_t = do_t S_t^T, dk_t = G_t v_t^T, dv_t = k_t^T G_t and the log-gate's a_t ⊙ S_{t-1} ⊙ G_t.
+    buffers: _buffers', then two more of the span's shape."""
+    decays, states, entering = buffers[:3]
+    grads, tails = buffers[-2:]
+    _span_in_place(q, k, v, g, g_scale, state, buffers[:-2], None, end)
+    several = entering.shape[0] > 1  # else the decays hold each a_t already
+    if several:
+        gate = g.expand_as(decays)
+        gate = gate if g_scale is None else torch.mul(gate, g_scale, out=decays)
+        torch.exp(gate, out=decays)  # a_t
+    torch.mul(q.mT, d_out, out=grads)  # q_t^T do_t
+    grads[divmod(end, grads.shape[1])] += d_state
+    a, gs, rs = decays.unbind(1), grads.unbind(1), tails.unbind(1)
+    rs[-1].fill_(1)
+    for i in range(len(gs) - 2, -1, -1):  # from each chunk's end, from zero
+        gs[i].addcmul_(a[i + 1], gs[i + 1])
+        if several:
+            torch.mul(rs[i + 1], a[i + 1], out=rs[i])  # a_{i+1} ... a_C
+    if several:
+        # the gradient of the state leaving each chunk, from the later ones; the span's last: 0
+        leaving = torch.zeros_like(entering[:, 0])
+        for n in range(len(leaving) - 1, 0, -1):
+            leaving[n - 1] = a[0][n] * torch.addcmul(gs[0][n], rs[0][n], leaving[n])
+        grads.addcmul_(tails, leaving.unsqueeze(1))  # G_t
+    d_start = a[0][0] * gs[0][0]
+    # a_t ⊙ S_{t-1} ⊙ G_t, S_{t-1} the state before each token (entering its chunk at the first)
+    d_gate = torch.mul(grads, decays, out=tails)
+    d_gate[:, 1:].mul_(states[:, :-1])
+    d_gate[:, :1].mul_(entering)
+    d_g = d_gate.clone() if g_scale is None else d_gate * g_scale  # not the reused buffer
+    d_scale = None if g_scale is None else _sum_to(d_gate * g, g_scale)
+    found = (d_out @ states.mT, grads @ v.mT, k.mT @ grads, d_g)
+    return [*(_sum_to(d, x) for d, x in zip(found, (q, k, v, g))), d_scale], d_start
+
+
 def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
     """The gradients of _elementwise's tensors [q, k, v, g, g_scale, initial_state] (None where
     not wanted) for those of its outputs d_outs (o, final state; None: zero), from the states
-    entering each span its forward kept: from the last span to the first, the span's recurrence
-    made again under autograd from its entering state (_span_tracked) and differentiated at
-    once, passing its state's gradient to the span before. So the recurrence runs once under
-    autograd, where with checkpoints it runs twice (the forward, then again in the backward)."""
+    entering each span its forward kept: span by span from the last (_span_grads), passing the
+    gradient of the state entering each to the span before; the spans' inputs are made under
+    autograd, and their gradients go back to the tensors in one call."""
     (entering,), (d_o, d_state), q, v = kept, d_outs, tensors[0], tensors[2]
     if d_state is None:
         d_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
@@ -853,6 +908,7 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
         d_o = q.new_zeros(*q.shape[:3], v.shape[-1])
     chunk_size, n_spans, n_pad, shape, ends = _plan(q, v, chunk_size)
     d_out = _by_chunk(d_o.unsqueeze(-2), chunk_size, n_pad).split(shape[0])
+    buffers = [*_buffers(shape, q), q.new_empty(shape), q.new_empty(shape)]
     with torch.enable_grad():
         leaves = [
             None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
@@ -860,20 +916,12 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
         pieces = _span_pieces(leaves[:5], chunk_size, n_pad, n_spans)
         roots, root_grads = [], []
         for i in range(n_spans - 1, -1, -1):
-            # the span's inputs as leaves, the same ones tracked (their gradients then go
-            # back through the split into chunks, all spans at once)
-            inputs = [
-                None if x is None else x.detach().requires_grad_(x.requires_grad) for x in pieces[i]
-            ]
-            start = entering[i].detach().requires_grad_(True)
-            o, state = _span_tracked(*inputs, start, shape, ends[i])
-            wrt = [x for x in inputs if x is not None and x.requires_grad]
-            tracked = [x for x in pieces[i] if x is not None and x.requires_grad]
-            *found, d_state = torch.autograd.grad(
-                [o, state], [*wrt, start], [d_out[i], d_state], allow_unused=True
-            )
-            roots += tracked
-            root_grads += [torch.zeros_like(x) if d is None else d for d, x in zip(found, wrt)]
+            inputs = [None if x is None else x.detach() for x in pieces[i]]
+            found, d_state = _span_grads(*inputs, entering[i], d_out[i], d_state, ends[i], buffers)
+            for x, d in zip(pieces[i], found):
+                if x is not None and x.requires_grad:
+                    roots.append(x)
+                    root_grads.append(d)
         wrt = [x for x in leaves[:5] if x is not None and x.requires_grad]
         found = iter(torch.autograd.grad(roots, wrt, root_grads, allow_unused=True) if wrt else ())
     grads = [next(found) if x is not None and x.requires_grad else None for x in leaves[:5]]
@@ -882,7 +930,7 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_calls = _register_calls("mixc_8cd0511017baef04", globals())
+_operator_calls = _register_calls("mixc_f5a059426db26081", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
