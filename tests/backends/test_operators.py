@@ -182,3 +182,32 @@ def test_registering_again_is_harmless():
         torch._dynamo.reset()
         y, _ = torch.compile(module.chunk, fullgraph=True, backend="aot_eager")(*args)
         assert rel(y, y_ref) <= 1e-5  # the project's float32 bound against the float64 oracle
+
+
+def test_the_elementwise_kernel_runs_its_recurrence_once_forward_once_backward(monkeypatch):
+    """Compiled or eager, a forward+backward of the full elementwise kernel makes each span's
+    states twice, in place (the forward, then again in its own backward from the state kept
+    entering the span), and never through autograd (checkpoints made them three times, once
+    more under autograd; the compiled layer's operator, four)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    _, inputs, params, _ = _example("mamba1", T=11)
+    module = mixc.load(ROOT / "specs" / "mamba1.mix")
+    monkeypatch.setitem(module.__dict__, "_span_chunks", lambda q, v, chunk_size: 2)
+    runs = {"_span_in_place": 0, "_span_tracked": 0}
+    for name in runs:
+
+        def counted(*args, _name=name, _fn=module.__dict__[name]):
+            runs[_name] += not isinstance(args[0], FakeTensor)
+            return _fn(*args)
+
+        monkeypatch.setitem(module.__dict__, name, counted)
+    torch._dynamo.reset()
+    for chunk in (module.chunk, torch.compile(module.chunk, fullgraph=True, backend="aot_eager")):
+        leaves = [
+            x.detach().float().requires_grad_(True) for x in (*inputs.values(), *params.values())
+        ]
+        y, _ = chunk(*leaves, chunk_size=4)
+        y.square().sum().backward()
+        assert runs == {"_span_in_place": 2 * 2, "_span_tracked": 0}  # 3 chunks: 2 spans
+        runs.update({name: 0 for name in runs})
