@@ -427,10 +427,12 @@ class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls), else None: its kernels are then traced like any other code. slots: how
     many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent). shapes: what the fake implementations found by running a kernel on fake tensors,
-    by call (_found_once)."""
+    absent). own_outputs: how many outputs a kernel with a backward of its own returns (o,
+    final state), which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
+    own_outputs = 2
     spans = None
     call = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
@@ -450,8 +452,8 @@ def _opaque_call(kernel, tensors, chunk_size, backward=None):
     if _Operators.call is not None and torch.compiler.is_compiling():
         keep = backward is not None and _needs_grad(*tensors)
         name = "" if backward is None else backward.__name__
-        outs, _ = _Operators.call(kernel.__name__, name, *_slots(tensors), chunk_size, keep)
-        return tuple(outs)
+        found = _Operators.call(kernel.__name__, name, *_slots(tensors), chunk_size, keep)
+        return tuple(found if backward is None else found[: _Operators.own_outputs])
     if backward is not None and _needs_grad(*tensors):
         return _KeptBackward.apply(kernel, backward, chunk_size, *tensors)
     return kernel(*tensors, chunk_size)
@@ -535,13 +537,13 @@ def _wanted_like(tensors, wanted):
 
 
 def _call_forward(kernel, tensors, chunk_size, keep=False):
-    """The operator `call`: (the kernel's outputs, what it kept for its own backward, only if
-    `keep`), run without autograd, each fresh and contiguous."""
+    """The operator `call`: the kernel's outputs, then what it kept for its own backward (only
+    if `keep`), run without autograd, each fresh and contiguous."""
     kept = [] if keep else None
     with torch.no_grad():
         outs = kernel(*tensors[: _arity(kernel)], chunk_size, *([kept] if keep else []))
     inputs = [t for t in tensors if t is not None]
-    return [_fresh(x, inputs) for x in outs], [_fresh(x, inputs) for x in kept or []]
+    return [_fresh(x, inputs) for x in (*outs, *(kept or []))]
 
 
 def _fixed(x):
@@ -609,12 +611,14 @@ def _define_call(namespace, functions):
         tensors, chunk_size, keep = [_fixed(x) for x in args[:-2]], int(args[-2]), args[-1]
 
         def find():
-            found = _call_forward(functions[kernel], tensors, chunk_size, keep)
-            return [[(x.shape, x.dtype) for x in part] for part in found]
+            return [
+                (x.shape, x.dtype)
+                for x in _call_forward(functions[kernel], tensors, chunk_size, keep)
+            ]
 
         found = _found_once((kernel, chunk_size, keep), tensors, find)
         first = next(x for x in tensors if x is not None)
-        return [[first.new_empty(shape, dtype=dtype) for shape, dtype in part] for part in found]
+        return [first.new_empty(shape, dtype=dtype) for shape, dtype in found]
 
     def gradients(kernel, backward, *args):
         *tensors, chunk_size, kept, d_outs, wanted = args
@@ -626,7 +630,7 @@ def _define_call(namespace, functions):
 
     call = torch.library.custom_op(
         f"{namespace}::call", forward, mutates_args=(),
-        schema=f"{head}, bool keep) -> (Tensor[], Tensor[])",
+        schema=f"{head}, bool keep) -> Tensor[]",
     )  # fmt: skip
     call.register_fake(fake)
     call_backward = torch.library.custom_op(
@@ -637,16 +641,16 @@ def _define_call(namespace, functions):
 
     def save(ctx, inputs, output):
         ctx.names, ctx.chunk_size = inputs[:2], inputs[-2]
-        ctx.save_for_backward(*inputs[2:-2], *output[1])
-        ctx.mark_non_differentiable(*output[1])
+        ctx.n_outs = _Operators.own_outputs if inputs[1] else len(output)
+        ctx.save_for_backward(*inputs[2:-2], *output[ctx.n_outs :])
+        ctx.mark_non_differentiable(*output[ctx.n_outs :])
 
-    def formula(ctx, d_outs, _):
+    def formula(ctx, grads):
         saved = ctx.saved_tensors
         tensors, kept = saved[: _Operators.slots], list(saved[_Operators.slots :])
         wanted = list(ctx.needs_input_grad[2:-2])
-        found = iter(
-            call_backward(*ctx.names, *tensors, ctx.chunk_size, kept, list(d_outs), wanted)
-        )
+        d_outs = list(grads[: ctx.n_outs])
+        found = iter(call_backward(*ctx.names, *tensors, ctx.chunk_size, kept, d_outs, wanted))
         return None, None, *[next(found) if w else None for w in wanted], None, None
 
     call.register_autograd(formula, setup_context=save)
@@ -930,7 +934,7 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_calls = _register_calls("mixc_f5a059426db26081", globals())
+_operator_calls = _register_calls("mixc_ffa1988dc7536e0a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
