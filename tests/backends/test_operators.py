@@ -71,6 +71,8 @@ def test_compiled_chunk_matches_the_oracle_over_several_spans(name, monkeypatch)
     spec, inputs, params, states = _example(name)
     module = mixc.load(ROOT / "specs" / f"{name}.mix")
     monkeypatch.setitem(module.__dict__, "_span_tokens", lambda q, v, chunk_size: 2 * chunk_size)
+    if "_span_chunks" in module.__dict__:  # the full elementwise kernel's spans
+        monkeypatch.setitem(module.__dict__, "_span_chunks", lambda q, v, chunk_size: 2)
     gen = torch.Generator().manual_seed(1)
     ref0 = reference(spec, inputs, params, states)
     cot_y = torch.randn(ref0.y.shape, generator=gen, dtype=torch.float64)
@@ -159,8 +161,10 @@ def test_fake_implementations_agree_with_the_operators(name, monkeypatch):
         )
         torch.library.opcheck(ops.spans, args)
     else:
-        tensors = leaves(a["tensors"])
-        torch.library.opcheck(ops.call, (a["kernel"].__name__, *tensors, a["chunk_size"]))
+        tensors, own = leaves(a["tensors"]), a["backward"]
+        names = (a["kernel"].__name__, "" if own is None else own.__name__)
+        # a kernel with its own backward keeps what it needs (keep True) under autograd
+        torch.library.opcheck(ops.call, (*names, *tensors, a["chunk_size"], own is not None))
 
 
 def test_registering_again_is_harmless():
@@ -180,3 +184,42 @@ def test_registering_again_is_harmless():
         torch._dynamo.reset()
         y, _ = torch.compile(module.chunk, fullgraph=True, backend="aot_eager")(*args)
         assert rel(y, y_ref) <= 1e-5  # the project's float32 bound against the float64 oracle
+
+
+def test_the_elementwise_kernel_runs_its_recurrence_once_forward_once_backward(monkeypatch):
+    """A forward+backward of the full elementwise kernel makes each span's states twice, in
+    place (the forward, then again in its own backward from the state kept entering the span),
+    and never through autograd: no checkpoint, compiled or eager (checkpoints made them three
+    times eagerly, once more under autograd, and four times in the compiled operator). The
+    operators call the kernels of the module that registered them first (another test's, for
+    the same kernels), so the in-place spans are counted eagerly, the checkpoints everywhere."""
+    _, inputs, params, _ = _example("mamba1", T=11)
+    module = mixc.load(ROOT / "specs" / "mamba1.mix")
+    monkeypatch.setitem(module.__dict__, "_span_chunks", lambda q, v, chunk_size: 2)
+    runs = {"in place": 0, "checkpoints": 0}
+
+    def counted(key, fn):
+        def run(*args, **kwargs):
+            runs[key] += 1
+            return fn(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setitem(
+        module.__dict__, "_span_in_place", counted("in place", module._span_in_place)
+    )
+    monkeypatch.setattr(
+        torch.utils.checkpoint,
+        "checkpoint",
+        counted("checkpoints", torch.utils.checkpoint.checkpoint),
+    )
+    torch._dynamo.reset()
+    for chunk in (module.chunk, torch.compile(module.chunk, fullgraph=True, backend="aot_eager")):
+        leaves = [
+            x.detach().float().requires_grad_(True) for x in (*inputs.values(), *params.values())
+        ]
+        y, _ = chunk(*leaves, chunk_size=4)
+        y.square().sum().backward()
+        assert runs["checkpoints"] == 0
+        if chunk is module.chunk:
+            assert runs["in place"] == 2 * 2  # 3 chunks of 4 tokens: 2 spans

@@ -431,10 +431,12 @@ class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls), else None: its kernels are then traced like any other code. slots: how
     many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent). shapes: what the fake implementations found by running a kernel on fake tensors,
-    by call (_found_once)."""
+    absent). own_outputs: how many outputs a kernel with a backward of its own returns (o,
+    final state), which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
+    own_outputs = 2
     spans = None
     call = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
@@ -445,12 +447,55 @@ def _slots(tensors):
     return [*tensors, *[None] * (_Operators.slots - len(tensors))]
 
 
-def _opaque_call(kernel, tensors, chunk_size):
-    """kernel(*tensors, chunk_size), a kernel without its own backward; under torch.compile, in
-    a module that registered its operators, the operator `call` (see this file's docstring)."""
+def _opaque_call(kernel, tensors, chunk_size, backward=None):
+    """kernel(*tensors, chunk_size): a kernel without its own backward (backward None) goes
+    through autograd; one with a backward of its own from what it keeps, kernel(*tensors,
+    chunk_size, kept) and backward(tensors, chunk_size, kept, d_outs, wanted), runs under
+    autograd as _KeptBackward. Under torch.compile, in a module that registered its operators,
+    either is the operator `call` (see this file's docstring)."""
     if _Operators.call is not None and torch.compiler.is_compiling():
-        return tuple(_Operators.call(kernel.__name__, *_slots(tensors), chunk_size))
+        keep = backward is not None and _needs_grad(*tensors)
+        name = "" if backward is None else backward.__name__
+        found = _Operators.call(kernel.__name__, name, *_slots(tensors), chunk_size, keep)
+        return tuple(found if backward is None else found[: _Operators.own_outputs])
+    if backward is not None and _needs_grad(*tensors):
+        return _KeptBackward.apply(kernel, backward, chunk_size, *tensors)
     return kernel(*tensors, chunk_size)
+
+
+class _KeptBackward(torch.autograd.Function):
+    """A kernel with a backward of its own from what its forward keeps (_opaque_call), under
+    autograd: the kernel runs without autograd, keeping, and the backward takes the gradients
+    from what it kept. A graph of the backward asked for (double backward) runs the kernel
+    again through autograd instead (what it kept was made without one)."""
+
+    @staticmethod
+    def forward(ctx, kernel, backward, chunk_size, *tensors):
+        kept = []
+        outs = kernel(*tensors, chunk_size, kept)
+        ctx.save_for_backward(*tensors, *kept)
+        ctx.fns, ctx.chunk_size, ctx.n_tensors = (kernel, backward), chunk_size, len(tensors)
+        return outs
+
+    @staticmethod
+    def backward(ctx, *d_outs):
+        saved = ctx.saved_tensors
+        tensors, kept = saved[: ctx.n_tensors], list(saved[ctx.n_tensors :])
+        wanted = list(ctx.needs_input_grad[3:])
+        if torch.is_grad_enabled():
+            outs = ctx.fns[0](*tensors, ctx.chunk_size)
+            pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
+            wrt = [x for x, w in zip(tensors, wanted) if w]
+            found = iter(
+                torch.autograd.grad(
+                    [o for o, _ in pairs], wrt, [d for _, d in pairs],
+                    create_graph=True, allow_unused=True,
+                )
+            )  # fmt: skip
+            grads = [next(found) if w else None for w in wanted]
+        else:
+            grads = ctx.fns[1](list(tensors), ctx.chunk_size, kept, list(d_outs), wanted)
+        return None, None, None, *grads
 
 
 def _fresh(x, inputs):
@@ -495,12 +540,14 @@ def _wanted_like(tensors, wanted):
     return [torch.empty_like(x) for x, w in zip(tensors, wanted) if w]
 
 
-def _call_forward(kernel, tensors, chunk_size):
-    """The operator `call`: the kernel's outputs without autograd, each fresh and contiguous."""
+def _call_forward(kernel, tensors, chunk_size, keep=False):
+    """The operator `call`: the kernel's outputs, then what it kept for its own backward (only
+    if `keep`), run without autograd, each fresh and contiguous."""
+    kept = [] if keep else None
     with torch.no_grad():
-        outs = kernel(*tensors[: _arity(kernel)], chunk_size)
+        outs = kernel(*tensors[: _arity(kernel)], chunk_size, *([kept] if keep else []))
     inputs = [t for t in tensors if t is not None]
-    return [_fresh(x, inputs) for x in outs]
+    return [_fresh(x, inputs) for x in (*outs, *(kept or []))]
 
 
 def _fixed(x):
@@ -511,8 +558,8 @@ def _fixed(x):
 
 
 def _arity(kernel):
-    """How many tensors the kernel takes before its chunk size."""
-    return kernel.__code__.co_argcount - 1
+    """How many tensors the kernel takes: its parameters before its chunk size."""
+    return kernel.__code__.co_varnames.index("chunk_size")
 
 
 def _recording():
@@ -527,73 +574,88 @@ def _recording():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
 
 
-def _call_gradients(kernel, tensors, chunk_size, d_outs, wanted):
-    """The operator `call_backward`: the gradients of the wanted tensors, the kernel run again
-    under autograd (0 for a wanted tensor the outputs do not depend on)."""
-    with _recording(), torch.enable_grad():
-        leaves = [
-            None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
-        ]
-        outs = kernel(*leaves[: _arity(kernel)], chunk_size)
-        pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
-        wrt = [x for x, w in zip(leaves, wanted) if w]
-        found = torch.autograd.grad(
-            [o for o, _ in pairs], wrt, [d for _, d in pairs], allow_unused=True
-        )
+def _call_gradients(kernel, backward, tensors, chunk_size, kept, d_outs, wanted):
+    """The operator `call_backward`: the gradients of the wanted tensors (0 for one the outputs
+    do not depend on), by the kernel's own backward from what it kept, or (backward None) the
+    kernel run again under autograd."""
+    n = _arity(kernel)
+    if backward is not None:
+        with _recording():
+            found = backward(list(tensors[:n]), chunk_size, kept, list(d_outs), wanted[:n])
+        found = [d for d, w in zip(found, wanted) if w]
+    else:
+        with _recording(), torch.enable_grad():
+            leaves = [
+                None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
+            ]
+            outs = kernel(*leaves[:n], chunk_size)
+            pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
+            wrt = [x for x, w in zip(leaves, wanted) if w]
+            found = torch.autograd.grad(
+                [o for o, _ in pairs], wrt, [d for _, d in pairs], allow_unused=True
+            )
     inputs = [t for t in tensors if t is not None]
     wrt = [x for x, w in zip(tensors, wanted) if w]
     return [torch.zeros_like(x) if d is None else _like(d, x, inputs) for d, x in zip(found, wrt)]
 
 
 def _define_call(namespace, functions):
-    """Register the operators `call` and `call_backward` of `namespace`, over the kernels of
-    the module whose globals are `functions`."""
+    """Register the operators `call` and `call_backward` of `namespace`, over the kernels (and
+    their own backwards, by name; "": none) of the module whose globals are `functions`."""
     slots = ", ".join(f"Tensor? t{i}" for i in range(_Operators.slots))
-    head = f"(str kernel, {slots}, SymInt chunk_size"
+    head = f"(str kernel, str backward, {slots}, SymInt chunk_size"
 
-    def forward(kernel, *args):
-        return _call_forward(functions[kernel], args[:-1], args[-1])
+    def forward(kernel, backward, *args):
+        *tensors, chunk_size, keep = args
+        return _call_forward(functions[kernel], tensors, chunk_size, keep)
 
-    def fake(kernel, *args):
+    def fake(kernel, backward, *args):
         # the kernel itself on fake tensors: its loops run, but nothing is traced; its loops
         # need whole numbers, so the sizes are fixed (a new size compiles again)
-        tensors, chunk_size = [_fixed(x) for x in args[:-1]], int(args[-1])
+        tensors, chunk_size, keep = [_fixed(x) for x in args[:-2]], int(args[-2]), args[-1]
 
         def find():
             return [
-                (x.shape, x.dtype) for x in _call_forward(functions[kernel], tensors, chunk_size)
+                (x.shape, x.dtype)
+                for x in _call_forward(functions[kernel], tensors, chunk_size, keep)
             ]
 
-        found = _found_once((kernel, chunk_size), tensors, find)
+        found = _found_once((kernel, chunk_size, keep), tensors, find)
         first = next(x for x in tensors if x is not None)
         return [first.new_empty(shape, dtype=dtype) for shape, dtype in found]
 
-    def backward(kernel, *args):
-        *tensors, chunk_size, d_outs, wanted = args
-        return _call_gradients(functions[kernel], tensors, chunk_size, d_outs, wanted)
+    def gradients(kernel, backward, *args):
+        *tensors, chunk_size, kept, d_outs, wanted = args
+        own = functions[backward] if backward else None
+        return _call_gradients(functions[kernel], own, tensors, chunk_size, kept, d_outs, wanted)
 
-    def backward_fake(kernel, *args):
+    def gradients_fake(kernel, backward, *args):
         return _wanted_like(args[: _Operators.slots], args[-1])
 
     call = torch.library.custom_op(
-        f"{namespace}::call", forward, mutates_args=(), schema=f"{head}) -> Tensor[]"
-    )
+        f"{namespace}::call", forward, mutates_args=(),
+        schema=f"{head}, bool keep) -> Tensor[]",
+    )  # fmt: skip
     call.register_fake(fake)
     call_backward = torch.library.custom_op(
-        f"{namespace}::call_backward", backward, mutates_args=(),
-        schema=f"{head}, Tensor?[] d_outs, bool[] wanted) -> Tensor[]",
+        f"{namespace}::call_backward", gradients, mutates_args=(),
+        schema=f"{head}, Tensor[] kept, Tensor?[] d_outs, bool[] wanted) -> Tensor[]",
     )  # fmt: skip
-    call_backward.register_fake(backward_fake)
+    call_backward.register_fake(gradients_fake)
 
     def save(ctx, inputs, output):
-        ctx.kernel, ctx.chunk_size = inputs[0], inputs[-1]
-        ctx.save_for_backward(*inputs[1:-1])
+        ctx.names, ctx.chunk_size = inputs[:2], inputs[-2]
+        ctx.n_outs = _Operators.own_outputs if inputs[1] else len(output)
+        ctx.save_for_backward(*inputs[2:-2], *output[ctx.n_outs :])
+        ctx.mark_non_differentiable(*output[ctx.n_outs :])
 
     def formula(ctx, grads):
-        tensors = ctx.saved_tensors
-        wanted = list(ctx.needs_input_grad[1:-1])
-        found = iter(call_backward(ctx.kernel, *tensors, ctx.chunk_size, list(grads), wanted))
-        return None, *[next(found) if w else None for w in wanted], None
+        saved = ctx.saved_tensors
+        tensors, kept = saved[: _Operators.slots], list(saved[_Operators.slots :])
+        wanted = list(ctx.needs_input_grad[2:-2])
+        d_outs = list(grads[: ctx.n_outs])
+        found = iter(call_backward(*ctx.names, *tensors, ctx.chunk_size, kept, d_outs, wanted))
+        return None, None, *[next(found) if w else None for w in wanted], None, None
 
     call.register_autograd(formula, setup_context=save)
 
@@ -645,23 +707,30 @@ def _span_in_place(q, k, v, g, g_scale, state, buffers, out, end):
     """One span without autograd: q [n, C, B, NH, 1, K] (a row), k [n, C, B, NH, K, 1] (a
     column), v [n, C, B, NH, 1, V], g and g_scale broadcastable to [n, C, B, NH, K, V] (g_scale
     may be None), all in _by_chunk's layout, from the state entering the span; buffers from
-    _buffers, overwritten; the outputs q_i S_i go into out [n, C, B, NH, 1, V]. Returns the
-    state after the span's token `end` (its last, or the sequence's last before padding)."""
+    _buffers, overwritten; the outputs q_i S_i go into out [n, C, B, NH, 1, V] (None: not
+    read out). Returns the state after the span's token `end` (its last, or the sequence's
+    last before padding). A span of one chunk (n = 1) starts its recurrence from the state
+    itself, so it needs no decay from the chunk's start: its decays keep each token's a_i."""
     decays, writes, entering, a, w, decay, last, slots = buffers
     if g_scale is None:
         torch.exp(g.expand_as(decays), out=decays)
     else:
         torch.exp_(torch.mul(g.expand_as(decays), g_scale, out=decays))
     torch.mul(k, v, out=writes)  # k_i v_i^T
+    slots[0].copy_(state)
+    if len(slots) == 1:
+        w[0].addcmul_(a[0], entering[:, 0])
     for i in range(1, len(w)):  # one position of every chunk at a time
         w[i].addcmul_(a[i], w[i - 1])  # the state from the chunk's start, from zero
-        a[i].mul_(a[i - 1])  # the decay from the chunk's start
-    # the state entering each chunk: S_0 of the next = exp(b_C) ⊙ S_0 + the chunk's last state
-    slots[0].copy_(state)
-    for n in range(1, len(slots)):
-        torch.addcmul(last[n - 1], decay[n - 1], slots[n - 1], out=slots[n])
-    writes.addcmul_(decays, entering)  # every token's state
-    torch.matmul(q, writes, out=out)
+        if len(slots) > 1:
+            a[i].mul_(a[i - 1])  # the decay from the chunk's start
+    if len(slots) > 1:
+        # the state entering each chunk: S_0 of the next = exp(b_C) ⊙ S_0 + the chunk's last
+        for n in range(1, len(slots)):
+            torch.addcmul(last[n - 1], decay[n - 1], slots[n - 1], out=slots[n])
+        writes.addcmul_(decays, entering)  # every token's state
+    if out is not None:
+        torch.matmul(q, writes, out=out)
     return writes[divmod(end, len(w))].clone()
 
 
@@ -710,41 +779,59 @@ def chunk_elementwise(q, k, v, g, g_scale=None, initial_state=None, chunk_size=6
     at a time. initial_state
     [B, NH, K, V] or None (zeros). Returns (o [B, NH, T, V], final state).
     """
-    return _opaque_call(_elementwise, [q, k, v, g, g_scale, initial_state], chunk_size)
+    tensors = [q, k, v, g, g_scale, initial_state]
+    return _opaque_call(_elementwise, tensors, chunk_size, _elementwise_grads)
 
 
-def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
-    """chunk_elementwise, its spans checkpointed under autograd."""
+def _plan(q, v, chunk_size):
+    """How _elementwise cuts a sequence: (the chunk size, the spans' count, the padding tokens
+    after the sequence (every span whole), the spans' shape [n, C, B, NH, K, V], the position
+    in its span of the token each span's state leaves after: its last, the last span's the
+    sequence's last, so that the padding after it, where an input constant in time is not zero,
+    is never read back)."""
     batch, heads, length = q.shape[:3]
     chunk_size = _chunk_size_for(chunk_size, length)
+    per_span = min(_span_chunks(q, v, chunk_size), -(-length // chunk_size))
+    n_spans = -(-length // (per_span * chunk_size))
+    n_pad = n_spans * per_span * chunk_size - length
+    shape = (per_span, chunk_size, batch, heads, q.shape[-1], v.shape[-1])
+    span_tokens = per_span * chunk_size
+    ends = [span_tokens - 1] * (n_spans - 1) + [span_tokens - 1 - n_pad]
+    return chunk_size, n_spans, n_pad, shape, ends
+
+
+def _span_pieces(tensors, chunk_size, n_pad, n_spans):
+    """For each span, its (q a row, k a column, v a row of each token's matrices, g, g_scale),
+    from tensors [q, k, v, g, g_scale], in _by_chunk's layout; split, not indexed: under
+    autograd the backward of a split is one concatenation, of an index a zero-filled gradient
+    of the whole tensor per span; an input constant in time is the same for every span."""
+    q, k, v, g, g_scale = tensors
+
+    def spans(x):
+        if x is None:
+            return [None] * n_spans
+        x = _by_chunk(x, chunk_size, n_pad)
+        return [x] * n_spans if x.shape[0] == 1 else list(x.split(x.shape[0] // n_spans))
+
+    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)
+    return [list(p) for p in zip(*(spans(x) for x in rows))]
+
+
+def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size, kept=None):
+    """chunk_elementwise: under autograd its spans checkpointed, else in place, appending to kept
+    (a list; None: nothing kept) what _elementwise_grads needs: the state entering each span
+    [spans, B, NH, K, V]."""
+    batch, heads, length = q.shape[:3]
     state = initial_state
     if state is None:
         state = q.new_zeros(batch, heads, q.shape[-1], v.shape[-1])
     if length == 0:
+        if kept is not None:
+            kept.append(state.new_empty(0, *state.shape))
         return q.new_zeros(batch, heads, 0, v.shape[-1]), state
-    per_span = min(_span_chunks(q, v, chunk_size), -(-length // chunk_size))
-    n_spans = -(-length // (per_span * chunk_size))
-    n_pad = n_spans * per_span * chunk_size - length  # every span whole
-    tracked = _needs_grad(q, k, v, g, g_scale, state)
-
-    def spans(x):
-        # split, not indexed: under autograd the backward of a split is one concatenation, of
-        # an index a zero-filled gradient of the whole tensor per span; a gate constant in time
-        # is the same for every span
-        if x is None:
-            return [None] * n_spans
-        x = _by_chunk(x, chunk_size, n_pad)
-        return [x] * n_spans if x.shape[0] == 1 else x.split(per_span)
-
-    # q a row, k a column, v a row of each token's matrices
-    rows = (q.unsqueeze(-2), k.unsqueeze(-1), v.unsqueeze(-2), g, g_scale)
-    pieces = zip(*(spans(x) for x in rows))
-    shape = (per_span, chunk_size, batch, heads, q.shape[-1], v.shape[-1])
-    # the state leaves each span after its last token, the last span after the sequence's last:
-    # the padding after it (where an input constant in time is not zero) is never read back
-    span_tokens = per_span * chunk_size
-    ends = [span_tokens - 1] * (n_spans - 1) + [span_tokens - 1 - n_pad]
-    if tracked:
+    chunk_size, n_spans, n_pad, shape, ends = _plan(q, v, chunk_size)
+    pieces = _span_pieces([q, k, v, g, g_scale], chunk_size, n_pad, n_spans)
+    if _needs_grad(q, k, v, g, g_scale, state):
         outs = []
         for inputs, end in zip(pieces, ends):
             # the span's states are made again in the backward, one span at a time
@@ -754,17 +841,104 @@ def _elementwise(q, k, v, g, g_scale, initial_state, chunk_size):
             outs.append(o)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
     else:
-        buffers = _buffers(shape, q)
-        out = q.new_empty(n_spans * per_span, *shape[1:4], 1, v.shape[-1])
-        for inputs, o, end in zip(pieces, out.split(per_span), ends):
+        buffers, entering = _buffers(shape, q), []
+        out = q.new_empty(n_spans * shape[0], *shape[1:4], 1, v.shape[-1])
+        for inputs, o, end in zip(pieces, out.split(shape[0]), ends):
+            entering.append(state)
             state = _span_in_place(*inputs, state, buffers, o, end)
+        if kept is not None:
+            kept.append(torch.stack(entering))
     # [N, C, B, NH, 1, V] -> [B, NH, T, V], a view of a [T, B, NH, V] tensor
     return out.flatten(0, 1).squeeze(-2).permute(1, 2, 0, 3)[:, :, :length], state
 
 
+def _sum_to(x, like):
+    """x summed over the axes along which `like` (a tensor of as many axes) is broadcast."""
+    axes = [i for i, (n, m) in enumerate(zip(x.shape, like.shape)) if m == 1 and n != 1]
+    return x.sum(axes, keepdim=True) if axes else x
+
+
+def _span_grads(q, k, v, g, g_scale, state, d_out, d_state, end, buffers):
+    """The gradients of one span's inputs (as _span_in_place takes them, of their shapes) and of
+    the state entering it, without autograd, for d_out [n, C, B, NH, 1, V] the gradient of its
+    outputs and d_state that of the state after its token `end`. The span's states S_t are made
+    again in place (_span_in_place); then G_t, the gradient of S_t, runs back as the states ran
+    forward: G_t = q_t^T do_t + a_{t+1} ⊙ G_{t+1} (a = exp(g ⊙ g_scale), d_state added at
+    `end`), one position of every chunk at a time from a zero gradient at each chunk's end, and
+    the gradient leaving each chunk, from the last, added with its decay a_{t+1} ... a_C. Then
+    dq_t = do_t S_t^T, dk_t = G_t v_t^T, dv_t = k_t^T G_t and the log-gate's a_t ⊙ S_{t-1} ⊙ G_t.
+    buffers: _buffers', then two more of the span's shape."""
+    decays, states, entering = buffers[:3]
+    grads, tails = buffers[-2:]
+    _span_in_place(q, k, v, g, g_scale, state, buffers[:-2], None, end)
+    several = entering.shape[0] > 1  # else the decays hold each a_t already
+    if several:
+        gate = g.expand_as(decays)
+        gate = gate if g_scale is None else torch.mul(gate, g_scale, out=decays)
+        torch.exp(gate, out=decays)  # a_t
+    torch.mul(q.mT, d_out, out=grads)  # q_t^T do_t
+    grads[divmod(end, grads.shape[1])] += d_state
+    a, gs, rs = decays.unbind(1), grads.unbind(1), tails.unbind(1)
+    rs[-1].fill_(1)
+    for i in range(len(gs) - 2, -1, -1):  # from each chunk's end, from zero
+        gs[i].addcmul_(a[i + 1], gs[i + 1])
+        if several:
+            torch.mul(rs[i + 1], a[i + 1], out=rs[i])  # a_{i+1} ... a_C
+    if several:
+        # the gradient of the state leaving each chunk, from the later ones; the span's last: 0
+        leaving = torch.zeros_like(entering[:, 0])
+        for n in range(len(leaving) - 1, 0, -1):
+            leaving[n - 1] = a[0][n] * torch.addcmul(gs[0][n], rs[0][n], leaving[n])
+        grads.addcmul_(tails, leaving.unsqueeze(1))  # G_t
+    d_start = a[0][0] * gs[0][0]
+    # a_t ⊙ S_{t-1} ⊙ G_t, S_{t-1} the state before each token (entering its chunk at the first)
+    d_gate = torch.mul(grads, decays, out=tails)
+    d_gate[:, 1:].mul_(states[:, :-1])
+    d_gate[:, :1].mul_(entering)
+    d_g = d_gate.clone() if g_scale is None else d_gate * g_scale  # not the reused buffer
+    d_scale = None if g_scale is None else _sum_to(d_gate * g, g_scale)
+    found = (d_out @ states.mT, grads @ v.mT, k.mT @ grads, d_g)
+    return [*(_sum_to(d, x) for d, x in zip(found, (q, k, v, g))), d_scale], d_start
+
+
+def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
+    """The gradients of _elementwise's tensors [q, k, v, g, g_scale, initial_state] (None where
+    not wanted) for those of its outputs d_outs (o, final state; None: zero), from the states
+    entering each span its forward kept: span by span from the last (_span_grads), passing the
+    gradient of the state entering each to the span before; the spans' inputs are made under
+    autograd, and their gradients go back to the tensors in one call."""
+    (entering,), (d_o, d_state), q, v = kept, d_outs, tensors[0], tensors[2]
+    if d_state is None:
+        d_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    if q.shape[2] == 0:
+        return [None] * 5 + [d_state if wanted[5] else None]
+    if d_o is None:
+        d_o = q.new_zeros(*q.shape[:3], v.shape[-1])
+    chunk_size, n_spans, n_pad, shape, ends = _plan(q, v, chunk_size)
+    d_out = _by_chunk(d_o.unsqueeze(-2), chunk_size, n_pad).split(shape[0])
+    buffers = [*_buffers(shape, q), q.new_empty(shape), q.new_empty(shape)]
+    with torch.enable_grad():
+        leaves = [
+            None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
+        ]
+        pieces = _span_pieces(leaves[:5], chunk_size, n_pad, n_spans)
+        roots, root_grads = [], []
+        for i in range(n_spans - 1, -1, -1):
+            inputs = [None if x is None else x.detach() for x in pieces[i]]
+            found, d_state = _span_grads(*inputs, entering[i], d_out[i], d_state, ends[i], buffers)
+            for x, d in zip(pieces[i], found):
+                if x is not None and x.requires_grad:
+                    roots.append(x)
+                    root_grads.append(d)
+        wrt = [x for x in leaves[:5] if x is not None and x.requires_grad]
+        found = iter(torch.autograd.grad(roots, wrt, root_grads, allow_unused=True) if wrt else ())
+    grads = [next(found) if x is not None and x.requires_grad else None for x in leaves[:5]]
+    return [*grads, d_state if wanted[5] else None]
+
+
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_calls = _register_calls("mixc_bdffb28b5943a441", globals())
+_operator_calls = _register_calls("mixc_7b4488f7422a43e7", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

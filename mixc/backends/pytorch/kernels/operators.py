@@ -13,10 +13,13 @@ Two entries, one per kind of kernel:
   joined over the spans, chunk-major), returns it beside the outputs, and its autograd formula
   calls the operator `spans_backward`, which runs the kernel's own backward from it. The shapes
   of the kept tensors come from running the span function on one chunk of fake tensors.
-- _opaque_call, for the kernels that go through autograd (with or without checkpoints): the
-  operator `call` runs the kernel without autograd, its fake runs it on fake tensors (of fixed
-  sizes: its loops need whole numbers), and `call_backward` runs it again under autograd for
-  the gradients (recomputation, as the elementwise kernel's checkpoints already do eagerly).
+- _opaque_call, for the other kernels: the operator `call` runs the kernel without autograd,
+  its fake runs it on fake tensors (of fixed sizes: its loops need whole numbers), and
+  `call_backward` gives the gradients. A kernel that goes through autograd is run again there
+  under autograd (recomputation). A kernel with a backward of its own from what its forward
+  keeps (the elementwise kernel: the state entering each span) keeps it, among the outputs
+  of `call` after the kernel's own, and `call_backward` runs that backward; eagerly such a
+  kernel runs as _KeptBackward, so compiled and eager do the same work.
 
 Limits: a compiled graph has no double backward through these operators (eager kernels do),
 and a new sequence length compiles the graph again (the kernels' loops are fixed by it).
@@ -47,10 +50,12 @@ class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls), else None: its kernels are then traced like any other code. slots: how
     many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent). shapes: what the fake implementations found by running a kernel on fake tensors,
-    by call (_found_once)."""
+    absent). own_outputs: how many outputs a kernel with a backward of its own returns (o,
+    final state), which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
+    own_outputs = 2
     spans = None
     call = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
@@ -107,12 +112,55 @@ def _own_backward(
     return o, state
 
 
-def _opaque_call(kernel, tensors, chunk_size):
-    """kernel(*tensors, chunk_size), a kernel without its own backward; under torch.compile, in
-    a module that registered its operators, the operator `call` (see this file's docstring)."""
+def _opaque_call(kernel, tensors, chunk_size, backward=None):
+    """kernel(*tensors, chunk_size): a kernel without its own backward (backward None) goes
+    through autograd; one with a backward of its own from what it keeps, kernel(*tensors,
+    chunk_size, kept) and backward(tensors, chunk_size, kept, d_outs, wanted), runs under
+    autograd as _KeptBackward. Under torch.compile, in a module that registered its operators,
+    either is the operator `call` (see this file's docstring)."""
     if _Operators.call is not None and torch.compiler.is_compiling():
-        return tuple(_Operators.call(kernel.__name__, *_slots(tensors), chunk_size))
+        keep = backward is not None and _needs_grad(*tensors)
+        name = "" if backward is None else backward.__name__
+        found = _Operators.call(kernel.__name__, name, *_slots(tensors), chunk_size, keep)
+        return tuple(found if backward is None else found[: _Operators.own_outputs])
+    if backward is not None and _needs_grad(*tensors):
+        return _KeptBackward.apply(kernel, backward, chunk_size, *tensors)
     return kernel(*tensors, chunk_size)
+
+
+class _KeptBackward(torch.autograd.Function):
+    """A kernel with a backward of its own from what its forward keeps (_opaque_call), under
+    autograd: the kernel runs without autograd, keeping, and the backward takes the gradients
+    from what it kept. A graph of the backward asked for (double backward) runs the kernel
+    again through autograd instead (what it kept was made without one)."""
+
+    @staticmethod
+    def forward(ctx, kernel, backward, chunk_size, *tensors):
+        kept = []
+        outs = kernel(*tensors, chunk_size, kept)
+        ctx.save_for_backward(*tensors, *kept)
+        ctx.fns, ctx.chunk_size, ctx.n_tensors = (kernel, backward), chunk_size, len(tensors)
+        return outs
+
+    @staticmethod
+    def backward(ctx, *d_outs):
+        saved = ctx.saved_tensors
+        tensors, kept = saved[: ctx.n_tensors], list(saved[ctx.n_tensors :])
+        wanted = list(ctx.needs_input_grad[3:])
+        if torch.is_grad_enabled():
+            outs = ctx.fns[0](*tensors, ctx.chunk_size)
+            pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
+            wrt = [x for x, w in zip(tensors, wanted) if w]
+            found = iter(
+                torch.autograd.grad(
+                    [o for o, _ in pairs], wrt, [d for _, d in pairs],
+                    create_graph=True, allow_unused=True,
+                )
+            )  # fmt: skip
+            grads = [next(found) if w else None for w in wanted]
+        else:
+            grads = ctx.fns[1](list(tensors), ctx.chunk_size, kept, list(d_outs), wanted)
+        return None, None, None, *grads
 
 
 def _callers_layout(o):
@@ -316,12 +364,14 @@ def _spans_autograd(spans_backward):
     return backward
 
 
-def _call_forward(kernel, tensors, chunk_size):
-    """The operator `call`: the kernel's outputs without autograd, each fresh and contiguous."""
+def _call_forward(kernel, tensors, chunk_size, keep=False):
+    """The operator `call`: the kernel's outputs, then what it kept for its own backward (only
+    if `keep`), run without autograd, each fresh and contiguous."""
+    kept = [] if keep else None
     with torch.no_grad():
-        outs = kernel(*tensors[: _arity(kernel)], chunk_size)
+        outs = kernel(*tensors[: _arity(kernel)], chunk_size, *([kept] if keep else []))
     inputs = [t for t in tensors if t is not None]
-    return [_fresh(x, inputs) for x in outs]
+    return [_fresh(x, inputs) for x in (*outs, *(kept or []))]
 
 
 def _fixed(x):
@@ -332,8 +382,8 @@ def _fixed(x):
 
 
 def _arity(kernel):
-    """How many tensors the kernel takes before its chunk size."""
-    return kernel.__code__.co_argcount - 1
+    """How many tensors the kernel takes: its parameters before its chunk size."""
+    return kernel.__code__.co_varnames.index("chunk_size")
 
 
 def _recording():
@@ -348,73 +398,88 @@ def _recording():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
 
 
-def _call_gradients(kernel, tensors, chunk_size, d_outs, wanted):
-    """The operator `call_backward`: the gradients of the wanted tensors, the kernel run again
-    under autograd (0 for a wanted tensor the outputs do not depend on)."""
-    with _recording(), torch.enable_grad():
-        leaves = [
-            None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
-        ]
-        outs = kernel(*leaves[: _arity(kernel)], chunk_size)
-        pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
-        wrt = [x for x, w in zip(leaves, wanted) if w]
-        found = torch.autograd.grad(
-            [o for o, _ in pairs], wrt, [d for _, d in pairs], allow_unused=True
-        )
+def _call_gradients(kernel, backward, tensors, chunk_size, kept, d_outs, wanted):
+    """The operator `call_backward`: the gradients of the wanted tensors (0 for one the outputs
+    do not depend on), by the kernel's own backward from what it kept, or (backward None) the
+    kernel run again under autograd."""
+    n = _arity(kernel)
+    if backward is not None:
+        with _recording():
+            found = backward(list(tensors[:n]), chunk_size, kept, list(d_outs), wanted[:n])
+        found = [d for d, w in zip(found, wanted) if w]
+    else:
+        with _recording(), torch.enable_grad():
+            leaves = [
+                None if x is None else x.detach().requires_grad_(w) for x, w in zip(tensors, wanted)
+            ]
+            outs = kernel(*leaves[:n], chunk_size)
+            pairs = [(o, d) for o, d in zip(outs, d_outs) if d is not None and o.requires_grad]
+            wrt = [x for x, w in zip(leaves, wanted) if w]
+            found = torch.autograd.grad(
+                [o for o, _ in pairs], wrt, [d for _, d in pairs], allow_unused=True
+            )
     inputs = [t for t in tensors if t is not None]
     wrt = [x for x, w in zip(tensors, wanted) if w]
     return [torch.zeros_like(x) if d is None else _like(d, x, inputs) for d, x in zip(found, wrt)]
 
 
 def _define_call(namespace, functions):
-    """Register the operators `call` and `call_backward` of `namespace`, over the kernels of
-    the module whose globals are `functions`."""
+    """Register the operators `call` and `call_backward` of `namespace`, over the kernels (and
+    their own backwards, by name; "": none) of the module whose globals are `functions`."""
     slots = ", ".join(f"Tensor? t{i}" for i in range(_Operators.slots))
-    head = f"(str kernel, {slots}, SymInt chunk_size"
+    head = f"(str kernel, str backward, {slots}, SymInt chunk_size"
 
-    def forward(kernel, *args):
-        return _call_forward(functions[kernel], args[:-1], args[-1])
+    def forward(kernel, backward, *args):
+        *tensors, chunk_size, keep = args
+        return _call_forward(functions[kernel], tensors, chunk_size, keep)
 
-    def fake(kernel, *args):
+    def fake(kernel, backward, *args):
         # the kernel itself on fake tensors: its loops run, but nothing is traced; its loops
         # need whole numbers, so the sizes are fixed (a new size compiles again)
-        tensors, chunk_size = [_fixed(x) for x in args[:-1]], int(args[-1])
+        tensors, chunk_size, keep = [_fixed(x) for x in args[:-2]], int(args[-2]), args[-1]
 
         def find():
             return [
-                (x.shape, x.dtype) for x in _call_forward(functions[kernel], tensors, chunk_size)
+                (x.shape, x.dtype)
+                for x in _call_forward(functions[kernel], tensors, chunk_size, keep)
             ]
 
-        found = _found_once((kernel, chunk_size), tensors, find)
+        found = _found_once((kernel, chunk_size, keep), tensors, find)
         first = next(x for x in tensors if x is not None)
         return [first.new_empty(shape, dtype=dtype) for shape, dtype in found]
 
-    def backward(kernel, *args):
-        *tensors, chunk_size, d_outs, wanted = args
-        return _call_gradients(functions[kernel], tensors, chunk_size, d_outs, wanted)
+    def gradients(kernel, backward, *args):
+        *tensors, chunk_size, kept, d_outs, wanted = args
+        own = functions[backward] if backward else None
+        return _call_gradients(functions[kernel], own, tensors, chunk_size, kept, d_outs, wanted)
 
-    def backward_fake(kernel, *args):
+    def gradients_fake(kernel, backward, *args):
         return _wanted_like(args[: _Operators.slots], args[-1])
 
     call = torch.library.custom_op(
-        f"{namespace}::call", forward, mutates_args=(), schema=f"{head}) -> Tensor[]"
-    )
+        f"{namespace}::call", forward, mutates_args=(),
+        schema=f"{head}, bool keep) -> Tensor[]",
+    )  # fmt: skip
     call.register_fake(fake)
     call_backward = torch.library.custom_op(
-        f"{namespace}::call_backward", backward, mutates_args=(),
-        schema=f"{head}, Tensor?[] d_outs, bool[] wanted) -> Tensor[]",
+        f"{namespace}::call_backward", gradients, mutates_args=(),
+        schema=f"{head}, Tensor[] kept, Tensor?[] d_outs, bool[] wanted) -> Tensor[]",
     )  # fmt: skip
-    call_backward.register_fake(backward_fake)
+    call_backward.register_fake(gradients_fake)
 
     def save(ctx, inputs, output):
-        ctx.kernel, ctx.chunk_size = inputs[0], inputs[-1]
-        ctx.save_for_backward(*inputs[1:-1])
+        ctx.names, ctx.chunk_size = inputs[:2], inputs[-2]
+        ctx.n_outs = _Operators.own_outputs if inputs[1] else len(output)
+        ctx.save_for_backward(*inputs[2:-2], *output[ctx.n_outs :])
+        ctx.mark_non_differentiable(*output[ctx.n_outs :])
 
     def formula(ctx, grads):
-        tensors = ctx.saved_tensors
-        wanted = list(ctx.needs_input_grad[1:-1])
-        found = iter(call_backward(ctx.kernel, *tensors, ctx.chunk_size, list(grads), wanted))
-        return None, *[next(found) if w else None for w in wanted], None
+        saved = ctx.saved_tensors
+        tensors, kept = saved[: _Operators.slots], list(saved[_Operators.slots :])
+        wanted = list(ctx.needs_input_grad[2:-2])
+        d_outs = list(grads[: ctx.n_outs])
+        found = iter(call_backward(*ctx.names, *tensors, ctx.chunk_size, kept, d_outs, wanted))
+        return None, None, *[next(found) if w else None for w in wanted], None, None
 
     call.register_autograd(formula, setup_context=save)
 
