@@ -140,11 +140,7 @@ def start_decays(layer) -> None:
 
         def log_decay(grid: torch.Tensor, d=d, solving=solving, fixed=fixed) -> torch.Tensor:
             row, values = grid.expand(heads, -1), dict(fixed)
-            for name in solving:
-                biased = name in layer.bias
-                values[name] = (
-                    layer._transformed(name, row) if biased else layer.stored[name][1](row)
-                )
+            values.update({name: _input_value(layer, name, row) for name in solving})
             return _evaluate(d.log, values).expand(heads, -1)
 
         try:
@@ -160,15 +156,17 @@ def start_decays(layer) -> None:
         done |= set(solving)
 
 
+def _input_value(layer, name: str, row: torch.Tensor) -> torch.Tensor:
+    """What the mixer reads of input or parameter `name` when its bias (or stored value) is
+    `row`: the bias through the input's transforms, a stored parameter through its map."""
+    return layer._transformed(name, row) if name in layer.bias else layer.stored[name][1](row)
+
+
 def _solve_each(layer, log, solving: list[str], target, fixed, rounds: int = 2) -> dict:
     """Each input of a decay solved in turn, the others at their start so far (per head, the
     mean over entries): for a decay made of several factors, where one value shared by all its
     inputs cannot start it near 1 (sigmoid(-x) sigmoid(x) <= 1/4 for every x)."""
     heads = layer.num_v_heads
-
-    def value(name: str, row: torch.Tensor) -> torch.Tensor:
-        return layer._transformed(name, row) if name in layer.bias else layer.stored[name][1](row)
-
     current = {n: torch.zeros(heads, 1, dtype=torch.float64) for n in solving}
     starts: dict[str, torch.Tensor] = {}
     for _ in range(rounds):
@@ -176,8 +174,8 @@ def _solve_each(layer, log, solving: list[str], target, fixed, rounds: int = 2) 
 
             def log_decay(grid: torch.Tensor, name=name) -> torch.Tensor:
                 values = dict(fixed)
-                values.update({o: value(o, current[o]) for o in solving if o != name})
-                values[name] = value(name, grid.expand(heads, -1))
+                values.update({o: _input_value(layer, o, current[o]) for o in solving})
+                values[name] = _input_value(layer, name, grid.expand(heads, -1))
                 return _evaluate(log, values).expand(heads, -1)
 
             starts[name] = _solve(log_decay, target)

@@ -8,9 +8,10 @@ of two random directions) on an ill-conditioned example, such as an output in wh
 a skip cancel, or every rotated vector the oracle computes moved by one rounding (see
 `check.forms._conditioned_limits`); bfloat16 4 times the error of the reference loop in that
 precision, i.e. of the oracle's own result rounded to bfloat16, for the same quantity (and never
-below the float32 bound of the same example). The oracle sees exactly the rounded inputs and cotangents the module sees, so the error
-measures the computation, not the rounding of inputs. In bfloat16, parameters and states are
-float32 holding rounded values (master weights, as in mixed-precision training). A reference
+below the float32 bound of the same example). The oracle sees exactly the rounded inputs and
+cotangents the module sees, so the error measures the computation, not the rounding of inputs.
+In bfloat16, parameters and states are float32 holding rounded values (master weights, as in
+mixed-precision training). A reference
 whose RMS is below `NEAR_ZERO` (1%) of the largest RMS of its kind (outputs and states, or
 gradients) in the example counts as near zero and is measured against that floor. Each form is
 also compared with `recurrent`, within twice the bound.

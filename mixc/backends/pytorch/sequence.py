@@ -340,7 +340,8 @@ def _query(
     forms: SequenceForms, call: Call, query: QueryRead, k: str, seqlens: str, turned: bool
 ) -> str:
     """The query of one kernel run in the kernels' layout: zeros for none (joined writes: k is a
-    list, one key a write), a rotation the kernel turns (_turned_seq) where it can (`turned`: _turns of the call)."""
+    list, one key a write), a rotation the kernel turns (_turned_seq) where the call can
+    (`turned`: _turns of the call as it came, before a native backward call's replace)."""
     if query.query is None:
         return f"_torch.zeros_like({k}{'[0]' if call.joined else ''})"
     if turned and not query.previous:
@@ -374,13 +375,13 @@ def _inputs_only(call: Call, inputs: list[str]) -> bool:
     def raw(e: Expr | None) -> bool:
         return e is None or (isinstance(e, ir.Timed) and e.offset == 0 and e.name in inputs)
 
+    multiplied = [q.query for q in call.queries]
     for step in call.steps:
-        vectors = [step.key, *(v.expr for v in step.values if v.scale is None)]
-        if any(v.scale is not None for v in step.values) or not all(map(raw, vectors)):
+        if any(v.scale is not None for v in step.values):
             return False
-        if not all(raw(a.expr) for a in step.args if a.layout in ("vector", "factor")):
-            return False
-    return all(raw(q.query) for q in call.queries)
+        multiplied += [step.key, *(v.expr for v in step.values)]
+        multiplied += [a.expr for a in step.args if a.layout in ("vector", "factor")]
+    return all(map(raw, multiplied))
 
 
 def _emit_probe(out: Lines, call: SummaryCall, kernel_args: list[str], P: str) -> None:
