@@ -219,6 +219,31 @@ def time_alternating(calls: dict, repeats: dict, warmup: int = 2, measure=wall_t
     return times
 
 
+def chunk_vs_recurrent(module, inputs, title: str, argv=None) -> None:
+    """A spec's chunk forward against its recurrent form at --T (default 8192), in this process
+    with --threads, under no_grad: a warm-up call of each at T = 256, then --repeats timed calls
+    of each in alternation; prints the medians and their ratio. `inputs(T)`: the forms' inputs."""
+    import torch
+
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--T", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    x = inputs(args.T)
+    calls = {"chunk": lambda: module.chunk(*x), "recurrent": lambda: module.recurrent(*x)}
+    with torch.no_grad():
+        module.chunk(*inputs(256)), module.recurrent(*inputs(256))
+        times = time_alternating(calls, dict.fromkeys(calls, args.repeats), warmup=0)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"{title} forward, T={args.T}, B=1, NH=4, d=64, fp32, {args.threads} threads")
+    for name, t in times.items():
+        shown = ", ".join(f"{s * 1e3:.0f}" for s in t)
+        print(f"  {name}: median {med[name] * 1e3:.1f} ms (of {shown})")
+    print(f"  chunk is {med['recurrent'] / med['chunk']:.1f}x faster than recurrent")
+
+
 def task_time(args: dict) -> dict:
     """Times (seconds) of the implementations args["impls"] ("mixc", "fla") of one pair,
     forward or forward + backward; two are timed in alternation (see time_alternating)."""

@@ -11,8 +11,6 @@ tensor memory held during one call)."""
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from mixc.tools.bench_measure import measure_peak_memory
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from peers import time_alternating  # noqa: E402
+from peers import chunk_vs_recurrent  # noqa: E402
 
 
 def inputs(T: int, B=1, NH=4, d=64, slots=16):
@@ -35,25 +33,8 @@ def inputs(T: int, B=1, NH=4, d=64, slots=16):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--T", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     module = mixc.load(ROOT / "specs/gsa.mix")
-    x = inputs(args.T)
-    calls = {"chunk": lambda: module.chunk(*x), "recurrent": lambda: module.recurrent(*x)}
-    with torch.no_grad():
-        module.chunk(*inputs(256)), module.recurrent(*inputs(256))
-        times = time_alternating(calls, dict.fromkeys(calls, args.repeats), warmup=0)
-    med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"gsa (M=16) forward, T={args.T}, B=1, NH=4, d=64, fp32, {args.threads} threads")
-    for name, t in times.items():
-        print(
-            f"  {name}: median {med[name] * 1e3:.1f} ms (of {', '.join(f'{s * 1e3:.0f}' for s in t)})"
-        )
-    print(f"  chunk is {med['recurrent'] / med['chunk']:.1f}x faster than recurrent")
+    chunk_vs_recurrent(module, inputs, "gsa (M=16)")
     print("gsa chunk forward peak tensor memory:")
     for T in (1024, 2048, 4096, 8192):
         y = inputs(T)
