@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from mixc.algebra.expand import inline
 from mixc.algebra.intervals import bounds
 from mixc.analysis.plan import Plan, analyze
+from mixc.frontend.builtins import ROTATIONS
 from mixc.frontend.ir import POSITION, Binary, Call, Expr, Name, Timed, children, walk
 from mixc.frontend.spec import Spec, load_spec
 from mixc.transitions.base import Condition
@@ -383,7 +384,7 @@ def _halved_sizes(plan: Plan) -> tuple[tuple[str, str], ...]:
     found = []
     for eq in plan.mixer.equations:
         for n in walk(inline(plan.mixer, eq.value)):
-            if isinstance(n, Call) and n.func in ("rotate", "rotate_interleaved"):
+            if isinstance(n, Call) and n.func in ROTATIONS:
                 d, p = (plan.expander.shape(a)[0] for a in n.args)
                 if d != p and not d.isdigit() and not p.isdigit() and (d, p) not in found:
                     found.append((d, p))

@@ -238,18 +238,20 @@ def _onehot_argmax_tensor(x):
     return hard.reshape(x.shape) + (soft - soft.detach())
 
 
-def _rotate_pairs(x, theta, interleaved):
+def _rotate_pairs(x, theta, pairing):
     """Each pair (a, b) of a column [..., d, 1] turned by its angle: (a cos - b sin,
-    a sin + b cos). Pair i is (i, i + n) (half-split) or (2i, 2i + 1) (interleaved), where n
-    is the number of angles theta [..., p, 1] gives, or d / 2 when p = d."""
+    a sin + b cos). Pair i is (i, i + n) ("split"), (2i, 2i + 1) ("interleaved") or
+    (i, i + d // 2) ("halves"), where n is the number of angles theta [..., p, 1] gives, or
+    d / 2 when p = d; the entries in no pair are kept."""
     import torch
 
     d, p = x.shape[-2], theta.shape[-2]
     n = d // 2 if p == d else p
     if 2 * n > d:
         raise ValueError(f"rotate: {p} angles for a vector of {d} entries")
-    first = [2 * i for i in range(n)] if interleaved else list(range(n))
-    second = [2 * i + 1 for i in range(n)] if interleaved else list(range(n, 2 * n))
+    first = [2 * i for i in range(n)] if pairing == "interleaved" else list(range(n))
+    offset = {"split": n, "halves": d // 2}.get(pairing, 0)
+    second = [2 * i + 1 for i in range(n)] if offset == 0 else [i + offset for i in range(n)]
     angle = theta[..., :n, :]
     a, b = x[..., first, :], x[..., second, :]
     shape = torch.broadcast_shapes(x.shape, (*theta.shape[:-2], d, 1))
@@ -260,11 +262,15 @@ def _rotate_pairs(x, theta, interleaved):
 
 
 def _rotate_tensor(x, theta):
-    return _rotate_pairs(x, theta, interleaved=False)
+    return _rotate_pairs(x, theta, "split")
 
 
 def _rotate_interleaved_tensor(x, theta):
-    return _rotate_pairs(x, theta, interleaved=True)
+    return _rotate_pairs(x, theta, "interleaved")
+
+
+def _rotate_halves_tensor(x, theta):
+    return _rotate_pairs(x, theta, "halves")
 
 
 def _diag_tensor(x):
@@ -391,7 +397,14 @@ _TABLE = (
         _rotate_interleaved_tensor,
         _rotate_bounds,
     ),
+    Builtin(
+        "rotate_halves", 2, False, "_rotate_halves", None, _rotate_halves_tensor, _rotate_bounds
+    ),
 )
+
+#: The rotations: a column vector's pairs of entries turned by a column of angles, each
+#: function its own pairing (docs/language.md, positions and rotations).
+ROTATIONS = ("rotate", "rotate_interleaved", "rotate_halves")
 
 #: Every built-in by name, in the order error messages list them.
 BUILTINS: dict[str, Builtin] = {b.name: b for b in _TABLE}

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from mixc.errors import Span
-from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.builtins import BUILTINS, ROTATIONS
 
 __all__ = [
     "ANGLE_ARGUMENTS",
@@ -55,7 +55,7 @@ CHANNEL = "idx"
 
 #: The functions whose argument at the given position is an angle (computed in float64 where
 #: it reads a position: see backends/pytorch/kernels/functions.py).
-ANGLE_ARGUMENTS = {"cos": 0, "sin": 0, "rotate": 1, "rotate_interleaved": 1}
+ANGLE_ARGUMENTS = {"cos": 0, "sin": 0} | dict.fromkeys(ROTATIONS, 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from types import MappingProxyType
 
 from mixc.errors import SpecShapeError
+from mixc.frontend.builtins import ROTATIONS
 from mixc.frontend.ir import (
     CHANNEL,
     FUNCTIONS,
@@ -152,7 +153,7 @@ class Typer:
                 e.span,
                 expected=f"{e.func}({', '.join('xyz'[:arity])})",
             )
-        if e.func in ("rotate", "rotate_interleaved"):
+        if e.func in ROTATIONS:
             return _rotation(e, args[0], args[1])
         if arity == 2:  # max, min: elementwise, broadcasting as * does
             pair = Binary("*", e.args[0], e.args[1], span=e.span)

@@ -15,6 +15,7 @@ from mixc.analysis.facts import OutputFacts, Readout, StateFacts
 from mixc.analysis.plan import GroupPlan, Plan, analyze
 from mixc.analysis.roles import read_roles
 from mixc.errors import Span
+from mixc.frontend.builtins import ROTATIONS
 from mixc.frontend.ir import Binary, Call, Expr, walk
 from mixc.frontend.spec import Spec
 from mixc.tools.report import (
@@ -267,7 +268,8 @@ def _why(plan: Plan) -> list[str]:
 
 
 def _rotations(plan: Plan) -> list[str]:
-    """What the forms do with rotations (`rotate`, `rotate_interleaved`) and positions."""
+    """What the forms do with rotations (`rotate`, `rotate_interleaved`, `rotate_halves`) and
+    positions."""
     mixer = plan.spec.mixer
     calls = {
         n.func
@@ -276,7 +278,7 @@ def _rotations(plan: Plan) -> list[str]:
         if isinstance(n, Call)
     }
     out = []
-    if plan.chunkable and calls & {"rotate", "rotate_interleaved"}:
+    if plan.chunkable and calls & set(ROTATIONS):
         out.append(
             "rotations: each vector is turned by its own token's angles before the kernel (a "
             "per-token transform): exact for every class, the state kept in the turned "

@@ -295,6 +295,51 @@ def test_a_leading_fraction_turns_and_the_rest_is_kept():
         m.chunk(q, k, v, torch.zeros(B, T, NH, 5, dtype=f64))
 
 
+HALVES = (
+    "mixer halves\nin q[K], k[K], v[V], a[P]\nstate H[V, K]\n"
+    "H_t = H_{t-1} + v_t rotate_halves(k_t, a_t)^T\ny_t = H_t rotate_halves(q_t, a_t)\n"
+)
+
+
+def _turned_halves(x, a):
+    """x [..., d] with its channels i and i + d // 2 turned by a[..., i], i < a's size, by hand
+    in float64, entry by entry; the rest kept."""
+    out, half = x.clone(), x.shape[-1] // 2
+    for i in range(a.shape[-1]):
+        c, s = torch.cos(a[..., i]), torch.sin(a[..., i])
+        out[..., i] = x[..., i] * c - x[..., i + half] * s
+        out[..., i + half] = x[..., i] * s + x[..., i + half] * c
+    return out
+
+
+@pytest.mark.parametrize("pairs", [2, K // 2], ids=["a leading fraction", "every pair"])
+def test_rotate_halves_pairs_the_two_halves_of_the_vector(pairs):
+    """rotate_halves(x, theta) turns channels i and i + K / 2 by theta_i for i < P (Mamba-3
+    MIMO's kernels: the first P pairs of the halves; with P = K / 2, what `rotate` does); the
+    rest are kept. Every form computes the hand-written turn; with P < K / 2 the other pairings
+    (a mutant of the spec each) do not."""
+    m = mixc.load(text=HALVES)
+    q, k, v = qkv(14)
+    a = torch.randn(B, T, NH, pairs, dtype=f64)
+    qk = torch.einsum("bthd,bshd->bhts", _turned_halves(q, a), _turned_halves(k, a))
+    want = causal_attention(qk, v)
+    for form in ("chunk", "recurrent", "parallel"):
+        assert rel(getattr(m, form)(q, k, v, a)[0], want) < 1e-12
+    state = None
+    for t in range(T):
+        y_t, state = m.step(q[:, t], k[:, t], v[:, t], a[:, t], state=state)
+        assert rel(y_t, want[:, t]) < 1e-12
+    split = mixc.load(text=HALVES.replace("rotate_halves(", "rotate("))
+    interleaved = mixc.load(text=HALVES.replace("rotate_halves(", "rotate_interleaved("))
+    assert rel(interleaved.chunk(q, k, v, a)[0], want) > 1e-2
+    if pairs < K // 2:  # pairs (i, i + P): another function
+        assert rel(split.chunk(q, k, v, a)[0], want) > 1e-2
+    else:  # pairs (i, i + K / 2) both
+        assert rel(split.chunk(q, k, v, a)[0], want) < 1e-12
+    with pytest.raises(mixc.MixcError, match="rotate: 5 angles for a vector of 8 entries"):
+        m.chunk(q, k, v, torch.zeros(B, T, NH, 5, dtype=f64))
+
+
 def test_sizes_are_numbers_in_expressions():
     text = (
         "mixer rms\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t^T\n"
@@ -338,6 +383,7 @@ def test_stop_gradient_and_onehot_argmax_gradients():
         ("y_t = H_t q_t * idx", "idx (the channel index) can only be used in the default"),
         ("y_t = H_t rotate(q_t^T, q_t)", "rotate needs two column vectors"),
         ("y_t = H_t rotate(q_t, w4)", "rotate of a vector [8] by 5 angles"),
+        ("y_t = H_t rotate_halves(q_t, w4)", "rotate_halves of a vector [8] by 5 angles"),
         ("y_t = softmax(q_t . q_t) * H_t q_t", "softmax needs a vector, got scalar"),
         ("y_t = H_t q_t * V_t", "V is a size and has no time index"),
     ],

@@ -29,9 +29,10 @@ def test_the_views_list_every_builtin_in_order():
     names = ["exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh"]
     names += ["sqrt", "abs", "max", "min", "sum", "l2norm", "diag", "floor", "cos", "sin"]
     names += ["softmax", "onehot_argmax", "stop_gradient", "rotate", "rotate_interleaved"]
+    names += ["rotate_halves"]
     assert list(BUILTINS) == names
     assert list(FUNCTIONS) == list(BUILTINS) and set(FUNCTIONS.values()) == {1, 2}
-    rotations = ["rotate", "rotate_interleaved"]
+    rotations = ["rotate", "rotate_interleaved", "rotate_halves"]
     assert [n for n, arity in FUNCTIONS.items() if arity == 2] == ["max", "min", *rotations]
     assert BINARY == ["max", "min"]
     assert list(ORACLE_FUNCTIONS) == list(BUILTINS)

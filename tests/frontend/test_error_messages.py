@@ -190,7 +190,7 @@ dt_t x_t^T (an outer product, [P, P])?""",
 <string>:4:7: error: unknown function sigmoidd
   4 | H_t = sigmoidd(beta_t) H_{t-1} + v_t k_t^T
     |       ^^^^^^^^
-  expected: a built-in (exp, log, sigmoid, logsigmoid, softplus, silu, elu, relu, tanh, sqrt, abs, max, min, sum, l2norm, diag, floor, cos, sin, softmax, onehot_argmax, stop_gradient, rotate, rotate_interleaved) or a let function
+  expected: a built-in (exp, log, sigmoid, logsigmoid, softplus, silu, elu, relu, tanh, sqrt, abs, max, min, sum, l2norm, diag, floor, cos, sin, softmax, onehot_argmax, stop_gradient, rotate, rotate_interleaved, rotate_halves) or a let function
   hint: did you mean sigmoid?""",
         id="unknown_function",
     ),

@@ -19,7 +19,7 @@ from mixc.backends.pytorch.names import note, size, without_unread
 from mixc.backends.pytorch.pyexpr import PyExpr
 from mixc.backends.pytorch.recurrence import RecurrentForms
 from mixc.backends.pytorch.sequence import SequenceForms, native
-from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.builtins import BUILTINS, ROTATIONS
 from mixc.frontend.ir import CHANNEL, Call, Expr, Name, walk
 from mixc.lowering.program import Program
 from mixc.version import __version__
@@ -242,7 +242,7 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
             if isinstance(n, Call) and n.func in BUILTINS
         }
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
-        helpers |= {"_turning", "_compact"} if called & {"rotate", "rotate_interleaved"} else set()
+        helpers |= {"_turning", "_compact"} if called & set(ROTATIONS) else set()
         turned = {c.kernel for c in self.program.calls} & set(self.library.turned)
         helpers |= {"_seq_turned"} if "rotate_interleaved" in called and turned else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from mixc.backends.pytorch.lines import string
 from mixc.errors import SpecAnalysisError
-from mixc.frontend.builtins import BUILTINS
+from mixc.frontend.builtins import BUILTINS, ROTATIONS
 from mixc.frontend.constants import FLOATS, Folder, constant
 from mixc.frontend.ir import (
     POSITION,
@@ -257,7 +257,7 @@ class PyExpr:
             return f"{BUILTINS[e.func].torch}({first}, {second})"
         if e.func in _ANGLED:  # the angle may be float64 (a position): see _cos
             return f"{BUILTINS[e.func].torch}({self._emit(e.args[0])[0]}, _dtype)"
-        if e.func in ("rotate", "rotate_interleaved"):
+        if e.func in ROTATIONS:
             # the turn e^(i theta) of each pair, a call of its own: q's and k's share it
             x, theta = e.args
             d = self.shape(x)[0]

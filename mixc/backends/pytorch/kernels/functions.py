@@ -86,6 +86,18 @@ def _rotate(x, turning):
     return torch.cat(parts, -1)[..., None]
 
 
+def _rotate_halves(x, turning):
+    """Pairs of the two halves of the whole vector (Mamba-3 MIMO's kernels): entries i and
+    i + d // 2 of a vector of d entries, for the n pairs of `turning` (see _turning), as the
+    complex number x_i + i x_(i+d//2) times it; the entries in no pair are kept. The same as
+    _rotate where n = d // 2."""
+    n, half = turning.shape[-1], x.shape[-2] // 2
+    turned = torch.complex(x[..., :n, 0], x[..., half : half + n, 0]) * turning
+    lead = turned.shape[:-1]
+    kept = x[..., n:half, 0].expand(*lead, -1), x[..., half + n :, 0].expand(*lead, -1)
+    return torch.cat((turned.real, kept[0], turned.imag, kept[1]), -1)[..., None]
+
+
 def _rotate_interleaved(x, turning):
     """Interleaved pairs (RoFormer, torchscale): entries 2i and 2i + 1, for the n pairs of
     `turning` (see _turning), as the complex number x_2i + i x_(2i+1) times it; the entries
