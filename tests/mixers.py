@@ -173,12 +173,12 @@ def random_states(spec, B=2, NH=3, dtype=torch.float64, generator=None):
     return dict(zip((s.name for s in spec.mixer.carried), states))
 
 
-def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative RMS error ||a - ref|| / ||ref||. A reference whose RMS is below 1e-3 counts as
-    near zero (e.g. a gradient that vanishes analytically): its error is measured against an
-    RMS of 1e-3 instead, the absolute floor."""
+def rel(a: torch.Tensor, ref: torch.Tensor, floor: float = 1e-3) -> float:
+    """Relative RMS error ||a - ref|| / ||ref||. A reference whose RMS is below 1e-3 (or a
+    larger `floor`) counts as near zero (e.g. a gradient that vanishes analytically): its error
+    is measured against an RMS of that floor instead."""
     a, ref = a.double(), ref.double()
-    floor = 1e-3 * max(ref.numel(), 1) ** 0.5
+    floor = max(floor, 1e-3) * max(ref.numel(), 1) ** 0.5
     return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 

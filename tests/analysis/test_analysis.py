@@ -348,6 +348,28 @@ ROWS: dict[str, Row] = {
         groups=(("Th",), ("H",)),
         warnings=("cannot prove the decay exp(-dt_t A_t)",),
     ),
+    "mamba3_mimo": Row(
+        "mamba3_mimo.mix",
+        {
+            "Th": S("identity", "identity", "3.141592653589793 dt_t tanh(w_t) 1^T", ()),
+            "H": S(
+                "scalar data-dependent",
+                "scalar_data",
+                "dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t) x_{t-1} * mimo_x1"
+                " (rotate_halves(B1_bias + B1_{t-1}, _r0))^T"
+                " + dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t) x_{t-1} * mimo_x2"
+                " (rotate_halves(B2_bias + B2_{t-1}, _r0))^T"
+                " + dt_t sigmoid(l_t) x_t * mimo_x1 (rotate_halves(B1_bias + B1_t, _r1))^T"
+                " + dt_t sigmoid(l_t) x_t * mimo_x2 (rotate_halves(B2_bias + B2_t, _r1))^T",
+                ("scalar: exp(-dt_t A_t) -> -A_t dt_t unproven",),
+            ),
+        },
+        "function of readouts: mimo_o1 * (_r2 + x_t * D mimo_x1) * silu(z_t * mimo_z1)"
+        " + mimo_o2 * (_r3 + x_t * D mimo_x2) * silu(z_t * mimo_z2)",
+        SCALAR_DECAY,
+        groups=(("Th",), ("H",)),
+        warnings=("cannot prove the decay exp(-dt_t A_t)",),
+    ),
     "gla_rank2": Row(
         "gla_rank2.mix",
         {

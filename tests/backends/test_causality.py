@@ -89,15 +89,17 @@ def _later(x, t, kind, generator):
 
 #: Known leaks, each pinned as a strict xfail: remove the entry when the kernel is fixed.
 LEAKS: dict[str, str] = {}
+#: Checked only with -m slow: Mamba-3 MIMO (10 inputs, 40 s on 2 loaded cores) runs the same
+#: forms as Mamba-3 SISO and mamba3_trapezoid, which are checked by default.
+SLOW = {"mamba3_mimo"}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason=LEAKS[n], strict=True)) if n in LEAKS else n
-        for n in SOURCES
-    ],
-)
+def _marks(name: str) -> list:
+    marks = [pytest.mark.xfail(reason=LEAKS[name], strict=True)] if name in LEAKS else []
+    return marks + [pytest.mark.slow] * (name in SLOW)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in SOURCES])
 def test_outputs_up_to_t_do_not_depend_on_later_tokens(name):
     check_causal(SOURCES[name], "pytorch", T, (5, 7))  # inside a chunk of 4, and starting one
 

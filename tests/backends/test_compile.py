@@ -15,6 +15,7 @@ import torch
 
 import mixc
 from mixc.check.fuzz import reference
+from mixc.check.tolerance import NEAR_ZERO
 from mixc.errors import Source
 from mixc.oracle.interpret import interpret
 from tests.mixers import VARIANTS, positional, random_states, rel, spec_inputs
@@ -81,6 +82,11 @@ def _step_loop(module):
 def _assert_close(got, ref, what, tol):
     y, finals, grads = got
     ry, rfinals, rgrads = ref
+    # a gradient below NEAR_ZERO of the example's largest (one that vanishes analytically, as
+    # an angle turning every key and query alike at one token: Mamba-3 MIMO's) is measured
+    # against that floor, as mixc fuzz measures it: its float32 value is the difference of
+    # halves of the example's size, each rounded
+    scale = max((g.double().norm() / max(g.numel(), 1) ** 0.5).item() for g in rgrads.values())
     assert y.shape == ry.shape, f"{what}: output shape {tuple(y.shape)} vs {tuple(ry.shape)}"
     assert rel(y, ry) <= tol, f"{what}: output rel err {rel(y, ry):.2e}"
     for n in rfinals:
@@ -93,7 +99,8 @@ def _assert_close(got, ref, what, tol):
             assert rg.abs().max() == 0, f"{what}: no gradient for {n}"
             continue
         assert torch.isfinite(g).all(), f"{what}: non-finite gradient for {n}"
-        assert rel(g, rg) <= tol * 10, f"{what}: grad {n} rel err {rel(g, rg):.2e}"
+        err = rel(g, rg, floor=NEAR_ZERO * scale)
+        assert err <= tol * 10, f"{what}: grad {n} rel err {err:.2e}"
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])

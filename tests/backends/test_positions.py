@@ -340,6 +340,21 @@ def test_rotate_halves_pairs_the_two_halves_of_the_vector(pairs):
         m.chunk(q, k, v, torch.zeros(B, T, NH, 5, dtype=f64))
 
 
+def test_a_wrong_pairing_in_the_generated_helper_is_caught(tmp_path):
+    """mixc fuzz catches _rotate_halves mutated to pair i with i + P (rotate's pairing)."""
+    from mixc.check import fuzz
+
+    spec = tmp_path / "halves.mix"
+    spec.write_text(HALVES, encoding="utf-8")
+    target = "n, half = turning.shape[-1], x.shape[-2] // 2"
+    source = mixc.compile_source(spec)
+    assert source.count(target) == 1
+    module = tmp_path / "halves_mutant.py"
+    module.write_text(source.replace(target, "n, half = turning.shape[-1], turning.shape[-1]"))
+    report = fuzz(spec, module, examples=20, shrink=False)
+    assert not report.ok and report.failure.kind == "numerical", report.failure.summary()
+
+
 def test_sizes_are_numbers_in_expressions():
     text = (
         "mixer rms\nin q[K], k[K], v[V]\nstate H[V, K]\nH_t = H_{t-1} + v_t k_t^T\n"

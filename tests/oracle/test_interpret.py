@@ -264,6 +264,40 @@ def ref_mamba3(x, p, s):
     return {"y": ys, "a": alphas, "lam": lams}, {"Th": theta, "H": H, **last}
 
 
+def ref_mamba3_mimo(x, p, s):
+    """Mamba-3 MIMO at rank 2 (mamba3_MIMO_step_ref in state-spaces/mamba's tests, with its
+    kernels' pairing): rank r's value mimo_x_r x, key B_r + B_r_bias and query C_r + C_r_bias,
+    both turned by the summed angles on pairs (i, i + N/2); the trapezoid's previous keys turned
+    by their own token's angles; y = sum_r mimo_o_r (H q_r + D v_r) silu(mimo_z_r z)."""
+    R, N = len(x["w"][0]), len(x["B1"][0])
+    first, second = list(range(R)), [N // 2 + i for i in range(R)]
+    H, theta, ys, alphas, lams = s["H"], s["Th"], [], [], []
+    before = torch.zeros_like(H)
+    for t in range(len(x["x"])):
+        dt, lam = x["dt"][t], torch.sigmoid(x["l"][t])
+        theta = theta + math.pi * dt * torch.tanh(x["w"][t])
+        values = [p[f"mimo_x{r}"] * x["x"][t] for r in (1, 2)]
+        keys = [
+            turn_pairs(x[f"B{r}"][t] + p[f"B{r}_bias"], theta.tolist(), first, second)
+            for r in (1, 2)
+        ]
+        now = outer(values[0], keys[0]) + outer(values[1], keys[1])
+        alpha = torch.exp(-dt * x["A"][t])
+        H = alpha * H + (1 - lam) * dt * alpha * before + lam * dt * now
+        before = now
+        y = 0
+        for r in (1, 2):
+            query = turn_pairs(x[f"C{r}"][t] + p[f"C{r}_bias"], theta.tolist(), first, second)
+            gate = p[f"mimo_z{r}"] * x["z"][t]
+            out = H @ query + p["D"] * values[r - 1]
+            y = y + p[f"mimo_o{r}"] * out * gate * torch.sigmoid(gate)
+        ys.append(y)
+        alphas.append(alpha)
+        lams.append(lam)
+    last = {"x_{t-1}": x["x"][-1], "B1_{t-1}": x["B1"][-1], "B2_{t-1}": x["B2"][-1]}
+    return {"y": ys, "a": alphas, "lam": lams}, {"Th": theta, "H": H, **last}
+
+
 def ref_gla_rank2(x, p, s):
     H, ys = s["H"], []
     for t in range(len(x["q"])):
@@ -619,6 +653,25 @@ CASES = {
             {"D": randn(g, HEADS), "B_bias": randn(g, HEADS, DK), "C_bias": randn(g, HEADS, DK)},
         ),
     ),
+    "mamba3_mimo": (
+        ref_mamba3_mimo,
+        lambda g: (
+            {
+                "x": randn(g, *LEAD, DV),
+                "z": randn(g, *LEAD, DV),
+                "dt": F.softplus(randn(g, *LEAD)),
+                "A": rand(g, *LEAD),
+                **{f"{b}{r}": randn(g, *LEAD, DK) for b in "BC" for r in (1, 2)},
+                "l": randn(g, *LEAD),
+                "w": randn(g, *LEAD, SIZES["R"]),
+            },
+            {
+                "D": randn(g, HEADS),
+                **{f"{b}{r}_bias": randn(g, HEADS, DK) for b in "BC" for r in (1, 2)},
+                **{f"mimo_{m}{r}": randn(g, HEADS, DV) for m in "xzo" for r in (1, 2)},
+            },
+        ),
+    ),
     "gla_rank2": (
         ref_gla_rank2,
         lambda g: (
@@ -709,7 +762,15 @@ CASES = {
         ),
     ),
 }
-SIZES = {"K": DK, "V": DV, "P": DV, "N": DK, "S": CODES, "M": DM, "R": DK // 2}
+SIZES = {
+    "K": DK,
+    "V": DV,
+    "P": DV,
+    "N": DK,
+    "S": CODES,
+    "M": DM,
+    "R": DK // 4,
+}  # R < N / 2: the pairings differ
 
 
 def initial_states(spec, g):
