@@ -75,7 +75,7 @@ def test_every_shipped_spec_passes(path: Path) -> None:
 
 def test_the_examples_readme_lists_every_example_spec() -> None:
     """examples/specs/README.md's table names exactly the specs of its folder (none since
-    Mamba-3 SISO shipped; the README says what blocks Mamba-3 MIMO)."""
+    Mamba-3 SISO and MIMO shipped; the README says what rank r written compactly would need)."""
     folder = ROOT / "examples" / "specs"
     listed = re.findall(r"^\| `(\w+\.mix)` \|", (folder / "README.md").read_text("utf-8"), re.M)
     assert sorted(listed) == sorted(p.name for p in folder.glob("*.mix"))
