@@ -1338,14 +1338,16 @@ def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
     token, their keys k and values v each a list, one tensor a write (k_r [B, NH, T, K], v_r
     [B, NH, T, V]), or one tensor of them all joined along the last axis (k [B, NH, T, rank
     K], v [B, NH, T, rank V], write r of a token at its r-th block). The transition is
-    unchanged: each chunk's C queries score against its rank C writes. More than two writes
-    in a list are joined first (the operator torch.compile calls takes seven tensors).
+    unchanged: each chunk's C queries score against its rank C writes. Under torch.compile
+    more than two writes in a list are joined first (the operator it calls takes seven
+    tensors); elsewhere they stay apart, as the spans read them (a join would copy every write
+    once more: a quarter of Mamba-3 MIMO's chunk forward at rank 2).
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     keys = list(k) if isinstance(k, (list, tuple)) else [k]
     values = list(v) if isinstance(v, (list, tuple)) else [v]
-    if len(keys) > 2:
+    if len(keys) > 2 and torch.compiler.is_compiling():
         keys, values = [torch.cat(keys, -1)], [torch.cat(values, -1)]
     span, grads = _scalar_decay_rank_span, _scalar_decay_rank_grads_span
     if initial_state is None:  # the state's width is a value's, not the joined values'
@@ -1377,7 +1379,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_cda527265ae2af87", globals())
+_operator_spans = _register_spans("mixc_e6a3eeb030b00030", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
