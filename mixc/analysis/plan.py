@@ -16,8 +16,8 @@ import networkx as nx
 
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander
-from mixc.analysis.folds import LagFold, lag_fold
 from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, WriteTerm
+from mixc.analysis.folds import LagFold, lag_fold
 from mixc.analysis.graph import dependency_graph
 from mixc.analysis.outputs import ReadoutTable, analyze_output, readout_name
 from mixc.analysis.passes import passes
