@@ -18,9 +18,11 @@ Then G_t - a_t G_{t-1} = H_t - a_t H_{t-1} + c_{t+1} v_t k_t^T - a_t c_t v_{t-1}
     G_t = a_t G_{t-1} + (d_t + c_{t+1}) v_t k_t^T,   G_0 = H_0 + c_1 v_0 k_0^T,
 
 where v_0 and k_0 are the lagged write's value and key at the first token (the carried token
-before it, its states' values entering the sequence). A readout of H at t is a readout of G less
-the part written ahead: H_t q_t = G_t q_t - c_{t+1} v_t (k_t . q_t). At a sequence's last token
-c_{t+1} = 0, so the final state is G's. Nothing here is approximated; the only new quantities are
+before it, its states' values entering the sequence). G_t holds token t+1's c, so a readout of
+H at t reads G before the token's update, which holds no later token:
+H_t = a_t G_{t-1} + d_t v_t k_t^T, so H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t) (no
+difference of large terms either). At a sequence's last token c_{t+1} = 0, so the final state
+is G's. Nothing here is approximated; the only new quantities are
 c shifted one token earlier and a dot product a token (k_t . q_t, computed on the unturned
 vectors when k and q are turned by the same angle, which a turn leaves unchanged).
 

@@ -621,9 +621,9 @@ MUTANTS = [
     ),
     (
         "mamba3_trapezoid",
-        "the readout not less the part written ahead",
-        "value=-1,\n    )\n    _read_H",
-        "value=0,\n    )\n    _read_H",
+        "the readout of the state before the update not decayed by the token",
+        "_o * _g_H.exp()[..., None]",
+        "_o",
         {"chunk"},
         NUMERICAL,
     ),

@@ -36,8 +36,9 @@ def emit_first_writes(forms, out: Lines, calls: tuple[Call, ...]) -> None:
         out(f"{local('k0', call.group)} = {e(key)}{shown}")
 
 
-def emit_fold_inputs(forms, out: Lines, call: Call, packed: str, key: str | None) -> list[str]:
-    """The folded call's key (`key`: the kernel turns it, else None), its value
+def emit_fold_inputs(forms, out: Lines, call: Call, packed: str, turned) -> list[str]:
+    """The folded call's key (`turned`: where the kernel turns a rotated key, the function
+    that writes it so, `_turned_seq`; else False), its value
     (d_t + c_{t+1}) v_t, c_t and c_{t+1}, and the class's arguments; returns the arguments as
     the call passes them."""
     group, lag = call.group, call.lag
@@ -48,9 +49,13 @@ def emit_fold_inputs(forms, out: Lines, call: Call, packed: str, key: str | None
     shown = note(f"c_t = {lag.coeff}: the lagged write's scale less the decay")
     out(f"{c} = {seq('scalar', forms.tensor(lag.coeff))}{shown}")
     out(f"{c_next} = _next_tokens({c})  # c_{{t+1}}, 0 at each sequence's last token")
+    key = turned(forms, step.key, packed) if turned else None
     out(f"{local('k', group)} = {key or seq('vector', forms.tensor(step.key))}")
     out(f"{x} = {seq('vector', forms.tensor(value.expr))}")
     d = "1" if value.scale is None else seq("scalar", forms.tensor(value.scale))
+    if value.scale is not None:
+        out(f"{local('d', group)} = {d}{note(value.scale)}")
+        d = local("d", group)
     shown = note(f"({value.scale or 1} + c_{{t+1}}) {value.expr}")
     out(f"{local('v', group)} = ({d} + {c_next})[..., None] * {x}{shown}")
     kernel_args = []
@@ -64,22 +69,32 @@ def emit_fold_inputs(forms, out: Lines, call: Call, packed: str, key: str | None
 
 
 def fold_start(call: Call, initial: str) -> str:
-    """The state entering the folded call's kernel: `initial` with the lagged write at each
-    sequence's first token, c_1 k_0 v_0^T (in the kernels' layout)."""
+    """The state entering the call's kernel: `initial`, and for a folded call with the lagged
+    write at each sequence's first token, c_1 k_0 v_0^T (in the kernels' layout)."""
+    if call.lag is None:
+        return initial
     g = call.group
     first = f"{local('k0', g)}, {local('v0', g)}, {local('c', g)}"
     return f"_lagged_start({initial}, {first})  # G_0 = H_0 + c_1 v_0 k_0^T"
 
 
-def fold_correction(forms, call: Call, query: QueryRead, packed: str) -> str:
-    """The line that takes from the kernel's output `_o` (G_t q_t) the part written ahead,
-    c_{t+1} v_t (k_t . q_t), giving H_t q_t."""
+def fold_correction(forms, out: Lines, call: Call, query: QueryRead, packed: str) -> None:
+    """For a folded call (none else), the line that makes H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t) from the kernel's
+    output `_o`, read before the token's update (strict: G_{t-1} q_t, which reads no later
+    token, where G_t q_t would read c_{t+1})."""
+    if call.lag is None:
+        return
     (step,) = call.steps
+    (value,) = step.values
     dot = _dot(forms, step.key, query.query)
     seq = forms.seq_layout(packed, False)
     g = call.group
-    scale = f"({local('c_next', g)} * {seq('scalar', dot)})[..., None]"
-    return f"_o = _torch.addcmul(_o, {scale}, {local('x', g)}, value=-1)  # H_t q: less c_{{t+1}} v_t (k_t . q_t)"
+    gated = any(a.expr is not None and a.name == "g" for a in step.args)
+    decayed = f"_o * {local('g', g)}.exp()[..., None]" if gated else "_o"
+    d = "" if value.scale is None else f"{local('d', g)} * "
+    scale = f"({d}{seq('scalar', dot)})[..., None]"
+    shown = "  # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)"
+    out(f"_o = _torch.addcmul({decayed}, {scale}, {local('x', g)}){shown}")
 
 
 def _dot(forms, key: Expr, query: Expr) -> str:

@@ -178,8 +178,7 @@ class SequenceForms(Context):
         moved = call.reverse and not ordered  # inputs reversed in time before the kernel
         turned = _turns(call, self.library) and all(q.query is not None for q in call.queries)
         if call.lag is not None:
-            key = _turned_seq(self, call.steps[0].key, seqlens) if turned else None
-            kernel_args = emit_fold_inputs(self, out, call, seqlens, key)
+            kernel_args = emit_fold_inputs(self, out, call, seqlens, turned and _turned_seq)
         else:
             kernel_args = self.emit_inputs(
                 out, call.group, call.steps, seqlens, call.log_scale, call.joined, moved, turned
@@ -189,14 +188,12 @@ class SequenceForms(Context):
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
             s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
-            s0_text = s0_text if call.lag is None else fold_start(call, s0_text)
-            out(f"{initial} = {s0_text}")
+            out(f"{initial} = {fold_start(call, s0_text)}")
         for i, query in enumerate(call.queries):
-            strict = ["strict=True"] if ordered and query.previous else []
+            strict = ["strict=True"] if ordered and (query.previous or call.lag) else []
             query = replace(query, previous=False) if strict else query
             self.emit_query(out, call, query, kernel_args + strict, seqlens, turned)
-            if call.lag is not None:
-                out(fold_correction(self, call, query, seqlens))
+            fold_correction(self, out, call, query, seqlens)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")

@@ -1698,27 +1698,28 @@ def chunk(
     _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay, reading _read_Th, _read2_Th
-    _turn__r1_N = _turning(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    _sum_B_bias_B = B_bias + B
     _lam = _torch.sigmoid(l)
     # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
     _c_H = _seq_scalar(_torch.addcmul(dt, dt, _lam, value=-1), _sizes, cu_seqlens)
     _cnext_H = _next_tokens(_c_H)  # c_{t+1}, 0 at each sequence's last token
+    _turn__r1_N = _turning(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _sum_B_bias_B = B_bias + B
     _k_H = _seq_turned(_sum_B_bias_B, _turn__r1_N, _sizes, cu_seqlens)
     _x_H = _seq_vector(x, _sizes, cu_seqlens)
-    # (dt_t sigmoid(l_t) + c_{t+1}) x_t
-    _v_H = (_seq_scalar(dt * _lam, _sizes, cu_seqlens) + _cnext_H)[..., None] * _x_H
+    _d_H = _seq_scalar(dt * _lam, _sizes, cu_seqlens)  # dt_t sigmoid(l_t)
+    _v_H = (_d_H + _cnext_H)[..., None] * _x_H  # (dt_t sigmoid(l_t) + c_{t+1}) x_t
     _g_H = _seq_scalar(-A * dt, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _sum_C_bias_C = C_bias + C
     _q = _seq_turned(_sum_C_bias_C, _turn__r1_N, _sizes, cu_seqlens)
-    _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
-    # H_t q: less c_{t+1} v_t (k_t . q_t)
+    _o, _S = _chunk_scalar_decay(
+        _q, _k_H, _v_H, g=_g_H, strict=True, initial_state=_S0_H, chunk_size=chunk_size
+    )
+    # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
     _o = _torch.addcmul(
-        _o,
-        (_cnext_H * _seq_scalar((_sum_B_bias_B * _sum_C_bias_C).sum(-2, keepdim=True), _sizes, cu_seqlens))[..., None],
+        _o * _g_H.exp()[..., None],
+        (_d_H * _seq_scalar((_sum_B_bias_B * _sum_C_bias_C).sum(-2, keepdim=True), _sizes, cu_seqlens))[..., None],
         _x_H,
-        value=-1,
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(C_bias + C_t, _r1)
     H = _S.mT

@@ -1488,18 +1488,19 @@ def chunk(
     _cnext_H = _next_tokens(_c_H)  # c_{t+1}, 0 at each sequence's last token
     _k_H = _seq_vector(B, _sizes, cu_seqlens)
     _x_H = _seq_vector(x, _sizes, cu_seqlens)
-    # (dt_t sigmoid(l_t) + c_{t+1}) x_t
-    _v_H = (_seq_scalar(dt * _lam, _sizes, cu_seqlens) + _cnext_H)[..., None] * _x_H
+    _d_H = _seq_scalar(dt * _lam, _sizes, cu_seqlens)  # dt_t sigmoid(l_t)
+    _v_H = (_d_H + _cnext_H)[..., None] * _x_H  # (dt_t sigmoid(l_t) + c_{t+1}) x_t
     _g_H = _seq_scalar(dt * A, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_vector(C, _sizes, cu_seqlens)
-    _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
-    # H_t q: less c_{t+1} v_t (k_t . q_t)
+    _o, _S = _chunk_scalar_decay(
+        _q, _k_H, _v_H, g=_g_H, strict=True, initial_state=_S0_H, chunk_size=chunk_size
+    )
+    # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
     _o = _torch.addcmul(
-        _o,
-        (_cnext_H * _seq_scalar((B * C).sum(-2, keepdim=True), _sizes, cu_seqlens))[..., None],
+        _o * _g_H.exp()[..., None],
+        (_d_H * _seq_scalar((B * C).sum(-2, keepdim=True), _sizes, cu_seqlens))[..., None],
         _x_H,
-        value=-1,
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
