@@ -606,8 +606,8 @@ MUTANTS = [
     (
         "mamba3_trapezoid",
         "the next token's lagged write not written ahead",
-        "_v_H = (_seq_scalar(dt * _lam, _sizes, cu_seqlens) + _cnext_H)[..., None] * _x_H",
-        "_v_H = _seq_scalar(dt * _lam, _sizes, cu_seqlens)[..., None] * _x_H",
+        "_v_H = (_d_H + _cnext_H)[..., None] * _x_H",
+        "_v_H = _d_H[..., None] * _x_H",
         {"chunk"},
         NUMERICAL,
     ),
