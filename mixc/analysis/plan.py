@@ -17,6 +17,7 @@ import networkx as nx
 from mixc.algebra.canon import Canon
 from mixc.algebra.expand import Expander
 from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, WriteTerm
+from mixc.analysis.folds import LagFold, lag_fold
 from mixc.analysis.graph import dependency_graph
 from mixc.analysis.outputs import ReadoutTable, analyze_output, readout_name
 from mixc.analysis.passes import passes
@@ -113,6 +114,9 @@ class GroupPlan:
     #: Its states run backward in time: the kernel runs on the time-reversed sequence (each
     #: packed sequence within its own bounds), its outputs reversed back.
     backward: bool = False
+    #: Its state's two writes, this token's and the previous token's under this token's decay,
+    #: folded into one write a token for the chunked form (`mixc.analysis.folds`); None: not so.
+    lag: LagFold | None = None
 
     @property
     def joined(self) -> bool:
@@ -231,6 +235,7 @@ def _analyze(spec: Spec) -> Plan:
         )
     levels, cycle = passes(states, readouts)
     groups, outputs = _stabilised(_groups(states, outputs, levels), outputs, states)
+    groups = tuple(_folded(g, states, readouts, canon) for g in groups)
     for g in groups:
         if g.log_scale is not None:
             typer.symbols[g.unscale.name] = Symbol("readout", SCALAR)
@@ -369,6 +374,15 @@ def _groups(states, outputs, levels: dict[str, int]) -> tuple[GroupPlan, ...]:
             )
         )
     return tuple(out)
+
+
+def _folded(group: GroupPlan, states, readouts, canon: Canon) -> GroupPlan:
+    """`group` with its lagged write folded into its token's own (`lag_fold`) where it is one
+    state of joined writes that its chunked kernel runs unstabilised."""
+    if len(group.states) != 1 or not group.joined or group.log_scale is not None:
+        return group
+    state = next(s for s in states if s.name == group.name)
+    return replace(group, lag=lag_fold(state, readouts, group.queries, canon))
 
 
 def _sub_tokens(state: StateFacts, queries: tuple[Query, ...]) -> tuple[SubToken, ...]:

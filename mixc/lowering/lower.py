@@ -86,8 +86,14 @@ def _sequence_form(plan: Plan, groups: tuple[GroupPlan, ...], form: str) -> Sequ
 
 def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
     stable = chunked and group.log_scale is not None
-    joined = chunked and not stable and group.joined
-    if stable:
+    lag = group.lag if chunked and not stable else None
+    joined = chunked and not stable and group.joined and lag is None
+    steps = _steps(plan, group, scaled=not stable)
+    if lag is not None:  # one write a token (mixc.analysis.folds), the class's rank-1 kernel
+        kernel = f"chunk_{group.kernel}"
+        write = lag.write
+        steps = (Step(write.key, (Value(group.name, write.value, write.scale),), steps[0].args),)
+    elif stable:
         kernel = f"chunk_{group.transition_class.stable_kernel}"
     elif joined:
         kernel = f"chunk_{group.transition_class.joined_kernel}"
@@ -101,7 +107,7 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         label=group.transition.label,
         slots=_slots(plan, group),
         kernel=kernel,
-        steps=_steps(plan, group, scaled=not stable),
+        steps=steps,
         queries=tuple(queries),
         initial=chunked,
         log_scale=group.log_scale if stable else None,
@@ -109,6 +115,7 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         joined=joined,
         reads=_reads(plan, group),
         reverse=group.backward,
+        lag=lag,
     )
 
 

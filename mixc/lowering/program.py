@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mixc.analysis.folds import LagFold
 from mixc.analysis.plan import SignCheck
 from mixc.frontend.ir import Expr, Mixer
 from mixc.frontend.shapes import Typer
@@ -128,6 +129,10 @@ class Call:
     #: as it does forward, and its outputs are reversed back. The initial state is the one
     #: after the sequence's end, the final state the one at its first token.
     reverse: bool = False
+    #: The state's lagged write folded into its token's own (`mixc.analysis.folds`): `steps`
+    #: is that one write, its value scaled by d_t + c_{t+1}; the initial state takes the lagged
+    #: write at each sequence's first token, and each readout loses c_{t+1} v_t (k_t . q_t).
+    lag: LagFold | None = None
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -300,6 +305,7 @@ def dump(program: Program) -> str:
         for c in form.calls:
             steps = f", {len(c.steps)} sub-tokens a token" if len(c.steps) > 1 else ""
             steps = f", {len(c.steps)} writes a token joined" if c.joined else steps
+            steps = ", the lagged write folded into the token's own" if c.lag else steps
             start = "from the carried states" if c.initial else "from zero"
             lines.append(f"  {' and '.join(c.states)}: {c.kernel} {start}{steps}")
             if c.reads:
@@ -311,6 +317,8 @@ def dump(program: Program) -> str:
                     scale = f" (times {v.scale})" if v.scale is not None else ""
                     lines.append(f"    v[{v.state}]{at} = {v.expr or 'ones'}{scale}")
                 lines += [f"    {a.name}{at} = {a.expr} [{a.layout}]" for a in step.args if a.expr]
+            if c.lag is not None:
+                lines.append(f"    c = {c.lag.coeff} (the lagged write's scale less the decay)")
             if c.log_scale is not None:
                 lines.append(f"    log_scale = {c.log_scale} (outputs times {c.unscale})")
             if c.reverse:

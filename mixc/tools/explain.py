@@ -254,9 +254,14 @@ def _why(plan: Plan) -> list[str]:
         )
         if tr.steps and tr.chunkable:
             joined = any(g.joined for g in plan.groups if s.name in g.states)
+            folded = any(g.lag for g in plan.groups if s.name in g.states)
             n = len(tr.steps)
             line += (
-                f", {n} writes a token joined (one step a token; the quadratic form: sub-tokens)"
+                ", the lagged write folded into the token's own (one write a token; the "
+                "quadratic form: sub-tokens)"
+                if folded
+                else f", {n} writes a token joined (one step a token; the quadratic form: "
+                "sub-tokens)"
                 if joined
                 else f", {n} sub-tokens a token (one per step)"
             )
@@ -425,7 +430,17 @@ def _sub_token_line(group: GroupPlan) -> str:
         f"{group.kernel} kernel): sub-token {n} t + i - 1 is step i of token t, a decay only "
         f"where its step has one, Q rows zero but at each token's last sub-token, where Y is read"
     )
-    if group.joined:
+    if group.lag is not None:
+        lag = group.lag
+        line = (
+            f"chunked: the lagged write folded into each token's own (a scalar decay acts on "
+            f"the previous token's write as on a number), G_t = H_t + c_{{t+1}} v_t k_t^T with "
+            f"c_t = {lag.coeff} (the lagged write's scale less the decay): one write a token, "
+            f"(d_t + c_{{t+1}}) v_t k_t^T, v_t = {lag.write.value}, k_t = {lag.write.key}, "
+            f"d_t = {lag.write.scale or 1}, on the {group.kernel} kernel from G_0 = H_0 + c_1 "
+            f"v_0 k_0^T, each readout less c_{{t+1}} v_t (k_t . q_t); quadratic and summary: {line}"
+        )
+    elif group.joined:
         line = (
             f"chunked: the {n} writes joined, K = [K_1 ... K_{n}] and V = [V_1 ... V_{n}] side "
             f"by side, {n} C write rows a chunk against C queries, each row decayed as its token "

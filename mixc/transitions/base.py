@@ -303,6 +303,11 @@ class TransitionClass:
     #: faster than as many sub-tokens (benchmarks/RESULTS.md); None: several writes run as
     #: sub-tokens of `kernel`.
     joined_kernel: ClassVar[str | None] = None
+    #: Whether a write of the previous token's value and key under this token's transition,
+    #: `c_t a_t v_{t-1} k_{t-1}^T`, folds into that token's own write in the chunked form, one
+    #: rank-1 write a token (`mixc.analysis.folds`): the transition must act on an outer product
+    #: as on a number (a scalar decay).
+    folds_lag: ClassVar[bool] = False
     #: Whether the kernel runs on the state's transpose (a transition acting from the left, on
     #: the value side): a write `v k^T` reaches the kernel as `k v^T` (`StateFacts.kernel_writes`),
     #: and the kernel keeps the state as the others do, [K, V], reading it along the other axis.

@@ -84,20 +84,18 @@ def test_several_writes_wide(tmp_path, source, dtype):
 def test_the_scalar_decay_joins_its_writes_and_other_classes_interleave_them():
     """The registry decides (TransitionClass.joined_kernel); the parallel form and the summary
     run sub-tokens in every class."""
-    trapezoid = dump(lower(mixc.analyze(mixc.load_spec(ROOT / "specs" / "mamba3_trapezoid.mix"))))
-    assert (
-        "H: chunk_scalar_decay_rank from the carried states, 2 writes a token joined" in trapezoid
-    )
-    assert "H: parallel_scalar_decay from zero, 2 sub-tokens a token" in trapezoid
+    three = dump(lower(mixc.analyze(mixc.load_spec(text=CLASSES["scalar decay, three writes"]))))
+    assert "H: chunk_scalar_decay_rank from the carried states, 3 writes a token joined" in three
+    assert "H: parallel_scalar_decay from zero, 3 sub-tokens a token" in three
     gla = dump(lower(mixc.analyze(mixc.load_spec(ROOT / "specs" / "gla_rank2.mix"))))
     assert "H: chunk_diagonal from the carried states, 2 sub-tokens a token" in gla
 
 
 def test_explain_names_the_writes_and_gives_no_split_hint():
     out = io.StringIO()
-    render(explain(mixc.load_spec(ROOT / "specs" / "mamba3_trapezoid.mix")), file=out)
-    assert "2 writes a token joined, the transition once" in out.getvalue()
-    assert "chunked: the 2 writes joined, K = [K_1 ... K_2]" in out.getvalue()
+    render(explain(mixc.load_spec(text=CLASSES["scalar decay, three writes"])), file=out)
+    assert "3 writes a token joined, the transition once" in out.getvalue()
+    assert "chunked: the 3 writes joined, K = [K_1 ... K_3]" in out.getvalue()
     assert "split" not in out.getvalue()
 
 

@@ -250,10 +250,10 @@ class Context:
             for name, d in zip(names, self.mixer.carried, strict=True)
         ]
 
-    def emit_shifts(self, out: Lines, packed: bool, carried: bool) -> None:
+    def emit_shifts(self, out: Lines, packed: bool, carried: bool, read=None) -> None:
         """Each lagged input at t-1, `_prev_x`: x one token later, each sequence starting from
-        the carried token (zeros without one); with `carried`, also the token to carry on,
-        `_last_x`."""
+        the carried token (zeros without one), for those of `read` (None: every one); with
+        `carried`, also the token to carry on, `_last_x`."""
         seqlens = ", cu_seqlens" if packed else ""
         for x in self.lagged:
             prev = local("prev", x)
@@ -261,6 +261,8 @@ class Context:
                 last = local("last", x)
                 out(f"{last} = _last_tokens({x}, {prev}{seqlens})  # carried to the next call")
             first = prev if carried else "None"
+            if read is not None and x not in read:
+                continue
             out(f"{prev} = _shift_tokens({x}, {first}{seqlens})  # {x}_{{t-1}}")
 
     def emit_split_states(

@@ -209,16 +209,19 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
             out("", 0)
             out("", 0)
             shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
-            several = [c for c in self.program.calls if len(c.steps) > 1]
+            forms = (self.program.chunk, self.program.parallel)
+            several = [c for f in forms if f for c in f.calls if len(c.steps) > 1]
             shifts += ["_sub_tokens"] if several else []
             factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
             shifts += ["_sub_token_factor"] if factors else []
-            forms = (self.program.chunk, self.program.parallel)
             moved = [c for f in forms if f for c in f.calls if not native(c, self.library)]
             shifts += ["_reverse_tokens"] if any(c.reverse for c in moved) else []
             shifts += ["_angle_sums"] if any(self.summed(c) for c in self.program.calls) else []
             previous = any(q.previous for c in moved for q in c.queries)
             shifts += ["_next_tokens", "_previous_tokens"] if previous else []
+            folded = any(c.lag is not None for c in self.program.calls)
+            shifts += ["_next_tokens", "_lagged_start"] if folded and not previous else []
+            shifts += ["_lagged_start"] if folded and previous else []
             backward = any(q.previous for c in moved if c.reverse for q in c.queries)
             shifts += ["_final_tokens"] if backward else []
             text = self.library.source(self.kernels + shifts + helpers)

@@ -6,6 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mixc.backends.pytorch.context import Context
+from mixc.backends.pytorch.folds import (
+    emit_first_writes,
+    emit_fold_inputs,
+    fold_correction,
+    fold_start,
+    shifted,
+)
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.names import local, note, tuple_text
 from mixc.backends.pytorch.pyexpr import TURNING
@@ -30,7 +37,8 @@ class SequenceForms(Context):
         states = ", ".join(self.carried)
         out(f"{self.output.target}, {self.state_tuple()} = {self.recurrence_call(states)}", 2)
         self.finish(out, self.output.target, self.final_states(), optional=True, indent=2)
-        self.emit_shifts(out, packed=True, carried=True)
+        emit_first_writes(self, out, form.calls)
+        self.emit_shifts(out, packed=True, carried=True, read=shifted(form))
         if self.positioned:
             shown = note("each token's position, and the next token's, carried on")
             out(f"pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens){shown}")
@@ -169,19 +177,23 @@ class SequenceForms(Context):
         out(comment(f"{' and '.join(call.states)}: {call.label} -> {call.kernel}{reads}"))
         moved = call.reverse and not ordered  # inputs reversed in time before the kernel
         turned = _turns(call, self.library) and all(q.query is not None for q in call.queries)
-        kernel_args = self.emit_inputs(
-            out, call.group, call.steps, seqlens, call.log_scale, call.joined, moved, turned
-        )
+        if call.lag is not None:
+            kernel_args = emit_fold_inputs(self, out, call, seqlens, turned and _turned_seq)
+        else:
+            kernel_args = self.emit_inputs(
+                out, call.group, call.steps, seqlens, call.log_scale, call.joined, moved, turned
+            )
         kernel_args += ["reverse=True"] * (ordered and call.reverse)  # and strict=, below
         call = replace(call, reverse=moved)
         if call.initial:
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
             s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
-            out(f"{initial} = {s0_text}")
+            out(f"{initial} = {fold_start(call, s0_text)}")
         for i, query in enumerate(call.queries):
-            strict = ["strict=True"] if ordered and query.previous else []
+            strict = ["strict=True"] if ordered and (query.previous or call.lag) else []
             query = replace(query, previous=False) if strict else query
             self.emit_query(out, call, query, kernel_args + strict, seqlens, turned)
+            fold_correction(self, out, call, query, seqlens)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")

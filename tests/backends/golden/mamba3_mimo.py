@@ -992,7 +992,10 @@ def _angle_sums(v, initial, cu_seqlens=None):
     final states [B, NH, ...] (packed: [N, NH, ...]); one cumulative sum, the rest shifts."""
     initial = initial.to(torch.float64)
     full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
-    sums = v.to(torch.float64).expand(full).cumsum(1)
+    # summed with time last, along unit strides (along the strided time axis, about 4x slower
+    # on CPU), then viewed back
+    sums = v.to(torch.float64).expand(full).movedim(1, -1).contiguous()
+    sums = sums.cumsum(-1).movedim(-1, 1)
     if cu_seqlens is None:
         after = initial[:, None] + sums
         before = torch.cat([initial[:, None], after[:, :-1]], 1)
@@ -1624,7 +1627,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_0c2adc335f74f087", globals())
+_operator_spans = _register_spans("mixc_701f4522a3a22bab", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

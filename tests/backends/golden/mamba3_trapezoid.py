@@ -764,6 +764,25 @@ def _chunk_decays(gamma, g):
     return gamma[..., :, 0] * torch.exp(g[..., :1]), gamma[..., -1, :]
 
 
+def _scalar_decays(k_c, g_c, reverse=False, strict=False):
+    """The scalar decays on a span of chunks (of a scalar-decay kernel, or the gate of the delta
+    rule), g_c [N, B, NH, C] (None: no decay); reverse, strict: see _ordered_decays.
+
+    Returns (Gamma, the pair decays [N, B, NH, C, C]; exp(b) and exp(b_C - b) [N, B, NH, C, 1];
+    diag(exp(b_C - b)) K; G = b_C [N, B, NH]), every one None without decay but the keys,
+    which are then k_c.
+    """
+    if g_c is None:
+        return None, None, None, k_c, None
+    if reverse or strict:
+        gamma, from_start, to_end = _ordered_decays(g_c, reverse, strict)
+    else:
+        gamma = _pair_decays(g_c)  # Gamma_ij = exp(b_i - b_j), 1 for i < j
+        from_start, to_end = _chunk_decays(gamma, g_c)
+    from_start, to_end = from_start.unsqueeze(-1), to_end.unsqueeze(-1)
+    return gamma, from_start, to_end, k_c * to_end, g_c.sum(-1)
+
+
 def _ordered_decays(g, reverse, strict):
     """_pair_decays and _chunk_decays of a state read before the token's update (strict: S_{i-1}
     q_i, the pair (i, j) decayed by a_{j+1} ... a_{i-1}, the state entering the chunk by a_1
@@ -885,6 +904,22 @@ def _sub_tokens(parts):
     return torch.stack(parts, 3).flatten(2, 3)
 
 
+def _reverse_tokens(x, cu_seqlens=None):
+    """x [B, NH, T, ...] (the kernels' layout) in reverse time order, for a state that runs
+    backward; packed ([N, NH, longest, ...], zeros after each sequence's end), each sequence
+    reversed within its own length, its zeros left after it. Its own inverse. A tensor the same
+    at every token (a time axis of 1) stays as it is."""
+    if x.shape[2] == 1:
+        return x
+    if cu_seqlens is None:
+        return x.flip(2)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1])[:, None]  # [N, 1]
+    tokens = torch.arange(x.shape[2], device=x.device)[None, :]  # [1, longest]
+    order = torch.where(tokens < lengths, lengths - 1 - tokens, tokens)
+    order = order.view(order.shape[0], 1, order.shape[1], *[1] * (x.dim() - 3))
+    return x.gather(2, order.expand(x.shape))
+
+
 def _shift_tokens(x, first, cu_seqlens=None):
     """x one token later, x_{t-1} at every token t of x [B, T, NH, ...] (the mixer's layout):
     each sequence starts from `first` [B, NH, ...] (packed, cu_seqlens given: one per
@@ -908,6 +943,39 @@ def _last_tokens(x, first, cu_seqlens=None):
     ends = cu_seqlens[1:]
     empty = (ends == cu_seqlens[:-1]).view(-1, *[1] * (first.dim() - 1))
     return torch.where(empty, first, x[0][(ends - 1).clamp(min=0)])
+
+
+def _reversed_shift(x):
+    """x [B, NH, T, ...] in reverse time order, one token on: token s holds x's token T - 2 - s
+    (the last holds token 0, for the caller to overwrite). One gather of the tokens of the
+    callers' layout [B, T, NH, ...], of which the kernels' tensors are views."""
+    order = torch.arange(x.shape[2] - 2, -2, -1, device=x.device).clamp_(min=0)
+    return x.transpose(1, 2).index_select(1, order).transpose(1, 2)
+
+
+def _next_tokens(x, reverse=False, cu_seqlens=None):
+    """x one token earlier, x_{t+1} at every token t of x [B, NH, T, ...] (the kernels' layout,
+    packed or not), 0 at the last, in one copy (a zero-padded one would write every entry
+    twice); with `reverse`, of x in reverse time order (as _reverse_tokens)."""
+    if reverse and cu_seqlens is None:
+        out = _reversed_shift(x)
+    else:
+        x = _reverse_tokens(x, cu_seqlens) if reverse else x
+        out = torch.empty_like(x)
+        out[:, :, :-1] = x[:, :, 1:]
+    out[:, :, -1:] = 0
+    return out
+
+
+def _lagged_start(state, key, value, scale):
+    """The state entering a chunked pass whose lagged write is folded into each token's own
+    (mixc.analysis.folds): state [B, NH, K, V] (the kernels' layout) plus c_1 k_0 v_0^T, the
+    previous token's write that the first token would decay, key [B, NH, K, 1] and value
+    [B, NH, V, 1] before each sequence's first token, c_1 the first token's of scale
+    [B, NH, T] (packed: [N, NH, longest], 0 for an empty sequence). No token: the state."""
+    if scale.shape[2] == 0:
+        return state
+    return state + (scale[:, :, :1, None] * key) @ value.mT
 
 
 class _Operators:
@@ -1216,145 +1284,98 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
     return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
 
 
-def _rank_masked(x, gamma, rank):
-    """x ⊙ Gamma for x [..., C, rank C], scores of each query i against the rank rows of every
-    token j: Gamma_ij where j <= i, 0 (selected) where j > i. Read as [..., C, C, rank], so that
-    Gamma and the causal mask broadcast over a token's rows (no copies of them repeated)."""
-    size = x.shape[-2]
-    later = torch.ones(size, size, dtype=torch.bool, device=x.device).triu(1).unsqueeze(-1)
-    rows = x.unflatten(-1, (size, rank))
-    kept = rows.clone() if gamma is None else rows * gamma.unsqueeze(-1)
-    return kept.masked_fill_(later, 0.0).flatten(-2)
+def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False):
+    """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
+    [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
+    _guarded_spans). Returns ([o [N, B, NH, C, V]], state after the span); appends the masked
+    scores Q K^T ⊙ Gamma and the states entering each chunk to kept if given.
 
-
-def _rank_decays(g_c):
-    """The scalar decays of _scalar_decays but the decayed keys, for the rank rows' kernel:
-    (Gamma, exp(b), exp(b_C - b) [..., C, 1] of each token, G), None without decay."""
-    if g_c is None:
-        return None, None, None, None
-    gamma = _pair_decays(g_c)
-    from_start, to_end = (x.unsqueeze(-1) for x in _chunk_decays(gamma, g_c))
-    return gamma, from_start, to_end, g_c.sum(-1)
-
-
-def _rows_times(x_r, factor, rank):
-    """The rank rows [..., rank C, d] of each token times its token's factor [..., C, 1]
-    (broadcast over the rows, not repeated)."""
-    return (x_r.unflatten(-2, (-1, rank)) * factor.unsqueeze(-1)).flatten(-3, -2)
-
-
-def _rank_writes(q_c, writes):
-    """The keys [..., C, K] and values [..., C, V] of a token's writes, in order (views), from
-    the kernel's write sequences in chunks, [k_1, ..., k_m, v_1, ..., v_m], each one write or
-    several joined along its last axis."""
-    half, width = len(writes) // 2, q_c.shape[-1]
-    ranks = [k.shape[-1] // width for k in writes[:half]]
-    keys = [b for k, r in zip(writes[:half], ranks) for b in k.chunk(r, -1)]
-    values = [b for v, r in zip(writes[half:], ranks) for b in v.chunk(r, -1)]
-    return keys, values, ranks
-
-
-def _scalar_decay_rank_span(q_c, *writes_and_state):
-    """_scalar_decay_span for several writes a token (_rank_writes; then g_c, state, kept,
-    guard): each write read as a rank-1 kernel reads its keys and values, the scores of the C
-    queries against its C keys masked and decayed as theirs, and the writes summed in the
-    matmuls that take them (into the state passed on, and into the output), so that no write
-    row is copied. Appends the scores as the backward reads them, [N, B, NH, C, rank C] (write
-    r of token j at column rank j + r), and the states entering each chunk to kept if given."""
-    *writes, g_c, state, kept, guard = writes_and_state
-    keys, values, _ = _rank_writes(q_c, writes)
-    gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
-    chunk_kv = None  # sum over the writes of (diag(exp(b_C - b)) K_r)^T V_r
-    for k_r, v_r in zip(keys, values):
-        k_to_end = k_r if to_end is None else k_r * to_end
-        chunk_kv = _accumulated(chunk_kv, k_to_end.transpose(-1, -2), v_r)
-    width = values[0].shape[-1]
-    states_in, state = _scan_scalar(state, chunk_g, chunk_kv.reshape(*q_c.shape[:-2], -1, width))
-    scores = [_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma) for k_r in keys]
+    reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from the
+    span's last chunk to its first, the state entering a chunk the one after it; strict: the
+    output reads the state before the token's update, q_t S_{t-1} (reverse: q_t S_{t+1}). Only
+    the decays and the triangle change (_ordered_decays, _masked); guarded, their non-finite
+    gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
+    passed on still takes them)."""
+    gates = g_c
+    if guard and (reverse or strict) and g_c is not None:
+        gates, poison_g = _finite_gates(g_c)
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, gates, reverse, strict)
+    chunk_g = chunk_g if gates is g_c else g_c.sum(-1)
+    # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V, from the values as they are: a
+    # non-finite one makes the state, and so every later chunk, non-finite
+    chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
+    states_in, state = _scan_scalar(state, chunk_g, chunk_kv, reverse)
+    # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
     if guard:
-        finite = [_finite_rows(v_r) for v_r in values]
-        values = [v_r for v_r, _ in finite]
-        # a token's poison on its last write's scores: the row's output is then NaN
-        _poison_rows(scores[-1], sum(poison for _, poison in finite))
-    q_from_start = q_c if from_start is None else q_c * from_start
+        v_c, poison = _finite_rows(v_c)
+        poison = poison if gates is g_c else poison + poison_g
+        scores = _poison_rows(scores, poison, reverse, strict)
+    q_from_start = q_c if from_start is None else q_c * from_start  # diag(exp(b)) Q
     if kept is not None:
-        kept.append([torch.stack(scores, -1).flatten(-2), states_in])
-    out = _accumulated(None, q_from_start, states_in)
-    for s, v_r in zip(scores, values):
-        out = _accumulated(out, s, v_r)
-    return [out.reshape(*q_c.shape[:-1], width)], state
+        kept.append([scores, states_in])
+    # intra part, then the inter part accumulated into it by the same matmul call
+    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
 
 
-def _accumulated(out, a, b):
-    """out + a @ b for [..., m, k] and [..., k, n] (out None: a @ b) as [batch, m, n]: one
-    batched matmul, accumulated in place into the fresh result of the first."""
-    if out is None:
-        return torch.bmm(_as_3d(a), _as_3d(b))
-    return out.baddbmm_(_as_3d(a), _as_3d(b))
+def _scalar_decay_grads_span(
+    q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad, reverse=False, strict=False
+):
+    """Gradients of the scalar-decay recurrence on one span of chunks, from the forward's masked
+    scores P = Q K^T ⊙ Gamma [N, B, NH, C, C] and states entering each chunk [N, B, NH, K, V],
+    the output gradient do_c [N, B, NH, C, V] and the gradient d_state of the state leaving the
+    span.
 
-
-def _scalar_decay_rank_grads_span(q_c, *args):
-    """_scalar_decay_grads_span for several writes a token (see _scalar_decay_rank_span; then
-    g_c, do_c, probs, states_in, d_state, gate_grad): the same formulas with rank C write rows,
-    each decayed as its token's, and the gradients of the rows split back into the writes'
-    sequences."""
-    *writes, g_c, do_c, probs, states_in, d_state, gate_grad = args
-    keys, values, ranks = _rank_writes(q_c, writes)
-    rank = len(keys)
-    k_r, v_r = (torch.stack(x, -2).flatten(-3, -2) for x in (keys, values))  # [..., rank C, d]
-    gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
-    d_probs = _bmm(do_c, v_r.transpose(-1, -2))  # dP = dO V^T [N, B, NH, C, rC]
-    d_scores = _rank_masked(d_probs, gamma, rank)
+    Returns ([dq, dk, dv, dg [N, B, NH, C, 1] (None unless gate_grad)], the gradient of the
+    state entering the span). With A = Q K^T, P = A ⊙ Gamma, dA = (dO V^T) ⊙ Gamma, the
+    states S_n entering each chunk and D_n = dL/dS_n, D_n = (diag(exp(b)) Q)^T dO_n +
+    exp(G_n) D_{n+1}:
+        dQ = dA K + diag(exp(b)) dO S_n^T      dK = dA^T Q + diag(exp(b_C - b)) V D_{n+1}^T
+        dV = P^T dO + diag(exp(b_C - b)) K D_{n+1}
+    and the gate's gradient from every decay factor (_gate_grads). reverse, strict: as the
+    span's; reverse, the state's gradient flows from the first chunk to the last.
+    """
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c, reverse, strict)
+    d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
+    d_scores = _masked(d_probs, gamma, reverse, strict)
     if gamma is None:
-        q_from_start, v_to_end, do_from_start, k_to_end = q_c, v_r, do_c, k_r
+        q_from_start, v_to_end, do_from_start = q_c, v_c, do_c
     else:
-        q_from_start, do_from_start = q_c * from_start, do_c * from_start
-        v_to_end, k_to_end = (_rows_times(x, to_end, rank) for x in (v_r, k_r))
-    local = _bmm(q_from_start.transpose(-1, -2), do_c)
-    d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)
+        q_from_start, v_to_end, do_from_start = q_c * from_start, v_c * to_end, do_c * from_start
+    local = _bmm(q_from_start.transpose(-1, -2), do_c)  # (diag(exp(b)) Q)^T dO [N, B, NH, K, V]
+    d_next, d_state = _scan_scalar(d_state, chunk_g, local, not reverse)  # D_{n+1}, D_0
     dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
-    from_q = _bmm(do_from_start, states_in.transpose(-1, -2))
-    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))
+    from_q = _bmm(do_from_start, states_in.transpose(-1, -2))  # diag(exp(b)) dO S_n^T
+    from_k = _bmm(v_to_end, d_next.transpose(-1, -2))  # diag(exp(b_C - b)) V D_{n+1}^T
     dg = None
     if gate_grad:
         dg = _gate_grads(
-            (d_probs * probs).unflatten(-1, (-1, rank)).sum(-1),  # a token's rows share Gamma
-            (q_c * from_q).sum(-1),
-            (k_r * from_k).sum(-1).unflatten(-1, (-1, rank)).sum(-1),
-            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),
+            d_probs * probs,  # Gamma in P
+            (q_c * from_q).sum(-1),  # exp(b_i) in Q's inter part
+            (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
+            (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
+            reverse,
+            strict,
         )
-    dq = _bmm(d_scores, k_r, add=from_q)
+    dq = _bmm(d_scores, k_c, add=from_q)
     dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
-    split = []
-    for rows in (dk, dv):  # each sequence's writes, joined back along the last axis
-        blocks = rows.unflatten(-2, (-1, rank))
-        starts = [sum(ranks[:i]) for i in range(len(ranks))]
-        split += [blocks[..., a : a + r, :].flatten(-2) for a, r in zip(starts, ranks)]
-    return [dq, *split, dg], d_state
+    return [dq, dk, dv, dg], d_state
 
 
-def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
-    """Chunked S_t = exp(g_t) S_{t-1} + sum_r k_{t,r} v_{t,r}^T, o_t = q_t S_t: several writes a
-    token, their keys k and values v each a list, one tensor a write (k_r [B, NH, T, K], v_r
-    [B, NH, T, V]), or one tensor of them all joined along the last axis (k [B, NH, T, rank
-    K], v [B, NH, T, rank V], write r of a token at its r-th block). The transition is
-    unchanged: each chunk's C queries score against its rank C writes. Under torch.compile
-    more than two writes in a list are joined first (the operator it calls takes seven
-    tensors); elsewhere they stay apart, as the spans read them (a join would copy every write
-    once more: a quarter of Mamba-3 MIMO's chunk forward at rank 2).
+def chunk_scalar_decay(
+    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False
+):
+    """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
+    reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
+    initial_state after the last token (zero tokens after it, a packed sequence's padding,
+    leave it as it is), the final state the one at the first token; strict: o_t = q_t S_{t-1}
+    (reverse: q_t S_{t+1}), the state before the token's update.
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    keys = list(k) if isinstance(k, (list, tuple)) else [k]
-    values = list(v) if isinstance(v, (list, tuple)) else [v]
-    if len(keys) > 2 and torch.compiler.is_compiling():
-        keys, values = [torch.cat(keys, -1)], [torch.cat(values, -1)]
-    span, grads = _scalar_decay_rank_span, _scalar_decay_rank_grads_span
-    if initial_state is None:  # the state's width is a value's, not the joined values'
-        rank = keys[0].shape[-1] // q.shape[-1]
-        initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], values[0].shape[-1] // rank)
-    seqs = [q, *keys, *values, g]
-    return _own_backward(span, grads, len(seqs) - 1, chunk_size, initial_state, seqs)
+    seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict)
+    span, grads = _scalar_decay_span, _scalar_decay_grads_span
+    return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
 
 
 def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
@@ -1379,7 +1400,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_e6a3eeb030b00030", globals())
+_operator_spans = _register_spans("mixc_f52036b5b8bd1b73", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1389,7 +1410,7 @@ _operator_spans = _register_spans("mixc_e6a3eeb030b00030", globals())
 _torch = torch
 _INPUTS, _STATES = INPUTS, STATES
 _dict, _enumerate, _range, _zip = dict, enumerate, range, zip
-_chunk_scalar_decay_rank = chunk_scalar_decay_rank
+_chunk_scalar_decay = chunk_scalar_decay
 _parallel_scalar_decay = parallel_scalar_decay
 
 
@@ -1456,28 +1477,30 @@ def chunk(
         )
         y = y.squeeze(-1).to(_out_dtype)
         return y, ((H, _prev_x.squeeze(-1), _prev_B.squeeze(-1)) if output_final_state else None)
+    _v0_H = _prev_x  # x_{t-1}, before each sequence's first token
+    _k0_H = _prev_B  # B_{t-1}, before each sequence's first token
     _last_x = _last_tokens(x, _prev_x, cu_seqlens)  # carried to the next call
-    _prev_x = _shift_tokens(x, _prev_x, cu_seqlens)  # x_{t-1}
     _last_B = _last_tokens(B, _prev_B, cu_seqlens)  # carried to the next call
-    _prev_B = _shift_tokens(B, _prev_B, cu_seqlens)  # B_{t-1}
-    # H: scalar data-dependent -> chunk_scalar_decay_rank
-    _k1_H = _seq_vector(_prev_B, _sizes, cu_seqlens)  # B_{t-1}
-    _product_dt_A = dt * A
-    _product = dt * _torch.exp(_product_dt_A)
+    # H: scalar data-dependent -> chunk_scalar_decay
     _lam = _torch.sigmoid(l)
-    # (dt_t exp(dt_t A) - dt_t exp(dt_t A) sigmoid(l_t)) x_{t-1}
-    _v1_H = _seq_vector(
-        _torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes, cu_seqlens
-    )
-    _g1_H = _seq_scalar(_product_dt_A, _sizes, cu_seqlens)  # dt_t A
-    _k2_H = _seq_vector(B, _sizes, cu_seqlens)  # B_t
-    _v2_H = _seq_vector(dt * _lam * x, _sizes, cu_seqlens)  # dt_t sigmoid(l_t) x_t
-    _k_H = [_k1_H, _k2_H]  # 2 writes a token, taken together
-    _v_H = [_v1_H, _v2_H]  # 2 writes a token, taken together
-    _S0_H = H.mT
+    # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
+    _c_H = _seq_scalar(_torch.addcmul(dt, dt, _lam, value=-1), _sizes, cu_seqlens)
+    _cnext_H = _next_tokens(_c_H)  # c_{t+1}, 0 at each sequence's last token
+    _k_H = _seq_vector(B, _sizes, cu_seqlens)
+    _x_H = _seq_vector(x, _sizes, cu_seqlens)
+    _d_H = _seq_scalar(dt * _lam, _sizes, cu_seqlens)  # dt_t sigmoid(l_t)
+    _v_H = (_d_H + _cnext_H)[..., None] * _x_H  # (dt_t sigmoid(l_t) + c_{t+1}) x_t
+    _g_H = _seq_scalar(dt * A, _sizes, cu_seqlens)
+    _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_vector(C, _sizes, cu_seqlens)
-    _o, _S = _chunk_scalar_decay_rank(
-        _q, _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
+    _o, _S = _chunk_scalar_decay(
+        _q, _k_H, _v_H, g=_g_H, strict=True, initial_state=_S0_H, chunk_size=chunk_size
+    )
+    # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
+    _o = _torch.addcmul(
+        _o * _g_H.exp()[..., None],
+        (_d_H * _seq_scalar((B * C).sum(-2, keepdim=True), _sizes, cu_seqlens))[..., None],
+        _x_H,
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
