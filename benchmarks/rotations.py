@@ -7,7 +7,7 @@ angles stay at T = 10^6 (float32 inputs).
     python benchmarks/rotations.py --threads 2
 
 Sizes: B=1, NH=4, d_k=d_v=64, T=4096, float32, CPU, chunk size 64 for both, forward under
-torch.no_grad(). The two modules are timed in alternation in one process (warm-up, then
+torch.no_grad() (the target's), then with autograd and forward + backward. The two modules are timed in alternation in one process (warm-up, then
 `--calls` calls of each in turn, `--rounds` times); the figure is the median over all calls.
 """
 
@@ -43,10 +43,18 @@ def time_calls(fns: dict, calls: int, rounds: int) -> dict[str, list[float]]:
 
 
 def speed(calls: int, rounds: int) -> None:
+    """The chunk forward without autograd (the target's), then with autograd (inputs that take
+    a gradient) and forward + backward: each pair of modules timed in alternation."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, T, NH, D, generator=g) for _ in range(3))
     plain = mixc.load(SPECS / "linear_attention.mix")
     rope = mixc.load(SPECS / "linear_attention_rope.mix")
+    tracked = [x.clone().requires_grad_() for x in (q, k, v)]
+
+    def backward(m):
+        y, _ = m.chunk(*tracked, chunk_size=64)
+        y.sum().backward()
+
     with torch.no_grad():
         times = time_calls(
             {
@@ -56,13 +64,27 @@ def speed(calls: int, rounds: int) -> None:
             calls,
             rounds,
         )
-    med = {name: statistics.median(t) for name, t in times.items()}
-    quart = {name: statistics.quantiles(t, n=4) for name, t in times.items()}
-    for name, m in med.items():
-        print(f"| {name} chunk fwd | {m:.2f} ms ({quart[name][0]:.2f}-{quart[name][2]:.2f}) |")
-    ratio = med["linear_attention_rope"] / med["linear_attention"]
+    ratio = report(times, "chunk fwd")
     holds = "yes" if ratio <= 1.2 else "**no**"
     print(f"| ratio (target <= 1.2x) | {ratio:.2f}x | {holds} |")
+    for what, fn in (
+        ("chunk fwd, autograd", lambda m: m.chunk(*tracked, chunk_size=64)),
+        ("chunk fwd+bwd", backward),
+    ):
+        fns = {
+            "linear_attention": lambda fn=fn: fn(plain),
+            "linear_attention_rope": lambda fn=fn: fn(rope),
+        }
+        print(f"| ratio, {what} | {report(time_calls(fns, calls, rounds), what):.2f}x |")
+
+
+def report(times: dict[str, list[float]], what: str) -> float:
+    """Prints each module's median (quartiles) and returns rope's over plain's."""
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, t in times.items():
+        quart = statistics.quantiles(t, n=4)
+        print(f"| {name} {what} | {med[name]:.2f} ms ({quart[0]:.2f}-{quart[2]:.2f}) |")
+    return med["linear_attention_rope"] / med["linear_attention"]
 
 
 def mamba3_inputs(T: int, g: torch.Generator) -> dict[str, torch.Tensor]:

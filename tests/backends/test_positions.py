@@ -486,3 +486,80 @@ def test_without_autograd_a_leading_fraction_of_an_odd_width_turns():
     m._Turned.chunks = split
     assert len(calls) > 0
     assert rel(y, want) < 1e-12
+
+
+def test_under_autograd_the_kernel_turns_q_and_k_and_their_gradients_back():
+    """With autograd the rotated q and k reach the kernel with their turn too (its own backward
+    turns them again span by span and turns their gradients back by the conjugate turn): the
+    gradients of q, k and v against those of RoFormer's rotation, from positions that differ
+    between sequences and heads (one at 10^6), T not a whole number of chunks, a key shared by
+    the heads. Frequencies that take a gradient are turned first instead, and get theirs."""
+    m = mixc.load(SPECS / "linear_attention_rope.mix")
+    calls, split = _split_turned_calls(m)
+    q, k, v = qkv(15)
+    k = k[:, :, :1]
+    starts = torch.tensor([[0.0, 3.0], [1e6, 7.0]], dtype=f64)
+    state = (torch.zeros(B, NH, V, K, dtype=f64), starts)
+    inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    y, _ = m.chunk(*inputs, initial_state=state, chunk_size=8)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(16), dtype=f64)
+    got = torch.autograd.grad(y, inputs, dy)
+    assert len(calls) > 0
+    for b in range(B):
+        for h in range(NH):
+            one = [x[b : b + 1, :, h : h + 1].clone().requires_grad_() for x in (q, v)]
+            key = k[b : b + 1].clone().requires_grad_()
+            want = ref_linear_attention_rope(one[0], key, one[1], starts[b, h].item())
+            dq, dk, dv = torch.autograd.grad(
+                want, [one[0], key, one[1]], dy[b : b + 1, :, h : h + 1]
+            )
+            assert rel(got[0][b : b + 1, :, h : h + 1], dq) < 1e-12, (b, h)
+            assert rel(got[2][b : b + 1, :, h : h + 1], dv) < 1e-12, (b, h)
+            if h == 0:  # the shared key's gradient sums both heads'
+                dk_sum = dk
+            else:
+                assert rel(got[1][b : b + 1], dk_sum + dk) < 1e-12, b
+    calls.clear()
+    theta = (10000 ** (-torch.arange(K, dtype=f64) * 2 / K)).expand(NH, K).clone()
+    theta.requires_grad_()
+    inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    y, _ = m.chunk(*inputs, theta=theta, chunk_size=8)
+    got = torch.autograd.grad(y, [*inputs, theta], dy)
+    m._Turned.chunks = split
+    assert not calls
+    y_ref, _ = m.recurrent(*inputs, theta=theta)
+    want = torch.autograd.grad(y_ref, [*inputs, theta], dy)
+    for a, b in zip(got, want):
+        assert rel(a, b) < 1e-12
+
+
+def test_under_autograd_a_leading_fraction_of_an_odd_width_turns_back():
+    """The gradients of an interleaved turn of the leading pairs of keys and queries of odd width
+    (the pairs of their gradients no complex view), turned by the kernel, against the turn
+    written out, through autograd."""
+    text = (
+        "mixer part\nin q[K], k[K], v[V], a[P]\nstate H[V, K]\n"
+        "H_t = H_{t-1} + v_t rotate_interleaved(k_t, a_t)^T\ny_t = H_t rotate_interleaved(q_t, a_t)\n"
+    )
+    m = mixc.load(text=text)
+    calls, split = _split_turned_calls(m)
+    g = torch.Generator().manual_seed(17)
+    q, k = (torch.randn(B, T, NH, 7, generator=g, dtype=f64, requires_grad=True) for _ in range(2))
+    v = torch.randn(B, T, NH, V, generator=g, dtype=f64, requires_grad=True)
+    a = torch.randn(B, T, NH, 2, generator=g, dtype=f64)
+
+    def turned(x):  # channels (0, 1) and (2, 3) turn, 4.. stay
+        c, s = torch.cos(a), torch.sin(a)
+        x1, x2 = x[..., 0:4:2], x[..., 1:4:2]
+        pairs = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
+        return torch.cat((pairs, x[..., 4:]), -1)
+
+    want = causal_attention(torch.einsum("bthd,bshd->bhts", turned(q), turned(k)), v)
+    y, _ = m.chunk(q, k, v, a, chunk_size=8)
+    m._Turned.chunks = split
+    assert len(calls) > 0
+    dy = torch.randn(y.shape, generator=g, dtype=f64)
+    for got, ref in zip(
+        torch.autograd.grad(y, [q, k, v], dy), torch.autograd.grad(want, [q, k, v], dy)
+    ):
+        assert rel(got, ref) < 1e-12

@@ -64,16 +64,29 @@ def _turning(theta, d, dtype, *leaves):
         )
     angle = theta[..., :n, 0]
     # cos and sin in the angle's precision (float64 from a position: exact at 10^6, and on CPU
-    # cheaper than reducing it modulo 2 pi), written into the turn's real and imaginary parts
-    # (on CPU, torch.polar is 10x slower and stacking them 3x)
+    # cheaper than reducing it modulo 2 pi), rounded as they are written into the turn's real and
+    # imaginary parts (on CPU, torch.polar is 10x slower and stacking them 3x)
     complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
     turn = torch.empty(angle.shape, dtype=complex_dtype, device=angle.device)
     parts = torch.view_as_real(turn)
-    parts[..., 0], parts[..., 1] = torch.cos(angle), torch.sin(angle)
+    if angle.requires_grad or torch.compiler.is_compiling():  # out= takes no gradient
+        parts[..., 0], parts[..., 1] = torch.cos(angle), torch.sin(angle)
+    else:  # straight into the parts: no float64 temporaries of the sequence's size
+        torch.cos(angle, out=parts[..., 0])
+        torch.sin(angle, out=parts[..., 1])
     shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
     if not shapes:
         return turn
-    return turn.expand(*torch.broadcast_shapes(theta.shape, *shapes)[:-2], n)
+    return turn.expand(*_broadcast(theta.shape, *shapes)[:-2], n)
+
+
+def _broadcast(*shapes):
+    """The shape that shapes broadcast to (torch.broadcast_shapes, without its cost per call: it
+    is one of the few things a short sequence's turn pays). The shapes broadcast (the angle was
+    computed from them)."""
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    return tuple(max(sizes) if min(sizes) else 0 for sizes in zip(*padded))
 
 
 def _rotate(x, turning):
@@ -130,13 +143,15 @@ class _Turned:
     i < n, turned by turn [B, NH, T, n] (complex: the pair as x_2i + i x_(2i+1) times it), the
     rest kept: turned as each span is copied into the chunk layout (_split_chunks calls its
     `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
-    query or key (RoPE) comes so only without autograd and outside torch.compile
-    (_seq_turned); the spans read its sizes, dtype and device, and slice it along time."""
+    query or key (RoPE) comes so outside torch.compile, for whole sequences, and where its turn
+    takes no gradient (_seq_turned); the spans read its sizes, dtype and device, and slice it
+    along time. Under autograd a kernel with its own backward takes x as its input and turns x's
+    gradient back (`back`); the others turn it in the chunks they track."""
 
     def __init__(self, x, turn):
         self.x, self.turn = x, turn
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
-        self.requires_grad = False
+        self.requires_grad = x.requires_grad
 
     def __getitem__(self, index):
         return _Turned(self.x[index], self.turn[index])
@@ -144,43 +159,51 @@ class _Turned:
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
 
+    def _pairs(self, x, turn, back=False):
+        """x's leading pairs times turn (its conjugate if `back`), in place; x [..., d] is a
+        fresh tensor, its last axis contiguous."""
+        n = turn.shape[-1]
+        turn = turn.conj_physical() if back else turn
+        pairs = x[..., : 2 * n].unflatten(-1, (n, 2))
+        odd = any(s % 2 for s in (pairs.storage_offset(), *pairs.stride()[:-1]))
+        if odd:  # not a view of complex numbers (an odd d)
+            pairs.copy_(torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * turn))
+        else:
+            torch.view_as_complex(pairs).mul_(turn)
+        return x
+
     def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x turned: one pass that turns its pairs (a complex multiply) and
-        writes them in the chunk layout; exactly the values of turning x, then splitting it."""
+        """_split_chunks of x turned: x copied into a fresh buffer in the chunk layout, then its
+        pairs turned in place there (the span's buffer, in cache: on CPU that costs less than a
+        multiply reading x's layout); exactly the values of turning x, then splitting it."""
         data, turn = self.x, self.turn
         if n_pad:
             data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
             turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
         batch, heads, length, d = data.shape
-        n = turn.shape[-1]
-        out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
 
         def chunked(t):  # [B, NH, T, ...] -> a chunk-major view [N, B, NH, C, ...]
             return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
 
-        source = chunked(data)
-        pairs = source[..., : 2 * n].unflatten(-1, (n, 2))
-        odd = any(s % 2 for s in (pairs.storage_offset(), *pairs.stride()[:-1]))
-        if pairs.stride(-1) != 1 or odd:  # not a view of complex numbers
-            pairs = pairs.contiguous()
-        if d % 2 == 0:  # the pairs of out are complex numbers: the product written in place
-            complex_out = torch.view_as_complex(out[..., : 2 * n].unflatten(-1, (n, 2)))
-            torch.mul(torch.view_as_complex(pairs), chunked(turn), out=complex_out)
-        else:
-            turned = torch.view_as_complex(pairs) * chunked(turn)
-            out[..., : 2 * n] = torch.view_as_real(turned).flatten(-2)
-        out[..., 2 * n :] = source[..., 2 * n :]
-        return out
+        out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
+        return self._pairs(out.copy_(chunked(data)), chunked(turn))
+
+    def back(self, grad):
+        """The gradient of x from grad [B, NH, T, d], that of x turned: its pairs turned back
+        (times the conjugate turn), in place; the rest as it is."""
+        return self._pairs(grad, _compact(self.turn), back=True)
 
 
 def _seq_turned(x, turning, sizes, cu_seqlens=None):
     """_seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens): a rotated query or key
-    of a chunked kernel. Without autograd, outside torch.compile and for whole sequences, a
-    _Turned, which the kernel turns as it copies each span into its chunk layout: no pass of
-    its own and no tensor of the whole sequence (on CPU that pass and its fresh memory cost as
-    much as the kernel's copies of q and k). Elsewhere turned first, as an expression is."""
+    of a chunked kernel. Outside torch.compile, for whole sequences and a turn that takes no
+    gradient, a _Turned, which the kernel turns as it copies each span into its chunk layout:
+    no pass of its own and no tensor of the whole sequence (on CPU that pass and its fresh
+    memory cost as much as the kernel's copies of q and k). Elsewhere turned first, as an
+    expression is."""
     n = turning.shape[-1]
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or cu_seqlens is not None:
+    tracked = torch.is_grad_enabled() and turning.requires_grad
+    if tracked or torch.compiler.is_compiling() or cu_seqlens is not None:
         return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
     lead = (sizes["B"], sizes["T"], sizes["NH"], n)
     return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821

@@ -105,7 +105,11 @@ def _own_backward(
     span, reverse = _with_bound(span_fn, gk_min, order), bool(order & 1)
     if _needs_grad(initial_state, *seqs):
         grads = _with_bound(grads_fn, None, order)
-        return _OwnBackward.apply(span, grads, gate, chunk_size, reverse, initial_state, *seqs)
+        # a _Turned (a rotated q or k) goes in as its x, which takes the gradient, beside it
+        turned = [None if x is None or isinstance(x, torch.Tensor) else x for x in seqs]
+        xs = [x if t is None else t.x for x, t in zip(seqs, turned)]
+        fns = (span, grads, turned)
+        return _OwnBackward.apply(fns, gate, chunk_size, reverse, initial_state, *xs)
     (o,), state, _ = _guarded_spans(
         span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
     )
