@@ -15,6 +15,7 @@ import os
 # is first imported (torch may import it too): so before any test module runs, and before torch.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import pytest
 import torch
 from hypothesis import settings
 
@@ -24,3 +25,14 @@ settings.register_profile("ci", deadline=None, derandomize=True, database=None, 
 settings.register_profile("dev", deadline=None, max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 torch.set_num_threads(THREADS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Under pytest-xdist without a --dist of the caller's, runs the tests `--dist worksteal`:
+    xdist's default (`load`) hands each worker a long run of tests in order up front, and one
+    worker got most of the Triton interpreter's tests (a third of the test time) while the
+    other sat idle at the end (on 2 cores: 690 s against 505 s balanced, simulated from one
+    run's durations); a worker that runs out steals half of the other's queue instead."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "worksteal"

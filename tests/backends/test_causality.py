@@ -122,9 +122,9 @@ def _run_or_refuse(run, args, where):
         return None
 
 
-def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS):
+def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS, batch=B, heads=NH):
     """Every form of the module `backend` compiles (or those named in `forms`), on `length`
-    tokens: the outputs up to each of `tokens` do not change, bit for bit, whatever the later
+    tokens of `batch` sequences of `heads` heads: the outputs up to each of `tokens` do not change, bit for bit, whatever the later
     tokens hold, nor (for an input of delay d) up to t + d; a NaN reaches token t + d + 1.
     Each input's later tokens are replaced by each of `kinds` in turn, and every input's at
     once by NaN and by each infinity."""
@@ -132,8 +132,8 @@ def check_causal(source, backend, length, tokens, forms=None, kinds=KINDS):
     spec = mixc.load_spec(source)
     delays = _delays(analyze(spec), module.OUTPUT)
     first = min(delays.values())  # the first token all inputs changed at once can reach
-    args = sample_inputs(spec, SIZES, length, batch=B, heads=NH, seed=1)
-    states = tuple(sample_states(spec, SIZES, batch=B, heads=NH, seed=2))
+    args = sample_inputs(spec, SIZES, length, batch=batch, heads=heads, seed=1)
+    states = tuple(sample_states(spec, SIZES, batch=batch, heads=heads, seed=2))
     states = states[0] if len(states) == 1 else states
     n_in = len(module.INPUTS)
     generator = torch.Generator().manual_seed(3)

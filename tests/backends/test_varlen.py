@@ -30,14 +30,14 @@ def test_packed_sequences_equal_each_sequence_alone(path, form):
     check_packed(path, "pytorch", form)
 
 
-def check_packed(path, backend, form):
+def check_packed(path, backend, form, heads=2):
     """`form` of the module `backend` compiles, on packed sequences of lengths 1, 0, 17, 3 and
-    19, against the recurrent form on each sequence alone."""
+    19 (of `heads` heads), against the recurrent form on each sequence alone."""
     spec, module = mixc.load_spec(path), mixc.load(path, backend)
     cu = torch.tensor([0, 1, 1, 18, 21, 40])  # lengths 1, 0 (empty), 17, 3, 19
-    inputs, params = spec_inputs(spec, B=1, T=40, NH=2)
+    inputs, params = spec_inputs(spec, B=1, T=40, NH=heads)
     args = positional(spec, inputs, params)
-    states = random_states(spec, B=5, NH=2)
+    states = random_states(spec, B=5, NH=heads)
     init = tuple(states[s.name] for s in spec.mixer.carried)
     init = init[0] if len(init) == 1 else init
     kw = {"chunk_size": 8} if form == "chunk" else {}
