@@ -49,7 +49,7 @@ def chunk_dplr_value(q, k, v, a, gk=None, initial_state=None, chunk_size=64, gk_
     if _value_fusable(q, k, v, a, gk, initial_state):
         g = torch.zeros_like(k) if gk is None else gk.expand_as(k)
         (o,), state, _ = _guarded_spans(
-            _value_span, [q, k, v, g, a], initial_state.mT, chunk_size, strided=(3,)
+            _value_span, [q, k, v, g, a], initial_state.mT, chunk_size, strided=(3, 4)
         )
         return o, state.mT
     s0 = initial_state.mT  # S = M^T [B, NH, V, K], a key-side state of chunk_dplr
@@ -136,7 +136,7 @@ def _value_range(g_c):
     from_start[..., 0, :] = 1
     torch.cumprod(g_c.exp(), dim=3, out=from_start[..., 1:, :])
     decay = from_start[..., 1:, :]
-    ok = ((decay >= 2.0**-30) & (decay <= 2.0**30)).all(-1)  # False for NaN too
+    ok = (decay.amin(-1) >= 2.0**-30) & (decay.amax(-1) <= 2.0**30)  # False for NaN too
     return from_start, torch.cumsum(~ok, -1) == 0
 
 
@@ -148,7 +148,7 @@ def _value_direct(a_c, k_c, from_start, inside):
     its inf never meets an earlier row's masked zero."""
     decay = from_start[..., 1:, :]
     rows = a_c * from_start[..., :-1, :]  # exp(b_{r-1}) ⊙ A
-    cols = torch.where(inside.unsqueeze(-1), k_c / decay, 0.0)  # exp(-b) ⊙ K
+    cols = (k_c / decay).masked_fill_(~inside.unsqueeze(-1), 0.0)  # exp(-b) ⊙ K
     scores = _bmm(rows, cols.transpose(-1, -2)).tril_(-1)
     chunk_decay = from_start[..., -1:, :]
     return scores, rows, cols * chunk_decay, chunk_decay, cols
