@@ -27,14 +27,15 @@ from mixc.backends.pytorch.kernels.common import (
     _as_3d,
     _bmm,
     _chain,
+    _finite_rows,
     _finite_rows_,
     _guarded_spans,
     _needs_grad,
     _pair_blocks,
     _unit_lower_inverse,
 )
-from mixc.backends.pytorch.kernels.diagonal import _diagonal_blocks, _halves, chunk_diagonal
-from mixc.backends.pytorch.kernels.dplr import _dplr_finite_inputs, chunk_dplr
+from mixc.backends.pytorch.kernels.diagonal import chunk_diagonal
+from mixc.backends.pytorch.kernels.dplr import chunk_dplr
 
 
 def chunk_dplr_value(q, k, v, a, gk=None, initial_state=None, chunk_size=64, gk_min=None):
@@ -74,6 +75,26 @@ def _value_fusable(*tensors):
     return not torch.compiler.is_compiling()
 
 
+def _value_halves(x, block):
+    """[N, B, NH, C, d] -> (left, right) halves of every aligned block of 2 * block tokens, each
+    [N, B, NH, C / (2 * block), block, d] (views, writable)."""
+    pairs = x.reshape(*x.shape[:3], x.shape[3] // (2 * block), 2, block, x.shape[-1])
+    return pairs[..., 0, :, :], pairs[..., 1, :, :]
+
+
+def _value_finite_inputs(k_c, v_c, g_c, a_c):
+    """The guard of a span's inputs (see common._guarded_spans): (k, v, g and a with their
+    non-finite values set to 0, a gate whose decay is not finite included, and the poison
+    [N, B, NH, C]: 0, or NaN for a token that had one). q needs none: it is read only in its
+    own token's row."""
+    k_c, poison = _finite_rows(k_c)
+    v_c, poison_v = _finite_rows(v_c)
+    a_c, poison_a = _finite_rows(a_c)
+    decay = g_c.exp()
+    g_c = torch.where(torch.isfinite(decay), g_c, 0.0)
+    return k_c, v_c, g_c, a_c, poison + poison_v + poison_a + (decay * 0).sum(-1)
+
+
 def _value_scores(a_c, k_c, g_c):
     """The rank-one term's decayed scores of a span of chunks [N, B, NH, C, V], without
     autograd: ak [N, B, NH, C, C], a_r . (exp(b_{r-1} - b_j) ⊙ k_j) for j < r and 0 elsewhere
@@ -89,7 +110,7 @@ def _value_scores(a_c, k_c, g_c):
     scores = a_c.new_zeros(*lead, chunk_size, chunk_size)
     block = 1
     while block < chunk_size:
-        rows_right, cols_left = _halves(rows, block)[1], _halves(cols, block)[0]
+        rows_right, cols_left = _value_halves(rows, block)[1], _value_halves(cols, block)[0]
         corner = torch.matmul(rows_right, cols_left.transpose(-1, -2))
         _pair_blocks(scores, block)[..., block:, :block] = corner
         halves = totals.reshape(*lead, chunk_size // (2 * block), 2, 1, -1)
@@ -181,10 +202,31 @@ def _value_outputs(q_c, k_c, g_c, keys, states_in, from_start, inside, direct_ke
     out = _bmm(scores, direct_keys, add=_bmm(q_c, states_in.transpose(-1, -2))).mul_(decay)
     if whole:
         return out
-    split = (q_c * keys).sum(-1, keepdim=True) * k_c  # the pairs j = r
-    pre = _diagonal_blocks(q_c, keys, k_c, None, g_c.exp(), None, split)[2]  # exp(b)
+    split = torch.diagonal(scores, dim1=-2, dim2=-1).unsqueeze(-1) * k_c  # the pairs j = r
+    pre = _value_split(scores, k_c, g_c, split)  # exp(b)
     split.add_(_bmm(q_c, states_in.transpose(-1, -2)).mul_(pre))
     return torch.where(inside.unsqueeze(-1), out, split)
+
+
+def _value_split(scores, k_c, g_c, out):
+    """The pairs j < r of the second part by the binary split (as chunk_diagonal's value-side
+    gates): adds Σ_j scores[r, j] exp(b_r - b_j) ⊙ k_j into out [N, B, NH, C, V], in place,
+    block by block, each pair's decay split at the boundary between its block's halves into
+    exp(b_r - b_m) and exp(b_m - b_j), products of per-token decays. Returns exp(b) [N, B, NH,
+    C, V], the running decays from each chunk's start."""
+    chunk_size = scores.shape[-1]
+    pre = g_c.exp()  # decayed from the start of a block of one token, the token's own included
+    cols = k_c.clone()  # to its end: 1
+    block = 1
+    while block < chunk_size:
+        corner = _pair_blocks(scores, block)[..., block:, :block]  # [N, B, NH, n, b, b]
+        cols_left = _value_halves(cols, block)[0]
+        pre_left, pre_right = _value_halves(pre, block)
+        _value_halves(out, block)[1].add_(torch.matmul(corner, cols_left).mul_(pre_right))
+        cols_left.mul_(pre_right[..., -1:, :])  # before pre_right changes
+        pre_right.mul_(pre_left[..., -1:, :])
+        block *= 2
+    return pre
 
 
 def _value_span(q_c, k_c, v_c, g_c, a_c, state, kept, guard):
@@ -205,7 +247,7 @@ def _value_span(q_c, k_c, v_c, g_c, a_c, state, kept, guard):
     which no later token changes: the choice is causal, bit for bit."""
     poison = None
     if guard:
-        k_c, v_c, g_c, a_c, _, poison = _dplr_finite_inputs(k_c, v_c, g_c, a_c, k_c)
+        k_c, v_c, g_c, a_c, poison = _value_finite_inputs(k_c, v_c, g_c, a_c)
     from_start, inside = _value_range(g_c)
     pieces, direct_keys, whole = _value_pieces(a_c, k_c, g_c, from_start, inside)
     ak, rows, cols, chunk_decay = pieces
