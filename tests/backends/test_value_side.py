@@ -157,6 +157,7 @@ ONE_PASS_MUTANTS = {
         "scores = _bmm(q_c, keys.transpose(-1, -2)).tril_()",
         "scores = _bmm(q_c, keys.transpose(-1, -2)).tril_(-1)",
     ),
+    "the final state returned as S, not M = S^T": ("return o, final.mT", "return o, final"),
     "the state passed without the rank-one term": (
         "moves = _bmm(to_end, w)",
         "moves = _bmm(to_end, w) * 0",

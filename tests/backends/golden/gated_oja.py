@@ -1976,10 +1976,10 @@ def chunk_dplr_value(q, k, v, a, gk=None, initial_state=None, chunk_size=64, gk_
         initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], k.shape[-1])
     if _value_fusable(q, k, v, a, gk, initial_state):
         g = torch.zeros_like(k) if gk is None else gk.expand_as(k)
-        (o,), state, _ = _guarded_spans(
+        (o,), final, _ = _guarded_spans(
             _value_span, [q, k, v, g, a], initial_state.mT, chunk_size, strided=(3, 4)
         )
-        return o, state.mT
+        return o, final.mT
     s0 = initial_state.mT  # S = M^T [B, NH, V, K], a key-side state of chunk_dplr
     # pass 1: u_t = a_t^T S_{t-1}, chunk_dplr's output at token t - 1 for the query a_t
     a_next = torch.cat([a[:, :, 1:], torch.zeros_like(a[:, :, :1])], 2)
@@ -2201,8 +2201,8 @@ def _value_span(q_c, k_c, v_c, g_c, a_c, state, kept, guard):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_56c5cb9850bab1ed", globals())
-_operator_calls = _register_calls("mixc_56c5cb9850bab1ed", globals())
+_operator_spans = _register_spans("mixc_dd3d8771f299e81d", globals())
+_operator_calls = _register_calls("mixc_dd3d8771f299e81d", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

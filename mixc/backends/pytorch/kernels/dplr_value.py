@@ -17,7 +17,16 @@ reads with the queries q. The first pass gives u and the final state (the one wh
 contractive), the second the outputs; both are exact rewrites of the recurrence, and gradients
 flow through both kernels (u is an input of the second).
 
-Imports only torch and the two kernels' files, so the generated module can hold a copy of its
+Without autograd, on CPU and outside a compiled graph, the two passes run as one
+(_value_span), span by span, through common's guarded spans: the first pass's outputs are not
+formed (they are its own pseudo-values) nor the second's state passing (the same states). Each
+row of a chunk forms its pairs directly, each pair's decay split at the chunk's start (one
+matmul a chunk), where every running decay up to it lies within [2^-30, 2^30], else by the
+binary split of aligned blocks; the choice is a prefix of the chunk, so no later token changes
+how an earlier one is computed (tests/backends/test_causality.py checks it bit for bit). Which
+of the two ways runs depends on none of the values: autograd, the device and compilation decide.
+
+Imports only torch, common and the two kernels' files, so the generated module can hold a copy of its
 source (see kernel_source in this package).
 """
 
@@ -49,10 +58,10 @@ def chunk_dplr_value(q, k, v, a, gk=None, initial_state=None, chunk_size=64, gk_
         initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], k.shape[-1])
     if _value_fusable(q, k, v, a, gk, initial_state):
         g = torch.zeros_like(k) if gk is None else gk.expand_as(k)
-        (o,), state, _ = _guarded_spans(
+        (o,), final, _ = _guarded_spans(
             _value_span, [q, k, v, g, a], initial_state.mT, chunk_size, strided=(3, 4)
         )
-        return o, state.mT
+        return o, final.mT
     s0 = initial_state.mT  # S = M^T [B, NH, V, K], a key-side state of chunk_dplr
     # pass 1: u_t = a_t^T S_{t-1}, chunk_dplr's output at token t - 1 for the query a_t
     a_next = torch.cat([a[:, :, 1:], torch.zeros_like(a[:, :, :1])], 2)
