@@ -131,6 +131,22 @@ class GroupPlan:
         )
 
     @property
+    def stacked(self) -> bool:
+        """Its several queries read in one pass of the class's queries kernel in the chunked
+        form (the state passed from chunk to chunk once for all): each at t (the state after
+        the token's update), forward in time, one step a token or writes joined, no
+        stabiliser and no fold."""
+        return (
+            self.transition_class.queries_kernel is not None
+            and len(self.queries) > 1
+            and all(q.offset == 0 for q in self.queries)
+            and not self.backward
+            and self.log_scale is None
+            and self.lag is None
+            and (len(self.transition.steps) <= 1 or self.joined)
+        )
+
+    @property
     def unscale(self) -> Name:
         """exp(-m_t), the factor the kernel's outputs carry, as a name in output expressions."""
         return Name(f"_unscale_{self.name}")

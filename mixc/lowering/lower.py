@@ -102,6 +102,8 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
     queries = [_query(plan, q.expr, q.offset, q.readouts) for q in group.queries]
     if not queries and chunked:  # no readout: the pass still runs for the final states
         queries = [QueryRead(None, False, ())]
+    stacked = chunked and group.stacked
+    kernel = f"chunk_{group.transition_class.queries_kernel}" if stacked else kernel
     return KernelCall(
         group=group.name,
         label=group.transition.label,
@@ -113,6 +115,7 @@ def _call(plan: Plan, group: GroupPlan, chunked: bool) -> KernelCall:
         log_scale=group.log_scale if stable else None,
         unscale=group.unscale.name if stable else None,
         joined=joined,
+        stacked=stacked,
         reads=_reads(plan, group),
         reverse=group.backward,
         lag=lag,

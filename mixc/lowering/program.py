@@ -121,6 +121,9 @@ class Call:
     #: The steps are one transition and writes only, joined along the key and value axes into
     #: one step a token (k [.., n K], v [.., n V]: the class's joined kernel), not sub-tokens.
     joined: bool = False
+    #: Its several queries are read in one pass of the class's queries kernel (q a list, the
+    #: outputs a list, one a query): the state passes from chunk to chunk once for them all.
+    stacked: bool = False
     #: The readouts of earlier calls this call's inputs read (a pipeline of states: `_read_Ks`
     #: in the query of Vs's pass), by their locals; the calls run in an order that makes them.
     reads: tuple[str, ...] = ()
@@ -306,6 +309,7 @@ def dump(program: Program) -> str:
             steps = f", {len(c.steps)} sub-tokens a token" if len(c.steps) > 1 else ""
             steps = f", {len(c.steps)} writes a token joined" if c.joined else steps
             steps = ", the lagged write folded into the token's own" if c.lag else steps
+            steps += f", {len(c.queries)} queries in one pass" if c.stacked else ""
             start = "from the carried states" if c.initial else "from zero"
             lines.append(f"  {' and '.join(c.states)}: {c.kernel} {start}{steps}")
             if c.reads:

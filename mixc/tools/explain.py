@@ -502,6 +502,13 @@ def _group_info(plan: Plan, group: GroupPlan) -> GroupInfo:
     # interleaved
     maths = tr.transition_class.maths(tr.lead_step)
     form = [_sub_token_line(group), *maths.form] if tr.steps else list(maths.form)
+    if group.stacked:
+        n = len(group.queries)
+        form.append(
+            f"chunked: the {n} queries in one pass of the {tr.transition_class.queries_kernel} "
+            f"kernel, Q = [Q_1 ... Q_{n}] as {n} C query rows a chunk, each decayed as its "
+            f"token, the state passed from chunk to chunk once for them all; Y_i from rows i"
+        )
     if len(names) == 1:
         state = lead.name
         form.append(f"S = {state}^T" if not lead.vector else f"S = {state} (a single value column)")

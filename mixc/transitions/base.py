@@ -303,6 +303,10 @@ class TransitionClass:
     #: faster than as many sub-tokens (benchmarks/RESULTS.md); None: several writes run as
     #: sub-tokens of `kernel`.
     joined_kernel: ClassVar[str | None] = None
+    #: The kernel that reads several queries of one state in one pass (q a list of them, the
+    #: outputs a list: the state passed from chunk to chunk once for all), taking the class's
+    #: and the joined kernel's arguments; None: a pass a query.
+    queries_kernel: ClassVar[str | None] = None
     #: Whether a write of the previous token's value and key under this token's transition,
     #: `c_t a_t v_{t-1} k_{t-1}^T`, folds into that token's own write in the chunked form, one
     #: rank-1 write a token (`mixc.analysis.folds`): the transition must act on an outer product

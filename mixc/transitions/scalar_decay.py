@@ -156,6 +156,7 @@ class ScalarDecay(TransitionClass):
     kernel = "scalar_decay"
     sub_tokens = True  # a zero log-gate is a step that changes nothing
     joined_kernel = "scalar_decay_rank"  # a token's writes share its decay: rank C write rows
+    queries_kernel = "scalar_decay_rank"  # m query rows a token, as its rank write rows
     folds_lag = True  # the previous token's write under this token's decay: mixc.analysis.folds
     parallel = True
     stable_kernel = "scalar_decay_stable"

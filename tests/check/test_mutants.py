@@ -689,8 +689,8 @@ MUTANTS = [
     (
         "tests/check/specs/scalar_two_writes",
         "a token's second write masked as a later token's (not read at its own token)",
-        "scores = [_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma) for k_r in keys]",
-        "scores = [_masked(_bmm(q_c, k_r.mT), gamma).tril_(-r) for r, k_r in enumerate(keys)]",
+        "scores = [_masked(_bmm(q_r, k_r.transpose(-1, -2)), gamma) for k_r in keys]",
+        "scores = [_masked(_bmm(q_r, k_r.mT), gamma).tril_(-r) for r, k_r in enumerate(keys)]",
         {"chunk"},
         NUMERICAL,
     ),

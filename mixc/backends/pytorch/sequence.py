@@ -189,10 +189,14 @@ class SequenceForms(Context):
             s0 = [s.state if s.vector else f"{s.state}.mT" for s in call.slots]
             s0_text = s0[0] if len(s0) == 1 else f"_torch.cat([{', '.join(s0)}], -1)"
             out(f"{initial} = {fold_start(call, s0_text)}")
+        if call.stacked:
+            _emit_stacked(self, out, call, kernel_args, seqlens)
         for i, query in enumerate(call.queries):
             strict = ["strict=True"] if ordered and (query.previous or call.lag) else []
             query = replace(query, previous=False) if strict else query
-            self.emit_query(out, call, query, kernel_args + strict, seqlens, turned)
+            o = f"_o{i + 1}" if call.stacked else "_o"
+            if not call.stacked:
+                _emit_query(self, out, call, query, kernel_args + strict, seqlens, turned)
             fold_correction(self, out, call, query, seqlens)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
@@ -200,41 +204,15 @@ class SequenceForms(Context):
             if query.previous or call.reverse:
                 out(_moved_back(call, query, initial, seqlens))
             if len(call.slots) == 1:
-                parts = ["_o"]
+                parts = [o]
             else:
                 parts = [local("o", s) for s in call.states]
-                out(f"{', '.join(parts)} = _o.split([{', '.join(self.widths(call.slots))}], -1)")
+                out(f"{', '.join(parts)} = {o}.split([{', '.join(self.widths(call.slots))}], -1)")
             for r in query.readouts:
                 part = parts[call.states.index(r.state)]
                 out(f"{r.name} = _from_seq({part}{seqlens}){note(r.shown)}")
             if i == 0 and call.initial:
                 self.emit_split_states(out, call.slots, "_S")
-
-    def emit_query(
-        self, out: Lines, call: Call, query: QueryRead, args: list[str], seqlens: str, turned=False
-    ) -> None:
-        """The kernel run with one query (zeros for none), its output `_o` at each token."""
-        k, v = local("k", call.group), local("v", call.group)
-        out(f"_q = {_query(self, call, query, k, seqlens, turned)}")
-        steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
-        if steps and query.query is not None:  # the query at each token's last sub-token
-            zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
-            out(f"_q = _sub_tokens([{zeros}, _q])")
-        if query.previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
-            back = (f", True{seqlens}", ", in reverse time order") if call.reverse else ("", "")
-            out(f"_q_next = _next_tokens(_q{back[0]})  # the next token's query{back[1]}")
-        first = "_q_next" if query.previous else "_q"
-        args = ", ".join([first, k, v, *args])
-        if not call.initial:
-            out(f"_o = _{call.kernel}({args})")
-        else:
-            takes = call.kernel in self.library.operands and _inputs_only(call, self.inputs)
-            operands = ", operands=_out_dtype" if takes else ""
-            init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size{operands}"
-            found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
-            out(f"{found} = _{call.kernel}({args}, {init})")
-        if steps:
-            out(f"_o = _o[:, :, {steps - 1}::{steps}]  # each token's last sub-token")
 
     def emit_output(self, out: Lines, form: SequenceForm) -> str:
         """The output from its readouts; returns the variable that holds it."""
@@ -328,6 +306,55 @@ def native(call: Call, library) -> bool:
     update, itself (it is among the library's `ordered`, one step a token): then nothing
     reverses or moves its inputs and outputs."""
     return call.kernel in library.ordered and len(call.steps) == 1
+
+
+def _emit_stacked(
+    forms: SequenceForms, out: Lines, call: Call, args: list[str], seqlens: str
+) -> None:
+    """The kernel run once with every query of the call (`Call.stacked`), their outputs
+    `_o1`, `_o2`, ... at each token."""
+    k, v = local("k", call.group), local("v", call.group)
+    names = [f"_q{i}" for i in range(1, len(call.queries) + 1)]
+    for name, query in zip(names, call.queries):
+        out(f"{name} = {_query(forms, call, query, k, seqlens, False)}")
+    init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size"
+    shown = note(f"{len(names)} queries of one state, one pass")
+    queries = f"[{', '.join(names)}]"
+    outs = ", ".join(f"_o{i}" for i in range(1, len(names) + 1))
+    out(f"({outs}), _S = _{call.kernel}({', '.join([queries, k, v, *args])}, {init}){shown}")
+
+
+def _emit_query(
+    forms: SequenceForms,
+    out: Lines,
+    call: Call,
+    query: QueryRead,
+    args: list[str],
+    seqlens: str,
+    turned=False,
+) -> None:
+    """The kernel run with one query (zeros for none), its output `_o` at each token."""
+    k, v = local("k", call.group), local("v", call.group)
+    out(f"_q = {_query(forms, call, query, k, seqlens, turned)}")
+    steps = len(call.steps) if len(call.steps) > 1 and not call.joined else 0
+    if steps and query.query is not None:  # the query at each token's last sub-token
+        zeros = ", ".join(["_torch.zeros_like(_q)"] * (steps - 1))
+        out(f"_q = _sub_tokens([{zeros}, _q])")
+    if query.previous:  # S_{t-1} q_t is the kernel's S_s q_{s+1} one token later
+        back = (f", True{seqlens}", ", in reverse time order") if call.reverse else ("", "")
+        out(f"_q_next = _next_tokens(_q{back[0]})  # the next token's query{back[1]}")
+    first = "_q_next" if query.previous else "_q"
+    args = ", ".join([first, k, v, *args])
+    if not call.initial:
+        out(f"_o = _{call.kernel}({args})")
+    else:
+        takes = call.kernel in forms.library.operands and _inputs_only(call, forms.inputs)
+        operands = ", operands=_out_dtype" if takes else ""
+        init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size{operands}"
+        found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
+        out(f"{found} = _{call.kernel}({args}, {init})")
+    if steps:
+        out(f"_o = _o[:, :, {steps - 1}::{steps}]  # each token's last sub-token")
 
 
 def _moved_back(call: Call, query: QueryRead, initial: str, seqlens: str) -> str:

@@ -742,20 +742,25 @@ def _unit_lower_inverse(a):
 
 
 class _OwnBackward(torch.autograd.Function):
-    """A chunked kernel with its own backward, for every class that has one: span_fn(*chunks,
-    state, kept, guard) runs a span's forward and appends to kept what grads_fn(*chunks, do_c,
-    *kept, d_state, gate_grad) needs for the span's gradients (_spans_keeping, _spans_backward). It
-    keeps the inputs and those per-chunk tensors (two to three inputs' worth), where autograd
-    through the chunked form keeps every intermediate. seqs[gate] is the log-gate whose
-    gradient grads_fn computes only when asked for."""
+    """A chunked kernel with its own backward, for every class that has one: fns = (span_fn,
+    grads_fn, turned), span_fn(*chunks, state, kept, guard) running a span's forward and
+    appending to kept what grads_fn(*chunks, do_c, *kept, d_state, gate_grad) needs for the
+    span's gradients (_spans_keeping, _spans_backward). It keeps the inputs and those per-chunk
+    tensors (two to three inputs' worth), where autograd through the chunked form keeps every
+    intermediate. seqs[gate] is the log-gate whose gradient grads_fn computes only when asked
+    for. turned[i], where not None, is the _Turned of seqs[i] (a rotated q or k): the spans
+    turn it as they split it, forward and backward, and its gradient is turned back."""
 
     @staticmethod
-    def forward(ctx, span_fn, grads_fn, gate, chunk_size, reverse, initial_state, *seqs):
+    def forward(ctx, fns, gate, chunk_size, reverse, initial_state, *seqs):
+        span_fn, _, turned = fns
+        seqs = [x if t is None else t for x, t in zip(seqs, turned)]
         o, state, kept, guard = _spans_keeping(
-            span_fn, list(seqs), initial_state, chunk_size, reverse=reverse
+            span_fn, seqs, initial_state, chunk_size, reverse=reverse
         )
-        ctx.save_for_backward(initial_state, *seqs, *[x for own in kept for x in own])
-        ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = (span_fn, grads_fn), gate, chunk_size, guard
+        xs = [x if t is None else t.x for x, t in zip(seqs, turned)]
+        ctx.save_for_backward(initial_state, *xs, *[x for own in kept for x in own])
+        ctx.fns, ctx.gate, ctx.chunk_size, ctx.guard = fns, gate, chunk_size, guard
         ctx.reverse = reverse
         ctx.n_seqs, ctx.n_kept = len(seqs), len(kept[0])
         return o, state
@@ -764,8 +769,10 @@ class _OwnBackward(torch.autograd.Function):
     def backward(ctx, d_o, d_state):
         initial_state, *saved = ctx.saved_tensors
         seqs, kept = saved[: ctx.n_seqs], saved[ctx.n_seqs :]
+        turned = ctx.fns[2]
+        seqs = [x if t is None else type(t)(x, t.turn) for x, t in zip(seqs, turned)]
         grads, d_initial = _spans_backward(
-            *ctx.fns,
+            *ctx.fns[:2],
             seqs,
             initial_state,
             kept,
@@ -773,14 +780,15 @@ class _OwnBackward(torch.autograd.Function):
             ctx.chunk_size,
             d_o,
             d_state,
-            ctx.needs_input_grad[6 + ctx.gate],
+            ctx.needs_input_grad[5 + ctx.gate],
             ctx.guard,
             ctx.reverse,
         )
         # gradients of per-token inputs ([B, NH, T]) come back as [B, NH, T, 1]
         grads = [None if d is None else d.reshape(x.shape) for d, x in zip(grads, seqs)]
-        d_initial = d_initial if ctx.needs_input_grad[5] else None
-        return None, None, None, None, None, d_initial, *grads
+        grads = [d if t is None or d is None else t.back(d) for d, t in zip(grads, turned)]
+        d_initial = d_initial if ctx.needs_input_grad[4] else None
+        return None, None, None, None, d_initial, *grads
 
 
 class _Operators:
@@ -842,7 +850,11 @@ def _own_backward(
     span, reverse = _with_bound(span_fn, gk_min, order), bool(order & 1)
     if _needs_grad(initial_state, *seqs):
         grads = _with_bound(grads_fn, None, order)
-        return _OwnBackward.apply(span, grads, gate, chunk_size, reverse, initial_state, *seqs)
+        # a _Turned (a rotated q or k) goes in as its x, which takes the gradient, beside it
+        turned = [None if x is None or isinstance(x, torch.Tensor) else x for x in seqs]
+        xs = [x if t is None else t.x for x, t in zip(seqs, turned)]
+        fns = (span, grads, turned)
+        return _OwnBackward.apply(fns, gate, chunk_size, reverse, initial_state, *xs)
     (o,), state, _ = _guarded_spans(
         span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
     )
@@ -2201,8 +2213,8 @@ def _value_span(q_c, k_c, v_c, g_c, a_c, state, kept, guard):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_dd3d8771f299e81d", globals())
-_operator_calls = _register_calls("mixc_dd3d8771f299e81d", globals())
+_operator_spans = _register_spans("mixc_561ece295daeb036", globals())
+_operator_calls = _register_calls("mixc_561ece295daeb036", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1489,15 +1489,17 @@ def chunk_scalar_decay(
     return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
 
 
-def _rank_masked(x, gamma, rank):
-    """x ⊙ Gamma for x [..., C, rank C], scores of each query i against the rank rows of every
-    token j: Gamma_ij where j <= i, 0 (selected) where j > i. Read as [..., C, C, rank], so that
-    Gamma and the causal mask broadcast over a token's rows (no copies of them repeated)."""
-    size = x.shape[-2]
-    later = torch.ones(size, size, dtype=torch.bool, device=x.device).triu(1).unsqueeze(-1)
-    rows = x.unflatten(-1, (size, rank))
-    kept = rows.clone() if gamma is None else rows * gamma.unsqueeze(-1)
-    return kept.masked_fill_(later, 0.0).flatten(-2)
+def _rank_masked(x, gamma, rank, queries=1):
+    """x ⊙ Gamma for x [..., queries C, rank C], scores of the queries rows of each token i
+    against the rank rows of every token j: Gamma_ij where j <= i, 0 (selected) where j > i.
+    Read as [..., C, queries, C, rank], so that Gamma and the causal mask broadcast over a
+    token's rows (no copies of them repeated)."""
+    size = x.shape[-1] // rank
+    later = torch.ones(size, size, dtype=torch.bool, device=x.device).triu(1)
+    later = later[:, None, :, None]
+    rows = x.unflatten(-1, (size, rank)).unflatten(-3, (size, queries))
+    kept = rows.clone() if gamma is None else rows * gamma[..., :, None, :, None]
+    return kept.masked_fill_(later, 0.0).flatten(-2).flatten(-3, -2)
 
 
 def _rank_decays(g_c):
@@ -1516,46 +1518,69 @@ def _rows_times(x_r, factor, rank):
     return (x_r.unflatten(-2, (-1, rank)) * factor.unsqueeze(-1)).flatten(-3, -2)
 
 
-def _rank_writes(q_c, writes):
+def _rank_writes(width, writes):
     """The keys [..., C, K] and values [..., C, V] of a token's writes, in order (views), from
     the kernel's write sequences in chunks, [k_1, ..., k_m, v_1, ..., v_m], each one write or
-    several joined along its last axis."""
-    half, width = len(writes) // 2, q_c.shape[-1]
+    several joined along its last axis; `width` is K."""
+    half = len(writes) // 2
     ranks = [k.shape[-1] // width for k in writes[:half]]
     keys = [b for k, r in zip(writes[:half], ranks) for b in k.chunk(r, -1)]
     values = [b for v, r in zip(writes[half:], ranks) for b in v.chunk(r, -1)]
     return keys, values, ranks
 
 
+def _query_rows(q_c, width):
+    """A token's queries, joined along the last axis [..., C, m K], as m rows a token
+    [..., m C, K] (query j of token i at row m i + j: a view), and m."""
+    queries = q_c.shape[-1] // width
+    return q_c.unflatten(-1, (queries, width)).flatten(-3, -2), queries
+
+
 def _scalar_decay_rank_span(q_c, *writes_and_state):
     """_scalar_decay_span for several writes a token (_rank_writes; then g_c, state, kept,
-    guard): each write read as a rank-1 kernel reads its keys and values, the scores of the C
-    queries against its C keys masked and decayed as theirs, and the writes summed in the
-    matmuls that take them (into the state passed on, and into the output), so that no write
-    row is copied. Appends the scores as the backward reads them, [N, B, NH, C, rank C] (write
-    r of token j at column rank j + r), and the states entering each chunk to kept if given."""
+    guard) and one or more queries a token (_query_rows): each write read as a rank-1 kernel
+    reads its keys and values, the scores of the m C query rows against its C keys masked and
+    decayed as theirs, and the writes summed in the matmuls that take them (into the state
+    passed on, and into the output), so that no write row is copied; the state passes once for
+    every query. Appends the scores as the backward reads them, [N, B, NH, m C, rank C] (write
+    r of token j at column rank j + r), and the states entering each chunk to kept if given.
+    The output is [N, B, NH, C, m V], a token's outputs side by side as its queries came."""
     *writes, g_c, state, kept, guard = writes_and_state
-    keys, values, _ = _rank_writes(q_c, writes)
+    width = state.shape[-1]
+    keys, values, _ = _rank_writes(state.shape[-2], writes)
+    q_r, queries = _query_rows(q_c, state.shape[-2])
     gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
     chunk_kv = None  # sum over the writes of (diag(exp(b_C - b)) K_r)^T V_r
     for k_r, v_r in zip(keys, values):
         k_to_end = k_r if to_end is None else k_r * to_end
         chunk_kv = _accumulated(chunk_kv, k_to_end.transpose(-1, -2), v_r)
-    width = values[0].shape[-1]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv.reshape(*q_c.shape[:-2], -1, width))
-    scores = [_masked(_bmm(q_c, k_r.transpose(-1, -2)), gamma) for k_r in keys]
+    if queries == 1:
+        scores = [_masked(_bmm(q_r, k_r.transpose(-1, -2)), gamma) for k_r in keys]
+    else:
+        scores = [_rank_masked(_bmm(q_r, k_r.mT), gamma, 1, queries) for k_r in keys]
     if guard:
         finite = [_finite_rows(v_r) for v_r in values]
         values = [v_r for v_r, _ in finite]
         # a token's poison on its last write's scores: the row's output is then NaN
-        _poison_rows(scores[-1], sum(poison for _, poison in finite))
-    q_from_start = q_c if from_start is None else q_c * from_start
+        _poison_query_rows(scores[-1], sum(poison for _, poison in finite), queries)
+    q_from_start = q_r if from_start is None else _rows_times(q_r, from_start, queries)
     if kept is not None:
         kept.append([torch.stack(scores, -1).flatten(-2), states_in])
     out = _accumulated(None, q_from_start, states_in)
     for s, v_r in zip(scores, values):
         out = _accumulated(out, s, v_r)
-    return [out.reshape(*q_c.shape[:-1], width)], state
+    return [out.reshape(*q_c.shape[:-1], queries * width)], state
+
+
+def _poison_query_rows(scores, poison, queries):
+    """_poison_rows for the scores [..., m C, C] of m query rows a token: each of a token's
+    rows from the first poisoned token on."""
+    if queries == 1:
+        return _poison_rows(scores, poison)
+    rows = scores.unflatten(-2, (-1, queries))  # [..., C, m, C]
+    torch.diagonal(rows, dim1=-3, dim2=-1).add_(torch.cumsum(poison, -1).unsqueeze(-2))
+    return scores
 
 
 def _accumulated(out, a, b):
@@ -1567,37 +1592,43 @@ def _accumulated(out, a, b):
 
 
 def _scalar_decay_rank_grads_span(q_c, *args):
-    """_scalar_decay_grads_span for several writes a token (see _scalar_decay_rank_span; then
-    g_c, do_c, probs, states_in, d_state, gate_grad): the same formulas with rank C write rows,
-    each decayed as its token's, and the gradients of the rows split back into the writes'
-    sequences."""
+    """_scalar_decay_grads_span for several writes and queries a token (see
+    _scalar_decay_rank_span; then g_c, do_c, probs, states_in, d_state, gate_grad): the same
+    formulas with rank C write rows and m C query rows, each decayed as its token's, and the
+    gradients of the rows split back into the writes' and queries' sequences."""
     *writes, g_c, do_c, probs, states_in, d_state, gate_grad = args
-    keys, values, ranks = _rank_writes(q_c, writes)
+    keys, values, ranks = _rank_writes(states_in.shape[-2], writes)
+    q_r, queries = _query_rows(q_c, states_in.shape[-2])
+    do_r = do_c.unflatten(-1, (queries, -1)).flatten(-3, -2)  # [..., m C, V]
     rank = len(keys)
     k_r, v_r = (torch.stack(x, -2).flatten(-3, -2) for x in (keys, values))  # [..., rank C, d]
     gamma, from_start, to_end, chunk_g = _rank_decays(g_c)
-    d_probs = _bmm(do_c, v_r.transpose(-1, -2))  # dP = dO V^T [N, B, NH, C, rC]
-    d_scores = _rank_masked(d_probs, gamma, rank)
+    d_probs = _bmm(do_r, v_r.transpose(-1, -2))  # dP = dO V^T [N, B, NH, m C, rC]
+    d_scores = _rank_masked(d_probs, gamma, rank, queries)
     if gamma is None:
-        q_from_start, v_to_end, do_from_start, k_to_end = q_c, v_r, do_c, k_r
+        q_from_start, v_to_end, do_from_start, k_to_end = q_r, v_r, do_r, k_r
     else:
-        q_from_start, do_from_start = q_c * from_start, do_c * from_start
+        q_from_start, do_from_start = (_rows_times(x, from_start, queries) for x in (q_r, do_r))
         v_to_end, k_to_end = (_rows_times(x, to_end, rank) for x in (v_r, k_r))
-    local = _bmm(q_from_start.transpose(-1, -2), do_c)
+    local = _bmm(q_from_start.transpose(-1, -2), do_r)
     d_next, d_state = _scan_scalar(d_state, chunk_g, local, reverse=True)
-    dv = _two_matmuls(probs.transpose(-1, -2), do_c, k_to_end, d_next)
+    dv = _two_matmuls(probs.transpose(-1, -2), do_r, k_to_end, d_next)
     from_q = _bmm(do_from_start, states_in.transpose(-1, -2))
     from_k = _bmm(v_to_end, d_next.transpose(-1, -2))
     dg = None
     if gate_grad:
-        dg = _gate_grads(
-            (d_probs * probs).unflatten(-1, (-1, rank)).sum(-1),  # a token's rows share Gamma
-            (q_c * from_q).sum(-1),
+        dg = _gate_grads(  # a token's rows share Gamma
+            (d_probs * probs)
+            .unflatten(-1, (-1, rank))
+            .sum(-1)
+            .unflatten(-2, (-1, queries))
+            .sum(-2),
+            (q_r * from_q).sum(-1).unflatten(-1, (-1, queries)).sum(-1),
             (k_r * from_k).sum(-1).unflatten(-1, (-1, rank)).sum(-1),
             (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),
         )
-    dq = _bmm(d_scores, k_r, add=from_q)
-    dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
+    dq = _bmm(d_scores, k_r, add=from_q).unflatten(-2, (-1, queries)).flatten(-2)
+    dk = _bmm(d_scores.transpose(-1, -2), q_r, add=from_k)
     split = []
     for rows in (dk, dv):  # each sequence's writes, joined back along the last axis
         blocks = rows.unflatten(-2, (-1, rank))
@@ -1616,18 +1647,29 @@ def chunk_scalar_decay_rank(q, k, v, g=None, initial_state=None, chunk_size=64):
     tensors); elsewhere they stay apart, as the spans read them (a join would copy every write
     once more: a quarter of Mamba-3 MIMO's chunk forward at rank 2).
 
-    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    q may be a list of m queries [B, NH, T, K] of the one state: they are joined (m query rows
+    a token) and read in one pass, the state passed from chunk to chunk once for all of them.
+
+    Returns (o [B, NH, T, V], or a list of m of them for a list of queries; final state
+    [B, NH, K, V]).
     """
+    queries = list(q) if isinstance(q, (list, tuple)) else [q]
     keys = list(k) if isinstance(k, (list, tuple)) else [k]
     values = list(v) if isinstance(v, (list, tuple)) else [v]
     if len(keys) > 2 and torch.compiler.is_compiling():
         keys, values = [torch.cat(keys, -1)], [torch.cat(values, -1)]
     span, grads = _scalar_decay_rank_span, _scalar_decay_rank_grads_span
+    width = queries[0].shape[-1]
     if initial_state is None:  # the state's width is a value's, not the joined values'
-        rank = keys[0].shape[-1] // q.shape[-1]
-        initial_state = q.new_zeros(*q.shape[:2], q.shape[-1], values[0].shape[-1] // rank)
-    seqs = [q, *keys, *values, g]
-    return _own_backward(span, grads, len(seqs) - 1, chunk_size, initial_state, seqs)
+        rank = keys[0].shape[-1] // width
+        first = queries[0]
+        initial_state = first.new_zeros(*first.shape[:2], width, values[0].shape[-1] // rank)
+    joined = queries[0] if len(queries) == 1 else torch.cat(queries, -1)
+    seqs = [joined, *keys, *values, g]
+    o, state = _own_backward(span, grads, len(seqs) - 1, chunk_size, initial_state, seqs)
+    if isinstance(q, (list, tuple)):
+        o = list(o.unflatten(-1, (len(queries), -1)).unbind(-2))
+    return o, state
 
 
 def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
@@ -1652,7 +1694,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_015af5cb4fffa7d8", globals())
+_operator_spans = _register_spans("mixc_1e0adefe103a1c2c", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1888,17 +1930,15 @@ def chunk(
     _k_H = [_k1_H, _k2_H, _k3_H, _k4_H]  # 4 writes a token, taken together
     _v_H = [_v1_H, _v2_H, _v3_H, _v4_H]  # 4 writes a token, taken together
     _S0_H = H.mT
-    _q = _seq_vector(_rotate_halves(C1_bias + C1, _turn__r1_N), _sizes, cu_seqlens)
-    _o, _S = _chunk_scalar_decay_rank(
-        _q, _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
+    _q1 = _seq_vector(_rotate_halves(C1_bias + C1, _turn__r1_N), _sizes, cu_seqlens)
+    _q2 = _seq_vector(_rotate_halves(C2_bias + C2, _turn__r1_N), _sizes, cu_seqlens)
+    # 2 queries of one state, one pass
+    (_o1, _o2), _S = _chunk_scalar_decay_rank(
+        [_q1, _q2], _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
     )
-    _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_halves(C1_bias + C1_t, _r1)
+    _read_H = _from_seq(_o1, cu_seqlens)  # H_t rotate_halves(C1_bias + C1_t, _r1)
     H = _S.mT
-    _q = _seq_vector(_rotate_halves(C2_bias + C2, _turn__r1_N), _sizes, cu_seqlens)
-    _o, _S = _chunk_scalar_decay_rank(
-        _q, _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
-    )
-    _read2_H = _from_seq(_o, cu_seqlens)  # H_t rotate_halves(C2_bias + C2_t, _r1)
+    _read2_H = _from_seq(_o2, cu_seqlens)  # H_t rotate_halves(C2_bias + C2_t, _r1)
     # mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
     y = _torch.addcmul(
         mimo_o1 * _torch.addcmul(_read_H, x, D * mimo_x1) * _F.silu(z * mimo_z1),
