@@ -182,6 +182,42 @@ def rel(a: torch.Tensor, ref: torch.Tensor, floor: float = 1e-3) -> float:
     return ((a - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
+def _exact(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def check_forms_against_reference(module, args, init, want, finals, bound=1e-12):
+    """Every form of a compiled module (chunk at two chunk sizes, recurrent, parallel from a zero
+    state) computes `want` and the final states `finals` of a float64 reference, within `bound`
+    relative; `args` in the module's argument order, `init` None or the initial states."""
+    runs = [
+        module.chunk(*args.values(), initial_state=init, output_final_state=True, chunk_size=c)
+        for c in (4, 16)
+    ]
+    runs.append(module.recurrent(*args.values(), initial_state=init, output_final_state=True))
+    for y, got in runs:
+        assert _exact(y, want) < bound
+        assert all(_exact(g, f) < bound for g, f in zip(got, finals, strict=True))
+    if init is None:
+        assert _exact(module.parallel(*args.values())[0], want) < bound
+
+
+def check_prefill_then_step(module, args, want, finals, prefill=15, bound=1e-12):
+    """Prefill the first `prefill` tokens in the chunked form, then step token by token: the
+    outputs and the final states equal a float64 reference's one pass (`want`, `finals`)."""
+    per_token = {k for k, v in args.items() if v.dim() >= 3}
+    T = next(args[k].shape[1] for k in per_token)
+    first = {k: (v[:, :prefill] if k in per_token else v) for k, v in args.items()}
+    y0, state = module.chunk(*first.values(), output_final_state=True, chunk_size=8)
+    ys = [y0]
+    for t in range(prefill, T):
+        token = {k: (v[:, t] if k in per_token else v) for k, v in args.items()}
+        y_t, state = module.step(*token.values(), state=state)
+        ys.append(y_t[:, None])
+    assert _exact(torch.cat(ys, 1), want) < bound
+    assert all(_exact(g, f) < bound for g, f in zip(state, finals, strict=True))
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

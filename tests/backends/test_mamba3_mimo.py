@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import mixc
+from tests.mixers import check_forms_against_reference, check_prefill_then_step
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "specs" / "mamba3_mimo.mix"
@@ -150,18 +151,7 @@ def test_every_form_computes_the_reference(module, start):
     args = _inputs()
     init = _start() if start else None
     want, finals = _reference(args, init)
-    for chunk_size in (4, 16):
-        y, got = module.chunk(
-            *args.values(), initial_state=init, output_final_state=True, chunk_size=chunk_size
-        )
-        assert _rel(y, want) < 1e-12
-        assert all(_rel(g, f) < 1e-12 for g, f in zip(got, finals, strict=True))
-    y, got = module.recurrent(*args.values(), initial_state=init, output_final_state=True)
-    assert _rel(y, want) < 1e-12
-    assert all(_rel(g, f) < 1e-12 for g, f in zip(got, finals, strict=True))
-    if not start:
-        y, _ = module.parallel(*args.values())
-        assert _rel(y, want) < 1e-12
+    check_forms_against_reference(module, args, init, want, finals)
 
 
 def test_prefill_then_step_is_one_pass(module):
@@ -170,16 +160,7 @@ def test_prefill_then_step_is_one_pass(module):
     gives in one pass."""
     args = _inputs(T=23)
     want, finals = _reference(args)
-    per_token = {k for k, v in args.items() if v.dim() >= 3}
-    first = {k: (v[:, :15] if k in per_token else v) for k, v in args.items()}
-    y0, state = module.chunk(*first.values(), output_final_state=True, chunk_size=8)
-    ys = [y0]
-    for t in range(15, 23):
-        token = {k: (v[:, t] if k in per_token else v) for k, v in args.items()}
-        y_t, state = module.step(*token.values(), state=state)
-        ys.append(y_t[:, None])
-    assert _rel(torch.cat(ys, 1), want) < 1e-12
-    assert all(_rel(g, f) < 1e-12 for g, f in zip(state, finals, strict=True))
+    check_prefill_then_step(module, args, want, finals)
 
 
 def test_float32_at_mamba3_ranges(module):
