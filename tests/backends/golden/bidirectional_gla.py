@@ -1037,8 +1037,10 @@ def _spans_fake(fn, gate, tensors, chunk_size, gk_min, order, keep):
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
     width = v.shape[-1] if initial_state is None else initial_state.shape[-1]  # V (not rank V)
-    o = q.new_empty(batch, length, heads, width).transpose(1, 2)
-    state = q.new_empty(batch, heads, q.shape[-1], width)
+    # K (not m K: the rank kernel's m queries a token come joined, its outputs too)
+    keys = q.shape[-1] if initial_state is None else initial_state.shape[-2]
+    o = q.new_empty(batch, length, heads, q.shape[-1] // keys * width).transpose(1, 2)
+    state = q.new_empty(batch, heads, keys, width)
     if not keep:
         return [o, state]
     _, n_chunks, size = _kept_per_span(seqs, chunk_size)
@@ -1576,8 +1578,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_ef8914399b974dd8", globals())
-_operator_calls = _register_calls("mixc_ef8914399b974dd8", globals())
+_operator_spans = _register_spans("mixc_8b0e6ceffb570002", globals())
+_operator_calls = _register_calls("mixc_8b0e6ceffb570002", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

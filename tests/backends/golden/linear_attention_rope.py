@@ -1051,8 +1051,10 @@ def _spans_fake(fn, gate, tensors, chunk_size, gk_min, order, keep):
     q, v = seqs[0], seqs[2]
     batch, heads, length = q.shape[:3]
     width = v.shape[-1] if initial_state is None else initial_state.shape[-1]  # V (not rank V)
-    o = q.new_empty(batch, length, heads, width).transpose(1, 2)
-    state = q.new_empty(batch, heads, q.shape[-1], width)
+    # K (not m K: the rank kernel's m queries a token come joined, its outputs too)
+    keys = q.shape[-1] if initial_state is None else initial_state.shape[-2]
+    o = q.new_empty(batch, length, heads, q.shape[-1] // keys * width).transpose(1, 2)
+    state = q.new_empty(batch, heads, keys, width)
     if not keep:
         return [o, state]
     _, n_chunks, size = _kept_per_span(seqs, chunk_size)
@@ -1493,7 +1495,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_e5373b0ec273bdd5", globals())
+_operator_spans = _register_spans("mixc_283b408bc40346ac", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
