@@ -218,6 +218,18 @@ def check_prefill_then_step(module, args, want, finals, prefill=15, bound=1e-12)
     assert all(_exact(g, f) < bound for g, f in zip(state, finals, strict=True))
 
 
+def check_mutant_disagrees(path, old, new, args, want, bound=1e-2):
+    """The spec at `path` with `old` replaced by `new` (a plausible slip) compiles, and its
+    chunked form's output on `args` is more than `bound` (relative) from the reference's `want`."""
+    import mixc
+
+    text = Path(path).read_text(encoding="utf-8")
+    assert old in text
+    mutant = mixc.load(mixc.load_spec(text=text.replace(old, new)))
+    y, _ = mutant.chunk(*args.values(), chunk_size=8)
+    assert _exact(y, want) > bound
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -420,6 +420,15 @@ def test_idx_only_in_a_vector_default():
         mixc.load_spec(mixc.errors.Source(text, "bad.mix"))
 
 
+def _turn_two_pairs(x, a):
+    """x's interleaved channel pairs (0, 1) and (2, 3) turned by the angles a[..., 2]; the
+    channels from 4 on stay."""
+    c, s = torch.cos(a), torch.sin(a)
+    x1, x2 = x[..., 0:4:2], x[..., 1:4:2]
+    pairs = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
+    return torch.cat((pairs, x[..., 4:]), -1)
+
+
 def _split_turned_calls(m):
     """Counts the calls of the module's _Turned.chunks (the kernel turning a rotated input)."""
     calls = []
@@ -474,13 +483,9 @@ def test_without_autograd_a_leading_fraction_of_an_odd_width_turns():
     v = torch.randn(B, T, NH, V, generator=g, dtype=f64)
     a = torch.randn(B, T, NH, 2, generator=g, dtype=f64)
 
-    def turned(x):  # channels (0, 1) and (2, 3) turn, 4.. stay
-        c, s = torch.cos(a), torch.sin(a)
-        x1, x2 = x[..., 0:4:2], x[..., 1:4:2]
-        pairs = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
-        return torch.cat((pairs, x[..., 4:]), -1)
-
-    want = causal_attention(torch.einsum("bthd,bshd->bhts", turned(q), turned(k)), v)
+    want = causal_attention(
+        torch.einsum("bthd,bshd->bhts", _turn_two_pairs(q, a), _turn_two_pairs(k, a)), v
+    )
     with torch.no_grad():
         y, _ = m.chunk(q, k, v, a, chunk_size=8)
     m._Turned.chunks = split
@@ -548,13 +553,9 @@ def test_under_autograd_a_leading_fraction_of_an_odd_width_turns_back():
     v = torch.randn(B, T, NH, V, generator=g, dtype=f64, requires_grad=True)
     a = torch.randn(B, T, NH, 2, generator=g, dtype=f64)
 
-    def turned(x):  # channels (0, 1) and (2, 3) turn, 4.. stay
-        c, s = torch.cos(a), torch.sin(a)
-        x1, x2 = x[..., 0:4:2], x[..., 1:4:2]
-        pairs = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
-        return torch.cat((pairs, x[..., 4:]), -1)
-
-    want = causal_attention(torch.einsum("bthd,bshd->bhts", turned(q), turned(k)), v)
+    want = causal_attention(
+        torch.einsum("bthd,bshd->bhts", _turn_two_pairs(q, a), _turn_two_pairs(k, a)), v
+    )
     y, _ = m.chunk(q, k, v, a, chunk_size=8)
     m._Turned.chunks = split
     assert len(calls) > 0
