@@ -346,11 +346,12 @@ def test_a_wrong_pairing_in_the_generated_helper_is_caught(tmp_path):
 
     spec = tmp_path / "halves.mix"
     spec.write_text(HALVES, encoding="utf-8")
-    target = "n, half = turning.shape[-1], x.shape[-2] // 2"
+    target = "return _turn_two_slices(x, turning, x.shape[-2] // 2)"
     source = mixc.compile_source(spec)
     assert source.count(target) == 1
     module = tmp_path / "halves_mutant.py"
-    module.write_text(source.replace(target, "n, half = turning.shape[-1], turning.shape[-1]"))
+    mutant = "return _turn_two_slices(x, turning, turning.shape[-1])"
+    module.write_text(source.replace(target, mutant))
     report = fuzz(spec, module, examples=20, shrink=False)
     assert not report.ok and report.failure.kind == "numerical", report.failure.summary()
 
