@@ -346,11 +346,12 @@ def test_a_wrong_pairing_in_the_generated_helper_is_caught(tmp_path):
 
     spec = tmp_path / "halves.mix"
     spec.write_text(HALVES, encoding="utf-8")
-    target = "n, half = turning.shape[-1], x.shape[-2] // 2"
+    target = "return _turn_two_slices(x, turning, x.shape[-2] // 2)"
     source = mixc.compile_source(spec)
     assert source.count(target) == 1
     module = tmp_path / "halves_mutant.py"
-    module.write_text(source.replace(target, "n, half = turning.shape[-1], turning.shape[-1]"))
+    mutant = "return _turn_two_slices(x, turning, turning.shape[-1])"
+    module.write_text(source.replace(target, mutant))
     report = fuzz(spec, module, examples=20, shrink=False)
     assert not report.ok and report.failure.kind == "numerical", report.failure.summary()
 
@@ -564,3 +565,50 @@ def test_under_autograd_a_leading_fraction_of_an_odd_width_turns_back():
         torch.autograd.grad(y, [q, k, v], dy), torch.autograd.grad(want, [q, k, v], dy)
     ):
         assert rel(got, ref) < 1e-12
+
+
+def _turn_pairs(x, a):
+    """x's interleaved channel pairs (2i, 2i + 1), i < n, turned by the angles a[..., n]; the
+    channels from 2n on stay (plain torch, written out)."""
+    n = a.shape[-1]
+    c, s = torch.cos(a), torch.sin(a)
+    x1, x2 = x[..., 0 : 2 * n : 2], x[..., 1 : 2 * n : 2]
+    pairs = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
+    return torch.cat((pairs, x[..., 2 * n :]), -1)
+
+
+def test_frequencies_the_same_in_every_channel_turn_every_pair():
+    """A frequency given as a view that repeats one value along the channels (stride 0): the
+    chunked form computes the angle once per distinct value along the leading axes only (the
+    channels kept: the turn reads K / 2 of them), so every pair turns, as RoFormer's rotation
+    at that frequency written out."""
+    m = mixc.load(SPECS / "linear_attention_rope.mix")
+    q, k, v = qkv(18)
+    theta = torch.tensor(0.3, dtype=f64).expand(NH, K)
+    angles = (0.3 * torch.arange(T, dtype=f64))[:, None, None].expand(T, NH, K // 2)
+    qr, kr = (_turn_pairs(x, angles) for x in (q, k))
+    want = causal_attention(torch.einsum("bthd,bshd->bhts", qr, kr), v)
+    for form in ("chunk", "recurrent"):
+        y, _ = getattr(m, form)(q, k, v, theta=theta)
+        assert rel(y, want) < 1e-12, form
+
+
+def test_an_angle_summed_over_its_channels_is_not_cut_to_the_pairs_read():
+    """An angle with one entry a channel whose entries read every channel (a sum over them): the
+    chunked form must compute it from whole vectors (the first K / 2 of a and of the angle are
+    not the angle's first K / 2), against the turn written out."""
+    text = (
+        "mixer part\nin q[K], k[K], v[V], a[K]\nstate H[V, K]\n"
+        "H_t = H_{t-1} + v_t rotate_interleaved(k_t, a_t + sum(a_t))^T\n"
+        "y_t = H_t rotate_interleaved(q_t, a_t + sum(a_t))\n"
+    )
+    m = mixc.load(text=text)
+    q, k, v = qkv(19)
+    a = torch.randn(B, T, NH, K, generator=torch.Generator().manual_seed(20), dtype=f64)
+    angles = (a + a.sum(-1, keepdim=True))[..., : K // 2]
+    qr, kr = (_turn_pairs(x, angles) for x in (q, k))
+    want = causal_attention(torch.einsum("bthd,bshd->bhts", qr, kr), v)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            y, _ = m.chunk(q, k, v, a, chunk_size=8)
+        assert rel(y, want) < 1e-12, grad

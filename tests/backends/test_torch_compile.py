@@ -98,7 +98,7 @@ def _layer_step(layer, x):
     return y.detach(), [x.grad, *(p.grad for p in layer.parameters())]
 
 
-def _check_layer(name, backend):
+def _check_layer(name, backend, **options):
     """A MixerLayer compiled whole (fullgraph=True) computes what the same layer computes in
     float64 (eager), whose kernels the oracle tests check: the output and every gradient, to
     the project's float32 bounds. (Compared with the eager float32 layer instead, two roundings
@@ -108,7 +108,8 @@ def _check_layer(name, backend):
     from mixc.nn import MixerLayer
 
     torch.manual_seed(0)
-    layer = MixerLayer(ROOT / f"specs/{name}.mix", hidden_size=32, num_heads=2, chunk_size=4)
+    spec = name if isinstance(name, mixc.Spec) else ROOT / f"specs/{name}.mix"
+    layer = MixerLayer(spec, hidden_size=32, num_heads=2, chunk_size=4, **options)
     x = torch.randn(2, 11, 32)
     y_r, g_r = _layer_step(copy.deepcopy(layer).double(), x.double())
     torch._dynamo.reset()
@@ -128,3 +129,19 @@ def test_layer_full_graph():
 def test_inductor_layer(path):
     """Every shipped spec's layer through the inductor backend, forward and backward."""
     _check_layer(path.stem, "inductor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rotation", ["rotate", "rotate_halves", "rotate_interleaved"])
+def test_inductor_layer_of_each_rotation(rotation):
+    """A layer whose queries and keys each rotation turns by angles that take a gradient (made
+    from the layer's input, as Mamba-3's are): compiled by inductor, its output and every
+    gradient (the angles' projection's among them) against the same layer in float64. The
+    shipped specs' layers (test_inductor_layer) cover rotate_interleaved by positions
+    (linear_attention_rope) and rotate_halves (mamba3_mimo); no shipped spec calls rotate."""
+    text = (
+        "mixer turned\nin q[K], k[K], v[V], a[P]\nstate H[V, K]\n"
+        f"H_t = H_{{t-1}} + v_t {rotation}(k_t, a_t)^T\ny_t = H_t {rotation}(q_t, a_t)\n"
+    )
+    spec = mixc.load_spec(text=text)
+    _check_layer(spec, "inductor", sizes={"K": 8, "V": 8, "P": 3})

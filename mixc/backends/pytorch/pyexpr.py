@@ -26,6 +26,7 @@ from mixc.frontend.ir import (
     Timed,
     Transpose,
     angle_reads,
+    walk,
 )
 from mixc.frontend.shapes import IDENTITY, SCALAR, Shape, Symbol, Typer
 from mixc.lowering.program import Product
@@ -60,6 +61,49 @@ def literal(value: float) -> str:
     if value == int(value) and abs(value) < 2**53:
         return str(int(value))
     return repr(value)
+
+
+def _turning_call(py: PyExpr, theta: Expr, d: Expr) -> str:
+    """The call of `_turning` that `py` emits: the turn by the angles theta of the pairs of a
+    vector of d entries. Over whole sequences the angle is computed from compacted views of what
+    it reads (_compact): once for the values its broadcast axes repeat, its turn expanded back;
+    and where it has an angle for each of the d entries (the first d / 2 read) and is
+    elementwise along them, from the first d / 2 rows of its vectors only."""
+    size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
+    if not py.compact_angles:  # a token's angle: nothing to gain per call
+        return f"_turning({py._emit(theta)[0]}, {size}, _dtype)"
+    rows = py.shape(theta)[0]
+    read = rows == (d.text if isinstance(d, Number) else d.name)
+    read = read and _rowwise(theta, py.shape)
+    leaves: list[str] = []
+
+    def compacted(x: Expr) -> str:
+        leaves.append(py.names(x))
+        cut = f", {size} // 2" if read and py.shape(x)[0] == rows != "1" else ""
+        return f"_compact({leaves[-1]}{cut})"
+
+    angle = PyExpr(py.typer, compacted, py.functions)._emit(theta)[0]
+    reads = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
+    return f"_turning({angle}, {size}, _dtype{reads})"
+
+
+def _rowwise(angle: Expr, shape: Callable[[Expr], Shape]) -> bool:
+    """Whether each row of the column `angle` is computed from the same row of the columns it
+    reads alone (and from scalars): elementwise operations and functions of such columns and
+    products with scalars, no other product of matrices, no transpose, no sum over rows. Its first rows are then those of the
+    first rows of its columns."""
+    column = (shape(angle)[0], "1")
+    for node in walk(angle):
+        scaled = isinstance(node, Binary) and SCALAR in (shape(node.left), shape(node.right))
+        if isinstance(node, Binary) and node.op in ("@", ".") and not scaled:  # a scalar's scales
+            return False
+        if isinstance(node, Call) and not getattr(BUILTINS.get(node.func), "elementwise", False):
+            return False
+        if isinstance(node, Transpose | Identity):
+            return False
+        if isinstance(node, Name | Timed) and shape(node) not in (SCALAR, column):
+            return False
+    return True
 
 
 def computes(e: Expr, constant_of: Callable[[Expr], float | None] = constant) -> bool:
@@ -264,21 +308,7 @@ class PyExpr:
             turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
             return f"{BUILTINS[e.func].torch}({self._emit(x)[0]}, {self._emit(turning)[0]})"
         if e.func == TURNING:
-            theta, d = e.args
-            size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
-            if not self.compact_angles:  # a token's angle: nothing to gain per call
-                return f"_turning({self._emit(theta)[0]}, {size}, _dtype)"
-            # over whole sequences, the angle from compacted views of what it reads (_compact):
-            # computed once for the values its broadcast axes repeat, its turn expanded back
-            leaves: list[str] = []
-
-            def compacted(x: Expr) -> str:
-                leaves.append(self.names(x))
-                return f"_compact({leaves[-1]})"
-
-            angle = PyExpr(self.typer, compacted, self.functions)._emit(theta)[0]
-            read = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
-            return f"_turning({angle}, {size}, _dtype{read})"
+            return _turning_call(self, *e.args)
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "

@@ -1303,14 +1303,17 @@ def _register_spans(namespace, functions):
     return ops.spans
 
 
-def _compact(x):
-    """x with each axis that only repeats its entries (stride 0, as `expand` makes it: a
-    per-head parameter the same for every head, positions the same for every sequence) cut to
-    size 1, so that an angle computed from such views is computed once for each distinct
-    value; broadcasting gives the same values at every index."""
-    if not isinstance(x, torch.Tensor):
+def _compact(x, rows=None):
+    """x with each leading axis that only repeats its entries (stride 0, as `expand` makes it:
+    a per-head parameter the same for every head, positions the same for every sequence) cut to
+    size 1, so that an angle computed from such views is computed once for each distinct value;
+    broadcasting gives the same values at every index. The last two axes (the spec's rows and
+    columns) are kept whole, or the rows cut to the first `rows` where given (an angle that is
+    elementwise along them, of which a turn reads its first `rows` only)."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
         return x
-    return x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.stride())]
+    lead = tuple(slice(0, 1) if s == 0 else slice(None) for s in x.stride()[:-2])
+    return x[(*lead, slice(rows), slice(None))]
 
 
 def _turning(theta, d, dtype, *leaves):
@@ -1327,6 +1330,8 @@ def _turning(theta, d, dtype, *leaves):
             f" of the leading channels), or {d} (the first {d // 2} are read)"
         )
     angle = theta[..., :n, 0]
+    if not angle.is_contiguous():  # cos and sin of a strided float64 angle run 1.6x slower
+        angle = angle.contiguous()
     # cos and sin in the angle's precision (float64 from a position: exact at 10^6, and on CPU
     # cheaper than reducing it modulo 2 pi), rounded as they are written into the turn's real and
     # imaginary parts (on CPU, torch.polar is 10x slower and stacking them 3x)
@@ -1357,15 +1362,19 @@ def _rotate_halves(x, turning):
     """Pairs of the two halves of the whole vector (Mamba-3 MIMO's kernels): entries i and
     i + d // 2 of a vector of d entries, for the n pairs of `turning` (see _turning), as the
     complex number x_i + i x_(i+d//2) times it; the entries in no pair are kept. The same as
-    _rotate where n = d // 2. Under torch.compile the pairs are stacked and viewed as complex
-    numbers: its inductor backend miscomputes the angle's gradient through torch.complex of
-    two slices (Mamba-3 MIMO's layer: 3e-2 off in dt's and w's), which eagerly is 20% faster."""
-    n, half = turning.shape[-1], x.shape[-2] // 2
+    _rotate where n = d // 2."""
+    return _turn_two_slices(x, turning, x.shape[-2] // 2)
+
+
+def _turn_two_slices(x, turning, half):
+    """x's entries i and i + half, i < n (the n pairs of `turning`), as the complex numbers
+    x_i + i x_(i+half), times the turn; the rest kept. One path eagerly and under torch.compile:
+    the pairs stacked and viewed as complex numbers (inductor once miscomputed the angle's
+    gradient through torch.complex of two slices: Mamba-3 MIMO's layer, 3e-2 off in dt's and
+    w's; test_torch_compile checks a compiled layer of each rotation against float64)."""
+    n = turning.shape[-1]
     first, second = x[..., :n, 0], x[..., half : half + n, 0]
-    if torch.compiler.is_compiling():
-        turned = torch.view_as_complex(torch.stack((first, second), -1)) * turning
-    else:
-        turned = torch.complex(first, second) * turning
+    turned = torch.view_as_complex(torch.stack((first, second), -1)) * turning
     lead = turned.shape[:-1]
     kept = x[..., n:half, 0].expand(*lead, -1), x[..., half + n :, 0].expand(*lead, -1)
     return torch.cat((turned.real, kept[0], turned.imag, kept[1]), -1)[..., None]
@@ -1696,7 +1705,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_420250ca3a78a9a1", globals())
+_operator_spans = _register_spans("mixc_b2106c18ae6aca4d", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -39,14 +39,17 @@ def _onehot_argmax(x):
     return (hard + (soft - soft.detach())).reshape(x.shape)
 
 
-def _compact(x):
-    """x with each axis that only repeats its entries (stride 0, as `expand` makes it: a
-    per-head parameter the same for every head, positions the same for every sequence) cut to
-    size 1, so that an angle computed from such views is computed once for each distinct
-    value; broadcasting gives the same values at every index."""
-    if not isinstance(x, torch.Tensor):
+def _compact(x, rows=None):
+    """x with each leading axis that only repeats its entries (stride 0, as `expand` makes it:
+    a per-head parameter the same for every head, positions the same for every sequence) cut to
+    size 1, so that an angle computed from such views is computed once for each distinct value;
+    broadcasting gives the same values at every index. The last two axes (the spec's rows and
+    columns) are kept whole, or the rows cut to the first `rows` where given (an angle that is
+    elementwise along them, of which a turn reads its first `rows` only)."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
         return x
-    return x[tuple(slice(0, 1) if s == 0 else slice(None) for s in x.stride())]
+    lead = tuple(slice(0, 1) if s == 0 else slice(None) for s in x.stride()[:-2])
+    return x[(*lead, slice(rows), slice(None))]
 
 
 def _turning(theta, d, dtype, *leaves):
@@ -63,6 +66,8 @@ def _turning(theta, d, dtype, *leaves):
             f" of the leading channels), or {d} (the first {d // 2} are read)"
         )
     angle = theta[..., :n, 0]
+    if not angle.is_contiguous():  # cos and sin of a strided float64 angle run 1.6x slower
+        angle = angle.contiguous()
     # cos and sin in the angle's precision (float64 from a position: exact at 10^6, and on CPU
     # cheaper than reducing it modulo 2 pi), rounded as they are written into the turn's real and
     # imaginary parts (on CPU, torch.polar is 10x slower and stacking them 3x)
@@ -90,28 +95,29 @@ def _broadcast(*shapes):
 
 
 def _rotate(x, turning):
-    """Half-split pairs (GPT-NeoX, Mamba-3): entries i and i + n, for the n pairs of
-    `turning` (see _turning), as the complex number x_i + i x_(i+n) times it; the entries past
-    2n are kept."""
+    """Half-split pairs (GPT-NeoX): entries i and i + n, for the n pairs of `turning` (see
+    _turning), as the complex number x_i + i x_(i+n) times it; the entries past 2n are kept."""
     n = turning.shape[-1]
-    turned = torch.complex(x[..., :n, 0], x[..., n : 2 * n, 0]) * turning
-    parts = (turned.real, turned.imag, x[..., 2 * n :, 0].expand(*turned.shape[:-1], -1))
-    return torch.cat(parts, -1)[..., None]
+    return _turn_two_slices(x, turning, n)
 
 
 def _rotate_halves(x, turning):
     """Pairs of the two halves of the whole vector (Mamba-3 MIMO's kernels): entries i and
     i + d // 2 of a vector of d entries, for the n pairs of `turning` (see _turning), as the
     complex number x_i + i x_(i+d//2) times it; the entries in no pair are kept. The same as
-    _rotate where n = d // 2. Under torch.compile the pairs are stacked and viewed as complex
-    numbers: its inductor backend miscomputes the angle's gradient through torch.complex of
-    two slices (Mamba-3 MIMO's layer: 3e-2 off in dt's and w's), which eagerly is 20% faster."""
-    n, half = turning.shape[-1], x.shape[-2] // 2
+    _rotate where n = d // 2."""
+    return _turn_two_slices(x, turning, x.shape[-2] // 2)
+
+
+def _turn_two_slices(x, turning, half):
+    """x's entries i and i + half, i < n (the n pairs of `turning`), as the complex numbers
+    x_i + i x_(i+half), times the turn; the rest kept. One path eagerly and under torch.compile:
+    the pairs stacked and viewed as complex numbers (inductor once miscomputed the angle's
+    gradient through torch.complex of two slices: Mamba-3 MIMO's layer, 3e-2 off in dt's and
+    w's; test_torch_compile checks a compiled layer of each rotation against float64)."""
+    n = turning.shape[-1]
     first, second = x[..., :n, 0], x[..., half : half + n, 0]
-    if torch.compiler.is_compiling():
-        turned = torch.view_as_complex(torch.stack((first, second), -1)) * turning
-    else:
-        turned = torch.complex(first, second) * turning
+    turned = torch.view_as_complex(torch.stack((first, second), -1)) * turning
     lead = turned.shape[:-1]
     kept = x[..., n:half, 0].expand(*lead, -1), x[..., half + n :, 0].expand(*lead, -1)
     return torch.cat((turned.real, kept[0], turned.imag, kept[1]), -1)[..., None]
@@ -159,23 +165,27 @@ class _Turned:
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
 
-    def _pairs(self, x, turn, back=False):
-        """x's leading pairs times turn (its conjugate if `back`), in place; x [..., d] is a
-        fresh tensor, its last axis contiguous."""
+    def _pairs(self, x, turn, back=False, out=None):
+        """x's leading pairs times turn (its conjugate if `back`), written into `out` (x
+        itself, in place, if None), the rest of x copied there; out [..., d] is a fresh
+        tensor, its last axis contiguous."""
         n = turn.shape[-1]
         turn = turn.conj_physical() if back else turn
-        pairs = x[..., : 2 * n].unflatten(-1, (n, 2))
-        odd = any(s % 2 for s in (pairs.storage_offset(), *pairs.stride()[:-1]))
-        if odd:  # not a view of complex numbers (an odd d)
-            pairs.copy_(torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * turn))
-        else:
-            torch.view_as_complex(pairs).mul_(turn)
-        return x
+        out = x if out is None else out
+        if out is not x and 2 * n < x.shape[-1]:
+            out[..., 2 * n :].copy_(x[..., 2 * n :])
+        pairs, into = (_complex_pairs(t[..., : 2 * n], n) for t in (x, out))
+        if pairs is None or into is None:  # not a view of complex numbers (an odd d or offset)
+            pairs = torch.view_as_complex(x[..., : 2 * n].unflatten(-1, (n, 2)).contiguous())
+            out[..., : 2 * n].copy_(torch.view_as_real(pairs * turn).flatten(-2))
+        else:  # one pass: read x's pairs and the turn, write the products
+            torch.mul(pairs, turn, out=into)
+        return out
 
     def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x turned: x copied into a fresh buffer in the chunk layout, then its
-        pairs turned in place there (the span's buffer, in cache: on CPU that costs less than a
-        multiply reading x's layout); exactly the values of turning x, then splitting it."""
+        """_split_chunks of x turned: each pair of x, read in x's layout, times its turn,
+        written into a fresh buffer in the chunk layout (one pass, the copy the chunk layout
+        needs anyway); exactly the values of turning x, then splitting it."""
         data, turn = self.x, self.turn
         if n_pad:
             data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
@@ -186,12 +196,21 @@ class _Turned:
             return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
 
         out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
-        return self._pairs(out.copy_(chunked(data)), chunked(turn))
+        return self._pairs(chunked(data), chunked(turn), out=out)
 
     def back(self, grad):
         """The gradient of x from grad [B, NH, T, d], that of x turned: its pairs turned back
         (times the conjugate turn), in place; the rest as it is."""
         return self._pairs(grad, _compact(self.turn), back=True)
+
+
+def _complex_pairs(x, n):
+    """x [..., 2n] (its last axis contiguous) viewed as n complex numbers, or None where its
+    strides or offset are odd (view_as_complex needs them even)."""
+    pairs = x.unflatten(-1, (n, 2))
+    if pairs.stride(-1) != 1 or any(s % 2 for s in (x.storage_offset(), *pairs.stride()[:-1])):
+        return None
+    return torch.view_as_complex(pairs)
 
 
 def _seq_turned(x, turning, sizes, cu_seqlens=None):
