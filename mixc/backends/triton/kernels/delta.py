@@ -144,7 +144,7 @@ def _tl_delta_fwd_wy(
 ):  # fmt: skip
     """One (chunk, batch x head) program, the chunks in parallel: the chunk's UT transform
     T = (I + A)^{-1}, A = tril(diag(beta) (K K^T ⊙ Gamma), -1) (forward substitution), and
-    W = T diag(beta exp(b)) K [BT, K], U = T V [BT, V], the value columns BV at a time. U is
+    W = T diag(beta exp(b)) K [BT, K], U = T V [BT, V], BV columns at a time. U is
     NaN where the guard poisons (a token's row for its key, beta or gate, an entry for its
     value): the later kernels read the poison there. ts (KEEP): T of each chunk
     [B * NH, N, BT, BT], contiguous."""
@@ -167,8 +167,15 @@ def _tl_delta_fwd_wy(
     inverse = _tl_delta_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT, DOT)
     if KEEP:
         tl.store(_tl_tile(ts, i_bh * tl.cdiv(T, BT) + n, rows), inverse)
-    w_c = _tl_dot(inverse, k_c * scale, DOT)
-    _tl_put_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols_k, at_k, w_c)
+    # W and U BV columns at a time, the keys loaded again: the whole [BT, K] keys, W and the
+    # inverse's steps do not fit in registers together
+    for j in range(0, tl.cdiv(K, BV)):
+        cols = j * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < K)[None, :]
+        k_j = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at), DOT)
+        k_j, _k_poison = _tl_finite(k_j)  # the poison is in U
+        w_j = _tl_dot(inverse, k_j * scale, DOT)
+        _tl_put_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols, at, w_j)
     for j in range(0, tl.cdiv(V, BV)):
         cols_v = j * BV + tl.arange(0, BV)
         at_v = in_t[:, None] & (cols_v < V)[None, :]
