@@ -1,14 +1,18 @@
-"""The Triton kernel of the delta-rule class: S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
+"""The Triton kernels of the delta-rule class: S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
 k_t v_t^T, o_t = q_t S_t, v the write value already scaled by beta (g None: DeltaNet; with g:
 Gated DeltaNet). The same chunked form as the PyTorch kernel (docs/algorithms.md, "Delta
-rule"), fused: one program per (batch, head, block of value columns) walks the chunks in order,
-keeping the state in registers.
+rule").
 
 Forward, per chunk, with b the gates' running sum inside the chunk:
-    A = tril(diag(beta) (K K^T ⊙ Gamma), -1),  T = (I + A)^{-1}  (forward substitution)
+    A = tril(diag(beta) (K K^T ⊙ Gamma), -1),  T = (I + A)^{-1}  (blocks of 16, then merged)
     W = T diag(beta exp(b)) K,  U = T V,  V_new = U - W S
     O = diag(exp(b)) Q S + (Q K^T ⊙ Gamma) V_new,  S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V_new
-The forward keeps the states entering each chunk and T. The backward walks the chunks from the
+in three kernels, as flash-linear-attention splits it, each small enough for its registers:
+_tl_delta_fwd_wy (a program per chunk: T, W, U), _tl_delta_fwd_states (a program per
+(batch, head, block of value columns) walks the chunks in order, the state's columns in
+registers: the states entering each chunk and V_new) and _tl_delta_fwd_out (a program per
+chunk and value block: O). The forward keeps the states entering each chunk and T. The
+backward, one fused kernel, walks the chunks from the
 last with D, the gradient of the state leaving the chunk, by the PyTorch kernel's formulas
 (see _delta_grads_span there): dV_new = M^T dO + diag(exp(b_C - b)) K D, the gradients through
 T (dA = -T^T dT T^T on A's support) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO - W^T dV_new.
