@@ -1005,13 +1005,13 @@ def _tl_delta_key_grads(
 
 @triton.jit
 def _tl_delta_chunk_grad(
-    q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows,
+    q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, w, v_new, d_state, rows,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
-    do_c, the state S entering it and T (kept by the forward) and the gradient D of the state
-    leaving it: (dQ, dK, dV, dbeta, dg (zeros unless GATE_GRAD), the gradient of the state
-    entering the chunk). W and V_new are made again; dV_new = M^T dO + diag(exp(b_C - b)) K D,
+    do_c, the state S entering it, T, W and V_new (kept by the forward) and the gradient D of
+    the state leaving it: (dQ, dK, dV, dbeta, dg (zeros unless GATE_GRAD), the gradient of the
+    state entering the chunk). dV_new = M^T dO + diag(exp(b_C - b)) K D,
     the gradients through T (_tl_delta_solve_grads) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
     - W^T dV_new."""
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
@@ -1027,9 +1027,6 @@ def _tl_delta_chunk_grad(
         k_start, q_start, k_end = k_c, q_c, k_c
     scores = tl.where(causal, scores, 0.0)  # M
     k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
-    w = _tl_dot(inverse, k_scaled, DOT)
-    v_new = _tl_dot(inverse, v_c, DOT)
-    v_new -= _tl_dot(w, state, DOT)
     # dV_new = M^T dO + diag(exp(b_C - b)) K D
     d_v_new = _tl_dot(tl.trans(scores), do_c, DOT)
     d_v_new += _tl_dot(k_end, d_state, DOT)
@@ -1067,7 +1064,7 @@ def _tl_delta_chunk_grad(
 
 @triton.jit
 def _tl_delta_bwd(
-    q, k, v, beta, g, do, hs, ts, dht,  # read
+    q, k, v, beta, g, do, hs, ts, w, v_new, dht,  # read
     dq, dk, dv, dbeta, dg, dh0,  # written
     T, NH, K, V,
     sq_b, sq_h, sq_t, sq_d,
@@ -1076,6 +1073,8 @@ def _tl_delta_bwd(
     sb_b, sb_h, sb_t,
     sg_b, sg_h, sg_t,
     sdo_b, sdo_h, sdo_t, sdo_d,
+    sw_b, sw_h, sw_t, sw_d,
+    su_b, su_h, su_t, su_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
@@ -1104,9 +1103,12 @@ def _tl_delta_bwd(
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
+        w_c = _tl_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols_k, at_k)
+        v_new_c = _tl_rows(v_new, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v)
         dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grad(
-            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD, DOT
-        )
+            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, w_c, v_new_c, d_state, rows,
+            HAS_G, GATE_GRAD, DOT,
+        )  # fmt: skip
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -1119,7 +1121,8 @@ def _tl_delta_bwd(
 
 def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
-    [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones): three launches, the
+    [B, NH, N, K, V], T of each chunk [B, NH, N, C, C], W [B, NH, T, K] and V_new
+    [B, NH, T, V], else Nones): three launches, the
     UT transform of every chunk (_tl_delta_fwd_wy), the pass over the chunks that carries the
     state (_tl_delta_fwd_states) and the outputs of every chunk (_tl_delta_fwd_out)."""
     batch, heads, length, d_k = q.shape
@@ -1149,12 +1152,12 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
         *q.stride(), *k.stride(), *gate_strides, *u.stride(), *o.stride(),
         BV=out_block_v, **common, **_tl_launch(out),
     )  # fmt: skip
-    return o, final, (states, inverses) if keep else (None, None)
+    return o, final, (states, inverses, w, v_new) if keep else (None,) * 4
 
 
 class _TlDelta(torch.autograd.Function):
-    """The fused kernel under autograd: the forward keeps the inputs, the states entering each
-    chunk and T; the backward is one launch of _tl_delta_bwd."""
+    """The kernels under autograd: the forward keeps the inputs, the states entering each
+    chunk, T, W and V_new; the backward is one launch of _tl_delta_bwd."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, operands):
@@ -1167,7 +1170,7 @@ class _TlDelta(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
-        q, k, v, beta, g, states, inverses = ctx.saved_tensors
+        q, k, v, beta, g, states, inverses, w, v_new = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_delta_bwd)
@@ -1185,6 +1188,8 @@ class _TlDelta(torch.autograd.Function):
             d_o,
             states,
             inverses,
+            w,
+            v_new,
             d_final,
             dq,
             dk,
@@ -1202,6 +1207,8 @@ class _TlDelta(torch.autograd.Function):
             *beta.stride(),
             *_tl_strides(g, 3),
             *d_o.stride(),
+            *w.stride(),
+            *v_new.stride(),
             HAS_G=g is not None,
             GATE_GRAD=gate_grad,
             BT=block_t,
