@@ -249,12 +249,16 @@ def _write(rows, command: str, append: bool) -> None:
     import triton
 
     def key(row):
-        return tuple(row[k] for k in ("cls", "direction", "dtype", "arch"))
+        kernel = row.get("kernel") or f"_tl_{row['cls']}_{row['direction']}"
+        return (*(row[k] for k in ("cls", "direction", "dtype", "arch")), kernel)
+
+    def stale(row):  # a kernel its class file no longer defines (a direction split since)
+        return key(row)[-1] not in _kernel_names(row["cls"], row["direction"])
 
     if append and ROWS.exists():
         new = {key(row) for row, _ in rows}
         old = [tuple(pair) for pair in json.loads(ROWS.read_text(encoding="utf-8"))["rows"]]
-        rows = [pair for pair in old if key(pair[0]) not in new] + rows
+        rows = [pair for pair in old if key(pair[0]) not in new and not stale(pair[0])] + rows
     order = {kernel: i for i, kernel in enumerate(KERNELS)}
     # a direction's kernels in the order they were compiled (a stable sort)
     rows.sort(key=lambda p: (order[p[0]["cls"], p[0]["direction"]], p[0]["dtype"], p[0]["arch"]))
@@ -289,6 +293,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--only", nargs="+", help="class files (scalar_decay, delta, ...)")
     parser.add_argument("--direction", nargs="+", default=["fwd", "bwd"])
+    parser.add_argument("--kernel", nargs="+", help="only these kernels (_tl_delta_fwd_wy, ...)")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--nice", type=int, default=19, help="niceness of each compile")
     parser.add_argument("--block-k", type=int, help="override BK of every kernel")
@@ -310,6 +315,8 @@ def main(argv=None) -> int:
         for kernel, dtype, arch in itertools.product(
             _kernel_names(cls, direction), args.dtype, args.arch
         ):
+            if args.kernel and kernel not in args.kernel:
+                continue
             block_k, block_v, warps, stages = _config(cls, kernel)
             row = {"cls": cls, "direction": direction, "kernel": kernel, "dtype": dtype,
                    "arch": arch, "block_k": args.block_k or block_k,
