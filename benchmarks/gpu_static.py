@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -43,12 +44,27 @@ OUT = ROOT / "benchmarks" / "RESULTS-gpu-static.md"
 ROWS = ROOT / "benchmarks" / "RESULTS-gpu-static.json"
 sys.path.insert(0, str(ROOT))  # this checkout's mixc, whichever is installed
 
-#: The kernels: (class file, direction, the @triton.jit function).
+#: The kernels: (class file, direction). A direction is one launched @triton.jit function,
+#: _tl_<class>_<direction>, or several, _tl_<class>_<direction>_<part> (see _kernel_names).
 KERNELS = tuple(
-    (cls, direction, f"_tl_{cls}_{direction}")
+    (cls, direction)
     for cls in ("scalar_decay", "delta", "diagonal", "dplr", "elementwise")
     for direction in ("fwd", "bwd")
 )
+
+
+def _kernel_names(cls: str, direction: str) -> list[str]:
+    """The launched kernels of one class file's direction, in the order the file defines them:
+    _tl_<class>_<direction> itself, or the parts _tl_<class>_<direction>_<part> of a direction
+    split into several kernels (the delta rule's forward: the UT transform, the pass over the
+    chunk states, the outputs)."""
+    import importlib
+
+    module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
+    pattern = re.compile(rf"_tl_{cls}_{direction}(_[a-z0-9]+)?")
+    return [name for name in vars(module) if pattern.fullmatch(name)]
+
+
 #: The elementwise class (a scan, no matmuls) at Mamba-1's shapes: a state of 16 rows (d_state)
 #: per value column, the gate dt_t ⊗ A (g_scale given).
 ELEMENTWISE_D_K = 16
@@ -62,7 +78,7 @@ TMEM_COLUMNS = 512
 D_K, D_V, CHUNK = 128, 128, 64
 
 
-def _config(cls: str, direction: str) -> tuple[int, int, int, int]:
+def _config(cls: str, kernel: str) -> tuple[int, int, int, int]:
     """The launch of one kernel at the benchmark shapes, as the kernels launch it
     (kernels/common.py, _tl_tiles): key rows and value columns of a program (BK, BV), warps,
     pipeline stages."""
@@ -70,9 +86,7 @@ def _config(cls: str, direction: str) -> tuple[int, int, int, int]:
 
     from mixc.backends.triton.kernels.common import _tl_launch, _tl_tiles
 
-    fn = getattr(
-        importlib.import_module(f"mixc.backends.triton.kernels.{cls}"), f"_tl_{cls}_{direction}"
-    )
+    fn = getattr(importlib.import_module(f"mixc.backends.triton.kernels.{cls}"), kernel)
     most_k, most_v, _ = _tl_tiles(fn)
     d_k = ELEMENTWISE_D_K if cls == "elementwise" else D_K
     launch = _tl_launch(fn)
@@ -107,7 +121,8 @@ def _signature(fn, dtype: str, consts: dict):
 
 
 def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, block_v: int,
-                warps: int, stages: int, gate: bool = True, chunk: int = CHUNK) -> dict:  # fmt: skip
+                warps: int, stages: int, gate: bool = True, chunk: int = CHUNK,
+                kernel: str | None = None) -> dict:  # fmt: skip
     """Compile one kernel in this process; the figures of its report row."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixc-static-")
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
@@ -121,7 +136,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
     from triton.compiler import ASTSource
 
     module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
-    fn = getattr(module, f"_tl_{cls}_{direction}")
+    fn = getattr(module, kernel or f"_tl_{cls}_{direction}")
     consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": chunk, "C": chunk, "BV": block_v,
               "BK": block_k,
               "DOT": {"fp32": "ieee"}.get(dtype, dtype), "LEVELS": chunk.bit_length() - 1}  # fmt: skip
@@ -210,7 +225,8 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     )
     lines = [head, "|" + " --- |" * 12]
     for row, r in rows:
-        name = f"`_tl_{row['cls']}_{row['direction']}`"
+        kernel = row.get("kernel") or f"_tl_{row['cls']}_{row['direction']}"  # older rows: one
+        name = f"`{kernel}`"
         conf = f"{row.get('block_k', '?')}, {row['block_v']}, {row['warps']}, {row['stages']}"
         if "error" in r:
             lines.append(
@@ -233,13 +249,18 @@ def _write(rows, command: str, append: bool) -> None:
     import triton
 
     def key(row):
-        return tuple(row[k] for k in ("cls", "direction", "dtype", "arch"))
+        kernel = row.get("kernel") or f"_tl_{row['cls']}_{row['direction']}"
+        return (*(row[k] for k in ("cls", "direction", "dtype", "arch")), kernel)
+
+    def stale(row):  # a kernel its class file no longer defines (a direction split since)
+        return key(row)[-1] not in _kernel_names(row["cls"], row["direction"])
 
     if append and ROWS.exists():
         new = {key(row) for row, _ in rows}
         old = [tuple(pair) for pair in json.loads(ROWS.read_text(encoding="utf-8"))["rows"]]
-        rows = [pair for pair in old if key(pair[0]) not in new] + rows
-    order = {kernel[:2]: i for i, kernel in enumerate(KERNELS)}
+        rows = [pair for pair in old if key(pair[0]) not in new and not stale(pair[0])] + rows
+    order = {kernel: i for i, kernel in enumerate(KERNELS)}
+    # a direction's kernels in the order they were compiled (a stable sort)
     rows.sort(key=lambda p: (order[p[0]["cls"], p[0]["direction"]], p[0]["dtype"], p[0]["arch"]))
     ROWS.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1) + "\n")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -272,6 +293,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--only", nargs="+", help="class files (scalar_decay, delta, ...)")
     parser.add_argument("--direction", nargs="+", default=["fwd", "bwd"])
+    parser.add_argument("--kernel", nargs="+", help="only these kernels (_tl_delta_fwd_wy, ...)")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--nice", type=int, default=19, help="niceness of each compile")
     parser.add_argument("--block-k", type=int, help="override BK of every kernel")
@@ -287,19 +309,22 @@ def main(argv=None) -> int:
         print(json.dumps(compile_one(**json.loads(args.child))))
         return 0
     rows = []
-    for cls, direction, _ in KERNELS:
+    for cls, direction in KERNELS:
         if (args.only and cls not in args.only) or direction not in args.direction:
             continue
-        block_k, block_v, warps, stages = _config(cls, direction)
-        for dtype in args.dtype:
-            for arch in args.arch:
-                row = {"cls": cls, "direction": direction, "dtype": dtype, "arch": arch,
-                       "block_k": args.block_k or block_k, "block_v": args.block_v or block_v,
-                       "warps": args.warps or warps, "stages": stages,
-                       "gate": not args.no_gate, "chunk": args.chunk}  # fmt: skip
-                result = _run_child(row, args.timeout, args.nice)
-                rows.append((row, result))
-                print(_table([(row, result)])[-1], flush=True)
+        for kernel, dtype, arch in itertools.product(
+            _kernel_names(cls, direction), args.dtype, args.arch
+        ):
+            if args.kernel and kernel not in args.kernel:
+                continue
+            block_k, block_v, warps, stages = _config(cls, kernel)
+            row = {"cls": cls, "direction": direction, "kernel": kernel, "dtype": dtype,
+                   "arch": arch, "block_k": args.block_k or block_k,
+                   "block_v": args.block_v or block_v, "warps": args.warps or warps,
+                   "stages": stages, "gate": not args.no_gate, "chunk": args.chunk}  # fmt: skip
+            result = _run_child(row, args.timeout, args.nice)
+            rows.append((row, result))
+            print(_table([(row, result)])[-1], flush=True)
     if not args.no_write:
         command = " ".join(["python benchmarks/gpu_static.py", *(argv or sys.argv[1:])])
         _write(rows, command, args.append)

@@ -1,16 +1,20 @@
-"""The Triton kernel of the delta-rule class: S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
+"""The Triton kernels of the delta-rule class: S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
 k_t v_t^T, o_t = q_t S_t, v the write value already scaled by beta (g None: DeltaNet; with g:
 Gated DeltaNet). The same chunked form as the PyTorch kernel (docs/algorithms.md, "Delta
-rule"), fused: one program per (batch, head, block of value columns) walks the chunks in order,
-keeping the state in registers.
+rule").
 
 Forward, per chunk, with b the gates' running sum inside the chunk:
-    A = tril(diag(beta) (K K^T ⊙ Gamma), -1),  T = (I + A)^{-1}  (forward substitution)
+    A = tril(diag(beta) (K K^T ⊙ Gamma), -1),  T = (I + A)^{-1}  (blocks of 16, then merged)
     W = T diag(beta exp(b)) K,  U = T V,  V_new = U - W S
     O = diag(exp(b)) Q S + (Q K^T ⊙ Gamma) V_new,  S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V_new
-The forward keeps the states entering each chunk and T. The backward walks the chunks from the
-last with D, the gradient of the state leaving the chunk, by the PyTorch kernel's formulas
-(see _delta_grads_span there): dV_new = M^T dO + diag(exp(b_C - b)) K D, the gradients through
+in three kernels, as flash-linear-attention splits it, each small enough for its registers:
+_tl_delta_fwd_wy (a program per chunk: T, W, U), _tl_delta_fwd_states (a program per
+(batch, head, block of value columns) walks the chunks in order, the state's columns in
+registers: the states entering each chunk and V_new) and _tl_delta_fwd_out (a program per
+chunk and value block: O). The forward keeps the states entering each chunk, T, W and
+V_new. The backward, one fused kernel, walks the chunks from the last with D, the gradient
+of the state leaving the chunk, by the PyTorch kernel's formulas (see _delta_grads_span
+there), W and V_new read as the forward wrote them: dV_new = M^T dO + diag(exp(b_C - b)) K D, the gradients through
 T (dA = -T^T dT T^T on A's support) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO - W^T dV_new.
 dQ, dK, dbeta and dg sum over the value columns: each block of columns writes its part and the
 parts are added after the launch.
@@ -48,99 +52,160 @@ from mixc.backends.triton.kernels.common import (
     _tl_strides,
     _tl_tile,
     _tl_tokens,
-    _tl_unit_lower_inverse,
     _tl_wide,
     _tl_wide_dot,
 )
 
 
 @triton.jit
-def _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G: tl.constexpr):
-    """The guard of a chunk's inputs: (k, v, beta and g (read only if HAS_G) with their entries
-    that are not finite read as 0, and the poison [BT, BV]: 0 for a finite token, NaN from a
-    non-finite key, beta or gate (the whole row) or value (its column)). The products inside
-    the chunk take the finite values; the poison reaches the outputs from its token on and the
-    state."""
+def _tl_delta_guard(
+    k_c, beta_c, g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t, HAS_G: tl.constexpr,
+):  # fmt: skip
+    """The guard of a chunk's keys, betas and gates (g [B, NH, T] read only if HAS_G; every
+    kernel of the forward guards alike): (k, beta and the gates with their entries that are
+    not finite read as 0, a token's gate also 0 where its key or beta is not; the poison [BT],
+    NaN for a token whose key, beta or gate is not finite, else 0)."""
     poison = (tl.sum(_tl_wide(k_c), axis=1) + beta_c) * 0.0
     if HAS_G:
+        g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         poison += tl.exp(g_c) * 0.0
         g_c = tl.where(poison == 0.0, g_c, 0.0)
-    poison = poison[:, None] + v_c * 0.0
+    else:
+        g_c = tl.zeros_like(beta_c)  # never read
     k_c, _ = _tl_finite(k_c)
     beta_c, _ = _tl_finite(beta_c)
-    v_c, _ = _tl_finite(v_c)
-    return k_c, v_c, beta_c, g_c, poison
+    return k_c, beta_c, g_c, poison
 
 
 @triton.jit
-def _tl_delta_chunk(
-    q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at,
-    HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
+def _tl_delta_inputs(
+    k, beta, g, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
+    i_b, i_h, t, in_t, cols_k, at_k, HAS_G: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One chunk of the forward, from its inputs (g_c read only if HAS_G) and the state S
-    entering it: (its outputs, the state leaving it); KEEP, the first value block writes T at
-    ts_at, the entries of its tile (_tl_tile), as soon as it is known. The intra-chunk WY solve
-    A = tril(diag(beta) (K K^T ⊙ Gamma), -1), T = (I + A)^{-1} (forward substitution),
-    V_new = T (V - diag(beta exp(b)) K S) (T V - W S, W = T diag(beta exp(b)) K), then
-    O = diag(exp(b)) Q S + (Q K^T ⊙ Gamma) V_new and S <- exp(b_C) S + (diag(exp(b_C - b))
-    K)^T V_new; guarded by _tl_delta_finite."""
-    causal = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
-    k_c, v_c, beta_c, g_c, poison = _tl_delta_finite(k_c, v_c, beta_c, g_c, HAS_G)
-    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
-    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
-    if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-        kk = kk * gamma
-        scores = scores * gamma
-    scores = tl.where(causal, scores, 0.0)
-    inverse = _tl_unit_lower_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT)
-    if KEEP:
-        if tl.program_id(0) == 0:
-            tl.store(ts_at, inverse)
-    # the decays and betas scale the rows of the [BT, BV] products, not the [BT, BK] queries
-    # and keys (fewer registers, the same sums): W S = T diag(beta exp(b)) (K S), so
-    # V_new = T (V - diag(beta exp(b)) K S)
-    from_state = _tl_dot(q_c, state, DOT)  # Q S
-    from_keys = _tl_dot(k_c, state, DOT) * beta_c[:, None]  # diag(beta) K S
-    if HAS_G:
-        from_state = from_state * from_start
-        from_keys = from_keys * from_start
-    # finite inputs can still overflow in a later token's row, which a product with the
-    # inverse or the scores would carry back to the earlier ones: such an entry poisons too
-    written, written_poison = _tl_finite(v_c - from_keys)
-    poison += written_poison
-    v_new = _tl_dot(inverse, written, DOT)
-    v_new, v_new_poison = _tl_finite(v_new)
-    poison += v_new_poison
-    out = from_state + _tl_dot(scores, v_new, DOT)
-    out += tl.cumsum(poison, axis=0)
-    if HAS_G:
-        state = state * chunk_decay
-        v_new = v_new * to_end  # (diag(exp(b_C - b)) K)^T V_new
-    state += _tl_dot(tl.trans(k_c), v_new, DOT)
-    state += tl.sum(poison, axis=0)[None, :]
-    return out, state
+    """A chunk's keys (as the products take them, _tl_operand), betas and gates, guarded
+    (_tl_delta_guard): (k, beta, g, the poison [BT])."""
+    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+    beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
+    return _tl_delta_guard(k_c, beta_c, g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t, HAS_G)
 
 
 @triton.jit
-def _tl_delta_fwd(
-    q, k, v, beta, g, h0,  # read
-    o, ht, hs, ts,  # written
+def _tl_delta_inverse(a, rows, BT: tl.constexpr, DOT: tl.constexpr):
+    """(I + a)^{-1} for a strictly lower-triangular a [BT, BT] (BT a multiple of 16), in blocks
+    of 16 rows: D, the inverses of the diagonal blocks, by forward substitution in every block
+    at once (row r of each block in one step, its sum a product), then, with P = -D a_off (a_off
+    the part of a below the diagonal blocks, so P^n = 0 for n blocks), (I + a)^{-1} =
+    (I + P + ... + P^{n-1}) D by Horner's rule. 15 steps where row-by-row substitution takes
+    BT - 1; the products at float32's accuracy (_tl_wide_dot), as the sums they replace."""
+    same = (rows // 16)[:, None] == (rows // 16)[None, :]
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0).to(a.dtype)
+    inverse = eye
+    for r in range(1, 16):
+        step = (rows % 16 == r)[:, None]  # row r of every block: its earlier rows are done
+        update = _tl_wide_dot(tl.where(step & same, a, 0.0), inverse, DOT)
+        inverse = tl.where(step, eye - update, inverse)
+    if BT > 16:
+        p = -_tl_wide_dot(inverse, tl.where(same, 0.0, a), DOT)
+        blocks = inverse
+        for _ in tl.static_range(1, BT // 16):
+            blocks = inverse + _tl_wide_dot(p, blocks, DOT)
+        inverse = blocks
+    return inverse
+
+
+@triton.jit
+def _tl_delta_keys(
+    k, g, sk_b, sk_h, sk_t, sk_d, sg_b, sg_h, sg_t, i_b, i_h, t, in_t, cols_k, at_k,
+    HAS_G: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's keys (as the products take them) and gates (g read only if HAS_G), their
+    entries that are not finite read as 0, for the kernels after _tl_delta_fwd_wy: the
+    poison is in U, so they leave beta unread (and a token's gate as it is where its key or
+    beta is not finite: what it changes is poisoned)."""
+    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+    k_c, _ = _tl_finite(k_c)
+    if HAS_G:
+        g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+        g_c = tl.where(tl.exp(g_c) * 0.0 == 0.0, g_c, 0.0)
+    else:
+        g_c = tl.zeros((t.shape[0],), dtype=tl.float32)  # never read
+    return k_c, g_c
+
+
+@triton.jit
+def _tl_delta_fwd_wy(
+    k, v, beta, g,  # read
+    w, u, ts,  # written
     T, NH, K, V,
-    sq_b, sq_h, sq_t, sq_d,
     sk_b, sk_h, sk_t, sk_d,
     sv_b, sv_h, sv_t, sv_d,
     sb_b, sb_h, sb_t,
     sg_b, sg_h, sg_t,
-    so_b, so_h, so_t, so_d,
+    sw_b, sw_h, sw_t, sw_d,
+    su_b, su_h, su_t, su_d,
     HAS_G: tl.constexpr, KEEP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks in order, the state in registers
-    (_tl_delta_chunk). h0, ht: [B * NH, K, V]; hs (KEEP): the states entering each chunk
-    [B * NH, N, K, V]; ts (KEEP): T of each chunk [B * NH, N, BT, BT], written by the first
-    value block; contiguous."""
+    """One (chunk, batch x head) program, the chunks in parallel: the chunk's UT transform
+    T = (I + A)^{-1}, A = tril(diag(beta) (K K^T ⊙ Gamma), -1) (forward substitution), and
+    W = T diag(beta exp(b)) K [BT, K], U = T V [BT, V], BV columns at a time. U is
+    NaN where the guard poisons (a token's row for its key, beta or gate, an entry for its
+    value): the later kernels read the poison there. ts (KEEP): T of each chunk
+    [B * NH, N, BT, BT], contiguous."""
+    n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
+    k_c, beta_c, g_c, poison = _tl_delta_inputs(
+        k, beta, g, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
+        i_b, i_h, t, in_t, cols_k, at_k, HAS_G, DOT,
+    )  # fmt: skip
+    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    scale = beta_c[:, None]  # the rows of diag(beta exp(b)) K
+    if HAS_G:
+        gamma, from_start, _, _ = _tl_chunk_decays(g_c, rows)
+        kk = kk * gamma
+        scale = scale * from_start
+    strict = rows[:, None] > rows[None, :]
+    inverse = _tl_delta_inverse(tl.where(strict, beta_c[:, None] * kk, 0.0), rows, BT, DOT)
+    if KEEP:
+        tl.store(_tl_tile(ts, i_bh * tl.cdiv(T, BT) + n, rows), inverse)
+    # W and U BV columns at a time, the keys loaded again: the whole [BT, K] keys, W and the
+    # inverse's steps do not fit in registers together
+    for j in range(0, tl.cdiv(K, BV)):
+        cols = j * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < K)[None, :]
+        k_j = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at), DOT)
+        k_j, _k_poison = _tl_finite(k_j)  # the poison is in U
+        w_j = _tl_dot(inverse, k_j * scale, DOT)
+        _tl_put_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols, at, w_j)
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        v_finite, v_poison = _tl_finite(v_c)
+        u_c = _tl_dot(inverse, v_finite, DOT) + (poison[:, None] + v_poison)
+        _tl_put_rows(u, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v, u_c)
+
+
+@triton.jit
+def _tl_delta_fwd_states(
+    k, g, w, u, h0,  # read
+    v_new, hs, ht,  # written
+    T, NH, K, V,
+    sk_b, sk_h, sk_t, sk_d,
+    sg_b, sg_h, sg_t,
+    sw_b, sw_h, sw_t, sw_d,
+    su_b, su_h, su_t, su_d,
+    HAS_G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    """One (value block, batch x head) program: the chunks in order, the state's BV columns in
+    registers. Per chunk: the state entering it to hs [B * NH, N, K, V] (contiguous),
+    V_new = U - W S to v_new (laid out as u; its entries not finite where the chunk's poison
+    is), then S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V_new, the poison added. h0, ht:
+    [B * NH, K, V], contiguous."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -149,22 +214,66 @@ def _tl_delta_fwd(
     n_chunks = tl.cdiv(T, BT)
     for n in range(0, n_chunks):
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
-        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
-        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
-        beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
+        _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
+        k_c, g_c = _tl_delta_keys(
+            k, g, sk_b, sk_h, sk_t, sk_d, sg_b, sg_h, sg_t, i_b, i_h, t, in_t, cols_k, at_k,
+            HAS_G, DOT,
+        )  # fmt: skip
+        w_c = _tl_operand(_tl_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols_k, at_k), DOT)
+        u_c = _tl_rows(u, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v)
+        # finite inputs can still overflow in a later token's row: such an entry poisons too
+        v_new_c = u_c - _tl_dot(w_c, state, DOT)
+        _tl_put_rows(v_new, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v, v_new_c)
+        v_new_c, poison = _tl_finite(v_new_c)
         if HAS_G:
-            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-        else:
-            g_c = tl.zeros((BT,), dtype=state.dtype)  # never read
-        if KEEP:
-            _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-        ts_at = _tl_tile(ts, i_bh * n_chunks + n, rows)
-        out, state = _tl_delta_chunk(
-            q_c, k_c, v_c, beta_c, g_c, state, rows, ts_at, HAS_G, KEEP, BT, DOT
-        )
-        _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
+            _, _, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+            state = state * chunk_decay
+            v_new_c = v_new_c * to_end  # (diag(exp(b_C - b)) K)^T V_new
+        state += _tl_dot(tl.trans(k_c), v_new_c, DOT)
+        state += tl.sum(poison, axis=0)[None, :]
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
+
+
+@triton.jit
+def _tl_delta_fwd_out(
+    q, k, g, hs, v_new,  # read
+    o,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sg_b, sg_h, sg_t,
+    su_b, su_h, su_t, su_d,
+    so_b, so_h, so_t, so_d,
+    HAS_G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    """One (value block, batch x head, chunk) program, the chunks in parallel: the outputs
+    O = diag(exp(b)) Q S + (Q K^T ⊙ Gamma) V_new from the state S entering the chunk (hs) and
+    V_new (v_new, laid out as u), the poison where V_new is not finite added from its token
+    on."""
+    i_bh, n = tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k, cols_v = tl.arange(0, BK), tl.program_id(0) * BV + tl.arange(0, BV)
+    in_k, in_v = cols_k < K, cols_v < V
+    t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
+    q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+    k_c, g_c = _tl_delta_keys(
+        k, g, sk_b, sk_h, sk_t, sk_d, sg_b, sg_h, sg_t, i_b, i_h, t, in_t, cols_k, at_k,
+        HAS_G, DOT,
+    )  # fmt: skip
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
+    state = _tl_load_state(hs, i_bh * tl.cdiv(T, BT) + n, K, V, cols_k, cols_v)
+    out = _tl_dot(q_c, state, DOT)  # Q S
+    if HAS_G:
+        gamma, from_start, _, _ = _tl_chunk_decays(g_c, rows)
+        scores = scores * gamma
+        out = out * from_start
+    scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0)
+    v_new_c, poison = _tl_finite(_tl_rows(v_new, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v))
+    out += _tl_dot(scores, v_new_c, DOT)
+    out += tl.cumsum(poison, axis=0)
+    _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
 
 
 @triton.jit
@@ -216,13 +325,13 @@ def _tl_delta_key_grads(
 
 @triton.jit
 def _tl_delta_chunk_grad(
-    q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows,
+    q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, w, v_new, d_state, rows,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
-    do_c, the state S entering it and T (kept by the forward) and the gradient D of the state
-    leaving it: (dQ, dK, dV, dbeta, dg (zeros unless GATE_GRAD), the gradient of the state
-    entering the chunk). W and V_new are made again; dV_new = M^T dO + diag(exp(b_C - b)) K D,
+    do_c, the state S entering it, T, W and V_new (kept by the forward) and the gradient D of
+    the state leaving it: (dQ, dK, dV, dbeta, dg (zeros unless GATE_GRAD), the gradient of the
+    state entering the chunk). dV_new = M^T dO + diag(exp(b_C - b)) K D,
     the gradients through T (_tl_delta_solve_grads) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
     - W^T dV_new."""
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
@@ -238,9 +347,6 @@ def _tl_delta_chunk_grad(
         k_start, q_start, k_end = k_c, q_c, k_c
     scores = tl.where(causal, scores, 0.0)  # M
     k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
-    w = _tl_dot(inverse, k_scaled, DOT)
-    v_new = _tl_dot(inverse, v_c, DOT)
-    v_new -= _tl_dot(w, state, DOT)
     # dV_new = M^T dO + diag(exp(b_C - b)) K D
     d_v_new = _tl_dot(tl.trans(scores), do_c, DOT)
     d_v_new += _tl_dot(k_end, d_state, DOT)
@@ -278,7 +384,7 @@ def _tl_delta_chunk_grad(
 
 @triton.jit
 def _tl_delta_bwd(
-    q, k, v, beta, g, do, hs, ts, dht,  # read
+    q, k, v, beta, g, do, hs, ts, w, v_new, dht,  # read
     dq, dk, dv, dbeta, dg, dh0,  # written
     T, NH, K, V,
     sq_b, sq_h, sq_t, sq_d,
@@ -287,6 +393,8 @@ def _tl_delta_bwd(
     sb_b, sb_h, sb_t,
     sg_b, sg_h, sg_t,
     sdo_b, sdo_h, sdo_t, sdo_d,
+    sw_b, sw_h, sw_t, sw_d,
+    su_b, su_h, su_t, su_d,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
@@ -315,9 +423,12 @@ def _tl_delta_bwd(
             g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
         state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
+        w_c = _tl_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols_k, at_k)
+        v_new_c = _tl_rows(v_new, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v)
         dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grad(
-            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, d_state, rows, HAS_G, GATE_GRAD, DOT
-        )
+            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, w_c, v_new_c, d_state, rows,
+            HAS_G, GATE_GRAD, DOT,
+        )  # fmt: skip
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
         _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
@@ -330,51 +441,47 @@ def _tl_delta_bwd(
 
 def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
-    [B, NH, N, K, V] and T of each chunk [B, NH, N, C, C], else Nones)."""
+    [B, NH, N, K, V], T of each chunk [B, NH, N, C, C], W [B, NH, T, K] and V_new
+    [B, NH, T, V], else Nones): three launches, the
+    UT transform of every chunk (_tl_delta_fwd_wy), the pass over the chunks that carries the
+    state (_tl_delta_fwd_states) and the outputs of every chunk (_tl_delta_fwd_out)."""
     batch, heads, length, d_k = q.shape
-    d_v = v.shape[-1]
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_delta_fwd)
-    initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, keep)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_delta_fwd_states)
+    initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
     inverses = final.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
-    _tl_delta_fwd[grid](
-        q,
-        k,
-        v,
-        beta,
-        q if g is None else g,
-        initial_state,
-        o,
-        final,
-        states,
-        inverses,
-        length,
-        heads,
-        d_k,
-        d_v,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *beta.stride(),
-        *_tl_strides(g, 3),
-        *o.stride(),
-        HAS_G=g is not None,
-        KEEP=keep,
-        BT=block_t,
-        BK=block_k,
-        BV=block_v,
-        DOT=dot,
-        **_tl_launch(_tl_delta_fwd),
-    )
-    return o, final, (states, inverses) if keep else (None, None)
+    w = final.new_empty(batch, heads, length, d_k)
+    u, v_new = final.new_empty(2, batch, heads, length, v.shape[-1])
+    sizes = (length, heads, d_k, v.shape[-1])
+    gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
+    common = {"HAS_G": g is not None, "BT": block_t, "BK": block_k, "DOT": dot}
+    wy = _tl_delta_fwd_wy
+    wy[(n_chunks, batch * heads)](
+        k, v, beta, gate, w, u, inverses, *sizes,
+        *k.stride(), *v.stride(), *beta.stride(), *gate_strides, *w.stride(), *u.stride(),
+        KEEP=keep, BV=_tl_sizes(q, v, chunk_size, wy)[2], **common, **_tl_launch(wy),
+    )  # fmt: skip
+    _tl_delta_fwd_states[grid](
+        k, gate, w, u, initial_state, v_new, states, final, *sizes,
+        *k.stride(), *gate_strides, *w.stride(), *u.stride(),
+        BV=block_v, **common, **_tl_launch(_tl_delta_fwd_states),
+    )  # fmt: skip
+    out = _tl_delta_fwd_out
+    out_block_v, out_grid = _tl_sizes(q, v, chunk_size, out)[2:4]
+    out[(out_grid[0], batch * heads, n_chunks)](
+        q, k, gate, states, v_new, o, *sizes,
+        *q.stride(), *k.stride(), *gate_strides, *u.stride(), *o.stride(),
+        BV=out_block_v, **common, **_tl_launch(out),
+    )  # fmt: skip
+    return o, final, (states, inverses, w, v_new) if keep else (None,) * 4
 
 
 class _TlDelta(torch.autograd.Function):
-    """The fused kernel under autograd: the forward keeps the inputs, the states entering each
-    chunk and T; the backward is one launch of _tl_delta_bwd."""
+    """The kernels under autograd: the forward keeps the inputs, the states entering each
+    chunk, T, W and V_new; the backward is one launch of _tl_delta_bwd."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, operands):
-        dot = _tl_dot_precision(q, _tl_delta_fwd, operands)
+        dot = _tl_dot_precision(q, _tl_delta_fwd_states, operands)
         o, final, kept = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, True, dot)
         ctx.save_for_backward(q, k, v, beta, g, *kept)
         ctx.chunk_size, ctx.dot = chunk_size, dot
@@ -383,7 +490,7 @@ class _TlDelta(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
-        q, k, v, beta, g, states, inverses = ctx.saved_tensors
+        q, k, v, beta, g, states, inverses, w, v_new = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_delta_bwd)
@@ -401,6 +508,8 @@ class _TlDelta(torch.autograd.Function):
             d_o,
             states,
             inverses,
+            w,
+            v_new,
             d_final,
             dq,
             dk,
@@ -418,6 +527,8 @@ class _TlDelta(torch.autograd.Function):
             *beta.stride(),
             *_tl_strides(g, 3),
             *d_o.stride(),
+            *w.stride(),
+            *v_new.stride(),
             HAS_G=g is not None,
             GATE_GRAD=gate_grad,
             BT=block_t,
@@ -440,9 +551,9 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64, operan
     plain DeltaNet. operands: the dtype of the caller's inputs where they were widened to q's
     (_tl_dot_precision), None for q's. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    _tl_check_device(_tl_delta_fwd, q)
+    _tl_check_device(_tl_delta_fwd_states, q)
     if _needs_grad(q, k, v, beta, g, initial_state):
         return _TlDelta.apply(q, k, v, beta, g, initial_state, chunk_size, operands)
-    dot = _tl_dot_precision(q, _tl_delta_fwd, operands)
+    dot = _tl_dot_precision(q, _tl_delta_fwd_states, operands)
     o, final, _ = _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, False, dot)
     return o, final

@@ -851,15 +851,18 @@ def _tl_tiles(kernel):
     rows in blocks, one program each, as flash-linear-attention's kernels do, and their
     outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
     levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
-    and DPLR kernels mix the rows (k^T S, a^T S) and hold them all. At d_k = d_v = 128 and
-    64-token chunks these are the tiles that compiled for sm_90 with the fewest spills of those
-    tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    and DPLR kernels mix the rows (k^T S, a^T S) and hold them all, the delta forward in three
+    kernels (the chunks' UT transforms, the pass over the states, the outputs). At
+    d_k = d_v = 128 and 64-token chunks these are the tiles that compiled for sm_90 with the
+    fewest spills of those tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd": (64, 16, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd": (16, 32, 8),
-        "_tl_delta_fwd": (None, 32, 8),
+        "_tl_delta_fwd_wy": (None, 32, 4),
+        "_tl_delta_fwd_states": (None, 32, 8),
+        "_tl_delta_fwd_out": (None, 32, 8),
         "_tl_delta_bwd": (None, 32, 8),
         "_tl_dplr_fwd": (None, 32, 8),
         "_tl_dplr_bwd": (None, 32, 8),
