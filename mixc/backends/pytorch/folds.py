@@ -90,11 +90,13 @@ def fold_correction(forms, out: Lines, call: Call, query: QueryRead, packed: str
     seq = forms.seq_layout(packed, False)
     g = call.group
     gated = any(a.expr is not None and a.name == "g" for a in step.args)
-    decayed = f"_o * {local('g', g)}.exp()[..., None]" if gated else "_o"
+    into = "out=_spare(_o, _own)"  # the kernel's fresh output, where nothing records it
+    if gated:
+        out(f"_o = _torch.mul(_o, {local('g', g)}.exp()[..., None], {into})")
     d = "" if value.scale is None else f"{local('d', g)} * "
     scale = f"({d}{seq('scalar', dot)})[..., None]"
     shown = "  # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)"
-    out(f"_o = _torch.addcmul({decayed}, {scale}, {local('x', g)}){shown}")
+    out(f"_o = _torch.addcmul(_o, {scale}, {local('x', g)}, {into}){shown}")
 
 
 def _dot(forms, key: Expr, query: Expr) -> str:

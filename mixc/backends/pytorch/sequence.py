@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mixc.backends.pytorch.context import Context
+from mixc.backends.pytorch.epilogue import emit_in_place, in_place, owned_writes
 from mixc.backends.pytorch.folds import (
     emit_first_writes,
     emit_fold_inputs,
@@ -42,6 +43,8 @@ class SequenceForms(Context):
         if self.positioned:
             shown = note("each token's position, and the next token's, carried on")
             out(f"pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens){shown}")
+        if in_place(self, form):
+            out(owned_writes(self, form))
         with self.point(out, 1):
             for call in form.calls:
                 self.emit_call(out, call, packed=True)
@@ -68,6 +71,8 @@ class SequenceForms(Context):
         self.emit_shifts(out, packed=False, carried=False)
         if self.positioned:
             out(f"pos, _ = _positions(None, _sizes, _device){note('from 0')}")
+        if in_place(self, form):
+            out(owned_writes(self, form))
         with self.point(out, 1):
             for call in form.calls:
                 self.emit_call(out, call, packed=False)
@@ -217,7 +222,7 @@ class SequenceForms(Context):
     def emit_output(self, out: Lines, form: SequenceForm) -> str:
         """The output from its readouts; returns the variable that holds it."""
         o = form.output
-        if o.expr is None:
+        if o.expr is None or emit_in_place(self, out, form):
             return o.name
         out(f"{o.name} = {self.seq_expr()(o.expr)}{note(o.shown)}")
         return o.name

@@ -309,6 +309,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1338,7 +1360,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_2a613c0d8677f194", globals())
+_operator_spans = _register_spans("mixc_f15d6beb90c5f7e3", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1421,6 +1443,8 @@ def chunk(
         y, (H, G) = _recurrence(x, dt, B, C, dtb, Bb, Cb, A, D, H, G, _sizes, _dtype, _device)
         y = y.squeeze(-1).to(_out_dtype)
         return y, ((H, G) if output_final_state else None)
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(x, dt, B, C, dtb, Bb, Cb, A, D, H, G)
     # H: scalar data-dependent -> chunk_scalar_decay
     _k_H = _seq_vector(B, _sizes, cu_seqlens)
     _v_H = _seq_vector(dt * x, _sizes, cu_seqlens)
@@ -1450,7 +1474,8 @@ def chunk(
     )
     _read_G = _from_seq(_o, cu_seqlens)  # G_{t+1} Cb_t
     G = _S.mT
-    y = _torch.addcmul(_read_H + _read_G, D, x)  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t
+    y = _torch.add(_read_H, _read_G, out=_spare(_read_H, _own))
+    y = _torch.addcmul(y, D, x, out=_spare(y, _own))  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, G) if output_final_state else None)
 
@@ -1478,6 +1503,8 @@ def parallel(x, dt, B, C, dtb, Bb, Cb, A, D):
     x, dt, B, C, dtb, Bb, Cb, A, D, _sizes, _dtype = _prepare(
         x, dt, B, C, dtb, Bb, Cb, A, D, _sequence=True
     )
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(x, dt, B, C, dtb, Bb, Cb, A, D)
     # H: scalar data-dependent -> parallel_scalar_decay
     _k_H = _seq_vector(B, _sizes)
     _v_H = _seq_vector(dt * x, _sizes)
@@ -1492,7 +1519,8 @@ def parallel(x, dt, B, C, dtb, Bb, Cb, A, D):
     _q = _seq_vector(Cb, _sizes)
     _o = _parallel_scalar_decay(_q, _k_G, _v_G, g=_g_G, reverse=True, strict=True)
     _read_G = _from_seq(_o)  # G_{t+1} Cb_t
-    y = _torch.addcmul(_read_H + _read_G, D, x)  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t
+    y = _torch.add(_read_H, _read_G, out=_spare(_read_H, _own))
+    y = _torch.addcmul(y, D, x, out=_spare(y, _own))  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 

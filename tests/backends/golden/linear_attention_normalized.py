@@ -293,6 +293,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1322,7 +1344,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_2a613c0d8677f194", globals())
+_operator_spans = _register_spans("mixc_f15d6beb90c5f7e3", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1379,6 +1401,8 @@ def chunk(
         y, (H, z) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
         y = y.squeeze(-1).to(_out_dtype)
         return y, ((H, z.squeeze(-1)) if output_final_state else None)
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(q, k, v, H, z)
     # H and z: identity -> chunk_scalar_decay
     _k_H = _seq_vector(_F.elu(k) + 1, _sizes, cu_seqlens)
     _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
@@ -1391,7 +1415,7 @@ def chunk(
     _read_z = _from_seq(_o_z, cu_seqlens)  # z_t . (elu(q_t) + 1)
     H, z = _S.split([_sizes["V"], 1], -1)
     H = H.mT
-    y = _read_H / _read_z  # H_t phi(q_t) / (z_t . phi(q_t))
+    y = _torch.div(_read_H, _read_z, out=_spare(_read_H, _own))  # H_t phi(q_t) / (z_t . phi(q_t))
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, z.squeeze(-1)) if output_final_state else None)
 
@@ -1412,6 +1436,8 @@ def parallel(q, k, v):
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(q, k, v)
     # H and z: identity -> parallel_scalar_decay
     _k_H = _seq_vector(_F.elu(k) + 1, _sizes)
     _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
@@ -1421,7 +1447,7 @@ def parallel(q, k, v):
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
     _read_H = _from_seq(_o_H)  # H_t (elu(q_t) + 1)
     _read_z = _from_seq(_o_z)  # z_t . (elu(q_t) + 1)
-    y = _read_H / _read_z  # H_t phi(q_t) / (z_t . phi(q_t))
+    y = _torch.div(_read_H, _read_z, out=_spare(_read_H, _own))  # H_t phi(q_t) / (z_t . phi(q_t))
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 

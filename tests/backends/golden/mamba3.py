@@ -341,6 +341,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1618,7 +1640,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_e91b7da846d6fdab", globals())
+_operator_spans = _register_spans("mixc_09c5fdff2497d574", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1731,6 +1753,8 @@ def chunk(
     _k0_H = _rotate_interleaved(B_bias + _prev_B, _turning(Th, _sizes["N"], _dtype))
     _last_x = _last_tokens(x, _prev_x, cu_seqlens)  # carried to the next call
     _last_B = _last_tokens(B, _prev_B, cu_seqlens)  # carried to the next call
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, Th, H, _prev_x, _prev_B)
     # Th: identity, angles summed in float64
     _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
@@ -1752,16 +1776,19 @@ def chunk(
     _o, _S = _chunk_scalar_decay(
         _q, _k_H, _v_H, g=_g_H, strict=True, initial_state=_S0_H, chunk_size=chunk_size
     )
+    _o = _torch.mul(_o, _g_H.exp()[..., None], out=_spare(_o, _own))
     # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
     _o = _torch.addcmul(
-        _o * _g_H.exp()[..., None],
+        _o,
         (_d_H * _seq_scalar((_sum_B_bias_B * _sum_C_bias_C).sum(-2, keepdim=True), _sizes, cu_seqlens))[..., None],
         _x_H,
+        out=_spare(_o, _own),
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(C_bias + C_t, _r1)
     H = _S.mT
+    y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))
     # (H_t turn(C_t + C_bias, Th_t) + D x_t) * silu(z_t)
-    y = _torch.addcmul(_read_H, D, x) * _F.silu(z)
+    y = _torch.mul(y, _F.silu(z), out=_spare(y, _own))
     y = y.squeeze(-1).to(_out_dtype)
     _final = (Th.squeeze(-1), H, _last_x.squeeze(-1), _last_B.squeeze(-1))
     return y, (_final if output_final_state else None)
@@ -1795,6 +1822,8 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     _device = x.device
     _prev_x = _shift_tokens(x, None)  # x_{t-1}
     _prev_B = _shift_tokens(B, None)  # B_{t-1}
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias)
     # Th: identity, angles summed in float64
     _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, _ = _angle_sums(
@@ -1825,8 +1854,9 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 1::2]  # each token's last sub-token
     _read_H = _from_seq(_o)  # H_t rotate_interleaved(C_bias + C_t, _r1)
+    y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))
     # (H_t turn(C_t + C_bias, Th_t) + D x_t) * silu(z_t)
-    y = _torch.addcmul(_read_H, D, x) * _F.silu(z)
+    y = _torch.mul(y, _F.silu(z), out=_spare(y, _own))
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 

@@ -359,6 +359,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1696,7 +1718,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_420250ca3a78a9a1", globals())
+_operator_spans = _register_spans("mixc_d4547174de0becc8", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1901,6 +1923,35 @@ def chunk(
     _prev_B1 = _shift_tokens(B1, _prev_B1, cu_seqlens)  # B1_{t-1}
     _last_B2 = _last_tokens(B2, _prev_B2, cu_seqlens)  # carried to the next call
     _prev_B2 = _shift_tokens(B2, _prev_B2, cu_seqlens)  # B2_{t-1}
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(
+        x,
+        z,
+        dt,
+        A,
+        B1,
+        B2,
+        C1,
+        C2,
+        l,
+        w,
+        D,
+        B1_bias,
+        B2_bias,
+        C1_bias,
+        C2_bias,
+        mimo_x1,
+        mimo_x2,
+        mimo_z1,
+        mimo_z2,
+        mimo_o1,
+        mimo_o2,
+        Th,
+        H,
+        _prev_x,
+        _prev_B1,
+        _prev_B2,
+    )
     # Th: identity, angles summed in float64
     _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
@@ -1941,11 +1992,15 @@ def chunk(
     _read_H = _from_seq(_o1, cu_seqlens)  # H_t rotate_halves(C1_bias + C1_t, _r1)
     H = _S.mT
     _read2_H = _from_seq(_o2, cu_seqlens)  # H_t rotate_halves(C2_bias + C2_t, _r1)
+    y = _torch.addcmul(_read_H, x, D * mimo_x1, out=_spare(_read_H, _own))
+    y = _torch.mul(y, mimo_o1, out=_spare(y, _own))
+    y = _torch.mul(y, _F.silu(z * mimo_z1), out=_spare(y, _own))
     # mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
     y = _torch.addcmul(
-        mimo_o1 * _torch.addcmul(_read_H, x, D * mimo_x1) * _F.silu(z * mimo_z1),
+        y,
         mimo_o2 * _torch.addcmul(_read2_H, x, D * mimo_x2),
         _F.silu(z * mimo_z2),
+        out=_spare(y, _own),
     )
     y = y.squeeze(-1).to(_out_dtype)
     _final = (Th.squeeze(-1), H, _last_x.squeeze(-1), _last_B1.squeeze(-1), _last_B2.squeeze(-1))
@@ -2034,6 +2089,30 @@ def parallel(
     _prev_x = _shift_tokens(x, None)  # x_{t-1}
     _prev_B1 = _shift_tokens(B1, None)  # B1_{t-1}
     _prev_B2 = _shift_tokens(B2, None)  # B2_{t-1}
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(
+        x,
+        z,
+        dt,
+        A,
+        B1,
+        B2,
+        C1,
+        C2,
+        l,
+        w,
+        D,
+        B1_bias,
+        B2_bias,
+        C1_bias,
+        C2_bias,
+        mimo_x1,
+        mimo_x2,
+        mimo_z1,
+        mimo_z2,
+        mimo_o1,
+        mimo_o2,
+    )
     # Th: identity, angles summed in float64
     _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, _ = _angle_sums(
@@ -2077,11 +2156,15 @@ def parallel(
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
     _read2_H = _from_seq(_o)  # H_t rotate_halves(C2_bias + C2_t, _r1)
+    y = _torch.addcmul(_read_H, x, D * mimo_x1, out=_spare(_read_H, _own))
+    y = _torch.mul(y, mimo_o1, out=_spare(y, _own))
+    y = _torch.mul(y, _F.silu(z * mimo_z1), out=_spare(y, _own))
     # mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
     y = _torch.addcmul(
-        mimo_o1 * _torch.addcmul(_read_H, x, D * mimo_x1) * _F.silu(z * mimo_z1),
+        y,
         mimo_o2 * _torch.addcmul(_read2_H, x, D * mimo_x2),
         _F.silu(z * mimo_z2),
+        out=_spare(y, _own),
     )
     y = y.squeeze(-1).to(_out_dtype)
     return y, None

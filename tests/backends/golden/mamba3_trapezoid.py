@@ -304,6 +304,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1414,7 +1436,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_e6161e790a982ca8", globals())
+_operator_spans = _register_spans("mixc_df32c35ae39f1d45", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1495,6 +1517,8 @@ def chunk(
     _k0_H = _prev_B  # B_{t-1}, before each sequence's first token
     _last_x = _last_tokens(x, _prev_x, cu_seqlens)  # carried to the next call
     _last_B = _last_tokens(B, _prev_B, cu_seqlens)  # carried to the next call
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(x, dt, B, C, l, A, D, H, _prev_x, _prev_B)
     # H: scalar data-dependent -> chunk_scalar_decay
     _lam = _torch.sigmoid(l)
     # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
@@ -1510,15 +1534,17 @@ def chunk(
     _o, _S = _chunk_scalar_decay(
         _q, _k_H, _v_H, g=_g_H, strict=True, initial_state=_S0_H, chunk_size=chunk_size
     )
+    _o = _torch.mul(_o, _g_H.exp()[..., None], out=_spare(_o, _own))
     # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
     _o = _torch.addcmul(
-        _o * _g_H.exp()[..., None],
+        _o,
         (_d_H * _seq_scalar((B * C).sum(-2, keepdim=True), _sizes, cu_seqlens))[..., None],
         _x_H,
+        out=_spare(_o, _own),
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
-    y = _torch.addcmul(_read_H, D, x)  # H_t C_t + D x_t
+    y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))  # H_t C_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, _last_x.squeeze(-1), _last_B.squeeze(-1)) if output_final_state else None)
 
@@ -1544,6 +1570,8 @@ def parallel(x, dt, B, C, l, A, D):
     x, dt, B, C, l, A, D, _sizes, _dtype = _prepare(x, dt, B, C, l, A, D, _sequence=True)
     _prev_x = _shift_tokens(x, None)  # x_{t-1}
     _prev_B = _shift_tokens(B, None)  # B_{t-1}
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(x, dt, B, C, l, A, D)
     # H: scalar data-dependent -> parallel_scalar_decay
     _k1_H = _seq_vector(_prev_B, _sizes)  # B_{t-1}
     _product_dt_A = dt * A
@@ -1562,7 +1590,7 @@ def parallel(x, dt, B, C, l, A, D):
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 1::2]  # each token's last sub-token
     _read_H = _from_seq(_o)  # H_t C_t
-    y = _torch.addcmul(_read_H, D, x)  # H_t C_t + D x_t
+    y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))  # H_t C_t + D x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 

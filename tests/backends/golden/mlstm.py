@@ -291,6 +291,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1541,8 +1563,8 @@ def _scalar_decay_stable(q, k, v, g, log_scale, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_855f5a77e39599b0", globals())
-_operator_calls = _register_calls("mixc_855f5a77e39599b0", globals())
+_operator_spans = _register_spans("mixc_d88a693f6c2ac842", globals())
+_operator_calls = _register_calls("mixc_d88a693f6c2ac842", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1610,6 +1632,8 @@ def chunk(
         y, (H, n) = _recurrence(q, k, v, i, f, H, n, _sizes, _dtype, _device)
         y = y.squeeze(-1).to(_out_dtype)
         return y, ((H, n.squeeze(-1)) if output_final_state else None)
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(q, k, v, i, f, H, n)
     # H and n: scalar data-dependent -> chunk_scalar_decay_stable
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
@@ -1628,7 +1652,9 @@ def chunk(
     H, n = _S.split([_sizes["V"], 1], -1)
     H = H.mT
     # H_t q_t / max(abs(n_t . q_t), 1)
-    y = _read_H / _torch.maximum(_torch.abs(_read_n), _unscale_H)
+    y = _torch.div(
+        _read_H, _torch.maximum(_torch.abs(_read_n), _unscale_H), out=_spare(_read_H, _own)
+    )
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, n.squeeze(-1)) if output_final_state else None)
 
