@@ -622,8 +622,8 @@ MUTANTS = [
     (
         "mamba3_trapezoid",
         "the readout of the state before the update not decayed by the token",
-        "_o * _g_H.exp()[..., None]",
-        "_o",
+        "decayed=True,",
+        "decayed=False,",
         {"chunk"},
         NUMERICAL,
     ),

@@ -8,6 +8,7 @@ from dataclasses import replace
 from mixc.backends.pytorch.context import Context
 from mixc.backends.pytorch.epilogue import emit_in_place, in_place, owned_writes
 from mixc.backends.pytorch.folds import (
+    decays_in_kernel,
     emit_first_writes,
     emit_fold_inputs,
     fold_correction,
@@ -196,13 +197,15 @@ class SequenceForms(Context):
             out(f"{initial} = {fold_start(call, s0_text)}")
         if call.stacked:
             _emit_stacked(self, out, call, kernel_args, seqlens)
+        decayed = decays_in_kernel(call, self.library)
         for i, query in enumerate(call.queries):
             strict = ["strict=True"] if ordered and (query.previous or call.lag) else []
+            strict += ["decayed=True"] * decayed
             query = replace(query, previous=False) if strict else query
             o = f"_o{i + 1}" if call.stacked else "_o"
             if not call.stacked:
                 _emit_query(self, out, call, query, kernel_args + strict, seqlens, turned)
-            fold_correction(self, out, call, query, seqlens)
+            fold_correction(self, out, call, query, seqlens, decayed)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")

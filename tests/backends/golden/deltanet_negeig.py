@@ -962,10 +962,12 @@ def _slots(tensors):
 def _with_bound(span_fn, gk_min, order=0):
     """span_fn (or a gradient function), given the lower bound of its log-gate (gk_min) where
     there is one, and the order of its tokens where not the plain one (order: 1 reverse, a
-    state that runs backward in time; 2 strict, a state read before the token's update)."""
+    state that runs backward in time; 2 strict, a state read before the token's update; 4
+    decayed, with strict: after the token's decay, before its write)."""
     given = {} if gk_min is None else {"gk_min": gk_min}
     given |= {"reverse": True} if order & 1 else {}
     given |= {"strict": True} if order & 2 else {}
+    given |= {"decayed": True} if order & 4 else {}
     if not given:
         return span_fn
 
@@ -1466,7 +1468,7 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_3cda8c794262a21d", globals())
+_operator_spans = _register_spans("mixc_f7b60e96c2781105", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
