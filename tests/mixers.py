@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -247,3 +248,41 @@ def run_mixc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+class _Values(torch.autograd.Function):
+    """The values of `b` with the gradients of `a`."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return b.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def no_grad_values(module, forms=("chunk",)):
+    """The compiled module whose `forms` compute their values without autograd (the kernels'
+    one-pass and in-place paths) and their gradients with it, for the fuzzer, which asks for
+    both (its own calls take gradients)."""
+    proxy = types.ModuleType(f"{module.__name__}_no_grad")
+    proxy.__dict__.update({n: x for n, x in vars(module).items() if not n.startswith("__")})
+
+    def wrapped(form):
+        def call(*args, **kwargs):
+            y, final = form(*args, **kwargs)
+            with torch.no_grad():
+                y0, final0 = form(*args, **kwargs)
+            if final is None:
+                return _Values.apply(y, y0), None
+            if isinstance(final, torch.Tensor):
+                return _Values.apply(y, y0), _Values.apply(final, final0)
+            return _Values.apply(y, y0), tuple(map(_Values.apply, final, final0))
+
+        return call
+
+    for name in forms:
+        if hasattr(module, name):  # a spec without a quadratic form has no `parallel`
+            setattr(proxy, name, wrapped(getattr(module, name)))
+    return proxy

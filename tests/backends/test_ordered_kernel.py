@@ -4,7 +4,8 @@ gradient, over one span and over spans of two chunks; and a non-finite value rea
 outputs on its side, one token off for a strict read.
 
 The loop: S_t = exp(g_t) S_{t-1} + k_t v_t^T (reverse: S_{t+1}, from the state after the last
-token), o_t = q_t S_t, or q_t S_{t-1} (reverse: q_t S_{t+1}) for a strict read."""
+token), o_t = q_t S_t, or q_t S_{t-1} (reverse: q_t S_{t+1}) for a strict read, q_t exp(g_t)
+S_{t-1} for a strict read after the token's decay (decayed=, forward only)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ ORDERS = [(False, True), (True, False), (True, True)]
 IDS = ["strict", "reverse", "reverse-strict"]
 
 
-def _loop(q, k, v, g, state, reverse, strict):
-    """(o [B, NH, T, V], final state), one token at a time."""
+def _loop(q, k, v, g, state, reverse, strict, decayed=False):
+    """(o [B, NH, T, V], final state), one token at a time; `decayed` (strict): the output reads
+    the state after the token's decay, before its write, q_t exp(g_t) S_{t-1}."""
     B, NH, T, K = q.shape
     S = q.new_zeros(B, NH, K, v.shape[-1]) if state is None else state
     out = [None] * T
     for t in range(T - 1, -1, -1) if reverse else range(T):
         decay = 1.0 if g is None else torch.exp(g[:, :, t])[..., None, None]
         new = decay * S + k[:, :, t, :, None] * v[:, :, t, None, :]
-        out[t] = torch.einsum("bhk,bhkv->bhv", q[:, :, t], S if strict else new)
+        read = decay * S if decayed else S if strict else new
+        out[t] = torch.einsum("bhk,bhkv->bhv", q[:, :, t], read)
         S = new
     return torch.stack(out, 2), S
 
@@ -94,3 +97,53 @@ def test_a_non_finite_token_reaches_only_its_side(reverse, strict, kind):
                                strict=strict)[0]  # fmt: skip
         assert torch.equal(o[:, :, same], base[:, :, same]), name
         assert not torch.isfinite(o[:, :, first]).all(), name
+
+
+@pytest.mark.parametrize("spans", ["one", "of two chunks"])
+@pytest.mark.parametrize("gated", [True, False], ids=["decay", "no decay"])
+@pytest.mark.parametrize("T, chunk_size", [(37, 8), (5, 16)])
+def test_the_read_after_the_decay_agrees_with_the_loop(gated, spans, T, chunk_size, monkeypatch):
+    """strict and decayed: outputs, final states and gradients, with autograd and without."""
+    if spans != "one":
+        monkeypatch.setattr(common, "_span_tokens", lambda q, v, size: 2 * size)
+    leaves = [x if x is None else x.requires_grad_() for x in _inputs(T, gated, seed=2)]
+    q, k, v, g, state = leaves
+    o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, strict=True, decayed=True)
+    o_ref, final_ref = _loop(q, k, v, g, state, False, True, decayed=True)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
+    gen = torch.Generator().manual_seed(1)
+    w_o = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+    w_s = torch.randn(final.shape, generator=gen, dtype=torch.float64)
+    wrt = [x for x in leaves if x is not None]
+    got = torch.autograd.grad((o * w_o).sum() + (final * w_s).sum(), wrt)
+    want = torch.autograd.grad((o_ref * w_o).sum() + (final_ref * w_s).sum(), wrt)
+    for name, a, b in zip("qkvgS", got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"d{name}")
+    with torch.no_grad():
+        o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, strict=True, decayed=True)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf"])
+def test_a_non_finite_token_after_the_decay_reaches_only_later_outputs(kind):
+    """Read after the token's decay: a non-finite value or key at s first reaches the output
+    at s + 1, a non-finite gate the output at s itself; every earlier output keeps its bits."""
+    q, k, v, g, state = _inputs(21, True)
+    base = chunk_scalar_decay(q, k, v, g, state, 8, strict=True, decayed=True)[0]
+    s = 10
+    for name, first in (("v", s + 1), ("k", s + 1), ("g", s)):
+        x = {"v": v, "k": k, "g": g}[name].clone()
+        x[:, :, s] = float(kind)
+        args = {"v": v, "k": k, "g": g, name: x}
+        o = chunk_scalar_decay(q, args["k"], args["v"], args["g"], state, 8, strict=True,
+                               decayed=True)[0]  # fmt: skip
+        assert torch.equal(o[:, :, :first], base[:, :, :first]), name
+        assert not torch.isfinite(o[:, :, first]).all(), name
+
+
+def test_the_read_after_the_decay_is_forward_and_strict_only():
+    q, k, v, g, state = _inputs(5, True)
+    with pytest.raises(ValueError, match="forward and strict"):
+        chunk_scalar_decay(q, k, v, g, state, 8, decayed=True)

@@ -7,7 +7,6 @@ bit for bit, is tests/backends/test_causality.py's (gated_oja)."""
 from __future__ import annotations
 
 import importlib.util
-import types
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from mixc.backends.pytorch.kernels import dplr_value
 from mixc.backends.pytorch.kernels.dplr_value import chunk_dplr_value
 from mixc.check import fuzz
 from tests.backends.test_kernels import dplr_value_inputs, oracle_dplr_value, rel_err
+from tests.mixers import no_grad_values
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,42 +93,12 @@ def test_a_non_finite_input_changes_no_earlier_output(value, monkeypatch):
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
 
 
-class _Values(torch.autograd.Function):
-    """The values of `b` with the gradients of `a`."""
-
-    @staticmethod
-    def forward(ctx, a, b):
-        return b.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-def _no_grad_chunk(module):
-    """The compiled module whose chunk computes its values without autograd (the one pass) and
-    its gradients with it (the two passes), for the fuzzer, which asks for both."""
-    proxy = types.ModuleType(f"{module.__name__}_no_grad")
-    proxy.__dict__.update({n: x for n, x in vars(module).items() if not n.startswith("__")})
-
-    def chunk(*args, **kwargs):
-        y, final = module.chunk(*args, **kwargs)
-        with torch.no_grad():
-            y0, final0 = module.chunk(*args, **kwargs)
-        if final is None:
-            return _Values.apply(y, y0), None
-        return _Values.apply(y, y0), _Values.apply(final, final0)
-
-    proxy.chunk = chunk
-    return proxy
-
-
 def _fuzz_one_pass(module, examples, dtype, monkeypatch):
     ran = []
     span = module._value_span
     monkeypatch.setattr(module, "_value_span", lambda *a: ran.append(1) or span(*a))
     path = ROOT / "specs/gated_oja.mix"
-    report = fuzz(path, _no_grad_chunk(module), examples=examples, dtype=dtype, shrink=False)
+    report = fuzz(path, no_grad_values(module), examples=examples, dtype=dtype, shrink=False)
     assert ran  # the one pass ran (packed sequences, initial states and all)
     return report
 

@@ -565,9 +565,9 @@ MUTANTS = [
     (
         "hydra",
         "the diagonal D x counted twice",
-        "D, x)  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t\n    y = y.squeeze(-1).to(_out_dtype)\n"
-        "    return y, ((H, G)",
-        "D + D, x)\n    y = y.squeeze(-1).to(_out_dtype)\n    return y, ((H, G)",
+        "D, x, out=_spare(y, _own))  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t\n"
+        "    y = y.squeeze(-1).to(_out_dtype)\n    return y, ((H, G)",
+        "D + D, x, out=_spare(y, _own))\n    y = y.squeeze(-1).to(_out_dtype)\n    return y, ((H, G)",
         {"chunk"},
         NUMERICAL,
     ),
@@ -622,8 +622,8 @@ MUTANTS = [
     (
         "mamba3_trapezoid",
         "the readout of the state before the update not decayed by the token",
-        "_o * _g_H.exp()[..., None]",
-        "_o",
+        "decayed=True,",
+        "decayed=False,",
         {"chunk"},
         NUMERICAL,
     ),

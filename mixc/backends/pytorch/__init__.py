@@ -17,6 +17,7 @@ LIBRARY = KernelLibrary(
     ("torch",),
     turned=kernels.TURNED,
     ordered=kernels.ORDERED,
+    decayed=kernels.DECAYED,
 )
 
 

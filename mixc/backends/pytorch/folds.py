@@ -11,7 +11,14 @@ from mixc.frontend import ir
 from mixc.frontend.ir import Expr, Timed, walk
 from mixc.lowering.program import Call, QueryRead, SequenceForm
 
-__all__ = ["emit_first_writes", "emit_fold_inputs", "fold_correction", "fold_start", "shifted"]
+__all__ = [
+    "decays_in_kernel",
+    "emit_first_writes",
+    "emit_fold_inputs",
+    "fold_correction",
+    "fold_start",
+    "shifted",
+]
 
 
 def emit_first_writes(forms, out: Lines, calls: tuple[Call, ...]) -> None:
@@ -78,10 +85,25 @@ def fold_start(call: Call, initial: str) -> str:
     return f"_lagged_start({initial}, {first})  # G_0 = H_0 + c_1 v_0 k_0^T"
 
 
-def fold_correction(forms, out: Lines, call: Call, query: QueryRead, packed: str) -> None:
-    """For a folded call (none else), the line that makes H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t) from the kernel's
-    output `_o`, read before the token's update (strict: G_{t-1} q_t, which reads no later
-    token, where G_t q_t would read c_{t+1})."""
+def _gated(call: Call) -> bool:
+    (step,) = call.steps
+    return any(a.expr is not None and a.name == "g" for a in step.args)
+
+
+def decays_in_kernel(call: Call, library) -> bool:
+    """Whether a folded call's kernel reads a_t G_{t-1} q_t itself (`decayed`, with strict): the
+    state after the token's decay, before its write, where the kernel takes that read and the
+    transition has a decay a_t."""
+    return call.lag is not None and _gated(call) and call.kernel in library.decayed
+
+
+def fold_correction(
+    forms, out: Lines, call: Call, query: QueryRead, packed: str, decayed: bool = False
+) -> None:
+    """For a folded call (none else), the lines that make H_t q_t = a_t G_{t-1} q_t + d_t v_t
+    (k_t . q_t) from the kernel's output `_o`, read before the token's update (strict: G_{t-1}
+    q_t, which reads no later token, where G_t q_t would read c_{t+1}; `decayed`: a_t G_{t-1}
+    q_t, the kernel's read after the token's decay)."""
     if call.lag is None:
         return
     (step,) = call.steps
@@ -89,12 +111,13 @@ def fold_correction(forms, out: Lines, call: Call, query: QueryRead, packed: str
     dot = _dot(forms, step.key, query.query)
     seq = forms.seq_layout(packed, False)
     g = call.group
-    gated = any(a.expr is not None and a.name == "g" for a in step.args)
-    decayed = f"_o * {local('g', g)}.exp()[..., None]" if gated else "_o"
+    into = "out=_spare(_o, _own)"  # the kernel's fresh output, where nothing records it
+    if _gated(call) and not decayed:
+        out(f"_o = _torch.mul(_o, {local('g', g)}.exp()[..., None], {into})")
     d = "" if value.scale is None else f"{local('d', g)} * "
     scale = f"({d}{seq('scalar', dot)})[..., None]"
     shown = "  # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)"
-    out(f"_o = _torch.addcmul({decayed}, {scale}, {local('x', g)}){shown}")
+    out(f"_o = _torch.addcmul(_o, {scale}, {local('x', g)}, {into}){shown}")
 
 
 def _dot(forms, key: Expr, query: Expr) -> str:
@@ -110,8 +133,8 @@ def _dot(forms, key: Expr, query: Expr) -> str:
     )
     if same:
         key, query = key.args[0], query.args[0]
-    e = forms.seq_expr()
-    return f"({e(key)} * {e(query)}).sum(-2, keepdim=True)"
+    # one matmul a token (k^T q, [.., 1, 1]): no product of the sequence's size to sum
+    return forms.seq_expr()(ir.Binary(".", key, query))
 
 
 def shifted(form: SequenceForm) -> set[str]:

@@ -50,7 +50,8 @@ class KernelLibrary:
     runs through them as it is; another kernel gets its inputs reversed and moved one token
     instead, and its outputs moved back. The kernels in `turned` take a rotated
     query or key as a _Turned (its rotation applied as the kernel splits it into chunks: see
-    _seq_turned)."""
+    _seq_turned). The kernels in `decayed` take `decayed=` with `strict=`: a folded write's
+    readout reads the state after the token's decay, before its write."""
 
     kernels: Collection[str]
     source: Callable[[list[str]], str]
@@ -58,6 +59,7 @@ class KernelLibrary:
     operands: Collection[str] = ()
     turned: Collection[str] = ()
     ordered: Collection[str] = ()
+    decayed: Collection[str] = ()
 
 
 def render_module(program: Program, library: KernelLibrary) -> str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mixc.backends.pytorch.context import Context
+from mixc.backends.pytorch.epilogue import emit_in_place, in_place, owned_writes
 from mixc.backends.pytorch.folds import (
+    decays_in_kernel,
     emit_first_writes,
     emit_fold_inputs,
     fold_correction,
@@ -42,6 +44,8 @@ class SequenceForms(Context):
         if self.positioned:
             shown = note("each token's position, and the next token's, carried on")
             out(f"pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens){shown}")
+        if in_place(self, form):
+            out(owned_writes(self, form))
         with self.point(out, 1):
             for call in form.calls:
                 self.emit_call(out, call, packed=True)
@@ -68,6 +72,8 @@ class SequenceForms(Context):
         self.emit_shifts(out, packed=False, carried=False)
         if self.positioned:
             out(f"pos, _ = _positions(None, _sizes, _device){note('from 0')}")
+        if in_place(self, form):
+            out(owned_writes(self, form))
         with self.point(out, 1):
             for call in form.calls:
                 self.emit_call(out, call, packed=False)
@@ -191,13 +197,15 @@ class SequenceForms(Context):
             out(f"{initial} = {fold_start(call, s0_text)}")
         if call.stacked:
             _emit_stacked(self, out, call, kernel_args, seqlens)
+        decayed = decays_in_kernel(call, self.library)
         for i, query in enumerate(call.queries):
             strict = ["strict=True"] if ordered and (query.previous or call.lag) else []
+            strict += ["decayed=True"] * decayed
             query = replace(query, previous=False) if strict else query
             o = f"_o{i + 1}" if call.stacked else "_o"
             if not call.stacked:
                 _emit_query(self, out, call, query, kernel_args + strict, seqlens, turned)
-            fold_correction(self, out, call, query, seqlens)
+            fold_correction(self, out, call, query, seqlens, decayed)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")
@@ -217,7 +225,7 @@ class SequenceForms(Context):
     def emit_output(self, out: Lines, form: SequenceForm) -> str:
         """The output from its readouts; returns the variable that holds it."""
         o = form.output
-        if o.expr is None:
+        if o.expr is None or emit_in_place(self, out, form):
             return o.name
         out(f"{o.name} = {self.seq_expr()(o.expr)}{note(o.shown)}")
         return o.name

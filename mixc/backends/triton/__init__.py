@@ -12,7 +12,7 @@ why, for `explain`. The module imports torch and triton.
 from mixc.backends.pytorch import LIBRARY as PYTORCH_LIBRARY
 from mixc.backends.pytorch import KernelLibrary, refusal, render_module
 from mixc.backends.pytorch.kernels import DEFINITIONS as PYTORCH_DEFINITIONS
-from mixc.backends.pytorch.kernels import ordered
+from mixc.backends.pytorch.kernels import decayed, ordered
 from mixc.backends.triton import kernels
 from mixc.lowering.program import Program
 
@@ -25,6 +25,7 @@ LIBRARY = KernelLibrary(
     ("torch", "triton", "triton.language as tl"),
     operands=kernels.OPERANDS,
     ordered=ordered(kernels.DEFINITIONS),
+    decayed=decayed(kernels.DEFINITIONS),
 )
 
 

@@ -290,6 +290,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -798,10 +820,12 @@ def _slots(tensors):
 def _with_bound(span_fn, gk_min, order=0):
     """span_fn (or a gradient function), given the lower bound of its log-gate (gk_min) where
     there is one, and the order of its tokens where not the plain one (order: 1 reverse, a
-    state that runs backward in time; 2 strict, a state read before the token's update)."""
+    state that runs backward in time; 2 strict, a state read before the token's update; 4
+    decayed, with strict: after the token's decay, before its write)."""
     given = {} if gk_min is None else {"gk_min": gk_min}
     given |= {"reverse": True} if order & 1 else {}
     given |= {"strict": True} if order & 2 else {}
+    given |= {"decayed": True} if order & 4 else {}
     if not given:
         return span_fn
 
@@ -1505,7 +1529,7 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_a7492ebc61cde7eb", globals())
+_operator_spans = _register_spans("mixc_13b9d5740770b03a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

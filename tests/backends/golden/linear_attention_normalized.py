@@ -293,6 +293,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -917,10 +939,12 @@ def _slots(tensors):
 def _with_bound(span_fn, gk_min, order=0):
     """span_fn (or a gradient function), given the lower bound of its log-gate (gk_min) where
     there is one, and the order of its tokens where not the plain one (order: 1 reverse, a
-    state that runs backward in time; 2 strict, a state read before the token's update)."""
+    state that runs backward in time; 2 strict, a state read before the token's update; 4
+    decayed, with strict: after the token's decay, before its write)."""
     given = {} if gk_min is None else {"gk_min": gk_min}
     given |= {"reverse": True} if order & 1 else {}
     given |= {"strict": True} if order & 2 else {}
+    given |= {"decayed": True} if order & 4 else {}
     if not given:
         return span_fn
 
@@ -1206,7 +1230,9 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
     return _chain(initial_state, chunk_kv.shape[0], next_state, tracked, reverse)
 
 
-def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False):
+def _scalar_decay_span(
+    q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False, decayed=False
+):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
     [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
     _guarded_spans). Returns ([o [N, B, NH, C, V]], state after the span); appends the masked
@@ -1217,11 +1243,13 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, st
     output reads the state before the token's update, q_t S_{t-1} (reverse: q_t S_{t+1}). Only
     the decays and the triangle change (_ordered_decays, _masked); guarded, their non-finite
     gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
-    passed on still takes them)."""
-    gates = g_c
-    if guard and (reverse or strict) and g_c is not None:
+    passed on still takes them). decayed (with strict, not reverse): q_t exp(g_t) S_{t-1}, the
+    state after the token's decay, before its write: the decays of the plain read (each pair
+    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one."""
+    gates, before = g_c, strict and not decayed  # the decays' order; the triangle: strict
+    if guard and (reverse or before) and g_c is not None:
         gates, poison_g = _finite_gates(g_c)
-    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, gates, reverse, strict)
+    gamma, from_start, _, k_to_end, chunk_g = _scalar_decays(k_c, gates, reverse, before)
     chunk_g = chunk_g if gates is g_c else g_c.sum(-1)
     # S_C = exp(b_C) S_0 + (diag(exp(b_C - b)) K)^T V, from the values as they are: a
     # non-finite one makes the state, and so every later chunk, non-finite
@@ -1241,7 +1269,18 @@ def _scalar_decay_span(q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, st
 
 
 def _scalar_decay_grads_span(
-    q_c, k_c, v_c, g_c, do_c, probs, states_in, d_state, gate_grad, reverse=False, strict=False
+    q_c,
+    k_c,
+    v_c,
+    g_c,
+    do_c,
+    probs,
+    states_in,
+    d_state,
+    gate_grad,
+    reverse=False,
+    strict=False,
+    decayed=False,
 ):
     """Gradients of the scalar-decay recurrence on one span of chunks, from the forward's masked
     scores P = Q K^T ⊙ Gamma [N, B, NH, C, C] and states entering each chunk [N, B, NH, K, V],
@@ -1254,10 +1293,11 @@ def _scalar_decay_grads_span(
     exp(G_n) D_{n+1}:
         dQ = dA K + diag(exp(b)) dO S_n^T      dK = dA^T Q + diag(exp(b_C - b)) V D_{n+1}^T
         dV = P^T dO + diag(exp(b_C - b)) K D_{n+1}
-    and the gate's gradient from every decay factor (_gate_grads). reverse, strict: as the
-    span's; reverse, the state's gradient flows from the first chunk to the last.
+    and the gate's gradient from every decay factor (_gate_grads). reverse, strict, decayed: as
+    the span's; reverse, the state's gradient flows from the first chunk to the last.
     """
-    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c, reverse, strict)
+    before = strict and not decayed  # the decays' order; the triangle: strict
+    gamma, from_start, to_end, k_to_end, chunk_g = _scalar_decays(k_c, g_c, reverse, before)
     d_probs = _bmm(do_c, v_c.transpose(-1, -2))  # dP = dO V^T
     d_scores = _masked(d_probs, gamma, reverse, strict)
     if gamma is None:
@@ -1277,7 +1317,7 @@ def _scalar_decay_grads_span(
             (k_c * from_k).sum(-1),  # exp(b_C - b_j) in the state's writes
             (states_in * d_next).sum((-1, -2)) * chunk_g.exp(),  # <S_n, D_{n+1}> exp(G_n)
             reverse,
-            strict,
+            before,
         )
     dq = _bmm(d_scores, k_c, add=from_q)
     dk = _bmm(d_scores.transpose(-1, -2), q_c, add=from_k)
@@ -1285,17 +1325,20 @@ def _scalar_decay_grads_span(
 
 
 def chunk_scalar_decay(
-    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False
+    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False, decayed=False
 ):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
     initial_state after the last token (zero tokens after it, a packed sequence's padding,
     leave it as it is), the final state the one at the first token; strict: o_t = q_t S_{t-1}
-    (reverse: q_t S_{t+1}), the state before the token's update.
+    (reverse: q_t S_{t+1}), the state before the token's update; strict and decayed (forward
+    only): o_t = exp(g_t) q_t S_{t-1}, the state after the token's decay, before its write.
 
     Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
-    seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict)
+    if decayed and (reverse or not strict):
+        raise ValueError("chunk_scalar_decay: decayed reads forward and strict only")
+    seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict) | 4 * int(decayed)
     span, grads = _scalar_decay_span, _scalar_decay_grads_span
     return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
 
@@ -1322,7 +1365,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_2a613c0d8677f194", globals())
+_operator_spans = _register_spans("mixc_de7133f1d7035837", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1379,6 +1422,8 @@ def chunk(
         y, (H, z) = _recurrence(q, k, v, H, z, _sizes, _dtype, _device)
         y = y.squeeze(-1).to(_out_dtype)
         return y, ((H, z.squeeze(-1)) if output_final_state else None)
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(q, k, v, H, z)
     # H and z: identity -> chunk_scalar_decay
     _k_H = _seq_vector(_F.elu(k) + 1, _sizes, cu_seqlens)
     _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
@@ -1391,7 +1436,7 @@ def chunk(
     _read_z = _from_seq(_o_z, cu_seqlens)  # z_t . (elu(q_t) + 1)
     H, z = _S.split([_sizes["V"], 1], -1)
     H = H.mT
-    y = _read_H / _read_z  # H_t phi(q_t) / (z_t . phi(q_t))
+    y = _torch.div(_read_H, _read_z, out=_spare(_read_H, _own))  # H_t phi(q_t) / (z_t . phi(q_t))
     y = y.squeeze(-1).to(_out_dtype)
     return y, ((H, z.squeeze(-1)) if output_final_state else None)
 
@@ -1412,6 +1457,8 @@ def parallel(q, k, v):
     _out_dtype = _output_dtype(_INPUTS, q)
     q, k, v, _sizes, _dtype = _prepare(q, k, v, _sequence=True)
     _device = q.device
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(q, k, v)
     # H and z: identity -> parallel_scalar_decay
     _k_H = _seq_vector(_F.elu(k) + 1, _sizes)
     _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
@@ -1421,7 +1468,7 @@ def parallel(q, k, v):
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
     _read_H = _from_seq(_o_H)  # H_t (elu(q_t) + 1)
     _read_z = _from_seq(_o_z)  # z_t . (elu(q_t) + 1)
-    y = _read_H / _read_z  # H_t phi(q_t) / (z_t . phi(q_t))
+    y = _torch.div(_read_H, _read_z, out=_spare(_read_H, _own))  # H_t phi(q_t) / (z_t . phi(q_t))
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
 

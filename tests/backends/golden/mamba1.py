@@ -292,6 +292,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -942,7 +964,7 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_calls = _register_calls("mixc_7b4488f7422a43e7", globals())
+_operator_calls = _register_calls("mixc_c6fa6853644e249b", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1010,6 +1032,8 @@ def chunk(
         y, (H,) = _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device)
         y = y.squeeze(-1).to(_out_dtype)
         return y, (H if output_final_state else None)
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(x, dt, B, C, A, D, H)
     # H: elementwise gate -> chunk_elementwise
     _k_H = _seq_vector(B, _sizes, cu_seqlens)
     _v_H = _seq_vector(dt * x, _sizes, cu_seqlens)
@@ -1022,7 +1046,7 @@ def chunk(
     )
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
-    y = _torch.addcmul(_read_H, x, D)  # H_t C_t + D * x_t
+    y = _torch.addcmul(_read_H, x, D, out=_spare(_read_H, _own))  # H_t C_t + D * x_t
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 

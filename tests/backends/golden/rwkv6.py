@@ -292,6 +292,28 @@ def _from_seq(o, cu_seqlens=None):
     return o.transpose(1, 2)[..., None]
 
 
+def _unrecorded(*tensors):
+    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
+    arguments and initial states, and no compiler traces it): the addresses of their storages,
+    which `_spare` keeps out of reach; else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return None
+    return {x.untyped_storage().data_ptr() for x in tensors}
+
+
+def _spare(x, own):
+    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
+    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
+    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
+    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
+    if own is None or x.untyped_storage().data_ptr() in own:
+        return None
+    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -840,10 +862,12 @@ def _slots(tensors):
 def _with_bound(span_fn, gk_min, order=0):
     """span_fn (or a gradient function), given the lower bound of its log-gate (gk_min) where
     there is one, and the order of its tokens where not the plain one (order: 1 reverse, a
-    state that runs backward in time; 2 strict, a state read before the token's update)."""
+    state that runs backward in time; 2 strict, a state read before the token's update; 4
+    decayed, with strict: after the token's decay, before its write)."""
     given = {} if gk_min is None else {"gk_min": gk_min}
     given |= {"reverse": True} if order & 1 else {}
     given |= {"strict": True} if order & 2 else {}
+    given |= {"decayed": True} if order & 4 else {}
     if not given:
         return span_fn
 
@@ -1565,8 +1589,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_3f39ac4cf0a6780d", globals())
-_operator_calls = _register_calls("mixc_3f39ac4cf0a6780d", globals())
+_operator_spans = _register_spans("mixc_a9f96462a9589615", globals())
+_operator_calls = _register_calls("mixc_a9f96462a9589615", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1631,6 +1655,8 @@ def chunk(
         y, (H,) = _recurrence(r, k, v, w, u, H, _sizes, _dtype, _device)
         y = y.squeeze(-1).to(_out_dtype)
         return y, (H if output_final_state else None)
+    # None where autograd or a compiler records the form: no result in place
+    _own = _unrecorded(r, k, v, w, u, H)
     # H: diagonal key-side -> chunk_diagonal
     _k_H = _seq_vector(k, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
@@ -1644,7 +1670,8 @@ def chunk(
     _o = _previous_tokens(_o, _q[:, :, :1] @ _S0_H)  # S_{t-1} q_t
     _read_H = _from_seq(_o, cu_seqlens)  # H_{t-1} r_t
     H = _S.mT
-    y = _torch.addcmul(_read_H, (k * u).mT @ r, v)  # H_{t-1} r_t + (r_t . (u * k_t)) v_t
+    # H_{t-1} r_t + (r_t . (u * k_t)) v_t
+    y = _torch.addcmul(_read_H, (k * u).mT @ r, v, out=_spare(_read_H, _own))
     y = y.squeeze(-1).to(_out_dtype)
     return y, (H if output_final_state else None)
 

@@ -79,23 +79,38 @@ KERNELS: dict[str, str] = {
 """The public kernels, each with the class file that defines it, in the order of CLASS_FILES."""
 
 
-def ordered(definitions=DEFINITIONS) -> frozenset[str]:
-    """The public kernels among `definitions` that take `reverse=` (the state runs backward in
-    time) and `strict=` (the output reads the state before the token's update), read from their
-    text: a module runs a backward state or a read before the update through them as they are,
-    and moves the tokens of every other kernel's inputs and outputs instead."""
+def taking(definitions, *arguments: str) -> frozenset[str]:
+    """The public kernels among `definitions` that take every one of `arguments`, read from
+    their text."""
     found = set()
     for name, (_, source, _) in definitions.items():
         node = ast.parse(source).body[0]
         if name.startswith("_") or not isinstance(node, ast.FunctionDef):
             continue
-        if {"reverse", "strict"} <= {a.arg for a in node.args.args + node.args.kwonlyargs}:
+        if set(arguments) <= {a.arg for a in node.args.args + node.args.kwonlyargs}:
             found.add(name)
     return frozenset(found)
 
 
+def ordered(definitions=DEFINITIONS) -> frozenset[str]:
+    """The public kernels among `definitions` that take `reverse=` (the state runs backward in
+    time) and `strict=` (the output reads the state before the token's update): a module runs
+    a backward state or a read before the update through them as they are, and moves the
+    tokens of every other kernel's inputs and outputs instead."""
+    return taking(definitions, "reverse", "strict")
+
+
+def decayed(definitions=DEFINITIONS) -> frozenset[str]:
+    """The public kernels among `definitions` that take `decayed=` with `strict=`: the output
+    reads the state after the token's decay and before its write (a folded write's readout,
+    mixc.analysis.folds)."""
+    return taking(definitions, "strict", "decayed")
+
+
 #: The kernels that run a backward state and a read before the update themselves (ordered).
 ORDERED = ordered()
+#: The kernels that read the state between the token's decay and its write (decayed).
+DECAYED = decayed()
 
 
 #: The kernels that take a rotated query or key as a _Turned (common.py), turned as each span

@@ -69,10 +69,12 @@ def _slots(tensors):
 def _with_bound(span_fn, gk_min, order=0):
     """span_fn (or a gradient function), given the lower bound of its log-gate (gk_min) where
     there is one, and the order of its tokens where not the plain one (order: 1 reverse, a
-    state that runs backward in time; 2 strict, a state read before the token's update)."""
+    state that runs backward in time; 2 strict, a state read before the token's update; 4
+    decayed, with strict: after the token's decay, before its write)."""
     given = {} if gk_min is None else {"gk_min": gk_min}
     given |= {"reverse": True} if order & 1 else {}
     given |= {"strict": True} if order & 2 else {}
+    given |= {"decayed": True} if order & 4 else {}
     if not given:
         return span_fn
 

@@ -130,14 +130,16 @@ def _angle_sums(v, initial, cu_seqlens=None):
     final states [B, NH, ...] (packed: [N, NH, ...]); one cumulative sum, the rest shifts."""
     initial = initial.to(torch.float64)
     full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
-    # summed with time last, along unit strides (along the strided time axis, about 4x slower
-    # on CPU), then viewed back
-    sums = v.to(torch.float64).expand(full).movedim(1, -1).contiguous()
-    sums = sums.cumsum(-1).movedim(-1, 1)
+    v = v.to(torch.float64).expand(full)
     if cu_seqlens is None:
-        after = initial[:, None] + sums
-        before = torch.cat([initial[:, None], after[:, :-1]], 1)
-        return before, after, (after[:, -1] if after.shape[1] else initial)
+        # the initial states, then each token's angles, summed along time in the recurrence's
+        # order: the states before and after each update are two views of the one sum
+        first = initial[:, None].expand(full[0], 1, *full[2:])
+        sums = torch.cat([first, v], 1)
+        sums = sums.cumsum(1) if sums.requires_grad else sums.cumsum_(1)
+        return sums[:, :-1], sums[:, 1:], sums[:, -1]
+    # summed with time last, along unit strides, then viewed back
+    sums = v.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1)
     sums = torch.cat([sums.new_zeros(1, 1, *sums.shape[2:]), sums], 1)[0]  # before token t
     starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
     order = torch.arange(len(starts), device=v.device)
