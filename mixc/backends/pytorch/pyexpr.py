@@ -262,12 +262,13 @@ class PyExpr:
             x, theta = e.args
             d = self.shape(x)[0]
             turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
-            return f"{BUILTINS[e.func].torch}({self._emit(x)[0]}, {self._emit(turning)[0]})"
+            rotate, turn = BUILTINS[e.func].torch, self._emit(turning)[0]
+            return f"_rotated({rotate}, {self._emit(x)[0]}, {turn})"  # see _turning_of
         if e.func == TURNING:
             theta, d = e.args
             size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
             if not self.compact_angles:  # a token's angle: nothing to gain per call
-                return f"_turning({self._emit(theta)[0]}, {size}, _dtype)"
+                return f"_turning_of({self._emit(theta)[0]}, {size}, _dtype)"
             # over whole sequences, the angle from compacted views of what it reads (_compact):
             # computed once for the values its broadcast axes repeat, its turn expanded back
             leaves: list[str] = []
@@ -278,7 +279,7 @@ class PyExpr:
 
             angle = PyExpr(self.typer, compacted, self.functions)._emit(theta)[0]
             read = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
-            return f"_turning({angle}, {size}, _dtype{read})"
+            return f"_turning_of({angle}, {size}, _dtype{read})"
         if BUILTINS[e.func].arity != 1:
             raise NotImplementedError(
                 f"the PyTorch emitter has no rule for {e.func}, a built-in of "
