@@ -228,7 +228,11 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
             shifts += ["_final_tokens"] if backward else []
             text = self.library.source(self.kernels + shifts + helpers)
             # the operators the kernels call under torch.compile, by the entry they call
-            entries = {"_own_backward": "_register_spans", "_opaque_call": "_register_calls"}
+            entries = {
+                "_own_backward": "_register_spans",
+                "_opaque_call": "_register_calls",
+                "_rotated": "_register_rotations",
+            }
             registers = [r for e, r in entries.items() if re.search(rf"\b{e}\b", text)]
             if registers:
                 text = self.library.source([*self.kernels, *shifts, *helpers, *registers])
@@ -247,7 +251,8 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
             if isinstance(n, Call) and n.func in BUILTINS
         }
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
-        helpers |= {"_turning", "_compact"} if called & set(ROTATIONS) else set()
+        rotations = {"_turning", "_compact", "_turning_of", "_rotated"}
+        helpers |= rotations if called & set(ROTATIONS) else set()
         turned = {c.kernel for c in self.program.calls} & set(self.library.turned)
         helpers |= {"_seq_turned"} if "rotate_interleaved" in called and turned else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))

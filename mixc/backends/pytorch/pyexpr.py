@@ -71,7 +71,7 @@ def _turning_call(py: PyExpr, theta: Expr, d: Expr) -> str:
     elementwise along them, from the first d / 2 rows of its vectors only."""
     size = d.text if isinstance(d, Number) else f"_sizes[{string(d.name)}]"
     if not py.compact_angles:  # a token's angle: nothing to gain per call
-        return f"_turning({py._emit(theta)[0]}, {size}, _dtype)"
+        return f"_turning_of({py._emit(theta)[0]}, {size}, _dtype)"
     rows = py.shape(theta)[0]
     read = rows == (d.text if isinstance(d, Number) else d.name)
     read = read and _rowwise(theta, py.shape)
@@ -84,7 +84,7 @@ def _turning_call(py: PyExpr, theta: Expr, d: Expr) -> str:
 
     angle = PyExpr(py.typer, compacted, py.functions)._emit(theta)[0]
     reads = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
-    return f"_turning({angle}, {size}, _dtype{reads})"
+    return f"_turning_of({angle}, {size}, _dtype{reads})"
 
 
 def _rowwise(angle: Expr, shape: Callable[[Expr], Shape]) -> bool:
@@ -306,7 +306,8 @@ class PyExpr:
             x, theta = e.args
             d = self.shape(x)[0]
             turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
-            return f"{BUILTINS[e.func].torch}({self._emit(x)[0]}, {self._emit(turning)[0]})"
+            rotate, turn = BUILTINS[e.func].torch, self._emit(turning)[0]
+            return f"_rotated({rotate}, {self._emit(x)[0]}, {turn})"  # see _turning_of
         if e.func == TURNING:
             return _turning_call(self, *e.args)
         if BUILTINS[e.func].arity != 1:

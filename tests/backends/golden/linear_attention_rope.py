@@ -919,16 +919,18 @@ class _OwnBackward(torch.autograd.Function):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls), else None: its kernels are then traced like any other code. slots: how
-    many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent). own_outputs: how many outputs a kernel with a backward of its own returns (o,
-    final state), which the operator `call` returns before what it kept. shapes: what the fake
-    implementations found by running a kernel on fake tensors, by call (_found_once)."""
+    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
+    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
+    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
+    its own returns (o, final state), which the operator `call` returns before what it kept.
+    shapes: what the fake implementations found by running a kernel on fake tensors, by call
+    (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
+    rotate = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1192,6 +1194,18 @@ def _spans_autograd(spans_backward):
     return backward
 
 
+def _recording():
+    """A context in which autograd records inside an operator again. An operator's
+    implementation runs with autograd's dispatch keys excluded, so that torch.autograd records
+    nothing there (and torch.func.vjp, which would, cannot run checkpoints): this takes them
+    out of the excluded keys for the block, autocast's staying excluded."""
+    keys = torch._C.DispatchKey
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
+        excluded = excluded.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
+
+
 def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
@@ -1203,6 +1217,77 @@ def _register_spans(namespace, functions):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
     return ops.spans
+
+
+def _rotation(functions, rotate, x, theta, d, dtype):
+    """The rotation named `rotate` among `functions` (a module's globals) of x by the angles
+    theta, as eagerly: the turn (_turning) computed once for the values that theta's broadcast
+    axes repeat (_compact)."""
+    turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
+    return functions[rotate](x, turning)
+
+
+def _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted):
+    """The operator `rotate_backward`: the gradients of x and theta (those wanted, 0 where the
+    rotation does not read one), the rotation run again under autograd: those of eager."""
+    with _recording(), torch.enable_grad():
+        leaves = [t.detach().requires_grad_(w) for t, w in zip((x, theta), wanted)]
+        wrt = [t for t, w in zip(leaves, wanted) if w]
+        out = _rotation(functions, rotate, *leaves, d, dtype)
+        found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(found, wrt)]
+
+
+def _define_rotation(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
+    of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
+    contiguous, as its fake says."""
+    head = "(str rotate, Tensor x, Tensor theta, int d, ScalarType dtype"
+
+    def forward(rotate, x, theta, d, dtype):
+        with torch.no_grad():
+            return _rotation(functions, rotate, x, theta, d, dtype).contiguous()
+
+    def fake(rotate, x, theta, d, dtype):
+        found = _rotation(functions, rotate, x, theta, d, dtype)
+        return found.new_empty(found.shape)
+
+    def backward(rotate, x, theta, d, dtype, grad, wanted):
+        return _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted)
+
+    def backward_fake(rotate, x, theta, d, dtype, grad, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((x, theta), wanted) if w]
+
+    rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
+                                     schema=f"{head}) -> Tensor")  # fmt: skip
+    rotate.register_fake(fake)
+    rotate_backward = torch.library.custom_op(
+        f"{namespace}::rotate_backward", backward, mutates_args=(),
+        schema=f"{head}, Tensor grad, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    rotate_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[1:3])
+        ctx.arguments = (inputs[0], *inputs[3:])
+
+    def formula(ctx, grad):
+        wanted = list(ctx.needs_input_grad[1:3])
+        rotate, d, dtype = ctx.arguments
+        found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
+        return None, *[next(found) if w else None for w in wanted], None, None
+
+    rotate.register_autograd(formula, setup_context=save)
+
+
+def _register_rotations(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` over the rotations among
+    `functions` (as _register_spans does), for _rotated under torch.compile."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "rotate"):
+        _define_rotation(namespace, functions)
+    _Operators.rotate = ops.rotate
+    return ops.rotate
 
 
 def _compact(x, rows=None):
@@ -1357,12 +1442,44 @@ def _seq_turned(x, turning, sizes, cu_seqlens=None):
     no pass of its own and no tensor of the whole sequence (on CPU that pass and its fresh
     memory cost as much as the kernel's copies of q and k). Elsewhere turned first, as an
     expression is."""
-    n = turning.shape[-1]
-    tracked = torch.is_grad_enabled() and turning.requires_grad
-    if tracked or torch.compiler.is_compiling() or cu_seqlens is not None:
+    if torch.compiler.is_compiling() or cu_seqlens is not None:
+        return _seq_vector(_rotated(_rotate_interleaved, x, turning), sizes, cu_seqlens)  # noqa: F821
+    if torch.is_grad_enabled() and turning.requires_grad:
         return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
-    lead = (sizes["B"], sizes["T"], sizes["NH"], n)
+    lead = (sizes["B"], sizes["T"], sizes["NH"], turning.shape[-1])
     return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+
+
+class _Angles:
+    """What _turning_of gives under torch.compile in place of a turn: the angles `theta`
+    [..., p, 1] (expanded to the turn's leading axes), the size `d` of the vectors they turn and
+    the compute dtype, which _rotated hands to one opaque operator."""
+
+    def __init__(self, theta, d, dtype):
+        self.theta, self.d, self.dtype = theta, d, dtype
+
+
+def _turning_of(theta, d, dtype, *leaves):
+    """_turning(theta, d, dtype, *leaves), the turn a rotation reads (_rotated). Under
+    torch.compile, in a module that registered its operators, the angles instead (_Angles):
+    each rotation is then one opaque operator, the turn and the turned pairs computed inside it
+    as they are eagerly (cos and sin of the float64 angles), where inductor would otherwise write
+    a kernel of its own for each step around the complex numbers (their cos, sin, copies,
+    stacks; forward and backward), a C++ build each."""
+    if _Operators.rotate is None or not torch.compiler.is_compiling():  # noqa: F821
+        return _turning(theta, d, dtype, *leaves)
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    lead = _broadcast(theta.shape, *shapes)[:-2]
+    return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
+
+
+def _rotated(rotate, x, turning):
+    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
+    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+    if isinstance(turning, _Angles):
+        theta, d, dtype = turning.theta, turning.d, turning.dtype
+        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
+    return rotate(x, turning)
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
@@ -1556,7 +1673,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_941a9d94814e9f64", globals())
+_operator_spans = _register_spans("mixc_a84be81167cc29b8", globals())
+_operator_rotations = _register_rotations("mixc_a84be81167cc29b8", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1637,7 +1755,7 @@ def chunk(
     # each token's position, and the next token's, carried on
     pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens)
     # H: identity -> chunk_scalar_decay
-    _turn = _turning(
+    _turn = _turning_of(
         _compact(pos) * _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
     )
     _k_H = _seq_turned(k, _turn, _sizes, cu_seqlens)
@@ -1671,12 +1789,12 @@ def parallel(q, k, v, *, theta=None):
     _device = q.device
     pos, _ = _positions(None, _sizes, _device)  # from 0
     # H: identity -> parallel_scalar_decay
-    _turn = _turning(
+    _turn = _turning_of(
         _compact(pos) * _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
     )
-    _k_H = _seq_vector(_rotate_interleaved(k, _turn), _sizes)
+    _k_H = _seq_vector(_rotated(_rotate_interleaved, k, _turn), _sizes)
     _v_H = _seq_vector(v, _sizes)
-    _q = _seq_vector(_rotate_interleaved(q, _turn), _sizes)
+    _q = _seq_vector(_rotated(_rotate_interleaved, q, _turn), _sizes)
     _o = _parallel_scalar_decay(_q, _k_H, _v_H)
     _read_H = _from_seq(_o)  # H_t rotate_interleaved(q_t, pos_t theta)
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t rotate_interleaved(q_t, pos_t theta)
@@ -1716,11 +1834,11 @@ def _recurrence(q, k, v, theta, H, _pos, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
-        _turn = _turning(pos_t * theta, _sizes["K"], _dtype)
+        _turn = _turning_of(pos_t * theta, _sizes["K"], _dtype)
         # H_{t-1} + v_t rotate_interleaved(k_t, pos_t theta)^T
-        H_t = H + (v_t @ _rotate_interleaved(k_t, _turn).mT)
+        H_t = H + (v_t @ _rotated(_rotate_interleaved, k_t, _turn).mT)
         # y_t = H_t rotate_interleaved(q_t, pos_t theta)
-        _ys.append(H_t @ _rotate_interleaved(q_t, _turn))
+        _ys.append(H_t @ _rotated(_rotate_interleaved, q_t, _turn))
         H, _pos = H_t, _pos + 1
     return _torch.stack(_ys, 1), (H, _pos)
 

@@ -1074,16 +1074,18 @@ def _angle_sums(v, initial, cu_seqlens=None):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls), else None: its kernels are then traced like any other code. slots: how
-    many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent). own_outputs: how many outputs a kernel with a backward of its own returns (o,
-    final state), which the operator `call` returns before what it kept. shapes: what the fake
-    implementations found by running a kernel on fake tensors, by call (_found_once)."""
+    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
+    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
+    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
+    its own returns (o, final state), which the operator `call` returns before what it kept.
+    shapes: what the fake implementations found by running a kernel on fake tensors, by call
+    (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
+    rotate = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1347,6 +1349,18 @@ def _spans_autograd(spans_backward):
     return backward
 
 
+def _recording():
+    """A context in which autograd records inside an operator again. An operator's
+    implementation runs with autograd's dispatch keys excluded, so that torch.autograd records
+    nothing there (and torch.func.vjp, which would, cannot run checkpoints): this takes them
+    out of the excluded keys for the block, autocast's staying excluded."""
+    keys = torch._C.DispatchKey
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
+        excluded = excluded.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
+
+
 def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
@@ -1358,6 +1372,77 @@ def _register_spans(namespace, functions):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
     return ops.spans
+
+
+def _rotation(functions, rotate, x, theta, d, dtype):
+    """The rotation named `rotate` among `functions` (a module's globals) of x by the angles
+    theta, as eagerly: the turn (_turning) computed once for the values that theta's broadcast
+    axes repeat (_compact)."""
+    turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
+    return functions[rotate](x, turning)
+
+
+def _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted):
+    """The operator `rotate_backward`: the gradients of x and theta (those wanted, 0 where the
+    rotation does not read one), the rotation run again under autograd: those of eager."""
+    with _recording(), torch.enable_grad():
+        leaves = [t.detach().requires_grad_(w) for t, w in zip((x, theta), wanted)]
+        wrt = [t for t, w in zip(leaves, wanted) if w]
+        out = _rotation(functions, rotate, *leaves, d, dtype)
+        found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(found, wrt)]
+
+
+def _define_rotation(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
+    of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
+    contiguous, as its fake says."""
+    head = "(str rotate, Tensor x, Tensor theta, int d, ScalarType dtype"
+
+    def forward(rotate, x, theta, d, dtype):
+        with torch.no_grad():
+            return _rotation(functions, rotate, x, theta, d, dtype).contiguous()
+
+    def fake(rotate, x, theta, d, dtype):
+        found = _rotation(functions, rotate, x, theta, d, dtype)
+        return found.new_empty(found.shape)
+
+    def backward(rotate, x, theta, d, dtype, grad, wanted):
+        return _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted)
+
+    def backward_fake(rotate, x, theta, d, dtype, grad, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((x, theta), wanted) if w]
+
+    rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
+                                     schema=f"{head}) -> Tensor")  # fmt: skip
+    rotate.register_fake(fake)
+    rotate_backward = torch.library.custom_op(
+        f"{namespace}::rotate_backward", backward, mutates_args=(),
+        schema=f"{head}, Tensor grad, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    rotate_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[1:3])
+        ctx.arguments = (inputs[0], *inputs[3:])
+
+    def formula(ctx, grad):
+        wanted = list(ctx.needs_input_grad[1:3])
+        rotate, d, dtype = ctx.arguments
+        found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
+        return None, *[next(found) if w else None for w in wanted], None, None
+
+    rotate.register_autograd(formula, setup_context=save)
+
+
+def _register_rotations(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` over the rotations among
+    `functions` (as _register_spans does), for _rotated under torch.compile."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "rotate"):
+        _define_rotation(namespace, functions)
+    _Operators.rotate = ops.rotate
+    return ops.rotate
 
 
 def _compact(x, rows=None):
@@ -1512,12 +1597,44 @@ def _seq_turned(x, turning, sizes, cu_seqlens=None):
     no pass of its own and no tensor of the whole sequence (on CPU that pass and its fresh
     memory cost as much as the kernel's copies of q and k). Elsewhere turned first, as an
     expression is."""
-    n = turning.shape[-1]
-    tracked = torch.is_grad_enabled() and turning.requires_grad
-    if tracked or torch.compiler.is_compiling() or cu_seqlens is not None:
+    if torch.compiler.is_compiling() or cu_seqlens is not None:
+        return _seq_vector(_rotated(_rotate_interleaved, x, turning), sizes, cu_seqlens)  # noqa: F821
+    if torch.is_grad_enabled() and turning.requires_grad:
         return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
-    lead = (sizes["B"], sizes["T"], sizes["NH"], n)
+    lead = (sizes["B"], sizes["T"], sizes["NH"], turning.shape[-1])
     return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+
+
+class _Angles:
+    """What _turning_of gives under torch.compile in place of a turn: the angles `theta`
+    [..., p, 1] (expanded to the turn's leading axes), the size `d` of the vectors they turn and
+    the compute dtype, which _rotated hands to one opaque operator."""
+
+    def __init__(self, theta, d, dtype):
+        self.theta, self.d, self.dtype = theta, d, dtype
+
+
+def _turning_of(theta, d, dtype, *leaves):
+    """_turning(theta, d, dtype, *leaves), the turn a rotation reads (_rotated). Under
+    torch.compile, in a module that registered its operators, the angles instead (_Angles):
+    each rotation is then one opaque operator, the turn and the turned pairs computed inside it
+    as they are eagerly (cos and sin of the float64 angles), where inductor would otherwise write
+    a kernel of its own for each step around the complex numbers (their cos, sin, copies,
+    stacks; forward and backward), a C++ build each."""
+    if _Operators.rotate is None or not torch.compiler.is_compiling():  # noqa: F821
+        return _turning(theta, d, dtype, *leaves)
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    lead = _broadcast(theta.shape, *shapes)[:-2]
+    return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
+
+
+def _rotated(rotate, x, turning):
+    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
+    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+    if isinstance(turning, _Angles):
+        theta, d, dtype = turning.theta, turning.d, turning.dtype
+        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
+    return rotate(x, turning)
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -1681,7 +1798,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_943d3c84daa071f4", globals())
+_operator_spans = _register_spans("mixc_bfd027c0fc81d91d", globals())
+_operator_rotations = _register_rotations("mixc_bfd027c0fc81d91d", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1791,7 +1909,7 @@ def chunk(
         return y, (_final if output_final_state else None)
     _v0_H = _prev_x  # x_{t-1}, before each sequence's first token
     # rotate_interleaved(B_bias + B_{t-1}, _r0), before each sequence's first token
-    _k0_H = _rotate_interleaved(B_bias + _prev_B, _turning(Th, _sizes["N"], _dtype))
+    _k0_H = _rotated(_rotate_interleaved, B_bias + _prev_B, _turning_of(Th, _sizes["N"], _dtype))
     _last_x = _last_tokens(x, _prev_x, cu_seqlens)  # carried to the next call
     _last_B = _last_tokens(B, _prev_B, cu_seqlens)  # carried to the next call
     # None where autograd or a compiler records the form: no result in place
@@ -1804,7 +1922,7 @@ def chunk(
     # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
     _c_H = _seq_scalar(_torch.addcmul(dt, dt, _lam, value=-1), _sizes, cu_seqlens)
     _cnext_H = _next_tokens(_c_H)  # c_{t+1}, 0 at each sequence's last token
-    _turn__r1_N = _turning(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _sum_B_bias_B = B_bias + B
     _k_H = _seq_turned(_sum_B_bias_B, _turn__r1_N, _sizes, cu_seqlens)
     _x_H = _seq_vector(x, _sizes, cu_seqlens)
@@ -1880,7 +1998,7 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
     # rotate_interleaved(B_bias + B_{t-1}, _r0)
     _k1_H = _seq_vector(
-        _rotate_interleaved(B_bias + _prev_B, _turning(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)),
+        _rotated(_rotate_interleaved, B_bias + _prev_B, _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)),
         _sizes,
     )
     _negated = -A * dt
@@ -1889,14 +2007,14 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) x_{t-1}
     _v1_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
-    _turn__r1_N = _turning(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     # rotate_interleaved(B_bias + B_t, _r1)
-    _k2_H = _seq_vector(_rotate_interleaved(B_bias + B, _turn__r1_N), _sizes)
+    _k2_H = _seq_vector(_rotated(_rotate_interleaved, B_bias + B, _turn__r1_N), _sizes)
     _v2_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t
     _k_H = _sub_tokens([_k1_H, _k2_H])  # 2 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H)])  # 2 sub-tokens a token, one per step
-    _q = _seq_vector(_rotate_interleaved(C_bias + C, _turn__r1_N), _sizes)
+    _q = _seq_vector(_rotated(_rotate_interleaved, C_bias + C, _turn__r1_N), _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 1::2]  # each token's last sub-token
@@ -1951,18 +2069,20 @@ def _recurrence(
         # Th_{t-1} + 3.141592653589793 dt_t tanh(w_t)
         Th_t = Th + 3.141592653589793 * dt_t.double() * _torch.tanh(w_t.double())
         _a = _torch.exp(-dt_t * A_t)
-        _turn = _rotate_interleaved(_prev_B + B_bias, _turning(Th, _sizes["N"], _dtype))
+        _turn = _rotated(
+            _rotate_interleaved, _prev_B + B_bias, _turning_of(Th, _sizes["N"], _dtype)
+        )
         _lam = _torch.sigmoid(l_t)
-        _turn_Th_N = _turning(Th_t, _sizes["N"], _dtype)
+        _turn_Th_N = _turning_of(Th_t, _sizes["N"], _dtype)
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t x_{t-1} turn(B_{t-1} + B_bias, Th_{t-1})^T + lam_t dt_t x_t turn(B_t + B_bias, Th_t)^T
         H_t = (
             _torch.exp(-A_t * dt_t) * H
             + dt_t * _a * (_prev_x @ _turn.mT)
             - dt_t * _a * _lam * (_prev_x @ _turn.mT)
-            + dt_t * _lam * (x_t @ _rotate_interleaved(B_t + B_bias, _turn_Th_N).mT)
+            + dt_t * _lam * (x_t @ _rotated(_rotate_interleaved, B_t + B_bias, _turn_Th_N).mT)
         )
         # y_t = (H_t turn(C_t + C_bias, Th_t) + D x_t) * silu(z_t)
-        _ys.append(_torch.addcmul(H_t @ _rotate_interleaved(C_t + C_bias, _turn_Th_N), D, x_t) * _F.silu(z_t))
+        _ys.append(_torch.addcmul(H_t @ _rotated(_rotate_interleaved, C_t + C_bias, _turn_Th_N), D, x_t) * _F.silu(z_t))
         Th, H, _prev_x, _prev_B = Th_t, H_t, x_t, B_t
     return _torch.stack(_ys, 1), (Th, H, _prev_x, _prev_B)
 

@@ -1043,16 +1043,18 @@ def _angle_sums(v, initial, cu_seqlens=None):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls), else None: its kernels are then traced like any other code. slots: how
-    many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent). own_outputs: how many outputs a kernel with a backward of its own returns (o,
-    final state), which the operator `call` returns before what it kept. shapes: what the fake
-    implementations found by running a kernel on fake tensors, by call (_found_once)."""
+    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
+    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
+    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
+    its own returns (o, final state), which the operator `call` returns before what it kept.
+    shapes: what the fake implementations found by running a kernel on fake tensors, by call
+    (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
+    rotate = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1316,6 +1318,18 @@ def _spans_autograd(spans_backward):
     return backward
 
 
+def _recording():
+    """A context in which autograd records inside an operator again. An operator's
+    implementation runs with autograd's dispatch keys excluded, so that torch.autograd records
+    nothing there (and torch.func.vjp, which would, cannot run checkpoints): this takes them
+    out of the excluded keys for the block, autocast's staying excluded."""
+    keys = torch._C.DispatchKey
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
+        excluded = excluded.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
+
+
 def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
@@ -1327,6 +1341,77 @@ def _register_spans(namespace, functions):
         _define_spans(namespace, functions)
     _Operators.spans = ops.spans
     return ops.spans
+
+
+def _rotation(functions, rotate, x, theta, d, dtype):
+    """The rotation named `rotate` among `functions` (a module's globals) of x by the angles
+    theta, as eagerly: the turn (_turning) computed once for the values that theta's broadcast
+    axes repeat (_compact)."""
+    turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
+    return functions[rotate](x, turning)
+
+
+def _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted):
+    """The operator `rotate_backward`: the gradients of x and theta (those wanted, 0 where the
+    rotation does not read one), the rotation run again under autograd: those of eager."""
+    with _recording(), torch.enable_grad():
+        leaves = [t.detach().requires_grad_(w) for t, w in zip((x, theta), wanted)]
+        wrt = [t for t, w in zip(leaves, wanted) if w]
+        out = _rotation(functions, rotate, *leaves, d, dtype)
+        found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(found, wrt)]
+
+
+def _define_rotation(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
+    of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
+    contiguous, as its fake says."""
+    head = "(str rotate, Tensor x, Tensor theta, int d, ScalarType dtype"
+
+    def forward(rotate, x, theta, d, dtype):
+        with torch.no_grad():
+            return _rotation(functions, rotate, x, theta, d, dtype).contiguous()
+
+    def fake(rotate, x, theta, d, dtype):
+        found = _rotation(functions, rotate, x, theta, d, dtype)
+        return found.new_empty(found.shape)
+
+    def backward(rotate, x, theta, d, dtype, grad, wanted):
+        return _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted)
+
+    def backward_fake(rotate, x, theta, d, dtype, grad, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((x, theta), wanted) if w]
+
+    rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
+                                     schema=f"{head}) -> Tensor")  # fmt: skip
+    rotate.register_fake(fake)
+    rotate_backward = torch.library.custom_op(
+        f"{namespace}::rotate_backward", backward, mutates_args=(),
+        schema=f"{head}, Tensor grad, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    rotate_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[1:3])
+        ctx.arguments = (inputs[0], *inputs[3:])
+
+    def formula(ctx, grad):
+        wanted = list(ctx.needs_input_grad[1:3])
+        rotate, d, dtype = ctx.arguments
+        found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
+        return None, *[next(found) if w else None for w in wanted], None, None
+
+    rotate.register_autograd(formula, setup_context=save)
+
+
+def _register_rotations(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` over the rotations among
+    `functions` (as _register_spans does), for _rotated under torch.compile."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "rotate"):
+        _define_rotation(namespace, functions)
+    _Operators.rotate = ops.rotate
+    return ops.rotate
 
 
 def _compact(x, rows=None):
@@ -1404,6 +1489,38 @@ def _turn_two_slices(x, turning, half):
     lead = turned.shape[:-1]
     kept = x[..., n:half, 0].expand(*lead, -1), x[..., half + n :, 0].expand(*lead, -1)
     return torch.cat((turned.real, kept[0], turned.imag, kept[1]), -1)[..., None]
+
+
+class _Angles:
+    """What _turning_of gives under torch.compile in place of a turn: the angles `theta`
+    [..., p, 1] (expanded to the turn's leading axes), the size `d` of the vectors they turn and
+    the compute dtype, which _rotated hands to one opaque operator."""
+
+    def __init__(self, theta, d, dtype):
+        self.theta, self.d, self.dtype = theta, d, dtype
+
+
+def _turning_of(theta, d, dtype, *leaves):
+    """_turning(theta, d, dtype, *leaves), the turn a rotation reads (_rotated). Under
+    torch.compile, in a module that registered its operators, the angles instead (_Angles):
+    each rotation is then one opaque operator, the turn and the turned pairs computed inside it
+    as they are eagerly (cos and sin of the float64 angles), where inductor would otherwise write
+    a kernel of its own for each step around the complex numbers (their cos, sin, copies,
+    stacks; forward and backward), a C++ build each."""
+    if _Operators.rotate is None or not torch.compiler.is_compiling():  # noqa: F821
+        return _turning(theta, d, dtype, *leaves)
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    lead = _broadcast(theta.shape, *shapes)[:-2]
+    return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
+
+
+def _rotated(rotate, x, turning):
+    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
+    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+    if isinstance(turning, _Angles):
+        theta, d, dtype = turning.theta, turning.d, turning.dtype
+        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
+    return rotate(x, turning)
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -1750,7 +1867,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_bdb8fba3462e7df3", globals())
+_operator_spans = _register_spans("mixc_0635a9d5ec8e0947", globals())
+_operator_rotations = _register_rotations("mixc_0635a9d5ec8e0947", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1988,9 +2106,11 @@ def chunk(
     _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay_rank, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     # rotate_halves(B1_bias + B1_{t-1}, _r0)
-    _k1_H = _seq_vector(_rotate_halves(B1_bias + _prev_B1, _turn__r0_N), _sizes, cu_seqlens)
+    _k1_H = _seq_vector(
+        _rotated(_rotate_halves, B1_bias + _prev_B1, _turn__r0_N), _sizes, cu_seqlens
+    )
     _negated = -A * dt
     _product2 = dt * _torch.exp(_negated)
     _lam = _torch.sigmoid(l)
@@ -1999,24 +2119,26 @@ def chunk(
     _v1_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes, cu_seqlens)
     _g1_H = _seq_scalar(_negated, _sizes, cu_seqlens)  # -A_t dt_t
     # rotate_halves(B2_bias + B2_{t-1}, _r0)
-    _k2_H = _seq_vector(_rotate_halves(B2_bias + _prev_B2, _turn__r0_N), _sizes, cu_seqlens)
+    _k2_H = _seq_vector(
+        _rotated(_rotate_halves, B2_bias + _prev_B2, _turn__r0_N), _sizes, cu_seqlens
+    )
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes, cu_seqlens)
-    _turn__r1_N = _turning(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     # rotate_halves(B1_bias + B1_t, _r1)
-    _k3_H = _seq_vector(_rotate_halves(B1_bias + B1, _turn__r1_N), _sizes, cu_seqlens)
+    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias + B1, _turn__r1_N), _sizes, cu_seqlens)
     _product = dt * _lam
     # dt_t sigmoid(l_t) (x_t * mimo_x1)
     _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes, cu_seqlens)
     # rotate_halves(B2_bias + B2_t, _r1)
-    _k4_H = _seq_vector(_rotate_halves(B2_bias + B2, _turn__r1_N), _sizes, cu_seqlens)
+    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias + B2, _turn__r1_N), _sizes, cu_seqlens)
     # dt_t sigmoid(l_t) (x_t * mimo_x2)
     _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes, cu_seqlens)
     _k_H = [_k1_H, _k2_H, _k3_H, _k4_H]  # 4 writes a token, taken together
     _v_H = [_v1_H, _v2_H, _v3_H, _v4_H]  # 4 writes a token, taken together
     _S0_H = H.mT
-    _q1 = _seq_vector(_rotate_halves(C1_bias + C1, _turn__r1_N), _sizes, cu_seqlens)
-    _q2 = _seq_vector(_rotate_halves(C2_bias + C2, _turn__r1_N), _sizes, cu_seqlens)
+    _q1 = _seq_vector(_rotated(_rotate_halves, C1_bias + C1, _turn__r1_N), _sizes, cu_seqlens)
+    _q2 = _seq_vector(_rotated(_rotate_halves, C2_bias + C2, _turn__r1_N), _sizes, cu_seqlens)
     # 2 queries of one state, one pass
     (_o1, _o2), _S = _chunk_scalar_decay_rank(
         [_q1, _q2], _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
@@ -2152,9 +2274,9 @@ def parallel(
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     # rotate_halves(B1_bias + B1_{t-1}, _r0)
-    _k1_H = _seq_vector(_rotate_halves(B1_bias + _prev_B1, _turn__r0_N), _sizes)
+    _k1_H = _seq_vector(_rotated(_rotate_halves, B1_bias + _prev_B1, _turn__r0_N), _sizes)
     _negated = -A * dt
     _product2 = dt * _torch.exp(_negated)
     _lam = _torch.sigmoid(l)
@@ -2163,27 +2285,27 @@ def parallel(
     _v1_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes)
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
     # rotate_halves(B2_bias + B2_{t-1}, _r0)
-    _k2_H = _seq_vector(_rotate_halves(B2_bias + _prev_B2, _turn__r0_N), _sizes)
+    _k2_H = _seq_vector(_rotated(_rotate_halves, B2_bias + _prev_B2, _turn__r0_N), _sizes)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes)
-    _turn__r1_N = _turning(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     # rotate_halves(B1_bias + B1_t, _r1)
-    _k3_H = _seq_vector(_rotate_halves(B1_bias + B1, _turn__r1_N), _sizes)
+    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias + B1, _turn__r1_N), _sizes)
     _product = dt * _lam
     _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x1)
     # rotate_halves(B2_bias + B2_t, _r1)
-    _k4_H = _seq_vector(_rotate_halves(B2_bias + B2, _turn__r1_N), _sizes)
+    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias + B2, _turn__r1_N), _sizes)
     _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x2)
     _k_H = _sub_tokens([_k1_H, _k2_H, _k3_H, _k4_H])  # 4 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H, _v3_H, _v4_H])  # 4 sub-tokens a token, one per step
     # 4 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H), _torch.zeros_like(_g1_H), _torch.zeros_like(_g1_H)])
-    _q = _seq_vector(_rotate_halves(C1_bias + C1, _turn__r1_N), _sizes)
+    _q = _seq_vector(_rotated(_rotate_halves, C1_bias + C1, _turn__r1_N), _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _torch.zeros_like(_q), _torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
     _read_H = _from_seq(_o)  # H_t rotate_halves(C1_bias + C1_t, _r1)
-    _q = _seq_vector(_rotate_halves(C2_bias + C2, _turn__r1_N), _sizes)
+    _q = _seq_vector(_rotated(_rotate_halves, C2_bias + C2, _turn__r1_N), _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _torch.zeros_like(_q), _torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
@@ -2308,12 +2430,12 @@ def _recurrence(
         Th_t = Th + 3.141592653589793 * dt_t.double() * _torch.tanh(w_t.double())
         _a = _torch.exp(-dt_t * A_t)
         _product_mimo_x1_x = mimo_x1 * _prev_x
-        _turn_Th_N2 = _turning(Th, _sizes["N"], _dtype)
-        _turn = _rotate_halves(_prev_B1 + B1_bias, _turn_Th_N2)
+        _turn_Th_N2 = _turning_of(Th, _sizes["N"], _dtype)
+        _turn = _rotated(_rotate_halves, _prev_B1 + B1_bias, _turn_Th_N2)
         _lam = _torch.sigmoid(l_t)
         _product_mimo_x2_x = mimo_x2 * _prev_x
-        _turn2 = _rotate_halves(_prev_B2 + B2_bias, _turn_Th_N2)
-        _turn_Th_N = _turning(Th_t, _sizes["N"], _dtype)
+        _turn2 = _rotated(_rotate_halves, _prev_B2 + B2_bias, _turn_Th_N2)
+        _turn_Th_N = _turning_of(Th_t, _sizes["N"], _dtype)
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t (mimo_x1 * x_{t-1}) turn(B1_{t-1} + B1_bias, Th_{t-1})^T + (1 - lam_t) dt_t a_t (mimo_x2 * x_{t-1}) turn(B2_{t-1} + B2_bias, Th_{t-1})^T + lam_t dt_t (mimo_x1 * x_t) turn(B1_t + B1_bias, Th_t)^T + lam_t dt_t (mimo_x2 * x_t) turn(B2_t + B2_bias, Th_t)^T
         H_t = (
             _torch.exp(-A_t * dt_t) * H
@@ -2321,11 +2443,11 @@ def _recurrence(
             - dt_t * _a * _lam * (_product_mimo_x1_x @ _turn.mT)
             + dt_t * _a * (_product_mimo_x2_x @ _turn2.mT)
             - dt_t * _a * _lam * (_product_mimo_x2_x @ _turn2.mT)
-            + dt_t * _lam * ((mimo_x1 * x_t) @ _rotate_halves(B1_t + B1_bias, _turn_Th_N).mT)
-            + dt_t * _lam * ((mimo_x2 * x_t) @ _rotate_halves(B2_t + B2_bias, _turn_Th_N).mT)
+            + dt_t * _lam * ((mimo_x1 * x_t) @ _rotated(_rotate_halves, B1_t + B1_bias, _turn_Th_N).mT)
+            + dt_t * _lam * ((mimo_x2 * x_t) @ _rotated(_rotate_halves, B2_t + B2_bias, _turn_Th_N).mT)
         )
         # y_t = mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
-        _ys.append(_torch.addcmul(mimo_o1 * _torch.addcmul(H_t @ _rotate_halves(C1_t + C1_bias, _turn_Th_N), D * mimo_x1, x_t) * _F.silu(mimo_z1 * z_t), mimo_o2 * _torch.addcmul(H_t @ _rotate_halves(C2_t + C2_bias, _turn_Th_N), D * mimo_x2, x_t), _F.silu(mimo_z2 * z_t)))
+        _ys.append(_torch.addcmul(mimo_o1 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C1_t + C1_bias, _turn_Th_N), D * mimo_x1, x_t) * _F.silu(mimo_z1 * z_t), mimo_o2 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C2_t + C2_bias, _turn_Th_N), D * mimo_x2, x_t), _F.silu(mimo_z2 * z_t)))
         Th, H, _prev_x, _prev_B1, _prev_B2 = Th_t, H_t, x_t, B1_t, B2_t
     return _torch.stack(_ys, 1), (Th, H, _prev_x, _prev_B1, _prev_B2)
 

@@ -803,16 +803,18 @@ class _OwnBackward(torch.autograd.Function):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls), else None: its kernels are then traced like any other code. slots: how
-    many tensors an operator takes (a kernel's sequences and its initial state, None where
-    absent). own_outputs: how many outputs a kernel with a backward of its own returns (o,
-    final state), which the operator `call` returns before what it kept. shapes: what the fake
-    implementations found by running a kernel on fake tensors, by call (_found_once)."""
+    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
+    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
+    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
+    its own returns (o, final state), which the operator `call` returns before what it kept.
+    shapes: what the fake implementations found by running a kernel on fake tensors, by call
+    (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
+    rotate = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1270,6 +1272,77 @@ def _register_calls(namespace, functions):
     return ops.call
 
 
+def _rotation(functions, rotate, x, theta, d, dtype):
+    """The rotation named `rotate` among `functions` (a module's globals) of x by the angles
+    theta, as eagerly: the turn (_turning) computed once for the values that theta's broadcast
+    axes repeat (_compact)."""
+    turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
+    return functions[rotate](x, turning)
+
+
+def _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted):
+    """The operator `rotate_backward`: the gradients of x and theta (those wanted, 0 where the
+    rotation does not read one), the rotation run again under autograd: those of eager."""
+    with _recording(), torch.enable_grad():
+        leaves = [t.detach().requires_grad_(w) for t, w in zip((x, theta), wanted)]
+        wrt = [t for t, w in zip(leaves, wanted) if w]
+        out = _rotation(functions, rotate, *leaves, d, dtype)
+        found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(found, wrt)]
+
+
+def _define_rotation(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
+    of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
+    contiguous, as its fake says."""
+    head = "(str rotate, Tensor x, Tensor theta, int d, ScalarType dtype"
+
+    def forward(rotate, x, theta, d, dtype):
+        with torch.no_grad():
+            return _rotation(functions, rotate, x, theta, d, dtype).contiguous()
+
+    def fake(rotate, x, theta, d, dtype):
+        found = _rotation(functions, rotate, x, theta, d, dtype)
+        return found.new_empty(found.shape)
+
+    def backward(rotate, x, theta, d, dtype, grad, wanted):
+        return _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted)
+
+    def backward_fake(rotate, x, theta, d, dtype, grad, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((x, theta), wanted) if w]
+
+    rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
+                                     schema=f"{head}) -> Tensor")  # fmt: skip
+    rotate.register_fake(fake)
+    rotate_backward = torch.library.custom_op(
+        f"{namespace}::rotate_backward", backward, mutates_args=(),
+        schema=f"{head}, Tensor grad, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    rotate_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[1:3])
+        ctx.arguments = (inputs[0], *inputs[3:])
+
+    def formula(ctx, grad):
+        wanted = list(ctx.needs_input_grad[1:3])
+        rotate, d, dtype = ctx.arguments
+        found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
+        return None, *[next(found) if w else None for w in wanted], None, None
+
+    rotate.register_autograd(formula, setup_context=save)
+
+
+def _register_rotations(namespace, functions):
+    """Register the operators `rotate` and `rotate_backward` over the rotations among
+    `functions` (as _register_spans does), for _rotated under torch.compile."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "rotate"):
+        _define_rotation(namespace, functions)
+    _Operators.rotate = ops.rotate
+    return ops.rotate
+
+
 def _compact(x, rows=None):
     """x with each leading axis that only repeats its entries (stride 0, as `expand` makes it:
     a per-head parameter the same for every head, positions the same for every sequence) cut to
@@ -1422,12 +1495,44 @@ def _seq_turned(x, turning, sizes, cu_seqlens=None):
     no pass of its own and no tensor of the whole sequence (on CPU that pass and its fresh
     memory cost as much as the kernel's copies of q and k). Elsewhere turned first, as an
     expression is."""
-    n = turning.shape[-1]
-    tracked = torch.is_grad_enabled() and turning.requires_grad
-    if tracked or torch.compiler.is_compiling() or cu_seqlens is not None:
+    if torch.compiler.is_compiling() or cu_seqlens is not None:
+        return _seq_vector(_rotated(_rotate_interleaved, x, turning), sizes, cu_seqlens)  # noqa: F821
+    if torch.is_grad_enabled() and turning.requires_grad:
         return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
-    lead = (sizes["B"], sizes["T"], sizes["NH"], n)
+    lead = (sizes["B"], sizes["T"], sizes["NH"], turning.shape[-1])
     return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+
+
+class _Angles:
+    """What _turning_of gives under torch.compile in place of a turn: the angles `theta`
+    [..., p, 1] (expanded to the turn's leading axes), the size `d` of the vectors they turn and
+    the compute dtype, which _rotated hands to one opaque operator."""
+
+    def __init__(self, theta, d, dtype):
+        self.theta, self.d, self.dtype = theta, d, dtype
+
+
+def _turning_of(theta, d, dtype, *leaves):
+    """_turning(theta, d, dtype, *leaves), the turn a rotation reads (_rotated). Under
+    torch.compile, in a module that registered its operators, the angles instead (_Angles):
+    each rotation is then one opaque operator, the turn and the turned pairs computed inside it
+    as they are eagerly (cos and sin of the float64 angles), where inductor would otherwise write
+    a kernel of its own for each step around the complex numbers (their cos, sin, copies,
+    stacks; forward and backward), a C++ build each."""
+    if _Operators.rotate is None or not torch.compiler.is_compiling():  # noqa: F821
+        return _turning(theta, d, dtype, *leaves)
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    lead = _broadcast(theta.shape, *shapes)[:-2]
+    return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
+
+
+def _rotated(rotate, x, turning):
+    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
+    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+    if isinstance(turning, _Angles):
+        theta, d, dtype = turning.theta, turning.d, turning.dtype
+        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
+    return rotate(x, turning)
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
@@ -1741,8 +1846,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_eddc26a8b672db9b", globals())
-_operator_calls = _register_calls("mixc_eddc26a8b672db9b", globals())
+_operator_spans = _register_spans("mixc_6e6a7ea4cbf284ad", globals())
+_operator_calls = _register_calls("mixc_6e6a7ea4cbf284ad", globals())
+_operator_rotations = _register_rotations("mixc_6e6a7ea4cbf284ad", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1840,7 +1946,7 @@ def chunk(
     # each token's position, and the next token's, carried on
     pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens)
     # H: diagonal key-side -> chunk_diagonal
-    _turn = _turning(
+    _turn = _turning_of(
         _compact(pos) * _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
     )
     _k_H = _seq_turned(
@@ -1898,14 +2004,14 @@ def _recurrence(q, k, v, gamma, theta, zeta, H, _pos, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
-        _turn = _turning(pos_t * theta, _sizes["K"], _dtype)
+        _turn = _turning_of(pos_t * theta, _sizes["K"], _dtype)
         # gamma H_{t-1} diag(zeta^(1 / 512)) + v_t rotate_interleaved(k_t / sqrt(K), pos_t theta)^T
         H_t = (
             gamma * H * (zeta ** 0.001953125).mT
-            + (v_t @ _rotate_interleaved(k_t / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)), _turn).mT)
+            + (v_t @ _rotated(_rotate_interleaved, k_t / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)), _turn).mT)
         )
         # y_t = H_t rotate_interleaved(q_t, pos_t theta)
-        _ys.append(H_t @ _rotate_interleaved(q_t, _turn))
+        _ys.append(H_t @ _rotated(_rotate_interleaved, q_t, _turn))
         H, _pos = H_t, _pos + 1
     return _torch.stack(_ys, 1), (H, _pos)
 

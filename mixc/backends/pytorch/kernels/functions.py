@@ -220,12 +220,44 @@ def _seq_turned(x, turning, sizes, cu_seqlens=None):
     no pass of its own and no tensor of the whole sequence (on CPU that pass and its fresh
     memory cost as much as the kernel's copies of q and k). Elsewhere turned first, as an
     expression is."""
-    n = turning.shape[-1]
-    tracked = torch.is_grad_enabled() and turning.requires_grad
-    if tracked or torch.compiler.is_compiling() or cu_seqlens is not None:
+    if torch.compiler.is_compiling() or cu_seqlens is not None:
+        return _seq_vector(_rotated(_rotate_interleaved, x, turning), sizes, cu_seqlens)  # noqa: F821
+    if torch.is_grad_enabled() and turning.requires_grad:
         return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
-    lead = (sizes["B"], sizes["T"], sizes["NH"], n)
+    lead = (sizes["B"], sizes["T"], sizes["NH"], turning.shape[-1])
     return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+
+
+class _Angles:
+    """What _turning_of gives under torch.compile in place of a turn: the angles `theta`
+    [..., p, 1] (expanded to the turn's leading axes), the size `d` of the vectors they turn and
+    the compute dtype, which _rotated hands to one opaque operator."""
+
+    def __init__(self, theta, d, dtype):
+        self.theta, self.d, self.dtype = theta, d, dtype
+
+
+def _turning_of(theta, d, dtype, *leaves):
+    """_turning(theta, d, dtype, *leaves), the turn a rotation reads (_rotated). Under
+    torch.compile, in a module that registered its operators, the angles instead (_Angles):
+    each rotation is then one opaque operator, the turn and the turned pairs computed inside it
+    as they are eagerly (cos and sin of the float64 angles), where inductor would otherwise write
+    a kernel of its own for each step around the complex numbers (their cos, sin, copies,
+    stacks; forward and backward), a C++ build each."""
+    if _Operators.rotate is None or not torch.compiler.is_compiling():  # noqa: F821
+        return _turning(theta, d, dtype, *leaves)
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    lead = _broadcast(theta.shape, *shapes)[:-2]
+    return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
+
+
+def _rotated(rotate, x, turning):
+    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
+    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+    if isinstance(turning, _Angles):
+        theta, d, dtype = turning.theta, turning.d, turning.dtype
+        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
+    return rotate(x, turning)
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
