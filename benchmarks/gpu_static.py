@@ -43,12 +43,26 @@ OUT = ROOT / "benchmarks" / "RESULTS-gpu-static.md"
 ROWS = ROOT / "benchmarks" / "RESULTS-gpu-static.json"
 sys.path.insert(0, str(ROOT))  # this checkout's mixc, whichever is installed
 
-#: The kernels: (class file, direction, the @triton.jit function).
-KERNELS = tuple(
-    (cls, direction, f"_tl_{cls}_{direction}")
-    for cls in ("scalar_decay", "delta", "diagonal", "dplr", "elementwise")
-    for direction in ("fwd", "bwd")
-)
+KERNEL_DIR = ROOT / "mixc" / "backends" / "triton" / "kernels"
+
+
+def _kernels() -> tuple[tuple[str, str, str, str], ...]:
+    """The kernels: (class, direction, the @triton.jit function, the kernel file that defines
+    it), each a function `_tl_<class>_<direction>` or `_tl_<class>_<direction>_<part>` (a
+    direction split into several launches) of the class's files (`<class>.py`,
+    `<class>_*.py`), read from their text."""
+    found = []
+    for cls in ("scalar_decay", "delta", "diagonal", "dplr", "elementwise"):
+        for direction in ("fwd", "bwd"):
+            for path in sorted(KERNEL_DIR.glob(f"{cls}*.py")):
+                pattern = rf"^def (_tl_{cls}_{direction}(?:_[a-z]+)*)\("
+                for name in re.findall(pattern, path.read_text(encoding="utf-8"), re.M):
+                    found.append((cls, direction, name, path.stem))
+    return tuple(found)
+
+
+#: The kernels: (class, direction, the @triton.jit function, its file).
+KERNELS = _kernels()
 #: The elementwise class (a scan, no matmuls) at Mamba-1's shapes: a state of 16 rows (d_state)
 #: per value column, the gate dt_t ⊗ A (g_scale given).
 ELEMENTWISE_D_K = 16
@@ -62,7 +76,7 @@ TMEM_COLUMNS = 512
 D_K, D_V, CHUNK = 128, 128, 64
 
 
-def _config(cls: str, direction: str) -> tuple[int, int, int, int]:
+def _config(cls: str, kernel: str, module: str) -> tuple[int, int, int, int]:
     """The launch of one kernel at the benchmark shapes, as the kernels launch it
     (kernels/common.py, _tl_tiles): key rows and value columns of a program (BK, BV), warps,
     pipeline stages."""
@@ -70,9 +84,7 @@ def _config(cls: str, direction: str) -> tuple[int, int, int, int]:
 
     from mixc.backends.triton.kernels.common import _tl_launch, _tl_tiles
 
-    fn = getattr(
-        importlib.import_module(f"mixc.backends.triton.kernels.{cls}"), f"_tl_{cls}_{direction}"
-    )
+    fn = getattr(importlib.import_module(f"mixc.backends.triton.kernels.{module}"), kernel)
     most_k, most_v, _ = _tl_tiles(fn)
     d_k = ELEMENTWISE_D_K if cls == "elementwise" else D_K
     launch = _tl_launch(fn)
@@ -107,7 +119,8 @@ def _signature(fn, dtype: str, consts: dict):
 
 
 def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, block_v: int,
-                warps: int, stages: int, gate: bool = True, chunk: int = CHUNK) -> dict:  # fmt: skip
+                warps: int, stages: int, gate: bool = True, chunk: int = CHUNK,
+                kernel: str | None = None, module: str | None = None) -> dict:  # fmt: skip
     """Compile one kernel in this process; the figures of its report row."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixc-static-")
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
@@ -120,8 +133,10 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
-    fn = getattr(module, f"_tl_{cls}_{direction}")
+    fn = getattr(
+        importlib.import_module(f"mixc.backends.triton.kernels.{module or cls}"),
+        kernel or f"_tl_{cls}_{direction}",
+    )
     consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": chunk, "C": chunk, "BV": block_v,
               "BK": block_k,
               "DOT": {"fp32": "ieee"}.get(dtype, dtype), "LEVELS": chunk.bit_length() - 1}  # fmt: skip
@@ -203,6 +218,12 @@ def _verdict(row: dict, result: dict) -> str:
     return "; ".join(misses) or "meets the targets"
 
 
+def _name(row: dict) -> str:
+    """The @triton.jit function of a row (rows written before a direction could be split into
+    several launches name only the class and direction)."""
+    return row.get("kernel") or f"_tl_{row['cls']}_{row['direction']}"
+
+
 def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     head = (
         "| kernel | dtype | sm | BK, BV, warps, stages | regs | spill st/ld (B) | stack | shared (B) "
@@ -210,7 +231,7 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     )
     lines = [head, "|" + " --- |" * 12]
     for row, r in rows:
-        name = f"`_tl_{row['cls']}_{row['direction']}`"
+        name = f"`{_name(row)}`"
         conf = f"{row.get('block_k', '?')}, {row['block_v']}, {row['warps']}, {row['stages']}"
         if "error" in r:
             lines.append(
@@ -233,14 +254,15 @@ def _write(rows, command: str, append: bool) -> None:
     import triton
 
     def key(row):
-        return tuple(row[k] for k in ("cls", "direction", "dtype", "arch"))
+        return (_name(row), row["dtype"], row["arch"])
 
+    order = {kernel[2]: i for i, kernel in enumerate(KERNELS)}
     if append and ROWS.exists():
         new = {key(row) for row, _ in rows}
         old = [tuple(pair) for pair in json.loads(ROWS.read_text(encoding="utf-8"))["rows"]]
-        rows = [pair for pair in old if key(pair[0]) not in new] + rows
-    order = {kernel[:2]: i for i, kernel in enumerate(KERNELS)}
-    rows.sort(key=lambda p: (order[p[0]["cls"], p[0]["direction"]], p[0]["dtype"], p[0]["arch"]))
+        # the rows of kernels that no longer exist (a direction since split) are dropped
+        rows = [p for p in old if key(p[0]) not in new and _name(p[0]) in order] + rows
+    rows.sort(key=lambda p: (order[_name(p[0])], p[0]["dtype"], p[0]["arch"]))
     ROWS.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1) + "\n")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = [
@@ -287,13 +309,14 @@ def main(argv=None) -> int:
         print(json.dumps(compile_one(**json.loads(args.child))))
         return 0
     rows = []
-    for cls, direction, _ in KERNELS:
+    for cls, direction, kernel, module in KERNELS:
         if (args.only and cls not in args.only) or direction not in args.direction:
             continue
-        block_k, block_v, warps, stages = _config(cls, direction)
+        block_k, block_v, warps, stages = _config(cls, kernel, module)
         for dtype in args.dtype:
             for arch in args.arch:
-                row = {"cls": cls, "direction": direction, "dtype": dtype, "arch": arch,
+                row = {"cls": cls, "direction": direction, "kernel": kernel, "module": module,
+                       "dtype": dtype, "arch": arch,
                        "block_k": args.block_k or block_k, "block_v": args.block_v or block_v,
                        "warps": args.warps or warps, "stages": stages,
                        "gate": not args.no_gate, "chunk": args.chunk}  # fmt: skip
