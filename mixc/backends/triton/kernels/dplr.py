@@ -267,116 +267,164 @@ def _tl_dplr_kept(ts, tiles, rows):
 
 
 @triton.jit
-def _tl_dplr_chunk_grad(
-    q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
-    do_c, the state S entering it, T and the scores qk, qb, ak (kept by the forward) and the
-    gradient D of the state leaving it: (dQ, dK, dV, dA, dB, dg (zeros unless GATE_GRAD), the
-    gradient of the state entering the chunk). U is made again; dU = qb^T dO + (B ⊙ exp(c_C -
-    c)) D, dZ = T^T dU, dV = qk^T dO + (K ⊙ exp(c_C - c)) D + ak^T dZ, the decayed inputs get
-    dO S^T, dZ S^T, V D^T and U D^T, the scores d(qk, qb) = dO (V, U)^T and d(ak, ab) = dZ (V,
-    U)^T, which go back to the inputs (_tl_dplr_scores_grad), and
-    D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ."""
-    if HAS_G:
-        from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
-        q_start, a_before = q_c * from_start, a_c * from_before
-        k_end, b_end = k_c * to_end, b_c * to_end
-    else:
-        q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
-    reads = _tl_dot(a_before, state, DOT)
-    reads += _tl_dot(ak, v_c, DOT)
-    u = _tl_dot(inverse, reads, DOT)
-    # dU = qb^T dO + (B ⊙ exp(c_C - c)) D, dZ = T^T dU
-    d_u = _tl_dot(tl.trans(qb), do_c, DOT)
-    d_u += _tl_dot(b_end, d_state, DOT)
-    d_reads = _tl_dot(tl.trans(inverse), d_u, DOT)
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT)
-    dv_c = _tl_dot(tl.trans(qk), do_c, DOT)
-    dv_c += _tl_dot(k_end, d_state, DOT)
-    dv_c += _tl_dot(tl.trans(ak), d_reads, DOT)
-    # through the decayed inputs: Q ⊙ exp(c), A ⊙ exp(c_{r-1}), K and B ⊙ exp(c_C - c)
-    dq_c = _tl_dot(do_c, tl.trans(state), DOT)
-    da_c = _tl_dot(d_reads, tl.trans(state), DOT)
-    dk_c = _tl_dot(v_c, tl.trans(d_state), DOT)
-    db_c = _tl_dot(u, tl.trans(d_state), DOT)
-    dg_c = tl.zeros_like(dq_c)
-    if HAS_G:
-        dq_c, da_c = dq_c * from_start, da_c * from_before
-        dk_c, db_c = dk_c * to_end, db_c * to_end
-        if GATE_GRAD:
-            # each decay's log is a sum of gates under a mask: its input times its
-            # gradient goes back to those gates through the transposed mask
-            dg_c = _tl_dplr_decays_grad(q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT)
-            through_state = tl.sum(state * d_state, axis=1) * tl.exp(tl.sum(g_c, axis=0))
-            dg_c += through_state[None, :]  # for exp(c_C)
-    dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
-        dq_c, da_c, dk_c, db_c, dg_c, d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
-        HAS_G, GATE_GRAD, LEVELS, DOT,
-    )  # fmt: skip
-    # D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
-    if HAS_G:
-        d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
-    d_state += _tl_dot(tl.trans(a_before), d_reads, DOT)
-    return dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state
-
-
-@triton.jit
-def _tl_dplr_bwd(
-    q, k, v, a, b, g, do, hs, ts, dht,  # read
-    dq, dk, dv, da, db, dg, dh0,  # written
+def _tl_dplr_bwd_states(
+    do, qd, ad, kd, bd, decay, ts, dht,  # read
+    dv, dz, dhs, dh0,  # written
     T, NH, K, V,
-    sq_b, sq_h, sq_t, sq_d,
-    sk_b, sk_h, sk_t, sk_d,
-    sv_b, sv_h, sv_t, sv_d,
-    sa_b, sa_h, sa_t, sa_d,
-    sb_b, sb_h, sb_t, sb_d,
-    sg_b, sg_h, sg_t, sg_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+    HAS_G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers (_tl_dplr_chunk_grad). hs, ts: as the forward kept them; dq, dk, da,
-    db, dg: this block's parts [NV, B * NH, T, K]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V];
-    all contiguous."""
+    """The backward's first kernel, one program per (value block, batch x head): the chunks from
+    the last, the gradient D of the state in registers, from what the forward kept. Per chunk:
+    D (the gradient of the state leaving it) into dhs [B * NH, N, K, V], dZ = T^T dU with dU =
+    qb^T dO + (B ⊙ exp(c_C - c)) D into dz [B * NH, T, V], dV = qk^T dO + (K ⊙ exp(c_C - c)) D
+    + ak^T dZ into dv [B * NH, T, V], and D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙
+    exp(c_{r-1}))^T dZ. dht, dh0: [B * NH, K, V]."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
     n_chunks = tl.cdiv(T, BT)
-    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, ...
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
         t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols_k, at_k)
-        b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols_k, at_k)
+        _tl_store_state(dhs, i_bh * n_chunks + n, K, V, cols_k, cols_v, d_state)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        if HAS_G:
-            g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-        else:
-            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)  # never read
-        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
         inverse, qk, qb, ak = _tl_dplr_kept(ts, (i_bh * n_chunks + n) * 4, rows)
-        dq_c, dk_c, dv_c, da_c, db_c, dg_c, d_state = _tl_dplr_chunk_grad(
-            q_c, k_c, v_c, a_c, b_c, g_c, do_c, state, d_state, inverse, qk, qb, ak, rows,
-            HAS_G, GATE_GRAD, BT, LEVELS, DOT,
-        )  # fmt: skip
+        d_u = _tl_dot(tl.trans(qb), do_c, DOT)
+        d_u += _tl_dot(_tl_dplr_load(bd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
+        d_reads = _tl_dot(tl.trans(inverse), d_u, DOT)
+        _tl_store_rows(dz, i_bh, T, V, t, cols_v, at_v, d_reads)
+        dv_c = _tl_dot(tl.trans(qk), do_c, DOT)
+        dv_c += _tl_dot(_tl_dplr_load(kd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
+        dv_c += _tl_dot(tl.trans(ak), d_reads, DOT)
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
-        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
-        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
-        _tl_store_rows(da, part, T, K, t, cols_k, at_k, da_c)
-        _tl_store_rows(db, part, T, K, t, cols_k, at_k, db_c)
         if HAS_G:
-            if GATE_GRAD:
-                _tl_store_rows(dg, part, T, K, t, cols_k, at_k, dg_c)
+            whole = tl.load(decay + (i_bh * n_chunks + n) * K + cols_k, mask=in_k, other=0.0)
+            d_state = d_state * whole[:, None]
+        q_start = _tl_dplr_load(qd, i_bh, T, K, t, cols_k, at_k)
+        d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+        a_before = _tl_dplr_load(ad, i_bh, T, K, t, cols_k, at_k)
+        d_state += _tl_dot(tl.trans(a_before), d_reads, DOT)
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
+
+
+@triton.jit
+def _tl_dplr_bwd_d_scores(
+    v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V,
+    sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's scores' gradients on their support (_tl_dplr_d_scores), summed over the value
+    columns BV at a time: d(qk), d(qb) = dO (V, U)^T, d(ak), d(ab) = dZ (V, U)^T."""
+    d_qk = tl.zeros([rows.shape[0], rows.shape[0]], dtype=u.dtype.element_ty)
+    d_qb, d_ak, d_ab = d_qk, d_qk, d_qk
+    for i_v in range(0, tl.cdiv(V, BV)):
+        cols = i_v * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < V)[None, :]
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
+        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at)
+        u_c = _tl_dplr_load(u, i_bh, T, V, t, cols, at)
+        dz_c = _tl_dplr_load(dz, i_bh, T, V, t, cols, at)
+        scores = _tl_dplr_d_scores(do_c, dz_c, v_c, u_c, rows, DOT)
+        d_qk, d_qb = d_qk + scores[0], d_qb + scores[1]
+        d_ak, d_ab = d_ak + scores[2], d_ab + scores[3]
+    return d_qk, d_qb, d_ak, d_ab
+
+
+@triton.jit
+def _tl_dplr_bwd_through_states(
+    v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_state, t, in_t, cols_k, T, K, V,
+    sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """The gradients of a chunk's decayed rows through the states, for key columns cols_k,
+    summed over the value columns BV at a time: (dO S^T, dZ S^T, V D^T, U D^T, and Σ_v S ⊙ D
+    per key column), S the state entering the chunk (hs) and D the gradient of the one leaving
+    it (dhs)."""
+    zero = tl.zeros([t.shape[0], cols_k.shape[0]], dtype=u.dtype.element_ty)
+    dq_c, da_c, dk_c, db_c, through = zero, zero, zero, zero, tl.sum(zero, axis=0)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        cols = i_v * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < V)[None, :]
+        state = _tl_load_state(hs, i_state, K, V, cols_k, cols)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols)
+        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at)
+        dq_c += _tl_dot(do_c, tl.trans(state), DOT)
+        da_c += _tl_dot(_tl_dplr_load(dz, i_bh, T, V, t, cols, at), tl.trans(state), DOT)
+        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
+        dk_c += _tl_dot(v_c, tl.trans(d_state), DOT)
+        db_c += _tl_dot(_tl_dplr_load(u, i_bh, T, V, t, cols, at), tl.trans(d_state), DOT)
+        through += tl.sum(state * d_state, axis=1)
+    return dq_c, da_c, dk_c, db_c, through
+
+
+@triton.jit
+def _tl_dplr_bwd_inputs(
+    q, k, a, b, g, v, do, u, dz, hs, dhs,  # read
+    dq, dk, da, db, dg,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sa_b, sa_h, sa_t, sa_d,
+    sb_b, sb_h, sb_t, sb_d,
+    sg_b, sg_h, sg_t, sg_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """The backward's second kernel, one program per (chunk, batch x head), the chunks at once:
+    the gradients of q, k, a, b and (if GATE_GRAD) the gate [B * NH, T, K], key columns BK at a
+    time, from the scores' gradients (_tl_dplr_bwd_d_scores) and those of the decayed rows
+    through the states (_tl_dplr_bwd_through_states), back through the decays and the scores'
+    blocks (_tl_dplr_scores_grad) as the forward made them."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    t = i_n * BT + rows
+    in_t = t < T
+    sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
+    d_qk, d_qb, d_ak, d_ab = _tl_dplr_bwd_d_scores(
+        v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V, *sv, BV, DOT
+    )
+    for i_k in range(0, tl.cdiv(K, BK)):
+        cols = i_k * BK + tl.arange(0, BK)
+        at = in_t[:, None] & (cols < K)[None, :]
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at)
+        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
+        a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at)
+        b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols, at)
+        dq_c, da_c, dk_c, db_c, through = _tl_dplr_bwd_through_states(
+            v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_bh * tl.cdiv(T, BT) + i_n, t, in_t, cols,
+            T, K, V, *sv, BV, DOT,
+        )  # fmt: skip
+        dg_c = tl.zeros_like(dq_c)
+        if HAS_G:
+            g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols, at)
+            from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
+            dq_c, da_c = dq_c * from_start, da_c * from_before
+            dk_c, db_c = dk_c * to_end, db_c * to_end
+            if GATE_GRAD:
+                # each decay's log is a sum of gates under a mask: its input times its
+                # gradient goes back to those gates through the transposed mask
+                dg_c = _tl_dplr_decays_grad(
+                    q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT
+                )
+                dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
+        else:
+            g_c = dg_c  # never read
+        dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
+            dq_c, da_c, dk_c, db_c, dg_c, d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
+            HAS_G, GATE_GRAD, LEVELS, DOT,
+        )  # fmt: skip
+        _tl_store_rows(dq, i_bh, T, K, t, cols, at, dq_c)
+        _tl_store_rows(dk, i_bh, T, K, t, cols, at, dk_c)
+        _tl_store_rows(da, i_bh, T, K, t, cols, at, da_c)
+        _tl_store_rows(db, i_bh, T, K, t, cols, at, db_c)
+        if GATE_GRAD:
+            _tl_store_rows(dg, i_bh, T, K, t, cols, at, dg_c)
 
 
 def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
@@ -414,12 +462,16 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
         length, heads, d_k, d_v, *_tl_strides(v, 4), *_tl_strides(o, 4),
         BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs),
     )  # fmt: skip
-    return o, final, (states, tiles) if keep else (None, None)
+    kept = (states, tiles, qd, ad, kd, bd, decay if gk is not None else tiles, u)
+    return o, final, kept if keep else None
 
 
 class _TlDplr(torch.autograd.Function):
-    """The fused kernel under autograd: the forward keeps the inputs, the states entering each
-    chunk, T and the scores; the backward is one launch of _tl_dplr_bwd."""
+    """The kernels under autograd: the forward keeps the inputs and what its launches wrote
+    (the states entering each chunk, T and the scores, the decayed rows, the chunks' decays,
+    U); the backward is two launches, the pass over the chunks from the last
+    (_tl_dplr_bwd_states) and the key-side gradients of every chunk at once
+    (_tl_dplr_bwd_inputs)."""
 
     @staticmethod
     def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size, operands):
@@ -432,55 +484,34 @@ class _TlDplr(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
-        q, k, v, a, b, gk, states, tiles = ctx.saved_tensors
-        heads, length, d_k = q.shape[1:]
+        q, k, v, a, b, gk, states, tiles, qd, ad, kd, bd, decay, u = ctx.saved_tensors
+        batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd)
-        n_v = grid[0]
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
-        da, db = torch.empty_like(dq), torch.empty_like(dq)
+        block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
+            q, v, ctx.chunk_size, _tl_dplr_bwd_states
+        )
+        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1)
+        dq, dk = dq[0], dk[0]  # one part: the key-side gradients are not split by value block
+        da, db, dz, d_states = (torch.empty_like(x) for x in (dq, dq, u, states))
         gate_grad = gk is not None and ctx.needs_input_grad[5]
         dg = torch.empty_like(dq) if gate_grad else dq
-        _tl_dplr_bwd[grid](
-            q,
-            k,
-            v,
-            a,
-            b,
-            q if gk is None else gk,
-            d_o,
-            states,
-            tiles,
-            d_final,
-            dq,
-            dk,
-            dv,
-            da,
-            db,
-            dg,
-            d_initial,
-            length,
-            heads,
-            d_k,
-            d_v,
-            *_tl_strides(q, 4),
-            *_tl_strides(k, 4),
-            *_tl_strides(v, 4),
-            *_tl_strides(a, 4),
-            *_tl_strides(b, 4),
-            *_tl_strides(gk, 4),
-            *_tl_strides(d_o, 4),
-            HAS_G=gk is not None,
-            GATE_GRAD=gate_grad,
-            BT=block_t,
-            LEVELS=_tl_levels(block_t),
-            BK=block_k,
-            BV=block_v,
-            DOT=ctx.dot,
-            **_tl_launch(_tl_dplr_bwd),
-        )
-        dq, dk, da, db = (x.sum(0) for x in (dq, dk, da, db))
-        d_gate = dg.sum(0) if gate_grad else None
+        _tl_dplr_bwd_states[grid](
+            d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
+            dv, dz, d_states, d_initial,  # written
+            length, heads, d_k, d_v, *_tl_strides(d_o, 4),
+            HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=ctx.dot,
+            **_tl_launch(_tl_dplr_bwd_states),
+        )  # fmt: skip
+        _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd_inputs)
+        _tl_dplr_bwd_inputs[(n_chunks, batch * heads)](
+            q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states,  # read
+            dq, dk, da, db, dg,  # written
+            length, heads, d_k, d_v,
+            *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
+            HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
+            BK=inputs_k, BV=inputs_v, DOT=ctx.dot, **_tl_launch(_tl_dplr_bwd_inputs),
+        )  # fmt: skip
+        d_gate = dg if gate_grad else None
         d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state
         return dq, dk, dv, da, db, d_gate, d_initial, None, None
 
