@@ -67,8 +67,9 @@ KERNELS = _kernels()
 #: per value column, the gate dt_t ⊗ A (g_scale given).
 ELEMENTWISE_D_K = 16
 #: The pointers that hold 16-bit data on the bf16 path (the inputs, the output and its
-#: gradient); every other pointer (gates, betas, states, kept tiles, gradients) is float32.
-SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o"}
+#: gradient, DPLR's decayed rows); every other pointer (gates, betas, states, kept tiles,
+#: gradients) is float32.
+SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o", "qd", "ad", "kd", "bd"}
 #: The tensor memory of an sm_100 SM, in 32-bit columns of 128 lanes: triton compiles a kernel
 #: that allocates more into a trap and refuses to launch it (OutOfResources, "tensor memory").
 TMEM_COLUMNS = 512

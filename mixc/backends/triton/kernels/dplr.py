@@ -437,7 +437,10 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_states)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
     tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t)
-    qd, ad, kd, bd = (final.new_empty(batch, heads, length, d_k) for _ in range(4))
+    # the decayed rows meet only products: with 16-bit products, kept in that dtype (the
+    # rounding each product makes of them anyway; half the registers and memory)
+    rows_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dot, final.dtype)
+    qd, ad, kd, bd = (q.new_empty(batch, heads, length, d_k, dtype=rows_dtype) for _ in range(4))
     decay = final.new_empty(batch, heads, n_chunks, d_k) if gk is not None else final
     poison, u = final.new_empty(batch, heads, length), final.new_empty(batch, heads, length, d_v)
     has_g, levels = gk is not None, _tl_levels(block_t)

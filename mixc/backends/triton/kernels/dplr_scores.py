@@ -43,23 +43,34 @@ def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs, DOT: tl.constexpr):
     """The scores [BT, BT] of rows q and a with columns k and b: q k^T and q b^T where q_pairs,
     a k^T and a b^T where a_pairs, 0 elsewhere."""
     k_t, b_t = tl.trans(k), tl.trans(b)
-    qk = tl.where(q_pairs, _tl_dot(q, k_t, DOT), 0.0)
-    qb = tl.where(q_pairs, _tl_dot(q, b_t, DOT), 0.0)
-    ak = tl.where(a_pairs, _tl_dot(a, k_t, DOT), 0.0)
-    ab = tl.where(a_pairs, _tl_dot(a, b_t, DOT), 0.0)
+    qk = tl.where(q_pairs, _tl_dot_in_registers(q, k_t, DOT), 0.0)
+    qb = tl.where(q_pairs, _tl_dot_in_registers(q, b_t, DOT), 0.0)
+    ak = tl.where(a_pairs, _tl_dot_in_registers(a, k_t, DOT), 0.0)
+    ab = tl.where(a_pairs, _tl_dot_in_registers(a, b_t, DOT), 0.0)
     return qk, qb, ak, ab
+
+
+@triton.jit
+def _tl_dot_in_registers(a, b, DOT: tl.constexpr):
+    """a @ b (_tl_dot) as a batch of one product: triton then multiplies with the warp-level
+    MMA (mma.sync) that accumulates in registers, not with Hopper's wgmma or Blackwell's
+    tcgen05, whose accumulator on sm_100 takes tensor memory (512 columns an SM), which the
+    many products of a chunk's scores would overflow."""
+    a3 = tl.reshape(a, (1, a.shape[0], a.shape[1]))
+    b3 = tl.reshape(b, (1, b.shape[0], b.shape[1]))
+    return tl.reshape(_tl_dot(a3, b3, DOT), (a.shape[0], b.shape[1]))
 
 
 @triton.jit
 def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b, DOT: tl.constexpr):
     """The gradients for q, a, k and b of _tl_dplr_dots, from those of its scores (0 outside
     their pairs)."""
-    dq = _tl_dot(d_qk, k, DOT) + _tl_dot(d_qb, b, DOT)
-    da = _tl_dot(d_ak, k, DOT) + _tl_dot(d_ab, b, DOT)
-    dk = _tl_dot(tl.trans(d_qk), q, DOT)
-    dk += _tl_dot(tl.trans(d_ak), a, DOT)
-    db = _tl_dot(tl.trans(d_qb), q, DOT)
-    db += _tl_dot(tl.trans(d_ab), a, DOT)
+    dq = _tl_dot_in_registers(d_qk, k, DOT) + _tl_dot_in_registers(d_qb, b, DOT)
+    da = _tl_dot_in_registers(d_ak, k, DOT) + _tl_dot_in_registers(d_ab, b, DOT)
+    dk = _tl_dot_in_registers(tl.trans(d_qk), q, DOT)
+    dk += _tl_dot_in_registers(tl.trans(d_ak), a, DOT)
+    db = _tl_dot_in_registers(tl.trans(d_qb), q, DOT)
+    db += _tl_dot_in_registers(tl.trans(d_ab), a, DOT)
     return dq, da, dk, db
 
 
