@@ -311,7 +311,7 @@ def _tl_dplr_bwd_states(
 
 
 @triton.jit
-def _tl_dplr_bwd_d_scores(
+def _tl_dplr_d_scores_sum(
     v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V,
     sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
     BV: tl.constexpr, DOT: tl.constexpr,
@@ -334,7 +334,7 @@ def _tl_dplr_bwd_d_scores(
 
 
 @triton.jit
-def _tl_dplr_bwd_through_states(
+def _tl_dplr_through_states(
     v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_state, t, in_t, cols_k, T, K, V,
     sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
     BV: tl.constexpr, DOT: tl.constexpr,
@@ -377,8 +377,8 @@ def _tl_dplr_bwd_inputs(
 ):  # fmt: skip
     """The backward's second kernel, one program per (chunk, batch x head), the chunks at once:
     the gradients of q, k, a, b and (if GATE_GRAD) the gate [B * NH, T, K], key columns BK at a
-    time, from the scores' gradients (_tl_dplr_bwd_d_scores) and those of the decayed rows
-    through the states (_tl_dplr_bwd_through_states), back through the decays and the scores'
+    time, from the scores' gradients (_tl_dplr_d_scores_sum) and those of the decayed rows
+    through the states (_tl_dplr_through_states), back through the decays and the scores'
     blocks (_tl_dplr_scores_grad) as the forward made them."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
@@ -386,7 +386,7 @@ def _tl_dplr_bwd_inputs(
     t = i_n * BT + rows
     in_t = t < T
     sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_bwd_d_scores(
+    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores_sum(
         v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V, *sv, BV, DOT
     )
     for i_k in range(0, tl.cdiv(K, BK)):
@@ -396,7 +396,7 @@ def _tl_dplr_bwd_inputs(
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
         a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at)
         b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols, at)
-        dq_c, da_c, dk_c, db_c, through = _tl_dplr_bwd_through_states(
+        dq_c, da_c, dk_c, db_c, through = _tl_dplr_through_states(
             v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_bh * tl.cdiv(T, BT) + i_n, t, in_t, cols,
             T, K, V, *sv, BV, DOT,
         )  # fmt: skip
