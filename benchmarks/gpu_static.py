@@ -67,9 +67,11 @@ KERNELS = _kernels()
 #: per value column, the gate dt_t ⊗ A (g_scale given).
 ELEMENTWISE_D_K = 16
 #: The pointers that hold 16-bit data on the bf16 path (the inputs, the output and its
-#: gradient, DPLR's decayed rows); every other pointer (gates, betas, states, kept tiles,
-#: gradients) is float32.
+#: gradient, DPLR's decayed rows and kept tiles); every other pointer (gates, betas, states,
+#: the other kernels' kept tiles, gradients) is float32.
 SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o", "qd", "ad", "kd", "bd"}
+#: The 16-bit pointers of some kernels only (DPLR's kept tiles: T and the scores).
+SIXTEEN_BIT_OF = {"dplr": {"ts"}}
 #: The tensor memory of an sm_100 SM, in 32-bit columns of 128 lanes: triton compiles a kernel
 #: that allocates more into a trap and refuses to launch it (OutOfResources, "tensor memory").
 TMEM_COLUMNS = 512
@@ -99,7 +101,7 @@ def _bin(tool: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool)
 
 
-def _signature(fn, dtype: str, consts: dict):
+def _signature(fn, dtype: str, consts: dict, cls: str = ""):
     """(signature, constexprs, attrs) of a launch of fn at the benchmark shapes: each pointer's
     element type, the last axis' strides 1 (a constexpr, as triton specialises them), every other
     integer and pointer a multiple of 16."""
@@ -114,7 +116,8 @@ def _signature(fn, dtype: str, consts: dict):
         elif re.fullmatch(r"s\w+_[kv]", name):  # a broadcast gate's strides: 0, 1 or more
             sig[name] = "i32"
         else:
-            sig[name] = "*bf16" if dtype == "bf16" and name in SIXTEEN_BIT else "*fp32"
+            sixteen = SIXTEEN_BIT | SIXTEEN_BIT_OF.get(cls, set())
+            sig[name] = "*bf16" if dtype == "bf16" and name in sixteen else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, constexprs, attrs
 
@@ -143,7 +146,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
               "DOT": {"fp32": "ieee"}.get(dtype, dtype), "LEVELS": chunk.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}
-    sig, constexprs, attrs = _signature(fn, dtype, consts)
+    sig, constexprs, attrs = _signature(fn, dtype, consts, cls)
     source = ASTSource(fn, sig, constexprs, attrs)
     log = io.StringIO()
     start = time.perf_counter()
@@ -295,6 +298,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--only", nargs="+", help="class files (scalar_decay, delta, ...)")
     parser.add_argument("--direction", nargs="+", default=["fwd", "bwd"])
+    parser.add_argument("--kernel", nargs="+", help="these @triton.jit kernels only, by name")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--nice", type=int, default=19, help="niceness of each compile")
     parser.add_argument("--block-k", type=int, help="override BK of every kernel")
@@ -312,6 +316,8 @@ def main(argv=None) -> int:
     rows = []
     for cls, direction, kernel, module in KERNELS:
         if (args.only and cls not in args.only) or direction not in args.direction:
+            continue
+        if args.kernel and kernel not in args.kernel:
             continue
         block_k, block_v, warps, stages = _config(cls, kernel, module)
         for dtype in args.dtype:

@@ -148,7 +148,7 @@ def _tl_dplr_fwd_scores(
     rows = tl.arange(0, BT)
     t = i_n * BT + rows
     in_t = t < T
-    qk = tl.zeros([BT, BT], dtype=ts.dtype.element_ty)
+    qk = tl.zeros([BT, BT], dtype=poison.dtype.element_ty)
     qb, ak, ab, row_poison = qk, qk, qk, tl.sum(qk, axis=1)
     for i_k in range(0, tl.cdiv(K, BK)):
         cols = i_k * BK + tl.arange(0, BK)
@@ -175,10 +175,10 @@ def _tl_dplr_fwd_scores(
             tl.store(decay + chunk + cols, tl.exp(tl.sum(g_c, axis=0)), mask=cols < K)
     tl.store(poison + i_bh * T + t, row_poison, mask=in_t)
     tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4
-    tl.store(_tl_tile(ts, tiles, rows), _tl_unit_lower_inverse(-ab, rows, BT))  # (I - ab)^{-1}
     tl.store(_tl_tile(ts, tiles + 1, rows), qk)
     tl.store(_tl_tile(ts, tiles + 2, rows), qb)
     tl.store(_tl_tile(ts, tiles + 3, rows), ak)
+    tl.store(_tl_tile(ts, tiles, rows), _tl_unit_lower_inverse(-ab, rows, BT))  # (I - ab)^{-1}
 
 
 @triton.jit
@@ -436,11 +436,12 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     d_v = v.shape[-1]
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_states)
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
-    tiles = final.new_empty(batch, heads, n_chunks, 4, block_t, block_t)
-    # the decayed rows meet only products: with 16-bit products, kept in that dtype (the
-    # rounding each product makes of them anyway; half the registers and memory)
-    rows_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dot, final.dtype)
-    qd, ad, kd, bd = (q.new_empty(batch, heads, length, d_k, dtype=rows_dtype) for _ in range(4))
+    # T, the scores and the decayed rows meet only products: with 16-bit products, kept in
+    # that dtype (the rounding each product makes of them anyway; half the registers and
+    # memory), computed in float32 (float64)
+    kept = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dot, final.dtype)
+    tiles = q.new_empty(batch, heads, n_chunks, 4, block_t, block_t, dtype=kept)
+    qd, ad, kd, bd = (q.new_empty(batch, heads, length, d_k, dtype=kept) for _ in range(4))
     decay = final.new_empty(batch, heads, n_chunks, d_k) if gk is not None else final
     poison, u = final.new_empty(batch, heads, length), final.new_empty(batch, heads, length, d_v)
     has_g, levels = gk is not None, _tl_levels(block_t)
