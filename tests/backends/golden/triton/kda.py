@@ -1002,6 +1002,26 @@ def _tl_dplr_through_states(
 
 
 @triton.jit
+def _tl_dplr_through_decays(
+    dq_c, da_c, dk_c, db_c, through, q_c, a_c, k_c, b_c, g_c, rows,
+    GATE_GRAD: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """The gradients of q, a, k and b from those of their decayed rows Q ⊙ exp(c), A ⊙
+    exp(c_{r-1}), K and B ⊙ exp(c_C - c), and (if GATE_GRAD, else zeros) the gate's from those
+    decays and from exp(c_C), through the sum of S ⊙ D per key column: each decay's log is a
+    sum of gates under a mask, so its input times its gradient goes back to those gates
+    through the transposed mask."""
+    from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
+    dq_c, da_c = dq_c * from_start, da_c * from_before
+    dk_c, db_c = dk_c * to_end, db_c * to_end
+    dg_c = tl.zeros_like(dq_c)
+    if GATE_GRAD:
+        dg_c = _tl_dplr_decays_grad(q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT)
+        dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
+    return dq_c, da_c, dk_c, db_c, dg_c
+
+
+@triton.jit
 def _tl_dplr_bwd_inputs(
     q, k, a, b, g, v, do, u, dz, hs, dhs,  # read
     dq, dk, da, db, dg,  # written
@@ -1044,16 +1064,9 @@ def _tl_dplr_bwd_inputs(
         dg_c = tl.zeros_like(dq_c)
         if HAS_G:
             g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols, at)
-            from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
-            dq_c, da_c = dq_c * from_start, da_c * from_before
-            dk_c, db_c = dk_c * to_end, db_c * to_end
-            if GATE_GRAD:
-                # each decay's log is a sum of gates under a mask: its input times its
-                # gradient goes back to those gates through the transposed mask
-                dg_c = _tl_dplr_decays_grad(
-                    q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT
-                )
-                dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
+            dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_through_decays(
+                dq_c, da_c, dk_c, db_c, through, q_c, a_c, k_c, b_c, g_c, rows, GATE_GRAD, BT
+            )
         else:
             g_c = dg_c  # never read
         dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
