@@ -75,6 +75,9 @@ SIXTEEN_BIT_OF = {"dplr": {"ts"}}
 #: The tensor memory of an sm_100 SM, in 32-bit columns of 128 lanes: triton compiles a kernel
 #: that allocates more into a trap and refuses to launch it (OutOfResources, "tensor memory").
 TMEM_COLUMNS = 512
+#: The most shared memory a program may take on sm_90 and sm_100 (227 KB): triton refuses to
+#: launch a kernel that needs more (OutOfResources, "shared memory").
+SHARED_BYTES = 232448
 #: fla's benchmark shapes: key and value width, chunk.
 D_K, D_V, CHUNK = 128, 128, 64
 
@@ -215,6 +218,8 @@ def _verdict(row: dict, result: dict) -> str:
         and result["ptx_mma"] + result["ptx_wgmma"] + result.get("ptx_tcgen05", 0) == 0
     ):
         misses.append("no tensor-core instructions")
+    if (result.get("shared") or 0) > SHARED_BYTES:
+        misses.append(f"shared memory {result['shared']} of {SHARED_BYTES} B: cannot launch")
     if (result.get("tmem") or 0) > TMEM_COLUMNS:
         misses.append(f"tensor memory {result['tmem']} of {TMEM_COLUMNS} columns: cannot launch")
     if result["seconds"] > 120:
