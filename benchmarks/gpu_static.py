@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import platform
@@ -44,41 +43,46 @@ OUT = ROOT / "benchmarks" / "RESULTS-gpu-static.md"
 ROWS = ROOT / "benchmarks" / "RESULTS-gpu-static.json"
 sys.path.insert(0, str(ROOT))  # this checkout's mixc, whichever is installed
 
-#: The kernels: (class file, direction). A direction is one launched @triton.jit function,
-#: _tl_<class>_<direction>, or several, _tl_<class>_<direction>_<part> (see _kernel_names).
-KERNELS = tuple(
-    (cls, direction)
-    for cls in ("scalar_decay", "delta", "diagonal", "dplr", "elementwise")
-    for direction in ("fwd", "bwd")
-)
+KERNEL_DIR = ROOT / "mixc" / "backends" / "triton" / "kernels"
 
 
-def _kernel_names(cls: str, direction: str) -> list[str]:
-    """The launched kernels of one class file's direction, in the order the file defines them:
-    _tl_<class>_<direction> itself, or the parts _tl_<class>_<direction>_<part> of a direction
-    split into several kernels (the delta rule's forward: the UT transform, the pass over the
-    chunk states, the outputs)."""
-    import importlib
+def _kernels() -> tuple[tuple[str, str, str, str], ...]:
+    """The kernels: (class, direction, the @triton.jit function, the kernel file that defines
+    it), each a function `_tl_<class>_<direction>` or `_tl_<class>_<direction>_<part>` (a
+    direction split into several launches) of the class's files (`<class>.py`,
+    `<class>_*.py`), read from their text."""
+    found = []
+    for cls in ("scalar_decay", "delta", "diagonal", "dplr", "elementwise"):
+        for direction in ("fwd", "bwd"):
+            for path in sorted(KERNEL_DIR.glob(f"{cls}*.py")):
+                pattern = rf"^def (_tl_{cls}_{direction}(?:_[a-z]+)*)\("
+                for name in re.findall(pattern, path.read_text(encoding="utf-8"), re.M):
+                    found.append((cls, direction, name, path.stem))
+    return tuple(found)
 
-    module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
-    pattern = re.compile(rf"_tl_{cls}_{direction}(_[a-z0-9]+)?")
-    return [name for name in vars(module) if pattern.fullmatch(name)]
 
-
+#: The kernels: (class, direction, the @triton.jit function, its file).
+KERNELS = _kernels()
 #: The elementwise class (a scan, no matmuls) at Mamba-1's shapes: a state of 16 rows (d_state)
 #: per value column, the gate dt_t ⊗ A (g_scale given).
 ELEMENTWISE_D_K = 16
 #: The pointers that hold 16-bit data on the bf16 path (the inputs, the output and its
-#: gradient); every other pointer (gates, betas, states, kept tiles, gradients) is float32.
-SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o"}
+#: gradient, DPLR's decayed rows and kept tiles); every other pointer (gates, betas, states,
+#: the other kernels' kept tiles, gradients) is float32.
+SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o", "qd", "ad", "kd", "bd"}
+#: The 16-bit pointers of some kernels only (DPLR's kept tiles: T and the scores).
+SIXTEEN_BIT_OF = {"dplr": {"ts"}}
 #: The tensor memory of an sm_100 SM, in 32-bit columns of 128 lanes: triton compiles a kernel
 #: that allocates more into a trap and refuses to launch it (OutOfResources, "tensor memory").
 TMEM_COLUMNS = 512
+#: The most shared memory a program may take on sm_90 and sm_100 (227 KB): triton refuses to
+#: launch a kernel that needs more (OutOfResources, "shared memory").
+SHARED_BYTES = 232448
 #: fla's benchmark shapes: key and value width, chunk.
 D_K, D_V, CHUNK = 128, 128, 64
 
 
-def _config(cls: str, kernel: str) -> tuple[int, int, int, int]:
+def _config(cls: str, kernel: str, module: str) -> tuple[int, int, int, int]:
     """The launch of one kernel at the benchmark shapes, as the kernels launch it
     (kernels/common.py, _tl_tiles): key rows and value columns of a program (BK, BV), warps,
     pipeline stages."""
@@ -86,7 +90,7 @@ def _config(cls: str, kernel: str) -> tuple[int, int, int, int]:
 
     from mixc.backends.triton.kernels.common import _tl_launch, _tl_tiles
 
-    fn = getattr(importlib.import_module(f"mixc.backends.triton.kernels.{cls}"), kernel)
+    fn = getattr(importlib.import_module(f"mixc.backends.triton.kernels.{module}"), kernel)
     most_k, most_v, _ = _tl_tiles(fn)
     d_k = ELEMENTWISE_D_K if cls == "elementwise" else D_K
     launch = _tl_launch(fn)
@@ -100,7 +104,7 @@ def _bin(tool: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool)
 
 
-def _signature(fn, dtype: str, consts: dict):
+def _signature(fn, dtype: str, consts: dict, cls: str = ""):
     """(signature, constexprs, attrs) of a launch of fn at the benchmark shapes: each pointer's
     element type, the last axis' strides 1 (a constexpr, as triton specialises them), every other
     integer and pointer a multiple of 16."""
@@ -115,14 +119,15 @@ def _signature(fn, dtype: str, consts: dict):
         elif re.fullmatch(r"s\w+_[kv]", name):  # a broadcast gate's strides: 0, 1 or more
             sig[name] = "i32"
         else:
-            sig[name] = "*bf16" if dtype == "bf16" and name in SIXTEEN_BIT else "*fp32"
+            sixteen = SIXTEEN_BIT | SIXTEEN_BIT_OF.get(cls, set())
+            sig[name] = "*bf16" if dtype == "bf16" and name in sixteen else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, constexprs, attrs
 
 
 def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, block_v: int,
                 warps: int, stages: int, gate: bool = True, chunk: int = CHUNK,
-                kernel: str | None = None) -> dict:  # fmt: skip
+                kernel: str | None = None, module: str | None = None) -> dict:  # fmt: skip
     """Compile one kernel in this process; the figures of its report row."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixc-static-")
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
@@ -135,14 +140,16 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module = importlib.import_module(f"mixc.backends.triton.kernels.{cls}")
-    fn = getattr(module, kernel or f"_tl_{cls}_{direction}")
+    fn = getattr(
+        importlib.import_module(f"mixc.backends.triton.kernels.{module or cls}"),
+        kernel or f"_tl_{cls}_{direction}",
+    )
     consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": chunk, "C": chunk, "BV": block_v,
               "BK": block_k,
               "DOT": {"fp32": "ieee"}.get(dtype, dtype), "LEVELS": chunk.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}
-    sig, constexprs, attrs = _signature(fn, dtype, consts)
+    sig, constexprs, attrs = _signature(fn, dtype, consts, cls)
     source = ASTSource(fn, sig, constexprs, attrs)
     log = io.StringIO()
     start = time.perf_counter()
@@ -211,11 +218,19 @@ def _verdict(row: dict, result: dict) -> str:
         and result["ptx_mma"] + result["ptx_wgmma"] + result.get("ptx_tcgen05", 0) == 0
     ):
         misses.append("no tensor-core instructions")
+    if (result.get("shared") or 0) > SHARED_BYTES:
+        misses.append(f"shared memory {result['shared']} of {SHARED_BYTES} B: cannot launch")
     if (result.get("tmem") or 0) > TMEM_COLUMNS:
         misses.append(f"tensor memory {result['tmem']} of {TMEM_COLUMNS} columns: cannot launch")
     if result["seconds"] > 120:
         misses.append("compile over 2 min")
     return "; ".join(misses) or "meets the targets"
+
+
+def _name(row: dict) -> str:
+    """The @triton.jit function of a row (rows written before a direction could be split into
+    several launches name only the class and direction)."""
+    return row.get("kernel") or f"_tl_{row['cls']}_{row['direction']}"
 
 
 def _table(rows: list[tuple[dict, dict]]) -> list[str]:
@@ -225,8 +240,7 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     )
     lines = [head, "|" + " --- |" * 12]
     for row, r in rows:
-        kernel = row.get("kernel") or f"_tl_{row['cls']}_{row['direction']}"  # older rows: one
-        name = f"`{kernel}`"
+        name = f"`{_name(row)}`"
         conf = f"{row.get('block_k', '?')}, {row['block_v']}, {row['warps']}, {row['stages']}"
         if "error" in r:
             lines.append(
@@ -249,19 +263,15 @@ def _write(rows, command: str, append: bool) -> None:
     import triton
 
     def key(row):
-        kernel = row.get("kernel") or f"_tl_{row['cls']}_{row['direction']}"
-        return (*(row[k] for k in ("cls", "direction", "dtype", "arch")), kernel)
+        return (_name(row), row["dtype"], row["arch"])
 
-    def stale(row):  # a kernel its class file no longer defines (a direction split since)
-        return key(row)[-1] not in _kernel_names(row["cls"], row["direction"])
-
+    order = {kernel[2]: i for i, kernel in enumerate(KERNELS)}
     if append and ROWS.exists():
         new = {key(row) for row, _ in rows}
         old = [tuple(pair) for pair in json.loads(ROWS.read_text(encoding="utf-8"))["rows"]]
-        rows = [pair for pair in old if key(pair[0]) not in new and not stale(pair[0])] + rows
-    order = {kernel: i for i, kernel in enumerate(KERNELS)}
-    # a direction's kernels in the order they were compiled (a stable sort)
-    rows.sort(key=lambda p: (order[p[0]["cls"], p[0]["direction"]], p[0]["dtype"], p[0]["arch"]))
+        # the rows of kernels that no longer exist (a direction since split) are dropped
+        rows = [p for p in old if key(p[0]) not in new and _name(p[0]) in order] + rows
+    rows.sort(key=lambda p: (order[_name(p[0])], p[0]["dtype"], p[0]["arch"]))
     ROWS.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1) + "\n")
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = [
@@ -293,7 +303,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--only", nargs="+", help="class files (scalar_decay, delta, ...)")
     parser.add_argument("--direction", nargs="+", default=["fwd", "bwd"])
-    parser.add_argument("--kernel", nargs="+", help="only these kernels (_tl_delta_fwd_wy, ...)")
+    parser.add_argument("--kernel", nargs="+", help="these @triton.jit kernels only, by name")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--nice", type=int, default=19, help="niceness of each compile")
     parser.add_argument("--block-k", type=int, help="override BK of every kernel")
@@ -309,22 +319,22 @@ def main(argv=None) -> int:
         print(json.dumps(compile_one(**json.loads(args.child))))
         return 0
     rows = []
-    for cls, direction in KERNELS:
+    for cls, direction, kernel, module in KERNELS:
         if (args.only and cls not in args.only) or direction not in args.direction:
             continue
-        for kernel, dtype, arch in itertools.product(
-            _kernel_names(cls, direction), args.dtype, args.arch
-        ):
-            if args.kernel and kernel not in args.kernel:
-                continue
-            block_k, block_v, warps, stages = _config(cls, kernel)
-            row = {"cls": cls, "direction": direction, "kernel": kernel, "dtype": dtype,
-                   "arch": arch, "block_k": args.block_k or block_k,
-                   "block_v": args.block_v or block_v, "warps": args.warps or warps,
-                   "stages": stages, "gate": not args.no_gate, "chunk": args.chunk}  # fmt: skip
-            result = _run_child(row, args.timeout, args.nice)
-            rows.append((row, result))
-            print(_table([(row, result)])[-1], flush=True)
+        if args.kernel and kernel not in args.kernel:
+            continue
+        block_k, block_v, warps, stages = _config(cls, kernel, module)
+        for dtype in args.dtype:
+            for arch in args.arch:
+                row = {"cls": cls, "direction": direction, "kernel": kernel, "module": module,
+                       "dtype": dtype, "arch": arch,
+                       "block_k": args.block_k or block_k, "block_v": args.block_v or block_v,
+                       "warps": args.warps or warps, "stages": stages,
+                       "gate": not args.no_gate, "chunk": args.chunk}  # fmt: skip
+                result = _run_child(row, args.timeout, args.nice)
+                rows.append((row, result))
+                print(_table([(row, result)])[-1], flush=True)
     if not args.no_write:
         command = " ".join(["python benchmarks/gpu_static.py", *(argv or sys.argv[1:])])
         _write(rows, command, args.append)

@@ -91,3 +91,23 @@ def test_float32_inputs_of_bf16_callers_multiply_in_bf16(cls):
         assert rel_error(p, w) < 1e-5  # float32 products
     # the products did round: float32 ones are far closer to float64 than bf16 ones
     assert rel_error(widened[0], want[0]) > 10 * rel_error(plain[0], want[0])
+
+
+@pytest.mark.slow  # about 18 s of CPU in the interpreter
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # exp(-1e30) * 0
+def test_dplr_key_and_value_blocks_fp32():
+    """The DPLR kernels' loops over blocks: the forward's scores three key blocks of 64 (the
+    last partial), the backward's key-side gradients five of 32 and two value blocks of 32 a
+    chunk, the state passes two value blocks (the last partial); outputs, final state and every
+    gradient against the PyTorch kernel in float64."""
+    gen = torch.Generator().manual_seed(7)
+    (q, k, _), rest = _inputs("dplr", gen)
+    v = torch.randn(B, NH, T, 40, generator=gen).double()
+    rest["initial_state"] = torch.randn(B, NH, K, 40, generator=gen).double()
+    beta = torch.rand(B, NH, T, 1, generator=gen).double()
+    a, b = -beta * k * rest["gk"].clamp(min=-30).exp(), k.clone()
+    got = _run(_kernel("triton", "dplr"), [q, k, v, a, b], rest, torch.float32)
+    want = _run(_kernel("pytorch", "dplr"), [q, k, v, a, b], rest, torch.float64)
+    for i, (g, w) in enumerate(zip(got, want)):
+        err = (g.double() - w).norm() / w.norm()
+        assert err < 1e-5, (i, err)  # fp32 roundings (about 1e-7 each), not a wrong formula
