@@ -7,7 +7,8 @@
 Each row gives the same bfloat16 inputs (q, k, v, gates, betas; a float32 initial state; a
 bfloat16 output cotangent) to a shipped spec's module on the Triton backend (mixc.load(spec,
 backend="triton"): it widens the inputs and passes its kernel `operands=torch.bfloat16`, so the
-kernel's products take bfloat16 operands with float32 accumulation, as on the tensor cores) and to
+kernel's products take bfloat16 operands with float32 accumulation, as on the tensor cores; but
+the delta-rule and DPLR kernels, which it calls without, STATE_ROUNDED) and to
 fla's own chunked Triton kernel for the same mixer (chunk_linear_attn, chunk_simple_gla, chunk_gla,
 chunk_delta_rule, chunk_gated_delta_rule, chunk_kda), both run on CPU by triton's interpreter. It
 reports each one's relative RMS error (as `mixc fuzz` measures, ||a - ref|| / ||ref||) in the
@@ -163,6 +164,12 @@ def _step_delta(s, x):
     return decay * _erase(s, x["k"], beta) + beta[..., None, None] * _outer(x["k"], x["v"])
 
 
+def _step_mamba2(s, x):
+    """Mamba-2 with A = -1 (mixc's H is S^T; D = 0): S_t = exp(-dt_t) S_{t-1} + dt_t k_t v_t^T."""
+    dt = x["dt"][..., None, None]
+    return torch.exp(-dt) * s + dt * _outer(x["k"], x["v"])
+
+
 def _step_kda(s, x):
     s = torch.exp(x["g"])[..., None] * s
     return _erase(s, x["k"], x["beta"]) + x["beta"][..., None, None] * _outer(x["k"], x["v"])
@@ -179,6 +186,9 @@ class Row:
     gates: tuple[str, ...]  # the spec's inputs besides q, k, v
     step: object  # the float64 recurrence
     unit_keys: bool = False  # the delta rules: l2-normalised q and k
+    #: the spec's inputs and parameters by the benchmark's names (q, k, v and the gates) or as
+    #: constants per head; None: its inputs are q, k, v and the gates by those names
+    names: tuple[tuple[str, str | float], ...] | None = None
 
 
 ROWS = (
@@ -192,7 +202,22 @@ ROWS = (
     Row("gated_deltanet", "chunk_delta", ("gated_delta_rule", "chunk_gated_delta_rule"),
         ("g", "beta"), _step_delta, True),
     Row("kda", "chunk_dplr", ("kda", "chunk_kda"), ("g", "beta"), _step_kda, True),
+    Row("mamba2", "chunk_scalar_decay", ("simple_gla", "chunk_simple_gla"), ("dt",),
+        _step_mamba2, names=(("x", "v"), ("dt", "dt"), ("B", "k"), ("C", "q"), ("A", -1.0),
+                             ("D", 0.0))),
 )  # fmt: skip
+
+
+def _args(row: Row, module, x: dict, cast=lambda t: t) -> list:
+    """The module's chunk arguments (inputs, then parameters) from the benchmark's tensors."""
+    if row.names is None:
+        return [cast(x[name]) for name, _ in module.INPUTS]
+    named = dict(row.names)
+    out = [cast(x[named[name]]) for name, _ in module.INPUTS]
+    for name, _ in module.PARAMS:
+        wide = torch.float64 if out[0].dtype == torch.float64 else torch.float32  # as states
+        out.append(torch.full((NH,), named[name], dtype=wide))
+    return out
 
 
 def _inputs(row: Row, seed: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -214,6 +239,7 @@ def _inputs(row: Row, seed: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
         "a": 2 + 4 * u[..., 0],  # decay sigmoid(a) in (0.88, 0.998)
         "g": F.logsigmoid(4 + 2 * (randn() if row.spec == "gated_deltanet" else randn(K))),
         "beta": torch.sigmoid(randn()),
+        "dt": F.softplus(randn() - 3),  # decay exp(-dt) about 0.95
     }  # fmt: skip
     x.update({n: gates[n] for n in row.gates})
     x = {n: t.to(BF16) for n, t in x.items()}
@@ -223,7 +249,7 @@ def _inputs(row: Row, seed: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
 
 def _mixc(row: Row, x: dict, s0: torch.Tensor):
     module = mixc.load(ROOT / "specs" / f"{row.spec}.mix", backend="triton")
-    args = [x[name] for name, _ in module.INPUTS]
+    args = _args(row, module, x, lambda t: t.float() if t.dtype != BF16 else t)
     o, h = module.chunk(*args, initial_state=s0.transpose(-1, -2), output_final_state=True)
     return o, h.transpose(-1, -2)
 
@@ -238,6 +264,8 @@ def _fla_run(row: Row, x: dict, s0: torch.Tensor):
         return fn(q, k, v, F.logsigmoid(x["a"].float()), **common)
     if row.spec == "gla":
         return fn(q, k, v, x["g"].float(), **common)
+    if row.spec == "mamba2":  # v = dt x in the inputs' dtype, as a bfloat16 model computes it
+        return fn(q, k, v * x["dt"][..., None], -x["dt"].float(), **common)
     if row.spec == "deltanet":
         return fn(q, k, v, x["beta"], **common)
     return fn(q, k, v, x["g"].float(), x["beta"], **common)
@@ -266,7 +294,7 @@ def _modelled(module):
     bfloat16 or not: mixc.check.operands) in float64."""
 
     def side(row: Row, x: dict, s0: torch.Tensor):
-        args = [x[name].double() for name, _ in module.INPUTS]
+        args = _args(row, module, x, lambda t: t.double())
         s0 = s0.double().transpose(-1, -2)
         o, h = module.chunk(*args, initial_state=s0, output_final_state=True)
         return o, h.transpose(-1, -2)

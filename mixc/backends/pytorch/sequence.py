@@ -408,10 +408,11 @@ def _turned_seq(forms: SequenceForms, e: Expr, packed: str) -> str | None:
 def rounded_kernels(program: Program, operands: Collection[str]) -> set[str]:
     """The kernels among `operands` (a library's, those that can round what they multiply to
     a caller's 16-bit dtype) that the chunked form calls with `operands=`: none where a
-    readout divides (`_divides_by_readout`), else every one it calls."""
+    readout divides (`_divides_by_readout`), else every one it calls (but in one pass of
+    several queries, `Call.stacked`, which runs without)."""
     if _divides_by_readout(program):
         return set()
-    return {c.kernel for c in program.calls if c.initial} & set(operands)
+    return {c.kernel for c in program.calls if c.initial and not c.stacked} & set(operands)
 
 
 def _divides_by_readout(program: Program) -> bool:
