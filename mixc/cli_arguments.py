@@ -127,7 +127,11 @@ def _add_fuzz(sub: _Subparsers) -> None:
         "--dtype",
         choices=("float32", "float64", "bfloat16"),
         default="float32",
-        help="precision under test",
+        help="precision under test. bfloat16 bounds: 4x the error of the oracle's result rounded "
+        "to bfloat16 (never below float32's); for a module whose kernels round what they "
+        "multiply to bfloat16 (its OPERANDS: a Triton module), the chunked forms' bounds rise "
+        "to 4x what rounding those kernels' operands costs in float64, plus the float32 bound, "
+        "never above 0.1 (MODEL_CAP)",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the module runs")
     p.add_argument(

@@ -3,7 +3,9 @@ exists, a loop of `step` calls, and `recurrent`) run on it and measured against 
 oracle by the rule of `mixc.check.tolerance`: outputs, final states and the gradients of every
 input, parameter and initial state. An example on which the oracle is not finite, or (below
 float64) exceeds the square root of the precision's largest float, is one on which the
-recurrence itself diverges: it is `Invalid`, to be drawn again, never a failure.
+recurrence itself diverges: it is `Invalid`, to be drawn again, never a failure. In bfloat16,
+the chunked forms of a module whose kernels round their operands (its `OPERANDS`) are measured
+against bounds that model that rounding (`_operand_targets`, `mixc.check.operands`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mixc.check.operands import rounded_operands, rounding_module
 from mixc.check.ranges import InputRanges
 from mixc.check.sampling import Case, Example, make_case
-from mixc.check.tolerance import Result, limits, quantities, reference, rel_error
+from mixc.check.tolerance import (
+    FACTOR,
+    MODEL_CAP,
+    TOLERANCE,
+    Result,
+    limits,
+    quantities,
+    reference,
+    rel_error,
+)
 from mixc.errors import MixcError
 
 __all__ = ["Failure", "Invalid", "check"]
@@ -102,8 +114,12 @@ def _check(r: InputRanges, module: types.ModuleType, ex: Example, dtype: torch.d
             return worst, Failure(form, cs, "call", math.inf, 0.0, None, msg, ex, dtype)
         if form == "parallel" and form not in targets:
             targets[form] = _parallel_targets(r, x, ex.seed, dtype)
-        target = targets["parallel" if form == "parallel" else "from states"]
-        measured = _measure(form, cs, result, target, recurrent, ex, dtype)
+        key = "parallel" if form == "parallel" else "from states"
+        if form in ("chunk", "packed") and dtype == torch.bfloat16:  # the kernels' forms
+            key = "kernels"
+            if key not in targets:
+                targets[key] = _operand_targets(r, module, x, targets["from states"])
+        measured = _measure(form, cs, result, targets[key], recurrent, ex, dtype)
         if isinstance(measured, Failure):
             return worst, measured
         old = worst.get(form, (0.0, 0.0))
@@ -219,9 +235,10 @@ def _rounded(case: Case, dtype: torch.dtype) -> _Rounded:
 
 def _targets(
     r: InputRanges, x: _Rounded, seed: int, dtype: torch.dtype, from_states: bool
-) -> tuple[dict[str, Tensor], dict[str, tuple[float, float]]]:
-    """The oracle's quantities and their (floor, bound)s, from the case's initial states (or,
-    without `from_states`, from zero states with a loss on the output only)."""
+) -> tuple[dict[str, Tensor], dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
+    """The oracle's quantities, their (floor, bound)s and (below float64) their float32
+    (floor, bound)s, from the case's initial states (or, without `from_states`, from zero
+    states with a loss on the output only)."""
     states, cot_s = (x.states, x.cot_states) if from_states else ({}, {})
     args = (x.inputs, x.params, states, x.cot_y, cot_s)
     ref = quantities(reference(r.spec, *args))
@@ -235,13 +252,42 @@ def _targets(
         if largest > torch.finfo(dtype).max ** 0.5:
             raise Invalid(f"the oracle reaches {largest:.3g}, where {dtype} products overflow")
     if dtype == torch.float64:
-        return ref, limits(dtype, ref)
+        return ref, limits(dtype, ref), {}
     conditioned = _conditioned_limits(r, args, ref, seed, torch.float32)
     if dtype == torch.float32:
-        return ref, conditioned
+        return ref, conditioned, conditioned
     # bfloat16 computes in float32: its bounds are never below float32's on the same example
     own = limits(dtype, ref)
-    return ref, {q: max(own[q], conditioned[q]) for q in ref}
+    return ref, {q: max(own[q], conditioned[q]) for q in ref}, conditioned
+
+
+def _operand_targets(r: InputRanges, module: types.ModuleType, x: _Rounded, target: tuple):
+    """The targets of a form whose kernels round their operands to bfloat16 (the module's
+    `OPERANDS`; see `mixc.check.operands`): each quantity's bound raised to FACTOR times what
+    rounding those operands costs it in float64 (through its near-zero floor) plus its float32
+    bound, where that is more, and never above MODEL_CAP (a tenth of its scale: not vacuous).
+    The cost is the chunked form of the spec's PyTorch module in float64 with its kernels'
+    operands rounded, against the same without; that one must agree with the oracle (within
+    100 times float64's bound, on every quantity), or the bounds stay as they are."""
+    ref, bounds, conditioned = target
+    operands = rounded_operands(module)
+    if not operands:
+        return target
+    exact, rounded = (
+        _run_form(r, m, "chunk", m.CHUNK_SIZE, _leaves(x, torch.float64, "cpu"), x)
+        for m in rounding_module(r.spec, operands)
+    )
+    agree = 100 * TOLERANCE[torch.float64][0]
+    if any(
+        q not in exact or rel_error(exact[q], ref[q], f) > agree for q, (f, _) in bounds.items()
+    ):
+        return target
+    raised = {}
+    for q, (floor, bound) in bounds.items():
+        cost = rel_error(rounded[q], exact[q], floor)  # through the near-zero floor
+        modelled = min(FACTOR * cost + conditioned[q][1], MODEL_CAP)
+        raised[q] = (floor, max(bound, modelled))
+    return ref, raised, conditioned
 
 
 def _conditioned_limits(
@@ -276,9 +322,9 @@ def _parallel_targets(
 ) -> tuple[dict[str, Tensor], dict[str, tuple[float, float]]]:
     """What the parallel form is compared with: the oracle from a zero state, loss on the
     output only, without final states (the quadratic form keeps none)."""
-    zero, zero_limits = _targets(r, x, seed, dtype, from_states=False)
+    zero, zero_limits, _ = _targets(r, x, seed, dtype, from_states=False)
     ref = {q: v for q, v in zero.items() if not q.startswith("final state")}
-    return ref, {q: zero_limits[q] for q in ref}
+    return ref, {q: zero_limits[q] for q in ref}, {}
 
 
 def _leaves(x: _Rounded, dtype: torch.dtype, device) -> dict[str, Tensor]:
@@ -332,14 +378,14 @@ def _measure(
     form: str,
     chunk_size: int | None,
     result: dict[str, Tensor],
-    target: tuple[dict[str, Tensor], dict[str, tuple[float, float]]],
+    target: tuple,
     recurrent: dict[str, Tensor] | None,
     ex: Example,
     dtype: torch.dtype,
 ) -> tuple[float, float] | Failure:
     """The worst (forward, gradient) error of one form's quantities against the oracle's, or
     the Failure of the first one out of bounds (or off recurrent by more than twice it)."""
-    ref, limits = target
+    ref, limits = target[:2]
     fwd = grad = 0.0
     for q, want in ref.items():
         floor, bound = limits[q]

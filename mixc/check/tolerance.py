@@ -8,7 +8,9 @@ of two random directions) on an ill-conditioned example, such as an output in wh
 a skip cancel, or every rotated vector the oracle computes moved by one rounding (see
 `check.forms._conditioned_limits`); bfloat16 4 times the error of the reference loop in that
 precision, i.e. of the oracle's own result rounded to bfloat16, for the same quantity (and never
-below the float32 bound of the same example). The oracle sees exactly the rounded inputs and
+below the float32 bound of the same example); a chunked form whose kernels round their operands
+to bfloat16 (the module's OPERANDS) also gets 4 times what that rounding costs plus the float32
+bound (`check.forms._operand_targets`, `check.operands`). The oracle sees exactly the rounded inputs and
 cotangents the module sees, so the error measures the computation, not the rounding of inputs.
 In bfloat16, parameters and states are float32 holding rounded values (master weights, as in
 mixed-precision training). A reference
@@ -31,6 +33,7 @@ from mixc.oracle.interpret import interpret
 
 __all__ = [
     "FACTOR",
+    "MODEL_CAP",
     "NEAR_ZERO",
     "TOLERANCE",
     "Result",
@@ -51,6 +54,14 @@ FACTOR = 4.0
 #: of the same kind (outputs and states, or gradients) counts as near zero: its error is measured
 #: against that floor (a gradient that cancels to zero still has fp32 rounding of its terms).
 NEAR_ZERO = 1e-2
+#: The largest bound the bfloat16 rule's model of kernels that round their operands may give a
+#: quantity (`check.forms._operand_targets`): a tenth of its RMS, or of its near-zero floor (a
+#: tenth of NEAR_ZERO of the example's largest value, below bfloat16's rounding of that value),
+#: so an answer of zeros, or one off by a tenth, still fails. The model's cost is measured
+#: through the same floor; a kernel whose rounding would cost more must not round (the Triton
+#: backend then calls it without `operands=`), and tests/check/test_operand_rounding.py fails
+#: if a shipped spec's modelled bound reaches the cap.
+MODEL_CAP = 0.1
 
 
 def rel_error(a: Tensor, ref: Tensor, floor: float = 0.0) -> float:

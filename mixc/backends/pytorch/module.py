@@ -8,17 +8,17 @@ import functools
 import hashlib
 import re
 import textwrap
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mixc.backends.pytorch.angles import AngleSums
 from mixc.backends.pytorch.kernels import FUNCTION_HELPERS
 from mixc.backends.pytorch.lines import Lines, comment, doc_line, string
-from mixc.backends.pytorch.names import note, size, without_unread
+from mixc.backends.pytorch.names import note, size, tuple_text, without_unread
 from mixc.backends.pytorch.pyexpr import PyExpr
 from mixc.backends.pytorch.recurrence import RecurrentForms
-from mixc.backends.pytorch.sequence import SequenceForms, native
+from mixc.backends.pytorch.sequence import SequenceForms, native, rounded_kernels
 from mixc.frontend.builtins import BUILTINS, ROTATIONS
 from mixc.frontend.ir import CHANNEL, Call, Expr, Name, walk
 from mixc.lowering.program import Program
@@ -43,8 +43,8 @@ class KernelLibrary:
     helper they use (the module imports no kernel package), and `imports` the modules that text
     needs; the kernels in `operands` take `operands=`, the dtype of the caller's inputs, which
     the module widens to its compute dtype before any kernel sees them (a kernel that
-    multiplies 16-bit operands, as a Triton kernel on the tensor cores, rounds its products'
-    operands to it). The PyTorch backend's library is its own kernel package; another backend
+    multiplies 16-bit operands, as a Triton kernel on the tensor cores, rounds the arguments
+    `operands` names for it, and its products' other operands, to it). The PyTorch backend's library is its own kernel package; another backend
     renders the same module around its own library. The kernels in `ordered` take `reverse=`
     and `strict=`: a state that runs backward in time, or is read before the token's update,
     runs through them as it is; another kernel gets its inputs reversed and moved one token
@@ -56,7 +56,7 @@ class KernelLibrary:
     kernels: Collection[str]
     source: Callable[[list[str]], str]
     imports: tuple[str, ...]
-    operands: Collection[str] = ()
+    operands: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     turned: Collection[str] = ()
     ordered: Collection[str] = ()
     decayed: Collection[str] = ()
@@ -178,6 +178,15 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
         out(f"OUTPUT = {string(self.output.target)}", 0)
         forms = ", ".join(string(f) for f in self.program.forms)
         out(f"FORMS = ({forms},)  # the forms that compute (chunk raises NYI otherwise)", 0)
+        called = {c.kernel for c in self.program.calls if not self.summed(c)}  # angles: no kernel
+        rounded = sorted(called & rounded_kernels(self.program, self.library.operands))
+        if rounded:  # what mixc fuzz --dtype bfloat16 models (docs/fuzzing.md)
+            pairs = ", ".join(
+                f"{string(k)}: {tuple_text([string(a) for a in self.library.operands[k]], True)}"
+                for k in rounded
+            )
+            out(comment("the kernels that round these arguments to 16-bit inputs' dtype"), 0)
+            out(f"OPERANDS = {{{pairs}}}", 0)
         classes = ", ".join(f"{string(s.name)}: {string(s.label)}" for s in self.program.states)
         out(f"CLASSES = {{{classes}}}", 0)
         actions = ", ".join(

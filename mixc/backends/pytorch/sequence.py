@@ -3,6 +3,7 @@ there is no chunked form), `parallel` and `summary`, each a run of kernel calls.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 from mixc.backends.pytorch.context import Context
@@ -20,7 +21,7 @@ from mixc.backends.pytorch.names import local, note, tuple_text
 from mixc.backends.pytorch.pyexpr import TURNING
 from mixc.frontend import ir
 from mixc.frontend.ir import Binary, Expr
-from mixc.lowering.program import Call, QueryRead, SequenceForm, Step, SummaryCall
+from mixc.lowering.program import Call, Program, QueryRead, SequenceForm, Step, SummaryCall
 
 
 class SequenceForms(Context):
@@ -356,7 +357,7 @@ def _emit_query(
     if not call.initial:
         out(f"_o = _{call.kernel}({args})")
     else:
-        takes = call.kernel in forms.library.operands and _inputs_only(call, forms.inputs)
+        takes = call.kernel in rounded_kernels(forms.program, forms.library.operands)
         operands = ", operands=_out_dtype" if takes else ""
         init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size{operands}"
         found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
@@ -412,23 +413,36 @@ def _turned_seq(forms: SequenceForms, e: Expr, packed: str) -> str | None:
     return f"_seq_turned({forms.tensor(x)}, {turn}, _sizes{packed})"
 
 
-def _inputs_only(call: Call, inputs: list[str]) -> bool:
-    """Whether every vector the call's kernel multiplies (keys, values, queries, and arguments
-    per key or per state entry) is a caller's input as it came: only then may the kernel round
-    its products' operands to the caller's 16-bit dtype (`operands=`) without a rounding the
-    spec does not make (a key the module computes in float32, l2norm(k) or dt x, would be
-    rounded again)."""
+def rounded_kernels(program: Program, operands: Collection[str]) -> set[str]:
+    """The kernels among `operands` (a library's, those that can round what they multiply to
+    a caller's 16-bit dtype) that the chunked form calls with `operands=`: none where a
+    readout divides (`_divides_by_readout`), else every one it calls (but in one pass of
+    several queries, `Call.stacked`, which runs without)."""
+    if _divides_by_readout(program):
+        return set()
+    return {c.kernel for c in program.calls if c.initial and not c.stacked} & set(operands)
 
-    def raw(e: Expr | None) -> bool:
-        return e is None or (isinstance(e, ir.Timed) and e.offset == 0 and e.name in inputs)
 
-    multiplied = [q.query for q in call.queries]
-    for step in call.steps:
-        if any(v.scale is not None for v in step.values):
-            return False
-        multiplied += [step.key, *(v.expr for v in step.values)]
-        multiplied += [a.expr for a in step.args if a.layout in ("vector", "factor")]
-    return all(map(raw, multiplied))
+def _divides_by_readout(program: Program) -> bool:
+    """Whether the output, or a later call's query, key or value, divides by something a
+    readout computes: a normaliser (y = H q / (z . q)) or a softmax over a state's readout.
+    The gradient of the query then sums the numerator's terms and the normaliser's, which
+    cancel (to 0 at K = 1), and a kernel that rounds its output's gradient to bfloat16 rounds
+    each term by itself: the rounding mixc fuzz's bfloat16 rule models then costs up to a
+    third of a gradient's scale (linear_attention_normalized, transformer_vq, gsa), above
+    MODEL_CAP (docs/fuzzing.md), so such a mixer's kernels multiply float32."""
+    readouts = {name for name, _ in program.readouts}
+    exprs = [program.chunk.output.expr] if program.chunk is not None else []
+    for call in program.calls:
+        exprs += [q.query for q in call.queries]
+        for step in call.steps:
+            exprs += [step.key, *(v.expr for v in step.values), *(a.expr for a in step.args)]
+    for e in exprs:
+        for node in ir.walk(e) if e is not None else ():
+            if isinstance(node, Binary) and node.op == "/":
+                if any(isinstance(x, ir.Name) and x.name in readouts for x in ir.walk(node.right)):
+                    return True
+    return False
 
 
 def _emit_probe(out: Lines, call: SummaryCall, kernel_args: list[str], P: str) -> None:

@@ -49,6 +49,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_strides,
     _tl_sum_parts,
     _tl_tokens,
+    _tl_wide_dot,
 )
 
 
@@ -149,7 +150,12 @@ def _tl_scalar_decay_chunk_grad(
     dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
     dq_c = _tl_dot(d_scores, k_c, DOT)
     dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT)
-    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    if GATE_GRAD:  # the gate's gradient sums q . (dO S^T) against terms it cancels (a state
+        # carried from far back, tiny keys): at float32's accuracy (_tl_wide_dot), or Mamba-2's
+        # gradient of dt erred 4.1e-3 against a bound of 1.7e-3 (4.2e-4 so)
+        from_q = _tl_wide_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    else:
+        from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
     from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # V D^T
     to_state = _tl_dot(k_c, d_state, DOT)  # K D
     do_start = do_c

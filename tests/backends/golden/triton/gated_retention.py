@@ -48,6 +48,8 @@ STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 # the forms that compute (chunk raises NYI otherwise)
 FORMS = ("chunk", "parallel", "recurrent", "step",)
+# the kernels that round these arguments to 16-bit inputs' dtype
+OPERANDS = {"chunk_scalar_decay": ("q", "k", "v")}
 CLASSES = {"H": "scalar data-dependent"}
 SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
 # chunk's default chunk size: 32 ran 1.06-1.14x faster than 64 with a decay, measured on CPU (2
@@ -719,6 +721,19 @@ def _tl_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _tl_wide_dot(a, b, DOT: tl.constexpr):
+    """a @ b at about float32's accuracy whatever DOT, for the products whose operands are
+    gradients that later sums cancel (the delta rule's solve): IEEE float32 (float64) for
+    "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
+    rounded to 16 bits."""
+    if DOT == "ieee" or DOT == "bf16 emulated":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    return product
+
+
+@triton.jit
 def _tl_operand(x, DOT: tl.constexpr):
     """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
     DOT once, as it is loaded (half the registers of float32, and the same operand in every
@@ -981,7 +996,12 @@ def _tl_scalar_decay_chunk_grad(
     dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
     dq_c = _tl_dot(d_scores, k_c, DOT)
     dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT)
-    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    if GATE_GRAD:  # the gate's gradient sums q . (dO S^T) against terms it cancels (a state
+        # carried from far back, tiny keys): at float32's accuracy (_tl_wide_dot), or Mamba-2's
+        # gradient of dt erred 4.1e-3 against a bound of 1.7e-3 (4.2e-4 so)
+        from_q = _tl_wide_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    else:
+        from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
     from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # V D^T
     to_state = _tl_dot(k_c, d_state, DOT)  # K D
     do_start = do_c

@@ -46,6 +46,8 @@ PARAM_DEFAULTS = ()
 STATES = (("H", ("V", "K")),)
 OUTPUT = "y"
 FORMS = ("chunk", "recurrent", "step",)  # the forms that compute (chunk raises NYI otherwise)
+# the kernels that round these arguments to 16-bit inputs' dtype
+OPERANDS = {"chunk_diagonal": ("q", "k", "v")}
 CLASSES = {"H": "diagonal key-side"}
 SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
 # chunk's default chunk size: 32 ran 1.08x faster than 64 for GLA, measured on CPU (2 threads,
