@@ -12,7 +12,6 @@ which any check would see.
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
@@ -23,7 +22,6 @@ import pytest
 import mixc
 from mixc.check import fuzz, input_ranges
 from mixc.check.reproducer import reproducer
-from tests.check import test_fuzz as fuzz_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -775,19 +773,8 @@ def test_every_mutant_is_caught(
     assert report.failure.kind == kind, report.failure.summary()
 
 
-def test_the_shipped_specs_unmutated_pass_the_mutants_draws() -> None:
-    """The control of the shipped specs' mutants: tests/check/test_fuzz.py fuzzes every shipped
-    spec by default on the mutants' draws (fuzz's default seed), the module compiled
-    in-process from the text the mutants edit; so it runs once, there."""
-    shipped = {m[0] for m in MUTANTS if "/" not in m[0]}
-    assert shipped <= set(fuzz_tests.IDS) - fuzz_tests.SLOW
-    assert fuzz_tests.SHIPPED_DRAWS == {"examples": 15, "seed": 0}
-    assert inspect.signature(fuzz).parameters["seed"].default == 0
-
-
-@pytest.mark.parametrize("spec", sorted({m[0] for m in MUTANTS if "/" in m[0]}))
+@pytest.mark.parametrize("spec", sorted({m[0] for m in MUTANTS}))
 def test_the_unmutated_module_passes(tmp_path: Path, spec: str) -> None:
-    """The control of the mutants of the tests' own specs (shipped ones: the test above)."""
     path = _spec_path(spec)
     module = tmp_path / f"{Path(spec).name}.py"
     module.write_text(mixc.compile_source(path))
