@@ -80,15 +80,38 @@ FP32_FAST = [
 #: (the elementwise kernel, hgrn's and mamba1's, by test_every_form_matches_the_oracle_in_other_dtypes)
 
 
-@pytest.mark.parametrize("examples", [2, pytest.param(8, marks=pytest.mark.slow)])
-@pytest.mark.parametrize(
-    "name",
-    [n if n in FP32_FAST else pytest.param(n, marks=pytest.mark.slow) for n in COVERED + FALLBACK],
-)
-def test_every_form_matches_the_oracle_fp32(name, examples):
-    """Two examples a spec in the interpreter by default (each runs every form, several chunk
-    sizes and the gradients), for the specs of FP32_FAST; eight, and every spec, with -m slow."""
-    report = fuzz(SPECS[name], backend="triton", examples=examples, seed=1, shrink=False, max_T=40)
+def example(name, batch, heads, T, chunk_sizes, seed):
+    """An example of `name` with every size 8 and an initial state, its first input given with
+    one head (shared by every head) where there are several."""
+    spec = mixc.load_spec(SPECS[name])
+    mixer = spec.mixer
+    symbols = {d for x in (*mixer.inputs, *mixer.states) for d in x.shape if not d.isdigit()}
+    sizes = tuple((symbol, 8) for symbol in sorted(symbols))
+    inputs = tuple((d.name, 1 if i == 0 else heads) for i, d in enumerate(mixer.inputs))
+    return Example(batch, heads, T, sizes, chunk_sizes, True, inputs, (), False, seed=seed)
+
+
+@pytest.mark.parametrize("name", FP32_FAST)
+def test_every_form_matches_the_oracle_fp32(name):
+    """Every form, gradients included, on one example in the interpreter: two chunks of 16 from
+    an initial state (chunk size 4 runs as 16), two heads sharing the first input. One sequence:
+    the interpreter runs a program a sequence and head, one after another, and the drawn
+    examples of the other dtypes' test and of the slow one below run several (the two drawn
+    here before were one token of one head, and three sequences without an initial state)."""
+    ex = example(name, 1, 2, 32, (4,), seed=1)
+    worst, failure = check(
+        input_ranges(mixc.load_spec(SPECS[name])), mixc.load(SPECS[name], backend="triton"), ex
+    )
+    assert failure is None, failure.summary()
+    assert "chunk" in worst
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", COVERED + FALLBACK)
+def test_every_form_matches_the_oracle_fp32_fuzzed(name):
+    """Eight drawn examples of every spec (each runs every form, several chunk sizes and the
+    gradients)."""
+    report = fuzz(SPECS[name], backend="triton", examples=8, seed=1, shrink=False, max_T=40)
     assert report.ok, report.failure.summary()
     assert "chunk" in report.worst
 
@@ -108,11 +131,12 @@ def test_fuzz_runs_each_chunk_the_kernels_run_once():
     assert chunks == [4, 1, 16, 32, 64]
 
 
-#: Every kernel in bfloat16 by default, and in float64 those whose fp32 run is not in
-#: FP32_FAST or that have their own float64 path (the delta rule's and DPLR's triangular
-#: solves); every covered spec in both with -m slow.
+#: Each kernel in one dtype besides float32 by default: float64 for those with their own float64
+#: path (the delta rule's and DPLR's triangular solves), bfloat16 for the others; the
+#: elementwise kernel (no spec of FP32_FAST runs it) in both. (Every kernel's bfloat16 operands
+#: also by tests/backends/test_triton_precision.py.) Every covered spec in both with -m slow.
 OTHER_DTYPES = {
-    "bfloat16": ["gated_retention", "gated_deltanet", "gla", "kda", "mamba1", "hgrn"],
+    "bfloat16": ["gated_retention", "gla", "hgrn"],
     "float64": ["gated_deltanet", "kda", "mamba1"],
 }
 
@@ -133,15 +157,11 @@ def test_every_form_matches_the_oracle_in_other_dtypes(name, dtype):
         SPECS[name], backend="triton", examples=2, seed=2, dtype=dtype, shrink=False, max_T=40
     )
     assert report.ok, report.failure.summary()
-    spec = mixc.load_spec(SPECS[name])
-    ranges = input_ranges(spec)
-    mixer = spec.mixer
-    symbols = {d for x in (*mixer.inputs, *mixer.states) for d in x.shape if not d.isdigit()}
-    sizes = tuple((symbol, 8) for symbol in sorted(symbols))
-    inputs = tuple((d.name, 1) for d in spec.mixer.inputs)
-    across = Example(1, 1, 37, sizes, (16,), True, inputs, (), False, seed=7)
-    module = mixc.load(SPECS[name], backend="triton")
-    _, failure = check(ranges, module, across, dtype=DTYPES[dtype])
+    across = example(name, 1, 1, 37, (16,), seed=7)
+    ranges = input_ranges(mixc.load_spec(SPECS[name]))
+    _, failure = check(
+        ranges, mixc.load(SPECS[name], backend="triton"), across, dtype=DTYPES[dtype]
+    )
     assert failure is None, failure.summary()
 
 
