@@ -34,7 +34,9 @@ same layer in float64 (eager), as relative RMS errors per tensor: the compiled l
 each of its errors is at most twice the eager layer's, or under 1e-5 (float32 rounding; the
 inductor reorders sums, so the two float32 results differ from each other by rounding, and a
 gradient that cancels to near zero differs in relative terms by much more than its neighbours).
-The worker stops if it does not pass. Recorded: the largest error of each.
+A layer that does not pass is still timed, and its row says which result the rule refused
+(a compiled result outside it is a finding to look into, never a figure to read past).
+Recorded: the largest error of each.
 """
 
 from __future__ import annotations
@@ -107,19 +109,19 @@ def _startup() -> float:
     return time.perf_counter() - start
 
 
-def _errors(spec, compiled, eager, exact) -> tuple[float, float]:
+def _errors(compiled, eager, exact) -> tuple[float, float, list[str]]:
     """The largest relative errors of the compiled and the eager results against the float64
-    ones; raises SystemExit where the compiled layer does not pass (the docstring's test)."""
-    worst = (0.0, 0.0)
+    ones, and the results the docstring's rule refuses (none where the compiled layer passes)."""
+    worst, refused = (0.0, 0.0), []
     for i, (c, e, x) in enumerate(zip(compiled, eager, exact, strict=True)):
         c_error, e_error = _rel(c, x), _rel(e, x)
         if not c_error <= max(2 * e_error, 1e-5):
-            raise SystemExit(
-                f"{spec}: result {i} (0 the output, 1 the input's gradient, then the "
-                f"parameters'): compiled {c_error:.2e} from float64, eager {e_error:.2e}"
+            refused.append(
+                f"result {i} (0 the output, 1 the input's gradient, then the parameters'): "
+                f"compiled {c_error:.2e} from float64, eager {e_error:.2e}"
             )
         worst = (max(worst[0], c_error), max(worst[1], e_error))
-    return worst
+    return *worst, refused
 
 
 def measure(spec: str, threads: int) -> dict:
@@ -141,8 +143,8 @@ def measure(spec: str, threads: int) -> dict:
     start, cpu = time.perf_counter(), _cpu()
     got = _step(compiled, x)
     first, first_cpu = time.perf_counter() - start, _cpu() - cpu
-    error, eager_error = _errors(
-        spec, got, _step(layer, x), _step(copy.deepcopy(layer).double(), x.double())
+    error, eager_error, refused = _errors(
+        got, _step(layer, x), _step(copy.deepcopy(layer).double(), x.double())
     )
     for _ in range(WARMUP):
         _step(compiled, x), _step(layer, x)
@@ -164,6 +166,7 @@ def measure(spec: str, threads: int) -> dict:
         "speedup": eager_s / compiled_s,
         "max_rel_error": error,
         "eager_rel_error": eager_error,
+        "refused": refused,
     }
 
 
@@ -218,7 +221,9 @@ def _table(rows: list[dict], threads: int) -> str:
             f"| {r['spec']} | {r['first_call_s']:.1f} s | {r['first_call_cpu_s']:.1f} s | "
             f"{r['startup_s'] + r['first_call_s']:.1f} s | "
             f"{r['graphs']} | {r['compiled_ms']:.1f} ms | {r['eager_ms']:.1f} ms | "
-            f"{r['speedup']:.2f}x | {r['max_rel_error']:.1e} ({r['eager_rel_error']:.1e}) |"
+            f"{r['speedup']:.2f}x | {r['max_rel_error']:.1e} ({r['eager_rel_error']:.1e})"
+            + "".join(f"; **refused by the rule**: {why}" for why in r.get("refused", ()))
+            + " |"
         )
     startups = sorted(r["startup_s"] for r in rows if "startup_s" in r)
     firsts = sorted(r["first_startup_s"] for r in rows if "first_startup_s" in r)
