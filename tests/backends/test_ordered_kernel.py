@@ -52,10 +52,18 @@ def _inputs(T, gated, seed=0):
 def test_the_kernel_agrees_with_the_loop(reverse, strict, gated, spans, T, chunk_size, monkeypatch):
     if spans != "one":  # spans visited from the last for reverse, their kept tensors in turn
         monkeypatch.setattr(common, "_span_tokens", lambda q, v, size: 2 * size)
-    leaves = [x if x is None else x.requires_grad_() for x in _inputs(T, gated)]
+    order = dict(reverse=reverse, strict=strict)
+    _check_against_loop(_inputs(T, gated), chunk_size, order, (reverse, strict))
+
+
+def _check_against_loop(inputs, chunk_size, order, loop_order, **decayed):
+    """chunk_scalar_decay(**order) against the float64 loop: outputs, final states and
+    gradients under autograd, then outputs and final states without it (the untracked path:
+    in-place scans, outputs joined span by span)."""
+    leaves = [x if x is None else x.requires_grad_() for x in inputs]
     q, k, v, g, state = leaves
-    o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, reverse=reverse, strict=strict)
-    o_ref, final_ref = _loop(q, k, v, g, state, reverse, strict)
+    o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, **order, **decayed)
+    o_ref, final_ref = _loop(q, k, v, g, state, *loop_order, **decayed)
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
     gen = torch.Generator().manual_seed(1)
@@ -66,8 +74,8 @@ def test_the_kernel_agrees_with_the_loop(reverse, strict, gated, spans, T, chunk
     want = torch.autograd.grad((o_ref * w_o).sum() + (final_ref * w_s).sum(), wrt)
     for name, a, b in zip("qkvgS", got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"d{name}")
-    with torch.no_grad():  # the untracked path: in-place scans, outputs joined span by span
-        o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, reverse=reverse, strict=strict)
+    with torch.no_grad():
+        o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, **order, **decayed)
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
 
@@ -106,24 +114,8 @@ def test_the_read_after_the_decay_agrees_with_the_loop(gated, spans, T, chunk_si
     """strict and decayed: outputs, final states and gradients, with autograd and without."""
     if spans != "one":
         monkeypatch.setattr(common, "_span_tokens", lambda q, v, size: 2 * size)
-    leaves = [x if x is None else x.requires_grad_() for x in _inputs(T, gated, seed=2)]
-    q, k, v, g, state = leaves
-    o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, strict=True, decayed=True)
-    o_ref, final_ref = _loop(q, k, v, g, state, False, True, decayed=True)
-    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
-    gen = torch.Generator().manual_seed(1)
-    w_o = torch.randn(o.shape, generator=gen, dtype=torch.float64)
-    w_s = torch.randn(final.shape, generator=gen, dtype=torch.float64)
-    wrt = [x for x in leaves if x is not None]
-    got = torch.autograd.grad((o * w_o).sum() + (final * w_s).sum(), wrt)
-    want = torch.autograd.grad((o_ref * w_o).sum() + (final_ref * w_s).sum(), wrt)
-    for name, a, b in zip("qkvgS", got, want):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"d{name}")
-    with torch.no_grad():
-        o, final = chunk_scalar_decay(q, k, v, g, state, chunk_size, strict=True, decayed=True)
-    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
+    order = dict(strict=True)
+    _check_against_loop(_inputs(T, gated, seed=2), chunk_size, order, (False, True), decayed=True)
 
 
 @pytest.mark.parametrize("kind", ["nan", "inf"])
