@@ -99,3 +99,13 @@ def test_a_prefill_in_pieces_continues_as_one_pass():
     torch.testing.assert_close(torch.cat(ys, 1), whole, rtol=1e-10, atol=1e-12)
     for got, want in zip(state, final, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["mamba3", "mamba3_trapezoid"])
+def test_a_library_without_the_strict_read_folds_as_the_oracle_does(spec):
+    """The Triton library's scalar-decay kernel reads the state after the token's update only:
+    a folded call then reads G_{t-1} q_t as the kernel's inclusive read one token later, moved
+    back (it once read G_t q_t, 0.34 off the oracle at T = 1)."""
+    pytest.importorskip("triton")
+    report = fuzz(ROOT / "specs" / f"{spec}.mix", backend="triton", examples=2, seed=0, max_T=12)
+    assert report.ok, report.failure.summary()

@@ -202,16 +202,18 @@ class SequenceForms(Context):
         for i, query in enumerate(call.queries):
             strict = ["strict=True"] if ordered and (query.previous or call.lag) else []
             strict += ["decayed=True"] * decayed
-            query = replace(query, previous=False) if strict else query
+            # a folded call reads G_{t-1} q_t: strict where the kernel takes it, else its
+            # inclusive read one token later, moved back (as any read before the update)
+            query = replace(query, previous=not strict and (query.previous or bool(call.lag)))
             o = f"_o{i + 1}" if call.stacked else "_o"
             if not call.stacked:
                 _emit_query(self, out, call, query, kernel_args + strict, seqlens, turned)
-            fold_correction(self, out, call, query, seqlens, decayed)
             if call.log_scale is not None and i == 0:  # the rows' scale, exp(-m_t)
                 scale = self.in_time("_torch.exp(-_m)[..., None]", call.reverse, seqlens)
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")
             if query.previous or call.reverse:
                 out(_moved_back(call, query, initial, seqlens))
+            fold_correction(self, out, call, query, seqlens, decayed)
             if len(call.slots) == 1:
                 parts = [o]
             else:
