@@ -307,6 +307,11 @@ class PyExpr:
             d = self.shape(x)[0]
             turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
             rotate, turn = BUILTINS[e.func].torch, self._emit(turning)[0]
+            shape = self.shape(x)
+            if isinstance(x, Binary) and x.op == "+" and self.shape(x.left) == shape:
+                if self.shape(x.right) == shape:  # a vector and its bias: added in the rotation
+                    left, right = (self._emit(y)[0] for y in (x.left, x.right))
+                    return f"_rotated({rotate}, {left}, {turn}, {right})"  # see _rotated
             return f"_rotated({rotate}, {self._emit(x)[0]}, {turn})"  # see _turning_of
         if e.func == TURNING:
             return _turning_call(self, *e.args)

@@ -1374,19 +1374,23 @@ def _register_spans(namespace, functions):
     return ops.spans
 
 
-def _rotation(functions, rotate, x, theta, d, dtype):
-    """The rotation named `rotate` among `functions` (a module's globals) of x by the angles
-    theta, as eagerly: the turn (_turning) computed once for the values that theta's broadcast
-    axes repeat (_compact)."""
+def _rotation(functions, rotate, x, plus, theta, d, dtype):
+    """The rotation named `rotate` among `functions` (a module's globals) of x + plus (plus
+    None: x) by the angles theta, as eagerly: the turn (_turning) computed once for the values
+    that theta's broadcast axes repeat (_compact)."""
     turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
-    return functions[rotate](x, turning)
+    return functions[rotate](x if plus is None else x + plus, turning)
 
 
-def _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted):
-    """The operator `rotate_backward`: the gradients of x and theta (those wanted, 0 where the
-    rotation does not read one), the rotation run again under autograd: those of eager."""
+def _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted):
+    """The operator `rotate_backward`: the gradients of x, plus and theta (those wanted, 0
+    where the rotation does not read one; an addend's summed to its own shape, as the sum
+    broadcast it), the rotation run again under autograd: those of eager."""
     with _recording(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_(w) for t, w in zip((x, theta), wanted)]
+        leaves = [
+            t if t is None else t.detach().requires_grad_(w)
+            for t, w in zip((x, plus, theta), wanted)
+        ]
         wrt = [t for t, w in zip(leaves, wanted) if w]
         out = _rotation(functions, rotate, *leaves, d, dtype)
         found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
@@ -1397,21 +1401,21 @@ def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
     of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
     contiguous, as its fake says."""
-    head = "(str rotate, Tensor x, Tensor theta, int d, ScalarType dtype"
+    head = "(str rotate, Tensor x, Tensor? plus, Tensor theta, int d, ScalarType dtype"
 
-    def forward(rotate, x, theta, d, dtype):
+    def forward(rotate, x, plus, theta, d, dtype):
         with torch.no_grad():
-            return _rotation(functions, rotate, x, theta, d, dtype).contiguous()
+            return _rotation(functions, rotate, x, plus, theta, d, dtype).contiguous()
 
-    def fake(rotate, x, theta, d, dtype):
-        found = _rotation(functions, rotate, x, theta, d, dtype)
+    def fake(rotate, x, plus, theta, d, dtype):
+        found = _rotation(functions, rotate, x, plus, theta, d, dtype)
         return found.new_empty(found.shape)
 
-    def backward(rotate, x, theta, d, dtype, grad, wanted):
-        return _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted)
+    def backward(rotate, x, plus, theta, d, dtype, grad, wanted):
+        return _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted)
 
-    def backward_fake(rotate, x, theta, d, dtype, grad, wanted):
-        return [t.new_empty(t.shape) for t, w in zip((x, theta), wanted) if w]
+    def backward_fake(rotate, x, plus, theta, d, dtype, grad, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((x, plus, theta), wanted) if w]
 
     rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
                                      schema=f"{head}) -> Tensor")  # fmt: skip
@@ -1423,11 +1427,11 @@ def _define_rotation(namespace, functions):
     rotate_backward.register_fake(backward_fake)
 
     def save(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[1:3])
-        ctx.arguments = (inputs[0], *inputs[3:])
+        ctx.save_for_backward(*inputs[1:4])
+        ctx.arguments = (inputs[0], *inputs[4:])
 
     def formula(ctx, grad):
-        wanted = list(ctx.needs_input_grad[1:3])
+        wanted = list(ctx.needs_input_grad[1:4])
         rotate, d, dtype = ctx.arguments
         found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
         return None, *[next(found) if w else None for w in wanted], None, None
@@ -1628,13 +1632,16 @@ def _turning_of(theta, d, dtype, *leaves):
     return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
 
 
-def _rotated(rotate, x, turning):
-    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
-    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+def _rotated(rotate, x, turning, plus=None):
+    """rotate(x + plus, turning) (plus None: rotate(x, turning)), `rotate` one of the rotations
+    (_rotate_interleaved, ...); for the angles of _turning_of under torch.compile, the operator
+    `rotate` of operators.py, which takes the two addends (a vector and its bias) and adds them
+    inside: the sum is then no kernel of inductor's, nor the bias's gradient (summed over the
+    tokens) in the backward."""
     if isinstance(turning, _Angles):
         theta, d, dtype = turning.theta, turning.d, turning.dtype
-        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
-    return rotate(x, turning)
+        return _Operators.rotate(rotate.__name__, x, plus, theta, d, dtype)  # noqa: F821
+    return rotate(x if plus is None else x + plus, turning)
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -1798,8 +1805,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_bfd027c0fc81d91d", globals())
-_operator_rotations = _register_rotations("mixc_bfd027c0fc81d91d", globals())
+_operator_spans = _register_spans("mixc_c114ddaca15688b3", globals())
+_operator_rotations = _register_rotations("mixc_c114ddaca15688b3", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1909,7 +1916,7 @@ def chunk(
         return y, (_final if output_final_state else None)
     _v0_H = _prev_x  # x_{t-1}, before each sequence's first token
     # rotate_interleaved(B_bias + B_{t-1}, _r0), before each sequence's first token
-    _k0_H = _rotated(_rotate_interleaved, B_bias + _prev_B, _turning_of(Th, _sizes["N"], _dtype))
+    _k0_H = _rotated(_rotate_interleaved, B_bias, _turning_of(Th, _sizes["N"], _dtype), _prev_B)
     _last_x = _last_tokens(x, _prev_x, cu_seqlens)  # carried to the next call
     _last_B = _last_tokens(B, _prev_B, cu_seqlens)  # carried to the next call
     # None where autograd or a compiler records the form: no result in place
@@ -1998,7 +2005,7 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
     # rotate_interleaved(B_bias + B_{t-1}, _r0)
     _k1_H = _seq_vector(
-        _rotated(_rotate_interleaved, B_bias + _prev_B, _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)),
+        _rotated(_rotate_interleaved, B_bias, _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th), _prev_B),
         _sizes,
     )
     _negated = -A * dt
@@ -2009,12 +2016,12 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
     _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     # rotate_interleaved(B_bias + B_t, _r1)
-    _k2_H = _seq_vector(_rotated(_rotate_interleaved, B_bias + B, _turn__r1_N), _sizes)
+    _k2_H = _seq_vector(_rotated(_rotate_interleaved, B_bias, _turn__r1_N, B), _sizes)
     _v2_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t
     _k_H = _sub_tokens([_k1_H, _k2_H])  # 2 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H)])  # 2 sub-tokens a token, one per step
-    _q = _seq_vector(_rotated(_rotate_interleaved, C_bias + C, _turn__r1_N), _sizes)
+    _q = _seq_vector(_rotated(_rotate_interleaved, C_bias, _turn__r1_N, C), _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 1::2]  # each token's last sub-token
@@ -2069,9 +2076,7 @@ def _recurrence(
         # Th_{t-1} + 3.141592653589793 dt_t tanh(w_t)
         Th_t = Th + 3.141592653589793 * dt_t.double() * _torch.tanh(w_t.double())
         _a = _torch.exp(-dt_t * A_t)
-        _turn = _rotated(
-            _rotate_interleaved, _prev_B + B_bias, _turning_of(Th, _sizes["N"], _dtype)
-        )
+        _turn = _rotated(_rotate_interleaved, _prev_B, _turning_of(Th, _sizes["N"], _dtype), B_bias)
         _lam = _torch.sigmoid(l_t)
         _turn_Th_N = _turning_of(Th_t, _sizes["N"], _dtype)
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t x_{t-1} turn(B_{t-1} + B_bias, Th_{t-1})^T + lam_t dt_t x_t turn(B_t + B_bias, Th_t)^T
@@ -2079,10 +2084,10 @@ def _recurrence(
             _torch.exp(-A_t * dt_t) * H
             + dt_t * _a * (_prev_x @ _turn.mT)
             - dt_t * _a * _lam * (_prev_x @ _turn.mT)
-            + dt_t * _lam * (x_t @ _rotated(_rotate_interleaved, B_t + B_bias, _turn_Th_N).mT)
+            + dt_t * _lam * (x_t @ _rotated(_rotate_interleaved, B_t, _turn_Th_N, B_bias).mT)
         )
         # y_t = (H_t turn(C_t + C_bias, Th_t) + D x_t) * silu(z_t)
-        _ys.append(_torch.addcmul(H_t @ _rotated(_rotate_interleaved, C_t + C_bias, _turn_Th_N), D, x_t) * _F.silu(z_t))
+        _ys.append(_torch.addcmul(H_t @ _rotated(_rotate_interleaved, C_t, _turn_Th_N, C_bias), D, x_t) * _F.silu(z_t))
         Th, H, _prev_x, _prev_B = Th_t, H_t, x_t, B_t
     return _torch.stack(_ys, 1), (Th, H, _prev_x, _prev_B)
 

@@ -1343,19 +1343,23 @@ def _register_spans(namespace, functions):
     return ops.spans
 
 
-def _rotation(functions, rotate, x, theta, d, dtype):
-    """The rotation named `rotate` among `functions` (a module's globals) of x by the angles
-    theta, as eagerly: the turn (_turning) computed once for the values that theta's broadcast
-    axes repeat (_compact)."""
+def _rotation(functions, rotate, x, plus, theta, d, dtype):
+    """The rotation named `rotate` among `functions` (a module's globals) of x + plus (plus
+    None: x) by the angles theta, as eagerly: the turn (_turning) computed once for the values
+    that theta's broadcast axes repeat (_compact)."""
     turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
-    return functions[rotate](x, turning)
+    return functions[rotate](x if plus is None else x + plus, turning)
 
 
-def _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted):
-    """The operator `rotate_backward`: the gradients of x and theta (those wanted, 0 where the
-    rotation does not read one), the rotation run again under autograd: those of eager."""
+def _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted):
+    """The operator `rotate_backward`: the gradients of x, plus and theta (those wanted, 0
+    where the rotation does not read one; an addend's summed to its own shape, as the sum
+    broadcast it), the rotation run again under autograd: those of eager."""
     with _recording(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_(w) for t, w in zip((x, theta), wanted)]
+        leaves = [
+            t if t is None else t.detach().requires_grad_(w)
+            for t, w in zip((x, plus, theta), wanted)
+        ]
         wrt = [t for t, w in zip(leaves, wanted) if w]
         out = _rotation(functions, rotate, *leaves, d, dtype)
         found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
@@ -1366,21 +1370,21 @@ def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
     of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
     contiguous, as its fake says."""
-    head = "(str rotate, Tensor x, Tensor theta, int d, ScalarType dtype"
+    head = "(str rotate, Tensor x, Tensor? plus, Tensor theta, int d, ScalarType dtype"
 
-    def forward(rotate, x, theta, d, dtype):
+    def forward(rotate, x, plus, theta, d, dtype):
         with torch.no_grad():
-            return _rotation(functions, rotate, x, theta, d, dtype).contiguous()
+            return _rotation(functions, rotate, x, plus, theta, d, dtype).contiguous()
 
-    def fake(rotate, x, theta, d, dtype):
-        found = _rotation(functions, rotate, x, theta, d, dtype)
+    def fake(rotate, x, plus, theta, d, dtype):
+        found = _rotation(functions, rotate, x, plus, theta, d, dtype)
         return found.new_empty(found.shape)
 
-    def backward(rotate, x, theta, d, dtype, grad, wanted):
-        return _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted)
+    def backward(rotate, x, plus, theta, d, dtype, grad, wanted):
+        return _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted)
 
-    def backward_fake(rotate, x, theta, d, dtype, grad, wanted):
-        return [t.new_empty(t.shape) for t, w in zip((x, theta), wanted) if w]
+    def backward_fake(rotate, x, plus, theta, d, dtype, grad, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((x, plus, theta), wanted) if w]
 
     rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
                                      schema=f"{head}) -> Tensor")  # fmt: skip
@@ -1392,11 +1396,11 @@ def _define_rotation(namespace, functions):
     rotate_backward.register_fake(backward_fake)
 
     def save(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[1:3])
-        ctx.arguments = (inputs[0], *inputs[3:])
+        ctx.save_for_backward(*inputs[1:4])
+        ctx.arguments = (inputs[0], *inputs[4:])
 
     def formula(ctx, grad):
-        wanted = list(ctx.needs_input_grad[1:3])
+        wanted = list(ctx.needs_input_grad[1:4])
         rotate, d, dtype = ctx.arguments
         found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
         return None, *[next(found) if w else None for w in wanted], None, None
@@ -1514,13 +1518,16 @@ def _turning_of(theta, d, dtype, *leaves):
     return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
 
 
-def _rotated(rotate, x, turning):
-    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
-    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+def _rotated(rotate, x, turning, plus=None):
+    """rotate(x + plus, turning) (plus None: rotate(x, turning)), `rotate` one of the rotations
+    (_rotate_interleaved, ...); for the angles of _turning_of under torch.compile, the operator
+    `rotate` of operators.py, which takes the two addends (a vector and its bias) and adds them
+    inside: the sum is then no kernel of inductor's, nor the bias's gradient (summed over the
+    tokens) in the backward."""
     if isinstance(turning, _Angles):
         theta, d, dtype = turning.theta, turning.d, turning.dtype
-        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
-    return rotate(x, turning)
+        return _Operators.rotate(rotate.__name__, x, plus, theta, d, dtype)  # noqa: F821
+    return rotate(x if plus is None else x + plus, turning)
 
 
 def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
@@ -1867,8 +1874,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_0635a9d5ec8e0947", globals())
-_operator_rotations = _register_rotations("mixc_0635a9d5ec8e0947", globals())
+_operator_spans = _register_spans("mixc_667d341b3c10a2a1", globals())
+_operator_rotations = _register_rotations("mixc_667d341b3c10a2a1", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2109,7 +2116,7 @@ def chunk(
     _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     # rotate_halves(B1_bias + B1_{t-1}, _r0)
     _k1_H = _seq_vector(
-        _rotated(_rotate_halves, B1_bias + _prev_B1, _turn__r0_N), _sizes, cu_seqlens
+        _rotated(_rotate_halves, B1_bias, _turn__r0_N, _prev_B1), _sizes, cu_seqlens
     )
     _negated = -A * dt
     _product2 = dt * _torch.exp(_negated)
@@ -2120,25 +2127,25 @@ def chunk(
     _g1_H = _seq_scalar(_negated, _sizes, cu_seqlens)  # -A_t dt_t
     # rotate_halves(B2_bias + B2_{t-1}, _r0)
     _k2_H = _seq_vector(
-        _rotated(_rotate_halves, B2_bias + _prev_B2, _turn__r0_N), _sizes, cu_seqlens
+        _rotated(_rotate_halves, B2_bias, _turn__r0_N, _prev_B2), _sizes, cu_seqlens
     )
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes, cu_seqlens)
     _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     # rotate_halves(B1_bias + B1_t, _r1)
-    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias + B1, _turn__r1_N), _sizes, cu_seqlens)
+    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias, _turn__r1_N, B1), _sizes, cu_seqlens)
     _product = dt * _lam
     # dt_t sigmoid(l_t) (x_t * mimo_x1)
     _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes, cu_seqlens)
     # rotate_halves(B2_bias + B2_t, _r1)
-    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias + B2, _turn__r1_N), _sizes, cu_seqlens)
+    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias, _turn__r1_N, B2), _sizes, cu_seqlens)
     # dt_t sigmoid(l_t) (x_t * mimo_x2)
     _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes, cu_seqlens)
     _k_H = [_k1_H, _k2_H, _k3_H, _k4_H]  # 4 writes a token, taken together
     _v_H = [_v1_H, _v2_H, _v3_H, _v4_H]  # 4 writes a token, taken together
     _S0_H = H.mT
-    _q1 = _seq_vector(_rotated(_rotate_halves, C1_bias + C1, _turn__r1_N), _sizes, cu_seqlens)
-    _q2 = _seq_vector(_rotated(_rotate_halves, C2_bias + C2, _turn__r1_N), _sizes, cu_seqlens)
+    _q1 = _seq_vector(_rotated(_rotate_halves, C1_bias, _turn__r1_N, C1), _sizes, cu_seqlens)
+    _q2 = _seq_vector(_rotated(_rotate_halves, C2_bias, _turn__r1_N, C2), _sizes, cu_seqlens)
     # 2 queries of one state, one pass
     (_o1, _o2), _S = _chunk_scalar_decay_rank(
         [_q1, _q2], _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
@@ -2276,7 +2283,7 @@ def parallel(
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
     _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     # rotate_halves(B1_bias + B1_{t-1}, _r0)
-    _k1_H = _seq_vector(_rotated(_rotate_halves, B1_bias + _prev_B1, _turn__r0_N), _sizes)
+    _k1_H = _seq_vector(_rotated(_rotate_halves, B1_bias, _turn__r0_N, _prev_B1), _sizes)
     _negated = -A * dt
     _product2 = dt * _torch.exp(_negated)
     _lam = _torch.sigmoid(l)
@@ -2285,27 +2292,27 @@ def parallel(
     _v1_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes)
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
     # rotate_halves(B2_bias + B2_{t-1}, _r0)
-    _k2_H = _seq_vector(_rotated(_rotate_halves, B2_bias + _prev_B2, _turn__r0_N), _sizes)
+    _k2_H = _seq_vector(_rotated(_rotate_halves, B2_bias, _turn__r0_N, _prev_B2), _sizes)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes)
     _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     # rotate_halves(B1_bias + B1_t, _r1)
-    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias + B1, _turn__r1_N), _sizes)
+    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias, _turn__r1_N, B1), _sizes)
     _product = dt * _lam
     _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x1)
     # rotate_halves(B2_bias + B2_t, _r1)
-    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias + B2, _turn__r1_N), _sizes)
+    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias, _turn__r1_N, B2), _sizes)
     _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x2)
     _k_H = _sub_tokens([_k1_H, _k2_H, _k3_H, _k4_H])  # 4 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H, _v3_H, _v4_H])  # 4 sub-tokens a token, one per step
     # 4 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H), _torch.zeros_like(_g1_H), _torch.zeros_like(_g1_H)])
-    _q = _seq_vector(_rotated(_rotate_halves, C1_bias + C1, _turn__r1_N), _sizes)
+    _q = _seq_vector(_rotated(_rotate_halves, C1_bias, _turn__r1_N, C1), _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _torch.zeros_like(_q), _torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
     _read_H = _from_seq(_o)  # H_t rotate_halves(C1_bias + C1_t, _r1)
-    _q = _seq_vector(_rotated(_rotate_halves, C2_bias + C2, _turn__r1_N), _sizes)
+    _q = _seq_vector(_rotated(_rotate_halves, C2_bias, _turn__r1_N, C2), _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _torch.zeros_like(_q), _torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
@@ -2431,10 +2438,10 @@ def _recurrence(
         _a = _torch.exp(-dt_t * A_t)
         _product_mimo_x1_x = mimo_x1 * _prev_x
         _turn_Th_N2 = _turning_of(Th, _sizes["N"], _dtype)
-        _turn = _rotated(_rotate_halves, _prev_B1 + B1_bias, _turn_Th_N2)
+        _turn = _rotated(_rotate_halves, _prev_B1, _turn_Th_N2, B1_bias)
         _lam = _torch.sigmoid(l_t)
         _product_mimo_x2_x = mimo_x2 * _prev_x
-        _turn2 = _rotated(_rotate_halves, _prev_B2 + B2_bias, _turn_Th_N2)
+        _turn2 = _rotated(_rotate_halves, _prev_B2, _turn_Th_N2, B2_bias)
         _turn_Th_N = _turning_of(Th_t, _sizes["N"], _dtype)
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t (mimo_x1 * x_{t-1}) turn(B1_{t-1} + B1_bias, Th_{t-1})^T + (1 - lam_t) dt_t a_t (mimo_x2 * x_{t-1}) turn(B2_{t-1} + B2_bias, Th_{t-1})^T + lam_t dt_t (mimo_x1 * x_t) turn(B1_t + B1_bias, Th_t)^T + lam_t dt_t (mimo_x2 * x_t) turn(B2_t + B2_bias, Th_t)^T
         H_t = (
@@ -2443,11 +2450,11 @@ def _recurrence(
             - dt_t * _a * _lam * (_product_mimo_x1_x @ _turn.mT)
             + dt_t * _a * (_product_mimo_x2_x @ _turn2.mT)
             - dt_t * _a * _lam * (_product_mimo_x2_x @ _turn2.mT)
-            + dt_t * _lam * ((mimo_x1 * x_t) @ _rotated(_rotate_halves, B1_t + B1_bias, _turn_Th_N).mT)
-            + dt_t * _lam * ((mimo_x2 * x_t) @ _rotated(_rotate_halves, B2_t + B2_bias, _turn_Th_N).mT)
+            + dt_t * _lam * ((mimo_x1 * x_t) @ _rotated(_rotate_halves, B1_t, _turn_Th_N, B1_bias).mT)
+            + dt_t * _lam * ((mimo_x2 * x_t) @ _rotated(_rotate_halves, B2_t, _turn_Th_N, B2_bias).mT)
         )
         # y_t = mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
-        _ys.append(_torch.addcmul(mimo_o1 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C1_t + C1_bias, _turn_Th_N), D * mimo_x1, x_t) * _F.silu(mimo_z1 * z_t), mimo_o2 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C2_t + C2_bias, _turn_Th_N), D * mimo_x2, x_t), _F.silu(mimo_z2 * z_t)))
+        _ys.append(_torch.addcmul(mimo_o1 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C1_t, _turn_Th_N, C1_bias), D * mimo_x1, x_t) * _F.silu(mimo_z1 * z_t), mimo_o2 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C2_t, _turn_Th_N, C2_bias), D * mimo_x2, x_t), _F.silu(mimo_z2 * z_t)))
         Th, H, _prev_x, _prev_B1, _prev_B2 = Th_t, H_t, x_t, B1_t, B2_t
     return _torch.stack(_ys, 1), (Th, H, _prev_x, _prev_B1, _prev_B2)
 

@@ -1272,19 +1272,23 @@ def _register_calls(namespace, functions):
     return ops.call
 
 
-def _rotation(functions, rotate, x, theta, d, dtype):
-    """The rotation named `rotate` among `functions` (a module's globals) of x by the angles
-    theta, as eagerly: the turn (_turning) computed once for the values that theta's broadcast
-    axes repeat (_compact)."""
+def _rotation(functions, rotate, x, plus, theta, d, dtype):
+    """The rotation named `rotate` among `functions` (a module's globals) of x + plus (plus
+    None: x) by the angles theta, as eagerly: the turn (_turning) computed once for the values
+    that theta's broadcast axes repeat (_compact)."""
     turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
-    return functions[rotate](x, turning)
+    return functions[rotate](x if plus is None else x + plus, turning)
 
 
-def _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted):
-    """The operator `rotate_backward`: the gradients of x and theta (those wanted, 0 where the
-    rotation does not read one), the rotation run again under autograd: those of eager."""
+def _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted):
+    """The operator `rotate_backward`: the gradients of x, plus and theta (those wanted, 0
+    where the rotation does not read one; an addend's summed to its own shape, as the sum
+    broadcast it), the rotation run again under autograd: those of eager."""
     with _recording(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_(w) for t, w in zip((x, theta), wanted)]
+        leaves = [
+            t if t is None else t.detach().requires_grad_(w)
+            for t, w in zip((x, plus, theta), wanted)
+        ]
         wrt = [t for t, w in zip(leaves, wanted) if w]
         out = _rotation(functions, rotate, *leaves, d, dtype)
         found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
@@ -1295,21 +1299,21 @@ def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
     of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
     contiguous, as its fake says."""
-    head = "(str rotate, Tensor x, Tensor theta, int d, ScalarType dtype"
+    head = "(str rotate, Tensor x, Tensor? plus, Tensor theta, int d, ScalarType dtype"
 
-    def forward(rotate, x, theta, d, dtype):
+    def forward(rotate, x, plus, theta, d, dtype):
         with torch.no_grad():
-            return _rotation(functions, rotate, x, theta, d, dtype).contiguous()
+            return _rotation(functions, rotate, x, plus, theta, d, dtype).contiguous()
 
-    def fake(rotate, x, theta, d, dtype):
-        found = _rotation(functions, rotate, x, theta, d, dtype)
+    def fake(rotate, x, plus, theta, d, dtype):
+        found = _rotation(functions, rotate, x, plus, theta, d, dtype)
         return found.new_empty(found.shape)
 
-    def backward(rotate, x, theta, d, dtype, grad, wanted):
-        return _rotation_grads(functions, rotate, x, theta, d, dtype, grad, wanted)
+    def backward(rotate, x, plus, theta, d, dtype, grad, wanted):
+        return _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted)
 
-    def backward_fake(rotate, x, theta, d, dtype, grad, wanted):
-        return [t.new_empty(t.shape) for t, w in zip((x, theta), wanted) if w]
+    def backward_fake(rotate, x, plus, theta, d, dtype, grad, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((x, plus, theta), wanted) if w]
 
     rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
                                      schema=f"{head}) -> Tensor")  # fmt: skip
@@ -1321,11 +1325,11 @@ def _define_rotation(namespace, functions):
     rotate_backward.register_fake(backward_fake)
 
     def save(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[1:3])
-        ctx.arguments = (inputs[0], *inputs[3:])
+        ctx.save_for_backward(*inputs[1:4])
+        ctx.arguments = (inputs[0], *inputs[4:])
 
     def formula(ctx, grad):
-        wanted = list(ctx.needs_input_grad[1:3])
+        wanted = list(ctx.needs_input_grad[1:4])
         rotate, d, dtype = ctx.arguments
         found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
         return None, *[next(found) if w else None for w in wanted], None, None
@@ -1526,13 +1530,16 @@ def _turning_of(theta, d, dtype, *leaves):
     return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
 
 
-def _rotated(rotate, x, turning):
-    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
-    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+def _rotated(rotate, x, turning, plus=None):
+    """rotate(x + plus, turning) (plus None: rotate(x, turning)), `rotate` one of the rotations
+    (_rotate_interleaved, ...); for the angles of _turning_of under torch.compile, the operator
+    `rotate` of operators.py, which takes the two addends (a vector and its bias) and adds them
+    inside: the sum is then no kernel of inductor's, nor the bias's gradient (summed over the
+    tokens) in the backward."""
     if isinstance(turning, _Angles):
         theta, d, dtype = turning.theta, turning.d, turning.dtype
-        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
-    return rotate(x, turning)
+        return _Operators.rotate(rotate.__name__, x, plus, theta, d, dtype)  # noqa: F821
+    return rotate(x if plus is None else x + plus, turning)
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
@@ -1846,9 +1853,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_6e6a7ea4cbf284ad", globals())
-_operator_calls = _register_calls("mixc_6e6a7ea4cbf284ad", globals())
-_operator_rotations = _register_rotations("mixc_6e6a7ea4cbf284ad", globals())
+_operator_spans = _register_spans("mixc_919f9d1cdea090f0", globals())
+_operator_calls = _register_calls("mixc_919f9d1cdea090f0", globals())
+_operator_rotations = _register_rotations("mixc_919f9d1cdea090f0", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

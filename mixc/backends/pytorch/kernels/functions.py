@@ -251,13 +251,16 @@ def _turning_of(theta, d, dtype, *leaves):
     return _Angles(theta.expand(*lead, *theta.shape[-2:]), d, dtype)
 
 
-def _rotated(rotate, x, turning):
-    """rotate(x, turning), `rotate` one of the rotations (_rotate_interleaved, ...); for the
-    angles of _turning_of under torch.compile, the operator `rotate` of operators.py."""
+def _rotated(rotate, x, turning, plus=None):
+    """rotate(x + plus, turning) (plus None: rotate(x, turning)), `rotate` one of the rotations
+    (_rotate_interleaved, ...); for the angles of _turning_of under torch.compile, the operator
+    `rotate` of operators.py, which takes the two addends (a vector and its bias) and adds them
+    inside: the sum is then no kernel of inductor's, nor the bias's gradient (summed over the
+    tokens) in the backward."""
     if isinstance(turning, _Angles):
         theta, d, dtype = turning.theta, turning.d, turning.dtype
-        return _Operators.rotate(rotate.__name__, x, theta, d, dtype)  # noqa: F821
-    return rotate(x, turning)
+        return _Operators.rotate(rotate.__name__, x, plus, theta, d, dtype)  # noqa: F821
+    return rotate(x if plus is None else x + plus, turning)
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
