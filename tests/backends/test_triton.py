@@ -321,17 +321,20 @@ def test_a_missing_triton_is_a_clear_error(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # exp(-1e30) * 0
-@pytest.mark.parametrize("gate", ["strong per channel", "per token", "none"])
-def test_the_dplr_kernel_in_fp32_matches_the_pytorch_kernel_in_fp64(gate):
+@pytest.mark.parametrize(
+    "gate, d_k",
+    [("strong per channel", 16), ("strong per channel", 40), ("per token", 16), ("none", 16)],
+)
+def test_the_dplr_kernel_in_fp32_matches_the_pytorch_kernel_in_fp64(gate, d_k):
     """Per-channel decays down to exp(-30) a token beside ones near 1 and a hard reset (-inf),
     where exp(c_r) exp(-c_j) would overflow; a per-token gate [B, NH, T, 1]; no gate. Outputs,
     final state and every gradient, the float64 PyTorch kernel (checked against the oracle by
-    the fuzzer) as the reference."""
+    the fuzzer) as the reference. 40 key columns: several blocks of them, the last partial."""
     from mixc.backends.pytorch.kernels import dplr as torch_dplr
     from mixc.backends.triton.kernels import dplr as triton_dplr
 
     gen = torch.Generator().manual_seed(3)
-    shape = (1, 1, 37, 16)  # one head: the interpreter runs a program a head
+    shape = (1, 1, 37, d_k)  # one head: the interpreter runs a program a head
     q, k = torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
     k = torch.nn.functional.normalize(k, dim=-1).double()
     v = torch.randn(*shape[:3], 8, generator=gen).double()
@@ -339,12 +342,12 @@ def test_the_dplr_kernel_in_fp32_matches_the_pytorch_kernel_in_fp64(gate):
     gk = None
     if gate == "strong per channel":
         gk = -30 * torch.rand(*shape, generator=gen).double()
-        gk[..., ::3] = -1e-3 * torch.rand(*shape[:3], 6, generator=gen).double()
+        gk[..., ::3] = -1e-3 * torch.rand(gk[..., ::3].shape, generator=gen).double()
         gk[0, 0, 20, :4] = -float("inf")
     elif gate == "per token":
         gk = -torch.rand(*shape[:3], 1, generator=gen).double()
     a = -beta * k * (1 if gk is None else gk.exp())
-    inputs = [q.double(), k, v, a, k.clone(), gk, torch.randn(1, 1, 16, 8, generator=gen).double()]
+    inputs = [q.double(), k, v, a, k.clone(), gk, torch.randn(1, 1, d_k, 8, generator=gen).double()]
     results = {}
     for name, module, dtype in (
         ("reference", torch_dplr, torch.float64),
