@@ -18,13 +18,11 @@ check. Needs no GPU and no triton (the Triton modules' OPERANDS are read from th
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime
 import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -33,48 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "RESULTS-bf16-operands.md"
 sys.path.insert(0, str(ROOT))  # this checkout's mixc
 
-from mixc.check import forms  # noqa: E402
-from mixc.check.ranges import input_ranges  # noqa: E402
-from mixc.check.sampling import examples, make_case  # noqa: E402
+from mixc.check.operands import declared_operands, drawn_operand_bounds  # noqa: E402
 from mixc.driver import compile_source  # noqa: E402
 
 
 def declared(path: Path) -> dict[str, tuple[str, ...]]:
     """The OPERANDS the spec's Triton module declares ({} for none), read from its text."""
-    for line in compile_source(path, "triton").splitlines():
-        if line.startswith("OPERANDS = "):
-            return ast.literal_eval(line.removeprefix("OPERANDS = "))
-    return {}
+    return declared_operands(compile_source(path, "triton"))
 
 
 def ratios(path: Path, n: int, max_T: int) -> list[tuple[float, float, float]]:
     """(rule's bound, float32 bound, plain bfloat16 bound) of every quantity of n examples."""
-    from hypothesis import HealthCheck, given, settings
-
-    r = input_ranges(path)
-    module = types.SimpleNamespace(OPERANDS=declared(path))
-    rows: list[tuple[float, float, float]] = []
-
-    @settings(
-        max_examples=n,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(examples(r, max_T=max_T, chunked=True))
-    def run(ex):
-        x = forms._rounded(make_case(r, ex), torch.bfloat16)
-        try:
-            target = forms._targets(r, x, ex.seed, torch.bfloat16, from_states=True)
-        except forms.Invalid:
-            return
-        ref, plain, fp32 = target
-        raised = forms._operand_targets(r, module, x, target)[1]
-        rows.extend((raised[q][1], fp32[q][1], plain[q][1]) for q in ref)
-
-    run()
-    return rows
+    drawn = drawn_operand_bounds(path, declared(path), n, max_T)
+    return [(raised, fp32, plain) for _, raised, plain, fp32 in drawn]
 
 
 def main() -> None:

@@ -60,7 +60,7 @@ NEAR_ZERO = 1e-2
 #: so an answer of zeros, or one off by a tenth, still fails. The model's cost is measured
 #: through the same floor; a kernel whose rounding would cost more must not round (the Triton
 #: backend then calls it without `operands=`), and tests/check/test_operand_rounding.py fails
-#: if a shipped spec's modelled bound reaches the cap.
+#: if what the model adds to a shipped spec's bound reaches the cap.
 MODEL_CAP = 0.1
 
 
