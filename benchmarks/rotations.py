@@ -153,9 +153,12 @@ def accuracy() -> None:
         "float64 product, mod 2 pi, float32 cos": torch.cos(
             torch.remainder(positions[:, None] * freq64, 2 * math.pi).float()
         ),
-        "float64 product, float64 cos, rounded to float32 (mixc)": torch.cos(
+        "float64 product, float64 cos, rounded to float32 (mixc, T < 256)": torch.cos(
             positions[:, None] * freq64
         ).float(),
+        "tables of 64-token runs and offsets (float64 angles), product in float32 (mixc)": (
+            _table_turn(positions, freq64).real
+        ),
     }
     for name, got in ways.items():
         print(f"| {name} | {(got.double() - exact).abs().max().item():.1e} |")
@@ -172,6 +175,18 @@ def accuracy() -> None:
     print(
         f"| linear_attention_rope chunk from position 10^6, T=512, float32 vs float64 | {err:.1e} |"
     )
+
+
+def _table_turn(positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """The turn the generated code's _turning_at builds for consecutive positions (written out
+    here): the turns of each 64-token run's first position and of the offsets within a run,
+    each cos and sin of float64 angles rounded to float32, multiplied in complex64."""
+    runs = positions[::64, None, None] * freq  # [T / 64, 1, n]
+    offsets = torch.arange(64, dtype=torch.float64)[:, None] * freq  # [64, n]
+    heads, within = (
+        torch.polar(torch.ones_like(a), a).to(torch.complex64) for a in (runs, offsets)
+    )
+    return (heads * within).reshape(-1, freq.shape[0])[: positions.shape[0]]
 
 
 def mamba3_angles(T: int = 10**6) -> None:

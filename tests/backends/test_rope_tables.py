@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mixc
-from tests.backends.test_positions import causal_attention, rel, roformer_rotation
+from tests.backends.test_positions import _rotated_at, causal_attention, rel, roformer_rotation
 
 SPECS = Path(__file__).parents[2] / "specs"
 f64 = torch.float64
@@ -108,3 +108,27 @@ def test_packed_sequences_each_turn_from_their_own_first_token():
     for lo, hi in itertools.pairwise(bounds):
         want = _reference(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], 0.0)
         assert rel(y[:, lo:hi], want) < 1e-12, (lo, hi)
+
+
+@pytest.mark.parametrize(
+    ("angle", "positions"),
+    [
+        ("theta (pos_t + 3)", lambda t: t + 3.0),  # from tables, the positions moved
+        ("(2 pos_t) theta", lambda t: 2.0 * t),  # from tables, a step of 2
+        ("pos_t^2 theta", lambda t: t**2),  # no one step: each angle's cos and sin
+    ],
+)
+def test_any_angle_that_is_a_function_of_the_position_times_frequencies(angle, positions):
+    """The emitter hands _turning_at the factor that reads the position and the frequencies,
+    whichever side each is on; the tables apply where that factor advances by one step."""
+    text = (SPECS / "linear_attention_rope.mix").read_text(encoding="utf-8")
+    text = text.replace("rotate_interleaved(k_t, pos_t theta)^T", "k_t^T")
+    m = mixc.load(text=text.replace("pos_t theta)", f"{angle})"))
+    g = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(1, T, NH, K, generator=g, dtype=f64) for _ in range(2))
+    v = torch.randn(1, T, NH, V, generator=g, dtype=f64)
+    with torch.no_grad():
+        y, _ = m.chunk(q, k, v, chunk_size=32)
+    turned = _rotated_at(q, positions(torch.arange(T, dtype=f64)))
+    want = causal_attention(torch.einsum("bthd,bshd->bhts", turned, k), v)
+    assert rel(y, want) < 1e-12

@@ -8,7 +8,8 @@ rotations) that reads one is computed in float64: at position 10^6 a float32 pro
 position * frequency is off by up to 0.03 rad (its ulp there is 0.0625). cos and sin then run
 in float64 and are rounded to the compute dtype (error 3e-8 in float32): on CPU that costs less
 than reducing the angle modulo 2 pi in float64 and running them in float32 (benchmarks/
-rotations.py measures both).
+rotations.py measures both). Over a long sequence RoPE's angles pos_t theta are turned from two
+small tables of such cos and sin, multiplied in the compute dtype (_turning_at).
 """
 
 import torch
