@@ -14,6 +14,7 @@ torch.no_grad() (the target's), then with autograd and forward + backward. The t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import statistics
 import sys
@@ -29,6 +30,11 @@ SPECS = Path(__file__).parents[1] / "specs"
 B, NH, D, T = 1, 4, 64, 4096
 
 
+#: The clock of time_calls: wall time, or the thread's CPU time (--cpu-time, with --threads 1:
+#: on a loaded machine it leaves out the time other processes take the core).
+CLOCK = [time.perf_counter]
+
+
 def time_calls(fns: dict, calls: int, rounds: int) -> dict[str, list[float]]:
     """Milliseconds per call of each function, called in turn."""
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -36,13 +42,13 @@ def time_calls(fns: dict, calls: int, rounds: int) -> dict[str, list[float]]:
         fn(), fn()
     for _ in range(rounds * calls):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = CLOCK[0]()
             fn()
-            times[name].append(1e3 * (time.perf_counter() - start))
+            times[name].append(1e3 * (CLOCK[0]() - start))
     return times
 
 
-def speed(calls: int, rounds: int) -> None:
+def speed(calls: int, rounds: int, against: str | None = None) -> None:
     """The chunk forward without autograd (the target's), then with autograd (inputs that take
     a gradient) and forward + backward: each pair of modules timed in alternation."""
     g = torch.Generator().manual_seed(0)
@@ -50,6 +56,12 @@ def speed(calls: int, rounds: int) -> None:
     plain = mixc.load(SPECS / "linear_attention.mix")
     rope = mixc.load(SPECS / "linear_attention_rope.mix")
     tracked = [x.clone().requires_grad_() for x in (q, k, v)]
+    other = {}
+    if against:  # another compiled module of the spec (another branch's), timed in the same turns
+        found = importlib.util.spec_from_file_location("against", against)
+        module = importlib.util.module_from_spec(found)
+        found.loader.exec_module(module)
+        other = {f"linear_attention_rope ({against})": module}
 
     def backward(m):
         y, _ = m.chunk(*tracked, chunk_size=64)
@@ -60,6 +72,7 @@ def speed(calls: int, rounds: int) -> None:
             {
                 "linear_attention": lambda: plain.chunk(q, k, v, chunk_size=64),
                 "linear_attention_rope": lambda: rope.chunk(q, k, v, chunk_size=64),
+                **{n: lambda m=m: m.chunk(q, k, v, chunk_size=64) for n, m in other.items()},
             },
             calls,
             rounds,
@@ -74,6 +87,7 @@ def speed(calls: int, rounds: int) -> None:
         fns = {
             "linear_attention": lambda fn=fn: fn(plain),
             "linear_attention_rope": lambda fn=fn: fn(rope),
+            **{n: lambda fn=fn, m=m: fn(m) for n, m in other.items()},
         }
         print(f"| ratio, {what} | {report(time_calls(fns, calls, rounds), what):.2f}x |")
 
@@ -84,6 +98,9 @@ def report(times: dict[str, list[float]], what: str) -> float:
     for name, t in times.items():
         quart = statistics.quantiles(t, n=4)
         print(f"| {name} {what} | {med[name]:.2f} ms ({quart[0]:.2f}-{quart[2]:.2f}) |")
+    for name in med:
+        if name.startswith("linear_attention_rope ("):  # --against
+            print(f"| ratio of {name}, {what} | {med[name] / med['linear_attention']:.2f}x |")
     return med["linear_attention_rope"] / med["linear_attention"]
 
 
@@ -153,9 +170,12 @@ def accuracy() -> None:
         "float64 product, mod 2 pi, float32 cos": torch.cos(
             torch.remainder(positions[:, None] * freq64, 2 * math.pi).float()
         ),
-        "float64 product, float64 cos, rounded to float32 (mixc)": torch.cos(
+        "float64 product, float64 cos, rounded to float32 (mixc, T < 256)": torch.cos(
             positions[:, None] * freq64
         ).float(),
+        "tables of 64-token runs and offsets (float64 angles), product in float32 (mixc)": (
+            _table_turn(positions, freq64).real
+        ),
     }
     for name, got in ways.items():
         print(f"| {name} | {(got.double() - exact).abs().max().item():.1e} |")
@@ -172,6 +192,18 @@ def accuracy() -> None:
     print(
         f"| linear_attention_rope chunk from position 10^6, T=512, float32 vs float64 | {err:.1e} |"
     )
+
+
+def _table_turn(positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """The turn the generated code's _turning_at builds for consecutive positions (written out
+    here): the turns of each 64-token run's first position and of the offsets within a run,
+    each cos and sin of float64 angles rounded to float32, multiplied in complex64."""
+    runs = positions[::64, None, None] * freq  # [T / 64, 1, n]
+    offsets = torch.arange(64, dtype=torch.float64)[:, None] * freq  # [64, n]
+    heads, within = (
+        torch.polar(torch.ones_like(a), a).to(torch.complex64) for a in (runs, offsets)
+    )
+    return (heads * within).reshape(-1, freq.shape[0])[: positions.shape[0]]
 
 
 def mamba3_angles(T: int = 10**6) -> None:
@@ -217,11 +249,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cpu-time", action="store_true", help="the thread's CPU time")
+    parser.add_argument("--against", help="another compiled linear_attention_rope module to time")
+    parser.add_argument("--speed-only", action="store_true", help="only the RoPE speed table")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, B={B} NH={NH} d={D} T={T} fp32")
     print("| chunk forward | median (quartiles) |\n| --- | --- |")
-    speed(args.calls, args.rounds)
+    CLOCK[0] = time.thread_time if args.cpu_time else time.perf_counter
+    speed(args.calls, args.rounds, args.against)
+    if args.speed_only:
+        return
     print("\n| cos of the angle at positions 10^6 .. 10^6 + 4095 | max abs error |\n| --- | --- |")
     accuracy()
     print("\n| Mamba-3 SISO | median |\n| --- | --- |")

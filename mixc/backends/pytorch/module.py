@@ -263,6 +263,7 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
         helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
         rotations = {"_turning", "_compact", "_turning_of", "_rotated"}
         helpers |= rotations if called & set(ROTATIONS) else set()
+        helpers |= {"_turning_at"} if called & set(ROTATIONS) and self.positioned else set()
         turned = {c.kernel for c in self.program.calls} & set(self.library.turned)
         helpers |= {"_seq_turned"} if "rotate_interleaved" in called and turned else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))

@@ -82,9 +82,26 @@ def _turning_call(py: PyExpr, theta: Expr, d: Expr) -> str:
         cut = f", {size} // 2" if read and py.shape(x)[0] == rows != "1" else ""
         return f"_compact({leaves[-1]}{cut})"
 
-    angle = PyExpr(py.typer, compacted, py.functions)._emit(theta)[0]
+    emitter = PyExpr(py.typer, compacted, py.functions)
+    scaled = _position_scaled(theta, py.shape)  # a position times frequencies: see _turning_at
+    angle = ", ".join(emitter._emit(x)[0] for x in scaled or (theta,))
     reads = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
-    return f"_turning_of({angle}, {size}, _dtype{reads})"
+    return f"_turning_{'at' if scaled else 'of'}({angle}, {size}, _dtype{reads})"
+
+
+def _position_scaled(angle: Expr, shape: Callable[[Expr], Shape]) -> tuple[Expr, Expr] | None:
+    """(a scalar that reads no per-token name but the position, frequencies that read none)
+    where `angle` is their product (RoPE's pos_t theta), which _turning_at may build from two
+    small tables; None for any other angle."""
+    if not isinstance(angle, Binary) or angle.op not in ("*", "@"):
+        return None
+    for scale, freq in ((angle.left, angle.right), (angle.right, angle.left)):
+        timed = [n.name for n in walk(scale) if isinstance(n, Timed)]
+        if shape(scale) != SCALAR or shape(freq) == SCALAR or set(timed) != {POSITION}:
+            continue
+        if not any(isinstance(n, Timed) for n in walk(freq)):
+            return scale, freq
+    return None
 
 
 def _rowwise(angle: Expr, shape: Callable[[Expr], Shape]) -> bool:

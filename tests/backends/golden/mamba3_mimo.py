@@ -1437,31 +1437,45 @@ def _turning(theta, d, dtype, *leaves):
     theta may be computed from compacted views (_compact) of `leaves`: the turn is then
     computed on theta's entries and expanded (a view) to the shape of the angle of the leaves
     themselves."""
-    p = theta.shape[-2]
+    n = _pairs_read(theta.shape[-2], d)
+    turn = _exp_i(theta[..., :n, 0], dtype)
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    if not shapes:
+        return turn
+    return turn.expand(*_broadcast(theta.shape, *shapes)[:-2], n)
+
+
+def _pairs_read(p, d):
+    """The pairs a turn by p angles turns in a vector of d entries: p, or d / 2 where p = d."""
     n = d // 2 if p == d else p
     if 2 * n > d:
         _fail(  # noqa: F821 - defined by the compiled module
             f"rotate: {p} angles for a vector of {d} entries; give at most {d // 2} (one a pair"
             f" of the leading channels), or {d} (the first {d // 2} are read)"
         )
-    angle = theta[..., :n, 0]
+    return n
+
+
+def _exp_i(angle, dtype):
+    """e^(i angle), complex of `dtype`'s precision: cos and sin in the angle's precision (float64
+    from a position: exact at 10^6, and on CPU cheaper than reducing it modulo 2 pi), rounded as
+    they are written into the real and imaginary parts (on CPU, torch.polar is 10x slower and
+    stacking them 3x)."""
     if not angle.is_contiguous():  # cos and sin of a strided float64 angle run 1.6x slower
         angle = angle.contiguous()
-    # cos and sin in the angle's precision (float64 from a position: exact at 10^6, and on CPU
-    # cheaper than reducing it modulo 2 pi), rounded as they are written into the turn's real and
-    # imaginary parts (on CPU, torch.polar is 10x slower and stacking them 3x)
-    complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
-    turn = torch.empty(angle.shape, dtype=complex_dtype, device=angle.device)
+    turn = torch.empty(angle.shape, dtype=_complex_of(dtype), device=angle.device)
     parts = torch.view_as_real(turn)
     if angle.requires_grad or torch.compiler.is_compiling():  # out= takes no gradient
         parts[..., 0], parts[..., 1] = torch.cos(angle), torch.sin(angle)
     else:  # straight into the parts: no float64 temporaries of the sequence's size
         torch.cos(angle, out=parts[..., 0])
         torch.sin(angle, out=parts[..., 1])
-    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
-    if not shapes:
-        return turn
-    return turn.expand(*_broadcast(theta.shape, *shapes)[:-2], n)
+    return turn
+
+
+def _complex_of(dtype):
+    """The complex dtype of a turn in the compute dtype `dtype`."""
+    return torch.complex128 if dtype == torch.float64 else torch.complex64
 
 
 def _broadcast(*shapes):
@@ -1874,8 +1888,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_667d341b3c10a2a1", globals())
-_operator_rotations = _register_rotations("mixc_667d341b3c10a2a1", globals())
+_operator_spans = _register_spans("mixc_66a96d24b5df78d6", globals())
+_operator_rotations = _register_rotations("mixc_66a96d24b5df78d6", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

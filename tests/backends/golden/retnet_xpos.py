@@ -1366,31 +1366,96 @@ def _turning(theta, d, dtype, *leaves):
     theta may be computed from compacted views (_compact) of `leaves`: the turn is then
     computed on theta's entries and expanded (a view) to the shape of the angle of the leaves
     themselves."""
-    p = theta.shape[-2]
+    n = _pairs_read(theta.shape[-2], d)
+    turn = _exp_i(theta[..., :n, 0], dtype)
+    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
+    if not shapes:
+        return turn
+    return turn.expand(*_broadcast(theta.shape, *shapes)[:-2], n)
+
+
+def _pairs_read(p, d):
+    """The pairs a turn by p angles turns in a vector of d entries: p, or d / 2 where p = d."""
     n = d // 2 if p == d else p
     if 2 * n > d:
         _fail(  # noqa: F821 - defined by the compiled module
             f"rotate: {p} angles for a vector of {d} entries; give at most {d // 2} (one a pair"
             f" of the leading channels), or {d} (the first {d // 2} are read)"
         )
-    angle = theta[..., :n, 0]
+    return n
+
+
+def _exp_i(angle, dtype):
+    """e^(i angle), complex of `dtype`'s precision: cos and sin in the angle's precision (float64
+    from a position: exact at 10^6, and on CPU cheaper than reducing it modulo 2 pi), rounded as
+    they are written into the real and imaginary parts (on CPU, torch.polar is 10x slower and
+    stacking them 3x)."""
     if not angle.is_contiguous():  # cos and sin of a strided float64 angle run 1.6x slower
         angle = angle.contiguous()
-    # cos and sin in the angle's precision (float64 from a position: exact at 10^6, and on CPU
-    # cheaper than reducing it modulo 2 pi), rounded as they are written into the turn's real and
-    # imaginary parts (on CPU, torch.polar is 10x slower and stacking them 3x)
-    complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
-    turn = torch.empty(angle.shape, dtype=complex_dtype, device=angle.device)
+    turn = torch.empty(angle.shape, dtype=_complex_of(dtype), device=angle.device)
     parts = torch.view_as_real(turn)
     if angle.requires_grad or torch.compiler.is_compiling():  # out= takes no gradient
         parts[..., 0], parts[..., 1] = torch.cos(angle), torch.sin(angle)
     else:  # straight into the parts: no float64 temporaries of the sequence's size
         torch.cos(angle, out=parts[..., 0])
         torch.sin(angle, out=parts[..., 1])
-    shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
-    if not shapes:
-        return turn
-    return turn.expand(*_broadcast(theta.shape, *shapes)[:-2], n)
+    return turn
+
+
+def _complex_of(dtype):
+    """The complex dtype of a turn in the compute dtype `dtype`."""
+    return torch.complex128 if dtype == torch.float64 else torch.complex64
+
+
+def _turning_at(positions, freq, d, dtype, *leaves):
+    """_turning_of(positions * freq, d, dtype, *leaves): the turn by angles that are a position
+    times frequencies the same at every token (RoPE's pos_t theta), given as the emitter's
+    compacted views of them, positions [..., T, h, 1, 1] and freq [..., p, 1] (no token axis).
+
+    Where the positions advance by the same step s at every token (_position_step), by the
+    angle-addition formula, e^(i (a + j s) f) = e^(i a f) e^(i j s f): a the position of the
+    first of each run of R = 64 tokens, 0 <= j < R. Each table is cos and sin of float64
+    angles (T / R and R a frequency, in place of T), rounded to the compute dtype as _turning
+    rounds them, and their product is taken there: in float32 within 1.5e-7 of the exact turn
+    (_turning's 4.2e-8) at any position, 10^6 included (the angles stay float64); in float64
+    within 6e-11 at 10^6, as _turning's. A float64 product rounded to float32 would cost more
+    than the cos and sin it saves (on CPU its complex128 -> complex64 cast runs at 1 ns an
+    entry)."""
+    step = _position_step(positions, freq)
+    if step is None:
+        return _turning_of(positions * freq, d, dtype, *leaves)
+    run, length = 64, positions.shape[-4]
+    n = _pairs_read(freq.shape[-2], d)
+    pairs = freq[..., :n, 0]  # [.., h, n]
+    blocks = -(-length // run)
+    ticks = torch.arange(max(blocks, run), dtype=torch.float64, device=freq.device)
+    ticks = ticks.mul_(step)[:, None, None]  # 0, s, 2 s, ... along the token axis
+    firsts = positions[..., 0].narrow(-3, 0, 1) + run * ticks[:blocks]  # [b, T / R, h, 1]
+    heads = _exp_i(firsts * pairs, dtype).unsqueeze(-3)  # [b, T / R, 1, h, n]
+    within = _exp_i(ticks[:run] * pairs, dtype)  # [R, h, n]
+    turn = (heads * within).flatten(-4, -3).narrow(-3, 0, length)
+    shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
+    return turn.expand(*_broadcast(*shapes)[:-2], n)
+
+
+def _position_step(positions, freq):
+    """The step s by which positions [B, T, NH, 1, 1] advance at every token (positions t0 +
+    t s, the same s for every sequence and head: whole sequences), where _turning_at builds the
+    turn from tables; None where it does not: a short sequence (the tables would save little),
+    positions that restart (packed sequences), frequencies with a token or batch axis, a turn
+    that takes a gradient, and off the CPU or inside a compiled graph (the read would wait for
+    the device or break the graph)."""
+    if not isinstance(freq, torch.Tensor) or (freq.dim() > 3 and set(freq.shape[:-3]) != {1}):
+        return None
+    if positions.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    if torch.is_grad_enabled() and (positions.requires_grad or freq.requires_grad):
+        return None
+    if positions.dim() != 5 or positions.shape[1] < 256:
+        return None
+    steps = positions.diff(dim=1)
+    first = steps[:, :1]
+    return first.reshape(-1)[0].item() if torch.equal(steps, first.expand_as(steps)) else None
 
 
 def _broadcast(*shapes):
@@ -1853,9 +1918,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_919f9d1cdea090f0", globals())
-_operator_calls = _register_calls("mixc_919f9d1cdea090f0", globals())
-_operator_rotations = _register_rotations("mixc_919f9d1cdea090f0", globals())
+_operator_spans = _register_spans("mixc_76fe33e81fa7b854", globals())
+_operator_calls = _register_calls("mixc_76fe33e81fa7b854", globals())
+_operator_rotations = _register_rotations("mixc_76fe33e81fa7b854", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1953,8 +2018,8 @@ def chunk(
     # each token's position, and the next token's, carried on
     pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens)
     # H: diagonal key-side -> chunk_diagonal
-    _turn = _turning_of(
-        _compact(pos) * _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
+    _turn = _turning_at(
+        _compact(pos), _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
     )
     _k_H = _seq_turned(
         1 / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)) * k,
