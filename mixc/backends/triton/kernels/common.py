@@ -78,15 +78,24 @@ def _tl_tiles(kernel, dot=None):
 
 
 def _tl_float32_tiles(dot):
-    """The tiles (as _tl_tiles) of the kernels whose float32 products (dot "ieee": IEEE
-    multiply-adds off the tensor cores, also float64's under the interpreter; "tf32": the
-    tensor cores on float32 operands, twice bfloat16's bytes) need other tiles than bfloat16's;
-    {} for any other dot. Chosen as _tl_tiles's, at the fewest spills on sm_90 and sm_100."""
-    if dot == "ieee":
+    """The tiles (as _tl_tiles) of the kernels whose float32 products need other tiles than
+    bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
+    tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
+    rows and columns of both operands, so fewer value columns (16) and, for the scalar and
+    diagonal decays, key rows (16 for the scalar-decay backward), at 8 warps (at 16 the
+    128-register cap spills more). Chosen as _tl_tiles's, at the fewest spills on sm_90 of
+    those tried (docs/triton.md)."""
+    if dot != "ieee":
         return {}
-    if dot == "tf32":
-        return {}
-    return {}
+    return {
+        "_tl_scalar_decay_fwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_diagonal_fwd": (64, 16, 8),
+        "_tl_delta_fwd_wy": (None, 32, 8),
+        "_tl_delta_fwd_states": (None, 16, 8),
+        "_tl_dplr_fwd_states": (None, 16, 8),
+        "_tl_dplr_fwd_outputs": (None, 32, 8),
+    }
 
 
 def _tl_launch(kernel, dot=None):
