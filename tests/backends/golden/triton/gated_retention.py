@@ -595,9 +595,8 @@ def _tl_float32_tiles(dot):
     """The tiles (as _tl_tiles) of the kernels whose float32 products need other tiles than
     bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
     tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
-    rows and columns of both operands, so fewer value columns (16) and, for the scalar and
-    diagonal decays, key rows (16 for the scalar-decay backward), at 8 warps (at 16 the
-    128-register cap spills more). Chosen as _tl_tiles's, at the fewest spills on sm_90 of
+    rows and columns of both operands, so fewer value columns (16; the scalar-decay backward
+    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's, at the fewest spills on sm_90 of
     those tried (docs/triton.md)."""
     if dot != "ieee":
         return {}
