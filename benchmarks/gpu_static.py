@@ -82,18 +82,22 @@ SHARED_BYTES = 232448
 D_K, D_V, CHUNK = 128, 128, 64
 
 
-def _config(cls: str, kernel: str, module: str) -> tuple[int, int, int, int]:
-    """The launch of one kernel at the benchmark shapes, as the kernels launch it
-    (kernels/common.py, _tl_tiles): key rows and value columns of a program (BK, BV), warps,
-    pipeline stages."""
+#: The DOT constexpr (kernels/common.py, _tl_dot_precision) of each dtype of the report.
+DOTS = {"bf16": "bf16", "fp32": "ieee", "tf32": "tf32"}
+
+
+def _config(cls: str, kernel: str, module: str, dtype: str) -> tuple[int, int, int, int]:
+    """The launch of one kernel at the benchmark shapes in dtype, as the kernels launch it
+    (kernels/common.py, _tl_tiles, whose tiles depend on the products' precision): key rows
+    and value columns of a program (BK, BV), warps, pipeline stages."""
     import importlib
 
     from mixc.backends.triton.kernels.common import _tl_launch, _tl_tiles
 
     fn = getattr(importlib.import_module(f"mixc.backends.triton.kernels.{module}"), kernel)
-    most_k, most_v, _ = _tl_tiles(fn)
+    most_k, most_v, _ = _tl_tiles(fn, DOTS[dtype])
     d_k = ELEMENTWISE_D_K if cls == "elementwise" else D_K
-    launch = _tl_launch(fn)
+    launch = _tl_launch(fn, DOTS[dtype])
     block_k = d_k if most_k is None else min(d_k, most_k)
     return block_k, min(D_V, most_v), launch["num_warps"], launch["num_stages"]
 
@@ -146,7 +150,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
     )
     consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": chunk, "C": chunk, "BV": block_v,
               "BK": block_k,
-              "DOT": {"fp32": "ieee"}.get(dtype, dtype), "LEVELS": chunk.bit_length() - 1}  # fmt: skip
+              "DOT": DOTS[dtype], "LEVELS": chunk.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}
     sig, constexprs, attrs = _signature(fn, dtype, consts, cls)
@@ -324,8 +328,8 @@ def main(argv=None) -> int:
             continue
         if args.kernel and kernel not in args.kernel:
             continue
-        block_k, block_v, warps, stages = _config(cls, kernel, module)
         for dtype in args.dtype:
+            block_k, block_v, warps, stages = _config(cls, kernel, module, dtype)
             for arch in args.arch:
                 row = {"cls": cls, "direction": direction, "kernel": kernel, "module": module,
                        "dtype": dtype, "arch": arch,

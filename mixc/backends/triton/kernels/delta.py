@@ -446,7 +446,9 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     UT transform of every chunk (_tl_delta_fwd_wy), the pass over the chunks that carries the
     state (_tl_delta_fwd_states) and the outputs of every chunk (_tl_delta_fwd_out)."""
     batch, heads, length, d_k = q.shape
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_delta_fwd_states)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
+        q, v, chunk_size, _tl_delta_fwd_states, dot
+    )
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
     inverses = final.new_empty(batch, heads, n_chunks, block_t, block_t) if keep else final
     w = final.new_empty(batch, heads, length, d_k)
@@ -458,19 +460,19 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     wy[(n_chunks, batch * heads)](
         k, v, beta, gate, w, u, inverses, *sizes,
         *k.stride(), *v.stride(), *beta.stride(), *gate_strides, *w.stride(), *u.stride(),
-        KEEP=keep, BV=_tl_sizes(q, v, chunk_size, wy)[2], **common, **_tl_launch(wy),
+        KEEP=keep, BV=_tl_sizes(q, v, chunk_size, wy, dot)[2], **common, **_tl_launch(wy, dot),
     )  # fmt: skip
     _tl_delta_fwd_states[grid](
         k, gate, w, u, initial_state, v_new, states, final, *sizes,
         *k.stride(), *gate_strides, *w.stride(), *u.stride(),
-        BV=block_v, **common, **_tl_launch(_tl_delta_fwd_states),
+        BV=block_v, **common, **_tl_launch(_tl_delta_fwd_states, dot),
     )  # fmt: skip
     out = _tl_delta_fwd_out
-    out_block_v, out_grid = _tl_sizes(q, v, chunk_size, out)[2:4]
+    out_block_v, out_grid = _tl_sizes(q, v, chunk_size, out, dot)[2:4]
     out[(out_grid[0], batch * heads, n_chunks)](
         q, k, gate, states, v_new, o, *sizes,
         *q.stride(), *k.stride(), *gate_strides, *u.stride(), *o.stride(),
-        BV=out_block_v, **common, **_tl_launch(out),
+        BV=out_block_v, **common, **_tl_launch(out, dot),
     )  # fmt: skip
     return o, final, (states, inverses, w, v_new) if keep else (None,) * 4
 

@@ -284,7 +284,7 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep, dot):
     [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
     heads, length, d_k = q.shape[1:]
     d_v = v.shape[-1]
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_diagonal_fwd)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_diagonal_fwd, dot)
     n_k = grid[2]
     initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep, n_k)
     _tl_diagonal_fwd[grid](
@@ -312,7 +312,7 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep, dot):
         BK=block_k,
         BV=block_v,
         DOT=dot,
-        **_tl_launch(_tl_diagonal_fwd),
+        **_tl_launch(_tl_diagonal_fwd, dot),
     )
     return _tl_sum_parts(o, n_k, q.dtype), final, kept if keep else None
 
@@ -335,7 +335,9 @@ class _TlDiagonal(torch.autograd.Function):
         q, k, v, gk, kept = ctx.saved_tensors
         heads, length, d_k = q.shape[1:]
         d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_diagonal_bwd)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(
+            q, v, ctx.chunk_size, _tl_diagonal_bwd, ctx.dot
+        )
         n_v, _, n_k = grid
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = gk is not None and ctx.needs_input_grad[3]
@@ -369,7 +371,7 @@ class _TlDiagonal(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=ctx.dot,
-            **_tl_launch(_tl_diagonal_bwd),
+            **_tl_launch(_tl_diagonal_bwd, ctx.dot),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

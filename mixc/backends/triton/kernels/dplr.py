@@ -452,7 +452,9 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     states (_tl_dplr_fwd_states), the outputs (_tl_dplr_fwd_outputs)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_states)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
+        q, v, chunk_size, _tl_dplr_fwd_states, dot
+    )
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
     # T, the scores and the decayed rows meet only products: with 16-bit products, kept in
     # that dtype (the rounding each product makes of them anyway; half the registers and
@@ -463,26 +465,26 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     decay = final.new_empty(batch, heads, n_chunks, d_k) if gk is not None else final
     poison, u = final.new_empty(batch, heads, length), final.new_empty(batch, heads, length, d_v)
     has_g, levels = gk is not None, _tl_levels(block_t)
-    scores_k = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_scores)[1]
+    scores_k = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_scores, dot)[1]
     _tl_dplr_fwd_scores[(n_chunks, batch * heads)](
         q, k, a, b, q if gk is None else gk,  # read
         tiles, qd, ad, kd, bd, decay, poison,  # written
         length, heads, d_k, *(stride for x in (q, k, a, b, gk) for stride in _tl_strides(x, 4)),
         HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k, DOT=dot,
-        **_tl_launch(_tl_dplr_fwd_scores),
+        **_tl_launch(_tl_dplr_fwd_scores, dot),
     )  # fmt: skip
     _tl_dplr_fwd_states[grid](
         v, ad, kd, bd, decay, poison, tiles, initial_state,  # read
         u, final, states,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4),
         HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
-        **_tl_launch(_tl_dplr_fwd_states),
+        **_tl_launch(_tl_dplr_fwd_states, dot),
     )  # fmt: skip
     _tl_dplr_fwd_outputs[(grid[0], batch * heads, n_chunks)](
         v, qd, u, poison, tiles, states,  # read
         o,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4), *_tl_strides(o, 4),
-        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs),
+        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs, dot),
     )  # fmt: skip
     kept = (states, tiles, qd, ad, kd, bd, decay if gk is not None else tiles, u)
     return o, final, kept if keep else None
@@ -510,7 +512,7 @@ class _TlDplr(torch.autograd.Function):
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
-            q, v, ctx.chunk_size, _tl_dplr_bwd_states
+            q, v, ctx.chunk_size, _tl_dplr_bwd_states, ctx.dot
         )
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1)
         dq, dk = dq[0], dk[0]  # one part: the key-side gradients are not split by value block
@@ -522,16 +524,16 @@ class _TlDplr(torch.autograd.Function):
             dv, dz, d_states, d_initial,  # written
             length, heads, d_k, d_v, *_tl_strides(d_o, 4),
             HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=ctx.dot,
-            **_tl_launch(_tl_dplr_bwd_states),
+            **_tl_launch(_tl_dplr_bwd_states, ctx.dot),
         )  # fmt: skip
-        _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd_inputs)
+        _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd_inputs, ctx.dot)
         _tl_dplr_bwd_inputs[(n_chunks, batch * heads, triton.cdiv(d_k, inputs_k))](
             q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states,  # read
             dq, dk, da, db, dg,  # written
             length, heads, d_k, d_v,
             *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
             HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
-            BK=inputs_k, BV=inputs_v, DOT=ctx.dot, **_tl_launch(_tl_dplr_bwd_inputs),
+            BK=inputs_k, BV=inputs_v, DOT=ctx.dot, **_tl_launch(_tl_dplr_bwd_inputs, ctx.dot),
         )  # fmt: skip
         d_gate = dg if gate_grad else None
         d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state

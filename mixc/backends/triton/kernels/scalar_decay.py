@@ -231,7 +231,9 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
     [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
     heads, length, d_k = q.shape[1:]
     d_v = v.shape[-1]
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_scalar_decay_fwd)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
+        q, v, chunk_size, _tl_scalar_decay_fwd, dot
+    )
     n_k = grid[2]
     initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep, n_k)
     _tl_scalar_decay_fwd[grid](
@@ -258,7 +260,7 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
         BK=block_k,
         BV=block_v,
         DOT=dot,
-        **_tl_launch(_tl_scalar_decay_fwd),
+        **_tl_launch(_tl_scalar_decay_fwd, dot),
     )
     return _tl_sum_parts(o, n_k, q.dtype), final, kept if keep else None
 
@@ -281,7 +283,9 @@ class _TlScalarDecay(torch.autograd.Function):
         q, k, v, g, kept = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_scalar_decay_bwd)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(
+            q, v, ctx.chunk_size, _tl_scalar_decay_bwd, ctx.dot
+        )
         n_v, _, n_k = grid
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = g is not None and ctx.needs_input_grad[3]
@@ -314,7 +318,7 @@ class _TlScalarDecay(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=ctx.dot,
-            **_tl_launch(_tl_scalar_decay_bwd),
+            **_tl_launch(_tl_scalar_decay_bwd, ctx.dot),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

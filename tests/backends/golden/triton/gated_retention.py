@@ -556,7 +556,7 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_tiles(kernel):
+def _tl_tiles(kernel, dot=None):
     """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
     most key rows of the state a program holds, None for all of them; the most value columns;
     warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
@@ -566,7 +566,12 @@ def _tl_tiles(kernel):
     and DPLR kernels mix the rows (k^T S, a^T S) and hold them all, the delta forward in three
     kernels (the chunks' UT transforms, the pass over the states, the outputs). At
     d_k = d_v = 128 and 64-token chunks these are the tiles that compiled for sm_90 with the
-    fewest spills of those tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    fewest spills of those tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md). With
+    float32 operands (dot "ieee" or "tf32", _tl_dot_precision) a kernel takes its tile of
+    _tl_float32_tiles where that table has one."""
+    float32 = _tl_float32_tiles(dot)
+    if kernel.__name__ in float32:
+        return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd": (64, 16, 8),
@@ -586,10 +591,31 @@ def _tl_tiles(kernel):
     }[kernel.__name__]
 
 
-def _tl_launch(kernel):
-    """The launch options of `kernel`: its warps (_tl_tiles), one pipeline stage (no chunk
-    prefetched: registers, not loads, are what a program runs short of)."""
-    return {"num_warps": _tl_tiles(kernel)[2], "num_stages": 1}
+def _tl_float32_tiles(dot):
+    """The tiles (as _tl_tiles) of the kernels whose float32 products need other tiles than
+    bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
+    tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
+    rows and columns of both operands, so fewer value columns (16; the scalar-decay backward
+    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's, at the fewest spills on sm_90 of
+    those tried (docs/triton.md)."""
+    if dot != "ieee":
+        return {}
+    return {
+        "_tl_scalar_decay_fwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_diagonal_fwd": (64, 16, 8),
+        "_tl_delta_fwd_wy": (None, 32, 8),
+        "_tl_delta_fwd_states": (None, 16, 8),
+        "_tl_dplr_fwd_states": (None, 16, 8),
+        "_tl_dplr_fwd_outputs": (None, 32, 8),
+    }
+
+
+def _tl_launch(kernel, dot=None):
+    """The launch options of `kernel` for products as dot says: its warps (_tl_tiles), one
+    pipeline stage (no chunk prefetched: registers, not loads, are what a program runs short
+    of)."""
+    return {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
 
 
 def _tl_dot_precision(x, kernel, operands=None):
@@ -619,13 +645,14 @@ def _tl_compute_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tl_sizes(q, v, chunk_size, kernel):
-    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key
-    and value block sizes, the grid (value blocks, B * NH, key blocks), the number of chunks).
-    A chunk is chunk_size tokens (capped as the PyTorch kernels cap it), at least 16; key rows
-    and value columns go in blocks of at most _tl_tiles(kernel), one program each."""
+def _tl_sizes(q, v, chunk_size, kernel, dot=None):
+    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V], products as dot
+    says: (the chunk, key and value block sizes, the grid (value blocks, B * NH, key blocks),
+    the number of chunks). A chunk is chunk_size tokens (capped as the PyTorch kernels cap
+    it), at least 16; key rows and value columns go in blocks of at most _tl_tiles(kernel,
+    dot), one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
-    most_k, most_v, _ = _tl_tiles(kernel)
+    most_k, most_v, _ = _tl_tiles(kernel, dot)
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
     block_k = _tl_block(d_k) if most_k is None else min(_tl_block(d_k), most_k)
     block_v = min(_tl_block(d_v), most_v)
@@ -716,8 +743,55 @@ def _tl_dot(a, b, DOT: tl.constexpr):
     elif DOT == "tf32":
         product = tl.dot(a, b, input_precision="tf32")
     else:
-        product = tl.dot(a, b, input_precision="ieee")
+        product = _tl_ieee_dot(a, b)
     return product
+
+
+@triton.jit
+def _tl_halves(a, b):
+    """(a's even and odd columns, b's even and odd rows) for a [..., M, K] and b [..., K, N]
+    (one batch axis at most): a @ b is the sum of the two halves' products."""
+    if len(a.shape) == 2:
+        a = tl.reshape(a, (a.shape[0], a.shape[1] // 2, 2))
+        b = tl.permute(tl.reshape(b, (b.shape[0] // 2, 2, b.shape[1])), (0, 2, 1))
+    else:
+        a = tl.reshape(a, (a.shape[0], a.shape[1], a.shape[2] // 2, 2))
+        b = tl.reshape(b, (b.shape[0], b.shape[1] // 2, 2, b.shape[2]))
+        b = tl.permute(b, (0, 1, 3, 2))
+    a_even, a_odd = tl.split(a)
+    b_even, b_odd = tl.split(b)
+    return a_even, a_odd, b_even, b_odd
+
+
+@triton.jit
+def _tl_ieee_dot(a, b):
+    """a @ b in IEEE float32 (float64): plain multiply-adds, each thread holding its rows of a
+    and columns of b along the whole inner dimension K unless it is split. So the product is a
+    sum of products of at most 32 (K <= 128) or 64 (K = 256) along K (_tl_halves); whole,
+    ptxas spilled tens of kilobytes of the kernels' registers (docs/triton.md)."""
+    if a.shape[len(a.shape) - 1] > 64:
+        a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
+        product = _tl_ieee_dot_part(a_odd, b_odd, _tl_ieee_dot_part(a_even, b_even, None))
+    else:
+        product = _tl_ieee_dot_part(a, b, None)
+    return product
+
+
+@triton.jit
+def _tl_ieee_dot_part(a, b, acc):
+    """a @ b (+ acc, unless None) in IEEE products, in two halves along K if K > 32."""
+    if a.shape[len(a.shape) - 1] > 32:
+        a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
+        if acc is None:
+            acc = tl.dot(a_even, b_even, input_precision="ieee")
+        else:
+            acc = tl.dot(a_even, b_even, acc, input_precision="ieee")
+        acc = tl.dot(a_odd, b_odd, acc, input_precision="ieee")
+    elif acc is None:
+        acc = tl.dot(a, b, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -726,7 +800,9 @@ def _tl_wide_dot(a, b, DOT: tl.constexpr):
     gradients that later sums cancel (the delta rule's solve): IEEE float32 (float64) for
     "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
     rounded to 16 bits."""
-    if DOT == "ieee" or DOT == "bf16 emulated":
+    if DOT == "ieee":
+        product = _tl_ieee_dot(a, b)
+    elif DOT == "bf16 emulated":
         product = tl.dot(a, b, input_precision="ieee")
     else:
         product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
@@ -1077,7 +1153,9 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
     [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
     heads, length, d_k = q.shape[1:]
     d_v = v.shape[-1]
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_scalar_decay_fwd)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
+        q, v, chunk_size, _tl_scalar_decay_fwd, dot
+    )
     n_k = grid[2]
     initial_state, o, final, kept = _tl_outputs(q, v, initial_state, n_chunks, keep, n_k)
     _tl_scalar_decay_fwd[grid](
@@ -1104,7 +1182,7 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
         BK=block_k,
         BV=block_v,
         DOT=dot,
-        **_tl_launch(_tl_scalar_decay_fwd),
+        **_tl_launch(_tl_scalar_decay_fwd, dot),
     )
     return _tl_sum_parts(o, n_k, q.dtype), final, kept if keep else None
 
@@ -1127,7 +1205,9 @@ class _TlScalarDecay(torch.autograd.Function):
         q, k, v, g, kept = ctx.saved_tensors
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_scalar_decay_bwd)
+        block_t, block_k, block_v, grid, _ = _tl_sizes(
+            q, v, ctx.chunk_size, _tl_scalar_decay_bwd, ctx.dot
+        )
         n_v, _, n_k = grid
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = g is not None and ctx.needs_input_grad[3]
@@ -1160,7 +1240,7 @@ class _TlScalarDecay(torch.autograd.Function):
             BK=block_k,
             BV=block_v,
             DOT=ctx.dot,
-            **_tl_launch(_tl_scalar_decay_bwd),
+            **_tl_launch(_tl_scalar_decay_bwd, ctx.dot),
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None

@@ -425,7 +425,7 @@ def _tl_block(n):
     return max(16, triton.next_power_of_2(n))
 
 
-def _tl_tiles(kernel):
+def _tl_tiles(kernel, dot=None):
     """A program's tile of the state and its launch for `kernel` (a @triton.jit function): (the
     most key rows of the state a program holds, None for all of them; the most value columns;
     warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
@@ -435,7 +435,12 @@ def _tl_tiles(kernel):
     and DPLR kernels mix the rows (k^T S, a^T S) and hold them all, the delta forward in three
     kernels (the chunks' UT transforms, the pass over the states, the outputs). At
     d_k = d_v = 128 and 64-token chunks these are the tiles that compiled for sm_90 with the
-    fewest spills of those tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md)."""
+    fewest spills of those tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md). With
+    float32 operands (dot "ieee" or "tf32", _tl_dot_precision) a kernel takes its tile of
+    _tl_float32_tiles where that table has one."""
+    float32 = _tl_float32_tiles(dot)
+    if kernel.__name__ in float32:
+        return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd": (64, 16, 8),
@@ -455,10 +460,31 @@ def _tl_tiles(kernel):
     }[kernel.__name__]
 
 
-def _tl_launch(kernel):
-    """The launch options of `kernel`: its warps (_tl_tiles), one pipeline stage (no chunk
-    prefetched: registers, not loads, are what a program runs short of)."""
-    return {"num_warps": _tl_tiles(kernel)[2], "num_stages": 1}
+def _tl_float32_tiles(dot):
+    """The tiles (as _tl_tiles) of the kernels whose float32 products need other tiles than
+    bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
+    tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
+    rows and columns of both operands, so fewer value columns (16; the scalar-decay backward
+    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's, at the fewest spills on sm_90 of
+    those tried (docs/triton.md)."""
+    if dot != "ieee":
+        return {}
+    return {
+        "_tl_scalar_decay_fwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_diagonal_fwd": (64, 16, 8),
+        "_tl_delta_fwd_wy": (None, 32, 8),
+        "_tl_delta_fwd_states": (None, 16, 8),
+        "_tl_dplr_fwd_states": (None, 16, 8),
+        "_tl_dplr_fwd_outputs": (None, 32, 8),
+    }
+
+
+def _tl_launch(kernel, dot=None):
+    """The launch options of `kernel` for products as dot says: its warps (_tl_tiles), one
+    pipeline stage (no chunk prefetched: registers, not loads, are what a program runs short
+    of)."""
+    return {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
 
 
 def _tl_dot_precision(x, kernel, operands=None):
@@ -488,13 +514,14 @@ def _tl_compute_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tl_sizes(q, v, chunk_size, kernel):
-    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V]: (the chunk, key
-    and value block sizes, the grid (value blocks, B * NH, key blocks), the number of chunks).
-    A chunk is chunk_size tokens (capped as the PyTorch kernels cap it), at least 16; key rows
-    and value columns go in blocks of at most _tl_tiles(kernel), one program each."""
+def _tl_sizes(q, v, chunk_size, kernel, dot=None):
+    """The launch sizes of `kernel` for q [B, NH, T, K] and v [B, NH, T, V], products as dot
+    says: (the chunk, key and value block sizes, the grid (value blocks, B * NH, key blocks),
+    the number of chunks). A chunk is chunk_size tokens (capped as the PyTorch kernels cap
+    it), at least 16; key rows and value columns go in blocks of at most _tl_tiles(kernel,
+    dot), one program each."""
     length, d_k, d_v = q.shape[2], q.shape[3], v.shape[3]
-    most_k, most_v, _ = _tl_tiles(kernel)
+    most_k, most_v, _ = _tl_tiles(kernel, dot)
     block_t = _tl_block(_chunk_size_for(chunk_size, length))
     block_k = _tl_block(d_k) if most_k is None else min(_tl_block(d_k), most_k)
     block_v = min(_tl_block(d_v), most_v)
@@ -581,8 +608,55 @@ def _tl_dot(a, b, DOT: tl.constexpr):
     elif DOT == "tf32":
         product = tl.dot(a, b, input_precision="tf32")
     else:
-        product = tl.dot(a, b, input_precision="ieee")
+        product = _tl_ieee_dot(a, b)
     return product
+
+
+@triton.jit
+def _tl_halves(a, b):
+    """(a's even and odd columns, b's even and odd rows) for a [..., M, K] and b [..., K, N]
+    (one batch axis at most): a @ b is the sum of the two halves' products."""
+    if len(a.shape) == 2:
+        a = tl.reshape(a, (a.shape[0], a.shape[1] // 2, 2))
+        b = tl.permute(tl.reshape(b, (b.shape[0] // 2, 2, b.shape[1])), (0, 2, 1))
+    else:
+        a = tl.reshape(a, (a.shape[0], a.shape[1], a.shape[2] // 2, 2))
+        b = tl.reshape(b, (b.shape[0], b.shape[1] // 2, 2, b.shape[2]))
+        b = tl.permute(b, (0, 1, 3, 2))
+    a_even, a_odd = tl.split(a)
+    b_even, b_odd = tl.split(b)
+    return a_even, a_odd, b_even, b_odd
+
+
+@triton.jit
+def _tl_ieee_dot(a, b):
+    """a @ b in IEEE float32 (float64): plain multiply-adds, each thread holding its rows of a
+    and columns of b along the whole inner dimension K unless it is split. So the product is a
+    sum of products of at most 32 (K <= 128) or 64 (K = 256) along K (_tl_halves); whole,
+    ptxas spilled tens of kilobytes of the kernels' registers (docs/triton.md)."""
+    if a.shape[len(a.shape) - 1] > 64:
+        a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
+        product = _tl_ieee_dot_part(a_odd, b_odd, _tl_ieee_dot_part(a_even, b_even, None))
+    else:
+        product = _tl_ieee_dot_part(a, b, None)
+    return product
+
+
+@triton.jit
+def _tl_ieee_dot_part(a, b, acc):
+    """a @ b (+ acc, unless None) in IEEE products, in two halves along K if K > 32."""
+    if a.shape[len(a.shape) - 1] > 32:
+        a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
+        if acc is None:
+            acc = tl.dot(a_even, b_even, input_precision="ieee")
+        else:
+            acc = tl.dot(a_even, b_even, acc, input_precision="ieee")
+        acc = tl.dot(a_odd, b_odd, acc, input_precision="ieee")
+    elif acc is None:
+        acc = tl.dot(a, b, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -1116,7 +1190,9 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     states (_tl_dplr_fwd_states), the outputs (_tl_dplr_fwd_outputs)."""
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_states)
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
+        q, v, chunk_size, _tl_dplr_fwd_states, dot
+    )
     initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
     # T, the scores and the decayed rows meet only products: with 16-bit products, kept in
     # that dtype (the rounding each product makes of them anyway; half the registers and
@@ -1127,26 +1203,26 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
     decay = final.new_empty(batch, heads, n_chunks, d_k) if gk is not None else final
     poison, u = final.new_empty(batch, heads, length), final.new_empty(batch, heads, length, d_v)
     has_g, levels = gk is not None, _tl_levels(block_t)
-    scores_k = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_scores)[1]
+    scores_k = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_scores, dot)[1]
     _tl_dplr_fwd_scores[(n_chunks, batch * heads)](
         q, k, a, b, q if gk is None else gk,  # read
         tiles, qd, ad, kd, bd, decay, poison,  # written
         length, heads, d_k, *(stride for x in (q, k, a, b, gk) for stride in _tl_strides(x, 4)),
         HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k, DOT=dot,
-        **_tl_launch(_tl_dplr_fwd_scores),
+        **_tl_launch(_tl_dplr_fwd_scores, dot),
     )  # fmt: skip
     _tl_dplr_fwd_states[grid](
         v, ad, kd, bd, decay, poison, tiles, initial_state,  # read
         u, final, states,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4),
         HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
-        **_tl_launch(_tl_dplr_fwd_states),
+        **_tl_launch(_tl_dplr_fwd_states, dot),
     )  # fmt: skip
     _tl_dplr_fwd_outputs[(grid[0], batch * heads, n_chunks)](
         v, qd, u, poison, tiles, states,  # read
         o,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4), *_tl_strides(o, 4),
-        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs),
+        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs, dot),
     )  # fmt: skip
     kept = (states, tiles, qd, ad, kd, bd, decay if gk is not None else tiles, u)
     return o, final, kept if keep else None
@@ -1174,7 +1250,7 @@ class _TlDplr(torch.autograd.Function):
         batch, heads, length, d_k = q.shape
         d_v = v.shape[-1]
         block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
-            q, v, ctx.chunk_size, _tl_dplr_bwd_states
+            q, v, ctx.chunk_size, _tl_dplr_bwd_states, ctx.dot
         )
         d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1)
         dq, dk = dq[0], dk[0]  # one part: the key-side gradients are not split by value block
@@ -1186,16 +1262,16 @@ class _TlDplr(torch.autograd.Function):
             dv, dz, d_states, d_initial,  # written
             length, heads, d_k, d_v, *_tl_strides(d_o, 4),
             HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=ctx.dot,
-            **_tl_launch(_tl_dplr_bwd_states),
+            **_tl_launch(_tl_dplr_bwd_states, ctx.dot),
         )  # fmt: skip
-        _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd_inputs)
+        _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd_inputs, ctx.dot)
         _tl_dplr_bwd_inputs[(n_chunks, batch * heads, triton.cdiv(d_k, inputs_k))](
             q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states,  # read
             dq, dk, da, db, dg,  # written
             length, heads, d_k, d_v,
             *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
             HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
-            BK=inputs_k, BV=inputs_v, DOT=ctx.dot, **_tl_launch(_tl_dplr_bwd_inputs),
+            BK=inputs_k, BV=inputs_v, DOT=ctx.dot, **_tl_launch(_tl_dplr_bwd_inputs, ctx.dot),
         )  # fmt: skip
         d_gate = dg if gate_grad else None
         d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state
