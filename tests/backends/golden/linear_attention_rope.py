@@ -1194,18 +1194,6 @@ def _spans_autograd(spans_backward):
     return backward
 
 
-def _recording():
-    """A context in which autograd records inside an operator again. An operator's
-    implementation runs with autograd's dispatch keys excluded, so that torch.autograd records
-    nothing there (and torch.func.vjp, which would, cannot run checkpoints): this takes them
-    out of the excluded keys for the block, autocast's staying excluded."""
-    keys = torch._C.DispatchKey
-    excluded = torch._C._dispatch_tls_local_exclude_set()
-    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
-        excluded = excluded.remove(key)
-    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
-
-
 def _register_spans(namespace, functions):
     """Register the operators `spans` and `spans_backward` over the span functions among
     `functions` (a module's globals) under `namespace` (`mixc_` and a hash of the kernels'
@@ -1219,74 +1207,129 @@ def _register_spans(namespace, functions):
     return ops.spans
 
 
-def _rotation(functions, rotate, x, plus, theta, d, dtype):
-    """The rotation named `rotate` among `functions` (a module's globals) of x + plus (plus
-    None: x) by the angles theta, as eagerly: the turn (_turning) computed once for the values
-    that theta's broadcast axes repeat (_compact)."""
-    turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
-    return functions[rotate](x if plus is None else x + plus, turning)
+def _pair_views(rotate, x, n):
+    """The two entries of each of the n pairs that the rotation named `rotate` turns, from
+    x [..., d, 1]: ([..., n], [..., n]) views (functions.py: _rotate takes entries i and i + n,
+    _rotate_halves i and i + d // 2, _rotate_interleaved 2i and 2i + 1)."""
+    if rotate == "_rotate_interleaved":
+        pairs = x[..., : 2 * n, 0].unflatten(-1, (n, 2))
+        return pairs[..., 0], pairs[..., 1]
+    half = x.shape[-2] // 2 if rotate == "_rotate_halves" else n
+    return x[..., :n, 0], x[..., half : half + n, 0]
 
 
-def _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted):
-    """The operator `rotate_backward`: the gradients of x, plus and theta (those wanted, 0
-    where the rotation does not read one; an addend's summed to its own shape, as the sum
-    broadcast it), the rotation run again under autograd: those of eager."""
-    with _recording(), torch.enable_grad():
-        leaves = [
-            t if t is None else t.detach().requires_grad_(w)
-            for t, w in zip((x, plus, theta), wanted)
-        ]
-        wrt = [t for t, w in zip(leaves, wanted) if w]
-        out = _rotation(functions, rotate, *leaves, d, dtype)
-        found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(found, wrt)]
+def _turn(functions, theta, d, dtype, back=False):
+    """The turn by the angles theta (its conjugate if `back`), computed on the values theta's
+    broadcast axes repeat (_compact) and expanded to theta's leading axes, as eagerly."""
+    turn = functions["_turning"](functions["_compact"](theta), d, dtype)
+    turn = turn.conj_physical() if back else turn
+    return turn.expand(*theta.shape[:-2], turn.shape[-1])
+
+
+def _rotations(functions, rotate, xs, plus, theta, d, dtype):
+    """The operator `rotate`: each x + plus (plus None: x) turned by theta, by the rotation
+    named `rotate` among `functions` (a module's globals), the turn computed once."""
+    turning, fn = _turn(functions, theta, d, dtype), functions[rotate]
+    return [fn(x if p is None else x + p, turning).contiguous() for x, p in zip(xs, plus)]
+
+
+def _rotation_grads(functions, rotate, xs, plus, added, theta, d, dtype, grads, wanted):
+    """The operator `rotate_backward`: the gradients of the wanted tensors among xs, plus (the
+    addends present, added[i] the index of xs[i]'s, -1: none) and theta (wanted: a flag for
+    each, in that order), computed directly (this file's docstring); 0 for those that no
+    output's gradient reaches."""
+    back, fn = _turn(functions, theta, d, dtype, back=True), functions[rotate]
+    n, count = back.shape[-1], len(xs)
+    found, angle = [None] * (count + len(plus)), None
+    for i, (x, j, g) in enumerate(zip(xs, added, grads)):
+        if g is None:
+            continue
+        dz = fn(g, back)  # z's gradient: g turned back
+        for k, t in ((i, x), (count + j, None if j < 0 else plus[j])):
+            if t is not None and wanted[k]:
+                d_t = dz.sum_to_size(t.shape)
+                found[k] = d_t if found[k] is None else found[k] + d_t
+        if wanted[-1]:
+            z = x if j < 0 else x + plus[j]
+            (za, zb), (da, db) = _pair_views(rotate, z, n), _pair_views(rotate, dz, n)
+            cross = za * db - zb * da
+            angle = cross if angle is None else angle + cross
+    out = []
+    for f, t, w in zip(found, [*xs, *plus], wanted):
+        if w:  # as the fake says: contiguous, in t's dtype, and no other output
+            fresh = f is not None and f.dtype == t.dtype and f.is_contiguous()
+            fresh = fresh and not any(f is o for o in out)
+            out.append(
+                f if fresh else t.new_zeros(t.shape) if f is None else t.new_empty(t.shape).copy_(f)
+            )
+    if wanted[-1]:
+        d_theta = theta.new_zeros(theta.shape)
+        if angle is not None:
+            d_theta[..., :n, 0] = angle.sum_to_size(*theta.shape[:-2], n)
+        out.append(d_theta)
+    return out
+
+
+def _aligned(xs, plus, added):
+    """The addends beside each of xs: plus[added[i]] for xs[i], None where added[i] < 0 (the
+    operators take the addends present only: autograd gives no gradient to a list with Nones)."""
+    return [None if i < 0 else plus[i] for i in added]
 
 
 def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
-    of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
-    contiguous, as its fake says."""
-    head = "(str rotate, Tensor x, Tensor? plus, Tensor theta, int d, ScalarType dtype"
+    of the module whose globals are `functions` (_rotated and _rotated_all call `rotate`): xs
+    the vectors, plus the addends present, added the index in plus of each vector's (-1: none)."""
+    head = "(str rotate, Tensor[] xs, Tensor[] plus, int[] added, Tensor theta, int d, ScalarType dtype"
 
-    def forward(rotate, x, plus, theta, d, dtype):
+    def forward(rotate, xs, plus, added, theta, d, dtype):
         with torch.no_grad():
-            return _rotation(functions, rotate, x, plus, theta, d, dtype).contiguous()
+            return _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
 
-    def fake(rotate, x, plus, theta, d, dtype):
-        found = _rotation(functions, rotate, x, plus, theta, d, dtype)
-        return found.new_empty(found.shape)
+    def fake(rotate, xs, plus, added, theta, d, dtype):
+        found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
+        return [y.new_empty(y.shape) for y in found]
 
-    def backward(rotate, x, plus, theta, d, dtype, grad, wanted):
-        return _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted)
+    def backward(rotate, xs, plus, added, theta, d, dtype, grads, wanted):
+        with torch.no_grad():
+            return _rotation_grads(functions, rotate, xs, plus, added, theta, d, dtype, grads,
+                                   wanted)  # fmt: skip
 
-    def backward_fake(rotate, x, plus, theta, d, dtype, grad, wanted):
-        return [t.new_empty(t.shape) for t, w in zip((x, plus, theta), wanted) if w]
+    def backward_fake(rotate, xs, plus, added, theta, d, dtype, grads, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((*xs, *plus, theta), wanted) if w]
 
     rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
-                                     schema=f"{head}) -> Tensor")  # fmt: skip
+                                     schema=f"{head}) -> Tensor[]")  # fmt: skip
     rotate.register_fake(fake)
     rotate_backward = torch.library.custom_op(
         f"{namespace}::rotate_backward", backward, mutates_args=(),
-        schema=f"{head}, Tensor grad, bool[] wanted) -> Tensor[]",
+        schema=f"{head}, Tensor?[] grads, bool[] wanted) -> Tensor[]",
     )  # fmt: skip
     rotate_backward.register_fake(backward_fake)
 
     def save(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[1:4])
-        ctx.arguments = (inputs[0], *inputs[4:])
+        rotate, xs, plus, added, theta, d, dtype = inputs
+        ctx.save_for_backward(*xs, *plus, theta)
+        ctx.arguments = (rotate, added, d, dtype, len(xs))
 
-    def formula(ctx, grad):
-        wanted = list(ctx.needs_input_grad[1:4])
-        rotate, d, dtype = ctx.arguments
-        found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
-        return None, *[next(found) if w else None for w in wanted], None, None
+    def formula(ctx, grads):
+        rotate, added, d, dtype, count = ctx.arguments
+        saved, needs = ctx.saved_tensors, ctx.needs_input_grad
+        xs, plus, theta = list(saved[:count]), list(saved[count:-1]), saved[-1]
+        wanted = [*needs[1], *needs[2], needs[4]]
+        found = iter(rotate_backward(rotate, xs, plus, added, theta, d, dtype, list(grads), wanted))
+        d_xs = [next(found) if w else None for w in wanted[:count]]
+        d_plus = [next(found) if w else None for w in wanted[count:-1]]
+        return None, d_xs, d_plus, None, next(found) if wanted[-1] else None, None, None
 
     rotate.register_autograd(formula, setup_context=save)
 
 
 def _register_rotations(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` over the rotations among
-    `functions` (as _register_spans does), for _rotated under torch.compile."""
+    `functions` (a module's globals) under `namespace` (as operators.py's _register_spans
+    does), unless they are registered already, and let _rotated and _rotated_all call them
+    under torch.compile from now on. Returns the operator `rotate`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "rotate"):
         _define_rotation(namespace, functions)
@@ -1544,14 +1587,26 @@ def _turning_of(theta, d, dtype, *leaves):
 
 def _rotated(rotate, x, turning, plus=None):
     """rotate(x + plus, turning) (plus None: rotate(x, turning)), `rotate` one of the rotations
-    (_rotate_interleaved, ...); for the angles of _turning_of under torch.compile, the operator
-    `rotate` of operators.py, which takes the two addends (a vector and its bias) and adds them
-    inside: the sum is then no kernel of inductor's, nor the bias's gradient (summed over the
-    tokens) in the backward."""
-    if isinstance(turning, _Angles):
-        theta, d, dtype = turning.theta, turning.d, turning.dtype
-        return _Operators.rotate(rotate.__name__, x, plus, theta, d, dtype)  # noqa: F821
-    return rotate(x if plus is None else x + plus, turning)
+    (_rotate_interleaved, ...): _rotated_all of the one vector."""
+    return _rotated_all(rotate, turning, (x, plus))[0]
+
+
+def _rotated_all(rotate, turning, *sums):
+    """[rotate(x + plus, turning) for (x, plus) in sums] (plus None: x alone). For the angles
+    of _turning_of under torch.compile, one call of the operator `rotate` of rotations.py for
+    them all: the turn computed once, each sum (a vector and its bias) added inside, so that
+    inductor writes no kernel for the sums, nor for the biases' gradients (summed over the
+    tokens) and the angle's (summed over the vectors) in the backward."""
+    if not isinstance(turning, _Angles):
+        return [rotate(x if p is None else x + p, turning) for x, p in sums]
+    plus, added = [], []  # each addend once (a bias of several vectors), and where it is
+    for _, p in sums:
+        found = [i for i, q in enumerate(plus) if q is p]
+        added.append(-1 if p is None else found[0] if found else len(plus))
+        plus += [p] if p is not None and not found else []
+    theta, d, dtype = turning.theta, turning.d, turning.dtype
+    xs = [x for x, _ in sums]
+    return _Operators.rotate(rotate.__name__, xs, plus, added, theta, d, dtype)  # noqa: F821
 
 
 def _positions(start, sizes, device, cu_seqlens=None):
@@ -1745,8 +1800,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_a3391c9f9dd7b25c", globals())
-_operator_rotations = _register_rotations("mixc_a3391c9f9dd7b25c", globals())
+_operator_spans = _register_spans("mixc_8d810257f2444c79", globals())
+_operator_rotations = _register_rotations("mixc_8d810257f2444c79", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1827,13 +1882,13 @@ def chunk(
     # each token's position, and the next token's, carried on
     pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens)
     # H: identity -> chunk_scalar_decay
-    _turn = _turning_at(
+    _turn2 = _turning_at(
         _compact(pos), _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
     )
-    _k_H = _seq_turned(k, _turn, _sizes, cu_seqlens)
+    _k_H = _seq_turned(k, _turn2, _sizes, cu_seqlens)
     _v_H = _seq_vector(v, _sizes, cu_seqlens)
     _S0_H = H.mT
-    _q = _seq_turned(q, _turn, _sizes, cu_seqlens)
+    _q = _seq_turned(q, _turn2, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(q_t, pos_t theta)
     H = _S.mT
@@ -1861,12 +1916,12 @@ def parallel(q, k, v, *, theta=None):
     _device = q.device
     pos, _ = _positions(None, _sizes, _device)  # from 0
     # H: identity -> parallel_scalar_decay
-    _turn = _turning_at(
+    _turn2 = _turning_at(
         _compact(pos), _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
     )
-    _k_H = _seq_vector(_rotated(_rotate_interleaved, k, _turn), _sizes)
+    _k_H = _seq_vector(_rotated(_rotate_interleaved, k, _turn2), _sizes)
     _v_H = _seq_vector(v, _sizes)
-    _q = _seq_vector(_rotated(_rotate_interleaved, q, _turn), _sizes)
+    _q = _seq_vector(_rotated(_rotate_interleaved, q, _turn2), _sizes)
     _o = _parallel_scalar_decay(_q, _k_H, _v_H)
     _read_H = _from_seq(_o)  # H_t rotate_interleaved(q_t, pos_t theta)
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t rotate_interleaved(q_t, pos_t theta)
@@ -1906,11 +1961,11 @@ def _recurrence(q, k, v, theta, H, _pos, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
-        _turn = _turning_of(pos_t * theta, _sizes["K"], _dtype)
+        _turn2 = _turning_of(pos_t * theta, _sizes["K"], _dtype)
         # H_{t-1} + v_t rotate_interleaved(k_t, pos_t theta)^T
-        H_t = H + (v_t @ _rotated(_rotate_interleaved, k_t, _turn).mT)
+        H_t = H + (v_t @ _rotated(_rotate_interleaved, k_t, _turn2).mT)
         # y_t = H_t rotate_interleaved(q_t, pos_t theta)
-        _ys.append(H_t @ _rotated(_rotate_interleaved, q_t, _turn))
+        _ys.append(H_t @ _rotated(_rotate_interleaved, q_t, _turn2))
         H, _pos = H_t, _pos + 1
     return _torch.stack(_ys, 1), (H, _pos)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 _HERE = Path(__file__).parent
 
 #: The files every class shares: common, tokens (a token's moves, for reads before the
-#: update), then operators (how a kernel is called).
-SHARED_FILES = ("common", "tokens", "operators")
+#: update), then operators (how a kernel is called) and rotations (a rotation's operator).
+SHARED_FILES = ("common", "tokens", "operators", "rotations")
 
 #: The class files: every module of this package but the shared ones, in name order.
 CLASS_FILES = tuple(

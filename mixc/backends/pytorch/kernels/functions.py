@@ -319,14 +319,26 @@ def _turning_of(theta, d, dtype, *leaves):
 
 def _rotated(rotate, x, turning, plus=None):
     """rotate(x + plus, turning) (plus None: rotate(x, turning)), `rotate` one of the rotations
-    (_rotate_interleaved, ...); for the angles of _turning_of under torch.compile, the operator
-    `rotate` of operators.py, which takes the two addends (a vector and its bias) and adds them
-    inside: the sum is then no kernel of inductor's, nor the bias's gradient (summed over the
-    tokens) in the backward."""
-    if isinstance(turning, _Angles):
-        theta, d, dtype = turning.theta, turning.d, turning.dtype
-        return _Operators.rotate(rotate.__name__, x, plus, theta, d, dtype)  # noqa: F821
-    return rotate(x if plus is None else x + plus, turning)
+    (_rotate_interleaved, ...): _rotated_all of the one vector."""
+    return _rotated_all(rotate, turning, (x, plus))[0]
+
+
+def _rotated_all(rotate, turning, *sums):
+    """[rotate(x + plus, turning) for (x, plus) in sums] (plus None: x alone). For the angles
+    of _turning_of under torch.compile, one call of the operator `rotate` of rotations.py for
+    them all: the turn computed once, each sum (a vector and its bias) added inside, so that
+    inductor writes no kernel for the sums, nor for the biases' gradients (summed over the
+    tokens) and the angle's (summed over the vectors) in the backward."""
+    if not isinstance(turning, _Angles):
+        return [rotate(x if p is None else x + p, turning) for x, p in sums]
+    plus, added = [], []  # each addend once (a bias of several vectors), and where it is
+    for _, p in sums:
+        found = [i for i, q in enumerate(plus) if q is p]
+        added.append(-1 if p is None else found[0] if found else len(plus))
+        plus += [p] if p is not None and not found else []
+    theta, d, dtype = turning.theta, turning.d, turning.dtype
+    xs = [x for x, _ in sums]
+    return _Operators.rotate(rotate.__name__, xs, plus, added, theta, d, dtype)  # noqa: F821
 
 
 def _positions(start, sizes, device, cu_seqlens=None):

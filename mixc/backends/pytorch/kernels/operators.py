@@ -21,10 +21,7 @@ Two entries, one per kind of kernel:
   of `call` after the kernel's own, and `call_backward` runs that backward; eagerly such a
   kernel runs as _KeptBackward, so compiled and eager do the same work.
 
-A rotation of a vector by angles (functions.py: _turning_of, _rotated) is, under
-torch.compile, the operator `rotate`: the turn and the turned pairs computed inside it as they are
-eagerly, its gradients by `rotate_backward`, which runs the rotation again under autograd. Traced,
-the complex numbers of a turn cost inductor a kernel (a C++ build) for each step around them.
+A rotation of a vector by angles is the operator `rotate` of rotations.py.
 
 Limits: a compiled graph has no double backward through these operators (eager kernels do),
 and a new sequence length compiles the graph again (the kernels' loops are fixed by it).
@@ -520,78 +517,3 @@ def _register_calls(namespace, functions):
         _define_call(namespace, functions)
     _Operators.call = ops.call
     return ops.call
-
-
-def _rotation(functions, rotate, x, plus, theta, d, dtype):
-    """The rotation named `rotate` among `functions` (a module's globals) of x + plus (plus
-    None: x) by the angles theta, as eagerly: the turn (_turning) computed once for the values
-    that theta's broadcast axes repeat (_compact)."""
-    turning = functions["_turning"](functions["_compact"](theta), d, dtype, theta)
-    return functions[rotate](x if plus is None else x + plus, turning)
-
-
-def _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted):
-    """The operator `rotate_backward`: the gradients of x, plus and theta (those wanted, 0
-    where the rotation does not read one; an addend's summed to its own shape, as the sum
-    broadcast it), the rotation run again under autograd: those of eager."""
-    with _recording(), torch.enable_grad():
-        leaves = [
-            t if t is None else t.detach().requires_grad_(w)
-            for t, w in zip((x, plus, theta), wanted)
-        ]
-        wrt = [t for t, w in zip(leaves, wanted) if w]
-        out = _rotation(functions, rotate, *leaves, d, dtype)
-        found = torch.autograd.grad(out, wrt, grad, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(found, wrt)]
-
-
-def _define_rotation(namespace, functions):
-    """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
-    of the module whose globals are `functions` (_rotated calls `rotate`): each output fresh and
-    contiguous, as its fake says."""
-    head = "(str rotate, Tensor x, Tensor? plus, Tensor theta, int d, ScalarType dtype"
-
-    def forward(rotate, x, plus, theta, d, dtype):
-        with torch.no_grad():
-            return _rotation(functions, rotate, x, plus, theta, d, dtype).contiguous()
-
-    def fake(rotate, x, plus, theta, d, dtype):
-        found = _rotation(functions, rotate, x, plus, theta, d, dtype)
-        return found.new_empty(found.shape)
-
-    def backward(rotate, x, plus, theta, d, dtype, grad, wanted):
-        return _rotation_grads(functions, rotate, x, plus, theta, d, dtype, grad, wanted)
-
-    def backward_fake(rotate, x, plus, theta, d, dtype, grad, wanted):
-        return [t.new_empty(t.shape) for t, w in zip((x, plus, theta), wanted) if w]
-
-    rotate = torch.library.custom_op(f"{namespace}::rotate", forward, mutates_args=(),
-                                     schema=f"{head}) -> Tensor")  # fmt: skip
-    rotate.register_fake(fake)
-    rotate_backward = torch.library.custom_op(
-        f"{namespace}::rotate_backward", backward, mutates_args=(),
-        schema=f"{head}, Tensor grad, bool[] wanted) -> Tensor[]",
-    )  # fmt: skip
-    rotate_backward.register_fake(backward_fake)
-
-    def save(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[1:4])
-        ctx.arguments = (inputs[0], *inputs[4:])
-
-    def formula(ctx, grad):
-        wanted = list(ctx.needs_input_grad[1:4])
-        rotate, d, dtype = ctx.arguments
-        found = iter(rotate_backward(rotate, *ctx.saved_tensors, d, dtype, grad, wanted))
-        return None, *[next(found) if w else None for w in wanted], None, None
-
-    rotate.register_autograd(formula, setup_context=save)
-
-
-def _register_rotations(namespace, functions):
-    """Register the operators `rotate` and `rotate_backward` over the rotations among
-    `functions` (as _register_spans does), for _rotated under torch.compile."""
-    ops = getattr(torch.ops, namespace)
-    if not hasattr(ops, "rotate"):
-        _define_rotation(namespace, functions)
-    _Operators.rotate = ops.rotate
-    return ops.rotate
