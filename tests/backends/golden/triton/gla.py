@@ -1217,7 +1217,7 @@ def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.const
         q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
         k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
         corner = _tl_dot(q_l, tl.trans(k_l), DOT)
-        scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
+        scores = tl.where(_tl_pairs(rows, 2**level), corner, scores)  # its pairs only
     return scores
 
 
@@ -1227,24 +1227,30 @@ def _tl_diagonal_chunk(
     k_c,
     v_c,
     g_c,
-    poison,
+    gate_poison,
     state,
     rows,
     LEVELS: tl.constexpr,
     BT: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """One chunk of the forward, from its queries, keys, finite values, log-gates g_c [BT, BK]
-    (zeros without a gate), the poison of its tokens and the state S entering it: (its outputs
-    O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V),
-    the poison reaching the outputs from its token on and the state."""
+    """One chunk of the forward, from its queries, keys, values, log-gates g_c [BT, BK] (zeros
+    without a gate), the poison of its tokens' gates [BT] and the state S entering it: (its
+    outputs O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C -
+    b))^T V), the products over the finite values, the poison reaching the outputs from its
+    token on and the state. The values' poison is made again from v_c at the end, not held
+    through the chunk's products (a [BT, BV] float32 tile: the registers a program runs short
+    of on sm_90)."""
     scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT)
     from_start, to_end = _tl_run_sums(g_c, rows, BT)
-    out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
+    finite, _ = _tl_finite(v_c)
+    out = _tl_dot(scores.to(v_c.dtype), finite, DOT)
     out += _tl_dot(q_c * tl.exp(from_start), state.to(q_c.dtype), DOT)
-    out += tl.cumsum(poison, axis=0)
     state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    state += _tl_dot(tl.trans(k_c * tl.exp(to_end)), v_c, DOT)
+    state += _tl_dot(tl.trans(k_c * tl.exp(to_end)), finite, DOT)
+    _, poison = _tl_finite(v_c)
+    poison += gate_poison[:, None]
+    out += tl.cumsum(poison, axis=0)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -1280,15 +1286,16 @@ def _tl_diagonal_fwd(
         v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-        v_c, poison = _tl_finite(v_c)  # and a gate that is not finite poisons its whole row
-        if HAS_G:
+        if HAS_G:  # a gate that is not finite poisons its whole row
             g_c, gate_poison = _tl_diagonal_gates(
                 g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k
             )
-            poison += gate_poison[:, None]
         else:
             g_c = tl.zeros((BT, BK), dtype=state.dtype)
-        out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT, DOT)
+            gate_poison = tl.zeros((BT,), dtype=state.dtype)
+        out, state = _tl_diagonal_chunk(
+            q_c, k_c, v_c, g_c, gate_poison, state, rows, LEVELS, BT, DOT
+        )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, part, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
