@@ -184,7 +184,11 @@ def _tl_diagonal_scores_grad(
     GATE_GRAD)."""
     same = rows[:, None] == rows[None, :]
     d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
+    # dA and A as the products take them, rounded once (16-bit tiles: half the registers);
+    # each level writes A's entries on its own pairs, disjoint from the others'
+    d_scores = _tl_operand(d_scores, DOT)
     scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)
+    scores = _tl_operand(scores, DOT)
     dq_c, dk_c = d_same * k_c, d_same * q_c
     dg_c = tl.zeros_like(g_c)
     for level in tl.static_range(LEVELS):
@@ -192,7 +196,8 @@ def _tl_diagonal_scores_grad(
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
         q_l, k_l = q_c * left_decay, k_c * right_decay
         pairs = _tl_pairs(rows, 2**level)
-        scores += tl.where(pairs, _tl_dot(q_l, tl.trans(k_l), DOT), 0.0)
+        corner = _tl_operand(_tl_dot(q_l, tl.trans(k_l), DOT), DOT)
+        scores = tl.where(pairs, corner, scores)
         d_corner = tl.where(pairs, d_scores, 0.0)
         d_q_l = _tl_dot(d_corner, k_l, DOT)  # for the decayed queries
         d_k_l = _tl_dot(tl.trans(d_corner), q_l, DOT)  # and keys
