@@ -170,20 +170,26 @@ def _tl_scalar_decay_chunk_grad(
     d_scores = tl.where(causal, d_probs, 0.0)
     dq_c = _tl_dot(d_scores, k_c, DOT)
     dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT)
-    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    sixteen: tl.constexpr = DOT == "bf16" or DOT == "bf16 emulated"  # 16-bit operands
+    if GATE_GRAD and not sixteen:  # dO S^T at float32's accuracy (below)
+        from_q = _tl_wide_dot(do_c, tl.trans(state), DOT)
+    else:
+        from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
     from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # V D^T
     to_state = _tl_dot(k_c, d_state, DOT)  # K D
     do_start = do_c
     if HAS_G:
         if GATE_GRAD:
-            # and in exp(b_i) for l <= i (q_i . (dO S^T)_i = dO_i . (Q S)_i), in exp(b_C - b_j)
-            # for j < l (k_j . (V D^T)_j = v_j . (K D)_j), in exp(b_C) for every l: row sums of
-            # [BT, BV] tiles, not of [BT, BK] ones. dO . (Q S) sums against terms it cancels (a
-            # state carried from far back, tiny keys): S in two bfloat16 parts
-            # (_tl_split_dot), or Mamba-2's gradient of dt erred 4.1e-3 against a bound of
-            # 1.7e-3 (4.2e-4 so)
-            from_state = _tl_split_dot(q_c, state, DOT)  # Q S
-            starts = tl.sum(do_c * from_state, axis=1) * tl.reshape(from_start, (BT,))
+            # and in exp(b_i) for l <= i (q_i . (dO S^T)_i, which sums against terms it
+            # cancels: at float32's accuracy, else Mamba-2's dt fails the bfloat16 fuzz;
+            # 16-bit: as dO_i . (Q S)_i, S in two bfloat16 parts, fewer registers), in
+            # exp(b_C - b_j) for j < l (k_j . (V D^T)_j = v_j . (K D)_j), in exp(b_C) for all l
+            if sixteen:
+                from_state = _tl_split_dot(q_c, state, DOT)  # Q S
+                starts = tl.sum(do_c * from_state, axis=1)
+            else:
+                starts = tl.sum(q_c * from_q, axis=1)
+            starts = starts * tl.reshape(from_start, (BT,))
             ends = tl.sum(v_c * to_state, axis=1) * tl.reshape(to_end, (BT,))
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
             dg_c = _tl_gate_grads(dg_c, starts, ends, whole, rows)
