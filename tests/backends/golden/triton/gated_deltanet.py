@@ -779,11 +779,15 @@ def _tl_gate_sums(g, rows):
 def _tl_pair_grads(pairs, rows):
     """The part of a chunk's log-gates' gradient [BT] that Gamma passes on: pairs [BT, BT] is
     what each Gamma_ij passes on (its gradient times its value), and Gamma_ij holds g_l for
-    j < l <= i. A sum of the contributions themselves: each column's sums from row l down (a
-    scan), then those of the columns j < l; in float32 (float64), no matmul."""
+    j < l <= i. A sum of the contributions themselves: each row's sums of its columns j <= m (a
+    scan along the row, inside a warp's registers rather than across the warps as a scan down
+    the columns), then those of the rows i > m, moved one entry on (l = m + 1); in float32
+    (float64), no matmul."""
     causal = rows[:, None] >= rows[None, :]  # [i, j]: j <= i
-    from_row = tl.cumsum(tl.where(causal, pairs, 0.0), axis=0, reverse=True)  # [l, j]: i >= l
-    return tl.sum(tl.where(rows[:, None] > rows[None, :], from_row, 0.0), axis=1)  # j < l
+    up_to = tl.cumsum(tl.where(causal, pairs, 0.0), axis=1)  # [i, m]: j <= m
+    below = tl.sum(tl.where(rows[:, None] > rows[None, :], up_to, 0.0), axis=0)  # [m]: i > m
+    moved = tl.gather(below, tl.maximum(rows - 1, 0), 0)  # l = m + 1: a move, no sum
+    return tl.where(rows > 0, moved, 0.0)
 
 
 @triton.jit
@@ -793,12 +797,10 @@ def _tl_gate_grads(from_pairs, starts, ends, whole, rows):
     [BT], Gamma's part (_tl_pair_grads); starts [BT] for exp(b_i), holding g_l for l <= i;
     ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for exp(b_C),
     holding every g_l. Each is a sum of the contributions themselves, so a hard reset (every
-    factor holding it 0) gets exactly 0."""
-    causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
-    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    dg = from_pairs + tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
-    dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-    return dg + whole
+    factor holding it 0) gets exactly 0: the sums over i >= l and j < l are scans of [BT]
+    entries, not masked sums of [BT, BT] tiles."""
+    dg = from_pairs + tl.cumsum(starts, axis=0, reverse=True)  # over i >= l
+    return dg + _tl_scan_before(ends, 0, False) + whole  # over j < l
 
 
 @triton.jit
@@ -836,6 +838,21 @@ def _tl_chunk_decays(g, rows):
     gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
     from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
     return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))
+
+
+@triton.jit
+def _tl_add_before(a_sum, a_before, b_sum, b_before):
+    """The combination of a scan that carries (the sum up to an entry, the sum before it): a
+    comes first in the scan's order. Every sum is one of the entries themselves."""
+    return a_sum + b_sum, a_sum + b_before
+
+
+@triton.jit
+def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
+    """The exclusive running sums of x along axis: each entry's the sum of those before it (or,
+    REVERSE, after it), its own left out; a sum of those entries, never a difference."""
+    _, before = tl.associative_scan((x, tl.zeros_like(x)), axis, _tl_add_before, reverse=REVERSE)
+    return before
 
 
 @triton.jit

@@ -916,11 +916,15 @@ def _tl_gate_sums(g, rows):
 def _tl_pair_grads(pairs, rows):
     """The part of a chunk's log-gates' gradient [BT] that Gamma passes on: pairs [BT, BT] is
     what each Gamma_ij passes on (its gradient times its value), and Gamma_ij holds g_l for
-    j < l <= i. A sum of the contributions themselves: each column's sums from row l down (a
-    scan), then those of the columns j < l; in float32 (float64), no matmul."""
+    j < l <= i. A sum of the contributions themselves: each row's sums of its columns j <= m (a
+    scan along the row, inside a warp's registers rather than across the warps as a scan down
+    the columns), then those of the rows i > m, moved one entry on (l = m + 1); in float32
+    (float64), no matmul."""
     causal = rows[:, None] >= rows[None, :]  # [i, j]: j <= i
-    from_row = tl.cumsum(tl.where(causal, pairs, 0.0), axis=0, reverse=True)  # [l, j]: i >= l
-    return tl.sum(tl.where(rows[:, None] > rows[None, :], from_row, 0.0), axis=1)  # j < l
+    up_to = tl.cumsum(tl.where(causal, pairs, 0.0), axis=1)  # [i, m]: j <= m
+    below = tl.sum(tl.where(rows[:, None] > rows[None, :], up_to, 0.0), axis=0)  # [m]: i > m
+    moved = tl.gather(below, tl.maximum(rows - 1, 0), 0)  # l = m + 1: a move, no sum
+    return tl.where(rows > 0, moved, 0.0)
 
 
 @triton.jit
@@ -930,12 +934,10 @@ def _tl_gate_grads(from_pairs, starts, ends, whole, rows):
     [BT], Gamma's part (_tl_pair_grads); starts [BT] for exp(b_i), holding g_l for l <= i;
     ends [BT] for exp(b_C - b_j), holding g_l for j < l; whole, a scalar, for exp(b_C),
     holding every g_l. Each is a sum of the contributions themselves, so a hard reset (every
-    factor holding it 0) gets exactly 0."""
-    causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i
-    before = rows[:, None] < rows[None, :]  # [j, l]: j < l
-    dg = from_pairs + tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
-    dg += tl.sum(tl.where(before, ends[:, None], 0.0), axis=0)
-    return dg + whole
+    factor holding it 0) gets exactly 0: the sums over i >= l and j < l are scans of [BT]
+    entries, not masked sums of [BT, BT] tiles."""
+    dg = from_pairs + tl.cumsum(starts, axis=0, reverse=True)  # over i >= l
+    return dg + _tl_scan_before(ends, 0, False) + whole  # over j < l
 
 
 @triton.jit
@@ -973,6 +975,21 @@ def _tl_chunk_decays(g, rows):
     gamma = tl.exp(tl.where(rows[:, None] >= rows[None, :], pairs, 0.0))
     from_start = tl.exp(tl.cumsum(g, axis=0))[:, None]
     return gamma, from_start, tl.exp(to_end)[:, None], tl.exp(tl.sum(g, axis=0))
+
+
+@triton.jit
+def _tl_add_before(a_sum, a_before, b_sum, b_before):
+    """The combination of a scan that carries (the sum up to an entry, the sum before it): a
+    comes first in the scan's order. Every sum is one of the entries themselves."""
+    return a_sum + b_sum, a_sum + b_before
+
+
+@triton.jit
+def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
+    """The exclusive running sums of x along axis: each entry's the sum of those before it (or,
+    REVERSE, after it), its own left out; a sum of those entries, never a difference."""
+    _, before = tl.associative_scan((x, tl.zeros_like(x)), axis, _tl_add_before, reverse=REVERSE)
+    return before
 
 
 @triton.jit
@@ -1043,6 +1060,25 @@ def _tl_scalar_decay_fwd(
 
 
 @triton.jit
+def _tl_split_dot(a, b, DOT: tl.constexpr):
+    """a @ b for an a exact in DOT's 16-bit dtype (a 16-bit input) and a float32 b, at about
+    float32's accuracy: for bfloat16 operands b is the sum of two bfloat16 parts (16 bits of its
+    mantissa), two products on the tensor cores, emulated as such under the interpreter; for
+    the others as _tl_wide_dot."""
+    if DOT == "bf16":
+        high = b.to(tl.bfloat16)
+        low = (b - high.to(tl.float32)).to(tl.bfloat16)
+        product = tl.dot(a.to(tl.bfloat16), high, out_dtype=tl.float32)
+        product = tl.dot(a.to(tl.bfloat16), low, acc=product, out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        high = _tl_round_bf16(b)
+        product = _tl_dot(a, high, DOT) + _tl_dot(a, b - high, DOT)
+    else:
+        product = _tl_wide_dot(a, b, DOT)
+    return product
+
+
+@triton.jit
 def _tl_scalar_decay_chunk_grad(
     q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
@@ -1057,39 +1093,46 @@ def _tl_scalar_decay_chunk_grad(
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     # the decays scale the rows of the products, not the [BT, BK] queries and keys (fewer
     # registers, the same sums), and the [BT, BT] tiles are used up before the state's products
-    d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
     probs = _tl_dot(q_c, tl.trans(k_c), DOT)
+    d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
     dg_c = tl.zeros((BT,), dtype=state.dtype)
     if HAS_G:
         gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
         probs = tl.where(causal, probs * gamma, 0.0)
-        d_scores = tl.where(causal, d_probs * gamma, 0.0)
         if GATE_GRAD:  # g_l is in Gamma_ij for j < l <= i
             dg_c = _tl_pair_grads(d_probs * probs, rows)
+        d_probs = d_probs * gamma
     else:
         probs = tl.where(causal, probs, 0.0)
-        d_scores = tl.where(causal, d_probs, 0.0)
     dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
+    d_scores = tl.where(causal, d_probs, 0.0)
     dq_c = _tl_dot(d_scores, k_c, DOT)
     dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT)
-    if GATE_GRAD:  # the gate's gradient sums q . (dO S^T) against terms it cancels (a state
-        # carried from far back, tiny keys): at float32's accuracy (_tl_wide_dot), or Mamba-2's
-        # gradient of dt erred 4.1e-3 against a bound of 1.7e-3 (4.2e-4 so)
-        from_q = _tl_wide_dot(do_c, tl.trans(state), DOT)  # dO S^T
+    sixteen: tl.constexpr = DOT == "bf16" or DOT == "bf16 emulated"  # 16-bit operands
+    if GATE_GRAD and not sixteen:  # dO S^T at float32's accuracy (below)
+        from_q = _tl_wide_dot(do_c, tl.trans(state), DOT)
     else:
         from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
     from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # V D^T
     to_state = _tl_dot(k_c, d_state, DOT)  # K D
     do_start = do_c
     if HAS_G:
-        from_q, do_start = from_q * from_start, do_c * from_start
-        from_k, to_state = from_k * to_end, to_state * to_end
         if GATE_GRAD:
-            # and in exp(b_i) for l <= i, in exp(b_C - b_j) for j < l, in exp(b_C) for every l
-            starts = tl.sum(q_c * from_q, axis=1)
-            ends = tl.sum(k_c * from_k, axis=1)
+            # and in exp(b_i) for l <= i (q_i . (dO S^T)_i, which sums against terms it
+            # cancels: at float32's accuracy, else Mamba-2's dt fails the bfloat16 fuzz;
+            # 16-bit: as dO_i . (Q S)_i, S in two bfloat16 parts, fewer registers), in
+            # exp(b_C - b_j) for j < l (k_j . (V D^T)_j = v_j . (K D)_j), in exp(b_C) for all l
+            if sixteen:
+                from_state = _tl_split_dot(q_c, state, DOT)  # Q S
+                starts = tl.sum(do_c * from_state, axis=1)
+            else:
+                starts = tl.sum(q_c * from_q, axis=1)
+            starts = starts * tl.reshape(from_start, (BT,))
+            ends = tl.sum(v_c * to_state, axis=1) * tl.reshape(to_end, (BT,))
             whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
             dg_c = _tl_gate_grads(dg_c, starts, ends, whole, rows)
+        from_q, do_start = from_q * from_start, do_c * from_start
+        from_k, to_state = from_k * to_end, to_state * to_end
         d_state = d_state * chunk_decay
     dv_c += to_state
     dq_c += from_q

@@ -1291,7 +1291,7 @@ def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.const
         q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
         k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
         corner = _tl_dot(q_l, tl.trans(k_l), DOT)
-        scores += tl.where(_tl_pairs(rows, 2**level), corner, 0.0)
+        scores = tl.where(_tl_pairs(rows, 2**level), corner, scores)  # its pairs only
     return scores
 
 
@@ -1301,24 +1301,30 @@ def _tl_diagonal_chunk(
     k_c,
     v_c,
     g_c,
-    poison,
+    gate_poison,
     state,
     rows,
     LEVELS: tl.constexpr,
     BT: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """One chunk of the forward, from its queries, keys, finite values, log-gates g_c [BT, BK]
-    (zeros without a gate), the poison of its tokens and the state S entering it: (its outputs
-    O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V),
-    the poison reaching the outputs from its token on and the state."""
+    """One chunk of the forward, from its queries, keys, values, log-gates g_c [BT, BK] (zeros
+    without a gate), the poison of its tokens' gates [BT] and the state S entering it: (its
+    outputs O = A V + (Q ⊙ exp(b)) S, the state leaving it diag(exp(b_C)) S + (K ⊙ exp(b_C -
+    b))^T V), the products over the finite values, the poison reaching the outputs from its
+    token on and the state. The values' poison is made again from v_c at the end, not held
+    through the chunk's products (a [BT, BV] float32 tile: the registers a program runs short
+    of on sm_90)."""
     scores = _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT)
     from_start, to_end = _tl_run_sums(g_c, rows, BT)
-    out = _tl_dot(scores.to(v_c.dtype), v_c, DOT)
+    finite, _ = _tl_finite(v_c)
+    out = _tl_dot(scores.to(v_c.dtype), finite, DOT)
     out += _tl_dot(q_c * tl.exp(from_start), state.to(q_c.dtype), DOT)
-    out += tl.cumsum(poison, axis=0)
     state = state * tl.exp(tl.sum(g_c, axis=0))[:, None]
-    state += _tl_dot(tl.trans(k_c * tl.exp(to_end)), v_c, DOT)
+    state += _tl_dot(tl.trans(k_c * tl.exp(to_end)), finite, DOT)
+    _, poison = _tl_finite(v_c)
+    poison += gate_poison[:, None]
+    out += tl.cumsum(poison, axis=0)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -1354,15 +1360,16 @@ def _tl_diagonal_fwd(
         v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
         if KEEP:
             _tl_store_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v, state)
-        v_c, poison = _tl_finite(v_c)  # and a gate that is not finite poisons its whole row
-        if HAS_G:
+        if HAS_G:  # a gate that is not finite poisons its whole row
             g_c, gate_poison = _tl_diagonal_gates(
                 g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k
             )
-            poison += gate_poison[:, None]
         else:
             g_c = tl.zeros((BT, BK), dtype=state.dtype)
-        out, state = _tl_diagonal_chunk(q_c, k_c, v_c, g_c, poison, state, rows, LEVELS, BT, DOT)
+            gate_poison = tl.zeros((BT,), dtype=state.dtype)
+        out, state = _tl_diagonal_chunk(
+            q_c, k_c, v_c, g_c, gate_poison, state, rows, LEVELS, BT, DOT
+        )
         _tl_put_rows(o, so_b, so_h, so_t, so_d, part, i_h, t, cols_v, at_v, out)
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
@@ -1378,7 +1385,11 @@ def _tl_diagonal_scores_grad(
     GATE_GRAD)."""
     same = rows[:, None] == rows[None, :]
     d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
+    # dA and A as the products take them, rounded once (16-bit tiles: half the registers);
+    # each level writes A's entries on its own pairs, disjoint from the others'
+    d_scores = _tl_operand(d_scores, DOT)
     scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)
+    scores = _tl_operand(scores, DOT)
     dq_c, dk_c = d_same * k_c, d_same * q_c
     dg_c = tl.zeros_like(g_c)
     for level in tl.static_range(LEVELS):
@@ -1386,7 +1397,8 @@ def _tl_diagonal_scores_grad(
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
         q_l, k_l = q_c * left_decay, k_c * right_decay
         pairs = _tl_pairs(rows, 2**level)
-        scores += tl.where(pairs, _tl_dot(q_l, tl.trans(k_l), DOT), 0.0)
+        corner = _tl_operand(_tl_dot(q_l, tl.trans(k_l), DOT), DOT)
+        scores = tl.where(pairs, corner, scores)
         d_corner = tl.where(pairs, d_scores, 0.0)
         d_q_l = _tl_dot(d_corner, k_l, DOT)  # for the decayed queries
         d_k_l = _tl_dot(tl.trans(d_corner), q_l, DOT)  # and keys
