@@ -409,10 +409,15 @@ def _turned_seq(forms: SequenceForms, e: Expr, packed: str) -> str | None:
     if not isinstance(e, ir.Call) or e.func != "rotate_interleaved":
         return None
     x, theta = e.args
-    d = forms.typer.shape_of(x)[0]
+    shape = forms.typer.shape_of
+    d = shape(x)[0]
     turning = ir.Call(TURNING, (theta, ir.Number(d) if d.isdigit() else ir.Name(d)))
     turn = forms.seq_expr()._emit(turning)[0]
-    return f"_seq_turned({forms.tensor(x)}, {turn}, _sizes{packed})"
+    plus = ""
+    if isinstance(x, ir.Binary) and x.op == "+" and shape(x.left) == shape(x.right) == shape(x):
+        # a vector and its bias: added as the kernel copies each span (as _rotated adds them)
+        x, plus = x.left, f", plus={forms.tensor(x.right)}"
+    return f"_seq_turned({forms.tensor(x)}, {turn}, _sizes{packed}{plus})"
 
 
 def rounded_kernels(program: Program, operands: Collection[str]) -> set[str]:

@@ -1008,6 +1008,31 @@ def _lagged_start(state, key, value, scale):
     return state + (scale[:, :, :1, None] * key) @ value.mT
 
 
+def _tokenwise(fn, *xs):
+    """fn(*xs), fn computed token by token (from each token's entries alone) in the mixers'
+    layout: xs of 5 axes [B, T, NH, rows, cols] have the tokens on axis 1 (or 1 entry there,
+    the same at every token), the others (parameters) are the same at every token, and so is
+    fn's result laid out. Where nothing records it (no gradient, no compiler), computed a slice
+    of tokens at a time: its temporaries (a sum of a vector and its bias) are then cache-sized,
+    in memory the C allocator recycles, where over the whole sequence each is a fresh tensor of
+    its size (on CPU its pages cost more than the pass that fills them). The same values."""
+    seqs = [x for x in xs if isinstance(x, torch.Tensor) and x.dim() == 5 and x.shape[1] > 1]
+    tracked = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in xs
+    )
+    if not seqs or tracked or torch.compiler.is_compiling():
+        return fn(*xs)
+    length = seqs[0].shape[1]
+    step = max(1, (1 << 17) // max(x[:, :1].numel() for x in seqs))  # 512 KiB of float32
+    if length <= step:
+        return fn(*xs)
+
+    def part(x, s):
+        return x[:, s : s + step] if any(x is y for y in seqs) else x
+
+    return torch.cat([fn(*(part(x, s) for x in xs)) for s in range(0, length, step)], 1)
+
+
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
@@ -1459,7 +1484,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_12264878b85e5c0f", globals())
+_operator_spans = _register_spans("mixc_75c913de4293e8c6", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
