@@ -1085,7 +1085,8 @@ def _angle_sums(v, initial, cu_seqlens=None):
         first = initial[:, None].expand(full[0], 1, *full[2:])
         sums = torch.cat([first, v], 1)
         sums = sums.cumsum(1) if sums.requires_grad else sums.cumsum_(1)
-        return sums[:, :-1], sums[:, 1:], sums[:, -1]
+        # the final states a copy: a view would hold the whole sum until the caller let go
+        return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
     # summed with time last, along unit strides, then viewed back
     sums = v.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1)
     sums = torch.cat([sums.new_zeros(1, 1, *sums.shape[2:]), sums], 1)[0]  # before token t
@@ -1845,8 +1846,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_725efb7cc41930c7", globals())
-_operator_rotations = _register_rotations("mixc_725efb7cc41930c7", globals())
+_operator_spans = _register_spans("mixc_ce212ceb4b032cac", globals())
+_operator_rotations = _register_rotations("mixc_ce212ceb4b032cac", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1977,6 +1978,7 @@ def chunk(
     _g_H = _seq_scalar(-A * dt, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_turned(C_bias, _turn__r1_N, _sizes, cu_seqlens, plus=C)
+    del _c_H, _cnext_H, _lam, _read2_Th, _read_Th, _turn__r1_N, _v_Th
     _o, _S = _chunk_scalar_decay(
         _q,
         _k_H,
@@ -1987,6 +1989,7 @@ def chunk(
         initial_state=_S0_H,
         chunk_size=chunk_size,
     )
+    del _S0_H, _g_H, _k_H, _q, _v_H
     # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
     _o = _torch.addcmul(
         _o,

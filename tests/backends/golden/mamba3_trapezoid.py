@@ -1579,6 +1579,7 @@ def chunk(
     _g_H = _seq_scalar(dt * A, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_vector(C, _sizes, cu_seqlens)
+    del _c_H, _cnext_H, _lam
     _o, _S = _chunk_scalar_decay(
         _q,
         _k_H,
@@ -1589,6 +1590,7 @@ def chunk(
         initial_state=_S0_H,
         chunk_size=chunk_size,
     )
+    del _S0_H, _g_H, _k_H, _q, _v_H
     # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
     _o = _torch.addcmul(
         _o,

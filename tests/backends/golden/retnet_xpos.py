@@ -1982,7 +1982,9 @@ def chunk(
     _gk_H = _seq_vector(_log_gate(zeta ** 0.001953125) + _log_gate(gamma), _sizes, cu_seqlens)
     _S0_H = H.mT
     _q = _seq_turned(q, _turn, _sizes, cu_seqlens)
+    del _turn
     _o, _S = _chunk_diagonal(_q, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size)
+    del _S0_H, _gk_H, _k_H, _q, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(q_t, pos_t theta)
     H = _S.mT
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t rotate_interleaved(q_t, pos_t theta)

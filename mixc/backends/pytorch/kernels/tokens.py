@@ -162,7 +162,8 @@ def _angle_sums(v, initial, cu_seqlens=None):
         first = initial[:, None].expand(full[0], 1, *full[2:])
         sums = torch.cat([first, v], 1)
         sums = sums.cumsum(1) if sums.requires_grad else sums.cumsum_(1)
-        return sums[:, :-1], sums[:, 1:], sums[:, -1]
+        # the final states a copy: a view would hold the whole sum until the caller let go
+        return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
     # summed with time last, along unit strides, then viewed back
     sums = v.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1)
     sums = torch.cat([sums.new_zeros(1, 1, *sums.shape[2:]), sums], 1)[0]  # before token t
