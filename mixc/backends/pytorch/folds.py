@@ -115,7 +115,8 @@ def fold_correction(
     if _gated(call) and not decayed:
         out(f"_o = _torch.mul(_o, {local('g', g)}.exp()[..., None], {into})")
     d = "" if value.scale is None else f"{local('d', g)} * "
-    scale = f"({d}{seq('scalar', dot)})[..., None]"
+    out(f"{local('kq', g)} = {seq('scalar', dot)}  # k_t . q_t")
+    scale = f"({d}{local('kq', g)})[..., None]"
     shown = "  # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)"
     out(f"_o = _torch.addcmul(_o, {scale}, {local('x', g)}, {into}){shown}")
 

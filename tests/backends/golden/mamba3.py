@@ -1990,13 +1990,14 @@ def chunk(
         chunk_size=chunk_size,
     )
     del _S0_H, _g_H, _k_H, _q, _v_H
-    # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
-    _o = _torch.addcmul(
-        _o,
-        (_d_H * _seq_scalar(_tokenwise(lambda B, B_bias, C, C_bias: (B_bias + B).mT @ (C_bias + C), B, B_bias, C, C_bias), _sizes, cu_seqlens))[..., None],
-        _x_H,
-        out=_spare(_o, _own),
+    # k_t . q_t
+    _kq_H = _seq_scalar(
+        _tokenwise(lambda B, B_bias, C, C_bias: (B_bias + B).mT @ (C_bias + C), B, B_bias, C, C_bias),
+        _sizes,
+        cu_seqlens,
     )
+    # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
+    _o = _torch.addcmul(_o, (_d_H * _kq_H)[..., None], _x_H, out=_spare(_o, _own))
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(C_bias + C_t, _r1)
     H = _S.mT
     y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))

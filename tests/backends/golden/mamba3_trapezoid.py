@@ -1591,13 +1591,9 @@ def chunk(
         chunk_size=chunk_size,
     )
     del _S0_H, _g_H, _k_H, _q, _v_H
+    _kq_H = _seq_scalar(B.mT @ C, _sizes, cu_seqlens)  # k_t . q_t
     # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
-    _o = _torch.addcmul(
-        _o,
-        (_d_H * _seq_scalar(B.mT @ C, _sizes, cu_seqlens))[..., None],
-        _x_H,
-        out=_spare(_o, _own),
-    )
+    _o = _torch.addcmul(_o, (_d_H * _kq_H)[..., None], _x_H, out=_spare(_o, _own))
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
     y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))  # H_t C_t + D x_t
