@@ -5,6 +5,7 @@ recurrent form at T=8192 (chunk size 64 for both; N = P = 64), and how accurate 
 angles stay at T = 10^6 (float32 inputs).
 
     python benchmarks/rotations.py --threads 2
+    python benchmarks/rotations.py --threads 2 --mamba3  # the Mamba-3 rows only
 
 Sizes: B=1, NH=4, d_k=d_v=64, T=4096, float32, CPU, chunk size 64 for both, forward under
 torch.no_grad() (the target's), then with autograd and forward + backward. The two modules are timed in alternation in one process (warm-up, then
@@ -252,11 +253,18 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true", help="the thread's CPU time")
     parser.add_argument("--against", help="another compiled linear_attention_rope module to time")
     parser.add_argument("--speed-only", action="store_true", help="only the RoPE speed table")
+    parser.add_argument(
+        "--mamba3", action="store_true", help="only Mamba-3 against Mamba-2 and its recurrent form"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, B={B} NH={NH} d={D} T={T} fp32")
-    print("| chunk forward | median (quartiles) |\n| --- | --- |")
     CLOCK[0] = time.thread_time if args.cpu_time else time.perf_counter
+    if args.mamba3:
+        print("| Mamba-3 SISO | median |\n| --- | --- |")
+        mamba3(args.calls, args.rounds)
+        return
+    print("| chunk forward | median (quartiles) |\n| --- | --- |")
     speed(args.calls, args.rounds, args.against)
     if args.speed_only:
         return

@@ -184,6 +184,30 @@ def test_float32_with_angles_far_from_zero(module):
     assert _rel(reference(*args.values(), start=rounded)[0], want) > 1e-3
 
 
+def test_without_autograd_biases_added_in_the_kernel_and_dot_in_slices(module):
+    """Without autograd the chunked form adds B's and C's biases as the kernel copies each
+    span (a _Turned with its bias; 300 tokens, the last chunk padded) and sums k_t . q_t's
+    vectors and biases a slice of tokens at a time (_tokenwise: 256 tokens a slice here): what
+    the reference gives, and the slices did run (the function called more than once)."""
+    args = _inputs(Bt=2, T=300, NH=4, P=4, N=64, R=8, seed=5)
+    want, finals = reference(*args.values())
+    calls = []
+    tokenwise = module._tokenwise
+
+    def counted(fn, *xs):
+        return tokenwise(lambda *a: calls.append(1) or fn(*a), *xs)
+
+    module._tokenwise = counted
+    try:
+        with torch.no_grad():
+            y, got = module.chunk(*args.values(), output_final_state=True, chunk_size=16)
+    finally:
+        module._tokenwise = tokenwise
+    assert len(calls) > 1
+    assert _rel(y, want) < 1e-12
+    assert all(_rel(a, b) < 1e-12 for a, b in zip(got, finals))
+
+
 #: Each a plausible slip in writing Mamba-3, which the reference tells apart.
 MUTANTS = {
     "the turn on C only": (

@@ -115,7 +115,8 @@ def fold_correction(
     if _gated(call) and not decayed:
         out(f"_o = _torch.mul(_o, {local('g', g)}.exp()[..., None], {into})")
     d = "" if value.scale is None else f"{local('d', g)} * "
-    scale = f"({d}{seq('scalar', dot)})[..., None]"
+    out(f"{local('kq', g)} = {seq('scalar', dot)}  # k_t . q_t")
+    scale = f"({d}{local('kq', g)})[..., None]"
     shown = "  # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)"
     out(f"_o = _torch.addcmul(_o, {scale}, {local('x', g)}, {into}){shown}")
 
@@ -134,7 +135,23 @@ def _dot(forms, key: Expr, query: Expr) -> str:
     if same:
         key, query = key.args[0], query.args[0]
     # one matmul a token (k^T q, [.., 1, 1]): no product of the sequence's size to sum
-    return forms.seq_expr()(ir.Binary(".", key, query))
+    dot = ir.Binary(".", key, query)
+    e = forms.seq_expr()
+    if any(isinstance(n, ir.Call) for n in walk(dot)) or not _sums(dot):
+        return e(dot)
+    # a vector plus its bias (or any sum): summed and multiplied a slice of tokens at a time,
+    # the sums no tensors of the sequence's size (`_tokenwise`); the names read are the
+    # function's arguments, its text emitted without the point's shared subexpressions
+    bare = PyExpr(forms.typer, e.names, e.functions, None, e.compact_angles)
+    names = sorted({bare(n) for n in walk(dot) if isinstance(n, ir.Name | Timed)} - {""})
+    names = [n for n in names if n.isidentifier()]  # not a size, read as a number
+    args = ", ".join(names)
+    return f"_tokenwise(lambda {args}: {bare(dot)}, {args})"
+
+
+def _sums(e: Expr) -> bool:
+    """Whether e adds or subtracts anywhere (what _tokenwise would spare a whole tensor of)."""
+    return any(isinstance(n, ir.Binary) and n.op in "+-" for n in walk(e))
 
 
 def shifted(form: SequenceForm) -> set[str]:

@@ -234,6 +234,7 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
             folded = any(c.lag is not None for c in self.program.calls)
             shifts += ["_next_tokens", "_lagged_start"] if folded and not previous else []
             shifts += ["_lagged_start"] if folded and previous else []
+            shifts += ["_tokenwise"] if folded else []
             backward = any(q.previous for c in moved if c.reverse for q in c.queries)
             shifts += ["_final_tokens"] if backward else []
             text = self.library.source(self.kernels + shifts + helpers)

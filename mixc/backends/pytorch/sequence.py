@@ -19,6 +19,7 @@ from mixc.backends.pytorch.folds import (
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.names import local, note, tuple_text
 from mixc.backends.pytorch.pyexpr import TURNING
+from mixc.backends.pytorch.release import release_kernel_inputs
 from mixc.frontend import ir
 from mixc.frontend.ir import Binary, Expr
 from mixc.lowering.program import Call, Program, QueryRead, SequenceForm, Step, SummaryCall
@@ -29,6 +30,7 @@ class SequenceForms(Context):
 
     def emit_chunk(self, out: Lines, form: SequenceForm) -> None:
         options = ("initial_state=None", "output_final_state=False", "chunk_size=CHUNK_SIZE")
+        start = len(out.lines)
         out(f"def chunk({self.signature(*options, 'cu_seqlens=None')}):", 0)
         self.docstring(out, "chunk")
         out("_check_chunk_size(chunk_size)")
@@ -47,11 +49,13 @@ class SequenceForms(Context):
             out(f"pos, _pos = _positions(_pos, _sizes, _device, cu_seqlens){shown}")
         if in_place(self, form):
             out(owned_writes(self, form))
+        calls = len(out.lines)
         with self.point(out, 1):
             for call in form.calls:
                 self.emit_call(out, call, packed=True)
             y = self.emit_output(out, form)
         self.finish(out, y, self.final_states(lagged="last"), optional=True)
+        release_kernel_inputs(out.lines, start, calls, self.kernels)
         out("", 0)
         out("", 0)
 
@@ -409,10 +413,15 @@ def _turned_seq(forms: SequenceForms, e: Expr, packed: str) -> str | None:
     if not isinstance(e, ir.Call) or e.func != "rotate_interleaved":
         return None
     x, theta = e.args
-    d = forms.typer.shape_of(x)[0]
+    shape = forms.typer.shape_of
+    d = shape(x)[0]
     turning = ir.Call(TURNING, (theta, ir.Number(d) if d.isdigit() else ir.Name(d)))
     turn = forms.seq_expr()._emit(turning)[0]
-    return f"_seq_turned({forms.tensor(x)}, {turn}, _sizes{packed})"
+    plus = ""
+    if isinstance(x, ir.Binary) and x.op == "+" and shape(x.left) == shape(x.right) == shape(x):
+        # a vector and its bias: added as the kernel copies each span (as _rotated adds them)
+        x, plus = x.left, f", plus={forms.tensor(x.right)}"
+    return f"_seq_turned({forms.tensor(x)}, {turn}, _sizes{packed}{plus})"
 
 
 def rounded_kernels(program: Program, operands: Collection[str]) -> set[str]:

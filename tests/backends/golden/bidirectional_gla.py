@@ -1681,6 +1681,7 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _o, _S = _chunk_diagonal(_q, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size)
+    del _S0_H, _gk_H, _k_H, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     # G: diagonal key-side -> chunk_diagonal, on the time-reversed sequence
@@ -1693,6 +1694,7 @@ def chunk(
     _o, _S = _chunk_diagonal(
         _q_next, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size
     )
+    del _gk_G, _k_G, _q_next, _v_G
     # S_{t-1} q_t, back in time order
     _o = _previous_tokens(_o, _final_tokens(_q, cu_seqlens) @ _S0_G, True, cu_seqlens)
     _read_G = _from_seq(_o, cu_seqlens)  # G_{t+1} q_t

@@ -1538,7 +1538,9 @@ def chunk(
     _beta_H = _seq_scalar(_scaled_beta, _sizes, cu_seqlens)  # 2 beta_t
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
+    del _scaled_beta
     _o, _S = _chunk_delta(_q, _k_H, _v_H, beta=_beta_H, initial_state=_S0_H, chunk_size=chunk_size)
+    del _S0_H, _beta_H, _k_H, _q, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t

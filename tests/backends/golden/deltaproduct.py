@@ -1573,7 +1573,9 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
     _q = _sub_tokens([_torch.zeros_like(_q), _q])
+    del _beta1_H, _beta2_H, _k1_H, _k2_H, _scaled_b1, _scaled_b2, _v1_H, _v2_H
     _o, _S = _chunk_delta(_q, _k_H, _v_H, beta=_beta_H, initial_state=_S0_H, chunk_size=chunk_size)
+    del _S0_H, _beta_H, _k_H, _v_H
     _o = _o[:, :, 1::2]  # each token's last sub-token
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT

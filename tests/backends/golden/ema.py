@@ -1435,6 +1435,7 @@ def chunk(
     _S0_m = m.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_m, _v_m, g=_g_m, initial_state=_S0_m, chunk_size=chunk_size)
+    del _S0_m, _g_m, _k_m, _q, _v_m
     _read_m = _from_seq(_o, cu_seqlens)  # m_t 1
     m = _S.mT
     y = _read_m.squeeze(-1).to(_out_dtype)  # y_t = m_t

@@ -1632,6 +1632,7 @@ def chunk(
     _o, _S = _chunk_diagonal(
         _q, _k_Ks, _v_Ks, gv=_gv_Ks, initial_state=_S0_Ks, chunk_size=chunk_size
     )
+    del _S0_Ks, _gv_Ks, _k_Ks, _v_Ks
     _read_Ks = _from_seq(_o, cu_seqlens)  # Ks_t l2norm(q_t)
     Ks = _S.mT
     # Vs: diagonal key-side -> chunk_diagonal, reading _read_Ks
@@ -1641,9 +1642,11 @@ def chunk(
     _S0_Vs = Vs.mT
     _exp__r0 = _torch.exp(_read_Ks)
     _q = _seq_vector(_exp__r0, _sizes, cu_seqlens)
+    del _logsigmoid_a, _sigmoid
     _o, _S = _chunk_diagonal(
         _q, _k_Vs, _v_Vs, gk=_gk_Vs, initial_state=_S0_Vs, chunk_size=chunk_size
     )
+    del _S0_Vs, _gk_Vs, _k_Vs, _v_Vs
     _read_Vs = _from_seq(_o, cu_seqlens)  # Vs_t exp(_r0)
     Vs = _S.mT
     # Vs_t p_t

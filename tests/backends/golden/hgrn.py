@@ -1023,6 +1023,7 @@ def chunk(
     _S0_c = c.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
     _o, _S = _chunk_elementwise(_q, _k_c, _v_c, g=_g_c, initial_state=_S0_c, chunk_size=chunk_size)
+    del _S0_c, _g_c, _k_c, _q, _v_c
     _read_c = _from_seq(_o, cu_seqlens)  # c_t 1
     c = _S.mT
     y = _torch.mul(_read_c, o, out=_spare(_read_c, _own))  # o_t * c_t

@@ -1477,6 +1477,7 @@ def chunk(
     _o, _S = _chunk_scalar_decay(
         _q, _k_H, _v_H, g=_g_H, strict=True, initial_state=_S0_H, chunk_size=chunk_size
     )
+    del _S0_H, _g_H, _k_H, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_{t-1} C_t
     H = _S.mT
     # G: scalar data-dependent -> chunk_scalar_decay, backward in time
@@ -1495,6 +1496,7 @@ def chunk(
         initial_state=_S0_G,
         chunk_size=chunk_size,
     )
+    del _S0_G, _g_G, _k_G, _v_G
     _read_G = _from_seq(_o, cu_seqlens)  # G_{t+1} Cb_t
     G = _S.mT
     y = _torch.add(_read_H, _read_G, out=_spare(_read_H, _own))

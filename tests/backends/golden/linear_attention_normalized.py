@@ -1432,7 +1432,9 @@ def chunk(
     _v_H = _seq_vector(_torch.cat([v, _ones], -2), _sizes, cu_seqlens)
     _S0_H = _torch.cat([H.mT, z], -1)
     _q = _seq_vector(_F.elu(q) + 1, _sizes, cu_seqlens)
+    del _ones
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
+    del _S0_H, _k_H, _q, _v_H
     _o_H, _o_z = _o.split([_sizes["V"], 1], -1)
     _read_H = _from_seq(_o_H, cu_seqlens)  # H_t (elu(q_t) + 1)
     _read_z = _from_seq(_o_z, cu_seqlens)  # z_t . (elu(q_t) + 1)

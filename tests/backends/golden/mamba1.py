@@ -1046,6 +1046,7 @@ def chunk(
     _o, _S = _chunk_elementwise(
         _q, _k_H, _v_H, g=_g_H, g_scale=_gscale_H, initial_state=_S0_H, chunk_size=chunk_size
     )
+    del _S0_H, _g_H, _gscale_H, _k_H, _q, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
     y = _torch.addcmul(_read_H, x, D, out=_spare(_read_H, _own))  # H_t C_t + D * x_t

@@ -1442,6 +1442,7 @@ def chunk(
     _S0_H = H.mT
     _q = _seq_vector(C, _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, g=_g_H, initial_state=_S0_H, chunk_size=chunk_size)
+    del _S0_H, _g_H, _k_H, _q, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
     y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))  # H_t C_t + D x_t

@@ -1045,6 +1045,31 @@ def _lagged_start(state, key, value, scale):
     return state + (scale[:, :, :1, None] * key) @ value.mT
 
 
+def _tokenwise(fn, *xs):
+    """fn(*xs), fn computed token by token (from each token's entries alone) in the mixers'
+    layout: xs of 5 axes [B, T, NH, rows, cols] have the tokens on axis 1 (or 1 entry there,
+    the same at every token), the others (parameters) are the same at every token, and so is
+    fn's result laid out. Where nothing records it (no gradient, no compiler), computed a slice
+    of tokens at a time: its temporaries (a sum of a vector and its bias) are then cache-sized,
+    in memory the C allocator recycles, where over the whole sequence each is a fresh tensor of
+    its size (on CPU its pages cost more than the pass that fills them). The same values."""
+    seqs = [x for x in xs if isinstance(x, torch.Tensor) and x.dim() == 5 and x.shape[1] > 1]
+    tracked = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in xs
+    )
+    if not seqs or tracked or torch.compiler.is_compiling():
+        return fn(*xs)
+    length = seqs[0].shape[1]
+    step = max(1, (1 << 17) // max(x[:, :1].numel() for x in seqs))  # 512 KiB of float32
+    if length <= step:
+        return fn(*xs)
+
+    def part(x, s):
+        return x[:, s : s + step] if any(x is y for y in seqs) else x
+
+    return torch.cat([fn(*(part(x, s) for x in xs)) for s in range(0, length, step)], 1)
+
+
 def _angle_sums(v, initial, cu_seqlens=None):
     """A state of angles summed over time, S_t = S_{t-1} + v_t, in float64 (a float32 sum of
     10^6 angles is off by about 10^6 of its ulps): v [B, T, NH, ...] the angles added at each
@@ -1060,7 +1085,8 @@ def _angle_sums(v, initial, cu_seqlens=None):
         first = initial[:, None].expand(full[0], 1, *full[2:])
         sums = torch.cat([first, v], 1)
         sums = sums.cumsum(1) if sums.requires_grad else sums.cumsum_(1)
-        return sums[:, :-1], sums[:, 1:], sums[:, -1]
+        # the final states a copy: a view would hold the whole sum until the caller let go
+        return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
     # summed with time last, along unit strides, then viewed back
     sums = v.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1)
     sums = torch.cat([sums.new_zeros(1, 1, *sums.shape[2:]), sums], 1)[0]  # before token t
@@ -1590,15 +1616,18 @@ class _Turned:
     query or key (RoPE) comes so outside torch.compile, for whole sequences, and where its turn
     takes no gradient (_seq_turned); the spans read its sizes, dtype and device, and slice it
     along time. Under autograd a kernel with its own backward takes x as its input and turns x's
-    gradient back (`back`); the others turn it in the chunks they track."""
+    gradient back (`back`); the others turn it in the chunks they track. `plus` (None, or a
+    tensor of x's shape that takes no gradient, a bias): x + plus is turned, the sum written as
+    each span is copied, not as a tensor of the whole sequence."""
 
-    def __init__(self, x, turn):
-        self.x, self.turn = x, turn
+    def __init__(self, x, turn, plus=None):
+        self.x, self.turn, self.plus = x, turn, plus
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.requires_grad = x.requires_grad
 
     def __getitem__(self, index):
-        return _Turned(self.x[index], self.turn[index])
+        plus = None if self.plus is None else self.plus[index]
+        return _Turned(self.x[index], self.turn[index], plus)
 
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
@@ -1621,20 +1650,27 @@ class _Turned:
         return out
 
     def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x turned: each pair of x, read in x's layout, times its turn,
-        written into a fresh buffer in the chunk layout (one pass, the copy the chunk layout
-        needs anyway); exactly the values of turning x, then splitting it."""
-        data, turn = self.x, self.turn
+        """_split_chunks of x (plus `plus`) turned: x copied into a fresh buffer in the chunk
+        layout (the copy the chunk layout needs anyway; the sum with `plus` written there),
+        whose pairs are then turned in place, while the span is in cache (whole rows copied,
+        then one product: cheaper on CPU than writing the turned pairs and the rest apart);
+        exactly the values of turning x, then splitting it."""
+        data, turn, plus = self.x, self.turn, self.plus
         if n_pad:
             data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
             turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
+            plus = None if plus is None else torch.nn.functional.pad(plus, [0, 0, 0, n_pad])
         batch, heads, length, d = data.shape
 
         def chunked(t):  # [B, NH, T, ...] -> a chunk-major view [N, B, NH, C, ...]
             return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
 
         out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
-        return self._pairs(chunked(data), chunked(turn), out=out)
+        if plus is None:
+            out.copy_(chunked(data))
+        else:
+            torch.add(chunked(data), chunked(plus), out=out)
+        return self._pairs(out, chunked(turn))
 
     def back(self, grad):
         """The gradient of x from grad [B, NH, T, d], that of x turned: its pairs turned back
@@ -1651,19 +1687,24 @@ def _complex_pairs(x, n):
     return torch.view_as_complex(pairs)
 
 
-def _seq_turned(x, turning, sizes, cu_seqlens=None):
-    """_seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens): a rotated query or key
-    of a chunked kernel. Outside torch.compile, for whole sequences and a turn that takes no
-    gradient, a _Turned, which the kernel turns as it copies each span into its chunk layout:
-    no pass of its own and no tensor of the whole sequence (on CPU that pass and its fresh
-    memory cost as much as the kernel's copies of q and k). Elsewhere turned first, as an
-    expression is."""
+def _seq_turned(x, turning, sizes, cu_seqlens=None, plus=None):
+    """_seq_vector(_rotate_interleaved(x + plus, turning), sizes, cu_seqlens) (plus None: of
+    x): a rotated query or key of a chunked kernel. Outside torch.compile, for whole sequences
+    and a turn that takes no gradient, a _Turned, which the kernel turns as it copies each span
+    into its chunk layout: no pass of its own and no tensor of the whole sequence (on CPU that
+    pass and its fresh memory cost as much as the kernel's copies of q and k); with nothing
+    that takes a gradient, the sum with `plus` (a bias) is written there too. Elsewhere turned
+    first, as an expression is."""
     if torch.compiler.is_compiling() or cu_seqlens is not None:
-        return _seq_vector(_rotated(_rotate_interleaved, x, turning), sizes, cu_seqlens)  # noqa: F821
-    if torch.is_grad_enabled() and turning.requires_grad:
+        return _seq_vector(_rotated(_rotate_interleaved, x, turning, plus), sizes, cu_seqlens)  # noqa: F821
+    tracked = _needs_grad(x, turning, plus)  # noqa: F821
+    if plus is not None and tracked:
+        x, plus = x + plus, None
+    if tracked and turning.requires_grad:
         return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
     lead = (sizes["B"], sizes["T"], sizes["NH"], turning.shape[-1])
-    return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+    plus = None if plus is None else _seq_vector(plus, sizes)  # noqa: F821
+    return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2), plus)  # noqa: F821
 
 
 class _Angles:
@@ -1874,8 +1915,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_a03f22b30c666d96", globals())
-_operator_rotations = _register_rotations("mixc_a03f22b30c666d96", globals())
+_operator_spans = _register_spans("mixc_b2911a7965baca0b", globals())
+_operator_rotations = _register_rotations("mixc_b2911a7965baca0b", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1999,15 +2040,14 @@ def chunk(
     _c_H = _seq_scalar(_torch.addcmul(dt, dt, _lam, value=-1), _sizes, cu_seqlens)
     _cnext_H = _next_tokens(_c_H)  # c_{t+1}, 0 at each sequence's last token
     _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    _sum_B_bias_B = B_bias + B
-    _k_H = _seq_turned(_sum_B_bias_B, _turn__r1_N, _sizes, cu_seqlens)
+    _k_H = _seq_turned(B_bias, _turn__r1_N, _sizes, cu_seqlens, plus=B)
     _x_H = _seq_vector(x, _sizes, cu_seqlens)
     _d_H = _seq_scalar(dt * _lam, _sizes, cu_seqlens)  # dt_t sigmoid(l_t)
     _v_H = (_d_H + _cnext_H)[..., None] * _x_H  # (dt_t sigmoid(l_t) + c_{t+1}) x_t
     _g_H = _seq_scalar(-A * dt, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
-    _sum_C_bias_C = C_bias + C
-    _q = _seq_turned(_sum_C_bias_C, _turn__r1_N, _sizes, cu_seqlens)
+    _q = _seq_turned(C_bias, _turn__r1_N, _sizes, cu_seqlens, plus=C)
+    del _c_H, _cnext_H, _lam, _read2_Th, _read_Th, _turn__r1_N, _v_Th
     _o, _S = _chunk_scalar_decay(
         _q,
         _k_H,
@@ -2018,13 +2058,15 @@ def chunk(
         initial_state=_S0_H,
         chunk_size=chunk_size,
     )
-    # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
-    _o = _torch.addcmul(
-        _o,
-        (_d_H * _seq_scalar(_sum_B_bias_B.mT @ _sum_C_bias_C, _sizes, cu_seqlens))[..., None],
-        _x_H,
-        out=_spare(_o, _own),
+    del _S0_H, _g_H, _k_H, _q, _v_H
+    # k_t . q_t
+    _kq_H = _seq_scalar(
+        _tokenwise(lambda B, B_bias, C, C_bias: (B_bias + B).mT @ (C_bias + C), B, B_bias, C, C_bias),
+        _sizes,
+        cu_seqlens,
     )
+    # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
+    _o = _torch.addcmul(_o, (_d_H * _kq_H)[..., None], _x_H, out=_spare(_o, _own))
     _read_H = _from_seq(_o, cu_seqlens)  # H_t rotate_interleaved(C_bias + C_t, _r1)
     H = _S.mT
     y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))

@@ -1029,7 +1029,8 @@ def _angle_sums(v, initial, cu_seqlens=None):
         first = initial[:, None].expand(full[0], 1, *full[2:])
         sums = torch.cat([first, v], 1)
         sums = sums.cumsum(1) if sums.requires_grad else sums.cumsum_(1)
-        return sums[:, :-1], sums[:, 1:], sums[:, -1]
+        # the final states a copy: a view would hold the whole sum until the caller let go
+        return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
     # summed with time last, along unit strides, then viewed back
     sums = v.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1)
     sums = torch.cat([sums.new_zeros(1, 1, *sums.shape[2:]), sums], 1)[0]  # before token t
@@ -1943,8 +1944,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_25e506b336ec33bd", globals())
-_operator_rotations = _register_rotations("mixc_25e506b336ec33bd", globals())
+_operator_spans = _register_spans("mixc_a3dbcd55c0731eb8", globals())
+_operator_rotations = _register_rotations("mixc_a3dbcd55c0731eb8", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2216,9 +2217,11 @@ def chunk(
     _q1 = _seq_vector(_rotated(_rotate_halves, C1_bias, _turn__r1_N, C1), _sizes, cu_seqlens)
     _q2 = _seq_vector(_rotated(_rotate_halves, C2_bias, _turn__r1_N, C2), _sizes, cu_seqlens)
     # 2 queries of one state, one pass
+    del _difference, _k1_H, _k2_H, _k3_H, _k4_H, _lam, _negated, _product, _product2, _read2_Th, _read_Th, _turn__r0_N, _turn__r1_N, _v1_H, _v2_H, _v3_H, _v4_H, _v_Th
     (_o1, _o2), _S = _chunk_scalar_decay_rank(
         [_q1, _q2], _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
     )
+    del _S0_H, _g1_H, _k_H, _q1, _q2, _v_H
     _read_H = _from_seq(_o1, cu_seqlens)  # H_t rotate_halves(C1_bias + C1_t, _r1)
     H = _S.mT
     _read2_H = _from_seq(_o2, cu_seqlens)  # H_t rotate_halves(C2_bias + C2_t, _r1)

@@ -1008,6 +1008,31 @@ def _lagged_start(state, key, value, scale):
     return state + (scale[:, :, :1, None] * key) @ value.mT
 
 
+def _tokenwise(fn, *xs):
+    """fn(*xs), fn computed token by token (from each token's entries alone) in the mixers'
+    layout: xs of 5 axes [B, T, NH, rows, cols] have the tokens on axis 1 (or 1 entry there,
+    the same at every token), the others (parameters) are the same at every token, and so is
+    fn's result laid out. Where nothing records it (no gradient, no compiler), computed a slice
+    of tokens at a time: its temporaries (a sum of a vector and its bias) are then cache-sized,
+    in memory the C allocator recycles, where over the whole sequence each is a fresh tensor of
+    its size (on CPU its pages cost more than the pass that fills them). The same values."""
+    seqs = [x for x in xs if isinstance(x, torch.Tensor) and x.dim() == 5 and x.shape[1] > 1]
+    tracked = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in xs
+    )
+    if not seqs or tracked or torch.compiler.is_compiling():
+        return fn(*xs)
+    length = seqs[0].shape[1]
+    step = max(1, (1 << 17) // max(x[:, :1].numel() for x in seqs))  # 512 KiB of float32
+    if length <= step:
+        return fn(*xs)
+
+    def part(x, s):
+        return x[:, s : s + step] if any(x is y for y in seqs) else x
+
+    return torch.cat([fn(*(part(x, s) for x in xs)) for s in range(0, length, step)], 1)
+
+
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
@@ -1459,7 +1484,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_12264878b85e5c0f", globals())
+_operator_spans = _register_spans("mixc_75c913de4293e8c6", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1554,6 +1579,7 @@ def chunk(
     _g_H = _seq_scalar(dt * A, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_vector(C, _sizes, cu_seqlens)
+    del _c_H, _cnext_H, _lam
     _o, _S = _chunk_scalar_decay(
         _q,
         _k_H,
@@ -1564,13 +1590,10 @@ def chunk(
         initial_state=_S0_H,
         chunk_size=chunk_size,
     )
+    del _S0_H, _g_H, _k_H, _q, _v_H
+    _kq_H = _seq_scalar(B.mT @ C, _sizes, cu_seqlens)  # k_t . q_t
     # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
-    _o = _torch.addcmul(
-        _o,
-        (_d_H * _seq_scalar(B.mT @ C, _sizes, cu_seqlens))[..., None],
-        _x_H,
-        out=_spare(_o, _own),
-    )
+    _o = _torch.addcmul(_o, (_d_H * _kq_H)[..., None], _x_H, out=_spare(_o, _own))
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t
     H = _S.mT
     y = _torch.addcmul(_read_H, D, x, out=_spare(_read_H, _own))  # H_t C_t + D x_t

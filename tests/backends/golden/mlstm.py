@@ -1665,9 +1665,11 @@ def chunk(
     _s_H = _seq_scalar(i, _sizes, cu_seqlens)  # the write scale exp(i_t), as its log
     _S0_H = _torch.cat([H.mT, n], -1)
     _q = _seq_vector(q, _sizes, cu_seqlens)
+    del _ones
     _o, _m, _S = _chunk_scalar_decay_stable(
         _q, _k_H, _v_H, g=_g_H, log_scale=_s_H, initial_state=_S0_H, chunk_size=chunk_size
     )
+    del _S0_H, _g_H, _k_H, _q, _s_H, _v_H
     _unscale_H = _from_seq(_torch.exp(-_m)[..., None], cu_seqlens)
     _o_H, _o_n = _o.split([_sizes["V"], 1], -1)
     _read_H = _from_seq(_o_H, cu_seqlens)  # H_t q_t

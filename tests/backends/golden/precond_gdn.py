@@ -1945,6 +1945,7 @@ def chunk(
     _S0_A = A.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
     _o, _S = _chunk_scalar_decay(_q, _k_A, _v_A, g=_g_A, initial_state=_S0_A, chunk_size=chunk_size)
+    del _S0_A, _g_A, _k_A, _v_A
     _read_A = _from_seq(_o, cu_seqlens)  # A_t 1
     A = _S.mT
     # H: diagonal plus low rank -> chunk_dplr, reading _read_A
@@ -1968,9 +1969,11 @@ def chunk(
     _gk_H = _seq_vector(g, _sizes, cu_seqlens)  # g_t
     _S0_H = H.mT
     _q = _seq_vector(_l2norm(q), _sizes, cu_seqlens)
+    del _difference, _difference2, _kn_k, _read_A, _sum
     _o, _S = _chunk_dplr(
         _q, _k_H, _v_H, a=_a_H, b=_b_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size
     )
+    del _S0_H, _a_H, _b_H, _gk_H, _k_H, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t l2norm(q_t)
     H = _S.mT
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t kn(q_t)

@@ -1669,6 +1669,7 @@ def chunk(
     _o, _S = _chunk_diagonal(
         _q_next, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size
     )
+    del _gk_H, _k_H, _q_next, _v_H
     _o = _previous_tokens(_o, _q[:, :, :1] @ _S0_H)  # S_{t-1} q_t
     _read_H = _from_seq(_o, cu_seqlens)  # H_{t-1} r_t
     H = _S.mT

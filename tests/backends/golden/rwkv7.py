@@ -1617,6 +1617,7 @@ def chunk(
     _gk_H = _seq_vector(-0.6065306597126334 * _torch.sigmoid(d), _sizes, cu_seqlens)
     _S0_H = H.mT
     _q = _seq_vector(q, _sizes, cu_seqlens)
+    del _kk_kappa
     _o, _S = _chunk_dplr(
         _q,
         _k_H,
@@ -1628,6 +1629,7 @@ def chunk(
         initial_state=_S0_H,
         chunk_size=chunk_size,
     )
+    del _S0_H, _a_H, _b_H, _gk_H, _k_H, _q, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t

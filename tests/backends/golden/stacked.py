@@ -1450,6 +1450,7 @@ def chunk(
     _o, _S = _chunk_scalar_decay(
         _q, _k_H1, _v_H1, g=_g_H1, initial_state=_S0_H1, chunk_size=chunk_size
     )
+    del _S0_H1, _g_H1, _k_H1, _v_H1
     _read_H1 = _from_seq(_o, cu_seqlens)  # H1_t q_t
     H1 = _S.mT
     # H2: identity -> chunk_scalar_decay, reading _read_H1
@@ -1457,7 +1458,9 @@ def chunk(
     _v_H2 = _seq_vector(_read_H1, _sizes, cu_seqlens)
     _S0_H2 = H2.mT
     _q = _seq_vector(q2, _sizes, cu_seqlens)
+    del _read_H1
     _o, _S = _chunk_scalar_decay(_q, _k_H2, _v_H2, initial_state=_S0_H2, chunk_size=chunk_size)
+    del _S0_H2, _k_H2, _v_H2
     _read_H2 = _from_seq(_o, cu_seqlens)  # H2_t q2_t
     H2 = _S.mT
     y = _read_H2.squeeze(-1).to(_out_dtype)  # y_t = H2_t q2_t

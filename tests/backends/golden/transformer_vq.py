@@ -1485,7 +1485,9 @@ def chunk(
         _sizes,
         cu_seqlens,
     )
+    del _ones
     _o, _S = _chunk_scalar_decay(_q, _k_H, _v_H, initial_state=_S0_H, chunk_size=chunk_size)
+    del _S0_H, _k_H, _q, _v_H
     _o_H, _o_n = _o.split([_sizes["V"], 1], -1)
     _read_H = _from_seq(_o_H, cu_seqlens)  # H_t softmax((1 / sqrt(K)) C q_t)
     _read_n = _from_seq(_o_n, cu_seqlens)  # n_t . softmax((1 / sqrt(K)) C q_t)

@@ -218,15 +218,18 @@ class _Turned:
     query or key (RoPE) comes so outside torch.compile, for whole sequences, and where its turn
     takes no gradient (_seq_turned); the spans read its sizes, dtype and device, and slice it
     along time. Under autograd a kernel with its own backward takes x as its input and turns x's
-    gradient back (`back`); the others turn it in the chunks they track."""
+    gradient back (`back`); the others turn it in the chunks they track. `plus` (None, or a
+    tensor of x's shape that takes no gradient, a bias): x + plus is turned, the sum written as
+    each span is copied, not as a tensor of the whole sequence."""
 
-    def __init__(self, x, turn):
-        self.x, self.turn = x, turn
+    def __init__(self, x, turn, plus=None):
+        self.x, self.turn, self.plus = x, turn, plus
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.requires_grad = x.requires_grad
 
     def __getitem__(self, index):
-        return _Turned(self.x[index], self.turn[index])
+        plus = None if self.plus is None else self.plus[index]
+        return _Turned(self.x[index], self.turn[index], plus)
 
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
@@ -249,20 +252,27 @@ class _Turned:
         return out
 
     def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x turned: each pair of x, read in x's layout, times its turn,
-        written into a fresh buffer in the chunk layout (one pass, the copy the chunk layout
-        needs anyway); exactly the values of turning x, then splitting it."""
-        data, turn = self.x, self.turn
+        """_split_chunks of x (plus `plus`) turned: x copied into a fresh buffer in the chunk
+        layout (the copy the chunk layout needs anyway; the sum with `plus` written there),
+        whose pairs are then turned in place, while the span is in cache (whole rows copied,
+        then one product: cheaper on CPU than writing the turned pairs and the rest apart);
+        exactly the values of turning x, then splitting it."""
+        data, turn, plus = self.x, self.turn, self.plus
         if n_pad:
             data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
             turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
+            plus = None if plus is None else torch.nn.functional.pad(plus, [0, 0, 0, n_pad])
         batch, heads, length, d = data.shape
 
         def chunked(t):  # [B, NH, T, ...] -> a chunk-major view [N, B, NH, C, ...]
             return t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
 
         out = data.new_empty(length // chunk_size, batch, heads, chunk_size, d)
-        return self._pairs(chunked(data), chunked(turn), out=out)
+        if plus is None:
+            out.copy_(chunked(data))
+        else:
+            torch.add(chunked(data), chunked(plus), out=out)
+        return self._pairs(out, chunked(turn))
 
     def back(self, grad):
         """The gradient of x from grad [B, NH, T, d], that of x turned: its pairs turned back
@@ -279,19 +289,24 @@ def _complex_pairs(x, n):
     return torch.view_as_complex(pairs)
 
 
-def _seq_turned(x, turning, sizes, cu_seqlens=None):
-    """_seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens): a rotated query or key
-    of a chunked kernel. Outside torch.compile, for whole sequences and a turn that takes no
-    gradient, a _Turned, which the kernel turns as it copies each span into its chunk layout:
-    no pass of its own and no tensor of the whole sequence (on CPU that pass and its fresh
-    memory cost as much as the kernel's copies of q and k). Elsewhere turned first, as an
-    expression is."""
+def _seq_turned(x, turning, sizes, cu_seqlens=None, plus=None):
+    """_seq_vector(_rotate_interleaved(x + plus, turning), sizes, cu_seqlens) (plus None: of
+    x): a rotated query or key of a chunked kernel. Outside torch.compile, for whole sequences
+    and a turn that takes no gradient, a _Turned, which the kernel turns as it copies each span
+    into its chunk layout: no pass of its own and no tensor of the whole sequence (on CPU that
+    pass and its fresh memory cost as much as the kernel's copies of q and k); with nothing
+    that takes a gradient, the sum with `plus` (a bias) is written there too. Elsewhere turned
+    first, as an expression is."""
     if torch.compiler.is_compiling() or cu_seqlens is not None:
-        return _seq_vector(_rotated(_rotate_interleaved, x, turning), sizes, cu_seqlens)  # noqa: F821
-    if torch.is_grad_enabled() and turning.requires_grad:
+        return _seq_vector(_rotated(_rotate_interleaved, x, turning, plus), sizes, cu_seqlens)  # noqa: F821
+    tracked = _needs_grad(x, turning, plus)  # noqa: F821
+    if plus is not None and tracked:
+        x, plus = x + plus, None
+    if tracked and turning.requires_grad:
         return _seq_vector(_rotate_interleaved(x, turning), sizes, cu_seqlens)  # noqa: F821
     lead = (sizes["B"], sizes["T"], sizes["NH"], turning.shape[-1])
-    return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2))  # noqa: F821
+    plus = None if plus is None else _seq_vector(plus, sizes)  # noqa: F821
+    return _Turned(_seq_vector(x, sizes), turning.expand(lead).transpose(1, 2), plus)  # noqa: F821
 
 
 class _Angles:

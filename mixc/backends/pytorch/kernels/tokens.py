@@ -97,6 +97,31 @@ def _lagged_start(state, key, value, scale):
     return state + (scale[:, :, :1, None] * key) @ value.mT
 
 
+def _tokenwise(fn, *xs):
+    """fn(*xs), fn computed token by token (from each token's entries alone) in the mixers'
+    layout: xs of 5 axes [B, T, NH, rows, cols] have the tokens on axis 1 (or 1 entry there,
+    the same at every token), the others (parameters) are the same at every token, and so is
+    fn's result laid out. Where nothing records it (no gradient, no compiler), computed a slice
+    of tokens at a time: its temporaries (a sum of a vector and its bias) are then cache-sized,
+    in memory the C allocator recycles, where over the whole sequence each is a fresh tensor of
+    its size (on CPU its pages cost more than the pass that fills them). The same values."""
+    seqs = [x for x in xs if isinstance(x, torch.Tensor) and x.dim() == 5 and x.shape[1] > 1]
+    tracked = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in xs
+    )
+    if not seqs or tracked or torch.compiler.is_compiling():
+        return fn(*xs)
+    length = seqs[0].shape[1]
+    step = max(1, (1 << 17) // max(x[:, :1].numel() for x in seqs))  # 512 KiB of float32
+    if length <= step:
+        return fn(*xs)
+
+    def part(x, s):
+        return x[:, s : s + step] if any(x is y for y in seqs) else x
+
+    return torch.cat([fn(*(part(x, s) for x in xs)) for s in range(0, length, step)], 1)
+
+
 def _final_tokens(x, cu_seqlens=None):
     """The last token of each sequence of x [B, NH, T, ...] (the kernels' layout; packed:
     [N, NH, longest, ...]) as [.., 1, ...]: the first of the time-reversed sequence (an empty
@@ -137,7 +162,8 @@ def _angle_sums(v, initial, cu_seqlens=None):
         first = initial[:, None].expand(full[0], 1, *full[2:])
         sums = torch.cat([first, v], 1)
         sums = sums.cumsum(1) if sums.requires_grad else sums.cumsum_(1)
-        return sums[:, :-1], sums[:, 1:], sums[:, -1]
+        # the final states a copy: a view would hold the whole sum until the caller let go
+        return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
     # summed with time last, along unit strides, then viewed back
     sums = v.movedim(1, -1).contiguous().cumsum(-1).movedim(-1, 1)
     sums = torch.cat([sums.new_zeros(1, 1, *sums.shape[2:]), sums], 1)[0]  # before token t

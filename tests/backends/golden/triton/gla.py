@@ -1680,6 +1680,7 @@ def chunk(
     _o, _S = _chunk_diagonal(
         _q, _k_H, _v_H, gk=_gk_H, initial_state=_S0_H, chunk_size=chunk_size, operands=_out_dtype
     )
+    del _S0_H, _gk_H, _k_H, _q, _v_H
     _read_H = _from_seq(_o, cu_seqlens)  # H_t q_t
     H = _S.mT
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t q_t
