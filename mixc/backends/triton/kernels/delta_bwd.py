@@ -130,6 +130,22 @@ def _tl_delta_bwd_states(
 
 
 @triton.jit
+def _tl_delta_output_gate_grads(
+    q_c, k_c, d_scores, from_q, from_k, whole, gamma, chunk_decay, rows, DOT: tl.constexpr
+):  # fmt: skip
+    """A key block's part of the gates' gradient [BT] (_tl_gate_grads) from Gamma in M (its
+    part of M ⊙ dM: Q K^T ⊙ Gamma over its columns), exp(b) in Q S (from_q: dO S^T decayed),
+    exp(b_C - b) in the state's write (from_k: V_new D^T decayed) and exp(b_C) (whole: the
+    rows of S ⊙ D, summed over the value columns)."""
+    scores = _tl_dot(q_c, tl.trans(k_c), DOT) * gamma
+    scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0)
+    starts = tl.sum(_tl_wide(q_c) * from_q, axis=1)
+    ends = tl.sum(_tl_wide(k_c) * from_k, axis=1)
+    pairs = _tl_pair_grads(d_scores * scores, rows)
+    return _tl_gate_grads(pairs, starts, ends, tl.sum(whole, axis=0) * chunk_decay, rows)
+
+
+@triton.jit
 def _tl_delta_bwd_grads(
     q, k, g, do, hs, dhs, v_new, dvn,  # read
     dq, dk, dw, dg,  # written
@@ -143,11 +159,10 @@ def _tl_delta_bwd_grads(
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (key block, batch x head, chunk) program, the chunks in parallel, the value columns
-    BV at a time: dQ and the keys' gradient through the scores and the state (dk; the UT
-    transform's part is added by _tl_delta_bwd_wy), dW = -dV_new S^T (at float32's accuracy,
-    _tl_wide_dot: the solve's gradients cancel) and, if GATE_GRAD, this key block's part of the
-    gates' gradient from Gamma in M, exp(b) in Q S, exp(b_C - b) in the state's write and
-    exp(b_C). dq, dk, dw [B * NH, T, K]; dg parts [NK, B * NH, T]; all contiguous."""
+    BV at a time: dQ, the keys' gradient through the scores and the state (dk; the UT
+    transform's part is added later), dW = -dV_new S^T (at float32's accuracy: the solve's
+    gradients cancel) and, if GATE_GRAD, this key block's part of the gates' gradient
+    (_tl_delta_output_gate_grads). dq, dk, dw [B * NH, T, K], dg [NK, B * NH, T]: contiguous."""
     i_k, i_bh, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH
     i_state = i_bh * tl.cdiv(T, BT) + n
@@ -156,22 +171,19 @@ def _tl_delta_bwd_grads(
     t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
     wide = hs.dtype.element_ty
     d_scores = tl.zeros((BT, BT), dtype=wide)  # dM = dO V_new^T
-    from_q = tl.zeros((BT, BK), dtype=wide)  # dO S^T
-    from_k = tl.zeros((BT, BK), dtype=wide)  # V_new D^T
-    d_w = tl.zeros((BT, BK), dtype=wide)
+    zeros = tl.zeros((BT, BK), dtype=wide)
+    from_q, from_k, d_w = zeros, zeros, zeros  # dO S^T, V_new D^T, dW
     whole = tl.zeros((BK,), dtype=wide)  # the rows of S ⊙ D, summed over the columns
     for j in range(0, tl.cdiv(V, BV)):
         cols_v = j * BV + tl.arange(0, BV)
         at_v = in_t[:, None] & (cols_v < V)[None, :]
         do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        v_new_j = _tl_operand(
-            _tl_rows(v_new, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v), DOT
-        )
+        vn_j = _tl_operand(_tl_rows(v_new, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v), DOT)
         state = _tl_load_state(hs, i_state, K, V, cols_k, cols_v)
         d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
-        d_scores += _tl_dot(do_j, tl.trans(v_new_j), DOT)
+        d_scores += _tl_dot(do_j, tl.trans(vn_j), DOT)
         from_q += _tl_dot(do_j, tl.trans(state), DOT)
-        from_k += _tl_dot(v_new_j, tl.trans(d_state), DOT)
+        from_k += _tl_dot(vn_j, tl.trans(d_state), DOT)
         d_w -= _tl_wide_dot(_tl_read_rows(dvn, i_bh, T, V, t, cols_v, at_v), tl.trans(state), DOT)
         whole += tl.sum(state * d_state, axis=1)
     _tl_store_rows(dw, i_bh, T, K, t, cols_k, at_k, d_w)
@@ -190,19 +202,16 @@ def _tl_delta_bwd_grads(
     _tl_store_rows(dk, i_bh, T, K, t, cols_k, at_k, _tl_dot(tl.trans(d_qk), q_c, DOT) + from_k)
     if HAS_G:
         if GATE_GRAD:
-            # this key block's part of M ⊙ dM: (Q K^T ⊙ Gamma) over its columns
-            scores = tl.where(causal, _tl_dot(q_c, tl.trans(k_c), DOT) * gamma, 0.0)
-            starts = tl.sum(_tl_wide(q_c) * from_q, axis=1)
-            ends = tl.sum(_tl_wide(k_c) * from_k, axis=1)
-            pairs = _tl_pair_grads(d_scores * scores, rows)
-            d_g = _tl_gate_grads(pairs, starts, ends, tl.sum(whole, axis=0) * chunk_decay, rows)
+            d_g = _tl_delta_output_gate_grads(
+                q_c, k_c, d_scores, from_q, from_k, whole, gamma, chunk_decay, rows, DOT
+            )  # fmt: skip
             tl.store(dg + (i_k * tl.num_programs(1) + i_bh) * T + t, d_g, mask=in_t)
 
 
 @triton.jit
 def _tl_delta_bwd_wy(
     k, v, beta, g, ts, dw, dvn,  # read
-    dk, dv, dbeta, dg,  # written (dk and dg's first part added to)
+    dk, dv, dbeta, dg, das,  # written (dk and dg's first part added to)
     T, NH, K, V,
     sk_b, sk_h, sk_t, sk_d,
     sv_b, sv_h, sv_t, sv_d,
@@ -213,11 +222,11 @@ def _tl_delta_bwd_wy(
 ):  # fmt: skip
     """One (chunk, batch x head) program, the chunks in parallel: the gradients through the UT
     transform W = T diag(beta exp(b)) K, U = T V, T = (I + A)^{-1} from dW (dw) and
-    dU = dV_new (dvn), BV columns at a time: dT = dW (diag(beta exp(b)) K)^T + dU V^T,
-    dV = T^T dU, dA = -T^T dT T^T on A's strictly lower support, then dbeta and the keys'
-    gradient through diag(beta exp(b)) K and A = tril(diag(beta) (K K^T ⊙ Gamma), -1), added
-    to dk; the gates' part from Gamma in A and exp(b) in W added to dg's first part. Every
-    product of the solve at float32's accuracy (_tl_wide_dot)."""
+    dU = dV_new (dvn), BV columns at a time: dT = dU V^T + dW (diag(beta exp(b)) K)^T,
+    dV = T^T dU, the keys' gradient through diag(beta exp(b)) K (added to dk), beta's through
+    it (to dbeta) and the gates' through its exp(b) (added to dg's first part), and
+    dA = -T^T dT T^T on A's strictly lower support, to das [B * NH, N, BT, BT] (contiguous)
+    for _tl_delta_bwd_gram. The solve's products at float32's accuracy (_tl_wide_dot)."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -226,14 +235,12 @@ def _tl_delta_bwd_wy(
     beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
     inverse_t = tl.trans(tl.load(_tl_tile(ts, i_bh * tl.cdiv(T, BT) + n, rows)))
     if HAS_G:
-        gamma, from_start, _, _ = _tl_chunk_decays(
-            _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t), rows
-        )  # fmt: skip
+        g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+        from_start = tl.exp(tl.cumsum(g_c, axis=0))[:, None]
     else:
         from_start = 1.0
     scale = beta_c[:, None] * from_start  # the rows of diag(beta exp(b)) K
     d_t = tl.zeros((BT, BT), dtype=inverse_t.dtype)
-    kk = tl.zeros((BT, BT), dtype=inverse_t.dtype)
     for j in range(0, tl.cdiv(V, BV)):
         cols = j * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < V)[None, :]
@@ -241,40 +248,75 @@ def _tl_delta_bwd_wy(
         v_j = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
         d_t += _tl_wide_dot(d_u, tl.trans(v_j), DOT)
         _tl_store_rows(dv, i_bh, T, V, t, cols, at, _tl_wide_dot(inverse_t, d_u, DOT))
-    for j in range(0, tl.cdiv(K, BV)):
-        cols = j * BV + tl.arange(0, BV)
-        at = in_t[:, None] & (cols < K)[None, :]
-        k_j = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
-        kk += _tl_dot(k_j, tl.trans(k_j), DOT)
-        d_t += _tl_wide_dot(_tl_read_rows(dw, i_bh, T, K, t, cols, at), tl.trans(k_j * scale), DOT)
-    d_a = -_tl_wide_dot(inverse_t, _tl_wide_dot(d_t, inverse_t, DOT), DOT)
-    d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
-    d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
-    if HAS_G:
-        kk = kk * gamma
-        d_kk_raw = d_kk * gamma
-    else:
-        d_kk_raw = d_kk
-    d_kk_raw = d_kk_raw + tl.trans(d_kk_raw)
     beta_in_w = tl.zeros((BT,), dtype=inverse_t.dtype)  # beta in diag(beta exp(b)) K
     for j in range(0, tl.cdiv(K, BV)):
         cols = j * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < K)[None, :]
         k_j = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
-        d_k_scaled = _tl_wide_dot(inverse_t, _tl_read_rows(dw, i_bh, T, K, t, cols, at), DOT)
+        d_w = _tl_read_rows(dw, i_bh, T, K, t, cols, at)
+        d_t += _tl_wide_dot(d_w, tl.trans(k_j * scale), DOT)
+        d_k_scaled = _tl_wide_dot(inverse_t, d_w, DOT)
         beta_in_w += tl.sum(d_k_scaled * (k_j * from_start), axis=1)
         dk_j = _tl_read_rows(dk, i_bh, T, K, t, cols, at) + d_k_scaled * scale
-        dk_j += _tl_dot(d_kk_raw, k_j, DOT)
         _tl_store_rows(dk, i_bh, T, K, t, cols, at, dk_j)
-    tl.store(dbeta + i_bh * T + t, tl.sum(d_a * kk, axis=1) + beta_in_w, mask=in_t)
+    tl.store(dbeta + i_bh * T + t, beta_in_w, mask=in_t)
+    d_a = -_tl_wide_dot(inverse_t, _tl_wide_dot(d_t, inverse_t, DOT), DOT)
+    d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
+    tl.store(_tl_tile(das, i_bh * tl.cdiv(T, BT) + n, rows), d_a)
     if HAS_G:
         if GATE_GRAD:
-            pairs = _tl_pair_grads(d_kk * kk, rows)
-            causal = rows[:, None] >= rows[None, :]  # [i, l]: l <= i, exp(b_i) holds g_l
-            starts = beta_in_w * beta_c
-            d_g = pairs + tl.sum(tl.where(causal, starts[:, None], 0.0), axis=0)
+            starts = beta_in_w * beta_c  # [i, l]: exp(b_i) holds g_l for l <= i
+            d_g = tl.sum(tl.where(rows[:, None] >= rows[None, :], starts[:, None], 0.0), axis=0)
             d_g += tl.load(dg + i_bh * T + t, mask=in_t, other=0.0)
             tl.store(dg + i_bh * T + t, d_g, mask=in_t)
+
+
+@triton.jit
+def _tl_delta_bwd_gram(
+    k, beta, g, das,  # read
+    dk, dbeta, dg,  # added to (dg: its first part)
+    T, NH, K, V,
+    sk_b, sk_h, sk_t, sk_d,
+    sb_b, sb_h, sb_t,
+    sg_b, sg_h, sg_t,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """One (chunk, batch x head) program, the chunks in parallel: from dA (das, as
+    _tl_delta_bwd_wy wrote it) the gradients through A = tril(diag(beta) (K K^T ⊙ Gamma), -1):
+    beta's (added to dbeta), the keys' (added to dk, BV columns at a time) and the gates' from
+    Gamma (added to dg's first part)."""
+    n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    t = n * BT + rows
+    in_t = t < T
+    beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
+    d_a = tl.load(_tl_tile(das, i_bh * tl.cdiv(T, BT) + n, rows))
+    cols_k = tl.arange(0, BK)
+    at_k = in_t[:, None] & (cols_k < K)[None, :]
+    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
+    if HAS_G:
+        gamma, _, _, _ = _tl_chunk_decays(_tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t), rows)
+        kk = kk * gamma
+        d_kk_raw = d_kk * gamma
+        if GATE_GRAD:
+            d_g = _tl_pair_grads(d_kk * kk, rows)
+            d_g += tl.load(dg + i_bh * T + t, mask=in_t, other=0.0)
+            tl.store(dg + i_bh * T + t, d_g, mask=in_t)
+    else:
+        d_kk_raw = d_kk
+    d_beta = tl.sum(d_a * kk, axis=1) + tl.load(dbeta + i_bh * T + t, mask=in_t, other=0.0)
+    tl.store(dbeta + i_bh * T + t, d_beta, mask=in_t)
+    d_kk_raw = d_kk_raw + tl.trans(d_kk_raw)
+    for j in range(0, tl.cdiv(K, BV)):
+        cols = j * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < K)[None, :]
+        k_j = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
+        dk_j = _tl_read_rows(dk, i_bh, T, K, t, cols, at) + _tl_dot(d_kk_raw, k_j, DOT)
+        _tl_store_rows(dk, i_bh, T, K, t, cols, at, dk_j)
 
 
 def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, gate_grad):
@@ -310,9 +352,16 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
         *q.stride(), *k.stride(), *gate_strides, *d_o.stride(), *v_new.stride(),
         GATE_GRAD=gate_grad, BK=block_k, BV=block_v, **common, **_tl_launch(grads),
     )  # fmt: skip
+    d_as = torch.empty_like(inverses)
     wy[(n_chunks, batch * heads)](
-        k, v, beta, gate, inverses, d_w, d_v_new, dk, dv, dbeta, dg, *sizes, *k.stride(),
+        k, v, beta, gate, inverses, d_w, d_v_new, dk, dv, dbeta, dg, d_as, *sizes, *k.stride(),
         *v.stride(), *beta.stride(), *gate_strides, GATE_GRAD=gate_grad,
         BV=_tl_sizes(q, v, chunk_size, wy)[2], **common, **_tl_launch(wy),
+    )  # fmt: skip
+    gram = _tl_delta_bwd_gram
+    gram[(n_chunks, batch * heads)](
+        k, beta, gate, d_as, dk, dbeta, dg, *sizes, *k.stride(), *beta.stride(), *gate_strides,
+        GATE_GRAD=gate_grad, BK=_tl_sizes(q, v, chunk_size, gram)[1],
+        BV=_tl_sizes(q, v, chunk_size, gram)[2], **common, **_tl_launch(gram),
     )  # fmt: skip
     return dq, dk, dv, dbeta, dg.sum(0) if gate_grad else None, d_initial
