@@ -12,12 +12,11 @@ _tl_delta_fwd_wy (a program per chunk: T, W, U), _tl_delta_fwd_states (a program
 (batch, head, block of value columns) walks the chunks in order, the state's columns in
 registers: the states entering each chunk and V_new) and _tl_delta_fwd_out (a program per
 chunk and value block: O). The forward keeps the states entering each chunk, T, W and
-V_new. The backward, one fused kernel, walks the chunks from the last with D, the gradient
-of the state leaving the chunk, by the PyTorch kernel's formulas (see _delta_grads_span
-there), W and V_new read as the forward wrote them: dV_new = M^T dO + diag(exp(b_C - b)) K D, the gradients through
-T (dA = -T^T dT T^T on A's support) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO - W^T dV_new.
-dQ, dK, dbeta and dg sum over the value columns: each block of columns writes its part and the
-parts are added after the launch.
+V_new. The backward (delta_bwd.py), by the PyTorch kernel's formulas (see _delta_grads_span
+there), W and V_new read as the forward wrote them, is five launches: the chunks' local
+M^T dO, the pass over the chunks from the last carrying D (the gradient of the state leaving
+a chunk) that completes dV_new, the chunks' dQ, dK and dW, and the UT transform's backward in
+two (dT to dA, dV and W's parts; then A's).
 
 A token whose key, beta, gate or value is not finite poisons the outputs from it on (for a
 value, in its column) and the state, as the recurrence does; the products inside the chunk run
@@ -311,7 +310,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
 
 class _TlDelta(torch.autograd.Function):
     """The kernels under autograd: the forward keeps the inputs, the states entering each
-    chunk, T, W and V_new; the backward is four launches (delta_bwd.py)."""
+    chunk, T, W and V_new; the backward is five launches (delta_bwd.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, operands):

@@ -1,4 +1,4 @@
-"""The backward of the delta-rule Triton kernels (delta.py), in four launches as
+"""The backward of the delta-rule Triton kernels (delta.py), in five launches split as
 flash-linear-attention splits it, each small enough for its registers. Per chunk, with D the
 gradient of the state leaving it, M = tril(Q K^T ⊙ Gamma) and the forward's T, W and V_new:
 
@@ -12,10 +12,13 @@ _tl_delta_bwd_states (a program per value block) walks the chunks from the last 
 columns in registers, writing the D leaving each chunk and adding diag(exp(b_C - b)) K D to
 dV_new; _tl_delta_bwd_grads (a program per chunk and key block) sums over the value columns
 dQ, the keys' gradient through the scores and the state, and dW; _tl_delta_bwd_wy (a program
-per chunk) takes dW and dU = dV_new through the UT transform (dA = -T^T dT T^T on A's support)
-to dV, dbeta and the rest of dK. The gates' gradient is a sum of what each decay factor passes
-on (_tl_pair_grads, _tl_gate_grads): the key blocks of _tl_delta_bwd_grads write their parts,
-_tl_delta_bwd_wy adds that of A and W to the first, and the parts are added after the launches.
+per chunk) takes dW and dU = dV_new through the UT transform to dV, dA = -T^T dT T^T on A's
+support and W's parts of dK, dbeta and dg; _tl_delta_bwd_gram (a program per chunk) takes dA
+through A = tril(diag(beta) (K K^T ⊙ Gamma), -1) to the rest of dK, dbeta and dg (one kernel
+with both spilled on sm_90: the solve's [BT, BT] tiles beside K K^T and Gamma). The gates'
+gradient is a sum of what each decay factor passes on (_tl_pair_grads, _tl_gate_grads): the key
+blocks of _tl_delta_bwd_grads write their parts, the UT transform's kernels add theirs to the
+first, and the parts are added after the launches.
 """
 
 import torch
@@ -34,7 +37,6 @@ from mixc.backends.triton.kernels.common import (
     _tl_pair_grads,
     _tl_rows,
     _tl_sizes,
-    _tl_store_rows,
     _tl_store_state,
     _tl_strides,
     _tl_tile,
@@ -42,13 +44,6 @@ from mixc.backends.triton.kernels.common import (
     _tl_wide,
     _tl_wide_dot,
 )
-
-
-@triton.jit
-def _tl_read_rows(x, i, T, d, t, cols, mask):
-    """Rows at tokens t and columns cols of item i of x [N, T, d] (contiguous), 0 where mask is
-    False: what _tl_store_rows wrote."""
-    return tl.load(x + (i * T + t[:, None]) * d + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -78,7 +73,8 @@ def _tl_delta_bwd_local(
         scores = scores * gamma
     scores = tl.where(rows[:, None] >= rows[None, :], scores, 0.0)
     do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-    _tl_store_rows(dvn, i_bh, T, V, t, cols_v, at_v, _tl_dot(tl.trans(scores), do_c, DOT))
+    at = dvn + (i_bh * T + t[:, None]) * V + cols_v[None, :]
+    tl.store(at, _tl_dot(tl.trans(scores), do_c, DOT), mask=at_v)
 
 
 @triton.jit
@@ -105,7 +101,7 @@ def _tl_delta_bwd_states(
     cols_k, cols_v = tl.arange(0, BK), tl.program_id(0) * BV + tl.arange(0, BV)
     in_k, in_v = cols_k < K, cols_v < V
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
-    n_chunks = tl.cdiv(T, BT)
+    n_chunks = (T + BT - 1) // BT
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
         t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
@@ -114,7 +110,8 @@ def _tl_delta_bwd_states(
         k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
         w_c = _tl_operand(_tl_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols_k, at_k), DOT)
         do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        d_v_new = _tl_read_rows(dvn, i_bh, T, V, t, cols_v, at_v)
+        at = dvn + (i_bh * T + t[:, None]) * V + cols_v[None, :]
+        d_v_new = tl.load(at, mask=at_v, other=0.0)
         if HAS_G:
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
             _, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
@@ -124,7 +121,7 @@ def _tl_delta_bwd_states(
         else:
             d_v_new += _tl_dot(k_c, d_state, DOT)
             d_state += _tl_dot(tl.trans(q_c), do_c, DOT)
-        _tl_store_rows(dvn, i_bh, T, V, t, cols_v, at_v, d_v_new)
+        tl.store(at, d_v_new, mask=at_v)
         d_state -= _tl_dot(tl.trans(w_c), d_v_new, DOT)
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
@@ -164,17 +161,15 @@ def _tl_delta_bwd_grads(
     gradients cancel) and, if GATE_GRAD, this key block's part of the gates' gradient
     (_tl_delta_output_gate_grads). dq, dk, dw [B * NH, T, K], dg [NK, B * NH, T]: contiguous."""
     i_k, i_bh, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // NH, i_bh % NH
-    i_state = i_bh * tl.cdiv(T, BT) + n
+    i_b, i_h, i_state = i_bh // NH, i_bh % NH, i_bh * ((T + BT - 1) // BT) + n
     rows = tl.arange(0, BT)
     cols_k = i_k * BK + tl.arange(0, BK)
     t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
-    wide = hs.dtype.element_ty
-    d_scores = tl.zeros((BT, BT), dtype=wide)  # dM = dO V_new^T
-    zeros = tl.zeros((BT, BK), dtype=wide)
+    d_scores = tl.zeros((BT, BT), dtype=hs.dtype.element_ty)  # dM = dO V_new^T
+    zeros = tl.zeros((BT, BK), dtype=d_scores.dtype)
     from_q, from_k, d_w = zeros, zeros, zeros  # dO S^T, V_new D^T, dW
-    whole = tl.zeros((BK,), dtype=wide)  # the rows of S ⊙ D, summed over the columns
-    for j in range(0, tl.cdiv(V, BV)):
+    whole = tl.zeros((BK,), dtype=d_scores.dtype)  # the rows of S ⊙ D, summed over the columns
+    for j in range(0, (V + BV - 1) // BV):
         cols_v = j * BV + tl.arange(0, BV)
         at_v = in_t[:, None] & (cols_v < V)[None, :]
         do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
@@ -184,22 +179,24 @@ def _tl_delta_bwd_grads(
         d_scores += _tl_dot(do_j, tl.trans(vn_j), DOT)
         from_q += _tl_dot(do_j, tl.trans(state), DOT)
         from_k += _tl_dot(vn_j, tl.trans(d_state), DOT)
-        d_w -= _tl_wide_dot(_tl_read_rows(dvn, i_bh, T, V, t, cols_v, at_v), tl.trans(state), DOT)
+        d_v_new = tl.load(dvn + (i_bh * T + t[:, None]) * V + cols_v[None, :], mask=at_v, other=0.0)
+        d_w -= _tl_wide_dot(d_v_new, tl.trans(state), DOT)
         whole += tl.sum(state * d_state, axis=1)
-    _tl_store_rows(dw, i_bh, T, K, t, cols_k, at_k, d_w)
+    at = (i_bh * T + t[:, None]) * K + cols_k[None, :]  # in dq, dk and dw
+    tl.store(dw + at, d_w, mask=at_k)
     q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
     k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
     causal = rows[:, None] >= rows[None, :]
     if HAS_G:
-        g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+        gates = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(gates, rows)
         d_qk = tl.where(causal, d_scores * gamma, 0.0)
         from_q = from_q * from_start
         from_k = from_k * to_end
     else:
         d_qk = tl.where(causal, d_scores, 0.0)
-    _tl_store_rows(dq, i_bh, T, K, t, cols_k, at_k, _tl_dot(d_qk, k_c, DOT) + from_q)
-    _tl_store_rows(dk, i_bh, T, K, t, cols_k, at_k, _tl_dot(tl.trans(d_qk), q_c, DOT) + from_k)
+    tl.store(dq + at, _tl_dot(d_qk, k_c, DOT) + from_q, mask=at_k)
+    tl.store(dk + at, _tl_dot(tl.trans(d_qk), q_c, DOT) + from_k, mask=at_k)
     if HAS_G:
         if GATE_GRAD:
             d_g = _tl_delta_output_gate_grads(
@@ -211,29 +208,29 @@ def _tl_delta_bwd_grads(
 @triton.jit
 def _tl_delta_bwd_wy(
     k, v, beta, g, ts, dw, dvn,  # read
-    dk, dv, dbeta, dg, das,  # written (dk and dg's first part added to)
+    dk, dv, dbeta, das,  # written (dk added to)
     T, NH, K, V,
     sk_b, sk_h, sk_t, sk_d,
     sv_b, sv_h, sv_t, sv_d,
     sb_b, sb_h, sb_t,
     sg_b, sg_h, sg_t,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-    DOT: tl.constexpr,
+    HAS_G: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (chunk, batch x head) program, the chunks in parallel: the gradients through the UT
     transform W = T diag(beta exp(b)) K, U = T V, T = (I + A)^{-1} from dW (dw) and
     dU = dV_new (dvn), BV columns at a time: dT = dU V^T + dW (diag(beta exp(b)) K)^T,
     dV = T^T dU, the keys' gradient through diag(beta exp(b)) K (added to dk), beta's through
-    it (to dbeta) and the gates' through its exp(b) (added to dg's first part), and
-    dA = -T^T dT T^T on A's strictly lower support, to das [B * NH, N, BT, BT] (contiguous)
-    for _tl_delta_bwd_gram. The solve's products at float32's accuracy (_tl_wide_dot)."""
+    it (to dbeta; the gates' through its exp(b) follows from it, in _tl_delta_bwd_gram) and
+    dA = -T^T dT T^T on A's strictly lower support, to das [B * NH, N, BT, BT] (contiguous).
+    The solve's products at float32's accuracy (_tl_wide_dot)."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = n * BT + rows
     in_t = t < T
     beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
-    inverse_t = tl.trans(tl.load(_tl_tile(ts, i_bh * tl.cdiv(T, BT) + n, rows)))
+    i_tile = i_bh * ((T + BT - 1) // BT) + n  # the chunk's tile in ts and das
+    inverse_t = tl.trans(tl.load(_tl_tile(ts, i_tile, rows)))
     if HAS_G:
         g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         from_start = tl.exp(tl.cumsum(g_c, axis=0))[:, None]
@@ -241,34 +238,30 @@ def _tl_delta_bwd_wy(
         from_start = 1.0
     scale = beta_c[:, None] * from_start  # the rows of diag(beta exp(b)) K
     d_t = tl.zeros((BT, BT), dtype=inverse_t.dtype)
-    for j in range(0, tl.cdiv(V, BV)):
+    for j in range(0, (V + BV - 1) // BV):
         cols = j * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < V)[None, :]
-        d_u = _tl_read_rows(dvn, i_bh, T, V, t, cols, at)
+        at_rows = (i_bh * T + t[:, None]) * V + cols[None, :]  # in dvn and dv
+        d_u = tl.load(dvn + at_rows, mask=at, other=0.0)
         v_j = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
         d_t += _tl_wide_dot(d_u, tl.trans(v_j), DOT)
-        _tl_store_rows(dv, i_bh, T, V, t, cols, at, _tl_wide_dot(inverse_t, d_u, DOT))
+        tl.store(dv + at_rows, _tl_wide_dot(inverse_t, d_u, DOT), mask=at)
     beta_in_w = tl.zeros((BT,), dtype=inverse_t.dtype)  # beta in diag(beta exp(b)) K
-    for j in range(0, tl.cdiv(K, BV)):
+    for j in range(0, (K + BV - 1) // BV):
         cols = j * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < K)[None, :]
         k_j = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
-        d_w = _tl_read_rows(dw, i_bh, T, K, t, cols, at)
+        at_rows = (i_bh * T + t[:, None]) * K + cols[None, :]  # in dw and dk
+        d_w = tl.load(dw + at_rows, mask=at, other=0.0)
         d_t += _tl_wide_dot(d_w, tl.trans(k_j * scale), DOT)
         d_k_scaled = _tl_wide_dot(inverse_t, d_w, DOT)
         beta_in_w += tl.sum(d_k_scaled * (k_j * from_start), axis=1)
-        dk_j = _tl_read_rows(dk, i_bh, T, K, t, cols, at) + d_k_scaled * scale
-        _tl_store_rows(dk, i_bh, T, K, t, cols, at, dk_j)
+        dk_j = tl.load(dk + at_rows, mask=at, other=0.0) + d_k_scaled * scale
+        tl.store(dk + at_rows, dk_j, mask=at)
     tl.store(dbeta + i_bh * T + t, beta_in_w, mask=in_t)
     d_a = -_tl_wide_dot(inverse_t, _tl_wide_dot(d_t, inverse_t, DOT), DOT)
     d_a = tl.where(rows[:, None] > rows[None, :], d_a, 0.0)
-    tl.store(_tl_tile(das, i_bh * tl.cdiv(T, BT) + n, rows), d_a)
-    if HAS_G:
-        if GATE_GRAD:
-            starts = beta_in_w * beta_c  # [i, l]: exp(b_i) holds g_l for l <= i
-            d_g = tl.sum(tl.where(rows[:, None] >= rows[None, :], starts[:, None], 0.0), axis=0)
-            d_g += tl.load(dg + i_bh * T + t, mask=in_t, other=0.0)
-            tl.store(dg + i_bh * T + t, d_g, mask=in_t)
+    tl.store(_tl_tile(das, i_tile, rows), d_a)
 
 
 @triton.jit
@@ -285,14 +278,16 @@ def _tl_delta_bwd_gram(
     """One (chunk, batch x head) program, the chunks in parallel: from dA (das, as
     _tl_delta_bwd_wy wrote it) the gradients through A = tril(diag(beta) (K K^T ⊙ Gamma), -1):
     beta's (added to dbeta), the keys' (added to dk, BV columns at a time) and the gates' from
-    Gamma (added to dg's first part)."""
+    Gamma and from exp(b) in W (beta's part through W, dbeta as _tl_delta_bwd_wy wrote it, times
+    beta), added to dg's first part."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = n * BT + rows
     in_t = t < T
     beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
-    d_a = tl.load(_tl_tile(das, i_bh * tl.cdiv(T, BT) + n, rows))
+    d_a = tl.load(_tl_tile(das, i_bh * ((T + BT - 1) // BT) + n, rows))
+    beta_in_w = tl.load(dbeta + i_bh * T + t, mask=in_t, other=0.0)  # W's part
     cols_k = tl.arange(0, BK)
     at_k = in_t[:, None] & (cols_k < K)[None, :]
     k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
@@ -303,26 +298,28 @@ def _tl_delta_bwd_gram(
         kk = kk * gamma
         d_kk_raw = d_kk * gamma
         if GATE_GRAD:
+            starts = beta_in_w * beta_c  # [i, l]: exp(b_i) in W holds g_l for l <= i
             d_g = _tl_pair_grads(d_kk * kk, rows)
+            d_g += tl.sum(tl.where(rows[:, None] >= rows[None, :], starts[:, None], 0.0), axis=0)
             d_g += tl.load(dg + i_bh * T + t, mask=in_t, other=0.0)
             tl.store(dg + i_bh * T + t, d_g, mask=in_t)
     else:
         d_kk_raw = d_kk
-    d_beta = tl.sum(d_a * kk, axis=1) + tl.load(dbeta + i_bh * T + t, mask=in_t, other=0.0)
-    tl.store(dbeta + i_bh * T + t, d_beta, mask=in_t)
+    tl.store(dbeta + i_bh * T + t, tl.sum(d_a * kk, axis=1) + beta_in_w, mask=in_t)
     d_kk_raw = d_kk_raw + tl.trans(d_kk_raw)
-    for j in range(0, tl.cdiv(K, BV)):
+    for j in range(0, (K + BV - 1) // BV):
         cols = j * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < K)[None, :]
         k_j = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
-        dk_j = _tl_read_rows(dk, i_bh, T, K, t, cols, at) + _tl_dot(d_kk_raw, k_j, DOT)
-        _tl_store_rows(dk, i_bh, T, K, t, cols, at, dk_j)
+        at_rows = (i_bh * T + t[:, None]) * K + cols[None, :]
+        dk_j = tl.load(dk + at_rows, mask=at, other=0.0) + _tl_dot(d_kk_raw, k_j, DOT)
+        tl.store(dk + at_rows, dk_j, mask=at)
 
 
 def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, gate_grad):
     """The gradients (dq, dk, dv, dbeta, dg or None, d_initial) of chunk_delta's inputs from
     d_o and d_final, what the forward kept (kept: the states entering each chunk, T, W, V_new)
-    and its products' precision dot: four launches (see the module's docstring)."""
+    and its products' precision dot: five launches (see the module's docstring)."""
     states, inverses, w, v_new = kept
     batch, heads, length, d_k = q.shape
     sizes = (length, heads, d_k, v.shape[-1])
@@ -354,8 +351,8 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
     )  # fmt: skip
     d_as = torch.empty_like(inverses)
     wy[(n_chunks, batch * heads)](
-        k, v, beta, gate, inverses, d_w, d_v_new, dk, dv, dbeta, dg, d_as, *sizes, *k.stride(),
-        *v.stride(), *beta.stride(), *gate_strides, GATE_GRAD=gate_grad,
+        k, v, beta, gate, inverses, d_w, d_v_new, dk, dv, dbeta, d_as, *sizes, *k.stride(),
+        *v.stride(), *beta.stride(), *gate_strides,
         BV=_tl_sizes(q, v, chunk_size, wy)[2], **common, **_tl_launch(wy),
     )  # fmt: skip
     gram = _tl_delta_bwd_gram
