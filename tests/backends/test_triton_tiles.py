@@ -111,3 +111,29 @@ def test_dplr_key_and_value_blocks_fp32():
     for i, (g, w) in enumerate(zip(got, want)):
         err = (g.double() - w).norm() / w.norm()
         assert err < 1e-5, (i, err)  # fp32 roundings (about 1e-7 each), not a wrong formula
+
+
+@pytest.mark.slow  # about 10 s of CPU in the interpreter
+def test_delta_key_and_value_blocks_fp32():
+    """The delta rule's backward over its blocks: dQ, dK and dW three key blocks of 64 (the
+    last partial; the gates' gradient summed over their parts), the value columns two blocks
+    of 32 (the last partial), 2 x 3 heads (each head's chunks in the kept tiles); outputs,
+    final state and every gradient, the gates' included, against the PyTorch kernel in
+    float64."""
+    gen = torch.Generator().manual_seed(5)
+    shape = (2, 3, T)
+    q, k = torch.randn(*shape, K, generator=gen), torch.randn(*shape, K, generator=gen)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(*shape, 40, generator=gen)
+    rest = {
+        "g": -torch.rand(*shape, generator=gen),
+        "initial_state": torch.randn(2, 3, K, 40, generator=gen),
+    }
+    beta = torch.rand(*shape, generator=gen)
+    inputs = [x.double() for x in (q, k, v, beta)]
+    rest = {n: x.double() for n, x in rest.items()}
+    got = _run(_kernel("triton", "delta"), inputs, rest, torch.float32)
+    want = _run(_kernel("pytorch", "delta"), inputs, rest, torch.float64)
+    for i, (g, w) in enumerate(zip(got, want)):
+        err = (g.double() - w).norm() / w.norm()
+        assert err < 1e-5, (i, err)  # fp32 roundings (about 1e-7 each), not a wrong formula

@@ -50,7 +50,8 @@ def _tl_tiles(kernel, dot=None):
     outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
     levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
     and DPLR kernels mix the rows (k^T S, a^T S) and hold them all, the delta forward in three
-    kernels (the chunks' UT transforms, the pass over the states, the outputs). At
+    kernels (the chunks' UT transforms, the pass over the states, the outputs) and its
+    backward in five (delta_bwd.py; the chunks' dQ, dK and dW a program per 64 key rows). At
     d_k = d_v = 128 and 64-token chunks these are the tiles that compiled for sm_90 with the
     fewest spills of those tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md). With
     float32 operands (dot "ieee" or "tf32", _tl_dot_precision) a kernel takes its tile of
@@ -66,7 +67,11 @@ def _tl_tiles(kernel, dot=None):
         "_tl_delta_fwd_wy": (None, 32, 4),
         "_tl_delta_fwd_states": (None, 32, 8),
         "_tl_delta_fwd_out": (None, 32, 8),
-        "_tl_delta_bwd": (None, 32, 8),
+        "_tl_delta_bwd_local": (None, 32, 4),
+        "_tl_delta_bwd_states": (None, 32, 8),
+        "_tl_delta_bwd_grads": (64, 32, 8),
+        "_tl_delta_bwd_wy": (None, 16, 4),
+        "_tl_delta_bwd_gram": (None, 32, 8),
         "_tl_dplr_fwd_scores": (16, 16, 8),
         "_tl_dplr_fwd_states": (None, 32, 8),
         "_tl_dplr_fwd_outputs": (None, 32, 4),

@@ -12,12 +12,11 @@ _tl_delta_fwd_wy (a program per chunk: T, W, U), _tl_delta_fwd_states (a program
 (batch, head, block of value columns) walks the chunks in order, the state's columns in
 registers: the states entering each chunk and V_new) and _tl_delta_fwd_out (a program per
 chunk and value block: O). The forward keeps the states entering each chunk, T, W and
-V_new. The backward, one fused kernel, walks the chunks from the last with D, the gradient
-of the state leaving the chunk, by the PyTorch kernel's formulas (see _delta_grads_span
-there), W and V_new read as the forward wrote them: dV_new = M^T dO + diag(exp(b_C - b)) K D, the gradients through
-T (dA = -T^T dT T^T on A's support) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO - W^T dV_new.
-dQ, dK, dbeta and dg sum over the value columns: each block of columns writes its part and the
-parts are added after the launch.
+V_new. The backward (delta_bwd.py), by the PyTorch kernel's formulas (see _delta_grads_span
+there), W and V_new read as the forward wrote them, is five launches: the chunks' local
+M^T dO, the pass over the chunks from the last carrying D (the gradient of the state leaving
+a chunk) that completes dV_new, the chunks' dQ, dK and dW, and the UT transform's backward in
+two (dT to dA, dV and W's parts; then A's).
 
 A token whose key, beta, gate or value is not finite poisons the outputs from it on (for a
 value, in its column) and the state, as the recurrence does; the products inside the chunk run
@@ -36,18 +35,14 @@ from mixc.backends.triton.kernels.common import (
     _tl_dot,
     _tl_dot_precision,
     _tl_finite,
-    _tl_gate_grads,
     _tl_gates,
-    _tl_gradients,
     _tl_launch,
     _tl_load_state,
     _tl_operand,
     _tl_outputs,
-    _tl_pair_grads,
     _tl_put_rows,
     _tl_rows,
     _tl_sizes,
-    _tl_store_rows,
     _tl_store_state,
     _tl_strides,
     _tl_tile,
@@ -55,6 +50,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_wide,
     _tl_wide_dot,
 )
+from mixc.backends.triton.kernels.delta_bwd import _tl_delta_backward
 
 
 @triton.jit
@@ -276,169 +272,6 @@ def _tl_delta_fwd_out(
     _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
 
 
-@triton.jit
-def _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT: tl.constexpr):
-    """The gradients through V_new = T V - W S, W = T diag(beta exp(b)) K and T = (I + A)^{-1},
-    from dV_new: (dV, the gradient of diag(beta exp(b)) K, dA on A's strictly lower support),
-    as the PyTorch kernel's _delta_solve_grads: dW = -dV_new S^T, dT = dW (diag(beta exp(b))
-    K)^T + dV_new V^T and, since d(I + A)^{-1} = -T dA T, dA = -T^T dT T^T. Products at
-    float32's accuracy (_tl_wide_dot): dbeta sums terms that cancel, and bfloat16 operands
-    would break mixc fuzz's bfloat16 bound there."""
-    strict = rows[:, None] > rows[None, :]
-    d_w = -_tl_wide_dot(d_v_new, tl.trans(state), DOT)
-    inverse_t = tl.trans(inverse)
-    d_k_scaled = _tl_wide_dot(inverse_t, d_w, DOT)
-    dv_c = _tl_wide_dot(inverse_t, d_v_new, DOT)
-    d_t = _tl_wide_dot(d_w, tl.trans(k_scaled), DOT)
-    d_t += _tl_wide_dot(d_v_new, tl.trans(v_c), DOT)
-    d_a = -_tl_wide_dot(inverse_t, _tl_wide_dot(d_t, inverse_t, DOT), DOT)
-    d_a = tl.where(strict, d_a, 0.0)
-    return dv_c, d_k_scaled, d_a
-
-
-@triton.jit
-def _tl_delta_key_grads(
-    q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
-    HAS_G: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """The gradient of the keys: through the masked scores (d_qk, dM on M's support with the
-    decays), the state's writes diag(exp(b_C - b)) K, W's diag(beta exp(b)) K (from
-    d_k_scaled) and A = tril(diag(beta) (K K^T ⊙ Gamma), -1) (from dA); the decays are read
-    only if HAS_G. Returns (dK, the gradient of K K^T ⊙ Gamma, V_new D^T decayed to the chunk's
-    end)."""
-    d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
-    if HAS_G:
-        d_kk_raw = d_kk * gamma
-    else:
-        d_kk_raw = d_kk
-    from_k = _tl_dot(v_new, tl.trans(d_state), DOT)  # V_new D^T
-    if HAS_G:
-        from_k = from_k * to_end
-    dk_c = _tl_dot(tl.trans(d_qk), q_c, DOT) + from_k
-    d_k_own = d_k_scaled * beta_c[:, None]  # through diag(beta exp(b)) K
-    if HAS_G:
-        d_k_own = d_k_own * from_start
-    dk_c += d_k_own
-    dk_c += _tl_dot(d_kk_raw + tl.trans(d_kk_raw), k_c, DOT)
-    return dk_c, d_kk, from_k
-
-
-@triton.jit
-def _tl_delta_chunk_grad(
-    q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, w, v_new, d_state, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """One chunk of the backward, from its inputs (g_c read only if HAS_G), the output gradient
-    do_c, the state S entering it, T, W and V_new (kept by the forward) and the gradient D of
-    the state leaving it: (dQ, dK, dV, dbeta, dg (zeros unless GATE_GRAD), the gradient of the
-    state entering the chunk). dV_new = M^T dO + diag(exp(b_C - b)) K D,
-    the gradients through T (_tl_delta_solve_grads) and D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
-    - W^T dV_new."""
-    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
-    # without a gate the decays of zero gates stand in, never read (the compiler drops them)
-    gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
-    scores = _tl_dot(q_c, tl.trans(k_c), DOT)
-    if HAS_G:
-        kk = kk * gamma
-        scores = scores * gamma
-        k_start, q_start, k_end = k_c * from_start, q_c * from_start, k_c * to_end
-    else:
-        k_start, q_start, k_end = k_c, q_c, k_c
-    scores = tl.where(causal, scores, 0.0)  # M
-    k_scaled = k_start * beta_c[:, None]  # diag(beta exp(b)) K
-    # dV_new = M^T dO + diag(exp(b_C - b)) K D
-    d_v_new = _tl_dot(tl.trans(scores), do_c, DOT)
-    d_v_new += _tl_dot(k_end, d_state, DOT)
-    d_scores = _tl_dot(do_c, tl.trans(v_new), DOT)  # dM = dO V_new^T
-    if HAS_G:
-        d_qk = tl.where(causal, d_scores * gamma, 0.0)
-    else:
-        d_qk = tl.where(causal, d_scores, 0.0)
-    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
-    if HAS_G:
-        from_q = from_q * from_start
-    dq_c = _tl_dot(d_qk, k_c, DOT) + from_q
-    dv_c, d_k_scaled, d_a = _tl_delta_solve_grads(inverse, k_scaled, v_c, state, d_v_new, rows, DOT)
-    dk_c, d_kk, from_k = _tl_delta_key_grads(
-        q_c, k_c, beta_c, d_qk, d_a, d_k_scaled, v_new, d_state, gamma, from_start, to_end,
-        HAS_G, DOT,
-    )  # fmt: skip
-    beta_in_w = tl.sum(d_k_scaled * k_start, axis=1)  # beta in diag(beta exp(b)) K
-    dbeta_c = tl.sum(d_a * kk, axis=1) + beta_in_w
-    dg_c = tl.zeros_like(dbeta_c)
-    if HAS_G:
-        if GATE_GRAD:
-            # g_l is in Gamma_ij for j < l <= i (in M and A), in exp(b_i) for l <= i (in Q
-            # and W), in exp(b_C - b_j) for j < l, and in exp(b_C) for every l
-            starts = tl.sum(q_c * from_q, axis=1) + beta_in_w * beta_c
-            ends = tl.sum(k_c * from_k, axis=1)
-            whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            pairs = _tl_pair_grads(d_scores * scores + d_kk * kk, rows)
-            dg_c = _tl_gate_grads(pairs, starts, ends, whole, rows)
-        d_state = d_state * chunk_decay
-    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
-    d_state -= _tl_dot(tl.trans(w), d_v_new, DOT)
-    return dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state
-
-
-@triton.jit
-def _tl_delta_bwd(
-    q, k, v, beta, g, do, hs, ts, w, v_new, dht,  # read
-    dq, dk, dv, dbeta, dg, dh0,  # written
-    T, NH, K, V,
-    sq_b, sq_h, sq_t, sq_d,
-    sk_b, sk_h, sk_t, sk_d,
-    sv_b, sv_h, sv_t, sv_d,
-    sb_b, sb_h, sb_t,
-    sg_b, sg_h, sg_t,
-    sdo_b, sdo_h, sdo_t, sdo_d,
-    sw_b, sw_h, sw_t, sw_d,
-    su_b, su_h, su_t, su_d,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """One (value block, batch x head) program: the chunks from the last, the gradient of the
-    state in registers (_tl_delta_chunk_grad). dq, dk: this block's parts [NV, B * NH, T, K];
-    dbeta, dg: parts [NV, B * NH, T]; dv [B * NH, T, V]; dht, dh0 [B * NH, K, V]; all
-    contiguous."""
-    i_bh = tl.program_id(1)
-    i_b, i_h = i_bh // NH, i_bh % NH
-    rows = tl.arange(0, BT)
-    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
-    n_chunks = tl.cdiv(T, BT)
-    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk, dbeta, dg
-    for m in range(0, n_chunks):
-        n = n_chunks - 1 - m
-        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k)
-        k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
-        if HAS_G:
-            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-        else:
-            g_c = tl.zeros((BT,), dtype=q_c.dtype)  # never read
-        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        inverse = tl.load(_tl_tile(ts, i_bh * n_chunks + n, rows))
-        w_c = _tl_rows(w, sw_b, sw_h, sw_t, sw_d, i_b, i_h, t, cols_k, at_k)
-        v_new_c = _tl_rows(v_new, su_b, su_h, su_t, su_d, i_b, i_h, t, cols_v, at_v)
-        dq_c, dk_c, dv_c, dbeta_c, dg_c, d_state = _tl_delta_chunk_grad(
-            q_c, k_c, v_c, beta_c, g_c, do_c, state, inverse, w_c, v_new_c, d_state, rows,
-            HAS_G, GATE_GRAD, DOT,
-        )  # fmt: skip
-        _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
-        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
-        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
-        tl.store(dbeta + part * T + t, dbeta_c, mask=in_t)
-        if HAS_G:
-            if GATE_GRAD:
-                tl.store(dg + part * T + t, dg_c, mask=in_t)
-    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
-
-
 def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
     [B, NH, N, K, V], T of each chunk [B, NH, N, C, C], W [B, NH, T, K] and V_new
@@ -479,7 +312,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
 
 class _TlDelta(torch.autograd.Function):
     """The kernels under autograd: the forward keeps the inputs, the states entering each
-    chunk, T, W and V_new; the backward is one launch of _tl_delta_bwd."""
+    chunk, T, W and V_new; the backward is five launches (delta_bwd.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, initial_state, chunk_size, operands):
@@ -492,57 +325,14 @@ class _TlDelta(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
-        q, k, v, beta, g, states, inverses, w, v_new = ctx.saved_tensors
-        batch, heads, length, d_k = q.shape
-        d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_delta_bwd)
-        n_v = grid[0]
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v)
-        dbeta = dv.new_empty(n_v, batch, heads, length)
+        q, k, v, beta, g, *kept = ctx.saved_tensors
         gate_grad = g is not None and ctx.needs_input_grad[4]
-        dg = torch.empty_like(dbeta) if gate_grad else dbeta
-        _tl_delta_bwd[grid](
-            q,
-            k,
-            v,
-            beta,
-            q if g is None else g,
-            d_o,
-            states,
-            inverses,
-            w,
-            v_new,
-            d_final,
-            dq,
-            dk,
-            dv,
-            dbeta,
-            dg,
-            d_initial,
-            length,
-            heads,
-            d_k,
-            d_v,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *beta.stride(),
-            *_tl_strides(g, 3),
-            *d_o.stride(),
-            *w.stride(),
-            *v_new.stride(),
-            HAS_G=g is not None,
-            GATE_GRAD=gate_grad,
-            BT=block_t,
-            BK=block_k,
-            BV=block_v,
-            DOT=ctx.dot,
-            **_tl_launch(_tl_delta_bwd),
+        dq, dk, dv, dbeta, d_gate, d_initial = _tl_delta_backward(
+            q, k, v, beta, g, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
         )
-        d_gate = dg.sum(0) if gate_grad else None
         if not ctx.needs_input_grad[5]:  # no initial state, or one without a gradient
             d_initial = None
-        return dq.sum(0), dk.sum(0), dv, dbeta.sum(0), d_gate, d_initial, None, None
+        return dq, dk, dv, dbeta, d_gate, d_initial, None, None
 
 
 def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64, operands=None):
