@@ -169,7 +169,9 @@ class Shared:
     The emitter runs twice. In the first run the point records the tree of computations each
     expression emits (`trees`); `choose` then picks what to share: the longest repeated text,
     then again on what is left, so `f(g(x))` twice is one local, and g(x) gets its own only
-    if it is used elsewhere too. In the second run the point emits with those locals."""
+    if it is used elsewhere too. In the second run the point emits with those locals. The
+    rotations of one turn are locals too, defined together by one _rotated_all call at the
+    first one's use (one operator under torch.compile): those whose vector reads no state."""
 
     def __init__(self) -> None:
         self.trees: list[tuple[str, Expr, list]] = []
@@ -241,9 +243,12 @@ class Shared:
             counts: dict[str, list] = {}  # text -> [count, expression, computations inside]
             for tree in self.trees:
                 _count(tree, counts, chosen)
-            for text in list(chosen):  # each local's own definition, once
-                for tree in counts[text][2]:
-                    _count(tree, counts, chosen)
+            pending = list(chosen)  # each local's own definition, once (one inside another's
+            while any(t in counts for t in pending):  # once that one's is counted)
+                for text in [t for t in pending if t in counts]:
+                    pending.remove(text)
+                    for tree in counts[text][2]:
+                        _count(tree, counts, chosen)
             repeated = [t for t, (n, _, _) in counts.items() if n > 1 and t not in chosen]
             if not repeated:
                 order = list(counts)
@@ -254,12 +259,14 @@ class Shared:
 
 def _hoistable(py: PyExpr, x: Expr) -> bool:
     """Whether the vector `x` of a rotation reads the spec's inputs (at any token), parameters
-    and sizes only, which are bound before any line of a point: its rotation may then be
-    computed with an earlier one of its turn, before its own first use (a state's readout is
-    bound within the point, after the call that computes it)."""
+    and sizes only, which are bound before any line of a point, and turns nothing itself: its
+    rotation may then be computed with an earlier one of its turn, before its own first use (a
+    state's readout is bound within the point, after the call that computes it)."""
     mixer = py.typer.mixer
     inputs, params = {d.name for d in mixer.inputs}, {p.name for p in mixer.params}
     for node in walk(x):
+        if isinstance(node, Call) and node.func in ROTATIONS:
+            return False
         if isinstance(node, Timed) and node.name not in inputs:
             return False
         if isinstance(node, Name) and node.name not in params and not py._size(node.name):
