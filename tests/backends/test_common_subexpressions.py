@@ -102,3 +102,35 @@ def test_a_two_argument_builtin_without_a_rule_is_refused(monkeypatch):
     emit = PyExpr(typer=None, names=lambda e: e.name)
     with pytest.raises(NotImplementedError, match="hypot"):
         emit(Call("hypot", (Name("x"), Name("y"))))
+
+
+#: The key and the query turned by one turn (by angles of the token), and the readout turned by it again: a rotation
+#: that reads the state beside rotations that read the inputs only.
+ROTATED_READOUT = """mixer rotated_readout "a readout turned by the turn of its query and key"
+in    q[K], k[K], v[K], a[K]
+state H[K, K]
+H_t = H_{t-1} + v_t rotate_interleaved(k_t, a_t)^T
+y_t = rotate_interleaved(H_t rotate_interleaved(q_t, a_t), a_t)
+"""
+
+
+def test_the_rotations_of_one_turn_are_one_call():
+    """mamba3_mimo turns B1, B2 (and C1, C2) by two turns (the previous token's angles and
+    the current's): one _rotated_all call for each turn (one operator call under torch.compile,
+    the turn computed once), no rotation alone."""
+    functions = _functions(mixc.compile_source(ROOT / "specs" / "mamba3_mimo.mix"))
+    for name in ("chunk", "parallel", "_recurrence"):
+        body = functions[name]
+        assert body.count("_rotated_all(") == 2 and "_rotated(" not in body, body
+        assert body.count("(C2_bias, C2") + body.count("(C2_t, C2_bias)") == 1, body
+
+
+def test_a_rotation_that_reads_a_state_is_not_moved_before_it():
+    """A rotation whose vector reads a state is computed where it is used, not with the earlier
+    rotations of its turn (which read inputs only, bound before): there it would read the state
+    before the kernel or the step computes it. Every form agrees with the float64 oracle."""
+    functions = _functions(mixc.compile_source(text=ROTATED_READOUT))
+    for name in ("parallel", "_recurrence"):
+        body = functions[name]
+        assert body.count("_rotated_all(") == 1 and body.count("_rotated(") == 1, body
+    agrees_with_the_oracle(ROTATED_READOUT)

@@ -12,6 +12,7 @@ import re
 
 from mixc.backends.pytorch.lines import Lines, comment, string
 from mixc.backends.pytorch.pyexpr import constant
+from mixc.frontend.builtins import ROTATIONS
 from mixc.frontend.ir import Binary, Call, Expr, Neg
 from mixc.frontend.names import called
 
@@ -91,6 +92,8 @@ def local_base(e: Expr, spec_names: dict[Expr, str]) -> str:
     computation's name (`exp_logsigmoid_f`)."""
     if e in spec_names:
         return spec_names[e]
+    if isinstance(e, Call) and e.func in ROTATIONS:  # its vector turned: the helper's name aside
+        return called("turned", e.args)
     if isinstance(e, Call):
         if len(e.args) == 1 and isinstance(e.args[0], Call):
             inner = f"{e.func}_{local_base(e.args[0], spec_names)}"

@@ -169,7 +169,9 @@ class Shared:
     The emitter runs twice. In the first run the point records the tree of computations each
     expression emits (`trees`); `choose` then picks what to share: the longest repeated text,
     then again on what is left, so `f(g(x))` twice is one local, and g(x) gets its own only
-    if it is used elsewhere too. In the second run the point emits with those locals."""
+    if it is used elsewhere too. In the second run the point emits with those locals. The
+    rotations of one turn are locals too, defined together by one _rotated_all call at the
+    first one's use (one operator under torch.compile): those whose vector reads no state."""
 
     def __init__(self) -> None:
         self.trees: list[tuple[str, Expr, list]] = []
@@ -178,6 +180,10 @@ class Shared:
         self.locals: dict[str, str] = {}  # plain text -> local
         self.out: Callable[[str], None] = lambda line: None
         self._defined: set[str] = set()
+        # the rotations recorded (text -> (function, turn's text), expression); those chosen
+        # to be turned together: each text -> its group, in order of first occurrence
+        self._rotations: dict[str, tuple[tuple[str, str], Expr]] = {}
+        self.grouped: dict[str, list[tuple[str, Expr]]] = {}
 
     def emit(self, py: PyExpr, e: Expr) -> tuple[str, int]:
         # a call goes straight to PyExpr._call, as _compute would send it: a Python frame
@@ -188,31 +194,84 @@ class Shared:
             text, level = (py._call(e), _ATOM) if call else py._compute(e)
             inner = self._open.pop()
             (self._open[-1] if self._open else self.trees).append((text, e, inner))
+            self._record_rotation(py, e, text, inner)
             return text, level
-        local = self.locals.get(py.plain(e))
+        text = py.plain(e)
+        local = self.locals.get(text)
         if local is None:
             return (py._call(e), _ATOM) if call else py._compute(e)
+        if local not in self._defined and text in self.grouped:
+            self._define_group(py, text)
         if local not in self._defined:
             self._defined.add(local)
             self.out(f"{local} = {py._call(e) if call else py._compute(e)[0]}")
         return local, _ATOM
 
+    def _record_rotation(self, py: PyExpr, e: Expr, text: str, inner: list) -> None:
+        """Note the rotation `e` (emitted as `text`) by its function and its turn's text,
+        where it may be turned with the others of that turn (_hoistable)."""
+        turns = [t for t, x, _ in inner if isinstance(x, Call) and x.func == TURNING]
+        if isinstance(e, Call) and e.func in ROTATIONS and turns and _hoistable(py, e.args[0]):
+            self._rotations.setdefault(text, ((e.func, turns[0]), e))
+
+    def _define_group(self, py: PyExpr, text: str) -> None:
+        """Define the local of the rotation `text` with those of the others of its turn not
+        defined yet, in one call of _rotated_all: the turn computed once (one operator call
+        under torch.compile), each vector as the rotation alone would turn it."""
+        members = [
+            (t, m)
+            for t, m in self.grouped[text]
+            if self.locals[t] not in self._defined and (t == text or py.plain(m) == t)
+        ]
+        if len(members) < 2:
+            return
+        calls = [py.rotation(m) for _, m in members]
+        sums = ", ".join(f"({x}, {plus})" for _, x, _, plus in calls)
+        targets = ", ".join(self.locals[t] for t, _ in members)
+        self._defined.update(self.locals[t] for t, _ in members)
+        self.out(f"{targets} = _rotated_all({calls[0][0]}, {calls[0][2]}, {sums})")
+
     def choose(self) -> dict[str, Expr]:
         """The texts to share (in order of first occurrence), each with its expression."""
-        chosen: dict[str, Expr] = {}
+        groups: dict[tuple[str, str], list[tuple[str, Expr]]] = {}
+        for text, (key, e) in self._rotations.items():
+            groups.setdefault(key, []).append((text, e))
+        shared = [g for g in groups.values() if len(g) > 1]
+        self.grouped = {t: g for g in shared for t, _ in g}
+        chosen: dict[str, Expr] = {t: e for g in shared for t, e in g}  # each group's locals
         while True:
             counts: dict[str, list] = {}  # text -> [count, expression, computations inside]
             for tree in self.trees:
                 _count(tree, counts, chosen)
-            for text in list(chosen):  # each local's own definition, once
-                for tree in counts[text][2]:
-                    _count(tree, counts, chosen)
+            pending = list(chosen)  # each local's own definition, once (one inside another's
+            while any(t in counts for t in pending):  # once that one's is counted)
+                for text in [t for t in pending if t in counts]:
+                    pending.remove(text)
+                    for tree in counts[text][2]:
+                        _count(tree, counts, chosen)
             repeated = [t for t, (n, _, _) in counts.items() if n > 1 and t not in chosen]
             if not repeated:
                 order = list(counts)
                 return {t: chosen[t] for t in sorted(chosen, key=order.index)}
             pick = max(repeated, key=len)  # the first of the longest: max keeps the first
             chosen[pick] = counts[pick][1]
+
+
+def _hoistable(py: PyExpr, x: Expr) -> bool:
+    """Whether the vector `x` of a rotation reads the spec's inputs (at any token), parameters
+    and sizes only, which are bound before any line of a point, and turns nothing itself: its
+    rotation may then be computed with an earlier one of its turn, before its own first use (a
+    state's readout is bound within the point, after the call that computes it)."""
+    mixer = py.typer.mixer
+    inputs, params = {d.name for d in mixer.inputs}, {p.name for p in mixer.params}
+    for node in walk(x):
+        if isinstance(node, Call) and node.func in ROTATIONS:
+            return False
+        if isinstance(node, Timed) and node.name not in inputs:
+            return False
+        if isinstance(node, Name) and node.name not in params and not py._size(node.name):
+            return False
+    return True
 
 
 def _count(tree: tuple[str, Expr, list], counts: dict[str, list], chosen: dict) -> None:
@@ -319,17 +378,8 @@ class PyExpr:
         if e.func in _ANGLED:  # the angle may be float64 (a position): see _cos
             return f"{BUILTINS[e.func].torch}({self._emit(e.args[0])[0]}, _dtype)"
         if e.func in ROTATIONS:
-            # the turn e^(i theta) of each pair, a call of its own: q's and k's share it
-            x, theta = e.args
-            d = self.shape(x)[0]
-            turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
-            rotate, turn = BUILTINS[e.func].torch, self._emit(turning)[0]
-            shape = self.shape(x)
-            if isinstance(x, Binary) and x.op == "+" and self.shape(x.left) == shape:
-                if self.shape(x.right) == shape:  # a vector and its bias: added in the rotation
-                    left, right = (self._emit(y)[0] for y in (x.left, x.right))
-                    return f"_rotated({rotate}, {left}, {turn}, {right})"  # see _rotated
-            return f"_rotated({rotate}, {self._emit(x)[0]}, {turn})"  # see _turning_of
+            rotate, x, turn, plus = self.rotation(e)  # see _rotated and _turning_of
+            return f"_rotated({rotate}, {x}, {turn}{'' if plus == 'None' else ', ' + plus})"
         if e.func == TURNING:
             return _turning_call(self, *e.args)
         if BUILTINS[e.func].arity != 1:
@@ -346,6 +396,21 @@ class PyExpr:
         # the operand through _emit, not __call__: every level of a deep nest of calls costs
         # as few Python frames as it can (the parser allows MAX_DEPTH levels)
         return f"{self.functions.get(e.func, BUILTINS[e.func].torch)}({self._emit(arg)[0]})"
+
+    def rotation(self, e: Call) -> tuple[str, str, str, str]:
+        """The rotation `e`'s function, vector, turn and addend ('None' for none) as emitted:
+        a vector and its bias added inside the rotation (see _rotated)."""
+        # the turn e^(i theta) of each pair, a call of its own: q's and k's share it
+        x, theta = e.args
+        d = self.shape(x)[0]
+        turning = Call(TURNING, (theta, Number(d) if d.isdigit() else Name(d)))
+        rotate, turn = BUILTINS[e.func].torch, self._emit(turning)[0]
+        shape = self.shape(x)
+        if isinstance(x, Binary) and x.op == "+" and self.shape(x.left) == shape:
+            if self.shape(x.right) == shape:
+                left, right = (self._emit(y)[0] for y in (x.left, x.right))
+                return rotate, left, turn, right
+        return rotate, self._emit(x)[0], turn, "None"
 
     def eye(self, shape: Shape) -> str:
         n = shape[0]

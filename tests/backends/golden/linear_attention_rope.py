@@ -1936,9 +1936,10 @@ def parallel(q, k, v, *, theta=None):
     _turn2 = _turning_at(
         _compact(pos), _compact(theta, _sizes["K"] // 2), _sizes["K"], _dtype, pos, theta
     )
-    _k_H = _seq_vector(_rotated(_rotate_interleaved, k, _turn2), _sizes)
+    _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn2, (k, None), (q, None))
+    _k_H = _seq_vector(_turned, _sizes)
     _v_H = _seq_vector(v, _sizes)
-    _q = _seq_vector(_rotated(_rotate_interleaved, q, _turn2), _sizes)
+    _q = _seq_vector(_turned2, _sizes)
     _o = _parallel_scalar_decay(_q, _k_H, _v_H)
     _read_H = _from_seq(_o)  # H_t rotate_interleaved(q_t, pos_t theta)
     y = _read_H.squeeze(-1).to(_out_dtype)  # y_t = H_t rotate_interleaved(q_t, pos_t theta)
@@ -1979,10 +1980,9 @@ def _recurrence(q, k, v, theta, H, _pos, _sizes, _dtype, _device):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
         _turn2 = _turning_of(pos_t * theta, _sizes["K"], _dtype)
-        # H_{t-1} + v_t rotate_interleaved(k_t, pos_t theta)^T
-        H_t = H + (v_t @ _rotated(_rotate_interleaved, k_t, _turn2).mT)
-        # y_t = H_t rotate_interleaved(q_t, pos_t theta)
-        _ys.append(H_t @ _rotated(_rotate_interleaved, q_t, _turn2))
+        _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn2, (k_t, None), (q_t, None))
+        H_t = H + (v_t @ _turned.mT)  # H_{t-1} + v_t rotate_interleaved(k_t, pos_t theta)^T
+        _ys.append(H_t @ _turned2)  # y_t = H_t rotate_interleaved(q_t, pos_t theta)
         H, _pos = H_t, _pos + 1
     return _torch.stack(_ys, 1), (H, _pos)
 

@@ -2126,13 +2126,13 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     _v1_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
     _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    # rotate_interleaved(B_bias + B_t, _r1)
-    _k2_H = _seq_vector(_rotated(_rotate_interleaved, B_bias, _turn__r1_N, B), _sizes)
+    _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn__r1_N, (B_bias, B), (C_bias, C))
+    _k2_H = _seq_vector(_turned, _sizes)  # rotate_interleaved(B_bias + B_t, _r1)
     _v2_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t
     _k_H = _sub_tokens([_k1_H, _k2_H])  # 2 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H)])  # 2 sub-tokens a token, one per step
-    _q = _seq_vector(_rotated(_rotate_interleaved, C_bias, _turn__r1_N, C), _sizes)
+    _q = _seq_vector(_turned2, _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 1::2]  # each token's last sub-token
@@ -2192,15 +2192,16 @@ def _recurrence(
         )
         _lam = _torch.sigmoid(l_t)
         _turn_Th_N = _turning_of(Th_t, _sizes["N"], _dtype)
+        _turn3, _turn4 = _rotated_all(_rotate_interleaved, _turn_Th_N, (B_t, B_bias), (C_t, C_bias))
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t x_{t-1} turn(B_{t-1} + B_bias, Th_{t-1})^T + lam_t dt_t x_t turn(B_t + B_bias, Th_t)^T
         H_t = (
             _torch.exp(-A_t * dt_t) * H
             + dt_t * _a * (_prev_x @ _turn2.mT)
             - dt_t * _a * _lam * (_prev_x @ _turn2.mT)
-            + dt_t * _lam * (x_t @ _rotated(_rotate_interleaved, B_t, _turn_Th_N, B_bias).mT)
+            + dt_t * _lam * (x_t @ _turn3.mT)
         )
         # y_t = (H_t turn(C_t + C_bias, Th_t) + D x_t) * silu(z_t)
-        _ys.append(_torch.addcmul(H_t @ _rotated(_rotate_interleaved, C_t, _turn_Th_N, C_bias), D, x_t) * _F.silu(z_t))
+        _ys.append(_torch.addcmul(H_t @ _turn4, D, x_t) * _F.silu(z_t))
         Th, H, _prev_x, _prev_B = Th_t, H_t, x_t, B_t
     return _torch.stack(_ys, 1), (Th, H, _prev_x, _prev_B)
 

@@ -2184,10 +2184,10 @@ def chunk(
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay_rank, reading _read_Th, _read2_Th
     _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
-    # rotate_halves(B1_bias + B1_{t-1}, _r0)
-    _k1_H = _seq_vector(
-        _rotated(_rotate_halves, B1_bias, _turn__r0_N, _prev_B1), _sizes, cu_seqlens
+    _turned, _turned2 = _rotated_all(
+        _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
     )
+    _k1_H = _seq_vector(_turned, _sizes, cu_seqlens)  # rotate_halves(B1_bias + B1_{t-1}, _r0)
     _negated = -A * dt
     _product2 = dt * _torch.exp(_negated)
     _lam = _torch.sigmoid(l)
@@ -2195,27 +2195,25 @@ def chunk(
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x1)
     _v1_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes, cu_seqlens)
     _g1_H = _seq_scalar(_negated, _sizes, cu_seqlens)  # -A_t dt_t
-    # rotate_halves(B2_bias + B2_{t-1}, _r0)
-    _k2_H = _seq_vector(
-        _rotated(_rotate_halves, B2_bias, _turn__r0_N, _prev_B2), _sizes, cu_seqlens
-    )
+    _k2_H = _seq_vector(_turned2, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes, cu_seqlens)
     _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    # rotate_halves(B1_bias + B1_t, _r1)
-    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias, _turn__r1_N, B1), _sizes, cu_seqlens)
+    _turned3, _turned4, _turned5, _turned6 = _rotated_all(
+        _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
+    )
+    _k3_H = _seq_vector(_turned3, _sizes, cu_seqlens)  # rotate_halves(B1_bias + B1_t, _r1)
     _product = dt * _lam
     # dt_t sigmoid(l_t) (x_t * mimo_x1)
     _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes, cu_seqlens)
-    # rotate_halves(B2_bias + B2_t, _r1)
-    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias, _turn__r1_N, B2), _sizes, cu_seqlens)
+    _k4_H = _seq_vector(_turned4, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_t, _r1)
     # dt_t sigmoid(l_t) (x_t * mimo_x2)
     _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes, cu_seqlens)
     _k_H = [_k1_H, _k2_H, _k3_H, _k4_H]  # 4 writes a token, taken together
     _v_H = [_v1_H, _v2_H, _v3_H, _v4_H]  # 4 writes a token, taken together
     _S0_H = H.mT
-    _q1 = _seq_vector(_rotated(_rotate_halves, C1_bias, _turn__r1_N, C1), _sizes, cu_seqlens)
-    _q2 = _seq_vector(_rotated(_rotate_halves, C2_bias, _turn__r1_N, C2), _sizes, cu_seqlens)
+    _q1 = _seq_vector(_turned5, _sizes, cu_seqlens)
+    _q2 = _seq_vector(_turned6, _sizes, cu_seqlens)
     # 2 queries of one state, one pass
     del _difference, _k1_H, _k2_H, _k3_H, _k4_H, _lam, _negated, _product, _product2, _read2_Th, _read_Th, _turn__r0_N, _turn__r1_N, _v1_H, _v2_H, _v3_H, _v4_H, _v_Th
     (_o1, _o2), _S = _chunk_scalar_decay_rank(
@@ -2354,8 +2352,10 @@ def parallel(
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
     _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
-    # rotate_halves(B1_bias + B1_{t-1}, _r0)
-    _k1_H = _seq_vector(_rotated(_rotate_halves, B1_bias, _turn__r0_N, _prev_B1), _sizes)
+    _turned, _turned2 = _rotated_all(
+        _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
+    )
+    _k1_H = _seq_vector(_turned, _sizes)  # rotate_halves(B1_bias + B1_{t-1}, _r0)
     _negated = -A * dt
     _product2 = dt * _torch.exp(_negated)
     _lam = _torch.sigmoid(l)
@@ -2363,28 +2363,28 @@ def parallel(
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x1)
     _v1_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes)
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
-    # rotate_halves(B2_bias + B2_{t-1}, _r0)
-    _k2_H = _seq_vector(_rotated(_rotate_halves, B2_bias, _turn__r0_N, _prev_B2), _sizes)
+    _k2_H = _seq_vector(_turned2, _sizes)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes)
     _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    # rotate_halves(B1_bias + B1_t, _r1)
-    _k3_H = _seq_vector(_rotated(_rotate_halves, B1_bias, _turn__r1_N, B1), _sizes)
+    _turned3, _turned4, _turned5, _turned6 = _rotated_all(
+        _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
+    )
+    _k3_H = _seq_vector(_turned3, _sizes)  # rotate_halves(B1_bias + B1_t, _r1)
     _product = dt * _lam
     _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x1)
-    # rotate_halves(B2_bias + B2_t, _r1)
-    _k4_H = _seq_vector(_rotated(_rotate_halves, B2_bias, _turn__r1_N, B2), _sizes)
+    _k4_H = _seq_vector(_turned4, _sizes)  # rotate_halves(B2_bias + B2_t, _r1)
     _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x2)
     _k_H = _sub_tokens([_k1_H, _k2_H, _k3_H, _k4_H])  # 4 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H, _v3_H, _v4_H])  # 4 sub-tokens a token, one per step
     # 4 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H), _torch.zeros_like(_g1_H), _torch.zeros_like(_g1_H)])
-    _q = _seq_vector(_rotated(_rotate_halves, C1_bias, _turn__r1_N, C1), _sizes)
+    _q = _seq_vector(_turned5, _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _torch.zeros_like(_q), _torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
     _read_H = _from_seq(_o)  # H_t rotate_halves(C1_bias + C1_t, _r1)
-    _q = _seq_vector(_rotated(_rotate_halves, C2_bias, _turn__r1_N, C2), _sizes)
+    _q = _seq_vector(_turned6, _sizes)
     _q = _sub_tokens([_torch.zeros_like(_q), _torch.zeros_like(_q), _torch.zeros_like(_q), _q])
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
@@ -2509,12 +2509,21 @@ def _recurrence(
         Th_t = Th + 3.141592653589793 * dt_t.double() * _torch.tanh(w_t.double())
         _a = _torch.exp(-dt_t * A_t)
         _product_mimo_x1_x = mimo_x1 * _prev_x
-        _turn_Th_N2 = _turning_of(Th, _sizes["N"], _dtype)
-        _turn2 = _rotated(_rotate_halves, _prev_B1, _turn_Th_N2, B1_bias)
+        _turn_Th_N = _turning_of(Th, _sizes["N"], _dtype)
+        _turn2, _turn3 = _rotated_all(
+            _rotate_halves, _turn_Th_N, (_prev_B1, B1_bias), (_prev_B2, B2_bias)
+        )
         _lam = _torch.sigmoid(l_t)
         _product_mimo_x2_x = mimo_x2 * _prev_x
-        _turn3 = _rotated(_rotate_halves, _prev_B2, _turn_Th_N2, B2_bias)
-        _turn_Th_N = _turning_of(Th_t, _sizes["N"], _dtype)
+        _turn_Th_N2 = _turning_of(Th_t, _sizes["N"], _dtype)
+        _turn4, _turn5, _turn6, _turn7 = _rotated_all(
+            _rotate_halves,
+            _turn_Th_N2,
+            (B1_t, B1_bias),
+            (B2_t, B2_bias),
+            (C1_t, C1_bias),
+            (C2_t, C2_bias),
+        )
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t (mimo_x1 * x_{t-1}) turn(B1_{t-1} + B1_bias, Th_{t-1})^T + (1 - lam_t) dt_t a_t (mimo_x2 * x_{t-1}) turn(B2_{t-1} + B2_bias, Th_{t-1})^T + lam_t dt_t (mimo_x1 * x_t) turn(B1_t + B1_bias, Th_t)^T + lam_t dt_t (mimo_x2 * x_t) turn(B2_t + B2_bias, Th_t)^T
         H_t = (
             _torch.exp(-A_t * dt_t) * H
@@ -2522,11 +2531,11 @@ def _recurrence(
             - dt_t * _a * _lam * (_product_mimo_x1_x @ _turn2.mT)
             + dt_t * _a * (_product_mimo_x2_x @ _turn3.mT)
             - dt_t * _a * _lam * (_product_mimo_x2_x @ _turn3.mT)
-            + dt_t * _lam * ((mimo_x1 * x_t) @ _rotated(_rotate_halves, B1_t, _turn_Th_N, B1_bias).mT)
-            + dt_t * _lam * ((mimo_x2 * x_t) @ _rotated(_rotate_halves, B2_t, _turn_Th_N, B2_bias).mT)
+            + dt_t * _lam * ((mimo_x1 * x_t) @ _turn4.mT)
+            + dt_t * _lam * ((mimo_x2 * x_t) @ _turn5.mT)
         )
         # y_t = mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
-        _ys.append(_torch.addcmul(mimo_o1 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C1_t, _turn_Th_N, C1_bias), D * mimo_x1, x_t) * _F.silu(mimo_z1 * z_t), mimo_o2 * _torch.addcmul(H_t @ _rotated(_rotate_halves, C2_t, _turn_Th_N, C2_bias), D * mimo_x2, x_t), _F.silu(mimo_z2 * z_t)))
+        _ys.append(_torch.addcmul(mimo_o1 * _torch.addcmul(H_t @ _turn6, D * mimo_x1, x_t) * _F.silu(mimo_z1 * z_t), mimo_o2 * _torch.addcmul(H_t @ _turn7, D * mimo_x2, x_t), _F.silu(mimo_z2 * z_t)))
         Th, H, _prev_x, _prev_B1, _prev_B2 = Th_t, H_t, x_t, B1_t, B2_t
     return _torch.stack(_ys, 1), (Th, H, _prev_x, _prev_B1, _prev_B2)
 

@@ -2161,13 +2161,15 @@ def _recurrence(q, k, v, gamma, theta, zeta, H, _pos, _sizes, _dtype, _device):
         q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
         _turn2 = _turning_of(pos_t * theta, _sizes["K"], _dtype)
-        # gamma H_{t-1} diag(zeta^(1 / 512)) + v_t rotate_interleaved(k_t / sqrt(K), pos_t theta)^T
-        H_t = (
-            gamma * H * (zeta ** 0.001953125).mT
-            + (v_t @ _rotated(_rotate_interleaved, k_t / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)), _turn2).mT)
+        _turned, _turned2 = _rotated_all(
+            _rotate_interleaved,
+            _turn2,
+            (k_t / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)), None),
+            (q_t, None),
         )
-        # y_t = H_t rotate_interleaved(q_t, pos_t theta)
-        _ys.append(H_t @ _rotated(_rotate_interleaved, q_t, _turn2))
+        # gamma H_{t-1} diag(zeta^(1 / 512)) + v_t rotate_interleaved(k_t / sqrt(K), pos_t theta)^T
+        H_t = gamma * H * (zeta ** 0.001953125).mT + (v_t @ _turned.mT)
+        _ys.append(H_t @ _turned2)  # y_t = H_t rotate_interleaved(q_t, pos_t theta)
         H, _pos = H_t, _pos + 1
     return _torch.stack(_ys, 1), (H, _pos)
 
