@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "RESULTS-bf16-operands.md"
 sys.path.insert(0, str(ROOT))  # this checkout's mixc
 
-from mixc.check.operands import declared_operands, drawn_operand_bounds  # noqa: E402
+from mixc.check.forms import drawn_operand_bounds  # noqa: E402
+from mixc.check.operands import declared_operands  # noqa: E402
 from mixc.driver import compile_source  # noqa: E402
 
 

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from mixc.check.operands import rounded_operands, rounding_module
-from mixc.check.ranges import InputRanges
-from mixc.check.sampling import Case, Example, make_case
+from mixc.check.ranges import InputRanges, input_ranges
+from mixc.check.sampling import Case, Example, examples, make_case
 from mixc.check.tolerance import (
     FACTOR,
     MODEL_CAP,
@@ -32,7 +32,7 @@ from mixc.check.tolerance import (
 )
 from mixc.errors import MixcError
 
-__all__ = ["Failure", "Invalid", "check"]
+__all__ = ["Failure", "Invalid", "check", "drawn_operand_bounds"]
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,40 @@ def _operand_targets(r: InputRanges, module: types.ModuleType, x: _Rounded, targ
         modelled = min(FACTOR * cost + conditioned[q][1], MODEL_CAP)
         raised[q] = (floor, max(bound, modelled))
     return ref, raised, conditioned
+
+
+def drawn_operand_bounds(
+    path, operands: dict[str, tuple[str, ...]], n: int, max_T: int
+) -> list[tuple[str, float, float, float]]:
+    """(quantity, the modelled bound, the plain bfloat16 rule's bound, the float32 bound) for
+    every quantity of n examples of the spec at `path`, drawn as `mixc fuzz --dtype bfloat16`
+    draws them (derandomised), when the kernels in `operands` round those arguments."""
+    from hypothesis import HealthCheck, given, settings
+
+    r = input_ranges(path)
+    module = types.SimpleNamespace(OPERANDS=dict(operands))
+    found: list[tuple[str, float, float, float]] = []
+
+    @settings(
+        max_examples=n,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(examples(r, max_T=max_T, chunked=True))
+    def draw(ex):
+        x = _rounded(make_case(r, ex), torch.bfloat16)
+        try:
+            target = _targets(r, x, ex.seed, torch.bfloat16, from_states=True)
+        except Invalid:
+            return
+        _, plain, fp32 = target
+        raised = _operand_targets(r, module, x, target)[1]
+        found.extend((q, raised[q][1], plain[q][1], fp32[q][1]) for q in raised)
+
+    draw()
+    return found
 
 
 def _conditioned_limits(

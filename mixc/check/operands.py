@@ -29,7 +29,7 @@ import torch
 from mixc.errors import Source
 from mixc.frontend.spec import Spec
 
-__all__ = ["declared_operands", "drawn_operand_bounds", "rounded_operands", "rounding_module"]
+__all__ = ["declared_operands", "rounded_operands", "rounding_module"]
 
 
 def rounded_operands(module: types.ModuleType) -> dict[str, tuple[str, ...]]:
@@ -49,44 +49,6 @@ def declared_operands(text: str) -> dict[str, tuple[str, ...]]:
         if line.startswith("OPERANDS = "):
             return ast.literal_eval(line.removeprefix("OPERANDS = "))
     return {}
-
-
-def drawn_operand_bounds(
-    path, operands: Mapping[str, tuple[str, ...]], n: int, max_T: int
-) -> list[tuple[str, float, float, float]]:
-    """(quantity, the modelled bound, the plain bfloat16 rule's bound, the float32 bound) for
-    every quantity of n examples of the spec at `path`, drawn as `mixc fuzz --dtype bfloat16`
-    draws them (derandomised), when the kernels in `operands` round those arguments."""
-    from hypothesis import HealthCheck, given, settings
-
-    from mixc.check import forms
-    from mixc.check.ranges import input_ranges
-    from mixc.check.sampling import examples, make_case
-
-    r = input_ranges(path)
-    module = types.SimpleNamespace(OPERANDS=dict(operands))
-    found: list[tuple[str, float, float, float]] = []
-
-    @settings(
-        max_examples=n,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(examples(r, max_T=max_T, chunked=True))
-    def draw(ex):
-        x = forms._rounded(make_case(r, ex), torch.bfloat16)
-        try:
-            target = forms._targets(r, x, ex.seed, torch.bfloat16, from_states=True)
-        except forms.Invalid:
-            return
-        _, plain, fp32 = target
-        raised = forms._operand_targets(r, module, x, target)[1]
-        found.extend((q, raised[q][1], plain[q][1], fp32[q][1]) for q in raised)
-
-    draw()
-    return found
 
 
 def rounding_module(

@@ -577,10 +577,12 @@ MUTANTS = [
         "_q_next = _next_tokens(_q, True, cu_seqlens)  # the next token's query, in reverse time "
         "order\n    _o, _S = _chunk_diagonal(\n"
         "        _q_next, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n    )\n"
+        "    del _gk_G, _k_G, _q_next, _v_G\n"
         "    # S_{t-1} q_t, back in time order\n"
         "    _o = _previous_tokens(_o, _final_tokens(_q, cu_seqlens) @ _S0_G, True, cu_seqlens)\n",
         "_q_next = _reverse_tokens(_q, cu_seqlens)\n    _o, _S = _chunk_diagonal(\n"
         "        _q_next, _k_G, _v_G, gk=_gk_G, initial_state=_S0_G, chunk_size=chunk_size\n    )\n"
+        "    del _gk_G, _k_G, _q_next, _v_G\n"
         "    _o = _reverse_tokens(_o, cu_seqlens)\n",
         {"chunk"},
         NUMERICAL,

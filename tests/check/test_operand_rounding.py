@@ -16,7 +16,6 @@ from mixc.check import fuzz
 from mixc.check.operands import (
     _rounding,
     declared_operands,
-    drawn_operand_bounds,
     rounded_operands,
     rounding_module,
 )
@@ -139,7 +138,7 @@ def _modelled_costs(name: str, operands: dict, n: int = 3) -> list[tuple[str, fl
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(forms, "MODEL_CAP", float("inf"))
-        drawn = drawn_operand_bounds(SPECS_DIR / f"{name}.mix", operands, n, max_T=60)
+        drawn = forms.drawn_operand_bounds(SPECS_DIR / f"{name}.mix", operands, n, max_T=60)
     return [(q, raised - fp32) for q, raised, plain, fp32 in drawn if raised > plain]
 
 

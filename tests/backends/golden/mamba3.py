@@ -1510,11 +1510,12 @@ def _register_rotations(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` over the rotations among
     `functions` (a module's globals) under `namespace` (as operators.py's _register_spans
     does), unless they are registered already, and let _rotated and _rotated_all call them
-    under torch.compile from now on. Returns the operator `rotate`."""
+    under torch.compile from now on (through the module's _Operators, copied from operators.py
+    beside them). Returns the operator `rotate`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "rotate"):
         _define_rotation(namespace, functions)
-    _Operators.rotate = ops.rotate
+    functions["_Operators"].rotate = ops.rotate
     return ops.rotate
 
 
@@ -1915,8 +1916,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_b2911a7965baca0b", globals())
-_operator_rotations = _register_rotations("mixc_b2911a7965baca0b", globals())
+_operator_spans = _register_spans("mixc_b70686a781854e9a", globals())
+_operator_rotations = _register_rotations("mixc_b70686a781854e9a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

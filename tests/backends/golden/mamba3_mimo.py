@@ -1454,11 +1454,12 @@ def _register_rotations(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` over the rotations among
     `functions` (a module's globals) under `namespace` (as operators.py's _register_spans
     does), unless they are registered already, and let _rotated and _rotated_all call them
-    under torch.compile from now on. Returns the operator `rotate`."""
+    under torch.compile from now on (through the module's _Operators, copied from operators.py
+    beside them). Returns the operator `rotate`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "rotate"):
         _define_rotation(namespace, functions)
-    _Operators.rotate = ops.rotate
+    functions["_Operators"].rotate = ops.rotate
     return ops.rotate
 
 
@@ -1944,8 +1945,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_a3dbcd55c0731eb8", globals())
-_operator_rotations = _register_rotations("mixc_a3dbcd55c0731eb8", globals())
+_operator_spans = _register_spans("mixc_ab9a0ea2a7e5322f", globals())
+_operator_rotations = _register_rotations("mixc_ab9a0ea2a7e5322f", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2215,7 +2216,7 @@ def chunk(
     _q1 = _seq_vector(_turned5, _sizes, cu_seqlens)
     _q2 = _seq_vector(_turned6, _sizes, cu_seqlens)
     # 2 queries of one state, one pass
-    del _difference, _k1_H, _k2_H, _k3_H, _k4_H, _lam, _negated, _product, _product2, _read2_Th, _read_Th, _turn__r0_N, _turn__r1_N, _v1_H, _v2_H, _v3_H, _v4_H, _v_Th
+    del _difference, _k1_H, _k2_H, _k3_H, _k4_H, _lam, _negated, _product, _product2, _read2_Th, _read_Th, _turn__r0_N, _turn__r1_N, _turned, _turned2, _turned3, _turned4, _turned5, _turned6, _v1_H, _v2_H, _v3_H, _v4_H, _v_Th
     (_o1, _o2), _S = _chunk_scalar_decay_rank(
         [_q1, _q2], _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
     )

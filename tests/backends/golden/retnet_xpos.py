@@ -1394,11 +1394,12 @@ def _register_rotations(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` over the rotations among
     `functions` (a module's globals) under `namespace` (as operators.py's _register_spans
     does), unless they are registered already, and let _rotated and _rotated_all call them
-    under torch.compile from now on. Returns the operator `rotate`."""
+    under torch.compile from now on (through the module's _Operators, copied from operators.py
+    beside them). Returns the operator `rotate`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "rotate"):
         _define_rotation(namespace, functions)
-    _Operators.rotate = ops.rotate
+    functions["_Operators"].rotate = ops.rotate
     return ops.rotate
 
 
@@ -2000,9 +2001,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_771cc30205377fdf", globals())
-_operator_calls = _register_calls("mixc_771cc30205377fdf", globals())
-_operator_rotations = _register_rotations("mixc_771cc30205377fdf", globals())
+_operator_spans = _register_spans("mixc_478445c74c65b3cc", globals())
+_operator_calls = _register_calls("mixc_478445c74c65b3cc", globals())
+_operator_rotations = _register_rotations("mixc_478445c74c65b3cc", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -27,8 +27,6 @@ the whole vector, or neighbours).
 
 import torch
 
-from mixc.backends.pytorch.kernels.operators import _Operators
-
 
 def _pair_views(rotate, x, n):
     """The two entries of each of the n pairs that the rotation named `rotate` turns, from
@@ -152,9 +150,10 @@ def _register_rotations(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` over the rotations among
     `functions` (a module's globals) under `namespace` (as operators.py's _register_spans
     does), unless they are registered already, and let _rotated and _rotated_all call them
-    under torch.compile from now on. Returns the operator `rotate`."""
+    under torch.compile from now on (through the module's _Operators, copied from operators.py
+    beside them). Returns the operator `rotate`."""
     ops = getattr(torch.ops, namespace)
     if not hasattr(ops, "rotate"):
         _define_rotation(namespace, functions)
-    _Operators.rotate = ops.rotate
+    functions["_Operators"].rotate = ops.rotate
     return ops.rotate
