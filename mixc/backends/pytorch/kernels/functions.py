@@ -234,22 +234,18 @@ class _Turned:
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
 
-    def _pairs(self, x, turn, back=False, out=None):
-        """x's leading pairs times turn (its conjugate if `back`), written into `out` (x
-        itself, in place, if None), the rest of x copied there; out [..., d] is a fresh
-        tensor, its last axis contiguous."""
+    def _pairs(self, x, turn, back=False):
+        """x's leading pairs times turn (its conjugate if `back`), in place; x [..., d] is a
+        fresh tensor, its last axis contiguous."""
         n = turn.shape[-1]
         turn = turn.conj_physical() if back else turn
-        out = x if out is None else out
-        if out is not x and 2 * n < x.shape[-1]:
-            out[..., 2 * n :].copy_(x[..., 2 * n :])
-        pairs, into = (_complex_pairs(t[..., : 2 * n], n) for t in (x, out))
-        if pairs is None or into is None:  # not a view of complex numbers (an odd d or offset)
+        pairs = _complex_pairs(x[..., : 2 * n], n)
+        if pairs is None:  # not a view of complex numbers (an odd d or offset)
             pairs = torch.view_as_complex(x[..., : 2 * n].unflatten(-1, (n, 2)).contiguous())
-            out[..., : 2 * n].copy_(torch.view_as_real(pairs * turn).flatten(-2))
-        else:  # one pass: read x's pairs and the turn, write the products
-            torch.mul(pairs, turn, out=into)
-        return out
+            x[..., : 2 * n].copy_(torch.view_as_real(pairs * turn).flatten(-2))
+        else:
+            pairs.mul_(turn)
+        return x
 
     def chunks(self, chunk_size, n_pad):
         """_split_chunks of x (plus `plus`) turned: x copied into a fresh buffer in the chunk

@@ -880,8 +880,8 @@ def _tl_tiles(kernel, dot=None):
     backward in five (delta_bwd.py; the chunks' dQ, dK and dW a program per 64 key rows). At
     d_k = d_v = 128 and 64-token chunks these are the tiles that compiled for sm_90 with the
     fewest spills of those tried (benchmarks/gpu_static.py, RESULTS-gpu-static.md). With
-    float32 operands (dot "ieee" or "tf32", _tl_dot_precision) a kernel takes its tile of
-    _tl_float32_tiles where that table has one."""
+    IEEE float32 products (dot "ieee", _tl_dot_precision) a kernel takes its tile of
+    _tl_float32_tiles where that table has one (TF32 keeps bfloat16's)."""
     float32 = _tl_float32_tiles(dot)
     if kernel.__name__ in float32:
         return float32[kernel.__name__]
@@ -913,8 +913,8 @@ def _tl_float32_tiles(dot):
     bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
     tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
     rows and columns of both operands, so fewer value columns (16; the scalar-decay backward
-    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's, at the fewest spills on sm_90 of
-    those tried (docs/triton.md)."""
+    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's,
+    at the fewest spills on sm_90 of those tried (docs/triton.md)."""
     if dot != "ieee":
         return {}
     return {
