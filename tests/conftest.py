@@ -19,12 +19,14 @@ import pytest
 import torch
 from hypothesis import settings
 
+from tests.interpreter import speed_up_the_interpreter
 from tests.mixers import THREADS
 
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, max_examples=200)
 settings.register_profile("dev", deadline=None, max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 torch.set_num_threads(THREADS)
+speed_up_the_interpreter()  # the same numbers, without two of its costs (tests/interpreter.py)
 
 
 @pytest.hookimpl(tryfirst=True)

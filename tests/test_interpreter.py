@@ -1,0 +1,65 @@
+"""tests/interpreter.py: the interpreter's scans, combined slice by slice, give the bits that
+triton's entry-by-entry scan gives (the interpreter's other change, each module patched once a
+launch, runs every Triton test: they compare the kernels with float64 references)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="the interpreter's scans need triton")
+if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - set by tests/conftest.py
+    pytest.skip("the scans run in triton's interpreter", allow_module_level=True)
+
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+from tests.interpreter import _sliced_scan  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+
+@triton.jit
+def _uneven(a_sum, a_last, b_sum, b_last):
+    """Neither commutative nor associative in floating point: an order changed shows."""
+    return a_sum * 0.75 + b_sum, a_last - b_sum * 0.5
+
+
+@triton.jit
+def _scan(x, sums, lasts, N: tl.constexpr, M: tl.constexpr, AXIS: tl.constexpr, REVERSE: tl.constexpr):  # fmt: skip
+    at = tl.arange(0, N)[:, None] * M + tl.arange(0, M)[None, :]
+    values = tl.load(x + at)
+    scanned = tl.associative_scan((values, values * 3.0), AXIS, _uneven, reverse=REVERSE)
+    tl.store(sums + at, scanned[0])
+    tl.store(lasts + at, scanned[1])
+
+
+@triton.jit
+def _scan_row(x, sums, lasts, N: tl.constexpr):
+    at = tl.arange(0, N)
+    values = tl.load(x + at)
+    scanned = tl.associative_scan((values, -values), 0, _uneven)
+    tl.store(sums + at, scanned[0])
+    tl.store(lasts + at, scanned[1])
+
+
+def _run(kernel, x, *constants):
+    sums, lasts = torch.empty_like(x), torch.empty_like(x)
+    kernel[(1,)](x, sums, lasts, *constants)
+    return sums, lasts
+
+
+@pytest.mark.parametrize(("axis", "reverse"), [(0, False), (1, False), (0, True), (1, True)])
+def test_a_sliced_scan_gives_the_bits_of_triton_s_scan(monkeypatch, axis, reverse):
+    if interpreter.ScanOps.generic_scan is not _sliced_scan:
+        pytest.skip("this triton's interpreter is not patched (tests/interpreter.py)")
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    sliced = _run(_scan, x, 16, 8, axis, reverse)
+    row = _run(_scan_row, x[0].clone(), 8)
+    monkeypatch.setattr(interpreter.ScanOps, "generic_scan", _sliced_scan.entry_by_entry)
+    for got, want in zip(
+        sliced + row, _run(_scan, x, 16, 8, axis, reverse) + _run(_scan_row, x[0].clone(), 8)
+    ):
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
