@@ -41,23 +41,23 @@ from mixc.backends.triton.kernels.common import (
 def _tl_elementwise_token(
     q, k, v, g, gs, i_b, i_h, t, cols_k, cols_v, in_k, in_v,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-    sg_b, sg_h, sg_t, sg_k, sg_v, ss_b, ss_h, ss_t, ss_k, ss_v,
+    sg_b, sg_h, sg_t, g_entries, ss_b, ss_h, ss_t, s_entries,
     HAS_SCALE: tl.constexpr,
 ):  # fmt: skip
     """Token t's query and key [BK], value [BV], and its log-gate L_t [BK, BV] (g times g_scale
     if HAS_SCALE) with its scale (1 without one), each read through its strides (a broadcast
-    axis has stride 0; the last axes of q, k, v have stride 1); 0 outside K and V."""
+    axis has stride 0; the last axes of q, k, v have stride 1); 0 outside K and V. g_entries,
+    s_entries: the offsets [BK, BV] of this program's entries of a token's gate and scale,
+    made once a program (the same every token)."""
     at_kv = in_k[:, None] & in_v[None, :]
     q_t = _tl_wide(tl.load(q + i_b * sq_b + i_h * sq_h + t * sq_t + cols_k, mask=in_k, other=0.0))
     k_t = _tl_wide(tl.load(k + i_b * sk_b + i_h * sk_h + t * sk_t + cols_k, mask=in_k, other=0.0))
     v_t = _tl_wide(tl.load(v + i_b * sv_b + i_h * sv_h + t * sv_t + cols_v, mask=in_v, other=0.0))
-    entries = cols_k[:, None] * sg_k + cols_v[None, :] * sg_v
-    gate = tl.load(g + i_b * sg_b + i_h * sg_h + t * sg_t + entries, mask=at_kv, other=0.0)
+    gate = tl.load(g + i_b * sg_b + i_h * sg_h + t * sg_t + g_entries, mask=at_kv, other=0.0)
     gate = _tl_wide(gate)
     scale = tl.full(gate.shape, 1.0, gate.dtype)
     if HAS_SCALE:
-        entries = cols_k[:, None] * ss_k + cols_v[None, :] * ss_v
-        at = gs + i_b * ss_b + i_h * ss_h + t * ss_t + entries
+        at = gs + i_b * ss_b + i_h * ss_h + t * ss_t + s_entries
         scale = _tl_wide(tl.load(at, mask=at_kv, other=0.0))
         gate = gate * scale
     return q_t, k_t, v_t, gate, scale
@@ -81,6 +81,8 @@ def _tl_elementwise_fwd(
     i_b, i_h = i_bh // NH, i_bh % NH
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     state = _tl_load_state(h0, i_bh, K, V, cols_k, cols_v)
+    g_entries = cols_k[:, None] * sg_k + cols_v[None, :] * sg_v
+    s_entries = cols_k[:, None] * ss_k + cols_v[None, :] * ss_v
     n_chunks = tl.cdiv(T, C)
     for t in range(0, T):
         if KEEP:
@@ -89,7 +91,7 @@ def _tl_elementwise_fwd(
         q_t, k_t, v_t, gate, _ = _tl_elementwise_token(
             q, k, v, g, gs, i_b, i_h, t, cols_k, cols_v, in_k, in_v,
             sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-            sg_b, sg_h, sg_t, sg_k, sg_v, ss_b, ss_h, ss_t, ss_k, ss_v, HAS_SCALE,
+            sg_b, sg_h, sg_t, g_entries, ss_b, ss_h, ss_t, s_entries, HAS_SCALE,
         )  # fmt: skip
         state = tl.exp(gate) * state + k_t[:, None] * v_t[None, :]
         out = tl.sum(q_t[:, None] * state, axis=0)
@@ -102,7 +104,7 @@ def _tl_elementwise_remake(
     q, k, v, g, gs, hs, scratch, i_bh, i_b, i_h, n, n_chunks, part, start, end,
     K, V, cols_k, cols_v, in_k, in_v,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-    sg_b, sg_h, sg_t, sg_k, sg_v, ss_b, ss_h, ss_t, ss_k, ss_v,
+    sg_b, sg_h, sg_t, g_entries, ss_b, ss_h, ss_t, s_entries,
     HAS_SCALE: tl.constexpr, C: tl.constexpr,
 ):  # fmt: skip
     """The states S_t of chunk n's tokens start, ..., end - 1, made again from the state the
@@ -112,7 +114,7 @@ def _tl_elementwise_remake(
         _, k_t, v_t, gate, _ = _tl_elementwise_token(
             q, k, v, g, gs, i_b, i_h, t, cols_k, cols_v, in_k, in_v,
             sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-            sg_b, sg_h, sg_t, sg_k, sg_v, ss_b, ss_h, ss_t, ss_k, ss_v, HAS_SCALE,
+            sg_b, sg_h, sg_t, g_entries, ss_b, ss_h, ss_t, s_entries, HAS_SCALE,
         )  # fmt: skip
         state = tl.exp(gate) * state + k_t[:, None] * v_t[None, :]
         _tl_store_state(scratch, part * C + t - start, K, V, cols_k, cols_v, state)
@@ -137,6 +139,8 @@ def _tl_elementwise_bwd(
     i_b, i_h = i_bh // NH, i_bh % NH
     cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
     d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
+    g_entries = cols_k[:, None] * sg_k + cols_v[None, :] * sg_v
+    s_entries = cols_k[:, None] * ss_k + cols_v[None, :] * ss_v
     n_chunks = tl.cdiv(T, C)
     part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this block's part of dq, dk
     for m in range(0, n_chunks):
@@ -147,7 +151,7 @@ def _tl_elementwise_bwd(
             q, k, v, g, gs, hs, scratch, i_bh, i_b, i_h, n, n_chunks, part, start, end,
             K, V, cols_k, cols_v, in_k, in_v,
             sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-            sg_b, sg_h, sg_t, sg_k, sg_v, ss_b, ss_h, ss_t, ss_k, ss_v, HAS_SCALE, C,
+            sg_b, sg_h, sg_t, g_entries, ss_b, ss_h, ss_t, s_entries, HAS_SCALE, C,
         )  # fmt: skip
         tl.debug_barrier()  # the scratch, written by some threads, is read by others
         for j in range(0, end - start):
@@ -155,7 +159,7 @@ def _tl_elementwise_bwd(
             q_t, k_t, v_t, gate, _ = _tl_elementwise_token(
                 q, k, v, g, gs, i_b, i_h, t, cols_k, cols_v, in_k, in_v,
                 sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-                sg_b, sg_h, sg_t, sg_k, sg_v, ss_b, ss_h, ss_t, ss_k, ss_v, HAS_SCALE,
+                sg_b, sg_h, sg_t, g_entries, ss_b, ss_h, ss_t, s_entries, HAS_SCALE,
             )  # fmt: skip
             state = _tl_load_state(scratch, part * C + t - start, K, V, cols_k, cols_v)
             at_do = do + i_b * sdo_b + i_h * sdo_h + t * sdo_t + cols_v
