@@ -135,8 +135,10 @@ def _tl_dplr_bwd_scores(
 ):  # fmt: skip
     """The backward's second kernel, one program per (chunk, batch x head), the chunks at
     once: the chunk's scores' gradients on their support (_tl_dplr_d_scores_sum) into dts
-    [B * NH, N, 4, BT, BT] (d(qk), d(qb), d(ak), d(ab)), for _tl_dplr_bwd_inputs to read a
-    tile at a time."""
+    [B * NH, N, 4, BT, BT] (d(qk), d(qb), d(ak), d(ab); in the dtype of the kept scores, 16
+    bits for 16-bit products, which round them so anyway, and but for d(qk) and d(qb)'s
+    diagonals, which multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a
+    time."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -283,7 +285,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
         **_tl_launch(_tl_dplr_bwd_states, dot),
     )  # fmt: skip
-    d_tiles = torch.empty(tiles.shape, dtype=u.dtype, device=u.device)
+    d_tiles = torch.empty_like(tiles)  # kept as T and the scores are (_tl_dplr_forward)
     scores_v = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_scores, dot)[2]
     _tl_dplr_bwd_scores[(n_chunks, batch * heads)](
         v, d_o, u, dz,  # read

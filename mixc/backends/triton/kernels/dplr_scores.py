@@ -168,6 +168,7 @@ def _tl_dplr_scores_grad(
         db_c += d_qb_diag * q_c
         # and block by block, as _tl_dplr_scores builds them
         for level in tl.static_range(LEVELS):
+            tl.debug_barrier()  # not this level's tiles loaded early, beside the last one's
             dq_l, da_l, dk_l, db_l = _tl_dplr_level_grad(
                 dts, tiles, q_c, a_c, k_c, b_c, g_c, rows, 1 << level, DOT
             )
