@@ -156,49 +156,53 @@ def _tl_dplr_bwd_scores(
 
 @triton.jit
 def _tl_dplr_through_states(
-    v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_state, t, in_t, cols_k, T, K, V,
+    v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_state, t, in_t, cols_k, side, T, K, V,
     sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The gradients of a chunk's decayed rows through the states, for key columns cols_k,
-    summed over the value columns BV at a time: (dO S^T, dZ S^T, V D^T, U D^T, and Σ_v S ⊙ D
-    per key column), S the state entering the chunk (hs) and D the gradient of the one leaving
-    it (dhs)."""
+    """A side's gradients of a chunk's decayed rows through the states, for key columns
+    cols_k, summed over the value columns BV at a time: side 0 (dO S^T, V D^T, Σ_v S ⊙ D per
+    key column), side 1 (dZ S^T, U D^T, 0), S the state entering
+    the chunk (hs) and D the gradient of the one leaving it (dhs). Each side loads only its
+    own rows (the other's masked off)."""
+    on_q = (t * 0 + side) == 0
     zero = tl.zeros([t.shape[0], cols_k.shape[0]], dtype=u.dtype.element_ty)
-    dq_c, da_c, dk_c, db_c, through = zero, zero, zero, zero, tl.sum(zero, axis=0)
+    dx_c, dy_c, through = zero, zero, tl.sum(zero, axis=0)
     for i_v in range(0, tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < V)[None, :]
+        at_q, at_a = at & on_q[:, None], at & ~on_q[:, None]
         state = _tl_load_state(hs, i_state, K, V, cols_k, cols)
         d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at)
-        dq_c += _tl_dot(do_c, tl.trans(state), DOT)
-        da_c += _tl_dot(_tl_dplr_load(dz, i_bh, T, V, t, cols, at), tl.trans(state), DOT)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
-        dk_c += _tl_dot(v_c, tl.trans(d_state), DOT)
-        db_c += _tl_dot(_tl_dplr_load(u, i_bh, T, V, t, cols, at), tl.trans(d_state), DOT)
+        reads = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at_q)
+        reads += _tl_dplr_load(dz, i_bh, T, V, t, cols, at_a)  # dO or dZ
+        dx_c += _tl_dot(reads, tl.trans(state), DOT)
+        values = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at_q)
+        values += _tl_dplr_load(u, i_bh, T, V, t, cols, at_a)  # V or U
+        dy_c += _tl_dot(values, tl.trans(d_state), DOT)
         through += tl.sum(state * d_state, axis=1)
-    return dq_c, da_c, dk_c, db_c, through
+    return dx_c, dy_c, tl.where(side == 0, through, 0.0)
 
 
 @triton.jit
 def _tl_dplr_through_decays(
-    dq_c, da_c, dk_c, db_c, through, q_c, a_c, k_c, b_c, g_c, rows,
-    GATE_GRAD: tl.constexpr, BT: tl.constexpr,
-):  # fmt: skip
-    """The gradients of q, a, k and b from those of their decayed rows Q ⊙ exp(c), A ⊙
-    exp(c_{r-1}), K and B ⊙ exp(c_C - c), and (if GATE_GRAD, else zeros) the gate's from those
-    decays and from exp(c_C), through the sum of S ⊙ D per key column: each decay's log is a
-    sum of gates under a mask, so its input times its gradient goes back to those gates
-    through the transposed mask."""
+    dx_c, dy_c, through, x_c, y_c, g_c, rows, side, GATE_GRAD: tl.constexpr, BT: tl.constexpr
+):
+    """A side's gradients of x (side 0: q, side 1: a) and y (k, b) from those of their decayed
+    rows Q ⊙ exp(c) or A ⊙ exp(c_{r-1}), and K or B ⊙ exp(c_C - c), and (if GATE_GRAD, else
+    zeros) its part of the gate's from those decays and from exp(c_C), through the sum of S ⊙ D
+    per key column (0 on side 1): each decay's log is a sum of gates under a mask, so its
+    input times its gradient goes back to those gates through the transposed mask."""
     from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
-    dq_c, da_c = dq_c * from_start, da_c * from_before
-    dk_c, db_c = dk_c * to_end, db_c * to_end
-    dg_c = tl.zeros_like(dq_c)
+    dx_c = dx_c * tl.where(side == 0, from_start, from_before)
+    dy_c = dy_c * to_end
+    dg_c = tl.zeros_like(dx_c)
     if GATE_GRAD:
-        dg_c = _tl_dplr_decays_grad(q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT)
+        d_x = x_c * dx_c
+        d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
+        dg_c = _tl_dplr_decays_grad(d_up_to, d_before, y_c * dy_c, rows, BT)
         dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
-    return dq_c, da_c, dk_c, db_c, dg_c
+    return dx_c, dy_c, dg_c
 
 
 @triton.jit
@@ -216,50 +220,55 @@ def _tl_dplr_bwd_inputs(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The backward's last kernel, one program per (chunk, batch x head, block of BK key
-    columns), the chunks at once: the gradients of q, k, a, b and (if GATE_GRAD) the gate
-    [B * NH, T, K] in its key columns, from the scores' gradients (dts, _tl_dplr_bwd_scores)
-    and those of the decayed rows through the states (_tl_dplr_through_states), back through
-    the decays and the scores' blocks (_tl_dplr_scores_grad) as the forward made them. The
-    scores' gradients are read from memory, one tile and level at a time, where they are
-    needed: held across the levels (four [BT, BT] tiles beside their level-masked copies) they
-    spilled on sm_90 and sm_100."""
+    """The backward's last kernel, two programs per (chunk, batch x head, block of BK key
+    columns), the chunks at once: side 0 the gradient of q [B * NH, T, K] in its key columns,
+    side 1 that of a, and each its part of those of k, b and (if GATE_GRAD) the gate
+    [2 * B * NH, T, K] (a part a side), from the scores' gradients (dts, _tl_dplr_bwd_scores;
+    side 0 d(qk), d(qb), side 1 d(ak), d(ab)) and those of the decayed rows through the
+    states (_tl_dplr_through_states), back through the decays and the scores' blocks
+    (_tl_dplr_scores_grad) as the forward made them. The scores' gradients are read from
+    memory a tile and a level at a time: held across the levels, the four tiles (and one
+    program for both sides) spilled on sm_90 and sm_100."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_k, side = tl.program_id(2) // 2, tl.program_id(2) % 2
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = i_n * BT + rows
     in_t = t < T
+    on_q = (rows * 0 + side) == 0  # [BT], as a mask (the interpreter's masks are tensors)
     sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
-    i_k = tl.program_id(2)  # one block of key columns a program
     cols = i_k * BK + tl.arange(0, BK)
     at = in_t[:, None] & (cols < K)[None, :]
+    at_q, at_a = at & on_q[:, None], at & ~on_q[:, None]
     chunk = i_bh * tl.cdiv(T, BT) + i_n
-    q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at)
+    x_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at_q)
+    x_c += _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at_a)  # q or a
     k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
-    a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at)
     b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols, at)
-    dq_c, da_c, dk_c, db_c, through = _tl_dplr_through_states(
-        v, do, u, dz, hs, dhs, i_b, i_h, i_bh, chunk, t, in_t, cols,
-        T, K, V, *sv, BV, DOT,
-    )  # fmt: skip
-    dg_c = tl.zeros_like(dq_c)
+    dx_c, dy_c, through = _tl_dplr_through_states(
+        v, do, u, dz, hs, dhs, i_b, i_h, i_bh, chunk, t, in_t, cols, side, T, K, V, *sv, BV, DOT
+    )
+    dg_c = tl.zeros_like(dx_c)
     if HAS_G:
         g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols, at)
-        dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_through_decays(
-            dq_c, da_c, dk_c, db_c, through, q_c, a_c, k_c, b_c, g_c, rows, GATE_GRAD, BT
+        y_c = tl.where(side == 0, k_c, b_c)
+        dx_c, dy_c, dg_c = _tl_dplr_through_decays(
+            dx_c, dy_c, through, x_c, y_c, g_c, rows, side, GATE_GRAD, BT
         )
     else:
         g_c = dg_c  # never read
-    dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
-        dq_c, da_c, dk_c, db_c, dg_c, dts, chunk * 4, q_c, a_c, k_c, b_c, g_c, rows,
+    dk_c, db_c = tl.where(side == 0, dy_c, 0.0), tl.where(side == 0, 0.0, dy_c)
+    dx_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
+        dx_c, dk_c, db_c, dg_c, dts, chunk * 4, x_c, k_c, b_c, g_c, rows, side,
         HAS_G, GATE_GRAD, LEVELS, DOT,
     )  # fmt: skip
-    _tl_store_rows(dq, i_bh, T, K, t, cols, at, dq_c)
-    _tl_store_rows(dk, i_bh, T, K, t, cols, at, dk_c)
-    _tl_store_rows(da, i_bh, T, K, t, cols, at, da_c)
-    _tl_store_rows(db, i_bh, T, K, t, cols, at, db_c)
+    _tl_store_rows(dq, i_bh, T, K, t, cols, at_q, dx_c)
+    _tl_store_rows(da, i_bh, T, K, t, cols, at_a, dx_c)
+    part = side * tl.num_programs(1) + i_bh
+    _tl_store_rows(dk, part, T, K, t, cols, at, dk_c)
+    _tl_store_rows(db, part, T, K, t, cols, at, db_c)
     if GATE_GRAD:
-        _tl_store_rows(dg, i_bh, T, K, t, cols, at, dg_c)
+        _tl_store_rows(dg, part, T, K, t, cols, at, dg_c)
 
 
 def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
@@ -274,10 +283,10 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
         q, v, chunk_size, _tl_dplr_bwd_states, dot
     )
-    d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1)
-    dq, dk = dq[0], dk[0]  # one part: the key-side gradients are not split by value block
-    da, db, dz, d_states = (torch.empty_like(x) for x in (dq, dq, u, states))
-    dg = torch.empty_like(dq) if gate_grad else dq
+    d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 2)
+    dq, da = dq[0], dq[1]  # written by _tl_dplr_bwd_inputs' two sides; dk: a part a side
+    db, dz, d_states = (torch.empty_like(x) for x in (dk, u, states))
+    dg = torch.empty_like(dk) if gate_grad else dk
     _tl_dplr_bwd_states[grid](
         d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
         dv, dz, d_states, d_initial,  # written
@@ -294,7 +303,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         BT=block_t, BV=scores_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_scores, dot),
     )  # fmt: skip
     _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_inputs, dot)
-    _tl_dplr_bwd_inputs[(n_chunks, batch * heads, triton.cdiv(d_k, inputs_k))](
+    _tl_dplr_bwd_inputs[(n_chunks, batch * heads, 2 * triton.cdiv(d_k, inputs_k))](
         q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states, d_tiles,  # read
         dq, dk, da, db, dg,  # written
         length, heads, d_k, d_v,
@@ -302,4 +311,5 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
         BK=inputs_k, BV=inputs_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_inputs, dot),
     )  # fmt: skip
-    return dq, dk, dv, da, db, dg if gate_grad else None, d_initial
+    dk, db = dk.sum(0), db.sum(0)  # the two sides' parts
+    return dq, dk, dv, da, db, dg.sum(0) if gate_grad else None, d_initial

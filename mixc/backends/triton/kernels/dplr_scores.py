@@ -98,39 +98,34 @@ def _tl_dplr_d_score(dts, tile, rows, pairs, DOT: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_pairs_grad(dts, tiles, rows, q_pairs, a_pairs, q, a, k, b, DOT: tl.constexpr):
-    """The gradients for q, a, k and b of _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs), from its
-    scores' gradients d(qk), d(qb), d(ak), d(ab) in tiles tiles, ..., tiles + 3 of dts, read
-    one at a time on their pairs (one [BT, BT] tile live)."""
-    d_score = _tl_dplr_d_score(dts, tiles, rows, q_pairs, DOT)  # d(qk)
-    dq = _tl_dot_in_registers(d_score, k, DOT)
-    dk = _tl_dot_in_registers(tl.trans(d_score), q, DOT)
-    d_score = _tl_dplr_d_score(dts, tiles + 1, rows, q_pairs, DOT)  # d(qb)
-    dq += _tl_dot_in_registers(d_score, b, DOT)
-    db = _tl_dot_in_registers(tl.trans(d_score), q, DOT)
-    d_score = _tl_dplr_d_score(dts, tiles + 2, rows, a_pairs, DOT)  # d(ak)
-    da = _tl_dot_in_registers(d_score, k, DOT)
-    dk += _tl_dot_in_registers(tl.trans(d_score), a, DOT)
-    d_score = _tl_dplr_d_score(dts, tiles + 3, rows, a_pairs, DOT)  # d(ab)
-    da += _tl_dot_in_registers(d_score, b, DOT)
-    db += _tl_dot_in_registers(tl.trans(d_score), a, DOT)
-    return dq, da, dk, db
+def _tl_dplr_pairs_grad(dts, tiles, rows, pairs, x, k, b, DOT: tl.constexpr):
+    """The gradients for x, k and b of _tl_dplr_dots(x, k, b, pairs), from its scores'
+    gradients d(xk), d(xb) in tiles tiles and tiles + 1 of dts, read one at a time on their
+    pairs (one [BT, BT] tile live)."""
+    d_score = _tl_dplr_d_score(dts, tiles, rows, pairs, DOT)  # d(xk)
+    dx = _tl_dot_in_registers(d_score, k, DOT)
+    dk = _tl_dot_in_registers(tl.trans(d_score), x, DOT)
+    d_score = _tl_dplr_d_score(dts, tiles + 1, rows, pairs, DOT)  # d(xb)
+    dx += _tl_dot_in_registers(d_score, b, DOT)
+    db = _tl_dot_in_registers(tl.trans(d_score), x, DOT)
+    return dx, dk, db
 
 
 @triton.jit
 def _tl_dplr_level_grad(
-    dts, tiles, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr, DOT: tl.constexpr
+    dts, tiles, x_c, k_c, b_c, g_c, rows, side, RUN: tl.constexpr, DOT: tl.constexpr
 ):
-    """The gradients for q, a, k and b of one level of _tl_dplr_scores' blocks, RUN tokens a
-    half, from those of the scores in dts (_tl_dplr_pairs_grad): through that level's products
-    of the rows decayed from the boundary of their block's halves and the columns decayed to
-    it, and through those decays."""
+    """The gradients for x (side 0: q, side 1: a), k and b of one level of _tl_dplr_scores'
+    blocks, RUN tokens a half, from those of the side's scores in dts (_tl_dplr_pairs_grad):
+    through that level's products of the rows decayed from the boundary of their block's
+    halves and the columns decayed to it, and through those decays."""
     row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
+    row = tl.where(side == 0, row, row_before)
     pairs = _tl_pairs(rows, RUN)
-    dq_l, da_l, dk_l, db_l = _tl_dplr_pairs_grad(
-        dts, tiles, rows, pairs, pairs, q_c * row, a_c * row_before, k_c * col, b_c * col, DOT
+    dx_l, dk_l, db_l = _tl_dplr_pairs_grad(
+        dts, tiles, rows, pairs, x_c * row, k_c * col, b_c * col, DOT
     )
-    return dq_l * row, da_l * row_before, dk_l * col, db_l * col
+    return dx_l * row, dk_l * col, db_l * col
 
 
 @triton.jit
@@ -149,45 +144,44 @@ def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_scores_grad(
-    dq_c, da_c, dk_c, db_c, dg_c,
-    dts, tiles, q_c, a_c, k_c, b_c, g_c, rows,
+    dx_c, dk_c, db_c, dg_c, dts, tiles, x_c, k_c, b_c, g_c, rows, side,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The gradient through a chunk's scores, from theirs on their support (d(qk), d(qb),
-    d(ak), d(ab) in tiles tiles, ..., tiles + 3 of dts), added to the gradients of q, a, k, b
-    and (if GATE_GRAD) the gate so far: it goes back as _tl_dplr_scores built them (the pairs
-    r = j undecayed, then level by level, _tl_dplr_level_grad, each level's decays passing on
-    to the gates of their sums) or, without a gate (g_c never read), as the causal products."""
+    """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
+    ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
+    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b and (if
+    GATE_GRAD) the gate so far: it goes back as _tl_dplr_scores built them (the pairs r = j
+    undecayed, side 0's only, then level by level, _tl_dplr_level_grad, each level's decays
+    passing on to the gates of their sums) or, without a gate (g_c never read), as the
+    products for j <= r (side 0) or j < r (side 1)."""
+    tiles += 2 * side
     if HAS_G:
-        # the scores' pairs r = j, undecayed
-        diagonal = dts + (tiles * rows.shape[0] + rows) * rows.shape[0] + rows  # d(qk)[r, r]
-        d_qk_diag = tl.load(diagonal)[:, None]
-        d_qb_diag = tl.load(diagonal + rows.shape[0] * rows.shape[0])[:, None]  # d(qb)[r, r]
-        dq_c += d_qk_diag * k_c + d_qb_diag * b_c
-        dk_c += d_qk_diag * q_c
-        db_c += d_qb_diag * q_c
+        # the scores' pairs r = j, undecayed (side 0's)
+        diagonal = dts + (tiles * rows.shape[0] + rows) * rows.shape[0] + rows  # d(xk)[r, r]
+        on_q = (rows * 0 + side) == 0
+        d_xk_diag = tl.load(diagonal, mask=on_q, other=0.0)[:, None]
+        d_xb_diag = tl.load(diagonal + rows.shape[0] * rows.shape[0], mask=on_q, other=0.0)
+        dx_c += d_xk_diag * k_c + d_xb_diag[:, None] * b_c
+        dk_c += d_xk_diag * x_c
+        db_c += d_xb_diag[:, None] * x_c
         # and block by block, as _tl_dplr_scores builds them
         for level in tl.static_range(LEVELS):
             tl.debug_barrier()  # not this level's tiles loaded early, beside the last one's
-            dq_l, da_l, dk_l, db_l = _tl_dplr_level_grad(
-                dts, tiles, q_c, a_c, k_c, b_c, g_c, rows, 1 << level, DOT
+            dx_l, dk_l, db_l = _tl_dplr_level_grad(
+                dts, tiles, x_c, k_c, b_c, g_c, rows, side, 1 << level, DOT
             )
             if GATE_GRAD:
-                dg_c += _tl_dplr_decays_grad(
-                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
-                )
-            dq_c += dq_l
-            da_c += da_l
+                d_x = x_c * dx_l
+                d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
+                d_after = k_c * dk_l + b_c * db_l
+                dg_c += _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, 1 << level)
+            dx_c += dx_l
             dk_c += dk_l
             db_c += db_l
     else:
-        causal = rows[:, None] >= rows[None, :]
-        strict = rows[:, None] > rows[None, :]
-        dq_l, da_l, dk_l, db_l = _tl_dplr_pairs_grad(
-            dts, tiles, rows, causal, strict, q_c, a_c, k_c, b_c, DOT
-        )
-        dq_c += dq_l
-        da_c += da_l
+        pairs = rows[:, None] + 1 - side > rows[None, :]  # j <= r (side 0), j < r (side 1)
+        dx_l, dk_l, db_l = _tl_dplr_pairs_grad(dts, tiles, rows, pairs, x_c, k_c, b_c, DOT)
+        dx_c += dx_l
         dk_c += dk_l
         db_c += db_l
-    return dq_c, da_c, dk_c, db_c, dg_c
+    return dx_c, dk_c, db_c, dg_c
