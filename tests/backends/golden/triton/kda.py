@@ -1280,14 +1280,11 @@ def _tl_dplr_bwd_inputs(
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """The backward's last kernel, two programs per (chunk, batch x head, block of BK key
-    columns), the chunks at once: side 0 the gradient of q [B * NH, T, K] in its key columns,
-    side 1 that of a, and each its part of those of k, b and (if GATE_GRAD) the gate
-    [2 * B * NH, T, K] (a part a side), from the scores' gradients (dts, _tl_dplr_bwd_scores;
-    side 0 d(qk), d(qb), side 1 d(ak), d(ab)) and those of the decayed rows through the
-    states (_tl_dplr_through_states), back through the decays and the scores' blocks
-    (_tl_dplr_scores_grad) as the forward made them. The scores' gradients are read from
-    memory a tile and a level at a time: held across the levels, the four tiles (and one
-    program for both sides) spilled on sm_90 and sm_100."""
+    columns): side 0 the gradient of q [B * NH, T, K] in its key columns, side 1 that of a,
+    each its part of those of k, b and (if GATE_GRAD) the gate [2 * B * NH, T, K], from its
+    scores' gradients (dts: d(qk), d(qb) or d(ak), d(ab), read a tile and a level at a time)
+    and those of the decayed rows through the states, back through the decays and the
+    scores' blocks (_tl_dplr_scores_grad) as the forward made them."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_k, side = tl.program_id(2) // 2, tl.program_id(2) % 2
     i_b, i_h = i_bh // NH, i_bh % NH
