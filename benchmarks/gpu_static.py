@@ -71,7 +71,7 @@ ELEMENTWISE_D_K = 16
 #: the other kernels' kept tiles, gradients) is float32.
 SIXTEEN_BIT = {"q", "k", "v", "a", "b", "do", "o", "qd", "ad", "kd", "bd"}
 #: The 16-bit pointers of some kernels only (DPLR's kept tiles: T and the scores).
-SIXTEEN_BIT_OF = {"dplr": {"ts"}}
+SIXTEEN_BIT_OF = {"dplr": {"ts", "dts"}}
 #: The tensor memory of an sm_100 SM, in 32-bit columns of 128 lanes: triton compiles a kernel
 #: that allocates more into a trap and refuses to launch it (OutOfResources, "tensor memory").
 TMEM_COLUMNS = 512

@@ -13,11 +13,20 @@ import triton.language as tl
 
 from mixc.backends.triton.kernels.common import (
     _tl_dot,
+    _tl_operand,
     _tl_pairs,
     _tl_run_scan,
     _tl_run_sums,
     _tl_run_sums_grad,
+    _tl_tile,
 )
+
+
+@triton.jit
+def _tl_dplr_load(x, i, T, d, t, cols, mask):
+    """The rows t and columns cols of item i of x [N, T, d] (contiguous), 0 where mask is False:
+    what one of the forward's kernels wrote for the next (_tl_store_rows)."""
+    return tl.load(x + (i * T + t[:, None]) * d + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -39,15 +48,12 @@ def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs, DOT: tl.constexpr):
-    """The scores [BT, BT] of rows q and a with columns k and b: q k^T and q b^T where q_pairs,
-    a k^T and a b^T where a_pairs, 0 elsewhere."""
-    k_t, b_t = tl.trans(k), tl.trans(b)
-    qk = tl.where(q_pairs, _tl_dot_in_registers(q, k_t, DOT), 0.0)
-    qb = tl.where(q_pairs, _tl_dot_in_registers(q, b_t, DOT), 0.0)
-    ak = tl.where(a_pairs, _tl_dot_in_registers(a, k_t, DOT), 0.0)
-    ab = tl.where(a_pairs, _tl_dot_in_registers(a, b_t, DOT), 0.0)
-    return qk, qb, ak, ab
+def _tl_dplr_dots(x, k, b, pairs, DOT: tl.constexpr):
+    """The scores [BT, BT] of rows x with columns k and b: x k^T and x b^T where pairs, 0
+    elsewhere."""
+    xk = tl.where(pairs, _tl_dot_in_registers(x, tl.trans(k), DOT), 0.0)
+    xb = tl.where(pairs, _tl_dot_in_registers(x, tl.trans(b), DOT), 0.0)
+    return xk, xb
 
 
 @triton.jit
@@ -62,60 +68,64 @@ def _tl_dot_in_registers(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b, DOT: tl.constexpr):
-    """The gradients for q, a, k and b of _tl_dplr_dots, from those of its scores (0 outside
-    their pairs)."""
-    dq = _tl_dot_in_registers(d_qk, k, DOT) + _tl_dot_in_registers(d_qb, b, DOT)
-    da = _tl_dot_in_registers(d_ak, k, DOT) + _tl_dot_in_registers(d_ab, b, DOT)
-    dk = _tl_dot_in_registers(tl.trans(d_qk), q, DOT)
-    dk += _tl_dot_in_registers(tl.trans(d_ak), a, DOT)
-    db = _tl_dot_in_registers(tl.trans(d_qb), q, DOT)
-    db += _tl_dot_in_registers(tl.trans(d_ab), a, DOT)
-    return dq, da, dk, db
+def _tl_dplr_scores(x, k, b, g, rows, side, LEVELS: tl.constexpr, DOT: tl.constexpr):
+    """The decayed scores of a chunk [BT, BT] of rows x with columns k and b: side 0 (x = q)
+    qk[r, j] = Σ_c q_rc exp(c_rc - c_jc) k_jc and qb (the same with b) for j <= r, side 1
+    (x = a) ak[r, j] = Σ_c a_rc exp(c_{r-1,c} - c_jc) k_jc and ab for j < r, 0 elsewhere;
+    the pairs r = j undecayed, the others block by block: at each level, the rows decayed from
+    the boundary of their block's halves and the columns to it (_tl_dplr_decays over the
+    halves: a left half's rows and a right half's columns are decayed too, but outside the
+    level's pairs)."""
+    diagonal = (rows[:, None] == rows[None, :]) & (side == 0)
+    xk = tl.where(diagonal, tl.sum(x * k, axis=1)[:, None], 0.0)
+    xb = tl.where(diagonal, tl.sum(x * b, axis=1)[:, None], 0.0)
+    for level in tl.static_range(LEVELS):
+        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
+        row = tl.where(side == 0, row, row_before)
+        xk_l, xb_l = _tl_dplr_dots(x * row, k * col, b * col, _tl_pairs(rows, 1 << level), DOT)
+        xk += xk_l
+        xb += xb_l
+    return xk, xb
 
 
 @triton.jit
-def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr):
-    """The decayed scores of a chunk [BT, BT]: qk[r, j] = Σ_c q_rc exp(c_rc - c_jc) k_jc and qb
-    (the same with b) for j <= r, ak[r, j] = Σ_c a_rc exp(c_{r-1,c} - c_jc) k_jc and ab (the
-    same with b) for j < r, 0 elsewhere; the pairs r = j undecayed, the others block by block:
-    at each level, the rows decayed from the boundary of their block's halves and the columns to
-    it (_tl_dplr_decays over the halves: a left half's rows and a right half's columns are
-    decayed too, but outside the level's pairs)."""
-    diagonal = rows[:, None] == rows[None, :]
-    qk = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
-    qb = tl.where(diagonal, tl.sum(q * b, axis=1)[:, None], 0.0)
-    ak = tl.zeros([BT, BT], dtype=q.dtype)
-    ab = tl.zeros([BT, BT], dtype=q.dtype)
-    for level in tl.static_range(LEVELS):
-        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
-        pairs = _tl_pairs(rows, 1 << level)
-        qk_l, qb_l, ak_l, ab_l = _tl_dplr_dots(
-            q * row, a * row_before, k * col, b * col, pairs, pairs, DOT
-        )
-        qk += qk_l
-        qb += qb_l
-        ak += ak_l
-        ab += ab_l
-    return qk, qb, ak, ab
+def _tl_dplr_d_score(dts, tile, rows, pairs, DOT: tl.constexpr):
+    """The gradient of one of a chunk's scores, tile `tile` of dts (_tl_tile), on pairs, 0
+    elsewhere, as the products take it (_tl_operand): read where it is needed, not held
+    across the levels, whole (a masked load of the pairs, whose entries are not contiguous,
+    loads them one at a time)."""
+    return _tl_operand(tl.where(pairs, tl.load(_tl_tile(dts, tile, rows)), 0.0), DOT)
+
+
+@triton.jit
+def _tl_dplr_pairs_grad(dts, tiles, rows, pairs, x, k, b, DOT: tl.constexpr):
+    """The gradients for x, k and b of _tl_dplr_dots(x, k, b, pairs), from its scores'
+    gradients d(xk), d(xb) in tiles tiles and tiles + 1 of dts, read one at a time on their
+    pairs (one [BT, BT] tile live)."""
+    d_score = _tl_dplr_d_score(dts, tiles, rows, pairs, DOT)  # d(xk)
+    dx = _tl_dot_in_registers(d_score, k, DOT)
+    dk = _tl_dot_in_registers(tl.trans(d_score), x, DOT)
+    d_score = _tl_dplr_d_score(dts, tiles + 1, rows, pairs, DOT)  # d(xb)
+    dx += _tl_dot_in_registers(d_score, b, DOT)
+    db = _tl_dot_in_registers(tl.trans(d_score), x, DOT)
+    return dx, dk, db
 
 
 @triton.jit
 def _tl_dplr_level_grad(
-    d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr, DOT: tl.constexpr
+    dts, tiles, x_c, k_c, b_c, g_c, rows, side, RUN: tl.constexpr, DOT: tl.constexpr
 ):
-    """The gradients for q, a, k and b of one level of _tl_dplr_scores' blocks, RUN tokens a
-    half, from those of the scores (0 outside their pairs): through that level's products of
-    the rows decayed from the boundary of their block's halves and the columns decayed to it,
-    and through those decays."""
+    """The gradients for x (side 0: q, side 1: a), k and b of one level of _tl_dplr_scores'
+    blocks, RUN tokens a half, from those of the side's scores in dts (_tl_dplr_pairs_grad):
+    through that level's products of the rows decayed from the boundary of their block's
+    halves and the columns decayed to it, and through those decays."""
     row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
+    row = tl.where(side == 0, row, row_before)
     pairs = _tl_pairs(rows, RUN)
-    dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
-        tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
-        tl.where(pairs, d_ak, 0.0), tl.where(pairs, d_ab, 0.0),
-        q_c * row, a_c * row_before, k_c * col, b_c * col, DOT,
-    )  # fmt: skip
-    return dq_l * row, da_l * row_before, dk_l * col, db_l * col
+    dx_l, dk_l, db_l = _tl_dplr_pairs_grad(
+        dts, tiles, rows, pairs, x_c * row, k_c * col, b_c * col, DOT
+    )
+    return dx_l * row, dk_l * col, db_l * col
 
 
 @triton.jit
@@ -134,40 +144,44 @@ def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_scores_grad(
-    dq_c, da_c, dk_c, db_c, dg_c,
-    d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
+    dx_c, dk_c, db_c, dg_c, dts, tiles, x_c, k_c, b_c, g_c, rows, side,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The gradient through a chunk's scores, from theirs on their support, added to the
-    gradients of q, a, k, b and (if GATE_GRAD) the gate so far: it goes back as
-    _tl_dplr_scores built them (the pairs r = j undecayed, then level by level,
-    _tl_dplr_level_grad, each level's decays passing on to the gates of their sums) or,
-    without a gate (g_c never read), as the causal products."""
+    """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
+    ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
+    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b and (if
+    GATE_GRAD) the gate so far: it goes back as _tl_dplr_scores built them (the pairs r = j
+    undecayed, side 0's only, then level by level, _tl_dplr_level_grad, each level's decays
+    passing on to the gates of their sums) or, without a gate (g_c never read), as the
+    products for j <= r (side 0) or j < r (side 1)."""
+    tiles += 2 * side
     if HAS_G:
-        # the scores' pairs r = j, undecayed
-        diagonal = rows[:, None] == rows[None, :]
-        d_qk_diag = tl.sum(tl.where(diagonal, d_qk, 0.0), axis=1)[:, None]
-        d_qb_diag = tl.sum(tl.where(diagonal, d_qb, 0.0), axis=1)[:, None]
-        dq_c += d_qk_diag * k_c + d_qb_diag * b_c
-        dk_c += d_qk_diag * q_c
-        db_c += d_qb_diag * q_c
+        # the scores' pairs r = j, undecayed (side 0's)
+        diagonal = dts + (tiles * rows.shape[0] + rows) * rows.shape[0] + rows  # d(xk)[r, r]
+        on_q = (rows * 0 + side) == 0
+        d_xk_diag = tl.load(diagonal, mask=on_q, other=0.0)[:, None]
+        d_xb_diag = tl.load(diagonal + rows.shape[0] * rows.shape[0], mask=on_q, other=0.0)
+        dx_c += d_xk_diag * k_c + d_xb_diag[:, None] * b_c
+        dk_c += d_xk_diag * x_c
+        db_c += d_xb_diag[:, None] * x_c
         # and block by block, as _tl_dplr_scores builds them
         for level in tl.static_range(LEVELS):
-            dq_l, da_l, dk_l, db_l = _tl_dplr_level_grad(
-                d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, 1 << level, DOT
+            tl.debug_barrier()  # not this level's tiles loaded early, beside the last one's
+            dx_l, dk_l, db_l = _tl_dplr_level_grad(
+                dts, tiles, x_c, k_c, b_c, g_c, rows, side, 1 << level, DOT
             )
             if GATE_GRAD:
-                dg_c += _tl_dplr_decays_grad(
-                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
-                )
-            dq_c += dq_l
-            da_c += da_l
+                d_x = x_c * dx_l
+                d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
+                d_after = k_c * dk_l + b_c * db_l
+                dg_c += _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, 1 << level)
+            dx_c += dx_l
             dk_c += dk_l
             db_c += db_l
     else:
-        dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, DOT)
-        dq_c += dq_l
-        da_c += da_l
+        pairs = rows[:, None] + 1 - side > rows[None, :]  # j <= r (side 0), j < r (side 1)
+        dx_l, dk_l, db_l = _tl_dplr_pairs_grad(dts, tiles, rows, pairs, x_c, k_c, b_c, DOT)
+        dx_c += dx_l
         dk_c += dk_l
         db_c += db_l
-    return dq_c, da_c, dk_c, db_c, dg_c
+    return dx_c, dk_c, db_c, dg_c

@@ -459,6 +459,7 @@ def _tl_tiles(kernel, dot=None):
         "_tl_dplr_fwd_states": (None, 32, 8),
         "_tl_dplr_fwd_outputs": (None, 32, 4),
         "_tl_dplr_bwd_states": (None, 32, 8),
+        "_tl_dplr_bwd_scores": (None, 16, 8),
         "_tl_dplr_bwd_inputs": (16, 32, 8),
         "_tl_elementwise_fwd": (None, 32, 8),
         "_tl_elementwise_bwd": (None, 32, 8),
@@ -665,6 +666,21 @@ def _tl_ieee_dot_part(a, b, acc):
 
 
 @triton.jit
+def _tl_operand(x, DOT: tl.constexpr):
+    """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
+    DOT once, as it is loaded (half the registers of float32, and the same operand in every
+    product and every elementwise use), held in float32 under the interpreter ("bf16
+    emulated"); as it is otherwise."""
+    if DOT == "bf16":
+        x = x.to(tl.bfloat16)
+    elif DOT == "bf16 emulated":
+        x = _tl_round_bf16(x)
+    elif DOT == "fp16":
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
 def _tl_round_bf16(x):
     """x (float32) rounded to the nearest bfloat16, ties to even, held in float32: what a
     conversion to bfloat16 does on a GPU (triton's interpreter truncates instead)."""
@@ -826,13 +842,6 @@ def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_load(x, i, T, d, t, cols, mask):
-    """The rows t and columns cols of item i of x [N, T, d] (contiguous), 0 where mask is False:
-    what one of the forward's kernels wrote for the next (_tl_store_rows)."""
-    return tl.load(x + (i * T + t[:, None]) * d + cols[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
 def _tl_dplr_guard(k_c, a_c, b_c, g_c, HAS_G: tl.constexpr):
     """The guard of a chunk's key-side inputs: (k, a, b and g (read only if HAS_G) with their
     entries that are not finite read as 0, and the poison of their rows [BT]: 0 where every
@@ -850,24 +859,24 @@ def _tl_dplr_guard(k_c, a_c, b_c, g_c, HAS_G: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_decayed(
-    q_c, k_c, a_c, b_c, g_c, rows,
+    x_c, k_c, b_c, g_c, rows, side,
     HAS_G: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """What a chunk's products read, from its inputs' columns and log-gates g_c (read only if
-    HAS_G): (their parts of the decayed scores qk, qb, ak, ab (_tl_dplr_scores; without a gate
-    the causal products), and the rows and columns that meet the state, Q ⊙ exp(c), A ⊙
-    exp(c_{r-1}) and K, B ⊙ exp(c_C - c))."""
+    """What a chunk's products read, from its rows x_c (side 0: q, side 1: a), columns k_c,
+    b_c and log-gates g_c (read only if HAS_G): (their parts of the decayed scores xk, xb
+    (_tl_dplr_scores; without a gate the products for j <= r (side 0) or j < r (side 1)), and
+    the rows and columns that meet the state, Q ⊙ exp(c) (side 0) or A ⊙ exp(c_{r-1}) (side
+    1), and K, B ⊙ exp(c_C - c))."""
     if HAS_G:
-        qk, qb, ak, ab = _tl_dplr_scores(q_c, k_c, a_c, b_c, g_c, rows, BT, LEVELS, DOT)
+        xk, xb = _tl_dplr_scores(x_c, k_c, b_c, g_c, rows, side, LEVELS, DOT)
         from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
-        q_start, a_before = q_c * from_start, a_c * from_before
+        x_state = x_c * tl.where(side == 0, from_start, from_before)
         k_end, b_end = k_c * to_end, b_c * to_end
     else:
-        causal = rows[:, None] >= rows[None, :]
-        strict = rows[:, None] > rows[None, :]
-        qk, qb, ak, ab = _tl_dplr_dots(q_c, a_c, k_c, b_c, causal, strict, DOT)
-        q_start, a_before, k_end, b_end = q_c, a_c, k_c, b_c
-    return qk, qb, ak, ab, q_start, a_before, k_end, b_end
+        pairs = rows[:, None] + 1 - side > rows[None, :]  # j <= r (side 0), j < r (side 1)
+        xk, xb = _tl_dplr_dots(x_c, k_c, b_c, pairs, DOT)
+        x_state, k_end, b_end = x_c, k_c, b_c
+    return xk, xb, x_state, k_end, b_end
 
 
 @triton.jit
@@ -882,48 +891,53 @@ def _tl_dplr_fwd_scores(
     sg_b, sg_h, sg_t, sg_d,
     HAS_G: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The forward's first kernel, one program per (chunk, batch x head), the chunks at once:
-    the chunk's T = (I - ab)^{-1} and scores qk, qb, ak into ts [B * NH, N, 4, BT, BT] (as the
-    backward reads them, _tl_dplr_kept), its decayed rows Q ⊙ exp(c), A ⊙ exp(c_{r-1}), K and
-    B ⊙ exp(c_C - c) into qd, ad, kd, bd [B * NH, T, K], its whole decay exp(c_C) into decay
-    [B * NH, N, K] (if HAS_G) and the poison of its key-side rows into poison [B * NH, T];
-    the key columns BK at a time, the scores summed over them."""
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    """The forward's first kernel, two programs per (chunk, batch x head), the chunks at once:
+    side 0 the chunk's scores qk, qb, side 1 its ak and T = (I - ab)^{-1}, into ts
+    [B * NH, N, 4, BT, BT] (as the backward reads them, _tl_dplr_kept), the key columns BK at
+    a time, the scores summed over them (two [BT, BT] sums a program: four spilled). Side 0
+    also writes the decayed rows Q ⊙ exp(c), K and B ⊙ exp(c_C - c) into qd, kd, bd
+    [B * NH, T, K], the whole decay exp(c_C) into decay [B * NH, N, K] (if HAS_G) and the
+    poison of the key-side rows into poison [B * NH, T]; side 1 A ⊙ exp(c_{r-1}) into ad."""
+    i_n, i_bh, side = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = i_n * BT + rows
     in_t = t < T
-    qk = tl.zeros([BT, BT], dtype=poison.dtype.element_ty)
-    qb, ak, ab, row_poison = qk, qk, qk, tl.sum(qk, axis=1)
+    on_q = (rows * 0 + side) == 0  # [BT], as a mask (the interpreter's masks are tensors)
+    xk = tl.zeros([BT, BT], dtype=poison.dtype.element_ty)
+    xb, row_poison = xk, tl.sum(xk, axis=1)
     for i_k in range(0, tl.cdiv(K, BK)):
         cols = i_k * BK + tl.arange(0, BK)
         at = in_t[:, None] & (cols < K)[None, :]
-        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at)
+        q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at & on_q[:, None])
         k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
         a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at)
         b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols, at)
         if HAS_G:
             g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols, at)
         else:
-            g_c = tl.zeros((BT, BK), dtype=q_c.dtype)  # never read
+            g_c = tl.zeros((BT, BK), dtype=k_c.dtype)  # never read
         k_c, a_c, b_c, g_c, poison_k = _tl_dplr_guard(k_c, a_c, b_c, g_c, HAS_G)
         row_poison += poison_k
-        decayed = _tl_dplr_decayed(q_c, k_c, a_c, b_c, g_c, rows, HAS_G, BT, LEVELS, DOT)
-        qk_k, qb_k, ak_k, ab_k, q_start, a_before, k_end, b_end = decayed
-        qk, qb, ak, ab = qk + qk_k, qb + qb_k, ak + ak_k, ab + ab_k
-        _tl_store_rows(qd, i_bh, T, K, t, cols, at, q_start)
-        _tl_store_rows(ad, i_bh, T, K, t, cols, at, a_before)
-        _tl_store_rows(kd, i_bh, T, K, t, cols, at, k_end)
-        _tl_store_rows(bd, i_bh, T, K, t, cols, at, b_end)
+        x_c = tl.where(side == 0, q_c, a_c)
+        decayed = _tl_dplr_decayed(x_c, k_c, b_c, g_c, rows, side, HAS_G, BT, LEVELS, DOT)
+        xk_k, xb_k, x_state, k_end, b_end = decayed
+        xk, xb = xk + xk_k, xb + xb_k
+        _tl_store_rows(qd, i_bh, T, K, t, cols, at & on_q[:, None], x_state)
+        _tl_store_rows(ad, i_bh, T, K, t, cols, at & ~on_q[:, None], x_state)
+        _tl_store_rows(kd, i_bh, T, K, t, cols, at & on_q[:, None], k_end)
+        _tl_store_rows(bd, i_bh, T, K, t, cols, at & on_q[:, None], b_end)
         if HAS_G:
             chunk = (i_bh * tl.cdiv(T, BT) + i_n) * K
-            tl.store(decay + chunk + cols, tl.exp(tl.sum(g_c, axis=0)), mask=cols < K)
-    tl.store(poison + i_bh * T + t, row_poison, mask=in_t)
+            whole = tl.exp(tl.sum(g_c, axis=0))
+            tl.store(decay + chunk + cols, whole, mask=(cols < K) & (cols * 0 + side == 0))
+    tl.store(poison + i_bh * T + t, row_poison, mask=in_t & on_q)
     tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4
-    tl.store(_tl_tile(ts, tiles + 1, rows), qk)
-    tl.store(_tl_tile(ts, tiles + 2, rows), qb)
-    tl.store(_tl_tile(ts, tiles + 3, rows), ak)
-    tl.store(_tl_tile(ts, tiles, rows), _tl_unit_lower_inverse(-ab, rows, BT))  # (I - ab)^{-1}
+    tl.store(_tl_tile(ts, tiles + 1 + 2 * side, rows), xk)  # qk or ak
+    if side == 0:
+        tl.store(_tl_tile(ts, tiles + 2, rows), xb)  # qb
+    else:
+        tl.store(_tl_tile(ts, tiles, rows), _tl_unit_lower_inverse(-xb, rows, BT))  # (I - ab)^-1
 
 
 @triton.jit
@@ -998,6 +1012,97 @@ def _tl_dplr_fwd_outputs(
     out += _tl_dot(tl.load(_tl_tile(ts, tiles + 2, rows)), u_c, DOT)  # qb U
     out += tl.cumsum(poison_c, axis=0)
     _tl_put_rows(o, so_b, so_h, so_t, so_d, i_b, i_h, t, cols_v, at_v, out)
+
+
+def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
+    """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
+    [B, NH, N, K, V] and T and the scores qk, qb, ak of each chunk [B, NH, N, 4, C, C], else
+    Nones): three launches, the chunks' scores and decayed rows (_tl_dplr_fwd_scores), the
+    states (_tl_dplr_fwd_states), the outputs (_tl_dplr_fwd_outputs)."""
+    batch, heads, length, d_k = q.shape
+    d_v = v.shape[-1]
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
+        q, v, chunk_size, _tl_dplr_fwd_states, dot
+    )
+    initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
+    # T, the scores and the decayed rows meet only products: with 16-bit products, kept in
+    # that dtype (the rounding each product makes of them anyway; half the registers and
+    # memory), computed in float32 (float64)
+    kept = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dot, final.dtype)
+    tiles = q.new_empty(batch, heads, n_chunks, 4, block_t, block_t, dtype=kept)
+    qd, ad, kd, bd = (q.new_empty(batch, heads, length, d_k, dtype=kept) for _ in range(4))
+    decay = final.new_empty(batch, heads, n_chunks, d_k) if gk is not None else final
+    poison, u = final.new_empty(batch, heads, length), final.new_empty(batch, heads, length, d_v)
+    has_g, levels = gk is not None, _tl_levels(block_t)
+    scores_k = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_scores, dot)[1]
+    _tl_dplr_fwd_scores[(n_chunks, batch * heads, 2)](
+        q, k, a, b, q if gk is None else gk,  # read
+        tiles, qd, ad, kd, bd, decay, poison,  # written
+        length, heads, d_k, *(stride for x in (q, k, a, b, gk) for stride in _tl_strides(x, 4)),
+        HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k, DOT=dot,
+        **_tl_launch(_tl_dplr_fwd_scores, dot),
+    )  # fmt: skip
+    _tl_dplr_fwd_states[grid](
+        v, ad, kd, bd, decay, poison, tiles, initial_state,  # read
+        u, final, states,  # written
+        length, heads, d_k, d_v, *_tl_strides(v, 4),
+        HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
+        **_tl_launch(_tl_dplr_fwd_states, dot),
+    )  # fmt: skip
+    _tl_dplr_fwd_outputs[(grid[0], batch * heads, n_chunks)](
+        v, qd, u, poison, tiles, states,  # read
+        o,  # written
+        length, heads, d_k, d_v, *_tl_strides(v, 4), *_tl_strides(o, 4),
+        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs, dot),
+    )  # fmt: skip
+    kept = (states, tiles, qd, ad, kd, bd, decay if gk is not None else tiles, u)
+    return o, final, kept if keep else None
+
+
+class _TlDplr(torch.autograd.Function):
+    """The kernels under autograd: the forward keeps the inputs and what its launches wrote
+    (the states entering each chunk, T and the scores, the decayed rows, the chunks' decays,
+    U); the backward is dplr_bwd.py's three launches (_tl_dplr_backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size, operands):
+        dot = _tl_dot_precision(q, _tl_dplr_fwd_states, operands)
+        o, final, kept = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, True, dot)
+        ctx.save_for_backward(q, k, v, a, b, gk, *kept)
+        ctx.chunk_size, ctx.dot = chunk_size, dot
+        return o, final
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, d_final):
+        q, k, v, a, b, gk, *kept = ctx.saved_tensors
+        gate_grad = gk is not None and ctx.needs_input_grad[5]
+        grads = _tl_dplr_backward(
+            q, k, v, a, b, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
+        )
+        d_initial = grads[-1] if ctx.needs_input_grad[6] else None  # None: no initial state
+        return *grads[:-1], d_initial, None, None
+
+
+def chunk_dplr(
+    q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None, operands=None
+):
+    """Chunked S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
+    Triton kernels, forward and backward.
+
+    a, b: [B, NH, T, K]; gk: the log-gate [B, NH, T, K] or [B, NH, T, 1] (one per token, for
+    every channel), None: no decay. gk_min (a lower bound of gk, as the PyTorch kernel takes)
+    is not needed: the fused kernels' factors are measured from sub-chunk boundaries whatever
+    the gate. operands: the dtype of the caller's inputs where they were widened to q's
+    (_tl_dot_precision), None for q's. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    """
+    _tl_check_device(_tl_dplr_fwd_states, q)
+    gk = None if gk is None else gk.expand_as(k)
+    if _needs_grad(q, k, v, a, b, gk, initial_state):
+        return _TlDplr.apply(q, k, v, a, b, gk, initial_state, chunk_size, operands)
+    dot = _tl_dot_precision(q, _tl_dplr_fwd_states, operands)
+    o, final, _ = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, False, dot)
+    return o, final
 
 
 @triton.jit
@@ -1079,55 +1184,89 @@ def _tl_dplr_d_scores_sum(
 
 
 @triton.jit
+def _tl_dplr_bwd_scores(
+    v, do, u, dz,  # read
+    dts,  # written
+    T, NH, V,
+    sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    BT: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """The backward's second kernel, one program per (chunk, batch x head), the chunks at
+    once: the chunk's scores' gradients on their support (_tl_dplr_d_scores_sum) into dts
+    [B * NH, N, 4, BT, BT] (d(qk), d(qb), d(ak), d(ab); in the dtype of the kept scores, 16
+    bits for 16-bit products, which round them so anyway, and but for d(qk) and d(qb)'s
+    diagonals, which multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a
+    time."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    t = i_n * BT + rows
+    sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
+    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores_sum(
+        v, do, u, dz, i_b, i_h, i_bh, t, t < T, rows, T, V, *sv, BV, DOT
+    )
+    tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4
+    tl.store(_tl_tile(dts, tiles, rows), d_qk)
+    tl.store(_tl_tile(dts, tiles + 1, rows), d_qb)
+    tl.store(_tl_tile(dts, tiles + 2, rows), d_ak)
+    tl.store(_tl_tile(dts, tiles + 3, rows), d_ab)
+
+
+@triton.jit
 def _tl_dplr_through_states(
-    v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_state, t, in_t, cols_k, T, K, V,
+    v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_state, t, in_t, cols_k, side, T, K, V,
     sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The gradients of a chunk's decayed rows through the states, for key columns cols_k,
-    summed over the value columns BV at a time: (dO S^T, dZ S^T, V D^T, U D^T, and Σ_v S ⊙ D
-    per key column), S the state entering the chunk (hs) and D the gradient of the one leaving
-    it (dhs)."""
+    """A side's gradients of a chunk's decayed rows through the states, for key columns
+    cols_k, summed over the value columns BV at a time: side 0 (dO S^T, V D^T, Σ_v S ⊙ D per
+    key column), side 1 (dZ S^T, U D^T, 0), S the state entering
+    the chunk (hs) and D the gradient of the one leaving it (dhs). Each side loads only its
+    own rows (the other's masked off)."""
+    on_q = (t * 0 + side) == 0
     zero = tl.zeros([t.shape[0], cols_k.shape[0]], dtype=u.dtype.element_ty)
-    dq_c, da_c, dk_c, db_c, through = zero, zero, zero, zero, tl.sum(zero, axis=0)
+    dx_c, dy_c, through = zero, zero, tl.sum(zero, axis=0)
     for i_v in range(0, tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < V)[None, :]
+        at_q, at_a = at & on_q[:, None], at & ~on_q[:, None]
         state = _tl_load_state(hs, i_state, K, V, cols_k, cols)
         d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at)
-        dq_c += _tl_dot(do_c, tl.trans(state), DOT)
-        da_c += _tl_dot(_tl_dplr_load(dz, i_bh, T, V, t, cols, at), tl.trans(state), DOT)
-        v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
-        dk_c += _tl_dot(v_c, tl.trans(d_state), DOT)
-        db_c += _tl_dot(_tl_dplr_load(u, i_bh, T, V, t, cols, at), tl.trans(d_state), DOT)
+        reads = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at_q)
+        reads += _tl_dplr_load(dz, i_bh, T, V, t, cols, at_a)  # dO or dZ
+        dx_c += _tl_dot(reads, tl.trans(state), DOT)
+        values = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at_q)
+        values += _tl_dplr_load(u, i_bh, T, V, t, cols, at_a)  # V or U
+        dy_c += _tl_dot(values, tl.trans(d_state), DOT)
         through += tl.sum(state * d_state, axis=1)
-    return dq_c, da_c, dk_c, db_c, through
+    return dx_c, dy_c, tl.where(side == 0, through, 0.0)
 
 
 @triton.jit
 def _tl_dplr_through_decays(
-    dq_c, da_c, dk_c, db_c, through, q_c, a_c, k_c, b_c, g_c, rows,
-    GATE_GRAD: tl.constexpr, BT: tl.constexpr,
-):  # fmt: skip
-    """The gradients of q, a, k and b from those of their decayed rows Q ⊙ exp(c), A ⊙
-    exp(c_{r-1}), K and B ⊙ exp(c_C - c), and (if GATE_GRAD, else zeros) the gate's from those
-    decays and from exp(c_C), through the sum of S ⊙ D per key column: each decay's log is a
-    sum of gates under a mask, so its input times its gradient goes back to those gates
-    through the transposed mask."""
+    dx_c, dy_c, through, x_c, y_c, g_c, rows, side, GATE_GRAD: tl.constexpr, BT: tl.constexpr
+):
+    """A side's gradients of x (side 0: q, side 1: a) and y (k, b) from those of their decayed
+    rows Q ⊙ exp(c) or A ⊙ exp(c_{r-1}), and K or B ⊙ exp(c_C - c), and (if GATE_GRAD, else
+    zeros) its part of the gate's from those decays and from exp(c_C), through the sum of S ⊙ D
+    per key column (0 on side 1): each decay's log is a sum of gates under a mask, so its
+    input times its gradient goes back to those gates through the transposed mask."""
     from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
-    dq_c, da_c = dq_c * from_start, da_c * from_before
-    dk_c, db_c = dk_c * to_end, db_c * to_end
-    dg_c = tl.zeros_like(dq_c)
+    dx_c = dx_c * tl.where(side == 0, from_start, from_before)
+    dy_c = dy_c * to_end
+    dg_c = tl.zeros_like(dx_c)
     if GATE_GRAD:
-        dg_c = _tl_dplr_decays_grad(q_c * dq_c, a_c * da_c, k_c * dk_c + b_c * db_c, rows, BT)
+        d_x = x_c * dx_c
+        d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
+        dg_c = _tl_dplr_decays_grad(d_up_to, d_before, y_c * dy_c, rows, BT)
         dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
-    return dq_c, da_c, dk_c, db_c, dg_c
+    return dx_c, dy_c, dg_c
 
 
 @triton.jit
 def _tl_dplr_bwd_inputs(
-    q, k, a, b, g, v, do, u, dz, hs, dhs,  # read
+    q, k, a, b, g, v, do, u, dz, hs, dhs, dts,  # read
     dq, dk, da, db, dg,  # written
     T, NH, K, V,
     sq_b, sq_h, sq_t, sq_d,
@@ -1140,168 +1279,103 @@ def _tl_dplr_bwd_inputs(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The backward's second kernel, one program per (chunk, batch x head, block of BK key
-    columns), the chunks at once: the gradients of q, k, a, b and (if GATE_GRAD) the gate
-    [B * NH, T, K] in its key columns, from the scores' gradients (_tl_dplr_d_scores_sum) and
-    those of the decayed rows through the states (_tl_dplr_through_states), back through the
-    decays and the scores' blocks (_tl_dplr_scores_grad) as the forward made them. Each key
-    block's program makes the scores' gradients again: in a loop over the key blocks, triton
-    hoists their level-masked copies (independent of the key block) out of the loop, and their
-    shared-memory operands stay allocated together (403 KB on sm_90, which has 227 KB)."""
+    """The backward's last kernel, two programs per (chunk, batch x head, block of BK key
+    columns): side 0 the gradient of q [B * NH, T, K] in its key columns, side 1 that of a,
+    each its part of those of k, b and (if GATE_GRAD) the gate [2 * B * NH, T, K], from its
+    scores' gradients (dts: d(qk), d(qb) or d(ak), d(ab), read a tile and a level at a time)
+    and those of the decayed rows through the states, back through the decays and the
+    scores' blocks (_tl_dplr_scores_grad) as the forward made them."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_k, side = tl.program_id(2) // 2, tl.program_id(2) % 2
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = i_n * BT + rows
     in_t = t < T
+    on_q = (rows * 0 + side) == 0  # [BT], as a mask (the interpreter's masks are tensors)
     sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores_sum(
-        v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V, *sv, BV, DOT
-    )
-    i_k = tl.program_id(2)  # one block of key columns a program
     cols = i_k * BK + tl.arange(0, BK)
     at = in_t[:, None] & (cols < K)[None, :]
-    q_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at)
+    at_q, at_a = at & on_q[:, None], at & ~on_q[:, None]
+    chunk = i_bh * tl.cdiv(T, BT) + i_n
+    x_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at_q)
+    x_c += _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at_a)  # q or a
     k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
-    a_c = _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at)
     b_c = _tl_rows(b, sb_b, sb_h, sb_t, sb_d, i_b, i_h, t, cols, at)
-    dq_c, da_c, dk_c, db_c, through = _tl_dplr_through_states(
-        v, do, u, dz, hs, dhs, i_b, i_h, i_bh, i_bh * tl.cdiv(T, BT) + i_n, t, in_t, cols,
-        T, K, V, *sv, BV, DOT,
-    )  # fmt: skip
-    dg_c = tl.zeros_like(dq_c)
+    dx_c, dy_c, through = _tl_dplr_through_states(
+        v, do, u, dz, hs, dhs, i_b, i_h, i_bh, chunk, t, in_t, cols, side, T, K, V, *sv, BV, DOT
+    )
+    dg_c = tl.zeros_like(dx_c)
     if HAS_G:
         g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols, at)
-        dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_through_decays(
-            dq_c, da_c, dk_c, db_c, through, q_c, a_c, k_c, b_c, g_c, rows, GATE_GRAD, BT
+        y_c = tl.where(side == 0, k_c, b_c)
+        dx_c, dy_c, dg_c = _tl_dplr_through_decays(
+            dx_c, dy_c, through, x_c, y_c, g_c, rows, side, GATE_GRAD, BT
         )
     else:
         g_c = dg_c  # never read
-    dq_c, da_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
-        dq_c, da_c, dk_c, db_c, dg_c, d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
+    dk_c, db_c = tl.where(side == 0, dy_c, 0.0), tl.where(side == 0, 0.0, dy_c)
+    dx_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
+        dx_c, dk_c, db_c, dg_c, dts, chunk * 4, x_c, k_c, b_c, g_c, rows, side,
         HAS_G, GATE_GRAD, LEVELS, DOT,
     )  # fmt: skip
-    _tl_store_rows(dq, i_bh, T, K, t, cols, at, dq_c)
-    _tl_store_rows(dk, i_bh, T, K, t, cols, at, dk_c)
-    _tl_store_rows(da, i_bh, T, K, t, cols, at, da_c)
-    _tl_store_rows(db, i_bh, T, K, t, cols, at, db_c)
+    _tl_store_rows(dq, i_bh, T, K, t, cols, at_q, dx_c)
+    _tl_store_rows(da, i_bh, T, K, t, cols, at_a, dx_c)
+    part = side * tl.num_programs(1) + i_bh
+    _tl_store_rows(dk, part, T, K, t, cols, at, dk_c)
+    _tl_store_rows(db, part, T, K, t, cols, at, db_c)
     if GATE_GRAD:
-        _tl_store_rows(dg, i_bh, T, K, t, cols, at, dg_c)
+        _tl_store_rows(dg, part, T, K, t, cols, at, dg_c)
 
 
-def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
-    """(o [B, NH, T, V], final state [B, NH, K, V], and if keep the states entering each chunk
-    [B, NH, N, K, V] and T and the scores qk, qb, ak of each chunk [B, NH, N, 4, C, C], else
-    Nones): three launches, the chunks' scores and decayed rows (_tl_dplr_fwd_scores), the
-    states (_tl_dplr_fwd_states), the outputs (_tl_dplr_fwd_outputs)."""
+def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
+    """The gradients (dq, dk, dv, da, db, the gate's (None unless gate_grad), the initial
+    state's) from those of the outputs and the final state, and what the forward kept
+    (_tl_dplr_forward): three launches, the pass over the chunks from the last
+    (_tl_dplr_bwd_states), the scores' gradients (_tl_dplr_bwd_scores) and the key-side
+    gradients of every chunk at once (_tl_dplr_bwd_inputs)."""
+    states, tiles, qd, ad, kd, bd, decay, u = kept
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
-        q, v, chunk_size, _tl_dplr_fwd_states, dot
+        q, v, chunk_size, _tl_dplr_bwd_states, dot
     )
-    initial_state, o, final, states = _tl_outputs(q, v, initial_state, n_chunks, True)
-    # T, the scores and the decayed rows meet only products: with 16-bit products, kept in
-    # that dtype (the rounding each product makes of them anyway; half the registers and
-    # memory), computed in float32 (float64)
-    kept = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dot, final.dtype)
-    tiles = q.new_empty(batch, heads, n_chunks, 4, block_t, block_t, dtype=kept)
-    qd, ad, kd, bd = (q.new_empty(batch, heads, length, d_k, dtype=kept) for _ in range(4))
-    decay = final.new_empty(batch, heads, n_chunks, d_k) if gk is not None else final
-    poison, u = final.new_empty(batch, heads, length), final.new_empty(batch, heads, length, d_v)
-    has_g, levels = gk is not None, _tl_levels(block_t)
-    scores_k = _tl_sizes(q, v, chunk_size, _tl_dplr_fwd_scores, dot)[1]
-    _tl_dplr_fwd_scores[(n_chunks, batch * heads)](
-        q, k, a, b, q if gk is None else gk,  # read
-        tiles, qd, ad, kd, bd, decay, poison,  # written
-        length, heads, d_k, *(stride for x in (q, k, a, b, gk) for stride in _tl_strides(x, 4)),
-        HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k, DOT=dot,
-        **_tl_launch(_tl_dplr_fwd_scores, dot),
+    d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 2)
+    dq, da = dq[0], dq[1]  # written by _tl_dplr_bwd_inputs' two sides; dk: a part a side
+    db, dz, d_states = (torch.empty_like(x) for x in (dk, u, states))
+    dg = torch.empty_like(dk) if gate_grad else dk
+    _tl_dplr_bwd_states[grid](
+        d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
+        dv, dz, d_states, d_initial,  # written
+        length, heads, d_k, d_v, *_tl_strides(d_o, 4),
+        HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
+        **_tl_launch(_tl_dplr_bwd_states, dot),
     )  # fmt: skip
-    _tl_dplr_fwd_states[grid](
-        v, ad, kd, bd, decay, poison, tiles, initial_state,  # read
-        u, final, states,  # written
-        length, heads, d_k, d_v, *_tl_strides(v, 4),
-        HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
-        **_tl_launch(_tl_dplr_fwd_states, dot),
+    d_tiles = torch.empty_like(tiles)  # kept as T and the scores are (_tl_dplr_forward)
+    scores_v = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_scores, dot)[2]
+    _tl_dplr_bwd_scores[(n_chunks, batch * heads)](
+        v, d_o, u, dz,  # read
+        d_tiles,  # written
+        length, heads, d_v, *_tl_strides(v, 4), *_tl_strides(d_o, 4),
+        BT=block_t, BV=scores_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_scores, dot),
     )  # fmt: skip
-    _tl_dplr_fwd_outputs[(grid[0], batch * heads, n_chunks)](
-        v, qd, u, poison, tiles, states,  # read
-        o,  # written
-        length, heads, d_k, d_v, *_tl_strides(v, 4), *_tl_strides(o, 4),
-        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs, dot),
+    _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_inputs, dot)
+    _tl_dplr_bwd_inputs[(n_chunks, batch * heads, 2 * triton.cdiv(d_k, inputs_k))](
+        q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states, d_tiles,  # read
+        dq, dk, da, db, dg,  # written
+        length, heads, d_k, d_v,
+        *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
+        HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
+        BK=inputs_k, BV=inputs_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_inputs, dot),
     )  # fmt: skip
-    kept = (states, tiles, qd, ad, kd, bd, decay if gk is not None else tiles, u)
-    return o, final, kept if keep else None
+    dk, db = dk.sum(0), db.sum(0)  # the two sides' parts
+    return dq, dk, dv, da, db, dg.sum(0) if gate_grad else None, d_initial
 
 
-class _TlDplr(torch.autograd.Function):
-    """The kernels under autograd: the forward keeps the inputs and what its launches wrote
-    (the states entering each chunk, T and the scores, the decayed rows, the chunks' decays,
-    U); the backward is two launches, the pass over the chunks from the last
-    (_tl_dplr_bwd_states) and the key-side gradients of every chunk at once
-    (_tl_dplr_bwd_inputs)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, a, b, gk, initial_state, chunk_size, operands):
-        dot = _tl_dot_precision(q, _tl_dplr_fwd_states, operands)
-        o, final, kept = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, True, dot)
-        ctx.save_for_backward(q, k, v, a, b, gk, *kept)
-        ctx.chunk_size, ctx.dot = chunk_size, dot
-        return o, final
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, d_o, d_final):
-        q, k, v, a, b, gk, states, tiles, qd, ad, kd, bd, decay, u = ctx.saved_tensors
-        batch, heads, length, d_k = q.shape
-        d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
-            q, v, ctx.chunk_size, _tl_dplr_bwd_states, ctx.dot
-        )
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1)
-        dq, dk = dq[0], dk[0]  # one part: the key-side gradients are not split by value block
-        da, db, dz, d_states = (torch.empty_like(x) for x in (dq, dq, u, states))
-        gate_grad = gk is not None and ctx.needs_input_grad[5]
-        dg = torch.empty_like(dq) if gate_grad else dq
-        _tl_dplr_bwd_states[grid](
-            d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
-            dv, dz, d_states, d_initial,  # written
-            length, heads, d_k, d_v, *_tl_strides(d_o, 4),
-            HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=ctx.dot,
-            **_tl_launch(_tl_dplr_bwd_states, ctx.dot),
-        )  # fmt: skip
-        _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, ctx.chunk_size, _tl_dplr_bwd_inputs, ctx.dot)
-        _tl_dplr_bwd_inputs[(n_chunks, batch * heads, triton.cdiv(d_k, inputs_k))](
-            q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states,  # read
-            dq, dk, da, db, dg,  # written
-            length, heads, d_k, d_v,
-            *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
-            HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
-            BK=inputs_k, BV=inputs_v, DOT=ctx.dot, **_tl_launch(_tl_dplr_bwd_inputs, ctx.dot),
-        )  # fmt: skip
-        d_gate = dg if gate_grad else None
-        d_initial = d_initial if ctx.needs_input_grad[6] else None  # None: no initial state
-        return dq, dk, dv, da, db, d_gate, d_initial, None, None
-
-
-def chunk_dplr(
-    q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min=None, operands=None
-):
-    """Chunked S_t = (diag(exp(gk_t)) + b_t a_t^T) S_{t-1} + k_t v_t^T, o_t = q_t S_t, as fused
-    Triton kernels, forward and backward.
-
-    a, b: [B, NH, T, K]; gk: the log-gate [B, NH, T, K] or [B, NH, T, 1] (one per token, for
-    every channel), None: no decay. gk_min (a lower bound of gk, as the PyTorch kernel takes)
-    is not needed: the fused kernels' factors are measured from sub-chunk boundaries whatever
-    the gate. operands: the dtype of the caller's inputs where they were widened to q's
-    (_tl_dot_precision), None for q's. Returns (o [B, NH, T, V], final state [B, NH, K, V]).
-    """
-    _tl_check_device(_tl_dplr_fwd_states, q)
-    gk = None if gk is None else gk.expand_as(k)
-    if _needs_grad(q, k, v, a, b, gk, initial_state):
-        return _TlDplr.apply(q, k, v, a, b, gk, initial_state, chunk_size, operands)
-    dot = _tl_dot_precision(q, _tl_dplr_fwd_states, operands)
-    o, final, _ = _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, False, dot)
-    return o, final
+@triton.jit
+def _tl_dplr_load(x, i, T, d, t, cols, mask):
+    """The rows t and columns cols of item i of x [N, T, d] (contiguous), 0 where mask is False:
+    what one of the forward's kernels wrote for the next (_tl_store_rows)."""
+    return tl.load(x + (i * T + t[:, None]) * d + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -1323,15 +1397,12 @@ def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_dots(q, a, k, b, q_pairs, a_pairs, DOT: tl.constexpr):
-    """The scores [BT, BT] of rows q and a with columns k and b: q k^T and q b^T where q_pairs,
-    a k^T and a b^T where a_pairs, 0 elsewhere."""
-    k_t, b_t = tl.trans(k), tl.trans(b)
-    qk = tl.where(q_pairs, _tl_dot_in_registers(q, k_t, DOT), 0.0)
-    qb = tl.where(q_pairs, _tl_dot_in_registers(q, b_t, DOT), 0.0)
-    ak = tl.where(a_pairs, _tl_dot_in_registers(a, k_t, DOT), 0.0)
-    ab = tl.where(a_pairs, _tl_dot_in_registers(a, b_t, DOT), 0.0)
-    return qk, qb, ak, ab
+def _tl_dplr_dots(x, k, b, pairs, DOT: tl.constexpr):
+    """The scores [BT, BT] of rows x with columns k and b: x k^T and x b^T where pairs, 0
+    elsewhere."""
+    xk = tl.where(pairs, _tl_dot_in_registers(x, tl.trans(k), DOT), 0.0)
+    xb = tl.where(pairs, _tl_dot_in_registers(x, tl.trans(b), DOT), 0.0)
+    return xk, xb
 
 
 @triton.jit
@@ -1346,60 +1417,64 @@ def _tl_dot_in_registers(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q, a, k, b, DOT: tl.constexpr):
-    """The gradients for q, a, k and b of _tl_dplr_dots, from those of its scores (0 outside
-    their pairs)."""
-    dq = _tl_dot_in_registers(d_qk, k, DOT) + _tl_dot_in_registers(d_qb, b, DOT)
-    da = _tl_dot_in_registers(d_ak, k, DOT) + _tl_dot_in_registers(d_ab, b, DOT)
-    dk = _tl_dot_in_registers(tl.trans(d_qk), q, DOT)
-    dk += _tl_dot_in_registers(tl.trans(d_ak), a, DOT)
-    db = _tl_dot_in_registers(tl.trans(d_qb), q, DOT)
-    db += _tl_dot_in_registers(tl.trans(d_ab), a, DOT)
-    return dq, da, dk, db
+def _tl_dplr_scores(x, k, b, g, rows, side, LEVELS: tl.constexpr, DOT: tl.constexpr):
+    """The decayed scores of a chunk [BT, BT] of rows x with columns k and b: side 0 (x = q)
+    qk[r, j] = Σ_c q_rc exp(c_rc - c_jc) k_jc and qb (the same with b) for j <= r, side 1
+    (x = a) ak[r, j] = Σ_c a_rc exp(c_{r-1,c} - c_jc) k_jc and ab for j < r, 0 elsewhere;
+    the pairs r = j undecayed, the others block by block: at each level, the rows decayed from
+    the boundary of their block's halves and the columns to it (_tl_dplr_decays over the
+    halves: a left half's rows and a right half's columns are decayed too, but outside the
+    level's pairs)."""
+    diagonal = (rows[:, None] == rows[None, :]) & (side == 0)
+    xk = tl.where(diagonal, tl.sum(x * k, axis=1)[:, None], 0.0)
+    xb = tl.where(diagonal, tl.sum(x * b, axis=1)[:, None], 0.0)
+    for level in tl.static_range(LEVELS):
+        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
+        row = tl.where(side == 0, row, row_before)
+        xk_l, xb_l = _tl_dplr_dots(x * row, k * col, b * col, _tl_pairs(rows, 1 << level), DOT)
+        xk += xk_l
+        xb += xb_l
+    return xk, xb
 
 
 @triton.jit
-def _tl_dplr_scores(q, k, a, b, g, rows, BT: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr):
-    """The decayed scores of a chunk [BT, BT]: qk[r, j] = Σ_c q_rc exp(c_rc - c_jc) k_jc and qb
-    (the same with b) for j <= r, ak[r, j] = Σ_c a_rc exp(c_{r-1,c} - c_jc) k_jc and ab (the
-    same with b) for j < r, 0 elsewhere; the pairs r = j undecayed, the others block by block:
-    at each level, the rows decayed from the boundary of their block's halves and the columns to
-    it (_tl_dplr_decays over the halves: a left half's rows and a right half's columns are
-    decayed too, but outside the level's pairs)."""
-    diagonal = rows[:, None] == rows[None, :]
-    qk = tl.where(diagonal, tl.sum(q * k, axis=1)[:, None], 0.0)
-    qb = tl.where(diagonal, tl.sum(q * b, axis=1)[:, None], 0.0)
-    ak = tl.zeros([BT, BT], dtype=q.dtype)
-    ab = tl.zeros([BT, BT], dtype=q.dtype)
-    for level in tl.static_range(LEVELS):
-        row, row_before, col = _tl_dplr_decays(g, rows, 1 << level)
-        pairs = _tl_pairs(rows, 1 << level)
-        qk_l, qb_l, ak_l, ab_l = _tl_dplr_dots(
-            q * row, a * row_before, k * col, b * col, pairs, pairs, DOT
-        )
-        qk += qk_l
-        qb += qb_l
-        ak += ak_l
-        ab += ab_l
-    return qk, qb, ak, ab
+def _tl_dplr_d_score(dts, tile, rows, pairs, DOT: tl.constexpr):
+    """The gradient of one of a chunk's scores, tile `tile` of dts (_tl_tile), on pairs, 0
+    elsewhere, as the products take it (_tl_operand): read where it is needed, not held
+    across the levels, whole (a masked load of the pairs, whose entries are not contiguous,
+    loads them one at a time)."""
+    return _tl_operand(tl.where(pairs, tl.load(_tl_tile(dts, tile, rows)), 0.0), DOT)
+
+
+@triton.jit
+def _tl_dplr_pairs_grad(dts, tiles, rows, pairs, x, k, b, DOT: tl.constexpr):
+    """The gradients for x, k and b of _tl_dplr_dots(x, k, b, pairs), from its scores'
+    gradients d(xk), d(xb) in tiles tiles and tiles + 1 of dts, read one at a time on their
+    pairs (one [BT, BT] tile live)."""
+    d_score = _tl_dplr_d_score(dts, tiles, rows, pairs, DOT)  # d(xk)
+    dx = _tl_dot_in_registers(d_score, k, DOT)
+    dk = _tl_dot_in_registers(tl.trans(d_score), x, DOT)
+    d_score = _tl_dplr_d_score(dts, tiles + 1, rows, pairs, DOT)  # d(xb)
+    dx += _tl_dot_in_registers(d_score, b, DOT)
+    db = _tl_dot_in_registers(tl.trans(d_score), x, DOT)
+    return dx, dk, db
 
 
 @triton.jit
 def _tl_dplr_level_grad(
-    d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, RUN: tl.constexpr, DOT: tl.constexpr
+    dts, tiles, x_c, k_c, b_c, g_c, rows, side, RUN: tl.constexpr, DOT: tl.constexpr
 ):
-    """The gradients for q, a, k and b of one level of _tl_dplr_scores' blocks, RUN tokens a
-    half, from those of the scores (0 outside their pairs): through that level's products of
-    the rows decayed from the boundary of their block's halves and the columns decayed to it,
-    and through those decays."""
+    """The gradients for x (side 0: q, side 1: a), k and b of one level of _tl_dplr_scores'
+    blocks, RUN tokens a half, from those of the side's scores in dts (_tl_dplr_pairs_grad):
+    through that level's products of the rows decayed from the boundary of their block's
+    halves and the columns decayed to it, and through those decays."""
     row, row_before, col = _tl_dplr_decays(g_c, rows, RUN)
+    row = tl.where(side == 0, row, row_before)
     pairs = _tl_pairs(rows, RUN)
-    dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(
-        tl.where(pairs, d_qk, 0.0), tl.where(pairs, d_qb, 0.0),
-        tl.where(pairs, d_ak, 0.0), tl.where(pairs, d_ab, 0.0),
-        q_c * row, a_c * row_before, k_c * col, b_c * col, DOT,
-    )  # fmt: skip
-    return dq_l * row, da_l * row_before, dk_l * col, db_l * col
+    dx_l, dk_l, db_l = _tl_dplr_pairs_grad(
+        dts, tiles, rows, pairs, x_c * row, k_c * col, b_c * col, DOT
+    )
+    return dx_l * row, dk_l * col, db_l * col
 
 
 @triton.jit
@@ -1418,43 +1493,47 @@ def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_scores_grad(
-    dq_c, da_c, dk_c, db_c, dg_c,
-    d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows,
+    dx_c, dk_c, db_c, dg_c, dts, tiles, x_c, k_c, b_c, g_c, rows, side,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The gradient through a chunk's scores, from theirs on their support, added to the
-    gradients of q, a, k, b and (if GATE_GRAD) the gate so far: it goes back as
-    _tl_dplr_scores built them (the pairs r = j undecayed, then level by level,
-    _tl_dplr_level_grad, each level's decays passing on to the gates of their sums) or,
-    without a gate (g_c never read), as the causal products."""
+    """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
+    ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
+    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b and (if
+    GATE_GRAD) the gate so far: it goes back as _tl_dplr_scores built them (the pairs r = j
+    undecayed, side 0's only, then level by level, _tl_dplr_level_grad, each level's decays
+    passing on to the gates of their sums) or, without a gate (g_c never read), as the
+    products for j <= r (side 0) or j < r (side 1)."""
+    tiles += 2 * side
     if HAS_G:
-        # the scores' pairs r = j, undecayed
-        diagonal = rows[:, None] == rows[None, :]
-        d_qk_diag = tl.sum(tl.where(diagonal, d_qk, 0.0), axis=1)[:, None]
-        d_qb_diag = tl.sum(tl.where(diagonal, d_qb, 0.0), axis=1)[:, None]
-        dq_c += d_qk_diag * k_c + d_qb_diag * b_c
-        dk_c += d_qk_diag * q_c
-        db_c += d_qb_diag * q_c
+        # the scores' pairs r = j, undecayed (side 0's)
+        diagonal = dts + (tiles * rows.shape[0] + rows) * rows.shape[0] + rows  # d(xk)[r, r]
+        on_q = (rows * 0 + side) == 0
+        d_xk_diag = tl.load(diagonal, mask=on_q, other=0.0)[:, None]
+        d_xb_diag = tl.load(diagonal + rows.shape[0] * rows.shape[0], mask=on_q, other=0.0)
+        dx_c += d_xk_diag * k_c + d_xb_diag[:, None] * b_c
+        dk_c += d_xk_diag * x_c
+        db_c += d_xb_diag[:, None] * x_c
         # and block by block, as _tl_dplr_scores builds them
         for level in tl.static_range(LEVELS):
-            dq_l, da_l, dk_l, db_l = _tl_dplr_level_grad(
-                d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, g_c, rows, 1 << level, DOT
+            tl.debug_barrier()  # not this level's tiles loaded early, beside the last one's
+            dx_l, dk_l, db_l = _tl_dplr_level_grad(
+                dts, tiles, x_c, k_c, b_c, g_c, rows, side, 1 << level, DOT
             )
             if GATE_GRAD:
-                dg_c += _tl_dplr_decays_grad(
-                    q_c * dq_l, a_c * da_l, k_c * dk_l + b_c * db_l, rows, 1 << level
-                )
-            dq_c += dq_l
-            da_c += da_l
+                d_x = x_c * dx_l
+                d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
+                d_after = k_c * dk_l + b_c * db_l
+                dg_c += _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, 1 << level)
+            dx_c += dx_l
             dk_c += dk_l
             db_c += db_l
     else:
-        dq_l, da_l, dk_l, db_l = _tl_dplr_dots_grad(d_qk, d_qb, d_ak, d_ab, q_c, a_c, k_c, b_c, DOT)
-        dq_c += dq_l
-        da_c += da_l
+        pairs = rows[:, None] + 1 - side > rows[None, :]  # j <= r (side 0), j < r (side 1)
+        dx_l, dk_l, db_l = _tl_dplr_pairs_grad(dts, tiles, rows, pairs, x_c, k_c, b_c, DOT)
+        dx_c += dx_l
         dk_c += dk_l
         db_c += db_l
-    return dq_c, da_c, dk_c, db_c, dg_c
+    return dx_c, dk_c, db_c, dg_c
 
 
 # ---- this mixer --------------------------------------------------------------------------
