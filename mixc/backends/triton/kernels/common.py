@@ -64,7 +64,7 @@ def _tl_tiles(kernel, dot=None):
         "_tl_scalar_decay_bwd": (64, 16, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd_states": (64, 32, 4),
-        "_tl_diagonal_bwd_grads": (32, 32, 8),
+        "_tl_diagonal_bwd_grads": (16, 32, 8),
         "_tl_delta_fwd_wy": (None, 32, 4),
         "_tl_delta_fwd_states": (None, 32, 8),
         "_tl_delta_fwd_out": (None, 32, 8),

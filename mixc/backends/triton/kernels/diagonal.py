@@ -45,7 +45,6 @@ from mixc.backends.triton.kernels.common import (
     _tl_load_state,
     _tl_operand,
     _tl_outputs,
-    _tl_pairs,
     _tl_put_rows,
     _tl_rows,
     _tl_run_sums,
@@ -54,30 +53,16 @@ from mixc.backends.triton.kernels.common import (
     _tl_strides,
     _tl_sum_parts,
     _tl_tokens,
-    _tl_wide,
 )
-from mixc.backends.triton.kernels.diagonal_bwd import _tl_diagonal_backward, _tl_diagonal_gates
+from mixc.backends.triton.kernels.diagonal_bwd import (
+    _tl_diagonal_backward,
+    _tl_diagonal_gates,
+    _tl_diagonal_scores,
+)
 
 #: The keyword arguments this kernel leaves to the PyTorch kernel's chunked form, and what they
 #: are (for explain; not copied into a generated module, which takes only definitions).
 PYTORCH_ARGS = {"gv": "value-side gates"}
-
-
-@triton.jit
-def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.constexpr):
-    """The decayed scores A [BT, BT] of a chunk from its queries, keys and log-gates g_c
-    [BT, BK]: the pairs i = j undecayed, then at each level of blocks of 2, 4, ..., BT tokens
-    one matmul of the queries decayed from the boundary of their block's halves, exp(b_i -
-    b_r), and the keys decayed to it, exp(b_r - b_j), kept where the pairs are that level's."""
-    same = rows[:, None] == rows[None, :]
-    scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)  # i = j
-    for level in tl.static_range(LEVELS):
-        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
-        q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
-        k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
-        corner = _tl_dot(q_l, tl.trans(k_l), DOT)
-        scores = tl.where(_tl_pairs(rows, 2**level), corner, scores)  # its pairs only
-    return scores
 
 
 @triton.jit

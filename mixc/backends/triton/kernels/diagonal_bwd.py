@@ -56,39 +56,48 @@ def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
 
 
 @triton.jit
+def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.constexpr):
+    """The decayed scores A [BT, BT] of a chunk from its queries, keys and log-gates g_c
+    [BT, BK]: the pairs i = j undecayed, then at each level of blocks of 2, 4, ..., BT tokens
+    one matmul of the queries decayed from the boundary of their block's halves, exp(b_i -
+    b_r), and the keys decayed to it, exp(b_r - b_j), kept where the pairs are that level's."""
+    same = rows[:, None] == rows[None, :]
+    scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)  # i = j
+    for level in tl.static_range(LEVELS):
+        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
+        q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
+        k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
+        corner = _tl_dot(q_l, tl.trans(k_l), DOT)
+        scores = tl.where(_tl_pairs(rows, 2**level), corner, scores)  # its pairs only
+    return scores
+
+
+@triton.jit
 def _tl_diagonal_scores_grad(
     q_c, k_c, g_c, d_scores, dq_c, dk_c, dg_c, rows,
     GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The scores A made again (diagonal.py's _tl_diagonal_scores) and the gradient through
-    them, from dA [BT, BT] on A's support, added to dq_c, dk_c and (GATE_GRAD) dg_c [BT, BK]:
-    the pairs i = j, then each level hands its corner of dA back to its decayed queries and
-    keys, and (GATE_GRAD) what their decays pass on back to the gates of their sums
-    (_tl_run_sums_grad). Returns (A, as the products take it, dQ, dK, dg)."""
+    """The gradient through the scores A (_tl_diagonal_scores) from dA [BT, BT] on A's
+    support, added to dq_c, dk_c and (GATE_GRAD) dg_c [BT, BK]: the pairs i = j, then each
+    level hands its corner of dA back to its decayed queries and keys, and (GATE_GRAD) what
+    their decays pass on back to the gates of their sums (_tl_run_sums_grad). A itself is not
+    made here: beside these tiles it spilled on sm_90 (its own pass, for dV, follows)."""
     same = rows[:, None] == rows[None, :]
-    d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
-    # dA and A as the products take them, rounded once (16-bit tiles: half the registers);
-    # each level writes A's entries on its own pairs, disjoint from the others'
-    d_scores = _tl_operand(d_scores, DOT)
-    scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)
-    scores = _tl_operand(scores, DOT)
-    dq_c += d_same * k_c
-    dk_c += d_same * q_c
+    dq_c += tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None] * k_c  # i = j
+    dk_c += tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None] * q_c
+    d_scores = _tl_operand(d_scores, DOT)  # rounded once (16-bit: half the registers)
     for level in tl.static_range(LEVELS):
         from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
         left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
         q_l, k_l = q_c * left_decay, k_c * right_decay
-        pairs = _tl_pairs(rows, 2**level)
-        corner = _tl_operand(_tl_dot(q_l, tl.trans(k_l), DOT), DOT)
-        scores = tl.where(pairs, corner, scores)
-        d_corner = tl.where(pairs, d_scores, 0.0)
+        d_corner = tl.where(_tl_pairs(rows, 2**level), d_scores, 0.0)
         d_q_l = _tl_dot(d_corner, k_l, DOT)  # for the decayed queries
         d_k_l = _tl_dot(tl.trans(d_corner), q_l, DOT)  # and keys
         dq_c += d_q_l * left_decay
         dk_c += d_k_l * right_decay
         if GATE_GRAD:
             dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
-    return scores, dq_c, dk_c, dg_c
+    return dq_c, dk_c, dg_c
 
 
 @triton.jit
@@ -180,7 +189,7 @@ def _tl_diagonal_bwd_grads(
         dg_c = _tl_run_sums_grad(dq_c * q_c, dk_c * k_c, rows, BT)
         dg_c += (whole * tl.exp(tl.sum(g_c, axis=0)))[None, :]
     d_scores = tl.where(rows[:, None] >= rows[None, :], d_scores, 0.0)
-    scores, dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
+    dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
         q_c, k_c, g_c, d_scores, dq_c, dk_c, dg_c, rows, GATE_GRAD, LEVELS, DOT
     )
     _tl_store_rows(dq, i_bh, T, K, t, cols_k, at_k, dq_c)
@@ -188,6 +197,7 @@ def _tl_diagonal_bwd_grads(
     if GATE_GRAD:
         _tl_store_rows(dg, i_bh, T, K, t, cols_k, at_k, dg_c)
     k_end = _tl_operand(k_c * end_decay, DOT)  # K ⊙ exp(b_C - b)
+    scores = _tl_operand(_tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT), DOT)
     part = i_k * tl.num_programs(1) + i_bh  # this key block's part of dv
     for j in range(0, tl.cdiv(V, BV)):
         cols_v = j * BV + tl.arange(0, BV)
