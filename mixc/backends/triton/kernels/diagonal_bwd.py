@@ -83,8 +83,9 @@ def _tl_diagonal_scores_grad(
     their decays pass on back to the gates of their sums (_tl_run_sums_grad). A itself is not
     made here: beside these tiles it spilled on sm_90 (its own pass, for dV, follows)."""
     same = rows[:, None] == rows[None, :]
-    dq_c += tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None] * k_c  # i = j
-    dk_c += tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None] * q_c
+    d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
+    dq_c += d_same * k_c
+    dk_c += d_same * q_c
     d_scores = _tl_operand(d_scores, DOT)  # rounded once (16-bit: half the registers)
     for level in tl.static_range(LEVELS):
         from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
