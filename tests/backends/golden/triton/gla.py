@@ -1495,6 +1495,22 @@ def _tl_diagonal_scores_grad(
 
 
 @triton.jit
+def _tl_diagonal_state_grads(q_c, k_c, g_c, from_q, from_k, whole, rows, GATE_GRAD: tl.constexpr):
+    """The chunk's gradients through the state, from dO S^T (from_q), V D^T (from_k) and the
+    rows of S ⊙ D summed over the value columns (whole [BK]): (dQ through (Q ⊙ exp(b)) S, dK
+    through (K ⊙ exp(b_C - b))^T V, the gates' through exp(b), exp(b_C - b) and exp(b_C) (zeros
+    unless GATE_GRAD), and exp(b_C - b) [BT, BK])."""
+    from_start, to_end = _tl_run_sums(g_c, rows, rows.shape[0])
+    end_decay = tl.exp(to_end)
+    dq_c, dk_c = from_q * tl.exp(from_start), from_k * end_decay
+    dg_c = tl.zeros_like(g_c)
+    if GATE_GRAD:
+        dg_c = _tl_run_sums_grad(dq_c * q_c, dk_c * k_c, rows, rows.shape[0])
+        dg_c += (whole * tl.exp(tl.sum(g_c, axis=0)))[None, :]
+    return dq_c, dk_c, dg_c, end_decay
+
+
+@triton.jit
 def _tl_diagonal_bwd_states(
     q, g, do, dht,  # read
     dhs, dh0,  # written
@@ -1544,14 +1560,12 @@ def _tl_diagonal_bwd_grads(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One (key block, batch x head, chunk) program, the chunks in parallel, the value columns
-    BV at a time: dQ, dK and (GATE_GRAD) dg over its key columns, then its key block's part of
-    dV. dq, dk, dg [B * NH, T, K]; dv: one part per key block [NK * B * NH, T, V]; hs, dhs: the
-    states entering and the gradients leaving each chunk [B * NH, N, K, V]; all contiguous."""
+    """One (key block, batch x head, chunk) program, the value columns BV at a time: dQ, dK and
+    (GATE_GRAD) dg [B * NH, T, K], then this key block's part of dV [NK * B * NH, T, V]; hs,
+    dhs: the states entering, gradients leaving each chunk [B * NH, N, K, V]; all contiguous."""
     i_k, i_bh, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h, i_state = i_bh // NH, i_bh % NH, i_bh * tl.cdiv(T, BT) + n
-    rows = tl.arange(0, BT)
-    cols_k = i_k * BK + tl.arange(0, BK)
+    rows, cols_k = tl.arange(0, BT), i_k * BK + tl.arange(0, BK)
     t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
     d_scores = tl.zeros((BT, BT), dtype=hs.dtype.element_ty)  # dA = dO V^T
     from_q = tl.zeros((BT, BK), dtype=d_scores.dtype)  # dO S^T
@@ -1567,21 +1581,16 @@ def _tl_diagonal_bwd_grads(
         d_scores += _tl_dot(do_j, tl.trans(v_j), DOT)
         from_q += _tl_dot(do_j, tl.trans(state), DOT)
         from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
-        if GATE_GRAD:
-            whole += tl.sum(state * d_state, axis=1)
+        whole += tl.sum(state * d_state, axis=1)  # read under GATE_GRAD only
     q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
     k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
     if HAS_G:
         g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
     else:
         g_c = tl.zeros((BT, BK), dtype=d_scores.dtype)
-    from_start, to_end = _tl_run_sums(g_c, rows, BT)
-    end_decay = tl.exp(to_end)
-    dq_c, dk_c = from_q * tl.exp(from_start), from_k * end_decay  # through Q S and K^T V
-    dg_c = tl.zeros_like(g_c)
-    if GATE_GRAD:  # exp(b) in Q ⊙ exp(b), exp(b_C - b) in K ⊙ exp(b_C - b), exp(b_C) in S
-        dg_c = _tl_run_sums_grad(dq_c * q_c, dk_c * k_c, rows, BT)
-        dg_c += (whole * tl.exp(tl.sum(g_c, axis=0)))[None, :]
+    dq_c, dk_c, dg_c, end_decay = _tl_diagonal_state_grads(
+        q_c, k_c, g_c, from_q, from_k, whole, rows, GATE_GRAD
+    )
     d_scores = tl.where(rows[:, None] >= rows[None, :], d_scores, 0.0)
     dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
         q_c, k_c, g_c, d_scores, dq_c, dk_c, dg_c, rows, GATE_GRAD, LEVELS, DOT
@@ -1592,14 +1601,13 @@ def _tl_diagonal_bwd_grads(
         _tl_store_rows(dg, i_bh, T, K, t, cols_k, at_k, dg_c)
     k_end = _tl_operand(k_c * end_decay, DOT)  # K ⊙ exp(b_C - b)
     scores = _tl_operand(_tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT), DOT)
-    part = i_k * tl.num_programs(1) + i_bh  # this key block's part of dv
     for j in range(0, tl.cdiv(V, BV)):
         cols_v = j * BV + tl.arange(0, BV)
         at_v = in_t[:, None] & (cols_v < V)[None, :]
         do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
         d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
         dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
-        _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)
+        _tl_store_rows(dv, i_k * tl.num_programs(1) + i_bh, T, V, t, cols_v, at_v, dv_j)
 
 
 def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
