@@ -47,8 +47,9 @@ def _tl_tiles(kernel, dot=None):
     most key rows of the state a program holds, None for all of them; the most value columns;
     warps). The kernels whose key rows are independent (scalar and diagonal decays) split the
     rows in blocks, one program each, as flash-linear-attention's kernels do, and their
-    outputs are sums over the key blocks (the diagonal backward's blocks are 16 rows: its
-    levels of decayed [BT, BK] queries and keys are what a program runs short of); the delta
+    outputs are sums over the key blocks (the diagonal backward in two kernels, diagonal_bwd.py,
+    the chunks' gradients 16 key rows a program: its levels of decayed [BT, BK] queries and
+    keys are what a program runs short of); the delta
     and DPLR kernels mix the rows (k^T S, a^T S) and hold them all, the delta forward in three
     kernels (the chunks' UT transforms, the pass over the states, the outputs) and its
     backward in five (delta_bwd.py; the chunks' dQ, dK and dW a program per 64 key rows). At
@@ -63,7 +64,8 @@ def _tl_tiles(kernel, dot=None):
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd": (64, 16, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
-        "_tl_diagonal_bwd": (16, 32, 8),
+        "_tl_diagonal_bwd_states": (64, 32, 4),
+        "_tl_diagonal_bwd_grads": (16, 32, 8),
         "_tl_delta_fwd_wy": (None, 32, 4),
         "_tl_delta_fwd_states": (None, 32, 8),
         "_tl_delta_fwd_out": (None, 32, 8),

@@ -15,12 +15,11 @@ level's; the pairs i = j need no decay. The chunk level carries the state:
     O = A V + (Q ⊙ exp(b)) S,    S <- diag(exp(b_C)) S + (K ⊙ exp(b_C - b))^T V
 Every exponent is a sum of the gates' own terms (common._tl_run_sums).
 
-Backward, from the last chunk, with the states entering each chunk kept by the forward and D the
-gradient of the state leaving the chunk (the PyTorch kernel's _diagonal_grads_span): dA = dO V^T
-on A's support, dV = A^T dO + (K ⊙ exp(b_C - b)) D, each level hands its part of dA back to its
-decayed queries and keys, and D <- diag(exp(b_C)) D + (Q ⊙ exp(b))^T dO. The gate's gradient,
-per channel, sums what each decay factor passes on. dQ, dK and dg sum over the value columns:
-each block of columns writes its part and the parts are added after the launch.
+Backward (diagonal_bwd.py): two launches, as flash-linear-attention splits GLA's: the
+gradients of the states leaving the chunks, from the last, then the chunks in parallel. dA =
+dO V^T on A's support, dV = A^T dO + (K ⊙ exp(b_C - b)) D, each level hands its part of dA back
+to its decayed queries and keys, and D <- diag(exp(b_C)) D + (Q ⊙ exp(b))^T dO. The gate's
+gradient, per channel, sums what each decay factor passes on.
 
 Value-side gates (gv) run the PyTorch kernel's chunked form (no shipped spec has them).
 
@@ -41,57 +40,29 @@ from mixc.backends.triton.kernels.common import (
     _tl_dot,
     _tl_dot_precision,
     _tl_finite,
-    _tl_gradients,
-    _tl_key_gates,
     _tl_launch,
     _tl_levels,
     _tl_load_state,
     _tl_operand,
     _tl_outputs,
-    _tl_pairs,
     _tl_put_rows,
     _tl_rows,
     _tl_run_sums,
-    _tl_run_sums_grad,
     _tl_sizes,
-    _tl_store_rows,
     _tl_store_state,
     _tl_strides,
     _tl_sum_parts,
     _tl_tokens,
-    _tl_wide,
+)
+from mixc.backends.triton.kernels.diagonal_bwd import (
+    _tl_diagonal_backward,
+    _tl_diagonal_gates,
+    _tl_diagonal_scores,
 )
 
 #: The keyword arguments this kernel leaves to the PyTorch kernel's chunked form, and what they
 #: are (for explain; not copied into a generated module, which takes only definitions).
 PYTORCH_ARGS = {"gv": "value-side gates"}
-
-
-@triton.jit
-def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
-    """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
-    finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
-    is still 0), and a token that is not finite reads zeros (see the module's docstring)."""
-    gates = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-    poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
-    return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
-
-
-@triton.jit
-def _tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS: tl.constexpr, DOT: tl.constexpr):
-    """The decayed scores A [BT, BT] of a chunk from its queries, keys and log-gates g_c
-    [BT, BK]: the pairs i = j undecayed, then at each level of blocks of 2, 4, ..., BT tokens
-    one matmul of the queries decayed from the boundary of their block's halves, exp(b_i -
-    b_r), and the keys decayed to it, exp(b_r - b_j), kept where the pairs are that level's."""
-    same = rows[:, None] == rows[None, :]
-    scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)  # i = j
-    for level in tl.static_range(LEVELS):
-        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
-        q_l = q_c * tl.exp(from_left)  # exp(b_i - b_r)
-        k_l = k_c * tl.exp(to_right)  # exp(b_r - b_j)
-        corner = _tl_dot(q_l, tl.trans(k_l), DOT)
-        scores = tl.where(_tl_pairs(rows, 2**level), corner, scores)  # its pairs only
-    return scores
 
 
 @triton.jit
@@ -173,124 +144,6 @@ def _tl_diagonal_fwd(
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
-@triton.jit
-def _tl_diagonal_scores_grad(
-    q_c, k_c, g_c, d_scores, rows, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr
-):
-    """The scores A made again (_tl_diagonal_scores) and the gradient through them, from dA
-    [BT, BT] on A's support: the pairs i = j, then each level hands its corner of dA back to
-    its decayed queries and keys, and (GATE_GRAD) what their decays pass on back to the gates
-    of their sums (_tl_run_sums_grad). Returns (A, dQ, dK, dg [BT, BK], zeros unless
-    GATE_GRAD)."""
-    same = rows[:, None] == rows[None, :]
-    d_same = tl.sum(tl.where(same, d_scores, 0.0), axis=1)[:, None]  # i = j
-    # dA and A as the products take them, rounded once (16-bit tiles: half the registers);
-    # each level writes A's entries on its own pairs, disjoint from the others'
-    d_scores = _tl_operand(d_scores, DOT)
-    scores = tl.where(same, tl.sum(_tl_wide(q_c) * k_c, axis=1)[:, None], 0.0)
-    scores = _tl_operand(scores, DOT)
-    dq_c, dk_c = d_same * k_c, d_same * q_c
-    dg_c = tl.zeros_like(g_c)
-    for level in tl.static_range(LEVELS):
-        from_left, to_right = _tl_run_sums(g_c, rows, 2**level)
-        left_decay, right_decay = tl.exp(from_left), tl.exp(to_right)
-        q_l, k_l = q_c * left_decay, k_c * right_decay
-        pairs = _tl_pairs(rows, 2**level)
-        corner = _tl_operand(_tl_dot(q_l, tl.trans(k_l), DOT), DOT)
-        scores = tl.where(pairs, corner, scores)
-        d_corner = tl.where(pairs, d_scores, 0.0)
-        d_q_l = _tl_dot(d_corner, k_l, DOT)  # for the decayed queries
-        d_k_l = _tl_dot(tl.trans(d_corner), q_l, DOT)  # and keys
-        dq_c += d_q_l * left_decay
-        dk_c += d_k_l * right_decay
-        if GATE_GRAD:
-            dg_c += _tl_run_sums_grad(d_q_l * q_l, d_k_l * k_l, rows, 2**level)
-    return scores, dq_c, dk_c, dg_c
-
-
-@triton.jit
-def _tl_diagonal_chunk_grad(
-    q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
-    GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """One chunk of the backward, from its inputs (g_c: zeros without a gate), the output
-    gradient do_c, the state S entering it (kept by the forward) and the gradient D of the
-    state leaving it: (dQ, dK, dV, dg (zeros unless GATE_GRAD), the gradient of the state
-    entering the chunk). dA = dO V^T on A's support goes back through the binary split
-    (_tl_diagonal_scores_grad); dV = A^T dO + (K ⊙ exp(b_C - b)) D and D <- diag(exp(b_C)) D
-    + (Q ⊙ exp(b))^T dO; the gate's gradient, per channel, sums what each decay passes on."""
-    causal = rows[:, None] >= rows[None, :]
-    d_scores = tl.where(causal, _tl_dot(do_c, tl.trans(v_c), DOT), 0.0)
-    scores, dq_c, dk_c, dg_c = _tl_diagonal_scores_grad(
-        q_c, k_c, g_c, d_scores, rows, GATE_GRAD, LEVELS, DOT
-    )
-    from_start, to_end = _tl_run_sums(g_c, rows, BT)
-    start_decay, end_decay = tl.exp(from_start), tl.exp(to_end)
-    chunk_decay = tl.exp(tl.sum(g_c, axis=0))[:, None]  # [BK, 1]
-    q_start, k_end = q_c * start_decay, k_c * end_decay
-    dv_c = _tl_dot(tl.trans(scores), do_c, DOT)
-    dv_c += _tl_dot(k_end, d_state, DOT)
-    from_q = _tl_dot(do_c, tl.trans(state), DOT)  # for Q ⊙ exp(b)
-    from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # for K ⊙ exp(b_C - b)
-    dq_c += from_q * start_decay
-    dk_c += from_k * end_decay
-    if GATE_GRAD:
-        dg_c += _tl_run_sums_grad(from_q * q_start, from_k * k_end, rows, BT)
-        whole = tl.sum(state * d_state, axis=1)[:, None] * chunk_decay  # for exp(b_C)
-        dg_c += tl.trans(whole)
-    d_state = d_state * chunk_decay
-    d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
-    return dq_c, dk_c, dv_c, dg_c, d_state
-
-
-@triton.jit
-def _tl_diagonal_bwd(
-    q, k, v, g, do, hs, dht,  # read
-    dq, dk, dv, dg, dh0,  # written
-    T, NH, K, V,
-    sq_b, sq_h, sq_t, sq_d,
-    sk_b, sk_h, sk_t, sk_d,
-    sv_b, sv_h, sv_t, sv_d,
-    sg_b, sg_h, sg_t, sg_d,
-    sdo_b, sdo_h, sdo_t, sdo_d,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """One (value block, batch x head, key block) program: the chunks from the last, its
-    block of the state's gradient in registers (_tl_diagonal_chunk_grad). dq, dk, dg: one part
-    per value block [NV, B * NH, T, K]; dv: one per key block [NK * B * NH, T, V]; dht, dh0
-    [B * NH, K, V]; all contiguous."""
-    i_bh = tl.program_id(1)
-    i_b, i_h = i_bh // NH, i_bh % NH
-    rows = tl.arange(0, BT)
-    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
-    n_chunks = tl.cdiv(T, BT)
-    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this value block's of dq, dk, dg
-    key_part = tl.program_id(2) * tl.num_programs(1) + i_bh  # this key block's of dv
-    for m in range(0, n_chunks):
-        n = n_chunks - 1 - m
-        t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
-        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
-        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
-        do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        if HAS_G:
-            g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-        else:
-            g_c = tl.zeros((BT, BK), dtype=d_state.dtype)
-        dq_c, dk_c, dv_c, dg_c, d_state = _tl_diagonal_chunk_grad(
-            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, GATE_GRAD, LEVELS, BT, DOT
-        )
-        _tl_store_rows(dv, key_part, T, V, t, cols_v, at_v, dv_c)
-        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
-        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
-        if GATE_GRAD:
-            _tl_store_rows(dg, part, T, K, t, cols_k, at_k, dg_c)
-    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
-
-
 def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
     [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
@@ -331,7 +184,7 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep, dot):
 
 class _TlDiagonal(torch.autograd.Function):
     """The fused kernel under autograd: the forward keeps the inputs and the states entering each
-    chunk; the backward is one launch of _tl_diagonal_bwd."""
+    chunk; the backward is two launches (diagonal_bwd.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, gk, initial_state, chunk_size, operands):
@@ -345,50 +198,13 @@ class _TlDiagonal(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
         q, k, v, gk, kept = ctx.saved_tensors
-        heads, length, d_k = q.shape[1:]
-        d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, _ = _tl_sizes(
-            q, v, ctx.chunk_size, _tl_diagonal_bwd, ctx.dot
-        )
-        n_v, _, n_k = grid
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = gk is not None and ctx.needs_input_grad[3]
-        dg = torch.empty_like(dq) if gate_grad else dv
-        _tl_diagonal_bwd[grid](
-            q,
-            k,
-            v,
-            q if gk is None else gk,
-            d_o,
-            kept,
-            d_final,
-            dq,
-            dk,
-            dv,
-            dg,
-            d_initial,
-            length,
-            heads,
-            d_k,
-            d_v,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *_tl_strides(gk, 4),
-            *d_o.stride(),
-            HAS_G=gk is not None,
-            GATE_GRAD=gate_grad,
-            LEVELS=_tl_levels(block_t),
-            BT=block_t,
-            BK=block_k,
-            BV=block_v,
-            DOT=ctx.dot,
-            **_tl_launch(_tl_diagonal_bwd, ctx.dot),
+        dq, dk, dv, dg, d_initial = _tl_diagonal_backward(
+            q, k, v, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
         )
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
-        dv = _tl_sum_parts(dv, n_k, dv.dtype)
-        return dq.sum(0), dk.sum(0), dv, dg.sum(0) if gate_grad else None, d_initial, None, None
+        return dq, dk, dv, dg, d_initial, None, None
 
 
 def chunk_diagonal(q, k, v, gk=None, gv=None, initial_state=None, chunk_size=64, operands=None):
