@@ -1417,13 +1417,14 @@ def _turning_at(positions, freq, d, dtype, *leaves):
         return _turning_of(positions * freq, d, dtype, *leaves)
     run, length = 64, positions.shape[-4]
     n = _pairs_read(freq.shape[-2], d)
-    pairs = freq[..., :n, 0]  # [.., h, n]
     blocks = -(-length // run)
     ticks = torch.arange(max(blocks, run), dtype=torch.float64, device=freq.device)
     ticks = ticks.mul_(step)[:, None, None]  # 0, s, 2 s, ... along the token axis
-    firsts = positions[..., 0].narrow(-3, 0, 1) + run * ticks[:blocks]  # [b, T / R, h, 1]
-    heads = _exp_i(firsts * pairs, dtype).unsqueeze(-3)  # [b, T / R, 1, h, n]
-    within = _exp_i(ticks[:run] * pairs, dtype)  # [R, h, n]
+    firsts = positions[..., :1, :, :, 0] + run * ticks[:blocks]  # [b, T / R, h, 1]
+    within = ticks[:run].expand(*firsts.shape[:-3], run, *firsts.shape[-2:])
+    # both tables' cos and sin at once: [b, T / R + R, h, n]
+    turns = _exp_i(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
+    heads, within = turns[..., :blocks, None, :, :], turns[..., None, blocks:, :, :]
     turn = (heads * within).flatten(-4, -3).narrow(-3, 0, length)
     shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
     return turn.expand(*_broadcast(*shapes)[:-2], n)
@@ -1852,8 +1853,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_d015945493bb348b", globals())
-_operator_rotations = _register_rotations("mixc_d015945493bb348b", globals())
+_operator_spans = _register_spans("mixc_d952af09c4c49bdc", globals())
+_operator_rotations = _register_rotations("mixc_d952af09c4c49bdc", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
