@@ -1446,8 +1446,8 @@ def _position_step(positions, freq):
     if positions.dim() != 5 or positions.shape[1] < 256:
         return None
     steps = positions.diff(dim=1)
-    first = steps[:, :1]
-    return first.reshape(-1)[0].item() if torch.equal(steps, first.expand_as(steps)) else None
+    first = steps.reshape(-1)[:1]  # every sequence's and head's step is the first one's
+    return first.item() if torch.equal(steps, first.expand_as(steps)) else None
 
 
 def _broadcast(*shapes):
@@ -1853,8 +1853,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_d952af09c4c49bdc", globals())
-_operator_rotations = _register_rotations("mixc_d952af09c4c49bdc", globals())
+_operator_spans = _register_spans("mixc_82e4377216cdd981", globals())
+_operator_rotations = _register_rotations("mixc_82e4377216cdd981", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1511,8 +1511,8 @@ def _position_step(positions, freq):
     if positions.dim() != 5 or positions.shape[1] < 256:
         return None
     steps = positions.diff(dim=1)
-    first = steps[:, :1]
-    return first.reshape(-1)[0].item() if torch.equal(steps, first.expand_as(steps)) else None
+    first = steps.reshape(-1)[:1]  # every sequence's and head's step is the first one's
+    return first.item() if torch.equal(steps, first.expand_as(steps)) else None
 
 
 def _broadcast(*shapes):
@@ -2038,9 +2038,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_f2823dd1dc92227a", globals())
-_operator_calls = _register_calls("mixc_f2823dd1dc92227a", globals())
-_operator_rotations = _register_rotations("mixc_f2823dd1dc92227a", globals())
+_operator_spans = _register_spans("mixc_02a3365cb050ac2f", globals())
+_operator_calls = _register_calls("mixc_02a3365cb050ac2f", globals())
+_operator_rotations = _register_rotations("mixc_02a3365cb050ac2f", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

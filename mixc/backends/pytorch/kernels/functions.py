@@ -148,8 +148,8 @@ def _position_step(positions, freq):
     if positions.dim() != 5 or positions.shape[1] < 256:
         return None
     steps = positions.diff(dim=1)
-    first = steps[:, :1]
-    return first.reshape(-1)[0].item() if torch.equal(steps, first.expand_as(steps)) else None
+    first = steps.reshape(-1)[:1]  # every sequence's and head's step is the first one's
+    return first.item() if torch.equal(steps, first.expand_as(steps)) else None
 
 
 def _broadcast(*shapes):
