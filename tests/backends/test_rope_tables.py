@@ -132,3 +132,23 @@ def test_any_angle_that_is_a_function_of_the_position_times_frequencies(angle, p
     turned = _rotated_at(q, positions(torch.arange(T, dtype=f64)))
     want = causal_attention(torch.einsum("bthd,bshd->bhts", turned, k), v)
     assert rel(y, want) < 1e-12
+
+
+def test_positions_scaled_apart_in_each_head_take_no_one_step():
+    """A position scale of each head's own ((h + 1) pos_t theta): the positions advance by a
+    different step in each head, so there is no one step to build the tables from (each head
+    once took the first head's step); each head against the reference at its own positions."""
+    text = (SPECS / "linear_attention_rope.mix").read_text(encoding="utf-8")
+    text = text.replace("rotate_interleaved(k_t, pos_t theta)^T", "k_t^T")
+    text = text.replace("state H[V, K]", "param s = h + 1\nstate H[V, K]")
+    m = mixc.load(text=text.replace("pos_t theta)", "(s pos_t) theta)"))
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, T, NH, K, generator=g, dtype=f64) for _ in range(2))
+    v = torch.randn(1, T, NH, V, generator=g, dtype=f64)
+    with torch.no_grad():
+        y, _ = m.chunk(q, k, v, chunk_size=32)
+    for h in range(NH):
+        one = [x[:, :, h : h + 1] for x in (q, k, v)]
+        turned = _rotated_at(one[0], (h + 1) * torch.arange(T, dtype=f64))
+        want = causal_attention(torch.einsum("bthd,bshd->bhts", turned, one[1]), one[2])
+        assert rel(y[:, :, h : h + 1], want) < 1e-12, h
