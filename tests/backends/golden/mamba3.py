@@ -2093,7 +2093,7 @@ def chunk(
     del _S0_H, _g_H, _k_H, _q, _v_H
     # k_t . q_t
     _kq_H = _seq_scalar(
-        _tokenwise(lambda B, B_bias, C, C_bias: (B_bias + B).mT @ (C_bias + C), B, B_bias, C, C_bias),
+        _tokenwise(lambda B, B_bias, C, C_bias: ((B_bias + B) * (C_bias + C)).sum(-2, keepdim=True), B, B_bias, C, C_bias),
         _sizes,
         cu_seqlens,
     )
