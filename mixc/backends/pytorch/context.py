@@ -9,7 +9,7 @@ import contextlib
 from mixc.backends.pytorch.docstrings import FormDocs
 from mixc.backends.pytorch.lines import Lines, string
 from mixc.backends.pytorch.names import fresh, local, local_base, note, size, tuple_line, tuple_text
-from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
+from mixc.backends.pytorch.pyexpr import TURNING, PyExpr, Shared, constant
 from mixc.frontend.ir import Expr, Timed, angle_params, angle_states
 from mixc.frontend.shapes import SCALAR
 from mixc.lowering.program import Call, Program, Slot
@@ -38,7 +38,6 @@ class Context:
         self.carried += ["_pos"] if self.positioned else []
         self.output = self.mixer.outputs[0]
         self.readouts = dict(program.readouts)
-        self.summed_angles = summed_angles(program, self.angle_states)
         pipeline = bool(self.program.summary.runs)
         left = any(s.summary_action == "left" for s in self.program.states)
         shape = self.spec.shapes[self.output.target]
@@ -59,8 +58,9 @@ class Context:
                 return local("prev", e.name)
             return self.readouts.get(e.name, e.name)  # a readout by its local
 
-        summed = self.summed_angles
-        return PyExpr(self.typer, names, functions, self._point, True, summed)
+        if self.angle_states:  # summed angles (Mamba-3's Th): a turn reduces its angle first
+            functions = {TURNING: "_turning_summed", **(functions or {})}
+        return PyExpr(self.typer, names, functions, self._point, compact_angles=True)
 
     def wide(self, e: PyExpr) -> PyExpr:
         """`e` with every name it reads in float64 (the angle states and parameters are): the
@@ -71,7 +71,7 @@ class Context:
             text = e.names(x)
             return text if x.name in kept else f"{text}.double()"
 
-        return PyExpr(self.typer, names, e.functions, e.shared, e.compact_angles, e.summed)
+        return PyExpr(self.typer, names, e.functions, e.shared, e.compact_angles)
 
     def gate_expr(self) -> PyExpr:
         """Expressions of a kernel's gate arguments: a log-gate's log is `_log_gate`."""
@@ -298,15 +298,6 @@ def sums_angles(call: Call, wide: frozenset[str]) -> bool:
         and constant(step.key) is not None
         and all(q.query is None or constant(q.query) is not None for q in call.queries)
     )
-
-
-def summed_angles(program: Program, wide: frozenset[str]) -> frozenset[str]:
-    """The states of angles the sequence forms sum (`wide`) and the readouts of them (`_r1`):
-    what a turn over whole sequences reduces modulo 2 pi (pyexpr's _turning_call)."""
-    parallel = program.parallel.calls if program.parallel is not None else ()
-    calls = [c for c in (*program.calls, *parallel) if sums_angles(c, wide)]
-    reads = {r.name for c in calls for q in c.queries for r in q.readouts}  # their locals
-    return wide | {name for name, kept in program.readouts if kept in reads}
 
 
 def wide_states(program: Program) -> frozenset[str]:

@@ -142,7 +142,7 @@ def _dot(forms, key: Expr, query: Expr) -> str:
     # a vector plus its bias (or any sum): summed and multiplied a slice of tokens at a time,
     # the sums no tensors of the sequence's size (`_tokenwise`); the names read are the
     # function's arguments, its text emitted without the point's shared subexpressions
-    bare = PyExpr(forms.typer, e.names, e.functions, None, e.compact_angles, e.summed)
+    bare = PyExpr(forms.typer, e.names, e.functions, None, e.compact_angles)
     names = sorted({bare(n) for n in walk(dot) if isinstance(n, ir.Name | Timed)} - {""})
     names = [n for n in names if n.isidentifier()]  # not a size, read as a number
     args = ", ".join(names)

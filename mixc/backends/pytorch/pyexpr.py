@@ -38,8 +38,7 @@ _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
 #: max(x, c) is x.clamp(min=c) (torch's maximum takes tensors only), min(x, c) x.clamp(max=c).
 _CLAMPS = {"max": "min", "min": "max"}
 
-#: The built-ins whose helper takes the compute dtype, which their angle (float64 where it
-#: reads a position) is reduced into.
+#: The built-ins whose helper takes the compute dtype, to which it rounds a float64 angle.
 _ANGLED = ("cos", "sin")
 
 _NOT_SIZE = Symbol("input", SCALAR)
@@ -85,10 +84,9 @@ def _turning_call(py: PyExpr, theta: Expr, d: Expr) -> str:
     emitter = PyExpr(py.typer, compacted, py.functions)
     scaled = _position_scaled(theta, py.shape)  # a position times frequencies: see _turning_at
     angle = ", ".join(emitter._emit(x)[0] for x in scaled or (theta,))
-    if any(isinstance(n, Name | Timed) and n.name in py.summed for n in walk(theta)):
-        angle = f"_summed_angle({angle}, _dtype)"  # reduced: cos and sin in the compute dtype
     reads = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
-    return f"_turning_{'at' if scaled else 'of'}({angle}, {size}, _dtype{reads})"
+    turning = "_turning_at" if scaled else py.functions.get(TURNING, "_turning_of")
+    return f"{turning}({angle}, {size}, _dtype{reads})"
 
 
 def _position_scaled(angle: Expr, shape: Callable[[Expr], Shape]) -> tuple[Expr, Expr] | None:
@@ -298,16 +296,12 @@ class PyExpr:
         functions: dict[str, str] | None = None,
         shared: Shared | None = None,
         compact_angles: bool = False,
-        summed: frozenset[str] = frozenset(),
     ) -> None:
         self.typer = typer
         self.names = names
         self.functions = functions or {}
         self.shared = shared
         self.compact_angles = compact_angles  # whole sequences: see _call's TURNING
-        # the names of summed angles (Mamba-3's Th and its readouts), unbounded: a turn over
-        # whole sequences takes them reduced modulo 2 pi (_summed_angle)
-        self.summed = summed
         self._plain_emitter: _PlainExpr | None = None
         self.constant = Folder(FLOATS).value
         self.positioned = typer is not None and typer.mixer.positioned
@@ -349,7 +343,7 @@ class PyExpr:
         among the expressions of one point (the same text there is the same value)."""
         if self._plain_emitter is None:
             self._plain_emitter = _PlainExpr(
-                self.typer, self.names, self.functions, self.compact_angles, self.summed
+                self.typer, self.names, self.functions, self.compact_angles
             )
         return self._plain_emitter._emit(e)[0]
 
@@ -594,14 +588,9 @@ class _PlainExpr(PyExpr):
     texts PyExpr.plain asks for cost one emission of each subtree, not one for each level."""
 
     def __init__(
-        self,
-        typer: Typer,
-        names: Callable[[Expr], str],
-        functions: dict,
-        compact_angles: bool,
-        summed: frozenset[str],
+        self, typer: Typer, names: Callable[[Expr], str], functions: dict, compact_angles: bool
     ) -> None:
-        super().__init__(typer, names, functions, compact_angles=compact_angles, summed=summed)
+        super().__init__(typer, names, functions, compact_angles=compact_angles)
         self._texts: dict[int, tuple[Expr, tuple[str, int]]] = {}
 
     def _emit(self, e: Expr) -> tuple[str, int]:

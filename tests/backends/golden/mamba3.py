@@ -1574,23 +1574,26 @@ def _exp_i(angle, dtype):
     return turn
 
 
-def _summed_angle(theta, dtype):
-    """A summed angle (a state of angles, Mamba-3's Th: float64, growing without bound) as its
-    turn reads it: reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
-    1e-10 rad of it at |theta| = 10^6, then rounded to the compute dtype (float32: within
-    1.2e-7 rad), so that cos and sin run there (_exp_i: the angle's precision). On CPU the
-    reduction and float32's cos and sin cost 0.75x float64's cos and sin at angles of 10,
-    0.3x at 10^6; the turn is within 1.5e-7 of the exact one (float64's rounded: 4.2e-8,
-    mpmath's reference, 1 thread, 262144 angles). A float64 turn takes theta as it is, and
-    so does torch.compile (the rotation's operator takes float64 angles, where the reduction
-    would be a kernel, a C++ build, of its own)."""
+def _turning_summed(theta, d, dtype, *leaves):
+    """_turning_of(theta, d, dtype, *leaves) over whole sequences in a mixer that sums angles
+    (a state of angles, Mamba-3's Th: float64, growing without bound): a float64 theta for a
+    float32 turn first reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
+    1e-10 rad of it at |theta| = 10^6, then rounded to float32 (within 1.2e-7 rad), so that cos
+    and sin run there (_exp_i: the angle's precision). On CPU the reduction and float32's cos
+    and sin cost 0.75x float64's cos and sin at angles of 10, 0.3x at 10^6; the turn is within
+    1.5e-7 of the exact one (float64's rounded: 4.2e-8; mpmath's reference, 1 thread, 262144
+    angles). A float64 turn takes theta as it is, and so does torch.compile (the rotation's
+    operator takes float64 angles, where the reduction would be a kernel, a C++ build, of its
+    own)."""
     if theta.dtype != torch.float64 or dtype == torch.float64 or torch.compiler.is_compiling():
-        return theta
+        return _turning_of(theta, d, dtype, *leaves)
     turns = torch.mul(theta.detach(), 1 / 6.283185307179586).round_()
     if theta.requires_grad:  # out= takes no gradient
-        return (theta - 6.283185307179586 * turns).to(dtype)
-    reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
-    return torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
+        reduced = (theta - 6.283185307179586 * turns).to(dtype)
+    else:
+        reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
+        torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
+    return _turning_of(reduced, d, dtype, *leaves)
 
 
 def _wide_tanh(x):
@@ -1945,8 +1948,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_786b33462c36fd45", globals())
-_operator_rotations = _register_rotations("mixc_786b33462c36fd45", globals())
+_operator_spans = _register_spans("mixc_f2828bc45d51a2c0", globals())
+_operator_rotations = _register_rotations("mixc_f2828bc45d51a2c0", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2069,9 +2072,7 @@ def chunk(
     # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
     _c_H = _seq_scalar(_torch.addcmul(dt, dt, _lam, value=-1), _sizes, cu_seqlens)
     _cnext_H = _next_tokens(_c_H)  # c_{t+1}, 0 at each sequence's last token
-    _turn__r1_N = _turning_of(
-        _summed_angle(_compact(_read2_Th), _dtype), _sizes["N"], _dtype, _read2_Th
-    )
+    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _k_H = _seq_turned(B_bias, _turn__r1_N, _sizes, cu_seqlens, plus=B)
     _x_H = _seq_vector(x, _sizes, cu_seqlens)
     _d_H = _seq_scalar(dt * _lam, _sizes, cu_seqlens)  # dt_t sigmoid(l_t)
@@ -2148,7 +2149,7 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
     # rotate_interleaved(B_bias + B_{t-1}, _r0)
     _k1_H = _seq_vector(
-        _rotated(_rotate_interleaved, B_bias, _turning_of(_summed_angle(_compact(_read_Th), _dtype), _sizes["N"], _dtype, _read_Th), _prev_B),
+        _rotated(_rotate_interleaved, B_bias, _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th), _prev_B),
         _sizes,
     )
     _negated = -A * dt
@@ -2157,9 +2158,7 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) x_{t-1}
     _v1_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
-    _turn__r1_N = _turning_of(
-        _summed_angle(_compact(_read2_Th), _dtype), _sizes["N"], _dtype, _read2_Th
-    )
+    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn__r1_N, (B_bias, B), (C_bias, C))
     _k2_H = _seq_vector(_turned, _sizes)  # rotate_interleaved(B_bias + B_t, _r1)
     _v2_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t

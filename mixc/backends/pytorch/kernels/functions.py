@@ -11,7 +11,7 @@ than reducing the angle modulo 2 pi in float64 and running them in float32 (benc
 rotations.py measures both). Over a long sequence RoPE's angles pos_t theta are turned from two
 small tables of such cos and sin, multiplied in the compute dtype (_turning_at). A summed
 angle (Mamba-3's), which no table serves, is reduced modulo 2 pi in float64 and turned in the
-compute dtype over whole sequences, where that costs less (_summed_angle).
+compute dtype over whole sequences, where that costs less (_turning_summed).
 """
 
 import torch
@@ -97,23 +97,26 @@ def _exp_i(angle, dtype):
     return turn
 
 
-def _summed_angle(theta, dtype):
-    """A summed angle (a state of angles, Mamba-3's Th: float64, growing without bound) as its
-    turn reads it: reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
-    1e-10 rad of it at |theta| = 10^6, then rounded to the compute dtype (float32: within
-    1.2e-7 rad), so that cos and sin run there (_exp_i: the angle's precision). On CPU the
-    reduction and float32's cos and sin cost 0.75x float64's cos and sin at angles of 10,
-    0.3x at 10^6; the turn is within 1.5e-7 of the exact one (float64's rounded: 4.2e-8,
-    mpmath's reference, 1 thread, 262144 angles). A float64 turn takes theta as it is, and
-    so does torch.compile (the rotation's operator takes float64 angles, where the reduction
-    would be a kernel, a C++ build, of its own)."""
+def _turning_summed(theta, d, dtype, *leaves):
+    """_turning_of(theta, d, dtype, *leaves) over whole sequences in a mixer that sums angles
+    (a state of angles, Mamba-3's Th: float64, growing without bound): a float64 theta for a
+    float32 turn first reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
+    1e-10 rad of it at |theta| = 10^6, then rounded to float32 (within 1.2e-7 rad), so that cos
+    and sin run there (_exp_i: the angle's precision). On CPU the reduction and float32's cos
+    and sin cost 0.75x float64's cos and sin at angles of 10, 0.3x at 10^6; the turn is within
+    1.5e-7 of the exact one (float64's rounded: 4.2e-8; mpmath's reference, 1 thread, 262144
+    angles). A float64 turn takes theta as it is, and so does torch.compile (the rotation's
+    operator takes float64 angles, where the reduction would be a kernel, a C++ build, of its
+    own)."""
     if theta.dtype != torch.float64 or dtype == torch.float64 or torch.compiler.is_compiling():
-        return theta
+        return _turning_of(theta, d, dtype, *leaves)
     turns = torch.mul(theta.detach(), 1 / 6.283185307179586).round_()
     if theta.requires_grad:  # out= takes no gradient
-        return (theta - 6.283185307179586 * turns).to(dtype)
-    reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
-    return torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
+        reduced = (theta - 6.283185307179586 * turns).to(dtype)
+    else:
+        reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
+        torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
+    return _turning_of(reduced, d, dtype, *leaves)
 
 
 def _wide_tanh(x):
