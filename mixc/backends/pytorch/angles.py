@@ -35,7 +35,7 @@ class AngleSums(Context):
         seqlens = ", cu_seqlens" if packed else ""
         out(comment(f"{' and '.join(call.states)}: {call.label}, angles summed in float64"))
         (step,) = call.steps
-        e = self.wide(self.seq_expr())
+        e = self.wide(self.seq_expr({"tanh": "_wide_tanh"}))
         key = constant(step.key)
         parts = []
         for v in step.values:

@@ -9,7 +9,7 @@ import contextlib
 from mixc.backends.pytorch.docstrings import FormDocs
 from mixc.backends.pytorch.lines import Lines, string
 from mixc.backends.pytorch.names import fresh, local, local_base, note, size, tuple_line, tuple_text
-from mixc.backends.pytorch.pyexpr import PyExpr, Shared, constant
+from mixc.backends.pytorch.pyexpr import TURNING, PyExpr, Shared, constant
 from mixc.frontend.ir import Expr, Timed, angle_params, angle_states
 from mixc.frontend.shapes import SCALAR
 from mixc.lowering.program import Call, Program, Slot
@@ -58,6 +58,8 @@ class Context:
                 return local("prev", e.name)
             return self.readouts.get(e.name, e.name)  # a readout by its local
 
+        if self.angle_states:  # summed angles (Mamba-3's Th): a turn reduces its angle first
+            functions = {TURNING: "_turning_summed", **(functions or {})}
         return PyExpr(self.typer, names, functions, self._point, compact_angles=True)
 
     def wide(self, e: PyExpr) -> PyExpr:

@@ -265,6 +265,9 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
         rotations = {"_turning", "_compact", "_turning_of", "_rotated"}
         helpers |= rotations if called & set(ROTATIONS) else set()
         helpers |= {"_turning_at"} if called & set(ROTATIONS) and self.positioned else set()
+        summed = called & set(ROTATIONS) and self.angle_states  # turned by summed angles
+        helpers |= {"_turning_summed"} if summed else set()
+        helpers |= {"_wide_tanh"} if "tanh" in called and self.angle_states else set()
         turned = {c.kernel for c in self.program.calls} & set(self.library.turned)
         helpers |= {"_seq_turned"} if "rotate_interleaved" in called and turned else set()
         return sorted(helpers | ({"_positions"} if self.positioned else set()))

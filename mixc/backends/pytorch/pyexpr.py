@@ -38,8 +38,7 @@ _ADD, _MUL, _UNARY, _POW, _ATOM = 1, 2, 3, 4, 5
 #: max(x, c) is x.clamp(min=c) (torch's maximum takes tensors only), min(x, c) x.clamp(max=c).
 _CLAMPS = {"max": "min", "min": "max"}
 
-#: The built-ins whose helper takes the compute dtype, which their angle (float64 where it
-#: reads a position) is reduced into.
+#: The built-ins whose helper takes the compute dtype, to which it rounds a float64 angle.
 _ANGLED = ("cos", "sin")
 
 _NOT_SIZE = Symbol("input", SCALAR)
@@ -86,7 +85,8 @@ def _turning_call(py: PyExpr, theta: Expr, d: Expr) -> str:
     scaled = _position_scaled(theta, py.shape)  # a position times frequencies: see _turning_at
     angle = ", ".join(emitter._emit(x)[0] for x in scaled or (theta,))
     reads = "".join(f", {leaf}" for leaf in dict.fromkeys(leaves))
-    return f"_turning_{'at' if scaled else 'of'}({angle}, {size}, _dtype{reads})"
+    turning = "_turning_at" if scaled else py.functions.get(TURNING, "_turning_of")
+    return f"{turning}({angle}, {size}, _dtype{reads})"
 
 
 def _position_scaled(angle: Expr, shape: Callable[[Expr], Shape]) -> tuple[Expr, Expr] | None:

@@ -9,7 +9,9 @@ position * frequency is off by up to 0.03 rad (its ulp there is 0.0625). cos and
 in float64 and are rounded to the compute dtype (error 3e-8 in float32): on CPU that costs less
 than reducing the angle modulo 2 pi in float64 and running them in float32 (benchmarks/
 rotations.py measures both). Over a long sequence RoPE's angles pos_t theta are turned from two
-small tables of such cos and sin, multiplied in the compute dtype (_turning_at).
+small tables of such cos and sin, multiplied in the compute dtype (_turning_at). A summed
+angle (Mamba-3's), which no table serves, is reduced modulo 2 pi in float64 and turned in the
+compute dtype over whole sequences, where that costs less (_turning_summed).
 """
 
 import torch
@@ -93,6 +95,42 @@ def _exp_i(angle, dtype):
         torch.cos(angle, out=parts[..., 0])
         torch.sin(angle, out=parts[..., 1])
     return turn
+
+
+def _turning_summed(theta, d, dtype, *leaves):
+    """_turning_of(theta, d, dtype, *leaves) over whole sequences in a mixer that sums angles
+    (a state of angles, Mamba-3's Th: float64, growing without bound): a float64 theta for a
+    float32 turn first reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
+    1e-10 rad of it at |theta| = 10^6, then rounded to float32 (within 1.2e-7 rad), so that cos
+    and sin run there (_exp_i: the angle's precision). On CPU the reduction and float32's cos
+    and sin cost 0.75x float64's cos and sin at angles of 10, 0.3x at 10^6; the turn is within
+    1.5e-7 of the exact one (float64's rounded: 4.2e-8; mpmath's reference, 1 thread, 262144
+    angles). A float64 turn takes theta as it is, and so does torch.compile (the rotation's
+    operator takes float64 angles, where the reduction would be a kernel, a C++ build, of its
+    own)."""
+    if theta.dtype != torch.float64 or dtype == torch.float64 or torch.compiler.is_compiling():
+        return _turning_of(theta, d, dtype, *leaves)
+    turns = torch.mul(theta.detach(), 1 / 6.283185307179586).round_()
+    if theta.requires_grad:  # out= takes no gradient
+        reduced = (theta - 6.283185307179586 * turns).to(dtype)
+    else:
+        reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
+        torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
+    return _turning_of(reduced, d, dtype, *leaves)
+
+
+def _wide_tanh(x):
+    """tanh(x) where angles are summed in float64 (Mamba-3's pi dt_t tanh(w_t)): for a float64
+    x on CPU, 1 - 2 / (1 + e^(2x)) in place on one temporary, within 1e-15 of torch.tanh
+    (absolutely: the angle it scales is summed so) and about 3x cheaper there (1 thread, 262144
+    entries: torch's float64 tanh runs far slower than its exp). Elsewhere (float32, under
+    autograd or torch.compile, another device) torch.tanh."""
+    if x.dtype != torch.float64 or x.device.type != "cpu":
+        return torch.tanh(x)
+    if x.requires_grad or torch.compiler.is_compiling():
+        return torch.tanh(x)
+    # e^(2x) = inf at large x gives 1, 0 at very negative x gives -1
+    return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
 
 
 def _complex_of(dtype):
