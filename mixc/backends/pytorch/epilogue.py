@@ -12,7 +12,7 @@ read nowhere else (not twice in the output, not by a later call's inputs) and th
 operand of each step reads no float64 angle (its result would not fit a compute-dtype tensor).
 At run time `_unrecorded` and `_spare` keep the results fresh under autograd and torch.compile,
 or where the readout shares memory with an argument; the values are the same to the bit
-(`a + b * c` is the one addcmul it is otherwise).
+(`a + b * c` is the one addcmul it is otherwise, `_add_skip` for a skip term: fused.py).
 """
 
 from __future__ import annotations
