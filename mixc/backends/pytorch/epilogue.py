@@ -12,11 +12,12 @@ read nowhere else (not twice in the output, not by a later call's inputs) and th
 operand of each step reads no float64 angle (its result would not fit a compute-dtype tensor).
 At run time `_unrecorded` and `_spare` keep the results fresh under autograd and torch.compile,
 or where the readout shares memory with an argument; the values are the same to the bit
-(`a + b * c` is the one addcmul it is otherwise).
+(`a + b * c` is the one addcmul it is otherwise, `_add_skip` for a skip term: fused.py).
 """
 
 from __future__ import annotations
 
+from mixc.backends.pytorch.fused import product, skip_arguments
 from mixc.backends.pytorch.lines import Lines
 from mixc.backends.pytorch.names import note
 from mixc.frontend.ir import Binary, Expr, Name, Number, Timed, walk
@@ -97,11 +98,15 @@ def emit_in_place(forms, out: Lines, form: SequenceForm) -> bool:
         step, left = spine[i]
         other = step.right if left else step.left
         into = f"out=_spare({current}, _own)"
-        factors = _product(e, other)
+        factors = product(e, other)
         if factors is not None and (step.op == "+" or (step.op == "-" and left)):
             value = ", value=-1" if step.op == "-" else ""
-            a, b = (e(f) for f in factors)
-            text = f"_torch.addcmul({current}, {a}, {b}{value}, {into})"
+            skip = skip_arguments(e, *factors)  # a skip term: see fused.py
+            if skip is not None:
+                text = f"_add_skip({current}, {skip}{value}, {into})"
+            else:
+                a, b = (e(f) for f in factors)
+                text = f"_torch.addcmul({current}, {a}, {b}{value}, {into})"
         else:
             commutes = step.op in "+*@"
             first, second = (current, e(other)) if left or commutes else (e(other), current)
@@ -110,15 +115,3 @@ def emit_in_place(forms, out: Lines, form: SequenceForm) -> bool:
         out(f"{y} = {text}{shown}")
         current = y
     return True
-
-
-def _product(e, x: Expr) -> tuple[Expr, Expr] | None:
-    """The factors of an elementwise product with no constant factor (as the emitter `e`
-    fuses `a + b * c` into addcmul), or None."""
-    if not isinstance(x, Binary) or x.op not in ("*", "@"):
-        return None
-    if x.op == "@" and SCALAR not in (e.shape(x.left), e.shape(x.right)):
-        return None
-    if any(e.constant(f) is not None for f in (x.left, x.right)):
-        return None
-    return x.left, x.right

@@ -80,14 +80,14 @@ def kernel_names(program: Program) -> list[str]:
 
 @functools.cache
 def _runtime_source() -> str:
-    """The runtime helpers (every top-level `_name` function of runtime.py) as written, in
-    source order. Read as text, not imported: compiling a spec needs no torch."""
+    """The runtime helpers (every top-level `_name` function and class of runtime.py) as
+    written, in source order. Read as text, not imported: compiling a spec needs no torch."""
     text = _RUNTIME.read_text(encoding="utf-8")
     lines = text.splitlines()
     helpers = [
         node
         for node in ast.parse(text).body
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("_")
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name.startswith("_")
     ]
     return "\n\n\n".join("\n".join(lines[n.lineno - 1 : n.end_lineno]) for n in helpers)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from mixc.backends.pytorch.fused import fused_sum
 from mixc.backends.pytorch.lines import string
 from mixc.errors import SpecAnalysisError
 from mixc.frontend.builtins import BUILTINS, ROTATIONS
@@ -451,7 +452,7 @@ class PyExpr:
         complement = self._complement(e)
         if complement is not None:
             return complement, _ATOM
-        fused = self._addcmul(e)
+        fused = fused_sum(self, e)
         if fused is not None:
             return fused, _ATOM
         py = {"+": "+", "-": "-", "*": "*", "/": "/", "@": "*"}[op]
@@ -491,31 +492,6 @@ class PyExpr:
         if "sigmoid" in self.functions or self.constant(e.left) != 1.0:
             return None
         return f"{BUILTINS['sigmoid'].torch}(-{self._wrap(right.args[0], _UNARY)})"
-
-    def _addcmul(self, e: Binary) -> str | None:
-        """`a + b * c` (elementwise, or with a scalar factor) as torch.addcmul(a, b, c): one
-        pass and one full-size result instead of two (a skip such as `y + D x` on a whole
-        sequence); None where it does not apply (a number among the operands, a matrix
-        product, a difference whose product comes first)."""
-
-        def product(x: Expr) -> tuple[Expr, Expr] | None:
-            if not isinstance(x, Binary) or x.op not in ("*", "@"):
-                return None
-            if x.op == "@" and SCALAR not in (self.shape(x.left), self.shape(x.right)):
-                return None
-            return x.left, x.right
-
-        if e.op not in ("+", "-") or IDENTITY in (self.shape(e.left), self.shape(e.right)):
-            return None
-        pairs = [(e.left, product(e.right))]
-        if e.op == "+":
-            pairs.append((e.right, product(e.left)))
-        for base, factors in pairs:
-            if factors is None or any(self.constant(x) is not None for x in (base, *factors)):
-                continue
-            value = ", value=-1" if e.op == "-" else ""
-            return f"_torch.addcmul({self(base)}, {self(factors[0])}, {self(factors[1])}{value})"
-        return None
 
     # -- sums of terms (affine updates), with products associated cheaply -------------------
 

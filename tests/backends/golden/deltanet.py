@@ -308,6 +308,64 @@ def _spare(x, own):
     return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
 
 
+def _add_skip(base, x, *params, value=1, out=None):
+    """base + value x p_1 ... p_n (torch.addcmul, `out=` as _spare allows) for a per-token
+    tensor x and per-head parameters p_i broadcast over its tokens: a skip term such as Mamba's
+    D x_t. Where autograd records it, the parameters' gradients are summed in float64 (_Skip):
+    each sums a product over every token and channel (65,536 of them for 2 sequences of 512
+    tokens of 64 channels) whose terms largely cancel, so that in float32 its rounding follows
+    the order of the sum, which eager torch and a compiler choose differently."""
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return _Skip.apply(base, x, value, *params)
+    return torch.addcmul(base, x, _times(params), value=value, out=out)
+
+
+def _times(factors):
+    """The product of the tensors `factors`, from the first."""
+    product = factors[0]
+    for factor in factors[1:]:
+        product = product * factor
+    return product
+
+
+def _wide_sum(x, shape):
+    """x summed to `shape` (as x.sum_to_size(shape)) in float64."""
+    lead = x.dim() - len(shape)
+    dims = [*range(lead)]
+    dims += [lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1]
+    if not dims:
+        return x.double()
+    return torch.sum(x, dims, keepdim=True, dtype=torch.float64).reshape(shape)
+
+
+class _Skip(torch.autograd.Function):
+    """_add_skip under autograd: the gradient of each parameter is the float64 sum over the
+    tokens of the output's gradient times x, times the other parameters, rounded once to the
+    parameter's dtype."""
+
+    @staticmethod
+    def forward(ctx, base, x, value, *params):
+        ctx.save_for_backward(x, *params)
+        ctx.value, ctx.base_shape = value, base.shape
+        return torch.addcmul(base, x, _times(params), value=value)
+
+    @staticmethod
+    def backward(ctx, d):
+        x, *params = ctx.saved_tensors
+        wanted = ctx.needs_input_grad
+        d_base = d.sum_to_size(ctx.base_shape) if wanted[0] else None
+        d_x = (d * _times(params) * ctx.value).sum_to_size(x.shape) if wanted[1] else None
+        d_params = [None] * len(params)
+        if any(wanted[3:]):
+            g = _wide_sum(d * x, torch.broadcast_shapes(*(p.shape for p in params)))
+            g = g * ctx.value
+            for i, p in enumerate(params):
+                if wanted[3 + i]:
+                    others = [g, *(q.double() for j, q in enumerate(params) if j != i)]
+                    d_params[i] = _wide_sum(_times(others), p.shape).to(p.dtype)
+        return d_base, d_x, None, *d_params
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1466,7 +1524,7 @@ def chunk_delta(q, k, v, beta, g=None, initial_state=None, chunk_size=64):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_9783c7c9f1ad058d", globals())
+_operator_spans = _register_spans("mixc_9d71ad3b64e8c4ab", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -316,6 +316,64 @@ def _spare(x, own):
     return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
 
 
+def _add_skip(base, x, *params, value=1, out=None):
+    """base + value x p_1 ... p_n (torch.addcmul, `out=` as _spare allows) for a per-token
+    tensor x and per-head parameters p_i broadcast over its tokens: a skip term such as Mamba's
+    D x_t. Where autograd records it, the parameters' gradients are summed in float64 (_Skip):
+    each sums a product over every token and channel (65,536 of them for 2 sequences of 512
+    tokens of 64 channels) whose terms largely cancel, so that in float32 its rounding follows
+    the order of the sum, which eager torch and a compiler choose differently."""
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return _Skip.apply(base, x, value, *params)
+    return torch.addcmul(base, x, _times(params), value=value, out=out)
+
+
+def _times(factors):
+    """The product of the tensors `factors`, from the first."""
+    product = factors[0]
+    for factor in factors[1:]:
+        product = product * factor
+    return product
+
+
+def _wide_sum(x, shape):
+    """x summed to `shape` (as x.sum_to_size(shape)) in float64."""
+    lead = x.dim() - len(shape)
+    dims = [*range(lead)]
+    dims += [lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1]
+    if not dims:
+        return x.double()
+    return torch.sum(x, dims, keepdim=True, dtype=torch.float64).reshape(shape)
+
+
+class _Skip(torch.autograd.Function):
+    """_add_skip under autograd: the gradient of each parameter is the float64 sum over the
+    tokens of the output's gradient times x, times the other parameters, rounded once to the
+    parameter's dtype."""
+
+    @staticmethod
+    def forward(ctx, base, x, value, *params):
+        ctx.save_for_backward(x, *params)
+        ctx.value, ctx.base_shape = value, base.shape
+        return torch.addcmul(base, x, _times(params), value=value)
+
+    @staticmethod
+    def backward(ctx, d):
+        x, *params = ctx.saved_tensors
+        wanted = ctx.needs_input_grad
+        d_base = d.sum_to_size(ctx.base_shape) if wanted[0] else None
+        d_x = (d * _times(params) * ctx.value).sum_to_size(x.shape) if wanted[1] else None
+        d_params = [None] * len(params)
+        if any(wanted[3:]):
+            g = _wide_sum(d * x, torch.broadcast_shapes(*(p.shape for p in params)))
+            g = g * ctx.value
+            for i, p in enumerate(params):
+                if wanted[3 + i]:
+                    others = [g, *(q.double() for j, q in enumerate(params) if j != i)]
+                    d_params[i] = _wide_sum(_times(others), p.shape).to(p.dtype)
+        return d_base, d_x, None, *d_params
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1417,14 +1475,13 @@ def _turning_at(positions, freq, d, dtype, *leaves):
         return _turning_of(positions * freq, d, dtype, *leaves)
     run, length = 64, positions.shape[-4]
     n = _pairs_read(freq.shape[-2], d)
+    pairs = freq[..., :n, 0]  # [.., h, n]
     blocks = -(-length // run)
     ticks = torch.arange(max(blocks, run), dtype=torch.float64, device=freq.device)
     ticks = ticks.mul_(step)[:, None, None]  # 0, s, 2 s, ... along the token axis
-    firsts = positions[..., :1, :, :, 0] + run * ticks[:blocks]  # [b, T / R, h, 1]
-    within = ticks[:run].expand(*firsts.shape[:-3], run, *firsts.shape[-2:])
-    # both tables' cos and sin at once: [b, T / R + R, h, n]
-    turns = _exp_i(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
-    heads, within = turns[..., :blocks, None, :, :], turns[..., None, blocks:, :, :]
+    firsts = positions[..., 0].narrow(-3, 0, 1) + run * ticks[:blocks]  # [b, T / R, h, 1]
+    heads = _exp_i(firsts * pairs, dtype).unsqueeze(-3)  # [b, T / R, 1, h, n]
+    within = _exp_i(ticks[:run] * pairs, dtype)  # [R, h, n]
     turn = (heads * within).flatten(-4, -3).narrow(-3, 0, length)
     shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
     return turn.expand(*_broadcast(*shapes)[:-2], n)
@@ -1446,8 +1503,8 @@ def _position_step(positions, freq):
     if positions.dim() != 5 or positions.shape[1] < 256:
         return None
     steps = positions.diff(dim=1)
-    first = steps.reshape(-1)[:1]  # every sequence's and head's step is the first one's
-    return first.item() if torch.equal(steps, first.expand_as(steps)) else None
+    first = steps[:, :1]
+    return first.reshape(-1)[0].item() if torch.equal(steps, first.expand_as(steps)) else None
 
 
 def _broadcast(*shapes):
@@ -1487,20 +1544,19 @@ class _Turned:
     `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
     query or key (RoPE) comes so outside torch.compile, for whole sequences, and where its turn
     takes no gradient (_seq_turned); the spans read its sizes, dtype and device, and slice it
-    along time (a _TurnedSpan). Under autograd a kernel with its own backward takes x as its
-    input and turns x's gradient back (`back`); the others turn it in the chunks they track.
-    `plus` (None, or a tensor of x's shape that takes no gradient, a bias): x + plus is turned,
-    the sum written as each span is copied, not as a tensor of the whole sequence."""
+    along time. Under autograd a kernel with its own backward takes x as its input and turns x's
+    gradient back (`back`); the others turn it in the chunks they track. `plus` (None, or a
+    tensor of x's shape that takes no gradient, a bias): x + plus is turned, the sum written as
+    each span is copied, not as a tensor of the whole sequence."""
 
     def __init__(self, x, turn, plus=None):
         self.x, self.turn, self.plus = x, turn, plus
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.requires_grad = x.requires_grad
-        self.views = {}  # chunk size -> chunk-major views of the whole sequence (_chunked)
 
     def __getitem__(self, index):
-        """x[:, :, tokens], the one slice the kernels take (_span_inputs): split as it comes."""
-        return _TurnedSpan(self, index[2])
+        plus = None if self.plus is None else self.plus[index]
+        return _Turned(self.x[index], self.turn[index], plus)
 
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
@@ -1518,42 +1574,13 @@ class _Turned:
             pairs.mul_(turn)
         return x
 
-    def _chunked(self, chunk_size):
-        """Chunk-major views [N, B, NH, C, n, 2] of x's pairs and [N, B, NH, C, n] of the turn,
-        where every entry of x is in a pair, no bias is added and whole chunks cover the
-        sequence; else None. Made once a chunk size: each span is then a slice of them."""
-        if chunk_size not in self.views:
-            x, turn = self.x, self.turn
-            n, length = turn.shape[-1], x.shape[2]
-            whole = self.plus is None and 2 * n == x.shape[-1] and length % chunk_size == 0
-            views = None
-            if whole:
-                views = [
-                    t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
-                    for t in (x.unflatten(-1, (n, 2)), turn)
-                ]
-            self.views[chunk_size] = views
-        return self.views[chunk_size]
-
-    def chunks(self, chunk_size, n_pad, tokens=slice(None)):
-        """_split_chunks of x[:, :, tokens] (plus `plus`) turned: x copied into a fresh buffer in
-        the chunk layout (the copy the chunk layout needs anyway; the sum with `plus` written
-        there), whose pairs are then turned in place, while the span is in cache (whole rows
-        copied, then one product: cheaper on CPU than writing the turned pairs and the rest
-        apart, or one product from x's layout); exactly the values of turning x, then
-        splitting it. A span of whole chunks of a sequence of whole chunks, no bias added and
-        every entry in a pair, reads slices of _chunked's views: a few torch calls a span,
-        as many as a plain input's split."""
-        start, stop, _ = tokens.indices(self.x.shape[2])
-        views = None if n_pad or start % chunk_size else self._chunked(chunk_size)
-        if views is not None and stop % chunk_size == 0:
-            pairs, turn = (v[start // chunk_size : stop // chunk_size] for v in views)
-            out = torch.empty(turn.shape, dtype=turn.dtype, device=turn.device)
-            torch.view_as_real(out).copy_(pairs)
-            return torch.view_as_real(out.mul_(turn)).flatten(-2)
-        data, turn, plus = (
-            None if t is None else t[:, :, start:stop] for t in (self.x, self.turn, self.plus)
-        )
+    def chunks(self, chunk_size, n_pad):
+        """_split_chunks of x (plus `plus`) turned: x copied into a fresh buffer in the chunk
+        layout (the copy the chunk layout needs anyway; the sum with `plus` written there),
+        whose pairs are then turned in place, while the span is in cache (whole rows copied,
+        then one product: cheaper on CPU than writing the turned pairs and the rest apart);
+        exactly the values of turning x, then splitting it."""
+        data, turn, plus = self.x, self.turn, self.plus
         if n_pad:
             data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
             turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
@@ -1574,16 +1601,6 @@ class _Turned:
         """The gradient of x from grad [B, NH, T, d], that of x turned: its pairs turned back
         (times the conjugate turn), in place; the rest as it is."""
         return self._pairs(grad, _compact(self.turn), back=True)
-
-
-class _TurnedSpan:
-    """The tokens `tokens` (a slice) of a _Turned, split into chunks as a kernel's span asks."""
-
-    def __init__(self, whole, tokens):
-        self.whole, self.tokens = whole, tokens
-
-    def chunks(self, chunk_size, n_pad):
-        return self.whole.chunks(chunk_size, n_pad, self.tokens)
 
 
 def _complex_pairs(x, n):
@@ -1853,8 +1870,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_82e4377216cdd981", globals())
-_operator_rotations = _register_rotations("mixc_82e4377216cdd981", globals())
+_operator_spans = _register_spans("mixc_bc2efd76cd303aff", globals())
+_operator_rotations = _register_rotations("mixc_bc2efd76cd303aff", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -381,6 +381,64 @@ def _spare(x, own):
     return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
 
 
+def _add_skip(base, x, *params, value=1, out=None):
+    """base + value x p_1 ... p_n (torch.addcmul, `out=` as _spare allows) for a per-token
+    tensor x and per-head parameters p_i broadcast over its tokens: a skip term such as Mamba's
+    D x_t. Where autograd records it, the parameters' gradients are summed in float64 (_Skip):
+    each sums a product over every token and channel (65,536 of them for 2 sequences of 512
+    tokens of 64 channels) whose terms largely cancel, so that in float32 its rounding follows
+    the order of the sum, which eager torch and a compiler choose differently."""
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return _Skip.apply(base, x, value, *params)
+    return torch.addcmul(base, x, _times(params), value=value, out=out)
+
+
+def _times(factors):
+    """The product of the tensors `factors`, from the first."""
+    product = factors[0]
+    for factor in factors[1:]:
+        product = product * factor
+    return product
+
+
+def _wide_sum(x, shape):
+    """x summed to `shape` (as x.sum_to_size(shape)) in float64."""
+    lead = x.dim() - len(shape)
+    dims = [*range(lead)]
+    dims += [lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1]
+    if not dims:
+        return x.double()
+    return torch.sum(x, dims, keepdim=True, dtype=torch.float64).reshape(shape)
+
+
+class _Skip(torch.autograd.Function):
+    """_add_skip under autograd: the gradient of each parameter is the float64 sum over the
+    tokens of the output's gradient times x, times the other parameters, rounded once to the
+    parameter's dtype."""
+
+    @staticmethod
+    def forward(ctx, base, x, value, *params):
+        ctx.save_for_backward(x, *params)
+        ctx.value, ctx.base_shape = value, base.shape
+        return torch.addcmul(base, x, _times(params), value=value)
+
+    @staticmethod
+    def backward(ctx, d):
+        x, *params = ctx.saved_tensors
+        wanted = ctx.needs_input_grad
+        d_base = d.sum_to_size(ctx.base_shape) if wanted[0] else None
+        d_x = (d * _times(params) * ctx.value).sum_to_size(x.shape) if wanted[1] else None
+        d_params = [None] * len(params)
+        if any(wanted[3:]):
+            g = _wide_sum(d * x, torch.broadcast_shapes(*(p.shape for p in params)))
+            g = g * ctx.value
+            for i, p in enumerate(params):
+                if wanted[3 + i]:
+                    others = [g, *(q.double() for j, q in enumerate(params) if j != i)]
+                    d_params[i] = _wide_sum(_times(others), p.shape).to(p.dtype)
+        return d_base, d_x, None, *d_params
+
+
 def _check_cu_seqlens(cu_seqlens, sizes, device):
     """Packed sequences: B = 1 and cu_seqlens = [0, end_1, ..., T], non-decreasing, integers on
     the inputs' device (not on the meta device, where no offsets can be read)."""
@@ -1518,42 +1576,6 @@ def _exp_i(angle, dtype):
     return turn
 
 
-def _turning_summed(theta, d, dtype, *leaves):
-    """_turning_of(theta, d, dtype, *leaves) over whole sequences in a mixer that sums angles
-    (a state of angles, Mamba-3's Th: float64, growing without bound): a float64 theta for a
-    float32 turn first reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
-    1e-10 rad of it at |theta| = 10^6, then rounded to float32 (within 1.2e-7 rad), so that cos
-    and sin run there (_exp_i: the angle's precision). On CPU the reduction and float32's cos
-    and sin cost 0.75x float64's cos and sin at angles of 10, 0.3x at 10^6; the turn is within
-    1.5e-7 of the exact one (float64's rounded: 4.2e-8; mpmath's reference, 1 thread, 262144
-    angles). A float64 turn takes theta as it is, and so does torch.compile (the rotation's
-    operator takes float64 angles, where the reduction would be a kernel, a C++ build, of its
-    own)."""
-    if theta.dtype != torch.float64 or dtype == torch.float64 or torch.compiler.is_compiling():
-        return _turning_of(theta, d, dtype, *leaves)
-    turns = torch.mul(theta.detach(), 1 / 6.283185307179586).round_()
-    if theta.requires_grad:  # out= takes no gradient
-        reduced = (theta - 6.283185307179586 * turns).to(dtype)
-    else:
-        reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
-        torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
-    return _turning_of(reduced, d, dtype, *leaves)
-
-
-def _wide_tanh(x):
-    """tanh(x) where angles are summed in float64 (Mamba-3's pi dt_t tanh(w_t)): for a float64
-    x on CPU, 1 - 2 / (1 + e^(2x)) in place on one temporary, within 1e-15 of torch.tanh
-    (absolutely: the angle it scales is summed so) and about 3x cheaper there (1 thread, 262144
-    entries: torch's float64 tanh runs far slower than its exp). Elsewhere (float32, under
-    autograd or torch.compile, another device) torch.tanh."""
-    if x.dtype != torch.float64 or x.device.type != "cpu":
-        return torch.tanh(x)
-    if x.requires_grad or torch.compiler.is_compiling():
-        return torch.tanh(x)
-    # e^(2x) = inf at large x gives 1, 0 at very negative x gives -1
-    return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
-
-
 def _complex_of(dtype):
     """The complex dtype of a turn in the compute dtype `dtype`."""
     return torch.complex128 if dtype == torch.float64 else torch.complex64
@@ -1981,8 +2003,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_81195f7074b497f3", globals())
-_operator_rotations = _register_rotations("mixc_81195f7074b497f3", globals())
+_operator_spans = _register_spans("mixc_a17f516fa7958672", globals())
+_operator_rotations = _register_rotations("mixc_a17f516fa7958672", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2217,10 +2239,10 @@ def chunk(
         _prev_B2,
     )
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
+    _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay_rank, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     _turned, _turned2 = _rotated_all(
         _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
     )
@@ -2235,7 +2257,7 @@ def chunk(
     _k2_H = _seq_vector(_turned2, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes, cu_seqlens)
-    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _turned3, _turned4, _turned5, _turned6 = _rotated_all(
         _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
     )
@@ -2260,15 +2282,12 @@ def chunk(
     _read_H = _from_seq(_o1, cu_seqlens)  # H_t rotate_halves(C1_bias + C1_t, _r1)
     H = _S.mT
     _read2_H = _from_seq(_o2, cu_seqlens)  # H_t rotate_halves(C2_bias + C2_t, _r1)
-    y = _torch.addcmul(_read_H, x, D * mimo_x1, out=_spare(_read_H, _own))
+    y = _add_skip(_read_H, x, D, mimo_x1, out=_spare(_read_H, _own))
     y = _torch.mul(y, mimo_o1, out=_spare(y, _own))
     y = _torch.mul(y, _F.silu(z * mimo_z1), out=_spare(y, _own))
     # mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
     y = _torch.addcmul(
-        y,
-        mimo_o2 * _torch.addcmul(_read2_H, x, D * mimo_x2),
-        _F.silu(z * mimo_z2),
-        out=_spare(y, _own),
+        y, mimo_o2 * _add_skip(_read2_H, x, D, mimo_x2), _F.silu(z * mimo_z2), out=_spare(y, _own)
     )
     y = y.squeeze(-1).to(_out_dtype)
     _final = (Th.squeeze(-1), H, _last_x.squeeze(-1), _last_B1.squeeze(-1), _last_B2.squeeze(-1))
@@ -2382,13 +2401,13 @@ def parallel(
         mimo_o2,
     )
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
+    _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
     _read_Th, _read2_Th, _ = _angle_sums(
         _v_Th,
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     _turned, _turned2 = _rotated_all(
         _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
     )
@@ -2403,7 +2422,7 @@ def parallel(
     _k2_H = _seq_vector(_turned2, _sizes)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes)
-    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _turned3, _turned4, _turned5, _turned6 = _rotated_all(
         _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
     )
@@ -2426,15 +2445,12 @@ def parallel(
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
     _read2_H = _from_seq(_o)  # H_t rotate_halves(C2_bias + C2_t, _r1)
-    y = _torch.addcmul(_read_H, x, D * mimo_x1, out=_spare(_read_H, _own))
+    y = _add_skip(_read_H, x, D, mimo_x1, out=_spare(_read_H, _own))
     y = _torch.mul(y, mimo_o1, out=_spare(y, _own))
     y = _torch.mul(y, _F.silu(z * mimo_z1), out=_spare(y, _own))
     # mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
     y = _torch.addcmul(
-        y,
-        mimo_o2 * _torch.addcmul(_read2_H, x, D * mimo_x2),
-        _F.silu(z * mimo_z2),
-        out=_spare(y, _own),
+        y, mimo_o2 * _add_skip(_read2_H, x, D, mimo_x2), _F.silu(z * mimo_z2), out=_spare(y, _own)
     )
     y = y.squeeze(-1).to(_out_dtype)
     return y, None
