@@ -1632,6 +1632,42 @@ def _exp_i(angle, dtype):
     return turn
 
 
+def _turning_summed(theta, d, dtype, *leaves):
+    """_turning_of(theta, d, dtype, *leaves) over whole sequences in a mixer that sums angles
+    (a state of angles, Mamba-3's Th: float64, growing without bound): a float64 theta for a
+    float32 turn first reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
+    1e-10 rad of it at |theta| = 10^6, then rounded to float32 (within 1.2e-7 rad), so that cos
+    and sin run there (_exp_i: the angle's precision). On CPU the reduction and float32's cos
+    and sin cost 0.75x float64's cos and sin at angles of 10, 0.3x at 10^6; the turn is within
+    1.5e-7 of the exact one (float64's rounded: 4.2e-8; mpmath's reference, 1 thread, 262144
+    angles). A float64 turn takes theta as it is, and so does torch.compile (the rotation's
+    operator takes float64 angles, where the reduction would be a kernel, a C++ build, of its
+    own)."""
+    if theta.dtype != torch.float64 or dtype == torch.float64 or torch.compiler.is_compiling():
+        return _turning_of(theta, d, dtype, *leaves)
+    turns = torch.mul(theta.detach(), 1 / 6.283185307179586).round_()
+    if theta.requires_grad:  # out= takes no gradient
+        reduced = (theta - 6.283185307179586 * turns).to(dtype)
+    else:
+        reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
+        torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
+    return _turning_of(reduced, d, dtype, *leaves)
+
+
+def _wide_tanh(x):
+    """tanh(x) where angles are summed in float64 (Mamba-3's pi dt_t tanh(w_t)): for a float64
+    x on CPU, 1 - 2 / (1 + e^(2x)) in place on one temporary, within 1e-15 of torch.tanh
+    (absolutely: the angle it scales is summed so) and about 3x cheaper there (1 thread, 262144
+    entries: torch's float64 tanh runs far slower than its exp). Elsewhere (float32, under
+    autograd or torch.compile, another device) torch.tanh."""
+    if x.dtype != torch.float64 or x.device.type != "cpu":
+        return torch.tanh(x)
+    if x.requires_grad or torch.compiler.is_compiling():
+        return torch.tanh(x)
+    # e^(2x) = inf at large x gives 1, 0 at very negative x gives -1
+    return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
+
+
 def _complex_of(dtype):
     """The complex dtype of a turn in the compute dtype `dtype`."""
     return torch.complex128 if dtype == torch.float64 else torch.complex64
@@ -1674,19 +1710,20 @@ class _Turned:
     `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
     query or key (RoPE) comes so outside torch.compile, for whole sequences, and where its turn
     takes no gradient (_seq_turned); the spans read its sizes, dtype and device, and slice it
-    along time. Under autograd a kernel with its own backward takes x as its input and turns x's
-    gradient back (`back`); the others turn it in the chunks they track. `plus` (None, or a
-    tensor of x's shape that takes no gradient, a bias): x + plus is turned, the sum written as
-    each span is copied, not as a tensor of the whole sequence."""
+    along time (a _TurnedSpan). Under autograd a kernel with its own backward takes x as its
+    input and turns x's gradient back (`back`); the others turn it in the chunks they track.
+    `plus` (None, or a tensor of x's shape that takes no gradient, a bias): x + plus is turned,
+    the sum written as each span is copied, not as a tensor of the whole sequence."""
 
     def __init__(self, x, turn, plus=None):
         self.x, self.turn, self.plus = x, turn, plus
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.requires_grad = x.requires_grad
+        self.views = {}  # chunk size -> chunk-major views of the whole sequence (_chunked)
 
     def __getitem__(self, index):
-        plus = None if self.plus is None else self.plus[index]
-        return _Turned(self.x[index], self.turn[index], plus)
+        """x[:, :, tokens], the one slice the kernels take (_span_inputs): split as it comes."""
+        return _TurnedSpan(self, index[2])
 
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
@@ -1704,13 +1741,42 @@ class _Turned:
             pairs.mul_(turn)
         return x
 
-    def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x (plus `plus`) turned: x copied into a fresh buffer in the chunk
-        layout (the copy the chunk layout needs anyway; the sum with `plus` written there),
-        whose pairs are then turned in place, while the span is in cache (whole rows copied,
-        then one product: cheaper on CPU than writing the turned pairs and the rest apart);
-        exactly the values of turning x, then splitting it."""
-        data, turn, plus = self.x, self.turn, self.plus
+    def _chunked(self, chunk_size):
+        """Chunk-major views [N, B, NH, C, n, 2] of x's pairs and [N, B, NH, C, n] of the turn,
+        where every entry of x is in a pair, no bias is added and whole chunks cover the
+        sequence; else None. Made once a chunk size: each span is then a slice of them."""
+        if chunk_size not in self.views:
+            x, turn = self.x, self.turn
+            n, length = turn.shape[-1], x.shape[2]
+            whole = self.plus is None and 2 * n == x.shape[-1] and length % chunk_size == 0
+            views = None
+            if whole:
+                views = [
+                    t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
+                    for t in (x.unflatten(-1, (n, 2)), turn)
+                ]
+            self.views[chunk_size] = views
+        return self.views[chunk_size]
+
+    def chunks(self, chunk_size, n_pad, tokens=slice(None)):
+        """_split_chunks of x[:, :, tokens] (plus `plus`) turned: x copied into a fresh buffer in
+        the chunk layout (the copy the chunk layout needs anyway; the sum with `plus` written
+        there), whose pairs are then turned in place, while the span is in cache (whole rows
+        copied, then one product: cheaper on CPU than writing the turned pairs and the rest
+        apart, or one product from x's layout); exactly the values of turning x, then
+        splitting it. A span of whole chunks of a sequence of whole chunks, no bias added and
+        every entry in a pair, reads slices of _chunked's views: a few torch calls a span,
+        as many as a plain input's split."""
+        start, stop, _ = tokens.indices(self.x.shape[2])
+        views = None if n_pad or start % chunk_size else self._chunked(chunk_size)
+        if views is not None and stop % chunk_size == 0:
+            pairs, turn = (v[start // chunk_size : stop // chunk_size] for v in views)
+            out = torch.empty(turn.shape, dtype=turn.dtype, device=turn.device)
+            torch.view_as_real(out).copy_(pairs)
+            return torch.view_as_real(out.mul_(turn)).flatten(-2)
+        data, turn, plus = (
+            None if t is None else t[:, :, start:stop] for t in (self.x, self.turn, self.plus)
+        )
         if n_pad:
             data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
             turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
@@ -1731,6 +1797,16 @@ class _Turned:
         """The gradient of x from grad [B, NH, T, d], that of x turned: its pairs turned back
         (times the conjugate turn), in place; the rest as it is."""
         return self._pairs(grad, _compact(self.turn), back=True)
+
+
+class _TurnedSpan:
+    """The tokens `tokens` (a slice) of a _Turned, split into chunks as a kernel's span asks."""
+
+    def __init__(self, whole, tokens):
+        self.whole, self.tokens = whole, tokens
+
+    def chunks(self, chunk_size, n_pad):
+        return self.whole.chunks(chunk_size, n_pad, self.tokens)
 
 
 def _complex_pairs(x, n):
@@ -1970,8 +2046,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_aaa2ff615af57917", globals())
-_operator_rotations = _register_rotations("mixc_aaa2ff615af57917", globals())
+_operator_spans = _register_spans("mixc_ee0774e8fdd06cc3", globals())
+_operator_rotations = _register_rotations("mixc_ee0774e8fdd06cc3", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2087,14 +2163,14 @@ def chunk(
     # None where autograd or a compiler records the form: no result in place
     _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, Th, H, _prev_x, _prev_B)
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
+    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay, reading _read_Th, _read2_Th
     _lam = _torch.sigmoid(l)
     # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
     _c_H = _seq_scalar(_torch.addcmul(dt, dt, _lam, value=-1), _sizes, cu_seqlens)
     _cnext_H = _next_tokens(_c_H)  # c_{t+1}, 0 at each sequence's last token
-    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _k_H = _seq_turned(B_bias, _turn__r1_N, _sizes, cu_seqlens, plus=B)
     _x_H = _seq_vector(x, _sizes, cu_seqlens)
     _d_H = _seq_scalar(dt * _lam, _sizes, cu_seqlens)  # dt_t sigmoid(l_t)
@@ -2116,7 +2192,7 @@ def chunk(
     del _S0_H, _g_H, _k_H, _q, _v_H
     # k_t . q_t
     _kq_H = _seq_scalar(
-        _tokenwise(lambda B, B_bias, C, C_bias: (B_bias + B).mT @ (C_bias + C), B, B_bias, C, C_bias),
+        _tokenwise(lambda B, B_bias, C, C_bias: ((B_bias + B) * (C_bias + C)).sum(-2, keepdim=True), B, B_bias, C, C_bias),
         _sizes,
         cu_seqlens,
     )
@@ -2163,7 +2239,7 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # None where autograd or a compiler records the form: no result in place
     _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias)
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
+    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
     _read_Th, _read2_Th, _ = _angle_sums(
         _v_Th,
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
@@ -2171,7 +2247,7 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
     # rotate_interleaved(B_bias + B_{t-1}, _r0)
     _k1_H = _seq_vector(
-        _rotated(_rotate_interleaved, B_bias, _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th), _prev_B),
+        _rotated(_rotate_interleaved, B_bias, _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th), _prev_B),
         _sizes,
     )
     _negated = -A * dt
@@ -2180,7 +2256,7 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) x_{t-1}
     _v1_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
     _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
-    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn__r1_N, (B_bias, B), (C_bias, C))
     _k2_H = _seq_vector(_turned, _sizes)  # rotate_interleaved(B_bias + B_t, _r1)
     _v2_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t

@@ -1576,6 +1576,42 @@ def _exp_i(angle, dtype):
     return turn
 
 
+def _turning_summed(theta, d, dtype, *leaves):
+    """_turning_of(theta, d, dtype, *leaves) over whole sequences in a mixer that sums angles
+    (a state of angles, Mamba-3's Th: float64, growing without bound): a float64 theta for a
+    float32 turn first reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
+    1e-10 rad of it at |theta| = 10^6, then rounded to float32 (within 1.2e-7 rad), so that cos
+    and sin run there (_exp_i: the angle's precision). On CPU the reduction and float32's cos
+    and sin cost 0.75x float64's cos and sin at angles of 10, 0.3x at 10^6; the turn is within
+    1.5e-7 of the exact one (float64's rounded: 4.2e-8; mpmath's reference, 1 thread, 262144
+    angles). A float64 turn takes theta as it is, and so does torch.compile (the rotation's
+    operator takes float64 angles, where the reduction would be a kernel, a C++ build, of its
+    own)."""
+    if theta.dtype != torch.float64 or dtype == torch.float64 or torch.compiler.is_compiling():
+        return _turning_of(theta, d, dtype, *leaves)
+    turns = torch.mul(theta.detach(), 1 / 6.283185307179586).round_()
+    if theta.requires_grad:  # out= takes no gradient
+        reduced = (theta - 6.283185307179586 * turns).to(dtype)
+    else:
+        reduced = torch.empty(theta.shape, dtype=dtype, device=theta.device)
+        torch.add(theta, turns, alpha=-6.283185307179586, out=reduced)
+    return _turning_of(reduced, d, dtype, *leaves)
+
+
+def _wide_tanh(x):
+    """tanh(x) where angles are summed in float64 (Mamba-3's pi dt_t tanh(w_t)): for a float64
+    x on CPU, 1 - 2 / (1 + e^(2x)) in place on one temporary, within 1e-15 of torch.tanh
+    (absolutely: the angle it scales is summed so) and about 3x cheaper there (1 thread, 262144
+    entries: torch's float64 tanh runs far slower than its exp). Elsewhere (float32, under
+    autograd or torch.compile, another device) torch.tanh."""
+    if x.dtype != torch.float64 or x.device.type != "cpu":
+        return torch.tanh(x)
+    if x.requires_grad or torch.compiler.is_compiling():
+        return torch.tanh(x)
+    # e^(2x) = inf at large x gives 1, 0 at very negative x gives -1
+    return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
+
+
 def _complex_of(dtype):
     """The complex dtype of a turn in the compute dtype `dtype`."""
     return torch.complex128 if dtype == torch.float64 else torch.complex64
@@ -2003,8 +2039,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_a17f516fa7958672", globals())
-_operator_rotations = _register_rotations("mixc_a17f516fa7958672", globals())
+_operator_spans = _register_spans("mixc_80d082920efad147", globals())
+_operator_rotations = _register_rotations("mixc_80d082920efad147", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2239,10 +2275,10 @@ def chunk(
         _prev_B2,
     )
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
+    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
     _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay_rank, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     _turned, _turned2 = _rotated_all(
         _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
     )
@@ -2257,7 +2293,7 @@ def chunk(
     _k2_H = _seq_vector(_turned2, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes, cu_seqlens)
-    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _turned3, _turned4, _turned5, _turned6 = _rotated_all(
         _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
     )
@@ -2401,13 +2437,13 @@ def parallel(
         mimo_o2,
     )
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _torch.tanh(w.double())  # added at each token
+    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
     _read_Th, _read2_Th, _ = _angle_sums(
         _v_Th,
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning_of(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     _turned, _turned2 = _rotated_all(
         _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
     )
@@ -2422,7 +2458,7 @@ def parallel(
     _k2_H = _seq_vector(_turned2, _sizes)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
     _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes)
-    _turn__r1_N = _turning_of(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
     _turned3, _turned4, _turned5, _turned6 = _rotated_all(
         _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
     )

@@ -1540,13 +1540,14 @@ def _turning_at(positions, freq, d, dtype, *leaves):
         return _turning_of(positions * freq, d, dtype, *leaves)
     run, length = 64, positions.shape[-4]
     n = _pairs_read(freq.shape[-2], d)
-    pairs = freq[..., :n, 0]  # [.., h, n]
     blocks = -(-length // run)
     ticks = torch.arange(max(blocks, run), dtype=torch.float64, device=freq.device)
     ticks = ticks.mul_(step)[:, None, None]  # 0, s, 2 s, ... along the token axis
-    firsts = positions[..., 0].narrow(-3, 0, 1) + run * ticks[:blocks]  # [b, T / R, h, 1]
-    heads = _exp_i(firsts * pairs, dtype).unsqueeze(-3)  # [b, T / R, 1, h, n]
-    within = _exp_i(ticks[:run] * pairs, dtype)  # [R, h, n]
+    firsts = positions[..., :1, :, :, 0] + run * ticks[:blocks]  # [b, T / R, h, 1]
+    within = ticks[:run].expand(*firsts.shape[:-3], run, *firsts.shape[-2:])
+    # both tables' cos and sin at once: [b, T / R + R, h, n]
+    turns = _exp_i(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
+    heads, within = turns[..., :blocks, None, :, :], turns[..., None, blocks:, :, :]
     turn = (heads * within).flatten(-4, -3).narrow(-3, 0, length)
     shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
     return turn.expand(*_broadcast(*shapes)[:-2], n)
@@ -1568,8 +1569,8 @@ def _position_step(positions, freq):
     if positions.dim() != 5 or positions.shape[1] < 256:
         return None
     steps = positions.diff(dim=1)
-    first = steps[:, :1]
-    return first.reshape(-1)[0].item() if torch.equal(steps, first.expand_as(steps)) else None
+    first = steps.reshape(-1)[:1]  # every sequence's and head's step is the first one's
+    return first.item() if torch.equal(steps, first.expand_as(steps)) else None
 
 
 def _broadcast(*shapes):
@@ -1609,19 +1610,20 @@ class _Turned:
     `chunks`), in place of a pass of its own over a tensor of the whole sequence. A rotated
     query or key (RoPE) comes so outside torch.compile, for whole sequences, and where its turn
     takes no gradient (_seq_turned); the spans read its sizes, dtype and device, and slice it
-    along time. Under autograd a kernel with its own backward takes x as its input and turns x's
-    gradient back (`back`); the others turn it in the chunks they track. `plus` (None, or a
-    tensor of x's shape that takes no gradient, a bias): x + plus is turned, the sum written as
-    each span is copied, not as a tensor of the whole sequence."""
+    along time (a _TurnedSpan). Under autograd a kernel with its own backward takes x as its
+    input and turns x's gradient back (`back`); the others turn it in the chunks they track.
+    `plus` (None, or a tensor of x's shape that takes no gradient, a bias): x + plus is turned,
+    the sum written as each span is copied, not as a tensor of the whole sequence."""
 
     def __init__(self, x, turn, plus=None):
         self.x, self.turn, self.plus = x, turn, plus
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.requires_grad = x.requires_grad
+        self.views = {}  # chunk size -> chunk-major views of the whole sequence (_chunked)
 
     def __getitem__(self, index):
-        plus = None if self.plus is None else self.plus[index]
-        return _Turned(self.x[index], self.turn[index], plus)
+        """x[:, :, tokens], the one slice the kernels take (_span_inputs): split as it comes."""
+        return _TurnedSpan(self, index[2])
 
     def new_zeros(self, *size):
         return self.x.new_zeros(*size)
@@ -1639,13 +1641,42 @@ class _Turned:
             pairs.mul_(turn)
         return x
 
-    def chunks(self, chunk_size, n_pad):
-        """_split_chunks of x (plus `plus`) turned: x copied into a fresh buffer in the chunk
-        layout (the copy the chunk layout needs anyway; the sum with `plus` written there),
-        whose pairs are then turned in place, while the span is in cache (whole rows copied,
-        then one product: cheaper on CPU than writing the turned pairs and the rest apart);
-        exactly the values of turning x, then splitting it."""
-        data, turn, plus = self.x, self.turn, self.plus
+    def _chunked(self, chunk_size):
+        """Chunk-major views [N, B, NH, C, n, 2] of x's pairs and [N, B, NH, C, n] of the turn,
+        where every entry of x is in a pair, no bias is added and whole chunks cover the
+        sequence; else None. Made once a chunk size: each span is then a slice of them."""
+        if chunk_size not in self.views:
+            x, turn = self.x, self.turn
+            n, length = turn.shape[-1], x.shape[2]
+            whole = self.plus is None and 2 * n == x.shape[-1] and length % chunk_size == 0
+            views = None
+            if whole:
+                views = [
+                    t.unflatten(2, (-1, chunk_size)).movedim(2, 0)
+                    for t in (x.unflatten(-1, (n, 2)), turn)
+                ]
+            self.views[chunk_size] = views
+        return self.views[chunk_size]
+
+    def chunks(self, chunk_size, n_pad, tokens=slice(None)):
+        """_split_chunks of x[:, :, tokens] (plus `plus`) turned: x copied into a fresh buffer in
+        the chunk layout (the copy the chunk layout needs anyway; the sum with `plus` written
+        there), whose pairs are then turned in place, while the span is in cache (whole rows
+        copied, then one product: cheaper on CPU than writing the turned pairs and the rest
+        apart, or one product from x's layout); exactly the values of turning x, then
+        splitting it. A span of whole chunks of a sequence of whole chunks, no bias added and
+        every entry in a pair, reads slices of _chunked's views: a few torch calls a span,
+        as many as a plain input's split."""
+        start, stop, _ = tokens.indices(self.x.shape[2])
+        views = None if n_pad or start % chunk_size else self._chunked(chunk_size)
+        if views is not None and stop % chunk_size == 0:
+            pairs, turn = (v[start // chunk_size : stop // chunk_size] for v in views)
+            out = torch.empty(turn.shape, dtype=turn.dtype, device=turn.device)
+            torch.view_as_real(out).copy_(pairs)
+            return torch.view_as_real(out.mul_(turn)).flatten(-2)
+        data, turn, plus = (
+            None if t is None else t[:, :, start:stop] for t in (self.x, self.turn, self.plus)
+        )
         if n_pad:
             data = torch.nn.functional.pad(data, [0, 0, 0, n_pad])
             turn = torch.nn.functional.pad(turn, [0, 0, 0, n_pad])
@@ -1666,6 +1697,16 @@ class _Turned:
         """The gradient of x from grad [B, NH, T, d], that of x turned: its pairs turned back
         (times the conjugate turn), in place; the rest as it is."""
         return self._pairs(grad, _compact(self.turn), back=True)
+
+
+class _TurnedSpan:
+    """The tokens `tokens` (a slice) of a _Turned, split into chunks as a kernel's span asks."""
+
+    def __init__(self, whole, tokens):
+        self.whole, self.tokens = whole, tokens
+
+    def chunks(self, chunk_size, n_pad):
+        return self.whole.chunks(chunk_size, n_pad, self.tokens)
 
 
 def _complex_pairs(x, n):
@@ -2055,9 +2096,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_09983ad51529ec50", globals())
-_operator_calls = _register_calls("mixc_09983ad51529ec50", globals())
-_operator_rotations = _register_rotations("mixc_09983ad51529ec50", globals())
+_operator_spans = _register_spans("mixc_8890321d8efb5e95", globals())
+_operator_calls = _register_calls("mixc_8890321d8efb5e95", globals())
+_operator_rotations = _register_rotations("mixc_8890321d8efb5e95", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
