@@ -565,9 +565,9 @@ MUTANTS = [
     (
         "hydra",
         "the diagonal D x counted twice",
-        "D, x, out=_spare(y, _own))  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t\n"
+        "x, D, out=_spare(y, _own))  # H_{t-1} C_t + G_{t+1} Cb_t + D x_t\n"
         "    y = y.squeeze(-1).to(_out_dtype)\n    return y, ((H, G)",
-        "D + D, x, out=_spare(y, _own))\n    y = y.squeeze(-1).to(_out_dtype)\n    return y, ((H, G)",
+        "x, D + D, out=_spare(y, _own))\n    y = y.squeeze(-1).to(_out_dtype)\n    return y, ((H, G)",
         {"chunk"},
         NUMERICAL,
     ),
