@@ -13,7 +13,7 @@ __all__ = ["BACKEND", "LIBRARY", "KernelLibrary", "PyTorchBackend", "refusal", "
 #: The kernels of this package, which a generated module copies.
 LIBRARY = KernelLibrary(
     frozenset(kernels.KERNELS),
-    kernels.kernel_source,
+    kernels.DEFINITIONS,
     ("torch",),
     turned=kernels.TURNED,
     ordered=kernels.ORDERED,

@@ -8,23 +8,23 @@ import functools
 import hashlib
 import re
 import textwrap
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mixc.backends.pytorch.angles import AngleSums
-from mixc.backends.pytorch.kernels import FUNCTION_HELPERS
+from mixc.backends.pytorch.kernels import definitions, kernel_source, reached
 from mixc.backends.pytorch.lines import Lines, comment, doc_line, string
 from mixc.backends.pytorch.names import note, size, tuple_text, without_unread
 from mixc.backends.pytorch.pyexpr import PyExpr
 from mixc.backends.pytorch.recurrence import RecurrentForms
-from mixc.backends.pytorch.sequence import SequenceForms, native, rounded_kernels
-from mixc.frontend.builtins import BUILTINS, ROTATIONS
-from mixc.frontend.ir import CHANNEL, Call, Expr, Name, walk
+from mixc.backends.pytorch.sequence import SequenceForms, rounded_kernels
+from mixc.frontend.ir import CHANNEL, Expr, Name, walk
 from mixc.lowering.program import Program
 from mixc.version import __version__
 
-_RUNTIME = Path(__file__).with_name("runtime.py")
+#: The runtime helpers (runtime.py) by name, as `kernels.definitions` reads a kernel file.
+_RUNTIME = definitions(("runtime",), Path(__file__).parent)
 
 #: The globals the mixer's functions read besides the kernels, each under the private name it
 #: is bound to at the top of the mixer's section; one line per group: modules, module
@@ -39,9 +39,9 @@ _ALIASES = (
 @dataclass(frozen=True)
 class KernelLibrary:
     """The kernels a rendered module calls by the program's kernel names and carries as source:
-    `kernels` names those it has, `source(names)` is the text of the named kernels with every
-    helper they use (the module imports no kernel package), and `imports` the modules that text
-    needs; the kernels in `operands` take `operands=`, the dtype of the caller's inputs, which
+    `kernels` names those it has, `definitions` every definition a module may copy (the kernels
+    and their helpers, by name, as `kernels.definitions` reads them: the module copies those it
+    uses, and imports no kernel package), and `imports` the modules that text needs; the kernels in `operands` take `operands=`, the dtype of the caller's inputs, which
     the module widens to its compute dtype before any kernel sees them (a kernel that
     multiplies 16-bit operands, as a Triton kernel on the tensor cores, rounds the arguments
     `operands` names for it, and its products' other operands, to it). The PyTorch backend's library is its own kernel package; another backend
@@ -54,7 +54,7 @@ class KernelLibrary:
     readout reads the state after the token's decay, before its write."""
 
     kernels: Collection[str]
-    source: Callable[[list[str]], str]
+    definitions: Mapping[str, tuple[str, str, frozenset[str]]]
     imports: tuple[str, ...]
     operands: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     turned: Collection[str] = ()
@@ -78,20 +78,6 @@ def kernel_names(program: Program) -> list[str]:
     return sorted({c.kernel for c in calls} | {c.kernel for c in program.summary.calls})
 
 
-@functools.cache
-def _runtime_source() -> str:
-    """The runtime helpers (every top-level `_name` function and class of runtime.py) as
-    written, in source order. Read as text, not imported: compiling a spec needs no torch."""
-    text = _RUNTIME.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    helpers = [
-        node
-        for node in ast.parse(text).body
-        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name.startswith("_")
-    ]
-    return "\n\n\n".join("\n".join(lines[n.lineno - 1 : n.end_lineno]) for n in helpers)
-
-
 class _Module(AngleSums, SequenceForms, RecurrentForms):
     """The whole module: the forms' functions (SequenceForms, RecurrentForms) and around them
     what makes the file stand alone."""
@@ -102,10 +88,10 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
         self.kernels = kernel_names(program)
 
     def source(self) -> str:
-        library = Lines()
-        self.emit_library(library)
         mixer = Lines()
-        self.emit_mixer(mixer, library.text())
+        self.emit_mixer(mixer)
+        library = Lines()
+        self.emit_library(library, mixer.text())
         body = library.text() + "\n\n" + mixer.text()
         out = Lines()
         self.emit_header(out)
@@ -206,93 +192,73 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
             out.lines.append(comment(line))
         out(f"CHUNK_SIZE = {chunk.size}", 0)
 
-    def emit_library(self, out: Lines) -> None:
-        """The runtime helpers and the kernels this module calls, copied from their source."""
-        out("# ---- runtime helpers (the same in every mixc module) " + "-" * 38, 0)
+    def emit_library(self, out: Lines, mixer: str) -> None:
+        """The runtime helpers and the kernels that the mixer's functions (`mixer`, their text)
+        use, directly or through each other, copied from their source in its order (see
+        `copied`), and the registration of the operators they call under torch.compile."""
+        needed, registers = self.copied(mixer)
+        head = "# ---- runtime helpers (those this module uses) "
+        out(head + "-" * (92 - len(head)), 0)
         out("", 0)
         out("", 0)
-        out.lines.append(_runtime_source())  # as written, not re-wrapped
-        helpers = self.function_helpers()
-        if self.kernels or self.lagged or helpers:
+        out.lines.append(kernel_source(needed & _RUNTIME.keys(), _RUNTIME))  # as written
+        kernels = needed & self.library.definitions.keys()
+        if kernels:
             out("", 0)
             out("", 0)
             out("# ---- kernels, one per transition class " + "-" * 51, 0)
             out("", 0)
             out("", 0)
-            shifts = ["_shift_tokens", "_last_tokens"] if self.lagged else []
-            forms = (self.program.chunk, self.program.parallel)
-            several = [c for f in forms if f for c in f.calls if len(c.steps) > 1]
-            shifts += ["_sub_tokens"] if several else []
-            factors = any(a.layout == "factor" for c in several for s in c.steps for a in s.args)
-            shifts += ["_sub_token_factor"] if factors else []
-            moved = [c for f in forms if f for c in f.calls if not native(c, self.library)]
-            shifts += ["_reverse_tokens"] if any(c.reverse for c in moved) else []
-            shifts += ["_angle_sums"] if any(self.summed(c) for c in self.program.calls) else []
-            # a read before the update; a folded call's read moved a token where not native
-            previous = any(q.previous or c.lag is not None for c in moved for q in c.queries)
-            shifts += ["_next_tokens", "_previous_tokens"] if previous else []
-            folded = any(c.lag is not None for c in self.program.calls)
-            shifts += ["_next_tokens", "_lagged_start"] if folded and not previous else []
-            shifts += ["_lagged_start"] if folded and previous else []
-            shifts += ["_tokenwise"] if folded else []
-            backward = any(q.previous for c in moved if c.reverse for q in c.queries)
-            shifts += ["_final_tokens"] if backward else []
-            text = self.library.source(self.kernels + shifts + helpers)
-            # the operators the kernels call under torch.compile, by the entry they call
-            entries = {
-                "_own_backward": "_register_spans",
-                "_opaque_call": "_register_calls",
-                "_rotated": "_register_rotations",
-            }
-            registers = [r for e, r in entries.items() if re.search(rf"\b{e}\b", text)]
-            if registers:
-                text = self.library.source([*self.kernels, *shifts, *helpers, *registers])
-            out.lines.append(text)
-            if registers:
-                self.emit_registration(out, registers)
+            out.lines.append(kernel_source(kernels, self.library.definitions))
+        if registers:
+            # what the operators run: the kernels' definitions and the runtime helpers they use
+            every = {**_RUNTIME, **self.library.definitions}
+            self.emit_registration(out, registers, kernel_source(kernels, every))
 
-    def function_helpers(self) -> list[str]:
-        """The helpers of the language's functions that the spec calls (`_rotate`, ...), and
-        `_positions` where it reads the position."""
-        m = self.mixer
-        called = {
-            n.func
-            for e in (*(eq.value for eq in m.equations), *(fn.body for fn in m.lets))
-            for n in walk(e)
-            if isinstance(n, Call) and n.func in BUILTINS
-        }
-        helpers = {BUILTINS[f].torch for f in called} & set(FUNCTION_HELPERS)
-        rotations = {"_turning", "_compact", "_turning_of", "_rotated"}
-        helpers |= rotations if called & set(ROTATIONS) else set()
-        helpers |= {"_turning_at"} if called & set(ROTATIONS) and self.positioned else set()
-        summed = called & set(ROTATIONS) and self.angle_states  # turned by summed angles
-        helpers |= {"_turning_summed"} if summed else set()
-        helpers |= {"_wide_tanh"} if "tanh" in called and self.angle_states else set()
-        turned = {c.kernel for c in self.program.calls} & set(self.library.turned)
-        helpers |= {"_seq_turned"} if "rotate_interleaved" in called and turned else set()
-        return sorted(helpers | ({"_positions"} if self.positioned else set()))
+    def copied(self, mixer: str) -> tuple[set[str], list[str]]:
+        """The definitions of runtime.py and of the library that the text `mixer` reads (no
+        local of it has one's name: see `emit_mixer`) and every one they reach, and the
+        registrations among them: those that set an operator of `_Operators` (operators.py) that
+        the rest reads, which the module calls once it has defined them all."""
+        every = {**_RUNTIME, **self.library.definitions}
+        clash = sorted(_RUNTIME.keys() & self.library.definitions.keys())
+        if clash:  # a module would keep only one of the two copies
+            raise RuntimeError(f"{', '.join(clash)}: defined by runtime.py and the kernels")
+        tree = ast.parse(mixer)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in every}
+        registers: list[str] = []
+        while True:
+            needed = reached([*used, *registers], every)
+            read = set().union(*(_operators(every[n][1])[0] for n in needed))
+            found = [n for n, (_, text, _) in every.items() if _operators(text)[1] & read]
+            if found == registers:
+                return needed, registers
+            registers = found
 
-    def emit_registration(self, out: Lines, registers: list[str]) -> None:
+    def emit_registration(self, out: Lines, registers: list[str], kernels: str) -> None:
         """The statements that register the kernels as operators for torch.compile, in a
-        namespace named by the hash of the text so far (the same kernels, the same operators)."""
-        digest = hashlib.sha256(out.text().encode("utf-8")).hexdigest()[:16]
+        namespace named by the hash of `kernels`, the text the operators run (the same kernels,
+        the same operators)."""
+        digest = hashlib.sha256(kernels.encode("utf-8")).hexdigest()[:16]
         out("", 0)
         out("", 0)
         out("# torch.compile calls each kernel as one opaque operator (see operators.py in", 0)
-        out("# mixc's kernels), in a namespace named by a hash of the text above", 0)
+        out("# mixc's kernels), in a namespace named by a hash of the kernels' text above", 0)
         for register in registers:  # an assignment: the module has no bare expression statement
             out(
                 f'{register.replace("_register", "_operator")} = {register}("mixc_{digest}", globals())',
                 0,
             )
 
-    def emit_mixer(self, out: Lines, library: str) -> None:
+    def emit_mixer(self, out: Lines) -> None:
         """This mixer's functions, each without assignments it never reads, after the aliases
         they read their globals by. Emitted twice: the first run finds the common
-        subexpressions (see Shared), the second computes each once."""
+        subexpressions (see Shared), the second computes each once. The names they take take
+        none a module may copy (runtime.py's and the library's: the same whatever it copies)."""
         first = self.emit_functions(wrapped=False)  # its names are those of the wrapped lines
         taken = {a for group in _ALIASES for a in group} | {f"_{k}" for k in self.kernels}
-        taken |= set(re.findall(r"\b_\w+", library + "\n".join(first.lines)))
+        taken |= _RUNTIME.keys() | self.library.definitions.keys()
+        taken |= set(re.findall(r"\b_\w+", "\n".join(first.lines)))
         self.share(taken)
         functions = self.emit_functions()
         out("# ---- this mixer " + "-" * 74, 0)
@@ -398,3 +364,20 @@ def _layout(decls) -> str:
         return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
     return tup([f"({string(d.name)}, {tup([string(s) for s in d.shape])})" for d in decls])
+
+
+@functools.cache
+def _operators(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The attributes of `_Operators` (the registered operators: operators.py) that the
+    definition `text` reads, and those it sets (as `_Operators.x` or `functions["_Operators"].x`,
+    the class in a module's globals): a registration sets an operator that a kernel reads."""
+    read, written = set(), set()
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        named = isinstance(owner, ast.Name) and owner.id == "_Operators"
+        key = isinstance(owner, ast.Subscript) and isinstance(owner.slice, ast.Constant)
+        if named or (key and owner.slice.value == "_Operators"):
+            (read if isinstance(node.ctx, ast.Load) else written).add(node.attr)
+    return frozenset(read), frozenset(written)

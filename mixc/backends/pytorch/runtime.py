@@ -1,4 +1,4 @@
-"""Helpers every compiled module carries (copied verbatim by the PyTorch backend).
+"""Helpers a compiled module carries where it uses them (copied verbatim by the PyTorch backend).
 
 They check arguments against the module's layout, broadcast shared heads, pick the compute
 dtype, and move tensors between the spec layout and the kernels' layout. Only torch is used.

@@ -21,7 +21,7 @@ __all__ = ["BACKEND", "LIBRARY", "TritonBackend"]
 #: The PyTorch kernels, those with a Triton kernel replaced by it.
 LIBRARY = KernelLibrary(
     PYTORCH_LIBRARY.kernels,
-    kernels.kernel_source,
+    kernels.DEFINITIONS,
     ("torch", "triton", "triton.language as tl"),
     operands=kernels.OPERANDS,
     ordered=ordered(kernels.DEFINITIONS),

@@ -106,7 +106,7 @@ SUMMARY_ACTIONS = {"Th": "elementwise", "H": "matmul"}  # how summary()'s P acts
 CHUNK_SIZE = 32
 
 
-# ---- runtime helpers (the same in every mixc module) --------------------------------------
+# ---- runtime helpers (those this module uses) --------------------------------------------
 
 
 def _fail(message):
@@ -135,18 +135,6 @@ def _output_dtype(layout, first):
     the forms read it before the other arguments are checked."""
     _check_tensor(layout[0][0], first, None)
     return first.dtype
-
-
-def _empty_batch(x):
-    """Whether the first input `x` holds no sequence (B = 0), which some forms answer apart."""
-    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 0
-
-
-def _no_sequences(result):
-    """A form's result (a tensor, None, or tuples of them) cut to an empty batch, B = 0."""
-    if isinstance(result, tuple):
-        return tuple(_no_sequences(x) for x in result)
-    return None if result is None else result[:0]
 
 
 def _check_flag(name, value):
@@ -314,26 +302,6 @@ def _seq_scalar(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
-def _seq_matrix(x, sizes, cu_seqlens=None):
-    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
-    axes of 1 where x is the same for every batch entry or every token (or, for packed
-    sequences, [N, NH, longest, K, V] with zeros after each sequence's end)."""
-    x = x.reshape((1,) * (5 - x.dim()) + tuple(x.shape))
-    x = x.expand(x.shape[0], x.shape[1], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
-    if cu_seqlens is None:
-        return x
-    x = x.expand(sizes["B"], sizes["NH"], sizes["T"], *x.shape[-2:])
-    rows, cols = x.shape[-2:]
-    return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
-
-
-def _seq_factor(x, sizes, cu_seqlens=None):
-    """A second factor of a log-gate, in _seq_matrix's layout: for packed sequences one constant
-    in time stays so (the first factor is 0 after each sequence's end, so is their product)."""
-    y = _seq_matrix(x, sizes)
-    return y if cu_seqlens is None or y.shape[2] == 1 else _seq_matrix(x, sizes, cu_seqlens)
-
-
 def _from_seq(o, cu_seqlens=None):
     """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
     if cu_seqlens is not None:
@@ -464,46 +432,6 @@ def _pack(o, cu_seqlens):
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     valid = torch.arange(o.shape[2], device=o.device)[None, :] < lengths[:, None]
     return o.transpose(0, 1)[:, valid][None]
-
-
-def _l2norm(x):
-    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries. The sum of squares is the squared
-    norm: one fused reduction, where (x * x).sum() wrote x * x first (4x slower on CPU)."""
-    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
-    return x * torch.rsqrt(norm * norm + 1e-6)
-
-
-def _log_gate(x):
-    """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
-    that log (1 / 2^-64), not of the clamp (0).
-
-    At a decay of exactly 0 the log-gate would be -inf, the kernel's gradient for it 0 (a factor
-    0 passes nothing on) and the log's gradient 1 / 0: the decay's gradient 0 * inf, where the
-    recurrence's is finite. From 2^-64 the kernel's gradient is the decay's gradient times
-    2^-64, which the log's gradient divides out again, while an output moves by at most 2^-64
-    of a value (below float64's resolution). A negative x keeps its NaN.
-    """
-    floor = 2.0**-64
-    lifted = torch.where((x >= 0) & (x < floor), floor, x)
-    return torch.log(x + (lifted - x).detach())
-
-
-def _check_decay_sign(x, name, decay, state):
-    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
-    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
-    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
-    call; a decay written provably positive (sigmoid, exp) is never checked. Under
-    torch.compile, which cannot branch on a tensor's values, the check is an assertion in the
-    graph (a RuntimeError with the same message when the compiled call runs)."""
-    message = (
-        f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
-        "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
-        "make the decay provably positive in the spec (sigmoid(x), exp(x))"
-    )
-    if torch.compiler.is_compiling():
-        torch._assert_async(~(x < 0).any(), message)
-    elif bool((x < 0).any()):
-        _fail(message)
 
 
 # ---- kernels, one per transition class ---------------------------------------------------
@@ -2045,9 +1973,9 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
-# mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_ee0774e8fdd06cc3", globals())
-_operator_rotations = _register_rotations("mixc_ee0774e8fdd06cc3", globals())
+# mixc's kernels), in a namespace named by a hash of the kernels' text above
+_operator_spans = _register_spans("mixc_7a876a3f2878032c", globals())
+_operator_rotations = _register_rotations("mixc_7a876a3f2878032c", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -67,10 +67,6 @@ def definitions(
 
 DEFINITIONS = definitions((*SHARED_FILES, "functions", *CLASS_FILES))
 
-#: The helpers of the language's functions (functions.py), which a module carries only where
-#: its spec calls them.
-FUNCTION_HELPERS = tuple(name for name, (file, _, _) in DEFINITIONS.items() if file == "functions")
-
 KERNELS: dict[str, str] = {
     name: file
     for name, (file, _, _) in DEFINITIONS.items()
@@ -121,7 +117,7 @@ TURNED = frozenset(
 )
 
 
-def _closure(names: Iterable[str], definitions=DEFINITIONS) -> set[str]:
+def reached(names: Iterable[str], definitions=DEFINITIONS) -> set[str]:
     """The named definitions and every definition they use, directly or through others."""
     wanted = list(names)
     unknown = sorted(set(wanted) - definitions.keys())
@@ -149,7 +145,7 @@ def kernel_source(names: Iterable[str], definitions=DEFINITIONS) -> str:
     neither a kernel nor a helper. Another backend passes its own `definitions` (these, with
     its kernels in place of some).
     """
-    needed = _closure(names, definitions)
+    needed = reached(names, definitions)
     return "\n\n\n".join(
         source.rstrip() for name, (_, source, _) in definitions.items() if name in needed
     )
