@@ -7,6 +7,7 @@ import ast
 import functools
 import hashlib
 import re
+import symtable
 import textwrap
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -224,8 +225,7 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
         clash = sorted(_RUNTIME.keys() & self.library.definitions.keys())
         if clash:  # a module would keep only one of the two copies
             raise RuntimeError(f"{', '.join(clash)}: defined by runtime.py and the kernels")
-        tree = ast.parse(mixer)
-        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in every}
+        used = _identifiers(mixer) & every.keys()
         registers: list[str] = []
         while True:
             needed = reached([*used, *registers], every)
@@ -372,7 +372,7 @@ def _operators(text: str) -> tuple[frozenset[str], frozenset[str]]:
     definition `text` reads, and those it sets (as `_Operators.x` or `functions["_Operators"].x`,
     the class in a module's globals): a registration sets an operator that a kernel reads."""
     read, written = set(), set()
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(ast.parse(text)) if "_Operators" in text else ():
         if not isinstance(node, ast.Attribute):
             continue
         owner = node.value
@@ -381,3 +381,13 @@ def _operators(text: str) -> tuple[frozenset[str], frozenset[str]]:
         if named or (key and owner.slice.value == "_Operators"):
             (read if isinstance(node.ctx, ast.Load) else written).add(node.attr)
     return frozenset(read), frozenset(written)
+
+
+def _identifiers(text: str) -> set[str]:
+    """Every name the code `text` binds or reads, in any of its scopes (an attribute is none)."""
+    found, tables = set(), [symtable.symtable(text, "<mixer>", "exec")]
+    while tables:
+        table = tables.pop()
+        found.update(table.get_identifiers())
+        tables += table.get_children()
+    return found
