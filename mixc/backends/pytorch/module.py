@@ -42,8 +42,9 @@ class KernelLibrary:
     """The kernels a rendered module calls by the program's kernel names and carries as source:
     `kernels` names those it has, `definitions` every definition a module may copy (the kernels
     and their helpers, by name, as `kernels.definitions` reads them: the module copies those it
-    uses, and imports no kernel package), and `imports` the modules that text needs; the kernels in `operands` take `operands=`, the dtype of the caller's inputs, which
-    the module widens to its compute dtype before any kernel sees them (a kernel that
+    uses, and imports no kernel package), and `imports` the modules that text needs; the
+    kernels in `operands` take `operands=`, the dtype of the caller's inputs, which the module
+    widens to its compute dtype before any kernel sees them (a kernel that
     multiplies 16-bit operands, as a Triton kernel on the tensor cores, rounds the arguments
     `operands` names for it, and its products' other operands, to it). The PyTorch backend's library is its own kernel package; another backend
     renders the same module around its own library. The kernels in `ordered` take `reverse=`
