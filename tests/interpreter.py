@@ -1,8 +1,8 @@
-"""Triton's interpreter without two of its costs that change nothing it computes
+"""Triton's interpreter without three of its costs that change nothing it computes
 (tests/conftest.py calls `speed_up_the_interpreter`).
 
 The interpreter runs a kernel in Python on numpy, triton.language's builtins patched for the
-launch. Two of its habits took most of the Triton tests' time (triton 3.9):
+launch. Three of its habits took most of the Triton tests' time (triton 3.9):
 
 - it patches triton.language again at every call of a @triton.jit helper (`_patch_lang` from
   `InterpretedFunction.__call__`), walking the members of triton.language, its tensor and math
@@ -16,6 +16,13 @@ launch. Two of its habits took most of the Triton tests' time (triton 3.9):
   (`ScanOps.generic_scan`). `_sliced_scan` calls it once per position along the scan's axis, on
   the slice of every other axis at that position: the same left fold, in the same order, of
   each line along the axis, by the same elementwise numpy operations.
+- every integer add, subtract and multiply narrower than 64 bits (a kernel's offsets and
+  indices) is followed by an overflow check (`binary_op_sanitize_overflow_impl`): the operands
+  cast to int64, the operation again, two comparisons with the type's bounds, an `and`, each a
+  numpy call wrapped in tensors, and then `device_assert`, which asserts only when the options
+  say `debug`. The interpreter's options never do (InterpreterOptions(), debug False), so the
+  condition is computed and dropped: nothing is checked. `_unchecked_overflow` skips the
+  computation while `debug` is off and runs triton's check when it is on.
 
 Every kernel computes the same numbers, bit for bit, running the same combine functions and
 helpers. Where triton's interpreter is not built this way (another version), nothing changes.
@@ -38,14 +45,32 @@ def speed_up_the_interpreter() -> bool:
     executor = getattr(interpreter, "GridExecutor", None)
     patch = getattr(interpreter, "_patch_lang", None)
     scans = getattr(interpreter, "ScanOps", None)
-    if None in (executor, patch, scans) or not hasattr(scans, "generic_scan"):
+    semantic = getattr(interpreter, "interpreter_semantic", None)
+    if None in (executor, patch, scans, semantic) or not hasattr(scans, "generic_scan"):
+        return False
+    overflow = getattr(semantic, "binary_op_sanitize_overflow_impl", None)
+    if overflow is None or not hasattr(semantic.builder.options, "debug"):
         return False
     if getattr(patch, "once_a_launch", False):
         return False
     executor.__call__, interpreter._patch_lang = _patch_once(executor.__call__, patch, tl)
     _sliced_scan.entry_by_entry = scans.generic_scan  # triton's, for tests/test_interpreter.py
     scans.generic_scan = _sliced_scan
+    semantic.binary_op_sanitize_overflow_impl = _unchecked_overflow(overflow, semantic.builder)
     return True
+
+
+def _unchecked_overflow(check, builder):
+    """The interpreter's overflow check, skipped while its options say no `debug` (whose
+    device_assert then drops the condition the check computed)."""
+
+    @functools.wraps(check)
+    def overflow_check(lhs, rhs, binary_op):
+        if builder.options.debug:
+            return check(lhs, rhs, binary_op)
+        return None
+
+    return overflow_check
 
 
 def _patch_once(launch_call, patch, tl):
