@@ -105,14 +105,33 @@ def _sliced_scan(self, input):
     import triton.language as tl
 
     lines = [np.moveaxis(x.handle.data, self.axis, 0) for x in input]
+    tensors = [_slice_tensors(self, line, x.dtype) for line, x in zip(lines, input)]
     results = [np.empty_like(x) for x in lines]
     for result, line in zip(results, lines):
         result[0] = line[0]
     for i in range(1, lines[0].shape[0]):
-        before = [self.to_tensor(r[i - 1], x.dtype) for r, x in zip(results, input)]
-        here = [self.to_tensor(line[i], x.dtype) for line, x in zip(lines, input)]
+        before = [tensor(r[i - 1]) for r, tensor in zip(results, tensors)]
+        here = [tensor(line[i]) for line, tensor in zip(lines, tensors)]
         out = self.combine_fn.fn(*before, *here)
         for result, value in zip(results, out if isinstance(out, tuple) else (out,)):
             value = np.asarray(value.handle.data if isinstance(value, tl.core.tensor) else value)
             result[i] = value.reshape(()) if result.ndim == 1 else value  # a scalar: shape [1]
     return [self.to_tensor(np.moveaxis(r, 0, self.axis), x.dtype) for r, x in zip(results, input)]
+
+
+def _slice_tensors(scan, line, dtype):
+    """scan.to_tensor(·, dtype) for the slices of `line` along its first axis: the tensor
+    to_tensor makes of a slice, the slices' type and numpy dtype found once (to_tensor builds
+    them anew for each, most of a scan's time), the data copied in that dtype as it does."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    first = scan.to_tensor(line[0], dtype)
+    kind, np_dtype = first.type, first.handle.data.dtype
+
+    def tensor(part):
+        data = np.array([part]) if line.ndim == 1 else part  # a scalar: shape [1]
+        return tl.core.tensor(TensorHandle(data.astype(np_dtype), dtype.scalar), kind)
+
+    return tensor
