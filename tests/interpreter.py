@@ -1,8 +1,8 @@
-"""Triton's interpreter without three of its costs that change nothing it computes
+"""Triton's interpreter without four of its costs that change nothing it computes
 (tests/conftest.py calls `speed_up_the_interpreter`).
 
 The interpreter runs a kernel in Python on numpy, triton.language's builtins patched for the
-launch. Three of its habits took most of the Triton tests' time (triton 3.9):
+launch. Four of its habits took most of the Triton tests' time (triton 3.9):
 
 - it patches triton.language again at every call of a @triton.jit helper (`_patch_lang` from
   `InterpretedFunction.__call__`), walking the members of triton.language, its tensor and math
@@ -23,6 +23,9 @@ launch. Three of its habits took most of the Triton tests' time (triton 3.9):
   say `debug`. The interpreter's options never do (InterpreterOptions(), debug False), so the
   condition is computed and dropped: nothing is checked. `_unchecked_overflow` skips the
   computation while `debug` is off and runs triton's check when it is on.
+- the numpy dtype of a triton type (`_get_np_dtype`, at every load, store, cast and scan
+  slice) builds a table of twenty-odd numpy dtypes at each call to look one up: `_np_dtypes`
+  keeps each type's answer by the type's class and name (what its lookup and equality read).
 
 Every kernel computes the same numbers, bit for bit, running the same combine functions and
 helpers. Where triton's interpreter is not built this way (another version), nothing changes.
@@ -51,13 +54,36 @@ def speed_up_the_interpreter() -> bool:
     overflow = getattr(semantic, "binary_op_sanitize_overflow_impl", None)
     if overflow is None or not hasattr(semantic.builder.options, "debug"):
         return False
+    np_dtype = getattr(interpreter, "_get_np_dtype", None)
+    if np_dtype is None:
+        return False
     if getattr(patch, "once_a_launch", False):
         return False
     executor.__call__, interpreter._patch_lang = _patch_once(executor.__call__, patch, tl)
     _sliced_scan.entry_by_entry = scans.generic_scan  # triton's, for tests/test_interpreter.py
     scans.generic_scan = _sliced_scan
     semantic.binary_op_sanitize_overflow_impl = _unchecked_overflow(overflow, semantic.builder)
+    interpreter._get_np_dtype = _np_dtypes(np_dtype)
     return True
+
+
+def _np_dtypes(np_dtype):
+    """triton's `_get_np_dtype`, each type's answer kept by its class and name: the answer
+    depends on whether it is a pointer, a block (of what element) or a scalar type, each of
+    which its name spells (a type without a name is looked up each time)."""
+    found = {}
+
+    @functools.wraps(np_dtype)
+    def np_dtype_of(tt_dtype):
+        name = getattr(tt_dtype, "name", None)
+        if not isinstance(name, str):
+            return np_dtype(tt_dtype)
+        key = (type(tt_dtype), name)
+        if key not in found:
+            found[key] = np_dtype(tt_dtype)
+        return found[key]
+
+    return np_dtype_of
 
 
 def _unchecked_overflow(check, builder):

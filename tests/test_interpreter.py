@@ -105,3 +105,15 @@ def test_the_overflow_check_is_skipped_only_where_triton_checks_nothing(monkeypa
         assert _overflow_check_runs(patch, debug=True, patched=False)
     with monkeypatch.context() as patch:
         assert _overflow_check_runs(patch, debug=True)  # debug on: triton's check runs
+
+
+def test_the_kept_numpy_dtypes_are_triton_s():
+    np_dtype = interpreter._get_np_dtype
+    if not hasattr(np_dtype, "__wrapped__"):
+        pytest.skip("this triton's interpreter is not patched (tests/interpreter.py)")
+    scalars = [tl.int1, tl.int8, tl.int32, tl.uint32, tl.int64, tl.float16, tl.bfloat16]
+    scalars += [tl.float32, tl.float64, tl.float8e5]
+    types = scalars + [tl.pointer_type(t) for t in scalars]
+    types += [tl.block_type(t, [4, 2]) for t in types] + [tl.block_type(tl.float32, [8])]
+    for tt_dtype in types + types:  # the second time, kept
+        assert np_dtype(tt_dtype) == np_dtype.__wrapped__(tt_dtype), tt_dtype
