@@ -63,3 +63,57 @@ def test_a_sliced_scan_gives_the_bits_of_triton_s_scan(monkeypatch, axis, revers
         sliced + row, _run(_scan, x, 16, 8, axis, reverse) + _run(_scan_row, x[0].clone(), 8)
     ):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@triton.jit
+def _square_offsets(x, out, N: tl.constexpr):
+    at = tl.arange(0, N)
+    tl.store(out + at, tl.load(x + at) * tl.load(x + at))  # int32: overflows for |x| > 46340
+
+
+def _overflow_check_runs(monkeypatch, *, debug, patched=True):
+    """Whether _square_offsets on int32 entries whose square overflows raises triton's overflow
+    assertion, with the options' debug as given, the check patched or triton's own."""
+    import dataclasses
+
+    builder = interpreter.interpreter_builder
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=debug))
+    semantic = interpreter.interpreter_semantic
+    if not patched:
+        check = semantic.binary_op_sanitize_overflow_impl.__wrapped__
+        monkeypatch.setattr(semantic, "binary_op_sanitize_overflow_impl", check)
+    x = torch.tensor([3, 50_000, -70_000, 7], dtype=torch.int32)
+    out = torch.empty_like(x)
+    try:
+        _square_offsets[(1,)](x, out, 4)
+    except triton.runtime.errors.InterpreterError as error:
+        assert "int32 overflow detected" in str(error)
+        return True
+    assert out[0] == 9 and out[3] == 49  # the kernel ran
+    return False
+
+
+def test_the_overflow_check_is_skipped_only_where_triton_checks_nothing(monkeypatch):
+    semantic = interpreter.interpreter_semantic
+    if not hasattr(semantic.binary_op_sanitize_overflow_impl, "__wrapped__"):
+        pytest.skip("this triton's interpreter is not patched (tests/interpreter.py)")
+    with monkeypatch.context() as patch:
+        assert not _overflow_check_runs(patch, debug=False, patched=False)  # triton's: dropped
+    with monkeypatch.context() as patch:
+        assert not _overflow_check_runs(patch, debug=False)
+    with monkeypatch.context() as patch:
+        assert _overflow_check_runs(patch, debug=True, patched=False)
+    with monkeypatch.context() as patch:
+        assert _overflow_check_runs(patch, debug=True)  # debug on: triton's check runs
+
+
+def test_the_kept_numpy_dtypes_are_triton_s():
+    np_dtype = interpreter._get_np_dtype
+    if not hasattr(np_dtype, "__wrapped__"):
+        pytest.skip("this triton's interpreter is not patched (tests/interpreter.py)")
+    scalars = [tl.int1, tl.int8, tl.int32, tl.uint32, tl.int64, tl.float16, tl.bfloat16]
+    scalars += [tl.float32, tl.float64, tl.float8e5]
+    types = scalars + [tl.pointer_type(t) for t in scalars]
+    types += [tl.block_type(t, [4, 2]) for t in types] + [tl.block_type(tl.float32, [8])]
+    for tt_dtype in types + types:  # the second time, kept
+        assert np_dtype(tt_dtype) == np_dtype.__wrapped__(tt_dtype), tt_dtype

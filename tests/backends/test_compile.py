@@ -2,7 +2,7 @@
 itself checked against hand-written loops of each mixer in test_interpret.py.
 
 Outputs, final states and gradients of every input, parameter and initial state; fp32 within
-a relative RMS error of 1e-5, for T in {1, 7, 64, 100}, several chunk sizes, with and without
+a relative RMS error of 1e-5, for T in {1, 7, 64, 68}, several chunk sizes, with and without
 an initial state.
 """
 
@@ -104,7 +104,9 @@ def _assert_close(got, ref, what, tol):
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
-@pytest.mark.parametrize("T", [1, 7, pytest.param(64, marks=pytest.mark.slow), 100])
+#: T = 68: whole chunks of 4, two chunks of 64 and five of 16 with a partial last one (as
+#: T = 100 did, in two thirds of its time: the oracle, step loop and recurrence run per token)
+@pytest.mark.parametrize("T", [1, 7, pytest.param(64, marks=pytest.mark.slow), 68])
 @pytest.mark.parametrize("spec_src", CASES)
 def test_forms_match_oracle(spec_src, T, with_state):
     spec = mixc.load_spec(spec_src)
@@ -124,7 +126,7 @@ def test_forms_match_oracle(spec_src, T, with_state):
     if "step" in module.FORMS:  # a non-causal mixer has none
         forms["step"] = _step_loop(module)
     if "chunk" in module.FORMS:
-        for cs in (4, 16, 64) if T in (7, 100) else (16,):
+        for cs in (4, 16, 64) if T in (7, 68) else (16,):
             forms[f"chunk{cs}"] = _chunk(module, cs)
     for name, form in forms.items():
         got = _run(form, spec, inputs, params, states, cot_y, cot_s, torch.float32)
