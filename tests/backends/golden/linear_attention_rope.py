@@ -1525,12 +1525,13 @@ class _TurnTables:
     @staticmethod
     def keep(key, turn):
         """Keep `turn` under `key` as the most recently used, then drop the least recently used
-        turns until the kept ones hold at most `limit` bytes."""
+        turns until the kept ones hold at most `limit` bytes. Safe from several threads: each
+        step one call on the dict (a turn dropped twice, or built twice, costs only time)."""
         kept, limit = _TurnTables.kept, _TurnTables.limit
         if turn.untyped_storage().nbytes() <= limit:
             kept[key] = turn
-        while kept and sum(t.untyped_storage().nbytes() for t in kept.values()) > limit:
-            kept.pop(next(iter(kept)))
+        while kept and sum(t.untyped_storage().nbytes() for t in list(kept.values())) > limit:
+            kept.pop(next(iter(list(kept)), None), None)
 
 
 def _position_step(positions, freq):
@@ -1956,8 +1957,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_2c19dc21a8688661", globals())
-_operator_rotations = _register_rotations("mixc_2c19dc21a8688661", globals())
+_operator_spans = _register_spans("mixc_0a16e8cc3b136a61", globals())
+_operator_rotations = _register_rotations("mixc_0a16e8cc3b136a61", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -207,12 +207,13 @@ class _TurnTables:
     @staticmethod
     def keep(key, turn):
         """Keep `turn` under `key` as the most recently used, then drop the least recently used
-        turns until the kept ones hold at most `limit` bytes."""
+        turns until the kept ones hold at most `limit` bytes. Safe from several threads: each
+        step one call on the dict (a turn dropped twice, or built twice, costs only time)."""
         kept, limit = _TurnTables.kept, _TurnTables.limit
         if turn.untyped_storage().nbytes() <= limit:
             kept[key] = turn
-        while kept and sum(t.untyped_storage().nbytes() for t in kept.values()) > limit:
-            kept.pop(next(iter(kept)))
+        while kept and sum(t.untyped_storage().nbytes() for t in list(kept.values())) > limit:
+            kept.pop(next(iter(list(kept)), None), None)
 
 
 def _position_step(positions, freq):
