@@ -1469,7 +1469,8 @@ def _turning_at(positions, freq, d, dtype, *leaves):
     (_turning's 4.2e-8) at any position, 10^6 included (the angles stay float64); in float64
     within 6e-11 at 10^6, as _turning's. A float64 product rounded to float32 would cost more
     than the cos and sin it saves (on CPU its complex128 -> complex64 cast runs at 1 ns an
-    entry)."""
+    entry). The turn so built is kept for the next calls from the same positions by the same
+    frequencies (_TurnTables)."""
     step = _position_step(positions, freq)
     if step is None:
         return _turning_of(positions * freq, d, dtype, *leaves)
@@ -1957,8 +1958,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_0a16e8cc3b136a61", globals())
-_operator_rotations = _register_rotations("mixc_0a16e8cc3b136a61", globals())
+_operator_spans = _register_spans("mixc_9515d9e217e8321e", globals())
+_operator_rotations = _register_rotations("mixc_9515d9e217e8321e", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

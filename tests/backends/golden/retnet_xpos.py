@@ -1534,7 +1534,8 @@ def _turning_at(positions, freq, d, dtype, *leaves):
     (_turning's 4.2e-8) at any position, 10^6 included (the angles stay float64); in float64
     within 6e-11 at 10^6, as _turning's. A float64 product rounded to float32 would cost more
     than the cos and sin it saves (on CPU its complex128 -> complex64 cast runs at 1 ns an
-    entry)."""
+    entry). The turn so built is kept for the next calls from the same positions by the same
+    frequencies (_TurnTables)."""
     step = _position_step(positions, freq)
     if step is None:
         return _turning_of(positions * freq, d, dtype, *leaves)
@@ -2142,9 +2143,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_3abd717b3cbba9f1", globals())
-_operator_calls = _register_calls("mixc_3abd717b3cbba9f1", globals())
-_operator_rotations = _register_rotations("mixc_3abd717b3cbba9f1", globals())
+_operator_spans = _register_spans("mixc_7872d9c490d7eb20", globals())
+_operator_calls = _register_calls("mixc_7872d9c490d7eb20", globals())
+_operator_rotations = _register_rotations("mixc_7872d9c490d7eb20", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

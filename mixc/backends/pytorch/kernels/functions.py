@@ -151,7 +151,8 @@ def _turning_at(positions, freq, d, dtype, *leaves):
     (_turning's 4.2e-8) at any position, 10^6 included (the angles stay float64); in float64
     within 6e-11 at 10^6, as _turning's. A float64 product rounded to float32 would cost more
     than the cos and sin it saves (on CPU its complex128 -> complex64 cast runs at 1 ns an
-    entry)."""
+    entry). The turn so built is kept for the next calls from the same positions by the same
+    frequencies (_TurnTables)."""
     step = _position_step(positions, freq)
     if step is None:
         return _turning_of(positions * freq, d, dtype, *leaves)
