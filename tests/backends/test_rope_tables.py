@@ -15,7 +15,13 @@ import pytest
 import torch
 
 import mixc
-from tests.backends.test_positions import _rotated_at, causal_attention, rel, roformer_rotation
+from tests.backends.test_positions import (
+    _rotated_at,
+    causal_attention,
+    ref_linear_attention_rope,
+    rel,
+    roformer_rotation,
+)
 
 SPECS = Path(__file__).parents[2] / "specs"
 f64 = torch.float64
@@ -152,3 +158,67 @@ def test_positions_scaled_apart_in_each_head_take_no_one_step():
         turned = _rotated_at(one[0], (h + 1) * torch.arange(T, dtype=f64))
         want = causal_attention(torch.einsum("bthd,bshd->bhts", turned, one[1]), one[2])
         assert rel(y[:, :, h : h + 1], want) < 1e-12, h
+
+
+def test_a_kept_turn_serves_only_the_calls_it_was_built_for():
+    """_turning_at keeps each turn it builds from tables (_TurnTables) and reads it again only
+    for the same length, first positions, frequencies and mode: each call against the
+    reference, where a turn kept from another call would be far off; the limit is kept to."""
+    m = _query_turned()
+    kept, limit = m._TurnTables.kept, m._TurnTables.limit
+    g = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(B, T, NH, K, generator=g, dtype=f64) for _ in range(2))
+    v = torch.randn(B, T, NH, V, generator=g, dtype=f64)
+    default = 10000 ** (-2 * torch.arange(K, dtype=f64) / K)
+
+    def check(starts, scale=1.0, length=T):
+        state = (torch.zeros(B, NH, V, K, dtype=f64), starts)
+        with torch.no_grad():
+            y, _ = m.chunk(
+                *(x[:, :length] for x in (q, k, v)),
+                theta=(scale * default).expand(NH, K),
+                initial_state=state,
+                chunk_size=32,
+            )
+        for b, h in itertools.product(range(B), range(NH)):
+            one = [x[b : b + 1, :length, h : h + 1] for x in (q, k, v)]
+            positions = scale * (starts[b, h] + torch.arange(length, dtype=f64))
+            scores = torch.einsum("bthd,bshd->bhts", _rotated_at(one[0], positions), one[1])
+            assert rel(y[b : b + 1, :, h : h + 1], causal_attention(scores, one[2])) < 1e-9
+
+    try:
+        kept.clear()
+        check(STARTS)
+        first = next(iter(kept.values()))
+        check(STARTS)  # read again, not built again
+        assert len(kept) == 1 and next(iter(kept.values())) is first
+        for i, call in enumerate([(STARTS + 5,), (STARTS, 2.0), (STARTS, 1.0, T - 32)]):
+            check(*call)  # other positions, frequencies, length: each a turn of its own
+            assert len(kept) == 2 + i
+        m._TurnTables.limit = 2 * first.untyped_storage().nbytes()
+        check(STARTS + 7)  # the least recently used are dropped
+        assert len(kept) == 2 and all(t is not first for t in kept.values())
+        m._TurnTables.limit = 0
+        check(STARTS)
+        assert not kept
+    finally:
+        m._TurnTables.limit = limit
+        kept.clear()
+
+
+def test_a_turn_kept_in_inference_mode_is_not_read_under_autograd():
+    """A tensor made in inference mode cannot be saved for a backward: the turn kept from a call
+    in inference mode is not the one a later call under autograd reads (the quadratic form saves
+    its turn for the backward), whose gradient is the reference's."""
+    m = mixc.load(SPECS / "linear_attention_rope.mix")
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, T, NH, K, generator=g, dtype=f64) for _ in range(2))
+    v = torch.randn(1, T, NH, V, generator=g, dtype=f64)
+    with torch.inference_mode():
+        m.parallel(q, k, v)
+    tracked = [x.clone().requires_grad_() for x in (q, k, v)]
+    got = torch.autograd.grad(m.parallel(*tracked)[0].sum(), tracked)
+    one = [x.clone().requires_grad_() for x in (q, k, v)]
+    wants = torch.autograd.grad(ref_linear_attention_rope(*one).sum(), one)
+    for grad, want in zip(got, wants, strict=True):
+        assert rel(grad, want) < 1e-12
