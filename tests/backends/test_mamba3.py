@@ -208,6 +208,30 @@ def test_without_autograd_biases_added_in_the_kernel_and_dot_in_slices(module):
     assert all(_rel(a, b) < 1e-12 for a, b in zip(got, finals))
 
 
+def test_summed_angles_computed_where_they_are_summed(module):
+    """Without autograd, on CPU, the chunked form's angles pi dt_t tanh(w_t) are computed in the
+    buffer their sum runs in (_tanh_angle_sums): the same bits as the angles computed apart and
+    summed (_angle_sums, what it does under autograd), within 1e-12 (relatively) of a float64
+    sum of torch.tanh from the initial states, and w of +-30 and +-inf turn by +-pi dt."""
+    g = torch.Generator().manual_seed(3)
+    dt = torch.rand(2, 50, 3, 1, 1, generator=g)
+    w = torch.randn(2, 50, 3, 4, 1, generator=g) * 3
+    w[0, :4, 0, 0, 0] = torch.tensor([30.0, -30.0, math.inf, -math.inf])
+    initial = torch.randn(2, 3, 4, 1, dtype=f64, generator=g) * 1e5
+    scale = math.pi * dt.double()
+    with torch.no_grad():
+        got = module._tanh_angle_sums(scale, w, initial)
+        apart = module._angle_sums(scale * module._wide_tanh(w.double()), initial)
+    assert all(torch.equal(a, b) for a, b in zip(got, apart))
+    sums = torch.cat([initial[:, None], scale * torch.tanh(w.double())], 1).cumsum(1)
+    assert (got[0] - sums[:, :-1]).abs().max() < 1e-12 * 1e5
+    assert (got[1] - sums[:, 1:]).abs().max() < 1e-12 * 1e5
+    assert torch.equal(got[2], got[1][:, -1])
+    ends = (got[1] - got[0])[0, :4, 0, 0, 0]
+    want = scale[0, :4, 0, 0, 0] * torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=f64)
+    assert (ends - want).abs().max() < 1e-9  # a difference of two sums of some 1e5
+
+
 #: Each a plausible slip in writing Mamba-3, which the reference tells apart.
 MUTANTS = {
     "the turn on C only": (

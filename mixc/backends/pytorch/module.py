@@ -228,6 +228,8 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
             moved = [c for f in forms if f for c in f.calls if not native(c, self.library)]
             shifts += ["_reverse_tokens"] if any(c.reverse for c in moved) else []
             shifts += ["_angle_sums"] if any(self.summed(c) for c in self.program.calls) else []
+            summed = [c for f in forms if f for c in f.calls if self.tanh_summed(c)]
+            shifts += ["_tanh_angle_sums"] if summed else []
             # a read before the update; a folded call's read moved a token where not native
             previous = any(q.previous or c.lag is not None for c in moved for q in c.queries)
             shifts += ["_next_tokens", "_previous_tokens"] if previous else []

@@ -1668,6 +1668,31 @@ def _wide_tanh(x):
     return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
 
 
+def _tanh_angle_sums(scale, x, initial, cu_seqlens=None):
+    """_angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens): a state of angles
+    summed from scale_t tanh(x_t) (Mamba-3's pi dt_t tanh(w_t)), scale float64. Where nothing
+    records it, on CPU, for whole sequences, computed in the buffer the sum runs in: x doubled
+    into it (exactly, from the compute dtype), _wide_tanh's steps and the scale in place, the
+    initial states before them, one cumulative sum. The same values to the bit, without the
+    float64 copy of x, the tensors of tanh and of the angles, nor the copy of the angles after
+    the initial states (Mamba-3, T = 4096, 4 heads, R = 16, 1 thread: 0.71x the time)."""
+    if x.device.type != "cpu" or cu_seqlens is not None or torch.compiler.is_compiling():
+        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
+    if _needs_grad(scale, x, initial):  # noqa: F821
+        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
+    full = torch.broadcast_shapes(
+        scale.shape, x.shape, (x.shape[0], x.shape[1], *initial.shape[1:])
+    )
+    sums = torch.empty(full[0], full[1] + 1, *full[2:], dtype=torch.float64, device=x.device)
+    sums[:, 0] = initial
+    angles = sums[:, 1:]
+    torch.mul(x, 2, out=angles)
+    angles.exp_().add_(1).reciprocal_().mul_(-2).add_(1).mul_(scale)
+    sums.cumsum_(1)  # in the recurrence's order, from the initial states
+    # the final states a copy: a view would hold the whole sum until the caller let go
+    return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
+
+
 def _complex_of(dtype):
     """The complex dtype of a turn in the compute dtype `dtype`."""
     return torch.complex128 if dtype == torch.float64 else torch.complex64
@@ -2046,8 +2071,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_ee0774e8fdd06cc3", globals())
-_operator_rotations = _register_rotations("mixc_ee0774e8fdd06cc3", globals())
+_operator_spans = _register_spans("mixc_a8a10af78a39aef6", globals())
+_operator_rotations = _register_rotations("mixc_a8a10af78a39aef6", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2163,8 +2188,9 @@ def chunk(
     # None where autograd or a compiler records the form: no result in place
     _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, Th, H, _prev_x, _prev_B)
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
-    _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
+    _scaled_dt = 3.141592653589793 * dt.double()
+    # 3.141592653589793 dt_t tanh(w_t) added at each token
+    _read_Th, _read2_Th, Th = _tanh_angle_sums(_scaled_dt, w, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay, reading _read_Th, _read2_Th
     _lam = _torch.sigmoid(l)
     # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
@@ -2178,7 +2204,7 @@ def chunk(
     _g_H = _seq_scalar(-A * dt, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_turned(C_bias, _turn__r1_N, _sizes, cu_seqlens, plus=C)
-    del _c_H, _cnext_H, _lam, _read2_Th, _read_Th, _turn__r1_N, _v_Th
+    del _c_H, _cnext_H, _lam, _read2_Th, _read_Th, _scaled_dt, _turn__r1_N
     _o, _S = _chunk_scalar_decay(
         _q,
         _k_H,
@@ -2239,9 +2265,11 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # None where autograd or a compiler records the form: no result in place
     _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias)
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
-    _read_Th, _read2_Th, _ = _angle_sums(
-        _v_Th,
+    _scaled_dt = 3.141592653589793 * dt.double()
+    # 3.141592653589793 dt_t tanh(w_t) added at each token
+    _read_Th, _read2_Th, _ = _tanh_angle_sums(
+        _scaled_dt,
+        w,
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th

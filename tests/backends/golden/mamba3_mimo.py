@@ -1612,6 +1612,31 @@ def _wide_tanh(x):
     return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
 
 
+def _tanh_angle_sums(scale, x, initial, cu_seqlens=None):
+    """_angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens): a state of angles
+    summed from scale_t tanh(x_t) (Mamba-3's pi dt_t tanh(w_t)), scale float64. Where nothing
+    records it, on CPU, for whole sequences, computed in the buffer the sum runs in: x doubled
+    into it (exactly, from the compute dtype), _wide_tanh's steps and the scale in place, the
+    initial states before them, one cumulative sum. The same values to the bit, without the
+    float64 copy of x, the tensors of tanh and of the angles, nor the copy of the angles after
+    the initial states (Mamba-3, T = 4096, 4 heads, R = 16, 1 thread: 0.71x the time)."""
+    if x.device.type != "cpu" or cu_seqlens is not None or torch.compiler.is_compiling():
+        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
+    if _needs_grad(scale, x, initial):  # noqa: F821
+        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
+    full = torch.broadcast_shapes(
+        scale.shape, x.shape, (x.shape[0], x.shape[1], *initial.shape[1:])
+    )
+    sums = torch.empty(full[0], full[1] + 1, *full[2:], dtype=torch.float64, device=x.device)
+    sums[:, 0] = initial
+    angles = sums[:, 1:]
+    torch.mul(x, 2, out=angles)
+    angles.exp_().add_(1).reciprocal_().mul_(-2).add_(1).mul_(scale)
+    sums.cumsum_(1)  # in the recurrence's order, from the initial states
+    # the final states a copy: a view would hold the whole sum until the caller let go
+    return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
+
+
 def _complex_of(dtype):
     """The complex dtype of a turn in the compute dtype `dtype`."""
     return torch.complex128 if dtype == torch.float64 else torch.complex64
@@ -2039,8 +2064,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_80d082920efad147", globals())
-_operator_rotations = _register_rotations("mixc_80d082920efad147", globals())
+_operator_spans = _register_spans("mixc_ca2c51eff5b7233d", globals())
+_operator_rotations = _register_rotations("mixc_ca2c51eff5b7233d", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2275,8 +2300,9 @@ def chunk(
         _prev_B2,
     )
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
-    _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
+    _scaled_dt = 3.141592653589793 * dt.double()
+    # 3.141592653589793 dt_t tanh(w_t) added at each token
+    _read_Th, _read2_Th, Th = _tanh_angle_sums(_scaled_dt, w, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay_rank, reading _read_Th, _read2_Th
     _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
     _turned, _turned2 = _rotated_all(
@@ -2310,7 +2336,7 @@ def chunk(
     _q1 = _seq_vector(_turned5, _sizes, cu_seqlens)
     _q2 = _seq_vector(_turned6, _sizes, cu_seqlens)
     # 2 queries of one state, one pass
-    del _difference, _k1_H, _k2_H, _k3_H, _k4_H, _lam, _negated, _product, _product2, _read2_Th, _read_Th, _turn__r0_N, _turn__r1_N, _turned, _turned2, _turned3, _turned4, _turned5, _turned6, _v1_H, _v2_H, _v3_H, _v4_H, _v_Th
+    del _difference, _k1_H, _k2_H, _k3_H, _k4_H, _lam, _negated, _product, _product2, _read2_Th, _read_Th, _scaled_dt, _turn__r0_N, _turn__r1_N, _turned, _turned2, _turned3, _turned4, _turned5, _turned6, _v1_H, _v2_H, _v3_H, _v4_H
     (_o1, _o2), _S = _chunk_scalar_decay_rank(
         [_q1, _q2], _k_H, _v_H, g=_g1_H, initial_state=_S0_H, chunk_size=chunk_size
     )
@@ -2437,9 +2463,11 @@ def parallel(
         mimo_o2,
     )
     # Th: identity, angles summed in float64
-    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
-    _read_Th, _read2_Th, _ = _angle_sums(
-        _v_Th,
+    _scaled_dt = 3.141592653589793 * dt.double()
+    # 3.141592653589793 dt_t tanh(w_t) added at each token
+    _read_Th, _read2_Th, _ = _tanh_angle_sums(
+        _scaled_dt,
+        w,
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
