@@ -184,11 +184,13 @@ def test_float32_with_angles_far_from_zero(module):
     assert _rel(reference(*args.values(), start=rounded)[0], want) > 1e-3
 
 
-def test_without_autograd_biases_added_in_the_kernel_and_dot_in_slices(module):
+def test_biases_added_in_the_kernel_and_the_dot_off_its_scores(module):
     """Without autograd the chunked form adds B's and C's biases as the kernel copies each
-    span (a _Turned with its bias; 300 tokens, the last chunk padded) and sums k_t . q_t's
-    vectors and biases a slice of tokens at a time (_tokenwise: 256 tokens a slice here): what
-    the reference gives, and the slices did run (the function called more than once)."""
+    span (a _Turned with its bias; 300 tokens, the last chunk padded) and reads k_t . q_t off
+    the kernel's scores (diagonal=True: _tokenwise not called); under autograd the kernel
+    returns no diagonal and k_t . q_t sums its vectors and biases a slice of tokens at a time
+    (_tokenwise: 256 tokens a slice here, called more than once). Both what the reference
+    gives."""
     args = _inputs(Bt=2, T=300, NH=4, P=4, N=64, R=8, seed=5)
     want, finals = reference(*args.values())
     calls = []
@@ -201,11 +203,15 @@ def test_without_autograd_biases_added_in_the_kernel_and_dot_in_slices(module):
     try:
         with torch.no_grad():
             y, got = module.chunk(*args.values(), output_final_state=True, chunk_size=16)
+        assert not calls
+        assert _rel(y, want) < 1e-12
+        assert all(_rel(a, b) < 1e-12 for a, b in zip(got, finals))
+        tracked = {k: v.clone().requires_grad_(k == "x") for k, v in args.items()}
+        y, _ = module.chunk(*tracked.values(), chunk_size=16)
+        assert len(calls) > 1 and y.requires_grad
+        assert _rel(y.detach(), want) < 1e-12
     finally:
         module._tokenwise = tokenwise
-    assert len(calls) > 1
-    assert _rel(y, want) < 1e-12
-    assert all(_rel(a, b) < 1e-12 for a, b in zip(got, finals))
 
 
 def test_summed_angles_computed_where_they_are_summed(module):
