@@ -184,11 +184,13 @@ def test_float32_with_angles_far_from_zero(module):
     assert _rel(reference(*args.values(), start=rounded)[0], want) > 1e-3
 
 
-def test_without_autograd_biases_added_in_the_kernel_and_dot_in_slices(module):
+def test_biases_added_in_the_kernel_and_the_dot_off_its_scores(module):
     """Without autograd the chunked form adds B's and C's biases as the kernel copies each
-    span (a _Turned with its bias; 300 tokens, the last chunk padded) and sums k_t . q_t's
-    vectors and biases a slice of tokens at a time (_tokenwise: 256 tokens a slice here): what
-    the reference gives, and the slices did run (the function called more than once)."""
+    span (a _Turned with its bias; 300 tokens, the last chunk padded) and reads k_t . q_t off
+    the kernel's scores (diagonal=True: _tokenwise not called); under autograd the kernel
+    returns no diagonal and k_t . q_t sums its vectors and biases a slice of tokens at a time
+    (_tokenwise: 256 tokens a slice here, called more than once). Both what the reference
+    gives."""
     args = _inputs(Bt=2, T=300, NH=4, P=4, N=64, R=8, seed=5)
     want, finals = reference(*args.values())
     calls = []
@@ -201,11 +203,39 @@ def test_without_autograd_biases_added_in_the_kernel_and_dot_in_slices(module):
     try:
         with torch.no_grad():
             y, got = module.chunk(*args.values(), output_final_state=True, chunk_size=16)
+        assert not calls
+        assert _rel(y, want) < 1e-12
+        assert all(_rel(a, b) < 1e-12 for a, b in zip(got, finals))
+        tracked = {k: v.clone().requires_grad_(k == "x") for k, v in args.items()}
+        y, _ = module.chunk(*tracked.values(), chunk_size=16)
+        assert len(calls) > 1 and y.requires_grad
+        assert _rel(y.detach(), want) < 1e-12
     finally:
         module._tokenwise = tokenwise
-    assert len(calls) > 1
-    assert _rel(y, want) < 1e-12
-    assert all(_rel(a, b) < 1e-12 for a, b in zip(got, finals))
+
+
+def test_summed_angles_computed_where_they_are_summed(module):
+    """Without autograd, on CPU, the chunked form's angles pi dt_t tanh(w_t) are computed in the
+    buffer their sum runs in (_tanh_angle_sums): the same bits as the angles computed apart and
+    summed (_angle_sums, what it does under autograd), within 1e-12 (relatively) of a float64
+    sum of torch.tanh from the initial states, and w of +-30 and +-inf turn by +-pi dt."""
+    g = torch.Generator().manual_seed(3)
+    dt = torch.rand(2, 50, 3, 1, 1, generator=g)
+    w = torch.randn(2, 50, 3, 4, 1, generator=g) * 3
+    w[0, :4, 0, 0, 0] = torch.tensor([30.0, -30.0, math.inf, -math.inf])
+    initial = torch.randn(2, 3, 4, 1, dtype=f64, generator=g) * 1e5
+    scale = math.pi * dt.double()
+    with torch.no_grad():
+        got = module._tanh_angle_sums(scale, w, initial)
+        apart = module._angle_sums(scale * module._wide_tanh(w.double()), initial)
+    assert all(torch.equal(a, b) for a, b in zip(got, apart))
+    sums = torch.cat([initial[:, None], scale * torch.tanh(w.double())], 1).cumsum(1)
+    assert (got[0] - sums[:, :-1]).abs().max() < 1e-12 * 1e5
+    assert (got[1] - sums[:, 1:]).abs().max() < 1e-12 * 1e5
+    assert torch.equal(got[2], got[1][:, -1])
+    ends = (got[1] - got[0])[0, :4, 0, 0, 0]
+    want = scale[0, :4, 0, 0, 0] * torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=f64)
+    assert (ends - want).abs().max() < 1e-9  # a difference of two sums of some 1e5
 
 
 #: Each a plausible slip in writing Mamba-3, which the reference tells apart.

@@ -139,3 +139,25 @@ def test_the_read_after_the_decay_is_forward_and_strict_only():
     q, k, v, g, state = _inputs(5, True)
     with pytest.raises(ValueError, match="forward and strict"):
         chunk_scalar_decay(q, k, v, g, state, 8, decayed=True)
+
+
+@pytest.mark.parametrize("spans", ["one", "of two chunks"])
+@pytest.mark.parametrize("gated", [True, False], ids=["decay", "no decay"])
+def test_the_scores_diagonal_is_each_token_s_dot_product(gated, spans, monkeypatch):
+    """diagonal=True (a folded write's k_t . q_t): without autograd, q_t . k_t [B, NH, T] from
+    the scores the chunks compute (T = 37 in chunks of 8, the last padded), within 1e-12 of
+    the float64 sum of products, and the outputs and final state the loop's, as without it;
+    where autograd records the call, None beside them (the caller computes the dot itself)."""
+    if spans != "one":
+        monkeypatch.setattr(common, "_span_tokens", lambda q, v, size: 2 * size)
+    q, k, v, g, state = _inputs(37, gated, seed=4)
+    o_ref, final_ref = _loop(q, k, v, g, state, False, True, decayed=True)
+    order = dict(strict=True, decayed=True, diagonal=True)
+    with torch.no_grad():
+        o, final, dots = chunk_scalar_decay(q, k, v, g, state, 8, **order)
+    torch.testing.assert_close(dots, (q * k).sum(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final, final_ref, rtol=1e-12, atol=1e-12)
+    o, final, dots = chunk_scalar_decay(q, k, v.requires_grad_(), g, state, 8, **order)
+    assert dots is None and o.requires_grad
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)

@@ -60,6 +60,6 @@ def test_mamba3_releases_its_kernel_inputs():
     """The angle sums and the turn before the kernel call; its value, key and query after."""
     source = mixc.compile_source(ROOT / "specs/mamba3.mix")
     chunk = source[source.index("\ndef chunk(") : source.index("\ndef parallel(")]
-    before, after = chunk.split("_o, _S = _chunk_scalar_decay(")
-    assert "_read2_Th" in before.splitlines()[-2] and "_v_Th" in before.splitlines()[-2]
+    before, after = chunk.split("_o, _S, _qk_H = _chunk_scalar_decay(")
+    assert "_read2_Th" in before.splitlines()[-2] and "_scaled_dt" in before.splitlines()[-2]
     assert "_v_H" in after.split(")\n")[1].splitlines()[0]

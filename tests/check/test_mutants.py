@@ -708,8 +708,8 @@ MUTANTS = [
     (
         "mamba3",
         "the angle read a token late (Th_t where the spec reads Th_{t-1}, and back)",
-        "_read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)",
-        "_read2_Th, _read_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)",
+        "_read_Th, _read2_Th, Th = _tanh_angle_sums(_scaled_dt, w, Th, cu_seqlens)",
+        "_read2_Th, _read_Th, Th = _tanh_angle_sums(_scaled_dt, w, Th, cu_seqlens)",
         {"chunk"},
         NUMERICAL,
     ),

@@ -18,6 +18,7 @@ LIBRARY = KernelLibrary(
     turned=kernels.TURNED,
     ordered=kernels.ORDERED,
     decayed=kernels.DECAYED,
+    diagonal=kernels.DIAGONAL,
 )
 
 

@@ -9,7 +9,8 @@ from mixc.backends.pytorch.context import Context, sums_angles
 from mixc.backends.pytorch.lines import Lines, comment
 from mixc.backends.pytorch.names import local, note, size
 from mixc.backends.pytorch.pyexpr import constant, literal
-from mixc.frontend.ir import Binary
+from mixc.frontend import ir
+from mixc.frontend.ir import Binary, Expr
 from mixc.lowering.program import Call
 
 
@@ -28,6 +29,13 @@ class AngleSums(Context):
         """Whether `call` is a sum of angle states (see `sums_angles`)."""
         return sums_angles(call, self.angle_states)
 
+    def tanh_summed(self, call: Call) -> bool:
+        """Whether `call` sums angles s tanh(x) (`_tanh_angle_sums`, see `scaled_tanh`)."""
+        if not self.summed(call):
+            return False
+        (step,) = call.steps
+        return constant(step.key) == 1 and scaled_tanh(step.values) is not None
+
     def emit_angle_sum(self, out: Lines, call: Call, packed: bool) -> None:
         """The group's states before and after each token's update, from one cumulative sum
         in float64 (`_angle_sums`); each readout the one its query reads (times the query, a
@@ -43,8 +51,10 @@ class AngleSums(Context):
             text = e(value)
             parts.append(text if key == 1 else f"{literal(key)} * ({text})")
         group = call.group
+        tanh = scaled_tanh(step.values) if key == 1 else None
         added = parts[0] if len(parts) == 1 else f"_torch.cat([{', '.join(parts)}], -2)"
-        out(f"{local('v', group)} = {added}{note('added at each token')}")
+        if tanh is None:
+            out(f"{local('v', group)} = {added}{note('added at each token')}")
         if call.initial:
             initial = self.initial_angles(call)
         else:  # from zero
@@ -67,7 +77,13 @@ class AngleSums(Context):
         single = len(call.slots) == 1 and call.initial
         last = call.slots[0].state if single else final if call.initial else "_"
         found = f"{sums[True]}, {sums[False]}, {last}"
-        out(f"{found} = _angle_sums({local('v', group)}, {initial}{seqlens})")
+        if tanh is None:
+            out(f"{found} = _angle_sums({local('v', group)}, {initial}{seqlens})")
+        else:  # the angles computed where they are summed
+            scale, x = e(tanh[0]), self.seq_expr()(tanh[1]) if is_leaf(tanh[1]) else e(tanh[1])
+            summed = f"_tanh_angle_sums({scale}, {x}, {initial}{seqlens})"
+            shown = f"{tanh[0]} tanh({tanh[1]}) added at each token"
+            out(f"{found} = {summed}{note(shown)}")
         for r, text in reads:
             out(f"{r.name} = {text}{note(r.shown)}")
         if call.initial and not single:
@@ -79,6 +95,23 @@ class AngleSums(Context):
         """The group's carried states [B, NH, rows, 1], one after the other."""
         names = [s.state for s in call.slots]
         return names[0] if len(names) == 1 else f"_torch.cat([{', '.join(names)}], -2)"
+
+
+def scaled_tanh(values) -> tuple[Expr, Expr] | None:
+    """(s, x) where a group's angles are one scale times a tanh, s tanh(x) (Mamba-3's pi dt_t
+    tanh(w_t)), which `_tanh_angle_sums` computes in the buffer it sums them in; else None."""
+    if len(values) != 1:
+        return None
+    (v,) = values
+    if v.scale is None or not isinstance(v.expr, ir.Call) or v.expr.func != "tanh":
+        return None
+    return (v.scale, v.expr.args[0]) if len(v.expr.args) == 1 else None
+
+
+def is_leaf(e: Expr) -> bool:
+    """Whether e is a name read as it is (an input, a parameter), which `_tanh_angle_sums`
+    widens itself, exactly: no float64 copy of it first."""
+    return isinstance(e, ir.Name | ir.Timed)
 
 
 def sum_rows(call: Call, state: str) -> str:

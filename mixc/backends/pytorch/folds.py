@@ -98,12 +98,20 @@ def decays_in_kernel(call: Call, library) -> bool:
 
 
 def fold_correction(
-    forms, out: Lines, call: Call, query: QueryRead, packed: str, decayed: bool = False
+    forms,
+    out: Lines,
+    call: Call,
+    query: QueryRead,
+    packed: str,
+    decayed: bool = False,
+    dots: bool = False,
 ) -> None:
     """For a folded call (none else), the lines that make H_t q_t = a_t G_{t-1} q_t + d_t v_t
     (k_t . q_t) from the kernel's output `_o`, read before the token's update (strict: G_{t-1}
     q_t, which reads no later token, where G_t q_t would read c_{t+1}; `decayed`: a_t G_{t-1}
-    q_t, the kernel's read after the token's decay)."""
+    q_t, the kernel's read after the token's decay). `dots`: the kernel returned k_t . q_t
+    (`_qk`, the diagonal of the scores it computes), or None where autograd or a compiler
+    records it: then computed here."""
     if call.lag is None:
         return
     (step,) = call.steps
@@ -115,7 +123,11 @@ def fold_correction(
     if _gated(call) and not decayed:
         out(f"_o = _torch.mul(_o, {local('g', g)}.exp()[..., None], {into})")
     d = "" if value.scale is None else f"{local('d', g)} * "
-    out(f"{local('kq', g)} = {seq('scalar', dot)}  # k_t . q_t")
+    if dots:
+        qk = local("qk", g)
+        out(f"{local('kq', g)} = {qk} if {qk} is not None else {seq('scalar', dot)}  # k_t . q_t")
+    else:
+        out(f"{local('kq', g)} = {seq('scalar', dot)}  # k_t . q_t")
     scale = f"({d}{local('kq', g)})[..., None]"
     shown = "  # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)"
     out(f"_o = _torch.addcmul(_o, {scale}, {local('x', g)}, {into}){shown}")

@@ -53,7 +53,8 @@ class KernelLibrary:
     instead, and its outputs moved back. The kernels in `turned` take a rotated
     query or key as a _Turned (its rotation applied as the kernel splits it into chunks: see
     _seq_turned). The kernels in `decayed` take `decayed=` with `strict=`: a folded write's
-    readout reads the state after the token's decay, before its write."""
+    readout reads the state after the token's decay, before its write; those in `diagonal`
+    also return q_t . k_t (or None), which that readout's correction reads."""
 
     kernels: Collection[str]
     definitions: Mapping[str, tuple[str, str, frozenset[str]]]
@@ -62,6 +63,7 @@ class KernelLibrary:
     turned: Collection[str] = ()
     ordered: Collection[str] = ()
     decayed: Collection[str] = ()
+    diagonal: Collection[str] = ()
 
 
 def render_module(program: Program, library: KernelLibrary) -> str:

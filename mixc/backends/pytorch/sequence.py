@@ -203,9 +203,11 @@ class SequenceForms(Context):
         if call.stacked:
             _emit_stacked(self, out, call, kernel_args, seqlens)
         decayed = decays_in_kernel(call, self.library)
+        # the fold's k_t . q_t from the kernel's scores, where it returns them
+        dots = decayed and call.initial and call.kernel in self.library.diagonal
         for i, query in enumerate(call.queries):
             strict = ["strict=True"] if ordered and (query.previous or call.lag) else []
-            strict += ["decayed=True"] * decayed
+            strict += ["decayed=True"] * decayed + ["diagonal=True"] * dots
             # a folded call reads G_{t-1} q_t: strict where the kernel takes it, else its
             # inclusive read one token later, moved back (as any read before the update)
             query = replace(query, previous=not strict and (query.previous or bool(call.lag)))
@@ -217,7 +219,7 @@ class SequenceForms(Context):
                 out(f"{call.unscale} = _from_seq({scale}{seqlens})")
             if query.previous or call.reverse:
                 out(_moved_back(call, query, initial, seqlens))
-            fold_correction(self, out, call, query, seqlens, decayed)
+            fold_correction(self, out, call, query, seqlens, decayed, dots)
             if len(call.slots) == 1:
                 parts = [o]
             else:
@@ -367,6 +369,7 @@ def _emit_query(
         operands = ", operands=_out_dtype" if takes else ""
         init = f"initial_state={local('S0', call.group)}, chunk_size=chunk_size{operands}"
         found = "_o, _S" if call.log_scale is None else "_o, _m, _S"
+        found += f", {local('qk', call.group)}" if "diagonal=True" in args else ""
         out(f"{found} = _{call.kernel}({args}, {init})")
     if steps:
         out(f"_o = _o[:, :, {steps - 1}::{steps}]  # each token's last sub-token")

@@ -1469,25 +1469,12 @@ def _turning_at(positions, freq, d, dtype, *leaves):
     (_turning's 4.2e-8) at any position, 10^6 included (the angles stay float64); in float64
     within 6e-11 at 10^6, as _turning's. A float64 product rounded to float32 would cost more
     than the cos and sin it saves (on CPU its complex128 -> complex64 cast runs at 1 ns an
-    entry). The turn so built is kept for the next calls from the same positions by the same
-    frequencies (_TurnTables)."""
+    entry)."""
     step = _position_step(positions, freq)
     if step is None:
         return _turning_of(positions * freq, d, dtype, *leaves)
-    n = _pairs_read(freq.shape[-2], d)
-    key = _TurnTables.key(positions, freq, step, n, dtype)
-    turn = _TurnTables.kept.pop(key, None)  # taken out: put back as the most recently used
-    if turn is None:
-        turn = _turn_from_tables(positions, freq, step, n, dtype)
-    _TurnTables.keep(key, turn)
-    shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
-    return turn.expand(*_broadcast(*shapes)[:-2], n)
-
-
-def _turn_from_tables(positions, freq, step, n, dtype):
-    """_turning_at's turn [..., T, h, n] of the positions advancing by `step` (see there),
-    from the two tables."""
     run, length = 64, positions.shape[-4]
+    n = _pairs_read(freq.shape[-2], d)
     blocks = -(-length // run)
     ticks = torch.arange(max(blocks, run), dtype=torch.float64, device=freq.device)
     ticks = ticks.mul_(step)[:, None, None]  # 0, s, 2 s, ... along the token axis
@@ -1496,43 +1483,9 @@ def _turn_from_tables(positions, freq, step, n, dtype):
     # both tables' cos and sin at once: [b, T / R + R, h, n]
     turns = _exp_i(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
     heads, within = turns[..., :blocks, None, :, :], turns[..., None, blocks:, :, :]
-    return (heads * within).flatten(-4, -3).narrow(-3, 0, length)
-
-
-class _TurnTables:
-    """The turns _turning_at built from its tables, kept across calls of this module, as a RoPE
-    layer keeps its cos and sin: a call on a sequence of the same length, from the same first
-    positions, by the same frequencies, reads its turn here (T = 4096, 32 pairs: 1 MiB of
-    complex64, on CPU about 200 us a call of cos, sin and their product, a few percent of
-    linear attention's chunk forward). Keyed by all the turn is computed from (key), so a kept
-    turn is the one a call would compute, to the bit; never written to (the rotations read it).
-    Bounded: `limit` bytes in all, the least recently used dropped first, a turn larger than
-    that not kept; `module._TurnTables.limit = 0` keeps none, `kept.clear()` empties it."""
-
-    limit = 16 << 20  # bytes: 16 turns of 4096 tokens by 32 pairs in complex64
-    kept = {}  # noqa: RUF012 - key -> turn, the least recently used first
-
-    @staticmethod
-    def key(positions, freq, step, n, dtype):
-        """What the turn of the tables is computed from: each sequence's and head's first
-        position and the frequencies, by value (bytes of CPU tensors: _position_step took the
-        tables' path), the length, step, pairs, dtype and device, and whether inference mode is
-        on (a turn made there could not be saved for a later backward)."""
-        first, freq = positions[..., :1, :, :, 0].detach(), freq[..., :n, 0].detach()
-        values = tuple((x.shape, x.dtype, x.numpy().tobytes()) for x in (first, freq))
-        inference = torch.is_inference_mode_enabled()
-        return (positions.shape[-4], step, n, dtype, positions.device, inference, values)
-
-    @staticmethod
-    def keep(key, turn):
-        """Keep `turn` under `key` as the most recently used, then drop the least recently used
-        turns until the kept ones hold at most `limit` bytes. Safe from several threads: each
-        step one call on the dict (a turn dropped twice, or built twice, costs only time)."""
-        kept, limit = _TurnTables.kept, _TurnTables.limit
-        if turn.untyped_storage().nbytes() <= limit:
-            kept[key] = turn
-        while kept and sum(t.untyped_storage().nbytes() for t in list(kept.values())) > limit:
-            kept.pop(next(iter(list(kept)), None), None)
+    turn = (heads * within).flatten(-4, -3).narrow(-3, 0, length)
+    shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
+    return turn.expand(*_broadcast(*shapes)[:-2], n)
 
 
 def _position_step(positions, freq):
@@ -1824,7 +1777,17 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
 
 
 def _scalar_decay_span(
-    q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False, decayed=False
+    q_c,
+    k_c,
+    v_c,
+    g_c,
+    state,
+    kept,
+    guard,
+    reverse=False,
+    strict=False,
+    decayed=False,
+    diagonal=False,
 ):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
     [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
@@ -1838,7 +1801,8 @@ def _scalar_decay_span(
     gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
     passed on still takes them). decayed (with strict, not reverse): q_t exp(g_t) S_{t-1}, the
     state after the token's decay, before its write: the decays of the plain read (each pair
-    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one."""
+    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one. diagonal: q_t . k_t
+    [N, B, NH, C, 1] too, the scores' diagonal before any mask, a second output."""
     gates, before = g_c, strict and not decayed  # the decays' order; the triangle: strict
     if guard and (reverse or before) and g_c is not None:
         gates, poison_g = _finite_gates(g_c)
@@ -1849,7 +1813,10 @@ def _scalar_decay_span(
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv, reverse)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
+    # a copy: without decay the mask is applied in place
+    dots = torch.diagonal(scores, 0, -2, -1).unsqueeze(-1).clone() if diagonal else None
+    scores = _masked(scores, gamma, reverse, strict)
     if guard:
         v_c, poison = _finite_rows(v_c)
         poison = poison if gates is g_c else poison + poison_g
@@ -1858,7 +1825,8 @@ def _scalar_decay_span(
     if kept is not None:
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
-    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
+    o = _two_matmuls(scores, v_c, q_from_start, states_in)
+    return ([o, dots] if diagonal else [o]), state
 
 
 def _scalar_decay_grads_span(
@@ -1918,7 +1886,16 @@ def _scalar_decay_grads_span(
 
 
 def chunk_scalar_decay(
-    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False, decayed=False
+    q,
+    k,
+    v,
+    g=None,
+    initial_state=None,
+    chunk_size=64,
+    reverse=False,
+    strict=False,
+    decayed=False,
+    diagonal=False,
 ):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
@@ -1927,13 +1904,24 @@ def chunk_scalar_decay(
     (reverse: q_t S_{t+1}), the state before the token's update; strict and decayed (forward
     only): o_t = exp(g_t) q_t S_{t-1}, the state after the token's decay, before its write.
 
-    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]); with diagonal, a third: q_t . k_t
+    [B, NH, T] (a folded write's correction reads it), the diagonal of the scores the chunks
+    compute anyway, where nothing records the call and no compiler traces it, else None.
     """
     if decayed and (reverse or not strict):
         raise ValueError("chunk_scalar_decay: decayed reads forward and strict only")
     seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict) | 4 * int(decayed)
     span, grads = _scalar_decay_span, _scalar_decay_grads_span
-    return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
+    if diagonal and not (_needs_grad(initial_state, *seqs) or torch.compiler.is_compiling()):
+        flags = {"reverse": reverse, "strict": strict, "decayed": decayed, "diagonal": True}
+
+        def both(*chunks_and_state):
+            return span(*chunks_and_state, **flags)
+
+        (o, dots), state, _ = _guarded_spans(both, seqs, initial_state, chunk_size, reverse=reverse)
+        return o, state, dots.squeeze(-1)
+    o, state = _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
+    return (o, state, None) if diagonal else (o, state)
 
 
 def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
@@ -1958,8 +1946,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_9515d9e217e8321e", globals())
-_operator_rotations = _register_rotations("mixc_9515d9e217e8321e", globals())
+_operator_spans = _register_spans("mixc_f1896373a08b7f6b", globals())
+_operator_rotations = _register_rotations("mixc_f1896373a08b7f6b", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -103,10 +103,18 @@ def decayed(definitions=DEFINITIONS) -> frozenset[str]:
     return taking(definitions, "strict", "decayed")
 
 
+def diagonal(definitions=DEFINITIONS) -> frozenset[str]:
+    """The public kernels among `definitions` that take `diagonal=` with `decayed=`: they also
+    return q_t . k_t, which a folded write's correction reads, where they can (else None)."""
+    return taking(definitions, "strict", "decayed", "diagonal")
+
+
 #: The kernels that run a backward state and a read before the update themselves (ordered).
 ORDERED = ordered()
 #: The kernels that read the state between the token's decay and its write (decayed).
 DECAYED = decayed()
+#: The kernels that also return q_t . k_t (diagonal).
+DIAGONAL = diagonal()
 
 
 #: The kernels that take a rotated query or key as a _Turned (common.py), turned as each span

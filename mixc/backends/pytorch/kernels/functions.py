@@ -133,6 +133,31 @@ def _wide_tanh(x):
     return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
 
 
+def _tanh_angle_sums(scale, x, initial, cu_seqlens=None):
+    """_angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens): a state of angles
+    summed from scale_t tanh(x_t) (Mamba-3's pi dt_t tanh(w_t)), scale float64. Where nothing
+    records it, on CPU, for whole sequences, computed in the buffer the sum runs in: x doubled
+    into it (exactly, from the compute dtype), _wide_tanh's steps and the scale in place, the
+    initial states before them, one cumulative sum. The same values to the bit, without the
+    float64 copy of x, the tensors of tanh and of the angles, nor the copy of the angles after
+    the initial states (Mamba-3, T = 4096, 4 heads, R = 16, 1 thread: 0.71x the time)."""
+    if x.device.type != "cpu" or cu_seqlens is not None or torch.compiler.is_compiling():
+        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
+    if _needs_grad(scale, x, initial):  # noqa: F821
+        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
+    full = torch.broadcast_shapes(
+        scale.shape, x.shape, (x.shape[0], x.shape[1], *initial.shape[1:])
+    )
+    sums = torch.empty(full[0], full[1] + 1, *full[2:], dtype=torch.float64, device=x.device)
+    sums[:, 0] = initial
+    angles = sums[:, 1:]
+    torch.mul(x, 2, out=angles)
+    angles.exp_().add_(1).reciprocal_().mul_(-2).add_(1).mul_(scale)
+    sums.cumsum_(1)  # in the recurrence's order, from the initial states
+    # the final states a copy: a view would hold the whole sum until the caller let go
+    return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
+
+
 def _complex_of(dtype):
     """The complex dtype of a turn in the compute dtype `dtype`."""
     return torch.complex128 if dtype == torch.float64 else torch.complex64
