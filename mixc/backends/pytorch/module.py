@@ -243,6 +243,7 @@ class _Module(AngleSums, SequenceForms, RecurrentForms):
                 "_own_backward": "_register_spans",
                 "_opaque_call": "_register_calls",
                 "_rotated": "_register_rotations",
+                "_angle_sums": "_register_angle_sums",
             }
             registers = [r for e, r in entries.items() if re.search(rf"\b{e}\b", text)]
             if registers:

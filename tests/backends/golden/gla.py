@@ -841,18 +841,19 @@ class _OwnBackward(torch.autograd.Function):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
-    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
-    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
-    its own returns (o, final state), which the operator `call` returns before what it kept.
-    shapes: what the fake implementations found by running a kernel on fake tensors, by call
-    (_found_once)."""
+    _register_calls; its rotations: _register_rotations; a sum of angles: _register_angle_sums),
+    else None: its kernels are then traced like any other code. slots: how many tensors an
+    operator takes (a kernel's sequences and its initial state, None where absent).
+    own_outputs: how many outputs a kernel with a backward of its own returns (o, final state),
+    which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
     rotate = None
+    angle_sums = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1591,8 +1592,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_988fce8aa1d8a7d0", globals())
-_operator_calls = _register_calls("mixc_988fce8aa1d8a7d0", globals())
+_operator_spans = _register_spans("mixc_ebcce8513c64ec14", globals())
+_operator_calls = _register_calls("mixc_ebcce8513c64ec14", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

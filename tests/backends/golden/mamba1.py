@@ -513,18 +513,19 @@ def _chain(initial, n_steps, next_state, tracked, reverse=False, out=None):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
-    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
-    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
-    its own returns (o, final state), which the operator `call` returns before what it kept.
-    shapes: what the fake implementations found by running a kernel on fake tensors, by call
-    (_found_once)."""
+    _register_calls; its rotations: _register_rotations; a sum of angles: _register_angle_sums),
+    else None: its kernels are then traced like any other code. slots: how many tensors an
+    operator takes (a kernel's sequences and its initial state, None where absent).
+    own_outputs: how many outputs a kernel with a backward of its own returns (o, final state),
+    which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
     rotate = None
+    angle_sums = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1024,7 +1025,7 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_calls = _register_calls("mixc_6c96580eced3292d", globals())
+_operator_calls = _register_calls("mixc_ad7853028ea949c3", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
