@@ -125,8 +125,7 @@ class MixerLayer(nn.Module):
         super().__init__()
         self.spec = layer_spec(spec)
         self.mixer = load(self.spec.source)
-        # asked on every call: a walk of the spec's equations, which torch.compile would trace
-        self.causal = self.spec.mixer.causal
+        self.causal = self.spec.mixer.causal  # a walk of the equations: not traced each call
         self.hidden_size = count("hidden_size", hidden_size)
         self.num_heads = count("num_heads", num_heads)
         self.num_v_heads = value_heads(self.num_heads, num_v_heads)
