@@ -277,7 +277,7 @@ def chosen_mode(spec: Spec, module, mode) -> str:
 def check_no_cache(mixer, use_cache: bool, state) -> None:
     """A layer of a non-causal mixer (a backward state, which starts at the sequence's end)
     is called on whole sequences: no cache to return or continue from."""
-    if not mixer.causal and (use_cache or state is not None):
+    if (use_cache or state is not None) and not mixer.causal:  # a walk of the equations
         raise MixcError(
             f"{mixer.name} is non-causal (its state {mixer.backward[0]} runs backward in time, "
             "from the end of the sequence): the layer has no cache; call it on whole "

@@ -125,6 +125,7 @@ class MixerLayer(nn.Module):
         super().__init__()
         self.spec = layer_spec(spec)
         self.mixer = load(self.spec.source)
+        self.causal = self.spec.mixer.causal  # a walk of the equations: not traced each call
         self.hidden_size = count("hidden_size", hidden_size)
         self.num_heads = count("num_heads", num_heads)
         self.num_v_heads = value_heads(self.num_heads, num_v_heads)
@@ -228,7 +229,7 @@ class MixerLayer(nn.Module):
         keeps: everything but the compiled module and what is derived from the spec, which
         `__setstate__` rebuilds from the spec's text; so a checkpoint holds no compiled code."""
         state = dict(super().__getstate__())
-        for derived in ("spec", "mixer", "roles", "stored"):
+        for derived in ("spec", "mixer", "roles", "stored", "causal"):
             state.pop(derived, None)
         state["_spec_source"] = (self.spec.source.text, self.spec.source.filename)
         return state
@@ -241,6 +242,7 @@ class MixerLayer(nn.Module):
         self.mixer = load(self.spec.source)
         self.roles = roles(self.spec)
         self.stored = self._stored_names()
+        self.causal = self.spec.mixer.causal
 
     def _stored(self, name: str) -> torch.Tensor:
         return self.params[self.stored[name][0]]
@@ -304,7 +306,7 @@ class MixerLayer(nn.Module):
         # Packed into sequences (cu_seqlens) for a cache or a backward state; else each
         # compacted row runs as it is, its padding after its tokens (the forms are causal), to
         # the end (`expand`): no size depends on the mask, so torch.compile makes one graph.
-        split = packed if use_cache or not self.spec.mixer.causal else None
+        split = packed if use_cache or not self.causal else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
         inputs, tails = self._inputs(x, state, split)
@@ -332,7 +334,7 @@ class MixerLayer(nn.Module):
         inputs, tails = [], {}
         for name, dims in self.dims.items():
             h = self.proj[name](x)
-            if name in self.conv and not self.spec.mixer.causal:  # centred: no cache to keep
+            if name in self.conv and not self.causal:  # centred: no cache to keep
                 pad = ((self.conv_size - 1) // 2, self.conv_size // 2)
                 h = F.silu(self.conv[name](F.pad(h.transpose(1, 2), pad)).transpose(1, 2))
             elif name in self.conv:
@@ -353,7 +355,7 @@ class MixerLayer(nn.Module):
         """The compiled mixer's form (`mode`) on the inputs, from the cache's states; one token
         of every row (decoding) runs the step form (a non-causal mixer has none)."""
         states = state.states if state is not None else None
-        if packed is None and inputs[0].shape[1] == 1 and self.spec.mixer.causal:
+        if packed is None and inputs[0].shape[1] == 1 and self.causal:
             y, states = self.mixer.step(*(x[:, 0] for x in inputs), *self._params(), state=states)
             return y[:, None], (states if use_cache else None)
         kw = {"chunk_size": self.chunk_size} if self.mode == "chunk" else {}

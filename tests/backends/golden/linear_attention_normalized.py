@@ -976,18 +976,19 @@ class _OwnBackward(torch.autograd.Function):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
-    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
-    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
-    its own returns (o, final state), which the operator `call` returns before what it kept.
-    shapes: what the fake implementations found by running a kernel on fake tensors, by call
-    (_found_once)."""
+    _register_calls; its rotations: _register_rotations; a sum of angles: _register_angle_sums),
+    else None: its kernels are then traced like any other code. slots: how many tensors an
+    operator takes (a kernel's sequences and its initial state, None where absent).
+    own_outputs: how many outputs a kernel with a backward of its own returns (o, final state),
+    which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
     rotate = None
+    angle_sums = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1291,17 +1292,7 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
 
 
 def _scalar_decay_span(
-    q_c,
-    k_c,
-    v_c,
-    g_c,
-    state,
-    kept,
-    guard,
-    reverse=False,
-    strict=False,
-    decayed=False,
-    diagonal=False,
+    q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False, decayed=False
 ):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
     [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
@@ -1315,8 +1306,7 @@ def _scalar_decay_span(
     gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
     passed on still takes them). decayed (with strict, not reverse): q_t exp(g_t) S_{t-1}, the
     state after the token's decay, before its write: the decays of the plain read (each pair
-    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one. diagonal: q_t . k_t
-    [N, B, NH, C, 1] too, the scores' diagonal before any mask, a second output."""
+    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one."""
     gates, before = g_c, strict and not decayed  # the decays' order; the triangle: strict
     if guard and (reverse or before) and g_c is not None:
         gates, poison_g = _finite_gates(g_c)
@@ -1327,10 +1317,7 @@ def _scalar_decay_span(
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv, reverse)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
-    # a copy: without decay the mask is applied in place
-    dots = torch.diagonal(scores, 0, -2, -1).unsqueeze(-1).clone() if diagonal else None
-    scores = _masked(scores, gamma, reverse, strict)
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
     if guard:
         v_c, poison = _finite_rows(v_c)
         poison = poison if gates is g_c else poison + poison_g
@@ -1339,8 +1326,7 @@ def _scalar_decay_span(
     if kept is not None:
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
-    o = _two_matmuls(scores, v_c, q_from_start, states_in)
-    return ([o, dots] if diagonal else [o]), state
+    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
 
 
 def _scalar_decay_grads_span(
@@ -1400,16 +1386,7 @@ def _scalar_decay_grads_span(
 
 
 def chunk_scalar_decay(
-    q,
-    k,
-    v,
-    g=None,
-    initial_state=None,
-    chunk_size=64,
-    reverse=False,
-    strict=False,
-    decayed=False,
-    diagonal=False,
+    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False, decayed=False
 ):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
@@ -1418,24 +1395,13 @@ def chunk_scalar_decay(
     (reverse: q_t S_{t+1}), the state before the token's update; strict and decayed (forward
     only): o_t = exp(g_t) q_t S_{t-1}, the state after the token's decay, before its write.
 
-    Returns (o [B, NH, T, V], final state [B, NH, K, V]); with diagonal, a third: q_t . k_t
-    [B, NH, T] (a folded write's correction reads it), the diagonal of the scores the chunks
-    compute anyway, where nothing records the call and no compiler traces it, else None.
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     if decayed and (reverse or not strict):
         raise ValueError("chunk_scalar_decay: decayed reads forward and strict only")
     seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict) | 4 * int(decayed)
     span, grads = _scalar_decay_span, _scalar_decay_grads_span
-    if diagonal and not (_needs_grad(initial_state, *seqs) or torch.compiler.is_compiling()):
-        flags = {"reverse": reverse, "strict": strict, "decayed": decayed, "diagonal": True}
-
-        def both(*chunks_and_state):
-            return span(*chunks_and_state, **flags)
-
-        (o, dots), state, _ = _guarded_spans(both, seqs, initial_state, chunk_size, reverse=reverse)
-        return o, state, dots.squeeze(-1)
-    o, state = _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
-    return (o, state, None) if diagonal else (o, state)
+    return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
 
 
 def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
@@ -1460,7 +1426,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_4717677441cbf479", globals())
+_operator_spans = _register_spans("mixc_5dfd7d024dae77d2", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1133,7 +1133,17 @@ def _angle_sums(v, initial, cu_seqlens=None):
     10^6 angles is off by about 10^6 of its ulps): v [B, T, NH, ...] the angles added at each
     token, `initial` [B, NH, ...] (packed: [N, NH, ...] for the N sequences of cu_seqlens,
     B = 1). Returns the states before each token's update and after it [B, T, NH, ...] and the
-    final states [B, NH, ...] (packed: [N, NH, ...]); one cumulative sum, the rest shifts."""
+    final states [B, NH, ...] (packed: [N, NH, ...]); one cumulative sum, the rest shifts.
+    Under torch.compile, in a module that registered it (_register_angle_sums), the opaque
+    operator `angle_sums`: inductor would otherwise write the float64 sum's shifts and, in the
+    backward, its reversed sum into its kernels (C++ builds of float64 code)."""
+    if _Operators.angle_sums is not None and torch.compiler.is_compiling():  # noqa: F821
+        return tuple(_Operators.angle_sums(v, initial, cu_seqlens))  # noqa: F821
+    return _summed_angles(v, initial, cu_seqlens)
+
+
+def _summed_angles(v, initial, cu_seqlens=None):
+    """_angle_sums as it runs eagerly (and inside its operator): views of one cumulative sum."""
     initial = initial.to(torch.float64)
     full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
     v = v.to(torch.float64).expand(full)
@@ -1156,20 +1166,107 @@ def _angle_sums(v, initial, cu_seqlens=None):
     return (sums[:-1] + offset)[None], (sums[1:] + offset)[None], final
 
 
+def _fresh_copy(x):
+    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
+    operator's outputs may alias neither its inputs nor each other)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
+def _angle_sum_grads(v, initial, cu_seqlens, grads, wanted):
+    """The operator `angle_sums_backward`: the gradients of v and of the initial states (those
+    `wanted`) from those of the three outputs (None: 0). State S_t reads v_u at every u <= t
+    of its sequence, so v_t's gradient is R_t, the sum of both states' gradients over the
+    sequence's tokens from t on, less the gradient of the state before t (which does not read
+    v_t), plus the final state's; an initial state's is its sequence's R at the first token
+    plus the final state's. R is one reversed cumulative sum (packed: of the whole row, less its
+    value after the sequence's end)."""
+    full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
+    shapes = (full, full, (initial.shape[0], *full[2:]))
+    before, after, final = (
+        v.new_zeros(s, dtype=torch.float64) if g is None else g.to(torch.float64).expand(s)
+        for g, s in zip(grads, shapes)
+    )
+    if cu_seqlens is None:
+        reached = (before + after).flip(1).cumsum(1).flip(1)
+        d_v, d_initial = reached - before + final[:, None], (before + after).sum(1) + final
+    else:
+        reached = (before + after)[0].flip(0).cumsum(0).flip(0)
+        reached = torch.cat([reached, reached.new_zeros(1, *reached.shape[1:])])  # after the end
+        starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+        order = torch.arange(len(starts), device=v.device)
+        sequence = order.repeat_interleave(ends - starts, output_size=full[1])  # each token's
+        d_v = (reached[:-1] - reached[ends][sequence] - before[0] + final[sequence])[None]
+        d_initial = reached[starts] - reached[ends] + final
+    found = [d_v.sum_to_size(v.shape), d_initial.sum_to_size(initial.shape)]
+    return [_fresh_copy(d.to(t.dtype)) for d, t, w in zip(found, (v, initial), wanted) if w]
+
+
+def _define_angle_sums(namespace):
+    """Register the operators `angle_sums` (_summed_angles, each output a fresh tensor) and
+    `angle_sums_backward` (_angle_sum_grads) of `namespace`, the first's gradient the second."""
+    head = "(Tensor v, Tensor initial, Tensor? cu_seqlens"
+
+    def forward(v, initial, cu_seqlens):
+        with torch.no_grad():
+            return tuple(_fresh_copy(x) for x in _summed_angles(v, initial, cu_seqlens))
+
+    def fake(v, initial, cu_seqlens):
+        full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
+        final = (initial.shape[0], *full[2:])
+        return tuple(v.new_empty(s, dtype=torch.float64) for s in (full, full, final))
+
+    def backward_fake(v, initial, cu_seqlens, grads, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((v, initial), wanted) if w]
+
+    sums = torch.library.custom_op(f"{namespace}::angle_sums", forward, mutates_args=(),
+                                   schema=f"{head}) -> (Tensor, Tensor, Tensor)")  # fmt: skip
+    sums.register_fake(fake)
+    sums_backward = torch.library.custom_op(
+        f"{namespace}::angle_sums_backward", _angle_sum_grads, mutates_args=(),
+        schema=f"{head}, Tensor?[] grads, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    sums_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.set_materialize_grads(False)  # no zeros for an output no gradient reaches
+
+    def formula(ctx, *grads):
+        v, initial, cu_seqlens = ctx.saved_tensors
+        wanted = list(ctx.needs_input_grad[:2])
+        found = iter(sums_backward(v, initial, cu_seqlens, list(grads), wanted))
+        return (*(next(found) if w else None for w in wanted), None)
+
+    sums.register_autograd(formula, setup_context=save)
+
+
+def _register_angle_sums(namespace, functions):
+    """Register the operators of _define_angle_sums under `namespace` (as operators.py's
+    _register_spans does), unless they are registered already, and let _angle_sums call
+    `angle_sums` under torch.compile from now on (through the module's _Operators). Returns
+    the operator."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "angle_sums"):
+        _define_angle_sums(namespace)
+    functions["_Operators"].angle_sums = ops.angle_sums
+    return ops.angle_sums
+
+
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
-    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
-    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
-    its own returns (o, final state), which the operator `call` returns before what it kept.
-    shapes: what the fake implementations found by running a kernel on fake tensors, by call
-    (_found_once)."""
+    _register_calls; its rotations: _register_rotations; a sum of angles: _register_angle_sums),
+    else None: its kernels are then traced like any other code. slots: how many tensors an
+    operator takes (a kernel's sequences and its initial state, None where absent).
+    own_outputs: how many outputs a kernel with a backward of its own returns (o, final state),
+    which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
     rotate = None
+    angle_sums = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1668,31 +1765,6 @@ def _wide_tanh(x):
     return torch.mul(x, 2).exp_().add_(1).reciprocal_().mul_(-2).add_(1)
 
 
-def _tanh_angle_sums(scale, x, initial, cu_seqlens=None):
-    """_angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens): a state of angles
-    summed from scale_t tanh(x_t) (Mamba-3's pi dt_t tanh(w_t)), scale float64. Where nothing
-    records it, on CPU, for whole sequences, computed in the buffer the sum runs in: x doubled
-    into it (exactly, from the compute dtype), _wide_tanh's steps and the scale in place, the
-    initial states before them, one cumulative sum. The same values to the bit, without the
-    float64 copy of x, the tensors of tanh and of the angles, nor the copy of the angles after
-    the initial states (Mamba-3, T = 4096, 4 heads, R = 16, 1 thread: 0.71x the time)."""
-    if x.device.type != "cpu" or cu_seqlens is not None or torch.compiler.is_compiling():
-        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
-    if _needs_grad(scale, x, initial):  # noqa: F821
-        return _angle_sums(scale * _wide_tanh(x.double()), initial, cu_seqlens)  # noqa: F821
-    full = torch.broadcast_shapes(
-        scale.shape, x.shape, (x.shape[0], x.shape[1], *initial.shape[1:])
-    )
-    sums = torch.empty(full[0], full[1] + 1, *full[2:], dtype=torch.float64, device=x.device)
-    sums[:, 0] = initial
-    angles = sums[:, 1:]
-    torch.mul(x, 2, out=angles)
-    angles.exp_().add_(1).reciprocal_().mul_(-2).add_(1).mul_(scale)
-    sums.cumsum_(1)  # in the recurrence's order, from the initial states
-    # the final states a copy: a view would hold the whole sum until the caller let go
-    return sums[:, :-1], sums[:, 1:], sums[:, -1].clone()
-
-
 def _complex_of(dtype):
     """The complex dtype of a turn in the compute dtype `dtype`."""
     return torch.complex128 if dtype == torch.float64 else torch.complex64
@@ -1937,17 +2009,7 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
 
 
 def _scalar_decay_span(
-    q_c,
-    k_c,
-    v_c,
-    g_c,
-    state,
-    kept,
-    guard,
-    reverse=False,
-    strict=False,
-    decayed=False,
-    diagonal=False,
+    q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False, decayed=False
 ):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
     [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
@@ -1961,8 +2023,7 @@ def _scalar_decay_span(
     gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
     passed on still takes them). decayed (with strict, not reverse): q_t exp(g_t) S_{t-1}, the
     state after the token's decay, before its write: the decays of the plain read (each pair
-    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one. diagonal: q_t . k_t
-    [N, B, NH, C, 1] too, the scores' diagonal before any mask, a second output."""
+    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one."""
     gates, before = g_c, strict and not decayed  # the decays' order; the triangle: strict
     if guard and (reverse or before) and g_c is not None:
         gates, poison_g = _finite_gates(g_c)
@@ -1973,10 +2034,7 @@ def _scalar_decay_span(
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv, reverse)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
-    # a copy: without decay the mask is applied in place
-    dots = torch.diagonal(scores, 0, -2, -1).unsqueeze(-1).clone() if diagonal else None
-    scores = _masked(scores, gamma, reverse, strict)
+    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
     if guard:
         v_c, poison = _finite_rows(v_c)
         poison = poison if gates is g_c else poison + poison_g
@@ -1985,8 +2043,7 @@ def _scalar_decay_span(
     if kept is not None:
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
-    o = _two_matmuls(scores, v_c, q_from_start, states_in)
-    return ([o, dots] if diagonal else [o]), state
+    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
 
 
 def _scalar_decay_grads_span(
@@ -2046,16 +2103,7 @@ def _scalar_decay_grads_span(
 
 
 def chunk_scalar_decay(
-    q,
-    k,
-    v,
-    g=None,
-    initial_state=None,
-    chunk_size=64,
-    reverse=False,
-    strict=False,
-    decayed=False,
-    diagonal=False,
+    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False, decayed=False
 ):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
@@ -2064,24 +2112,13 @@ def chunk_scalar_decay(
     (reverse: q_t S_{t+1}), the state before the token's update; strict and decayed (forward
     only): o_t = exp(g_t) q_t S_{t-1}, the state after the token's decay, before its write.
 
-    Returns (o [B, NH, T, V], final state [B, NH, K, V]); with diagonal, a third: q_t . k_t
-    [B, NH, T] (a folded write's correction reads it), the diagonal of the scores the chunks
-    compute anyway, where nothing records the call and no compiler traces it, else None.
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
     """
     if decayed and (reverse or not strict):
         raise ValueError("chunk_scalar_decay: decayed reads forward and strict only")
     seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict) | 4 * int(decayed)
     span, grads = _scalar_decay_span, _scalar_decay_grads_span
-    if diagonal and not (_needs_grad(initial_state, *seqs) or torch.compiler.is_compiling()):
-        flags = {"reverse": reverse, "strict": strict, "decayed": decayed, "diagonal": True}
-
-        def both(*chunks_and_state):
-            return span(*chunks_and_state, **flags)
-
-        (o, dots), state, _ = _guarded_spans(both, seqs, initial_state, chunk_size, reverse=reverse)
-        return o, state, dots.squeeze(-1)
-    o, state = _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
-    return (o, state, None) if diagonal else (o, state)
+    return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
 
 
 def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
@@ -2106,8 +2143,9 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_cf0a10297075d8da", globals())
-_operator_rotations = _register_rotations("mixc_cf0a10297075d8da", globals())
+_operator_spans = _register_spans("mixc_bb16cdd7594f4227", globals())
+_operator_rotations = _register_rotations("mixc_bb16cdd7594f4227", globals())
+_operator_angle_sums = _register_angle_sums("mixc_bb16cdd7594f4227", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2223,9 +2261,8 @@ def chunk(
     # None where autograd or a compiler records the form: no result in place
     _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias, Th, H, _prev_x, _prev_B)
     # Th: identity, angles summed in float64
-    _scaled_dt = 3.141592653589793 * dt.double()
-    # 3.141592653589793 dt_t tanh(w_t) added at each token
-    _read_Th, _read2_Th, Th = _tanh_angle_sums(_scaled_dt, w, Th, cu_seqlens)
+    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
+    _read_Th, _read2_Th, Th = _angle_sums(_v_Th, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay, reading _read_Th, _read2_Th
     _lam = _torch.sigmoid(l)
     # c_t = dt_t - dt_t sigmoid(l_t): the lagged write's scale less the decay
@@ -2239,21 +2276,20 @@ def chunk(
     _g_H = _seq_scalar(-A * dt, _sizes, cu_seqlens)
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_turned(C_bias, _turn__r1_N, _sizes, cu_seqlens, plus=C)
-    del _c_H, _cnext_H, _lam, _read2_Th, _read_Th, _scaled_dt, _turn__r1_N
-    _o, _S, _qk_H = _chunk_scalar_decay(
+    del _c_H, _cnext_H, _lam, _read2_Th, _read_Th, _turn__r1_N, _v_Th
+    _o, _S = _chunk_scalar_decay(
         _q,
         _k_H,
         _v_H,
         g=_g_H,
         strict=True,
         decayed=True,
-        diagonal=True,
         initial_state=_S0_H,
         chunk_size=chunk_size,
     )
     del _S0_H, _g_H, _k_H, _q, _v_H
     # k_t . q_t
-    _kq_H = _qk_H if _qk_H is not None else _seq_scalar(
+    _kq_H = _seq_scalar(
         _tokenwise(lambda B, B_bias, C, C_bias: ((B_bias + B) * (C_bias + C)).sum(-2, keepdim=True), B, B_bias, C, C_bias),
         _sizes,
         cu_seqlens,
@@ -2301,11 +2337,9 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
     # None where autograd or a compiler records the form: no result in place
     _own = _unrecorded(x, z, dt, A, B, C, l, w, D, B_bias, C_bias)
     # Th: identity, angles summed in float64
-    _scaled_dt = 3.141592653589793 * dt.double()
-    # 3.141592653589793 dt_t tanh(w_t) added at each token
-    _read_Th, _read2_Th, _ = _tanh_angle_sums(
-        _scaled_dt,
-        w,
+    _v_Th = 3.141592653589793 * dt.double() * _wide_tanh(w.double())  # added at each token
+    _read_Th, _read2_Th, _ = _angle_sums(
+        _v_Th,
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th

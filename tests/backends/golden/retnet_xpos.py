@@ -861,18 +861,19 @@ class _OwnBackward(torch.autograd.Function):
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
-    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
-    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
-    its own returns (o, final state), which the operator `call` returns before what it kept.
-    shapes: what the fake implementations found by running a kernel on fake tensors, by call
-    (_found_once)."""
+    _register_calls; its rotations: _register_rotations; a sum of angles: _register_angle_sums),
+    else None: its kernels are then traced like any other code. slots: how many tensors an
+    operator takes (a kernel's sequences and its initial state, None where absent).
+    own_outputs: how many outputs a kernel with a backward of its own returns (o, final state),
+    which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
     rotate = None
+    angle_sums = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 
@@ -1534,25 +1535,12 @@ def _turning_at(positions, freq, d, dtype, *leaves):
     (_turning's 4.2e-8) at any position, 10^6 included (the angles stay float64); in float64
     within 6e-11 at 10^6, as _turning's. A float64 product rounded to float32 would cost more
     than the cos and sin it saves (on CPU its complex128 -> complex64 cast runs at 1 ns an
-    entry). The turn so built is kept for the next calls from the same positions by the same
-    frequencies (_TurnTables)."""
+    entry)."""
     step = _position_step(positions, freq)
     if step is None:
         return _turning_of(positions * freq, d, dtype, *leaves)
-    n = _pairs_read(freq.shape[-2], d)
-    key = _TurnTables.key(positions, freq, step, n, dtype)
-    turn = _TurnTables.kept.pop(key, None)  # taken out: put back as the most recently used
-    if turn is None:
-        turn = _turn_from_tables(positions, freq, step, n, dtype)
-    _TurnTables.keep(key, turn)
-    shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
-    return turn.expand(*_broadcast(*shapes)[:-2], n)
-
-
-def _turn_from_tables(positions, freq, step, n, dtype):
-    """_turning_at's turn [..., T, h, n] of the positions advancing by `step` (see there),
-    from the two tables."""
     run, length = 64, positions.shape[-4]
+    n = _pairs_read(freq.shape[-2], d)
     blocks = -(-length // run)
     ticks = torch.arange(max(blocks, run), dtype=torch.float64, device=freq.device)
     ticks = ticks.mul_(step)[:, None, None]  # 0, s, 2 s, ... along the token axis
@@ -1561,43 +1549,9 @@ def _turn_from_tables(positions, freq, step, n, dtype):
     # both tables' cos and sin at once: [b, T / R + R, h, n]
     turns = _exp_i(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
     heads, within = turns[..., :blocks, None, :, :], turns[..., None, blocks:, :, :]
-    return (heads * within).flatten(-4, -3).narrow(-3, 0, length)
-
-
-class _TurnTables:
-    """The turns _turning_at built from its tables, kept across calls of this module, as a RoPE
-    layer keeps its cos and sin: a call on a sequence of the same length, from the same first
-    positions, by the same frequencies, reads its turn here (T = 4096, 32 pairs: 1 MiB of
-    complex64, on CPU about 200 us a call of cos, sin and their product, a few percent of
-    linear attention's chunk forward). Keyed by all the turn is computed from (key), so a kept
-    turn is the one a call would compute, to the bit; never written to (the rotations read it).
-    Bounded: `limit` bytes in all, the least recently used dropped first, a turn larger than
-    that not kept; `module._TurnTables.limit = 0` keeps none, `kept.clear()` empties it."""
-
-    limit = 16 << 20  # bytes: 16 turns of 4096 tokens by 32 pairs in complex64
-    kept = {}  # noqa: RUF012 - key -> turn, the least recently used first
-
-    @staticmethod
-    def key(positions, freq, step, n, dtype):
-        """What the turn of the tables is computed from: each sequence's and head's first
-        position and the frequencies, by value (bytes of CPU tensors: _position_step took the
-        tables' path), the length, step, pairs, dtype and device, and whether inference mode is
-        on (a turn made there could not be saved for a later backward)."""
-        first, freq = positions[..., :1, :, :, 0].detach(), freq[..., :n, 0].detach()
-        values = tuple((x.shape, x.dtype, x.numpy().tobytes()) for x in (first, freq))
-        inference = torch.is_inference_mode_enabled()
-        return (positions.shape[-4], step, n, dtype, positions.device, inference, values)
-
-    @staticmethod
-    def keep(key, turn):
-        """Keep `turn` under `key` as the most recently used, then drop the least recently used
-        turns until the kept ones hold at most `limit` bytes. Safe from several threads: each
-        step one call on the dict (a turn dropped twice, or built twice, costs only time)."""
-        kept, limit = _TurnTables.kept, _TurnTables.limit
-        if turn.untyped_storage().nbytes() <= limit:
-            kept[key] = turn
-        while kept and sum(t.untyped_storage().nbytes() for t in list(kept.values())) > limit:
-            kept.pop(next(iter(list(kept)), None), None)
+    turn = (heads * within).flatten(-4, -3).narrow(-3, 0, length)
+    shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
+    return turn.expand(*_broadcast(*shapes)[:-2], n)
 
 
 def _position_step(positions, freq):
@@ -2143,9 +2097,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_7872d9c490d7eb20", globals())
-_operator_calls = _register_calls("mixc_7872d9c490d7eb20", globals())
-_operator_rotations = _register_rotations("mixc_7872d9c490d7eb20", globals())
+_operator_spans = _register_spans("mixc_bb2f7400b9d34c20", globals())
+_operator_calls = _register_calls("mixc_bb2f7400b9d34c20", globals())
+_operator_rotations = _register_rotations("mixc_bb2f7400b9d34c20", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

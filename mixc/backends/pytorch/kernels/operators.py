@@ -50,18 +50,19 @@ from mixc.backends.pytorch.kernels.common import (
 
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
-    _register_calls; its rotations: _register_rotations), else None: its kernels are then traced
-    like any other code. slots: how many tensors an operator takes (a kernel's sequences and its
-    initial state, None where absent). own_outputs: how many outputs a kernel with a backward of
-    its own returns (o, final state), which the operator `call` returns before what it kept.
-    shapes: what the fake implementations found by running a kernel on fake tensors, by call
-    (_found_once)."""
+    _register_calls; its rotations: _register_rotations; a sum of angles: _register_angle_sums),
+    else None: its kernels are then traced like any other code. slots: how many tensors an
+    operator takes (a kernel's sequences and its initial state, None where absent).
+    own_outputs: how many outputs a kernel with a backward of its own returns (o, final state),
+    which the operator `call` returns before what it kept. shapes: what the fake
+    implementations found by running a kernel on fake tensors, by call (_found_once)."""
 
     slots = 7
     own_outputs = 2
     spans = None
     call = None
     rotate = None
+    angle_sums = None
     shapes = {}  # noqa: RUF012 - one cache for the module, filled by _found_once
 
 

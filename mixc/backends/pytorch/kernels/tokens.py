@@ -152,7 +152,17 @@ def _angle_sums(v, initial, cu_seqlens=None):
     10^6 angles is off by about 10^6 of its ulps): v [B, T, NH, ...] the angles added at each
     token, `initial` [B, NH, ...] (packed: [N, NH, ...] for the N sequences of cu_seqlens,
     B = 1). Returns the states before each token's update and after it [B, T, NH, ...] and the
-    final states [B, NH, ...] (packed: [N, NH, ...]); one cumulative sum, the rest shifts."""
+    final states [B, NH, ...] (packed: [N, NH, ...]); one cumulative sum, the rest shifts.
+    Under torch.compile, in a module that registered it (_register_angle_sums), the opaque
+    operator `angle_sums`: inductor would otherwise write the float64 sum's shifts and, in the
+    backward, its reversed sum into its kernels (C++ builds of float64 code)."""
+    if _Operators.angle_sums is not None and torch.compiler.is_compiling():  # noqa: F821
+        return tuple(_Operators.angle_sums(v, initial, cu_seqlens))  # noqa: F821
+    return _summed_angles(v, initial, cu_seqlens)
+
+
+def _summed_angles(v, initial, cu_seqlens=None):
+    """_angle_sums as it runs eagerly (and inside its operator): views of one cumulative sum."""
     initial = initial.to(torch.float64)
     full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
     v = v.to(torch.float64).expand(full)
@@ -173,3 +183,89 @@ def _angle_sums(v, initial, cu_seqlens=None):
     offset = (initial - sums[starts])[sequence]  # its sequence's initial state, less the sum
     final = initial + (sums[ends] - sums[starts])  # an empty sequence's: initial, exactly
     return (sums[:-1] + offset)[None], (sums[1:] + offset)[None], final
+
+
+def _fresh_copy(x):
+    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
+    operator's outputs may alias neither its inputs nor each other)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
+def _angle_sum_grads(v, initial, cu_seqlens, grads, wanted):
+    """The operator `angle_sums_backward`: the gradients of v and of the initial states (those
+    `wanted`) from those of the three outputs (None: 0). State S_t reads v_u at every u <= t
+    of its sequence, so v_t's gradient is R_t, the sum of both states' gradients over the
+    sequence's tokens from t on, less the gradient of the state before t (which does not read
+    v_t), plus the final state's; an initial state's is its sequence's R at the first token
+    plus the final state's. R is one reversed cumulative sum (packed: of the whole row, less its
+    value after the sequence's end)."""
+    full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
+    shapes = (full, full, (initial.shape[0], *full[2:]))
+    before, after, final = (
+        v.new_zeros(s, dtype=torch.float64) if g is None else g.to(torch.float64).expand(s)
+        for g, s in zip(grads, shapes)
+    )
+    if cu_seqlens is None:
+        reached = (before + after).flip(1).cumsum(1).flip(1)
+        d_v, d_initial = reached - before + final[:, None], (before + after).sum(1) + final
+    else:
+        reached = (before + after)[0].flip(0).cumsum(0).flip(0)
+        reached = torch.cat([reached, reached.new_zeros(1, *reached.shape[1:])])  # after the end
+        starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+        order = torch.arange(len(starts), device=v.device)
+        sequence = order.repeat_interleave(ends - starts, output_size=full[1])  # each token's
+        d_v = (reached[:-1] - reached[ends][sequence] - before[0] + final[sequence])[None]
+        d_initial = reached[starts] - reached[ends] + final
+    found = [d_v.sum_to_size(v.shape), d_initial.sum_to_size(initial.shape)]
+    return [_fresh_copy(d.to(t.dtype)) for d, t, w in zip(found, (v, initial), wanted) if w]
+
+
+def _define_angle_sums(namespace):
+    """Register the operators `angle_sums` (_summed_angles, each output a fresh tensor) and
+    `angle_sums_backward` (_angle_sum_grads) of `namespace`, the first's gradient the second."""
+    head = "(Tensor v, Tensor initial, Tensor? cu_seqlens"
+
+    def forward(v, initial, cu_seqlens):
+        with torch.no_grad():
+            return tuple(_fresh_copy(x) for x in _summed_angles(v, initial, cu_seqlens))
+
+    def fake(v, initial, cu_seqlens):
+        full = torch.broadcast_shapes(v.shape, (v.shape[0], v.shape[1], *initial.shape[1:]))
+        final = (initial.shape[0], *full[2:])
+        return tuple(v.new_empty(s, dtype=torch.float64) for s in (full, full, final))
+
+    def backward_fake(v, initial, cu_seqlens, grads, wanted):
+        return [t.new_empty(t.shape) for t, w in zip((v, initial), wanted) if w]
+
+    sums = torch.library.custom_op(f"{namespace}::angle_sums", forward, mutates_args=(),
+                                   schema=f"{head}) -> (Tensor, Tensor, Tensor)")  # fmt: skip
+    sums.register_fake(fake)
+    sums_backward = torch.library.custom_op(
+        f"{namespace}::angle_sums_backward", _angle_sum_grads, mutates_args=(),
+        schema=f"{head}, Tensor?[] grads, bool[] wanted) -> Tensor[]",
+    )  # fmt: skip
+    sums_backward.register_fake(backward_fake)
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.set_materialize_grads(False)  # no zeros for an output no gradient reaches
+
+    def formula(ctx, *grads):
+        v, initial, cu_seqlens = ctx.saved_tensors
+        wanted = list(ctx.needs_input_grad[:2])
+        found = iter(sums_backward(v, initial, cu_seqlens, list(grads), wanted))
+        return (*(next(found) if w else None for w in wanted), None)
+
+    sums.register_autograd(formula, setup_context=save)
+
+
+def _register_angle_sums(namespace, functions):
+    """Register the operators of _define_angle_sums under `namespace` (as operators.py's
+    _register_spans does), unless they are registered already, and let _angle_sums call
+    `angle_sums` under torch.compile from now on (through the module's _Operators). Returns
+    the operator."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, "angle_sums"):
+        _define_angle_sums(namespace)
+    functions["_Operators"].angle_sums = ops.angle_sums
+    return ops.angle_sums
