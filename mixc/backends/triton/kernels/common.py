@@ -62,7 +62,7 @@ def _tl_tiles(kernel, dot=None):
         return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
-        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (64, 32, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd_states": (64, 32, 4),
         "_tl_diagonal_bwd_grads": (16, 32, 8),
@@ -96,7 +96,7 @@ def _tl_float32_tiles(dot):
         return {}
     return {
         "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
         "_tl_diagonal_fwd": (64, 16, 8),
         "_tl_delta_fwd_wy": (None, 32, 8),
         "_tl_delta_fwd_states": (None, 16, 8),
@@ -321,6 +321,25 @@ def _tl_operand(x, DOT: tl.constexpr):
     elif DOT == "fp16":
         x = x.to(tl.float16)
     return x
+
+
+@triton.jit
+def _tl_split_dot(a, b, DOT: tl.constexpr):
+    """a @ b for an a exact in DOT's 16-bit dtype (a 16-bit input) and a float32 b, at about
+    float32's accuracy: for bfloat16 operands b is the sum of two bfloat16 parts (16 bits of its
+    mantissa), two products on the tensor cores, emulated as such under the interpreter; for
+    the others as _tl_wide_dot."""
+    if DOT == "bf16":
+        high = b.to(tl.bfloat16)
+        low = (b - high.to(tl.float32)).to(tl.bfloat16)
+        product = tl.dot(a.to(tl.bfloat16), high, out_dtype=tl.float32)
+        product = tl.dot(a.to(tl.bfloat16), low, acc=product, out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        high = _tl_round_bf16(b)
+        product = _tl_dot(a, high, DOT) + _tl_dot(a, b - high, DOT)
+    else:
+        product = _tl_wide_dot(a, b, DOT)
+    return product
 
 
 @triton.jit
@@ -553,3 +572,58 @@ def _tl_unit_lower_inverse(a, rows, BT: tl.constexpr):
         row = tl.where(rows == i, 1.0, 0.0) - tl.sum(a_i[:, None] * inverse, axis=0)
         inverse = tl.where(rows[:, None] == i, row[None, :], inverse)
     return inverse
+
+
+@triton.jit
+def _tl_chunk_value_sums(
+    v, do, hs, dhs,  # read
+    sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, t, in_t, cols_k, K, V,
+    WIDE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's sums over the value columns, BV at a time, for the backward of a program that
+    holds its key columns cols_k whole over the values: (dO V^T [BT, BT], dO S^T and V D^T
+    [BT, BK], the rows of S ⊙ D [BK]), with S (hs) the state entering the chunk i_state and D
+    (dhs) the gradient of the state leaving it [B * NH, N, K, V] (contiguous); dO S^T at about
+    float32's accuracy if WIDE (_tl_split_dot)."""
+    d_scores = tl.zeros((t.shape[0], t.shape[0]), dtype=hs.dtype.element_ty)  # dO V^T
+    from_q = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # dO S^T
+    from_k = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # V D^T
+    whole = tl.zeros((cols_k.shape[0],), dtype=d_scores.dtype)  # the rows of S ⊙ D
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        v_j = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        state = _tl_load_state(hs, i_state, K, V, cols_k, cols_v)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        d_scores += _tl_dot(do_j, tl.trans(v_j), DOT)
+        if WIDE:
+            from_q += _tl_split_dot(do_j, tl.trans(state), DOT)
+        else:
+            from_q += _tl_dot(do_j, tl.trans(state), DOT)
+        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
+        whole += tl.sum(state * d_state, axis=1)  # the compiler drops it where it is not read
+    return d_scores, from_q, from_k, whole
+
+
+@triton.jit
+def _tl_chunk_value_grads(
+    do, dhs,  # read
+    dv,  # written
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, part, t, in_t, cols_k, T, K, V, scores, k_end,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's part of dV from a program's key columns cols_k, the value columns BV at a time:
+    scores^T dO + k_end D, scores [BT, BT] (the chunk's decayed scores over those key columns)
+    and k_end [BT, BK] (its keys decayed to the chunk's end) as the products take them, D
+    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]."""
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
+        _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 
 from mixc.backends.triton.kernels.common import (
+    _tl_chunk_value_grads,
+    _tl_chunk_value_sums,
     _tl_columns,
     _tl_dot,
     _tl_gradients,
@@ -174,21 +176,10 @@ def _tl_diagonal_bwd_grads(
     i_b, i_h, i_state = i_bh // NH, i_bh % NH, i_bh * tl.cdiv(T, BT) + n
     rows, cols_k = tl.arange(0, BT), i_k * BK + tl.arange(0, BK)
     t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
-    d_scores = tl.zeros((BT, BT), dtype=hs.dtype.element_ty)  # dA = dO V^T
-    from_q = tl.zeros((BT, BK), dtype=d_scores.dtype)  # dO S^T
-    from_k = tl.zeros((BT, BK), dtype=d_scores.dtype)  # V D^T
-    whole = tl.zeros((BK,), dtype=d_scores.dtype)  # the rows of S ⊙ D, summed over the columns
-    for j in range(0, tl.cdiv(V, BV)):
-        cols_v = j * BV + tl.arange(0, BV)
-        at_v = in_t[:, None] & (cols_v < V)[None, :]
-        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        v_j = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
-        state = _tl_load_state(hs, i_state, K, V, cols_k, cols_v)
-        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
-        d_scores += _tl_dot(do_j, tl.trans(v_j), DOT)
-        from_q += _tl_dot(do_j, tl.trans(state), DOT)
-        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
-        whole += tl.sum(state * d_state, axis=1)  # read under GATE_GRAD only
+    d_scores, from_q, from_k, whole = _tl_chunk_value_sums(
+        v, do, hs, dhs, sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state,
+        t, in_t, cols_k, K, V, False, BV, DOT,
+    )  # fmt: skip
     q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
     k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
     if HAS_G:
@@ -208,13 +199,10 @@ def _tl_diagonal_bwd_grads(
         _tl_store_rows(dg, i_bh, T, K, t, cols_k, at_k, dg_c)
     k_end = _tl_operand(k_c * end_decay, DOT)  # K ⊙ exp(b_C - b)
     scores = _tl_operand(_tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT), DOT)
-    for j in range(0, tl.cdiv(V, BV)):
-        cols_v = j * BV + tl.arange(0, BV)
-        at_v = in_t[:, None] & (cols_v < V)[None, :]
-        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
-        dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
-        _tl_store_rows(dv, i_k * tl.num_programs(1) + i_bh, T, V, t, cols_v, at_v, dv_j)
+    _tl_chunk_value_grads(
+        do, dhs, dv, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state, i_k * tl.num_programs(1) + i_bh,
+        t, in_t, cols_k, T, K, V, scores, k_end, BV, DOT,
+    )  # fmt: skip
 
 
 def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
