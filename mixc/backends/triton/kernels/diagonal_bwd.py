@@ -27,6 +27,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_chunk_value_sums,
     _tl_columns,
     _tl_dot,
+    _tl_gates,
     _tl_gradients,
     _tl_key_gates,
     _tl_launch,
@@ -127,13 +128,16 @@ def _tl_diagonal_bwd_states(
     sq_b, sq_h, sq_t, sq_d,
     sg_b, sg_h, sg_t, sg_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
-    HAS_G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT: tl.constexpr,
+    HAS_G: tl.constexpr, SCALAR: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head, key block) program: the chunks from the last, its tile of
     D in registers. Per chunk: D (the gradient of the state leaving it) to dhs
     [B * NH, N, K, V], then D <- diag(exp(b_C)) D + (Q ⊙ exp(b))^T dO. dht, dh0:
-    [B * NH, K, V]; all contiguous."""
+    [B * NH, K, V]; all contiguous. SCALAR (the scalar-decay backward, scalar_decay_bwd.py):
+    g is one log-gate a token [B, NH, T] (sg_d unread), and the decays scale dO's rows, so
+    that the products take the queries as given (with Q ⊙ exp(b) rounded to 16 bits instead,
+    the bfloat16 fuzz of RetNet's gamma erred 4x more)."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -142,11 +146,16 @@ def _tl_diagonal_bwd_states(
     n_chunks = tl.cdiv(T, BT)
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
-        t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
+        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         _tl_store_state(dhs, i_bh * n_chunks + n, K, V, cols_k, cols_v, d_state)
         q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
         do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        if HAS_G:
+        if HAS_G and SCALAR:  # dO's rows decayed, the queries multiplied as they are
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            do_start = do_c * tl.exp(tl.cumsum(g_c, axis=0))[:, None]  # diag(exp(b)) dO
+            d_state = d_state * tl.exp(tl.sum(g_c, axis=0))
+            d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
+        elif HAS_G:
             g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
             q_start = q_c * tl.exp(tl.cumsum(g_c, axis=0))  # Q ⊙ exp(b)
             d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
@@ -221,7 +230,7 @@ def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate
     _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
     states[state_grid](
         q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides,
-        *d_o.stride(), BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
+        *d_o.stride(), SCALAR=False, BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
     )  # fmt: skip
     dg = torch.empty_like(dq) if gate_grad else dq
     grads[(n_k, batch * heads, n_chunks)](

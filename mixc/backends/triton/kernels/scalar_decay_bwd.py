@@ -9,8 +9,8 @@ backward):
     dV = P^T dO + diag(exp(b_C - b)) K D        dQ = dA K + diag(exp(b)) dO S^T
     dK = dA^T Q + diag(exp(b_C - b)) V D^T
 
-The pass over the chunks from the last is the diagonal's (_tl_diagonal_bwd_states, one gate for
-every key column: its gates read with a key stride of 0); _tl_scalar_decay_bwd_grads (a program
+The pass over the chunks from the last is the diagonal's (_tl_diagonal_bwd_states, SCALAR: one
+log-gate a token); _tl_scalar_decay_bwd_grads (a program
 per chunk and key block, the chunks in parallel) sums dO V^T, dO S^T, V D^T and the rows of
 S ⊙ D over the value columns, BV at a time (_tl_chunk_value_sums), writes dQ and dK whole and
 its key block's part of the gate's gradient, then, the value columns again, its key block's
@@ -143,7 +143,7 @@ def _tl_scalar_decay_backward(q, k, v, g, kept, d_o, d_final, chunk_size, dot, g
     _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
     states[state_grid](
         q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides, 0,
-        *d_o.stride(), BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
+        *d_o.stride(), SCALAR=True, BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
     )  # fmt: skip
     dg = dv.new_empty(n_k, batch, heads, length) if gate_grad else dq
     grads[(n_k, batch * heads, n_chunks)](
