@@ -8,13 +8,13 @@ launch, as are those of dV.
 
 Forward, per chunk, with b the gates' running sum inside the chunk:
     O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S,    S <- exp(b_C) S + (diag(exp(b_C - b)) K)^T V
-Backward, from the last chunk, with the states entering each chunk kept by the forward and D the
-gradient of the state leaving the chunk (the same formulas as the PyTorch kernel's backward):
+Backward (scalar_decay_bwd.py, two launches), with the states entering each chunk kept by the
+forward and D the gradient of the state leaving the chunk (the same formulas as the PyTorch
+kernel's backward):
     dV = P^T dO + diag(exp(b_C - b)) K D        dQ = dA K + diag(exp(b)) dO S^T
     dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
 with P = Q K^T ⊙ Gamma and dA = (dO V^T) ⊙ Gamma; the gate's gradient sums what each decay
-factor passes on, as the PyTorch kernel's _gate_grads does. dQ, dK and dg sum over the value
-columns: each block of columns writes its part and the parts are added after the launch.
+factor passes on, as the PyTorch kernel's _gate_grads does.
 
 Masks select (tl.where), never multiply by 0; a value that is not finite poisons its column's
 outputs from its token on and the state, as the recurrence does, without reaching earlier tokens
@@ -46,7 +46,8 @@ from mixc.backends.triton.kernels.common import (
     _tl_sum_parts,
     _tl_tokens,
 )
-from mixc.backends.triton.kernels.scalar_decay_bwd import _tl_scalar_decay_backward
+from mixc.backends.triton.kernels.diagonal_bwd import _tl_diagonal_backward
+from mixc.backends.triton.kernels.scalar_decay_bwd import _tl_scalar_decay_bwd_grads
 
 
 @triton.jit
@@ -172,9 +173,10 @@ class _TlScalarDecay(torch.autograd.Function):
     def backward(ctx, d_o, d_final):
         q, k, v, g, kept = ctx.saved_tensors
         gate_grad = g is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, d_gate, d_initial = _tl_scalar_decay_backward(
-            q, k, v, g, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
-        )
+        dq, dk, dv, d_gate, d_initial = _tl_diagonal_backward(
+            q, k, v, g, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad,
+            _tl_scalar_decay_bwd_grads,
+        )  # fmt: skip
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
         return dq, dk, dv, d_gate, d_initial, None, None

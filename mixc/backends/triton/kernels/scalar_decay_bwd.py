@@ -9,8 +9,8 @@ backward):
     dV = P^T dO + diag(exp(b_C - b)) K D        dQ = dA K + diag(exp(b)) dO S^T
     dK = dA^T Q + diag(exp(b_C - b)) V D^T
 
-The pass over the chunks from the last is the diagonal's (_tl_diagonal_bwd_states, SCALAR: one
-log-gate a token); _tl_scalar_decay_bwd_grads (a program
+The launches are the diagonal's (_tl_diagonal_backward): the pass over the chunks from the last
+is its _tl_diagonal_bwd_states (SCALAR: one log-gate a token); _tl_scalar_decay_bwd_grads (a program
 per chunk and key block, the chunks in parallel) sums dO V^T, dO S^T, V D^T and the rows of
 S ⊙ D over the value columns, BV at a time (_tl_chunk_value_sums), writes dQ and dK whole and
 its key block's part of the gate's gradient, then, the value columns again, its key block's
@@ -18,7 +18,6 @@ part of dV (_tl_chunk_value_grads); the parts are added after the launch. The ga
 sums what each decay factor passes on, as the PyTorch kernel's _gate_grads does.
 """
 
-import torch
 import triton
 import triton.language as tl
 
@@ -29,18 +28,12 @@ from mixc.backends.triton.kernels.common import (
     _tl_dot,
     _tl_gate_grads,
     _tl_gates,
-    _tl_gradients,
-    _tl_launch,
     _tl_operand,
     _tl_pair_grads,
     _tl_rows,
-    _tl_sizes,
     _tl_store_rows,
-    _tl_strides,
-    _tl_sum_parts,
     _tl_tokens,
 )
-from mixc.backends.triton.kernels.diagonal_bwd import _tl_diagonal_bwd_states
 
 
 @triton.jit
@@ -125,31 +118,3 @@ def _tl_scalar_decay_bwd_grads(
         do, dhs, dv, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state, part, t, in_t, cols_k, T, K,
         V, probs, k_end, BV, DOT,
     )  # fmt: skip
-
-
-def _tl_scalar_decay_backward(q, k, v, g, kept, d_o, d_final, chunk_size, dot, gate_grad):
-    """The gradients (dq, dk, dv, dg or None, d_initial) of chunk_scalar_decay's inputs from d_o
-    and d_final, the states entering each chunk that the forward kept and its products'
-    precision dot: two launches (see the module's docstring)."""
-    batch, heads, length, d_k = q.shape
-    sizes = (length, heads, d_k, v.shape[-1])
-    gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
-    states, grads = _tl_diagonal_bwd_states, _tl_scalar_decay_bwd_grads
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, grads, dot)
-    n_k = grid[2]
-    d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1, n_k)
-    dq, dk, d_states = dq[0], dk[0], torch.empty_like(kept)
-    common = {"HAS_G": g is not None, "BT": block_t, "DOT": dot}
-    _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
-    states[state_grid](
-        q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides, 0,
-        *d_o.stride(), SCALAR=True, BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
-    )  # fmt: skip
-    dg = dv.new_empty(n_k, batch, heads, length) if gate_grad else dq
-    grads[(n_k, batch * heads, n_chunks)](
-        q, k, v, gate, d_o, kept, d_states, dq, dk, dv, dg, *sizes, *q.stride(), *k.stride(),
-        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad, BK=block_k, BV=block_v,
-        **common, **_tl_launch(grads, dot),
-    )  # fmt: skip
-    dv = _tl_sum_parts(dv, n_k, dv.dtype)
-    return dq, dk, dv, dg.sum(0) if gate_grad else None, d_initial

@@ -796,6 +796,11 @@ def _tl_gradients(q, v, d_o, d_final, n_v, n_k=1):
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
+def _tl_levels(block_t):
+    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
+    return block_t.bit_length() - 1
+
+
 @triton.jit
 def _tl_dot(a, b, DOT: tl.constexpr):
     """a @ b, accumulated in float32 (float64 for float64 operands), its products as DOT says
@@ -1195,6 +1200,45 @@ def _tl_diagonal_bwd_states(
     _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
 
 
+def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad, grads):
+    """The gradients (dq, dk, dv, dg or None, d_initial) of chunk_diagonal's inputs from d_o and
+    d_final, the states entering each chunk that the forward kept and its products' precision
+    dot: two launches (see the module's docstring), the chunks' by `grads`
+    (_tl_diagonal_bwd_grads). The scalar-decay backward's too (scalar_decay_bwd.py): gk one
+    log-gate a token [B, NH, T], grads _tl_scalar_decay_bwd_grads, which writes its gate's
+    gradient a part per key block."""
+    batch, heads, length, d_k = q.shape
+    sizes = (length, heads, d_k, v.shape[-1])
+    scalar = gk is not None and gk.dim() == 3
+    gate, gate_strides = q if gk is None else gk, _tl_strides(gk, 3 if scalar else 4)
+    states = _tl_diagonal_bwd_states
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, grads, dot)
+    n_k = grid[2]
+    d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1, n_k)
+    dq, dk, d_states = dq[0], dk[0], torch.empty_like(kept)
+    common = {"HAS_G": gk is not None, "BT": block_t, "DOT": dot}
+    _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
+    states[state_grid](
+        q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides,
+        *((0,) if scalar else ()), *d_o.stride(), SCALAR=scalar, BK=state_k, BV=state_v,
+        **common, **_tl_launch(states, dot),
+    )  # fmt: skip
+    dg = dq
+    if gate_grad:
+        dg = dv.new_empty(n_k, batch, heads, length) if scalar else torch.empty_like(dq)
+    if "LEVELS" in grads.arg_names:
+        common["LEVELS"] = _tl_levels(block_t)
+    grads[(n_k, batch * heads, n_chunks)](
+        q, k, v, gate, d_o, kept, d_states, dq, dk, dv, dg, *sizes, *q.stride(), *k.stride(),
+        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad, BK=block_k, BV=block_v,
+        **common, **_tl_launch(grads, dot),
+    )  # fmt: skip
+    dv = _tl_sum_parts(dv, n_k, dv.dtype)
+    if gate_grad and scalar:
+        dg = dg.sum(0)  # the key blocks' parts
+    return dq, dk, dv, dg if gate_grad else None, d_initial
+
+
 @triton.jit
 def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr, DOT: tl.constexpr):
     """One chunk of the forward: (its outputs O = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S, the
@@ -1318,9 +1362,10 @@ class _TlScalarDecay(torch.autograd.Function):
     def backward(ctx, d_o, d_final):
         q, k, v, g, kept = ctx.saved_tensors
         gate_grad = g is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, d_gate, d_initial = _tl_scalar_decay_backward(
-            q, k, v, g, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
-        )
+        dq, dk, dv, d_gate, d_initial = _tl_diagonal_backward(
+            q, k, v, g, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad,
+            _tl_scalar_decay_bwd_grads,
+        )  # fmt: skip
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
         return dq, dk, dv, d_gate, d_initial, None, None
@@ -1423,34 +1468,6 @@ def _tl_scalar_decay_bwd_grads(
         do, dhs, dv, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state, part, t, in_t, cols_k, T, K,
         V, probs, k_end, BV, DOT,
     )  # fmt: skip
-
-
-def _tl_scalar_decay_backward(q, k, v, g, kept, d_o, d_final, chunk_size, dot, gate_grad):
-    """The gradients (dq, dk, dv, dg or None, d_initial) of chunk_scalar_decay's inputs from d_o
-    and d_final, the states entering each chunk that the forward kept and its products'
-    precision dot: two launches (see the module's docstring)."""
-    batch, heads, length, d_k = q.shape
-    sizes = (length, heads, d_k, v.shape[-1])
-    gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
-    states, grads = _tl_diagonal_bwd_states, _tl_scalar_decay_bwd_grads
-    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, grads, dot)
-    n_k = grid[2]
-    d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1, n_k)
-    dq, dk, d_states = dq[0], dk[0], torch.empty_like(kept)
-    common = {"HAS_G": g is not None, "BT": block_t, "DOT": dot}
-    _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
-    states[state_grid](
-        q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides, 0,
-        *d_o.stride(), SCALAR=True, BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
-    )  # fmt: skip
-    dg = dv.new_empty(n_k, batch, heads, length) if gate_grad else dq
-    grads[(n_k, batch * heads, n_chunks)](
-        q, k, v, gate, d_o, kept, d_states, dq, dk, dv, dg, *sizes, *q.stride(), *k.stride(),
-        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad, BK=block_k, BV=block_v,
-        **common, **_tl_launch(grads, dot),
-    )  # fmt: skip
-    dv = _tl_sum_parts(dv, n_k, dv.dtype)
-    return dq, dk, dv, dg.sum(0) if gate_grad else None, d_initial
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1568,8 +1568,9 @@ class _TlDiagonal(torch.autograd.Function):
         q, k, v, gk, kept = ctx.saved_tensors
         gate_grad = gk is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dg, d_initial = _tl_diagonal_backward(
-            q, k, v, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
-        )
+            q, k, v, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad,
+            _tl_diagonal_bwd_grads,
+        )  # fmt: skip
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
         return dq, dk, dv, dg, d_initial, None, None
@@ -1762,14 +1763,18 @@ def _tl_diagonal_bwd_grads(
     )  # fmt: skip
 
 
-def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
+def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad, grads):
     """The gradients (dq, dk, dv, dg or None, d_initial) of chunk_diagonal's inputs from d_o and
     d_final, the states entering each chunk that the forward kept and its products' precision
-    dot: two launches (see the module's docstring)."""
+    dot: two launches (see the module's docstring), the chunks' by `grads`
+    (_tl_diagonal_bwd_grads). The scalar-decay backward's too (scalar_decay_bwd.py): gk one
+    log-gate a token [B, NH, T], grads _tl_scalar_decay_bwd_grads, which writes its gate's
+    gradient a part per key block."""
     batch, heads, length, d_k = q.shape
     sizes = (length, heads, d_k, v.shape[-1])
-    gate, gate_strides = q if gk is None else gk, _tl_strides(gk, 4)
-    states, grads = _tl_diagonal_bwd_states, _tl_diagonal_bwd_grads
+    scalar = gk is not None and gk.dim() == 3
+    gate, gate_strides = q if gk is None else gk, _tl_strides(gk, 3 if scalar else 4)
+    states = _tl_diagonal_bwd_states
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, grads, dot)
     n_k = grid[2]
     d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1, n_k)
@@ -1778,15 +1783,22 @@ def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate
     _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
     states[state_grid](
         q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides,
-        *d_o.stride(), SCALAR=False, BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
+        *((0,) if scalar else ()), *d_o.stride(), SCALAR=scalar, BK=state_k, BV=state_v,
+        **common, **_tl_launch(states, dot),
     )  # fmt: skip
-    dg = torch.empty_like(dq) if gate_grad else dq
+    dg = dq
+    if gate_grad:
+        dg = dv.new_empty(n_k, batch, heads, length) if scalar else torch.empty_like(dq)
+    if "LEVELS" in grads.arg_names:
+        common["LEVELS"] = _tl_levels(block_t)
     grads[(n_k, batch * heads, n_chunks)](
         q, k, v, gate, d_o, kept, d_states, dq, dk, dv, dg, *sizes, *q.stride(), *k.stride(),
-        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad,
-        LEVELS=_tl_levels(block_t), BK=block_k, BV=block_v, **common, **_tl_launch(grads, dot),
+        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad, BK=block_k, BV=block_v,
+        **common, **_tl_launch(grads, dot),
     )  # fmt: skip
     dv = _tl_sum_parts(dv, n_k, dv.dtype)
+    if gate_grad and scalar:
+        dg = dg.sum(0)  # the key blocks' parts
     return dq, dk, dv, dg if gate_grad else None, d_initial
 
 
