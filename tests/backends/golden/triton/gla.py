@@ -1772,7 +1772,7 @@ def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate
     gradient a part per key block."""
     batch, heads, length, d_k = q.shape
     sizes = (length, heads, d_k, v.shape[-1])
-    scalar = gk is not None and gk.dim() == 3
+    scalar = "LEVELS" not in grads.arg_names  # the scalar-decay backward's
     gate, gate_strides = q if gk is None else gk, _tl_strides(gk, 3 if scalar else 4)
     states = _tl_diagonal_bwd_states
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, grads, dot)
@@ -1789,7 +1789,7 @@ def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate
     dg = dq
     if gate_grad:
         dg = dv.new_empty(n_k, batch, heads, length) if scalar else torch.empty_like(dq)
-    if "LEVELS" in grads.arg_names:
+    if not scalar:
         common["LEVELS"] = _tl_levels(block_t)
     grads[(n_k, batch * heads, n_chunks)](
         q, k, v, gate, d_o, kept, d_states, dq, dk, dv, dg, *sizes, *q.stride(), *k.stride(),
