@@ -23,8 +23,6 @@ import triton
 import triton.language as tl
 
 from mixc.backends.triton.kernels.common import (
-    _tl_chunk_value_grads,
-    _tl_chunk_value_sums,
     _tl_columns,
     _tl_dot,
     _tl_gates,
@@ -39,6 +37,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_run_sums,
     _tl_run_sums_grad,
     _tl_sizes,
+    _tl_split_dot,
     _tl_store_rows,
     _tl_store_state,
     _tl_strides,
@@ -118,6 +117,61 @@ def _tl_diagonal_state_grads(q_c, k_c, g_c, from_q, from_k, whole, rows, GATE_GR
         dg_c = _tl_run_sums_grad(dq_c * q_c, dk_c * k_c, rows, rows.shape[0])
         dg_c += (whole * tl.exp(tl.sum(g_c, axis=0)))[None, :]
     return dq_c, dk_c, dg_c, end_decay
+
+
+@triton.jit
+def _tl_chunk_value_sums(
+    v, do, hs, dhs,  # read
+    sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, t, in_t, cols_k, K, V,
+    WIDE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's sums over the value columns, BV at a time, for the backward of a program that
+    holds its key columns cols_k whole over the values: (dO V^T [BT, BT], dO S^T and V D^T
+    [BT, BK], the rows of S ⊙ D [BK]), with S (hs) the state entering the chunk i_state and D
+    (dhs) the gradient of the state leaving it [B * NH, N, K, V] (contiguous); dO S^T at about
+    float32's accuracy if WIDE (_tl_split_dot)."""
+    d_scores = tl.zeros((t.shape[0], t.shape[0]), dtype=hs.dtype.element_ty)  # dO V^T
+    from_q = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # dO S^T
+    from_k = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # V D^T
+    whole = tl.zeros((cols_k.shape[0],), dtype=d_scores.dtype)  # the rows of S ⊙ D
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        v_j = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        state = _tl_load_state(hs, i_state, K, V, cols_k, cols_v)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        d_scores += _tl_dot(do_j, tl.trans(v_j), DOT)
+        if WIDE:
+            from_q += _tl_split_dot(do_j, tl.trans(state), DOT)
+        else:
+            from_q += _tl_dot(do_j, tl.trans(state), DOT)
+        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
+        whole += tl.sum(state * d_state, axis=1)  # the compiler drops it where it is not read
+    return d_scores, from_q, from_k, whole
+
+
+@triton.jit
+def _tl_chunk_value_grads(
+    do, dhs,  # read
+    dv,  # written
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, part, t, in_t, cols_k, T, K, V, scores, k_end,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's part of dV from a program's key columns cols_k, the value columns BV at a time:
+    scores^T dO + k_end D, scores [BT, BT] (the chunk's decayed scores over those key columns)
+    and k_end [BT, BK] (its keys decayed to the chunk's end) as the products take them, D
+    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]."""
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
+        _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)
 
 
 @triton.jit

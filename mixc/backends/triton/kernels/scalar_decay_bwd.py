@@ -23,8 +23,6 @@ import triton.language as tl
 
 from mixc.backends.triton.kernels.common import (
     _tl_chunk_decays,
-    _tl_chunk_value_grads,
-    _tl_chunk_value_sums,
     _tl_dot,
     _tl_gate_grads,
     _tl_gates,
@@ -34,6 +32,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_store_rows,
     _tl_tokens,
 )
+from mixc.backends.triton.kernels.diagonal_bwd import _tl_chunk_value_grads, _tl_chunk_value_sums
 
 
 @triton.jit

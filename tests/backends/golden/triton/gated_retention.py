@@ -1091,6 +1091,16 @@ def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
+    """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
+    finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
+    is still 0), and a token that is not finite reads zeros (see diagonal.py's docstring)."""
+    gates = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+    poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
+    return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
+
+
+@triton.jit
 def _tl_chunk_value_sums(
     v, do, hs, dhs,  # read
     sv_b, sv_h, sv_t, sv_d,
@@ -1143,16 +1153,6 @@ def _tl_chunk_value_grads(
         d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
         dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
         _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)
-
-
-@triton.jit
-def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
-    """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
-    finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
-    is still 0), and a token that is not finite reads zeros (see diagonal.py's docstring)."""
-    gates = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
-    poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
-    return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
 
 
 @triton.jit
