@@ -149,7 +149,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
         kernel or f"_tl_{cls}_{direction}",
     )
     consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": chunk, "C": chunk, "BV": block_v,
-              "BK": block_k,
+              "BK": block_k, "SCALAR": False,
               "DOT": DOTS[dtype], "LEVELS": chunk.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}

@@ -62,7 +62,7 @@ def _tl_tiles(kernel, dot=None):
         return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
-        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (64, 32, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd_states": (64, 32, 4),
         "_tl_diagonal_bwd_grads": (16, 32, 8),
@@ -96,7 +96,7 @@ def _tl_float32_tiles(dot):
         return {}
     return {
         "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
         "_tl_diagonal_fwd": (64, 16, 8),
         "_tl_delta_fwd_wy": (None, 32, 8),
         "_tl_delta_fwd_states": (None, 16, 8),
@@ -321,6 +321,25 @@ def _tl_operand(x, DOT: tl.constexpr):
     elif DOT == "fp16":
         x = x.to(tl.float16)
     return x
+
+
+@triton.jit
+def _tl_split_dot(a, b, DOT: tl.constexpr):
+    """a @ b for an a exact in DOT's 16-bit dtype (a 16-bit input) and a float32 b, at about
+    float32's accuracy: for bfloat16 operands b is the sum of two bfloat16 parts (16 bits of its
+    mantissa), two products on the tensor cores, emulated as such under the interpreter; for
+    the others as _tl_wide_dot."""
+    if DOT == "bf16":
+        high = b.to(tl.bfloat16)
+        low = (b - high.to(tl.float32)).to(tl.bfloat16)
+        product = tl.dot(a.to(tl.bfloat16), high, out_dtype=tl.float32)
+        product = tl.dot(a.to(tl.bfloat16), low, acc=product, out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        high = _tl_round_bf16(b)
+        product = _tl_dot(a, high, DOT) + _tl_dot(a, b - high, DOT)
+    else:
+        product = _tl_wide_dot(a, b, DOT)
+    return product
 
 
 @triton.jit

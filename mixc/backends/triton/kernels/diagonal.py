@@ -56,6 +56,7 @@ from mixc.backends.triton.kernels.common import (
 )
 from mixc.backends.triton.kernels.diagonal_bwd import (
     _tl_diagonal_backward,
+    _tl_diagonal_bwd_grads,
     _tl_diagonal_gates,
     _tl_diagonal_scores,
 )
@@ -200,8 +201,9 @@ class _TlDiagonal(torch.autograd.Function):
         q, k, v, gk, kept = ctx.saved_tensors
         gate_grad = gk is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dg, d_initial = _tl_diagonal_backward(
-            q, k, v, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
-        )
+            q, k, v, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad,
+            _tl_diagonal_bwd_grads,
+        )  # fmt: skip
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
         return dq, dk, dv, dg, d_initial, None, None

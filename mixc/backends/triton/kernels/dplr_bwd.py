@@ -198,9 +198,7 @@ def _tl_dplr_through_decays(
     dy_c = dy_c * to_end
     dg_c = tl.zeros_like(dx_c)
     if GATE_GRAD:
-        d_x = x_c * dx_c
-        d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
-        dg_c = _tl_dplr_decays_grad(d_up_to, d_before, y_c * dy_c, rows, BT)
+        dg_c = _tl_dplr_decays_grad(x_c * dx_c, y_c * dy_c, rows, side, BT)
         dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
     return dx_c, dy_c, dg_c
 

@@ -17,7 +17,6 @@ from mixc.backends.triton.kernels.common import (
     _tl_pairs,
     _tl_run_scan,
     _tl_run_sums,
-    _tl_run_sums_grad,
     _tl_tile,
 )
 
@@ -41,10 +40,14 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
-    """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
-    d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
-    return d_g + _tl_run_scan(d_before, RUN, True, False)
+def _tl_dplr_decays_grad(d_row, d_col, rows, side, RUN: tl.constexpr):
+    """The gradient for g of a side's decays of _tl_dplr_decays(g, rows, RUN), from those of
+    its rows' decay (d_row: side 0 the sum up to the row, its own included; side 1 before it)
+    and its columns' (d_col, the sum after the row): g_l is in the rows' sums of the rows after
+    l in its run and, side 0, of row l itself, and in the columns' of the rows before l. Two
+    scans, each of the contributions themselves."""
+    d_g = _tl_run_scan(d_row, RUN, True, False) + _tl_run_scan(d_col, RUN, False, False)
+    return d_g + tl.where(side == 0, d_row, 0.0)
 
 
 @triton.jit
@@ -171,10 +174,8 @@ def _tl_dplr_scores_grad(
                 dts, tiles, x_c, k_c, b_c, g_c, rows, side, 1 << level, DOT
             )
             if GATE_GRAD:
-                d_x = x_c * dx_l
-                d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
-                d_after = k_c * dk_l + b_c * db_l
-                dg_c += _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, 1 << level)
+                d_col = k_c * dk_l + b_c * db_l
+                dg_c += _tl_dplr_decays_grad(x_c * dx_l, d_col, rows, side, 1 << level)
             dx_c += dx_l
             dk_c += dk_l
             db_c += db_l

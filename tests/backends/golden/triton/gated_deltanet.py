@@ -332,7 +332,7 @@ def _tl_tiles(kernel, dot=None):
         return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
-        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (64, 32, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd_states": (64, 32, 4),
         "_tl_diagonal_bwd_grads": (16, 32, 8),
@@ -366,7 +366,7 @@ def _tl_float32_tiles(dot):
         return {}
     return {
         "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
         "_tl_diagonal_fwd": (64, 16, 8),
         "_tl_delta_fwd_wy": (None, 32, 8),
         "_tl_delta_fwd_states": (None, 16, 8),

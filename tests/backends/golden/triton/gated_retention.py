@@ -467,7 +467,7 @@ def _tl_tiles(kernel, dot=None):
         return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
-        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (64, 32, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd_states": (64, 32, 4),
         "_tl_diagonal_bwd_grads": (16, 32, 8),
@@ -501,7 +501,7 @@ def _tl_float32_tiles(dot):
         return {}
     return {
         "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
         "_tl_diagonal_fwd": (64, 16, 8),
         "_tl_delta_fwd_wy": (None, 32, 8),
         "_tl_delta_fwd_states": (None, 16, 8),
@@ -629,6 +629,11 @@ def _tl_gradients(q, v, d_o, d_final, n_v, n_k=1):
     return d_o.to(q.dtype), d_final, dq, dk, dv, torch.empty_like(d_final)
 
 
+def _tl_levels(block_t):
+    """The levels of blocks inside a chunk of block_t (a power of two) tokens: log2(block_t)."""
+    return block_t.bit_length() - 1
+
+
 @triton.jit
 def _tl_dot(a, b, DOT: tl.constexpr):
     """a @ b, accumulated in float32 (float64 for float64 operands), its products as DOT says
@@ -721,6 +726,25 @@ def _tl_operand(x, DOT: tl.constexpr):
     elif DOT == "fp16":
         x = x.to(tl.float16)
     return x
+
+
+@triton.jit
+def _tl_split_dot(a, b, DOT: tl.constexpr):
+    """a @ b for an a exact in DOT's 16-bit dtype (a 16-bit input) and a float32 b, at about
+    float32's accuracy: for bfloat16 operands b is the sum of two bfloat16 parts (16 bits of its
+    mantissa), two products on the tensor cores, emulated as such under the interpreter; for
+    the others as _tl_wide_dot."""
+    if DOT == "bf16":
+        high = b.to(tl.bfloat16)
+        low = (b - high.to(tl.float32)).to(tl.bfloat16)
+        product = tl.dot(a.to(tl.bfloat16), high, out_dtype=tl.float32)
+        product = tl.dot(a.to(tl.bfloat16), low, acc=product, out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        high = _tl_round_bf16(b)
+        product = _tl_dot(a, high, DOT) + _tl_dot(a, b - high, DOT)
+    else:
+        product = _tl_wide_dot(a, b, DOT)
+    return product
 
 
 @triton.jit
@@ -866,6 +890,14 @@ def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
 
 
 @triton.jit
+def _tl_key_gates(g, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask):
+    """The log-gates at tokens t and key columns cols of one (batch, head) of g [B, NH, T, K]
+    (strided), 0 where mask is False, a gate below -1e30 read as -1e30 (as in _tl_gates)."""
+    gates = _tl_rows(g, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, cols, mask)
+    return tl.where(gates < -1e30, -1e30, gates)
+
+
+@triton.jit
 def _tl_chunk_decays(g, rows):
     """The decays of a chunk from its log-gates g [BT] (_tl_gate_sums): (Gamma [BT, BT],
     exp(b_i - b_j) on and below the diagonal and 1, an empty product, above it; exp(b) and
@@ -889,6 +921,155 @@ def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
     REVERSE, after it), its own left out; a sum of those entries, never a difference."""
     _, before = tl.associative_scan((x, tl.zeros_like(x)), axis, _tl_add_before, reverse=REVERSE)
     return before
+
+
+@triton.jit
+def _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k):
+    """The log-gates of a chunk [BT, BK] and its poison [BT] (0 for a token whose gates are all
+    finite, NaN otherwise); a gate below -1e30 (a hard reset, -inf) is read as -1e30 (its decay
+    is still 0), and a token that is not finite reads zeros (see diagonal.py's docstring)."""
+    gates = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+    poison = tl.sum(tl.exp(gates) * 0.0, axis=1)
+    return tl.where(poison[:, None] == 0.0, gates, 0.0), poison
+
+
+@triton.jit
+def _tl_chunk_value_sums(
+    v, do, hs, dhs,  # read
+    sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, t, in_t, cols_k, K, V,
+    WIDE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's sums over the value columns, BV at a time, for the backward of a program that
+    holds its key columns cols_k whole over the values: (dO V^T [BT, BT], dO S^T and V D^T
+    [BT, BK], the rows of S ⊙ D [BK]), with S (hs) the state entering the chunk i_state and D
+    (dhs) the gradient of the state leaving it [B * NH, N, K, V] (contiguous); dO S^T at about
+    float32's accuracy if WIDE (_tl_split_dot)."""
+    d_scores = tl.zeros((t.shape[0], t.shape[0]), dtype=hs.dtype.element_ty)  # dO V^T
+    from_q = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # dO S^T
+    from_k = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # V D^T
+    whole = tl.zeros((cols_k.shape[0],), dtype=d_scores.dtype)  # the rows of S ⊙ D
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        v_j = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        state = _tl_load_state(hs, i_state, K, V, cols_k, cols_v)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        d_scores += _tl_dot(do_j, tl.trans(v_j), DOT)
+        if WIDE:
+            from_q += _tl_split_dot(do_j, tl.trans(state), DOT)
+        else:
+            from_q += _tl_dot(do_j, tl.trans(state), DOT)
+        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
+        whole += tl.sum(state * d_state, axis=1)  # the compiler drops it where it is not read
+    return d_scores, from_q, from_k, whole
+
+
+@triton.jit
+def _tl_chunk_value_grads(
+    do, dhs,  # read
+    dv,  # written
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, part, t, in_t, cols_k, T, K, V, scores, k_end,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's part of dV from a program's key columns cols_k, the value columns BV at a time:
+    scores^T dO + k_end D, scores [BT, BT] (the chunk's decayed scores over those key columns)
+    and k_end [BT, BK] (its keys decayed to the chunk's end) as the products take them, D
+    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]."""
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
+        _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)
+
+
+@triton.jit
+def _tl_diagonal_bwd_states(
+    q, g, do, dht,  # read
+    dhs, dh0,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sg_b, sg_h, sg_t, sg_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    HAS_G: tl.constexpr, SCALAR: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """One (value block, batch x head, key block) program: the chunks from the last, its tile of
+    D in registers. Per chunk: D (the gradient of the state leaving it) to dhs
+    [B * NH, N, K, V], then D <- diag(exp(b_C)) D + (Q ⊙ exp(b))^T dO. dht, dh0:
+    [B * NH, K, V]; all contiguous. SCALAR (the scalar-decay backward, scalar_decay_bwd.py):
+    g is one log-gate a token [B, NH, T] (sg_d unread), and the decays scale dO's rows, so
+    that the products take the queries as given (with Q ⊙ exp(b) rounded to 16 bits instead,
+    the bfloat16 fuzz of RetNet's gamma erred 4x more)."""
+    i_bh = tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    rows = tl.arange(0, BT)
+    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
+    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
+    n_chunks = tl.cdiv(T, BT)
+    for m in range(0, n_chunks):
+        n = n_chunks - 1 - m
+        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
+        _tl_store_state(dhs, i_bh * n_chunks + n, K, V, cols_k, cols_v, d_state)
+        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+        do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        if HAS_G and SCALAR:  # dO's rows decayed, the queries multiplied as they are
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            do_start = do_c * tl.exp(tl.cumsum(g_c, axis=0))[:, None]  # diag(exp(b)) dO
+            d_state = d_state * tl.exp(tl.sum(g_c, axis=0))
+            d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
+        elif HAS_G:
+            g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
+            q_start = q_c * tl.exp(tl.cumsum(g_c, axis=0))  # Q ⊙ exp(b)
+            d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
+            d_state += _tl_dot(tl.trans(q_start), do_c, DOT)
+        else:
+            d_state += _tl_dot(tl.trans(q_c), do_c, DOT)
+    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
+
+
+def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad, grads):
+    """The gradients (dq, dk, dv, dg or None, d_initial) of chunk_diagonal's inputs from d_o and
+    d_final, the states entering each chunk that the forward kept and its products' precision
+    dot: two launches (see the module's docstring), the chunks' by `grads`
+    (_tl_diagonal_bwd_grads). The scalar-decay backward's too (scalar_decay_bwd.py): gk one
+    log-gate a token [B, NH, T], grads _tl_scalar_decay_bwd_grads, which writes its gate's
+    gradient a part per key block."""
+    batch, heads, length, d_k = q.shape
+    sizes = (length, heads, d_k, v.shape[-1])
+    scalar = "LEVELS" not in grads.arg_names  # the scalar-decay backward's
+    gate, gate_strides = q if gk is None else gk, _tl_strides(gk, 3 if scalar else 4)
+    states = _tl_diagonal_bwd_states
+    block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, grads, dot)
+    n_k = grid[2]
+    d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1, n_k)
+    dq, dk, d_states = dq[0], dk[0], torch.empty_like(kept)
+    common = {"HAS_G": gk is not None, "BT": block_t, "DOT": dot}
+    _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
+    states[state_grid](
+        q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides,
+        *((0,) if scalar else ()), *d_o.stride(), SCALAR=scalar, BK=state_k, BV=state_v,
+        **common, **_tl_launch(states, dot),
+    )  # fmt: skip
+    dg = dq
+    if gate_grad:
+        dg = dv.new_empty(n_k, batch, heads, length) if scalar else torch.empty_like(dq)
+    if not scalar:
+        common["LEVELS"] = _tl_levels(block_t)
+    grads[(n_k, batch * heads, n_chunks)](
+        q, k, v, gate, d_o, kept, d_states, dq, dk, dv, dg, *sizes, *q.stride(), *k.stride(),
+        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad, BK=block_k, BV=block_v,
+        **common, **_tl_launch(grads, dot),
+    )  # fmt: skip
+    dv = _tl_sum_parts(dv, n_k, dv.dtype)
+    if gate_grad and scalar:
+        dg = dg.sum(0)  # the key blocks' parts
+    return dq, dk, dv, dg if gate_grad else None, d_initial
 
 
 @triton.jit
@@ -958,138 +1139,6 @@ def _tl_scalar_decay_fwd(
     _tl_store_state(ht, i_bh, K, V, cols_k, cols_v, state)
 
 
-@triton.jit
-def _tl_split_dot(a, b, DOT: tl.constexpr):
-    """a @ b for an a exact in DOT's 16-bit dtype (a 16-bit input) and a float32 b, at about
-    float32's accuracy: for bfloat16 operands b is the sum of two bfloat16 parts (16 bits of its
-    mantissa), two products on the tensor cores, emulated as such under the interpreter; for
-    the others as _tl_wide_dot."""
-    if DOT == "bf16":
-        high = b.to(tl.bfloat16)
-        low = (b - high.to(tl.float32)).to(tl.bfloat16)
-        product = tl.dot(a.to(tl.bfloat16), high, out_dtype=tl.float32)
-        product = tl.dot(a.to(tl.bfloat16), low, acc=product, out_dtype=tl.float32)
-    elif DOT == "bf16 emulated":
-        high = _tl_round_bf16(b)
-        product = _tl_dot(a, high, DOT) + _tl_dot(a, b - high, DOT)
-    else:
-        product = _tl_wide_dot(a, b, DOT)
-    return product
-
-
-@triton.jit
-def _tl_scalar_decay_chunk_grad(
-    q_c, k_c, v_c, do_c, g_c, state, d_state, rows,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """One chunk of the backward, from its inputs, the output gradient do_c, the state S
-    entering it (kept by the forward) and the gradient D of the state leaving it: (dQ, dK, dV,
-    the gate's gradient dg [BT] (zeros unless GATE_GRAD), the gradient of the state entering
-    the chunk). With P = Q K^T ⊙ Gamma and dA = (dO V^T) ⊙ Gamma:
-        dV = P^T dO + diag(exp(b_C - b)) K D        dQ = dA K + diag(exp(b)) dO S^T
-        dK = dA^T Q + diag(exp(b_C - b)) V D^T      D <- exp(b_C) D + (diag(exp(b)) Q)^T dO
-    """
-    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
-    # the decays scale the rows of the products, not the [BT, BK] queries and keys (fewer
-    # registers, the same sums), and the [BT, BT] tiles are used up before the state's products
-    probs = _tl_dot(q_c, tl.trans(k_c), DOT)
-    d_probs = _tl_dot(do_c, tl.trans(v_c), DOT)  # dP = dO V^T
-    dg_c = tl.zeros((BT,), dtype=state.dtype)
-    if HAS_G:
-        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
-        probs = tl.where(causal, probs * gamma, 0.0)
-        if GATE_GRAD:  # g_l is in Gamma_ij for j < l <= i
-            dg_c = _tl_pair_grads(d_probs * probs, rows)
-        d_probs = d_probs * gamma
-    else:
-        probs = tl.where(causal, probs, 0.0)
-    dv_c = _tl_dot(tl.trans(probs), do_c, DOT)
-    d_scores = tl.where(causal, d_probs, 0.0)
-    dq_c = _tl_dot(d_scores, k_c, DOT)
-    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT)
-    sixteen: tl.constexpr = DOT == "bf16" or DOT == "bf16 emulated"  # 16-bit operands
-    if GATE_GRAD and not sixteen:  # dO S^T at float32's accuracy (below)
-        from_q = _tl_wide_dot(do_c, tl.trans(state), DOT)
-    else:
-        from_q = _tl_dot(do_c, tl.trans(state), DOT)  # dO S^T
-    from_k = _tl_dot(v_c, tl.trans(d_state), DOT)  # V D^T
-    to_state = _tl_dot(k_c, d_state, DOT)  # K D
-    do_start = do_c
-    if HAS_G:
-        if GATE_GRAD:
-            # and in exp(b_i) for l <= i (q_i . (dO S^T)_i, which sums against terms it
-            # cancels: at float32's accuracy, else Mamba-2's dt fails the bfloat16 fuzz;
-            # 16-bit: as dO_i . (Q S)_i, S in two bfloat16 parts, fewer registers), in
-            # exp(b_C - b_j) for j < l (k_j . (V D^T)_j = v_j . (K D)_j), in exp(b_C) for all l
-            if sixteen:
-                from_state = _tl_split_dot(q_c, state, DOT)  # Q S
-                starts = tl.sum(do_c * from_state, axis=1)
-            else:
-                starts = tl.sum(q_c * from_q, axis=1)
-            starts = starts * tl.reshape(from_start, (BT,))
-            ends = tl.sum(v_c * to_state, axis=1) * tl.reshape(to_end, (BT,))
-            whole = tl.sum(tl.sum(state * d_state, axis=1), axis=0) * chunk_decay
-            dg_c = _tl_gate_grads(dg_c, starts, ends, whole, rows)
-        from_q, do_start = from_q * from_start, do_c * from_start
-        from_k, to_state = from_k * to_end, to_state * to_end
-        d_state = d_state * chunk_decay
-    dv_c += to_state
-    dq_c += from_q
-    dk_c += from_k
-    d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
-    return dq_c, dk_c, dv_c, dg_c, d_state
-
-
-@triton.jit
-def _tl_scalar_decay_bwd(
-    q, k, v, g, do, hs, dht,  # read
-    dq, dk, dv, dg, dh0,  # written
-    T, NH, K, V,
-    sq_b, sq_h, sq_t, sq_d,
-    sk_b, sk_h, sk_t, sk_d,
-    sv_b, sv_h, sv_t, sv_d,
-    sg_b, sg_h, sg_t,
-    sdo_b, sdo_h, sdo_t, sdo_d,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """One (value block, batch x head, key block) program: the chunks from the last, its
-    block of the state's gradient in registers (_tl_scalar_decay_chunk_grad). dq, dk: one part
-    per value block [NV, B * NH, T, K]; dv: one per key block [NK * B * NH, T, V]; dg: one per
-    program [NK * NV * B * NH, T]; dht, dh0 [B * NH, K, V]; all contiguous."""
-    i_bh = tl.program_id(1)
-    i_b, i_h = i_bh // NH, i_bh % NH
-    rows = tl.arange(0, BT)
-    cols_k, cols_v, in_k, in_v = _tl_columns(K, V, BK, BV)
-    d_state = _tl_load_state(dht, i_bh, K, V, cols_k, cols_v)
-    n_chunks = tl.cdiv(T, BT)
-    part = tl.program_id(0) * tl.num_programs(1) + i_bh  # this value block's of dq, dk
-    key_part = tl.program_id(2) * tl.num_programs(1) + i_bh  # this key block's of dv
-    own = tl.program_id(2) * tl.num_programs(0) * tl.num_programs(1) + part  # of dg
-    for m in range(0, n_chunks):
-        n = n_chunks - 1 - m
-        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
-        q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
-        k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
-        v_c = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
-        do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        state = _tl_load_state(hs, i_bh * n_chunks + n, K, V, cols_k, cols_v)
-        if HAS_G:
-            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
-        else:
-            g_c = tl.zeros((BT,), dtype=d_state.dtype)  # never read
-        dq_c, dk_c, dv_c, dg_c, d_state = _tl_scalar_decay_chunk_grad(
-            q_c, k_c, v_c, do_c, g_c, state, d_state, rows, HAS_G, GATE_GRAD, BT, DOT
-        )
-        _tl_store_rows(dv, key_part, T, V, t, cols_v, at_v, dv_c)
-        _tl_store_rows(dq, part, T, K, t, cols_k, at_k, dq_c)
-        _tl_store_rows(dk, part, T, K, t, cols_k, at_k, dk_c)
-        if HAS_G:
-            if GATE_GRAD:
-                tl.store(dg + own * T + t, dg_c, mask=in_t)
-    _tl_store_state(dh0, i_bh, K, V, cols_k, cols_v, d_state)
-
-
 def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
     """(o [B, NH, T, V], final state [B, NH, K, V], the states entering each chunk
     [B, NH, N, K, V] if keep else None), the products as dot says (_tl_dot_precision)."""
@@ -1131,7 +1180,7 @@ def _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, keep, dot):
 
 class _TlScalarDecay(torch.autograd.Function):
     """The fused kernel under autograd: the forward keeps the inputs and the states entering each
-    chunk; the backward is one launch of _tl_scalar_decay_bwd."""
+    chunk; the backward is two launches (scalar_decay_bwd.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, initial_state, chunk_size, operands):
@@ -1145,50 +1194,14 @@ class _TlScalarDecay(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
         q, k, v, g, kept = ctx.saved_tensors
-        batch, heads, length, d_k = q.shape
-        d_v = v.shape[-1]
-        block_t, block_k, block_v, grid, _ = _tl_sizes(
-            q, v, ctx.chunk_size, _tl_scalar_decay_bwd, ctx.dot
-        )
-        n_v, _, n_k = grid
-        d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, n_v, n_k)
         gate_grad = g is not None and ctx.needs_input_grad[3]
-        dg = dv.new_empty(n_k * n_v, batch, heads, length) if gate_grad else dv
-        _tl_scalar_decay_bwd[grid](
-            q,
-            k,
-            v,
-            q if g is None else g,
-            d_o,
-            kept,
-            d_final,
-            dq,
-            dk,
-            dv,
-            dg,
-            d_initial,
-            length,
-            heads,
-            d_k,
-            d_v,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *_tl_strides(g, 3),
-            *d_o.stride(),
-            HAS_G=g is not None,
-            GATE_GRAD=gate_grad,
-            BT=block_t,
-            BK=block_k,
-            BV=block_v,
-            DOT=ctx.dot,
-            **_tl_launch(_tl_scalar_decay_bwd, ctx.dot),
-        )
+        dq, dk, dv, d_gate, d_initial = _tl_diagonal_backward(
+            q, k, v, g, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad,
+            _tl_scalar_decay_bwd_grads,
+        )  # fmt: skip
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
-        dv = _tl_sum_parts(dv, n_k, dv.dtype)
-        d_gate = dg.sum(0) if gate_grad else None
-        return dq.sum(0), dk.sum(0), dv, d_gate, d_initial, None, None
+        return dq, dk, dv, d_gate, d_initial, None, None
 
 
 def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64, operands=None):
@@ -1204,6 +1217,90 @@ def chunk_scalar_decay(q, k, v, g=None, initial_state=None, chunk_size=64, opera
     dot = _tl_dot_precision(q, _tl_scalar_decay_fwd, operands)
     o, final, _ = _tl_scalar_decay_forward(q, k, v, g, initial_state, chunk_size, False, dot)
     return o, final
+
+
+@triton.jit
+def _tl_scalar_decay_chunk_grad(
+    q_c, k_c, g_c, d_probs, from_q, from_k, whole, rows,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """One chunk's gradients over a program's key columns, from its queries and keys q_c, k_c
+    [BT, BK], its log-gates g_c [BT] (read only if HAS_G) and the sums over the value columns
+    (_tl_chunk_value_sums: dO V^T, dO S^T, V D^T, the rows of S ⊙ D): (dQ, dK, this key block's
+    part of the gate's gradient [BT] (zeros unless GATE_GRAD), P as the products take it, and
+    exp(b_C - b) [BT, 1])."""
+    causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
+    probs = _tl_dot(q_c, tl.trans(k_c), DOT)
+    dg_c = tl.zeros((rows.shape[0],), dtype=d_probs.dtype)
+    to_end = tl.full((rows.shape[0], 1), 1.0, dtype=d_probs.dtype)
+    if HAS_G:
+        # the decays scale the rows of the products, not the [BT, BK] queries and keys
+        gamma, from_start, to_end, chunk_decay = _tl_chunk_decays(g_c, rows)
+        probs = tl.where(causal, probs * gamma, 0.0)
+        from_q, from_k = from_q * from_start, from_k * to_end
+        if GATE_GRAD:
+            # g_l is in Gamma_ij for j < l <= i, in exp(b_i) for l <= i (q_i . (dO S^T)_i,
+            # which sums against terms it cancels: dO S^T at about float32's accuracy, else
+            # Mamba-2's dt fails the bfloat16 fuzz), in exp(b_C - b_j) for j < l
+            # (k_j . (V D^T)_j), in exp(b_C) for every l
+            pairs = _tl_pair_grads(d_probs * probs, rows)
+            starts = tl.sum(q_c * from_q, axis=1)
+            ends = tl.sum(k_c * from_k, axis=1)
+            whole = tl.sum(whole, axis=0) * chunk_decay
+            dg_c = _tl_gate_grads(pairs, starts, ends, whole, rows)
+        d_probs = d_probs * gamma
+    else:
+        probs = tl.where(causal, probs, 0.0)
+    d_scores = _tl_operand(tl.where(causal, d_probs, 0.0), DOT)  # dA, rounded once
+    dq_c = _tl_dot(d_scores, k_c, DOT) + from_q
+    dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT) + from_k
+    return dq_c, dk_c, dg_c, _tl_operand(probs, DOT), to_end
+
+
+@triton.jit
+def _tl_scalar_decay_bwd_grads(
+    q, k, v, g, do, hs, dhs,  # read
+    dq, dk, dv, dg,  # written
+    T, NH, K, V,
+    sq_b, sq_h, sq_t, sq_d,
+    sk_b, sk_h, sk_t, sk_d,
+    sv_b, sv_h, sv_t, sv_d,
+    sg_b, sg_h, sg_t,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """One (key block, batch x head, chunk) program, the value columns BV at a time: dQ and dK
+    [B * NH, T, K], this key block's part of dg [NK * B * NH, T] (GATE_GRAD), then its part of
+    dV [NK * B * NH, T, V]; hs, dhs: the states entering, gradients leaving each chunk
+    [B * NH, N, K, V]; all contiguous."""
+    i_k, i_bh, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h, i_state = i_bh // NH, i_bh % NH, i_bh * tl.cdiv(T, BT) + n
+    part = i_k * tl.num_programs(1) + i_bh  # this key block's of dg and dv
+    rows, cols_k = tl.arange(0, BT), i_k * BK + tl.arange(0, BK)
+    t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
+    d_probs, from_q, from_k, whole = _tl_chunk_value_sums(
+        v, do, hs, dhs, sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state,
+        t, in_t, cols_k, K, V, GATE_GRAD, BV, DOT,
+    )  # fmt: skip
+    q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
+    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
+    if HAS_G:
+        g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+    else:
+        g_c = tl.zeros((BT,), dtype=d_probs.dtype)  # never read
+    dq_c, dk_c, dg_c, probs, to_end = _tl_scalar_decay_chunk_grad(
+        q_c, k_c, g_c, d_probs, from_q, from_k, whole, rows, HAS_G, GATE_GRAD, DOT
+    )
+    _tl_store_rows(dq, i_bh, T, K, t, cols_k, at_k, dq_c)
+    _tl_store_rows(dk, i_bh, T, K, t, cols_k, at_k, dk_c)
+    if GATE_GRAD:
+        tl.store(dg + part * T + t, dg_c, mask=in_t)
+    k_end = _tl_operand(k_c * to_end, DOT)  # diag(exp(b_C - b)) K
+    _tl_chunk_value_grads(
+        do, dhs, dv, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state, part, t, in_t, cols_k, T, K,
+        V, probs, k_end, BV, DOT,
+    )  # fmt: skip
 
 
 # ---- this mixer --------------------------------------------------------------------------

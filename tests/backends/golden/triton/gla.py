@@ -773,7 +773,7 @@ def _tl_tiles(kernel, dot=None):
         return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
-        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (64, 32, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd_states": (64, 32, 4),
         "_tl_diagonal_bwd_grads": (16, 32, 8),
@@ -807,7 +807,7 @@ def _tl_float32_tiles(dot):
         return {}
     return {
         "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
         "_tl_diagonal_fwd": (64, 16, 8),
         "_tl_delta_fwd_wy": (None, 32, 8),
         "_tl_delta_fwd_states": (None, 16, 8),
@@ -1005,6 +1005,21 @@ def _tl_ieee_dot_part(a, b, acc):
 
 
 @triton.jit
+def _tl_wide_dot(a, b, DOT: tl.constexpr):
+    """a @ b at about float32's accuracy whatever DOT, for the products whose operands are
+    gradients that later sums cancel (the delta rule's solve): IEEE float32 (float64) for
+    "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
+    rounded to 16 bits."""
+    if DOT == "ieee":
+        product = _tl_ieee_dot(a, b)
+    elif DOT == "bf16 emulated":
+        product = tl.dot(a, b, input_precision="ieee")
+    else:
+        product = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    return product
+
+
+@triton.jit
 def _tl_operand(x, DOT: tl.constexpr):
     """A tile of the inputs as the products take it: rounded to the 16-bit dtype of a 16-bit
     DOT once, as it is loaded (half the registers of float32, and the same operand in every
@@ -1017,6 +1032,25 @@ def _tl_operand(x, DOT: tl.constexpr):
     elif DOT == "fp16":
         x = x.to(tl.float16)
     return x
+
+
+@triton.jit
+def _tl_split_dot(a, b, DOT: tl.constexpr):
+    """a @ b for an a exact in DOT's 16-bit dtype (a 16-bit input) and a float32 b, at about
+    float32's accuracy: for bfloat16 operands b is the sum of two bfloat16 parts (16 bits of its
+    mantissa), two products on the tensor cores, emulated as such under the interpreter; for
+    the others as _tl_wide_dot."""
+    if DOT == "bf16":
+        high = b.to(tl.bfloat16)
+        low = (b - high.to(tl.float32)).to(tl.bfloat16)
+        product = tl.dot(a.to(tl.bfloat16), high, out_dtype=tl.float32)
+        product = tl.dot(a.to(tl.bfloat16), low, acc=product, out_dtype=tl.float32)
+    elif DOT == "bf16 emulated":
+        high = _tl_round_bf16(b)
+        product = _tl_dot(a, high, DOT) + _tl_dot(a, b - high, DOT)
+    else:
+        product = _tl_wide_dot(a, b, DOT)
+    return product
 
 
 @triton.jit
@@ -1099,6 +1133,16 @@ def _tl_put_rows(x, strides_b, strides_h, strides_t, strides_d, i_b, i_h, t, col
     (strided), where mask is True."""
     at = x + i_b * strides_b + i_h * strides_h + t[:, None] * strides_t + cols[None, :] * strides_d
     tl.store(at, rows, mask=mask)
+
+
+@triton.jit
+def _tl_gates(g, strides_b, strides_h, strides_t, i_b, i_h, t, mask):
+    """The log-gates at tokens t of one (batch, head) of g [B, NH, T] (strided), 0 where mask is
+    False. A gate below -1e30 (a hard reset, -inf) is read as -1e30: its decay is still exactly
+    0, and the sums of gates stay finite (a matmul's 0 times -inf would be NaN)."""
+    gates = tl.load(g + i_b * strides_b + i_h * strides_h + t * strides_t, mask=mask, other=0.0)
+    gates = _tl_wide(gates)
+    return tl.where(gates < -1e30, -1e30, gates)
 
 
 @triton.jit
@@ -1296,8 +1340,9 @@ class _TlDiagonal(torch.autograd.Function):
         q, k, v, gk, kept = ctx.saved_tensors
         gate_grad = gk is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dg, d_initial = _tl_diagonal_backward(
-            q, k, v, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad
-        )
+            q, k, v, gk, kept, d_o, d_final, ctx.chunk_size, ctx.dot, gate_grad,
+            _tl_diagonal_bwd_grads,
+        )  # fmt: skip
         if not ctx.needs_input_grad[4]:  # no initial state, or one without a gradient
             d_initial = None
         return dq, dk, dv, dg, d_initial, None, None
@@ -1397,6 +1442,61 @@ def _tl_diagonal_state_grads(q_c, k_c, g_c, from_q, from_k, whole, rows, GATE_GR
 
 
 @triton.jit
+def _tl_chunk_value_sums(
+    v, do, hs, dhs,  # read
+    sv_b, sv_h, sv_t, sv_d,
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, t, in_t, cols_k, K, V,
+    WIDE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's sums over the value columns, BV at a time, for the backward of a program that
+    holds its key columns cols_k whole over the values: (dO V^T [BT, BT], dO S^T and V D^T
+    [BT, BK], the rows of S ⊙ D [BK]), with S (hs) the state entering the chunk i_state and D
+    (dhs) the gradient of the state leaving it [B * NH, N, K, V] (contiguous); dO S^T at about
+    float32's accuracy if WIDE (_tl_split_dot)."""
+    d_scores = tl.zeros((t.shape[0], t.shape[0]), dtype=hs.dtype.element_ty)  # dO V^T
+    from_q = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # dO S^T
+    from_k = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # V D^T
+    whole = tl.zeros((cols_k.shape[0],), dtype=d_scores.dtype)  # the rows of S ⊙ D
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        v_j = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
+        state = _tl_load_state(hs, i_state, K, V, cols_k, cols_v)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        d_scores += _tl_dot(do_j, tl.trans(v_j), DOT)
+        if WIDE:
+            from_q += _tl_split_dot(do_j, tl.trans(state), DOT)
+        else:
+            from_q += _tl_dot(do_j, tl.trans(state), DOT)
+        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
+        whole += tl.sum(state * d_state, axis=1)  # the compiler drops it where it is not read
+    return d_scores, from_q, from_k, whole
+
+
+@triton.jit
+def _tl_chunk_value_grads(
+    do, dhs,  # read
+    dv,  # written
+    sdo_b, sdo_h, sdo_t, sdo_d,
+    i_b, i_h, i_state, part, t, in_t, cols_k, T, K, V, scores, k_end,
+    BV: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's part of dV from a program's key columns cols_k, the value columns BV at a time:
+    scores^T dO + k_end D, scores [BT, BT] (the chunk's decayed scores over those key columns)
+    and k_end [BT, BK] (its keys decayed to the chunk's end) as the products take them, D
+    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]."""
+    for j in range(0, tl.cdiv(V, BV)):
+        cols_v = j * BV + tl.arange(0, BV)
+        at_v = in_t[:, None] & (cols_v < V)[None, :]
+        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
+        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
+        dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
+        _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)
+
+
+@triton.jit
 def _tl_diagonal_bwd_states(
     q, g, do, dht,  # read
     dhs, dh0,  # written
@@ -1404,13 +1504,16 @@ def _tl_diagonal_bwd_states(
     sq_b, sq_h, sq_t, sq_d,
     sg_b, sg_h, sg_t, sg_d,
     sdo_b, sdo_h, sdo_t, sdo_d,
-    HAS_G: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT: tl.constexpr,
+    HAS_G: tl.constexpr, SCALAR: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One (value block, batch x head, key block) program: the chunks from the last, its tile of
     D in registers. Per chunk: D (the gradient of the state leaving it) to dhs
     [B * NH, N, K, V], then D <- diag(exp(b_C)) D + (Q ⊙ exp(b))^T dO. dht, dh0:
-    [B * NH, K, V]; all contiguous."""
+    [B * NH, K, V]; all contiguous. SCALAR (the scalar-decay backward, scalar_decay_bwd.py):
+    g is one log-gate a token [B, NH, T] (sg_d unread), and the decays scale dO's rows, so
+    that the products take the queries as given (with Q ⊙ exp(b) rounded to 16 bits instead,
+    the bfloat16 fuzz of RetNet's gamma erred 4x more)."""
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -1419,11 +1522,16 @@ def _tl_diagonal_bwd_states(
     n_chunks = tl.cdiv(T, BT)
     for m in range(0, n_chunks):
         n = n_chunks - 1 - m
-        t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
+        t, in_t, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         _tl_store_state(dhs, i_bh * n_chunks + n, K, V, cols_k, cols_v, d_state)
         q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
         do_c = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        if HAS_G:
+        if HAS_G and SCALAR:  # dO's rows decayed, the queries multiplied as they are
+            g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
+            do_start = do_c * tl.exp(tl.cumsum(g_c, axis=0))[:, None]  # diag(exp(b)) dO
+            d_state = d_state * tl.exp(tl.sum(g_c, axis=0))
+            d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
+        elif HAS_G:
             g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
             q_start = q_c * tl.exp(tl.cumsum(g_c, axis=0))  # Q ⊙ exp(b)
             d_state = d_state * tl.exp(tl.sum(g_c, axis=0))[:, None]
@@ -1453,21 +1561,10 @@ def _tl_diagonal_bwd_grads(
     i_b, i_h, i_state = i_bh // NH, i_bh % NH, i_bh * tl.cdiv(T, BT) + n
     rows, cols_k = tl.arange(0, BT), i_k * BK + tl.arange(0, BK)
     t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
-    d_scores = tl.zeros((BT, BT), dtype=hs.dtype.element_ty)  # dA = dO V^T
-    from_q = tl.zeros((BT, BK), dtype=d_scores.dtype)  # dO S^T
-    from_k = tl.zeros((BT, BK), dtype=d_scores.dtype)  # V D^T
-    whole = tl.zeros((BK,), dtype=d_scores.dtype)  # the rows of S ⊙ D, summed over the columns
-    for j in range(0, tl.cdiv(V, BV)):
-        cols_v = j * BV + tl.arange(0, BV)
-        at_v = in_t[:, None] & (cols_v < V)[None, :]
-        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        v_j = _tl_operand(_tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols_v, at_v), DOT)
-        state = _tl_load_state(hs, i_state, K, V, cols_k, cols_v)
-        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
-        d_scores += _tl_dot(do_j, tl.trans(v_j), DOT)
-        from_q += _tl_dot(do_j, tl.trans(state), DOT)
-        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
-        whole += tl.sum(state * d_state, axis=1)  # read under GATE_GRAD only
+    d_scores, from_q, from_k, whole = _tl_chunk_value_sums(
+        v, do, hs, dhs, sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state,
+        t, in_t, cols_k, K, V, False, BV, DOT,
+    )  # fmt: skip
     q_c = _tl_operand(_tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols_k, at_k), DOT)
     k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
     if HAS_G:
@@ -1487,23 +1584,24 @@ def _tl_diagonal_bwd_grads(
         _tl_store_rows(dg, i_bh, T, K, t, cols_k, at_k, dg_c)
     k_end = _tl_operand(k_c * end_decay, DOT)  # K ⊙ exp(b_C - b)
     scores = _tl_operand(_tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT), DOT)
-    for j in range(0, tl.cdiv(V, BV)):
-        cols_v = j * BV + tl.arange(0, BV)
-        at_v = in_t[:, None] & (cols_v < V)[None, :]
-        do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
-        d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
-        dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
-        _tl_store_rows(dv, i_k * tl.num_programs(1) + i_bh, T, V, t, cols_v, at_v, dv_j)
+    _tl_chunk_value_grads(
+        do, dhs, dv, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state, i_k * tl.num_programs(1) + i_bh,
+        t, in_t, cols_k, T, K, V, scores, k_end, BV, DOT,
+    )  # fmt: skip
 
 
-def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
+def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate_grad, grads):
     """The gradients (dq, dk, dv, dg or None, d_initial) of chunk_diagonal's inputs from d_o and
     d_final, the states entering each chunk that the forward kept and its products' precision
-    dot: two launches (see the module's docstring)."""
+    dot: two launches (see the module's docstring), the chunks' by `grads`
+    (_tl_diagonal_bwd_grads). The scalar-decay backward's too (scalar_decay_bwd.py): gk one
+    log-gate a token [B, NH, T], grads _tl_scalar_decay_bwd_grads, which writes its gate's
+    gradient a part per key block."""
     batch, heads, length, d_k = q.shape
     sizes = (length, heads, d_k, v.shape[-1])
-    gate, gate_strides = q if gk is None else gk, _tl_strides(gk, 4)
-    states, grads = _tl_diagonal_bwd_states, _tl_diagonal_bwd_grads
+    scalar = "LEVELS" not in grads.arg_names  # the scalar-decay backward's
+    gate, gate_strides = q if gk is None else gk, _tl_strides(gk, 3 if scalar else 4)
+    states = _tl_diagonal_bwd_states
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, grads, dot)
     n_k = grid[2]
     d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1, n_k)
@@ -1512,15 +1610,22 @@ def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate
     _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
     states[state_grid](
         q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides,
-        *d_o.stride(), BK=state_k, BV=state_v, **common, **_tl_launch(states, dot),
+        *((0,) if scalar else ()), *d_o.stride(), SCALAR=scalar, BK=state_k, BV=state_v,
+        **common, **_tl_launch(states, dot),
     )  # fmt: skip
-    dg = torch.empty_like(dq) if gate_grad else dq
+    dg = dq
+    if gate_grad:
+        dg = dv.new_empty(n_k, batch, heads, length) if scalar else torch.empty_like(dq)
+    if not scalar:
+        common["LEVELS"] = _tl_levels(block_t)
     grads[(n_k, batch * heads, n_chunks)](
         q, k, v, gate, d_o, kept, d_states, dq, dk, dv, dg, *sizes, *q.stride(), *k.stride(),
-        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad,
-        LEVELS=_tl_levels(block_t), BK=block_k, BV=block_v, **common, **_tl_launch(grads, dot),
+        *v.stride(), *gate_strides, *d_o.stride(), GATE_GRAD=gate_grad, BK=block_k, BV=block_v,
+        **common, **_tl_launch(grads, dot),
     )  # fmt: skip
     dv = _tl_sum_parts(dv, n_k, dv.dtype)
+    if gate_grad and scalar:
+        dg = dg.sum(0)  # the key blocks' parts
     return dq, dk, dv, dg if gate_grad else None, d_initial
 
 

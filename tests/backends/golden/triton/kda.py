@@ -330,7 +330,7 @@ def _tl_tiles(kernel, dot=None):
         return float32[kernel.__name__]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
-        "_tl_scalar_decay_bwd": (64, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (64, 32, 8),
         "_tl_diagonal_fwd": (64, 32, 8),
         "_tl_diagonal_bwd_states": (64, 32, 4),
         "_tl_diagonal_bwd_grads": (16, 32, 8),
@@ -364,7 +364,7 @@ def _tl_float32_tiles(dot):
         return {}
     return {
         "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd": (16, 16, 8),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
         "_tl_diagonal_fwd": (64, 16, 8),
         "_tl_delta_fwd_wy": (None, 32, 8),
         "_tl_delta_fwd_states": (None, 16, 8),
@@ -707,13 +707,6 @@ def _tl_run_sums(g, rows, RUN: tl.constexpr):
     Each is summed from its own terms by a scan (_tl_run_scan), never a difference of running
     sums, and in float32 (float64): no matmul, no rounding to tensor-core operands."""
     return _tl_run_scan(g, RUN, False, True), _tl_run_scan(g, RUN, True, False)
-
-
-@triton.jit
-def _tl_run_sums_grad(d_up_to, d_after, rows, RUN: tl.constexpr):
-    """The gradient for g of _tl_run_sums(g, rows, RUN), from those of its two sums: g_l is in
-    the first sum of the rows from l to its run's end and in the second of the rows before l."""
-    return _tl_run_scan(d_up_to, RUN, True, True) + _tl_run_scan(d_after, RUN, False, False)
 
 
 @triton.jit
@@ -1144,9 +1137,7 @@ def _tl_dplr_through_decays(
     dy_c = dy_c * to_end
     dg_c = tl.zeros_like(dx_c)
     if GATE_GRAD:
-        d_x = x_c * dx_c
-        d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
-        dg_c = _tl_dplr_decays_grad(d_up_to, d_before, y_c * dy_c, rows, BT)
+        dg_c = _tl_dplr_decays_grad(x_c * dx_c, y_c * dy_c, rows, side, BT)
         dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
     return dx_c, dy_c, dg_c
 
@@ -1277,10 +1268,14 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, RUN: tl.constexpr):
-    """The gradient for g of the three sums in _tl_dplr_decays(g, rows, RUN), from theirs."""
-    d_g = _tl_run_sums_grad(d_up_to, d_after, rows, RUN)
-    return d_g + _tl_run_scan(d_before, RUN, True, False)
+def _tl_dplr_decays_grad(d_row, d_col, rows, side, RUN: tl.constexpr):
+    """The gradient for g of a side's decays of _tl_dplr_decays(g, rows, RUN), from those of
+    its rows' decay (d_row: side 0 the sum up to the row, its own included; side 1 before it)
+    and its columns' (d_col, the sum after the row): g_l is in the rows' sums of the rows after
+    l in its run and, side 0, of row l itself, and in the columns' of the rows before l. Two
+    scans, each of the contributions themselves."""
+    d_g = _tl_run_scan(d_row, RUN, True, False) + _tl_run_scan(d_col, RUN, False, False)
+    return d_g + tl.where(side == 0, d_row, 0.0)
 
 
 @triton.jit
@@ -1407,10 +1402,8 @@ def _tl_dplr_scores_grad(
                 dts, tiles, x_c, k_c, b_c, g_c, rows, side, 1 << level, DOT
             )
             if GATE_GRAD:
-                d_x = x_c * dx_l
-                d_up_to, d_before = tl.where(side == 0, d_x, 0.0), tl.where(side == 0, 0.0, d_x)
-                d_after = k_c * dk_l + b_c * db_l
-                dg_c += _tl_dplr_decays_grad(d_up_to, d_before, d_after, rows, 1 << level)
+                d_col = k_c * dk_l + b_c * db_l
+                dg_c += _tl_dplr_decays_grad(x_c * dx_l, d_col, rows, side, 1 << level)
             dx_c += dx_l
             dk_c += dk_l
             db_c += db_l
