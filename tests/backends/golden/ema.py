@@ -55,7 +55,7 @@ SUMMARY_ACTIONS = {"m": "elementwise"}  # how summary()'s P acts: S_0 @ P or P *
 CHUNK_SIZE = 32
 
 
-# ---- runtime helpers (the same in every mixc module) --------------------------------------
+# ---- runtime helpers (those this module uses) --------------------------------------------
 
 
 def _fail(message):
@@ -263,111 +263,11 @@ def _seq_scalar(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
-def _seq_matrix(x, sizes, cu_seqlens=None):
-    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
-    axes of 1 where x is the same for every batch entry or every token (or, for packed
-    sequences, [N, NH, longest, K, V] with zeros after each sequence's end)."""
-    x = x.reshape((1,) * (5 - x.dim()) + tuple(x.shape))
-    x = x.expand(x.shape[0], x.shape[1], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
-    if cu_seqlens is None:
-        return x
-    x = x.expand(sizes["B"], sizes["NH"], sizes["T"], *x.shape[-2:])
-    rows, cols = x.shape[-2:]
-    return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
-
-
-def _seq_factor(x, sizes, cu_seqlens=None):
-    """A second factor of a log-gate, in _seq_matrix's layout: for packed sequences one constant
-    in time stays so (the first factor is 0 after each sequence's end, so is their product)."""
-    y = _seq_matrix(x, sizes)
-    return y if cu_seqlens is None or y.shape[2] == 1 else _seq_matrix(x, sizes, cu_seqlens)
-
-
 def _from_seq(o, cu_seqlens=None):
     """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
     if cu_seqlens is not None:
         o = _pack(o, cu_seqlens)
     return o.transpose(1, 2)[..., None]
-
-
-def _unrecorded(*tensors):
-    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
-    arguments and initial states, and no compiler traces it): the addresses of their storages,
-    which `_spare` keeps out of reach; else None."""
-    if torch.compiler.is_compiling():
-        return None
-    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return None
-    return {x.untyped_storage().data_ptr() for x in tensors}
-
-
-def _spare(x, own):
-    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
-    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
-    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
-    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
-    if own is None or x.untyped_storage().data_ptr() in own:
-        return None
-    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
-
-
-def _add_skip(base, x, *params, value=1, out=None):
-    """base + value x p_1 ... p_n (torch.addcmul, `out=` as _spare allows) for a per-token
-    tensor x and per-head parameters p_i broadcast over its tokens: a skip term such as Mamba's
-    D x_t. Where autograd records it, the parameters' gradients are summed in float64 (_Skip):
-    each sums a product over every token and channel (65,536 of them for 2 sequences of 512
-    tokens of 64 channels) whose terms largely cancel, so that in float32 its rounding follows
-    the order of the sum, which eager torch and a compiler choose differently."""
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return _Skip.apply(base, x, value, *params)
-    return torch.addcmul(base, x, _times(params), value=value, out=out)
-
-
-def _times(factors):
-    """The product of the tensors `factors`, from the first."""
-    product = factors[0]
-    for factor in factors[1:]:
-        product = product * factor
-    return product
-
-
-def _wide_sum(x, shape):
-    """x summed to `shape` (as x.sum_to_size(shape)) in float64."""
-    lead = x.dim() - len(shape)
-    dims = [*range(lead)]
-    dims += [lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1]
-    if not dims:
-        return x.double()
-    return torch.sum(x, dims, keepdim=True, dtype=torch.float64).reshape(shape)
-
-
-class _Skip(torch.autograd.Function):
-    """_add_skip under autograd: the gradient of each parameter is the float64 sum over the
-    tokens of the output's gradient times x, times the other parameters, rounded once to the
-    parameter's dtype."""
-
-    @staticmethod
-    def forward(ctx, base, x, value, *params):
-        ctx.save_for_backward(x, *params)
-        ctx.value, ctx.base_shape = value, base.shape
-        return torch.addcmul(base, x, _times(params), value=value)
-
-    @staticmethod
-    def backward(ctx, d):
-        x, *params = ctx.saved_tensors
-        wanted = ctx.needs_input_grad
-        d_base = d.sum_to_size(ctx.base_shape) if wanted[0] else None
-        d_x = (d * _times(params) * ctx.value).sum_to_size(x.shape) if wanted[1] else None
-        d_params = [None] * len(params)
-        if any(wanted[3:]):
-            g = _wide_sum(d * x, torch.broadcast_shapes(*(p.shape for p in params)))
-            g = g * ctx.value
-            for i, p in enumerate(params):
-                if wanted[3 + i]:
-                    others = [g, *(q.double() for j, q in enumerate(params) if j != i)]
-                    d_params[i] = _wide_sum(_times(others), p.shape).to(p.dtype)
-        return d_base, d_x, None, *d_params
 
 
 def _check_cu_seqlens(cu_seqlens, sizes, device):
@@ -415,13 +315,6 @@ def _pack(o, cu_seqlens):
     return o.transpose(0, 1)[:, valid][None]
 
 
-def _l2norm(x):
-    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries. The sum of squares is the squared
-    norm: one fused reduction, where (x * x).sum() wrote x * x first (4x slower on CPU)."""
-    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
-    return x * torch.rsqrt(norm * norm + 1e-6)
-
-
 def _log_gate(x):
     """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
     that log (1 / 2^-64), not of the clamp (0).
@@ -435,24 +328,6 @@ def _log_gate(x):
     floor = 2.0**-64
     lifted = torch.where((x >= 0) & (x < floor), floor, x)
     return torch.log(x + (lifted - x).detach())
-
-
-def _check_decay_sign(x, name, decay, state):
-    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
-    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
-    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
-    call; a decay written provably positive (sigmoid, exp) is never checked. Under
-    torch.compile, which cannot branch on a tensor's values, the check is an assertion in the
-    graph (a RuntimeError with the same message when the compiled call runs)."""
-    message = (
-        f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
-        "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
-        "make the decay provably positive in the spec (sigmoid(x), exp(x))"
-    )
-    if torch.compiler.is_compiling():
-        torch._assert_async(~(x < 0).any(), message)
-    elif bool((x < 0).any()):
-        _fail(message)
 
 
 # ---- kernels, one per transition class ---------------------------------------------------
@@ -1289,7 +1164,17 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
 
 
 def _scalar_decay_span(
-    q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False, decayed=False
+    q_c,
+    k_c,
+    v_c,
+    g_c,
+    state,
+    kept,
+    guard,
+    reverse=False,
+    strict=False,
+    decayed=False,
+    diagonal=False,
 ):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
     [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
@@ -1303,7 +1188,8 @@ def _scalar_decay_span(
     gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
     passed on still takes them). decayed (with strict, not reverse): q_t exp(g_t) S_{t-1}, the
     state after the token's decay, before its write: the decays of the plain read (each pair
-    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one."""
+    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one. diagonal: q_t . k_t
+    [N, B, NH, C, 1] too, the scores' diagonal before any mask, a second output."""
     gates, before = g_c, strict and not decayed  # the decays' order; the triangle: strict
     if guard and (reverse or before) and g_c is not None:
         gates, poison_g = _finite_gates(g_c)
@@ -1314,7 +1200,10 @@ def _scalar_decay_span(
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv, reverse)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
+    # a copy: without decay the mask is applied in place
+    dots = torch.diagonal(scores, 0, -2, -1).unsqueeze(-1).clone() if diagonal else None
+    scores = _masked(scores, gamma, reverse, strict)
     if guard:
         v_c, poison = _finite_rows(v_c)
         poison = poison if gates is g_c else poison + poison_g
@@ -1323,7 +1212,8 @@ def _scalar_decay_span(
     if kept is not None:
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
-    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
+    o = _two_matmuls(scores, v_c, q_from_start, states_in)
+    return ([o, dots] if diagonal else [o]), state
 
 
 def _scalar_decay_grads_span(
@@ -1383,7 +1273,16 @@ def _scalar_decay_grads_span(
 
 
 def chunk_scalar_decay(
-    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False, decayed=False
+    q,
+    k,
+    v,
+    g=None,
+    initial_state=None,
+    chunk_size=64,
+    reverse=False,
+    strict=False,
+    decayed=False,
+    diagonal=False,
 ):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
@@ -1392,13 +1291,24 @@ def chunk_scalar_decay(
     (reverse: q_t S_{t+1}), the state before the token's update; strict and decayed (forward
     only): o_t = exp(g_t) q_t S_{t-1}, the state after the token's decay, before its write.
 
-    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]); with diagonal, a third: q_t . k_t
+    [B, NH, T] (a folded write's correction reads it), the diagonal of the scores the chunks
+    compute anyway, where nothing records the call and no compiler traces it, else None.
     """
     if decayed and (reverse or not strict):
         raise ValueError("chunk_scalar_decay: decayed reads forward and strict only")
     seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict) | 4 * int(decayed)
     span, grads = _scalar_decay_span, _scalar_decay_grads_span
-    return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
+    if diagonal and not (_needs_grad(initial_state, *seqs) or torch.compiler.is_compiling()):
+        flags = {"reverse": reverse, "strict": strict, "decayed": decayed, "diagonal": True}
+
+        def both(*chunks_and_state):
+            return span(*chunks_and_state, **flags)
+
+        (o, dots), state, _ = _guarded_spans(both, seqs, initial_state, chunk_size, reverse=reverse)
+        return o, state, dots.squeeze(-1)
+    o, state = _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
+    return (o, state, None) if diagonal else (o, state)
 
 
 def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
@@ -1422,8 +1332,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
-# mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_5dfd7d024dae77d2", globals())
+# mixc's kernels), in a namespace named by a hash of the kernels' text above
+_operator_spans = _register_spans("mixc_86274267853d3f81", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -57,7 +57,7 @@ SUMMARY_ACTIONS = {"H": "elementwise"}  # how summary()'s P acts: S_0 @ P or P *
 CHUNK_SIZE = 8
 
 
-# ---- runtime helpers (the same in every mixc module) --------------------------------------
+# ---- runtime helpers (those this module uses) --------------------------------------------
 
 
 def _fail(message):
@@ -259,12 +259,6 @@ def _seq_vector(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x, cu_seqlens)
 
 
-def _seq_scalar(x, sizes, cu_seqlens=None):
-    """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T] (or [N, NH, longest])."""
-    x = x.squeeze(-1).squeeze(-1).expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
-    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
-
-
 def _seq_matrix(x, sizes, cu_seqlens=None):
     """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
     axes of 1 where x is the same for every batch entry or every token (or, for packed
@@ -415,46 +409,6 @@ def _pack(o, cu_seqlens):
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     valid = torch.arange(o.shape[2], device=o.device)[None, :] < lengths[:, None]
     return o.transpose(0, 1)[:, valid][None]
-
-
-def _l2norm(x):
-    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries. The sum of squares is the squared
-    norm: one fused reduction, where (x * x).sum() wrote x * x first (4x slower on CPU)."""
-    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
-    return x * torch.rsqrt(norm * norm + 1e-6)
-
-
-def _log_gate(x):
-    """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
-    that log (1 / 2^-64), not of the clamp (0).
-
-    At a decay of exactly 0 the log-gate would be -inf, the kernel's gradient for it 0 (a factor
-    0 passes nothing on) and the log's gradient 1 / 0: the decay's gradient 0 * inf, where the
-    recurrence's is finite. From 2^-64 the kernel's gradient is the decay's gradient times
-    2^-64, which the log's gradient divides out again, while an output moves by at most 2^-64
-    of a value (below float64's resolution). A negative x keeps its NaN.
-    """
-    floor = 2.0**-64
-    lifted = torch.where((x >= 0) & (x < floor), floor, x)
-    return torch.log(x + (lifted - x).detach())
-
-
-def _check_decay_sign(x, name, decay, state):
-    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
-    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
-    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
-    call; a decay written provably positive (sigmoid, exp) is never checked. Under
-    torch.compile, which cannot branch on a tensor's values, the check is an assertion in the
-    graph (a RuntimeError with the same message when the compiled call runs)."""
-    message = (
-        f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
-        "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
-        "make the decay provably positive in the spec (sigmoid(x), exp(x))"
-    )
-    if torch.compiler.is_compiling():
-        torch._assert_async(~(x < 0).any(), message)
-    elif bool((x < 0).any()):
-        _fail(message)
 
 
 # ---- kernels, one per transition class ---------------------------------------------------
@@ -1024,8 +978,8 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
-# mixc's kernels), in a namespace named by a hash of the text above
-_operator_calls = _register_calls("mixc_ad7853028ea949c3", globals())
+# mixc's kernels), in a namespace named by a hash of the kernels' text above
+_operator_calls = _register_calls("mixc_c5bcbd3e57ca00ca", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

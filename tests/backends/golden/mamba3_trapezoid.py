@@ -69,7 +69,7 @@ SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
 CHUNK_SIZE = 32
 
 
-# ---- runtime helpers (the same in every mixc module) --------------------------------------
+# ---- runtime helpers (those this module uses) --------------------------------------------
 
 
 def _fail(message):
@@ -98,18 +98,6 @@ def _output_dtype(layout, first):
     the forms read it before the other arguments are checked."""
     _check_tensor(layout[0][0], first, None)
     return first.dtype
-
-
-def _empty_batch(x):
-    """Whether the first input `x` holds no sequence (B = 0), which some forms answer apart."""
-    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 0
-
-
-def _no_sequences(result):
-    """A form's result (a tensor, None, or tuples of them) cut to an empty batch, B = 0."""
-    if isinstance(result, tuple):
-        return tuple(_no_sequences(x) for x in result)
-    return None if result is None else result[:0]
 
 
 def _check_flag(name, value):
@@ -277,26 +265,6 @@ def _seq_scalar(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
 
 
-def _seq_matrix(x, sizes, cu_seqlens=None):
-    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
-    axes of 1 where x is the same for every batch entry or every token (or, for packed
-    sequences, [N, NH, longest, K, V] with zeros after each sequence's end)."""
-    x = x.reshape((1,) * (5 - x.dim()) + tuple(x.shape))
-    x = x.expand(x.shape[0], x.shape[1], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
-    if cu_seqlens is None:
-        return x
-    x = x.expand(sizes["B"], sizes["NH"], sizes["T"], *x.shape[-2:])
-    rows, cols = x.shape[-2:]
-    return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
-
-
-def _seq_factor(x, sizes, cu_seqlens=None):
-    """A second factor of a log-gate, in _seq_matrix's layout: for packed sequences one constant
-    in time stays so (the first factor is 0 after each sequence's end, so is their product)."""
-    y = _seq_matrix(x, sizes)
-    return y if cu_seqlens is None or y.shape[2] == 1 else _seq_matrix(x, sizes, cu_seqlens)
-
-
 def _from_seq(o, cu_seqlens=None):
     """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
     if cu_seqlens is not None:
@@ -427,46 +395,6 @@ def _pack(o, cu_seqlens):
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     valid = torch.arange(o.shape[2], device=o.device)[None, :] < lengths[:, None]
     return o.transpose(0, 1)[:, valid][None]
-
-
-def _l2norm(x):
-    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries. The sum of squares is the squared
-    norm: one fused reduction, where (x * x).sum() wrote x * x first (4x slower on CPU)."""
-    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
-    return x * torch.rsqrt(norm * norm + 1e-6)
-
-
-def _log_gate(x):
-    """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
-    that log (1 / 2^-64), not of the clamp (0).
-
-    At a decay of exactly 0 the log-gate would be -inf, the kernel's gradient for it 0 (a factor
-    0 passes nothing on) and the log's gradient 1 / 0: the decay's gradient 0 * inf, where the
-    recurrence's is finite. From 2^-64 the kernel's gradient is the decay's gradient times
-    2^-64, which the log's gradient divides out again, while an output moves by at most 2^-64
-    of a value (below float64's resolution). A negative x keeps its NaN.
-    """
-    floor = 2.0**-64
-    lifted = torch.where((x >= 0) & (x < floor), floor, x)
-    return torch.log(x + (lifted - x).detach())
-
-
-def _check_decay_sign(x, name, decay, state):
-    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
-    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
-    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
-    call; a decay written provably positive (sigmoid, exp) is never checked. Under
-    torch.compile, which cannot branch on a tensor's values, the check is an assertion in the
-    graph (a RuntimeError with the same message when the compiled call runs)."""
-    message = (
-        f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
-        "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
-        "make the decay provably positive in the spec (sigmoid(x), exp(x))"
-    )
-    if torch.compiler.is_compiling():
-        torch._assert_async(~(x < 0).any(), message)
-    elif bool((x < 0).any()):
-        _fail(message)
 
 
 # ---- kernels, one per transition class ---------------------------------------------------
@@ -1066,31 +994,6 @@ def _lagged_start(state, key, value, scale):
     return state + (scale[:, :, :1, None] * key) @ value.mT
 
 
-def _tokenwise(fn, *xs):
-    """fn(*xs), fn computed token by token (from each token's entries alone) in the mixers'
-    layout: xs of 5 axes [B, T, NH, rows, cols] have the tokens on axis 1 (or 1 entry there,
-    the same at every token), the others (parameters) are the same at every token, and so is
-    fn's result laid out. Where nothing records it (no gradient, no compiler), computed a slice
-    of tokens at a time: its temporaries (a sum of a vector and its bias) are then cache-sized,
-    in memory the C allocator recycles, where over the whole sequence each is a fresh tensor of
-    its size (on CPU its pages cost more than the pass that fills them). The same values."""
-    seqs = [x for x in xs if isinstance(x, torch.Tensor) and x.dim() == 5 and x.shape[1] > 1]
-    tracked = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in xs
-    )
-    if not seqs or tracked or torch.compiler.is_compiling():
-        return fn(*xs)
-    length = seqs[0].shape[1]
-    step = max(1, (1 << 17) // max(x[:, :1].numel() for x in seqs))  # 512 KiB of float32
-    if length <= step:
-        return fn(*xs)
-
-    def part(x, s):
-        return x[:, s : s + step] if any(x is y for y in seqs) else x
-
-    return torch.cat([fn(*(part(x, s) for x in xs)) for s in range(0, length, step)], 1)
-
-
 class _Operators:
     """The operators of this module's kernels once registered (_register_spans,
     _register_calls; its rotations: _register_rotations; a sum of angles: _register_angle_sums),
@@ -1409,7 +1312,17 @@ def _scan_scalar(initial_state, chunk_g, chunk_kv, reverse=False):
 
 
 def _scalar_decay_span(
-    q_c, k_c, v_c, g_c, state, kept, guard, reverse=False, strict=False, decayed=False
+    q_c,
+    k_c,
+    v_c,
+    g_c,
+    state,
+    kept,
+    guard,
+    reverse=False,
+    strict=False,
+    decayed=False,
+    diagonal=False,
 ):
     """The scalar-decay recurrence on one span of chunks: q_c, k_c [N, B, NH, C, K], v_c
     [N, B, NH, C, V], g_c [N, B, NH, C] or None; guarded against non-finite values of v (see
@@ -1423,7 +1336,8 @@ def _scalar_decay_span(
     gates decay by 1 inside the chunk and poison the outputs that read them instead (the state
     passed on still takes them). decayed (with strict, not reverse): q_t exp(g_t) S_{t-1}, the
     state after the token's decay, before its write: the decays of the plain read (each pair
-    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one."""
+    (i, j < i) by a_{j+1} .. a_i), the triangle of the strict one. diagonal: q_t . k_t
+    [N, B, NH, C, 1] too, the scores' diagonal before any mask, a second output."""
     gates, before = g_c, strict and not decayed  # the decays' order; the triangle: strict
     if guard and (reverse or before) and g_c is not None:
         gates, poison_g = _finite_gates(g_c)
@@ -1434,7 +1348,10 @@ def _scalar_decay_span(
     chunk_kv = _bmm(k_to_end.transpose(-1, -2), v_c)  # [N, B, NH, K, V]
     states_in, state = _scan_scalar(state, chunk_g, chunk_kv, reverse)
     # Y = (Q K^T ⊙ Gamma) V + diag(exp(b)) Q S_0, the intra part for all chunks at once
-    scores = _masked(_bmm(q_c, k_c.transpose(-1, -2)), gamma, reverse, strict)  # [N, B, NH, C, C]
+    scores = _bmm(q_c, k_c.transpose(-1, -2))  # [N, B, NH, C, C]
+    # a copy: without decay the mask is applied in place
+    dots = torch.diagonal(scores, 0, -2, -1).unsqueeze(-1).clone() if diagonal else None
+    scores = _masked(scores, gamma, reverse, strict)
     if guard:
         v_c, poison = _finite_rows(v_c)
         poison = poison if gates is g_c else poison + poison_g
@@ -1443,7 +1360,8 @@ def _scalar_decay_span(
     if kept is not None:
         kept.append([scores, states_in])
     # intra part, then the inter part accumulated into it by the same matmul call
-    return [_two_matmuls(scores, v_c, q_from_start, states_in)], state
+    o = _two_matmuls(scores, v_c, q_from_start, states_in)
+    return ([o, dots] if diagonal else [o]), state
 
 
 def _scalar_decay_grads_span(
@@ -1503,7 +1421,16 @@ def _scalar_decay_grads_span(
 
 
 def chunk_scalar_decay(
-    q, k, v, g=None, initial_state=None, chunk_size=64, reverse=False, strict=False, decayed=False
+    q,
+    k,
+    v,
+    g=None,
+    initial_state=None,
+    chunk_size=64,
+    reverse=False,
+    strict=False,
+    decayed=False,
+    diagonal=False,
 ):
     """Chunked S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t (g=None: linear attention).
     reverse: the state runs backward in time, S_t = exp(g_t) S_{t+1} + k_t v_t^T, from
@@ -1512,13 +1439,24 @@ def chunk_scalar_decay(
     (reverse: q_t S_{t+1}), the state before the token's update; strict and decayed (forward
     only): o_t = exp(g_t) q_t S_{t-1}, the state after the token's decay, before its write.
 
-    Returns (o [B, NH, T, V], final state [B, NH, K, V]).
+    Returns (o [B, NH, T, V], final state [B, NH, K, V]); with diagonal, a third: q_t . k_t
+    [B, NH, T] (a folded write's correction reads it), the diagonal of the scores the chunks
+    compute anyway, where nothing records the call and no compiler traces it, else None.
     """
     if decayed and (reverse or not strict):
         raise ValueError("chunk_scalar_decay: decayed reads forward and strict only")
     seqs, order = [q, k, v, g], int(reverse) | 2 * int(strict) | 4 * int(decayed)
     span, grads = _scalar_decay_span, _scalar_decay_grads_span
-    return _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
+    if diagonal and not (_needs_grad(initial_state, *seqs) or torch.compiler.is_compiling()):
+        flags = {"reverse": reverse, "strict": strict, "decayed": decayed, "diagonal": True}
+
+        def both(*chunks_and_state):
+            return span(*chunks_and_state, **flags)
+
+        (o, dots), state, _ = _guarded_spans(both, seqs, initial_state, chunk_size, reverse=reverse)
+        return o, state, dots.squeeze(-1)
+    o, state = _own_backward(span, grads, 3, chunk_size, initial_state, seqs, order=order)
+    return (o, state, None) if diagonal else (o, state)
 
 
 def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
@@ -1542,8 +1480,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
-# mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_a2cb10252b087178", globals())
+# mixc's kernels), in a namespace named by a hash of the kernels' text above
+_operator_spans = _register_spans("mixc_1d76e79ea189b226", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1639,18 +1577,19 @@ def chunk(
     _S0_H = _lagged_start(H.mT, _k0_H, _v0_H, _c_H)  # G_0 = H_0 + c_1 v_0 k_0^T
     _q = _seq_vector(C, _sizes, cu_seqlens)
     del _c_H, _cnext_H, _lam
-    _o, _S = _chunk_scalar_decay(
+    _o, _S, _qk_H = _chunk_scalar_decay(
         _q,
         _k_H,
         _v_H,
         g=_g_H,
         strict=True,
         decayed=True,
+        diagonal=True,
         initial_state=_S0_H,
         chunk_size=chunk_size,
     )
     del _S0_H, _g_H, _k_H, _q, _v_H
-    _kq_H = _seq_scalar(B.mT @ C, _sizes, cu_seqlens)  # k_t . q_t
+    _kq_H = _qk_H if _qk_H is not None else _seq_scalar(B.mT @ C, _sizes, cu_seqlens)  # k_t . q_t
     # H_t q_t = a_t G_{t-1} q_t + d_t v_t (k_t . q_t)
     _o = _torch.addcmul(_o, (_d_H * _kq_H)[..., None], _x_H, out=_spare(_o, _own))
     _read_H = _from_seq(_o, cu_seqlens)  # H_t C_t

@@ -71,7 +71,7 @@ SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
 CHUNK_SIZE = 32
 
 
-# ---- runtime helpers (the same in every mixc module) --------------------------------------
+# ---- runtime helpers (those this module uses) --------------------------------------------
 
 
 def _fail(message):
@@ -100,18 +100,6 @@ def _output_dtype(layout, first):
     the forms read it before the other arguments are checked."""
     _check_tensor(layout[0][0], first, None)
     return first.dtype
-
-
-def _empty_batch(x):
-    """Whether the first input `x` holds no sequence (B = 0), which some forms answer apart."""
-    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 0
-
-
-def _no_sequences(result):
-    """A form's result (a tensor, None, or tuples of them) cut to an empty batch, B = 0."""
-    if isinstance(result, tuple):
-        return tuple(_no_sequences(x) for x in result)
-    return None if result is None else result[:0]
 
 
 def _check_flag(name, value):
@@ -273,117 +261,11 @@ def _seq_vector(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x, cu_seqlens)
 
 
-def _seq_scalar(x, sizes, cu_seqlens=None):
-    """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T] (or [N, NH, longest])."""
-    x = x.squeeze(-1).squeeze(-1).expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
-    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
-
-
-def _seq_matrix(x, sizes, cu_seqlens=None):
-    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
-    axes of 1 where x is the same for every batch entry or every token (or, for packed
-    sequences, [N, NH, longest, K, V] with zeros after each sequence's end)."""
-    x = x.reshape((1,) * (5 - x.dim()) + tuple(x.shape))
-    x = x.expand(x.shape[0], x.shape[1], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
-    if cu_seqlens is None:
-        return x
-    x = x.expand(sizes["B"], sizes["NH"], sizes["T"], *x.shape[-2:])
-    rows, cols = x.shape[-2:]
-    return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
-
-
-def _seq_factor(x, sizes, cu_seqlens=None):
-    """A second factor of a log-gate, in _seq_matrix's layout: for packed sequences one constant
-    in time stays so (the first factor is 0 after each sequence's end, so is their product)."""
-    y = _seq_matrix(x, sizes)
-    return y if cu_seqlens is None or y.shape[2] == 1 else _seq_matrix(x, sizes, cu_seqlens)
-
-
 def _from_seq(o, cu_seqlens=None):
     """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
     if cu_seqlens is not None:
         o = _pack(o, cu_seqlens)
     return o.transpose(1, 2)[..., None]
-
-
-def _unrecorded(*tensors):
-    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
-    arguments and initial states, and no compiler traces it): the addresses of their storages,
-    which `_spare` keeps out of reach; else None."""
-    if torch.compiler.is_compiling():
-        return None
-    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return None
-    return {x.untyped_storage().data_ptr() for x in tensors}
-
-
-def _spare(x, own):
-    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
-    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
-    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
-    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
-    if own is None or x.untyped_storage().data_ptr() in own:
-        return None
-    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
-
-
-def _add_skip(base, x, *params, value=1, out=None):
-    """base + value x p_1 ... p_n (torch.addcmul, `out=` as _spare allows) for a per-token
-    tensor x and per-head parameters p_i broadcast over its tokens: a skip term such as Mamba's
-    D x_t. Where autograd records it, the parameters' gradients are summed in float64 (_Skip):
-    each sums a product over every token and channel (65,536 of them for 2 sequences of 512
-    tokens of 64 channels) whose terms largely cancel, so that in float32 its rounding follows
-    the order of the sum, which eager torch and a compiler choose differently."""
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return _Skip.apply(base, x, value, *params)
-    return torch.addcmul(base, x, _times(params), value=value, out=out)
-
-
-def _times(factors):
-    """The product of the tensors `factors`, from the first."""
-    product = factors[0]
-    for factor in factors[1:]:
-        product = product * factor
-    return product
-
-
-def _wide_sum(x, shape):
-    """x summed to `shape` (as x.sum_to_size(shape)) in float64."""
-    lead = x.dim() - len(shape)
-    dims = [*range(lead)]
-    dims += [lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1]
-    if not dims:
-        return x.double()
-    return torch.sum(x, dims, keepdim=True, dtype=torch.float64).reshape(shape)
-
-
-class _Skip(torch.autograd.Function):
-    """_add_skip under autograd: the gradient of each parameter is the float64 sum over the
-    tokens of the output's gradient times x, times the other parameters, rounded once to the
-    parameter's dtype."""
-
-    @staticmethod
-    def forward(ctx, base, x, value, *params):
-        ctx.save_for_backward(x, *params)
-        ctx.value, ctx.base_shape = value, base.shape
-        return torch.addcmul(base, x, _times(params), value=value)
-
-    @staticmethod
-    def backward(ctx, d):
-        x, *params = ctx.saved_tensors
-        wanted = ctx.needs_input_grad
-        d_base = d.sum_to_size(ctx.base_shape) if wanted[0] else None
-        d_x = (d * _times(params) * ctx.value).sum_to_size(x.shape) if wanted[1] else None
-        d_params = [None] * len(params)
-        if any(wanted[3:]):
-            g = _wide_sum(d * x, torch.broadcast_shapes(*(p.shape for p in params)))
-            g = g * ctx.value
-            for i, p in enumerate(params):
-                if wanted[3 + i]:
-                    others = [g, *(q.double() for j, q in enumerate(params) if j != i)]
-                    d_params[i] = _wide_sum(_times(others), p.shape).to(p.dtype)
-        return d_base, d_x, None, *d_params
 
 
 def _check_cu_seqlens(cu_seqlens, sizes, device):
@@ -431,13 +313,6 @@ def _pack(o, cu_seqlens):
     return o.transpose(0, 1)[:, valid][None]
 
 
-def _l2norm(x):
-    """x / sqrt(sum(x^2) + 1e-6), over a vector's entries. The sum of squares is the squared
-    norm: one fused reduction, where (x * x).sum() wrote x * x first (4x slower on CPU)."""
-    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
-    return x * torch.rsqrt(norm * norm + 1e-6)
-
-
 def _log_gate(x):
     """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
     that log (1 / 2^-64), not of the clamp (0).
@@ -451,24 +326,6 @@ def _log_gate(x):
     floor = 2.0**-64
     lifted = torch.where((x >= 0) & (x < floor), floor, x)
     return torch.log(x + (lifted - x).detach())
-
-
-def _check_decay_sign(x, name, decay, state):
-    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
-    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
-    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
-    call; a decay written provably positive (sigmoid, exp) is never checked. Under
-    torch.compile, which cannot branch on a tensor's values, the check is an assertion in the
-    graph (a RuntimeError with the same message when the compiled call runs)."""
-    message = (
-        f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
-        "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
-        "make the decay provably positive in the spec (sigmoid(x), exp(x))"
-    )
-    if torch.compiler.is_compiling():
-        torch._assert_async(~(x < 0).any(), message)
-    elif bool((x < 0).any()):
-        _fail(message)
 
 
 # ---- kernels, one per transition class ---------------------------------------------------
@@ -1535,12 +1392,25 @@ def _turning_at(positions, freq, d, dtype, *leaves):
     (_turning's 4.2e-8) at any position, 10^6 included (the angles stay float64); in float64
     within 6e-11 at 10^6, as _turning's. A float64 product rounded to float32 would cost more
     than the cos and sin it saves (on CPU its complex128 -> complex64 cast runs at 1 ns an
-    entry)."""
+    entry). The turn so built is kept for the next calls from the same positions by the same
+    frequencies (_TurnTables)."""
     step = _position_step(positions, freq)
     if step is None:
         return _turning_of(positions * freq, d, dtype, *leaves)
-    run, length = 64, positions.shape[-4]
     n = _pairs_read(freq.shape[-2], d)
+    key = _TurnTables.key(positions, freq, step, n, dtype)
+    turn = _TurnTables.kept.pop(key, None)  # taken out: put back as the most recently used
+    if turn is None:
+        turn = _turn_from_tables(positions, freq, step, n, dtype)
+    _TurnTables.keep(key, turn)
+    shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
+    return turn.expand(*_broadcast(*shapes)[:-2], n)
+
+
+def _turn_from_tables(positions, freq, step, n, dtype):
+    """_turning_at's turn [..., T, h, n] of the positions advancing by `step` (see there),
+    from the two tables."""
+    run, length = 64, positions.shape[-4]
     blocks = -(-length // run)
     ticks = torch.arange(max(blocks, run), dtype=torch.float64, device=freq.device)
     ticks = ticks.mul_(step)[:, None, None]  # 0, s, 2 s, ... along the token axis
@@ -1549,9 +1419,43 @@ def _turning_at(positions, freq, d, dtype, *leaves):
     # both tables' cos and sin at once: [b, T / R + R, h, n]
     turns = _exp_i(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
     heads, within = turns[..., :blocks, None, :, :], turns[..., None, blocks:, :, :]
-    turn = (heads * within).flatten(-4, -3).narrow(-3, 0, length)
-    shapes = [x.shape for x in (positions, freq, *leaves) if isinstance(x, torch.Tensor)]
-    return turn.expand(*_broadcast(*shapes)[:-2], n)
+    return (heads * within).flatten(-4, -3).narrow(-3, 0, length)
+
+
+class _TurnTables:
+    """The turns _turning_at built from its tables, kept across calls of this module, as a RoPE
+    layer keeps its cos and sin: a call on a sequence of the same length, from the same first
+    positions, by the same frequencies, reads its turn here (T = 4096, 32 pairs: 1 MiB of
+    complex64, on CPU about 200 us a call of cos, sin and their product, a few percent of
+    linear attention's chunk forward). Keyed by all the turn is computed from (key), so a kept
+    turn is the one a call would compute, to the bit; never written to (the rotations read it).
+    Bounded: `limit` bytes in all, the least recently used dropped first, a turn larger than
+    that not kept; `module._TurnTables.limit = 0` keeps none, `kept.clear()` empties it."""
+
+    limit = 16 << 20  # bytes: 16 turns of 4096 tokens by 32 pairs in complex64
+    kept = {}  # noqa: RUF012 - key -> turn, the least recently used first
+
+    @staticmethod
+    def key(positions, freq, step, n, dtype):
+        """What the turn of the tables is computed from: each sequence's and head's first
+        position and the frequencies, by value (bytes of CPU tensors: _position_step took the
+        tables' path), the length, step, pairs, dtype and device, and whether inference mode is
+        on (a turn made there could not be saved for a later backward)."""
+        first, freq = positions[..., :1, :, :, 0].detach(), freq[..., :n, 0].detach()
+        values = tuple((x.shape, x.dtype, x.numpy().tobytes()) for x in (first, freq))
+        inference = torch.is_inference_mode_enabled()
+        return (positions.shape[-4], step, n, dtype, positions.device, inference, values)
+
+    @staticmethod
+    def keep(key, turn):
+        """Keep `turn` under `key` as the most recently used, then drop the least recently used
+        turns until the kept ones hold at most `limit` bytes. Safe from several threads: each
+        step one call on the dict (a turn dropped twice, or built twice, costs only time)."""
+        kept, limit = _TurnTables.kept, _TurnTables.limit
+        if turn.untyped_storage().nbytes() <= limit:
+            kept[key] = turn
+        while kept and sum(t.untyped_storage().nbytes() for t in list(kept.values())) > limit:
+            kept.pop(next(iter(list(kept)), None), None)
 
 
 def _position_step(positions, freq):
@@ -2096,10 +2000,10 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
-# mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_bb2f7400b9d34c20", globals())
-_operator_calls = _register_calls("mixc_bb2f7400b9d34c20", globals())
-_operator_rotations = _register_rotations("mixc_bb2f7400b9d34c20", globals())
+# mixc's kernels), in a namespace named by a hash of the kernels' text above
+_operator_spans = _register_spans("mixc_65c40192e064ef0c", globals())
+_operator_calls = _register_calls("mixc_65c40192e064ef0c", globals())
+_operator_rotations = _register_rotations("mixc_65c40192e064ef0c", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -63,7 +63,7 @@ SUMMARY_ACTIONS = {"H": "matmul"}  # how summary()'s P acts: S_0 @ P or P * S_0
 CHUNK_SIZE = 32
 
 
-# ---- runtime helpers (the same in every mixc module) --------------------------------------
+# ---- runtime helpers (those this module uses) --------------------------------------------
 
 
 def _fail(message):
@@ -190,33 +190,6 @@ def _prepare_inputs(layout, values, sequence):
     return out, sizes, dtype
 
 
-def _prepare_param(name, x, dims, sizes, dtype, device):
-    """A per-head parameter [NH] or [NH, d] (or a Python number) as [NH, rows, cols] in the
-    compute dtype, from any floating dtype of at most that precision."""
-    n_heads = sizes["NH"]
-    if not isinstance(x, torch.Tensor):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or dims:
-            _fail(
-                f"{name}: expected a tensor of shape [NH{''.join(', ' + d for d in dims)}], "
-                f"got {type(x).__name__}"
-            )
-        x = torch.full((n_heads,), float(x), dtype=dtype, device=device)
-    _check_tensor(name, x, device)
-    if _compute_dtype(x.dtype) == torch.float64 != dtype:
-        # a parameter in the compute dtype or below is widened exactly; a float64 one would be
-        # rounded without a word
-        _fail(f"{name}: a float64 parameter needs float64 inputs (they compute in {dtype})")
-    shape_text = "[" + ", ".join(("NH", *tuple(dims))) + "]"
-    if x.dim() == 0 and not dims:
-        x = x.expand(n_heads)
-    if x.dim() != 1 + len(dims) or x.shape[0] not in (1, n_heads):
-        _fail(f"{name}: expected shape {shape_text} with NH = {n_heads}, got {list(x.shape)}")
-    for symbol, got in zip(dims, x.shape[1:]):
-        _bind_size(sizes, symbol, got, name, shape_text)
-    x = x.to(dtype).expand(n_heads, *x.shape[1:])
-    return x[:, :, None] if len(dims) == 1 else x[:, None, None] if not dims else x
-
-
 def _prepare_states(layout, given, sizes, dtype, device, batch, argument, wide=()):
     """Initial states (a tensor, or a tuple in declaration order) as [B, NH, rows, cols], or
     zeros; in the compute dtype `dtype`, in which the forms also return them, but for the
@@ -265,117 +238,11 @@ def _seq_vector(x, sizes, cu_seqlens=None):
     return x if cu_seqlens is None else _unpack(x, cu_seqlens)
 
 
-def _seq_scalar(x, sizes, cu_seqlens=None):
-    """[.., 1, 1] broadcast over [B, T, NH] -> the kernels' [B, NH, T] (or [N, NH, longest])."""
-    x = x.squeeze(-1).squeeze(-1).expand(sizes["B"], sizes["T"], sizes["NH"]).transpose(1, 2)
-    return x if cu_seqlens is None else _unpack(x[..., None], cu_seqlens).squeeze(-1)
-
-
-def _seq_matrix(x, sizes, cu_seqlens=None):
-    """[.., V, K] broadcast over [B, T, NH] -> the kernels' [B, NH, T, K, V] (S's layout), with
-    axes of 1 where x is the same for every batch entry or every token (or, for packed
-    sequences, [N, NH, longest, K, V] with zeros after each sequence's end)."""
-    x = x.reshape((1,) * (5 - x.dim()) + tuple(x.shape))
-    x = x.expand(x.shape[0], x.shape[1], sizes["NH"], *x.shape[-2:]).permute(0, 2, 1, 4, 3)
-    if cu_seqlens is None:
-        return x
-    x = x.expand(sizes["B"], sizes["NH"], sizes["T"], *x.shape[-2:])
-    rows, cols = x.shape[-2:]
-    return _unpack(x.reshape(*x.shape[:3], rows * cols), cu_seqlens).unflatten(-1, (rows, cols))
-
-
-def _seq_factor(x, sizes, cu_seqlens=None):
-    """A second factor of a log-gate, in _seq_matrix's layout: for packed sequences one constant
-    in time stays so (the first factor is 0 after each sequence's end, so is their product)."""
-    y = _seq_matrix(x, sizes)
-    return y if cu_seqlens is None or y.shape[2] == 1 else _seq_matrix(x, sizes, cu_seqlens)
-
-
 def _from_seq(o, cu_seqlens=None):
     """The kernels' [B, NH, T, d] (or packed [N, NH, longest, d]) -> [B, T, NH, d, 1]."""
     if cu_seqlens is not None:
         o = _pack(o, cu_seqlens)
     return o.transpose(1, 2)[..., None]
-
-
-def _unrecorded(*tensors):
-    """Where nothing records this form's operations (no gradient is taken of `tensors`, its
-    arguments and initial states, and no compiler traces it): the addresses of their storages,
-    which `_spare` keeps out of reach; else None."""
-    if torch.compiler.is_compiling():
-        return None
-    tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return None
-    return {x.untyped_storage().data_ptr() for x in tensors}
-
-
-def _spare(x, own):
-    """x, to take an elementwise result of its own shape in place (out=x), where `own` (from
-    `_unrecorded`) says nothing records it and x shares no memory with the arguments nor
-    between its own entries (a kernel's fresh output, read once); else None (a fresh result).
-    One full-size tensor and one pass of fresh memory less, the same values to the bit."""
-    if own is None or x.untyped_storage().data_ptr() in own:
-        return None
-    return x if all(s or n == 1 for s, n in zip(x.stride(), x.shape)) else None
-
-
-def _add_skip(base, x, *params, value=1, out=None):
-    """base + value x p_1 ... p_n (torch.addcmul, `out=` as _spare allows) for a per-token
-    tensor x and per-head parameters p_i broadcast over its tokens: a skip term such as Mamba's
-    D x_t. Where autograd records it, the parameters' gradients are summed in float64 (_Skip):
-    each sums a product over every token and channel (65,536 of them for 2 sequences of 512
-    tokens of 64 channels) whose terms largely cancel, so that in float32 its rounding follows
-    the order of the sum, which eager torch and a compiler choose differently."""
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return _Skip.apply(base, x, value, *params)
-    return torch.addcmul(base, x, _times(params), value=value, out=out)
-
-
-def _times(factors):
-    """The product of the tensors `factors`, from the first."""
-    product = factors[0]
-    for factor in factors[1:]:
-        product = product * factor
-    return product
-
-
-def _wide_sum(x, shape):
-    """x summed to `shape` (as x.sum_to_size(shape)) in float64."""
-    lead = x.dim() - len(shape)
-    dims = [*range(lead)]
-    dims += [lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1]
-    if not dims:
-        return x.double()
-    return torch.sum(x, dims, keepdim=True, dtype=torch.float64).reshape(shape)
-
-
-class _Skip(torch.autograd.Function):
-    """_add_skip under autograd: the gradient of each parameter is the float64 sum over the
-    tokens of the output's gradient times x, times the other parameters, rounded once to the
-    parameter's dtype."""
-
-    @staticmethod
-    def forward(ctx, base, x, value, *params):
-        ctx.save_for_backward(x, *params)
-        ctx.value, ctx.base_shape = value, base.shape
-        return torch.addcmul(base, x, _times(params), value=value)
-
-    @staticmethod
-    def backward(ctx, d):
-        x, *params = ctx.saved_tensors
-        wanted = ctx.needs_input_grad
-        d_base = d.sum_to_size(ctx.base_shape) if wanted[0] else None
-        d_x = (d * _times(params) * ctx.value).sum_to_size(x.shape) if wanted[1] else None
-        d_params = [None] * len(params)
-        if any(wanted[3:]):
-            g = _wide_sum(d * x, torch.broadcast_shapes(*(p.shape for p in params)))
-            g = g * ctx.value
-            for i, p in enumerate(params):
-                if wanted[3 + i]:
-                    others = [g, *(q.double() for j, q in enumerate(params) if j != i)]
-                    d_params[i] = _wide_sum(_times(others), p.shape).to(p.dtype)
-        return d_base, d_x, None, *d_params
 
 
 def _check_cu_seqlens(cu_seqlens, sizes, device):
@@ -428,39 +295,6 @@ def _l2norm(x):
     norm: one fused reduction, where (x * x).sum() wrote x * x first (4x slower on CPU)."""
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     return x * torch.rsqrt(norm * norm + 1e-6)
-
-
-def _log_gate(x):
-    """log(x) for a log-gate, reading a decay x in [0, 2^-64) as 2^-64, with the gradient of
-    that log (1 / 2^-64), not of the clamp (0).
-
-    At a decay of exactly 0 the log-gate would be -inf, the kernel's gradient for it 0 (a factor
-    0 passes nothing on) and the log's gradient 1 / 0: the decay's gradient 0 * inf, where the
-    recurrence's is finite. From 2^-64 the kernel's gradient is the decay's gradient times
-    2^-64, which the log's gradient divides out again, while an output moves by at most 2^-64
-    of a value (below float64's resolution). A negative x keeps its NaN.
-    """
-    floor = 2.0**-64
-    lifted = torch.where((x >= 0) & (x < floor), floor, x)
-    return torch.log(x + (lifted - x).detach())
-
-
-def _check_decay_sign(x, name, decay, state):
-    """A decay the caller passes (an input or a parameter) that the spec cannot prove >= 0: the
-    chunked forms work with its log, NaN at a negative entry where the recurrence multiplies by
-    it, so one is refused. Costs one comparison over `x` and, on an accelerator, one sync per
-    call; a decay written provably positive (sigmoid, exp) is never checked. Under
-    torch.compile, which cannot branch on a tensor's values, the check is an assertion in the
-    graph (a RuntimeError with the same message when the compiled call runs)."""
-    message = (
-        f"{name}: the decay {decay} of {state} has negative entries, and the chunked forms "
-        "(chunk, parallel, summary) work with log(decay); use recurrent() or step(), or "
-        "make the decay provably positive in the spec (sigmoid(x), exp(x))"
-    )
-    if torch.compiler.is_compiling():
-        torch._assert_async(~(x < 0).any(), message)
-    elif bool((x < 0).any()):
-        _fail(message)
 
 
 # ---- kernels, one per transition class ---------------------------------------------------
@@ -1597,8 +1431,8 @@ def chunk_dplr(q, k, v, a, b, gk=None, initial_state=None, chunk_size=64, gk_min
 
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
-# mixc's kernels), in a namespace named by a hash of the text above
-_operator_spans = _register_spans("mixc_67f12f908777f7b4", globals())
+# mixc's kernels), in a namespace named by a hash of the kernels' text above
+_operator_spans = _register_spans("mixc_fab091490544141d", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
