@@ -1622,7 +1622,7 @@ def _turning(theta, d, dtype, *leaves):
     computed on theta's entries and expanded (a view) to the shape of the angle of the leaves
     themselves."""
     n = _pairs_read(theta.shape[-2], d)
-    turn = _exp_i(theta[..., :n, 0], dtype)
+    turn = _unit_turn(theta[..., :n, 0], dtype)
     shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
     if not shapes:
         return turn
@@ -1640,7 +1640,7 @@ def _pairs_read(p, d):
     return n
 
 
-def _exp_i(angle, dtype):
+def _unit_turn(angle, dtype):
     """e^(i angle), complex of `dtype`'s precision: cos and sin in the angle's precision (float64
     from a position: exact at 10^6, and on CPU cheaper than reducing it modulo 2 pi), rounded as
     they are written into the real and imaginary parts (on CPU, torch.polar is 10x slower and
@@ -1662,7 +1662,7 @@ def _turning_summed(theta, d, dtype, *leaves):
     (a state of angles, Mamba-3's Th: float64, growing without bound): a float64 theta for a
     float32 turn first reduced modulo 2 pi in float64, theta - 2 pi round(theta / 2 pi), within
     1e-10 rad of it at |theta| = 10^6, then rounded to float32 (within 1.2e-7 rad), so that cos
-    and sin run there (_exp_i: the angle's precision). On CPU the reduction and float32's cos
+    and sin run there (_unit_turn: the angle's precision). On CPU the reduction and float32's cos
     and sin cost 0.75x float64's cos and sin at angles of 10, 0.3x at 10^6; the turn is within
     1.5e-7 of the exact one (float64's rounded: 4.2e-8; mpmath's reference, 1 thread, 262144
     angles). A float64 turn takes theta as it is, and so does torch.compile (the rotation's
@@ -2131,9 +2131,9 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_angle_sums = _register_angle_sums("mixc_e86530df613ad7c0", globals())
-_operator_spans = _register_spans("mixc_e86530df613ad7c0", globals())
-_operator_rotations = _register_rotations("mixc_e86530df613ad7c0", globals())
+_operator_angle_sums = _register_angle_sums("mixc_6d6241877848b97a", globals())
+_operator_spans = _register_spans("mixc_6d6241877848b97a", globals())
+_operator_rotations = _register_rotations("mixc_6d6241877848b97a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1664,8 +1664,8 @@ def summary(q, k, v, i, f, *, chunk_size=CHUNK_SIZE):
     # H and n: chunk_scalar_decay on probes: zero writes from an identity state
     _k_H = _seq_vector(k, _sizes)
     _ones = _torch.ones(_sizes["B"], _sizes["T"], _sizes["NH"], 1, 1, dtype=_dtype, device=_device)
-    _exp_i2 = _torch.exp(i)
-    _v_H = _seq_vector(_torch.cat([_exp_i2 * v, _exp_i2 * _ones], -2), _sizes)
+    _exp_i = _torch.exp(i)
+    _v_H = _seq_vector(_torch.cat([_exp_i * v, _exp_i * _ones], -2), _sizes)
     _g_H = _seq_scalar(_F.logsigmoid(f), _sizes)  # logsigmoid(f_t)
     _K = _k_H.shape[-1]
     _width = _v_H.shape[-1]
@@ -1687,10 +1687,10 @@ def _recurrence(q, k, v, i, f, H, n, _sizes, _dtype, _device):
     for _t in _range(_sizes["T"]):
         q_t, k_t, v_t, i_t, f_t = q[:, _t], k[:, _t], v[:, _t], i[:, _t], f[:, _t]
         _exp_logsigmoid_f = _torch.exp(_F.logsigmoid(f_t))
-        _exp_i2 = _torch.exp(i_t)
+        _exp_i = _torch.exp(i_t)
         # sigmoid(f_t) H_{t-1} + exp(i_t) v_t k_t^T
-        H_t = _exp_logsigmoid_f * H + _exp_i2 * (v_t @ k_t.mT)
-        n_t = _exp_logsigmoid_f * n + _exp_i2 * k_t  # sigmoid(f_t) n_{t-1} + exp(i_t) k_t
+        H_t = _exp_logsigmoid_f * H + _exp_i * (v_t @ k_t.mT)
+        n_t = _exp_logsigmoid_f * n + _exp_i * k_t  # sigmoid(f_t) n_{t-1} + exp(i_t) k_t
         # y_t = H_t q_t / max(abs(n_t . q_t), 1)
         _ys.append(H_t @ q_t / _torch.abs(n_t.mT @ q_t).clamp(min=1))
         H, n = H_t, n_t

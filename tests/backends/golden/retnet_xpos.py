@@ -1339,7 +1339,7 @@ def _turning(theta, d, dtype, *leaves):
     computed on theta's entries and expanded (a view) to the shape of the angle of the leaves
     themselves."""
     n = _pairs_read(theta.shape[-2], d)
-    turn = _exp_i(theta[..., :n, 0], dtype)
+    turn = _unit_turn(theta[..., :n, 0], dtype)
     shapes = [x.shape for x in leaves if isinstance(x, torch.Tensor)]
     if not shapes:
         return turn
@@ -1357,7 +1357,7 @@ def _pairs_read(p, d):
     return n
 
 
-def _exp_i(angle, dtype):
+def _unit_turn(angle, dtype):
     """e^(i angle), complex of `dtype`'s precision: cos and sin in the angle's precision (float64
     from a position: exact at 10^6, and on CPU cheaper than reducing it modulo 2 pi), rounded as
     they are written into the real and imaginary parts (on CPU, torch.polar is 10x slower and
@@ -1417,7 +1417,7 @@ def _turn_from_tables(positions, freq, step, n, dtype):
     firsts = positions[..., :1, :, :, 0] + run * ticks[:blocks]  # [b, T / R, h, 1]
     within = ticks[:run].expand(*firsts.shape[:-3], run, *firsts.shape[-2:])
     # both tables' cos and sin at once: [b, T / R + R, h, n]
-    turns = _exp_i(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
+    turns = _unit_turn(torch.cat((firsts, within), -3) * freq[..., :n, 0], dtype)
     heads, within = turns[..., :blocks, None, :, :], turns[..., None, blocks:, :, :]
     return (heads * within).flatten(-4, -3).narrow(-3, 0, length)
 
@@ -2001,9 +2001,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_spans = _register_spans("mixc_65c40192e064ef0c", globals())
-_operator_calls = _register_calls("mixc_65c40192e064ef0c", globals())
-_operator_rotations = _register_rotations("mixc_65c40192e064ef0c", globals())
+_operator_spans = _register_spans("mixc_a2f28ad873b6d4d5", globals())
+_operator_calls = _register_calls("mixc_a2f28ad873b6d4d5", globals())
+_operator_rotations = _register_rotations("mixc_a2f28ad873b6d4d5", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
