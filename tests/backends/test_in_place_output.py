@@ -43,16 +43,19 @@ KEPT = {
 
 def _fuzz_without_autograd(path: Path, examples: int, dtype: str = "float32"):
     """Fuzz the spec at `path`: its chunked and quadratic forms' values taken without
-    autograd. Returns the report and what each `_spare` answered (None: a fresh result)."""
+    autograd. Returns the report and what each `_spare` answered (None: a fresh result); a
+    module that writes nothing over a result copies no `_spare` (none answered)."""
     module = mixc.load(path)
     spared = []
-    spare = module._spare
-    module._spare = lambda x, own: spared.append(spare(x, own)) or spared[-1]
+    spare = getattr(module, "_spare", None)
+    if spare is not None:
+        module._spare = lambda x, own: spared.append(spare(x, own)) or spared[-1]
     try:
         proxy = no_grad_values(module, ("chunk", "parallel"))
         report = fuzz(path, proxy, examples=examples, dtype=dtype, shrink=False)
     finally:
-        module._spare = spare
+        if spare is not None:
+            module._spare = spare
     return report, spared
 
 

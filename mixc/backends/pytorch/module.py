@@ -7,7 +7,6 @@ import ast
 import functools
 import hashlib
 import re
-import symtable
 import textwrap
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -387,10 +386,8 @@ def _operators(text: str) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _identifiers(text: str) -> set[str]:
-    """Every name the code `text` binds or reads, in any of its scopes (an attribute is none)."""
-    found, tables = set(), [symtable.symtable(text, "<mixer>", "exec")]
-    while tables:
-        table = tables.pop()
-        found.update(table.get_identifiers())
-        tables += table.get_children()
-    return found
+    """Every word of the code `text` that could be a name: each name it binds or reads, and
+    words of its comments and docstrings too (a superset: a helper a comment names is copied
+    unused, one the code reads is never missed). A regular expression, not symtable: a large
+    spec's mixer is megabytes of code, which symtable took 0.85 s to read, this 0.17 s."""
+    return set(re.findall(r"\b[A-Za-z_]\w*", text))
