@@ -12,6 +12,7 @@ which any check would see.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -751,6 +752,13 @@ def mutate(source: str, target: str, replacement: str) -> str:
     return source.replace(target, replacement)
 
 
+@functools.cache
+def _compiled(path: Path) -> str:
+    """The module mixc writes for the spec at `path` (the same text each time: each mutant of
+    the spec edits it, and the spec is compiled once)."""
+    return mixc.compile_source(path)
+
+
 def _spec_path(spec: str) -> Path:
     """A shipped spec by name, or a test's own spec by its path from the root (a kernel no
     shipped spec runs)."""
@@ -768,7 +776,7 @@ def test_every_mutant_is_caught(
     """Caught by the form and in the way it states: a numerical mutant by its values."""
     path = _spec_path(spec)
     module = tmp_path / f"{Path(spec).name}_mutant.py"
-    module.write_text(mutate(mixc.compile_source(path), target, replacement))
+    module.write_text(mutate(_compiled(path), target, replacement))
     report = fuzz(path, module, examples=40, shrink=False)
     assert not report.ok, f"{what}: survived {report.examples} examples"
     assert report.failure.form in forms, report.failure.summary()
@@ -779,7 +787,7 @@ def test_every_mutant_is_caught(
 def test_the_unmutated_module_passes(tmp_path: Path, spec: str) -> None:
     path = _spec_path(spec)
     module = tmp_path / f"{Path(spec).name}.py"
-    module.write_text(mixc.compile_source(path))
+    module.write_text(_compiled(path))
     report = fuzz(path, module, examples=15)
     assert report.ok, report.failure.summary()
 
