@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import types
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -101,8 +102,8 @@ def check(
 
 
 def _check(r: InputRanges, module: types.ModuleType, ex: Example, dtype: torch.dtype, device):
-    x = _rounded(make_case(r, ex), dtype)
-    targets = {"from states": _targets(r, x, ex.seed, dtype, from_states=True)}
+    x, target = _oracle(r, ex, dtype, "from states")
+    targets = {"from states": target}
     worst: dict[str, tuple[float, float]] = {}
     recurrent: dict[str, Tensor] | None = None
     for form, cs in _forms(r, module, ex):
@@ -113,7 +114,7 @@ def _check(r: InputRanges, module: types.ModuleType, ex: Example, dtype: torch.d
             msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             return worst, Failure(form, cs, "call", math.inf, 0.0, None, msg, ex, dtype)
         if form == "parallel" and form not in targets:
-            targets[form] = _parallel_targets(r, x, ex.seed, dtype)
+            targets[form] = _oracle(r, ex, dtype, form)[1]
         key = "parallel" if form == "parallel" else "from states"
         if form in ("chunk", "packed") and dtype == torch.bfloat16:  # the kernels' forms
             key = "kernels"
@@ -127,6 +128,36 @@ def _check(r: InputRanges, module: types.ModuleType, ex: Example, dtype: torch.d
         if form == "recurrent":
             recurrent = result
     return worst, None
+
+
+#: How many examples `_oracle` keeps (least recently used first out).
+ORACLE_CACHE_SIZE = 64
+
+_ORACLE: OrderedDict[tuple, dict] = OrderedDict()
+
+
+def _oracle(r: InputRanges, ex: Example, dtype: torch.dtype, kind: str) -> tuple[_Rounded, tuple]:
+    """The case of example `ex` rounded to `dtype`, and the targets of `kind` on it ("from
+    states": `_targets`; "parallel": `_parallel_targets`). The spec's text, its input ranges,
+    the example and the dtype fix both (the case is drawn from the example's seed, the oracle
+    is a deterministic float64 loop), so both are kept by those: fuzzing several modules of
+    one spec with one seed (a mutant and the module it mutates, a module file and the spec
+    compiled in-process) draws the same examples, and runs the oracle on each once. Targets
+    the oracle is not finite on raise `Invalid` each time (they are not kept)."""
+    key = (r.spec.source.text, r.ranges, r.wide, r.halved, ex, dtype)
+    found = _ORACLE.get(key)
+    if found is None:
+        found = {"case": _rounded(make_case(r, ex), dtype)}
+    _ORACLE[key] = found
+    _ORACLE.move_to_end(key)
+    while len(_ORACLE) > ORACLE_CACHE_SIZE:
+        _ORACLE.popitem(last=False)
+    x = found["case"]
+    if kind not in found and kind == "parallel":
+        found[kind] = _parallel_targets(r, x, ex.seed, dtype)
+    elif kind not in found:
+        found[kind] = _targets(r, x, ex.seed, dtype, from_states=True)
+    return x, found[kind]
 
 
 def _forms(r: InputRanges, module: types.ModuleType, ex: Example) -> list[tuple[str, int | None]]:
@@ -365,13 +396,13 @@ def _leaves(x: _Rounded, dtype: torch.dtype, device) -> dict[str, Tensor]:
     """The tensors a form is called with, requiring gradients: inputs in `dtype`, parameters
     and states in the state dtype."""
     state_dtype = _state_dtype(dtype)
-    leaves = {n: v.to(dtype).to(device).requires_grad_(True) for n, v in x.inputs.items()}
-    leaves.update(
-        {n: v.to(state_dtype).to(device).requires_grad_(True) for n, v in x.params.items()}
-    )
-    leaves.update(
-        {n: v.to(state_dtype).to(device).requires_grad_(True) for n, v in x.states.items()}
-    )
+
+    def leaf(v: Tensor, dt: torch.dtype) -> Tensor:  # a copy: the case is kept (`_oracle`)
+        return v.to(device=device, dtype=dt, copy=True).requires_grad_(True)
+
+    leaves = {n: leaf(v, dtype) for n, v in x.inputs.items()}
+    leaves.update({n: leaf(v, state_dtype) for n, v in x.params.items()})
+    leaves.update({n: leaf(v, state_dtype) for n, v in x.states.items()})
     return leaves
 
 

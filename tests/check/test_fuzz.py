@@ -4,6 +4,7 @@ derived input ranges are the ones the specs need, and the command's exit codes a
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 
 import mixc
 from mixc import cli
-from mixc.check import Example, check, examples, fuzz, input_ranges
+from mixc.check import Example, check, examples, forms, fuzz, input_ranges
+from mixc.check.tolerance import reference
 from tests.mixers import run_mixc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,9 +156,33 @@ def test_cli_module_passes(tmp_path: Path, capsys) -> None:
     assert f"--module {module}: 6 examples passed" in out
 
 
-def test_same_seed_same_report() -> None:
+def test_same_seed_same_report(monkeypatch) -> None:
+    """The oracle's results are not kept here (as in a new process): both runs compute them."""
+    monkeypatch.setattr(forms, "ORACLE_CACHE_SIZE", 0)
+    monkeypatch.setattr(forms, "_ORACLE", OrderedDict())
     a = fuzz(ROOT / "specs/gla.mix", examples=5, seed=11)
     b = fuzz(ROOT / "specs/gla.mix", examples=5, seed=11)
+    assert a.worst == b.worst
+
+
+def test_the_oracle_runs_once_an_example_for_several_modules(tmp_path: Path, monkeypatch) -> None:
+    """A module file of a spec fuzzed with the seed its in-process module was fuzzed with draws
+    the same examples: the oracle's results on them are kept, and the report is the same."""
+    runs = []
+
+    def counted(*args, **kwargs):
+        runs.append(args[0])
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(forms, "reference", counted)
+    monkeypatch.setattr(forms, "_ORACLE", OrderedDict())
+    path = ROOT / "specs/retnet.mix"
+    a = fuzz(path, examples=3, seed=5)
+    first = len(runs)
+    module = tmp_path / "retnet.py"
+    module.write_text(mixc.compile_source(path))
+    b = fuzz(path, module, examples=3, seed=5)
+    assert first >= 3 * 3 and len(runs) == first  # the oracle and two moved inputs, an example
     assert a.worst == b.worst
 
 

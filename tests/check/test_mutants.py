@@ -12,6 +12,7 @@ which any check would see.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import mixc
-from mixc.check import fuzz, input_ranges
+from mixc.check import Example, check, fuzz, input_ranges
 from mixc.check.reproducer import reproducer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -751,6 +752,13 @@ def mutate(source: str, target: str, replacement: str) -> str:
     return source.replace(target, replacement)
 
 
+@functools.cache
+def _compiled(path: Path) -> str:
+    """The module mixc writes for the spec at `path` (the same text each time: each mutant of
+    the spec edits it, and the spec is compiled once)."""
+    return mixc.compile_source(path)
+
+
 def _spec_path(spec: str) -> Path:
     """A shipped spec by name, or a test's own spec by its path from the root (a kernel no
     shipped spec runs)."""
@@ -768,18 +776,38 @@ def test_every_mutant_is_caught(
     """Caught by the form and in the way it states: a numerical mutant by its values."""
     path = _spec_path(spec)
     module = tmp_path / f"{Path(spec).name}_mutant.py"
-    module.write_text(mutate(mixc.compile_source(path), target, replacement))
+    module.write_text(mutate(_compiled(path), target, replacement))
     report = fuzz(path, module, examples=40, shrink=False)
     assert not report.ok, f"{what}: survived {report.examples} examples"
     assert report.failure.form in forms, report.failure.summary()
     assert report.failure.kind == kind, report.failure.summary()
+    # what the fuzzer caught is the edit: the module it edits passes the same example
+    assert _unmutated_failure(path, report.failure.example) is None
 
 
-@pytest.mark.parametrize("spec", sorted({m[0] for m in MUTANTS}))
+@functools.cache
+def _unmutated_failure(path: Path, example: Example) -> str | None:
+    """How the module mixc writes for the spec at `path` fails on `example` (None: it passes;
+    many mutants of a spec are caught on the same example, which is checked once)."""
+    _, failure = check(input_ranges(path), mixc.load(path), example)
+    return None if failure is None else failure.summary()
+
+
+#: The unmutated modules fuzzed on the mutants' seed. By default only the spec no other test
+#: fuzzes: each shipped spec's module (the same text) passes the fuzzer by default in
+#: tests/check/test_fuzz.py::test_every_shipped_spec_passes, and every example a mutant is
+#: caught on is checked on the unmutated module above.
+UNMUTATED = [
+    pytest.param(s, marks=[pytest.mark.slow] * ("/" not in s))
+    for s in sorted({m[0] for m in MUTANTS})
+]
+
+
+@pytest.mark.parametrize("spec", UNMUTATED)
 def test_the_unmutated_module_passes(tmp_path: Path, spec: str) -> None:
     path = _spec_path(spec)
     module = tmp_path / f"{Path(spec).name}.py"
-    module.write_text(mixc.compile_source(path))
+    module.write_text(_compiled(path))
     report = fuzz(path, module, examples=15)
     assert report.ok, report.failure.summary()
 
@@ -855,7 +883,7 @@ def test_a_reproducer_runs_for_sizes_named_like_its_own_names(tmp_path: Path) ->
     ]
     module = tmp_path / "named_mutant.py"
     module.write_text(mutate(mixc.compile_source(spec_path), *gr_mutant[2:4]))
-    report = fuzz(spec_path, module, examples=15)
+    report = fuzz(spec_path, module, examples=15, shrink=False)  # any failing example will do
     assert not report.ok
     script = reproducer(
         input_ranges(mixc.load_spec(spec_path)), report.failure, str(spec_path), str(module)
