@@ -78,6 +78,9 @@ TMEM_COLUMNS = 512
 #: The most shared memory a program may take on sm_90 and sm_100 (227 KB): triton refuses to
 #: launch a kernel that needs more (OutOfResources, "shared memory").
 SHARED_BYTES = 232448
+#: The kernels of a class with matmuls that multiply nothing themselves: the DPLR backward's
+#: gate gradient (sums and scans of the terms the key-side kernel wrote).
+SCANS_ONLY = {"_tl_dplr_bwd_gates"}
 #: fla's benchmark shapes: key and value width, chunk.
 D_K, D_V, CHUNK = 128, 128, 64
 
@@ -215,7 +218,8 @@ def _verdict(row: dict, result: dict) -> str:
     misses = []
     if (result["spill_stores"] or 0) + (result["spill_loads"] or 0) + result["local"] > 0:
         misses.append("spills")
-    matmuls = row["cls"] != "elementwise"  # a scan: no matmul to put on the tensor cores
+    # scans, no matmul to put on the tensor cores
+    matmuls = row["cls"] != "elementwise" and _name(row) not in SCANS_ONLY
     if (
         matmuls
         and row["dtype"] in ("bf16", "tf32")

@@ -8,10 +8,11 @@ _tl_dplr_fwd_scores, every chunk at once, makes each chunk's scores, T and decay
 columns a block at a time; _tl_dplr_fwd_states, one program per (batch, head, block of value
 columns), walks the chunks in order with the state in registers and writes the state entering
 each chunk and U; _tl_dplr_fwd_outputs, every chunk at once, makes the outputs. The backward is
-three (dplr_bwd.py): _tl_dplr_bwd_states, one program per (batch, head, block of value
+four (dplr_bwd.py): _tl_dplr_bwd_states, one program per (batch, head, block of value
 columns), walks the chunks back with the state's gradient in registers; _tl_dplr_bwd_scores,
 every chunk at once, writes the scores' gradients; _tl_dplr_bwd_inputs, one program per (chunk,
-batch x head, block of key columns), makes the key-side gradients.
+batch x head, block of key columns), makes the key-side gradients and the terms of the gate's;
+_tl_dplr_bwd_gates sums those.
 
 Forward, per chunk, with c the gates' running sum inside the chunk (per channel):
     qk, qb = [Q K], [Q B] (j <= r),  ak, ab = [A K]', [A B]' (j < r): the decayed scores

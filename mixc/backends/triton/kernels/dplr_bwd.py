@@ -1,7 +1,7 @@
-"""The backward of the diagonal-plus-low-rank Triton kernels (dplr.py), in three launches split
-as flash-linear-attention splits its DPLR backward, each small enough for its registers.
-From the last chunk, with T and the scores as the forward kept them (four [C, C] tiles a chunk)
-and D the gradient of the state leaving the chunk:
+"""The backward of the diagonal-plus-low-rank Triton kernels (dplr.py), in four launches (the
+first three split as flash-linear-attention splits its DPLR backward), each small enough for
+its registers. From the last chunk, with T and the scores as the forward kept them (four
+[C, C] tiles a chunk) and D the gradient of the state leaving the chunk:
 
     dU = qb^T dO + (B ⊙ exp(c_C - c)) D,  dZ = T^T dU,  d(ab) = dZ U^T,  d(ak) = dZ V^T
     dV = qk^T dO + (K ⊙ exp(c_C - c)) D + ak^T dZ
@@ -11,10 +11,19 @@ _tl_dplr_bwd_states (a program per value block) walks the chunks back with D's c
 registers, writing D, dZ and dV; _tl_dplr_bwd_scores (a program per chunk) writes the scores'
 gradients, summed over the value columns; _tl_dplr_bwd_inputs (a program per chunk and key
 block) takes them, a tile and a level at a time, and the decayed rows' gradients through the
-states back to q, k, a, b and the gate, through the same blocks as the forward made the scores.
+states back to q, k, a and b, through the same blocks as the forward made the scores, side 0
+(q) and side 1 (a) in two programs, each its part of dk and db (added after the launch).
+
 The gate's gradient is, for each decay, the input times its gradient, summed back over the
-gates in the decay's sum (the transposed mask). Each key block's program writes its own key
-columns (no parts to add).
+gates in the decay's sum (the transposed mask): a decay of a run of rows passes on to the gates
+of other rows by scans along the run, one a level of blocks for the rows' decays and one for
+the columns'. Inside _tl_dplr_bwd_inputs the scans of the levels' blocks spilled registers
+(44 B on sm_90 in bfloat16; without them it takes 184 registers), so it writes their terms,
+float32 [BT, BK] tiles, a side's LEVELS planes [T, K]: the rest of its part of the gradient
+(the states' decays' scans, side 0's own rows' terms, exp(c_C)'s), then one a level of blocks
+from the second (a level's rows are the right halves of its blocks and its columns the left
+halves: the rows' terms are 0 in the left, the columns' in the right); _tl_dplr_bwd_gates (a
+program per chunk and key block) adds the sides' terms and scans them.
 """
 
 import torch
@@ -42,6 +51,7 @@ from mixc.backends.triton.kernels.dplr_scores import (
     _tl_dplr_decays,
     _tl_dplr_decays_grad,
     _tl_dplr_load,
+    _tl_dplr_right_half,
     _tl_dplr_scores_grad,
 )
 
@@ -190,23 +200,24 @@ def _tl_dplr_through_decays(
 ):
     """A side's gradients of x (side 0: q, side 1: a) and y (k, b) from those of their decayed
     rows Q ⊙ exp(c) or A ⊙ exp(c_{r-1}), and K or B ⊙ exp(c_C - c), and (if GATE_GRAD, else
-    zeros) its part of the gate's from those decays and from exp(c_C), through the sum of S ⊙ D
-    per key column (0 on side 1): each decay's log is a sum of gates under a mask, so its
-    input times its gradient goes back to those gates through the transposed mask."""
+    zeros) what those decays and exp(c_C) pass on to the gate: through the decays' scans
+    (_tl_dplr_decays_grad), side 0's own terms and exp(c_C)'s, through the sum of S ⊙ D per
+    key column (0 on side 1)."""
     from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
     dx_c = dx_c * tl.where(side == 0, from_start, from_before)
     dy_c = dy_c * to_end
-    dg_c = tl.zeros_like(dx_c)
+    own = tl.zeros_like(dx_c)
     if GATE_GRAD:
-        dg_c = _tl_dplr_decays_grad(x_c * dx_c, y_c * dy_c, rows, side, BT)
-        dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
-    return dx_c, dy_c, dg_c
+        d_row = x_c * dx_c
+        own = tl.where(side == 0, d_row, 0.0) + (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]
+        own += _tl_dplr_decays_grad(d_row, y_c * dy_c, BT)
+    return dx_c, dy_c, own
 
 
 @triton.jit
 def _tl_dplr_bwd_inputs(
     q, k, a, b, g, v, do, u, dz, hs, dhs, dts,  # read
-    dq, dk, da, db, dg,  # written
+    dq, dk, da, db, pieces,  # written
     T, NH, K, V,
     sq_b, sq_h, sq_t, sq_d,
     sk_b, sk_h, sk_t, sk_d,
@@ -218,12 +229,12 @@ def _tl_dplr_bwd_inputs(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The backward's last kernel, two programs per (chunk, batch x head, block of BK key
+    """The backward's third kernel, two programs per (chunk, batch x head, block of BK key
     columns): side 0 the gradient of q [B * NH, T, K] in its key columns, side 1 that of a,
-    each its part of those of k, b and (if GATE_GRAD) the gate [2 * B * NH, T, K], from its
-    scores' gradients (dts: d(qk), d(qb) or d(ak), d(ab), read a tile and a level at a time)
-    and those of the decayed rows through the states, back through the decays and the
-    scores' blocks (_tl_dplr_scores_grad) as the forward made them."""
+    each its part of those of k and b [2 * B * NH, T, K], from its scores' gradients (dts) and
+    those of the decayed rows through the states, back through the decays and the scores'
+    blocks (_tl_dplr_scores_grad) as the forward made them; if GATE_GRAD, what the decays
+    pass on to the gate, in the side's LEVELS planes of pieces (_tl_dplr_bwd_gates)."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_k, side = tl.program_id(2) // 2, tl.program_id(2) % 2
     i_b, i_h = i_bh // NH, i_bh % NH
@@ -236,6 +247,7 @@ def _tl_dplr_bwd_inputs(
     at = in_t[:, None] & (cols < K)[None, :]
     at_q, at_a = at & on_q[:, None], at & ~on_q[:, None]
     chunk = i_bh * tl.cdiv(T, BT) + i_n
+    part = side * tl.num_programs(1) + i_bh
     x_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at_q)
     x_c += _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at_a)  # q or a
     k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
@@ -243,27 +255,56 @@ def _tl_dplr_bwd_inputs(
     dx_c, dy_c, through = _tl_dplr_through_states(
         v, do, u, dz, hs, dhs, i_b, i_h, i_bh, chunk, t, in_t, cols, side, T, K, V, *sv, BV, DOT
     )
-    dg_c = tl.zeros_like(dx_c)
+    own = tl.zeros_like(dx_c)  # the gate's gradient but the scans' terms (in pieces)
+    slot = part * LEVELS  # own's plane of pieces, then one a level from the second
     if HAS_G:
         g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols, at)
         y_c = tl.where(side == 0, k_c, b_c)
-        dx_c, dy_c, dg_c = _tl_dplr_through_decays(
+        dx_c, dy_c, own = _tl_dplr_through_decays(
             dx_c, dy_c, through, x_c, y_c, g_c, rows, side, GATE_GRAD, BT
         )
     else:
-        g_c = dg_c  # never read
+        g_c = own  # never read
     dk_c, db_c = tl.where(side == 0, dy_c, 0.0), tl.where(side == 0, 0.0, dy_c)
-    dx_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
-        dx_c, dk_c, db_c, dg_c, dts, chunk * 4, x_c, k_c, b_c, g_c, rows, side,
-        HAS_G, GATE_GRAD, LEVELS, DOT,
+    dx_c, dk_c, db_c = _tl_dplr_scores_grad(
+        dx_c, dk_c, db_c, own, dts, chunk * 4, x_c, k_c, b_c, g_c, rows, side,
+        pieces, slot, T, K, t, cols, at, HAS_G, GATE_GRAD, LEVELS, DOT,
     )  # fmt: skip
     _tl_store_rows(dq, i_bh, T, K, t, cols, at_q, dx_c)
     _tl_store_rows(da, i_bh, T, K, t, cols, at_a, dx_c)
-    part = side * tl.num_programs(1) + i_bh
     _tl_store_rows(dk, part, T, K, t, cols, at, dk_c)
     _tl_store_rows(db, part, T, K, t, cols, at, db_c)
-    if GATE_GRAD:
-        _tl_store_rows(dg, part, T, K, t, cols, at, dg_c)
+
+
+@triton.jit
+def _tl_dplr_bwd_gates(
+    pieces,  # read
+    dg,  # written
+    T, K,
+    BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """The backward's last kernel, one program per (chunk, batch x head, block of BK key
+    columns): the gate's gradient dg [B * NH, T, K] from the pieces [2 * B * NH * LEVELS, T,
+    K] that _tl_dplr_bwd_inputs wrote, the two sides' added: the rest of the gradient, then
+    through their scans (_tl_dplr_decays_grad) the terms of each level's decays (runs of 2,
+    4, ..., BT / 2 rows: the rows' terms in the right halves of its blocks, the columns' in
+    the left)."""
+    i_n, i_bh, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BT)
+    t = i_n * BT + rows
+    cols = i_k * BK + tl.arange(0, BK)
+    at = (t < T)[:, None] & (cols < K)[None, :]
+    slot, other = i_bh * LEVELS, tl.num_programs(1) * LEVELS  # side 1's planes: other on
+    dg_c = _tl_dplr_load(pieces, slot, T, K, t, cols, at)
+    dg_c += _tl_dplr_load(pieces, slot + other, T, K, t, cols, at)
+    for level in tl.static_range(1, LEVELS):
+        right = _tl_dplr_right_half(rows, 1 << level)
+        terms = _tl_dplr_load(pieces, slot + level, T, K, t, cols, at)
+        dg_c += tl.where(right, terms, 0.0)  # side 0's own rows' terms
+        terms += _tl_dplr_load(pieces, slot + other + level, T, K, t, cols, at)
+        d_row, d_col = tl.where(right, terms, 0.0), tl.where(right, 0.0, terms)
+        dg_c += _tl_dplr_decays_grad(d_row, d_col, 1 << level)
+    _tl_store_rows(dg, i_bh, T, K, t, cols, at, dg_c)
 
 
 def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
@@ -271,17 +312,21 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
     state's) from those of the outputs and the final state, and what the forward kept
     (_tl_dplr_forward): three launches, the pass over the chunks from the last
     (_tl_dplr_bwd_states), the scores' gradients (_tl_dplr_bwd_scores) and the key-side
-    gradients of every chunk at once (_tl_dplr_bwd_inputs)."""
+    gradients of every chunk at once (_tl_dplr_bwd_inputs), then, for the gate's, a fourth
+    (_tl_dplr_bwd_gates)."""
     states, tiles, qd, ad, kd, bd, decay, u = kept
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
         q, v, chunk_size, _tl_dplr_bwd_states, dot
     )
+    levels = _tl_levels(block_t)
     d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 2)
     dq, da = dq[0], dq[1]  # written by _tl_dplr_bwd_inputs' two sides; dk: a part a side
     db, dz, d_states = (torch.empty_like(x) for x in (dk, u, states))
-    dg = torch.empty_like(dk) if gate_grad else dk
+    pieces = dk  # never written without gate_grad
+    if gate_grad:  # the gate's gradient's terms, `levels` planes a side [T, K] (float32)
+        pieces = dk.new_empty(2 * batch * heads * levels, length, d_k)
     _tl_dplr_bwd_states[grid](
         d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
         dv, dz, d_states, d_initial,  # written
@@ -300,11 +345,19 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
     _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_inputs, dot)
     _tl_dplr_bwd_inputs[(n_chunks, batch * heads, 2 * triton.cdiv(d_k, inputs_k))](
         q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states, d_tiles,  # read
-        dq, dk, da, db, dg,  # written
+        dq, dk, da, db, pieces,  # written
         length, heads, d_k, d_v,
         *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
-        HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
+        HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=levels,
         BK=inputs_k, BV=inputs_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_inputs, dot),
     )  # fmt: skip
+    dg = None
+    if gate_grad:
+        dg = dq.new_empty(batch, heads, length, d_k)
+        gates_k = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_gates, dot)[1]
+        _tl_dplr_bwd_gates[(n_chunks, batch * heads, triton.cdiv(d_k, gates_k))](
+            pieces, dg, length, d_k, BT=block_t, LEVELS=levels, BK=gates_k,
+            **_tl_launch(_tl_dplr_bwd_gates, dot),
+        )  # fmt: skip
     dk, db = dk.sum(0), db.sum(0)  # the two sides' parts
-    return dq, dk, dv, da, db, dg.sum(0) if gate_grad else None, d_initial
+    return dq, dk, dv, da, db, dg, d_initial

@@ -17,6 +17,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_pairs,
     _tl_run_scan,
     _tl_run_sums,
+    _tl_store_rows,
     _tl_tile,
 )
 
@@ -40,14 +41,22 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_decays_grad(d_row, d_col, rows, side, RUN: tl.constexpr):
-    """The gradient for g of a side's decays of _tl_dplr_decays(g, rows, RUN), from those of
-    its rows' decay (d_row: side 0 the sum up to the row, its own included; side 1 before it)
-    and its columns' (d_col, the sum after the row): g_l is in the rows' sums of the rows after
-    l in its run and, side 0, of row l itself, and in the columns' of the rows before l. Two
-    scans, each of the contributions themselves."""
-    d_g = _tl_run_scan(d_row, RUN, True, False) + _tl_run_scan(d_col, RUN, False, False)
-    return d_g + tl.where(side == 0, d_row, 0.0)
+def _tl_dplr_decays_grad(d_row, d_col, RUN: tl.constexpr):
+    """The gradient for g of the decays of _tl_dplr_decays(g, rows, RUN) through the sums of
+    other rows, from those of its rows' decay (d_row: the sum up to the row, or before it)
+    and its columns' (d_col, the sum after the row): g_l is in the rows' sums of the rows
+    after l in its run and in the columns' of the rows before l. Two scans, each of the
+    contributions themselves. The rows' sum up to the row also holds the row's own g_l: its
+    term (d_row itself) is the caller's."""
+    return _tl_run_scan(d_row, RUN, True, False) + _tl_run_scan(d_col, RUN, False, False)
+
+
+@triton.jit
+def _tl_dplr_right_half(rows, RUN: tl.constexpr):
+    """[BT, 1]: whether each row is in the right half of its aligned block of 2 RUN rows (its
+    run is one of those whose rows that level of _tl_dplr_scores decays; the left halves'
+    rows are its columns, _tl_pairs)."""
+    return ((rows // RUN) % 2 == 1)[:, None]
 
 
 @triton.jit
@@ -147,16 +156,21 @@ def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_scores_grad(
-    dx_c, dk_c, db_c, dg_c, dts, tiles, x_c, k_c, b_c, g_c, rows, side,
+    dx_c, dk_c, db_c, own, dts, tiles, x_c, k_c, b_c, g_c, rows, side,
+    pieces, slot, T, K, t, cols, at,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
     ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
-    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b and (if
-    GATE_GRAD) the gate so far: it goes back as _tl_dplr_scores built them (the pairs r = j
-    undecayed, side 0's only, then level by level, _tl_dplr_level_grad, each level's decays
-    passing on to the gates of their sums) or, without a gate (g_c never read), as the
-    products for j <= r (side 0) or j < r (side 1)."""
+    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b so far: it
+    goes back as _tl_dplr_scores built them (the pairs r = j undecayed, side 0's only, then
+    level by level, _tl_dplr_level_grad) or, without a gate (g_c never read), as the
+    products for j <= r (side 0) or j < r (side 1). If GATE_GRAD, what each level's decays
+    pass on to the gates, for _tl_dplr_bwd_gates to sum (here its scans spilled registers):
+    side 0's own terms added to own (so far those of the states' decays and exp(c_C)), then
+    written to plane slot of pieces, and from level 1 on (runs of 2 rows and more) the terms
+    of the rows' and columns' scans to plane slot + level: a level's rows are the right
+    halves of its blocks, its columns the left halves, so one plane holds both."""
     tiles += 2 * side
     if HAS_G:
         # the scores' pairs r = j, undecayed (side 0's)
@@ -173,9 +187,13 @@ def _tl_dplr_scores_grad(
             dx_l, dk_l, db_l = _tl_dplr_level_grad(
                 dts, tiles, x_c, k_c, b_c, g_c, rows, side, 1 << level, DOT
             )
-            if GATE_GRAD:
-                d_col = k_c * dk_l + b_c * db_l
-                dg_c += _tl_dplr_decays_grad(x_c * dx_l, d_col, rows, side, 1 << level)
+            if GATE_GRAD and level == 0:  # runs of one row: only side 0's own terms
+                own += tl.where(side == 0, x_c * dx_l, 0.0)
+                _tl_store_rows(pieces, slot, T, K, t, cols, at, own)
+            elif GATE_GRAD:  # the rows' terms where they are the level's rows, else the columns'
+                right = _tl_dplr_right_half(rows, 1 << level)
+                terms = tl.where(right, x_c * dx_l, k_c * dk_l + b_c * db_l)
+                _tl_store_rows(pieces, slot + level, T, K, t, cols, at, terms)
             dx_c += dx_l
             dk_c += dk_l
             db_c += db_l
@@ -185,4 +203,4 @@ def _tl_dplr_scores_grad(
         dx_c += dx_l
         dk_c += dk_l
         db_c += db_l
-    return dx_c, dk_c, db_c, dg_c
+    return dx_c, dk_c, db_c

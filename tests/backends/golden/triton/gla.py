@@ -791,6 +791,7 @@ def _tl_tiles(kernel, dot=None):
         "_tl_dplr_bwd_states": (None, 32, 8),
         "_tl_dplr_bwd_scores": (None, 16, 8),
         "_tl_dplr_bwd_inputs": (16, 32, 8),
+        "_tl_dplr_bwd_gates": (32, 32, 4),
         "_tl_elementwise_fwd": (None, 32, 8),
         "_tl_elementwise_bwd": (None, 32, 8),
     }[kernel.__name__]

@@ -348,6 +348,7 @@ def _tl_tiles(kernel, dot=None):
         "_tl_dplr_bwd_states": (None, 32, 8),
         "_tl_dplr_bwd_scores": (None, 16, 8),
         "_tl_dplr_bwd_inputs": (16, 32, 8),
+        "_tl_dplr_bwd_gates": (32, 32, 4),
         "_tl_elementwise_fwd": (None, 32, 8),
         "_tl_elementwise_bwd": (None, 32, 8),
     }[kernel.__name__]
@@ -1129,23 +1130,24 @@ def _tl_dplr_through_decays(
 ):
     """A side's gradients of x (side 0: q, side 1: a) and y (k, b) from those of their decayed
     rows Q ⊙ exp(c) or A ⊙ exp(c_{r-1}), and K or B ⊙ exp(c_C - c), and (if GATE_GRAD, else
-    zeros) its part of the gate's from those decays and from exp(c_C), through the sum of S ⊙ D
-    per key column (0 on side 1): each decay's log is a sum of gates under a mask, so its
-    input times its gradient goes back to those gates through the transposed mask."""
+    zeros) what those decays and exp(c_C) pass on to the gate: through the decays' scans
+    (_tl_dplr_decays_grad), side 0's own terms and exp(c_C)'s, through the sum of S ⊙ D per
+    key column (0 on side 1)."""
     from_start, from_before, to_end = _tl_dplr_decays(g_c, rows, BT)
     dx_c = dx_c * tl.where(side == 0, from_start, from_before)
     dy_c = dy_c * to_end
-    dg_c = tl.zeros_like(dx_c)
+    own = tl.zeros_like(dx_c)
     if GATE_GRAD:
-        dg_c = _tl_dplr_decays_grad(x_c * dx_c, y_c * dy_c, rows, side, BT)
-        dg_c += (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]  # for exp(c_C)
-    return dx_c, dy_c, dg_c
+        d_row = x_c * dx_c
+        own = tl.where(side == 0, d_row, 0.0) + (through * tl.exp(tl.sum(g_c, axis=0)))[None, :]
+        own += _tl_dplr_decays_grad(d_row, y_c * dy_c, BT)
+    return dx_c, dy_c, own
 
 
 @triton.jit
 def _tl_dplr_bwd_inputs(
     q, k, a, b, g, v, do, u, dz, hs, dhs, dts,  # read
-    dq, dk, da, db, dg,  # written
+    dq, dk, da, db, pieces,  # written
     T, NH, K, V,
     sq_b, sq_h, sq_t, sq_d,
     sk_b, sk_h, sk_t, sk_d,
@@ -1157,12 +1159,12 @@ def _tl_dplr_bwd_inputs(
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The backward's last kernel, two programs per (chunk, batch x head, block of BK key
+    """The backward's third kernel, two programs per (chunk, batch x head, block of BK key
     columns): side 0 the gradient of q [B * NH, T, K] in its key columns, side 1 that of a,
-    each its part of those of k, b and (if GATE_GRAD) the gate [2 * B * NH, T, K], from its
-    scores' gradients (dts: d(qk), d(qb) or d(ak), d(ab), read a tile and a level at a time)
-    and those of the decayed rows through the states, back through the decays and the
-    scores' blocks (_tl_dplr_scores_grad) as the forward made them."""
+    each its part of those of k and b [2 * B * NH, T, K], from its scores' gradients (dts) and
+    those of the decayed rows through the states, back through the decays and the scores'
+    blocks (_tl_dplr_scores_grad) as the forward made them; if GATE_GRAD, what the decays
+    pass on to the gate, in the side's LEVELS planes of pieces (_tl_dplr_bwd_gates)."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_k, side = tl.program_id(2) // 2, tl.program_id(2) % 2
     i_b, i_h = i_bh // NH, i_bh % NH
@@ -1175,6 +1177,7 @@ def _tl_dplr_bwd_inputs(
     at = in_t[:, None] & (cols < K)[None, :]
     at_q, at_a = at & on_q[:, None], at & ~on_q[:, None]
     chunk = i_bh * tl.cdiv(T, BT) + i_n
+    part = side * tl.num_programs(1) + i_bh
     x_c = _tl_rows(q, sq_b, sq_h, sq_t, sq_d, i_b, i_h, t, cols, at_q)
     x_c += _tl_rows(a, sa_b, sa_h, sa_t, sa_d, i_b, i_h, t, cols, at_a)  # q or a
     k_c = _tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at)
@@ -1182,27 +1185,56 @@ def _tl_dplr_bwd_inputs(
     dx_c, dy_c, through = _tl_dplr_through_states(
         v, do, u, dz, hs, dhs, i_b, i_h, i_bh, chunk, t, in_t, cols, side, T, K, V, *sv, BV, DOT
     )
-    dg_c = tl.zeros_like(dx_c)
+    own = tl.zeros_like(dx_c)  # the gate's gradient but the scans' terms (in pieces)
+    slot = part * LEVELS  # own's plane of pieces, then one a level from the second
     if HAS_G:
         g_c = _tl_key_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols, at)
         y_c = tl.where(side == 0, k_c, b_c)
-        dx_c, dy_c, dg_c = _tl_dplr_through_decays(
+        dx_c, dy_c, own = _tl_dplr_through_decays(
             dx_c, dy_c, through, x_c, y_c, g_c, rows, side, GATE_GRAD, BT
         )
     else:
-        g_c = dg_c  # never read
+        g_c = own  # never read
     dk_c, db_c = tl.where(side == 0, dy_c, 0.0), tl.where(side == 0, 0.0, dy_c)
-    dx_c, dk_c, db_c, dg_c = _tl_dplr_scores_grad(
-        dx_c, dk_c, db_c, dg_c, dts, chunk * 4, x_c, k_c, b_c, g_c, rows, side,
-        HAS_G, GATE_GRAD, LEVELS, DOT,
+    dx_c, dk_c, db_c = _tl_dplr_scores_grad(
+        dx_c, dk_c, db_c, own, dts, chunk * 4, x_c, k_c, b_c, g_c, rows, side,
+        pieces, slot, T, K, t, cols, at, HAS_G, GATE_GRAD, LEVELS, DOT,
     )  # fmt: skip
     _tl_store_rows(dq, i_bh, T, K, t, cols, at_q, dx_c)
     _tl_store_rows(da, i_bh, T, K, t, cols, at_a, dx_c)
-    part = side * tl.num_programs(1) + i_bh
     _tl_store_rows(dk, part, T, K, t, cols, at, dk_c)
     _tl_store_rows(db, part, T, K, t, cols, at, db_c)
-    if GATE_GRAD:
-        _tl_store_rows(dg, part, T, K, t, cols, at, dg_c)
+
+
+@triton.jit
+def _tl_dplr_bwd_gates(
+    pieces,  # read
+    dg,  # written
+    T, K,
+    BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """The backward's last kernel, one program per (chunk, batch x head, block of BK key
+    columns): the gate's gradient dg [B * NH, T, K] from the pieces [2 * B * NH * LEVELS, T,
+    K] that _tl_dplr_bwd_inputs wrote, the two sides' added: the rest of the gradient, then
+    through their scans (_tl_dplr_decays_grad) the terms of each level's decays (runs of 2,
+    4, ..., BT / 2 rows: the rows' terms in the right halves of its blocks, the columns' in
+    the left)."""
+    i_n, i_bh, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tl.arange(0, BT)
+    t = i_n * BT + rows
+    cols = i_k * BK + tl.arange(0, BK)
+    at = (t < T)[:, None] & (cols < K)[None, :]
+    slot, other = i_bh * LEVELS, tl.num_programs(1) * LEVELS  # side 1's planes: other on
+    dg_c = _tl_dplr_load(pieces, slot, T, K, t, cols, at)
+    dg_c += _tl_dplr_load(pieces, slot + other, T, K, t, cols, at)
+    for level in tl.static_range(1, LEVELS):
+        right = _tl_dplr_right_half(rows, 1 << level)
+        terms = _tl_dplr_load(pieces, slot + level, T, K, t, cols, at)
+        dg_c += tl.where(right, terms, 0.0)  # side 0's own rows' terms
+        terms += _tl_dplr_load(pieces, slot + other + level, T, K, t, cols, at)
+        d_row, d_col = tl.where(right, terms, 0.0), tl.where(right, 0.0, terms)
+        dg_c += _tl_dplr_decays_grad(d_row, d_col, 1 << level)
+    _tl_store_rows(dg, i_bh, T, K, t, cols, at, dg_c)
 
 
 def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, gate_grad):
@@ -1210,17 +1242,21 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
     state's) from those of the outputs and the final state, and what the forward kept
     (_tl_dplr_forward): three launches, the pass over the chunks from the last
     (_tl_dplr_bwd_states), the scores' gradients (_tl_dplr_bwd_scores) and the key-side
-    gradients of every chunk at once (_tl_dplr_bwd_inputs)."""
+    gradients of every chunk at once (_tl_dplr_bwd_inputs), then, for the gate's, a fourth
+    (_tl_dplr_bwd_gates)."""
     states, tiles, qd, ad, kd, bd, decay, u = kept
     batch, heads, length, d_k = q.shape
     d_v = v.shape[-1]
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(
         q, v, chunk_size, _tl_dplr_bwd_states, dot
     )
+    levels = _tl_levels(block_t)
     d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 2)
     dq, da = dq[0], dq[1]  # written by _tl_dplr_bwd_inputs' two sides; dk: a part a side
     db, dz, d_states = (torch.empty_like(x) for x in (dk, u, states))
-    dg = torch.empty_like(dk) if gate_grad else dk
+    pieces = dk  # never written without gate_grad
+    if gate_grad:  # the gate's gradient's terms, `levels` planes a side [T, K] (float32)
+        pieces = dk.new_empty(2 * batch * heads * levels, length, d_k)
     _tl_dplr_bwd_states[grid](
         d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
         dv, dz, d_states, d_initial,  # written
@@ -1239,14 +1275,22 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
     _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_inputs, dot)
     _tl_dplr_bwd_inputs[(n_chunks, batch * heads, 2 * triton.cdiv(d_k, inputs_k))](
         q, k, a, b, q if gk is None else gk, v, d_o, u, dz, states, d_states, d_tiles,  # read
-        dq, dk, da, db, dg,  # written
+        dq, dk, da, db, pieces,  # written
         length, heads, d_k, d_v,
         *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
-        HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=_tl_levels(block_t),
+        HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=levels,
         BK=inputs_k, BV=inputs_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_inputs, dot),
     )  # fmt: skip
+    dg = None
+    if gate_grad:
+        dg = dq.new_empty(batch, heads, length, d_k)
+        gates_k = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_gates, dot)[1]
+        _tl_dplr_bwd_gates[(n_chunks, batch * heads, triton.cdiv(d_k, gates_k))](
+            pieces, dg, length, d_k, BT=block_t, LEVELS=levels, BK=gates_k,
+            **_tl_launch(_tl_dplr_bwd_gates, dot),
+        )  # fmt: skip
     dk, db = dk.sum(0), db.sum(0)  # the two sides' parts
-    return dq, dk, dv, da, db, dg.sum(0) if gate_grad else None, d_initial
+    return dq, dk, dv, da, db, dg, d_initial
 
 
 @triton.jit
@@ -1268,14 +1312,22 @@ def _tl_dplr_decays(g, rows, RUN: tl.constexpr):
 
 
 @triton.jit
-def _tl_dplr_decays_grad(d_row, d_col, rows, side, RUN: tl.constexpr):
-    """The gradient for g of a side's decays of _tl_dplr_decays(g, rows, RUN), from those of
-    its rows' decay (d_row: side 0 the sum up to the row, its own included; side 1 before it)
-    and its columns' (d_col, the sum after the row): g_l is in the rows' sums of the rows after
-    l in its run and, side 0, of row l itself, and in the columns' of the rows before l. Two
-    scans, each of the contributions themselves."""
-    d_g = _tl_run_scan(d_row, RUN, True, False) + _tl_run_scan(d_col, RUN, False, False)
-    return d_g + tl.where(side == 0, d_row, 0.0)
+def _tl_dplr_decays_grad(d_row, d_col, RUN: tl.constexpr):
+    """The gradient for g of the decays of _tl_dplr_decays(g, rows, RUN) through the sums of
+    other rows, from those of its rows' decay (d_row: the sum up to the row, or before it)
+    and its columns' (d_col, the sum after the row): g_l is in the rows' sums of the rows
+    after l in its run and in the columns' of the rows before l. Two scans, each of the
+    contributions themselves. The rows' sum up to the row also holds the row's own g_l: its
+    term (d_row itself) is the caller's."""
+    return _tl_run_scan(d_row, RUN, True, False) + _tl_run_scan(d_col, RUN, False, False)
+
+
+@triton.jit
+def _tl_dplr_right_half(rows, RUN: tl.constexpr):
+    """[BT, 1]: whether each row is in the right half of its aligned block of 2 RUN rows (its
+    run is one of those whose rows that level of _tl_dplr_scores decays; the left halves'
+    rows are its columns, _tl_pairs)."""
+    return ((rows // RUN) % 2 == 1)[:, None]
 
 
 @triton.jit
@@ -1375,16 +1427,21 @@ def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
 
 @triton.jit
 def _tl_dplr_scores_grad(
-    dx_c, dk_c, db_c, dg_c, dts, tiles, x_c, k_c, b_c, g_c, rows, side,
+    dx_c, dk_c, db_c, own, dts, tiles, x_c, k_c, b_c, g_c, rows, side,
+    pieces, slot, T, K, t, cols, at,
     HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, LEVELS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
     ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
-    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b and (if
-    GATE_GRAD) the gate so far: it goes back as _tl_dplr_scores built them (the pairs r = j
-    undecayed, side 0's only, then level by level, _tl_dplr_level_grad, each level's decays
-    passing on to the gates of their sums) or, without a gate (g_c never read), as the
-    products for j <= r (side 0) or j < r (side 1)."""
+    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b so far: it
+    goes back as _tl_dplr_scores built them (the pairs r = j undecayed, side 0's only, then
+    level by level, _tl_dplr_level_grad) or, without a gate (g_c never read), as the
+    products for j <= r (side 0) or j < r (side 1). If GATE_GRAD, what each level's decays
+    pass on to the gates, for _tl_dplr_bwd_gates to sum (here its scans spilled registers):
+    side 0's own terms added to own (so far those of the states' decays and exp(c_C)), then
+    written to plane slot of pieces, and from level 1 on (runs of 2 rows and more) the terms
+    of the rows' and columns' scans to plane slot + level: a level's rows are the right
+    halves of its blocks, its columns the left halves, so one plane holds both."""
     tiles += 2 * side
     if HAS_G:
         # the scores' pairs r = j, undecayed (side 0's)
@@ -1401,9 +1458,13 @@ def _tl_dplr_scores_grad(
             dx_l, dk_l, db_l = _tl_dplr_level_grad(
                 dts, tiles, x_c, k_c, b_c, g_c, rows, side, 1 << level, DOT
             )
-            if GATE_GRAD:
-                d_col = k_c * dk_l + b_c * db_l
-                dg_c += _tl_dplr_decays_grad(x_c * dx_l, d_col, rows, side, 1 << level)
+            if GATE_GRAD and level == 0:  # runs of one row: only side 0's own terms
+                own += tl.where(side == 0, x_c * dx_l, 0.0)
+                _tl_store_rows(pieces, slot, T, K, t, cols, at, own)
+            elif GATE_GRAD:  # the rows' terms where they are the level's rows, else the columns'
+                right = _tl_dplr_right_half(rows, 1 << level)
+                terms = tl.where(right, x_c * dx_l, k_c * dk_l + b_c * db_l)
+                _tl_store_rows(pieces, slot + level, T, K, t, cols, at, terms)
             dx_c += dx_l
             dk_c += dk_l
             db_c += db_l
@@ -1413,7 +1474,7 @@ def _tl_dplr_scores_grad(
         dx_c += dx_l
         dk_c += dk_l
         db_c += db_l
-    return dx_c, dk_c, db_c, dg_c
+    return dx_c, dk_c, db_c
 
 
 # ---- this mixer --------------------------------------------------------------------------
