@@ -1453,7 +1453,7 @@ def _tl_chunk_value_sums(
     holds its key columns cols_k whole over the values: (dO V^T [BT, BT], dO S^T and V D^T
     [BT, BK], the rows of S ⊙ D [BK]), with S (hs) the state entering the chunk i_state and D
     (dhs) the gradient of the state leaving it [B * NH, N, K, V] (contiguous); dO S^T at about
-    float32's accuracy if WIDE (_tl_split_dot)."""
+    float32's accuracy if WIDE (_tl_split_dot), and V D^T too with 16-bit products."""
     d_scores = tl.zeros((t.shape[0], t.shape[0]), dtype=hs.dtype.element_ty)  # dO V^T
     from_q = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # dO S^T
     from_k = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # V D^T
@@ -1470,7 +1470,10 @@ def _tl_chunk_value_sums(
             from_q += _tl_split_dot(do_j, tl.trans(state), DOT)
         else:
             from_q += _tl_dot(do_j, tl.trans(state), DOT)
-        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
+        if WIDE and (DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16"):
+            from_k += _tl_split_dot(v_j, tl.trans(d_state), DOT)
+        else:
+            from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
         whole += tl.sum(state * d_state, axis=1)  # the compiler drops it where it is not read
     return d_scores, from_q, from_k, whole
 
