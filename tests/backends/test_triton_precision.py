@@ -75,3 +75,58 @@ def test_bf16_operands_keep_the_bf16_accuracy_rule(cls):
 def _kernel(backend, cls):
     module = importlib.import_module(f"mixc.backends.{backend}.kernels.{cls}")
     return getattr(module, f"chunk_{cls}")
+
+
+def test_bf16_scalar_decay_backward_keeps_computed_operands_at_float32_accuracy():
+    """With bfloat16 operands, the scalar-decay backward multiplies the two operands it computes
+    at about float32's accuracy, each as two 16-bit parts: the decayed scores in dV = P^T dO
+    (one rounding of a token's own score cost Mamba-2's dt gradient 6.1e-3 against mixc fuzz's
+    bound 5.1e-3) and the decayed dO in the states' gradients (decays closer to 1 than a
+    bfloat16 ulp were lost: Mamba-2's A gradient at tiny A, 1.97e-2 against 8.0e-3). The
+    operands are bfloat16 values held in float32 (as a module passes them with operands=),
+    the loss reads the outputs only, so dV and the initial state's gradient are these products
+    alone; each must be within float32's gradient bound (1e-4) of the float64 kernel (about
+    2e-3 with either operand rounded)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 16, n, generator=gen).bfloat16().float() for n in (8, 8, 4))
+    g = -1e-4 * torch.rand(1, 1, 16, generator=gen)  # decays within a bfloat16 ulp of 1
+    s0 = torch.randn(1, 1, 8, 4, generator=gen)
+    weights = torch.randn(1, 1, 16, 4, generator=gen).bfloat16().double()
+
+    def grads(fn, dtype, **kw):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, s0)]
+        o, _ = fn(*leaves[:3], g=g.to(dtype), initial_state=leaves[3], chunk_size=CHUNK, **kw)
+        (o.double() * weights).sum().backward()
+        return leaves[2].grad, leaves[3].grad
+
+    got = grads(_kernel("triton", "scalar_decay"), torch.float32, operands=torch.bfloat16)
+    want = grads(_kernel("pytorch", "scalar_decay"), torch.float64)
+    for name, a, b in zip(("dv", "initial state"), got, want):
+        assert rel_error(a, b) <= 1e-4, (name, rel_error(a, b))
+
+
+def test_bf16_scalar_decay_gate_path_at_float32_accuracy():
+    """The operands the log-gates' gradient reads, computed by the kernel, at about float32's
+    accuracy too (_tl_split_dot): the decayed values written to the states the backward keeps,
+    the decayed dO of the states' gradients and V D^T's D. Each rounded, Mamba-2's A gradient
+    at a tiny A (terms cancelling to 1/17 of their magnitudes) failed mixc fuzz's bfloat16
+    bound, 5.0e-2 against 2.8e-2. As above, two chunks: the final state, the log-gates' and
+    the initial state's gradients within float32's bounds (1e-5, 1e-4) of the float64 kernel
+    (dV's decayed keys and D in K D stay rounded)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 32, n, generator=gen).bfloat16().float() for n in (8, 8, 4))
+    g = -1e-4 * torch.rand(1, 1, 32, generator=gen)
+    s0 = torch.randn(1, 1, 8, 4, generator=gen)
+    weights = torch.randn(1, 1, 32, 4, generator=gen).bfloat16().double()
+
+    def run(fn, dtype, **kw):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, g, s0)]
+        o, final = fn(*leaves[:3], g=leaves[3], initial_state=leaves[4], chunk_size=CHUNK, **kw)
+        (o.double() * weights).sum().backward()
+        return final.detach(), leaves[3].grad, leaves[4].grad
+
+    got = run(_kernel("triton", "scalar_decay"), torch.float32, operands=torch.bfloat16)
+    want = run(_kernel("pytorch", "scalar_decay"), torch.float64)
+    names = ("final state", "dg", "initial state")
+    for name, bound, a, b in zip(names, (1e-5, 1e-4, 1e-4), got, want):
+        assert rel_error(a, b) <= bound, (name, rel_error(a, b))

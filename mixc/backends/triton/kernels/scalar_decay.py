@@ -41,6 +41,7 @@ from mixc.backends.triton.kernels.common import (
     _tl_put_rows,
     _tl_rows,
     _tl_sizes,
+    _tl_split_dot,
     _tl_store_state,
     _tl_strides,
     _tl_sum_parts,
@@ -72,7 +73,13 @@ def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr,
     scores = tl.where(causal, scores, 0.0)
     out = _tl_dot(scores, v_c, DOT) + from_state
     out += tl.cumsum(poison, axis=0)
-    state += _tl_dot(tl.trans(k_c), written, DOT)
+    if HAS_G and (DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16"):
+        # the decayed values at about float32's accuracy (_tl_split_dot): rounded, the states
+        # the backward keeps carry a second rounding of V, which the gate's gradient sums
+        # against terms they cancel (Mamba-2's A at a tiny A)
+        state += _tl_split_dot(tl.trans(k_c), written, DOT)
+    else:
+        state += _tl_dot(tl.trans(k_c), written, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 

@@ -946,7 +946,7 @@ def _tl_chunk_value_sums(
     holds its key columns cols_k whole over the values: (dO V^T [BT, BT], dO S^T and V D^T
     [BT, BK], the rows of S ⊙ D [BK]), with S (hs) the state entering the chunk i_state and D
     (dhs) the gradient of the state leaving it [B * NH, N, K, V] (contiguous); dO S^T at about
-    float32's accuracy if WIDE (_tl_split_dot)."""
+    float32's accuracy if WIDE (_tl_split_dot), and V D^T too with 16-bit products."""
     d_scores = tl.zeros((t.shape[0], t.shape[0]), dtype=hs.dtype.element_ty)  # dO V^T
     from_q = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # dO S^T
     from_k = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # V D^T
@@ -963,7 +963,10 @@ def _tl_chunk_value_sums(
             from_q += _tl_split_dot(do_j, tl.trans(state), DOT)
         else:
             from_q += _tl_dot(do_j, tl.trans(state), DOT)
-        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
+        if WIDE and (DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16"):
+            from_k += _tl_split_dot(v_j, tl.trans(d_state), DOT)
+        else:
+            from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
         whole += tl.sum(state * d_state, axis=1)  # the compiler drops it where it is not read
     return d_scores, from_q, from_k, whole
 
@@ -974,18 +977,23 @@ def _tl_chunk_value_grads(
     dv,  # written
     sdo_b, sdo_h, sdo_t, sdo_d,
     i_b, i_h, i_state, part, t, in_t, cols_k, T, K, V, scores, k_end,
-    BV: tl.constexpr, DOT: tl.constexpr,
+    WIDE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """A chunk's part of dV from a program's key columns cols_k, the value columns BV at a time:
     scores^T dO + k_end D, scores [BT, BT] (the chunk's decayed scores over those key columns)
     and k_end [BT, BK] (its keys decayed to the chunk's end) as the products take them, D
-    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]."""
+    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]. WIDE,
+    with 16-bit products: scores in float32, scores^T dO at about float32's accuracy, the
+    scores the sum of their 16-bit rounding and the rest (two products, as _tl_split_dot)."""
+    split = WIDE and (DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16")
     for j in range(0, tl.cdiv(V, BV)):
         cols_v = j * BV + tl.arange(0, BV)
         at_v = in_t[:, None] & (cols_v < V)[None, :]
         do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
         d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
         dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
+        if split:  # the part of the scores their 16-bit rounding dropped
+            dv_j += _tl_dot(tl.trans(scores - _tl_operand(scores, DOT)), do_j, DOT)
         _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)
 
 
@@ -1023,7 +1031,12 @@ def _tl_diagonal_bwd_states(
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
             do_start = do_c * tl.exp(tl.cumsum(g_c, axis=0))[:, None]  # diag(exp(b)) dO
             d_state = d_state * tl.exp(tl.sum(g_c, axis=0))
-            d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
+            if DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16":
+                # decayed dO at about float32's accuracy: rounded, it loses decays closer to 1
+                # than a 16-bit ulp (Mamba-2's A gradient at tiny A: 1.97e-2 against 8.0e-3)
+                d_state += _tl_split_dot(tl.trans(q_c), do_start, DOT)
+            else:
+                d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
         elif HAS_G:
             g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
             q_start = q_c * tl.exp(tl.cumsum(g_c, axis=0))  # Q ⊙ exp(b)
@@ -1095,7 +1108,13 @@ def _tl_scalar_decay_chunk(q_c, k_c, v_c, g_c, state, rows, HAS_G: tl.constexpr,
     scores = tl.where(causal, scores, 0.0)
     out = _tl_dot(scores, v_c, DOT) + from_state
     out += tl.cumsum(poison, axis=0)
-    state += _tl_dot(tl.trans(k_c), written, DOT)
+    if HAS_G and (DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16"):
+        # the decayed values at about float32's accuracy (_tl_split_dot): rounded, the states
+        # the backward keeps carry a second rounding of V, which the gate's gradient sums
+        # against terms they cancel (Mamba-2's A at a tiny A)
+        state += _tl_split_dot(tl.trans(k_c), written, DOT)
+    else:
+        state += _tl_dot(tl.trans(k_c), written, DOT)
     state += tl.sum(poison, axis=0)[None, :]
     return out, state
 
@@ -1228,8 +1247,9 @@ def _tl_scalar_decay_chunk_grad(
     """One chunk's gradients over a program's key columns, from its queries and keys q_c, k_c
     [BT, BK], its log-gates g_c [BT] (read only if HAS_G) and the sums over the value columns
     (_tl_chunk_value_sums: dO V^T, dO S^T, V D^T, the rows of S ⊙ D): (dQ, dK, this key block's
-    part of the gate's gradient [BT] (zeros unless GATE_GRAD), P as the products take it, and
-    exp(b_C - b) [BT, 1])."""
+    part of the gate's gradient [BT] (zeros unless GATE_GRAD), P in float32 (dV's P^T dO splits
+    it, _tl_chunk_value_grads: rounded once, a token's own score cost Mamba-2's dt gradient
+    6.1e-3 against the bfloat16 bound 5.1e-3), and exp(b_C - b) [BT, 1])."""
     causal = rows[:, None] >= rows[None, :]  # [i, j]: i >= j
     probs = _tl_dot(q_c, tl.trans(k_c), DOT)
     dg_c = tl.zeros((rows.shape[0],), dtype=d_probs.dtype)
@@ -1255,7 +1275,7 @@ def _tl_scalar_decay_chunk_grad(
     d_scores = _tl_operand(tl.where(causal, d_probs, 0.0), DOT)  # dA, rounded once
     dq_c = _tl_dot(d_scores, k_c, DOT) + from_q
     dk_c = _tl_dot(tl.trans(d_scores), q_c, DOT) + from_k
-    return dq_c, dk_c, dg_c, _tl_operand(probs, DOT), to_end
+    return dq_c, dk_c, dg_c, probs, to_end
 
 
 @triton.jit
@@ -1300,7 +1320,7 @@ def _tl_scalar_decay_bwd_grads(
     k_end = _tl_operand(k_c * to_end, DOT)  # diag(exp(b_C - b)) K
     _tl_chunk_value_grads(
         do, dhs, dv, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state, part, t, in_t, cols_k, T, K,
-        V, probs, k_end, BV, DOT,
+        V, probs, k_end, True, BV, DOT,
     )  # fmt: skip
 
 

@@ -1454,7 +1454,7 @@ def _tl_chunk_value_sums(
     holds its key columns cols_k whole over the values: (dO V^T [BT, BT], dO S^T and V D^T
     [BT, BK], the rows of S ⊙ D [BK]), with S (hs) the state entering the chunk i_state and D
     (dhs) the gradient of the state leaving it [B * NH, N, K, V] (contiguous); dO S^T at about
-    float32's accuracy if WIDE (_tl_split_dot)."""
+    float32's accuracy if WIDE (_tl_split_dot), and V D^T too with 16-bit products."""
     d_scores = tl.zeros((t.shape[0], t.shape[0]), dtype=hs.dtype.element_ty)  # dO V^T
     from_q = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # dO S^T
     from_k = tl.zeros((t.shape[0], cols_k.shape[0]), dtype=d_scores.dtype)  # V D^T
@@ -1471,7 +1471,10 @@ def _tl_chunk_value_sums(
             from_q += _tl_split_dot(do_j, tl.trans(state), DOT)
         else:
             from_q += _tl_dot(do_j, tl.trans(state), DOT)
-        from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
+        if WIDE and (DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16"):
+            from_k += _tl_split_dot(v_j, tl.trans(d_state), DOT)
+        else:
+            from_k += _tl_dot(v_j, tl.trans(d_state), DOT)
         whole += tl.sum(state * d_state, axis=1)  # the compiler drops it where it is not read
     return d_scores, from_q, from_k, whole
 
@@ -1482,18 +1485,23 @@ def _tl_chunk_value_grads(
     dv,  # written
     sdo_b, sdo_h, sdo_t, sdo_d,
     i_b, i_h, i_state, part, t, in_t, cols_k, T, K, V, scores, k_end,
-    BV: tl.constexpr, DOT: tl.constexpr,
+    WIDE: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """A chunk's part of dV from a program's key columns cols_k, the value columns BV at a time:
     scores^T dO + k_end D, scores [BT, BT] (the chunk's decayed scores over those key columns)
     and k_end [BT, BK] (its keys decayed to the chunk's end) as the products take them, D
-    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]."""
+    (dhs) as in _tl_chunk_value_sums; written to part `part` of dv [NK * B * NH, T, V]. WIDE,
+    with 16-bit products: scores in float32, scores^T dO at about float32's accuracy, the
+    scores the sum of their 16-bit rounding and the rest (two products, as _tl_split_dot)."""
+    split = WIDE and (DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16")
     for j in range(0, tl.cdiv(V, BV)):
         cols_v = j * BV + tl.arange(0, BV)
         at_v = in_t[:, None] & (cols_v < V)[None, :]
         do_j = _tl_operand(_tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v), DOT)
         d_state = _tl_load_state(dhs, i_state, K, V, cols_k, cols_v)
         dv_j = _tl_dot(tl.trans(scores), do_j, DOT) + _tl_dot(k_end, d_state, DOT)
+        if split:  # the part of the scores their 16-bit rounding dropped
+            dv_j += _tl_dot(tl.trans(scores - _tl_operand(scores, DOT)), do_j, DOT)
         _tl_store_rows(dv, part, T, V, t, cols_v, at_v, dv_j)
 
 
@@ -1531,7 +1539,12 @@ def _tl_diagonal_bwd_states(
             g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
             do_start = do_c * tl.exp(tl.cumsum(g_c, axis=0))[:, None]  # diag(exp(b)) dO
             d_state = d_state * tl.exp(tl.sum(g_c, axis=0))
-            d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
+            if DOT == "bf16" or DOT == "bf16 emulated" or DOT == "fp16":
+                # decayed dO at about float32's accuracy: rounded, it loses decays closer to 1
+                # than a 16-bit ulp (Mamba-2's A gradient at tiny A: 1.97e-2 against 8.0e-3)
+                d_state += _tl_split_dot(tl.trans(q_c), do_start, DOT)
+            else:
+                d_state += _tl_dot(tl.trans(q_c), do_start, DOT)
         elif HAS_G:
             g_c, _ = _tl_diagonal_gates(g, sg_b, sg_h, sg_t, sg_d, i_b, i_h, t, cols_k, at_k)
             q_start = q_c * tl.exp(tl.cumsum(g_c, axis=0))  # Q ⊙ exp(b)
@@ -1587,7 +1600,7 @@ def _tl_diagonal_bwd_grads(
     scores = _tl_operand(_tl_diagonal_scores(q_c, k_c, g_c, rows, LEVELS, DOT), DOT)
     _tl_chunk_value_grads(
         do, dhs, dv, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, i_state, i_k * tl.num_programs(1) + i_bh,
-        t, in_t, cols_k, T, K, V, scores, k_end, BV, DOT,
+        t, in_t, cols_k, T, K, V, scores, k_end, False, BV, DOT,
     )  # fmt: skip
 
 
