@@ -448,7 +448,9 @@ class PyExpr:
             scaled = self._diagonal_product(e.left, e.right)
             if scaled is not None:
                 return scaled, _MUL
-            return f"{self._wrap(e.left, _MUL)} @ {self._wrap(e.right, _MUL + 1)}", _MUL
+            # an outer product (a column times a row) as a broadcast product (_outer)
+            op = "*" if a[1] == "1" and b[0] == "1" else "@"
+            return f"{self._wrap(e.left, _MUL)} {op} {self._wrap(e.right, _MUL + 1)}", _MUL
         complement = self._complement(e)
         if complement is not None:
             return complement, _ATOM
@@ -551,8 +553,9 @@ class PyExpr:
                 text = f"{self._diagonal(chain[i], 'left')} * {build(s + 1, j, False)}"
             elif s + 1 == j and diagonal[j]:
                 text = f"{build(i, s, False)} * {self._diagonal(chain[j], 'right')}"
-            else:
-                text = f"{build(i, s, True)} @ {build(s + 1, j, False)}"
+            else:  # an outer product (no sum: an inner size of 1) as a broadcast product
+                op = "*" if dims[s + 1] == "1" else "@"
+                text = f"{build(i, s, op == '@')} {op} {build(s + 1, j, False)}"
             return text if top else f"({text})"
 
         return f"({build(0, len(chain) - 1, True)})"

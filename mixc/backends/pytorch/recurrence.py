@@ -20,6 +20,7 @@ class RecurrentForms(Context):
         out(f"def _recurrence({params}):", 0)
         out('"""Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""')
         backward = recurrence.backward
+        self.emit_tokens(out, (*(() if backward is None else backward.sliced), *recurrence.sliced))
         if backward is not None:
             self.emit_backward_loop(out, backward)
         out("_ys = []")
@@ -49,11 +50,22 @@ class RecurrentForms(Context):
         out("", 0)
 
     @staticmethod
+    def emit_tokens(out: Lines, sliced: tuple[str, ...]) -> None:
+        """Each input the loops slice, split into its tokens once, as `_tokens_x` (views: one
+        operation, whose backward is one stack, where a slice a token has each token's
+        gradient filled into a zero tensor of the whole input and summed; under torch.compile
+        one node, where slices are one a token forward and two backward)."""
+        names = list(dict.fromkeys(sliced))
+        if names:
+            tokens = ", ".join(f"_tokens_{x}" for x in names)
+            out(f"{tokens} = {', '.join(f'{x}.unbind(1)' for x in names)}")
+
+    @staticmethod
     def emit_slices(out: Lines, sliced: tuple[str, ...]) -> None:
-        """Each input of `sliced` at token _t, as `x_t`."""
+        """Each input of `sliced` at token _t, as `x_t`, from its tokens (`emit_tokens`)."""
         if sliced:
-            names, slices = (", ".join(f"{i}{x}" for i in sliced) for x in ("_t", "[:, _t]"))
-            out(f"{names} = {slices}", 2)
+            names = ", ".join(f"{x}_t" for x in sliced)
+            out(f"{names} = {', '.join(f'_tokens_{x}[_t]' for x in sliced)}", 2)
 
     def emit_backward_loop(self, out: Lines, loop: BackwardLoop) -> None:
         """The backward states from the last token to the first, keeping at each token the

@@ -1630,19 +1630,20 @@ def summary(q, k, v, g, gb, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, g, gb, H, G, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_gb, _tokens_g = q.unbind(1), k.unbind(1), v.unbind(1), gb.unbind(1), g.unbind(1)
     _kept = []  # the readouts of the backward states at each token, from the last
     for _t in _range(_sizes["T"] - 1, -1, -1):
-        q_t, k_t, v_t, gb_t = q[:, _t], k[:, _t], v[:, _t], gb[:, _t]
-        G_t = G * _torch.exp(gb_t).mT + (v_t @ k_t.mT)  # G_{t+1} diag(exp(gb_t)) + v_t k_t^T
+        q_t, k_t, v_t, gb_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_gb[_t]
+        G_t = G * _torch.exp(gb_t).mT + (v_t * k_t.mT)  # G_{t+1} diag(exp(gb_t)) + v_t k_t^T
         _read_G = G @ q_t  # G_{t+1} q_t
         _kept.append((_read_G,))
         G = G_t
     _kept.reverse()
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, g_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t]
+        q_t, k_t, v_t, g_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_g[_t]
         _read_G, = _kept[_t]
-        H_t = H * _torch.exp(g_t).mT + (v_t @ k_t.mT)  # H_{t-1} diag(exp(g_t)) + v_t k_t^T
+        H_t = H * _torch.exp(g_t).mT + (v_t * k_t.mT)  # H_{t-1} diag(exp(g_t)) + v_t k_t^T
         _ys.append(H_t @ q_t + _read_G)  # y_t = H_t q_t + G_{t+1} q_t
         H = H_t
     return _torch.stack(_ys, 1), (H, G)

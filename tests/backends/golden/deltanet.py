@@ -1479,11 +1479,12 @@ def summary(q, k, v, beta, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, beta, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_beta = q.unbind(1), k.unbind(1), v.unbind(1), beta.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, beta_t = q[:, _t], k[:, _t], v[:, _t], beta[:, _t]
+        q_t, k_t, v_t, beta_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_beta[_t]
         # H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
-        H_t = H - beta_t * (H @ k_t @ k_t.mT) + beta_t * (v_t @ k_t.mT)
+        H_t = H - beta_t * ((H @ k_t) * k_t.mT) + beta_t * (v_t * k_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

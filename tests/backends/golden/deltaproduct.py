@@ -1539,20 +1539,21 @@ def summary(q, k1, v1, b1, k2, v2, b2, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k1, v1, b1, k2, v2, b2, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k1, _tokens_v1, _tokens_b1, _tokens_k2, _tokens_v2, _tokens_b2 = q.unbind(1), k1.unbind(1), v1.unbind(1), b1.unbind(1), k2.unbind(1), v2.unbind(1), b2.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k1_t, v1_t, b1_t, k2_t, v2_t, b2_t = q[:, _t], k1[:, _t], v1[:, _t], b1[:, _t], k2[:, _t], v2[:, _t], b2[:, _t]
+        q_t, k1_t, v1_t, b1_t, k2_t, v2_t, b2_t = _tokens_q[_t], _tokens_k1[_t], _tokens_v1[_t], _tokens_b1[_t], _tokens_k2[_t], _tokens_v2[_t], _tokens_b2[_t]
         _unit_k2 = _l2norm(k2_t)
         _unit_k1 = _l2norm(k1_t)
         # U_t (I - 2 b2_t unit(k2_t) unit(k2_t)^T) + 2 b2_t v2_t unit(k2_t)^T
         H_t = (
             H
-            - 2 * b2_t * (H @ _unit_k2 @ _unit_k2.mT)
-            - 2 * b1_t * (H @ _unit_k1 @ _unit_k1.mT)
-            + 4 * b1_t * b2_t * (H @ _unit_k1 @ (_unit_k1.mT @ _unit_k2 @ _unit_k2.mT))
-            + 2 * b1_t * (v1_t @ _unit_k1.mT)
-            - 4 * b1_t * b2_t * (v1_t @ (_unit_k1.mT @ _unit_k2 @ _unit_k2.mT))
-            + 2 * b2_t * (v2_t @ _unit_k2.mT)
+            - 2 * b2_t * ((H @ _unit_k2) * _unit_k2.mT)
+            - 2 * b1_t * ((H @ _unit_k1) * _unit_k1.mT)
+            + 4 * b1_t * b2_t * ((H @ _unit_k1) * ((_unit_k1.mT @ _unit_k2) * _unit_k2.mT))
+            + 2 * b1_t * (v1_t * _unit_k1.mT)
+            - 4 * b1_t * b2_t * (v1_t * ((_unit_k1.mT @ _unit_k2) * _unit_k2.mT))
+            + 2 * b2_t * (v2_t * _unit_k2.mT)
         )
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t

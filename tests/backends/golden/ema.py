@@ -1483,9 +1483,10 @@ def summary(x, *, a=None, chunk_size=CHUNK_SIZE):
 
 def _recurrence(x, a, m, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_x = x.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        x_t = x[:, _t]
+        x_t = _tokens_x[_t]
         m_t = a * m + x_t - a * x_t  # a * m_{t-1} + (1 - a) * x_t
         _ys.append(m_t)  # y_t = m_t
         m = m_t

@@ -1492,12 +1492,13 @@ def summary(q, k, v, g, beta, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, g, beta, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_g, _tokens_beta = q.unbind(1), k.unbind(1), v.unbind(1), g.unbind(1), beta.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, g_t, beta_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t], beta[:, _t]
+        q_t, k_t, v_t, g_t, beta_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_g[_t], _tokens_beta[_t]
         _exp_g = _torch.exp(g_t)
         # exp(g_t) H_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T
-        H_t = _exp_g * H - beta_t * _exp_g * (H @ k_t @ k_t.mT) + beta_t * (v_t @ k_t.mT)
+        H_t = _exp_g * H - beta_t * _exp_g * ((H @ k_t) * k_t.mT) + beta_t * (v_t * k_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

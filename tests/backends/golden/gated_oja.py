@@ -2270,16 +2270,17 @@ def summary(q, k, v, gv, beta, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, gv, beta, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_gv, _tokens_beta = q.unbind(1), k.unbind(1), v.unbind(1), gv.unbind(1), beta.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, gv_t, beta_t = q[:, _t], k[:, _t], v[:, _t], gv[:, _t], beta[:, _t]
+        q_t, k_t, v_t, gv_t, beta_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_gv[_t], _tokens_beta[_t]
         _exp_gv = _torch.exp(gv_t)
         _unit_v = _l2norm(v_t)
         # (I - beta_t unit(v_t) unit(v_t)^T) diag(exp(gv_t)) H_{t-1} + beta_t unit(v_t) k_t^T
         H_t = (
             (_exp_gv * H)
-            - beta_t * (_unit_v @ (_unit_v.mT * _exp_gv.mT @ H))
-            + beta_t * (_unit_v @ k_t.mT)
+            - beta_t * (_unit_v * (_unit_v.mT * _exp_gv.mT @ H))
+            + beta_t * (_unit_v * k_t.mT)
         )
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t

@@ -1555,12 +1555,13 @@ def summary(q, k, v, g, b, w, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, g, b, w, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_g, _tokens_b, _tokens_w = q.unbind(1), k.unbind(1), v.unbind(1), g.unbind(1), b.unbind(1), w.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, g_t, b_t, w_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t], b[:, _t], w[:, _t]
+        q_t, k_t, v_t, g_t, b_t, w_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_g[_t], _tokens_b[_t], _tokens_w[_t]
         _exp_g = _torch.exp(g_t)
         # H_{t-1} diag(exp(g_t)) (I - (b_t * k_t) k_t^T) + (w_t * v_t) k_t^T
-        H_t = (H * _exp_g.mT) - (H @ (_exp_g * (b_t * k_t)) @ k_t.mT) + ((w_t * v_t) @ k_t.mT)
+        H_t = (H * _exp_g.mT) - ((H @ (_exp_g * (b_t * k_t))) * k_t.mT) + ((w_t * v_t) * k_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

@@ -1541,10 +1541,11 @@ def summary(q, k, v, g, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, g, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_g = q.unbind(1), k.unbind(1), v.unbind(1), g.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, g_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t]
-        H_t = H * _torch.exp(g_t).mT + (v_t @ k_t.mT)  # H_{t-1} diag(exp(g_t)) + v_t k_t^T
+        q_t, k_t, v_t, g_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_g[_t]
+        H_t = H * _torch.exp(g_t).mT + (v_t * k_t.mT)  # H_{t-1} diag(exp(g_t)) + v_t k_t^T
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

@@ -1577,11 +1577,12 @@ def summary(q, k1, v1, k2, v2, g, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k1, v1, k2, v2, g, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k1, _tokens_v1, _tokens_k2, _tokens_v2, _tokens_g = q.unbind(1), k1.unbind(1), v1.unbind(1), k2.unbind(1), v2.unbind(1), g.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k1_t, v1_t, k2_t, v2_t, g_t = q[:, _t], k1[:, _t], v1[:, _t], k2[:, _t], v2[:, _t], g[:, _t]
+        q_t, k1_t, v1_t, k2_t, v2_t, g_t = _tokens_q[_t], _tokens_k1[_t], _tokens_v1[_t], _tokens_k2[_t], _tokens_v2[_t], _tokens_g[_t]
         # H_{t-1} diag(exp(g_t)) + v1_t k1_t^T + v2_t k2_t^T
-        H_t = H * _torch.exp(g_t).mT + (v1_t @ k1_t.mT) + (v2_t @ k2_t.mT)
+        H_t = H * _torch.exp(g_t).mT + (v1_t * k1_t.mT) + (v2_t * k2_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

@@ -1634,14 +1634,15 @@ def summary(q, k, v, a, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, a, Ks, Vs, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_a = q.unbind(1), k.unbind(1), v.unbind(1), a.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, a_t = q[:, _t], k[:, _t], v[:, _t], a[:, _t]
+        q_t, k_t, v_t, a_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_a[_t]
         _exp_logsigmoid_a = _torch.exp(_F.logsigmoid(a_t))
         # diag(sigmoid(a_t)) Ks_{t-1} + sigmoid(-a_t) l2norm(k_t)^T
-        Ks_t = _exp_logsigmoid_a * Ks + (_torch.sigmoid(-a_t) @ _l2norm(k_t).mT)
+        Ks_t = _exp_logsigmoid_a * Ks + (_torch.sigmoid(-a_t) * _l2norm(k_t).mT)
         # Vs_{t-1} diag(sigmoid(a_t)) + v_t sigmoid(-a_t)^T
-        Vs_t = Vs * _exp_logsigmoid_a.mT + (v_t @ _torch.sigmoid((-a_t).mT))
+        Vs_t = Vs * _exp_logsigmoid_a.mT + (v_t * _torch.sigmoid((-a_t).mT))
         _exp = _torch.exp(Ks_t @ _l2norm(q_t))
         _ys.append(Vs_t @ (_exp / _exp.sum((-2, -1), keepdim=True)))  # y_t = Vs_t p_t
         Ks, Vs = Ks_t, Vs_t

@@ -999,9 +999,10 @@ def summary(i, f, o, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(i, f, o, c, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_i, _tokens_f, _tokens_o = i.unbind(1), f.unbind(1), o.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        i_t, f_t, o_t = i[:, _t], f[:, _t], o[:, _t]
+        i_t, f_t, o_t = _tokens_i[_t], _tokens_f[_t], _tokens_o[_t]
         # sigmoid(f_t) * c_{t-1} + (1 - sigmoid(f_t)) * i_t
         c_t = c * _torch.sigmoid(f_t) + (_torch.sigmoid(-f_t) * i_t)
         _ys.append(o_t * c_t)  # y_t = o_t * c_t

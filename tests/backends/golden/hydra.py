@@ -1606,21 +1606,22 @@ def summary(x, dt, B, C, dtb, Bb, Cb, A, D, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(x, dt, B, C, dtb, Bb, Cb, A, D, H, G, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_x, _tokens_dtb, _tokens_Bb, _tokens_Cb, _tokens_dt, _tokens_B, _tokens_C = x.unbind(1), dtb.unbind(1), Bb.unbind(1), Cb.unbind(1), dt.unbind(1), B.unbind(1), C.unbind(1)
     _kept = []  # the readouts of the backward states at each token, from the last
     for _t in _range(_sizes["T"] - 1, -1, -1):
-        x_t, dtb_t, Bb_t, Cb_t = x[:, _t], dtb[:, _t], Bb[:, _t], Cb[:, _t]
+        x_t, dtb_t, Bb_t, Cb_t = _tokens_x[_t], _tokens_dtb[_t], _tokens_Bb[_t], _tokens_Cb[_t]
         # exp(dtb_t A) G_{t+1} + dtb_t x_t Bb_t^T
-        G_t = _torch.exp(dtb_t * A) * G + dtb_t * (x_t @ Bb_t.mT)
+        G_t = _torch.exp(dtb_t * A) * G + dtb_t * (x_t * Bb_t.mT)
         _read_G = G @ Cb_t  # G_{t+1} Cb_t
         _kept.append((_read_G,))
         G = G_t
     _kept.reverse()
     _ys = []
     for _t in _range(_sizes["T"]):
-        x_t, dt_t, B_t, C_t = x[:, _t], dt[:, _t], B[:, _t], C[:, _t]
+        x_t, dt_t, B_t, C_t = _tokens_x[_t], _tokens_dt[_t], _tokens_B[_t], _tokens_C[_t]
         _read_G, = _kept[_t]
         # exp(dt_t A) H_{t-1} + dt_t x_t B_t^T
-        H_t = _torch.exp(dt_t * A) * H + dt_t * (x_t @ B_t.mT)
+        H_t = _torch.exp(dt_t * A) * H + dt_t * (x_t * B_t.mT)
         # y_t = H_{t-1} C_t + G_{t+1} Cb_t + D x_t
         _ys.append(_torch.addcmul(H @ C_t + _read_G, D, x_t))
         H = H_t

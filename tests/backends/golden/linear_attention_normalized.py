@@ -1466,11 +1466,12 @@ def summary(q, k, v, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, H, z, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v = q.unbind(1), k.unbind(1), v.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
+        q_t, k_t, v_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t]
         _phi_k = _F.elu(k_t) + 1
-        H_t = H + (v_t @ _phi_k.mT)  # H_{t-1} + v_t phi(k_t)^T
+        H_t = H + (v_t * _phi_k.mT)  # H_{t-1} + v_t phi(k_t)^T
         z_t = z + _phi_k  # z_{t-1} + phi(k_t)
         _phi_q = _F.elu(q_t) + 1
         _ys.append(H_t @ _phi_q / (z_t.mT @ _phi_q))  # y_t = H_t phi(q_t) / (z_t . phi(q_t))

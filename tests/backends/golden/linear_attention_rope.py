@@ -1177,6 +1177,23 @@ def _aligned(xs, plus, added):
     return [None if i < 0 else plus[i] for i in added]
 
 
+def _rotated_like(shapes, key, tensors, find):
+    """Fake outputs [(shape, dtype), ...] as find() gives them (the rotation run on fake
+    tensors: tens of operations), found once per key and sizes, dtypes and devices of the
+    tensors and kept in `shapes`: the compiler asks a fake implementation the same question
+    several times per call (tracing, autograd, partitioning), and a recurrence's tokens ask it
+    once a token each. Symbolic sizes are never kept."""
+    described = tuple((tuple(x.shape), x.dtype, x.device) for x in tensors)
+    if all(type(n) is int for shape, _, _ in described for n in shape):
+        key = (*key, *described)
+        if key not in shapes:
+            shapes[key] = find()
+        found = shapes[key]
+    else:
+        found = find()
+    return [tensors[0].new_empty(shape, dtype=dtype) for shape, dtype in found]
+
+
 def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
     of the module whose globals are `functions` (_rotated and _rotated_all call `rotate`): xs
@@ -1187,9 +1204,15 @@ def _define_rotation(namespace, functions):
         with torch.no_grad():
             return _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
 
+    shapes = {}  # what the rotation gives on fake tensors, by its arguments (_rotated_like)
+
     def fake(rotate, xs, plus, added, theta, d, dtype):
-        found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
-        return [y.new_empty(y.shape) for y in found]
+        def find():
+            found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
+            return [(y.shape, y.dtype) for y in found]
+
+        key = (rotate, tuple(added), d, dtype)
+        return _rotated_like(shapes, key, [*xs, *plus, theta], find)
 
     def backward(rotate, xs, plus, added, theta, d, dtype, grads, wanted):
         with torch.no_grad():
@@ -1836,8 +1859,8 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_spans = _register_spans("mixc_75ffe116cf488d14", globals())
-_operator_rotations = _register_rotations("mixc_75ffe116cf488d14", globals())
+_operator_spans = _register_spans("mixc_dc4ba8887d214c7a", globals())
+_operator_rotations = _register_rotations("mixc_dc4ba8887d214c7a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1996,13 +2019,14 @@ def summary(q, k, v, *, theta=None, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, theta, H, _pos, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v = q.unbind(1), k.unbind(1), v.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
+        q_t, k_t, v_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t]
         pos_t = _pos.to(_torch.float64)  # the position, in float64
         _turn2 = _turning_of(pos_t * theta, _sizes["K"], _dtype)
         _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn2, (k_t, None), (q_t, None))
-        H_t = H + (v_t @ _turned.mT)  # H_{t-1} + v_t rotate_interleaved(k_t, pos_t theta)^T
+        H_t = H + (v_t * _turned.mT)  # H_{t-1} + v_t rotate_interleaved(k_t, pos_t theta)^T
         _ys.append(H_t @ _turned2)  # y_t = H_t rotate_interleaved(q_t, pos_t theta)
         H, _pos = H_t, _pos + 1
     return _torch.stack(_ys, 1), (H, _pos)

@@ -1120,11 +1120,12 @@ def summary(x, dt, B, C, A, D, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(x, dt, B, C, A, D, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_x, _tokens_dt, _tokens_B, _tokens_C = x.unbind(1), dt.unbind(1), B.unbind(1), C.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        x_t, dt_t, B_t, C_t = x[:, _t], dt[:, _t], B[:, _t], C[:, _t]
+        x_t, dt_t, B_t, C_t = _tokens_x[_t], _tokens_dt[_t], _tokens_B[_t], _tokens_C[_t]
         # exp(dt_t * A) * H_{t-1} + (dt_t * x_t) B_t^T
-        H_t = H * _torch.exp(dt_t * A) + ((dt_t * x_t) @ B_t.mT)
+        H_t = H * _torch.exp(dt_t * A) + ((dt_t * x_t) * B_t.mT)
         _ys.append(_torch.addcmul(H_t @ C_t, D, x_t))  # y_t = H_t C_t + D * x_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)

@@ -1540,6 +1540,23 @@ def _aligned(xs, plus, added):
     return [None if i < 0 else plus[i] for i in added]
 
 
+def _rotated_like(shapes, key, tensors, find):
+    """Fake outputs [(shape, dtype), ...] as find() gives them (the rotation run on fake
+    tensors: tens of operations), found once per key and sizes, dtypes and devices of the
+    tensors and kept in `shapes`: the compiler asks a fake implementation the same question
+    several times per call (tracing, autograd, partitioning), and a recurrence's tokens ask it
+    once a token each. Symbolic sizes are never kept."""
+    described = tuple((tuple(x.shape), x.dtype, x.device) for x in tensors)
+    if all(type(n) is int for shape, _, _ in described for n in shape):
+        key = (*key, *described)
+        if key not in shapes:
+            shapes[key] = find()
+        found = shapes[key]
+    else:
+        found = find()
+    return [tensors[0].new_empty(shape, dtype=dtype) for shape, dtype in found]
+
+
 def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
     of the module whose globals are `functions` (_rotated and _rotated_all call `rotate`): xs
@@ -1550,9 +1567,15 @@ def _define_rotation(namespace, functions):
         with torch.no_grad():
             return _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
 
+    shapes = {}  # what the rotation gives on fake tensors, by its arguments (_rotated_like)
+
     def fake(rotate, xs, plus, added, theta, d, dtype):
-        found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
-        return [y.new_empty(y.shape) for y in found]
+        def find():
+            found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
+            return [(y.shape, y.dtype) for y in found]
+
+        key = (rotate, tuple(added), d, dtype)
+        return _rotated_like(shapes, key, [*xs, *plus, theta], find)
 
     def backward(rotate, xs, plus, added, theta, d, dtype, grads, wanted):
         with torch.no_grad():
@@ -2131,9 +2154,9 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_angle_sums = _register_angle_sums("mixc_6d6241877848b97a", globals())
-_operator_spans = _register_spans("mixc_6d6241877848b97a", globals())
-_operator_rotations = _register_rotations("mixc_6d6241877848b97a", globals())
+_operator_angle_sums = _register_angle_sums("mixc_263518b35b3929af", globals())
+_operator_spans = _register_spans("mixc_263518b35b3929af", globals())
+_operator_rotations = _register_rotations("mixc_263518b35b3929af", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2402,9 +2425,10 @@ def _recurrence(
     x, z, dt, A, B, C, l, w, D, B_bias, C_bias, Th, H, _prev_x, _prev_B, _sizes, _dtype, _device
 ):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_x, _tokens_z, _tokens_dt, _tokens_A, _tokens_B, _tokens_C, _tokens_l, _tokens_w = x.unbind(1), z.unbind(1), dt.unbind(1), A.unbind(1), B.unbind(1), C.unbind(1), l.unbind(1), w.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        x_t, z_t, dt_t, A_t, B_t, C_t, l_t, w_t = x[:, _t], z[:, _t], dt[:, _t], A[:, _t], B[:, _t], C[:, _t], l[:, _t], w[:, _t]
+        x_t, z_t, dt_t, A_t, B_t, C_t, l_t, w_t = _tokens_x[_t], _tokens_z[_t], _tokens_dt[_t], _tokens_A[_t], _tokens_B[_t], _tokens_C[_t], _tokens_l[_t], _tokens_w[_t]
         # Th_{t-1} + 3.141592653589793 dt_t tanh(w_t)
         Th_t = Th + 3.141592653589793 * dt_t.double() * _torch.tanh(w_t.double())
         _a = _torch.exp(-dt_t * A_t)
@@ -2417,9 +2441,9 @@ def _recurrence(
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t x_{t-1} turn(B_{t-1} + B_bias, Th_{t-1})^T + lam_t dt_t x_t turn(B_t + B_bias, Th_t)^T
         H_t = (
             _torch.exp(-A_t * dt_t) * H
-            + dt_t * _a * (_prev_x @ _turn2.mT)
-            - dt_t * _a * _lam * (_prev_x @ _turn2.mT)
-            + dt_t * _lam * (x_t @ _turn3.mT)
+            + dt_t * _a * (_prev_x * _turn2.mT)
+            - dt_t * _a * _lam * (_prev_x * _turn2.mT)
+            + dt_t * _lam * (x_t * _turn3.mT)
         )
         # y_t = (H_t turn(C_t + C_bias, Th_t) + D x_t) * silu(z_t)
         _ys.append(_torch.addcmul(H_t @ _turn4, D, x_t) * _F.silu(z_t))

@@ -1465,6 +1465,23 @@ def _aligned(xs, plus, added):
     return [None if i < 0 else plus[i] for i in added]
 
 
+def _rotated_like(shapes, key, tensors, find):
+    """Fake outputs [(shape, dtype), ...] as find() gives them (the rotation run on fake
+    tensors: tens of operations), found once per key and sizes, dtypes and devices of the
+    tensors and kept in `shapes`: the compiler asks a fake implementation the same question
+    several times per call (tracing, autograd, partitioning), and a recurrence's tokens ask it
+    once a token each. Symbolic sizes are never kept."""
+    described = tuple((tuple(x.shape), x.dtype, x.device) for x in tensors)
+    if all(type(n) is int for shape, _, _ in described for n in shape):
+        key = (*key, *described)
+        if key not in shapes:
+            shapes[key] = find()
+        found = shapes[key]
+    else:
+        found = find()
+    return [tensors[0].new_empty(shape, dtype=dtype) for shape, dtype in found]
+
+
 def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
     of the module whose globals are `functions` (_rotated and _rotated_all call `rotate`): xs
@@ -1475,9 +1492,15 @@ def _define_rotation(namespace, functions):
         with torch.no_grad():
             return _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
 
+    shapes = {}  # what the rotation gives on fake tensors, by its arguments (_rotated_like)
+
     def fake(rotate, xs, plus, added, theta, d, dtype):
-        found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
-        return [y.new_empty(y.shape) for y in found]
+        def find():
+            found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
+            return [(y.shape, y.dtype) for y in found]
+
+        key = (rotate, tuple(added), d, dtype)
+        return _rotated_like(shapes, key, [*xs, *plus, theta], find)
 
     def backward(rotate, xs, plus, added, theta, d, dtype, grads, wanted):
         with torch.no_grad():
@@ -1951,9 +1974,9 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_angle_sums = _register_angle_sums("mixc_c21ffa55fed0f974", globals())
-_operator_spans = _register_spans("mixc_c21ffa55fed0f974", globals())
-_operator_rotations = _register_rotations("mixc_c21ffa55fed0f974", globals())
+_operator_angle_sums = _register_angle_sums("mixc_e93d3d187444e61a", globals())
+_operator_spans = _register_spans("mixc_e93d3d187444e61a", globals())
+_operator_rotations = _register_rotations("mixc_e93d3d187444e61a", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2507,9 +2530,10 @@ def _recurrence(
     _device,
 ):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_x, _tokens_z, _tokens_dt, _tokens_A, _tokens_B1, _tokens_B2, _tokens_C1, _tokens_C2, _tokens_l, _tokens_w = x.unbind(1), z.unbind(1), dt.unbind(1), A.unbind(1), B1.unbind(1), B2.unbind(1), C1.unbind(1), C2.unbind(1), l.unbind(1), w.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        x_t, z_t, dt_t, A_t, B1_t, B2_t, C1_t, C2_t, l_t, w_t = x[:, _t], z[:, _t], dt[:, _t], A[:, _t], B1[:, _t], B2[:, _t], C1[:, _t], C2[:, _t], l[:, _t], w[:, _t]
+        x_t, z_t, dt_t, A_t, B1_t, B2_t, C1_t, C2_t, l_t, w_t = _tokens_x[_t], _tokens_z[_t], _tokens_dt[_t], _tokens_A[_t], _tokens_B1[_t], _tokens_B2[_t], _tokens_C1[_t], _tokens_C2[_t], _tokens_l[_t], _tokens_w[_t]
         # Th_{t-1} + 3.141592653589793 dt_t tanh(w_t)
         Th_t = Th + 3.141592653589793 * dt_t.double() * _torch.tanh(w_t.double())
         _a = _torch.exp(-dt_t * A_t)
@@ -2532,12 +2556,12 @@ def _recurrence(
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t (mimo_x1 * x_{t-1}) turn(B1_{t-1} + B1_bias, Th_{t-1})^T + (1 - lam_t) dt_t a_t (mimo_x2 * x_{t-1}) turn(B2_{t-1} + B2_bias, Th_{t-1})^T + lam_t dt_t (mimo_x1 * x_t) turn(B1_t + B1_bias, Th_t)^T + lam_t dt_t (mimo_x2 * x_t) turn(B2_t + B2_bias, Th_t)^T
         H_t = (
             _torch.exp(-A_t * dt_t) * H
-            + dt_t * _a * (_product_mimo_x1_x @ _turn2.mT)
-            - dt_t * _a * _lam * (_product_mimo_x1_x @ _turn2.mT)
-            + dt_t * _a * (_product_mimo_x2_x @ _turn3.mT)
-            - dt_t * _a * _lam * (_product_mimo_x2_x @ _turn3.mT)
-            + dt_t * _lam * ((mimo_x1 * x_t) @ _turn4.mT)
-            + dt_t * _lam * ((mimo_x2 * x_t) @ _turn5.mT)
+            + dt_t * _a * (_product_mimo_x1_x * _turn2.mT)
+            - dt_t * _a * _lam * (_product_mimo_x1_x * _turn2.mT)
+            + dt_t * _a * (_product_mimo_x2_x * _turn3.mT)
+            - dt_t * _a * _lam * (_product_mimo_x2_x * _turn3.mT)
+            + dt_t * _lam * ((mimo_x1 * x_t) * _turn4.mT)
+            + dt_t * _lam * ((mimo_x2 * x_t) * _turn5.mT)
         )
         # y_t = mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
         _ys.append(_torch.addcmul(mimo_o1 * _torch.addcmul(H_t @ _turn6, D * mimo_x1, x_t) * _F.silu(mimo_z1 * z_t), mimo_o2 * _torch.addcmul(H_t @ _turn7, D * mimo_x2, x_t), _F.silu(mimo_z2 * z_t)))

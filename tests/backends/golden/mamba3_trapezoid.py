@@ -1676,17 +1676,18 @@ def summary(x, dt, B, C, l, A, D, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(x, dt, B, C, l, A, D, H, _prev_x, _prev_B, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_x, _tokens_dt, _tokens_B, _tokens_C, _tokens_l = x.unbind(1), dt.unbind(1), B.unbind(1), C.unbind(1), l.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        x_t, dt_t, B_t, C_t, l_t = x[:, _t], dt[:, _t], B[:, _t], C[:, _t], l[:, _t]
+        x_t, dt_t, B_t, C_t, l_t = _tokens_x[_t], _tokens_dt[_t], _tokens_B[_t], _tokens_C[_t], _tokens_l[_t]
         _a = _torch.exp(dt_t * A)
         _lam = _torch.sigmoid(l_t)
         # a_t H_{t-1} + (1 - lam_t) dt_t a_t x_{t-1} B_{t-1}^T + lam_t dt_t x_t B_t^T
         H_t = (
             _a * H
-            + dt_t * _a * (_prev_x @ _prev_B.mT)
-            - dt_t * _a * _lam * (_prev_x @ _prev_B.mT)
-            + dt_t * _lam * (x_t @ B_t.mT)
+            + dt_t * _a * (_prev_x * _prev_B.mT)
+            - dt_t * _a * _lam * (_prev_x * _prev_B.mT)
+            + dt_t * _lam * (x_t * B_t.mT)
         )
         _ys.append(_torch.addcmul(H_t @ C_t, D, x_t))  # y_t = H_t C_t + D x_t
         H, _prev_x, _prev_B = H_t, x_t, B_t

@@ -1683,13 +1683,14 @@ def summary(q, k, v, i, f, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, i, f, H, n, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_i, _tokens_f = q.unbind(1), k.unbind(1), v.unbind(1), i.unbind(1), f.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, i_t, f_t = q[:, _t], k[:, _t], v[:, _t], i[:, _t], f[:, _t]
+        q_t, k_t, v_t, i_t, f_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_i[_t], _tokens_f[_t]
         _exp_logsigmoid_f = _torch.exp(_F.logsigmoid(f_t))
         _exp_i = _torch.exp(i_t)
         # sigmoid(f_t) H_{t-1} + exp(i_t) v_t k_t^T
-        H_t = _exp_logsigmoid_f * H + _exp_i * (v_t @ k_t.mT)
+        H_t = _exp_logsigmoid_f * H + _exp_i * (v_t * k_t.mT)
         n_t = _exp_logsigmoid_f * n + _exp_i * k_t  # sigmoid(f_t) n_{t-1} + exp(i_t) k_t
         # y_t = H_t q_t / max(abs(n_t . q_t), 1)
         _ys.append(H_t @ q_t / _torch.abs(n_t.mT @ q_t).clamp(min=1))

@@ -2062,9 +2062,10 @@ def summary(
 
 def _recurrence(q, k, v, a, b, g, beta, center, x, A, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_a, _tokens_b, _tokens_g, _tokens_beta = q.unbind(1), k.unbind(1), v.unbind(1), a.unbind(1), b.unbind(1), g.unbind(1), beta.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, a_t, b_t, g_t, beta_t = q[:, _t], k[:, _t], v[:, _t], a[:, _t], b[:, _t], g[:, _t], beta[:, _t]
+        q_t, k_t, v_t, a_t, b_t, g_t, beta_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_a[_t], _tokens_b[_t], _tokens_g[_t], _tokens_beta[_t]
         _kn_k = _l2norm(k_t)
         # sigmoid(a_t) A_{t-1} + sigmoid(b_t) kn(k_t) * kn(k_t)
         A_t = _torch.exp(_F.logsigmoid(a_t)) * A + (_torch.sigmoid(b_t) * _kn_k * _kn_k)
@@ -2072,7 +2073,7 @@ def _recurrence(q, k, v, a, b, g, beta, center, x, A, H, _sizes, _dtype, _device
         _r = _torch.log(_torch.abs(A_t) + 1e-06) - center
         _kp = _kn_k * _torch.exp(-_torch.log(x) * (_r / (1 + _torch.abs(_r))))
         # exp(g_t) H_{t-1} (I - beta_t kn(k_t) kp_t^T) + beta_t v_t kp_t^T
-        H_t = _exp_g * H - beta_t * _exp_g * (H @ _kn_k @ _kp.mT) + beta_t * (v_t @ _kp.mT)
+        H_t = _exp_g * H - beta_t * _exp_g * ((H @ _kn_k) * _kp.mT) + beta_t * (v_t * _kp.mT)
         _ys.append(H_t @ _l2norm(q_t))  # y_t = H_t kn(q_t)
         A, H = A_t, H_t
     return _torch.stack(_ys, 1), (A, H)

@@ -1661,10 +1661,11 @@ def summary(r, k, v, w, u, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(r, k, v, w, u, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_r, _tokens_k, _tokens_v, _tokens_w = r.unbind(1), k.unbind(1), v.unbind(1), w.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        r_t, k_t, v_t, w_t = r[:, _t], k[:, _t], v[:, _t], w[:, _t]
-        H_t = H * _torch.exp(w_t).mT + (v_t @ k_t.mT)  # H_{t-1} diag(exp(w_t)) + v_t k_t^T
+        r_t, k_t, v_t, w_t = _tokens_r[_t], _tokens_k[_t], _tokens_v[_t], _tokens_w[_t]
+        H_t = H * _torch.exp(w_t).mT + (v_t * k_t.mT)  # H_{t-1} diag(exp(w_t)) + v_t k_t^T
         # y_t = H_{t-1} r_t + (r_t . (u * k_t)) v_t
         _ys.append(_torch.addcmul(H @ r_t, r_t.mT @ (u * k_t), v_t))
         H = H_t

@@ -1589,15 +1589,16 @@ def summary(q, k, v, d, kappa, alpha, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, d, kappa, alpha, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_d, _tokens_kappa, _tokens_alpha = q.unbind(1), k.unbind(1), v.unbind(1), d.unbind(1), kappa.unbind(1), alpha.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, d_t, kappa_t, alpha_t = q[:, _t], k[:, _t], v[:, _t], d[:, _t], kappa[:, _t], alpha[:, _t]
+        q_t, k_t, v_t, d_t, kappa_t, alpha_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_d[_t], _tokens_kappa[_t], _tokens_alpha[_t]
         _kk_kappa = _l2norm(kappa_t)
         # H_{t-1} (diag(exp(-exp(-0.5) sigmoid(d_t))) - kk(kappa_t) (sigmoid(alpha_t) * kk(kappa_t))^T) + v_t k_t^T
         H_t = (
             (H * _torch.exp(-0.6065306597126334 * _torch.sigmoid(d_t)).mT)
-            - (H @ _kk_kappa @ (_torch.sigmoid(alpha_t) * _kk_kappa).mT)
-            + (v_t @ k_t.mT)
+            - ((H @ _kk_kappa) * (_torch.sigmoid(alpha_t) * _kk_kappa).mT)
+            + (v_t * k_t.mT)
         )
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t

@@ -1507,11 +1507,12 @@ def summary(q, k, v, g, u, q2, *, initial_state=None, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, g, u, q2, H1, H2, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_g, _tokens_u, _tokens_q2 = q.unbind(1), k.unbind(1), v.unbind(1), g.unbind(1), u.unbind(1), q2.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, g_t, u_t, q2_t = q[:, _t], k[:, _t], v[:, _t], g[:, _t], u[:, _t], q2[:, _t]
-        H1_t = _torch.exp(g_t) * H1 + (v_t @ k_t.mT)  # exp(g_t) H1_{t-1} + v_t k_t^T
-        H2_t = H2 + ((H1_t @ q_t) @ u_t.mT)  # H2_{t-1} + o_t u_t^T
+        q_t, k_t, v_t, g_t, u_t, q2_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_g[_t], _tokens_u[_t], _tokens_q2[_t]
+        H1_t = _torch.exp(g_t) * H1 + (v_t * k_t.mT)  # exp(g_t) H1_{t-1} + v_t k_t^T
+        H2_t = H2 + ((H1_t @ q_t) * u_t.mT)  # H2_{t-1} + o_t u_t^T
         _ys.append(H2_t @ q2_t)  # y_t = H2_t q2_t
         H1, H2 = H1_t, H2_t
     return _torch.stack(_ys, 1), (H1, H2)

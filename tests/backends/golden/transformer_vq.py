@@ -1555,11 +1555,12 @@ def summary(q, k, v, C, *, ones=None, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, C, ones, H, n, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v = q.unbind(1), k.unbind(1), v.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t = q[:, _t], k[:, _t], v[:, _t]
+        q_t, k_t, v_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t]
         _z = _onehot_argmax(C @ k_t - 0.5 * (C * C @ ones))
-        H_t = H + (v_t @ _z.mT)  # H_{t-1} + v_t z_t^T
+        H_t = H + (v_t * _z.mT)  # H_{t-1} + v_t z_t^T
         n_t = n + _z  # n_{t-1} + z_t
         _p = _softmax(C @ q_t / _torch.sqrt(_torch.full((), _sizes["K"], dtype=_dtype, device=_device)))
         _ys.append(H_t @ _p / (n_t.mT @ _p))  # y_t = H_t p_t / (n_t . p_t)

@@ -97,6 +97,23 @@ def _aligned(xs, plus, added):
     return [None if i < 0 else plus[i] for i in added]
 
 
+def _rotated_like(shapes, key, tensors, find):
+    """Fake outputs [(shape, dtype), ...] as find() gives them (the rotation run on fake
+    tensors: tens of operations), found once per key and sizes, dtypes and devices of the
+    tensors and kept in `shapes`: the compiler asks a fake implementation the same question
+    several times per call (tracing, autograd, partitioning), and a recurrence's tokens ask it
+    once a token each. Symbolic sizes are never kept."""
+    described = tuple((tuple(x.shape), x.dtype, x.device) for x in tensors)
+    if all(type(n) is int for shape, _, _ in described for n in shape):
+        key = (*key, *described)
+        if key not in shapes:
+            shapes[key] = find()
+        found = shapes[key]
+    else:
+        found = find()
+    return [tensors[0].new_empty(shape, dtype=dtype) for shape, dtype in found]
+
+
 def _define_rotation(namespace, functions):
     """Register the operators `rotate` and `rotate_backward` of `namespace` over the rotations
     of the module whose globals are `functions` (_rotated and _rotated_all call `rotate`): xs
@@ -107,9 +124,15 @@ def _define_rotation(namespace, functions):
         with torch.no_grad():
             return _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
 
+    shapes = {}  # what the rotation gives on fake tensors, by its arguments (_rotated_like)
+
     def fake(rotate, xs, plus, added, theta, d, dtype):
-        found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
-        return [y.new_empty(y.shape) for y in found]
+        def find():
+            found = _rotations(functions, rotate, xs, _aligned(xs, plus, added), theta, d, dtype)
+            return [(y.shape, y.dtype) for y in found]
+
+        key = (rotate, tuple(added), d, dtype)
+        return _rotated_like(shapes, key, [*xs, *plus, theta], find)
 
     def backward(rotate, xs, plus, added, theta, d, dtype, grads, wanted):
         with torch.no_grad():

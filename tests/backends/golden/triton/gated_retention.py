@@ -1472,11 +1472,12 @@ def summary(q, k, v, a, *, chunk_size=CHUNK_SIZE):
 
 def _recurrence(q, k, v, a, H, _sizes, _dtype, _device):
     """Run the recurrence over [B, T, NH, ..] inputs; returns outputs and new states."""
+    _tokens_q, _tokens_k, _tokens_v, _tokens_a = q.unbind(1), k.unbind(1), v.unbind(1), a.unbind(1)
     _ys = []
     for _t in _range(_sizes["T"]):
-        q_t, k_t, v_t, a_t = q[:, _t], k[:, _t], v[:, _t], a[:, _t]
+        q_t, k_t, v_t, a_t = _tokens_q[_t], _tokens_k[_t], _tokens_v[_t], _tokens_a[_t]
         # sigmoid(a_t) H_{t-1} + v_t k_t^T
-        H_t = _torch.exp(_F.logsigmoid(a_t)) * H + (v_t @ k_t.mT)
+        H_t = _torch.exp(_F.logsigmoid(a_t)) * H + (v_t * k_t.mT)
         _ys.append(H_t @ q_t)  # y_t = H_t q_t
         H = H_t
     return _torch.stack(_ys, 1), (H,)
