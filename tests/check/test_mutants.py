@@ -321,8 +321,8 @@ MUTANTS = [
     (
         "deltanet",
         "wrong sign in the recurrence",
-        "H_t = H - beta_t * (H @ k_t @ k_t.mT)",
-        "H_t = H + beta_t * (H @ k_t @ k_t.mT)",
+        "H_t = H - beta_t * ((H @ k_t) * k_t.mT)",
+        "H_t = H + beta_t * ((H @ k_t) * k_t.mT)",
         {"recurrent"},
         NUMERICAL,
     ),
