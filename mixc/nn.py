@@ -123,9 +123,7 @@ class MixerLayer(nn.Module):
         mode: str = "auto",
     ) -> None:
         super().__init__()
-        self.spec = layer_spec(spec)
-        self.mixer = load(self.spec.source)
-        self.causal = self.spec.mixer.causal  # a walk of the equations: not traced each call
+        self._derive(layer_spec(spec))
         self.hidden_size = count("hidden_size", hidden_size)
         self.num_heads = count("num_heads", num_heads)
         self.num_v_heads = value_heads(self.num_heads, num_v_heads)
@@ -134,7 +132,7 @@ class MixerLayer(nn.Module):
             raise MixcError(f"chunk_size: expected a power of two, got {chunk_size}")
         self.mode = chosen_mode(self.spec, self.mixer, mode)
         check_container_names(self.spec)
-        given, self.roles = {} if sizes is None else sizes, roles(self.spec)
+        given = {} if sizes is None else sizes
         self.sizes = sizes_per_head(self.spec, self.hidden_size, self.num_heads, given)
         self.sizes = expanded_sizes(self.spec, self.sizes, given, expand_v)
         self.sizes = angle_sizes(self.sizes, self.roles.rotated, given)
@@ -229,7 +227,7 @@ class MixerLayer(nn.Module):
         keeps: everything but the compiled module and what is derived from the spec, which
         `__setstate__` rebuilds from the spec's text; so a checkpoint holds no compiled code."""
         state = dict(super().__getstate__())
-        for derived in ("spec", "mixer", "roles", "stored", "causal"):
+        for derived in ("spec", "mixer", "roles", "causal", "stored"):
             state.pop(derived, None)
         state["_spec_source"] = (self.spec.source.text, self.spec.source.filename)
         return state
@@ -238,11 +236,16 @@ class MixerLayer(nn.Module):
         state = dict(state)
         text, filename = state.pop("_spec_source")
         super().__setstate__(state)
-        self.spec = load_spec(Source(text, filename))
-        self.mixer = load(self.spec.source)
-        self.roles = roles(self.spec)
+        self._derive(load_spec(Source(text, filename)))
         self.stored = self._stored_names()
-        self.causal = self.spec.mixer.causal
+
+    def _derive(self, spec) -> None:
+        """What the layer keeps of its spec: the spec, its compiled module, the inputs' roles
+        and whether it is causal (a walk of the equations: kept, so not traced on each call)."""
+        self.spec = spec
+        self.mixer = load(spec.source)
+        self.roles = roles(spec)
+        self.causal = spec.mixer.causal
 
     def _stored(self, name: str) -> torch.Tensor:
         return self.params[self.stored[name][0]]

@@ -292,6 +292,12 @@ def _chunk_size_for(chunk_size, length):
     return min(chunk_size, 1 << max(length - 1, 0).bit_length())
 
 
+def _fresh_copy(x):
+    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
+    operator's outputs may alias neither its inputs nor each other)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
@@ -807,7 +813,7 @@ def _fresh(x, inputs):
         step *= max(n, 1)
     if x.stride() == tuple(strides) and not any(x is t for t in inputs):
         return x
-    return x.new_empty(x.shape).copy_(x)
+    return _fresh_copy(x)
 
 
 def _like(d, x, inputs):
@@ -1419,8 +1425,8 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_spans = _register_spans("mixc_f889001eae72bb62", globals())
-_operator_calls = _register_calls("mixc_f889001eae72bb62", globals())
+_operator_spans = _register_spans("mixc_f54e12b831947bd6", globals())
+_operator_calls = _register_calls("mixc_f54e12b831947bd6", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

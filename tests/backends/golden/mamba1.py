@@ -425,6 +425,12 @@ def _chunk_size_for(chunk_size, length):
     return min(chunk_size, 1 << max(length - 1, 0).bit_length())
 
 
+def _fresh_copy(x):
+    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
+    operator's outputs may alias neither its inputs nor each other)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
@@ -549,7 +555,7 @@ def _fresh(x, inputs):
         step *= max(n, 1)
     if x.stride() == tuple(strides) and not any(x is t for t in inputs):
         return x
-    return x.new_empty(x.shape).copy_(x)
+    return _fresh_copy(x)
 
 
 def _like(d, x, inputs):
@@ -979,7 +985,7 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_calls = _register_calls("mixc_c5bcbd3e57ca00ca", globals())
+_operator_calls = _register_calls("mixc_2ece8ab05fa6fa5f", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

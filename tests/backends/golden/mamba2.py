@@ -409,6 +409,12 @@ def _chunk_size_for(chunk_size, length):
     return min(chunk_size, 1 << max(length - 1, 0).bit_length())
 
 
+def _fresh_copy(x):
+    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
+    operator's outputs may alias neither its inputs nor each other)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
@@ -1001,7 +1007,7 @@ def _fresh(x, inputs):
         step *= max(n, 1)
     if x.stride() == tuple(strides) and not any(x is t for t in inputs):
         return x
-    return x.new_empty(x.shape).copy_(x)
+    return _fresh_copy(x)
 
 
 def _like(d, x, inputs):
@@ -1398,7 +1404,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_spans = _register_spans("mixc_86274267853d3f81", globals())
+_operator_spans = _register_spans("mixc_828658842b39b85c", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -448,6 +448,12 @@ def _chunk_size_for(chunk_size, length):
     return min(chunk_size, 1 << max(length - 1, 0).bit_length())
 
 
+def _fresh_copy(x):
+    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
+    operator's outputs may alias neither its inputs nor each other)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""
@@ -1094,12 +1100,6 @@ def _summed_angles(v, initial, cu_seqlens=None):
     return (sums[:-1] + offset)[None], (sums[1:] + offset)[None], final
 
 
-def _fresh_copy(x):
-    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
-    operator's outputs may alias neither its inputs nor each other)."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
-
-
 def _angle_sum_grads(v, initial, cu_seqlens, grads, wanted):
     """The operator `angle_sums_backward`: the gradients of v and of the initial states (those
     `wanted`) from those of the three outputs (None: 0). State S_t reads v_u at every u <= t
@@ -1270,7 +1270,7 @@ def _fresh(x, inputs):
         step *= max(n, 1)
     if x.stride() == tuple(strides) and not any(x is t for t in inputs):
         return x
-    return x.new_empty(x.shape).copy_(x)
+    return _fresh_copy(x)
 
 
 def _like(d, x, inputs):
@@ -2154,9 +2154,9 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_angle_sums = _register_angle_sums("mixc_263518b35b3929af", globals())
-_operator_spans = _register_spans("mixc_263518b35b3929af", globals())
-_operator_rotations = _register_rotations("mixc_263518b35b3929af", globals())
+_operator_angle_sums = _register_angle_sums("mixc_16b382204d9f1c3e", globals())
+_operator_spans = _register_spans("mixc_16b382204d9f1c3e", globals())
+_operator_rotations = _register_rotations("mixc_16b382204d9f1c3e", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -52,6 +52,12 @@ def _chunk_size_for(chunk_size, length):
     return min(chunk_size, 1 << max(length - 1, 0).bit_length())
 
 
+def _fresh_copy(x):
+    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
+    operator's outputs may alias neither its inputs nor each other)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _needs_grad(*tensors):
     """Whether autograd records operations on these tensors (None entries ignored): the
     in-place paths of the kernels are taken only when it does not."""

@@ -39,6 +39,7 @@ import torch
 
 from mixc.backends.pytorch.kernels.common import (
     _chunk_size_for,
+    _fresh_copy,
     _guarded_spans,
     _needs_grad,
     _OwnBackward,
@@ -189,7 +190,7 @@ def _fresh(x, inputs):
         step *= max(n, 1)
     if x.stride() == tuple(strides) and not any(x is t for t in inputs):
         return x
-    return x.new_empty(x.shape).copy_(x)
+    return _fresh_copy(x)
 
 
 def _like(d, x, inputs):

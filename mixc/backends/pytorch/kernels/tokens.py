@@ -3,10 +3,12 @@ update (`S_{t-1} q_t`: the kernel reads the next token's query, and its output m
 later; see docs/algorithms.md), each one copy, and for a state that runs backward in time one
 gather that also reverses; a state's inputs reversed in time and several steps a token laid
 out as sub-tokens. Generated modules carry the ones they call, as the kernels; this file
-imports only torch.
+imports only torch and the kernels' common module.
 """
 
 import torch
+
+from mixc.backends.pytorch.kernels.common import _fresh_copy
 
 
 def _sub_tokens(parts):
@@ -183,12 +185,6 @@ def _summed_angles(v, initial, cu_seqlens=None):
     offset = (initial - sums[starts])[sequence]  # its sequence's initial state, less the sum
     final = initial + (sums[ends] - sums[starts])  # an empty sequence's: initial, exactly
     return (sums[:-1] + offset)[None], (sums[1:] + offset)[None], final
-
-
-def _fresh_copy(x):
-    """x as a new tensor with the strides of a new contiguous one, as the fakes give (an
-    operator's outputs may alias neither its inputs nor each other)."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 
 
 def _angle_sum_grads(v, initial, cu_seqlens, grads, wanted):
