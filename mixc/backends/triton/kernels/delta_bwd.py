@@ -327,7 +327,7 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
     dq, dk, d_v_new, d_states = dq[0], dk[0], torch.empty_like(dv), torch.empty_like(states)
     d_w, dbeta = torch.empty_like(dk), dv.new_empty(batch, heads, length)
     gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
-    common = {"HAS_G": g is not None, "DOT": dot}
+    common = {"HAS_G": g is not None}
     local, states_pass = _tl_delta_bwd_local, _tl_delta_bwd_states
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, local, dot)
     common["BT"] = block_t

@@ -57,17 +57,6 @@ from mixc.backends.triton.kernels.dplr_scores import (
 
 
 @triton.jit
-def _tl_dplr_kept(ts, tiles, rows):
-    """T and the scores qk, qb, ak of a chunk, as the forward kept them in tiles tiles, ...,
-    tiles + 3 of ts (_tl_tile)."""
-    inverse = tl.load(_tl_tile(ts, tiles, rows))
-    qk = tl.load(_tl_tile(ts, tiles + 1, rows))
-    qb = tl.load(_tl_tile(ts, tiles + 2, rows))
-    ak = tl.load(_tl_tile(ts, tiles + 3, rows))
-    return inverse, qk, qb, ak
-
-
-@triton.jit
 def _tl_dplr_bwd_states(
     do, qd, ad, kd, bd, decay, ts, dht,  # read
     dv, dz, dhs, dh0,  # written
@@ -92,14 +81,16 @@ def _tl_dplr_bwd_states(
         t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         _tl_store_state(dhs, i_bh * n_chunks + n, K, V, cols_k, cols_v, d_state)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        inverse, qk, qb, ak = _tl_dplr_kept(ts, (i_bh * n_chunks + n) * 4, rows)
-        d_u = _tl_dot(tl.trans(qb), do_c, DOT)
+        # T and the scores as the forward kept them (T, qk, qb, ak: four tiles a chunk), each
+        # loaded where it is multiplied (held all four, float32's spilled)
+        tiles = (i_bh * n_chunks + n) * 4
+        d_u = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 2, rows))), do_c, DOT)  # qb^T dO
         d_u += _tl_dot(_tl_dplr_load(bd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
-        d_reads = _tl_dot(tl.trans(inverse), d_u, DOT)
+        d_reads = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles, rows))), d_u, DOT)  # T^T dU
         _tl_store_rows(dz, i_bh, T, V, t, cols_v, at_v, d_reads)
-        dv_c = _tl_dot(tl.trans(qk), do_c, DOT)
+        dv_c = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 1, rows))), do_c, DOT)  # qk^T dO
         dv_c += _tl_dot(_tl_dplr_load(kd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
-        dv_c += _tl_dot(tl.trans(ak), d_reads, DOT)
+        dv_c += _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 3, rows))), d_reads, DOT)
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         if HAS_G:
             whole = tl.load(decay + (i_bh * n_chunks + n) * K + cols_k, mask=in_k, other=0.0)
@@ -331,7 +322,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
         dv, dz, d_states, d_initial,  # written
         length, heads, d_k, d_v, *_tl_strides(d_o, 4),
-        HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
+        HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v,
         **_tl_launch(_tl_dplr_bwd_states, dot),
     )  # fmt: skip
     d_tiles = torch.empty_like(tiles)  # kept as T and the scores are (_tl_dplr_forward)
@@ -340,7 +331,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         v, d_o, u, dz,  # read
         d_tiles,  # written
         length, heads, d_v, *_tl_strides(v, 4), *_tl_strides(d_o, 4),
-        BT=block_t, BV=scores_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_scores, dot),
+        BT=block_t, BV=scores_v, **_tl_launch(_tl_dplr_bwd_scores, dot),
     )  # fmt: skip
     _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_inputs, dot)
     _tl_dplr_bwd_inputs[(n_chunks, batch * heads, 2 * triton.cdiv(d_k, inputs_k))](
@@ -349,7 +340,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         length, heads, d_k, d_v,
         *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
         HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=levels,
-        BK=inputs_k, BV=inputs_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_inputs, dot),
+        BK=inputs_k, BV=inputs_v, **_tl_launch(_tl_dplr_bwd_inputs, dot),
     )  # fmt: skip
     dg = None
     if gate_grad:

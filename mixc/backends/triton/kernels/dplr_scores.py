@@ -162,7 +162,7 @@ def _tl_dplr_scores_grad(
 ):  # fmt: skip
     """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
     ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
-    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b so far: it
+    and the scores as _tl_dplr_bwd_states reads them), added to the gradients of x, k, b so far: it
     goes back as _tl_dplr_scores built them (the pairs r = j undecayed, side 0's only, then
     level by level, _tl_dplr_level_grad) or, without a gate (g_c never read), as the
     products for j <= r (side 0) or j < r (side 1). If GATE_GRAD, what each level's decays
