@@ -133,10 +133,10 @@ def _tl_dplr_fwd_scores(
 ):  # fmt: skip
     """The forward's first kernel, two programs per (chunk, batch x head), the chunks at once:
     side 0 the chunk's scores qk, qb, side 1 its ak and T = (I - ab)^{-1}, into ts
-    [B * NH, N, 4, BT, BT] (as the backward reads them, _tl_dplr_bwd_states), the key columns BK at
-    a time, the scores summed over them (two [BT, BT] sums a program: four spilled). Side 0
-    also writes the decayed rows Q ⊙ exp(c), K and B ⊙ exp(c_C - c) into qd, kd, bd
-    [B * NH, T, K], the whole decay exp(c_C) into decay [B * NH, N, K] (if HAS_G) and the
+    [B * NH, N, 4, BT, BT] (as the backward reads them, _tl_dplr_bwd_states), the key
+    columns BK at a time, the scores summed over them (two [BT, BT] sums a program: four
+    spilled). Side 0 also writes the decayed rows Q ⊙ exp(c), K and B ⊙ exp(c_C - c) into qd,
+    kd, bd [B * NH, T, K], the whole decay exp(c_C) into decay [B * NH, N, K] (if HAS_G) and the
     poison of the key-side rows into poison [B * NH, T]; side 1 A ⊙ exp(c_{r-1}) into ad."""
     i_n, i_bh, side = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH

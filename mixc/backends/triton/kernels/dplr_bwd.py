@@ -8,11 +8,12 @@ its registers. From the last chunk, with T and the scores as the forward kept th
     D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
 
 _tl_dplr_bwd_states (a program per value block) walks the chunks back with D's columns in
-registers, writing D, dZ and dV; _tl_dplr_bwd_scores (a program per chunk) writes the scores'
-gradients, summed over the value columns; _tl_dplr_bwd_inputs (a program per chunk and key
-block) takes them, a tile and a level at a time, and the decayed rows' gradients through the
-states back to q, k, a and b, through the same blocks as the forward made the scores, side 0
-(q) and side 1 (a) in two programs, each its part of dk and db (added after the launch).
+registers, writing D, dZ and dV; _tl_dplr_bwd_scores (two programs per chunk, a side each)
+writes the scores' gradients, summed over the value columns; _tl_dplr_bwd_inputs (a program
+per chunk and key block) takes them, a tile and a level at a time, and the decayed rows'
+gradients through the states back to q, k, a and b, through the same blocks as the forward
+made the scores, side 0 (q) and side 1 (a) in two programs, each its part of dk and db (added
+after the launch).
 
 The gate's gradient is, for each decay, the input times its gradient, summed back over the
 gates in the decay's sum (the transposed mask): a decay of a run of rows passes on to the gates
@@ -104,25 +105,27 @@ def _tl_dplr_bwd_states(
 
 @triton.jit
 def _tl_dplr_d_scores_sum(
-    v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V,
+    v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, side, T, V,
     sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """A chunk's scores' gradients on their support (_tl_dplr_d_scores), summed over the value
-    columns BV at a time: d(qk), d(qb) = dO (V, U)^T, d(ak), d(ab) = dZ (V, U)^T."""
-    d_qk = tl.zeros([rows.shape[0], rows.shape[0]], dtype=u.dtype.element_ty)
-    d_qb, d_ak, d_ab = d_qk, d_qk, d_qk
+    """A side's two scores' gradients of a chunk on their support (_tl_dplr_d_scores), summed
+    over the value columns BV at a time: side 0 d(qk), d(qb) = dO (V, U)^T, side 1 d(ak),
+    d(ab) = dZ (V, U)^T. Each side loads only its own rows' gradients (the other's masked
+    off)."""
+    on_q = (t * 0 + side) == 0
+    d_xv = tl.zeros([rows.shape[0], rows.shape[0]], dtype=u.dtype.element_ty)
+    d_xu = d_xv
     for i_v in range(0, tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < V)[None, :]
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at)
         u_c = _tl_dplr_load(u, i_bh, T, V, t, cols, at)
-        dz_c = _tl_dplr_load(dz, i_bh, T, V, t, cols, at)
-        scores = _tl_dplr_d_scores(do_c, dz_c, v_c, u_c, rows, DOT)
-        d_qk, d_qb = d_qk + scores[0], d_qb + scores[1]
-        d_ak, d_ab = d_ak + scores[2], d_ab + scores[3]
-    return d_qk, d_qb, d_ak, d_ab
+        d_rows = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at & on_q[:, None])
+        d_rows += _tl_dplr_load(dz, i_bh, T, V, t, cols, at & ~on_q[:, None])  # dO or dZ
+        scores = _tl_dplr_d_scores(d_rows, v_c, u_c, rows, side, DOT)
+        d_xv, d_xu = d_xv + scores[0], d_xu + scores[1]
+    return d_xv, d_xu
 
 
 @triton.jit
@@ -134,25 +137,23 @@ def _tl_dplr_bwd_scores(
     sdo_b, sdo_h, sdo_t, sdo_d,
     BT: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The backward's second kernel, one program per (chunk, batch x head), the chunks at
-    once: the chunk's scores' gradients on their support (_tl_dplr_d_scores_sum) into dts
-    [B * NH, N, 4, BT, BT] (d(qk), d(qb), d(ak), d(ab); in the dtype of the kept scores, 16
-    bits for 16-bit products, which round them so anyway, and but for d(qk) and d(qb)'s
-    diagonals, which multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a
-    time."""
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    """The backward's second kernel, two programs per (chunk, batch x head), the chunks at
+    once: side 0 the chunk's d(qk), d(qb), side 1 its d(ak), d(ab) on their support
+    (_tl_dplr_d_scores_sum; four [BT, BT] sums in one program spilled float32's registers)
+    into dts [B * NH, N, 4, BT, BT] (in the dtype of the kept scores, 16 bits for 16-bit
+    products, which round them so anyway, and but for d(qk) and d(qb)'s diagonals, which
+    multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a time."""
+    i_n, i_bh, side = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = i_n * BT + rows
     sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores_sum(
-        v, do, u, dz, i_b, i_h, i_bh, t, t < T, rows, T, V, *sv, BV, DOT
+    d_xv, d_xu = _tl_dplr_d_scores_sum(
+        v, do, u, dz, i_b, i_h, i_bh, t, t < T, rows, side, T, V, *sv, BV, DOT
     )
-    tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4
-    tl.store(_tl_tile(dts, tiles, rows), d_qk)
-    tl.store(_tl_tile(dts, tiles + 1, rows), d_qb)
-    tl.store(_tl_tile(dts, tiles + 2, rows), d_ak)
-    tl.store(_tl_tile(dts, tiles + 3, rows), d_ab)
+    tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4 + 2 * side
+    tl.store(_tl_tile(dts, tiles, rows), d_xv)
+    tl.store(_tl_tile(dts, tiles + 1, rows), d_xu)
 
 
 @triton.jit
@@ -327,7 +328,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
     )  # fmt: skip
     d_tiles = torch.empty_like(tiles)  # kept as T and the scores are (_tl_dplr_forward)
     scores_v = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_scores, dot)[2]
-    _tl_dplr_bwd_scores[(n_chunks, batch * heads)](
+    _tl_dplr_bwd_scores[(n_chunks, batch * heads, 2)](
         v, d_o, u, dz,  # read
         d_tiles,  # written
         length, heads, d_v, *_tl_strides(v, 4), *_tl_strides(d_o, 4),
