@@ -272,14 +272,15 @@ def _tl_delta_bwd_gram(
     sk_b, sk_h, sk_t, sk_d,
     sb_b, sb_h, sb_t,
     sg_b, sg_h, sg_t,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
     """One (chunk, batch x head) program, the chunks in parallel: from dA (das, as
     _tl_delta_bwd_wy wrote it) the gradients through A = tril(diag(beta) (K K^T ⊙ Gamma), -1):
-    beta's (added to dbeta), the keys' (added to dk, BV columns at a time) and the gates' from
-    Gamma and from exp(b) in W (beta's part through W, dbeta as _tl_delta_bwd_wy wrote it, times
-    beta), added to dg's first part."""
+    beta's (added to dbeta), the keys' (added to dk) and the gates' from Gamma and from exp(b)
+    in W (beta's part through W, dbeta as _tl_delta_bwd_wy wrote it, times beta), added to dg's
+    first part. K K^T and the keys' gradient BV key columns at a time (the whole [BT, K] keys
+    beside the [BT, BT] tiles spilled in float32)."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -288,10 +289,12 @@ def _tl_delta_bwd_gram(
     beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
     d_a = tl.load(_tl_tile(das, i_bh * ((T + BT - 1) // BT) + n, rows))
     beta_in_w = tl.load(dbeta + i_bh * T + t, mask=in_t, other=0.0)  # W's part
-    cols_k = tl.arange(0, BK)
-    at_k = in_t[:, None] & (cols_k < K)[None, :]
-    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
-    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    kk = tl.zeros((BT, BT), dtype=d_a.dtype)  # K K^T, BV key columns at a time
+    for j in range(0, (K + BV - 1) // BV):
+        cols = j * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < K)[None, :]
+        k_j = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at), DOT)
+        kk += _tl_dot(k_j, tl.trans(k_j), DOT)
     d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
     if HAS_G:
         gamma, _, _, _ = _tl_chunk_decays(_tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t), rows)
@@ -358,7 +361,7 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
     gram = _tl_delta_bwd_gram
     gram[(n_chunks, batch * heads)](
         k, beta, gate, d_as, dk, dbeta, dg, *sizes, *k.stride(), *beta.stride(), *gate_strides,
-        GATE_GRAD=gate_grad, BK=_tl_sizes(q, v, chunk_size, gram, dot)[1],
-        BV=_tl_sizes(q, v, chunk_size, gram, dot)[2], **common, **_tl_launch(gram, dot),
+        GATE_GRAD=gate_grad, BV=_tl_sizes(q, v, chunk_size, gram, dot)[2], **common,
+        **_tl_launch(gram, dot),
     )  # fmt: skip
     return dq, dk, dv, dbeta, dg.sum(0) if gate_grad else None, d_initial
