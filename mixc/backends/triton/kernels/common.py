@@ -93,8 +93,9 @@ def _tl_float32_tiles(dot):
     the tensor cores; float64's too, under the interpreter): each thread holds its rows of a
     and columns of b along a part, so fewer value or key columns (16) or more warps (8; at 16
     the 128-register cap spills more), and parts of 16 where those of 32 still spilled. At
-    d_k = d_v = 128 and 64-token chunks, the first of those tried that compiled without
-    spills on sm_90 and sm_100 (benchmarks/gpu_static.py; docs/triton.md)."""
+    d_k = d_v = 128 and 64-token chunks, the fewest spills on sm_90 and sm_100 of those tried
+    (benchmarks/gpu_static.py): none but in the delta forward's UT transform, DPLR's state
+    passes and key-side backward, and on sm_100 DPLR's score kernel (docs/triton.md)."""
     if dot != "ieee":
         return {}
     return {
