@@ -89,10 +89,11 @@ D_K, D_V, CHUNK = 128, 128, 64
 DOTS = {"bf16": "bf16", "fp32": "ieee", "tf32": "tf32"}
 
 
-def _config(cls: str, kernel: str, module: str, dtype: str) -> tuple[int, int, int, int]:
+def _config(cls: str, kernel: str, module: str, dtype: str) -> tuple[int, int, int, int, str]:
     """The launch of one kernel at the benchmark shapes in dtype, as the kernels launch it
-    (kernels/common.py, _tl_tiles, whose tiles depend on the products' precision): key rows
-    and value columns of a program (BK, BV), warps, pipeline stages."""
+    (kernels/common.py, _tl_tiles and _tl_launch, whose tiles depend on the products'
+    precision): key rows and value columns of a program (BK, BV), warps, pipeline stages, and
+    its DOT ("ieee16": IEEE products summed in parts of 16)."""
     import importlib
 
     from mixc.backends.triton.kernels.common import _tl_launch, _tl_tiles
@@ -102,7 +103,8 @@ def _config(cls: str, kernel: str, module: str, dtype: str) -> tuple[int, int, i
     d_k = ELEMENTWISE_D_K if cls == "elementwise" else D_K
     launch = _tl_launch(fn, DOTS[dtype])
     block_k = d_k if most_k is None else min(d_k, most_k)
-    return block_k, min(D_V, most_v), launch["num_warps"], launch["num_stages"]
+    dot = launch.get("DOT", DOTS[dtype])
+    return block_k, min(D_V, most_v), launch["num_warps"], launch["num_stages"], dot
 
 
 def _bin(tool: str) -> str:
@@ -134,7 +136,8 @@ def _signature(fn, dtype: str, consts: dict, cls: str = ""):
 
 def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, block_v: int,
                 warps: int, stages: int, gate: bool = True, chunk: int = CHUNK,
-                kernel: str | None = None, module: str | None = None) -> dict:  # fmt: skip
+                kernel: str | None = None, module: str | None = None,
+                dot: str | None = None) -> dict:  # fmt: skip
     """Compile one kernel in this process; the figures of its report row."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mixc-static-")
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
@@ -153,7 +156,7 @@ def compile_one(cls: str, direction: str, dtype: str, arch: int, block_k: int, b
     )
     consts = {"HAS_G": gate, "HAS_SCALE": gate, "BT": chunk, "C": chunk, "BV": block_v,
               "BK": block_k, "SCALAR": False,
-              "DOT": DOTS[dtype], "LEVELS": chunk.bit_length() - 1}  # fmt: skip
+              "DOT": dot or DOTS[dtype], "LEVELS": chunk.bit_length() - 1}  # fmt: skip
     consts.update({"KEEP": True} if direction == "fwd" else {"GATE_GRAD": True})
     consts = {name: value for name, value in consts.items() if name in fn.arg_names}
     sig, constexprs, attrs = _signature(fn, dtype, consts, cls)
@@ -250,6 +253,8 @@ def _table(rows: list[tuple[dict, dict]]) -> list[str]:
     for row, r in rows:
         name = f"`{_name(row)}`"
         conf = f"{row.get('block_k', '?')}, {row['block_v']}, {row['warps']}, {row['stages']}"
+        if row.get("dot", DOTS[row["dtype"]]) != DOTS[row["dtype"]]:
+            conf += f" ({row['dot']})"  # IEEE products in parts of 16
         if "error" in r:
             lines.append(
                 f"| {name} | {row['dtype']} | {row['arch']} | {conf} | | | | | | | "
@@ -317,6 +322,7 @@ def main(argv=None) -> int:
     parser.add_argument("--block-k", type=int, help="override BK of every kernel")
     parser.add_argument("--block-v", type=int, help="override BV of every kernel")
     parser.add_argument("--warps", type=int, help="override num_warps of every kernel")
+    parser.add_argument("--dot", help="override DOT of every kernel (fp32: ieee, ieee16)")
     parser.add_argument("--no-gate", action="store_true", help="compile without gates")
     parser.add_argument("--chunk", type=int, default=CHUNK, help="tokens per chunk (BT)")
     parser.add_argument("--no-write", action="store_true")
@@ -333,13 +339,13 @@ def main(argv=None) -> int:
         if args.kernel and kernel not in args.kernel:
             continue
         for dtype in args.dtype:
-            block_k, block_v, warps, stages = _config(cls, kernel, module, dtype)
+            block_k, block_v, warps, stages, dot = _config(cls, kernel, module, dtype)
             for arch in args.arch:
                 row = {"cls": cls, "direction": direction, "kernel": kernel, "module": module,
                        "dtype": dtype, "arch": arch,
                        "block_k": args.block_k or block_k, "block_v": args.block_v or block_v,
                        "warps": args.warps or warps, "stages": stages,
-                       "gate": not args.no_gate, "chunk": args.chunk}  # fmt: skip
+                       "gate": not args.no_gate, "chunk": args.chunk, "dot": args.dot or dot}  # fmt: skip
                 result = _run_child(row, args.timeout, args.nice)
                 rows.append((row, result))
                 print(_table([(row, result)])[-1], flush=True)

@@ -59,7 +59,7 @@ def _tl_tiles(kernel, dot=None):
     _tl_float32_tiles where that table has one (TF32 keeps bfloat16's)."""
     float32 = _tl_float32_tiles(dot)
     if kernel.__name__ in float32:
-        return float32[kernel.__name__]
+        return float32[kernel.__name__][:3]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd_grads": (64, 32, 8),
@@ -88,29 +88,43 @@ def _tl_tiles(kernel, dot=None):
 
 def _tl_float32_tiles(dot):
     """The tiles (as _tl_tiles) of the kernels whose float32 products need other tiles than
-    bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
-    tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
-    rows and columns of both operands, so fewer value columns (16; the scalar-decay backward
-    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's,
-    at the fewest spills on sm_90 of those tried (docs/triton.md)."""
+    bfloat16's, and the parts their products are summed in along the inner dimension (16 or
+    32, _tl_ieee_dot); {} for a dot without float32 products. "ieee" (IEEE multiply-adds off
+    the tensor cores; float64's too, under the interpreter): each thread holds its rows of a
+    and columns of b along a part, so fewer value or key columns (16) or more warps (8; at 16
+    the 128-register cap spills more), and parts of 16 where those of 32 still spilled. At
+    d_k = d_v = 128 and 64-token chunks, the fewest spills on sm_90 and sm_100 of those tried
+    (benchmarks/gpu_static.py): none but in the delta forward's UT transform, DPLR's state
+    passes and key-side backward, and on sm_100 DPLR's score kernel (docs/triton.md)."""
     if dot != "ieee":
         return {}
     return {
-        "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
-        "_tl_diagonal_fwd": (64, 16, 8),
-        "_tl_delta_fwd_wy": (None, 32, 8),
-        "_tl_delta_fwd_states": (None, 16, 8),
-        "_tl_dplr_fwd_states": (None, 16, 8),
-        "_tl_dplr_fwd_outputs": (None, 32, 8),
+        "_tl_scalar_decay_fwd": (64, 16, 8, 16),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8, 32),
+        "_tl_diagonal_fwd": (32, 16, 8, 32),
+        "_tl_diagonal_bwd_grads": (16, 32, 8, 16),
+        "_tl_delta_fwd_wy": (None, 32, 8, 32),
+        "_tl_delta_fwd_states": (None, 16, 8, 32),
+        "_tl_delta_bwd_local": (None, 32, 8, 16),
+        "_tl_delta_bwd_states": (None, 16, 8, 32),
+        "_tl_delta_bwd_grads": (16, 32, 8, 32),
+        "_tl_delta_bwd_wy": (None, 16, 8, 16),
+        "_tl_dplr_fwd_states": (None, 16, 8, 32),
+        "_tl_dplr_fwd_outputs": (None, 32, 8, 32),
+        "_tl_dplr_bwd_inputs": (16, 32, 8, 16),
     }
 
 
 def _tl_launch(kernel, dot=None):
     """The launch options of `kernel` for products as dot says: its warps (_tl_tiles), one
     pipeline stage (no chunk prefetched: registers, not loads, are what a program runs short
-    of)."""
-    return {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
+    of), and for a kernel with products (a DOT) its DOT: dot, but "ieee16" (IEEE products in
+    parts of 16) where _tl_float32_tiles says so."""
+    launch = {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
+    if "DOT" in kernel.arg_names:
+        part = _tl_float32_tiles(dot).get(kernel.__name__, (None, None, None, 32))[3]
+        launch["DOT"] = "ieee16" if part == 16 else dot
+    return launch
 
 
 def _tl_dot_precision(x, kernel, operands=None):
@@ -242,8 +256,10 @@ def _tl_dot(a, b, DOT: tl.constexpr):
         product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
     elif DOT == "tf32":
         product = tl.dot(a, b, input_precision="tf32")
+    elif DOT == "ieee16":
+        product = _tl_ieee_dot(a, b, 16, None)
     else:
-        product = _tl_ieee_dot(a, b)
+        product = _tl_ieee_dot(a, b, 32, None)
     return product
 
 
@@ -264,29 +280,15 @@ def _tl_halves(a, b):
 
 
 @triton.jit
-def _tl_ieee_dot(a, b):
-    """a @ b in IEEE float32 (float64): plain multiply-adds, each thread holding its rows of a
-    and columns of b along the whole inner dimension K unless it is split. So the product is a
-    sum of products of at most 32 (K <= 128) or 64 (K = 256) along K (_tl_halves); whole,
-    ptxas spilled tens of kilobytes of the kernels' registers (docs/triton.md)."""
-    if a.shape[len(a.shape) - 1] > 64:
+def _tl_ieee_dot(a, b, PART: tl.constexpr, acc):
+    """a @ b (+ acc, unless None) in IEEE float32 (float64): plain multiply-adds, each thread
+    holding its rows of a and columns of b along the whole inner dimension K of a tl.dot. So
+    the product is a sum of products of at most PART along K (a power of two: the even and odd
+    columns by halves, _tl_halves, into one accumulator); whole, ptxas spilled tens of
+    kilobytes of the kernels' registers (docs/triton.md)."""
+    if a.shape[len(a.shape) - 1] > PART:
         a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
-        product = _tl_ieee_dot_part(a_odd, b_odd, _tl_ieee_dot_part(a_even, b_even, None))
-    else:
-        product = _tl_ieee_dot_part(a, b, None)
-    return product
-
-
-@triton.jit
-def _tl_ieee_dot_part(a, b, acc):
-    """a @ b (+ acc, unless None) in IEEE products, in two halves along K if K > 32."""
-    if a.shape[len(a.shape) - 1] > 32:
-        a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
-        if acc is None:
-            acc = tl.dot(a_even, b_even, input_precision="ieee")
-        else:
-            acc = tl.dot(a_even, b_even, acc, input_precision="ieee")
-        acc = tl.dot(a_odd, b_odd, acc, input_precision="ieee")
+        acc = _tl_ieee_dot(a_odd, b_odd, PART, _tl_ieee_dot(a_even, b_even, PART, acc))
     elif acc is None:
         acc = tl.dot(a, b, input_precision="ieee")
     else:
@@ -301,7 +303,9 @@ def _tl_wide_dot(a, b, DOT: tl.constexpr):
     "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
     rounded to 16 bits."""
     if DOT == "ieee":
-        product = _tl_ieee_dot(a, b)
+        product = _tl_ieee_dot(a, b, 32, None)
+    elif DOT == "ieee16":
+        product = _tl_ieee_dot(a, b, 16, None)
     elif DOT == "bf16 emulated":
         product = tl.dot(a, b, input_precision="ieee")
     else:

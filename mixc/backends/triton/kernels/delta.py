@@ -288,7 +288,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     u, v_new = final.new_empty(2, batch, heads, length, v.shape[-1])
     sizes = (length, heads, d_k, v.shape[-1])
     gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
-    common = {"HAS_G": g is not None, "BT": block_t, "BK": block_k, "DOT": dot}
+    common = {"HAS_G": g is not None, "BT": block_t, "BK": block_k}
     wy = _tl_delta_fwd_wy
     wy[(n_chunks, batch * heads)](
         k, v, beta, gate, w, u, inverses, *sizes,

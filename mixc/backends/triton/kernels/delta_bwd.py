@@ -206,6 +206,18 @@ def _tl_delta_bwd_grads(
 
 
 @triton.jit
+def _tl_delta_loop_inverse(inverse_t, ts, i_tile, rows, DOT: tl.constexpr):
+    """T^T of a chunk (tile i_tile of ts) for a product inside a loop: inverse_t, loaded once
+    before it, where the products take their operand from shared memory (the tensor cores);
+    loaded again for IEEE products, whose operand fragments, in registers, were otherwise held
+    across the loop (float32 spilled 36 / 4 B on sm_90 / sm_100 at parts of 32, 0 / 12 B at
+    16; loaded again, 0 / 0 B)."""
+    if DOT == "ieee" or DOT == "ieee16":
+        inverse_t = tl.trans(tl.load(_tl_tile(ts, i_tile, rows)))
+    return inverse_t
+
+
+@triton.jit
 def _tl_delta_bwd_wy(
     k, v, beta, g, ts, dw, dvn,  # read
     dk, dv, dbeta, das,  # written (dk added to)
@@ -245,7 +257,8 @@ def _tl_delta_bwd_wy(
         d_u = tl.load(dvn + at_rows, mask=at, other=0.0)
         v_j = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
         d_t += _tl_wide_dot(d_u, tl.trans(v_j), DOT)
-        tl.store(dv + at_rows, _tl_wide_dot(inverse_t, d_u, DOT), mask=at)
+        inverse_j = _tl_delta_loop_inverse(inverse_t, ts, i_tile, rows, DOT)
+        tl.store(dv + at_rows, _tl_wide_dot(inverse_j, d_u, DOT), mask=at)
     beta_in_w = tl.zeros((BT,), dtype=inverse_t.dtype)  # beta in diag(beta exp(b)) K
     for j in range(0, (K + BV - 1) // BV):
         cols = j * BV + tl.arange(0, BV)
@@ -254,7 +267,8 @@ def _tl_delta_bwd_wy(
         at_rows = (i_bh * T + t[:, None]) * K + cols[None, :]  # in dw and dk
         d_w = tl.load(dw + at_rows, mask=at, other=0.0)
         d_t += _tl_wide_dot(d_w, tl.trans(k_j * scale), DOT)
-        d_k_scaled = _tl_wide_dot(inverse_t, d_w, DOT)
+        inverse_j = _tl_delta_loop_inverse(inverse_t, ts, i_tile, rows, DOT)
+        d_k_scaled = _tl_wide_dot(inverse_j, d_w, DOT)
         beta_in_w += tl.sum(d_k_scaled * (k_j * from_start), axis=1)
         dk_j = tl.load(dk + at_rows, mask=at, other=0.0) + d_k_scaled * scale
         tl.store(dk + at_rows, dk_j, mask=at)
@@ -272,14 +286,15 @@ def _tl_delta_bwd_gram(
     sk_b, sk_h, sk_t, sk_d,
     sb_b, sb_h, sb_t,
     sg_b, sg_h, sg_t,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
     """One (chunk, batch x head) program, the chunks in parallel: from dA (das, as
     _tl_delta_bwd_wy wrote it) the gradients through A = tril(diag(beta) (K K^T ⊙ Gamma), -1):
-    beta's (added to dbeta), the keys' (added to dk, BV columns at a time) and the gates' from
-    Gamma and from exp(b) in W (beta's part through W, dbeta as _tl_delta_bwd_wy wrote it, times
-    beta), added to dg's first part."""
+    beta's (added to dbeta), the keys' (added to dk) and the gates' from Gamma and from exp(b)
+    in W (beta's part through W, dbeta as _tl_delta_bwd_wy wrote it, times beta), added to dg's
+    first part. K K^T and the keys' gradient BV key columns at a time (the whole [BT, K] keys
+    beside the [BT, BT] tiles spilled in float32)."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -288,10 +303,12 @@ def _tl_delta_bwd_gram(
     beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
     d_a = tl.load(_tl_tile(das, i_bh * ((T + BT - 1) // BT) + n, rows))
     beta_in_w = tl.load(dbeta + i_bh * T + t, mask=in_t, other=0.0)  # W's part
-    cols_k = tl.arange(0, BK)
-    at_k = in_t[:, None] & (cols_k < K)[None, :]
-    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
-    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    kk = tl.zeros((BT, BT), dtype=d_a.dtype)  # K K^T, BV key columns at a time
+    for j in range(0, (K + BV - 1) // BV):
+        cols = j * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < K)[None, :]
+        k_j = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at), DOT)
+        kk += _tl_dot(k_j, tl.trans(k_j), DOT)
     d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
     if HAS_G:
         gamma, _, _, _ = _tl_chunk_decays(_tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t), rows)
@@ -327,7 +344,7 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
     dq, dk, d_v_new, d_states = dq[0], dk[0], torch.empty_like(dv), torch.empty_like(states)
     d_w, dbeta = torch.empty_like(dk), dv.new_empty(batch, heads, length)
     gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
-    common = {"HAS_G": g is not None, "DOT": dot}
+    common = {"HAS_G": g is not None}
     local, states_pass = _tl_delta_bwd_local, _tl_delta_bwd_states
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, local, dot)
     common["BT"] = block_t
@@ -358,7 +375,7 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
     gram = _tl_delta_bwd_gram
     gram[(n_chunks, batch * heads)](
         k, beta, gate, d_as, dk, dbeta, dg, *sizes, *k.stride(), *beta.stride(), *gate_strides,
-        GATE_GRAD=gate_grad, BK=_tl_sizes(q, v, chunk_size, gram, dot)[1],
-        BV=_tl_sizes(q, v, chunk_size, gram, dot)[2], **common, **_tl_launch(gram, dot),
+        GATE_GRAD=gate_grad, BV=_tl_sizes(q, v, chunk_size, gram, dot)[2], **common,
+        **_tl_launch(gram, dot),
     )  # fmt: skip
     return dq, dk, dv, dbeta, dg.sum(0) if gate_grad else None, d_initial

@@ -177,7 +177,6 @@ def _tl_diagonal_forward(q, k, v, gk, initial_state, chunk_size, keep, dot):
         BT=block_t,
         BK=block_k,
         BV=block_v,
-        DOT=dot,
         **_tl_launch(_tl_diagonal_fwd, dot),
     )
     return _tl_sum_parts(o, n_k, q.dtype), final, kept if keep else None

@@ -297,7 +297,7 @@ def _tl_diagonal_backward(q, k, v, gk, kept, d_o, d_final, chunk_size, dot, gate
     n_k = grid[2]
     d_o, d_final, dq, dk, dv, d_initial = _tl_gradients(q, v, d_o, d_final, 1, n_k)
     dq, dk, d_states = dq[0], dk[0], torch.empty_like(kept)
-    common = {"HAS_G": gk is not None, "BT": block_t, "DOT": dot}
+    common = {"HAS_G": gk is not None, "BT": block_t}
     _, state_k, state_v, state_grid, _ = _tl_sizes(q, v, chunk_size, states, dot)
     states[state_grid](
         q, gate, d_o, d_final, d_states, d_initial, *sizes, *q.stride(), *gate_strides,

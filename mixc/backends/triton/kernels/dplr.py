@@ -133,10 +133,10 @@ def _tl_dplr_fwd_scores(
 ):  # fmt: skip
     """The forward's first kernel, two programs per (chunk, batch x head), the chunks at once:
     side 0 the chunk's scores qk, qb, side 1 its ak and T = (I - ab)^{-1}, into ts
-    [B * NH, N, 4, BT, BT] (as the backward reads them, _tl_dplr_kept), the key columns BK at
-    a time, the scores summed over them (two [BT, BT] sums a program: four spilled). Side 0
-    also writes the decayed rows Q ⊙ exp(c), K and B ⊙ exp(c_C - c) into qd, kd, bd
-    [B * NH, T, K], the whole decay exp(c_C) into decay [B * NH, N, K] (if HAS_G) and the
+    [B * NH, N, 4, BT, BT] (as the backward reads them, _tl_dplr_bwd_states), the key
+    columns BK at a time, the scores summed over them (two [BT, BT] sums a program: four
+    spilled). Side 0 also writes the decayed rows Q ⊙ exp(c), K and B ⊙ exp(c_C - c) into qd,
+    kd, bd [B * NH, T, K], the whole decay exp(c_C) into decay [B * NH, N, K] (if HAS_G) and the
     poison of the key-side rows into poison [B * NH, T]; side 1 A ⊙ exp(c_{r-1}) into ad."""
     i_n, i_bh, side = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH
@@ -279,21 +279,21 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
         q, k, a, b, q if gk is None else gk,  # read
         tiles, qd, ad, kd, bd, decay, poison,  # written
         length, heads, d_k, *(stride for x in (q, k, a, b, gk) for stride in _tl_strides(x, 4)),
-        HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k, DOT=dot,
+        HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k,
         **_tl_launch(_tl_dplr_fwd_scores, dot),
     )  # fmt: skip
     _tl_dplr_fwd_states[grid](
         v, ad, kd, bd, decay, poison, tiles, initial_state,  # read
         u, final, states,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4),
-        HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
+        HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v,
         **_tl_launch(_tl_dplr_fwd_states, dot),
     )  # fmt: skip
     _tl_dplr_fwd_outputs[(grid[0], batch * heads, n_chunks)](
         v, qd, u, poison, tiles, states,  # read
         o,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4), *_tl_strides(o, 4),
-        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs, dot),
+        BT=block_t, BK=block_k, BV=block_v, **_tl_launch(_tl_dplr_fwd_outputs, dot),
     )  # fmt: skip
     kept = (states, tiles, qd, ad, kd, bd, decay if gk is not None else tiles, u)
     return o, final, kept if keep else None

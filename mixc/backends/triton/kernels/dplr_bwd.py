@@ -8,11 +8,12 @@ its registers. From the last chunk, with T and the scores as the forward kept th
     D <- exp(c_C) ⊙ D + (Q ⊙ exp(c))^T dO + (A ⊙ exp(c_{r-1}))^T dZ
 
 _tl_dplr_bwd_states (a program per value block) walks the chunks back with D's columns in
-registers, writing D, dZ and dV; _tl_dplr_bwd_scores (a program per chunk) writes the scores'
-gradients, summed over the value columns; _tl_dplr_bwd_inputs (a program per chunk and key
-block) takes them, a tile and a level at a time, and the decayed rows' gradients through the
-states back to q, k, a and b, through the same blocks as the forward made the scores, side 0
-(q) and side 1 (a) in two programs, each its part of dk and db (added after the launch).
+registers, writing D, dZ and dV; _tl_dplr_bwd_scores (two programs per chunk, a side each)
+writes the scores' gradients, summed over the value columns; _tl_dplr_bwd_inputs (a program
+per chunk and key block) takes them, a tile and a level at a time, and the decayed rows'
+gradients through the states back to q, k, a and b, through the same blocks as the forward
+made the scores, side 0 (q) and side 1 (a) in two programs, each its part of dk and db (added
+after the launch).
 
 The gate's gradient is, for each decay, the input times its gradient, summed back over the
 gates in the decay's sum (the transposed mask): a decay of a run of rows passes on to the gates
@@ -57,17 +58,6 @@ from mixc.backends.triton.kernels.dplr_scores import (
 
 
 @triton.jit
-def _tl_dplr_kept(ts, tiles, rows):
-    """T and the scores qk, qb, ak of a chunk, as the forward kept them in tiles tiles, ...,
-    tiles + 3 of ts (_tl_tile)."""
-    inverse = tl.load(_tl_tile(ts, tiles, rows))
-    qk = tl.load(_tl_tile(ts, tiles + 1, rows))
-    qb = tl.load(_tl_tile(ts, tiles + 2, rows))
-    ak = tl.load(_tl_tile(ts, tiles + 3, rows))
-    return inverse, qk, qb, ak
-
-
-@triton.jit
 def _tl_dplr_bwd_states(
     do, qd, ad, kd, bd, decay, ts, dht,  # read
     dv, dz, dhs, dh0,  # written
@@ -92,14 +82,16 @@ def _tl_dplr_bwd_states(
         t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         _tl_store_state(dhs, i_bh * n_chunks + n, K, V, cols_k, cols_v, d_state)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        inverse, qk, qb, ak = _tl_dplr_kept(ts, (i_bh * n_chunks + n) * 4, rows)
-        d_u = _tl_dot(tl.trans(qb), do_c, DOT)
+        # T and the scores as the forward kept them (T, qk, qb, ak: four tiles a chunk), each
+        # loaded where it is multiplied (held all four, float32's spilled)
+        tiles = (i_bh * n_chunks + n) * 4
+        d_u = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 2, rows))), do_c, DOT)  # qb^T dO
         d_u += _tl_dot(_tl_dplr_load(bd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
-        d_reads = _tl_dot(tl.trans(inverse), d_u, DOT)
+        d_reads = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles, rows))), d_u, DOT)  # T^T dU
         _tl_store_rows(dz, i_bh, T, V, t, cols_v, at_v, d_reads)
-        dv_c = _tl_dot(tl.trans(qk), do_c, DOT)
+        dv_c = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 1, rows))), do_c, DOT)  # qk^T dO
         dv_c += _tl_dot(_tl_dplr_load(kd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
-        dv_c += _tl_dot(tl.trans(ak), d_reads, DOT)
+        dv_c += _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 3, rows))), d_reads, DOT)
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         if HAS_G:
             whole = tl.load(decay + (i_bh * n_chunks + n) * K + cols_k, mask=in_k, other=0.0)
@@ -113,25 +105,27 @@ def _tl_dplr_bwd_states(
 
 @triton.jit
 def _tl_dplr_d_scores_sum(
-    v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V,
+    v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, side, T, V,
     sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """A chunk's scores' gradients on their support (_tl_dplr_d_scores), summed over the value
-    columns BV at a time: d(qk), d(qb) = dO (V, U)^T, d(ak), d(ab) = dZ (V, U)^T."""
-    d_qk = tl.zeros([rows.shape[0], rows.shape[0]], dtype=u.dtype.element_ty)
-    d_qb, d_ak, d_ab = d_qk, d_qk, d_qk
+    """A side's two scores' gradients of a chunk on their support (_tl_dplr_d_scores), summed
+    over the value columns BV at a time: side 0 d(qk), d(qb) = dO (V, U)^T, side 1 d(ak),
+    d(ab) = dZ (V, U)^T. Each side loads only its own rows' gradients (the other's masked
+    off)."""
+    on_q = (t * 0 + side) == 0
+    d_xv = tl.zeros([rows.shape[0], rows.shape[0]], dtype=u.dtype.element_ty)
+    d_xu = d_xv
     for i_v in range(0, tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < V)[None, :]
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at)
         u_c = _tl_dplr_load(u, i_bh, T, V, t, cols, at)
-        dz_c = _tl_dplr_load(dz, i_bh, T, V, t, cols, at)
-        scores = _tl_dplr_d_scores(do_c, dz_c, v_c, u_c, rows, DOT)
-        d_qk, d_qb = d_qk + scores[0], d_qb + scores[1]
-        d_ak, d_ab = d_ak + scores[2], d_ab + scores[3]
-    return d_qk, d_qb, d_ak, d_ab
+        d_rows = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at & on_q[:, None])
+        d_rows += _tl_dplr_load(dz, i_bh, T, V, t, cols, at & ~on_q[:, None])  # dO or dZ
+        scores = _tl_dplr_d_scores(d_rows, v_c, u_c, rows, side, DOT)
+        d_xv, d_xu = d_xv + scores[0], d_xu + scores[1]
+    return d_xv, d_xu
 
 
 @triton.jit
@@ -143,25 +137,23 @@ def _tl_dplr_bwd_scores(
     sdo_b, sdo_h, sdo_t, sdo_d,
     BT: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The backward's second kernel, one program per (chunk, batch x head), the chunks at
-    once: the chunk's scores' gradients on their support (_tl_dplr_d_scores_sum) into dts
-    [B * NH, N, 4, BT, BT] (d(qk), d(qb), d(ak), d(ab); in the dtype of the kept scores, 16
-    bits for 16-bit products, which round them so anyway, and but for d(qk) and d(qb)'s
-    diagonals, which multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a
-    time."""
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    """The backward's second kernel, two programs per (chunk, batch x head), the chunks at
+    once: side 0 the chunk's d(qk), d(qb), side 1 its d(ak), d(ab) on their support
+    (_tl_dplr_d_scores_sum; four [BT, BT] sums in one program spilled float32's registers)
+    into dts [B * NH, N, 4, BT, BT] (in the dtype of the kept scores, 16 bits for 16-bit
+    products, which round them so anyway, and but for d(qk) and d(qb)'s diagonals, which
+    multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a time."""
+    i_n, i_bh, side = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = i_n * BT + rows
     sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores_sum(
-        v, do, u, dz, i_b, i_h, i_bh, t, t < T, rows, T, V, *sv, BV, DOT
+    d_xv, d_xu = _tl_dplr_d_scores_sum(
+        v, do, u, dz, i_b, i_h, i_bh, t, t < T, rows, side, T, V, *sv, BV, DOT
     )
-    tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4
-    tl.store(_tl_tile(dts, tiles, rows), d_qk)
-    tl.store(_tl_tile(dts, tiles + 1, rows), d_qb)
-    tl.store(_tl_tile(dts, tiles + 2, rows), d_ak)
-    tl.store(_tl_tile(dts, tiles + 3, rows), d_ab)
+    tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4 + 2 * side
+    tl.store(_tl_tile(dts, tiles, rows), d_xv)
+    tl.store(_tl_tile(dts, tiles + 1, rows), d_xu)
 
 
 @triton.jit
@@ -331,16 +323,16 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
         dv, dz, d_states, d_initial,  # written
         length, heads, d_k, d_v, *_tl_strides(d_o, 4),
-        HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
+        HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v,
         **_tl_launch(_tl_dplr_bwd_states, dot),
     )  # fmt: skip
     d_tiles = torch.empty_like(tiles)  # kept as T and the scores are (_tl_dplr_forward)
     scores_v = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_scores, dot)[2]
-    _tl_dplr_bwd_scores[(n_chunks, batch * heads)](
+    _tl_dplr_bwd_scores[(n_chunks, batch * heads, 2)](
         v, d_o, u, dz,  # read
         d_tiles,  # written
         length, heads, d_v, *_tl_strides(v, 4), *_tl_strides(d_o, 4),
-        BT=block_t, BV=scores_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_scores, dot),
+        BT=block_t, BV=scores_v, **_tl_launch(_tl_dplr_bwd_scores, dot),
     )  # fmt: skip
     _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_inputs, dot)
     _tl_dplr_bwd_inputs[(n_chunks, batch * heads, 2 * triton.cdiv(d_k, inputs_k))](
@@ -349,7 +341,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         length, heads, d_k, d_v,
         *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
         HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=levels,
-        BK=inputs_k, BV=inputs_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_inputs, dot),
+        BK=inputs_k, BV=inputs_v, **_tl_launch(_tl_dplr_bwd_inputs, dot),
     )  # fmt: skip
     dg = None
     if gate_grad:

@@ -141,17 +141,15 @@ def _tl_dplr_level_grad(
 
 
 @triton.jit
-def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
-    """The gradients of a chunk's scores on their support, from those of the outputs and of Z
-    (the right side of (I - ab) U = Z): (d(qk), d(qb)) = dO (V, U)^T for j <= r and (d(ak),
-    d(ab)) = dZ (V, U)^T for j < r, 0 elsewhere."""
-    causal = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
-    d_qk = tl.where(causal, _tl_dot(do_c, tl.trans(v_c), DOT), 0.0)
-    d_qb = tl.where(causal, _tl_dot(do_c, tl.trans(u), DOT), 0.0)
-    d_ak = tl.where(strict, _tl_dot(d_reads, tl.trans(v_c), DOT), 0.0)
-    d_ab = tl.where(strict, _tl_dot(d_reads, tl.trans(u), DOT), 0.0)
-    return d_qk, d_qb, d_ak, d_ab
+def _tl_dplr_d_scores(d_rows, v_c, u, rows, side, DOT: tl.constexpr):
+    """The gradients of a side's two scores of a chunk on their support, from those of the
+    outputs (side 0, d_rows = dO) or of Z (side 1, d_rows = dZ; Z the right side of
+    (I - ab) U = Z): (d(qk), d(qb)) = dO (V, U)^T for j <= r, (d(ak), d(ab)) = dZ (V, U)^T
+    for j < r, 0 elsewhere."""
+    support = rows[:, None] + 1 - side > rows[None, :]  # j <= r (side 0), j < r (side 1)
+    d_xv = tl.where(support, _tl_dot(d_rows, tl.trans(v_c), DOT), 0.0)
+    d_xu = tl.where(support, _tl_dot(d_rows, tl.trans(u), DOT), 0.0)
+    return d_xv, d_xu
 
 
 @triton.jit
@@ -162,8 +160,8 @@ def _tl_dplr_scores_grad(
 ):  # fmt: skip
     """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
     ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
-    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b so far: it
-    goes back as _tl_dplr_scores built them (the pairs r = j undecayed, side 0's only, then
+    and the scores as _tl_dplr_bwd_states reads them), added to the gradients of x, k, b so
+    far: it goes back as _tl_dplr_scores built them (the pairs r = j undecayed, side 0's only, then
     level by level, _tl_dplr_level_grad) or, without a gate (g_c never read), as the
     products for j <= r (side 0) or j < r (side 1). If GATE_GRAD, what each level's decays
     pass on to the gates, for _tl_dplr_bwd_gates to sum (here its scans spilled registers):

@@ -329,7 +329,7 @@ def _tl_tiles(kernel, dot=None):
     _tl_float32_tiles where that table has one (TF32 keeps bfloat16's)."""
     float32 = _tl_float32_tiles(dot)
     if kernel.__name__ in float32:
-        return float32[kernel.__name__]
+        return float32[kernel.__name__][:3]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd_grads": (64, 32, 8),
@@ -358,29 +358,43 @@ def _tl_tiles(kernel, dot=None):
 
 def _tl_float32_tiles(dot):
     """The tiles (as _tl_tiles) of the kernels whose float32 products need other tiles than
-    bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
-    tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
-    rows and columns of both operands, so fewer value columns (16; the scalar-decay backward
-    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's,
-    at the fewest spills on sm_90 of those tried (docs/triton.md)."""
+    bfloat16's, and the parts their products are summed in along the inner dimension (16 or
+    32, _tl_ieee_dot); {} for a dot without float32 products. "ieee" (IEEE multiply-adds off
+    the tensor cores; float64's too, under the interpreter): each thread holds its rows of a
+    and columns of b along a part, so fewer value or key columns (16) or more warps (8; at 16
+    the 128-register cap spills more), and parts of 16 where those of 32 still spilled. At
+    d_k = d_v = 128 and 64-token chunks, the fewest spills on sm_90 and sm_100 of those tried
+    (benchmarks/gpu_static.py): none but in the delta forward's UT transform, DPLR's state
+    passes and key-side backward, and on sm_100 DPLR's score kernel (docs/triton.md)."""
     if dot != "ieee":
         return {}
     return {
-        "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
-        "_tl_diagonal_fwd": (64, 16, 8),
-        "_tl_delta_fwd_wy": (None, 32, 8),
-        "_tl_delta_fwd_states": (None, 16, 8),
-        "_tl_dplr_fwd_states": (None, 16, 8),
-        "_tl_dplr_fwd_outputs": (None, 32, 8),
+        "_tl_scalar_decay_fwd": (64, 16, 8, 16),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8, 32),
+        "_tl_diagonal_fwd": (32, 16, 8, 32),
+        "_tl_diagonal_bwd_grads": (16, 32, 8, 16),
+        "_tl_delta_fwd_wy": (None, 32, 8, 32),
+        "_tl_delta_fwd_states": (None, 16, 8, 32),
+        "_tl_delta_bwd_local": (None, 32, 8, 16),
+        "_tl_delta_bwd_states": (None, 16, 8, 32),
+        "_tl_delta_bwd_grads": (16, 32, 8, 32),
+        "_tl_delta_bwd_wy": (None, 16, 8, 16),
+        "_tl_dplr_fwd_states": (None, 16, 8, 32),
+        "_tl_dplr_fwd_outputs": (None, 32, 8, 32),
+        "_tl_dplr_bwd_inputs": (16, 32, 8, 16),
     }
 
 
 def _tl_launch(kernel, dot=None):
     """The launch options of `kernel` for products as dot says: its warps (_tl_tiles), one
     pipeline stage (no chunk prefetched: registers, not loads, are what a program runs short
-    of)."""
-    return {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
+    of), and for a kernel with products (a DOT) its DOT: dot, but "ieee16" (IEEE products in
+    parts of 16) where _tl_float32_tiles says so."""
+    launch = {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
+    if "DOT" in kernel.arg_names:
+        part = _tl_float32_tiles(dot).get(kernel.__name__, (None, None, None, 32))[3]
+        launch["DOT"] = "ieee16" if part == 16 else dot
+    return launch
 
 
 def _tl_dot_precision(x, kernel, operands=None):
@@ -498,8 +512,10 @@ def _tl_dot(a, b, DOT: tl.constexpr):
         product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
     elif DOT == "tf32":
         product = tl.dot(a, b, input_precision="tf32")
+    elif DOT == "ieee16":
+        product = _tl_ieee_dot(a, b, 16, None)
     else:
-        product = _tl_ieee_dot(a, b)
+        product = _tl_ieee_dot(a, b, 32, None)
     return product
 
 
@@ -520,29 +536,15 @@ def _tl_halves(a, b):
 
 
 @triton.jit
-def _tl_ieee_dot(a, b):
-    """a @ b in IEEE float32 (float64): plain multiply-adds, each thread holding its rows of a
-    and columns of b along the whole inner dimension K unless it is split. So the product is a
-    sum of products of at most 32 (K <= 128) or 64 (K = 256) along K (_tl_halves); whole,
-    ptxas spilled tens of kilobytes of the kernels' registers (docs/triton.md)."""
-    if a.shape[len(a.shape) - 1] > 64:
+def _tl_ieee_dot(a, b, PART: tl.constexpr, acc):
+    """a @ b (+ acc, unless None) in IEEE float32 (float64): plain multiply-adds, each thread
+    holding its rows of a and columns of b along the whole inner dimension K of a tl.dot. So
+    the product is a sum of products of at most PART along K (a power of two: the even and odd
+    columns by halves, _tl_halves, into one accumulator); whole, ptxas spilled tens of
+    kilobytes of the kernels' registers (docs/triton.md)."""
+    if a.shape[len(a.shape) - 1] > PART:
         a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
-        product = _tl_ieee_dot_part(a_odd, b_odd, _tl_ieee_dot_part(a_even, b_even, None))
-    else:
-        product = _tl_ieee_dot_part(a, b, None)
-    return product
-
-
-@triton.jit
-def _tl_ieee_dot_part(a, b, acc):
-    """a @ b (+ acc, unless None) in IEEE products, in two halves along K if K > 32."""
-    if a.shape[len(a.shape) - 1] > 32:
-        a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
-        if acc is None:
-            acc = tl.dot(a_even, b_even, input_precision="ieee")
-        else:
-            acc = tl.dot(a_even, b_even, acc, input_precision="ieee")
-        acc = tl.dot(a_odd, b_odd, acc, input_precision="ieee")
+        acc = _tl_ieee_dot(a_odd, b_odd, PART, _tl_ieee_dot(a_even, b_even, PART, acc))
     elif acc is None:
         acc = tl.dot(a, b, input_precision="ieee")
     else:
@@ -557,7 +559,9 @@ def _tl_wide_dot(a, b, DOT: tl.constexpr):
     "ieee" and under the interpreter, else three TF32 passes ("tf32x3"), never operands
     rounded to 16 bits."""
     if DOT == "ieee":
-        product = _tl_ieee_dot(a, b)
+        product = _tl_ieee_dot(a, b, 32, None)
+    elif DOT == "ieee16":
+        product = _tl_ieee_dot(a, b, 16, None)
     elif DOT == "bf16 emulated":
         product = tl.dot(a, b, input_precision="ieee")
     else:
@@ -983,7 +987,7 @@ def _tl_delta_forward(q, k, v, beta, g, initial_state, chunk_size, keep, dot):
     u, v_new = final.new_empty(2, batch, heads, length, v.shape[-1])
     sizes = (length, heads, d_k, v.shape[-1])
     gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
-    common = {"HAS_G": g is not None, "BT": block_t, "BK": block_k, "DOT": dot}
+    common = {"HAS_G": g is not None, "BT": block_t, "BK": block_k}
     wy = _tl_delta_fwd_wy
     wy[(n_chunks, batch * heads)](
         k, v, beta, gate, w, u, inverses, *sizes,
@@ -1206,6 +1210,18 @@ def _tl_delta_bwd_grads(
 
 
 @triton.jit
+def _tl_delta_loop_inverse(inverse_t, ts, i_tile, rows, DOT: tl.constexpr):
+    """T^T of a chunk (tile i_tile of ts) for a product inside a loop: inverse_t, loaded once
+    before it, where the products take their operand from shared memory (the tensor cores);
+    loaded again for IEEE products, whose operand fragments, in registers, were otherwise held
+    across the loop (float32 spilled 36 / 4 B on sm_90 / sm_100 at parts of 32, 0 / 12 B at
+    16; loaded again, 0 / 0 B)."""
+    if DOT == "ieee" or DOT == "ieee16":
+        inverse_t = tl.trans(tl.load(_tl_tile(ts, i_tile, rows)))
+    return inverse_t
+
+
+@triton.jit
 def _tl_delta_bwd_wy(
     k, v, beta, g, ts, dw, dvn,  # read
     dk, dv, dbeta, das,  # written (dk added to)
@@ -1245,7 +1261,8 @@ def _tl_delta_bwd_wy(
         d_u = tl.load(dvn + at_rows, mask=at, other=0.0)
         v_j = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
         d_t += _tl_wide_dot(d_u, tl.trans(v_j), DOT)
-        tl.store(dv + at_rows, _tl_wide_dot(inverse_t, d_u, DOT), mask=at)
+        inverse_j = _tl_delta_loop_inverse(inverse_t, ts, i_tile, rows, DOT)
+        tl.store(dv + at_rows, _tl_wide_dot(inverse_j, d_u, DOT), mask=at)
     beta_in_w = tl.zeros((BT,), dtype=inverse_t.dtype)  # beta in diag(beta exp(b)) K
     for j in range(0, (K + BV - 1) // BV):
         cols = j * BV + tl.arange(0, BV)
@@ -1254,7 +1271,8 @@ def _tl_delta_bwd_wy(
         at_rows = (i_bh * T + t[:, None]) * K + cols[None, :]  # in dw and dk
         d_w = tl.load(dw + at_rows, mask=at, other=0.0)
         d_t += _tl_wide_dot(d_w, tl.trans(k_j * scale), DOT)
-        d_k_scaled = _tl_wide_dot(inverse_t, d_w, DOT)
+        inverse_j = _tl_delta_loop_inverse(inverse_t, ts, i_tile, rows, DOT)
+        d_k_scaled = _tl_wide_dot(inverse_j, d_w, DOT)
         beta_in_w += tl.sum(d_k_scaled * (k_j * from_start), axis=1)
         dk_j = tl.load(dk + at_rows, mask=at, other=0.0) + d_k_scaled * scale
         tl.store(dk + at_rows, dk_j, mask=at)
@@ -1272,14 +1290,15 @@ def _tl_delta_bwd_gram(
     sk_b, sk_h, sk_t, sk_d,
     sb_b, sb_h, sb_t,
     sg_b, sg_h, sg_t,
-    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT: tl.constexpr,
+    HAS_G: tl.constexpr, GATE_GRAD: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
     """One (chunk, batch x head) program, the chunks in parallel: from dA (das, as
     _tl_delta_bwd_wy wrote it) the gradients through A = tril(diag(beta) (K K^T ⊙ Gamma), -1):
-    beta's (added to dbeta), the keys' (added to dk, BV columns at a time) and the gates' from
-    Gamma and from exp(b) in W (beta's part through W, dbeta as _tl_delta_bwd_wy wrote it, times
-    beta), added to dg's first part."""
+    beta's (added to dbeta), the keys' (added to dk) and the gates' from Gamma and from exp(b)
+    in W (beta's part through W, dbeta as _tl_delta_bwd_wy wrote it, times beta), added to dg's
+    first part. K K^T and the keys' gradient BV key columns at a time (the whole [BT, K] keys
+    beside the [BT, BT] tiles spilled in float32)."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
@@ -1288,10 +1307,12 @@ def _tl_delta_bwd_gram(
     beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
     d_a = tl.load(_tl_tile(das, i_bh * ((T + BT - 1) // BT) + n, rows))
     beta_in_w = tl.load(dbeta + i_bh * T + t, mask=in_t, other=0.0)  # W's part
-    cols_k = tl.arange(0, BK)
-    at_k = in_t[:, None] & (cols_k < K)[None, :]
-    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
-    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
+    kk = tl.zeros((BT, BT), dtype=d_a.dtype)  # K K^T, BV key columns at a time
+    for j in range(0, (K + BV - 1) // BV):
+        cols = j * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < K)[None, :]
+        k_j = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at), DOT)
+        kk += _tl_dot(k_j, tl.trans(k_j), DOT)
     d_kk = d_a * beta_c[:, None]  # the gradient of K K^T ⊙ Gamma
     if HAS_G:
         gamma, _, _, _ = _tl_chunk_decays(_tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t), rows)
@@ -1327,7 +1348,7 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
     dq, dk, d_v_new, d_states = dq[0], dk[0], torch.empty_like(dv), torch.empty_like(states)
     d_w, dbeta = torch.empty_like(dk), dv.new_empty(batch, heads, length)
     gate, gate_strides = q if g is None else g, _tl_strides(g, 3)
-    common = {"HAS_G": g is not None, "DOT": dot}
+    common = {"HAS_G": g is not None}
     local, states_pass = _tl_delta_bwd_local, _tl_delta_bwd_states
     block_t, block_k, block_v, grid, n_chunks = _tl_sizes(q, v, chunk_size, local, dot)
     common["BT"] = block_t
@@ -1358,8 +1379,8 @@ def _tl_delta_backward(q, k, v, beta, g, kept, d_o, d_final, chunk_size, dot, ga
     gram = _tl_delta_bwd_gram
     gram[(n_chunks, batch * heads)](
         k, beta, gate, d_as, dk, dbeta, dg, *sizes, *k.stride(), *beta.stride(), *gate_strides,
-        GATE_GRAD=gate_grad, BK=_tl_sizes(q, v, chunk_size, gram, dot)[1],
-        BV=_tl_sizes(q, v, chunk_size, gram, dot)[2], **common, **_tl_launch(gram, dot),
+        GATE_GRAD=gate_grad, BV=_tl_sizes(q, v, chunk_size, gram, dot)[2], **common,
+        **_tl_launch(gram, dot),
     )  # fmt: skip
     return dq, dk, dv, dbeta, dg.sum(0) if gate_grad else None, d_initial
 

@@ -327,7 +327,7 @@ def _tl_tiles(kernel, dot=None):
     _tl_float32_tiles where that table has one (TF32 keeps bfloat16's)."""
     float32 = _tl_float32_tiles(dot)
     if kernel.__name__ in float32:
-        return float32[kernel.__name__]
+        return float32[kernel.__name__][:3]
     return {
         "_tl_scalar_decay_fwd": (64, 32, 8),
         "_tl_scalar_decay_bwd_grads": (64, 32, 8),
@@ -356,29 +356,43 @@ def _tl_tiles(kernel, dot=None):
 
 def _tl_float32_tiles(dot):
     """The tiles (as _tl_tiles) of the kernels whose float32 products need other tiles than
-    bfloat16's, {} for a dot without float32 products. "ieee" (IEEE multiply-adds off the
-    tensor cores, _tl_ieee_dot; float64's too, under the interpreter): each thread holds its
-    rows and columns of both operands, so fewer value columns (16; the scalar-decay backward
-    also 16 key rows) or more warps (8; at 16 the 128-register cap spills more). Chosen as _tl_tiles's,
-    at the fewest spills on sm_90 of those tried (docs/triton.md)."""
+    bfloat16's, and the parts their products are summed in along the inner dimension (16 or
+    32, _tl_ieee_dot); {} for a dot without float32 products. "ieee" (IEEE multiply-adds off
+    the tensor cores; float64's too, under the interpreter): each thread holds its rows of a
+    and columns of b along a part, so fewer value or key columns (16) or more warps (8; at 16
+    the 128-register cap spills more), and parts of 16 where those of 32 still spilled. At
+    d_k = d_v = 128 and 64-token chunks, the fewest spills on sm_90 and sm_100 of those tried
+    (benchmarks/gpu_static.py): none but in the delta forward's UT transform, DPLR's state
+    passes and key-side backward, and on sm_100 DPLR's score kernel (docs/triton.md)."""
     if dot != "ieee":
         return {}
     return {
-        "_tl_scalar_decay_fwd": (64, 16, 8),
-        "_tl_scalar_decay_bwd_grads": (16, 32, 8),
-        "_tl_diagonal_fwd": (64, 16, 8),
-        "_tl_delta_fwd_wy": (None, 32, 8),
-        "_tl_delta_fwd_states": (None, 16, 8),
-        "_tl_dplr_fwd_states": (None, 16, 8),
-        "_tl_dplr_fwd_outputs": (None, 32, 8),
+        "_tl_scalar_decay_fwd": (64, 16, 8, 16),
+        "_tl_scalar_decay_bwd_grads": (16, 32, 8, 32),
+        "_tl_diagonal_fwd": (32, 16, 8, 32),
+        "_tl_diagonal_bwd_grads": (16, 32, 8, 16),
+        "_tl_delta_fwd_wy": (None, 32, 8, 32),
+        "_tl_delta_fwd_states": (None, 16, 8, 32),
+        "_tl_delta_bwd_local": (None, 32, 8, 16),
+        "_tl_delta_bwd_states": (None, 16, 8, 32),
+        "_tl_delta_bwd_grads": (16, 32, 8, 32),
+        "_tl_delta_bwd_wy": (None, 16, 8, 16),
+        "_tl_dplr_fwd_states": (None, 16, 8, 32),
+        "_tl_dplr_fwd_outputs": (None, 32, 8, 32),
+        "_tl_dplr_bwd_inputs": (16, 32, 8, 16),
     }
 
 
 def _tl_launch(kernel, dot=None):
     """The launch options of `kernel` for products as dot says: its warps (_tl_tiles), one
     pipeline stage (no chunk prefetched: registers, not loads, are what a program runs short
-    of)."""
-    return {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
+    of), and for a kernel with products (a DOT) its DOT: dot, but "ieee16" (IEEE products in
+    parts of 16) where _tl_float32_tiles says so."""
+    launch = {"num_warps": _tl_tiles(kernel, dot)[2], "num_stages": 1}
+    if "DOT" in kernel.arg_names:
+        part = _tl_float32_tiles(dot).get(kernel.__name__, (None, None, None, 32))[3]
+        launch["DOT"] = "ieee16" if part == 16 else dot
+    return launch
 
 
 def _tl_dot_precision(x, kernel, operands=None):
@@ -501,8 +515,10 @@ def _tl_dot(a, b, DOT: tl.constexpr):
         product = tl.dot(a.to(tl.float16), b.to(tl.float16), out_dtype=tl.float32)
     elif DOT == "tf32":
         product = tl.dot(a, b, input_precision="tf32")
+    elif DOT == "ieee16":
+        product = _tl_ieee_dot(a, b, 16, None)
     else:
-        product = _tl_ieee_dot(a, b)
+        product = _tl_ieee_dot(a, b, 32, None)
     return product
 
 
@@ -523,29 +539,15 @@ def _tl_halves(a, b):
 
 
 @triton.jit
-def _tl_ieee_dot(a, b):
-    """a @ b in IEEE float32 (float64): plain multiply-adds, each thread holding its rows of a
-    and columns of b along the whole inner dimension K unless it is split. So the product is a
-    sum of products of at most 32 (K <= 128) or 64 (K = 256) along K (_tl_halves); whole,
-    ptxas spilled tens of kilobytes of the kernels' registers (docs/triton.md)."""
-    if a.shape[len(a.shape) - 1] > 64:
+def _tl_ieee_dot(a, b, PART: tl.constexpr, acc):
+    """a @ b (+ acc, unless None) in IEEE float32 (float64): plain multiply-adds, each thread
+    holding its rows of a and columns of b along the whole inner dimension K of a tl.dot. So
+    the product is a sum of products of at most PART along K (a power of two: the even and odd
+    columns by halves, _tl_halves, into one accumulator); whole, ptxas spilled tens of
+    kilobytes of the kernels' registers (docs/triton.md)."""
+    if a.shape[len(a.shape) - 1] > PART:
         a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
-        product = _tl_ieee_dot_part(a_odd, b_odd, _tl_ieee_dot_part(a_even, b_even, None))
-    else:
-        product = _tl_ieee_dot_part(a, b, None)
-    return product
-
-
-@triton.jit
-def _tl_ieee_dot_part(a, b, acc):
-    """a @ b (+ acc, unless None) in IEEE products, in two halves along K if K > 32."""
-    if a.shape[len(a.shape) - 1] > 32:
-        a_even, a_odd, b_even, b_odd = _tl_halves(a, b)
-        if acc is None:
-            acc = tl.dot(a_even, b_even, input_precision="ieee")
-        else:
-            acc = tl.dot(a_even, b_even, acc, input_precision="ieee")
-        acc = tl.dot(a_odd, b_odd, acc, input_precision="ieee")
+        acc = _tl_ieee_dot(a_odd, b_odd, PART, _tl_ieee_dot(a_even, b_even, PART, acc))
     elif acc is None:
         acc = tl.dot(a, b, input_precision="ieee")
     else:
@@ -774,10 +776,10 @@ def _tl_dplr_fwd_scores(
 ):  # fmt: skip
     """The forward's first kernel, two programs per (chunk, batch x head), the chunks at once:
     side 0 the chunk's scores qk, qb, side 1 its ak and T = (I - ab)^{-1}, into ts
-    [B * NH, N, 4, BT, BT] (as the backward reads them, _tl_dplr_kept), the key columns BK at
-    a time, the scores summed over them (two [BT, BT] sums a program: four spilled). Side 0
-    also writes the decayed rows Q ⊙ exp(c), K and B ⊙ exp(c_C - c) into qd, kd, bd
-    [B * NH, T, K], the whole decay exp(c_C) into decay [B * NH, N, K] (if HAS_G) and the
+    [B * NH, N, 4, BT, BT] (as the backward reads them, _tl_dplr_bwd_states), the key
+    columns BK at a time, the scores summed over them (two [BT, BT] sums a program: four
+    spilled). Side 0 also writes the decayed rows Q ⊙ exp(c), K and B ⊙ exp(c_C - c) into qd,
+    kd, bd [B * NH, T, K], the whole decay exp(c_C) into decay [B * NH, N, K] (if HAS_G) and the
     poison of the key-side rows into poison [B * NH, T]; side 1 A ⊙ exp(c_{r-1}) into ad."""
     i_n, i_bh, side = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH
@@ -920,21 +922,21 @@ def _tl_dplr_forward(q, k, v, a, b, gk, initial_state, chunk_size, keep, dot):
         q, k, a, b, q if gk is None else gk,  # read
         tiles, qd, ad, kd, bd, decay, poison,  # written
         length, heads, d_k, *(stride for x in (q, k, a, b, gk) for stride in _tl_strides(x, 4)),
-        HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k, DOT=dot,
+        HAS_G=has_g, BT=block_t, LEVELS=levels, BK=scores_k,
         **_tl_launch(_tl_dplr_fwd_scores, dot),
     )  # fmt: skip
     _tl_dplr_fwd_states[grid](
         v, ad, kd, bd, decay, poison, tiles, initial_state,  # read
         u, final, states,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4),
-        HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
+        HAS_G=has_g, BT=block_t, BK=block_k, BV=block_v,
         **_tl_launch(_tl_dplr_fwd_states, dot),
     )  # fmt: skip
     _tl_dplr_fwd_outputs[(grid[0], batch * heads, n_chunks)](
         v, qd, u, poison, tiles, states,  # read
         o,  # written
         length, heads, d_k, d_v, *_tl_strides(v, 4), *_tl_strides(o, 4),
-        BT=block_t, BK=block_k, BV=block_v, DOT=dot, **_tl_launch(_tl_dplr_fwd_outputs, dot),
+        BT=block_t, BK=block_k, BV=block_v, **_tl_launch(_tl_dplr_fwd_outputs, dot),
     )  # fmt: skip
     kept = (states, tiles, qd, ad, kd, bd, decay if gk is not None else tiles, u)
     return o, final, kept if keep else None
@@ -987,17 +989,6 @@ def chunk_dplr(
 
 
 @triton.jit
-def _tl_dplr_kept(ts, tiles, rows):
-    """T and the scores qk, qb, ak of a chunk, as the forward kept them in tiles tiles, ...,
-    tiles + 3 of ts (_tl_tile)."""
-    inverse = tl.load(_tl_tile(ts, tiles, rows))
-    qk = tl.load(_tl_tile(ts, tiles + 1, rows))
-    qb = tl.load(_tl_tile(ts, tiles + 2, rows))
-    ak = tl.load(_tl_tile(ts, tiles + 3, rows))
-    return inverse, qk, qb, ak
-
-
-@triton.jit
 def _tl_dplr_bwd_states(
     do, qd, ad, kd, bd, decay, ts, dht,  # read
     dv, dz, dhs, dh0,  # written
@@ -1022,14 +1013,16 @@ def _tl_dplr_bwd_states(
         t, _, at_k, at_v = _tl_tokens(n, rows, T, in_k, in_v)
         _tl_store_state(dhs, i_bh * n_chunks + n, K, V, cols_k, cols_v, d_state)
         do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols_v, at_v)
-        inverse, qk, qb, ak = _tl_dplr_kept(ts, (i_bh * n_chunks + n) * 4, rows)
-        d_u = _tl_dot(tl.trans(qb), do_c, DOT)
+        # T and the scores as the forward kept them (T, qk, qb, ak: four tiles a chunk), each
+        # loaded where it is multiplied (held all four, float32's spilled)
+        tiles = (i_bh * n_chunks + n) * 4
+        d_u = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 2, rows))), do_c, DOT)  # qb^T dO
         d_u += _tl_dot(_tl_dplr_load(bd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
-        d_reads = _tl_dot(tl.trans(inverse), d_u, DOT)
+        d_reads = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles, rows))), d_u, DOT)  # T^T dU
         _tl_store_rows(dz, i_bh, T, V, t, cols_v, at_v, d_reads)
-        dv_c = _tl_dot(tl.trans(qk), do_c, DOT)
+        dv_c = _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 1, rows))), do_c, DOT)  # qk^T dO
         dv_c += _tl_dot(_tl_dplr_load(kd, i_bh, T, K, t, cols_k, at_k), d_state, DOT)
-        dv_c += _tl_dot(tl.trans(ak), d_reads, DOT)
+        dv_c += _tl_dot(tl.trans(tl.load(_tl_tile(ts, tiles + 3, rows))), d_reads, DOT)
         _tl_store_rows(dv, i_bh, T, V, t, cols_v, at_v, dv_c)
         if HAS_G:
             whole = tl.load(decay + (i_bh * n_chunks + n) * K + cols_k, mask=in_k, other=0.0)
@@ -1043,25 +1036,27 @@ def _tl_dplr_bwd_states(
 
 @triton.jit
 def _tl_dplr_d_scores_sum(
-    v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, T, V,
+    v, do, u, dz, i_b, i_h, i_bh, t, in_t, rows, side, T, V,
     sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d,
     BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """A chunk's scores' gradients on their support (_tl_dplr_d_scores), summed over the value
-    columns BV at a time: d(qk), d(qb) = dO (V, U)^T, d(ak), d(ab) = dZ (V, U)^T."""
-    d_qk = tl.zeros([rows.shape[0], rows.shape[0]], dtype=u.dtype.element_ty)
-    d_qb, d_ak, d_ab = d_qk, d_qk, d_qk
+    """A side's two scores' gradients of a chunk on their support (_tl_dplr_d_scores), summed
+    over the value columns BV at a time: side 0 d(qk), d(qb) = dO (V, U)^T, side 1 d(ak),
+    d(ab) = dZ (V, U)^T. Each side loads only its own rows' gradients (the other's masked
+    off)."""
+    on_q = (t * 0 + side) == 0
+    d_xv = tl.zeros([rows.shape[0], rows.shape[0]], dtype=u.dtype.element_ty)
+    d_xu = d_xv
     for i_v in range(0, tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < V)[None, :]
         v_c = _tl_rows(v, sv_b, sv_h, sv_t, sv_d, i_b, i_h, t, cols, at)
-        do_c = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at)
         u_c = _tl_dplr_load(u, i_bh, T, V, t, cols, at)
-        dz_c = _tl_dplr_load(dz, i_bh, T, V, t, cols, at)
-        scores = _tl_dplr_d_scores(do_c, dz_c, v_c, u_c, rows, DOT)
-        d_qk, d_qb = d_qk + scores[0], d_qb + scores[1]
-        d_ak, d_ab = d_ak + scores[2], d_ab + scores[3]
-    return d_qk, d_qb, d_ak, d_ab
+        d_rows = _tl_rows(do, sdo_b, sdo_h, sdo_t, sdo_d, i_b, i_h, t, cols, at & on_q[:, None])
+        d_rows += _tl_dplr_load(dz, i_bh, T, V, t, cols, at & ~on_q[:, None])  # dO or dZ
+        scores = _tl_dplr_d_scores(d_rows, v_c, u_c, rows, side, DOT)
+        d_xv, d_xu = d_xv + scores[0], d_xu + scores[1]
+    return d_xv, d_xu
 
 
 @triton.jit
@@ -1073,25 +1068,23 @@ def _tl_dplr_bwd_scores(
     sdo_b, sdo_h, sdo_t, sdo_d,
     BT: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """The backward's second kernel, one program per (chunk, batch x head), the chunks at
-    once: the chunk's scores' gradients on their support (_tl_dplr_d_scores_sum) into dts
-    [B * NH, N, 4, BT, BT] (d(qk), d(qb), d(ak), d(ab); in the dtype of the kept scores, 16
-    bits for 16-bit products, which round them so anyway, and but for d(qk) and d(qb)'s
-    diagonals, which multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a
-    time."""
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    """The backward's second kernel, two programs per (chunk, batch x head), the chunks at
+    once: side 0 the chunk's d(qk), d(qb), side 1 its d(ak), d(ab) on their support
+    (_tl_dplr_d_scores_sum; four [BT, BT] sums in one program spilled float32's registers)
+    into dts [B * NH, N, 4, BT, BT] (in the dtype of the kept scores, 16 bits for 16-bit
+    products, which round them so anyway, and but for d(qk) and d(qb)'s diagonals, which
+    multiply elementwise), for _tl_dplr_bwd_inputs to read a tile at a time."""
+    i_n, i_bh, side = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     t = i_n * BT + rows
     sv = (sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d)
-    d_qk, d_qb, d_ak, d_ab = _tl_dplr_d_scores_sum(
-        v, do, u, dz, i_b, i_h, i_bh, t, t < T, rows, T, V, *sv, BV, DOT
+    d_xv, d_xu = _tl_dplr_d_scores_sum(
+        v, do, u, dz, i_b, i_h, i_bh, t, t < T, rows, side, T, V, *sv, BV, DOT
     )
-    tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4
-    tl.store(_tl_tile(dts, tiles, rows), d_qk)
-    tl.store(_tl_tile(dts, tiles + 1, rows), d_qb)
-    tl.store(_tl_tile(dts, tiles + 2, rows), d_ak)
-    tl.store(_tl_tile(dts, tiles + 3, rows), d_ab)
+    tiles = (i_bh * tl.cdiv(T, BT) + i_n) * 4 + 2 * side
+    tl.store(_tl_tile(dts, tiles, rows), d_xv)
+    tl.store(_tl_tile(dts, tiles + 1, rows), d_xu)
 
 
 @triton.jit
@@ -1261,16 +1254,16 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         d_o, qd, ad, kd, bd, decay, tiles, d_final,  # read
         dv, dz, d_states, d_initial,  # written
         length, heads, d_k, d_v, *_tl_strides(d_o, 4),
-        HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v, DOT=dot,
+        HAS_G=gk is not None, BT=block_t, BK=block_k, BV=block_v,
         **_tl_launch(_tl_dplr_bwd_states, dot),
     )  # fmt: skip
     d_tiles = torch.empty_like(tiles)  # kept as T and the scores are (_tl_dplr_forward)
     scores_v = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_scores, dot)[2]
-    _tl_dplr_bwd_scores[(n_chunks, batch * heads)](
+    _tl_dplr_bwd_scores[(n_chunks, batch * heads, 2)](
         v, d_o, u, dz,  # read
         d_tiles,  # written
         length, heads, d_v, *_tl_strides(v, 4), *_tl_strides(d_o, 4),
-        BT=block_t, BV=scores_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_scores, dot),
+        BT=block_t, BV=scores_v, **_tl_launch(_tl_dplr_bwd_scores, dot),
     )  # fmt: skip
     _, inputs_k, inputs_v, _, _ = _tl_sizes(q, v, chunk_size, _tl_dplr_bwd_inputs, dot)
     _tl_dplr_bwd_inputs[(n_chunks, batch * heads, 2 * triton.cdiv(d_k, inputs_k))](
@@ -1279,7 +1272,7 @@ def _tl_dplr_backward(q, k, v, a, b, gk, kept, d_o, d_final, chunk_size, dot, ga
         length, heads, d_k, d_v,
         *(stride for x in (q, k, a, b, gk, v, d_o) for stride in _tl_strides(x, 4)),
         HAS_G=gk is not None, GATE_GRAD=gate_grad, BT=block_t, LEVELS=levels,
-        BK=inputs_k, BV=inputs_v, DOT=dot, **_tl_launch(_tl_dplr_bwd_inputs, dot),
+        BK=inputs_k, BV=inputs_v, **_tl_launch(_tl_dplr_bwd_inputs, dot),
     )  # fmt: skip
     dg = None
     if gate_grad:
@@ -1412,17 +1405,15 @@ def _tl_dplr_level_grad(
 
 
 @triton.jit
-def _tl_dplr_d_scores(do_c, d_reads, v_c, u, rows, DOT: tl.constexpr):
-    """The gradients of a chunk's scores on their support, from those of the outputs and of Z
-    (the right side of (I - ab) U = Z): (d(qk), d(qb)) = dO (V, U)^T for j <= r and (d(ak),
-    d(ab)) = dZ (V, U)^T for j < r, 0 elsewhere."""
-    causal = rows[:, None] >= rows[None, :]
-    strict = rows[:, None] > rows[None, :]
-    d_qk = tl.where(causal, _tl_dot(do_c, tl.trans(v_c), DOT), 0.0)
-    d_qb = tl.where(causal, _tl_dot(do_c, tl.trans(u), DOT), 0.0)
-    d_ak = tl.where(strict, _tl_dot(d_reads, tl.trans(v_c), DOT), 0.0)
-    d_ab = tl.where(strict, _tl_dot(d_reads, tl.trans(u), DOT), 0.0)
-    return d_qk, d_qb, d_ak, d_ab
+def _tl_dplr_d_scores(d_rows, v_c, u, rows, side, DOT: tl.constexpr):
+    """The gradients of a side's two scores of a chunk on their support, from those of the
+    outputs (side 0, d_rows = dO) or of Z (side 1, d_rows = dZ; Z the right side of
+    (I - ab) U = Z): (d(qk), d(qb)) = dO (V, U)^T for j <= r, (d(ak), d(ab)) = dZ (V, U)^T
+    for j < r, 0 elsewhere."""
+    support = rows[:, None] + 1 - side > rows[None, :]  # j <= r (side 0), j < r (side 1)
+    d_xv = tl.where(support, _tl_dot(d_rows, tl.trans(v_c), DOT), 0.0)
+    d_xu = tl.where(support, _tl_dot(d_rows, tl.trans(u), DOT), 0.0)
+    return d_xv, d_xu
 
 
 @triton.jit
@@ -1433,8 +1424,8 @@ def _tl_dplr_scores_grad(
 ):  # fmt: skip
     """The gradient through a side's scores (side 0: x = q, qk and qb; side 1: x = a, ak and
     ab), from theirs on their support (in tiles tiles + 2 side and the next of dts, after T
-    and the scores as _tl_dplr_kept reads them), added to the gradients of x, k, b so far: it
-    goes back as _tl_dplr_scores built them (the pairs r = j undecayed, side 0's only, then
+    and the scores as _tl_dplr_bwd_states reads them), added to the gradients of x, k, b so
+    far: it goes back as _tl_dplr_scores built them (the pairs r = j undecayed, side 0's only, then
     level by level, _tl_dplr_level_grad) or, without a gate (g_c never read), as the
     products for j <= r (side 0) or j < r (side 1). If GATE_GRAD, what each level's decays
     pass on to the gates, for _tl_dplr_bwd_gates to sum (here its scans spilled registers):
