@@ -332,27 +332,46 @@ class MixerLayer(nn.Module):
         """Each input of the spec from x [B, T, hidden]: projected, convolved with the cache's
         last inputs before it, biased and transformed ([B, T, heads, *dims], or the real tokens
         packed [1, total, ...] when `packed`, x then compacted); and each convolution's last
-        conv_size - 1 inputs, for the cache."""
+        conv_size - 1 inputs, for the cache.
+
+        Every input's projection is one matmul (their weights side by side, the convolved
+        inputs first) and every convolution one depthwise convolution over the convolved
+        inputs side by side: under torch.compile a kernel for all, not one for each input."""
         B, T, _ = x.shape
-        inputs, tails = [], {}
-        for name, dims in self.dims.items():
-            h = self.proj[name](x)
-            if name in self.conv and not self.causal:  # centred: no cache to keep
+        convolved = [name for name in self.dims if name in self.conv]
+        names = convolved + [name for name in self.dims if name not in self.conv]
+        widths = [self.proj[name].out_features for name in names]
+        h = F.linear(x, torch.cat([self.proj[name].weight for name in names]))
+        tails = {}
+        if convolved:
+            n, width = self.conv_size - 1, sum(widths[: len(convolved)])
+            weight = torch.cat([self.conv[name].weight for name in convolved])
+            if self.causal:  # the cache's last inputs before these, else zeros
+                if state is None:
+                    h_full = F.pad(h[..., :width], (0, 0, n, 0))
+                else:
+                    past = torch.cat([state.conv[name] for name in convolved], -1)
+                    h_full = torch.cat([past.to(h.dtype), h[..., :width]], 1)
+                last = h_full[:, -n:] if packed is None else packed.last(h_full, n)
+                tails = dict(zip(convolved, last.split(widths[: len(convolved)], -1)))
+                h_full = h_full.transpose(1, 2)
+            else:  # centred: no cache to keep
                 pad = ((self.conv_size - 1) // 2, self.conv_size // 2)
-                h = F.silu(self.conv[name](F.pad(h.transpose(1, 2), pad)).transpose(1, 2))
-            elif name in self.conv:
-                n = self.conv_size - 1
-                past = state.conv[name] if state is not None else h.new_zeros(B, n, h.shape[-1])
-                h_full = torch.cat([past.to(h.dtype), h], 1)
-                tails[name] = h_full[:, -n:] if packed is None else packed.last(h_full, n)
-                h = F.silu(self.conv[name](h_full.transpose(1, 2)).transpose(1, 2))
-            h = h.view(B, T, self.heads[name], *dims)
+                h_full = F.pad(h[..., :width].transpose(1, 2), pad)
+            h_conv = F.silu(F.conv1d(h_full, weight, groups=width).transpose(1, 2))
+            parts = [*h_conv.split(widths[: len(convolved)], -1)]
+            parts += h[..., width:].split(widths[len(convolved) :], -1)
+        else:
+            parts = h.split(widths, -1)
+        inputs = {}
+        for name, h_name in zip(names, parts, strict=True):
+            h_name = h_name.view(B, T, self.heads[name], *self.dims[name])
             if packed is not None:
-                h = packed.pack_compacted(h)
+                h_name = packed.pack_compacted(h_name)
             if name in self.bias:
-                h = h + self.bias[name]
-            inputs.append(self._transformed(name, h))
-        return inputs, tails
+                h_name = h_name + self.bias[name]
+            inputs[name] = self._transformed(name, h_name)
+        return [inputs[name] for name in self.dims], tails
 
     def _mix(self, inputs, state: MixerCache | None, use_cache: bool, packed: Packing | None):
         """The compiled mixer's form (`mode`) on the inputs, from the cache's states; one token
