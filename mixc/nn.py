@@ -312,7 +312,7 @@ class MixerLayer(nn.Module):
         split = packed if use_cache or not self.causal else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
-        inputs, tails = self._inputs(x, state, split)
+        inputs, tails, gate = self._inputs(x, state, split)
         if split is not None and split.total == 0:  # padding only: nothing changes
             y, states = x.new_zeros(1, 0, self.num_v_heads, self.head_out), self._states(state, x)
         else:
@@ -321,8 +321,8 @@ class MixerLayer(nn.Module):
         if self.norm is not None:
             y = self.norm(y)
         y = y.reshape(*y.shape[:2], self.num_v_heads * self.head_out)
-        if self.gate is not None:
-            y = y * F.silu(self.gate(x if split is None else split.pack_compacted(x)))
+        if gate is not None:
+            y = y * F.silu(gate)
         y = self.out_proj(y)
         if packed is not None:
             y = packed.expand(y) if split is None else split.unpack(y)
@@ -332,16 +332,21 @@ class MixerLayer(nn.Module):
         """Each input of the spec from x [B, T, hidden]: projected, convolved with the cache's
         last inputs before it, biased and transformed ([B, T, heads, *dims], or the real tokens
         packed [1, total, ...] when `packed`, x then compacted); and each convolution's last
-        conv_size - 1 inputs, for the cache.
+        conv_size - 1 inputs, for the cache; and the output gate's projection (packed too).
 
-        Every input's projection is one matmul (their weights side by side, the convolved
-        inputs first) and every convolution one depthwise convolution over the convolved
-        inputs side by side: under torch.compile a kernel for all, not one for each input."""
+        Every input's projection and the output gate's are one matmul (their weights side by
+        side, the convolved inputs first, the gate last) and every convolution one depthwise
+        convolution over the convolved inputs side by side: under torch.compile a kernel for
+        all of them, not one for each input."""
         B, T, _ = x.shape
         convolved = [name for name in self.dims if name in self.conv]
         names = convolved + [name for name in self.dims if name not in self.conv]
         widths = [self.proj[name].out_features for name in names]
-        h = F.linear(x, torch.cat([self.proj[name].weight for name in names]))
+        weights = [self.proj[name].weight for name in names]
+        h = F.linear(x, torch.cat(weights + ([] if self.gate is None else [self.gate.weight])))
+        gate = None if self.gate is None else h[..., sum(widths) :]
+        if gate is not None and packed is not None:
+            gate = packed.pack_compacted(gate)
         tails = {}
         if convolved:
             n, width = self.conv_size - 1, sum(widths[: len(convolved)])
@@ -360,9 +365,9 @@ class MixerLayer(nn.Module):
                 h_full = F.pad(h[..., :width].transpose(1, 2), pad)
             h_conv = F.silu(F.conv1d(h_full, weight, groups=width).transpose(1, 2))
             parts = [*h_conv.split(widths[: len(convolved)], -1)]
-            parts += h[..., width:].split(widths[len(convolved) :], -1)
+            parts += h[..., width : sum(widths)].split(widths[len(convolved) :], -1)
         else:
-            parts = h.split(widths, -1)
+            parts = h[..., : sum(widths)].split(widths, -1)
         inputs = {}
         for name, h_name in zip(names, parts, strict=True):
             h_name = h_name.view(B, T, self.heads[name], *self.dims[name])
@@ -371,7 +376,7 @@ class MixerLayer(nn.Module):
             if name in self.bias:
                 h_name = h_name + self.bias[name]
             inputs[name] = self._transformed(name, h_name)
-        return [inputs[name] for name in self.dims], tails
+        return [inputs[name] for name in self.dims], tails, gate
 
     def _mix(self, inputs, state: MixerCache | None, use_cache: bool, packed: Packing | None):
         """The compiled mixer's form (`mode`) on the inputs, from the cache's states; one token
