@@ -312,7 +312,7 @@ class MixerLayer(nn.Module):
         split = packed if use_cache or not self.causal else None
         if packed is not None:
             x = packed.compact(x)  # each row's tokens first: the convolution sees only them
-        inputs, tails = self._inputs(x, state, split)
+        inputs, tails, gate = _inputs(self, x, state, split)
         if split is not None and split.total == 0:  # padding only: nothing changes
             y, states = x.new_zeros(1, 0, self.num_v_heads, self.head_out), self._states(state, x)
         else:
@@ -321,38 +321,12 @@ class MixerLayer(nn.Module):
         if self.norm is not None:
             y = self.norm(y)
         y = y.reshape(*y.shape[:2], self.num_v_heads * self.head_out)
-        if self.gate is not None:
-            y = y * F.silu(self.gate(x if split is None else split.pack_compacted(x)))
+        if gate is not None:
+            y = y * F.silu(gate)
         y = self.out_proj(y)
         if packed is not None:
             y = packed.expand(y) if split is None else split.unpack(y)
         return y, (MixerCache(states, tails, id(self)) if use_cache else None)
-
-    def _inputs(self, x: torch.Tensor, state: MixerCache | None, packed: Packing | None):
-        """Each input of the spec from x [B, T, hidden]: projected, convolved with the cache's
-        last inputs before it, biased and transformed ([B, T, heads, *dims], or the real tokens
-        packed [1, total, ...] when `packed`, x then compacted); and each convolution's last
-        conv_size - 1 inputs, for the cache."""
-        B, T, _ = x.shape
-        inputs, tails = [], {}
-        for name, dims in self.dims.items():
-            h = self.proj[name](x)
-            if name in self.conv and not self.causal:  # centred: no cache to keep
-                pad = ((self.conv_size - 1) // 2, self.conv_size // 2)
-                h = F.silu(self.conv[name](F.pad(h.transpose(1, 2), pad)).transpose(1, 2))
-            elif name in self.conv:
-                n = self.conv_size - 1
-                past = state.conv[name] if state is not None else h.new_zeros(B, n, h.shape[-1])
-                h_full = torch.cat([past.to(h.dtype), h], 1)
-                tails[name] = h_full[:, -n:] if packed is None else packed.last(h_full, n)
-                h = F.silu(self.conv[name](h_full.transpose(1, 2)).transpose(1, 2))
-            h = h.view(B, T, self.heads[name], *dims)
-            if packed is not None:
-                h = packed.pack_compacted(h)
-            if name in self.bias:
-                h = h + self.bias[name]
-            inputs.append(self._transformed(name, h))
-        return inputs, tails
 
     def _mix(self, inputs, state: MixerCache | None, use_cache: bool, packed: Packing | None):
         """The compiled mixer's form (`mode`) on the inputs, from the cache's states; one token
@@ -382,3 +356,60 @@ class MixerLayer(nn.Module):
             for d in self.spec.mixer.carried
         )
         return zeros[0] if len(zeros) == 1 else zeros
+
+
+def _inputs(layer: MixerLayer, x: torch.Tensor, state: MixerCache | None, packed: Packing | None):
+    """Each input of the layer's spec from x [B, T, hidden]: projected, convolved with the
+    cache's last inputs before it, biased and transformed ([B, T, heads, *dims], or the real
+    tokens packed [1, total, ...] when `packed`, x then compacted); each convolution's last
+    conv_size - 1 inputs, for the cache; and the output gate's projection (packed too).
+
+    Every input's projection and the output gate's are one matmul (their weights side by side,
+    the convolved inputs first, the gate last) and every convolution one depthwise convolution
+    over the convolved inputs side by side: under torch.compile a kernel for all of them, not
+    one for each input."""
+    B, T, _ = x.shape
+    convolved = [name for name in layer.dims if name in layer.conv]
+    names = convolved + [name for name in layer.dims if name not in layer.conv]
+    widths = [layer.proj[name].out_features for name in names]
+    weights = [layer.proj[name].weight for name in names]
+    h = F.linear(x, torch.cat(weights + ([] if layer.gate is None else [layer.gate.weight])))
+    gate = None if layer.gate is None else h[..., sum(widths) :]
+    if gate is not None and packed is not None:
+        gate = packed.pack_compacted(gate)
+    width, tails = sum(widths[: len(convolved)]), {}
+    parts = list(h[..., width : sum(widths)].split(widths[len(convolved) :], -1))
+    if convolved:
+        h_conv, last = _convolved(layer, h[..., :width], state, packed, convolved)
+        parts[:0] = h_conv.split(widths[: len(convolved)], -1)
+        if last is not None:
+            tails = dict(zip(convolved, last.split(widths[: len(convolved)], -1), strict=True))
+    inputs = {}
+    for name, h_name in zip(names, parts, strict=True):
+        h_name = h_name.view(B, T, layer.heads[name], *layer.dims[name])
+        if packed is not None:
+            h_name = packed.pack_compacted(h_name)
+        if name in layer.bias:
+            h_name = h_name + layer.bias[name]
+        inputs[name] = layer._transformed(name, h_name)
+    return [inputs[name] for name in layer.dims], tails, gate
+
+
+def _convolved(layer: MixerLayer, h, state: MixerCache | None, packed: Packing | None, names):
+    """The convolved inputs' projections h [B, T, width] (side by side, in the order `names`)
+    through the layer's depthwise convolutions as one, then silu; and, for a causal layer, their
+    last conv_size - 1 inputs [B, conv_size - 1, width] (after the cache's, else zeros)."""
+    weight = torch.cat([layer.conv[name].weight for name in names])
+    if not layer.causal:  # centred: no cache to keep
+        pad = ((layer.conv_size - 1) // 2, layer.conv_size // 2)
+        h_full, last = F.pad(h.transpose(1, 2), pad), None
+    else:
+        n = layer.conv_size - 1
+        if state is None:
+            h_full = F.pad(h, (0, 0, n, 0))
+        else:
+            past = torch.cat([state.conv[name] for name in names], -1)
+            h_full = torch.cat([past.to(h.dtype), h], 1)
+        last = h_full[:, -n:] if packed is None else packed.last(h_full, n)
+        h_full = h_full.transpose(1, 2)
+    return F.silu(F.conv1d(h_full, weight, groups=h.shape[-1]).transpose(1, 2)), last
