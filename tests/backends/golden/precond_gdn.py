@@ -1922,7 +1922,7 @@ def chunk(
     # A: scalar data-dependent -> chunk_scalar_decay
     _k_A = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
     _kn_k = _l2norm(k)
-    _v_A = _seq_vector(_kn_k * (_torch.sigmoid(b) * _kn_k), _sizes, cu_seqlens)
+    _v_A = _seq_vector(_torch.sigmoid(b) * (_kn_k * _kn_k), _sizes, cu_seqlens)
     _g_A = _seq_scalar(_F.logsigmoid(a), _sizes, cu_seqlens)  # logsigmoid(a_t)
     _S0_A = A.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
@@ -2009,7 +2009,7 @@ def summary(
     # A: scalar data-dependent -> chunk_scalar_decay
     _k_A = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
     _kn_k = _l2norm(k)
-    _product = _kn_k * (_torch.sigmoid(b) * _kn_k)
+    _product = _torch.sigmoid(b) * (_kn_k * _kn_k)
     _v_A = _seq_vector(_product, _sizes)
     _logsigmoid_a = _F.logsigmoid(a)
     _g_A = _seq_scalar(_logsigmoid_a, _sizes)  # logsigmoid(a_t)
