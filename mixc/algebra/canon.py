@@ -46,6 +46,22 @@ def signed(value: Fraction | float) -> Expr:
     return Neg(number(-value)) if value < 0 else number(value)
 
 
+def _constant(e: Expr) -> Fraction | None:
+    """The exact value of a canonical constant (`3`, `-0.5`, `1 / 3`), else None."""
+    if isinstance(e, Number):
+        try:
+            return Fraction(e.text)
+        except ValueError:
+            return None
+    if isinstance(e, Neg):
+        value = _constant(e.operand)
+        return None if value is None else -value
+    if isinstance(e, Binary) and e.op == "/":
+        num, den = _constant(e.left), _constant(e.right)
+        return None if num is None or not den else num / den
+    return None
+
+
 def _factor_order(e: Expr) -> tuple[int, str]:
     """Scalar factors print per-token values first, then parameters, then constants."""
     nodes = list(walk(e))
@@ -132,7 +148,7 @@ class Canon:
         """Collect like terms whose factors are equal once canonical (`exp(a b) H` and
         `exp(b a) H`), which the expander's textual collection misses; the first spelling stays."""
         merged: dict[tuple, Term] = {}
-        for t in (piece for term in terms for piece in self._split_gates(term)):
+        for t in (self._pull(piece) for term in terms for piece in self._split_gates(term)):
             key = (
                 tuple(sorted(self.key(a) for a in t.scalars)),
                 tuple(str(self.atom(a)) for a in t.chain),
@@ -197,6 +213,59 @@ class Canon:
             e = Binary("*", g, e)
         return replace(t, chain=(self.atom(e),), gates=())
 
+    def _pull(self, t: Term) -> Term:
+        """t with the numbers and scalars inside its state-free elementwise products moved out
+        (`(2 s a) * b` is `2 s (a * b)`), and its constant scalars (`1 / 512`) in its coefficient,
+        so that spellings that put them inside or outside meet."""
+        coeff, scalars, chain = t.coeff, [], []
+        for a in t.scalars:
+            value = _constant(self.atom(a))
+            if value is None:
+                scalars.append(a)
+            else:
+                coeff *= value
+        for a in t.chain:
+            c, s, core = self._parts(a)
+            coeff, chain = coeff * c, [*chain, core]
+            scalars += s
+        if coeff == t.coeff and len(scalars) == len(t.scalars):
+            return t
+        return Term(finite(coeff, None), tuple(sorted(scalars, key=str)), tuple(chain), t.gates)
+
+    def _parts(self, e: Expr) -> tuple[Fraction | float, list[Expr], Expr]:
+        """(number, scalars, rest) whose product is e, a factor of a term: the numbers and
+        scalars of each side of a state-free elementwise product of non-scalars; e itself
+        (1, [], e) otherwise."""
+        if isinstance(e, Transpose):
+            c, s, core = self._parts(e.operand)
+            return (c, s, Transpose(core, span=e.span)) if s or c != 1 else (1, [], e)
+        if not (isinstance(e, Binary) and e.op == "*") or self.ex.has_state(e):
+            return 1, [], e
+        if SCALAR in (self.ex.shape(e.left), self.ex.shape(e.right)):
+            return 1, [], e
+        sides = [self._side(x) for x in (e.left, e.right)]
+        if all(c == 1 and not s for c, s, _ in sides):
+            return 1, [], e
+        core = Binary("*", sides[0][2], sides[1][2], span=e.span)
+        return sides[0][0] * sides[1][0], sides[0][1] + sides[1][1], core
+
+    def _side(self, e: Expr) -> tuple[Fraction | float, list[Expr], Expr]:
+        """_parts of one side of an elementwise product: a product of one term of the
+        expander's, or an elementwise product itself."""
+        if isinstance(e, Binary) and e.op == "*":
+            return self._parts(e)
+        try:
+            terms = self.ex.expand(e)
+        except (NotAffine, SpecShapeError):
+            return 1, [], e
+        if len(terms) != 1 or terms[0].gates or not terms[0].chain:
+            return 1, [], e
+        t = terms[0]
+        if t.coeff == 1 and not t.scalars:
+            return 1, [], e
+        c, s, core = self._parts(product(list(t.chain)))
+        return t.coeff * c, [*t.scalars, *s], core
+
     def factor(self, terms: list[Term]) -> list[Term]:
         """Terms with the same matrix factors, told apart only by their scalars, become one term
         whose scalar is the sum: `H - s H` is `(1 - s) H`, one scalar decay (as written or not)."""
@@ -220,7 +289,7 @@ class Canon:
 
     def terms(self, terms: list[Term]) -> Expr:
         merged: dict[tuple, list] = {}
-        for t in terms:
+        for t in map(self._pull, terms):
             # map, not a generator: canonical forms nest as deeply as the spec (MAX_DEPTH), and
             # each level of the recursion must cost as few of Python's frames as it can
             scalars = sorted(map(self.atom, t.scalars), key=_factor_order)

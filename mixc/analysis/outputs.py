@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from mixc.algebra.canon import Canon, signed
 from mixc.algebra.expand import Expander, NotAffine, Term, inline, product
 from mixc.analysis.facts import OutputFacts, Readout
@@ -28,31 +30,63 @@ def readout_name(index: int) -> str:
     return f"{_PREFIX}{index}"
 
 
-class ReadoutTable:
-    """Every readout of a spec, numbered in the order it is first found (the states' updates
-    first, then the output), each name typed in the plan's Typer as it is made, so that a
-    later expression can read it (`p_t = exp(Ks_t q_t)` in the query of `Vs_t p_t`)."""
+#: A readout's name in a query's text (`exp(_r0)`).
+_NAMED = re.compile(rf"(?<![\w]){_PREFIX}(\d+)(?!\w)")
 
-    def __init__(self, typer: Typer) -> None:
+#: What a readout is, whatever its number: (the state's place among the spec's states, offset,
+#: entrywise, the query's text with the readouts it reads written out as theirs).
+Key = tuple[int, int, bool, str]
+
+
+class ReadoutTable:
+    """Every readout of a spec, each name typed in the plan's Typer as it is made, so that a
+    later expression can read it (`p_t = exp(Ks_t q_t)` in the query of `Vs_t p_t`).
+
+    Readouts are numbered in the order they are first found (the states' updates first, then
+    the output) unless `numbers` gives them by key: the plan, once its first analysis
+    has found every readout, analyses again with `canonical()` when the order found is not
+    that one, so that equal specs whose terms are written in another order (`Th_t` read before
+    `Th_{t-1}` or after) give the same numbers. The canonical order follows the states as
+    declared, then the offset, then the query's text."""
+
+    def __init__(self, typer: Typer, numbers: dict[Key, int] | None = None) -> None:
         self.typer = typer
-        self.items: list[Readout] = []
+        self.numbers = numbers or {}
+        self.items: list[Readout] = []  # by number
+        self._keys: dict[Key, int] = {}  # key -> number
+        self._texts: dict[int, str] = {}  # number -> key as text, for the queries that read it
+        self._places = {s.name: i for i, s in enumerate(typer.mixer.states)}
 
     def intern(self, state: str, offset: int, query: Expr, entrywise: bool, span) -> Name:
-        for r in self.items:
-            if (r.state, r.offset, str(r.query), r.entrywise) == (
-                state,
-                offset,
-                str(query),
-                entrywise,
-            ):
-                return Name(readout_name(r.index))
-        index = len(self.items)
+        inner = _NAMED.sub(lambda m: self._texts.get(int(m.group(1)), m.group(0)), str(query))
+        key = (self._places[state], offset, entrywise, inner)
+        if key in self._keys:
+            return Name(readout_name(self._keys[key]))
+        # a readout the first analysis did not find (none should) takes a number past them all
+        index = self.numbers.get(key, len(self.numbers) + len(self.items))
+        self._keys[key] = index
+        self._texts[index] = f"{state}[{offset}{', entrywise' if entrywise else ''}]({inner})"
         self.items.append(Readout(index, state, query, None, offset, entrywise, span=span))
+        self.items.sort(key=lambda r: r.index)
         shape = self.typer.symbols[state].shape
         self.typer.symbols[readout_name(index)] = Symbol(
             "readout", SCALAR if shape[1] == "1" and not entrywise else (shape[0], "1")
         )
         return Name(readout_name(index))
+
+    def canonical(self) -> dict[Key, int] | None:
+        """The readouts' numbers in canonical order, by key: the least key first among those
+        whose queries read only readouts numbered already (so a query reads lower numbers, as
+        when found). None when they are numbered so already."""
+        keys = {i: k for k, i in self._keys.items()}
+        reads = {r.index: {int(n) for n in _NAMED.findall(str(r.query))} for r in self.items}
+        order: dict[Key, int] = {}
+        placed: set[int] = set()
+        while len(order) < len(keys):
+            i = min((i for i in keys if i not in placed and reads[i] <= placed), key=keys.get)
+            order[keys[i]] = len(order)
+            placed.add(i)
+        return None if all(order[k] == i for i, k in keys.items()) else order
 
 
 def analyze_output(

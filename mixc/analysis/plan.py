@@ -19,7 +19,7 @@ from mixc.algebra.expand import Expander
 from mixc.analysis.facts import OutputFacts, Readout, SpecWarning, StateFacts, WriteTerm
 from mixc.analysis.folds import LagFold, lag_fold
 from mixc.analysis.graph import dependency_graph
-from mixc.analysis.outputs import ReadoutTable, analyze_output, readout_name
+from mixc.analysis.outputs import Key, ReadoutTable, analyze_output, readout_name
 from mixc.analysis.passes import passes
 from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
@@ -220,7 +220,7 @@ def analyze(spec: Spec) -> Plan:
 SIZE_BOUND = Binary("+", Number("1"), Name(CHANNEL))
 
 
-def _analyze(spec: Spec) -> Plan:
+def _analyze(spec: Spec, numbers: dict[Key, int] | None = None) -> Plan:
     mixer = spec.mixer
     graph = dependency_graph(mixer)
     order = tuple(eq.target for eq in spec.order)
@@ -231,7 +231,7 @@ def _analyze(spec: Spec) -> Plan:
     # number >= 1) bounded as 1 + idx is, by [1, inf)
     params = {p.name: p.default for p in mixer.params}
     params |= {n: SIZE_BOUND for n, s in spec.symbols.items() if s.kind == "size"}
-    table = ReadoutTable(typer)  # every readout, typed as it is found
+    table = ReadoutTable(typer, numbers)  # every readout, typed as it is found
     states = tuple(
         analyze_state(mixer, s.name, ex, params, canon, table=table) for s in mixer.states
     )
@@ -249,6 +249,9 @@ def _analyze(spec: Spec) -> Plan:
             else s
             for s in states
         )
+    canonical = None if numbers is not None else table.canonical()
+    if canonical is not None:  # found in another order: analysed again, numbered canonically
+        return _analyze(spec, canonical)
     levels, cycle = passes(states, readouts)
     groups, outputs = _stabilised(_groups(states, outputs, levels), outputs, states)
     groups = tuple(_folded(g, states, readouts, canon) for g in groups)

@@ -499,13 +499,15 @@ def _opaque_call(kernel, tensors, chunk_size, backward=None):
     through autograd; one with a backward of its own from what it keeps, kernel(*tensors,
     chunk_size, kept) and backward(tensors, chunk_size, kept, d_outs, wanted), runs under
     autograd as _KeptBackward. Under torch.compile, in a module that registered its operators,
-    either is the operator `call` (see this file's docstring)."""
+    either is the operator `call` (see this file's docstring); in one that did not, the kernel
+    is traced through autograd as it runs (torch.compile traces no backward of a Function that
+    runs autograd itself, as the elementwise kernel's does)."""
     if _Operators.call is not None and torch.compiler.is_compiling():
         keep = backward is not None and _needs_grad(*tensors)
         name = "" if backward is None else backward.__name__
         found = _Operators.call(kernel.__name__, name, *_slots(tensors), chunk_size, keep)
         return tuple(found if backward is None else found[: _Operators.own_outputs])
-    if backward is not None and _needs_grad(*tensors):
+    if backward is not None and _needs_grad(*tensors) and not torch.compiler.is_compiling():
         return _KeptBackward.apply(kernel, backward, chunk_size, *tensors)
     return kernel(*tensors, chunk_size)
 
@@ -985,7 +987,7 @@ def _elementwise_grads(tensors, chunk_size, kept, d_outs, wanted):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_calls = _register_calls("mixc_2ece8ab05fa6fa5f", globals())
+_operator_calls = _register_calls("mixc_b524add94c4c2b41", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

@@ -1171,13 +1171,23 @@ def _own_backward(
         grads = _with_bound(grads_fn, None, order)
         # a _Turned (a rotated q or k) goes in as its x, which takes the gradient, beside it
         turned = [None if x is None or isinstance(x, torch.Tensor) else x for x in seqs]
-        xs = [x if t is None else t.x for x, t in zip(seqs, turned)]
+        xs = _distinct([x if t is None else t.x for x, t in zip(seqs, turned)])
         fns = (span, grads, turned)
         return _OwnBackward.apply(fns, gate, chunk_size, reverse, initial_state, *xs)
     (o,), state, _ = _guarded_spans(
         span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
     )
     return o, state
+
+
+def _distinct(tensors):
+    """The tensors, under torch.compile each one that comes again (dplr_value's k, its key and
+    its erase key) as a view of it: torch.compile traces no autograd.Function that takes one
+    tensor twice. Eagerly they are as given (a view costs a node of autograd's graph)."""
+    if not torch.compiler.is_compiling():
+        return tensors
+    return [x if x is None or not any(x is y for y in tensors[:i]) else x.view_as(x)
+            for i, x in enumerate(tensors)]  # fmt: skip
 
 
 def _callers_layout(o):
@@ -1974,9 +1984,9 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_angle_sums = _register_angle_sums("mixc_bcf384b44320574d", globals())
-_operator_spans = _register_spans("mixc_bcf384b44320574d", globals())
-_operator_rotations = _register_rotations("mixc_bcf384b44320574d", globals())
+_operator_angle_sums = _register_angle_sums("mixc_f3d0f0a8540116d2", globals())
+_operator_spans = _register_spans("mixc_f3d0f0a8540116d2", globals())
+_operator_rotations = _register_rotations("mixc_f3d0f0a8540116d2", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -2236,11 +2246,13 @@ def chunk(
     )
     _k3_H = _seq_vector(_turned3, _sizes, cu_seqlens)  # rotate_halves(B1_bias + B1_t, _r1)
     _product = dt * _lam
+    _product_x_mimo_x1 = x * mimo_x1
     # dt_t sigmoid(l_t) (x_t * mimo_x1)
-    _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes, cu_seqlens)
+    _v3_H = _seq_vector(_product * _product_x_mimo_x1, _sizes, cu_seqlens)
     _k4_H = _seq_vector(_turned4, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_t, _r1)
+    _product_x_mimo_x2 = x * mimo_x2
     # dt_t sigmoid(l_t) (x_t * mimo_x2)
-    _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes, cu_seqlens)
+    _v4_H = _seq_vector(_product * _product_x_mimo_x2, _sizes, cu_seqlens)
     _k_H = [_k1_H, _k2_H, _k3_H, _k4_H]  # 4 writes a token, taken together
     _v_H = [_v1_H, _v2_H, _v3_H, _v4_H]  # 4 writes a token, taken together
     _S0_H = H.mT
@@ -2255,12 +2267,15 @@ def chunk(
     _read_H = _from_seq(_o1, cu_seqlens)  # H_t rotate_halves(C1_bias + C1_t, _r1)
     H = _S.mT
     _read2_H = _from_seq(_o2, cu_seqlens)  # H_t rotate_halves(C2_bias + C2_t, _r1)
-    y = _add_skip(_read_H, x, D, mimo_x1, out=_spare(_read_H, _own))
+    y = _add_skip(_read_H, _product_x_mimo_x1, D, out=_spare(_read_H, _own))
     y = _torch.mul(y, mimo_o1, out=_spare(y, _own))
     y = _torch.mul(y, _F.silu(z * mimo_z1), out=_spare(y, _own))
     # mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
     y = _torch.addcmul(
-        y, mimo_o2 * _add_skip(_read2_H, x, D, mimo_x2), _F.silu(z * mimo_z2), out=_spare(y, _own)
+        y,
+        mimo_o2 * _add_skip(_read2_H, _product_x_mimo_x2, D),
+        _F.silu(z * mimo_z2),
+        out=_spare(y, _own),
     )
     y = y.squeeze(-1).to(_out_dtype)
     _final = (Th.squeeze(-1), H, _last_x.squeeze(-1), _last_B1.squeeze(-1), _last_B2.squeeze(-1))
@@ -2403,9 +2418,11 @@ def parallel(
     )
     _k3_H = _seq_vector(_turned3, _sizes)  # rotate_halves(B1_bias + B1_t, _r1)
     _product = dt * _lam
-    _v3_H = _seq_vector(_product * (x * mimo_x1), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x1)
+    _product_x_mimo_x1 = x * mimo_x1
+    _v3_H = _seq_vector(_product * _product_x_mimo_x1, _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x1)
     _k4_H = _seq_vector(_turned4, _sizes)  # rotate_halves(B2_bias + B2_t, _r1)
-    _v4_H = _seq_vector(_product * (x * mimo_x2), _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x2)
+    _product_x_mimo_x2 = x * mimo_x2
+    _v4_H = _seq_vector(_product * _product_x_mimo_x2, _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x2)
     _k_H = _sub_tokens([_k1_H, _k2_H, _k3_H, _k4_H])  # 4 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H, _v3_H, _v4_H])  # 4 sub-tokens a token, one per step
     # 4 sub-tokens a token, one per step
@@ -2420,12 +2437,15 @@ def parallel(
     _o = _parallel_scalar_decay(_q, _k_H, _v_H, g=_g_H)
     _o = _o[:, :, 3::4]  # each token's last sub-token
     _read2_H = _from_seq(_o)  # H_t rotate_halves(C2_bias + C2_t, _r1)
-    y = _add_skip(_read_H, x, D, mimo_x1, out=_spare(_read_H, _own))
+    y = _add_skip(_read_H, _product_x_mimo_x1, D, out=_spare(_read_H, _own))
     y = _torch.mul(y, mimo_o1, out=_spare(y, _own))
     y = _torch.mul(y, _F.silu(z * mimo_z1), out=_spare(y, _own))
     # mimo_o1 * (H_t turn(C1_t + C1_bias, Th_t) + D mimo_x1 * x_t) * silu(mimo_z1 * z_t) + mimo_o2 * (H_t turn(C2_t + C2_bias, Th_t) + D mimo_x2 * x_t) * silu(mimo_z2 * z_t)
     y = _torch.addcmul(
-        y, mimo_o2 * _add_skip(_read2_H, x, D, mimo_x2), _F.silu(z * mimo_z2), out=_spare(y, _own)
+        y,
+        mimo_o2 * _add_skip(_read2_H, _product_x_mimo_x2, D),
+        _F.silu(z * mimo_z2),
+        out=_spare(y, _own),
     )
     y = y.squeeze(-1).to(_out_dtype)
     return y, None

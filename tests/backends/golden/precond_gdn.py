@@ -986,13 +986,23 @@ def _own_backward(
         grads = _with_bound(grads_fn, None, order)
         # a _Turned (a rotated q or k) goes in as its x, which takes the gradient, beside it
         turned = [None if x is None or isinstance(x, torch.Tensor) else x for x in seqs]
-        xs = [x if t is None else t.x for x, t in zip(seqs, turned)]
+        xs = _distinct([x if t is None else t.x for x, t in zip(seqs, turned)])
         fns = (span, grads, turned)
         return _OwnBackward.apply(fns, gate, chunk_size, reverse, initial_state, *xs)
     (o,), state, _ = _guarded_spans(
         span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
     )
     return o, state
+
+
+def _distinct(tensors):
+    """The tensors, under torch.compile each one that comes again (dplr_value's k, its key and
+    its erase key) as a view of it: torch.compile traces no autograd.Function that takes one
+    tensor twice. Eagerly they are as given (a view costs a node of autograd's graph)."""
+    if not torch.compiler.is_compiling():
+        return tensors
+    return [x if x is None or not any(x is y for y in tensors[:i]) else x.view_as(x)
+            for i, x in enumerate(tensors)]  # fmt: skip
 
 
 def _callers_layout(o):
@@ -1829,7 +1839,7 @@ def chunk_scalar_decay(
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_spans = _register_spans("mixc_7793a21f7937f1ee", globals())
+_operator_spans = _register_spans("mixc_d617cb053c5fb769", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
@@ -1922,7 +1932,7 @@ def chunk(
     # A: scalar data-dependent -> chunk_scalar_decay
     _k_A = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
     _kn_k = _l2norm(k)
-    _v_A = _seq_vector(_kn_k * (_torch.sigmoid(b) * _kn_k), _sizes, cu_seqlens)
+    _v_A = _seq_vector(_torch.sigmoid(b) * (_kn_k * _kn_k), _sizes, cu_seqlens)
     _g_A = _seq_scalar(_F.logsigmoid(a), _sizes, cu_seqlens)  # logsigmoid(a_t)
     _S0_A = A.mT
     _q = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes, cu_seqlens)
@@ -2009,7 +2019,7 @@ def summary(
     # A: scalar data-dependent -> chunk_scalar_decay
     _k_A = _seq_vector(_torch.full((1, 1), 1, dtype=_dtype, device=_device), _sizes)
     _kn_k = _l2norm(k)
-    _product = _kn_k * (_torch.sigmoid(b) * _kn_k)
+    _product = _torch.sigmoid(b) * (_kn_k * _kn_k)
     _v_A = _seq_vector(_product, _sizes)
     _logsigmoid_a = _F.logsigmoid(a)
     _g_A = _seq_scalar(_logsigmoid_a, _sizes)  # logsigmoid(a_t)

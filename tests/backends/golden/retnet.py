@@ -918,13 +918,23 @@ def _own_backward(
         grads = _with_bound(grads_fn, None, order)
         # a _Turned (a rotated q or k) goes in as its x, which takes the gradient, beside it
         turned = [None if x is None or isinstance(x, torch.Tensor) else x for x in seqs]
-        xs = [x if t is None else t.x for x, t in zip(seqs, turned)]
+        xs = _distinct([x if t is None else t.x for x, t in zip(seqs, turned)])
         fns = (span, grads, turned)
         return _OwnBackward.apply(fns, gate, chunk_size, reverse, initial_state, *xs)
     (o,), state, _ = _guarded_spans(
         span, seqs, initial_state, chunk_size, strided=strided, reverse=reverse
     )
     return o, state
+
+
+def _distinct(tensors):
+    """The tensors, under torch.compile each one that comes again (dplr_value's k, its key and
+    its erase key) as a view of it: torch.compile traces no autograd.Function that takes one
+    tensor twice. Eagerly they are as given (a view costs a node of autograd's graph)."""
+    if not torch.compiler.is_compiling():
+        return tensors
+    return [x if x is None or not any(x is y for y in tensors[:i]) else x.view_as(x)
+            for i, x in enumerate(tensors)]  # fmt: skip
 
 
 def _callers_layout(o):
@@ -1339,7 +1349,7 @@ def parallel_scalar_decay(q, k, v, g=None, reverse=False, strict=False):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_spans = _register_spans("mixc_828658842b39b85c", globals())
+_operator_spans = _register_spans("mixc_107117d6ed65b000", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------

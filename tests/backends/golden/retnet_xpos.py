@@ -788,7 +788,7 @@ def _own_backward(
         grads = _with_bound(grads_fn, None, order)
         # a _Turned (a rotated q or k) goes in as its x, which takes the gradient, beside it
         turned = [None if x is None or isinstance(x, torch.Tensor) else x for x in seqs]
-        xs = [x if t is None else t.x for x, t in zip(seqs, turned)]
+        xs = _distinct([x if t is None else t.x for x, t in zip(seqs, turned)])
         fns = (span, grads, turned)
         return _OwnBackward.apply(fns, gate, chunk_size, reverse, initial_state, *xs)
     (o,), state, _ = _guarded_spans(
@@ -802,15 +802,27 @@ def _opaque_call(kernel, tensors, chunk_size, backward=None):
     through autograd; one with a backward of its own from what it keeps, kernel(*tensors,
     chunk_size, kept) and backward(tensors, chunk_size, kept, d_outs, wanted), runs under
     autograd as _KeptBackward. Under torch.compile, in a module that registered its operators,
-    either is the operator `call` (see this file's docstring)."""
+    either is the operator `call` (see this file's docstring); in one that did not, the kernel
+    is traced through autograd as it runs (torch.compile traces no backward of a Function that
+    runs autograd itself, as the elementwise kernel's does)."""
     if _Operators.call is not None and torch.compiler.is_compiling():
         keep = backward is not None and _needs_grad(*tensors)
         name = "" if backward is None else backward.__name__
         found = _Operators.call(kernel.__name__, name, *_slots(tensors), chunk_size, keep)
         return tuple(found if backward is None else found[: _Operators.own_outputs])
-    if backward is not None and _needs_grad(*tensors):
+    if backward is not None and _needs_grad(*tensors) and not torch.compiler.is_compiling():
         return _KeptBackward.apply(kernel, backward, chunk_size, *tensors)
     return kernel(*tensors, chunk_size)
+
+
+def _distinct(tensors):
+    """The tensors, under torch.compile each one that comes again (dplr_value's k, its key and
+    its erase key) as a view of it: torch.compile traces no autograd.Function that takes one
+    tensor twice. Eagerly they are as given (a view costs a node of autograd's graph)."""
+    if not torch.compiler.is_compiling():
+        return tensors
+    return [x if x is None or not any(x is y for y in tensors[:i]) else x.view_as(x)
+            for i, x in enumerate(tensors)]  # fmt: skip
 
 
 class _KeptBackward(torch.autograd.Function):
@@ -2030,9 +2042,9 @@ def _diagonal_value_gated(q, k, v, gk, gv, initial_state, chunk_size):
 
 # torch.compile calls each kernel as one opaque operator (see operators.py in
 # mixc's kernels), in a namespace named by a hash of the kernels' text above
-_operator_spans = _register_spans("mixc_5d2d7674090db968", globals())
-_operator_calls = _register_calls("mixc_5d2d7674090db968", globals())
-_operator_rotations = _register_rotations("mixc_5d2d7674090db968", globals())
+_operator_spans = _register_spans("mixc_9375260e9cfae277", globals())
+_operator_calls = _register_calls("mixc_9375260e9cfae277", globals())
+_operator_rotations = _register_rotations("mixc_9375260e9cfae277", globals())
 
 
 # ---- this mixer --------------------------------------------------------------------------
