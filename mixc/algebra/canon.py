@@ -219,7 +219,9 @@ class Canon:
         so that spellings that put them inside or outside meet."""
         coeff, scalars, chain = t.coeff, [], []
         for a in t.scalars:
-            value = _constant(self.atom(a))
+            # a function's value is never a constant here: skip it before canonicalising, which
+            # would cost a frame more per level of a nested call (exp(exp(...)))
+            value = None if isinstance(a, Call | Transpose) else _constant(self.atom(a))
             if value is None:
                 scalars.append(a)
             else:
