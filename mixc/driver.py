@@ -17,6 +17,7 @@ from mixc.analysis.plan import Plan, analyze
 from mixc.backends import get as get_backend
 from mixc.errors import MixcError, NotYetImplemented, SpecError
 from mixc.files import kind as _kind
+from mixc.frontend.limits import with_recursion_room
 from mixc.frontend.spec import Spec, load_spec, source_of
 from mixc.lowering import lower
 
@@ -29,6 +30,7 @@ CACHE_SIZE = 128
 _CACHE: OrderedDict[tuple[str, str, str], types.ModuleType] = OrderedDict()
 
 
+@with_recursion_room
 def plan(spec=None, backend: str = "pytorch", *, text: str | None = None) -> Plan:
     """A spec (a path, a Source, a loaded Spec, or `text=` spec text) -> its plan, after every
     check `compile` makes: parsing, verification, analysis and the backend's own refusals.
@@ -49,6 +51,7 @@ def compile_source(spec=None, backend: str = "pytorch", *, text: str | None = No
     return _emit(plan(spec, backend, text=text), backend)
 
 
+@with_recursion_room
 def _emit(plan: Plan, backend: str) -> str:
     """The source `backend` generates for `plan`; an error it raises is located in the spec."""
     try:

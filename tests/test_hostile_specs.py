@@ -7,12 +7,14 @@ located errors (file:line:col, the line and a caret), never a traceback.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
+import mixc
 from mixc.frontend.parser import MAX_SPEC_BYTES
 from tests.mixers import answered_within
 from tests.test_agreement import _run
@@ -147,6 +149,15 @@ BLOWUP = {
     + f"y_t = H_t {balanced('q_t', 7000, '+')}\n",
     "balanced_writes": HEAD + f"H_t = H_{{t-1}} + {balanced('v_t k_t^T', 4000, '+')}\n" + OUT,
     "exp_tower": update("exp(" * 195 + "a_t" + ")" * 195 + " H_{t-1}"),
+    # scalars and numbers inside nested elementwise products, which canonical forms move out
+    "scaled_elementwise_tower": HEAD
+    + "H_t = H_{t-1} + v_t ("
+    + "(2 a_t k_t * " * 150
+    + "k_t"
+    + ")" * 150
+    + ")^T\n"
+    + OUT,
+    "constant_fraction_tower": update("(" + "(1 / " * 190 + "2" + ")" * 190 + ") H_{t-1}"),
     "exp_tower_in_key": HEAD
     + "H_t = H_{t-1} + v_t ("
     + "exp(" * 190
@@ -288,3 +299,23 @@ def test_valid_hostile_looking_specs_compile(name: str, tmp_path: Path) -> None:
     path = tmp_path / f"{name}.mix"
     path.write_text(VALID[name], encoding="utf-8")
     assert _run("check", "-q", str(path))[0] == 0
+
+
+def test_a_deep_spec_is_answered_from_deep_in_a_callers_stack() -> None:
+    """The compiler's recursion over a spec nested near the parser's limit needs about a
+    thousand frames; it gets them above its caller's however deep that is and whatever limit
+    the caller set (a test runner, a notebook), and the caller's limit is left as it was."""
+    text = CORPUS["constant_fraction_tower"]
+
+    def nested(n: int) -> str:
+        return nested(n - 1) if n else mixc.compile_source(text=text)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 400)
+    try:
+        source = nested(300)
+        low = sys.getrecursionlimit()
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "def recurrent(" in source
+    assert low == len(inspect.stack()) + 400

@@ -25,6 +25,7 @@ from mixc.analysis.scales import log_write_scale, scaled_output
 from mixc.analysis.states import analyze_state
 from mixc.errors import NotYetImplemented, SpecError
 from mixc.frontend.ir import CHANNEL, Binary, Call, Expr, Mixer, Name, Number, Timed, Transpose
+from mixc.frontend.limits import with_recursion_room
 from mixc.frontend.shapes import SCALAR, Symbol, Typer
 from mixc.frontend.spec import Spec
 from mixc.transitions.base import ChunkSize, KernelArg, Transition, TransitionClass
@@ -207,6 +208,7 @@ class Plan:
         return next(s for s in self.states if s.name == name)
 
 
+@with_recursion_room
 def analyze(spec: Spec) -> Plan:
     """The plan of one verified spec. Raises located SpecErrors (a non-causal spec, an output
     that does not read its states linearly)."""

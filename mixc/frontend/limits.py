@@ -11,6 +11,9 @@ tenth of every one), and a spec that reaches one is refused with a located `Spec
 
 from __future__ import annotations
 
+import functools
+import sys
+
 from mixc.errors import Span, SpecAnalysisError
 from mixc.frontend.ir import Call, Expr, Name, Timed, children, walk
 
@@ -21,6 +24,7 @@ __all__ = [
     "InlinedSizes",
     "SpecSizeError",
     "brief",
+    "with_recursion_room",
 ]
 
 #: Nodes an expression may have once its let calls and per-token values are inlined (the
@@ -33,6 +37,37 @@ MAX_TERMS = 100
 
 #: Factors (scalars, matrices and gates) one expanded term may have.
 MAX_FACTORS = 100
+
+
+#: Python frames the compiler may stack above its caller's. The parser, analysis and code
+#: generator recurse over expressions, a few frames a level (a canonical form nested in a call
+#: nested in a canonical form...), so a spec nested MAX_DEPTH deep takes about 1,000: as many as
+#: CPython allows a whole program by default, which a caller already deep in its own stack (a
+#: test runner, a notebook, a training script) has partly used.
+RECURSION_ROOM = 4_000
+
+
+def with_recursion_room(fn):
+    """fn, run with RECURSION_ROOM frames of recursion left above the caller's (the interpreter's
+    limit raised for the call where it is lower, and put back after it unless the call changed
+    it), so that whether a deep spec is answered does not depend on where it is compiled from."""
+
+    @functools.wraps(fn)
+    def roomy(*args, **kwargs):
+        depth, frame = 0, sys._getframe()
+        while frame is not None:
+            depth, frame = depth + 1, frame.f_back
+        limit, wanted = sys.getrecursionlimit(), depth + RECURSION_ROOM
+        if limit >= wanted:
+            return fn(*args, **kwargs)
+        sys.setrecursionlimit(wanted)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if sys.getrecursionlimit() == wanted:
+                sys.setrecursionlimit(limit)
+
+    return roomy
 
 
 class SpecSizeError(SpecAnalysisError):

@@ -9,6 +9,7 @@ from mixc.errors import ArgumentError, MixcError, Source, SpecError
 from mixc.files import read_regular
 from mixc.frontend.ir import Equation, Mixer
 from mixc.frontend.lags import lower_lags
+from mixc.frontend.limits import with_recursion_room
 from mixc.frontend.parser import MAX_SPEC_BYTES, decode, parse
 from mixc.frontend.shapes import Shape, Symbol
 from mixc.frontend.verify import errors, verify
@@ -70,6 +71,7 @@ def source_of(spec: str | os.PathLike | Source | None = None, *, text: str | Non
     return read_source(spec)
 
 
+@with_recursion_room
 def load_spec(spec: str | os.PathLike | Source | None = None, *, text: str | None = None) -> Spec:
     """Parse and verify a spec: a path (str or os.PathLike), a Source, or `text=` spec text.
     Raises located SpecErrors."""
