@@ -330,6 +330,9 @@ def _writes(
             return (), f"not an outer product ({show(shape)} from {product(list(t.chain))})"
     if not out:
         return (), "empty (no write)"
+    # the writes are a sum: in an order of their canonical text, not of their spelling, so that
+    # equal updates give equal facts (a write spelled twice, once cancelled, keeps no place)
+    out.sort(key=lambda w: (str(w.value), str(w.key), str(w.scale)))
     return _shared_factors(out, canon), "rank-1 outer products"
 
 

@@ -105,8 +105,8 @@ def test_prefill_with_chunk_then_step_equals_one_pass():
 # the value read at t instead of t-1, in the chunked form and in the token loop
 MUTANTS = [
     (
-        "_k1_H = _seq_vector(_l2norm(_prev_k), _sizes, cu_seqlens)",
-        "_k1_H = _seq_vector(_l2norm(k), _sizes, cu_seqlens)",
+        "_k2_H = _seq_vector(_l2norm(_prev_k), _sizes, cu_seqlens)",
+        "_k2_H = _seq_vector(_l2norm(k), _sizes, cu_seqlens)",
         {"chunk", "packed"},
     ),
     ("_unit_k = _l2norm(_prev_k)", "_unit_k = _l2norm(k_t)", {"recurrent", "step"}),

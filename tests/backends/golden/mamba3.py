@@ -2368,21 +2368,21 @@ def parallel(x, z, dt, A, B, C, l, w, D, B_bias, C_bias):
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
+    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
+    _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn__r1_N, (B_bias, B), (C_bias, C))
+    _k1_H = _seq_vector(_turned, _sizes)  # rotate_interleaved(B_bias + B_t, _r1)
+    _lam = _torch.sigmoid(l)
+    _v1_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t
+    _negated = -A * dt
+    _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
     # rotate_interleaved(B_bias + B_{t-1}, _r0)
-    _k1_H = _seq_vector(
+    _k2_H = _seq_vector(
         _rotated(_rotate_interleaved, B_bias, _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th), _prev_B),
         _sizes,
     )
-    _negated = -A * dt
     _product = dt * _torch.exp(_negated)
-    _lam = _torch.sigmoid(l)
     # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) x_{t-1}
-    _v1_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
-    _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
-    _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    _turned, _turned2 = _rotated_all(_rotate_interleaved, _turn__r1_N, (B_bias, B), (C_bias, C))
-    _k2_H = _seq_vector(_turned, _sizes)  # rotate_interleaved(B_bias + B_t, _r1)
-    _v2_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t
+    _v2_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
     _k_H = _sub_tokens([_k1_H, _k2_H])  # 2 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H)])  # 2 sub-tokens a token, one per step

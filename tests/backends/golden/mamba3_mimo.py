@@ -2225,34 +2225,34 @@ def chunk(
     # 3.141592653589793 dt_t tanh(w_t) added at each token
     _read_Th, _read2_Th, Th = _tanh_angle_sums(_scaled_dt, w, Th, cu_seqlens)
     # H: scalar data-dependent -> chunk_scalar_decay_rank, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
-    _turned, _turned2 = _rotated_all(
-        _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
-    )
-    _k1_H = _seq_vector(_turned, _sizes, cu_seqlens)  # rotate_halves(B1_bias + B1_{t-1}, _r0)
-    _negated = -A * dt
-    _product2 = dt * _torch.exp(_negated)
-    _lam = _torch.sigmoid(l)
-    _difference = _torch.addcmul(_product2, _product2, _lam, value=-1)
-    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x1)
-    _v1_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes, cu_seqlens)
-    _g1_H = _seq_scalar(_negated, _sizes, cu_seqlens)  # -A_t dt_t
-    _k2_H = _seq_vector(_turned2, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
-    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
-    _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes, cu_seqlens)
     _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    _turned3, _turned4, _turned5, _turned6 = _rotated_all(
+    _turned, _turned2, _turned5, _turned6 = _rotated_all(
         _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
     )
-    _k3_H = _seq_vector(_turned3, _sizes, cu_seqlens)  # rotate_halves(B1_bias + B1_t, _r1)
+    _k1_H = _seq_vector(_turned, _sizes, cu_seqlens)  # rotate_halves(B1_bias + B1_t, _r1)
+    _lam = _torch.sigmoid(l)
     _product = dt * _lam
     _product_x_mimo_x1 = x * mimo_x1
     # dt_t sigmoid(l_t) (x_t * mimo_x1)
-    _v3_H = _seq_vector(_product * _product_x_mimo_x1, _sizes, cu_seqlens)
-    _k4_H = _seq_vector(_turned4, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_t, _r1)
+    _v1_H = _seq_vector(_product * _product_x_mimo_x1, _sizes, cu_seqlens)
+    _negated = -A * dt
+    _g1_H = _seq_scalar(_negated, _sizes, cu_seqlens)  # -A_t dt_t
+    _k2_H = _seq_vector(_turned2, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_t, _r1)
     _product_x_mimo_x2 = x * mimo_x2
     # dt_t sigmoid(l_t) (x_t * mimo_x2)
-    _v4_H = _seq_vector(_product * _product_x_mimo_x2, _sizes, cu_seqlens)
+    _v2_H = _seq_vector(_product * _product_x_mimo_x2, _sizes, cu_seqlens)
+    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turned3, _turned4 = _rotated_all(
+        _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
+    )
+    _k3_H = _seq_vector(_turned3, _sizes, cu_seqlens)  # rotate_halves(B1_bias + B1_{t-1}, _r0)
+    _product2 = dt * _torch.exp(_negated)
+    _difference = _torch.addcmul(_product2, _product2, _lam, value=-1)
+    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x1)
+    _v3_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes, cu_seqlens)
+    _k4_H = _seq_vector(_turned4, _sizes, cu_seqlens)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
+    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
+    _v4_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes, cu_seqlens)
     _k_H = [_k1_H, _k2_H, _k3_H, _k4_H]  # 4 writes a token, taken together
     _v_H = [_v1_H, _v2_H, _v3_H, _v4_H]  # 4 writes a token, taken together
     _S0_H = H.mT
@@ -2397,32 +2397,32 @@ def parallel(
         _torch.zeros(_sizes["B"], _sizes["NH"], _sizes["R"], 1, dtype=_torch.float64, device=_device),
     )
     # H: scalar data-dependent -> parallel_scalar_decay, reading _read_Th, _read2_Th
-    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
-    _turned, _turned2 = _rotated_all(
-        _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
-    )
-    _k1_H = _seq_vector(_turned, _sizes)  # rotate_halves(B1_bias + B1_{t-1}, _r0)
-    _negated = -A * dt
-    _product2 = dt * _torch.exp(_negated)
-    _lam = _torch.sigmoid(l)
-    _difference = _torch.addcmul(_product2, _product2, _lam, value=-1)
-    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x1)
-    _v1_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes)
-    _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
-    _k2_H = _seq_vector(_turned2, _sizes)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
-    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
-    _v2_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes)
     _turn__r1_N = _turning_summed(_compact(_read2_Th), _sizes["N"], _dtype, _read2_Th)
-    _turned3, _turned4, _turned5, _turned6 = _rotated_all(
+    _turned, _turned2, _turned5, _turned6 = _rotated_all(
         _rotate_halves, _turn__r1_N, (B1_bias, B1), (B2_bias, B2), (C1_bias, C1), (C2_bias, C2)
     )
-    _k3_H = _seq_vector(_turned3, _sizes)  # rotate_halves(B1_bias + B1_t, _r1)
+    _k1_H = _seq_vector(_turned, _sizes)  # rotate_halves(B1_bias + B1_t, _r1)
+    _lam = _torch.sigmoid(l)
     _product = dt * _lam
     _product_x_mimo_x1 = x * mimo_x1
-    _v3_H = _seq_vector(_product * _product_x_mimo_x1, _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x1)
-    _k4_H = _seq_vector(_turned4, _sizes)  # rotate_halves(B2_bias + B2_t, _r1)
+    _v1_H = _seq_vector(_product * _product_x_mimo_x1, _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x1)
+    _negated = -A * dt
+    _g1_H = _seq_scalar(_negated, _sizes)  # -A_t dt_t
+    _k2_H = _seq_vector(_turned2, _sizes)  # rotate_halves(B2_bias + B2_t, _r1)
     _product_x_mimo_x2 = x * mimo_x2
-    _v4_H = _seq_vector(_product * _product_x_mimo_x2, _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x2)
+    _v2_H = _seq_vector(_product * _product_x_mimo_x2, _sizes)  # dt_t sigmoid(l_t) (x_t * mimo_x2)
+    _turn__r0_N = _turning_summed(_compact(_read_Th), _sizes["N"], _dtype, _read_Th)
+    _turned3, _turned4 = _rotated_all(
+        _rotate_halves, _turn__r0_N, (B1_bias, _prev_B1), (B2_bias, _prev_B2)
+    )
+    _k3_H = _seq_vector(_turned3, _sizes)  # rotate_halves(B1_bias + B1_{t-1}, _r0)
+    _product2 = dt * _torch.exp(_negated)
+    _difference = _torch.addcmul(_product2, _product2, _lam, value=-1)
+    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x1)
+    _v3_H = _seq_vector(_difference * (_prev_x * mimo_x1), _sizes)
+    _k4_H = _seq_vector(_turned4, _sizes)  # rotate_halves(B2_bias + B2_{t-1}, _r0)
+    # (dt_t exp(-A_t dt_t) - dt_t exp(-A_t dt_t) sigmoid(l_t)) (x_{t-1} * mimo_x2)
+    _v4_H = _seq_vector(_difference * (_prev_x * mimo_x2), _sizes)
     _k_H = _sub_tokens([_k1_H, _k2_H, _k3_H, _k4_H])  # 4 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H, _v3_H, _v4_H])  # 4 sub-tokens a token, one per step
     # 4 sub-tokens a token, one per step

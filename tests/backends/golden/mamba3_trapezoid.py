@@ -1639,15 +1639,15 @@ def parallel(x, dt, B, C, l, A, D):
     # None where autograd or a compiler records the form: no result in place
     _own = _unrecorded(x, dt, B, C, l, A, D)
     # H: scalar data-dependent -> parallel_scalar_decay
-    _k1_H = _seq_vector(_prev_B, _sizes)  # B_{t-1}
-    _product_dt_A = dt * A
-    _product = dt * _torch.exp(_product_dt_A)
+    _k1_H = _seq_vector(B, _sizes)  # B_t
     _lam = _torch.sigmoid(l)
-    # (dt_t exp(dt_t A) - dt_t exp(dt_t A) sigmoid(l_t)) x_{t-1}
-    _v1_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
+    _v1_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t
+    _product_dt_A = dt * A
     _g1_H = _seq_scalar(_product_dt_A, _sizes)  # dt_t A
-    _k2_H = _seq_vector(B, _sizes)  # B_t
-    _v2_H = _seq_vector(dt * _lam * x, _sizes)  # dt_t sigmoid(l_t) x_t
+    _k2_H = _seq_vector(_prev_B, _sizes)  # B_{t-1}
+    _product = dt * _torch.exp(_product_dt_A)
+    # (dt_t exp(dt_t A) - dt_t exp(dt_t A) sigmoid(l_t)) x_{t-1}
+    _v2_H = _seq_vector(_torch.addcmul(_product, _product, _lam, value=-1) * _prev_x, _sizes)
     _k_H = _sub_tokens([_k1_H, _k2_H])  # 2 sub-tokens a token, one per step
     _v_H = _sub_tokens([_v1_H, _v2_H])  # 2 sub-tokens a token, one per step
     _g_H = _sub_tokens([_g1_H, _torch.zeros_like(_g1_H)])  # 2 sub-tokens a token, one per step
