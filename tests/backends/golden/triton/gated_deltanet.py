@@ -373,7 +373,7 @@ def _tl_float32_tiles(dot):
         "_tl_scalar_decay_bwd_grads": (16, 32, 8, 32),
         "_tl_diagonal_fwd": (32, 16, 8, 32),
         "_tl_diagonal_bwd_grads": (16, 32, 8, 16),
-        "_tl_delta_fwd_wy": (None, 32, 8, 32),
+        "_tl_delta_fwd_wy": (None, 16, 8, 32),
         "_tl_delta_fwd_states": (None, 16, 8, 32),
         "_tl_delta_bwd_local": (None, 32, 8, 16),
         "_tl_delta_bwd_states": (None, 16, 8, 32),
@@ -753,35 +753,46 @@ def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def _tl_delta_guard(
-    k_c, beta_c, g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t, HAS_G: tl.constexpr,
+def _tl_delta_gram(
+    k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, in_t, K, BT: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
-    """The guard of a chunk's keys, betas and gates (g [B, NH, T] read only if HAS_G; every
-    kernel of the forward guards alike): (k, beta and the gates with their entries that are
-    not finite read as 0, a token's gate also 0 where its key or beta is not; the poison [BT],
-    NaN for a token whose key, beta or gate is not finite, else 0)."""
-    poison = (tl.sum(_tl_wide(k_c), axis=1) + beta_c) * 0.0
+    """A chunk's K K^T [BT, BT] summed over slices of BV key columns, the keys that are not
+    finite read as 0, and the keys' poison [BT] (NaN for a token with a key that is not finite,
+    else 0): a slice of the keys at a time is live, not the whole [BT, K] tile."""
+    kk = tl.zeros((BT, BT), dtype=tl.float32)
+    poison = tl.zeros((BT,), dtype=tl.float32)
+    for j in range(0, tl.cdiv(K, BV)):
+        cols = j * BV + tl.arange(0, BV)
+        at = in_t[:, None] & (cols < K)[None, :]
+        k_j = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols, at), DOT)
+        poison += tl.sum(_tl_wide(k_j), axis=1) * 0.0
+        k_j, _ = _tl_finite(k_j)
+        kk += _tl_dot(k_j, tl.trans(k_j), DOT)
+    return kk, poison
+
+
+@triton.jit
+def _tl_delta_inputs(
+    k, beta, g, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
+    i_b, i_h, t, in_t, K, HAS_G: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    """A chunk's K K^T (_tl_delta_gram), betas and gates, guarded: (K K^T, beta and the gates
+    with their entries that are not finite read as 0, a token's gate also 0 where its key or
+    beta is not; the poison [BT], NaN for a token whose key, beta or gate is not finite, else
+    0)."""
+    kk, poison = _tl_delta_gram(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, in_t, K, BT, BV, DOT)
+    beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
+    poison += beta_c * 0.0
     if HAS_G:
         g_c = _tl_gates(g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t)
         poison += tl.exp(g_c) * 0.0
         g_c = tl.where(poison == 0.0, g_c, 0.0)
     else:
         g_c = tl.zeros_like(beta_c)  # never read
-    k_c, _ = _tl_finite(k_c)
     beta_c, _ = _tl_finite(beta_c)
-    return k_c, beta_c, g_c, poison
-
-
-@triton.jit
-def _tl_delta_inputs(
-    k, beta, g, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
-    i_b, i_h, t, in_t, cols_k, at_k, HAS_G: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
-    """A chunk's keys (as the products take them, _tl_operand), betas and gates, guarded
-    (_tl_delta_guard): (k, beta, g, the poison [BT])."""
-    k_c = _tl_operand(_tl_rows(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, cols_k, at_k), DOT)
-    beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
-    return _tl_delta_guard(k_c, beta_c, g, sg_b, sg_h, sg_t, i_b, i_h, t, in_t, HAS_G)
+    return kk, beta_c, g_c, poison
 
 
 @triton.jit
@@ -851,12 +862,11 @@ def _tl_delta_fwd_wy(
     i_b, i_h = i_bh // NH, i_bh % NH
     rows = tl.arange(0, BT)
     cols_k = tl.arange(0, BK)
-    t, in_t, at_k, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
-    k_c, beta_c, g_c, poison = _tl_delta_inputs(
+    t, in_t, _, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
+    kk, beta_c, g_c, poison = _tl_delta_inputs(
         k, beta, g, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
-        i_b, i_h, t, in_t, cols_k, at_k, HAS_G, DOT,
+        i_b, i_h, t, in_t, K, HAS_G, BT, BV, DOT,
     )  # fmt: skip
-    kk = _tl_dot(k_c, tl.trans(k_c), DOT)
     scale = beta_c[:, None]  # the rows of diag(beta exp(b)) K
     if HAS_G:
         gamma, from_start, _, _ = _tl_chunk_decays(g_c, rows)

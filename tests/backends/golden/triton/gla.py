@@ -814,7 +814,7 @@ def _tl_float32_tiles(dot):
         "_tl_scalar_decay_bwd_grads": (16, 32, 8, 32),
         "_tl_diagonal_fwd": (32, 16, 8, 32),
         "_tl_diagonal_bwd_grads": (16, 32, 8, 16),
-        "_tl_delta_fwd_wy": (None, 32, 8, 32),
+        "_tl_delta_fwd_wy": (None, 16, 8, 32),
         "_tl_delta_fwd_states": (None, 16, 8, 32),
         "_tl_delta_bwd_local": (None, 32, 8, 16),
         "_tl_delta_bwd_states": (None, 16, 8, 32),
