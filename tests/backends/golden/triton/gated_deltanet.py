@@ -754,14 +754,15 @@ def _tl_scan_before(x, axis: tl.constexpr, REVERSE: tl.constexpr):
 
 @triton.jit
 def _tl_delta_gram(
-    k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, in_t, K, BT: tl.constexpr, BV: tl.constexpr,
+    k, u, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, in_t, K, BT: tl.constexpr, BV: tl.constexpr,
     DOT: tl.constexpr,
 ):  # fmt: skip
     """A chunk's K K^T [BT, BT] summed over slices of BV key columns, the keys that are not
     finite read as 0, and the keys' poison [BT] (NaN for a token with a key that is not finite,
-    else 0): a slice of the keys at a time is live, not the whole [BT, K] tile."""
-    kk = tl.zeros((BT, BT), dtype=tl.float32)
-    poison = tl.zeros((BT,), dtype=tl.float32)
+    else 0), both in the dtype of u (float32, float64 for float64 inputs): a slice of the keys
+    at a time is live, not the whole [BT, K] tile."""
+    kk = tl.zeros((BT, BT), dtype=u.dtype.element_ty)
+    poison = tl.zeros((BT,), dtype=u.dtype.element_ty)
     for j in range(0, tl.cdiv(K, BV)):
         cols = j * BV + tl.arange(0, BV)
         at = in_t[:, None] & (cols < K)[None, :]
@@ -774,7 +775,7 @@ def _tl_delta_gram(
 
 @triton.jit
 def _tl_delta_inputs(
-    k, beta, g, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
+    k, beta, g, u, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
     i_b, i_h, t, in_t, K, HAS_G: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     DOT: tl.constexpr,
 ):  # fmt: skip
@@ -782,7 +783,7 @@ def _tl_delta_inputs(
     with their entries that are not finite read as 0, a token's gate also 0 where its key or
     beta is not; the poison [BT], NaN for a token whose key, beta or gate is not finite, else
     0)."""
-    kk, poison = _tl_delta_gram(k, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, in_t, K, BT, BV, DOT)
+    kk, poison = _tl_delta_gram(k, u, sk_b, sk_h, sk_t, sk_d, i_b, i_h, t, in_t, K, BT, BV, DOT)
     beta_c = _tl_wide(tl.load(beta + i_b * sb_b + i_h * sb_h + t * sb_t, mask=in_t, other=0.0))
     poison += beta_c * 0.0
     if HAS_G:
@@ -864,7 +865,7 @@ def _tl_delta_fwd_wy(
     cols_k = tl.arange(0, BK)
     t, in_t, _, _ = _tl_tokens(n, rows, T, cols_k < K, cols_k < K)
     kk, beta_c, g_c, poison = _tl_delta_inputs(
-        k, beta, g, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
+        k, beta, g, u, sk_b, sk_h, sk_t, sk_d, sb_b, sb_h, sb_t, sg_b, sg_h, sg_t,
         i_b, i_h, t, in_t, K, HAS_G, BT, BV, DOT,
     )  # fmt: skip
     scale = beta_c[:, None]  # the rows of diag(beta exp(b)) K
